@@ -1,0 +1,48 @@
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PROTO_FILES := $(shell find proto -name '*.proto' | sort)
+PROTO_OUT := libs/api
+
+.PHONY: setup run test unit integration proto proto-check proto-lint down clean
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	test -x $(PY) || python3.11 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(VENV)/bin/fornax up --foreground
+
+down:
+	$(VENV)/bin/fornax down
+
+proto:
+	bash scripts/gen_proto.sh $(PY) $(PROTO_OUT)
+
+proto-lint:
+	cd proto && ../$(VENV)/bin/buf lint
+
+# Regenerates into a scratch dir and fails when the checked-in code differs.
+proto-check: proto-lint
+	rm -rf .proto-check && mkdir -p .proto-check
+	bash scripts/gen_proto.sh $(PY) .proto-check
+	diff -r -x __pycache__ .proto-check/fornax $(PROTO_OUT)/fornax
+	rm -rf .proto-check
+	@echo "proto-check: generated code is current"
+
+test: setup proto-check
+	$(VENV)/bin/pytest -p no:cacheprovider tests
+
+unit: setup
+	$(VENV)/bin/pytest tests/unit
+
+integration: setup
+	$(VENV)/bin/pytest tests/integration
+
+clean:
+	rm -rf $(VENV) .fornax .proto-check

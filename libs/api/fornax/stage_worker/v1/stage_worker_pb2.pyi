@@ -1,0 +1,221 @@
+from fornax.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class StageState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STAGE_STATE_UNSPECIFIED: _ClassVar[StageState]
+    STAGE_STATE_UNLOADED: _ClassVar[StageState]
+    STAGE_STATE_LOADING: _ClassVar[StageState]
+    STAGE_STATE_READY: _ClassVar[StageState]
+    STAGE_STATE_EXECUTING: _ClassVar[StageState]
+    STAGE_STATE_DRAINING: _ClassVar[StageState]
+    STAGE_STATE_FAILED: _ClassVar[StageState]
+
+class OutputMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTPUT_MODE_UNSPECIFIED: _ClassVar[OutputMode]
+    OUTPUT_MODE_SAMPLED_TOKENS: _ClassVar[OutputMode]
+    OUTPUT_MODE_LOGITS: _ClassVar[OutputMode]
+STAGE_STATE_UNSPECIFIED: StageState
+STAGE_STATE_UNLOADED: StageState
+STAGE_STATE_LOADING: StageState
+STAGE_STATE_READY: StageState
+STAGE_STATE_EXECUTING: StageState
+STAGE_STATE_DRAINING: StageState
+STAGE_STATE_FAILED: StageState
+OUTPUT_MODE_UNSPECIFIED: OutputMode
+OUTPUT_MODE_SAMPLED_TOKENS: OutputMode
+OUTPUT_MODE_LOGITS: OutputMode
+
+class GetCapabilitiesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DeviceInfo(_message.Message):
+    __slots__ = ("kind", "name", "memory_total_bytes", "memory_available_bytes", "cpu_count")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    name: str
+    memory_total_bytes: int
+    memory_available_bytes: int
+    cpu_count: int
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., cpu_count: _Optional[int] = ...) -> None: ...
+
+class GetCapabilitiesResponse(_message.Message):
+    __slots__ = ("backend", "backend_build", "device", "supported_dtypes", "supported_operations", "fnx2_versions", "data_plane_address", "stage_index", "worker_build")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_BUILD_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_DTYPES_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_OPERATIONS_FIELD_NUMBER: _ClassVar[int]
+    FNX2_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    WORKER_BUILD_FIELD_NUMBER: _ClassVar[int]
+    backend: _common_pb2.Backend
+    backend_build: str
+    device: DeviceInfo
+    supported_dtypes: _containers.RepeatedScalarFieldContainer[_common_pb2.ElementType]
+    supported_operations: _containers.RepeatedScalarFieldContainer[str]
+    fnx2_versions: _containers.RepeatedScalarFieldContainer[str]
+    data_plane_address: str
+    stage_index: int
+    worker_build: str
+    def __init__(self, backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., backend_build: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., supported_dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., supported_operations: _Optional[_Iterable[str]] = ..., fnx2_versions: _Optional[_Iterable[str]] = ..., data_plane_address: _Optional[str] = ..., stage_index: _Optional[int] = ..., worker_build: _Optional[str] = ...) -> None: ...
+
+class StageSpec(_message.Message):
+    __slots__ = ("stage_index", "stage_count", "layer_range", "plan", "checkpoint_dir", "artifact_dir", "manifest_hash", "backend", "boundary_dtype", "next_hop_address", "kv_limit_bytes", "output_mode", "device")
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LAYER_RANGE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_DIR_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    BOUNDARY_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_HOP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    KV_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_MODE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    stage_index: int
+    stage_count: int
+    layer_range: _common_pb2.LayerRange
+    plan: _common_pb2.PlanBinding
+    checkpoint_dir: str
+    artifact_dir: str
+    manifest_hash: str
+    backend: _common_pb2.Backend
+    boundary_dtype: _common_pb2.ElementType
+    next_hop_address: str
+    kv_limit_bytes: int
+    output_mode: OutputMode
+    device: str
+    def __init__(self, stage_index: _Optional[int] = ..., stage_count: _Optional[int] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., artifact_dir: _Optional[str] = ..., manifest_hash: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., next_hop_address: _Optional[str] = ..., kv_limit_bytes: _Optional[int] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., device: _Optional[str] = ...) -> None: ...
+
+class LoadStageRequest(_message.Message):
+    __slots__ = ("request_id", "spec")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    spec: StageSpec
+    def __init__(self, request_id: _Optional[str] = ..., spec: _Optional[_Union[StageSpec, _Mapping]] = ...) -> None: ...
+
+class LoadStageResponse(_message.Message):
+    __slots__ = ("state", "manifest_hash", "data_plane_address", "input", "output", "weight_bytes", "load_time")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOAD_TIME_FIELD_NUMBER: _ClassVar[int]
+    state: StageState
+    manifest_hash: str
+    data_plane_address: str
+    input: _common_pb2.BoundaryContract
+    output: _common_pb2.BoundaryContract
+    weight_bytes: int
+    load_time: _common_pb2.Figure
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., manifest_hash: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., input: _Optional[_Union[_common_pb2.BoundaryContract, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.BoundaryContract, _Mapping]] = ..., weight_bytes: _Optional[int] = ..., load_time: _Optional[_Union[_common_pb2.Figure, _Mapping]] = ...) -> None: ...
+
+class GetHealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetHealthResponse(_message.Message):
+    __slots__ = ("state", "inflight_batches", "live_sequences", "kv_bytes_used", "kv_bytes_limit", "kv_bytes_high_water", "inflight_batches_high_water", "batches_executed", "failure_reason", "plan")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_USED_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_HIGH_WATER_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_BATCHES_HIGH_WATER_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_EXECUTED_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    state: StageState
+    inflight_batches: int
+    live_sequences: int
+    kv_bytes_used: int
+    kv_bytes_limit: int
+    kv_bytes_high_water: int
+    inflight_batches_high_water: int
+    batches_executed: int
+    failure_reason: str
+    plan: _common_pb2.PlanBinding
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ..., live_sequences: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., kv_bytes_limit: _Optional[int] = ..., kv_bytes_high_water: _Optional[int] = ..., inflight_batches_high_water: _Optional[int] = ..., batches_executed: _Optional[int] = ..., failure_reason: _Optional[str] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ...) -> None: ...
+
+class CancelRequestRequest(_message.Message):
+    __slots__ = ("request_id", "target_request_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    target_request_id: str
+    def __init__(self, request_id: _Optional[str] = ..., target_request_id: _Optional[str] = ...) -> None: ...
+
+class CancelRequestResponse(_message.Message):
+    __slots__ = ("found", "kv_epoch")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    KV_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    kv_epoch: int
+    def __init__(self, found: _Optional[bool] = ..., kv_epoch: _Optional[int] = ...) -> None: ...
+
+class ReleaseRequestRequest(_message.Message):
+    __slots__ = ("request_id", "target_request_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    target_request_id: str
+    def __init__(self, request_id: _Optional[str] = ..., target_request_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseRequestResponse(_message.Message):
+    __slots__ = ("found", "kv_epoch", "kv_bytes_freed")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    KV_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    kv_epoch: int
+    kv_bytes_freed: int
+    def __init__(self, found: _Optional[bool] = ..., kv_epoch: _Optional[int] = ..., kv_bytes_freed: _Optional[int] = ...) -> None: ...
+
+class DrainStageRequest(_message.Message):
+    __slots__ = ("request_id", "timeout_ns")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_NS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    timeout_ns: int
+    def __init__(self, request_id: _Optional[str] = ..., timeout_ns: _Optional[int] = ...) -> None: ...
+
+class DrainStageResponse(_message.Message):
+    __slots__ = ("state", "inflight_batches")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    state: StageState
+    inflight_batches: int
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ...) -> None: ...
+
+class UnloadStageRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class UnloadStageResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: StageState
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ...) -> None: ...
