@@ -1,0 +1,260 @@
+"""MAX graph builders for DeepSeek-V2 stage execution, one graph per layer kind.
+
+Every graph has symbolic row (`R`) and past (`P`) dims, so one compile serves every batch
+shape. Layer weights are graph `Weight`s with layer-independent names; the same compiled graph
+is bound to each layer's tensors through a weights registry (see `max_kernels`). The causal /
+cross-sequence mask is a graph input built on the host, never derived in the graph.
+
+Weight layouts are Hugging Face's ([out, in] linears), except the routed experts, which are
+stacked per layer on the host as `experts_gate_up` [E, hidden, 2*moe_inter] and
+`experts_down` [E, moe_inter, hidden] so the expert matmuls need no in-graph transposes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from max.dtype import DType
+from max.graph import DeviceRef, Dim, Graph, TensorType, TensorValue, Weight, ops
+
+from libs.model.config import DeepseekV2Config
+
+ROWS = "R"
+PAST = "P"
+
+
+class GraphKind(Enum):
+    EMBED = "embed"
+    DENSE_LAYER = "dense_layer"
+    MOE_LAYER = "moe_layer"
+    FINAL = "final"
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """What a graph is built from; equal specs build identical graphs (and cache keys)."""
+
+    kind: GraphKind
+    cfg: DeepseekV2Config
+    weight_dtype: DType
+    device: DeviceRef
+
+
+class _Builder:
+    """Adds layer-independent weights to the graph being built."""
+
+    def __init__(self, spec: GraphSpec) -> None:
+        self.spec = spec
+        self.cfg = spec.cfg
+
+    def weight(self, name: str, shape: list[int]) -> TensorValue:
+        w = Weight(name, self.spec.weight_dtype, shape, self.spec.device)
+        value = Graph.current.add_weight(w)
+        if self.spec.weight_dtype != DType.float32:
+            value = ops.cast(value, DType.float32)
+        return value
+
+    def linear(self, x: TensorValue, name: str, out_dim: int, in_dim: int) -> TensorValue:
+        return ops.matmul(x, ops.transpose(self.weight(name, [out_dim, in_dim]), 0, 1))
+
+    def rms_norm(self, x: TensorValue, name: str, dim: int) -> TensorValue:
+        return ops.rms_norm(x, self.weight(name, [dim]), self.cfg.rms_norm_eps)
+
+
+def attention_weight_shapes(cfg: DeepseekV2Config) -> dict[str, tuple[int, ...]]:
+    """Graph weight name -> shape for the attention block (shared by both layer kinds)."""
+    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    shapes: dict[str, tuple[int, ...]] = {"input_layernorm": (h,)}
+    if cfg.q_lora_rank is None:
+        shapes["q_proj"] = (heads * cfg.qk_head_dim, h)
+    else:
+        shapes["q_a_proj"] = (cfg.q_lora_rank, h)
+        shapes["q_a_layernorm"] = (cfg.q_lora_rank,)
+        shapes["q_b_proj"] = (heads * cfg.qk_head_dim, cfg.q_lora_rank)
+    shapes["kv_a_proj_with_mqa"] = (cfg.kv_lora_rank + cfg.qk_rope_head_dim, h)
+    shapes["kv_a_layernorm"] = (cfg.kv_lora_rank,)
+    shapes["kv_b_proj"] = (heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)
+    shapes["o_proj"] = (h, heads * cfg.v_head_dim)
+    shapes["post_attention_layernorm"] = (h,)
+    return shapes
+
+
+def mlp_weight_shapes(cfg: DeepseekV2Config, moe: bool) -> dict[str, tuple[int, ...]]:
+    h = cfg.hidden_size
+    if not moe:
+        i = cfg.intermediate_size
+        return {"gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i)}
+    e, i = cfg.n_routed_experts, cfg.moe_intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "router": (e, h),
+        "experts_gate_up": (e, h, 2 * i),
+        "experts_down": (e, i, h),
+    }
+    if cfg.n_shared_experts:
+        si = i * cfg.n_shared_experts
+        shapes.update({"shared_gate_proj": (si, h), "shared_up_proj": (si, h), "shared_down_proj": (h, si)})
+    return shapes
+
+
+def build_graph(spec: GraphSpec) -> Graph:
+    builders = {
+        GraphKind.EMBED: _build_embed,
+        GraphKind.DENSE_LAYER: _build_layer,
+        GraphKind.MOE_LAYER: _build_layer,
+        GraphKind.FINAL: _build_final,
+    }
+    return builders[spec.kind](spec)
+
+
+def _build_embed(spec: GraphSpec) -> Graph:
+    cfg = spec.cfg
+    ids_type = TensorType(DType.int32, [ROWS], device=spec.device)
+    with Graph("fornax_embed", input_types=[ids_type]) as graph:
+        table = _Builder(spec).weight("embed_tokens", [cfg.vocab_size, cfg.hidden_size])
+        graph.output(ops.gather(table, graph.inputs[0].tensor, axis=0))
+    return graph
+
+
+def _build_final(spec: GraphSpec) -> Graph:
+    cfg = spec.cfg
+    hidden_type = TensorType(DType.float32, [ROWS, cfg.hidden_size], device=spec.device)
+    with Graph("fornax_final", input_types=[hidden_type]) as graph:
+        b = _Builder(spec)
+        x = b.rms_norm(graph.inputs[0].tensor, "norm", cfg.hidden_size)
+        graph.output(b.linear(x, "lm_head", cfg.vocab_size, cfg.hidden_size))
+    return graph
+
+
+def layer_input_types(cfg: DeepseekV2Config, device: DeviceRef) -> list[TensorType]:
+    half_rope = cfg.qk_rope_head_dim // 2
+    f32 = DType.float32
+    return [
+        TensorType(f32, [ROWS, cfg.hidden_size], device=device),
+        TensorType(f32, [ROWS, half_rope], device=device),
+        TensorType(f32, [ROWS, half_rope], device=device),
+        TensorType(f32, [PAST, cfg.kv_lora_rank], device=device),
+        TensorType(f32, [PAST, cfg.qk_rope_head_dim], device=device),
+        TensorType(f32, [ROWS, Dim(PAST) + Dim(ROWS)], device=device),
+    ]
+
+
+def _build_layer(spec: GraphSpec) -> Graph:
+    cfg = spec.cfg
+    name = f"fornax_{spec.kind.value}"
+    with Graph(name, input_types=layer_input_types(cfg, spec.device)) as graph:
+        hidden, cos, sin, past_latent, past_k_rope, mask = (v.tensor for v in graph.inputs)
+        b = _Builder(spec)
+        attn_out, latent, k_rope = _attention(b, hidden, cos, sin, past_latent, past_k_rope, mask)
+        hidden = hidden + attn_out
+        x = b.rms_norm(hidden, "post_attention_layernorm", cfg.hidden_size)
+        if spec.kind is GraphKind.MOE_LAYER:
+            mlp_out, expert_ids = _moe(b, x)
+            graph.output(hidden + mlp_out, latent, k_rope, expert_ids)
+        else:
+            mlp_out = _swiglu(b, x, "", cfg.intermediate_size)
+            graph.output(hidden + mlp_out, latent, k_rope)
+    return graph
+
+
+def _rope(x: TensorValue, cos: TensorValue, sin: TensorValue) -> TensorValue:
+    """Rotates interleaved (even, odd) pairs of the last dim, as transformers' complex form.
+
+    `x` is [R, heads, rope_dim]; `cos`/`sin` are [R, rope_dim // 2] (scaling included).
+    """
+    rows, heads, dim = x.shape
+    pairs = ops.reshape(x, [rows, heads, dim // 2, 2])
+    even = ops.squeeze(pairs[:, :, :, 0:1], -1)
+    odd = ops.squeeze(pairs[:, :, :, 1:2], -1)
+    c = ops.unsqueeze(cos, 1)
+    s = ops.unsqueeze(sin, 1)
+    rotated = ops.stack([even * c - odd * s, even * s + odd * c], axis=-1)
+    return ops.reshape(rotated, [rows, heads, dim])
+
+
+def _queries(b: _Builder, x: TensorValue) -> TensorValue:
+    cfg = b.cfg
+    out_dim = cfg.num_attention_heads * cfg.qk_head_dim
+    if cfg.q_lora_rank is None:
+        return b.linear(x, "q_proj", out_dim, cfg.hidden_size)
+    q_a = b.linear(x, "q_a_proj", cfg.q_lora_rank, cfg.hidden_size)
+    q_a = b.rms_norm(q_a, "q_a_layernorm", cfg.q_lora_rank)
+    return b.linear(q_a, "q_b_proj", out_dim, cfg.q_lora_rank)
+
+
+def _attention(b, hidden, cos, sin, past_latent, past_k_rope, mask):  # noqa: ANN001, ANN202
+    """MLA attention over keys [past ; new]; returns (o_proj output, new latent, new k_rope)."""
+    cfg = b.cfg
+    heads, nope, rope, v_dim = (
+        cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim)
+    rank = cfg.kv_lora_rank
+    rows = hidden.shape[0]
+    x = b.rms_norm(hidden, "input_layernorm", cfg.hidden_size)
+    q = ops.reshape(_queries(b, x), [rows, heads, cfg.qk_head_dim])
+    q_nope = q[:, :, :nope]
+    q_rope = _rope(q[:, :, nope:], cos, sin)
+    compressed = b.linear(x, "kv_a_proj_with_mqa", rank + rope, cfg.hidden_size)
+    latent = b.rms_norm(compressed[:, :rank], "kv_a_layernorm", rank)
+    k_rope = ops.reshape(_rope(ops.reshape(compressed[:, rank:], [rows, 1, rope]), cos, sin), [rows, rope])
+    all_latent = ops.concat([past_latent, latent], axis=0)
+    all_k_rope = ops.concat([past_k_rope, k_rope], axis=0)
+    keys = all_latent.shape[0]
+    kv = b.linear(all_latent, "kv_b_proj", heads * (nope + v_dim), rank)
+    kv = ops.reshape(kv, [keys, heads, nope + v_dim])
+    k_nope = ops.permute(kv[:, :, :nope], [1, 2, 0])  # [heads, nope, keys]
+    values = ops.permute(kv[:, :, nope:], [1, 0, 2])  # [heads, keys, v]
+    scores = ops.matmul(ops.permute(q_nope, [1, 0, 2]), k_nope)  # [heads, R, keys]
+    scores = scores + ops.matmul(ops.permute(q_rope, [1, 0, 2]), ops.transpose(all_k_rope, 0, 1))
+    mask = ops.rebind(mask, [rows, keys], message="mask must be [R, P + R]")
+    probs = ops.softmax(scores * cfg.softmax_scale() + ops.unsqueeze(mask, 0), axis=-1)
+    context = ops.permute(ops.matmul(probs, values), [1, 0, 2])  # [R, heads, v]
+    context = ops.reshape(context, [rows, heads * v_dim])
+    out = b.linear(context, "o_proj", cfg.hidden_size, heads * v_dim)
+    return out, latent, k_rope
+
+
+def _swiglu(b: _Builder, x: TensorValue, prefix: str, inter: int) -> TensorValue:
+    h = b.cfg.hidden_size
+    gate = b.linear(x, f"{prefix}gate_proj", inter, h)
+    up = b.linear(x, f"{prefix}up_proj", inter, h)
+    return b.linear(ops.silu(gate) * up, f"{prefix}down_proj", h, inter)
+
+
+def _moe(b: _Builder, x: TensorValue) -> tuple[TensorValue, TensorValue]:
+    """Softmax router, top-k, all experts computed densely and combined by routing weight."""
+    cfg = b.cfg
+    e, inter, h = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
+    rows = x.shape[0]
+    scores = ops.softmax(b.linear(x, "router", e, h), axis=-1)
+    weights, ids = ops.top_k(_group_limited(cfg, scores), cfg.num_experts_per_tok, axis=-1)
+    if cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
+        weights = weights / (ops.sum(weights, axis=-1) + 1e-20)
+    weights = weights * cfg.routed_scaling_factor
+    # Dense combine matrix [R, E]: routing weight at each chosen expert, zero elsewhere.
+    one_hot = ops.cast(ops.unsqueeze(ids, -1) == ops.range(0, e, 1, dtype=DType.int64, device=b.spec.device), DType.float32)
+    combine = ops.sum(one_hot * ops.unsqueeze(weights, -1), axis=1)  # [R, 1, E]
+    combine = ops.reshape(combine, [rows, e])
+    xs = ops.broadcast_to(ops.unsqueeze(x, 0), [e, rows, h])
+    gate_up = ops.matmul(xs, b.weight("experts_gate_up", [e, h, 2 * inter]))  # [E, R, 2I]
+    act = ops.silu(gate_up[:, :, :inter]) * gate_up[:, :, inter:]
+    expert_out = ops.matmul(act, b.weight("experts_down", [e, inter, h]))  # [E, R, H]
+    routed = ops.sum(expert_out * ops.unsqueeze(ops.transpose(combine, 0, 1), -1), axis=0)
+    out = ops.reshape(routed, [rows, h])
+    if cfg.n_shared_experts:
+        out = out + _swiglu(b, x, "shared_", inter * cfg.n_shared_experts)
+    return out, ops.cast(ids, DType.int32)
+
+
+def _group_limited(cfg: DeepseekV2Config, scores: TensorValue) -> TensorValue:
+    """Zeroes experts outside the `topk_group` best groups (group score = max member score)."""
+    if cfg.topk_method != "group_limited_greedy":
+        return scores
+    rows = scores.shape[0]
+    groups, per_group = cfg.n_group, cfg.n_routed_experts // cfg.n_group
+    grouped = ops.reshape(scores, [rows, groups, per_group])
+    group_scores = ops.reshape(ops.max(grouped, axis=-1), [rows, groups])
+    best, _ = ops.top_k(group_scores, cfg.topk_group, axis=-1)
+    threshold = best[:, cfg.topk_group - 1 : cfg.topk_group]  # [R, 1]
+    keep = ops.cast(ops.unsqueeze(group_scores >= threshold, -1), DType.float32)  # [R, G, 1]
+    kept = grouped * keep
+    return ops.reshape(kept, [rows, cfg.n_routed_experts])
