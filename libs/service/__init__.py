@@ -1,0 +1,1 @@
+"""Shared service bootstrap: config, JSON logs, tracing, errors, health, metrics, lifecycle."""

@@ -1,0 +1,47 @@
+"""Orchestrator settings: the only module of this service that reads the environment."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from libs.service.config import ServerConfig, parse, pick, server_config
+
+
+def _addresses(raw: str | None) -> tuple[str, ...]:
+    return tuple(part.strip() for part in (raw or "").split(",") if part.strip())
+
+
+@dataclass(frozen=True)
+class OrchestratorConfig:
+    server: ServerConfig
+    http_port: int = 0
+    api_key: str | None = None
+    planner_addr: str | None = None
+    registry_addr: str | None = None
+    artifact_builder_addr: str | None = None
+    # gRPC addresses of the stage workers, in stage order.
+    stage_workers: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> OrchestratorConfig:
+        env = os.environ if env is None else env
+        parser = argparse.ArgumentParser(prog="fornax-orchestrator", description="Fornax orchestrator")
+        parser.add_argument("--http-port", type=int, help="OpenAI-compatible HTTP port (env FORNAX_HTTP_PORT)")
+        parser.add_argument("--planner-addr", help="env FORNAX_PLANNER_ADDR")
+        parser.add_argument("--registry-addr", help="env FORNAX_REGISTRY_ADDR")
+        parser.add_argument("--artifact-builder-addr", help="env FORNAX_ARTIFACT_BUILDER_ADDR")
+        parser.add_argument("--stage-workers", help="comma-separated gRPC addresses in stage order (env FORNAX_STAGE_WORKERS)")
+        args = parse(parser, argv)
+        return cls(
+            server=server_config(args, env, "orchestrator"),
+            http_port=pick(args.http_port, env, "FORNAX_HTTP_PORT", 0, int),
+            # The key never comes from a flag, so it stays out of process listings.
+            api_key=env.get("FORNAX_API_KEY") or None,
+            planner_addr=pick(args.planner_addr, env, "FORNAX_PLANNER_ADDR", None),
+            registry_addr=pick(args.registry_addr, env, "FORNAX_REGISTRY_ADDR", None),
+            artifact_builder_addr=pick(args.artifact_builder_addr, env, "FORNAX_ARTIFACT_BUILDER_ADDR", None),
+            stage_workers=_addresses(pick(args.stage_workers, env, "FORNAX_STAGE_WORKERS", None)),
+        )

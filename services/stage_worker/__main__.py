@@ -1,0 +1,18 @@
+"""`python -m services.stage_worker` / `fornax-stage-worker`."""
+
+from __future__ import annotations
+
+import sys
+
+from libs.service.server import run_service
+from services.stage_worker.config import StageWorkerConfig
+from services.stage_worker.server import make_spec
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = StageWorkerConfig.from_env(argv)
+    return run_service(cfg.server, lambda: make_spec(cfg))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Stage worker settings: the only module of this service that reads the environment."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from libs.service.config import ServerConfig, parse, pick, server_config
+
+BACKENDS = ("max", "numpy")
+DEVICES = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class StageWorkerConfig:
+    server: ServerConfig
+    stage_index: int = 0
+    data_plane_port: int = 0
+    backend: str = "numpy"
+    device: str = "cpu"
+    compile_cache_dir: str = ".cache/max"
+    kv_limit_bytes: int = 1 << 30
+
+    @classmethod
+    def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> StageWorkerConfig:
+        env = os.environ if env is None else env
+        parser = argparse.ArgumentParser(prog="fornax-stage-worker", description="Fornax stage worker")
+        parser.add_argument("--stage-index", type=int, help="env FORNAX_STAGE_INDEX")
+        parser.add_argument("--data-plane-port", type=int, help="FNX2 listener port (env FORNAX_DATA_PLANE_PORT)")
+        parser.add_argument("--backend", choices=BACKENDS, help="env FORNAX_BACKEND")
+        parser.add_argument("--device", choices=DEVICES, help="env FORNAX_DEVICE")
+        parser.add_argument("--compile-cache-dir", help="MAX compile cache (env FORNAX_COMPILE_CACHE_DIR)")
+        parser.add_argument("--kv-limit-bytes", type=int, help="env FORNAX_KV_LIMIT_BYTES")
+        args = parse(parser, argv)
+        stage_index = pick(args.stage_index, env, "FORNAX_STAGE_INDEX", 0, int)
+        backend = pick(args.backend, env, "FORNAX_BACKEND", cls.backend)
+        device = pick(args.device, env, "FORNAX_DEVICE", cls.device)
+        if backend not in BACKENDS:
+            raise SystemExit(f"unsupported backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+        if device not in DEVICES:
+            raise SystemExit(f"unsupported device {device!r}; expected one of {', '.join(DEVICES)}")
+        return cls(
+            server=server_config(args, env, "stage_worker", instance=f"stage-{stage_index}"),
+            stage_index=stage_index,
+            data_plane_port=pick(args.data_plane_port, env, "FORNAX_DATA_PLANE_PORT", 0, int),
+            backend=backend,
+            device=device,
+            compile_cache_dir=pick(args.compile_cache_dir, env, "FORNAX_COMPILE_CACHE_DIR", cls.compile_cache_dir),
+            kv_limit_bytes=pick(args.kv_limit_bytes, env, "FORNAX_KV_LIMIT_BYTES", cls.kv_limit_bytes, int),
+        )
