@@ -1,0 +1,91 @@
+"""The chat template from a checkpoint's tokenizer_config.json, rendered in a jinja2 sandbox."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from libs.text.errors import TemplateError, TemplateHashMismatch
+from libs.text.tokenizer import sha256_hex
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class TemplateIdentity:
+    source: str
+    sha256: str
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(f"chat template refused the conversation: {message}")
+
+
+def _tojson(value: object, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+class ChatTemplate:
+    """A compiled chat template with its pinned identity (sha256 of the template text)."""
+
+    def __init__(self, source_text: str, identity: TemplateIdentity,
+                 special_tokens: dict[str, str]) -> None:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            undefined=jinja2.StrictUndefined)
+        env.globals["raise_exception"] = _raise_exception
+        env.filters["tojson"] = _tojson
+        try:
+            self._template = env.from_string(source_text)
+        except jinja2.TemplateSyntaxError as exc:
+            raise TemplateError(f"chat template {identity.source}: {exc}") from exc
+        self.identity = identity
+        self._special_tokens = dict(special_tokens)
+
+    @classmethod
+    def from_tokenizer_config(cls, path: str | Path,
+                              expected_sha256: str | None = None) -> ChatTemplate:
+        config = json.loads(Path(path).read_text(encoding="utf-8"))
+        source_text = config.get("chat_template")
+        if not isinstance(source_text, str) or not source_text:
+            raise TemplateError(f"{path}: `chat_template` is missing or not a single string")
+        digest = sha256_hex(source_text.encode("utf-8"))
+        if expected_sha256 is not None and digest != expected_sha256:
+            raise TemplateHashMismatch(
+                f"chat template in {path}: sha256 {digest} does not match pinned "
+                f"{expected_sha256}")
+        specials = {key: _token_text(config.get(key)) for key in ("bos_token", "eos_token")}
+        return cls(source_text, TemplateIdentity(source=str(path), sha256=digest),
+                   {k: v for k, v in specials.items() if v is not None})
+
+    def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
+        """Renders the conversation as the model's prompt text."""
+        if not messages:
+            raise TemplateError("a conversation needs at least one message")
+        context = {"messages": [{"role": m.role, "content": m.content} for m in messages],
+                   "add_generation_prompt": add_generation_prompt}
+        context.update({k: v for k, v in self._special_tokens.items()})
+        context.setdefault("bos_token", "")
+        context.setdefault("eos_token", "")
+        try:
+            return self._template.render(**context)
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"chat template {self.identity.source}: {exc}") from exc
+
+
+def _token_text(value: object) -> str | None:
+    """tokenizer_config.json spells special tokens as a string or as {"content": ...}."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
