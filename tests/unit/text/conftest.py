@@ -16,3 +16,14 @@ def text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def text_context(text_dir: Path) -> TextContext:
     return TextContext.from_checkpoint(text_dir)
+
+
+PROJECT_ASSETS = Path(__file__).resolve().parents[3] / "libs" / "model" / "assets"
+
+
+@pytest.fixture(scope="session", params=["fixture", "project"])
+def any_text_context(request: pytest.FixtureRequest, text_context: TextContext) -> TextContext:
+    """The tiny trained fixture tokenizer and the project's committed tokenizer."""
+    if request.param == "fixture":
+        return text_context
+    return TextContext.from_checkpoint(PROJECT_ASSETS)

@@ -6,8 +6,6 @@ from hypothesis import strategies as st
 from libs.text.context import TextContext
 from libs.text.detokenizer import IncrementalDetokenizer, StopMatcher, TextStream
 
-VOCAB = 420  # the fixture tokenizer's vocabulary size
-
 
 def _deltas(ctx: TextContext, ids: list[int]) -> list[str]:
     detok = IncrementalDetokenizer(ctx.tokenizer.token_bytes, ctx.tokenizer.special_ids)
@@ -15,19 +13,21 @@ def _deltas(ctx: TextContext, ids: list[int]) -> list[str]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(ids=st.lists(st.integers(min_value=0, max_value=VOCAB - 1), max_size=40))
-def test_deltas_concatenate_to_full_decode_and_are_valid_utf8(text_context, ids):
-    deltas = _deltas(text_context, ids)
-    assert "".join(deltas) == text_context.tokenizer.decode(ids)
+@given(data=st.data())
+def test_deltas_concatenate_to_full_decode_and_are_valid_utf8(any_text_context, data):
+    vocab = any_text_context.tokenizer.vocab_size
+    ids = data.draw(st.lists(st.integers(min_value=0, max_value=vocab - 1), max_size=40))
+    deltas = _deltas(any_text_context, ids)
+    assert "".join(deltas) == any_text_context.tokenizer.decode(ids)
     for delta in deltas:
         delta.encode("utf-8")  # a lone surrogate would raise here
 
 
 @settings(max_examples=100, deadline=None)
 @given(text=st.text(max_size=30))
-def test_encoded_text_streams_back_without_replacement_chars(text_context, text):
-    ids = text_context.tokenizer.encode(text)
-    deltas = _deltas(text_context, ids)
+def test_encoded_text_streams_back_without_replacement_chars(any_text_context, text):
+    ids = any_text_context.tokenizer.encode(text)
+    deltas = _deltas(any_text_context, ids)
     assert "".join(deltas) == text
     assert all("\ufffd" not in d for d in deltas) or "\ufffd" in text
 
