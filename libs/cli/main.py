@@ -13,6 +13,7 @@ import sys
 
 COMMAND_MODULES: tuple[str, ...] = (
     "libs.cli.fleet",
+    "libs.model.cli",
 )
 
 

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from enum import Enum
 
 from max.dtype import DType
-from max.graph import DeviceRef, Dim, Graph, TensorType, TensorValue, Weight, ops
+from max.graph import DeviceRef, Graph, TensorType, TensorValue, Weight, ops
 
 from libs.model.config import DeepseekV2Config
 
 ROWS = "R"
 PAST = "P"
+KEYS = "T"  # = P + R; checked at run time by a rebind
 
 
 class GraphKind(Enum):
@@ -50,7 +51,7 @@ class _Builder:
 
     def weight(self, name: str, shape: list[int]) -> TensorValue:
         w = Weight(name, self.spec.weight_dtype, shape, self.spec.device)
-        value = Graph.current.add_weight(w)
+        value = Graph.current.add_weight(w, force_initial_weight_on_host=self.spec.device.is_cpu())
         if self.spec.weight_dtype != DType.float32:
             value = ops.cast(value, DType.float32)
         return value
@@ -135,7 +136,7 @@ def layer_input_types(cfg: DeepseekV2Config, device: DeviceRef) -> list[TensorTy
         TensorType(f32, [ROWS, half_rope], device=device),
         TensorType(f32, [PAST, cfg.kv_lora_rank], device=device),
         TensorType(f32, [PAST, cfg.qk_rope_head_dim], device=device),
-        TensorType(f32, [ROWS, Dim(PAST) + Dim(ROWS)], device=device),
+        TensorType(f32, [ROWS, KEYS], device=device),
     ]
 
 

@@ -1,0 +1,86 @@
+"""`fornax model ...`, `fornax parity` and `fornax bench stage` commands.
+
+Heavy imports (torch, transformers, max) happen inside the command functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from libs.model.presets import PRESETS
+
+
+def register(commands, benches) -> None:
+    model = commands.add_parser("model", help="model checkpoints and tokenizer")
+    sub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    make = sub.add_parser("make-test-checkpoint", help="write a deterministic random-weight checkpoint")
+    make.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    make.add_argument("--out", required=True, type=Path)
+    make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--max-shard-bytes", type=int, default=None, help="shard size limit (bytes)")
+    make.set_defaults(func=_make_checkpoint)
+    tok = sub.add_parser("build-tokenizer", help="retrain the committed byte-level BPE tokenizer")
+    tok.add_argument("--out", type=Path, default=None, help="output dir (default: the committed assets)")
+    tok.set_defaults(func=_build_tokenizer)
+
+    parity = commands.add_parser("parity", help="check stage execution against Hugging Face transformers")
+    parity.add_argument("--checkpoint", required=True, type=Path)
+    parity.add_argument("--stages", type=int, default=1)
+    parity.add_argument("--backend", required=True, choices=("numpy", "max"))
+    parity.add_argument("--device", default="cpu")
+    parity.add_argument("--decode-steps", type=int, default=8)
+    parity.add_argument("--tolerance", type=float, default=1e-4)
+    parity.add_argument("--json", action="store_true")
+    parity.set_defaults(func=_parity)
+
+    bench = benches.add_parser("stage", help="per-layer prefill/decode latency: numpy, max, transformers")
+    bench.add_argument("--checkpoint", type=Path, default=None, help="default: a generated small-preset dir")
+    bench.add_argument("--backends", default="numpy,max,transformers")
+    bench.add_argument("--layers", type=int, default=2, help="layers to time (from layer 0)")
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(func=_bench_stage)
+
+
+def _make_checkpoint(args: argparse.Namespace) -> int:
+    from libs.model.checkpoint_gen import DEFAULT_MAX_SHARD_BYTES, CheckpointRequest, write_checkpoint
+
+    request = CheckpointRequest(
+        preset=args.preset, out_dir=args.out, seed=args.seed,
+        max_shard_bytes=args.max_shard_bytes or DEFAULT_MAX_SHARD_BYTES,
+    )
+    summary = write_checkpoint(request, progress=lambda line: print(line, file=sys.stderr))
+    print(
+        f"checkpoint {summary.out_dir}: preset={args.preset} seed={args.seed} "
+        f"parameters={summary.parameter_count} bytes={summary.total_bytes} shards={len(summary.shard_files)}"
+    )
+    return 0
+
+
+def _build_tokenizer(args: argparse.Namespace) -> int:
+    from libs.model.tokenizer_build import ASSETS, build_assets
+
+    out = args.out or ASSETS
+    build_assets(out)
+    print(f"tokenizer written to {out}")
+    return 0
+
+
+def _parity(args: argparse.Namespace) -> int:
+    from libs.model.parity import ParityRequest, format_report, run_parity
+
+    request = ParityRequest(
+        checkpoint_dir=args.checkpoint, stages=args.stages, backend=args.backend, device=args.device,
+        decode_steps=args.decode_steps, tolerance=args.tolerance,
+    )
+    report = run_parity(request)
+    print(format_report(report, as_json=args.json))
+    return 0 if report.passed else 1
+
+
+def _bench_stage(args: argparse.Namespace) -> int:
+    from libs.model.bench import run_bench_cli
+
+    return run_bench_cli(args)

@@ -1,0 +1,150 @@
+"""`StageKernels` on Modular MAX graphs.
+
+One graph is compiled per layer kind (embedding, dense decoder layer, MoE decoder layer,
+final norm + head) and bound to every layer of that kind through a weights registry, so a
+stage of any depth pays at most four compiles. Compiled artifacts land in a fixed cache dir
+(`MODULAR_MAX_CACHE_DIR`), so later processes only pay a cache hit.
+
+The device is chosen explicitly: "cpu", or "gpu" (first accelerator) which is an error when
+no accelerator is present. Nothing falls back.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from libs.model.config import DeepseekV2Config
+from libs.model.errors import BackendUnavailableError, CheckpointError
+from libs.model.kernels import LayerInputs, LayerOutputs
+
+if TYPE_CHECKING:
+    from libs.model.weights import LayerWeights, StageWeights
+
+CACHE_DIR_ENV = "FORNAX_MAX_CACHE_DIR"
+DEVICES = ("cpu", "gpu")
+WEIGHT_DTYPES = ("float32", "bfloat16")
+
+ProgressFn = Callable[[str], None]
+
+
+def default_cache_dir() -> Path:
+    """`$FORNAX_MAX_CACHE_DIR`, else `~/.cache/fornax/max`."""
+    configured = os.environ.get(CACHE_DIR_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "fornax" / "max"
+
+
+def stderr_progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class MaxOptions:
+    device: str = "cpu"
+    weight_dtype: str = "float32"  # "bfloat16" stores weights in bf16, computes in fp32
+    cache_dir: Path | None = None  # None -> default_cache_dir()
+    progress: ProgressFn = field(default=stderr_progress, compare=False)
+
+
+def _prepare_environment(cache_dir: Path) -> None:
+    """MAX reads these at session / compile time; they must be set before any compile."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["MODULAR_MAX_CACHE_DIR"] = str(cache_dir)
+    os.environ.setdefault("MODULAR_TELEMETRY_ENABLED", "0")
+
+
+def max_build() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"max {version('max')}"
+    except PackageNotFoundError as exc:
+        raise BackendUnavailableError("the max package is not installed") from exc
+
+
+def make_max_kernels(
+    cfg: DeepseekV2Config, weights: StageWeights, device: str = "cpu", options: MaxOptions | None = None
+) -> MaxKernels:
+    """Registry factory (`libs.model.kernels.BACKENDS["max"]`)."""
+    opts = options or MaxOptions(device=device)
+    if opts.device != device:
+        opts = MaxOptions(device, opts.weight_dtype, opts.cache_dir, opts.progress)
+    return MaxKernels(cfg, weights, opts)
+
+
+class MaxKernels:
+    """MAX implementation of `libs.model.kernels.StageKernels`."""
+
+    name = "max"
+
+    def __init__(self, cfg: DeepseekV2Config, weights: StageWeights, options: MaxOptions) -> None:
+        if options.device not in DEVICES:
+            raise BackendUnavailableError(f"max device {options.device!r} not in {DEVICES}")
+        if options.weight_dtype not in WEIGHT_DTYPES:
+            raise BackendUnavailableError(f"max weight dtype {options.weight_dtype!r} not in {WEIGHT_DTYPES}")
+        self.build = max_build()
+        self.cfg = cfg
+        self.options = options
+        self.cache_dir = options.cache_dir or default_cache_dir()
+        _prepare_environment(self.cache_dir)
+        from libs.model import max_runtime  # imports max; only after the environment is set
+
+        self._rt = max_runtime.Runtime(cfg, options.device, options.weight_dtype, options.progress)
+        self.device_description = self._rt.device_description
+        self._layers: dict[int, Any] = {}
+        self._embed = self._final = None
+        self._bind(weights)
+
+    def _bind(self, weights: StageWeights) -> None:
+        from libs.model import max_runtime
+
+        rt = self._rt
+        for index in range(weights.layer_start, weights.layer_end):
+            registry = max_runtime.layer_registry(self.cfg, index, weights.layer(index))
+            self._layers[index] = rt.bind(rt.layer_kind(index), registry)
+        if weights.embed is not None:
+            self._embed = rt.bind(max_runtime.GraphKind.EMBED, {"embed_tokens": weights.embed})
+        if weights.final_norm is not None:
+            if weights.lm_head is None:
+                raise CheckpointError("the last stage has a final norm but no lm_head")
+            registry = {"norm": weights.final_norm, "lm_head": weights.lm_head}
+            self._final = rt.bind(max_runtime.GraphKind.FINAL, registry)
+
+    @property
+    def compile_seconds(self) -> dict[str, float]:
+        """Wall seconds per graph kind compiled (or fetched from the cache) by this instance."""
+        return dict(self._rt.compile_seconds)
+
+    def embed(self, token_ids: np.ndarray) -> np.ndarray:
+        if self._embed is None:
+            raise CheckpointError("this stage does not own the embeddings")
+        return self._rt.run(self._embed, np.ascontiguousarray(token_ids, dtype=np.int32))[0]
+
+    def decoder_layer(self, layer_index: int, inputs: LayerInputs) -> LayerOutputs:
+        model = self._layers.get(layer_index)
+        if model is None:
+            raise CheckpointError(f"layer {layer_index} is not loaded on this stage")
+        arrays = [
+            np.ascontiguousarray(a, dtype=np.float32)
+            for a in (inputs.hidden, inputs.rope_cos, inputs.rope_sin,
+                      inputs.past_latent, inputs.past_k_rope, inputs.mask)
+        ]
+        outputs = self._rt.run(model, *arrays)
+        expert_ids = outputs[3] if len(outputs) > 3 else None
+        return LayerOutputs(outputs[0], outputs[1], outputs[2], expert_ids)
+
+    def final(self, hidden: np.ndarray) -> np.ndarray:
+        if self._final is None:
+            raise CheckpointError("this stage does not own the final norm and lm_head")
+        return self._rt.run(self._final, np.ascontiguousarray(hidden, dtype=np.float32))[0]
+
+
+def layer_weights_count(weights: LayerWeights) -> int:
+    """Number of registry tensors a layer binds (for diagnostics)."""
+    return sum(1 for _ in vars(weights))

@@ -1,0 +1,128 @@
+"""MAX session, per-kind compile and per-layer weight binding. Imports `max` at module load,
+so it is imported only after `max_kernels` has set the compile-cache environment."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+from max.driver import CPU, Accelerator, Buffer, accelerator_count
+from max.dtype import DType
+from max.engine import InferenceSession
+
+from libs.model.config import DeepseekV2Config
+from libs.model.errors import BackendUnavailableError
+from libs.model.max_graphs import GraphKind, GraphSpec, build_graph
+from libs.model.weights import LayerWeights
+
+# Rough first-run compile times on a 2-core x86 host (physical, max 26.7.0), shown to the
+# operator before a compile that may miss the cache.
+_FIRST_RUN_HINT = {
+    GraphKind.EMBED: "~1 min",
+    GraphKind.DENSE_LAYER: "~2 min",
+    GraphKind.MOE_LAYER: "~2 min",
+    GraphKind.FINAL: "~1 min",
+}
+
+
+class Runtime:
+    """Owns the session; compiles each graph kind once, binds it once per weight set."""
+
+    def __init__(self, cfg: DeepseekV2Config, device: str, weight_dtype: str, progress: Callable[[str], None]) -> None:
+        from max.graph import DeviceRef
+
+        self.cfg = cfg
+        self.progress = progress
+        if device == "gpu":
+            if accelerator_count() == 0:
+                raise BackendUnavailableError("max device 'gpu' was asked for but no accelerator is present")
+            self.device = Accelerator(0)
+            self.device_ref = DeviceRef.GPU(0)
+        else:
+            self.device = CPU()
+            self.device_ref = DeviceRef.CPU()
+        self.on_host = device == "cpu"
+        self.device_description = f"{device}:{self.device.label if hasattr(self.device, 'label') else device}"
+        self.weight_dtype = DType.bfloat16 if weight_dtype == "bfloat16" else DType.float32
+        self.session = InferenceSession(devices=[self.device])
+        self._compiled: dict[GraphKind, Any] = {}
+        self.compile_seconds: dict[str, float] = {}
+        self._keepalive: list[Any] = []  # registry arrays must outlive the models bound to them
+
+    def layer_kind(self, layer_index: int) -> GraphKind:
+        return GraphKind.MOE_LAYER if self.cfg.is_moe_layer(layer_index) else GraphKind.DENSE_LAYER
+
+    def compiled(self, kind: GraphKind) -> Any:
+        if kind not in self._compiled:
+            self.progress(
+                f"max: compiling {kind.value} graph (first run on this cache dir takes "
+                f"{_FIRST_RUN_HINT[kind]} on 2 cores; later runs hit the cache)..."
+            )
+            start = time.perf_counter()
+            graph = build_graph(GraphSpec(kind, self.cfg, self.weight_dtype, self.device_ref))
+            self._compiled[kind] = self.session.compile(graph)
+            seconds = time.perf_counter() - start
+            self.compile_seconds[kind.value] = seconds
+            self.progress(f"max: {kind.value} graph ready in {seconds:.1f} s")
+        return self._compiled[kind]
+
+    def bind(self, kind: GraphKind, registry: dict[str, np.ndarray]) -> Any:
+        buffers = {name: self._weight_buffer(arr) for name, arr in registry.items()}
+        self._keepalive.append(buffers)
+        return self.session.init(self.compiled(kind), weights_registry=buffers)
+
+    def _weight_buffer(self, array: np.ndarray) -> Any:
+        array = np.ascontiguousarray(array, dtype=np.float32)
+        if self.weight_dtype == DType.bfloat16:
+            buffer = Buffer.from_numpy(_to_bf16_bits(array)).view(DType.bfloat16, array.shape)
+        else:
+            buffer = Buffer.from_numpy(array)
+        return buffer if self.on_host else buffer.to(self.device)
+
+    def run(self, model: Any, *arrays: np.ndarray) -> list[np.ndarray]:
+        inputs = [Buffer.from_numpy(a) if self.on_host else Buffer.from_numpy(a).to(self.device) for a in arrays]
+        outputs = model.execute(*inputs)
+        if self.on_host:
+            return [out.to_numpy() for out in outputs]
+        return [out.to(CPU()).to_numpy() for out in outputs]
+
+
+def _to_bf16_bits(array: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (round to nearest even) as uint16."""
+    bits = array.view(np.uint32)
+    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
+    return ((bits + rounding) >> 16).astype(np.uint16)
+
+
+def layer_registry(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> dict[str, np.ndarray]:
+    """Graph weight name -> this layer's tensor (see `max_graphs` for names and layouts)."""
+    a = w.attention
+    registry = {
+        "input_layernorm": w.input_norm,
+        "post_attention_layernorm": w.post_attention_norm,
+        "kv_a_proj_with_mqa": a.kv_a_proj,
+        "kv_a_layernorm": a.kv_a_norm,
+        "kv_b_proj": a.kv_b_proj,
+        "o_proj": a.o_proj,
+    }
+    if cfg.q_lora_rank is None:
+        registry["q_proj"] = a.q_proj
+    else:
+        registry.update({"q_a_proj": a.q_a_proj, "q_a_layernorm": a.q_a_norm, "q_b_proj": a.q_b_proj})
+    if not cfg.is_moe_layer(layer_index):
+        mlp = w.dense_mlp
+        registry.update({"gate_proj": mlp.gate, "up_proj": mlp.up, "down_proj": mlp.down})
+        return registry
+    moe = w.moe
+    registry["router"] = moe.router
+    gate_up = np.concatenate([moe.experts_gate, moe.experts_up], axis=1)  # [E, 2I, H]
+    registry["experts_gate_up"] = np.ascontiguousarray(gate_up.transpose(0, 2, 1))
+    registry["experts_down"] = np.ascontiguousarray(moe.experts_down.transpose(0, 2, 1))
+    if moe.shared is not None:
+        registry.update({
+            "shared_gate_proj": moe.shared.gate,
+            "shared_up_proj": moe.shared.up,
+            "shared_down_proj": moe.shared.down,
+        })
+    return registry
