@@ -1,0 +1,288 @@
+"""Write one content-addressed artifact per stage, streaming tensor bytes from the shards.
+
+Store layout under `out_dir` (stated once, relied on by `fornax artifacts verify`):
+
+    out_dir/artifacts/sha256-<manifest hex>/   one immutable artifact, named by its manifest hash
+        model.safetensors                      only this stage's tensors, sorted by name
+        config.json                            byte copy of the checkpoint's config
+        manifest.json                          the stage manifest
+    out_dir/stage-<i> -> artifacts/sha256-<hex>   relative symlink per stage of the latest build
+
+Tensor bytes are copied by byte range (seek + bounded reads), so memory stays bounded by the
+chunk size whatever the shard size. The output header is written by hand in a fixed order, and
+the manifest holds no paths or clocks, so identical inputs give byte-identical artifacts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Generator, Iterator
+
+from libs.artifacts.manifest import (
+    CONFIG_FILE,
+    MANIFEST_FILE,
+    MANIFEST_SCHEMA,
+    WEIGHTS_FILE,
+    BoundarySide,
+    FileRecord,
+    LayerSpan,
+    ManifestTensor,
+    PlanRef,
+    SourceLineage,
+    StageManifest,
+    artifact_dir_name,
+    encode_manifest,
+    manifest_hash,
+)
+from libs.artifacts.safetensors_format import PlannedTensor, copy_range, encode_header, layout_tensors
+from libs.artifacts.errors import ARTIFACT_ERRORS
+from libs.artifacts.verify import sha256_file, verify_artifact
+from libs.model.config import DeepseekV2Config
+from services.artifact_builder.errors import OutputDirError, PlanInvalidError
+from services.artifact_builder.snapshot import CheckpointSnapshot, Inspection
+from services.artifact_builder.staging import StageContents, StagePlan, assign_tensors
+
+STORE_DIR = "artifacts"
+STAGE_LINK_PREFIX = "stage-"
+DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
+BOUNDARY_DTYPES = ("ELEMENT_TYPE_BF16", "ELEMENT_TYPE_FP16", "ELEMENT_TYPE_FP32")
+SAFETENSORS_METADATA = {"format": "pt"}
+
+
+@dataclass(frozen=True)
+class BuildProgress:
+    """Build-wide counters; `stage_index` is the stage being written."""
+
+    stage_index: int
+    tensors_done: int
+    tensors_total: int
+    bytes_done: int
+    bytes_total: int
+
+
+@dataclass(frozen=True)
+class BuiltStage:
+    stage_index: int
+    artifact_dir: Path  # the content-addressed directory
+    manifest_hash: str
+    layer_start: int
+    layer_end_exclusive: int
+    weight_bytes: int
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    plan_id: str
+    plan_hash: str
+    stages: tuple[BuiltStage, ...]
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    out_dir: Path
+    boundary_dtype: str  # one of BOUNDARY_DTYPES
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+
+def build_stage_artifacts(
+    inspection: Inspection, plan: StagePlan, options: BuildOptions
+) -> Iterator[BuildProgress | BuildResult]:
+    """Yield progress after every tensor, then one BuildResult."""
+    inspection.require_valid()
+    if options.boundary_dtype not in BOUNDARY_DTYPES:
+        raise PlanInvalidError(f"boundary dtype {options.boundary_dtype!r} not in {BOUNDARY_DTYPES}", field="boundary_dtype")
+    if options.chunk_bytes <= 0:
+        raise PlanInvalidError("chunk_bytes must be positive", field="chunk_bytes")
+    contents = assign_tensors(inspection.config, plan, inspection.by_name())
+    store = _prepare_store(options.out_dir)
+    counter = _Counter(
+        tensors_total=sum(len(c.tensors) for c in contents),
+        bytes_total=sum(c.weight_bytes for c in contents),
+    )
+    built = []
+    for stage in contents:
+        tmp = store / f".tmp-stage-{stage.stage.stage_index}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        weights = yield from _write_weights(inspection.snapshot, stage, tmp / WEIGHTS_FILE, options.chunk_bytes, counter)
+        manifest = _manifest(inspection, plan, stage, tmp, weights, options.boundary_dtype)
+        built.append(_commit(store, tmp, manifest, stage))
+    _link_stages(options.out_dir, built)
+    yield BuildResult(plan_id=plan.plan_id, plan_hash=plan.plan_hash, stages=tuple(built))
+
+
+class _Counter:
+    def __init__(self, tensors_total: int, bytes_total: int) -> None:
+        self.tensors_total, self.bytes_total = tensors_total, bytes_total
+        self.tensors_done = self.bytes_done = 0
+
+    def advance(self, stage_index: int, nbytes: int) -> BuildProgress:
+        self.tensors_done += 1
+        self.bytes_done += nbytes
+        return BuildProgress(stage_index, self.tensors_done, self.tensors_total, self.bytes_done, self.bytes_total)
+
+
+def _prepare_store(out_dir: Path) -> Path:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputDirError(f"{out_dir} exists and is not a directory", field="out_dir")
+    store = out_dir / STORE_DIR
+    store.mkdir(parents=True, exist_ok=True)
+    for entry in stage_links(out_dir):
+        if not entry.is_symlink():
+            raise OutputDirError(f"{entry} exists and is not a stage link", field="out_dir")
+    return store
+
+
+class _HashingWriter:
+    """Writes to a file while hashing exactly the bytes written."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh, self.digest, self.size_bytes = fh, hashlib.sha256(), 0
+
+    def write(self, chunk: bytes) -> None:
+        self.fh.write(chunk)
+        self.digest.update(chunk)
+        self.size_bytes += len(chunk)
+
+
+def _write_weights(
+    snapshot: CheckpointSnapshot, stage: StageContents, path: Path, chunk_bytes: int, counter: _Counter
+) -> Generator[BuildProgress, None, FileRecord]:
+    """Yield progress per tensor; return the written file's record (hashed while writing)."""
+    entries = layout_tensors(PlannedTensor(t.name, t.source.dtype, t.source.shape) for t in stage.tensors)
+    handles: dict[str, BinaryIO] = {}
+    try:
+        with open(path, "wb") as out:
+            writer = _HashingWriter(out)
+            writer.write(encode_header(entries, SAFETENSORS_METADATA))
+            for owned in stage.tensors:
+                src = owned.source
+                if src.shard not in handles:
+                    handles[src.shard] = open(snapshot.checkpoint_dir / src.shard, "rb")
+                copy_range(handles[src.shard], writer, src.offset, src.nbytes, chunk_bytes)
+                yield counter.advance(stage.stage.stage_index, src.nbytes)
+        return FileRecord(path=path.name, size_bytes=writer.size_bytes, sha256=writer.digest.hexdigest())
+    finally:
+        for fh in handles.values():
+            fh.close()
+
+
+def _manifest(
+    inspection: Inspection,
+    plan: StagePlan,
+    stage: StageContents,
+    tmp: Path,
+    weights: FileRecord,
+    boundary_dtype: str,
+) -> StageManifest:
+    snapshot, config = inspection.snapshot, inspection.config
+    shutil.copyfile(snapshot.checkpoint_dir / CONFIG_FILE, tmp / CONFIG_FILE)
+    config_record = FileRecord(CONFIG_FILE, (tmp / CONFIG_FILE).stat().st_size, sha256_file(tmp / CONFIG_FILE))
+    if config_record.sha256 != snapshot.config_sha256:
+        raise OutputDirError(f"{snapshot.checkpoint_dir / CONFIG_FILE} changed since inspection")
+    files = tuple(sorted((weights, config_record), key=lambda r: r.path))
+    entries = layout_tensors(PlannedTensor(t.name, t.source.dtype, t.source.shape) for t in stage.tensors)
+    tensors = tuple(
+        ManifestTensor(e.name, e.dtype, e.shape, WEIGHTS_FILE, e.data_begin, e.data_end, t.source.name, t.source.shard)
+        for e, t in zip(entries, stage.tensors, strict=True)
+    )
+    return StageManifest(
+        schema=MANIFEST_SCHEMA,
+        stage_index=stage.stage.stage_index,
+        stage_count=stage.stage_count,
+        layers=LayerSpan(stage.stage.layer_start, stage.stage.layer_end_exclusive),
+        owns_embeddings=stage.owns_embeddings,
+        owns_head=stage.owns_head,
+        tied_embeddings=config.tie_word_embeddings,
+        tied_copies=stage.tied_copies,
+        plan=PlanRef(plan.plan_id, plan.plan_hash),
+        source=_lineage(snapshot),
+        boundary_input=_boundary_input(config, stage, boundary_dtype),
+        boundary_output=_boundary_output(config, stage, boundary_dtype),
+        weight_bytes=stage.weight_bytes,
+        files=files,
+        tensors=tensors,
+    )
+
+
+def _lineage(snapshot: CheckpointSnapshot) -> SourceLineage:
+    return SourceLineage(
+        snapshot_id=snapshot.snapshot_id,
+        source=snapshot.source,
+        revision=snapshot.revision,
+        config_sha256=snapshot.config_sha256,
+        tokenizer_sha256=snapshot.tokenizer_sha256,
+        chat_template_sha256=snapshot.chat_template_sha256,
+        weight_index_sha256=snapshot.weight_index_sha256,
+        shards=snapshot.shards,
+    )
+
+
+def _boundary_input(config: DeepseekV2Config, stage: StageContents, dtype: str) -> BoundarySide:
+    if stage.owns_embeddings:
+        return BoundarySide("TENSOR_KIND_TOKEN_IDS", "ELEMENT_TYPE_INT32", 1)
+    return BoundarySide("TENSOR_KIND_ACTIVATION", dtype, config.hidden_size)
+
+
+def _boundary_output(config: DeepseekV2Config, stage: StageContents, dtype: str) -> BoundarySide:
+    """The last stage's head produces float32 logits; sampling them is a runtime choice."""
+    if stage.owns_head:
+        return BoundarySide("TENSOR_KIND_LOGITS", "ELEMENT_TYPE_FP32", config.vocab_size)
+    return BoundarySide("TENSOR_KIND_ACTIVATION", dtype, config.hidden_size)
+
+
+def _commit(store: Path, tmp: Path, manifest: StageManifest, stage: StageContents) -> BuiltStage:
+    """Name the directory by its manifest hash.
+
+    An existing artifact of that hash that still verifies is kept (the new copy is identical);
+    a damaged one is replaced.
+    """
+    (tmp / MANIFEST_FILE).write_bytes(encode_manifest(manifest))
+    digest = manifest_hash(manifest)
+    final = store / artifact_dir_name(digest)
+    if final.exists() and _verifies(final, digest):
+        shutil.rmtree(tmp)
+    else:
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+    return BuiltStage(
+        stage_index=stage.stage.stage_index,
+        artifact_dir=final,
+        manifest_hash=digest,
+        layer_start=stage.stage.layer_start,
+        layer_end_exclusive=stage.stage.layer_end_exclusive,
+        weight_bytes=stage.weight_bytes,
+    )
+
+
+def _verifies(artifact_dir: Path, digest: str) -> bool:
+    try:
+        verify_artifact(artifact_dir, expected_manifest_hash=digest)
+    except ARTIFACT_ERRORS:
+        return False
+    return True
+
+
+def stage_links(out_dir: Path) -> list[Path]:
+    """The stage-<i> entries of a build directory, in stage order."""
+    found = [p for p in out_dir.glob(f"{STAGE_LINK_PREFIX}*") if p.name[len(STAGE_LINK_PREFIX):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(STAGE_LINK_PREFIX):]))
+
+
+def _link_stages(out_dir: Path, built: list[BuiltStage]) -> None:
+    """Point stage-<i> at each new artifact; drop links of stages this plan does not have."""
+    wanted = {f"{STAGE_LINK_PREFIX}{s.stage_index}": s for s in built}
+    for link in stage_links(out_dir):
+        if link.name not in wanted:
+            link.unlink()
+    for name, stage in wanted.items():
+        link = out_dir / name
+        tmp_link = out_dir / f".{name}.tmp-{os.getpid()}"
+        if tmp_link.is_symlink():
+            tmp_link.unlink()
+        os.symlink(Path(STORE_DIR) / stage.artifact_dir.name, tmp_link)
+        os.replace(tmp_link, link)
