@@ -1,0 +1,155 @@
+"""`fornax up`, `fornax status`, `fornax down`: a local fleet on 127.0.0.1."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from libs.fleet.compose import start_fleet
+from libs.fleet.health import check_health
+from libs.fleet.launcher import FleetOptions, LaunchError, stop_processes
+from libs.fleet.state import FleetState, fleet_path, read_fleet, write_fleet
+
+BACKENDS = ("max", "numpy")
+BOUNDARY_DTYPES = ("bf16", "fp32")
+# Flags whose feature has not landed yet are accepted and refused with a clear message.
+NOT_YET_SUPPORTED = {"checkpoint": "--checkpoint (model serving) is not supported by this build yet"}
+
+
+def register(commands, benches) -> None:
+    up = commands.add_parser("up", help="start the local fleet and wait until every service is SERVING")
+    up.add_argument("--state-dir", default=".fornax", help="where fleet.json, logs and data live")
+    up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the fleet")
+    up.add_argument("--stages", type=int, default=2, help="number of stage workers (default 2)")
+    up.add_argument("--backend", choices=BACKENDS, default="numpy", help="stage execution backend")
+    up.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, default="bf16", help="stage boundary dtype")
+    up.add_argument("--checkpoint", help="checkpoint directory to serve")
+    up.add_argument("--http-port", type=int, help="OpenAI-compatible API port on the orchestrator")
+    up.add_argument("--startup-timeout-s", type=float, default=180.0)
+    up.set_defaults(func=cmd_up)
+
+    status = commands.add_parser("status", help="health of every service in .fornax/fleet.json")
+    status.add_argument("--state-dir", default=".fornax")
+    status.set_defaults(func=cmd_status)
+
+    down = commands.add_parser("down", help="stop the local fleet gracefully")
+    down.add_argument("--state-dir", default=".fornax")
+    down.add_argument("--grace-period-s", type=float, default=10.0)
+    down.set_defaults(func=cmd_down)
+
+
+def _fail(message: str) -> int:
+    print(f"fornax: {message}", file=sys.stderr)
+    return 2
+
+
+def _validate_up(args: argparse.Namespace) -> str | None:
+    if not 1 <= args.stages <= 16:
+        return f"--stages must be between 1 and 16, got {args.stages}"
+    for key, message in NOT_YET_SUPPORTED.items():
+        if getattr(args, key, None) is not None:
+            return message
+    if args.checkpoint and not Path(args.checkpoint, "config.json").is_file():
+        return f"--checkpoint {args.checkpoint!r} has no config.json"
+    return None
+
+
+def _running_fleet(state_dir: str) -> FleetState | None:
+    state = read_fleet(state_dir)
+    if state and any(_pid_alive(s.pid) for s in state.services):
+        return state
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    problem = _validate_up(args)
+    if problem:
+        return _fail(problem)
+    if _running_fleet(args.state_dir):
+        return _fail(f"a fleet is already running from {fleet_path(args.state_dir)}; run `fornax down` first")
+    options = FleetOptions(
+        state_dir=Path(args.state_dir).resolve(),
+        stages=args.stages,
+        backend=args.backend,
+        boundary_dtype=args.boundary_dtype,
+        checkpoint=args.checkpoint,
+        http_port=args.http_port,
+        api_key=os.environ.get("FORNAX_API_KEY") or None,
+        startup_timeout_s=args.startup_timeout_s,
+    )
+    print(f"starting fleet: {args.stages} stage workers, backend {args.backend}", file=sys.stderr)
+    try:
+        state, launcher = start_fleet(options)
+    except LaunchError as exc:
+        return _fail(f"fleet failed to start: {exc}")
+    path = write_fleet(args.state_dir, state)
+    print(render_table(state, {s.name: "SERVING" for s in state.services}))
+    print(f"fleet file: {path}")
+    if not args.foreground:
+        return 0
+    return _stay_attached(args.state_dir, launcher)
+
+
+def _stay_attached(state_dir: str, launcher) -> int:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print("fleet running in the foreground; Ctrl-C stops it", file=sys.stderr)
+    exited = None
+    while not stop.wait(0.5):
+        exited = next((s for s in launcher.started if s.process.poll() is not None), None)
+        if exited:
+            print(f"fornax: {exited.spec.name} exited with {exited.process.returncode}; stopping", file=sys.stderr)
+            break
+    launcher.stop_all()
+    fleet_path(state_dir).unlink(missing_ok=True)
+    print("fleet stopped", file=sys.stderr)
+    return 1 if exited else 0
+
+
+def render_table(state: FleetState, health: dict[str, str]) -> str:
+    rows = [("SERVICE", "GRPC", "METRICS", "PID", "HEALTH")]
+    rows += [(s.name, s.grpc, s.metrics, str(s.pid), health.get(s.name, "?")) for s in state.services]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    if state.api:
+        lines.append(f"api: {state.api}")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    state = read_fleet(args.state_dir)
+    if state is None:
+        return _fail(f"no fleet file at {fleet_path(args.state_dir)}; is a fleet running?")
+    health = {s.name: check_health(s.grpc) for s in state.services}
+    print(render_table(state, health))
+    return 0 if all(status == "SERVING" for status in health.values()) else 1
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    state = read_fleet(args.state_dir)
+    if state is None:
+        return _fail(f"no fleet file at {fleet_path(args.state_dir)}; nothing to stop")
+    # Front door first, so no new work arrives while the rest drains.
+    ordered = sorted(state.services, key=lambda s: s.kind != "orchestrator")
+    killed = stop_processes([(s.name, s.pid) for s in ordered], args.grace_period_s)
+    fleet_path(args.state_dir).unlink(missing_ok=True)
+    if killed:
+        print(f"fornax: forced SIGKILL after the grace period: {', '.join(killed)}", file=sys.stderr)
+        return 1
+    print(f"stopped {len(state.services)} services")
+    return 0

@@ -1,0 +1,82 @@
+"""The default local fleet and the order it starts in.
+
+Registry first (others point at it), then planner, artifact builder and the stage workers
+together, then the orchestrator, which is told every other address.
+"""
+
+from __future__ import annotations
+
+from libs.fleet.launcher import HOST, FleetOptions, Launcher, LaunchError, ServiceProcess
+from libs.fleet.state import FleetState, ServiceEntry
+
+
+def _registry_env(options: FleetOptions) -> dict[str, str]:
+    registry_dir = options.state_dir / "registry"
+    return {
+        "FORNAX_REGISTRY_DB": str(registry_dir / "registry.db"),
+        "FORNAX_REGISTRY_BLOB_DIR": str(registry_dir / "blobs"),
+    }
+
+
+def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -> dict[str, str]:
+    workers = [entries[f"stage_worker_{i}"].grpc for i in range(options.stages)]
+    env = {
+        "FORNAX_PLANNER_ADDR": entries["planner"].grpc,
+        "FORNAX_REGISTRY_ADDR": entries["evidence_registry"].grpc,
+        "FORNAX_ARTIFACT_BUILDER_ADDR": entries["artifact_builder"].grpc,
+        "FORNAX_STAGE_WORKERS": ",".join(workers),
+        "FORNAX_BOUNDARY_DTYPE": options.boundary_dtype,
+        "FORNAX_BACKEND": options.backend,
+        "FORNAX_ARTIFACT_STORE": str(options.state_dir / "artifacts"),
+    }
+    if options.http_port is not None:
+        env["FORNAX_HTTP_PORT"] = str(options.http_port)
+    if options.api_key:
+        env["FORNAX_API_KEY"] = options.api_key
+    if options.checkpoint:
+        env["FORNAX_CHECKPOINT"] = options.checkpoint
+    return env
+
+
+def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
+    """Start every service and wait until each is SERVING. Stops what it started on failure."""
+    launcher = Launcher(options)
+    try:
+        registry = launcher.spawn(
+            ServiceProcess("evidence_registry", "evidence_registry", "services.evidence_registry", _registry_env(options))
+        )
+        launcher.wait_ready([registry])
+        registry_addr = f"{HOST}:{registry.ports['grpc']}"
+        middle = [
+            launcher.spawn(ServiceProcess("planner", "planner", "services.planner", {"FORNAX_REGISTRY_ADDR": registry_addr})),
+            launcher.spawn(
+                ServiceProcess(
+                    "artifact_builder",
+                    "artifact_builder",
+                    "services.artifact_builder",
+                    {"FORNAX_REGISTRY_ADDR": registry_addr, "FORNAX_ARTIFACT_STORE": str(options.state_dir / "artifacts")},
+                )
+            ),
+        ]
+        for index in range(options.stages):
+            worker_env = {
+                "FORNAX_STAGE_INDEX": str(index),
+                "FORNAX_BACKEND": options.backend,
+                "FORNAX_COMPILE_CACHE_DIR": str(options.state_dir.parent / ".cache" / "max"),
+            }
+            middle.append(
+                launcher.spawn(ServiceProcess(f"stage_worker_{index}", "stage_worker", "services.stage_worker", worker_env))
+            )
+        launcher.wait_ready(middle)
+        entries = {s.spec.name: s.entry() for s in launcher.started}
+        orchestrator = launcher.spawn(
+            ServiceProcess("orchestrator", "orchestrator", "services.orchestrator", _orchestrator_env(options, entries))
+        )
+        launcher.wait_ready([orchestrator])
+    except (LaunchError, OSError, KeyboardInterrupt):
+        launcher.stop_all()
+        raise
+    entries_in_order = tuple(s.entry() for s in launcher.started)
+    http = orchestrator.ports.get("http")
+    api = f"http://{HOST}:{http}/v1" if http else None
+    return FleetState(services=entries_in_order, api=api, api_key=options.api_key), launcher

@@ -1,0 +1,188 @@
+"""Start and stop a local fleet: one OS process per service, bound to 127.0.0.1.
+
+Ports are chosen by the OS unless configured; each service reports what it bound through its
+ready file, and the launcher then confirms SERVING over the gRPC health protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from libs.fleet.health import check_health
+from libs.fleet.state import FleetState, ServiceEntry
+
+HOST = "127.0.0.1"
+
+
+class LaunchError(RuntimeError):
+    """A service failed to start; the message carries the tail of its log."""
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    state_dir: Path
+    stages: int = 2
+    backend: str = "numpy"
+    boundary_dtype: str = "bf16"
+    checkpoint: str | None = None
+    http_port: int | None = None
+    api_key: str | None = None
+    startup_timeout_s: float = 120.0
+    grace_period_s: float = 10.0
+    # Extra environment for every service (e.g. OTEL_EXPORTER_OTLP_ENDPOINT).
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServiceProcess:
+    name: str
+    kind: str
+    module: str
+    env: dict[str, str]
+
+
+@dataclass
+class Started:
+    spec: ServiceProcess
+    process: subprocess.Popen
+    ready_file: Path
+    log_file: Path
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def entry(self) -> ServiceEntry:
+        extra = {key: f"{HOST}:{port}" for key, port in self.ports.items() if key not in ("grpc", "metrics", "pid")}
+        return ServiceEntry(
+            name=self.spec.name,
+            kind=self.spec.kind,
+            grpc=f"{HOST}:{self.ports['grpc']}",
+            metrics=f"{HOST}:{self.ports['metrics']}",
+            pid=self.process.pid,
+            log=str(self.log_file),
+            extra=extra,
+        )
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class Launcher:
+    def __init__(self, options: FleetOptions):
+        self.options = options
+        self.started: list[Started] = []
+        self._run_dir = options.state_dir / "run"
+        self._log_dir = options.state_dir / "logs"
+
+    def spawn(self, spec: ServiceProcess) -> Started:
+        self._run_dir.mkdir(parents=True, exist_ok=True)
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        ready = self._run_dir / f"{spec.name}.ready.json"
+        ready.unlink(missing_ok=True)
+        log_file = self._log_dir / f"{spec.name}.log"
+        env = {
+            **os.environ,
+            **self.options.env,
+            **spec.env,
+            "FORNAX_HOST": HOST,
+            "FORNAX_READY_FILE": str(ready),
+            "FORNAX_GRACE_PERIOD_S": str(self.options.grace_period_s),
+            "PYTHONUNBUFFERED": "1",
+        }
+        with open(log_file, "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", spec.module],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        started = Started(spec, process, ready, log_file)
+        self.started.append(started)
+        return started
+
+    def wait_ready(self, group: list[Started]) -> None:
+        deadline = time.monotonic() + self.options.startup_timeout_s
+        for started in group:
+            started.ports = self._await_ready_file(started, deadline)
+            self._await_serving(started, deadline)
+
+    def _await_ready_file(self, started: Started, deadline: float) -> dict[str, int]:
+        while time.monotonic() < deadline:
+            if started.process.poll() is not None:
+                raise LaunchError(
+                    f"{started.spec.name} exited with {started.process.returncode} during startup:\n"
+                    f"{_log_tail(started.log_file)}"
+                )
+            if started.ready_file.exists():
+                return json.loads(started.ready_file.read_text(encoding="utf-8"))
+            time.sleep(0.05)
+        raise LaunchError(f"{started.spec.name} did not report ready within {self.options.startup_timeout_s:.0f} s")
+
+    def _await_serving(self, started: Started, deadline: float) -> None:
+        address = f"{HOST}:{started.ports['grpc']}"
+        status = "UNREACHABLE"
+        while time.monotonic() < deadline:
+            status = check_health(address)
+            if status == "SERVING":
+                return
+            time.sleep(0.1)
+        raise LaunchError(f"{started.spec.name} at {address} is {status}, not SERVING")
+
+    def stop_all(self) -> list[str]:
+        return stop_processes([(s.spec.name, s.process.pid) for s in self.started], self.options.grace_period_s)
+
+
+def _is_fleet_process(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"services." in cmdline
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); reap it if it is ours.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def stop_processes(targets: list[tuple[str, int]], grace_period_s: float) -> list[str]:
+    """SIGTERM every fleet process, wait out the grace period, SIGKILL what is left.
+
+    Returns the names that needed SIGKILL.
+    """
+    live = [(name, pid) for name, pid in targets if _alive(pid) and _is_fleet_process(pid)]
+    for _, pid in live:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_period_s + 5.0
+    while live and time.monotonic() < deadline:
+        live = [(name, pid) for name, pid in live if _alive(pid)]
+        time.sleep(0.05)
+    for _, pid in live:
+        os.kill(pid, signal.SIGKILL)
+    return [name for name, _ in live]

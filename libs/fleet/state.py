@@ -1,0 +1,73 @@
+"""`.fornax/fleet.json`: where each service of a local fleet listens, and its pid."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+FLEET_FILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ServiceEntry:
+    name: str
+    kind: str
+    grpc: str
+    metrics: str
+    pid: int
+    log: str
+    # Extra listeners, e.g. {"data_plane": "127.0.0.1:7070"}.
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FleetState:
+    services: tuple[ServiceEntry, ...]
+    api: str | None = None
+    api_key: str | None = None
+
+    def entry(self, name: str) -> ServiceEntry:
+        for service in self.services:
+            if service.name == name:
+                return service
+        raise KeyError(name)
+
+    def to_json(self) -> str:
+        body = {
+            "version": FLEET_FILE_VERSION,
+            "services": [asdict(service) for service in self.services],
+            "api": self.api,
+        }
+        if self.api_key:
+            body["api_key"] = self.api_key
+        return json.dumps(body, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> FleetState:
+        body = json.loads(text)
+        if body.get("version") != FLEET_FILE_VERSION:
+            raise ValueError(f"unsupported fleet file version {body.get('version')!r}")
+        services = tuple(ServiceEntry(**service) for service in body["services"])
+        return cls(services=services, api=body.get("api"), api_key=body.get("api_key"))
+
+
+def fleet_path(state_dir: str | os.PathLike) -> Path:
+    return Path(state_dir) / "fleet.json"
+
+
+def write_fleet(state_dir: str | os.PathLike, state: FleetState) -> Path:
+    path = fleet_path(state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(state.to_json(), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_fleet(state_dir: str | os.PathLike) -> FleetState | None:
+    path = fleet_path(state_dir)
+    if not path.exists():
+        return None
+    return FleetState.from_json(path.read_text(encoding="utf-8"))
