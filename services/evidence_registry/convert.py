@@ -1,0 +1,207 @@
+"""Protobuf <-> domain conversions for the evidence registry. Protobuf stops here."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from fornax.common.v1 import common_pb2
+from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
+
+from services.evidence_registry.domain import (
+    BlobRef,
+    ElementType,
+    EvidenceClass,
+    Expectation,
+    LayerRange,
+    ListPage,
+    ListQuery,
+    Provenance,
+    PutCommand,
+    Record,
+    RecordContent,
+    RecordStatus,
+    RecordType,
+    Resolution,
+    ResolveOutcome,
+    RevokeCommand,
+    ValidityWindow,
+)
+from services.evidence_registry.errors import InvalidField
+from services.evidence_registry.validation import parse_sha256
+
+RECORD_TYPES = {
+    pb.RECORD_TYPE_MODEL: RecordType.MODEL,
+    pb.RECORD_TYPE_CAPABILITY: RecordType.CAPABILITY,
+    pb.RECORD_TYPE_MEASUREMENT: RecordType.MEASUREMENT,
+    pb.RECORD_TYPE_CALIBRATION: RecordType.CALIBRATION,
+    pb.RECORD_TYPE_ROUTE: RecordType.ROUTE,
+    pb.RECORD_TYPE_QUALIFICATION: RecordType.QUALIFICATION,
+}
+STATUSES = {pb.RECORD_STATUS_ACTIVE: RecordStatus.ACTIVE, pb.RECORD_STATUS_REVOKED: RecordStatus.REVOKED}
+CLASSES = {
+    common_pb2.EVIDENCE_CLASS_CONTRACT: EvidenceClass.CONTRACT,
+    common_pb2.EVIDENCE_CLASS_REFERENCE: EvidenceClass.REFERENCE,
+    common_pb2.EVIDENCE_CLASS_PHYSICAL: EvidenceClass.PHYSICAL,
+}
+DTYPES = {
+    common_pb2.ELEMENT_TYPE_BF16: ElementType.BF16,
+    common_pb2.ELEMENT_TYPE_FP16: ElementType.FP16,
+    common_pb2.ELEMENT_TYPE_FP32: ElementType.FP32,
+    common_pb2.ELEMENT_TYPE_INT32: ElementType.INT32,
+}
+
+
+def _inverse(mapping: dict) -> dict:
+    return {value: key for key, value in mapping.items()}
+
+
+RECORD_TYPES_PB, STATUSES_PB, CLASSES_PB, DTYPES_PB = map(_inverse, (RECORD_TYPES, STATUSES, CLASSES, DTYPES))
+
+
+def enum_value(field: str, number: int, mapping: dict, *, required: bool):
+    """The domain value of a wire enum; None for UNSPECIFIED when not required."""
+    if number == 0:
+        if required:
+            raise InvalidField(field, "UNSPECIFIED_ENUM", "must be set (UNSPECIFIED is rejected)")
+        return None
+    if number not in mapping:
+        raise InvalidField(field, "UNKNOWN_ENUM", f"{number} is not a known value")
+    return mapping[number]
+
+
+def _provenance_from_proto(message: pb.Provenance) -> Provenance:
+    layers = None
+    if message.HasField("layer_range"):
+        layers = LayerRange(message.layer_range.layer_start, message.layer_range.layer_end_exclusive)
+    return Provenance(
+        hardware=message.hardware, backend_build=message.backend_build,
+        model_snapshot=message.model_snapshot, command=message.command, layer_range=layers,
+        dtype=enum_value("record.provenance.dtype", message.dtype, DTYPES, required=False),
+        shapes=message.shapes,
+    )
+
+
+def content_from_proto(message: pb.Record) -> RecordContent:
+    return RecordContent(
+        type=enum_value("record.type", message.type, RECORD_TYPES, required=True),
+        evidence_class=enum_value("record.evidence_class", message.evidence_class, CLASSES, required=True),
+        validity=ValidityWindow(message.valid_from_unix_ns, message.valid_until_unix_ns),
+        provenance=_provenance_from_proto(message.provenance),
+        labels=tuple(sorted(message.labels.items())),
+        subject=message.subject,
+    )
+
+
+def put_command_from_proto(request: pb.PutRecordRequest) -> PutCommand:
+    if not request.HasField("record"):
+        raise InvalidField("record", "MISSING_FIELD", "the record metadata is required")
+    message = request.record
+    if message.status not in (pb.RECORD_STATUS_UNSPECIFIED, pb.RECORD_STATUS_ACTIVE):
+        raise InvalidField("record.status", "STATUS_NOT_SETTABLE", "a new record is always active")
+    if message.revocation_reason or message.created_unix_ns:
+        field = "record.revocation_reason" if message.revocation_reason else "record.created_unix_ns"
+        raise InvalidField(field, "OUTPUT_ONLY", "set by the registry, not the caller")
+    return PutCommand(
+        content=content_from_proto(message), blob=request.blob, record_id=message.record_id,
+        request_id=request.request_id,
+        stated_sha256_hex=parse_sha256("record.blob_sha256", message.blob_sha256, required=False),
+        stated_size_bytes=message.blob_size_bytes,
+    )
+
+
+def provenance_to_proto(provenance: Provenance) -> pb.Provenance:
+    message = pb.Provenance(
+        hardware=provenance.hardware, backend_build=provenance.backend_build,
+        model_snapshot=provenance.model_snapshot, command=provenance.command, shapes=provenance.shapes,
+    )
+    if provenance.layer_range is not None:
+        message.layer_range.layer_start = provenance.layer_range.layer_start
+        message.layer_range.layer_end_exclusive = provenance.layer_range.layer_end_exclusive
+    if provenance.dtype is not None:
+        message.dtype = DTYPES_PB[provenance.dtype]
+    return message
+
+
+def record_to_proto(record: Record) -> pb.Record:
+    content = record.content
+    return pb.Record(
+        record_id=record.record_id, type=RECORD_TYPES_PB[content.type], status=STATUSES_PB[record.status],
+        evidence_class=CLASSES_PB[content.evidence_class], blob_sha256=record.blob.digest,
+        blob_size_bytes=record.blob.size_bytes,
+        valid_from_unix_ns=content.validity.valid_from_unix_ns,
+        valid_until_unix_ns=content.validity.valid_until_unix_ns,
+        created_unix_ns=record.created_unix_ns, provenance=provenance_to_proto(content.provenance),
+        labels=dict(content.labels), revocation_reason=record.revocation_reason, subject=content.subject,
+    )
+
+
+def record_from_proto(message: pb.Record) -> Record:
+    """For clients reading a registry answer (the server never trusts these fields)."""
+    return Record(
+        record_id=message.record_id, content=content_from_proto(message),
+        blob=BlobRef(parse_sha256("record.blob_sha256", message.blob_sha256, required=True),
+                     message.blob_size_bytes),
+        status=enum_value("record.status", message.status, STATUSES, required=True),
+        created_unix_ns=message.created_unix_ns, revocation_reason=message.revocation_reason,
+    )
+
+
+def encode_page_token(after_seq: int) -> str:
+    return "" if not after_seq else base64.urlsafe_b64encode(f"v1:{after_seq}".encode()).decode()
+
+
+def decode_page_token(token: str) -> int:
+    if not token:
+        return 0
+    try:
+        version, _, seq = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
+        if version == "v1" and seq.isdigit() and int(seq) > 0:
+            return int(seq)
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        pass
+    raise InvalidField("page_token", "INVALID_PAGE_TOKEN", "not a token this registry issued")
+
+
+def list_query_from_proto(request: pb.ListRecordsRequest) -> ListQuery:
+    return ListQuery(
+        type=enum_value("type", request.type, RECORD_TYPES, required=False),
+        evidence_class=enum_value("evidence_class", request.evidence_class, CLASSES, required=False),
+        status=enum_value("status", request.status, STATUSES, required=False),
+        page_size=request.page_size, after_seq=decode_page_token(request.page_token),
+    )
+
+
+def list_page_to_proto(page: ListPage) -> pb.ListRecordsResponse:
+    return pb.ListRecordsResponse(records=[record_to_proto(r) for r in page.records],
+                                  next_page_token=encode_page_token(page.next_after_seq))
+
+
+def revoke_command_from_proto(request: pb.RevokeRecordRequest) -> RevokeCommand:
+    return RevokeCommand(record_id=request.record_id, reason=request.reason, request_id=request.request_id)
+
+
+def expectations_from_proto(request: pb.ResolveRecordsRequest) -> tuple[Expectation, ...]:
+    return tuple(
+        Expectation(
+            record_id=item.record_id,
+            expected_type=enum_value(f"expectations[{index}].expected_type", item.expected_type,
+                                     RECORD_TYPES, required=True),
+            expected_sha256_hex=parse_sha256(f"expectations[{index}].expected_blob_sha256",
+                                             item.expected_blob_sha256, required=False),
+        )
+        for index, item in enumerate(request.expectations)
+    )
+
+
+def resolution_to_proto(resolution: Resolution) -> pb.Resolution:
+    message = pb.Resolution(record_id=resolution.record_id, ok=resolution.ok, detail=resolution.detail,
+                            reason="" if resolution.reason is None else resolution.reason.value)
+    if resolution.record is not None:
+        message.record.CopyFrom(record_to_proto(resolution.record))
+    return message
+
+
+def resolve_outcome_to_proto(outcome: ResolveOutcome) -> pb.ResolveRecordsResponse:
+    return pb.ResolveRecordsResponse(all_ok=outcome.all_ok,
+                                     resolutions=[resolution_to_proto(r) for r in outcome.resolutions])
