@@ -1,0 +1,353 @@
+{{/* Names and labels. Components: orchestrator, planner, evidence-registry, artifact-builder, stage-worker. */}}
+
+{{- define "fornax.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Leaves room for the longest component suffix ("-evidence-registry") and a pod ordinal. */}}
+{{- define "fornax.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Usage: include "fornax.componentName" (dict "root" $ "component" "planner") */}}
+{{- define "fornax.componentName" -}}
+{{- printf "%s-%s" (include "fornax.fullname" .root) .component -}}
+{{- end -}}
+
+{{- define "fornax.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "fornax.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "fornax.labels" -}}
+{{ include "fornax.selectorLabels" . }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: fornax
+{{- end -}}
+
+{{/* Chart-wide labels for objects that belong to no single component. */}}
+{{- define "fornax.commonLabels" -}}
+app.kubernetes.io/name: {{ include "fornax.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: fornax
+{{- end -}}
+
+{{- define "fornax.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "fornax.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Usage: include "fornax.image" (dict "root" $ "values" .Values.planner) */}}
+{{- define "fornax.image" -}}
+{{- $tag := default .root.Chart.AppVersion .root.Values.image.tag -}}
+{{- if .root.Values.image.registry -}}
+{{- printf "%s/%s:%s" .root.Values.image.registry .values.image.repository $tag -}}
+{{- else -}}
+{{- printf "%s:%s" .values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* host:port of a component's gRPC Service. */}}
+{{- define "fornax.grpcAddr" -}}
+{{- printf "%s:%d" (include "fornax.componentName" .) (int .root.Values.ports.grpc) -}}
+{{- end -}}
+
+{{/* Stable per-pod DNS name of stage <index> behind the headless Service. */}}
+{{- define "fornax.stageHost" -}}
+{{- $sts := include "fornax.componentName" (dict "root" .root "component" "stage-worker") -}}
+{{- printf "%s-%d.%s" $sts (int .index) $sts -}}
+{{- end -}}
+
+{{/* Comma-separated gRPC addresses of the stage workers, in stage order. */}}
+{{- define "fornax.stageWorkerAddrs" -}}
+{{- $addrs := list -}}
+{{- range $i := until (int .Values.stageWorker.stages) -}}
+{{- $addrs = append $addrs (printf "%s:%d" (include "fornax.stageHost" (dict "root" $ "index" $i)) (int $.Values.ports.grpc)) -}}
+{{- end -}}
+{{- join "," $addrs -}}
+{{- end -}}
+
+{{/* Pod-level fields shared by every workload. Usage: include "fornax.podSpecCommon" (dict "root" $ "values" .Values.planner) */}}
+{{- define "fornax.podSpecCommon" -}}
+serviceAccountName: {{ include "fornax.serviceAccountName" .root }}
+automountServiceAccountToken: false
+terminationGracePeriodSeconds: {{ add (int .root.Values.gracePeriodSeconds) 5 }}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: {{ .root.Values.security.runAsUser }}
+  runAsGroup: {{ .root.Values.security.runAsGroup }}
+  fsGroup: {{ .root.Values.security.fsGroup }}
+  seccompProfile:
+    type: RuntimeDefault
+{{- with .root.Values.image.pullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . }}
+  {{- end }}
+{{- end }}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "fornax.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.security.runAsUser }}
+runAsGroup: {{ .Values.security.runAsGroup }}
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+privileged: false
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Environment every service reads (service configuration contract). */}}
+{{- define "fornax.commonEnv" -}}
+- name: FORNAX_HOST
+  value: "0.0.0.0"
+- name: FORNAX_GRPC_PORT
+  value: {{ .Values.ports.grpc | quote }}
+- name: FORNAX_METRICS_PORT
+  value: {{ .Values.ports.metrics | quote }}
+- name: FORNAX_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: FORNAX_GRACE_PERIOD_S
+  value: {{ .Values.gracePeriodSeconds | quote }}
+{{- if .Values.otel.endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .Values.otel.endpoint | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "fornax.containerPorts" -}}
+- name: grpc
+  containerPort: {{ .Values.ports.grpc }}
+  protocol: TCP
+- name: metrics
+  containerPort: {{ .Values.ports.metrics }}
+  protocol: TCP
+{{- end -}}
+
+{{/* Native gRPC probes against grpc.health.v1.Health (overall server status). */}}
+{{- define "fornax.probes" -}}
+livenessProbe:
+  grpc:
+    port: {{ .Values.ports.grpc }}
+  periodSeconds: {{ .Values.probes.periodSeconds }}
+  timeoutSeconds: {{ .Values.probes.timeoutSeconds }}
+  failureThreshold: {{ .Values.probes.failureThreshold }}
+readinessProbe:
+  grpc:
+    port: {{ .Values.ports.grpc }}
+  periodSeconds: {{ .Values.probes.periodSeconds }}
+  timeoutSeconds: {{ .Values.probes.timeoutSeconds }}
+  failureThreshold: {{ .Values.probes.failureThreshold }}
+{{- end -}}
+
+{{/* Writable scratch plus the optional TLS mounts; the root filesystem is read-only.
+Usage: include "fornax.baseVolumeMounts" (dict "root" $ "dataPlane" false). Only stage workers
+speak FNX2, so only they get the data-plane secret. */}}
+{{- define "fornax.baseVolumeMounts" -}}
+{{- $tls := .root.Values.tls -}}
+- name: tmp
+  mountPath: /tmp
+{{- if $tls.grpc.enabled }}
+- name: tls-grpc
+  mountPath: {{ $tls.grpc.mountPath }}
+  readOnly: true
+{{- end }}
+{{- if and .dataPlane $tls.dataPlane.enabled }}
+- name: tls-data-plane
+  mountPath: {{ $tls.dataPlane.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "fornax.baseVolumes" -}}
+{{- $tls := .root.Values.tls -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 1Gi
+{{- if $tls.grpc.enabled }}
+- name: tls-grpc
+  secret:
+    secretName: {{ required "tls.grpc.secretName is required when tls.grpc.enabled" $tls.grpc.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- if and .dataPlane $tls.dataPlane.enabled }}
+- name: tls-data-plane
+  secret:
+    secretName: {{ required "tls.dataPlane.secretName is required when tls.dataPlane.enabled" $tls.dataPlane.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{- define "fornax.checkpointVolumeMount" -}}
+{{- if .Values.checkpoints.existingClaim -}}
+- name: checkpoints
+  mountPath: {{ .Values.checkpoints.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "fornax.checkpointVolume" -}}
+{{- if .Values.checkpoints.existingClaim -}}
+- name: checkpoints
+  persistentVolumeClaim:
+    claimName: {{ .Values.checkpoints.existingClaim }}
+    readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* ClusterIP Service exposing gRPC and metrics of one component. Usage:
+include "fornax.service" (dict "root" $ "component" "planner" "type" "ClusterIP" "http" false) */}}
+{{- define "fornax.service" -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "fornax.componentName" . }}
+  labels:
+    {{- include "fornax.labels" . | nindent 4 }}
+spec:
+  type: {{ .type | default "ClusterIP" }}
+  selector:
+    {{- include "fornax.selectorLabels" . | nindent 4 }}
+  ports:
+    - name: grpc
+      port: {{ .root.Values.ports.grpc }}
+      targetPort: grpc
+      protocol: TCP
+      appProtocol: grpc
+    - name: metrics
+      port: {{ .root.Values.ports.metrics }}
+      targetPort: metrics
+      protocol: TCP
+    {{- if .http }}
+    - name: http
+      port: {{ .root.Values.ports.http }}
+      targetPort: http
+      protocol: TCP
+    {{- end }}
+{{- end -}}
+
+{{/* PVC for a component's state, unless an existing claim is named. */}}
+{{- define "fornax.pvc" -}}
+{{- $p := .persistence -}}
+{{- if not $p.existingClaim }}
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: {{ include "fornax.componentName" . }}
+  labels:
+    {{- include "fornax.labels" . | nindent 4 }}
+  annotations:
+    helm.sh/resource-policy: keep
+spec:
+  accessModes:
+    - {{ $p.accessMode }}
+  {{- if $p.storageClassName }}
+  storageClassName: {{ $p.storageClassName | quote }}
+  {{- end }}
+  resources:
+    requests:
+      storage: {{ $p.size }}
+{{- end }}
+{{- end -}}
+
+{{- define "fornax.claimName" -}}
+{{- default (include "fornax.componentName" .) .persistence.existingClaim -}}
+{{- end -}}
+
+{{/* Deployment of one stateless-shell service. Keys: root, component, values, replicas,
+env / mounts / volumes (rendered YAML lists, may be empty), http (bool), recreate (bool: the
+pod holds a ReadWriteOnce claim, so the old pod must go before the new one starts). */}}
+{{- define "fornax.deployment" -}}
+{{- $c := dict "root" .root "component" .component -}}
+{{- $root := .root -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ include "fornax.componentName" $c }}
+  labels:
+    {{- include "fornax.labels" $c | nindent 4 }}
+spec:
+  replicas: {{ .replicas }}
+  {{- if .recreate }}
+  strategy:
+    type: Recreate
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "fornax.selectorLabels" $c | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "fornax.labels" $c | nindent 8 }}
+      {{- with .values.podAnnotations }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    spec:
+      {{- include "fornax.podSpecCommon" (dict "root" $root "values" .values) | nindent 6 }}
+      containers:
+        - name: {{ .component }}
+          image: {{ include "fornax.image" (dict "root" $root "values" .values) }}
+          imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+          env:
+            {{- include "fornax.commonEnv" $root | nindent 12 }}
+            {{- with .env }}
+            {{- . | nindent 12 }}
+            {{- end }}
+          ports:
+            {{- include "fornax.containerPorts" $root | nindent 12 }}
+            {{- if .http }}
+            - name: http
+              containerPort: {{ $root.Values.ports.http }}
+              protocol: TCP
+            {{- end }}
+          {{- include "fornax.probes" $root | nindent 10 }}
+          resources:
+            {{- toYaml .values.resources | nindent 12 }}
+          securityContext:
+            {{- include "fornax.containerSecurityContext" $root | nindent 12 }}
+          volumeMounts:
+            {{- include "fornax.baseVolumeMounts" (dict "root" $root "dataPlane" false) | nindent 12 }}
+            {{- with .mounts }}
+            {{- . | nindent 12 }}
+            {{- end }}
+      volumes:
+        {{- include "fornax.baseVolumes" (dict "root" $root "dataPlane" false) | nindent 8 }}
+        {{- with .volumes }}
+        {{- . | nindent 8 }}
+        {{- end }}
+{{- end -}}
