@@ -1,0 +1,319 @@
+"""FNX2 2.0 frame codec: a pure function of bytes in, typed messages out (and back).
+
+Frame = 40-byte big-endian prelude `!4sHHHHIQQII` + canonical JSON metadata + payload.
+Decoding follows the FNX2 validation order: length/version/CRC, canonical metadata,
+plan binding, tensor, slice coverage. Epoch, lease, replay and credit rules live in
+`libs.fnx2.receiver_state`.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from libs.fnx2.control import Ack, Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release
+from libs.fnx2.errors import ErrorCode, Fnx2Error
+from libs.fnx2.fields import UINT64_MAX, canonical_json, is_hash, is_uuid
+from libs.fnx2.messages import (
+    MAX_ID_CHARS, TRACEPARENT_CHARS, Batch, BatchDescriptor, Kind, Result, SequenceResult,
+)
+from libs.fnx2.tensor import DType, Tensor, TensorDescriptor, TensorKind, crc_and_finite, view_payload
+
+MAGIC = b"FNX2"
+PRELUDE = struct.Struct("!4sHHHHIQQII")
+PRELUDE_BYTES = PRELUDE.size
+MAX_METADATA_BYTES = 256 * 1024
+DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
+MAX_RESULTS_PER_FRAME = 4096
+_DATA_KINDS = (Kind.BATCH, Kind.RESULT)
+
+Message = Batch | Result | Credit | Cancel | Release | Ack | ErrorMessage | Control
+
+
+@dataclass(frozen=True, slots=True)
+class CodecLimits:
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    max_metadata_bytes: int = MAX_METADATA_BYTES
+
+
+DEFAULT_LIMITS = CodecLimits()
+
+
+@dataclass(frozen=True, slots=True)
+class Prelude:
+    kind: int
+    metadata_bytes: int
+    payload_bytes: int
+    sequence_no: int
+    crc32c: int
+
+    @property
+    def body_bytes(self) -> int:
+        return self.metadata_bytes + self.payload_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    sequence_no: int
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedFrame:
+    """Prelude+metadata bytes and a zero-copy payload view, for scatter/gather writes."""
+
+    header: bytes
+    payload: memoryview
+
+    def __len__(self) -> int:
+        return len(self.header) + len(self.payload)
+
+    def to_bytes(self) -> bytes:
+        return self.header + bytes(self.payload)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedBinding:
+    """What a receiver requires of each BATCH (step 3) and of its tensor (step 4)."""
+
+    binding: ChannelBinding
+    source_stage: str | None = None
+    input_kind: TensorKind | None = None
+    input_dtype: DType | None = None
+    input_width: int | None = None
+
+
+def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAULT_LIMITS) -> EncodedFrame:
+    if type(sequence_no) is not int or not 0 <= sequence_no <= UINT64_MAX:
+        raise Fnx2Error(ErrorCode.SEQUENCE, "sequence_no must be a uint64")
+    meta = message.to_meta()
+    meta["sequence_no"] = sequence_no
+    metadata = canonical_json(meta)
+    if len(metadata) > limits.max_metadata_bytes:
+        raise Fnx2Error(ErrorCode.FRAME_SIZE, "metadata exceeds its maximum")
+    tensor = getattr(message, "tensor", None)
+    payload = tensor.payload() if tensor is not None else memoryview(b"")
+    if len(payload) > limits.max_payload_bytes:
+        raise Fnx2Error(ErrorCode.FRAME_SIZE, "payload exceeds the configured maximum")
+    _check_outgoing(message)
+    crc, finite = crc_and_finite(crc_of(metadata), payload,
+                                 tensor.descriptor.dtype if tensor is not None else None)
+    if not finite:
+        raise Fnx2Error(ErrorCode.TENSOR_CONTRACT, "tensor values must be finite")
+    prelude = PRELUDE.pack(MAGIC, 2, 0, message.KIND, 0, len(metadata), len(payload),
+                           sequence_no, crc, 0)
+    return EncodedFrame(prelude + metadata, payload)
+
+
+def crc_of(data: bytes) -> int:
+    return crc_and_finite(0, memoryview(data), None)[0]
+
+
+def _check_outgoing(message: Message) -> None:
+    """An encoder never emits what its own decoder would reject."""
+    if isinstance(message, Batch):
+        message.batch.check_coverage()
+        if message.tensor.descriptor.rows != message.batch.input_row_count:
+            raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "tensor rows differ from input_row_count")
+    elif isinstance(message, Result):
+        for item in message.results:
+            item.check()
+        message.check()
+
+
+def parse_prelude(data: bytes | memoryview, limits: CodecLimits = DEFAULT_LIMITS) -> Prelude:
+    """Step 1a: magic, version, flags, reserved, kind, then the bounded lengths."""
+    if len(data) < PRELUDE_BYTES:
+        raise Fnx2Error(ErrorCode.FRAME_SIZE, "short frame prelude")
+    magic, major, minor, kind, flags, meta_len, payload_len, seq, crc, reserved = PRELUDE.unpack(
+        data[:PRELUDE_BYTES])
+    if magic != MAGIC:
+        raise Fnx2Error(ErrorCode.ABI_VERSION, "bad magic")
+    if (major, minor) != (2, 0):
+        raise Fnx2Error(ErrorCode.ABI_VERSION, f"unsupported ABI version {major}.{minor}")
+    if flags or reserved:
+        raise Fnx2Error(ErrorCode.ABI_VERSION, "flags and reserved must be zero")
+    if not Kind.BATCH <= kind <= Kind.CONTROL:
+        raise Fnx2Error(ErrorCode.ABI_VERSION, f"unknown message kind {kind}")
+    if meta_len > limits.max_metadata_bytes or payload_len > limits.max_payload_bytes:
+        raise Fnx2Error(ErrorCode.FRAME_SIZE, "frame length exceeds the configured maximum")
+    if payload_len and kind not in _DATA_KINDS:
+        raise Fnx2Error(ErrorCode.FRAME_SIZE, "only BATCH and RESULT carry a payload")
+    return Prelude(kind, meta_len, payload_len, seq, crc)
+
+
+def decode_frame(data: bytes | bytearray | memoryview, limits: CodecLimits = DEFAULT_LIMITS, *,
+                 expected: ExpectedBinding | None = None, allow_extensions: bool = True) -> Frame:
+    view = memoryview(data)
+    prelude = parse_prelude(view, limits)
+    if len(view) != PRELUDE_BYTES + prelude.body_bytes:
+        raise Fnx2Error(ErrorCode.FRAME_SIZE, "frame length differs from its prelude")
+    return decode_body(prelude, view[PRELUDE_BYTES:], expected=expected,
+                       allow_extensions=allow_extensions)
+
+
+def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding | None = None,
+                allow_extensions: bool = True) -> Frame:
+    """Steps 1b..5 for one length-delimited body (metadata ‖ payload)."""
+    if len(body) != prelude.body_bytes:
+        raise Fnx2Error(ErrorCode.FRAME_SIZE, "body length differs from its prelude")
+    metadata = bytes(body[: prelude.metadata_bytes])
+    payload = body[prelude.metadata_bytes:]
+    parsed, meta_error = _parse_json(metadata)
+    crc, finite = crc_and_finite(crc_of(metadata), payload, _peek_dtype(parsed))
+    if crc != prelude.crc32c:
+        raise Fnx2Error(ErrorCode.CHECKSUM, "CRC32C mismatch")
+    if meta_error is not None:
+        raise meta_error
+    meta = _canonical(parsed, metadata, prelude.sequence_no)
+    message = _decode_kind(prelude.kind, meta, payload, finite, expected, allow_extensions)
+    return Frame(prelude.sequence_no, message)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite JSON number {name}")
+
+
+def _parse_json(metadata: bytes) -> tuple[Any, Fnx2Error | None]:
+    try:
+        return json.loads(metadata, parse_constant=_reject_constant), None
+    except (ValueError, RecursionError) as exc:
+        return None, Fnx2Error(ErrorCode.METADATA, f"metadata is not valid JSON: {exc}")
+
+
+def _peek_dtype(parsed: Any) -> DType | None:
+    """The tensor dtype, if the metadata names one, so CRC and finiteness share one pass."""
+    tensor = parsed.get("tensor") if type(parsed) is dict else None
+    dtype = tensor.get("dtype") if type(tensor) is dict else None
+    return DType(dtype) if dtype in DType._value2member_map_ else None
+
+
+def _canonical(parsed: Any, metadata: bytes, sequence_no: int) -> dict[str, Any]:
+    if type(parsed) is not dict:
+        raise Fnx2Error(ErrorCode.METADATA, "metadata must be a JSON object")
+    try:
+        again = canonical_json(parsed)
+    except (ValueError, RecursionError) as exc:
+        raise Fnx2Error(ErrorCode.METADATA, f"metadata cannot be re-encoded: {exc}") from exc
+    if again != metadata:
+        raise Fnx2Error(ErrorCode.METADATA, "metadata is not canonical JSON")
+    if parsed.get("sequence_no") != sequence_no or type(parsed.get("sequence_no")) is not int:
+        raise Fnx2Error(ErrorCode.SEQUENCE, "metadata sequence_no differs from the prelude")
+    meta = dict(parsed)
+    del meta["sequence_no"]
+    return meta
+
+
+def _decode_kind(kind: int, meta: dict[str, Any], payload: memoryview, finite: bool,
+                 expected: ExpectedBinding | None, allow_extensions: bool) -> Message:
+    if kind == Kind.BATCH:
+        return _decode_batch(meta, payload, finite, expected, allow_extensions)
+    if kind == Kind.RESULT:
+        return _decode_result(meta, payload, finite)
+    if kind == Kind.CREDIT:
+        return Credit.from_meta(meta)
+    if kind == Kind.CANCEL:
+        return Cancel.from_meta(meta)
+    if kind == Kind.RELEASE:
+        return Release.from_meta(meta)
+    if kind == Kind.ACK:
+        return Ack.from_meta(meta, allow_extensions)
+    if kind == Kind.ERROR:
+        return ErrorMessage.from_meta(meta)
+    return Control.from_meta(meta, allow_extensions)
+
+
+_BATCH_FIELDS = frozenset({"plan_id", "plan_hash", "manifest_hash", "source_stage",
+                           "destination_stage", "batch", "batch_digest", "tensor"})
+
+
+def _decode_batch(meta: dict[str, Any], payload: memoryview, finite: bool,
+                  expected: ExpectedBinding | None, allow_extensions: bool) -> Batch:
+    names = _BATCH_FIELDS | ({"traceparent"} if allow_extensions and "traceparent" in meta else set())
+    if meta.keys() != names:
+        raise Fnx2Error(ErrorCode.METADATA, "BATCH metadata must have exactly its closed field set")
+    traceparent = meta.get("traceparent")
+    if traceparent is not None and (type(traceparent) is not str or len(traceparent) != TRACEPARENT_CHARS):
+        raise Fnx2Error(ErrorCode.METADATA, "traceparent must be a W3C traceparent string")
+    plan_id, plan_hash, manifest_hash = meta["plan_id"], meta["plan_hash"], meta["manifest_hash"]
+    source, destination = meta["source_stage"], meta["destination_stage"]
+    if not (is_uuid(plan_id) and is_hash(plan_hash) and is_hash(manifest_hash)
+            and _is_id(source) and _is_id(destination) and is_hash(meta["batch_digest"])):
+        raise Fnx2Error(ErrorCode.METADATA, "BATCH binding fields are malformed")
+    if expected is not None:
+        _check_binding(expected, plan_id, plan_hash, manifest_hash, source, destination)
+    tensor = _decode_tensor(meta["tensor"], payload, finite)
+    if expected is not None:
+        _check_input_tensor(expected, tensor.descriptor)
+    descriptor = BatchDescriptor.from_meta(meta["batch"])
+    descriptor.check_coverage()
+    if canonical_json_digest(meta["batch"]) != meta["batch_digest"]:
+        raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "batch_digest differs from the batch")
+    if tensor.descriptor.rows != descriptor.input_row_count:
+        raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "tensor rows differ from input_row_count")
+    return Batch(plan_id, plan_hash, manifest_hash, source, destination, descriptor, tensor,
+                 traceparent)
+
+
+def canonical_json_digest(value: Any) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def _is_id(value: Any) -> bool:
+    return type(value) is str and 0 < len(value) <= MAX_ID_CHARS
+
+
+def _check_binding(expected: ExpectedBinding, plan_id: str, plan_hash: str, manifest_hash: str,
+                   source: str, destination: str) -> None:
+    b = expected.binding
+    if (plan_id, plan_hash, manifest_hash) != (b.plan_id, b.plan_hash, b.manifest_hash):
+        raise Fnx2Error(ErrorCode.STALE_PLAN, "batch plan or manifest differs from the channel")
+    if destination != b.stage_id or (expected.source_stage not in (None, source)):
+        raise Fnx2Error(ErrorCode.STALE_PLAN, "batch source or destination stage differs")
+
+
+def _check_input_tensor(expected: ExpectedBinding, descriptor: TensorDescriptor) -> None:
+    if expected.input_kind is not None and descriptor.kind is not expected.input_kind:
+        raise Fnx2Error(ErrorCode.TENSOR_CONTRACT, "tensor kind differs from the stage input")
+    if expected.input_dtype is not None and descriptor.kind is not TensorKind.TOKEN_IDS:
+        if descriptor.dtype is not expected.input_dtype:
+            raise Fnx2Error(ErrorCode.TENSOR_CONTRACT, "tensor dtype differs from the stage input")
+    if expected.input_width is not None and descriptor.kind is not TensorKind.TOKEN_IDS:
+        if descriptor.width != expected.input_width:
+            raise Fnx2Error(ErrorCode.TENSOR_CONTRACT, "tensor width differs from the stage input")
+
+
+def _decode_tensor(meta: Any, payload: memoryview, finite: bool) -> Tensor:
+    descriptor = TensorDescriptor.from_meta(meta)
+    if descriptor.payload_bytes != len(payload):
+        raise Fnx2Error(ErrorCode.TENSOR_CONTRACT, "payload length differs from the descriptor")
+    if not finite:
+        raise Fnx2Error(ErrorCode.TENSOR_CONTRACT, "tensor values must be finite")
+    return Tensor(descriptor, view_payload(descriptor, payload))
+
+
+_RESULT_FIELDS = frozenset({"batch_id", "batch_sequence_no", "manifest_hash", "results"})
+
+
+def _decode_result(meta: dict[str, Any], payload: memoryview, finite: bool) -> Result:
+    with_tensor = "tensor" in meta
+    if meta.keys() != (_RESULT_FIELDS | {"tensor"} if with_tensor else _RESULT_FIELDS):
+        raise Fnx2Error(ErrorCode.METADATA, "RESULT metadata must have exactly its closed field set")
+    if with_tensor != bool(len(payload)):
+        raise Fnx2Error(ErrorCode.BATCH_RESULT, "RESULT tensor and payload appear together")
+    tensor = _decode_tensor(meta["tensor"], payload, finite) if with_tensor else None
+    raw = meta["results"]
+    if type(raw) is not list or len(raw) > MAX_RESULTS_PER_FRAME:
+        raise Fnx2Error(ErrorCode.BATCH_RESULT, "results must be a bounded array")
+    batch_id, seq, manifest_hash = meta["batch_id"], meta["batch_sequence_no"], meta["manifest_hash"]
+    if not (is_uuid(batch_id) and is_hash(manifest_hash) and type(seq) is int
+            and 0 <= seq <= UINT64_MAX):
+        raise Fnx2Error(ErrorCode.BATCH_RESULT, "RESULT correlation fields are malformed")
+    result = Result(batch_id, seq, manifest_hash,
+                    tuple(SequenceResult.from_meta(item) for item in raw), tensor)
+    result.check()
+    return result

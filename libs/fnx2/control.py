@@ -1,0 +1,294 @@
+"""Typed CREDIT, CANCEL, RELEASE, ACK, ERROR and CONTROL messages of FNX2 2.0.
+
+Beyond 2.0 there is one negotiated addition: CONTROL `extensions` (offer) and its ACK.
+A sender offers only after the plain 2.0 handshake; a plain 2.0 receiver answers the
+offer with a recoverable METADATA ERROR, which the sender reads as "no extensions".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, ErrorCode
+from libs.fnx2.fields import Fields, is_uuid
+from libs.fnx2.messages import MAX_ID_CHARS, Kind
+
+ABI_VERSION = (2, 0)
+MAX_EXTENSIONS = 16
+
+EXT_MULTI_INFLIGHT = "multi_inflight"
+EXT_TRACEPARENT = "traceparent"
+EXT_TIMINGS = "timings"
+KNOWN_EXTENSIONS = frozenset({EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, EXT_TIMINGS})
+
+CREDIT_FIELDS = ("frames", "payload_bytes", "rows", "sequences",
+                 "live_requests", "kv_bytes", "replay_bytes")
+_BINDING_FIELDS = frozenset({"plan_id", "plan_hash", "manifest_hash", "stage_id",
+                             "plan_generation_id"})
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelBinding:
+    """What a channel is bound to: plan, manifest, destination stage and plan generation."""
+
+    plan_id: str
+    plan_hash: str
+    manifest_hash: str
+    stage_id: str
+    plan_generation_id: str
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"plan_id": self.plan_id, "plan_hash": self.plan_hash,
+                "manifest_hash": self.manifest_hash, "stage_id": self.stage_id,
+                "plan_generation_id": self.plan_generation_id}
+
+    @classmethod
+    def read(cls, f: Fields) -> "ChannelBinding":
+        return cls(f.uuid("plan_id"), f.hash("plan_hash"), f.hash("manifest_hash"),
+                   f.text("stage_id", MAX_ID_CHARS), f.uuid("plan_generation_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    KIND: ClassVar[int] = Kind.CREDIT
+    frames: int
+    payload_bytes: int
+    rows: int
+    sequences: int
+    live_requests: int
+    kv_bytes: int
+    replay_bytes: int
+
+    def to_meta(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in CREDIT_FIELDS}
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> "Credit":
+        f = Fields(meta, ErrorCode.METADATA, "CREDIT", frozenset(CREDIT_FIELDS))
+        return cls(*(f.uint(name) for name in CREDIT_FIELDS))
+
+
+_LEASE_FIELDS = _BINDING_FIELDS | {"control_id", "request_id", "execution_lease_id"}
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    KIND: ClassVar[int] = Kind.CANCEL
+    control_id: str
+    binding: ChannelBinding
+    request_id: str
+    execution_lease_id: str
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"control_id": self.control_id, **self.binding.to_meta(),
+                "request_id": self.request_id, "execution_lease_id": self.execution_lease_id}
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> "Cancel":
+        f = Fields(meta, ErrorCode.METADATA, "CANCEL", _LEASE_FIELDS)
+        return cls(f.uuid("control_id"), ChannelBinding.read(f), f.uuid("request_id"),
+                   f.uuid("execution_lease_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    KIND: ClassVar[int] = Kind.RELEASE
+    control_id: str
+    binding: ChannelBinding
+    request_id: str
+    execution_lease_id: str
+    expected_final_epoch: int | None
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"control_id": self.control_id, **self.binding.to_meta(),
+                "request_id": self.request_id, "execution_lease_id": self.execution_lease_id,
+                "expected_final_epoch": self.expected_final_epoch}
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> "Release":
+        f = Fields(meta, ErrorCode.METADATA, "RELEASE", _LEASE_FIELDS | {"expected_final_epoch"})
+        return cls(f.uuid("control_id"), ChannelBinding.read(f), f.uuid("request_id"),
+                   f.uuid("execution_lease_id"), f.optional_uint("expected_final_epoch"))
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """CONTROL hello / shutdown / credit_refresh, and the negotiated `extensions` offer."""
+
+    KIND: ClassVar[int] = Kind.CONTROL
+    control: str
+    control_id: str
+    binding: ChannelBinding
+    supported_versions: tuple[tuple[int, int], ...] = ()
+    extensions: tuple[str, ...] = ()
+
+    def to_meta(self) -> dict[str, Any]:
+        meta = {"control": self.control, "control_id": self.control_id, **self.binding.to_meta()}
+        if self.control == "hello":
+            meta["supported_versions"] = [list(v) for v in self.supported_versions]
+        elif self.control == "extensions":
+            meta["extensions"] = list(self.extensions)
+        return meta
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any], allow_extensions: bool) -> "Control":
+        operation = meta.get("control")
+        names = _BINDING_FIELDS | {"control", "control_id"}
+        if operation == "hello":
+            names = names | {"supported_versions"}
+        elif operation == "extensions" and allow_extensions:
+            names = names | {"extensions"}
+        elif operation not in ("shutdown", "credit_refresh"):
+            raise Fields({}, ErrorCode.METADATA, "CONTROL", frozenset()).fail(
+                "control", "is not a supported operation")
+        f = Fields(meta, ErrorCode.METADATA, "CONTROL", names)
+        versions: tuple[tuple[int, int], ...] = ()
+        if operation == "hello":
+            raw = f.array("supported_versions", 8)
+            if [2, 0] not in raw or any(type(v) is not list or len(v) != 2 for v in raw):
+                raise f.fail("supported_versions", "must list [2,0]")
+            versions = tuple((int(a), int(b)) for a, b in raw)
+        extensions = _read_extensions(f) if operation == "extensions" else ()
+        return cls(operation, f.uuid("control_id"), ChannelBinding.read(f), versions, extensions)
+
+
+def _read_extensions(f: Fields) -> tuple[str, ...]:
+    raw = f.array("extensions", MAX_EXTENSIONS)
+    if any(type(x) is not str or not 0 < len(x) <= 64 for x in raw) or len(set(raw)) != len(raw):
+        raise f.fail("extensions", "must be distinct short strings")
+    return tuple(raw)
+
+
+_ACK_FIELDS: dict[str, frozenset[str]] = {
+    "hello": _BINDING_FIELDS | {"selected_version"},
+    "cancel": frozenset({"request_id", "execution_lease_id", "cancelled", "inflight",
+                         "kv_mutated"}),
+    "release": frozenset({"request_id", "execution_lease_id", "released", "kv_epoch",
+                          "completed_results_released", "tombstone_present"}),
+    "shutdown": frozenset({"stage_id"}),
+    "credit_refresh": frozenset({"stage_id"}),
+    "extensions": frozenset({"stage_id", "extensions"}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """ACK of one operation; `fields` holds that operation's closed, typed fields."""
+
+    KIND: ClassVar[int] = Kind.ACK
+    operation: str
+    control_id: str
+    fields: "AckFields"
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"operation": self.operation, "control_id": self.control_id,
+                **self.fields.to_meta()}
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any], allow_extensions: bool) -> "Ack":
+        operation = meta.get("operation")
+        if operation not in _ACK_FIELDS or (operation == "extensions" and not allow_extensions):
+            raise Fields({}, ErrorCode.METADATA, "ACK", frozenset()).fail(
+                "operation", "is not a supported operation")
+        f = Fields(meta, ErrorCode.METADATA, "ACK",
+                   _ACK_FIELDS[operation] | {"operation", "control_id"})
+        return cls(operation, f.uuid("control_id"), _ACK_READERS[operation](f))
+
+
+@dataclass(frozen=True, slots=True)
+class AckHello:
+    binding: ChannelBinding
+    selected_version: tuple[int, int] = ABI_VERSION
+
+    def to_meta(self) -> dict[str, Any]:
+        return {**self.binding.to_meta(), "selected_version": list(self.selected_version)}
+
+
+@dataclass(frozen=True, slots=True)
+class AckCancel:
+    request_id: str
+    execution_lease_id: str
+    cancelled: bool
+    inflight: bool
+    kv_mutated: bool
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "execution_lease_id": self.execution_lease_id,
+                "cancelled": self.cancelled, "inflight": self.inflight,
+                "kv_mutated": self.kv_mutated}
+
+
+@dataclass(frozen=True, slots=True)
+class AckRelease:
+    request_id: str
+    execution_lease_id: str
+    released: bool
+    kv_epoch: int | None
+    completed_results_released: int
+    tombstone_present: bool
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "execution_lease_id": self.execution_lease_id,
+                "released": self.released, "kv_epoch": self.kv_epoch,
+                "completed_results_released": self.completed_results_released,
+                "tombstone_present": self.tombstone_present}
+
+
+@dataclass(frozen=True, slots=True)
+class AckStage:
+    """ACK of shutdown, credit_refresh or extensions (the accepted extension list)."""
+
+    stage_id: str
+    extensions: tuple[str, ...] | None = None
+
+    def to_meta(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"stage_id": self.stage_id}
+        if self.extensions is not None:
+            meta["extensions"] = list(self.extensions)
+        return meta
+
+
+AckFields = AckHello | AckCancel | AckRelease | AckStage
+
+
+def _read_hello(f: Fields) -> AckHello:
+    if f.raw("selected_version") != list(ABI_VERSION):
+        raise f.fail("selected_version", "must be [2,0]")
+    return AckHello(ChannelBinding.read(f))
+
+
+_ACK_READERS = {
+    "hello": _read_hello,
+    "cancel": lambda f: AckCancel(f.uuid("request_id"), f.uuid("execution_lease_id"),
+                                  f.boolean("cancelled"), f.boolean("inflight"),
+                                  f.boolean("kv_mutated")),
+    "release": lambda f: AckRelease(f.uuid("request_id"), f.uuid("execution_lease_id"),
+                                    f.boolean("released"), f.optional_uint("kv_epoch"),
+                                    f.uint("completed_results_released"),
+                                    f.boolean("tombstone_present")),
+    "shutdown": lambda f: AckStage(f.text("stage_id", MAX_ID_CHARS)),
+    "credit_refresh": lambda f: AckStage(f.text("stage_id", MAX_ID_CHARS)),
+    "extensions": lambda f: AckStage(f.text("stage_id", MAX_ID_CHARS), _read_extensions(f)),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorMessage:
+    """An ERROR frame. `control_id` names the control or batch it answers, when known."""
+
+    KIND: ClassVar[int] = Kind.ERROR
+    code: str
+    message: str
+    control_id: str | None
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "control_id": self.control_id}
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> "ErrorMessage":
+        f = Fields(meta, ErrorCode.METADATA, "ERROR", frozenset({"code", "message", "control_id"}))
+        control_id = f.raw("control_id")
+        if control_id is not None and not is_uuid(control_id):
+            raise f.fail("control_id", "must be a UUID or null")
+        return cls(f.text("code", MAX_ERROR_CODE_CHARS), f.text("message"), control_id)
