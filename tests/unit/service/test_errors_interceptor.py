@@ -1,0 +1,73 @@
+"""The single interceptor maps FornaxError to status + reason, anything else to INTERNAL."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from libs.service.errors import FornaxError, InvalidArgument, ResourceExhausted
+from libs.service.interceptors import ErrorInterceptor, reason_of
+
+METHOD = "/test.v1.TestService/Do"
+
+
+def _raising(exc: Exception):
+    async def handler(request: bytes, context) -> bytes:
+        raise exc
+
+    return grpc.method_handlers_generic_handler(
+        "test.v1.TestService", {"Do": grpc.unary_unary_rpc_method_handler(handler)}
+    )
+
+
+async def _call(exc: Exception) -> grpc.aio.AioRpcError:
+    server = grpc.aio.server(interceptors=[ErrorInterceptor("test")])
+    server.add_generic_rpc_handlers((_raising(exc),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(METHOD)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call(b"", timeout=10)
+            return caught.value
+    finally:
+        await server.stop(None)
+
+
+def _error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
+    proto = rpc_status.from_call(error)
+    info = error_details_pb2.ErrorInfo()
+    assert proto is not None and proto.details[0].Unpack(info)
+    return info
+
+
+def test_fornax_error_keeps_code_reason_and_field():
+    error = asyncio.run(_call(InvalidArgument("top_k must be >= 0", reason="BAD_TOP_K", field="top_k")))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "top_k must be >= 0" in error.details()
+    info = _error_info(error)
+    assert (info.reason, info.domain, info.metadata["field"]) == ("BAD_TOP_K", "fornax", "top_k")
+    assert reason_of(error) == "BAD_TOP_K"
+
+
+def test_default_reason_comes_from_the_class():
+    error = asyncio.run(_call(ResourceExhausted("queue full")))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert reason_of(error) == "CAPACITY"
+
+
+def test_unexpected_exception_becomes_internal_without_leaking_details():
+    error = asyncio.run(_call(KeyError("secret-internal-key")))
+    assert error.code() == grpc.StatusCode.INTERNAL
+    assert reason_of(error) == "INTERNAL"
+    assert "secret-internal-key" not in error.details()
+
+
+def test_reason_codes_must_be_upper_snake():
+    with pytest.raises(ValueError):
+        FornaxError("x", reason="not upper")
