@@ -7,6 +7,7 @@ header reader and writer are checked against an implementation they do not share
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +41,19 @@ TINY_CONFIG = {
 CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 
 
-def write_checkpoint(root: Path, *, tied: bool = False, shards: int = 2, seed: int = 0, **overrides) -> Path:
-    """Write config, tokenizer files and `shards` safetensors shards (+ index when > 1)."""
+def write_checkpoint(
+    root: Path,
+    *,
+    tied: bool = False,
+    shards: int = 2,
+    seed: int = 0,
+    edit: Callable[[dict[str, np.ndarray]], None] | None = None,
+    **overrides,
+) -> Path:
+    """Write config, tokenizer files and `shards` safetensors shards (+ index when > 1).
+
+    `edit` may change, add or delete tensors before they are written (malformed checkpoints).
+    """
     root.mkdir(parents=True, exist_ok=True)
     raw = dict(TINY_CONFIG, tie_word_embeddings=tied, **overrides)
     (root / "config.json").write_text(json.dumps(raw, indent=2))
@@ -50,6 +62,8 @@ def write_checkpoint(root: Path, *, tied: bool = False, shards: int = 2, seed: i
     specs = expected_tensors(parse_config(raw), "F32")
     rng = np.random.default_rng(seed)
     tensors = {name: rng.standard_normal(spec.shape).astype(np.float32) for name, spec in specs.items()}
+    if edit is not None:
+        edit(tensors)
     names = list(tensors)
     if shards == 1:
         save_file(tensors, str(root / "model.safetensors"))
