@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-
-class TextError(Exception):
-    """Base class: `reason` is stable and machine-readable, the message says what and why."""
-
-    reason = "TEXT"
+from libs.service.errors import FailedPrecondition, InvalidArgument
 
 
-class TokenizerHashMismatch(TextError):
-    reason = "TOKENIZER_HASH"
+class TokenizerHashMismatch(FailedPrecondition):
+    default_reason = "TOKENIZER_HASH"
 
 
-class TemplateHashMismatch(TextError):
-    reason = "TEMPLATE_HASH"
+class TemplateHashMismatch(FailedPrecondition):
+    default_reason = "TEMPLATE_HASH"
 
 
-class UnsupportedTokenizer(TextError):
-    reason = "UNSUPPORTED_TOKENIZER"
+class UnsupportedTokenizer(FailedPrecondition):
+    default_reason = "UNSUPPORTED_TOKENIZER"
 
 
-class TemplateError(TextError):
-    reason = "TEMPLATE"
+class TemplateError(InvalidArgument):
+    default_reason = "TEMPLATE"
 
 
-class TokenIdOutOfRange(TextError):
-    reason = "TOKEN_ID_RANGE"
+class TokenIdOutOfRange(InvalidArgument):
+    default_reason = "TOKEN_ID_RANGE"

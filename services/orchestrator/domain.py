@@ -1,0 +1,159 @@
+"""Typed values that flow between the request layer, the scheduler and the pipeline."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Phase(enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    DEADLINE = "deadline"
+    ERROR = "error"
+
+
+class SequenceStatus(enum.Enum):
+    """Per-sequence outcome of one microbatch, as FNX2 RESULT reports it."""
+
+    OK = "ok"
+    CANCELLED = "cancelled"
+    DEADLINE = "deadline"
+    REJECTED = "rejected"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy; top_k 0 and top_p 1 disable those filters."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """KV cost of one stage: MLA caches (kv_lora_rank + qk_rope_head_dim) fp32 per layer."""
+
+    layer_start: int
+    layer_end_exclusive: int
+    kv_bytes_per_token: int
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the route serves: the public model id, its limits and its stage layout."""
+
+    model_id: str
+    context_length: int
+    vocab_size: int
+    stages: tuple[StageLayout, ...]
+    created_unix_s: int = 0
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+
+def mla_kv_bytes_per_token(kv_lora_rank: int, qk_rope_head_dim: int, num_layers: int) -> int:
+    return (kv_lora_rank + qk_rope_head_dim) * 4 * num_layers
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated request in token space, ready for admission."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    deadline_budget_ns: int | None = None  # None: no deadline
+
+
+@dataclass(frozen=True)
+class SequenceSlice:
+    """One request's rows in a microbatch (FNX2 sequence slice, in domain terms)."""
+
+    request_id: str
+    request_sequence_no: int
+    token_ids: tuple[int, ...]
+    token_position_start: int
+    kv_epoch: int
+    deadline_budget_ns: int | None
+    sampling: SamplingParams
+    # How many tokens this request has sampled before; seeds a per-step generator so a
+    # seeded request samples the same way whatever batch it lands in.
+    sample_index: int
+
+
+@dataclass(frozen=True)
+class Microbatch:
+    batch_id: int
+    slot: int
+    phase: Phase
+    slices: tuple[SequenceSlice, ...]
+
+    @property
+    def row_count(self) -> int:
+        return sum(len(s.token_ids) for s in self.slices)
+
+
+@dataclass(frozen=True)
+class SequenceResult:
+    request_id: str
+    status: SequenceStatus
+    sampled_token_id: int | None
+    # kv_epoch_after as each stage reported it, in stage order.
+    stage_epochs: tuple[int, ...]
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class MicrobatchResult:
+    batch_id: int
+    sequences: tuple[SequenceResult, ...]
+
+
+@dataclass(frozen=True)
+class ReleaseReport:
+    """Every stage's KV epoch for a request at the moment it released the request's KV."""
+
+    request_id: str
+    stage_epochs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One event for a request's reader: a text delta, and on the last event the finish."""
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits of the continuous-batching loop."""
+
+    # Microbatch slots kept in flight; raised to the stage count when lower.
+    inflight_microbatches: int = 0
+    max_sequences_per_microbatch: int = 64
+    max_prefill_rows_per_microbatch: int = 4096
+    output_queue_capacity: int = 16

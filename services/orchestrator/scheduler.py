@@ -1,0 +1,315 @@
+"""Continuous-batching scheduler core: schedule -> (pipeline executes) -> update_from_output.
+
+Pure: no clocks (callers pass `now_ns`), no I/O, no logging. The async shell in
+`serving.py` drives it and moves its outputs to readers and its releases to the pipeline.
+
+Invariants:
+- a request is in at most one in-flight microbatch; microbatches are phase-homogeneous;
+- at most `slots` microbatches are in flight, with `slots >= stages`, and ready requests are
+  spread evenly over free slots so every stage has work;
+- a request's KV identity follows FNX2: prefill is sequence 0 at position 0 with epoch 0;
+  each decode is the next sequence at the next position with the epoch every stage reported
+  after the previous success;
+- every request that reached a stage is released on every stage before it retires, and its
+  admission reservation is returned only then.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from libs.service.errors import Internal, InvalidArgument
+from libs.text.context import TextContext
+from libs.text.detokenizer import TextStream
+from services.orchestrator.admission import Admission
+from services.orchestrator.domain import (
+    FinishReason,
+    GenerationRequest,
+    Microbatch,
+    MicrobatchResult,
+    Phase,
+    ReleaseReport,
+    RequestOutput,
+    SchedulerConfig,
+    SequenceResult,
+    SequenceSlice,
+    SequenceStatus,
+)
+
+
+class _State(enum.Enum):
+    WAITING = "waiting"  # admitted, not yet prefilled
+    RUNNING = "running"  # has KV on every stage, decodes
+    RELEASING = "releasing"  # finished or cancelled; waiting for every stage's release
+
+
+@dataclass
+class _Request:
+    req: GenerationRequest
+    text: TextStream
+    deadline_at_ns: int | None
+    state: _State = _State.WAITING
+    sequence_no: int = 0
+    position: int = 0
+    kv_epoch: int = 0
+    generated: list[int] = field(default_factory=list)
+    inflight: bool = False
+    stalled: bool = False
+    reached_stage: bool = False
+    abort_reason: FinishReason | None = None  # cancel or deadline requested while in flight
+    finish_reason: FinishReason | None = None
+    final_emitted: bool = False
+
+
+@dataclass(frozen=True)
+class RetiredRequest:
+    request_id: str
+    finish_reason: FinishReason
+    # Every stage's KV epoch at release; empty when the request never reached a stage.
+    released_stage_epochs: tuple[int, ...]
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, num_stages: int, text: TextContext,
+                 admission: Admission) -> None:
+        self._config = config
+        self._num_stages = num_stages
+        self.slots = max(config.inflight_microbatches, num_stages)
+        self._text = text
+        self._admission = admission
+        self._requests: dict[str, _Request] = {}
+        self._inflight: dict[int, Microbatch] = {}
+        self._busy_slots: set[int] = set()
+        self._next_batch_id = 0
+        self._last_phase = Phase.DECODE
+        self._outputs: list[RequestOutput] = []
+        self._releases: list[str] = []
+        self._retired: list[RetiredRequest] = []
+
+    # ----- intake -----
+
+    def admit(self, req: GenerationRequest, now_ns: int) -> None:
+        """Reserves queue and KV space for the request or raises a capacity error."""
+        if req.max_tokens < 1:
+            raise InvalidArgument("max_tokens must be at least 1", reason="INVALID_MAX_TOKENS",
+                                  field="max_tokens")
+        self._admission.reserve(req.request_id, len(req.prompt_token_ids) + req.max_tokens)
+        deadline = None if req.deadline_budget_ns is None else now_ns + req.deadline_budget_ns
+        self._requests[req.request_id] = _Request(
+            req=req, text=self._text.stream(req.stop), deadline_at_ns=deadline)
+
+    def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> bool:
+        """Cancels a live request; returns False when it is unknown or already finishing."""
+        r = self._requests.get(request_id)
+        if r is None or r.state is _State.RELEASING:
+            return False
+        if r.inflight:
+            r.abort_reason = reason
+        else:
+            self._begin_release(r, reason, emit_now=False)
+        return True
+
+    def set_stalled(self, request_id: str, stalled: bool) -> None:
+        """A reader that cannot keep up stalls its request's decode (backpressure)."""
+        r = self._requests.get(request_id)
+        if r is not None:
+            r.stalled = stalled
+
+    # ----- schedule -----
+
+    def schedule(self, now_ns: int) -> list[Microbatch]:
+        self._expire(now_ns)
+        free = [s for s in range(self.slots) if s not in self._busy_slots]
+        batches: list[Microbatch] = []
+        for index, slot in enumerate(free):
+            waiting, decodable = self._ready()
+            if not waiting and not decodable:
+                break
+            phase = (Phase.PREFILL if waiting and (not decodable or self._last_phase is Phase.DECODE)
+                     else Phase.DECODE)
+            share = math.ceil((len(waiting) + len(decodable)) / (len(free) - index))
+            picked = self._pick(waiting if phase is Phase.PREFILL else decodable, share, phase)
+            batches.append(self._issue(slot, phase, picked, now_ns))
+        return batches
+
+    def _ready(self) -> tuple[list[_Request], list[_Request]]:
+        waiting, decodable = [], []
+        for r in self._requests.values():
+            if r.inflight or r.abort_reason is not None:
+                continue
+            if r.state is _State.WAITING:
+                waiting.append(r)
+            elif r.state is _State.RUNNING and not r.stalled:
+                decodable.append(r)
+        return waiting, decodable
+
+    def _pick(self, candidates: list[_Request], share: int, phase: Phase) -> list[_Request]:
+        limit = min(share, self._config.max_sequences_per_microbatch)
+        if phase is Phase.DECODE:
+            return candidates[:limit]
+        picked, rows = [], 0
+        for r in candidates[:limit]:
+            prompt_rows = len(r.req.prompt_token_ids)
+            if picked and rows + prompt_rows > self._config.max_prefill_rows_per_microbatch:
+                break
+            picked.append(r)
+            rows += prompt_rows
+        return picked
+
+    def _issue(self, slot: int, phase: Phase, picked: list[_Request], now_ns: int) -> Microbatch:
+        slices = tuple(self._slice(r, phase, now_ns) for r in picked)
+        for r in picked:
+            r.inflight = True
+            r.reached_stage = True
+        batch = Microbatch(batch_id=self._next_batch_id, slot=slot, phase=phase, slices=slices)
+        self._next_batch_id += 1
+        self._inflight[batch.batch_id] = batch
+        self._busy_slots.add(slot)
+        self._last_phase = phase
+        return batch
+
+    def _slice(self, r: _Request, phase: Phase, now_ns: int) -> SequenceSlice:
+        tokens = r.req.prompt_token_ids if phase is Phase.PREFILL else (r.generated[-1],)
+        budget = None if r.deadline_at_ns is None else max(r.deadline_at_ns - now_ns, 0)
+        return SequenceSlice(
+            request_id=r.req.request_id, request_sequence_no=r.sequence_no,
+            token_ids=tuple(tokens), token_position_start=r.position, kv_epoch=r.kv_epoch,
+            deadline_budget_ns=budget, sampling=r.req.sampling, sample_index=len(r.generated))
+
+    def _expire(self, now_ns: int) -> None:
+        for r in list(self._requests.values()):
+            if (r.deadline_at_ns is not None and now_ns >= r.deadline_at_ns
+                    and r.state is not _State.RELEASING and not r.inflight):
+                self._begin_release(r, FinishReason.DEADLINE, emit_now=True)
+
+    # ----- results -----
+
+    def update_from_output(self, result: MicrobatchResult) -> None:
+        batch = self._inflight.pop(result.batch_id, None)
+        if batch is None:
+            raise Internal(f"result for unknown microbatch {result.batch_id}",
+                           reason="BATCH_RESULT")
+        self._busy_slots.discard(batch.slot)
+        by_id = {s.request_id: s for s in result.sequences}
+        for piece in batch.slices:
+            r = self._requests[piece.request_id]
+            r.inflight = False
+            seq = by_id.get(piece.request_id) or SequenceResult(
+                piece.request_id, SequenceStatus.FAILED, None, (), "no result for sequence")
+            self._apply(r, piece, seq)
+
+    def _apply(self, r: _Request, piece: SequenceSlice, seq: SequenceResult) -> None:
+        if r.abort_reason is not None:
+            self._begin_release(r, r.abort_reason, emit_now=r.abort_reason is not
+                                FinishReason.CANCELLED)
+            return
+        if seq.status is not SequenceStatus.OK:
+            reason = {SequenceStatus.DEADLINE: FinishReason.DEADLINE,
+                      SequenceStatus.CANCELLED: FinishReason.CANCELLED}.get(seq.status,
+                                                                          FinishReason.ERROR)
+            self._begin_release(r, reason, emit_now=True, error=seq.error or seq.status.value)
+            return
+        expected = r.kv_epoch + 1
+        if (len(seq.stage_epochs) != self._num_stages or seq.sampled_token_id is None
+                or any(e != expected for e in seq.stage_epochs)):
+            self._begin_release(r, FinishReason.ERROR, emit_now=True, error=(
+                f"inconsistent result: stage epochs {seq.stage_epochs}, expected {expected} on "
+                f"{self._num_stages} stages"))
+            return
+        r.kv_epoch = expected
+        r.sequence_no += 1
+        r.position += len(piece.token_ids)
+        r.state = _State.RUNNING
+        self._on_token(r, seq.sampled_token_id)
+
+    def _on_token(self, r: _Request, token_id: int) -> None:
+        r.generated.append(token_id)
+        if token_id in self._text.eos_token_ids:
+            self._finish(r, FinishReason.STOP, (token_id,), self._flush(r))
+            return
+        delta = r.text.push(token_id)
+        if delta.stopped:
+            self._finish(r, FinishReason.STOP, (token_id,), delta.text)
+        elif len(r.generated) >= r.req.max_tokens:
+            self._finish(r, FinishReason.LENGTH, (token_id,), delta.text + self._flush(r))
+        else:
+            self._emit(r, delta.text, (token_id,), None)
+
+    @staticmethod
+    def _flush(r: _Request) -> str:
+        return r.text.finish().text
+
+    def _finish(self, r: _Request, reason: FinishReason, token_ids: tuple[int, ...],
+                text: str) -> None:
+        self._emit(r, text, token_ids, reason)
+        r.final_emitted = True
+        self._begin_release(r, reason, emit_now=False)
+
+    # ----- release and retirement -----
+
+    def _begin_release(self, r: _Request, reason: FinishReason, emit_now: bool,
+                       error: str = "") -> None:
+        r.finish_reason = reason
+        if emit_now and not r.final_emitted:
+            self._emit(r, "", (), reason, error)
+            r.final_emitted = True
+        if not r.reached_stage:
+            self._retire(r, ())
+            return
+        r.state = _State.RELEASING
+        self._releases.append(r.req.request_id)
+
+    def on_released(self, report: ReleaseReport) -> None:
+        """Every stage reported its KV epoch for the request: retire it."""
+        r = self._requests.get(report.request_id)
+        if r is None or r.state is not _State.RELEASING:
+            raise Internal(f"release report for {report.request_id}, which is not releasing",
+                           reason="RELEASE")
+        if len(report.stage_epochs) != self._num_stages:
+            raise Internal(f"release of {report.request_id} reported {len(report.stage_epochs)}"
+                           f" of {self._num_stages} stages", reason="RELEASE")
+        self._retire(r, report.stage_epochs)
+
+    def _retire(self, r: _Request, epochs: tuple[int, ...]) -> None:
+        assert r.finish_reason is not None
+        if not r.final_emitted:
+            self._emit(r, "", (), r.finish_reason)
+            r.final_emitted = True
+        del self._requests[r.req.request_id]
+        self._admission.release(r.req.request_id)
+        self._retired.append(RetiredRequest(r.req.request_id, r.finish_reason, epochs))
+
+    def _emit(self, r: _Request, text: str, token_ids: tuple[int, ...],
+              reason: FinishReason | None, error: str = "") -> None:
+        self._outputs.append(RequestOutput(
+            request_id=r.req.request_id, text=text, token_ids=token_ids, finish_reason=reason,
+            prompt_tokens=len(r.req.prompt_token_ids), completion_tokens=len(r.generated),
+            error=error))
+
+    # ----- hand-off to the shell -----
+
+    def take_outputs(self) -> list[RequestOutput]:
+        out, self._outputs = self._outputs, []
+        return out
+
+    def take_releases(self) -> list[str]:
+        out, self._releases = self._releases, []
+        return out
+
+    def take_retired(self) -> list[RetiredRequest]:
+        out, self._retired = self._retired, []
+        return out
+
+    @property
+    def inflight_microbatches(self) -> int:
+        return len(self._inflight)
+
+    @property
+    def live_requests(self) -> int:
+        return len(self._requests)
+
+    def has_work(self) -> bool:
+        waiting, decodable = self._ready()
+        return bool(waiting or decodable) and len(self._busy_slots) < self.slots

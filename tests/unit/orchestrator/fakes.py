@@ -1,0 +1,116 @@
+"""A deterministic stand-in for the stage pipeline that also checks FNX2 KV semantics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.orchestrator.domain import (
+    Microbatch,
+    MicrobatchResult,
+    Phase,
+    ReleaseReport,
+    SequenceResult,
+    SequenceStatus,
+)
+
+
+class KvViolation(AssertionError):
+    pass
+
+
+@dataclass
+class _Lease:
+    next_sequence_no: int = 0
+    next_position: int = 0
+    epoch: int = 0
+
+
+def default_script(request_id: str, sample_index: int) -> int:
+    """Ordinary (non-special) token ids that depend only on the request and step."""
+    return 10 + (sum(map(ord, request_id)) * 7 + sample_index * 13) % 200
+
+
+@dataclass
+class FakeStages:
+    """Every stage keeps one lease per request; epochs go up by one per success."""
+
+    num_stages: int
+    script: Callable[[str, int], int] = default_script
+    leases: list[dict[str, _Lease]] = field(default_factory=list)
+    executed_batches: list[Microbatch] = field(default_factory=list)
+    released: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.leases = [{} for _ in range(self.num_stages)]
+
+    def execute(self, batch: Microbatch) -> MicrobatchResult:
+        self.executed_batches.append(batch)
+        results = []
+        for piece in batch.slices:
+            for stage in self.leases:
+                self._check(stage, batch.phase, piece)
+            epochs = []
+            for stage in self.leases:
+                lease = stage.setdefault(piece.request_id, _Lease())
+                lease.epoch += 1
+                lease.next_sequence_no += 1
+                lease.next_position += len(piece.token_ids)
+                epochs.append(lease.epoch)
+            token = self.script(piece.request_id, piece.sample_index)
+            results.append(SequenceResult(piece.request_id, SequenceStatus.OK, token,
+                                          tuple(epochs)))
+        return MicrobatchResult(batch.batch_id, tuple(results))
+
+    @staticmethod
+    def _check(stage: dict[str, _Lease], phase: Phase, piece) -> None:
+        lease = stage.get(piece.request_id)
+        if phase is Phase.PREFILL:
+            if lease is not None or (piece.request_sequence_no, piece.token_position_start,
+                                     piece.kv_epoch) != (0, 0, 0):
+                raise KvViolation(f"bad prefill {piece}")
+            return
+        if lease is None or len(piece.token_ids) != 1:
+            raise KvViolation(f"decode without lease or with {len(piece.token_ids)} rows")
+        got = (piece.request_sequence_no, piece.token_position_start, piece.kv_epoch)
+        want = (lease.next_sequence_no, lease.next_position, lease.epoch)
+        if got != want:
+            raise KvViolation(f"decode {got} != expected {want} for {piece.request_id}")
+
+    def release(self, request_id: str) -> ReleaseReport:
+        epochs = tuple(stage.pop(request_id, _Lease()).epoch for stage in self.leases)
+        self.released[request_id] = epochs
+        return ReleaseReport(request_id, epochs)
+
+    def live_kv(self) -> list[int]:
+        return [len(stage) for stage in self.leases]
+
+
+class FakePipeline:
+    """Async `Pipeline` over FakeStages; `gate` lets a test hold microbatches in flight."""
+
+    def __init__(self, num_stages: int, script: Callable[[str, int], int] = default_script):
+        self.stages = FakeStages(num_stages, script)
+        self.num_stages = num_stages
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.max_inflight = 0
+        self._inflight = 0
+
+    async def submit(self, batch: Microbatch) -> MicrobatchResult:
+        self._inflight += 1
+        self.max_inflight = max(self.max_inflight, self._inflight)
+        try:
+            await self.gate.wait()
+            await asyncio.sleep(0)
+            return self.stages.execute(batch)
+        finally:
+            self._inflight -= 1
+
+    async def release(self, request_id: str) -> ReleaseReport:
+        await asyncio.sleep(0)
+        return self.stages.release(request_id)
+
+    async def close(self) -> None:
+        return None
