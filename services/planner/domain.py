@@ -1,0 +1,123 @@
+"""Planner results: plans, stages, predicted cost terms, rejections. Pure values."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+# Stable reason codes of rejected nodes, routes and infeasible answers.
+MISSING_DTYPE = "MISSING_DTYPE"
+MISSING_BOUNDARY_DTYPE = "MISSING_BOUNDARY_DTYPE"
+MISSING_OPERATION = "MISSING_OPERATION"
+INSUFFICIENT_MEMORY = "INSUFFICIENT_MEMORY"
+NO_ROUTE = "NO_ROUTE"
+NO_CAPABLE_NODE = "NO_CAPABLE_NODE"
+LAYER_TOO_LARGE = "LAYER_TOO_LARGE"
+STAGE_BOUNDS = "STAGE_BOUNDS"
+NO_FEASIBLE_PLACEMENT = "NO_FEASIBLE_PLACEMENT"
+EVIDENCE_UNRESOLVED = "EVIDENCE_UNRESOLVED"
+MISSING_EVIDENCE = "MISSING_EVIDENCE"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    subject: str  # a node name, or "from->to" for a route
+    reason: str
+    detail: str
+    required: float = 0.0
+    available: float = 0.0
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Predicted seconds per microbatch, kept separate. Predictions, not measurements."""
+
+    compute_s: float
+    pack_s: float
+    wire_s: float
+    unpack_s: float
+    queue_s: float = 0.0
+    exposed_wait_s: float = 0.0
+
+    @property
+    def service_s(self) -> float:
+        return self.compute_s + self.pack_s + self.unpack_s
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    stage_index: int
+    node: str
+    backend: str
+    build: str
+    layer_start: int
+    layer_end: int  # exclusive
+    owns_embeddings: bool
+    owns_head: bool
+    weight_bytes: int
+    kv_bytes: int
+    activation_bytes: int
+    reserve_bytes: int
+    node_memory_bytes: int
+    decode: StageCost
+    prefill: StageCost
+
+    @property
+    def memory_bytes(self) -> int:
+        """Everything the stage holds on its node, the node's reserve included."""
+        return self.weight_bytes + self.kv_bytes + self.activation_bytes + self.reserve_bytes
+
+
+@dataclass(frozen=True)
+class Prediction:
+    name: str
+    value: float
+    unit: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    plan_id: str
+    plan_hash: str
+    mode: str
+    objective: str
+    model_snapshot: str
+    method: str
+    stages: tuple[PlannedStage, ...]
+    predictions: tuple[Prediction, ...]
+
+    def prediction(self, name: str) -> float:
+        for p in self.predictions:
+            if p.name == name:
+                return p.value
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class EvidenceFailure:
+    record_id: str
+    subject: str  # what referenced it: "model", a node name or "from->to"
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    feasible: bool
+    plan: Plan | None
+    rejections: tuple[Rejection, ...] = ()
+    infeasibility: str = ""
+    infeasibility_reason: str = ""
+    shortfall_bytes: float = 0.0
+    evidence_failures: tuple[EvidenceFailure, ...] = field(default_factory=tuple)
+
+
+def canonical_json(value: object) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def plan_identity(content: dict[str, object]) -> tuple[str, str]:
+    """(plan_id, plan_hash) of the canonical JSON of a plan's structural content."""
+    digest = hashlib.sha256(canonical_json(content)).hexdigest()
+    return f"plan-{digest[:16]}", f"sha256:{digest}"

@@ -1,0 +1,178 @@
+"""Per-layer cost facts of a DeepSeek-V2-family checkpoint, derived from its config.json.
+
+Byte counts are exact for the Hugging Face `DeepseekV2ForCausalLM` tensor layout
+(`libs.model.layout`). FLOPs count two per multiply-accumulate of the weights a decode token
+actually touches: dense parts, the router, the shared experts and only the top-k routed
+experts. Attention score work grows with context and is kept as a separate per-context-token
+term. KV bytes per token are MLA's compressed latent plus the rope key:
+`(kv_lora_rank + qk_rope_head_dim) * dtype bytes` per layer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from libs.model.config import DeepseekV2Config, parse_config
+from libs.model.errors import ConfigError
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+_TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+# Operation names a node must list to host a stage of this model family.
+BASE_OPERATIONS = ("embedding", "rmsnorm", "mla_attention", "rope", "swiglu", "lm_head")
+MOE_OPERATIONS = ("moe_router_softmax_topk",)
+YARN_OPERATION = "rope_yarn"
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Cost facts of one decoder layer. Bytes are stored weight bytes at the model dtype."""
+
+    index: int
+    is_moe: bool
+    weight_bytes: int  # every weight of the layer, all routed experts included
+    dense_weight_bytes: int  # everything except the routed experts
+    flops_per_token: int  # weight matmuls a token touches (top-k experts only)
+    attention_flops_per_context_token: int  # score + value work per cached token
+    kv_bytes_per_token: int
+    scratch_bytes_per_row: int  # widest fp32 intermediate of the layer, per row
+
+    def active_weight_bytes_per_token(self, expert_bytes: int, experts_per_token: int) -> int:
+        if not self.is_moe:
+            return self.dense_weight_bytes
+        return self.dense_weight_bytes + expert_bytes * experts_per_token
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    model_snapshot: str  # "sha256:<hex>" of config.json (+ the weight index when present)
+    hidden_size: int
+    vocab_size: int
+    layers: tuple[LayerCost, ...]
+    embedding_bytes: int
+    head_bytes: int  # final norm + LM head (the embedding matrix again when tied)
+    tied_embeddings: bool
+    routed_experts: int
+    experts_per_token: int
+    shared_experts: int
+    expert_bytes: int  # one routed expert (gate, up, down)
+    weight_dtype: str  # "bf16" | "fp16" | "fp32"
+    required_operations: tuple[str, ...]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def head_flops_per_token(self) -> int:
+        return 2 * self.hidden_size * self.vocab_size
+
+    @property
+    def total_weight_bytes(self) -> int:
+        shared = self.embedding_bytes if self.tied_embeddings else 0
+        return sum(x.weight_bytes for x in self.layers) + self.embedding_bytes + self.head_bytes - shared
+
+
+def describe_checkpoint(checkpoint_dir: str | Path) -> ModelDescription:
+    """Reads `config.json` (and hashes it with the weight index) into a description."""
+    root = Path(checkpoint_dir)
+    config_path = root / "config.json"
+    try:
+        raw_bytes = config_path.read_bytes()
+    except FileNotFoundError as exc:
+        raise ConfigError(f"no config.json in checkpoint dir {root}") from exc
+    digest = hashlib.sha256(raw_bytes)
+    index_path = root / "model.safetensors.index.json"
+    if index_path.exists():
+        digest.update(index_path.read_bytes())
+    try:
+        raw = json.loads(raw_bytes)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{config_path} is not valid JSON: {exc}") from exc
+    return describe_config(raw, snapshot="sha256:" + digest.hexdigest())
+
+
+def describe_config(raw: dict[str, Any], snapshot: str) -> ModelDescription:
+    cfg = parse_config(raw)
+    dtype = weight_dtype_of(raw)
+    nbytes = DTYPE_BYTES[dtype]
+    layers = tuple(_layer_cost(cfg, i, nbytes) for i in range(cfg.num_hidden_layers))
+    embed = cfg.vocab_size * cfg.hidden_size * nbytes
+    head = cfg.hidden_size * nbytes + embed
+    ops = list(BASE_OPERATIONS)
+    if any(x.is_moe for x in layers):
+        ops.extend(MOE_OPERATIONS)
+    if cfg.rope.rope_type == "yarn":
+        ops.append(YARN_OPERATION)
+    return ModelDescription(
+        model_snapshot=snapshot,
+        hidden_size=cfg.hidden_size,
+        vocab_size=cfg.vocab_size,
+        layers=layers,
+        embedding_bytes=embed,
+        head_bytes=head,
+        tied_embeddings=cfg.tie_word_embeddings,
+        routed_experts=cfg.n_routed_experts,
+        experts_per_token=cfg.num_experts_per_tok,
+        shared_experts=cfg.n_shared_experts,
+        expert_bytes=3 * cfg.hidden_size * cfg.moe_intermediate_size * nbytes,
+        weight_dtype=dtype,
+        required_operations=tuple(ops),
+    )
+
+
+def weight_dtype_of(raw: dict[str, Any]) -> str:
+    name = raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
+    dtype = _TORCH_DTYPES.get(str(name).removeprefix("torch."))
+    if dtype is None:
+        raise ConfigError(f"checkpoint dtype {name!r} is not supported (bfloat16, float16, float32)")
+    return dtype
+
+
+def _attention_params(cfg: DeepseekV2Config) -> int:
+    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    if cfg.q_lora_rank is None:
+        q = heads * cfg.qk_head_dim * h
+    else:
+        q = cfg.q_lora_rank * h + cfg.q_lora_rank + heads * cfg.qk_head_dim * cfg.q_lora_rank
+    kv_a = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * h + cfg.kv_lora_rank
+    kv_b = heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * cfg.kv_lora_rank
+    out = h * heads * cfg.v_head_dim
+    return q + kv_a + kv_b + out
+
+
+def _layer_cost(cfg: DeepseekV2Config, index: int, nbytes: int) -> LayerCost:
+    h = cfg.hidden_size
+    norms = 2 * h
+    attention = _attention_params(cfg)
+    if cfg.is_moe_layer(index):
+        expert = 3 * h * cfg.moe_intermediate_size
+        shared = 3 * h * cfg.moe_intermediate_size * cfg.n_shared_experts
+        router = cfg.n_routed_experts * h
+        dense = norms + attention + router + shared
+        total = dense + cfg.n_routed_experts * expert
+        active = dense + cfg.num_experts_per_tok * expert
+        widest = max(cfg.moe_intermediate_size * max(cfg.num_experts_per_tok + cfg.n_shared_experts, 1), h)
+    else:
+        dense = total = active = norms + attention + 3 * h * cfg.intermediate_size
+        widest = max(cfg.intermediate_size, h)
+    heads = cfg.num_attention_heads
+    widest = max(widest, heads * (cfg.qk_head_dim + cfg.v_head_dim))
+    return LayerCost(
+        index=index,
+        is_moe=cfg.is_moe_layer(index),
+        weight_bytes=total * nbytes,
+        dense_weight_bytes=dense * nbytes,
+        flops_per_token=2 * active,
+        attention_flops_per_context_token=2 * heads * (cfg.qk_head_dim + cfg.v_head_dim),
+        kv_bytes_per_token=(cfg.kv_lora_rank + cfg.qk_rope_head_dim) * nbytes,
+        scratch_bytes_per_row=4 * widest,
+    )
