@@ -1,0 +1,270 @@
+"""Renders the chart with several values files and checks the objects a cluster would get."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from tests.unit.helm.conftest import NAMESPACE, RELEASE, Rendering
+from tests.unit.helm.tools import kubernetes_validate_module
+
+KUBERNETES_VERSION = "1.30.0"
+CRD_KINDS = {"ServiceMonitor"}
+FULL = f"{RELEASE}-fornax"
+DEPLOYMENTS = ("orchestrator", "planner", "evidence-registry", "artifact-builder")
+SCENARIOS = ("default", "production", "three-stages")
+
+COMMON_ENV = {"FORNAX_HOST", "FORNAX_GRPC_PORT", "FORNAX_METRICS_PORT", "FORNAX_LOG_LEVEL",
+              "FORNAX_GRACE_PERIOD_S", "OTEL_EXPORTER_OTLP_ENDPOINT"}
+# The service configuration contract: the only variables each service reads.
+CONTRACT_ENV = {
+    "orchestrator": {"FORNAX_HTTP_PORT", "FORNAX_API_KEY", "FORNAX_PLANNER_ADDR", "FORNAX_REGISTRY_ADDR",
+                     "FORNAX_ARTIFACT_BUILDER_ADDR", "FORNAX_STAGE_WORKERS"},
+    "planner": {"FORNAX_REGISTRY_ADDR"},
+    "evidence-registry": {"FORNAX_REGISTRY_DB", "FORNAX_REGISTRY_BLOB_DIR"},
+    "artifact-builder": {"FORNAX_ARTIFACT_STORE", "FORNAX_REGISTRY_ADDR"},
+    "stage-worker": {"FORNAX_STAGE_INDEX", "FORNAX_DATA_PLANE_PORT", "FORNAX_BACKEND", "FORNAX_DEVICE",
+                     "FORNAX_COMPILE_CACHE_DIR", "FORNAX_KV_LIMIT_BYTES", "MODULAR_TELEMETRY_ENABLED"},
+}
+
+
+def workload(r: Rendering, component: str) -> dict:
+    kind = "StatefulSet" if component == "stage-worker" else "Deployment"
+    return r.get(kind, f"{FULL}-{component}")
+
+
+def container(r: Rendering, component: str) -> dict:
+    containers = workload(r, component)["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def env_of(c: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in c["env"]}
+
+
+def env_values(c: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in c["env"] if "value" in e}
+
+
+ALL_COMPONENTS = DEPLOYMENTS + ("stage-worker",)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_object_validates_against_kubernetes_schemas(renderings, scenario):
+    kv = kubernetes_validate_module()
+    for obj in renderings[scenario].objects:
+        if obj["kind"] in CRD_KINDS:
+            continue
+        kv.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_schema_validation_rejects_a_broken_object(renderings):
+    kv = kubernetes_validate_module()
+    broken = copy.deepcopy(workload(renderings["default"], "planner"))
+    broken["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["grpc"]["port"] = "grpc"
+    with pytest.raises(kv.ValidationError):
+        kv.validate(broken, KUBERNETES_VERSION, strict=True)
+    broken = copy.deepcopy(workload(renderings["default"], "planner"))
+    broken["spec"]["template"]["spec"]["containers"][0]["securityContext"]["dropAll"] = True
+    with pytest.raises(kv.ValidationError):
+        kv.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_default_rendering_has_the_expected_objects(renderings):
+    names = {(o["kind"], o["metadata"]["name"]) for o in renderings["default"].objects}
+    expected = {("Deployment", f"{FULL}-{c}") for c in DEPLOYMENTS}
+    expected |= {("Service", f"{FULL}-{c}") for c in ALL_COMPONENTS}
+    expected |= {("StatefulSet", f"{FULL}-stage-worker"), ("ServiceAccount", FULL),
+                 ("PersistentVolumeClaim", f"{FULL}-evidence-registry"),
+                 ("PersistentVolumeClaim", f"{FULL}-artifact-builder"),
+                 ("ConfigMap", f"{FULL}-dashboards")}
+    assert names == expected
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_ports_and_native_grpc_probes(renderings, scenario):
+    r = renderings[scenario]
+    for component in ALL_COMPONENTS:
+        c = container(r, component)
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ports["grpc"] == 50051 and ports["metrics"] == 9464
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert c[probe]["grpc"] == {"port": 50051}
+        env = env_values(c)
+        assert env["FORNAX_HOST"] == "0.0.0.0"
+        assert env["FORNAX_GRPC_PORT"] == "50051" and env["FORNAX_METRICS_PORT"] == "9464"
+    assert {p["name"]: p["containerPort"] for p in container(r, "orchestrator")["ports"]}["http"] == 8000
+    worker = container(r, "stage-worker")
+    assert {p["name"]: p["containerPort"] for p in worker["ports"]}["fnx2"] == 7070
+    assert worker["startupProbe"]["grpc"] == {"port": 50051}
+    assert env_values(worker)["FORNAX_DATA_PLANE_PORT"] == "7070"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_environment_follows_the_service_contract(renderings, scenario):
+    r = renderings[scenario]
+    for component in ALL_COMPONENTS:
+        names = set(env_of(container(r, component)))
+        assert names <= COMMON_ENV | CONTRACT_ENV[component], names - COMMON_ENV - CONTRACT_ENV[component]
+    registry = f"{FULL}-evidence-registry:50051"
+    assert env_values(container(r, "planner"))["FORNAX_REGISTRY_ADDR"] == registry
+    assert env_values(container(r, "artifact-builder"))["FORNAX_REGISTRY_ADDR"] == registry
+    orch = env_values(container(r, "orchestrator"))
+    assert orch["FORNAX_PLANNER_ADDR"] == f"{FULL}-planner:50051"
+    assert orch["FORNAX_ARTIFACT_BUILDER_ADDR"] == f"{FULL}-artifact-builder:50051"
+    assert orch["FORNAX_HTTP_PORT"] == "8000"
+
+
+def test_stage_workers_have_stable_ordered_addresses(renderings):
+    r = renderings["three-stages"]
+    sts = workload(r, "stage-worker")
+    headless = r.get("Service", f"{FULL}-stage-worker")
+    assert sts["spec"]["replicas"] == 3
+    assert sts["spec"]["serviceName"] == headless["metadata"]["name"]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == {"grpc": 50051, "fnx2": 7070,
+                                                                         "metrics": 9464}
+    workers = env_values(container(r, "orchestrator"))["FORNAX_STAGE_WORKERS"].split(",")
+    sts_name = f"{FULL}-stage-worker"
+    assert workers == [f"{sts_name}-{i}.{sts_name}:50051" for i in range(3)]
+    index = env_of(container(r, "stage-worker"))["FORNAX_STAGE_INDEX"]
+    assert index["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    env = env_values(container(r, "stage-worker"))
+    assert env["FORNAX_BACKEND"] == "numpy" and env["FORNAX_DEVICE"] == "cpu"
+    assert "FORNAX_KV_LIMIT_BYTES" not in env
+
+
+def test_production_values_reach_the_pods(renderings):
+    r = renderings["production"]
+    for component in ALL_COMPONENTS:
+        c = container(r, component)
+        assert env_values(c)["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability.svc:4317"
+        assert c["image"] == f"registry.example.internal/fornax/fornax-{component}:0.1.0"
+    key = env_of(container(r, "orchestrator"))["FORNAX_API_KEY"]
+    assert key["valueFrom"]["secretKeyRef"] == {"name": "fornax-api-key", "key": "token"}
+    assert "value" not in key
+    worker = env_values(container(r, "stage-worker"))
+    assert worker["FORNAX_BACKEND"] == "max" and worker["FORNAX_DEVICE"] == "gpu"
+    assert worker["FORNAX_KV_LIMIT_BYTES"] == "34359738368"
+    assert len(env_values(container(r, "orchestrator"))["FORNAX_STAGE_WORKERS"].split(",")) == 4
+    templates = workload(r, "stage-worker")["spec"]["volumeClaimTemplates"]
+    assert [t["metadata"]["name"] for t in templates] == ["compile-cache"]
+
+
+def test_default_has_no_api_key_otel_or_tls(renderings):
+    r = renderings["default"]
+    for component in ALL_COMPONENTS:
+        c = container(r, component)
+        assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env_of(c)
+        assert "FORNAX_API_KEY" not in env_of(c)
+        assert not [m for m in c["volumeMounts"] if m["name"].startswith("tls-")]
+        assert c["image"] == f"localhost/fornax-{component}:0.1.0"
+
+
+def volumes_by_name(r: Rendering, component: str) -> dict[str, dict]:
+    return {v["name"]: v for v in workload(r, component)["spec"]["template"]["spec"]["volumes"]}
+
+
+def mounts_by_name(r: Rendering, component: str) -> dict[str, dict]:
+    return {m["name"]: m for m in container(r, component)["volumeMounts"]}
+
+
+def test_tls_secrets_are_mounted_read_only(renderings):
+    r = renderings["production"]
+    for component in ALL_COMPONENTS:
+        vols, mounts = volumes_by_name(r, component), mounts_by_name(r, component)
+        assert vols["tls-grpc"]["secret"]["secretName"] == "fornax-grpc-tls"
+        assert mounts["tls-grpc"] == {"name": "tls-grpc", "mountPath": "/etc/fornax/tls/grpc", "readOnly": True}
+        # Only stage workers speak FNX2.
+        assert ("tls-data-plane" in vols) == (component == "stage-worker")
+    mount = mounts_by_name(r, "stage-worker")["tls-data-plane"]
+    assert mount["mountPath"] == "/etc/fornax/tls/fnx2" and mount["readOnly"] is True
+    assert volumes_by_name(r, "stage-worker")["tls-data-plane"]["secret"]["secretName"] == "fornax-fnx2-tls"
+
+
+def test_state_lives_on_persistent_volume_claims(renderings):
+    r = renderings["default"]
+    registry_env = env_values(container(r, "evidence-registry"))
+    data_mount = mounts_by_name(r, "evidence-registry")["data"]["mountPath"]
+    assert registry_env["FORNAX_REGISTRY_DB"].startswith(data_mount + "/")
+    assert registry_env["FORNAX_REGISTRY_BLOB_DIR"].startswith(data_mount + "/")
+    claim = volumes_by_name(r, "evidence-registry")["data"]["persistentVolumeClaim"]["claimName"]
+    assert r.get("PersistentVolumeClaim", claim)["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    store = env_values(container(r, "artifact-builder"))["FORNAX_ARTIFACT_STORE"]
+    assert mounts_by_name(r, "artifact-builder")["artifacts"]["mountPath"] == store
+    claim = volumes_by_name(r, "artifact-builder")["artifacts"]["persistentVolumeClaim"]["claimName"]
+    r.get("PersistentVolumeClaim", claim)
+    # Stage workers read the artifacts at the very path the builder wrote them.
+    worker_mount = mounts_by_name(r, "stage-worker")["artifacts"]
+    assert worker_mount["mountPath"] == store and worker_mount["readOnly"] is True
+    assert volumes_by_name(r, "stage-worker")["artifacts"]["persistentVolumeClaim"]["claimName"] == claim
+    for component in ("evidence-registry", "artifact-builder"):
+        assert workload(r, component)["spec"]["strategy"] == {"type": "Recreate"}
+        assert workload(r, component)["spec"]["replicas"] == 1
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_pods_run_non_root_with_nothing_extra(renderings, scenario):
+    r = renderings[scenario]
+    for component in ALL_COMPONENTS:
+        pod = workload(r, component)["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] > 0
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert pod["automountServiceAccountToken"] is False
+        sc = container(r, component)["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 0
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        resources = container(r, component)["resources"]
+        assert {"cpu", "memory"} <= set(resources["requests"]) and {"cpu", "memory"} <= set(resources["limits"])
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_labels_and_selectors_tie_each_service_to_one_workload(renderings, scenario):
+    r = renderings[scenario]
+    for obj in r.objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/part-of"] == "fornax"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+    for component in ALL_COMPONENTS:
+        w = workload(r, component)
+        pod_labels = w["spec"]["template"]["metadata"]["labels"]
+        assert pod_labels["app.kubernetes.io/component"] == component
+        assert w["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+        selector = r.get("Service", f"{FULL}-{component}")["spec"]["selector"]
+        selected = [c for c in ALL_COMPONENTS
+                    if selector.items() <= workload(r, c)["spec"]["template"]["metadata"]["labels"].items()]
+        assert selected == [component]
+
+
+def test_service_monitor_renders_only_when_enabled(renderings):
+    assert renderings["default"].kinds("ServiceMonitor") == []
+    (sm,) = renderings["production"].kinds("ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    assert endpoint["interval"] == "15s"
+    selector = sm["spec"]["selector"]["matchLabels"]
+    scraped = [s for s in renderings["production"].kinds("Service")
+               if selector.items() <= s["metadata"]["labels"].items()]
+    assert sorted(s["metadata"]["labels"]["app.kubernetes.io/component"] for s in scraped) == sorted(ALL_COMPONENTS)
+    for service in scraped:
+        assert "metrics" in {p["name"] for p in service["spec"]["ports"]}
+
+
+def test_dashboards_ship_in_a_labelled_config_map(renderings):
+    cm = renderings["production"].get("ConfigMap", f"{FULL}-dashboards")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "Fornax"}
+    dashboard = json.loads(cm["data"]["fornax-fleet.json"])
+    assert dashboard["uid"] == "fornax-fleet"
+    assert renderings["three-stages"].kinds("ConfigMap") == []
