@@ -1,0 +1,154 @@
+"""Float32 numpy reference implementation of the stage kernel protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from libs.model.config import DeepseekV2Config
+from libs.model.kernels import LayerInputs, LayerOutputs
+from libs.model.rope import apply_rope
+from libs.model.weights import AttentionWeights, MoeWeights, StageWeights, SwiGluWeights
+
+# Hugging Face builds q_a_layernorm and kv_a_layernorm with the RMSNorm default epsilon,
+# not config.rms_norm_eps.
+LATENT_NORM_EPS = 1e-6
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    variance = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    return (weight * (x / np.sqrt(variance + np.float32(eps)))).astype(np.float32)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    # tanh form: no overflow for large negative inputs
+    return (x * (np.float32(0.5) * (1 + np.tanh(np.float32(0.5) * x)))).astype(np.float32)
+
+
+def swiglu(x: np.ndarray, w: SwiGluWeights) -> np.ndarray:
+    return (silu(x @ w.gate.T) * (x @ w.up.T)) @ w.down.T
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    e = np.exp(shifted)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def top_k_desc(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest scores per row, best first (ties: lower index first)."""
+    part = np.argpartition(-scores, k - 1, axis=-1)[:, :k]
+    order = np.argsort(-np.take_along_axis(scores, part, axis=-1), axis=-1, kind="stable")
+    return np.take_along_axis(part, order, axis=-1)
+
+
+@dataclass(frozen=True)
+class Routing:
+    expert_ids: np.ndarray  # int32 [R, k], best first
+    weights: np.ndarray     # float32 [R, k]
+
+
+def route(cfg: DeepseekV2Config, x: np.ndarray, router: np.ndarray) -> Routing:
+    scores = softmax(x @ router.T)
+    k = cfg.num_experts_per_tok
+    choice = scores
+    if cfg.topk_method == "group_limited_greedy":
+        rows, groups = scores.shape[0], cfg.n_group
+        group_scores = scores.reshape(rows, groups, -1).max(axis=-1)
+        best_groups = top_k_desc(group_scores, cfg.topk_group)
+        keep = np.zeros_like(group_scores, dtype=bool)
+        np.put_along_axis(keep, best_groups, True, axis=-1)
+        choice = np.where(np.repeat(keep, cfg.n_routed_experts // groups, axis=-1), scores, 0.0)
+    ids = top_k_desc(choice, k)
+    weights = np.take_along_axis(choice, ids, axis=-1).astype(np.float32)
+    if k > 1 and cfg.norm_topk_prob:
+        weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(1e-20))
+    else:
+        weights = weights * np.float32(cfg.routed_scaling_factor)
+    return Routing(ids.astype(np.int32), weights.astype(np.float32))
+
+
+def moe(cfg: DeepseekV2Config, x: np.ndarray, w: MoeWeights) -> tuple[np.ndarray, np.ndarray]:
+    routing = route(cfg, x, w.router)
+    out = np.zeros_like(x)
+    flat_experts = routing.expert_ids.reshape(-1)
+    flat_rows = np.repeat(np.arange(x.shape[0]), routing.expert_ids.shape[1])
+    flat_weights = routing.weights.reshape(-1)
+    order = np.argsort(flat_experts, kind="stable")
+    bounds = np.searchsorted(flat_experts[order], np.arange(cfg.n_routed_experts + 1))
+    for e in np.flatnonzero(np.diff(bounds)):
+        picked = order[bounds[e] : bounds[e + 1]]
+        rows = flat_rows[picked]  # unique within one expert: top-k ids are distinct
+        xe = x[rows]
+        he = (silu(xe @ w.experts_gate[e].T) * (xe @ w.experts_up[e].T)) @ w.experts_down[e].T
+        out[rows] += he * flat_weights[picked][:, None]
+    if w.shared is not None:
+        out = out + swiglu(x, w.shared)
+    return out.astype(np.float32), routing.expert_ids
+
+
+def mla_attention(cfg: DeepseekV2Config, x: np.ndarray, w: AttentionWeights, inp: LayerInputs):
+    rows, heads = x.shape[0], cfg.num_attention_heads
+    nope, rope_dim, v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    if w.q_proj is not None:
+        q = x @ w.q_proj.T
+    else:
+        q = rms_norm(x @ w.q_a_proj.T, w.q_a_norm, LATENT_NORM_EPS) @ w.q_b_proj.T
+    q = q.reshape(rows, heads, nope + rope_dim)
+    q_nope, q_pe = q[..., :nope], apply_rope(q[..., nope:], inp.rope_cos, inp.rope_sin)
+    compressed = x @ w.kv_a_proj.T
+    latent = rms_norm(compressed[:, : cfg.kv_lora_rank], w.kv_a_norm, LATENT_NORM_EPS)
+    k_pe = apply_rope(compressed[:, cfg.kv_lora_rank :], inp.rope_cos, inp.rope_sin)
+    all_latent = np.concatenate([inp.past_latent, latent], axis=0)
+    all_k_pe = np.concatenate([inp.past_k_rope, k_pe], axis=0)
+    kv = (all_latent @ w.kv_b_proj.T).reshape(-1, heads, nope + v_dim)
+    k_nope, values = kv[..., :nope], kv[..., nope:]
+    scores = np.einsum("rhd,thd->hrt", q_nope, k_nope) + np.einsum("rhd,td->hrt", q_pe, all_k_pe)
+    probs = softmax(scores * np.float32(cfg.softmax_scale()) + inp.mask[None, :, :])
+    attended = np.einsum("hrt,thd->rhd", probs, values).reshape(rows, heads * v_dim)
+    return attended @ w.o_proj.T, latent, k_pe
+
+
+class NumpyKernels:
+    """Reference backend; weights stay float32 in host memory."""
+
+    name = "numpy"
+
+    def __init__(self, cfg: DeepseekV2Config, weights: StageWeights) -> None:
+        self.cfg = cfg
+        self.weights = weights
+        self.build = f"numpy {np.__version__}"
+
+    def embed(self, token_ids: np.ndarray) -> np.ndarray:
+        if self.weights.embed is None:
+            raise ValueError("this stage does not own the embeddings")
+        return np.ascontiguousarray(self.weights.embed[token_ids.astype(np.int64)])
+
+    def decoder_layer(self, layer_index: int, inputs: LayerInputs) -> LayerOutputs:
+        lw = self.weights.layer(layer_index)
+        eps = self.cfg.rms_norm_eps
+        attn, latent, k_pe = mla_attention(self.cfg, rms_norm(inputs.hidden, lw.input_norm, eps), lw.attention, inputs)
+        hidden = inputs.hidden + attn
+        normed = rms_norm(hidden, lw.post_attention_norm, eps)
+        expert_ids = None
+        if lw.moe is not None:
+            mlp_out, expert_ids = moe(self.cfg, normed, lw.moe)
+        else:
+            mlp_out = swiglu(normed, lw.dense_mlp)
+        hidden = (hidden + mlp_out).astype(np.float32)
+        return LayerOutputs(np.ascontiguousarray(hidden), latent, k_pe, expert_ids)
+
+    def final(self, hidden: np.ndarray) -> np.ndarray:
+        if self.weights.final_norm is None or self.weights.lm_head is None:
+            raise ValueError("this stage does not own the final norm and LM head")
+        normed = rms_norm(hidden, self.weights.final_norm, self.cfg.rms_norm_eps)
+        return np.ascontiguousarray(normed @ self.weights.lm_head.T, dtype=np.float32)
+
+
+def make_numpy_kernels(cfg: DeepseekV2Config, weights: StageWeights, device: str = "cpu") -> NumpyKernels:
+    if device != "cpu":
+        from libs.model.errors import BackendUnavailableError
+
+        raise BackendUnavailableError(f"the numpy backend runs on cpu only, not {device!r}")
+    return NumpyKernels(cfg, weights)

@@ -1,0 +1,280 @@
+"""Parity of staged execution against Hugging Face transformers (float32, CPU torch).
+
+Scenario: two sequences of different lengths prefill together in one ragged batch, then
+every live sequence decodes one teacher-forced token per step; a third sequence prefills
+mid-way in the same batch as the others' decodes. The stage split passes float32 hidden
+states between stages. Transformers runs each full sequence in one forward pass; causal
+attention makes its per-position outputs the reference for our cached, incremental rows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from libs.model.config import DeepseekV2Config, load_config
+from libs.model.errors import ConfigError
+from libs.model.executor import StageBatch, StageExecutor, StageSpec
+from libs.model.kernels import make_kernels
+from libs.model.kv_store import SliceIdentity
+from libs.model.weights import load_stage_weights
+
+PROMPT_LENGTHS = (7, 4, 5)
+LATE_PREFILL_STEP = 3
+
+
+class ParityUnsupportedError(ConfigError):
+    reason = "PARITY_UNSUPPORTED"
+
+
+@dataclass(frozen=True)
+class ParityRequest:
+    checkpoint_dir: Path
+    stages: int
+    backend: str
+    device: str = "cpu"
+    decode_steps: int = 8
+    tolerance: float = 1e-4
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SequencePlan:
+    request_id: str
+    tokens: np.ndarray  # int32 [prompt + decodes]: the prompt, then teacher-forced decode tokens
+    prompt_length: int
+    start_step: int
+
+
+@dataclass(frozen=True)
+class BoundaryDiff:
+    label: str
+    max_abs_diff: float
+    passed: bool
+
+
+@dataclass(frozen=True)
+class ExpertDiff:
+    layer: int
+    rows: int
+    mismatched_rows: int
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    checkpoint: str
+    backend: str
+    backend_build: str
+    device: str
+    reference: str
+    stage_ranges: tuple[tuple[int, int], ...]
+    sequences: int
+    decode_steps: int
+    rows: int
+    tolerance: float
+    boundaries: tuple[BoundaryDiff, ...]
+    experts: tuple[ExpertDiff, ...]
+    passed: bool
+    figure_class: str = "reference check (max abs difference vs transformers float32, this host)"
+
+
+@dataclass
+class Captured:
+    """Per-sequence rows in position order: boundary hidden per stage, logits, expert ids per layer."""
+
+    boundary: dict[int, dict[str, list[np.ndarray]]]
+    logits: dict[str, list[np.ndarray]]
+    experts: dict[int, dict[str, list[np.ndarray]]]
+
+
+def split_layers(layer_count: int, stages: int) -> list[tuple[int, int]]:
+    """Contiguous, near-even split of [0, layer_count) into `stages` ranges."""
+    if not 1 <= stages <= layer_count:
+        raise ParityUnsupportedError(f"--stages must be in 1..{layer_count}, got {stages}")
+    bounds = np.linspace(0, layer_count, stages + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def check_reference_supports(cfg: DeepseekV2Config) -> None:
+    # transformers' DeepseekV2 ignores these two fields; its output would not be a reference.
+    if cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
+        raise ParityUnsupportedError("norm_topk_prob=true is not implemented by transformers' DeepseekV2")
+    if cfg.moe_layer_freq != 1:
+        raise ParityUnsupportedError("moe_layer_freq != 1 is not implemented by transformers' DeepseekV2")
+
+
+def plan_sequences(cfg: DeepseekV2Config, decode_steps: int, seed: int) -> list[SequencePlan]:
+    rng = np.random.default_rng(seed)
+    late = LATE_PREFILL_STEP if decode_steps > LATE_PREFILL_STEP else 0
+    plans = []
+    for i, prompt in enumerate(PROMPT_LENGTHS):
+        start = late if i == 2 else 0
+        total = prompt + decode_steps - start
+        tokens = rng.integers(0, cfg.vocab_size, size=total).astype(np.int32)
+        plans.append(SequencePlan(f"parity-{i}", tokens, prompt, start))
+    return plans
+
+
+def step_slices(plans: list[SequencePlan], step: int) -> list[tuple[SequencePlan, SliceIdentity, np.ndarray]]:
+    out = []
+    for plan in plans:
+        if step < plan.start_step:
+            continue
+        n = step - plan.start_step
+        if n == 0:
+            position, tokens = 0, plan.tokens[: plan.prompt_length]
+        else:
+            position = plan.prompt_length + n - 1
+            tokens = plan.tokens[position : position + 1]
+        ident = SliceIdentity(plan.request_id, "parity-lease", n, position, n, int(tokens.size))
+        out.append((plan, ident, tokens))
+    return out
+
+
+def build_executors(request: ParityRequest, cfg: DeepseekV2Config, ranges) -> list[StageExecutor]:
+    executors = []
+    for i, (start, end) in enumerate(ranges):
+        first, last = i == 0, i == len(ranges) - 1
+        weights = load_stage_weights(request.checkpoint_dir, cfg, start, end, first, last)
+        kernels = make_kernels(request.backend, cfg, weights, request.device)
+        executors.append(StageExecutor(cfg, StageSpec(start, end, first, last), kernels))
+    return executors
+
+
+def run_ours(executors: list[StageExecutor], plans: list[SequencePlan], steps: int) -> Captured:
+    cap = Captured({i: {} for i in range(len(executors))}, {}, {})
+    for step in range(steps + 1):
+        entries = step_slices(plans, step)
+        slices = tuple(e[1] for e in entries)
+        bounds = np.cumsum([0] + [s.row_count for s in slices])
+        batch = StageBatch(slices, token_ids=np.concatenate([e[2] for e in entries]), all_logits=True)
+        for index, executor in enumerate(executors):
+            result = executor.execute(batch)
+            _record(cap.boundary[index], slices, bounds, result.hidden)
+            for layer, ids in result.routed_expert_ids:
+                _record(cap.experts.setdefault(layer, {}), slices, bounds, ids)
+            batch = StageBatch(slices, hidden=result.hidden, all_logits=True)
+        _record(cap.logits, slices, bounds, result.logits)
+    return cap
+
+
+def _record(store: dict[str, list[np.ndarray]], slices, bounds, rows: np.ndarray) -> None:
+    for s, a, b in zip(slices, bounds[:-1], bounds[1:]):
+        store.setdefault(s.request_id, []).append(rows[a:b])
+
+
+def run_reference(checkpoint_dir: Path, cfg: DeepseekV2Config, plans: list[SequencePlan]) -> tuple[Captured, str]:
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(checkpoint_dir), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    layer_out: dict[int, np.ndarray] = {}
+    gate_ids: dict[int, np.ndarray] = {}
+    handles = []
+    for i, layer in enumerate(model.model.layers):
+        handles.append(layer.register_forward_hook(_capture_hidden(layer_out, i)))
+        if cfg.is_moe_layer(i):
+            handles.append(layer.mlp.gate.register_forward_hook(_capture_expert_ids(gate_ids, i)))
+    cap = Captured({}, {}, {})
+    with torch.no_grad():
+        for plan in plans:
+            logits = model(input_ids=torch.from_numpy(plan.tokens.astype(np.int64))[None]).logits
+            cap.logits[plan.request_id] = [logits[0].float().numpy()]
+            for i, hidden in layer_out.items():
+                cap.boundary.setdefault(i, {})[plan.request_id] = [hidden]
+            for i, ids in gate_ids.items():
+                cap.experts.setdefault(i, {})[plan.request_id] = [ids]
+    for handle in handles:
+        handle.remove()
+    return cap, f"transformers {transformers.__version__} float32, torch {torch.__version__} CPU, eager attention"
+
+
+def _capture_hidden(store: dict[int, np.ndarray], index: int):
+    def hook(_module, _inputs, output):
+        tensor = output[0] if isinstance(output, tuple) else output
+        store[index] = tensor[0].detach().float().numpy().copy()
+
+    return hook
+
+
+def _capture_expert_ids(store: dict[int, np.ndarray], index: int):
+    def hook(_module, _inputs, output):
+        ints = [t for t in output if hasattr(t, "dtype") and not t.dtype.is_floating_point]
+        store[index] = ints[-1].detach().numpy().reshape(-1, ints[-1].shape[-1]).astype(np.int32)
+
+    return hook
+
+
+def _max_diff(ours: dict[str, list[np.ndarray]], ref: dict[str, list[np.ndarray]]) -> float:
+    worst = 0.0
+    for request_id, rows in ours.items():
+        a, b = np.concatenate(rows), np.concatenate(ref[request_id])
+        if a.shape != b.shape:
+            return float("inf")
+        worst = max(worst, float(np.max(np.abs(a - b))))
+    return worst
+
+
+def _expert_diff(layer: int, ours: dict[str, list[np.ndarray]], ref: dict[str, list[np.ndarray]]) -> ExpertDiff:
+    rows = mismatched = 0
+    for request_id, parts in ours.items():
+        a = np.sort(np.concatenate(parts), axis=-1)
+        b = np.sort(np.concatenate(ref[request_id]), axis=-1)
+        rows += a.shape[0]
+        mismatched += a.shape[0] if a.shape != b.shape else int(np.any(a != b, axis=-1).sum())
+    return ExpertDiff(layer, rows, mismatched)
+
+
+def compare(ours: Captured, ref: Captured, ranges, tolerance: float) -> tuple[list[BoundaryDiff], list[ExpertDiff]]:
+    boundaries = []
+    for index, (start, end) in enumerate(ranges):
+        diff = _max_diff(ours.boundary[index], ref.boundary[end - 1])
+        label = f"stage {index} [{start},{end}) hidden after layer {end - 1}"
+        boundaries.append(BoundaryDiff(label, diff, diff <= tolerance))
+    diff = _max_diff(ours.logits, ref.logits)
+    boundaries.append(BoundaryDiff("final logits", diff, diff <= tolerance))
+    experts = [_expert_diff(layer, ours.experts[layer], ref.experts[layer]) for layer in sorted(ours.experts)]
+    return boundaries, experts
+
+
+def run_parity(request: ParityRequest) -> ParityReport:
+    cfg = load_config(request.checkpoint_dir)
+    check_reference_supports(cfg)
+    ranges = split_layers(cfg.num_hidden_layers, request.stages)
+    executors = build_executors(request, cfg, ranges)
+    plans = plan_sequences(cfg, request.decode_steps, request.seed)
+    ours = run_ours(executors, plans, request.decode_steps)
+    ref, reference = run_reference(request.checkpoint_dir, cfg, plans)
+    boundaries, experts = compare(ours, ref, ranges, request.tolerance)
+    passed = all(b.passed for b in boundaries) and all(e.mismatched_rows == 0 for e in experts)
+    return ParityReport(
+        checkpoint=str(request.checkpoint_dir), backend=request.backend,
+        backend_build=executors[0].kernels.build, device=request.device, reference=reference,
+        stage_ranges=tuple(ranges), sequences=len(plans), decode_steps=request.decode_steps,
+        rows=sum(p.tokens.size for p in plans), tolerance=request.tolerance,
+        boundaries=tuple(boundaries), experts=tuple(experts), passed=passed,
+    )
+
+
+def format_report(report: ParityReport, as_json: bool = False) -> str:
+    if as_json:
+        return json.dumps(asdict(report), indent=2)
+    lines = [
+        f"parity checkpoint={report.checkpoint} backend={report.backend} ({report.backend_build}) "
+        f"device={report.device} stages={len(report.stage_ranges)}",
+        f"reference: {report.reference}",
+        f"scenario: {report.sequences} sequences (ragged prefill, one prefilled alongside decodes), "
+        f"{report.decode_steps} decode steps, {report.rows} rows",
+    ]
+    for b in report.boundaries:
+        lines.append(f"  {b.label}: max_abs_diff={b.max_abs_diff:.3e} {'ok' if b.passed else 'FAIL'}")
+    for e in report.experts:
+        verdict = "ok" if e.mismatched_rows == 0 else "FAIL"
+        lines.append(f"  routed experts layer {e.layer}: {e.mismatched_rows}/{e.rows} rows differ {verdict}")
+    lines.append(f"{'PASS' if report.passed else 'FAIL'} (tolerance {report.tolerance:g}; {report.figure_class})")
+    return "\n".join(lines)

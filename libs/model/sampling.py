@@ -1,0 +1,65 @@
+"""Next-token selection on the final stage: greedy, temperature, top-k, top-p, seeded.
+
+A request's random stream is a pure function of (seed, position), so the token chosen at a
+position never depends on what else shared the batch or on retries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from libs.model.errors import BatchError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0   # 0 selects greedy decoding
+    top_k: int = 0             # 0 disables
+    top_p: float = 1.0         # 1 disables
+    seed: int = 0
+    return_logits: bool = False  # logits mode: the caller receives the logits row too
+
+    def validate(self) -> None:
+        if self.temperature < 0 or not np.isfinite(self.temperature):
+            raise BatchError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise BatchError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise BatchError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed < 0:
+            raise BatchError(f"seed must be >= 0, got {self.seed}")
+
+
+GREEDY = SamplingParams()
+
+
+def candidate_probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """float64 [vocab] distribution after temperature, top-k and top-p (zeros outside support)."""
+    scaled = logits.astype(np.float64) / params.temperature
+    if params.top_k and params.top_k < scaled.size:
+        kth = np.partition(scaled, -params.top_k)[-params.top_k]
+        scaled = np.where(scaled >= kth, scaled, -np.inf)
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        cumulative = np.cumsum(probs[order])
+        # keep the smallest prefix whose mass reaches top_p (always at least one token)
+        cut = int(np.searchsorted(cumulative, params.top_p, side="left")) + 1
+        keep = np.zeros_like(probs, dtype=bool)
+        keep[order[:cut]] = True
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum()
+    return probs
+
+
+def sample_token(logits: np.ndarray, params: SamplingParams, position: int) -> int:
+    """Choose the token for the row at `position` from float32 logits [vocab]."""
+    params.validate()
+    if params.temperature == 0.0:
+        return int(np.argmax(logits))
+    probs = candidate_probabilities(logits, params)
+    rng = np.random.default_rng(np.random.SeedSequence([params.seed, position]))
+    return int(rng.choice(probs.size, p=probs))
