@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from libs.service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from libs.service.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.orchestrator.domain import StageLayout
 
 
@@ -51,8 +51,8 @@ class Admission:
     def reserve(self, request_id: str, tokens: int) -> Reservation:
         """Reserves `tokens` (prompt + max_tokens) of KV on every stage, or raises."""
         if self._closed_reason is not None:
-            raise FailedPrecondition(f"route is not admitting: {self._closed_reason}",
-                                     reason="NOT_ADMITTING")
+            raise Unavailable(f"route is not admitting: {self._closed_reason}",
+                              reason="NOT_ADMITTING")
         if request_id in self._live:
             raise InvalidArgument(f"request {request_id} is already admitted",
                                   reason="DUPLICATE_REQUEST", field="request_id")

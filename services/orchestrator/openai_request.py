@@ -1,0 +1,234 @@
+"""OpenAI-compatible request bodies: parsing and validation into typed values.
+
+Every violation raises a FornaxError whose reason (lower-cased) becomes the OpenAI error
+`code` and whose field becomes `param`, so a client learns which parameter is wrong and why.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from libs.service.errors import InvalidArgument
+from libs.text.chat_template import CHAT_ROLES, ChatMessage
+from services.orchestrator.domain import SamplingParams
+
+MAX_STOP_STRINGS = 4
+_U64 = 2**64
+
+# Parameters accepted only at their neutral value: anything else is unsupported, not ignored.
+_NEUTRAL = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None),
+            "logprobs": (False, None), "top_logprobs": (None, 0), "logit_bias": (None,),
+            "echo": (False, None), "best_of": (1, None), "suffix": (None,),
+            "user": None}  # user: any string, an opaque end-user id
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+           "stream_options", "n", *_NEUTRAL}
+CHAT_KEYS = frozenset(_COMMON | {"messages", "max_completion_tokens"})
+COMPLETION_KEYS = frozenset(_COMMON | {"prompt"})
+
+
+@dataclass(frozen=True)
+class CommonOptions:
+    max_tokens: int | None
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True)
+class ChatCompletionBody:
+    model: str
+    messages: tuple[ChatMessage, ...]
+    options: CommonOptions
+
+
+@dataclass(frozen=True)
+class CompletionBody:
+    model: str
+    prompt: str | tuple[int, ...]
+    options: CommonOptions
+
+
+def bad(param: str, reason: str, message: str) -> InvalidArgument:
+    return InvalidArgument(message, reason=reason, field=param)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidArgument(f"request body is not valid JSON: {exc}",
+                              reason="INVALID_JSON") from exc
+    if not isinstance(body, dict):
+        raise InvalidArgument("request body must be a JSON object", reason="INVALID_JSON")
+    return body
+
+
+def parse_chat_completion(body: dict[str, Any]) -> ChatCompletionBody:
+    _check_keys(body, CHAT_KEYS)
+    if "max_completion_tokens" in body and "max_tokens" in body:
+        raise bad("max_completion_tokens", "INVALID_MAX_TOKENS",
+                  "give max_tokens or max_completion_tokens, not both")
+    if body.get("max_completion_tokens") is not None:
+        body = {**body, "max_tokens": body["max_completion_tokens"]}
+    return ChatCompletionBody(model=_model(body), messages=_messages(body.get("messages")),
+                              options=_options(body))
+
+
+def parse_completion(body: dict[str, Any]) -> CompletionBody:
+    _check_keys(body, COMPLETION_KEYS)
+    return CompletionBody(model=_model(body), prompt=_prompt(body.get("prompt")),
+                          options=_options(body))
+
+
+def _check_keys(body: dict[str, Any], allowed: frozenset[str]) -> None:
+    for key in sorted(body):
+        if key not in allowed:
+            raise bad(key, "UNSUPPORTED_PARAMETER", f"unrecognized request argument: {key}")
+    for key, neutral in _NEUTRAL.items():
+        if key not in body:
+            continue
+        value = body[key]
+        if neutral is None:
+            if value is not None and not isinstance(value, str):
+                raise bad(key, "INVALID_TYPE", f"{key} must be a string")
+        elif not any(value == n and type(value) is type(n) for n in neutral) and not (
+                value == {} and key == "logit_bias"):
+            raise bad(key, "UNSUPPORTED_PARAMETER",
+                      f"{key}={value!r} is not supported (only {neutral[0]!r})")
+
+
+def _model(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model", "INVALID_MODEL", "model is required and must be a non-empty string")
+    return model
+
+
+def _options(body: dict[str, Any]) -> CommonOptions:
+    stream = _opt_bool(body, "stream", False)
+    stream_options = body.get("stream_options")
+    include_usage = False
+    if stream_options is not None:
+        if not stream:
+            raise bad("stream_options", "INVALID_STREAM_OPTIONS",
+                      "stream_options is only allowed when stream is true")
+        if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage"}:
+            raise bad("stream_options", "INVALID_STREAM_OPTIONS",
+                      "stream_options accepts only include_usage")
+        include_usage = _opt_bool(stream_options, "include_usage", False,
+                                  "stream_options.include_usage")
+    n = body.get("n")
+    if n is not None and (not _is_int(n) or n != 1):
+        raise bad("n", "INVALID_N", f"only n=1 is supported, got {n!r}")
+    return CommonOptions(max_tokens=_max_tokens(body.get("max_tokens")),
+                         sampling=_sampling(body), stop=_stop(body.get("stop")),
+                         stream=stream, include_usage=include_usage)
+
+
+def _sampling(body: dict[str, Any]) -> SamplingParams:
+    temperature = _opt_number(body, "temperature", 1.0)
+    if not 0.0 <= temperature <= 2.0:
+        raise bad("temperature", "INVALID_TEMPERATURE",
+                  f"temperature must be between 0 and 2, got {temperature}")
+    top_p = _opt_number(body, "top_p", 1.0)
+    if not 0.0 < top_p <= 1.0:
+        raise bad("top_p", "INVALID_TOP_P", f"top_p must be in (0, 1], got {top_p}")
+    top_k = body.get("top_k")
+    if top_k is not None and (not _is_int(top_k) or top_k < 0):
+        raise bad("top_k", "INVALID_TOP_K", f"top_k must be an integer >= 0, got {top_k!r}")
+    seed = body.get("seed")
+    if seed is not None and (not _is_int(seed) or not -(2**63) <= seed < _U64):
+        raise bad("seed", "INVALID_SEED", f"seed must be a 64-bit integer, got {seed!r}")
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k or 0,
+                          seed=None if seed is None else seed % _U64)
+
+
+def _max_tokens(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise bad("max_tokens", "INVALID_MAX_TOKENS",
+                  f"max_tokens must be an integer, got {value!r}")
+    if value < 1:
+        raise bad("max_tokens", "INVALID_MAX_TOKENS",
+                  f"max_tokens must be at least 1, got {value}")
+    return value
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if (not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS
+            or not all(isinstance(s, str) and s for s in stops)):
+        raise bad("stop", "INVALID_STOP",
+                  f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} "
+                  "non-empty strings")
+    return tuple(stops)
+
+
+def _messages(value: Any) -> tuple[ChatMessage, ...]:
+    if not isinstance(value, list) or not value:
+        raise bad("messages", "INVALID_MESSAGES", "messages must be a non-empty list")
+    return tuple(_message(m, f"messages[{i}]") for i, m in enumerate(value))
+
+
+def _message(value: Any, where: str) -> ChatMessage:
+    if not isinstance(value, dict) or set(value) - {"role", "content", "name"}:
+        raise bad(where, "INVALID_MESSAGES",
+                  f"{where} must be an object with role and content (and optionally name)")
+    role = value.get("role")
+    if role not in CHAT_ROLES:
+        raise bad(f"{where}.role", "INVALID_MESSAGES",
+                  f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
+    return ChatMessage(role=role, content=_content(value.get("content"), f"{where}.content"))
+
+
+def _content(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            and set(p) == {"type", "text"} for p in value):
+        return "".join(p["text"] for p in value)
+    raise bad(where, "INVALID_MESSAGES",
+              f"{where} must be a string or a list of text parts")
+
+
+def _prompt(value: Any) -> str | tuple[int, ...]:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]  # a batch of one prompt
+    if isinstance(value, str):
+        if not value:
+            raise bad("prompt", "INVALID_PROMPT", "prompt must not be empty")
+        return value
+    if isinstance(value, list) and value and all(_is_int(t) and t >= 0 for t in value):
+        return tuple(value)
+    raise bad("prompt", "INVALID_PROMPT",
+              "prompt must be a non-empty string or a non-empty list of token ids "
+              "(batches of several prompts are not supported)")
+
+
+def _opt_bool(body: dict[str, Any], key: str, default: bool, param: str | None = None) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad(param or key, "INVALID_TYPE", f"{param or key} must be a boolean")
+    return value
+
+
+def _opt_number(body: dict[str, Any], key: str, default: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad(key, "INVALID_TYPE", f"{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
