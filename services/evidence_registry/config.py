@@ -9,12 +9,17 @@ from dataclasses import dataclass
 
 from libs.service.config import ServerConfig, parse, pick, server_config
 
+DEFAULT_MAX_BLOB_BYTES = 32 << 20
+
 
 @dataclass(frozen=True)
 class RegistryConfig:
     server: ServerConfig
     db_path: str = ".fornax/registry/registry.db"
     blob_dir: str = ".fornax/registry/blobs"
+    # Must stay below the server's gRPC message limit (64 MiB) with room for metadata.
+    max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
+    sqlite_busy_timeout_ms: int = 30_000
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> RegistryConfig:
@@ -22,9 +27,15 @@ class RegistryConfig:
         parser = argparse.ArgumentParser(prog="fornax-evidence-registry", description="Fornax evidence registry")
         parser.add_argument("--db", help="SQLite database path (env FORNAX_REGISTRY_DB)")
         parser.add_argument("--blob-dir", help="content-addressed blob directory (env FORNAX_REGISTRY_BLOB_DIR)")
+        parser.add_argument("--max-blob-bytes", type=int, help="largest accepted blob (env FORNAX_REGISTRY_MAX_BLOB_BYTES)")
         args = parse(parser, argv)
+        max_blob_bytes = pick(args.max_blob_bytes, env, "FORNAX_REGISTRY_MAX_BLOB_BYTES", DEFAULT_MAX_BLOB_BYTES, int)
+        if not 0 < max_blob_bytes <= 48 << 20:
+            raise SystemExit(f"max blob bytes must be in (0, {48 << 20}], got {max_blob_bytes}")
         return cls(
             server=server_config(args, env, "evidence_registry"),
             db_path=pick(args.db, env, "FORNAX_REGISTRY_DB", cls.db_path),
             blob_dir=pick(args.blob_dir, env, "FORNAX_REGISTRY_BLOB_DIR", cls.blob_dir),
+            max_blob_bytes=max_blob_bytes,
+            sqlite_busy_timeout_ms=pick(None, env, "FORNAX_REGISTRY_BUSY_TIMEOUT_MS", 30_000, int),
         )

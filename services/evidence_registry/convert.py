@@ -23,6 +23,7 @@ from services.evidence_registry.domain import (
     RecordStatus,
     RecordType,
     Resolution,
+    ResolutionReason,
     ResolveOutcome,
     RevokeCommand,
     ValidityWindow,
@@ -123,17 +124,25 @@ def provenance_to_proto(provenance: Provenance) -> pb.Provenance:
     return message
 
 
+def content_to_proto(content: RecordContent, message: pb.Record | None = None) -> pb.Record:
+    message = pb.Record() if message is None else message
+    message.type = RECORD_TYPES_PB[content.type]
+    message.evidence_class = CLASSES_PB[content.evidence_class]
+    message.valid_from_unix_ns = content.validity.valid_from_unix_ns
+    message.valid_until_unix_ns = content.validity.valid_until_unix_ns
+    message.provenance.CopyFrom(provenance_to_proto(content.provenance))
+    message.labels.update(dict(content.labels))
+    message.subject = content.subject
+    return message
+
+
 def record_to_proto(record: Record) -> pb.Record:
-    content = record.content
-    return pb.Record(
-        record_id=record.record_id, type=RECORD_TYPES_PB[content.type], status=STATUSES_PB[record.status],
-        evidence_class=CLASSES_PB[content.evidence_class], blob_sha256=record.blob.digest,
-        blob_size_bytes=record.blob.size_bytes,
-        valid_from_unix_ns=content.validity.valid_from_unix_ns,
-        valid_until_unix_ns=content.validity.valid_until_unix_ns,
-        created_unix_ns=record.created_unix_ns, provenance=provenance_to_proto(content.provenance),
-        labels=dict(content.labels), revocation_reason=record.revocation_reason, subject=content.subject,
+    message = pb.Record(
+        record_id=record.record_id, status=STATUSES_PB[record.status], blob_sha256=record.blob.digest,
+        blob_size_bytes=record.blob.size_bytes, created_unix_ns=record.created_unix_ns,
+        revocation_reason=record.revocation_reason,
     )
+    return content_to_proto(record.content, message)
 
 
 def record_from_proto(message: pb.Record) -> Record:
@@ -205,3 +214,40 @@ def resolution_to_proto(resolution: Resolution) -> pb.Resolution:
 def resolve_outcome_to_proto(outcome: ResolveOutcome) -> pb.ResolveRecordsResponse:
     return pb.ResolveRecordsResponse(all_ok=outcome.all_ok,
                                      resolutions=[resolution_to_proto(r) for r in outcome.resolutions])
+
+
+# Client side: what a caller sends and how it reads the answers back.
+
+def expectations_to_proto(expectations, at_unix_ns: int = 0) -> pb.ResolveRecordsRequest:
+    return pb.ResolveRecordsRequest(at_unix_ns=at_unix_ns, expectations=[
+        pb.RecordExpectation(
+            record_id=item.record_id, expected_type=RECORD_TYPES_PB[item.expected_type],
+            expected_blob_sha256=f"sha256:{item.expected_sha256_hex}" if item.expected_sha256_hex else "",
+        )
+        for item in expectations
+    ])
+
+
+def _reason_from_wire(index: int, value: str) -> ResolutionReason | None:
+    if not value:
+        return None
+    try:
+        return ResolutionReason(value)
+    except ValueError:
+        raise InvalidField(f"resolutions[{index}].reason", "UNKNOWN_REASON", f"{value!r} is not a known reason") from None
+
+
+def resolve_outcome_from_proto(message: pb.ResolveRecordsResponse) -> ResolveOutcome:
+    resolutions = []
+    for index, item in enumerate(message.resolutions):
+        reason = _reason_from_wire(index, item.reason)
+        if (reason is None) != item.ok:
+            raise InvalidField(f"resolutions[{index}].ok", "INCONSISTENT_RESOLUTION",
+                               f"ok={item.ok} contradicts reason {item.reason!r}")
+        record = record_from_proto(item.record) if item.HasField("record") else None
+        resolutions.append(Resolution(item.record_id, reason, item.detail, record))
+    return ResolveOutcome(tuple(resolutions))
+
+
+def list_page_from_proto(message: pb.ListRecordsResponse) -> tuple[tuple[Record, ...], str]:
+    return tuple(record_from_proto(r) for r in message.records), message.next_page_token

@@ -1,38 +1,25 @@
-"""Errors the evidence registry raises; each carries a gRPC status code and a stable reason."""
+"""The evidence registry's errors, on the shared hierarchy (status code + stable reason)."""
 
 from __future__ import annotations
 
-import grpc
+from libs.service.errors import AlreadyExists, InvalidArgument, NotFound
 
 
-class RegistryError(Exception):
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
-    reason: str = "INTERNAL"
-
-    def __init__(self, message: str, reason: str | None = None) -> None:
-        super().__init__(message)
-        if reason is not None:
-            self.reason = reason
-
-
-class InvalidField(RegistryError):
-    """Bad input. The message starts with the offending field's path."""
-
-    code = grpc.StatusCode.INVALID_ARGUMENT
-    reason = "INVALID_ARGUMENT"
+class InvalidField(InvalidArgument):
+    """Bad input: names the offending field's path and a stable reason code."""
 
     def __init__(self, field: str, reason: str, detail: str) -> None:
-        super().__init__(f"{field}: {detail} [{reason}]", reason)
-        self.field = field
+        super().__init__(f"{field}: {detail}", reason=reason, field=field)
 
 
-class RecordNotFound(RegistryError):
-    code = grpc.StatusCode.NOT_FOUND
-    reason = "RECORD_NOT_FOUND"
+class RecordNotFound(NotFound):
+    default_reason = "RECORD_NOT_FOUND"
 
 
-class RecordConflict(RegistryError):
+class RecordConflict(AlreadyExists):
     """A put under an existing record id (or request id) with different content."""
 
-    code = grpc.StatusCode.ALREADY_EXISTS
-    reason = "RECORD_EXISTS"
+    default_reason = "RECORD_EXISTS"
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message, reason=reason)

@@ -1,38 +1,71 @@
-"""EvidenceRegistryService servicer: convert, call the store, convert back."""
+"""EvidenceRegistryService servicer: convert, call the registry core, convert back.
+
+Store calls block (SQLite commits and blob fsyncs), so each runs on a worker thread and the
+event loop keeps serving; the SQLite store keeps one connection per thread.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
 
 from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
 from fornax.evidence_registry.v1 import evidence_registry_pb2_grpc as pb_grpc
 
-from libs.service.errors import Unimplemented
 from libs.service.server import ServiceSpec
+from services.evidence_registry import convert
+from services.evidence_registry.blobs import DiskBlobStore
 from services.evidence_registry.config import RegistryConfig
+from services.evidence_registry.registry import EvidenceRegistry, RegistryLimits
+from services.evidence_registry.sqlite_store import SqliteRecordStore
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EvidenceRegistryService"].full_name
 
 
 class EvidenceRegistryServicer(pb_grpc.EvidenceRegistryServiceServicer):
-    def __init__(self, cfg: RegistryConfig):
-        self._cfg = cfg
+    def __init__(self, registry: EvidenceRegistry):
+        self._registry = registry
 
     async def PutRecord(self, request, context) -> pb.PutRecordResponse:
-        raise Unimplemented("PutRecord is not available in this build")
+        command = convert.put_command_from_proto(request)
+        record = await asyncio.to_thread(self._registry.put, command, time.time_ns())
+        return pb.PutRecordResponse(record=convert.record_to_proto(record))
 
     async def GetRecord(self, request, context) -> pb.GetRecordResponse:
-        raise Unimplemented("GetRecord is not available in this build")
+        record, blob = await asyncio.to_thread(self._registry.get, request.record_id, request.include_blob)
+        return pb.GetRecordResponse(record=convert.record_to_proto(record), blob=blob or b"")
 
     async def ListRecords(self, request, context) -> pb.ListRecordsResponse:
-        raise Unimplemented("ListRecords is not available in this build")
+        page = await asyncio.to_thread(self._registry.list, convert.list_query_from_proto(request))
+        return convert.list_page_to_proto(page)
 
     async def RevokeRecord(self, request, context) -> pb.RevokeRecordResponse:
-        raise Unimplemented("RevokeRecord is not available in this build")
+        record = await asyncio.to_thread(self._registry.revoke, convert.revoke_command_from_proto(request))
+        return pb.RevokeRecordResponse(record=convert.record_to_proto(record))
 
     async def ResolveRecords(self, request, context) -> pb.ResolveRecordsResponse:
-        raise Unimplemented("ResolveRecords is not available in this build")
+        expectations = convert.expectations_from_proto(request)
+        at_unix_ns = request.at_unix_ns or time.time_ns()
+        outcome = await asyncio.to_thread(self._registry.resolve, expectations, at_unix_ns)
+        return convert.resolve_outcome_to_proto(outcome)
 
 
-async def make_spec(cfg: RegistryConfig) -> ServiceSpec:
-    servicer = EvidenceRegistryServicer(cfg)
+def open_registry(cfg: RegistryConfig) -> EvidenceRegistry:
+    records = SqliteRecordStore(Path(cfg.db_path), busy_timeout_ms=cfg.sqlite_busy_timeout_ms)
+    return EvidenceRegistry(records, DiskBlobStore(Path(cfg.blob_dir)), RegistryLimits(max_blob_bytes=cfg.max_blob_bytes))
+
+
+async def make_spec(cfg: RegistryConfig, registry: EvidenceRegistry | None = None) -> ServiceSpec:
+    """`registry` lets tests serve an in-memory registry; by default the durable one is opened."""
+    registry = registry or open_registry(cfg)
+    servicer = EvidenceRegistryServicer(registry)
+
+    async def close() -> None:
+        registry.records.close()
+
     return ServiceSpec(
-        service_names=(pb.DESCRIPTOR.services_by_name["EvidenceRegistryService"].full_name,),
+        service_names=(SERVICE_NAME,),
         register=lambda server: pb_grpc.add_EvidenceRegistryServiceServicer_to_server(servicer, server),
+        on_stop=close,
     )

@@ -1,0 +1,187 @@
+"""The evidence registry as a real process: every RPC over gRPC, restarts, shared-database writers."""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
+from fornax.evidence_registry.v1 import evidence_registry_pb2_grpc as pb_grpc
+
+from services.evidence_registry.blobs import sha256_hex
+from services.evidence_registry.client import (
+    EvidenceUnresolved,
+    RegistryCallFailed,
+    RegistryClient,
+    require_resolved,
+)
+from services.evidence_registry.domain import (
+    EvidenceClass,
+    Expectation,
+    RecordStatus,
+    RecordType,
+    ResolutionReason,
+    ValidityWindow,
+)
+from tests.support.procs import ServiceProc
+from tests.unit.evidence_registry.factories import PHYSICAL_PROVENANCE, T0, content, physical
+
+pytestmark = pytest.mark.integration
+
+
+def start_registry(data: Path, workdir: Path) -> tuple[ServiceProc, str]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    proc = ServiceProc("services.evidence_registry", workdir, env={
+        "FORNAX_REGISTRY_DB": str(data / "registry.db"),
+        "FORNAX_REGISTRY_BLOB_DIR": str(data / "blobs"),
+        "FORNAX_GRACE_PERIOD_S": "2",
+    })
+    try:
+        return proc, proc.wait_serving()
+    except BaseException:
+        proc.stop()
+        raise
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    root = tmp_path_factory.mktemp("registry")
+    proc, address = start_registry(root / "data", root / "run")
+    with RegistryClient(address) as client:
+        yield client, root / "data"
+    assert proc.stop() == 0
+
+
+def failure(call) -> RegistryCallFailed:
+    with pytest.raises(RegistryCallFailed) as err:
+        call()
+    return err.value
+
+
+def test_put_get_list_over_grpc(service):
+    client, _ = service
+    record = client.put_record(physical(), b"tokens_per_s=17.0")
+    assert record.blob.sha256_hex == sha256_hex(b"tokens_per_s=17.0")
+    assert record.content.provenance == PHYSICAL_PROVENANCE
+    assert record.created_unix_ns > 0
+    fetched, blob = client.get_record(record.record_id, include_blob=True)
+    assert (fetched, blob) == (record, b"tokens_per_s=17.0")
+    assert client.put_record(physical(), b"tokens_per_s=17.0") == record
+    listed = list(client.iter_records(evidence_class=EvidenceClass.PHYSICAL, page_size=1))
+    assert record in listed
+    assert all(r.content.evidence_class is EvidenceClass.PHYSICAL for r in listed)
+
+
+def test_put_is_idempotent_on_request_id(service):
+    client, _ = service
+    first = client.put_record(content(), b"req-a", request_id="integration-req-a")
+    assert client.put_record(content(), b"req-a", request_id="integration-req-a") == first
+    error = failure(lambda: client.put_record(content(), b"req-b", request_id="integration-req-a"))
+    assert (error.code, error.reason) == (grpc.StatusCode.ALREADY_EXISTS, "REQUEST_ID_REUSED")
+
+
+def test_physical_record_without_provenance_is_invalid_argument(service):
+    client, _ = service
+    provenance = dataclasses.replace(PHYSICAL_PROVENANCE, backend_build="")
+    error = failure(lambda: client.put_record(physical(provenance=provenance), b"x"))
+    assert error.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert (error.field, error.reason) == ("record.provenance.backend_build", "MISSING_PROVENANCE")
+
+
+@pytest.mark.parametrize("request_message,field,reason", [
+    (pb.PutRecordRequest(record=pb.Record(type=pb.RECORD_TYPE_MODEL), blob=b"x"),
+     "record.evidence_class", "UNSPECIFIED_ENUM"),
+    (pb.PutRecordRequest(record=pb.Record(type=99, evidence_class=1), blob=b"x"), "record.type", "UNKNOWN_ENUM"),
+    (pb.PutRecordRequest(record=pb.Record(type=1, evidence_class=1)), "blob", "EMPTY_BLOB"),
+    (pb.ResolveRecordsRequest(expectations=[pb.RecordExpectation(record_id="a")]),
+     "expectations[0].expected_type", "UNSPECIFIED_ENUM"),
+    (pb.ListRecordsRequest(page_token="not-a-token"), "page_token", "INVALID_PAGE_TOKEN"),
+    (pb.RevokeRecordRequest(record_id="a"), "reason", "MISSING_FIELD"),
+])
+def test_bad_input_is_invalid_argument_naming_the_field(service, request_message, field, reason):
+    client, _ = service
+    rpc = {pb.PutRecordRequest: "PutRecord", pb.ResolveRecordsRequest: "ResolveRecords",
+           pb.ListRecordsRequest: "ListRecords", pb.RevokeRecordRequest: "RevokeRecord"}[type(request_message)]
+    with grpc.insecure_channel(client.address) as channel:
+        stub = pb_grpc.EvidenceRegistryServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            getattr(stub, rpc)(request_message, timeout=10)
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert field in err.value.details()
+    wrapped = RegistryCallFailed(rpc, err.value)
+    assert (wrapped.field, wrapped.reason) == (field, reason)
+
+
+def test_every_resolution_failure_reason_over_grpc(service):
+    client, data = service
+    good = client.put_record(content(validity=ValidityWindow(T0, T0 + 1000)), b"good")
+    revoked = client.put_record(content(), b"revoked")
+    client.revoke_record(revoked.record_id, "superseded by a new run")
+    tampered = client.put_record(content(), b"honest bytes")
+    (data / "blobs" / tampered.blob.sha256_hex[:2] / tampered.blob.sha256_hex).write_bytes(b"forged bytes")
+    expectations = [
+        Expectation(good.record_id, RecordType.MEASUREMENT, good.blob.sha256_hex),
+        Expectation("no-such-record", RecordType.MEASUREMENT),
+        Expectation(revoked.record_id, RecordType.MEASUREMENT),
+        Expectation(good.record_id, RecordType.CAPABILITY),
+        Expectation(good.record_id, RecordType.MEASUREMENT, "0" * 64),
+        Expectation(tampered.record_id, RecordType.MEASUREMENT),
+    ]
+    outcome = client.resolve_records(expectations, at_unix_ns=T0 + 10)
+    assert [r.reason for r in outcome.resolutions] == [
+        None, ResolutionReason.NOT_FOUND, ResolutionReason.REVOKED, ResolutionReason.WRONG_TYPE,
+        ResolutionReason.HASH_MISMATCH, ResolutionReason.BLOB_MISMATCH]
+    late = client.resolve_records(expectations[:1], at_unix_ns=T0 + 1000).resolutions[0]
+    early = client.resolve_records(expectations[:1], at_unix_ns=T0 - 1).resolutions[0]
+    assert (late.reason, early.reason) == (ResolutionReason.EXPIRED, ResolutionReason.NOT_YET_VALID)
+    with pytest.raises(EvidenceUnresolved) as err:
+        require_resolved(outcome)
+    assert revoked.record_id in str(err.value) and "BLOB_MISMATCH" in str(err.value)
+
+
+def test_revoke_and_missing_record(service):
+    client, _ = service
+    record = client.put_record(content(type=RecordType.ROUTE), b"route a->b")
+    revoked = client.revoke_record(record.record_id, "link replaced")
+    assert revoked.status is RecordStatus.REVOKED
+    assert client.get_record(record.record_id)[0].revocation_reason == "link replaced"
+    error = failure(lambda: client.get_record("never-stored"))
+    assert (error.code, error.reason) == (grpc.StatusCode.NOT_FOUND, "RECORD_NOT_FOUND")
+
+
+def test_records_survive_a_restart_and_two_processes_share_one_database(tmp_path):
+    data = tmp_path / "data"
+    proc, address = start_registry(data, tmp_path / "first")
+    with RegistryClient(address) as client:
+        kept = client.put_record(physical(type=RecordType.CALIBRATION), b"calibration", request_id="restart-req")
+        gone = client.put_record(content(), b"to revoke")
+        client.revoke_record(gone.record_id, "bad run")
+    assert proc.stop() == 0
+
+    first, first_addr = start_registry(data, tmp_path / "second")
+    second, second_addr = start_registry(data, tmp_path / "third")
+    try:
+        with RegistryClient(first_addr) as a, RegistryClient(second_addr) as b:
+            assert a.get_record(kept.record_id)[0] == kept
+            assert a.put_record(physical(type=RecordType.CALIBRATION), b"calibration",
+                                request_id="restart-req") == kept
+            outcome = b.resolve_records([Expectation(kept.record_id, RecordType.CALIBRATION),
+                                         Expectation(gone.record_id, RecordType.MEASUREMENT)])
+            assert [r.reason for r in outcome.resolutions] == [None, ResolutionReason.REVOKED]
+
+            def put_many(args):
+                client, index = args
+                return [client.put_record(content(), f"{index}-{n}".encode()).record_id for n in range(10)]
+
+            with ThreadPoolExecutor(max_workers=6) as pool:
+                made = [rid for ids in pool.map(put_many, [(a if i % 2 else b, i) for i in range(6)]) for rid in ids]
+            assert len(set(made)) == 60
+            stored = {r.record_id for r in a.iter_records(page_size=25)}
+            assert set(made) <= stored and kept.record_id in stored
+            assert b.resolve_records([Expectation(rid, RecordType.MEASUREMENT) for rid in made]).all_ok
+    finally:
+        assert first.stop() == 0
+        assert second.stop() == 0
