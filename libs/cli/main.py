@@ -14,6 +14,8 @@ import sys
 COMMAND_MODULES: tuple[str, ...] = (
     "libs.cli.fleet",
     "libs.model.cli",
+    "services.artifact_builder.cli",
+    "services.evidence_registry.cli",
 )
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Generator, Iterator
@@ -105,12 +107,14 @@ def build_stage_artifacts(
     )
     built = []
     for stage in contents:
-        tmp = store / f".tmp-stage-{stage.stage.stage_index}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        weights = yield from _write_weights(inspection.snapshot, stage, tmp / WEIGHTS_FILE, options.chunk_bytes, counter)
-        manifest = _manifest(inspection, plan, stage, tmp, weights, options.boundary_dtype)
-        built.append(_commit(store, tmp, manifest, stage))
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-stage-{stage.stage.stage_index}-", dir=store))
+        try:
+            weights = yield from _write_weights(inspection.snapshot, stage, tmp / WEIGHTS_FILE, options.chunk_bytes, counter)
+            manifest = _manifest(inspection, plan, stage, tmp, weights, options.boundary_dtype)
+            built.append(_commit(store, tmp, manifest, stage))
+        finally:
+            # Also runs when the consumer abandons the build (generator closed mid-stage).
+            shutil.rmtree(tmp, ignore_errors=True)
     _link_stages(options.out_dir, built)
     yield BuildResult(plan_id=plan.plan_id, plan_hash=plan.plan_hash, stages=tuple(built))
 
@@ -248,6 +252,7 @@ def _commit(store: Path, tmp: Path, manifest: StageManifest, stage: StageContent
         shutil.rmtree(tmp)
     else:
         shutil.rmtree(final, ignore_errors=True)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; artifacts are read by other processes
         os.rename(tmp, final)
     return BuiltStage(
         stage_index=stage.stage.stage_index,
@@ -281,8 +286,6 @@ def _link_stages(out_dir: Path, built: list[BuiltStage]) -> None:
             link.unlink()
     for name, stage in wanted.items():
         link = out_dir / name
-        tmp_link = out_dir / f".{name}.tmp-{os.getpid()}"
-        if tmp_link.is_symlink():
-            tmp_link.unlink()
+        tmp_link = out_dir / f".{name}.tmp-{uuid.uuid4().hex}"
         os.symlink(Path(STORE_DIR) / stage.artifact_dir.name, tmp_link)
         os.replace(tmp_link, link)

@@ -9,12 +9,18 @@ from dataclasses import dataclass
 
 from libs.service.config import ServerConfig, parse, pick, server_config
 
+DEFAULT_BUILD_CHUNK_BYTES = 8 * 1024 * 1024
+
 
 @dataclass(frozen=True)
 class BuilderConfig:
     server: ServerConfig
+    # Default build output directory when a request names none.
     artifact_store: str = ".fornax/artifacts"
+    # Evidence registry address; when set, inspected snapshots are registered as model records.
     registry_addr: str | None = None
+    # Largest read while streaming tensor bytes; bounds the build's memory.
+    build_chunk_bytes: int = DEFAULT_BUILD_CHUNK_BYTES
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> BuilderConfig:
@@ -22,9 +28,14 @@ class BuilderConfig:
         parser = argparse.ArgumentParser(prog="fornax-artifact-builder", description="Fornax artifact builder")
         parser.add_argument("--artifact-store", help="artifact store directory (env FORNAX_ARTIFACT_STORE)")
         parser.add_argument("--registry-addr", help="evidence registry gRPC address (env FORNAX_REGISTRY_ADDR)")
+        parser.add_argument("--build-chunk-bytes", type=int, help="streaming copy chunk (env FORNAX_BUILD_CHUNK_BYTES)")
         args = parse(parser, argv)
+        chunk = pick(args.build_chunk_bytes, env, "FORNAX_BUILD_CHUNK_BYTES", DEFAULT_BUILD_CHUNK_BYTES, int)
+        if chunk <= 0:
+            raise SystemExit(f"build chunk bytes must be positive, got {chunk}")
         return cls(
             server=server_config(args, env, "artifact_builder"),
             artifact_store=pick(args.artifact_store, env, "FORNAX_ARTIFACT_STORE", cls.artifact_store),
             registry_addr=pick(args.registry_addr, env, "FORNAX_REGISTRY_ADDR", None),
+            build_chunk_bytes=chunk,
         )

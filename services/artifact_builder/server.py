@@ -1,28 +1,83 @@
-"""ArtifactBuilderService servicer: convert, call the core, convert back."""
+"""ArtifactBuilderService servicer: convert, call the core, convert back.
+
+Inspection, building and verification are blocking file I/O, so each runs on a worker thread;
+builds are serialised, since they are disk-bound and share the artifact store.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
+import structlog
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as pb
 from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as pb_grpc
 
-from libs.service.errors import Unimplemented
+from libs.artifacts.errors import ARTIFACT_ERRORS
+from libs.artifacts.verify import verify_artifact
+from libs.service.errors import InvalidArgument
 from libs.service.server import ServiceSpec
+from services.artifact_builder import convert
+from services.artifact_builder.build import BuildOptions, BuildResult, build_stage_artifacts
 from services.artifact_builder.config import BuilderConfig
+from services.artifact_builder.evidence import register_snapshot
+from services.artifact_builder.snapshot import Inspection, inspect_checkpoint
+
+log = structlog.get_logger()
 
 
 class ArtifactBuilderServicer(pb_grpc.ArtifactBuilderServiceServicer):
     def __init__(self, cfg: BuilderConfig):
         self._cfg = cfg
+        self._build_lock = asyncio.Lock()
+
+    async def _inspect(self, checkpoint_dir: str, source: str, revision: str) -> Inspection:
+        if not checkpoint_dir:
+            raise InvalidArgument("checkpoint_dir is required", field="checkpoint_dir")
+        return await asyncio.to_thread(inspect_checkpoint, checkpoint_dir, source, revision)
 
     async def InspectCheckpoint(self, request, context) -> pb.InspectCheckpointResponse:
-        raise Unimplemented("InspectCheckpoint is not available in this build")
+        inspection = await self._inspect(request.checkpoint_dir, request.source, request.revision)
+        record_id = ""
+        if self._cfg.registry_addr and inspection.valid:
+            record_id = await asyncio.to_thread(register_snapshot, self._cfg.registry_addr, inspection.snapshot)
+        log.info("checkpoint_inspected", snapshot_id=inspection.snapshot.snapshot_id,
+                 valid=inspection.valid, problems=len(inspection.problems), model_record_id=record_id)
+        return convert.inspection_to_pb(inspection, record_id)
 
     async def BuildStageArtifacts(self, request, context):
-        raise Unimplemented("BuildStageArtifacts is not available in this build")
-        yield  # a server-streaming handler is an async generator
+        plan = convert.plan_from_request(request)
+        options = BuildOptions(
+            out_dir=Path(request.out_dir or self._cfg.artifact_store),
+            boundary_dtype=convert.boundary_dtype_name(request.boundary_dtype),
+            chunk_bytes=self._cfg.build_chunk_bytes,
+        )
+        async with self._build_lock:
+            inspection = await self._inspect(request.checkpoint_dir, request.source, request.revision)
+            log.info("build_started", request_id=request.request_id, plan_id=plan.plan_id,
+                     snapshot_id=inspection.snapshot.snapshot_id, stages=len(plan.stages))
+            events = build_stage_artifacts(inspection, plan, options)
+            try:
+                while (event := await asyncio.to_thread(next, events, None)) is not None:
+                    if isinstance(event, BuildResult):
+                        log.info("build_finished", request_id=request.request_id, plan_id=event.plan_id,
+                                 manifest_hashes=[s.manifest_hash for s in event.stages])
+                    yield convert.event_to_pb(event)
+            finally:
+                # Abandoning the stream closes the build, which removes its partial output.
+                await asyncio.to_thread(events.close)
 
     async def VerifyArtifact(self, request, context) -> pb.VerifyArtifactResponse:
-        raise Unimplemented("VerifyArtifact is not available in this build")
+        if not request.artifact_dir:
+            raise InvalidArgument("artifact_dir is required", field="artifact_dir")
+        try:
+            verified = await asyncio.to_thread(
+                verify_artifact, request.artifact_dir, request.expected_manifest_hash, request.expected_plan_hash
+            )
+        except ARTIFACT_ERRORS as exc:
+            log.warning("artifact_refused", artifact_dir=request.artifact_dir, reason=exc.reason)
+            return convert.refused_to_pb(exc.reason, exc.message)
+        return convert.verified_to_pb(verified)
 
 
 async def make_spec(cfg: BuilderConfig) -> ServiceSpec:

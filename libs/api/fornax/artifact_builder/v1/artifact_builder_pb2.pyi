@@ -30,7 +30,7 @@ class TensorProblem(_message.Message):
     def __init__(self, name: _Optional[str] = ..., problem: _Optional[str] = ..., expected: _Optional[str] = ..., found: _Optional[str] = ...) -> None: ...
 
 class CheckpointSnapshot(_message.Message):
-    __slots__ = ("snapshot_id", "checkpoint_dir", "source", "revision", "config_sha256", "tokenizer_sha256", "chat_template_sha256", "weight_index_sha256", "shards", "num_layers", "tensor_count", "total_tensor_bytes", "tied_embeddings")
+    __slots__ = ("snapshot_id", "checkpoint_dir", "source", "revision", "config_sha256", "tokenizer_sha256", "chat_template_sha256", "weight_index_sha256", "shards", "num_layers", "tensor_count", "total_tensor_bytes", "tied_embeddings", "weight_dtype")
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class CheckpointSnapshot(_message.Message):
     TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TENSOR_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIED_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_DTYPE_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     checkpoint_dir: str
     source: str
@@ -57,7 +58,8 @@ class CheckpointSnapshot(_message.Message):
     tensor_count: int
     total_tensor_bytes: int
     tied_embeddings: bool
-    def __init__(self, snapshot_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[str] = ..., config_sha256: _Optional[str] = ..., tokenizer_sha256: _Optional[str] = ..., chat_template_sha256: _Optional[str] = ..., weight_index_sha256: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[FileDigest, _Mapping]]] = ..., num_layers: _Optional[int] = ..., tensor_count: _Optional[int] = ..., total_tensor_bytes: _Optional[int] = ..., tied_embeddings: _Optional[bool] = ...) -> None: ...
+    weight_dtype: str
+    def __init__(self, snapshot_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[str] = ..., config_sha256: _Optional[str] = ..., tokenizer_sha256: _Optional[str] = ..., chat_template_sha256: _Optional[str] = ..., weight_index_sha256: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[FileDigest, _Mapping]]] = ..., num_layers: _Optional[int] = ..., tensor_count: _Optional[int] = ..., total_tensor_bytes: _Optional[int] = ..., tied_embeddings: _Optional[bool] = ..., weight_dtype: _Optional[str] = ...) -> None: ...
 
 class InspectCheckpointRequest(_message.Message):
     __slots__ = ("checkpoint_dir", "source", "revision")
@@ -82,20 +84,24 @@ class InspectCheckpointResponse(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[CheckpointSnapshot, _Mapping]] = ..., valid: _Optional[bool] = ..., problems: _Optional[_Iterable[_Union[TensorProblem, _Mapping]]] = ..., model_record_id: _Optional[str] = ...) -> None: ...
 
 class BuildStageArtifactsRequest(_message.Message):
-    __slots__ = ("request_id", "checkpoint_dir", "out_dir", "plan_json", "layer_ranges", "boundary_dtype")
+    __slots__ = ("request_id", "checkpoint_dir", "out_dir", "plan_json", "layer_ranges", "boundary_dtype", "source", "revision")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     OUT_DIR_FIELD_NUMBER: _ClassVar[int]
     PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
     LAYER_RANGES_FIELD_NUMBER: _ClassVar[int]
     BOUNDARY_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     checkpoint_dir: str
     out_dir: str
     plan_json: str
     layer_ranges: _containers.RepeatedCompositeFieldContainer[_common_pb2.LayerRange]
     boundary_dtype: _common_pb2.ElementType
-    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., out_dir: _Optional[str] = ..., plan_json: _Optional[str] = ..., layer_ranges: _Optional[_Iterable[_Union[_common_pb2.LayerRange, _Mapping]]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ...) -> None: ...
+    source: str
+    revision: str
+    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., out_dir: _Optional[str] = ..., plan_json: _Optional[str] = ..., layer_ranges: _Optional[_Iterable[_Union[_common_pb2.LayerRange, _Mapping]]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., source: _Optional[str] = ..., revision: _Optional[str] = ...) -> None: ...
 
 class StageArtifact(_message.Message):
     __slots__ = ("stage_index", "artifact_dir", "manifest_hash", "layer_range", "weight_bytes")
