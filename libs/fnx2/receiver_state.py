@@ -1,0 +1,380 @@
+"""Receiver-side FNX2 rules as a pure core: credits, leases, KV epochs, replay, tombstones.
+
+No sockets and no clock reads: callers pass `now_ns` from their own monotonic clock.
+One `ReceiverState` belongs to one stage and is shared by all of its inbound channels.
+Admission checks and reservations happen in one synchronous call, so they are atomic
+with respect to the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from libs.fnx2.control import AckCancel, AckRelease, ChannelBinding, Credit
+from libs.fnx2.errors import ErrorCode, Fnx2Error
+from libs.fnx2.leases import derive_execution_lease_id, local_deadline
+from libs.fnx2.messages import Batch, Phase, SequenceResult, SequenceSlice, SequenceStatus, Timings
+from libs.fnx2.tensor import crc32c
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiverLimits:
+    """The stage's credit vector limits and bookkeeping bounds."""
+
+    frames: int = 1
+    payload_bytes: int = 256 * 1024 * 1024
+    rows: int = 65536
+    sequences: int = 1024
+    live_requests: int = 1024
+    kv_bytes: int = 1 << 40
+    replay_bytes: int = 1 << 30
+    kv_bytes_per_row: int = 0
+    replay_bytes_per_row: int = 0
+    tombstone_capacity: int = 65536
+
+
+class Tombstone(StrEnum):
+    RELEASED = "released"
+    EXPIRED = "expired"
+
+
+_TOMBSTONE_CODES = {Tombstone.RELEASED: ErrorCode.RELEASED, Tombstone.EXPIRED: ErrorCode.DEADLINE}
+
+
+@dataclass(slots=True)
+class _ReplayEntry:
+    key: tuple
+    digest: int
+    result: SequenceResult
+    rows: np.ndarray | None
+    kind: tuple | None
+
+
+@dataclass(slots=True)
+class _Lease:
+    request_id: str
+    lease_id: str
+    deadline_ns: int
+    epoch: int = 0
+    next_sequence_no: int = 0
+    next_position: int = 0
+    decoded: bool = False
+    cancelled: bool = False
+    inflight: bool = False
+    kv_bytes: int = 0
+    replay: _ReplayEntry | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    slice: SequenceSlice
+    status: SequenceStatus
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayHit:
+    slice: SequenceSlice
+    result: SequenceResult
+    rows: np.ndarray | None
+    kind: tuple | None
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What to do with each sequence of one batch; `execute` goes to the backend."""
+
+    batch: Batch
+    execute: tuple[SequenceSlice, ...]
+    digests: dict[tuple[str, str], int]
+    replayed: tuple[ReplayHit, ...]
+    rejected: tuple[Rejection, ...]
+    kv_reserved: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The backend's verdict for one executed sequence."""
+
+    ok: bool
+    rows: np.ndarray | None = None
+    code: str | None = None
+    message: str | None = None
+    kind: tuple | None = None  # (TensorKind, DType) of the rows
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One sequence's result, with its output rows and their (kind, dtype) when ok."""
+
+    result: SequenceResult
+    rows: np.ndarray | None
+    kind: tuple | None
+
+
+def slice_digest(batch: Batch, item: SequenceSlice) -> int:
+    """Input identity of one sequence: CRC32C of its descriptor and rows (hardware speed)."""
+    d = batch.tensor.descriptor
+    head = f"{d.kind.value}:{d.dtype.value}:{d.width}:{item.input_row_count}".encode()
+    rows = batch.tensor.rows(item.input_row_start, item.input_row_count)
+    return crc32c(head) ^ (crc32c(np.ascontiguousarray(rows).reshape(-1).view(np.uint8)) << 32)
+
+
+@dataclass
+class ReceiverState:
+    binding: ChannelBinding
+    limits: ReceiverLimits = field(default_factory=ReceiverLimits)
+    _leases: dict[str, _Lease] = field(default_factory=dict)
+    _tombstones: dict[str, Tombstone] = field(default_factory=dict)
+    _busy_frames: int = 0
+    _busy_payload: int = 0
+    _busy_rows: int = 0
+    _busy_sequences: int = 0
+    _kv_used: int = 0
+    _replay_used: int = 0
+
+    # -- credits -------------------------------------------------------------------------
+    def credit(self) -> Credit:
+        lim = self.limits
+        return Credit(
+            frames=max(0, lim.frames - self._busy_frames),
+            payload_bytes=max(0, lim.payload_bytes - self._busy_payload),
+            rows=max(0, lim.rows - self._busy_rows),
+            sequences=max(0, lim.sequences - self._busy_sequences),
+            live_requests=max(0, lim.live_requests - len(self._leases)),
+            kv_bytes=max(0, lim.kv_bytes - self._kv_used),
+            replay_bytes=max(0, lim.replay_bytes - self._replay_used),
+        )
+
+    @property
+    def live_requests(self) -> int:
+        return len(self._leases)
+
+    @property
+    def tombstones(self) -> int:
+        return len(self._tombstones)
+
+    def epoch_of(self, request_id: str) -> int | None:
+        lease = self._leases.get(request_id)
+        return None if lease is None else lease.epoch
+
+    # -- admission -----------------------------------------------------------------------
+    def admit(self, batch: Batch, now_ns: int) -> Admission:
+        """Step 6: credit, then per sequence lease, replay, deadline, epoch; reserve atomically."""
+        credit = self.credit()
+        need = (1, batch.tensor.descriptor.payload_bytes, batch.batch.input_row_count,
+                len(batch.batch.sequences))
+        have = (credit.frames, credit.payload_bytes, credit.rows, credit.sequences)
+        if any(n > h for n, h in zip(need, have)):
+            raise Fnx2Error(ErrorCode.CREDIT, f"batch needs {need}, receiver has {have}")
+        execute: list[SequenceSlice] = []
+        replayed: list[ReplayHit] = []
+        rejected: list[Rejection] = []
+        digests: dict[tuple[str, str], int] = {}
+        kv_reserved = 0
+        for item in batch.batch.sequences:
+            digest = slice_digest(batch, item)
+            verdict = self._decide(batch, item, digest, now_ns, kv_reserved)
+            if isinstance(verdict, Rejection):
+                rejected.append(verdict)
+            elif isinstance(verdict, ReplayHit):
+                replayed.append(verdict)
+            else:
+                kv_reserved += verdict
+                digests[item.identity] = digest
+                execute.append(item)
+        for item in execute:
+            self._leases[item.request_id].inflight = True
+        self._kv_used += kv_reserved
+        self._reserve(1, need[1], need[2], need[3])
+        return Admission(batch, tuple(execute), digests, tuple(replayed), tuple(rejected),
+                         kv_reserved)
+
+    def _reserve(self, frames: int, payload: int, rows: int, sequences: int) -> None:
+        self._busy_frames += frames
+        self._busy_payload += payload
+        self._busy_rows += rows
+        self._busy_sequences += sequences
+
+    def _decide(self, batch: Batch, item: SequenceSlice, digest: int, now_ns: int,
+                kv_reserved: int) -> Rejection | ReplayHit | int:
+        reject = lambda code, why, status=SequenceStatus.REJECTED: Rejection(  # noqa: E731
+            item, status, code, why)
+        tomb = self._tombstones.get(item.execution_lease_id)
+        if tomb is not None:
+            status = SequenceStatus.DEADLINE if tomb is Tombstone.EXPIRED else SequenceStatus.REJECTED
+            return reject(_TOMBSTONE_CODES[tomb], f"lease is tombstoned ({tomb.value})", status)
+        expected = derive_execution_lease_id(self.binding.plan_generation_id, batch.plan_id,
+                                             batch.plan_hash, item.request_id)
+        if item.execution_lease_id != expected:
+            return reject(ErrorCode.UNKNOWN_LEASE, "lease is not of this plan generation")
+        lease = self._leases.get(item.request_id)
+        if lease is not None and lease.inflight:
+            return reject(ErrorCode.REQUEST_INFLIGHT, "request is already executing")
+        if lease is not None and lease.replay is not None and lease.replay.key == _replay_key(batch, item):
+            if lease.replay.digest != digest:
+                return reject(ErrorCode.SEQUENCE_CONFLICT, "same identity, different input")
+            return ReplayHit(item, lease.replay.result, lease.replay.rows, lease.replay.kind)
+        deadline = local_deadline(now_ns, item.deadline_budget_ns,
+                                  None if lease is None else lease.deadline_ns)
+        if item.deadline_budget_ns == 0 or now_ns >= deadline:
+            return self._expire_on_arrival(item, lease, reject)
+        if lease is not None:
+            lease.deadline_ns = deadline
+            return self._continue_lease(batch, item, lease, kv_reserved, reject)
+        return self._open_lease(batch, item, deadline, kv_reserved, reject)
+
+    def _expire_on_arrival(self, item: SequenceSlice, lease: _Lease | None, reject) -> Rejection:
+        if lease is not None:
+            self._retire(lease, Tombstone.EXPIRED)
+        elif len(self._tombstones) < self.limits.tombstone_capacity:
+            self._tombstones[item.execution_lease_id] = Tombstone.EXPIRED
+        else:
+            return reject(ErrorCode.TOMBSTONE_CAPACITY, "tombstone table is full")
+        return reject(ErrorCode.DEADLINE, "deadline budget exhausted", SequenceStatus.DEADLINE)
+
+    def _continue_lease(self, batch: Batch, item: SequenceSlice, lease: _Lease,
+                        kv_reserved: int, reject) -> Rejection | int:
+        if lease.lease_id != item.execution_lease_id:
+            return reject(ErrorCode.LEASE_CONFLICT, "request holds a different lease")
+        if lease.cancelled:
+            return reject(ErrorCode.CANCELLED, "request was cancelled", SequenceStatus.CANCELLED)
+        if item.request_sequence_no != lease.next_sequence_no:
+            return reject(ErrorCode.SEQUENCE, f"expected request_sequence_no {lease.next_sequence_no}")
+        if item.kv_epoch != lease.epoch:
+            return reject(ErrorCode.STALE_KV, f"stage KV epoch is {lease.epoch}")
+        if batch.batch.phase is Phase.PREFILL and lease.decoded:
+            return reject(ErrorCode.PHASE, "prefill after decode")
+        if item.token_position_start != lease.next_position:
+            return reject(ErrorCode.POSITION, f"expected token position {lease.next_position}")
+        kv = item.input_row_count * self.limits.kv_bytes_per_row
+        if kv > self.credit().kv_bytes - kv_reserved:
+            return reject(ErrorCode.ADMISSION, "no KV credit")
+        return kv
+
+    def _open_lease(self, batch: Batch, item: SequenceSlice, deadline: int, kv_reserved: int,
+                    reject) -> Rejection | int:
+        if item.request_sequence_no != 0:
+            return reject(ErrorCode.UNKNOWN_LEASE, "no live lease for a continuing request")
+        if batch.batch.phase is not Phase.PREFILL:
+            return reject(ErrorCode.PHASE, "a lease starts with prefill")
+        if item.token_position_start != 0:
+            return reject(ErrorCode.POSITION, "a lease starts at token position 0")
+        if item.kv_epoch != 0:
+            return reject(ErrorCode.STALE_KV, "a lease starts at KV epoch 0")
+        if len(self._leases) + len(self._tombstones) >= self.limits.tombstone_capacity:
+            return reject(ErrorCode.TOMBSTONE_CAPACITY, "tombstone table is full")
+        credit = self.credit()
+        kv = item.input_row_count * self.limits.kv_bytes_per_row
+        replay = item.input_row_count * self.limits.replay_bytes_per_row
+        if credit.live_requests < 1 or kv > credit.kv_bytes - kv_reserved or replay > credit.replay_bytes:
+            return reject(ErrorCode.ADMISSION, "no live-request, KV or replay credit")
+        self._leases[item.request_id] = _Lease(item.request_id, item.execution_lease_id, deadline)
+        return kv
+
+    # -- completion ----------------------------------------------------------------------
+    def complete(self, admission: Admission, outcomes: dict[tuple[str, str], Outcome],
+                 timings: Timings) -> list[Entry]:
+        """Apply the backend's outcomes; returns (result, output rows) in identity order."""
+        d = admission.batch.tensor.descriptor
+        self._reserve(-1, -d.payload_bytes, -admission.batch.batch.input_row_count,
+                      -len(admission.batch.batch.sequences))
+        self._kv_used -= admission.kv_reserved
+        entries: list[Entry] = []
+        for item in admission.execute:
+            outcome = outcomes.get(item.identity, Outcome(False, None, "FAILED", "no outcome"))
+            entries.append(self._apply(admission, item, outcome, timings))
+        for hit in admission.replayed:
+            entries.append(Entry(hit.result, hit.rows, hit.kind))
+        for r in admission.rejected:
+            entries.append(Entry(_failed(r.slice, r.status, r.code.value, r.message, timings),
+                                 None, None))
+        entries.sort(key=lambda entry: entry.result.identity)
+        return entries
+
+    def _apply(self, admission: Admission, item: SequenceSlice, outcome: Outcome,
+               timings: Timings) -> Entry:
+        lease = self._leases.get(item.request_id)
+        if lease is None:  # expired or released while executing; nothing to update
+            return Entry(_failed(item, SequenceStatus.FAILED, "RELEASED", "lease ended", timings),
+                         None, None)
+        lease.inflight = False
+        if not outcome.ok or outcome.rows is None:
+            return Entry(_failed(item, SequenceStatus.FAILED, outcome.code or "FAILED",
+                                 outcome.message or "backend failure", timings), None, None)
+        kv = item.input_row_count * self.limits.kv_bytes_per_row
+        lease.kv_bytes += kv
+        self._kv_used += kv
+        lease.epoch += 1
+        lease.next_sequence_no += 1
+        lease.next_position += item.input_row_count
+        lease.decoded = lease.decoded or admission.batch.batch.phase is Phase.DECODE
+        result = SequenceResult(
+            item.request_id, item.execution_lease_id, item.request_sequence_no, SequenceStatus.OK,
+            item.input_row_start, item.input_row_count, 0, item.input_row_count,
+            item.kv_epoch, item.kv_epoch + 1, None, None, timings)
+        rows = np.array(outcome.rows)  # kept for exact replay; the frame buffer is reused
+        if lease.replay is not None and lease.replay.rows is not None:
+            self._replay_used -= lease.replay.rows.nbytes
+        self._replay_used += rows.nbytes
+        lease.replay = _ReplayEntry(_replay_key(admission.batch, item),
+                                    admission.digests[item.identity], result, rows, outcome.kind)
+        return Entry(result, rows, outcome.kind)
+
+    # -- cancel, release, expiry ---------------------------------------------------------
+    def cancel(self, request_id: str, lease_id: str) -> AckCancel:
+        lease = self._leases.get(request_id)
+        if lease is None or lease.lease_id != lease_id:
+            return AckCancel(request_id, lease_id, False, False, False)
+        lease.cancelled = True
+        return AckCancel(request_id, lease_id, True, lease.inflight, False)
+
+    def release(self, request_id: str, lease_id: str, expected_final_epoch: int | None) -> AckRelease:
+        if lease_id in self._tombstones:
+            return AckRelease(request_id, lease_id, False, None, 0, True)
+        lease = self._leases.get(request_id)
+        if lease is None or lease.lease_id != lease_id:
+            if len(self._leases) + len(self._tombstones) >= self.limits.tombstone_capacity:
+                raise Fnx2Error(ErrorCode.TOMBSTONE_CAPACITY, "tombstone table is full")
+            self._tombstones[lease_id] = Tombstone.RELEASED
+            return AckRelease(request_id, lease_id, False, None, 0, True)
+        if lease.inflight:
+            raise Fnx2Error(ErrorCode.REQUEST_INFLIGHT, "request is executing")
+        if expected_final_epoch is not None and expected_final_epoch != lease.epoch:
+            raise Fnx2Error(ErrorCode.STALE_KV, f"stage KV epoch is {lease.epoch}")
+        released_results = 1 if lease.replay is not None else 0
+        self._retire(lease, Tombstone.RELEASED)
+        return AckRelease(request_id, lease_id, True, lease.epoch, released_results, True)
+
+    def sweep(self, now_ns: int) -> list[tuple[str, str]]:
+        """Expire idle leases past their local deadline; returns (request, lease) ids freed."""
+        expired = [lease for lease in self._leases.values()
+                   if not lease.inflight and now_ns >= lease.deadline_ns]
+        for lease in expired:
+            self._retire(lease, Tombstone.EXPIRED)
+        return [(lease.request_id, lease.lease_id) for lease in expired]
+
+    def _retire(self, lease: _Lease, reason: Tombstone) -> None:
+        """Free KV and replay state; room for the tombstone was reserved at admission."""
+        self._leases.pop(lease.request_id, None)
+        self._kv_used -= lease.kv_bytes
+        if lease.replay is not None and lease.replay.rows is not None:
+            self._replay_used -= lease.replay.rows.nbytes
+        lease.replay = None
+        self._tombstones[lease.lease_id] = reason
+
+
+def _replay_key(batch: Batch, item: SequenceSlice) -> tuple:
+    return (batch.plan_hash, batch.manifest_hash, item.request_id, item.execution_lease_id,
+            item.request_sequence_no, batch.batch.phase, item.token_position_start, item.kv_epoch)
+
+
+def _failed(item: SequenceSlice, status: SequenceStatus, code: str, message: str,
+            timings: Timings) -> SequenceResult:
+    return SequenceResult(item.request_id, item.execution_lease_id, item.request_sequence_no,
+                          status, item.input_row_start, item.input_row_count, None, 0,
+                          item.kv_epoch, item.kv_epoch, code, message, timings)

@@ -1,0 +1,250 @@
+"""The sending end of an FNX2 channel (`Fnx2Client`), used by the orchestrator and stages.
+
+The client answers the receiver's hello, offers the extensions it knows (a plain 2.0
+receiver answers with a recoverable ERROR and the channel stays plain), then sends
+BATCH frames within the last advertised credit, keeping each source batch until its
+RESULT arrives or its request is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl as ssl_module
+import uuid
+from dataclasses import dataclass, replace
+
+from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits
+from libs.fnx2.control import (
+    EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, KNOWN_EXTENSIONS, Ack, AckCancel, AckHello, AckRelease,
+    Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release,
+)
+from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error, RemoteError
+from libs.fnx2.messages import Batch, Result
+from libs.fnx2.stream import FrameStream
+
+
+@dataclass(frozen=True)
+class SenderConfig:
+    binding: ChannelBinding
+    codec: CodecLimits = DEFAULT_LIMITS
+    offer_extensions: frozenset[str] = KNOWN_EXTENSIONS
+
+
+@dataclass
+class _Pending:
+    batch: Batch
+    future: asyncio.Future
+    need: tuple[int, int, int, int]
+
+
+class Fnx2Client:
+    def __init__(self, stream: FrameStream, config: SenderConfig) -> None:
+        self._stream, self.config = stream, config
+        self.extensions: frozenset[str] = frozenset()
+        self.credit: Credit | None = None
+        self._pending: collections.OrderedDict[str, _Pending] = collections.OrderedDict()
+        self._controls: dict[str, asyncio.Future] = {}
+        self._credit_changed = asyncio.Condition()
+        self._sent = (0, 0, 0, 0)
+        self._pump: asyncio.Task | None = None
+        self._failure: Fnx2Error | None = None
+
+    # -- opening ------------------------------------------------------------------------
+    @classmethod
+    async def connect(cls, host: str, port: int, config: SenderConfig,
+                      ssl: ssl_module.SSLContext | None = None,
+                      server_hostname: str | None = None) -> "Fnx2Client":
+        reader, writer = await asyncio.open_connection(host, port, ssl=ssl, limit=1 << 20,
+                                                       server_hostname=server_hostname)
+        return await cls.open(reader, writer, config)
+
+    @classmethod
+    async def open(cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                   config: SenderConfig) -> "Fnx2Client":
+        stream = FrameStream(reader, writer, config.codec,
+                             allow_extensions=bool(config.offer_extensions))
+        client = cls(stream, config)
+        try:
+            await client._handshake()
+        except BaseException:
+            await stream.close()
+            raise
+        return client
+
+    async def _handshake(self) -> None:
+        hello = await self._expect(Control)
+        if hello.control != "hello" or (2, 0) not in hello.supported_versions:
+            raise Fnx2Error(ErrorCode.ABI_VERSION, "receiver did not offer FNX2 2.0")
+        if hello.binding != self.config.binding:
+            raise Fnx2Error(ErrorCode.STALE_PLAN, "receiver is bound to another plan or stage")
+        await self._stream.send(Ack("hello", hello.control_id, AckHello(hello.binding)))
+        self.credit = await self._expect(Credit)
+        if self.config.offer_extensions:
+            offer_id = str(uuid.uuid4())
+            await self._stream.send(Control("extensions", offer_id, self.config.binding,
+                                            extensions=tuple(sorted(self.config.offer_extensions))))
+            answer = await self._expect((Ack, ErrorMessage))
+            if isinstance(answer, Ack) and answer.control_id == offer_id:
+                self.extensions = frozenset(answer.fields.extensions or ()) & self.config.offer_extensions
+                self.credit = await self._expect(Credit)
+        self._pump = asyncio.create_task(self._read_loop())
+
+    async def _expect(self, kinds):
+        got = await self._stream.read()
+        message = got.frame.message if got.frame else None
+        if isinstance(message, ErrorMessage) and not (isinstance(kinds, tuple) and ErrorMessage in kinds):
+            raise RemoteError(_code(message.code), message.message)
+        if got.error is not None or not isinstance(message, kinds):
+            raise Fnx2Error(ErrorCode.METADATA, "unexpected frame during the handshake")
+        return message
+
+    # -- data ---------------------------------------------------------------------------
+    async def submit(self, batch: Batch) -> Result:
+        """Send one BATCH and wait for its RESULT (validated against the batch)."""
+        if EXT_TRACEPARENT not in self.extensions and batch.traceparent is not None:
+            batch = replace(batch, traceparent=None)
+        need = (1, batch.tensor.descriptor.payload_bytes, batch.batch.input_row_count,
+                len(batch.batch.sequences))
+        future = asyncio.get_running_loop().create_future()
+        async with self._credit_changed:
+            await self._credit_changed.wait_for(lambda: self._fits(need))
+            self._raise_if_failed()
+            if batch.batch.batch_id in self._pending:
+                raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "batch_id is already in flight")
+            self._pending[batch.batch.batch_id] = _Pending(batch, future, need)
+            self._sent = tuple(a + b for a, b in zip(self._sent, need))
+            self._stream.write(batch)
+        await self._stream.drain()
+        return await future
+
+    def _fits(self, need: tuple[int, int, int, int]) -> bool:
+        if self._failure is not None or self.credit is None:
+            return True
+        c = self.credit
+        limit = (c.frames, c.payload_bytes, c.rows, c.sequences)
+        if EXT_MULTI_INFLIGHT not in self.extensions and self._pending:
+            return False
+        return all(s + n <= lim for s, n, lim in zip(self._sent, need, limit))
+
+    def unacknowledged(self) -> tuple[Batch, ...]:
+        """Source batches still held: sent, with no RESULT yet."""
+        return tuple(p.batch for p in self._pending.values())
+
+    # -- control ------------------------------------------------------------------------
+    async def cancel(self, request_id: str, execution_lease_id: str) -> AckCancel:
+        control_id = str(uuid.uuid4())
+        ack = await self._control(control_id, Cancel(control_id, self.config.binding, request_id,
+                                                     execution_lease_id))
+        return ack.fields
+
+    async def release(self, request_id: str, execution_lease_id: str,
+                      expected_final_epoch: int | None = None) -> AckRelease:
+        control_id = str(uuid.uuid4())
+        ack = await self._control(control_id, Release(control_id, self.config.binding, request_id,
+                                                      execution_lease_id, expected_final_epoch))
+        return ack.fields
+
+    async def credit_refresh(self) -> None:
+        control_id = str(uuid.uuid4())
+        await self._control(control_id, Control("credit_refresh", control_id, self.config.binding))
+
+    async def shutdown(self) -> None:
+        control_id = str(uuid.uuid4())
+        await self._control(control_id, Control("shutdown", control_id, self.config.binding))
+        await self.close()
+
+    async def _control(self, control_id: str, message) -> Ack:
+        self._raise_if_failed()
+        future = asyncio.get_running_loop().create_future()
+        self._controls[control_id] = future
+        await self._stream.send(message)
+        return await future
+
+    # -- inbound ------------------------------------------------------------------------
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                got = await self._stream.read()
+                if got.error is not None:
+                    self._fail_oldest(got.error)
+                    continue
+                await self._on_message(got.frame.message)
+        except Fnx2Error as exc:
+            await self._fail_all(exc)
+        except Exception as exc:  # never leave callers waiting on a dead channel
+            await self._fail_all(ChannelClosedError(f"reader failed: {exc!r}"))
+
+    async def _on_message(self, message) -> None:
+        if isinstance(message, Result):
+            self._on_result(message)
+        elif isinstance(message, Credit):
+            async with self._credit_changed:
+                self.credit = message
+                outstanding = [p.need for p in self._pending.values()]
+                self._sent = tuple(sum(col) for col in zip(*outstanding)) if outstanding else (0, 0, 0, 0)
+                self._credit_changed.notify_all()
+        elif isinstance(message, Ack):
+            future = self._controls.pop(message.control_id, None)
+            if future is not None and not future.done():
+                future.set_result(message)
+        elif isinstance(message, ErrorMessage):
+            self._on_error(message)
+
+    def _on_result(self, result: Result) -> None:
+        pending = self._pending.pop(result.batch_id, None)
+        if pending is None or pending.future.done():
+            return
+        try:
+            result.check_against(pending.batch)
+        except Fnx2Error as exc:
+            pending.future.set_exception(exc)
+            return
+        pending.future.set_result(result)
+
+    def _on_error(self, message: ErrorMessage) -> None:
+        error = RemoteError(_code(message.code), message.message)
+        target = self._controls.pop(message.control_id, None) if message.control_id else None
+        if target is None and message.control_id in self._pending:
+            target = self._pending.pop(message.control_id).future
+        if target is None:
+            self._fail_oldest(error)
+        elif not target.done():
+            target.set_exception(error)
+
+    def _fail_oldest(self, error: Fnx2Error) -> None:
+        if self._pending:
+            _, pending = self._pending.popitem(last=False)
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    async def _fail_all(self, error: Fnx2Error) -> None:
+        self._failure = error
+        futures = [p.future for p in self._pending.values()] + list(self._controls.values())
+        self._pending.clear()
+        self._controls.clear()
+        for future in futures:
+            if not future.done():
+                future.set_exception(error)
+        async with self._credit_changed:
+            self._credit_changed.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._stream.closed:
+            raise ChannelClosedError("channel is closed")
+
+    async def close(self) -> None:
+        await self._stream.close()
+        if self._pump is not None:
+            self._pump.cancel()
+            try:
+                await self._pump
+            except (asyncio.CancelledError, Exception):
+                pass
+        await self._fail_all(ChannelClosedError("channel closed"))
+
+
+def _code(code: str) -> ErrorCode:
+    return ErrorCode(code) if code in ErrorCode._value2member_map_ else ErrorCode.METADATA
