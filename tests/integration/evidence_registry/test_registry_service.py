@@ -185,3 +185,34 @@ def test_records_survive_a_restart_and_two_processes_share_one_database(tmp_path
     finally:
         assert first.stop() == 0
         assert second.stop() == 0
+
+
+def test_cli_round_trip(service, tmp_path, capsys):
+    import json
+
+    from libs.cli.main import main
+
+    client, _ = service
+    blob = tmp_path / "figure.json"
+    blob.write_bytes(b'{"tokens_per_s": 12.5}')
+    common = ["--registry", client.address, "--json"]
+    assert main(["evidence", "put", *common, "--type", "route", "--class", "reference", "--blob", str(blob),
+                 "--record-id", "cli-route-a-b"]) == 0
+    put_out = json.loads(capsys.readouterr().out)
+    assert put_out[0]["record_id"] == "cli-route-a-b"
+    assert put_out[0]["blob_sha256"] == "sha256:" + sha256_hex(blob.read_bytes())
+    assert main(["evidence", "resolve", *common, "--type", "route", "cli-route-a-b"]) == 0
+    assert json.loads(capsys.readouterr().out)["all_ok"] is True
+    assert main(["evidence", "revoke", *common, "cli-route-a-b", "--reason", "rerouted"]) == 0
+    capsys.readouterr()
+    assert main(["evidence", "resolve", *common, "--type", "route", "cli-route-a-b"]) == 1
+    assert json.loads(capsys.readouterr().out)["resolutions"][0]["reason"] == "REVOKED"
+    assert main(["evidence", "list", *common, "--type", "route", "--status", "revoked"]) == 0
+    assert "cli-route-a-b" in {r["record_id"] for r in json.loads(capsys.readouterr().out)}
+    # A physical record without provenance is refused with the field named.
+    assert main(["evidence", "put", *common, "--type", "measurement", "--class", "physical",
+                 "--blob", str(blob)]) == 2
+    assert "record.provenance.hardware" in capsys.readouterr().err
+    out_file = tmp_path / "copy.json"
+    assert main(["evidence", "get", "--registry", client.address, "cli-route-a-b", "--blob-out", str(out_file)]) == 0
+    assert out_file.read_bytes() == blob.read_bytes()
