@@ -22,7 +22,9 @@ class IncrementalDetokenizer:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, token_id: int) -> str:
-        if token_id in self._skip_ids:
+        # Ids the tokenizer does not know (a model vocabulary padded past the tokenizer's)
+        # decode to nothing, as in the full decode.
+        if token_id in self._skip_ids or not 0 <= token_id < len(self._token_bytes):
             return ""
         return self._decoder.decode(self._token_bytes[token_id])
 

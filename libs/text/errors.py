@@ -19,7 +19,3 @@ class UnsupportedTokenizer(FailedPrecondition):
 
 class TemplateError(InvalidArgument):
     default_reason = "TEMPLATE"
-
-
-class TokenIdOutOfRange(InvalidArgument):
-    default_reason = "TOKEN_ID_RANGE"

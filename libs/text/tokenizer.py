@@ -11,7 +11,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 from tokenizers.pre_tokenizers import ByteLevel
 
-from libs.text.errors import TokenIdOutOfRange, TokenizerHashMismatch, UnsupportedTokenizer
+from libs.text.errors import TokenizerHashMismatch, UnsupportedTokenizer
 
 
 def sha256_hex(data: bytes) -> str:
@@ -89,14 +89,8 @@ class ProjectTokenizer:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        self.check_ids(token_ids)
+        """Full decode; ids outside the vocabulary contribute nothing."""
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
-
-    def check_ids(self, token_ids: list[int]) -> None:
-        for token_id in token_ids:
-            if not 0 <= token_id < self.vocab_size:
-                raise TokenIdOutOfRange(
-                    f"token id {token_id} outside the vocabulary [0, {self.vocab_size})")
 
     @cached_property
     def token_bytes(self) -> tuple[bytes, ...]:

@@ -79,6 +79,9 @@ class Admission:
         for index, held in enumerate(reservation.stage_kv_bytes):
             self._reserved[index] -= held
 
+    def holds(self, request_id: str) -> bool:
+        return request_id in self._live
+
     def snapshot(self) -> AdmissionSnapshot:
         return AdmissionSnapshot(live_requests=len(self._live),
                                  stage_kv_reserved_bytes=tuple(self._reserved))

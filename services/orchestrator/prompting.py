@@ -18,10 +18,11 @@ def chat_prompt_ids(body: ChatCompletionBody, text: TextContext) -> tuple[int, .
     return tuple(text.encode_chat(list(body.messages)))
 
 
-def completion_prompt_ids(body: CompletionBody, text: TextContext) -> tuple[int, ...]:
+def completion_prompt_ids(body: CompletionBody, text: TextContext,
+                          served: ServedModel) -> tuple[int, ...]:
     if isinstance(body.prompt, str):
         return tuple(text.tokenizer.encode(body.prompt))
-    vocab = text.tokenizer.vocab_size
+    vocab = served.vocab_size
     for token_id in body.prompt:
         if token_id >= vocab:
             raise InvalidArgument(f"prompt token id {token_id} is outside the vocabulary "

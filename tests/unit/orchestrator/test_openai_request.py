@@ -115,5 +115,5 @@ def test_prompt_tokenization(text_context):
     assert text_context.tokenizer.decode(list(ids), skip_special_tokens=False) == (
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     with pytest.raises(InvalidArgument, match="outside the vocabulary"):
-        completion_prompt_ids(parse_completion({"model": "tiny", "prompt": [9999]}),
-                              text_context)
+        completion_prompt_ids(parse_completion({"model": "tiny", "prompt": [420]}),
+                              text_context, SERVED)

@@ -1,0 +1,149 @@
+"""A Pipeline whose stages are `libs.model` stage executors inside this process.
+
+Each stage runs on its own single worker thread, so while stage 1 works on one microbatch
+stage 0 can already work on the next, as separate stage workers would. Used by tests, by the
+Python Engine and as the reference the networked route is compared with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from libs.model.config import DeepseekV2Config, load_config
+from libs.model.errors import ModelError, UnknownSequenceError
+from libs.model.executor import StageBatch, StageExecutor, StageSpec
+from libs.model.kernels import make_kernels
+from libs.model.kv_store import SliceIdentity
+from libs.model.sampling import SamplingParams as ModelSampling
+from libs.model.weights import load_stage_weights
+from services.orchestrator.domain import (
+    Microbatch,
+    MicrobatchResult,
+    ReleaseReport,
+    SequenceResult,
+    SequenceStatus,
+    ServedModel,
+    StageLayout,
+    mla_kv_bytes_per_token,
+)
+
+
+@dataclass(frozen=True)
+class InProcessRouteConfig:
+    checkpoint_dir: Path
+    stages: int
+    backend: str = "numpy"
+    kv_limit_bytes_per_stage: int = 256 << 20
+    model_id: str = "fornax"
+
+
+def even_layer_split(num_layers: int, stages: int) -> list[tuple[int, int]]:
+    """Contiguous [layer_start, layer_end) ranges, sizes differing by at most one."""
+    if not 1 <= stages <= num_layers:
+        raise ValueError(f"cannot cut {num_layers} layers into {stages} stages")
+    base, extra = divmod(num_layers, stages)
+    bounds, start = [], 0
+    for index in range(stages):
+        end = start + base + (1 if index < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def served_model(cfg: DeepseekV2Config, ranges: list[tuple[int, int]], model_id: str) -> ServedModel:
+    layouts = tuple(StageLayout(a, b, mla_kv_bytes_per_token(cfg.kv_lora_rank,
+                                                              cfg.qk_rope_head_dim, b - a))
+                    for a, b in ranges)
+    return ServedModel(model_id=model_id, context_length=cfg.max_position_embeddings,
+                       vocab_size=cfg.vocab_size, stages=layouts)
+
+
+class InProcessPipeline:
+    def __init__(self, executors: list[StageExecutor], served: ServedModel) -> None:
+        self._executors = executors
+        self.served = served
+        self._threads = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage{i}")
+                         for i in range(len(executors))]
+        self._generation = uuid.uuid4()
+
+    @classmethod
+    def from_checkpoint(cls, config: InProcessRouteConfig) -> InProcessPipeline:
+        cfg = load_config(config.checkpoint_dir)
+        ranges = even_layer_split(cfg.num_hidden_layers, config.stages)
+        executors = []
+        for index, (start, end) in enumerate(ranges):
+            first, last = index == 0, index == len(ranges) - 1
+            weights = load_stage_weights(config.checkpoint_dir, cfg, start, end, first, last)
+            kernels = make_kernels(config.backend, cfg, weights)
+            spec = StageSpec(start, end, first, last, config.kv_limit_bytes_per_stage)
+            executors.append(StageExecutor(cfg, spec, kernels))
+        return cls(executors, served_model(cfg, ranges, config.model_id))
+
+    @property
+    def num_stages(self) -> int:
+        return len(self._executors)
+
+    def lease_id(self, request_id: str) -> str:
+        return str(uuid.uuid5(self._generation, f"fnx2:inprocess:{request_id}"))
+
+    async def submit(self, batch: Microbatch) -> MicrobatchResult:
+        idents = tuple(SliceIdentity(s.request_id, self.lease_id(s.request_id),
+                                     s.request_sequence_no, s.token_position_start, s.kv_epoch,
+                                     len(s.token_ids)) for s in batch.slices)
+        token_ids = np.fromiter((t for s in batch.slices for t in s.token_ids), dtype=np.int32)
+        sampling = tuple(ModelSampling(temperature=s.sampling.temperature,
+                                       top_k=s.sampling.top_k, top_p=s.sampling.top_p,
+                                       seed=s.sampling.seed or 0) for s in batch.slices)
+        loop = asyncio.get_running_loop()
+        hidden, epochs, tokens = None, [], None
+        for index, executor in enumerate(self._executors):
+            last = index == len(self._executors) - 1
+            stage_batch = StageBatch(slices=idents, token_ids=token_ids if index == 0 else None,
+                                     hidden=hidden, sampling=sampling if last else ())
+            try:
+                result = await loop.run_in_executor(self._threads[index], executor.execute,
+                                                    stage_batch)
+            except ModelError as exc:
+                return _failed(batch, f"stage {index}: {exc.reason}: {exc.message}")
+            hidden, tokens = result.hidden, result.token_ids
+            epochs.append(result.kv_epochs_after)
+        assert tokens is not None
+        return MicrobatchResult(batch.batch_id, tuple(
+            SequenceResult(s.request_id, SequenceStatus.OK, int(tokens[i]),
+                           tuple(stage[i] for stage in epochs))
+            for i, s in enumerate(batch.slices)))
+
+    async def release(self, request_id: str) -> ReleaseReport:
+        loop = asyncio.get_running_loop()
+        epochs = await asyncio.gather(*(
+            loop.run_in_executor(thread, self._release_one, executor, request_id)
+            for thread, executor in zip(self._threads, self._executors)))
+        return ReleaseReport(request_id, tuple(epochs))
+
+    def _release_one(self, executor: StageExecutor, request_id: str) -> int:
+        lease = self.lease_id(request_id)
+        try:
+            epoch = executor.kv.epoch((request_id, lease))
+        except UnknownSequenceError:
+            epoch = 0
+        executor.release(request_id, lease)
+        return epoch
+
+    def live_kv_sequences(self) -> list[int]:
+        return [executor.kv_usage().live_sequences for executor in self._executors]
+
+    async def close(self) -> None:
+        for thread in self._threads:
+            thread.shutdown(wait=False, cancel_futures=True)
+
+
+def _failed(batch: Microbatch, error: str) -> MicrobatchResult:
+    return MicrobatchResult(batch.batch_id, tuple(
+        SequenceResult(s.request_id, SequenceStatus.FAILED, None, (), error)
+        for s in batch.slices))

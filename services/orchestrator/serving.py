@@ -1,0 +1,230 @@
+"""The async shell around the scheduler: drives a Pipeline and feeds per-request streams.
+
+Everything here runs on one event loop, so the scheduler is never touched concurrently.
+`_pump` is the only place that schedules: it runs after every state change (a new request,
+a microbatch result, a release, a reader making room, a cancel) and on a timer when a
+deadline is due.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import secrets
+import time
+from dataclasses import dataclass, replace
+
+from libs.service.errors import Unavailable
+from libs.text.context import TextContext
+from services.orchestrator.admission import Admission, AdmissionConfig
+from services.orchestrator.domain import (
+    GenerationRequest,
+    Microbatch,
+    MicrobatchResult,
+    RequestOutput,
+    SchedulerConfig,
+    SequenceResult,
+    SequenceStatus,
+    ServedModel,
+)
+from services.orchestrator.pipeline import Pipeline
+from services.orchestrator.scheduler import RetiredRequest, Scheduler
+
+_log = logging.getLogger(__name__)
+RELEASE_RETRY_S = 0.05
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    scheduler: SchedulerConfig = SchedulerConfig()
+    max_live_requests: int = 256
+    # Per stage; None uses each stage's whole budget as given by the route.
+    stage_kv_budget_bytes: tuple[int, ...] | None = None
+    default_max_tokens: int = 256
+    default_deadline_budget_ns: int | None = None
+
+
+class RequestStream:
+    """One request's events, bounded: a full stream stalls the request's decode."""
+
+    def __init__(self, engine: ServingEngine, request_id: str, prompt_tokens: int,
+                 capacity: int) -> None:
+        self._engine = engine
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self._capacity = capacity
+        self._events: collections.deque[RequestOutput] = collections.deque()
+        self._ready = asyncio.Event()
+        self._stalled = False
+        self.finished = False
+
+    def _push(self, output: RequestOutput) -> None:
+        self._events.append(output)
+        self._ready.set()
+        if len(self._events) >= self._capacity and not output.finished:
+            self._stalled = True
+            self._engine._stall(self.request_id, True)
+
+    async def next(self) -> RequestOutput:
+        while not self._events:
+            self._ready.clear()
+            await self._ready.wait()
+        output = self._events.popleft()
+        if self._stalled and len(self._events) < self._capacity:
+            self._stalled = False
+            self._engine._stall(self.request_id, False)
+        if output.finished:
+            self.finished = True
+        return output
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        return await self.next()
+
+    def cancel(self) -> bool:
+        return self._engine.cancel(self.request_id)
+
+
+class ServingEngine:
+    def __init__(self, pipeline: Pipeline, served: ServedModel, text: TextContext,
+                 config: ServingConfig = ServingConfig()) -> None:
+        budgets = config.stage_kv_budget_bytes or tuple(
+            1 << 62 for _ in served.stages)
+        admission = Admission(AdmissionConfig(config.max_live_requests, budgets), served.stages)
+        self.pipeline = pipeline
+        self.served = served
+        self.text = text
+        self.config = config
+        self.admission = admission
+        self.scheduler = Scheduler(config.scheduler, served.num_stages, text, admission)
+        self._streams: dict[str, RequestStream] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadlines: dict[str, int] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.retired: collections.deque[RetiredRequest] = collections.deque(maxlen=1024)
+        self._closed = False
+
+    # ----- public -----
+
+    def submit(self, request: GenerationRequest) -> RequestStream:
+        """Admits the request or raises at once (capacity, draining); never waits."""
+        if self._closed:
+            raise Unavailable("the serving engine is closed", reason="NOT_ADMITTING")
+        if request.sampling.seed is None:
+            # Each unseeded request gets its own random stream; a seeded one is reproducible.
+            request = replace(request, sampling=replace(request.sampling,
+                                                        seed=secrets.randbits(63)))
+        if request.deadline_budget_ns is None and self.config.default_deadline_budget_ns:
+            request = replace(request, deadline_budget_ns=self.config.default_deadline_budget_ns)
+        now = time.monotonic_ns()
+        self.scheduler.admit(request, now)
+        stream = RequestStream(self, request.request_id, len(request.prompt_token_ids),
+                               self.config.scheduler.output_queue_capacity)
+        self._streams[request.request_id] = stream
+        if request.deadline_budget_ns is not None:
+            self._deadlines[request.request_id] = now + request.deadline_budget_ns
+        self._idle.clear()
+        self._pump()
+        return stream
+
+    def cancel(self, request_id: str) -> bool:
+        found = self.scheduler.cancel(request_id)
+        self._pump()
+        return found
+
+    def stop_admitting(self, reason: str) -> None:
+        self.admission.close(reason)
+
+    async def wait_idle(self) -> None:
+        """Returns once every admitted request has retired (drain)."""
+        await self._idle.wait()
+
+    async def close(self) -> None:
+        """Cancels what is live, waits for every release, then closes the pipeline."""
+        self._closed = True
+        self.stop_admitting("closing")
+        for request_id in list(self._streams):
+            self.scheduler.cancel(request_id)
+        self._pump()
+        await self.wait_idle()
+        if self._timer is not None:
+            self._timer.cancel()
+        await self.pipeline.close()
+
+    @property
+    def live_requests(self) -> int:
+        return self.scheduler.live_requests
+
+    # ----- loop -----
+
+    def _stall(self, request_id: str, stalled: bool) -> None:
+        self.scheduler.set_stalled(request_id, stalled)
+        if not stalled:
+            self._pump()
+
+    def _pump(self) -> None:
+        self._dispatch()  # first, so a reader's stall is known before scheduling
+        for batch in self.scheduler.schedule(time.monotonic_ns()):
+            self._spawn(self._run_batch(batch))
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        for output in self.scheduler.take_outputs():
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream._push(output)
+                if output.finished:
+                    del self._streams[output.request_id]
+        for request_id in self.scheduler.take_releases():
+            self._spawn(self._release(request_id))
+        for retired in self.scheduler.take_retired():
+            self.retired.append(retired)
+            self._deadlines.pop(retired.request_id, None)
+        if self.scheduler.live_requests == 0:
+            self._idle.set()
+        self._arm_deadline_timer()
+
+    def _arm_deadline_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._deadlines:
+            delay_s = max(min(self._deadlines.values()) - time.monotonic_ns(), 0) / 1e9
+            self._timer = asyncio.get_running_loop().call_later(delay_s + 1e-4, self._pump)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_batch(self, batch: Microbatch) -> None:
+        try:
+            result = await self.pipeline.submit(batch)
+        except Exception as exc:  # a failed microbatch fails its sequences, not the loop
+            _log.exception("microbatch_failed batch_id=%s", batch.batch_id)
+            result = MicrobatchResult(batch.batch_id, tuple(
+                SequenceResult(s.request_id, SequenceStatus.FAILED, None, (),
+                               f"pipeline error: {type(exc).__name__}: {exc}")
+                for s in batch.slices))
+        self.scheduler.update_from_output(result)
+        self._pump()
+
+    async def _release(self, request_id: str) -> None:
+        attempt = 0
+        while True:
+            try:
+                report = await self.pipeline.release(request_id)
+                break
+            except Exception:  # KV must be freed everywhere: keep trying until it is
+                attempt += 1
+                _log.exception("release_failed request_id=%s attempt=%d", request_id, attempt)
+                await asyncio.sleep(RELEASE_RETRY_S * min(attempt, 20))
+        self.scheduler.on_released(report)
+        self._pump()

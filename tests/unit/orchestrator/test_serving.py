@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import asyncio
+
+from services.orchestrator.domain import (
+    FinishReason,
+    GenerationRequest,
+    SchedulerConfig,
+    ServedModel,
+    StageLayout,
+)
+from services.orchestrator.serving import ServingConfig, ServingEngine
+from tests.unit.orchestrator.fakes import FakePipeline
+
+SERVED = ServedModel("tiny", 256, 420, (StageLayout(0, 2, 10), StageLayout(2, 4, 10)))
+
+
+def req(rid: str, max_tokens: int = 6, deadline_ns: int | None = None) -> GenerationRequest:
+    return GenerationRequest(rid, (5, 6, 7), max_tokens, deadline_budget_ns=deadline_ns)
+
+
+def engine(text_context, pipeline, capacity: int = 16, max_live: int = 64) -> ServingEngine:
+    config = ServingConfig(scheduler=SchedulerConfig(output_queue_capacity=capacity),
+                           max_live_requests=max_live)
+    return ServingEngine(pipeline, SERVED, text_context, config)
+
+
+async def collect(stream):
+    return [out async for out in stream]
+
+
+def test_concurrent_requests_complete_with_every_stage_busy(text_context):
+    async def main():
+        pipeline = FakePipeline(2)
+        eng = engine(text_context, pipeline)
+        streams = [eng.submit(req(f"r{i}", max_tokens=3 + i)) for i in range(8)]
+        results = await asyncio.gather(*(collect(s) for s in streams))
+        await eng.wait_idle()
+        return pipeline, results
+
+    pipeline, results = asyncio.run(main())
+    for i, events in enumerate(results):
+        assert events[-1].finish_reason is FinishReason.LENGTH
+        assert events[-1].completion_tokens == 3 + i
+        assert sum(len(e.token_ids) for e in events) == 3 + i
+    assert pipeline.max_inflight >= 2
+    assert pipeline.stages.live_kv() == [0, 0]
+
+
+def test_slow_reader_stalls_only_its_own_decode(text_context):
+    async def main():
+        pipeline = FakePipeline(2)
+        eng = engine(text_context, pipeline, capacity=2)
+        slow = eng.submit(req("slow", max_tokens=20))
+        fast_events = await collect(eng.submit(req("fast", max_tokens=20)))
+        slow_steps = sum(1 for b in pipeline.stages.executed_batches for s in b.slices
+                         if s.request_id == "slow")
+        assert eng.admission.holds("slow")  # a stalled request keeps its admission
+        slow_events = await collect(slow)
+        return fast_events, slow_steps, slow_events
+
+    fast_events, slow_steps, slow_events = asyncio.run(main())
+    assert fast_events[-1].completion_tokens == 20
+    assert slow_steps == 2  # two events fill the stream; decode stops there
+    assert slow_events[-1].completion_tokens == 20
+
+
+def test_cancel_mid_stream_finishes_after_release_on_every_stage(text_context):
+    async def main():
+        pipeline = FakePipeline(2)
+        eng = engine(text_context, pipeline)
+        stream = eng.submit(req("a", max_tokens=1000))
+        first = await stream.next()
+        assert stream.cancel()
+        rest = await collect(stream)
+        await eng.wait_idle()
+        return first, rest, pipeline, eng
+
+    first, rest, pipeline, eng = asyncio.run(main())
+    assert first.finish_reason is None
+    assert rest[-1].finish_reason is FinishReason.CANCELLED
+    assert pipeline.stages.live_kv() == [0, 0]
+    (retired,) = eng.retired
+    assert retired.released_stage_epochs == pipeline.stages.released["a"]
+    assert retired.released_stage_epochs[0] >= 1
+
+
+def test_deadline_budget_expires_a_stalled_request(text_context):
+    async def main():
+        eng = engine(text_context, FakePipeline(2), capacity=1)
+        stream = eng.submit(req("a", max_tokens=1000, deadline_ns=2_000_000))
+        return await collect(stream)
+
+    events = asyncio.run(main())
+    assert events[-1].finish_reason is FinishReason.DEADLINE
+
+
+def test_failed_microbatch_fails_its_requests_and_releases(text_context):
+    class Broken(FakePipeline):
+        async def submit(self, batch):
+            if batch.phase.value == "decode":
+                raise ConnectionError("stage 1 unreachable")
+            return await super().submit(batch)
+
+    async def main():
+        pipeline = Broken(2)
+        eng = engine(text_context, pipeline)
+        events = await collect(eng.submit(req("a")))
+        await eng.wait_idle()
+        return events, pipeline
+
+    events, pipeline = asyncio.run(main())
+    assert events[-1].finish_reason is FinishReason.ERROR
+    assert "stage 1 unreachable" in events[-1].error
+    assert pipeline.stages.live_kv() == [0, 0]
