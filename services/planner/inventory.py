@@ -94,13 +94,15 @@ class Target:
     mode: str = "exploratory"
     boundary_dtype: str = "bf16"
     prefill_tokens: int = 512
-    decode_microbatch_rows: int = 0  # 0: ceil(concurrency / (2 * max_stages - 1))
+    decode_microbatch_rows: int = 0  # 0: floor(concurrency / (2 * max_stages - 1)), at least 1
 
     @property
     def microbatch_rows(self) -> int:
+        """Rows per decode microbatch. The default keeps at least 2*max_stages-1 microbatches in
+        flight when concurrency allows, so every stage and route can stay busy."""
         if self.decode_microbatch_rows:
             return self.decode_microbatch_rows
-        return max(1, -(-self.concurrency // (2 * self.max_stages - 1)))
+        return max(1, self.concurrency // (2 * self.max_stages - 1))
 
 
 _UNITS = {
