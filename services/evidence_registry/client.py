@@ -2,8 +2,10 @@
 
     with RegistryClient(address) as registry:
         record = registry.put_record(content, blob)
-        outcome = registry.resolve_records([Expectation(record.record_id, RecordType.MODEL)])
-        require_resolved(outcome)          # raises EvidenceUnresolved naming each failure
+        outcome = registry.resolve_records([expectation(record.record_id, "model", "sha256:<hex>")])
+        for item in outcome.resolutions:   # one per expectation, in order
+            item.ok, item.reason_code, item.detail
+        require_resolved(outcome)          # or: raise EvidenceUnresolved naming each failure
 
 `AsyncRegistryClient` has the same methods for grpc.aio services. Every registry RPC is
 idempotent (puts carry a request id, generated once per call and reused on retry), so
@@ -35,6 +37,8 @@ from services.evidence_registry.domain import (
     RecordType,
     ResolveOutcome,
 )
+from services.evidence_registry.errors import InvalidField
+from services.evidence_registry.validation import parse_sha256
 
 FLEET_ENTRY_NAME = "evidence_registry"
 
@@ -66,6 +70,17 @@ class EvidenceUnresolved(FailedPrecondition):
         super().__init__("evidence did not resolve: " + "; ".join(describe_failures(outcome)),
                          reason="EVIDENCE_UNRESOLVED")
         self.outcome = outcome
+
+
+def expectation(record_id: str, record_type: str | RecordType, sha256: str = "") -> Expectation:
+    """An expectation from plain values: a type name ("model", ...) and an optional "sha256:<hex>"."""
+    if not isinstance(record_type, RecordType):
+        try:
+            record_type = RecordType(record_type)
+        except ValueError:
+            raise InvalidField("type", "UNKNOWN_RECORD_TYPE",
+                               f"{record_type!r} is not one of {[t.value for t in RecordType]}") from None
+    return Expectation(record_id, record_type, parse_sha256("sha256", sha256, required=False))
 
 
 def describe_failures(outcome: ResolveOutcome) -> list[str]:

@@ -171,6 +171,11 @@ class Resolution:
     def ok(self) -> bool:
         return self.reason is None
 
+    @property
+    def reason_code(self) -> str:
+        """The stable wire reason ("" when ok)."""
+        return "" if self.reason is None else self.reason.value
+
 
 @dataclass(frozen=True)
 class ResolveOutcome:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import pytest
@@ -26,24 +25,10 @@ from services.evidence_registry.domain import (
     ResolutionReason,
     ValidityWindow,
 )
-from tests.support.procs import ServiceProc
+from tests.integration.evidence_registry.harness import start_registry
 from tests.unit.evidence_registry.factories import PHYSICAL_PROVENANCE, T0, content, physical
 
 pytestmark = pytest.mark.integration
-
-
-def start_registry(data: Path, workdir: Path) -> tuple[ServiceProc, str]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    proc = ServiceProc("services.evidence_registry", workdir, env={
-        "FORNAX_REGISTRY_DB": str(data / "registry.db"),
-        "FORNAX_REGISTRY_BLOB_DIR": str(data / "blobs"),
-        "FORNAX_GRACE_PERIOD_S": "2",
-    })
-    try:
-        return proc, proc.wait_serving()
-    except BaseException:
-        proc.stop()
-        raise
 
 
 @pytest.fixture(scope="module")
@@ -216,3 +201,37 @@ def test_cli_round_trip(service, tmp_path, capsys):
     out_file = tmp_path / "copy.json"
     assert main(["evidence", "get", "--registry", client.address, "cli-route-a-b", "--blob-out", str(out_file)]) == 0
     assert out_file.read_bytes() == blob.read_bytes()
+
+
+def test_async_client_and_plain_value_expectations(service):
+    import asyncio
+
+    from services.evidence_registry.client import AsyncRegistryClient, expectation, resolve_records_async
+
+    client, _ = service
+
+    async def scenario():
+        async with AsyncRegistryClient(client.address) as registry:
+            record = await registry.put_record(content(type=RecordType.MODEL), b"model facts")
+            fetched, _ = await registry.get_record(record.record_id)
+        outcome = await resolve_records_async(client.address, [
+            expectation(record.record_id, "model", record.blob.digest),
+            expectation(record.record_id, "route")])
+        return record, fetched, outcome
+
+    record, fetched, outcome = asyncio.run(scenario())
+    assert fetched == record
+    assert [r.reason_code for r in outcome.resolutions] == ["", "WRONG_TYPE"]
+
+
+def test_unreachable_registry_is_unavailable_not_a_hang():
+    import socket
+
+    from services.evidence_registry.client import ClientOptions, expectation
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    with RegistryClient(address, ClientOptions(timeout_s=2.0, attempts=2, backoff_s=0.01)) as client:
+        error = failure(lambda: client.resolve_records([expectation("a", "model")]))
+    assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "REGISTRY_UNAVAILABLE")

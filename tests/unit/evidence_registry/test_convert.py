@@ -90,3 +90,34 @@ def test_forged_page_token_is_refused(token):
     with pytest.raises(InvalidField) as err:
         convert.decode_page_token(token)
     assert (err.value.field, err.value.reason) == ("page_token", "INVALID_PAGE_TOKEN")
+
+
+def test_plain_value_expectations_are_checked():
+    from services.evidence_registry.client import expectation
+
+    assert expectation("r", "route", "sha256:" + "a" * 64).expected_sha256_hex == "a" * 64
+    assert expectation("r", RecordType.MODEL).expected_type is RecordType.MODEL
+    with pytest.raises(InvalidField) as err:
+        expectation("r", "routes")
+    assert (err.value.field, err.value.reason) == ("type", "UNKNOWN_RECORD_TYPE")
+    with pytest.raises(InvalidField) as err:
+        expectation("r", "model", "abc")
+    assert err.value.field == "sha256"
+
+
+def test_resolution_answers_round_trip_and_contradictions_are_refused():
+    from services.evidence_registry.domain import Expectation, Resolution, ResolutionReason, ResolveOutcome
+
+    record = Record("m-1", physical(), BlobRef(sha256_hex(b"d"), 1), RecordStatus.ACTIVE, T0)
+    outcome = ResolveOutcome((Resolution("m-1", None, "", record),
+                              Resolution("x", ResolutionReason.NOT_FOUND, "no such record")))
+    assert convert.resolve_outcome_from_proto(convert.resolve_outcome_to_proto(outcome)) == outcome
+    request = convert.expectations_to_proto([Expectation("m-1", RecordType.MODEL, "b" * 64)], 7)
+    assert convert.expectations_from_proto(request) == (Expectation("m-1", RecordType.MODEL, "b" * 64),)
+    contradiction = pb.ResolveRecordsResponse(resolutions=[pb.Resolution(record_id="x", ok=True, reason="REVOKED")])
+    with pytest.raises(InvalidField) as err:
+        convert.resolve_outcome_from_proto(contradiction)
+    assert err.value.reason == "INCONSISTENT_RESOLUTION"
+    silent_failure = pb.ResolveRecordsResponse(resolutions=[pb.Resolution(record_id="x", ok=False)])
+    with pytest.raises(InvalidField):
+        convert.resolve_outcome_from_proto(silent_failure)
