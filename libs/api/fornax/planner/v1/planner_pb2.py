@@ -23,47 +23,52 @@ _sym_db = _symbol_database.Default()
 
 
 from fornax.common.v1 import common_pb2 as fornax_dot_common_dot_v1_dot_common__pb2
+from fornax.evidence_registry.v1 import evidence_registry_pb2 as fornax_dot_evidence__registry_dot_v1_dot_evidence__registry__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66ornax/planner/v1/planner.proto\x12\x11\x66ornax.planner.v1\x1a\x1d\x66ornax/common/v1/common.proto\"\xa3\x01\n\x10LayerDescription\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06is_moe\x18\x02 \x01(\x08\x12\x14\n\x0cweight_bytes\x18\x03 \x01(\x04\x12%\n\x1d\x61\x63tive_weight_bytes_per_token\x18\x04 \x01(\x04\x12\x17\n\x0f\x66lops_per_token\x18\x05 \x01(\x04\x12\x1a\n\x12kv_bytes_per_token\x18\x06 \x01(\x04\"\xe8\x02\n\x10ModelDescription\x12\x16\n\x0emodel_snapshot\x18\x01 \x01(\t\x12\x13\n\x0bhidden_size\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x33\n\x06layers\x18\x04 \x03(\x0b\x32#.fornax.planner.v1.LayerDescription\x12\x17\n\x0f\x65mbedding_bytes\x18\x05 \x01(\x04\x12\x12\n\nhead_bytes\x18\x06 \x01(\x04\x12\x16\n\x0erouted_experts\x18\x07 \x01(\r\x12\x19\n\x11\x65xperts_per_token\x18\x08 \x01(\r\x12\x16\n\x0eshared_experts\x18\t \x01(\r\x12\x14\n\x0c\x65xpert_bytes\x18\n \x01(\x04\x12\x33\n\x0cweight_dtype\x18\x0b \x01(\x0e\x32\x1d.fornax.common.v1.ElementType\x12\x1b\n\x13required_operations\x18\x0c \x03(\t\"\x99\x02\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x07\x62\x61\x63kend\x18\x02 \x01(\x0e\x32\x19.fornax.common.v1.Backend\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\x15\n\rcompute_flops\x18\x04 \x01(\x01\x12$\n\x1cmemory_bandwidth_bytes_per_s\x18\x05 \x01(\x01\x12-\n\x06\x64types\x18\x06 \x03(\x0e\x32\x1d.fornax.common.v1.ElementType\x12\x12\n\noperations\x18\x07 \x03(\t\x12\r\n\x05\x62uild\x18\x08 \x01(\t\x12\x1b\n\x13\x65vidence_record_ids\x18\t \x03(\t\x12\x15\n\rreserve_bytes\x18\n \x01(\x04\"z\n\x04Link\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12\x0f\n\x07to_node\x18\x02 \x01(\t\x12\x1d\n\x15\x62\x61ndwidth_bytes_per_s\x18\x03 \x01(\x01\x12\x12\n\nlatency_ns\x18\x04 \x01(\x04\x12\x1b\n\x13\x65vidence_record_ids\x18\x05 \x03(\t\"[\n\tInventory\x12&\n\x05nodes\x18\x01 \x03(\x0b\x32\x17.fornax.planner.v1.Node\x12&\n\x05links\x18\x02 \x03(\x0b\x32\x17.fornax.planner.v1.Link\"\x88\x02\n\x06Target\x12\x16\n\x0e\x63ontext_tokens\x18\x01 \x01(\r\x12\x13\n\x0b\x63oncurrency\x18\x02 \x01(\r\x12/\n\tobjective\x18\x03 \x01(\x0e\x32\x1c.fornax.planner.v1.Objective\x12\x12\n\nmin_stages\x18\x04 \x01(\r\x12\x12\n\nmax_stages\x18\x05 \x01(\r\x12)\n\x04mode\x18\x06 \x01(\x0e\x32\x1b.fornax.planner.v1.PlanMode\x12\x35\n\x0e\x62oundary_dtype\x18\x07 \x01(\x0e\x32\x1d.fornax.common.v1.ElementType\x12\x16\n\x0eprefill_tokens\x18\x08 \x01(\r\"y\n\tStageCost\x12\x11\n\tcompute_s\x18\x01 \x01(\x01\x12\x0e\n\x06pack_s\x18\x02 \x01(\x01\x12\x0e\n\x06wire_s\x18\x03 \x01(\x01\x12\x10\n\x08unpack_s\x18\x04 \x01(\x01\x12\x0f\n\x07queue_s\x18\x05 \x01(\x01\x12\x16\n\x0e\x65xposed_wait_s\x18\x06 \x01(\x01\"\xcf\x02\n\x0cPlannedStage\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x31\n\x0blayer_range\x18\x03 \x01(\x0b\x32\x1c.fornax.common.v1.LayerRange\x12\x17\n\x0fowns_embeddings\x18\x04 \x01(\x08\x12\x11\n\towns_head\x18\x05 \x01(\x08\x12\x14\n\x0cweight_bytes\x18\x06 \x01(\x04\x12\x10\n\x08kv_bytes\x18\x07 \x01(\x04\x12\x18\n\x10\x61\x63tivation_bytes\x18\x08 \x01(\x04\x12\x14\n\x0cmemory_bytes\x18\t \x01(\x04\x12\x31\n\x0b\x64\x65\x63ode_cost\x18\n \x01(\x0b\x32\x1c.fornax.planner.v1.StageCost\x12\x32\n\x0cprefill_cost\x18\x0b \x01(\x0b\x32\x1c.fornax.planner.v1.StageCost\"a\n\tRejection\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x10\n\x08required\x18\x04 \x01(\x01\x12\x11\n\tavailable\x18\x05 \x01(\x01\"\xc5\x01\n\x04Plan\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12\x11\n\tplan_hash\x18\x02 \x01(\t\x12)\n\x04mode\x18\x03 \x01(\x0e\x32\x1b.fornax.planner.v1.PlanMode\x12/\n\x06stages\x18\x04 \x03(\x0b\x32\x1f.fornax.planner.v1.PlannedStage\x12-\n\x0bpredictions\x18\x05 \x03(\x0b\x32\x18.fornax.common.v1.Figure\x12\x0e\n\x06method\x18\x06 \x01(\t\"\xda\x01\n\x11\x43reatePlanRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x32\n\x05model\x18\x02 \x01(\x0b\x32#.fornax.planner.v1.ModelDescription\x12/\n\tinventory\x18\x03 \x01(\x0b\x32\x1c.fornax.planner.v1.Inventory\x12)\n\x06target\x18\x04 \x01(\x0b\x32\x19.fornax.planner.v1.Target\x12!\n\x19model_evidence_record_ids\x18\x05 \x03(\t\"\xaf\x01\n\x12\x43reatePlanResponse\x12\x10\n\x08\x66\x65\x61sible\x18\x01 \x01(\x08\x12%\n\x04plan\x18\x02 \x01(\x0b\x32\x17.fornax.planner.v1.Plan\x12\x30\n\nrejections\x18\x03 \x03(\x0b\x32\x1c.fornax.planner.v1.Rejection\x12\x15\n\rinfeasibility\x18\x04 \x01(\t\x12\x17\n\x0fshortfall_bytes\x18\x05 \x01(\x01\"!\n\x0eGetPlanRequest\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\"8\n\x0fGetPlanResponse\x12%\n\x04plan\x18\x01 \x01(\x0b\x32\x17.fornax.planner.v1.Plan*W\n\tObjective\x12\x19\n\x15OBJECTIVE_UNSPECIFIED\x10\x00\x12\x18\n\x14OBJECTIVE_THROUGHPUT\x10\x01\x12\x15\n\x11OBJECTIVE_LATENCY\x10\x02*Z\n\x08PlanMode\x12\x19\n\x15PLAN_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15PLAN_MODE_EXPLORATORY\x10\x01\x12\x18\n\x14PLAN_MODE_DEPLOYMENT\x10\x02\x32\xbd\x01\n\x0ePlannerService\x12Y\n\nCreatePlan\x12$.fornax.planner.v1.CreatePlanRequest\x1a%.fornax.planner.v1.CreatePlanResponse\x12P\n\x07GetPlan\x12!.fornax.planner.v1.GetPlanRequest\x1a\".fornax.planner.v1.GetPlanResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66ornax/planner/v1/planner.proto\x12\x11\x66ornax.planner.v1\x1a\x1d\x66ornax/common/v1/common.proto\x1a\x33\x66ornax/evidence_registry/v1/evidence_registry.proto\"\x89\x02\n\x10LayerDescription\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06is_moe\x18\x02 \x01(\x08\x12\x14\n\x0cweight_bytes\x18\x03 \x01(\x04\x12%\n\x1d\x61\x63tive_weight_bytes_per_token\x18\x04 \x01(\x04\x12\x17\n\x0f\x66lops_per_token\x18\x05 \x01(\x04\x12\x1a\n\x12kv_bytes_per_token\x18\x06 \x01(\x04\x12\x1a\n\x12\x64\x65nse_weight_bytes\x18\x07 \x01(\x04\x12)\n!attention_flops_per_context_token\x18\x08 \x01(\x04\x12\x1d\n\x15scratch_bytes_per_row\x18\t \x01(\x04\"\x81\x03\n\x10ModelDescription\x12\x16\n\x0emodel_snapshot\x18\x01 \x01(\t\x12\x13\n\x0bhidden_size\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x33\n\x06layers\x18\x04 \x03(\x0b\x32#.fornax.planner.v1.LayerDescription\x12\x17\n\x0f\x65mbedding_bytes\x18\x05 \x01(\x04\x12\x12\n\nhead_bytes\x18\x06 \x01(\x04\x12\x16\n\x0erouted_experts\x18\x07 \x01(\r\x12\x19\n\x11\x65xperts_per_token\x18\x08 \x01(\r\x12\x16\n\x0eshared_experts\x18\t \x01(\r\x12\x14\n\x0c\x65xpert_bytes\x18\n \x01(\x04\x12\x33\n\x0cweight_dtype\x18\x0b \x01(\x0e\x32\x1d.fornax.common.v1.ElementType\x12\x1b\n\x13required_operations\x18\x0c \x03(\t\x12\x17\n\x0ftied_embeddings\x18\r \x01(\x08\"u\n\x0b\x45videnceRef\x12\x11\n\trecord_id\x18\x01 \x01(\t\x12\x35\n\x04type\x18\x02 \x01(\x0e\x32\'.fornax.evidence_registry.v1.RecordType\x12\x1c\n\x14\x65xpected_blob_sha256\x18\x03 \x01(\t\"\xcb\x02\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x07\x62\x61\x63kend\x18\x02 \x01(\x0e\x32\x19.fornax.common.v1.Backend\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\x15\n\rcompute_flops\x18\x04 \x01(\x01\x12$\n\x1cmemory_bandwidth_bytes_per_s\x18\x05 \x01(\x01\x12-\n\x06\x64types\x18\x06 \x03(\x0e\x32\x1d.fornax.common.v1.ElementType\x12\x12\n\noperations\x18\x07 \x03(\t\x12\r\n\x05\x62uild\x18\x08 \x01(\t\x12\x1b\n\x13\x65vidence_record_ids\x18\t \x03(\t\x12\x15\n\rreserve_bytes\x18\n \x01(\x04\x12\x30\n\x08\x65vidence\x18\x0b \x03(\x0b\x32\x1e.fornax.planner.v1.EvidenceRef\"\xac\x01\n\x04Link\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12\x0f\n\x07to_node\x18\x02 \x01(\t\x12\x1d\n\x15\x62\x61ndwidth_bytes_per_s\x18\x03 \x01(\x01\x12\x12\n\nlatency_ns\x18\x04 \x01(\x04\x12\x1b\n\x13\x65vidence_record_ids\x18\x05 \x03(\t\x12\x30\n\x08\x65vidence\x18\x06 \x03(\x0b\x32\x1e.fornax.planner.v1.EvidenceRef\"[\n\tInventory\x12&\n\x05nodes\x18\x01 \x03(\x0b\x32\x17.fornax.planner.v1.Node\x12&\n\x05links\x18\x02 \x03(\x0b\x32\x17.fornax.planner.v1.Link\"\xa8\x02\n\x06Target\x12\x16\n\x0e\x63ontext_tokens\x18\x01 \x01(\r\x12\x13\n\x0b\x63oncurrency\x18\x02 \x01(\r\x12/\n\tobjective\x18\x03 \x01(\x0e\x32\x1c.fornax.planner.v1.Objective\x12\x12\n\nmin_stages\x18\x04 \x01(\r\x12\x12\n\nmax_stages\x18\x05 \x01(\r\x12)\n\x04mode\x18\x06 \x01(\x0e\x32\x1b.fornax.planner.v1.PlanMode\x12\x35\n\x0e\x62oundary_dtype\x18\x07 \x01(\x0e\x32\x1d.fornax.common.v1.ElementType\x12\x16\n\x0eprefill_tokens\x18\x08 \x01(\r\x12\x1e\n\x16\x64\x65\x63ode_microbatch_rows\x18\t \x01(\r\"y\n\tStageCost\x12\x11\n\tcompute_s\x18\x01 \x01(\x01\x12\x0e\n\x06pack_s\x18\x02 \x01(\x01\x12\x0e\n\x06wire_s\x18\x03 \x01(\x01\x12\x10\n\x08unpack_s\x18\x04 \x01(\x01\x12\x0f\n\x07queue_s\x18\x05 \x01(\x01\x12\x16\n\x0e\x65xposed_wait_s\x18\x06 \x01(\x01\"\xa1\x03\n\x0cPlannedStage\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x31\n\x0blayer_range\x18\x03 \x01(\x0b\x32\x1c.fornax.common.v1.LayerRange\x12\x17\n\x0fowns_embeddings\x18\x04 \x01(\x08\x12\x11\n\towns_head\x18\x05 \x01(\x08\x12\x14\n\x0cweight_bytes\x18\x06 \x01(\x04\x12\x10\n\x08kv_bytes\x18\x07 \x01(\x04\x12\x18\n\x10\x61\x63tivation_bytes\x18\x08 \x01(\x04\x12\x14\n\x0cmemory_bytes\x18\t \x01(\x04\x12\x31\n\x0b\x64\x65\x63ode_cost\x18\n \x01(\x0b\x32\x1c.fornax.planner.v1.StageCost\x12\x32\n\x0cprefill_cost\x18\x0b \x01(\x0b\x32\x1c.fornax.planner.v1.StageCost\x12\x15\n\rreserve_bytes\x18\x0c \x01(\x04\x12*\n\x07\x62\x61\x63kend\x18\r \x01(\x0e\x32\x19.fornax.common.v1.Backend\x12\r\n\x05\x62uild\x18\x0e \x01(\t\"a\n\tRejection\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x10\n\x08required\x18\x04 \x01(\x01\x12\x11\n\tavailable\x18\x05 \x01(\x01\"\x9d\x02\n\x04Plan\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12\x11\n\tplan_hash\x18\x02 \x01(\t\x12)\n\x04mode\x18\x03 \x01(\x0e\x32\x1b.fornax.planner.v1.PlanMode\x12/\n\x06stages\x18\x04 \x03(\x0b\x32\x1f.fornax.planner.v1.PlannedStage\x12-\n\x0bpredictions\x18\x05 \x03(\x0b\x32\x18.fornax.common.v1.Figure\x12\x0e\n\x06method\x18\x06 \x01(\t\x12/\n\tobjective\x18\x07 \x01(\x0e\x32\x1c.fornax.planner.v1.Objective\x12\x16\n\x0emodel_snapshot\x18\x08 \x01(\t\x12\r\n\x05label\x18\t \x01(\t\"U\n\x0f\x45videnceFailure\x12\x11\n\trecord_id\x18\x01 \x01(\t\x12\x0f\n\x07subject\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\x92\x02\n\x11\x43reatePlanRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x32\n\x05model\x18\x02 \x01(\x0b\x32#.fornax.planner.v1.ModelDescription\x12/\n\tinventory\x18\x03 \x01(\x0b\x32\x1c.fornax.planner.v1.Inventory\x12)\n\x06target\x18\x04 \x01(\x0b\x32\x19.fornax.planner.v1.Target\x12!\n\x19model_evidence_record_ids\x18\x05 \x03(\t\x12\x36\n\x0emodel_evidence\x18\x06 \x03(\x0b\x32\x1e.fornax.planner.v1.EvidenceRef\"\x8c\x02\n\x12\x43reatePlanResponse\x12\x10\n\x08\x66\x65\x61sible\x18\x01 \x01(\x08\x12%\n\x04plan\x18\x02 \x01(\x0b\x32\x17.fornax.planner.v1.Plan\x12\x30\n\nrejections\x18\x03 \x03(\x0b\x32\x1c.fornax.planner.v1.Rejection\x12\x15\n\rinfeasibility\x18\x04 \x01(\t\x12\x17\n\x0fshortfall_bytes\x18\x05 \x01(\x01\x12\x1c\n\x14infeasibility_reason\x18\x06 \x01(\t\x12=\n\x11\x65vidence_failures\x18\x07 \x03(\x0b\x32\".fornax.planner.v1.EvidenceFailure\"!\n\x0eGetPlanRequest\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\"8\n\x0fGetPlanResponse\x12%\n\x04plan\x18\x01 \x01(\x0b\x32\x17.fornax.planner.v1.Plan*W\n\tObjective\x12\x19\n\x15OBJECTIVE_UNSPECIFIED\x10\x00\x12\x18\n\x14OBJECTIVE_THROUGHPUT\x10\x01\x12\x15\n\x11OBJECTIVE_LATENCY\x10\x02*Z\n\x08PlanMode\x12\x19\n\x15PLAN_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15PLAN_MODE_EXPLORATORY\x10\x01\x12\x18\n\x14PLAN_MODE_DEPLOYMENT\x10\x02\x32\xbd\x01\n\x0ePlannerService\x12Y\n\nCreatePlan\x12$.fornax.planner.v1.CreatePlanRequest\x1a%.fornax.planner.v1.CreatePlanResponse\x12P\n\x07GetPlan\x12!.fornax.planner.v1.GetPlanRequest\x1a\".fornax.planner.v1.GetPlanResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fornax.planner.v1.planner_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OBJECTIVE']._serialized_start=2634
-  _globals['_OBJECTIVE']._serialized_end=2721
-  _globals['_PLANMODE']._serialized_start=2723
-  _globals['_PLANMODE']._serialized_end=2813
-  _globals['_LAYERDESCRIPTION']._serialized_start=86
-  _globals['_LAYERDESCRIPTION']._serialized_end=249
-  _globals['_MODELDESCRIPTION']._serialized_start=252
-  _globals['_MODELDESCRIPTION']._serialized_end=612
-  _globals['_NODE']._serialized_start=615
-  _globals['_NODE']._serialized_end=896
-  _globals['_LINK']._serialized_start=898
-  _globals['_LINK']._serialized_end=1020
-  _globals['_INVENTORY']._serialized_start=1022
-  _globals['_INVENTORY']._serialized_end=1113
-  _globals['_TARGET']._serialized_start=1116
-  _globals['_TARGET']._serialized_end=1380
-  _globals['_STAGECOST']._serialized_start=1382
-  _globals['_STAGECOST']._serialized_end=1503
-  _globals['_PLANNEDSTAGE']._serialized_start=1506
-  _globals['_PLANNEDSTAGE']._serialized_end=1841
-  _globals['_REJECTION']._serialized_start=1843
-  _globals['_REJECTION']._serialized_end=1940
-  _globals['_PLAN']._serialized_start=1943
-  _globals['_PLAN']._serialized_end=2140
-  _globals['_CREATEPLANREQUEST']._serialized_start=2143
-  _globals['_CREATEPLANREQUEST']._serialized_end=2361
-  _globals['_CREATEPLANRESPONSE']._serialized_start=2364
-  _globals['_CREATEPLANRESPONSE']._serialized_end=2539
-  _globals['_GETPLANREQUEST']._serialized_start=2541
-  _globals['_GETPLANREQUEST']._serialized_end=2574
-  _globals['_GETPLANRESPONSE']._serialized_start=2576
-  _globals['_GETPLANRESPONSE']._serialized_end=2632
-  _globals['_PLANNERSERVICE']._serialized_start=2816
-  _globals['_PLANNERSERVICE']._serialized_end=3005
+  _globals['_OBJECTIVE']._serialized_start=3472
+  _globals['_OBJECTIVE']._serialized_end=3559
+  _globals['_PLANMODE']._serialized_start=3561
+  _globals['_PLANMODE']._serialized_end=3651
+  _globals['_LAYERDESCRIPTION']._serialized_start=139
+  _globals['_LAYERDESCRIPTION']._serialized_end=404
+  _globals['_MODELDESCRIPTION']._serialized_start=407
+  _globals['_MODELDESCRIPTION']._serialized_end=792
+  _globals['_EVIDENCEREF']._serialized_start=794
+  _globals['_EVIDENCEREF']._serialized_end=911
+  _globals['_NODE']._serialized_start=914
+  _globals['_NODE']._serialized_end=1245
+  _globals['_LINK']._serialized_start=1248
+  _globals['_LINK']._serialized_end=1420
+  _globals['_INVENTORY']._serialized_start=1422
+  _globals['_INVENTORY']._serialized_end=1513
+  _globals['_TARGET']._serialized_start=1516
+  _globals['_TARGET']._serialized_end=1812
+  _globals['_STAGECOST']._serialized_start=1814
+  _globals['_STAGECOST']._serialized_end=1935
+  _globals['_PLANNEDSTAGE']._serialized_start=1938
+  _globals['_PLANNEDSTAGE']._serialized_end=2355
+  _globals['_REJECTION']._serialized_start=2357
+  _globals['_REJECTION']._serialized_end=2454
+  _globals['_PLAN']._serialized_start=2457
+  _globals['_PLAN']._serialized_end=2742
+  _globals['_EVIDENCEFAILURE']._serialized_start=2744
+  _globals['_EVIDENCEFAILURE']._serialized_end=2829
+  _globals['_CREATEPLANREQUEST']._serialized_start=2832
+  _globals['_CREATEPLANREQUEST']._serialized_end=3106
+  _globals['_CREATEPLANRESPONSE']._serialized_start=3109
+  _globals['_CREATEPLANRESPONSE']._serialized_end=3377
+  _globals['_GETPLANREQUEST']._serialized_start=3379
+  _globals['_GETPLANREQUEST']._serialized_end=3412
+  _globals['_GETPLANRESPONSE']._serialized_start=3414
+  _globals['_GETPLANRESPONSE']._serialized_end=3470
+  _globals['_PLANNERSERVICE']._serialized_start=3654
+  _globals['_PLANNERSERVICE']._serialized_end=3843
 # @@protoc_insertion_point(module_scope)
