@@ -1,0 +1,199 @@
+"""FNX2 channels over real loopback sockets."""
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from libs.fnx2.control import ChannelBinding, EXT_MULTI_INFLIGHT
+from libs.fnx2.errors import ErrorCode, Fnx2Error, RemoteError
+from libs.fnx2.messages import Phase, SequenceStatus
+from libs.fnx2.receiver import ReceiverConfig
+from libs.fnx2.receiver_state import ReceiverLimits
+from libs.fnx2.sender import Fnx2Client, SenderConfig
+
+from tests.integration.fnx2.helpers import (
+    BINDING, GENERATION, MANIFEST_HASH, PLAN_HASH, PLAN_ID, DoublingHandler, Seq, lease_for,
+    loopback, make_batch, new_request,
+)
+from tests.integration.fnx2.tls import self_signed_contexts
+
+HOUR_NS = 3600 * 10**9
+pytestmark = pytest.mark.timeout(60)
+
+
+def by_request(result):
+    return {r.request_id: r for r in result.results}
+
+
+async def test_handshake_binds_plan_and_negotiates_extensions():
+    async with loopback(DoublingHandler()) as (client, receiver):
+        assert client.extensions == {"multi_inflight", "traceparent", "timings"}
+        assert client.credit.frames == 1 and client.credit.live_requests == 1024
+
+
+async def test_handshake_refuses_a_receiver_bound_elsewhere():
+    other = ChannelBinding(PLAN_ID, PLAN_HASH, MANIFEST_HASH, "stage-7", GENERATION)
+    with pytest.raises(Fnx2Error) as info:
+        async with loopback(DoublingHandler(), receiver_config=ReceiverConfig(other)):
+            pass
+    assert info.value.code is ErrorCode.STALE_PLAN
+
+
+async def test_prefill_then_decode_with_real_timings_and_output_rows():
+    handler = DoublingHandler()
+    async with loopback(handler) as (client, _):
+        a, b = sorted([new_request(), new_request()])
+        batch = make_batch(Phase.PREFILL, [Seq(a, 2), Seq(b, 3)])
+        result = await client.submit(batch)
+        assert np.array_equal(result.tensor.array, batch.tensor.array * 2)
+        assert all(r.kv_epoch_after == 1 for r in result.results)
+        assert all(r.timings.execute_ns > 0 and r.timings.unpack_ns > 0 for r in result.results)
+        decode = make_batch(Phase.DECODE, [Seq(a, 1, 1, 2, 1), Seq(b, 1, 1, 3, 1)], seed=1)
+        result = await client.submit(decode)
+        assert [r.kv_epoch_after for r in result.results] == [2, 2]
+        assert client.unacknowledged() == ()
+
+
+async def test_exact_replay_and_sequence_conflict():
+    handler = DoublingHandler()
+    async with loopback(handler) as (client, _):
+        a = new_request()
+        batch = make_batch(Phase.PREFILL, [Seq(a, 3)])
+        first = await client.submit(batch)
+        again = await client.submit(make_batch(Phase.PREFILL, [Seq(a, 3)]))  # new batch id
+        assert handler.executed == [a]
+        assert np.array_equal(again.tensor.array, first.tensor.array)
+        assert again.results[0].kv_epoch_after == 1
+        conflict = await client.submit(make_batch(Phase.PREFILL, [Seq(a, 3)], seed=7))
+        assert conflict.results[0].error_code == "SEQUENCE_CONFLICT" and conflict.tensor is None
+
+
+async def test_stale_kv_and_tombstones_after_release():
+    handler = DoublingHandler()
+    async with loopback(handler) as (client, _):
+        a = new_request()
+        await client.submit(make_batch(Phase.PREFILL, [Seq(a, 2)]))
+        stale = await client.submit(make_batch(Phase.DECODE, [Seq(a, 1, 1, 2, 0)]))
+        assert stale.results[0].error_code == "STALE_KV"
+        ack = await client.release(a, lease_for(a), expected_final_epoch=1)
+        assert ack.released and ack.kv_epoch == 1 and ack.tombstone_present
+        assert handler.forgotten == [a]
+        after = await client.submit(make_batch(Phase.DECODE, [Seq(a, 1, 1, 2, 1)]))
+        assert after.results[0].error_code == "RELEASED"
+        replay = await client.submit(make_batch(Phase.PREFILL, [Seq(a, 2)]))
+        assert replay.results[0].error_code == "RELEASED"
+        assert handler.executed == [a]
+
+
+async def test_cancel_is_idempotent_and_blocks_later_steps():
+    async with loopback(DoublingHandler()) as (client, _):
+        a, b = sorted([new_request(), new_request()])
+        await client.submit(make_batch(Phase.PREFILL, [Seq(a, 1), Seq(b, 1)]))
+        first = await client.cancel(a, lease_for(a))
+        second = await client.cancel(a, lease_for(a))
+        assert first.cancelled and second.cancelled and not first.kv_mutated
+        result = by_request(await client.submit(
+            make_batch(Phase.DECODE, [Seq(a, 1, 1, 1, 1), Seq(b, 1, 1, 1, 1)])))
+        assert result[a].status is SequenceStatus.CANCELLED
+        assert result[b].status is SequenceStatus.OK and result[b].output_row_start == 0
+        assert (await client.release(a, lease_for(a))).released
+
+
+async def test_credit_exhaustion_is_enforced_by_the_receiver_and_refreshed():
+    limits = ReceiverLimits(live_requests=1)
+    async with loopback(DoublingHandler(), receiver_config=ReceiverConfig(BINDING, limits)) as (
+            client, _):
+        a, b = new_request(), new_request()
+        await client.submit(make_batch(Phase.PREFILL, [Seq(a, 1)]))
+        assert client.credit.live_requests == 0
+        refused = await client.submit(make_batch(Phase.PREFILL, [Seq(b, 1)]))
+        assert refused.results[0].error_code == "ADMISSION"
+        await client.release(a, lease_for(a))
+        await client.credit_refresh()
+        assert client.credit.live_requests == 1
+        accepted = await client.submit(make_batch(Phase.PREFILL, [Seq(b, 1)]))
+        assert accepted.results[0].status is SequenceStatus.OK
+
+
+async def test_batch_over_transient_credit_is_refused_with_credit_error():
+    limits = ReceiverLimits(rows=4)
+    config = SenderConfig(BINDING)
+    async with loopback(DoublingHandler(), receiver_config=ReceiverConfig(BINDING, limits),
+                        sender_config=config) as (client, _):
+        client.credit = None  # bypass the sender's early check: the receiver must refuse
+        with pytest.raises(RemoteError) as info:
+            await client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 5)]))
+        assert info.value.code is ErrorCode.CREDIT
+        ok = await client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 4)]))
+        assert ok.results[0].status is SequenceStatus.OK
+
+
+async def test_deadline_budgets_survive_a_receiver_clock_hours_away():
+    offset = 7 * HOUR_NS
+    now = {"ns": time.monotonic_ns() + offset}
+    clock = lambda: now["ns"]  # noqa: E731
+    async with loopback(DoublingHandler(), clock=clock) as (client, receiver):
+        a, b = sorted([new_request(), new_request()])
+        result = by_request(await client.submit(
+            make_batch(Phase.PREFILL, [Seq(a, 1, budget_ns=60 * 10**9), Seq(b, 1, budget_ns=0)])))
+        assert result[a].status is SequenceStatus.OK
+        assert result[b].status is SequenceStatus.DEADLINE
+        now["ns"] += 61 * 10**9  # the receiver's own clock passes a's local deadline
+        late = await client.submit(make_batch(Phase.DECODE, [Seq(a, 1, 1, 1, 1, budget_ns=HOUR_NS)]))
+        assert late.results[0].status is SequenceStatus.DEADLINE
+        assert receiver.state.tombstones == 2
+
+
+async def test_terminal_error_closes_and_recoverable_keeps_the_channel():
+    async with loopback(DoublingHandler()) as (client, _):
+        writer = client._stream._writer
+        writer.write(b"FNX2" + bytes(36))  # version 0.0: terminal ABI_VERSION
+        await writer.drain()
+        with pytest.raises(Fnx2Error):
+            for _ in range(50):
+                await client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 1)]))
+
+
+async def test_multiple_frames_in_flight_overlap():
+    limits = ReceiverLimits(frames=4)
+    handler = DoublingHandler(gate=asyncio.Event())
+    async with loopback(handler, receiver_config=ReceiverConfig(BINDING, limits)) as (client, _):
+        assert EXT_MULTI_INFLIGHT in client.extensions and client.credit.frames == 4
+        batches = [make_batch(Phase.PREFILL, [Seq(new_request(), 1)], seed=i) for i in range(3)]
+        tasks = [asyncio.create_task(client.submit(b)) for b in batches]
+        while len(client.unacknowledged()) < 3:
+            await asyncio.sleep(0)
+        handler.gate.set()
+        results = await asyncio.gather(*tasks)
+        assert all(r.results[0].status is SequenceStatus.OK for r in results)
+
+
+async def test_plain_2_0_peers_interoperate_both_ways():
+    plain_receiver = ReceiverConfig(BINDING, extensions=frozenset())
+    async with loopback(DoublingHandler(), receiver_config=plain_receiver) as (client, _):
+        assert client.extensions == frozenset()
+        result = await client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 2)]))
+        assert result.results[0].timings.execute_ns == 0  # zeros, as 2.0 sends
+    plain_sender = SenderConfig(BINDING, offer_extensions=frozenset())
+    async with loopback(DoublingHandler(), sender_config=plain_sender) as (client, _):
+        assert client.extensions == frozenset()
+        result = await client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 2)]))
+        assert result.results[0].status is SequenceStatus.OK
+
+
+async def test_tls_channel(tmp_path):
+    server_ssl, client_ssl = self_signed_contexts(tmp_path)
+    async with loopback(DoublingHandler(), server_ssl=server_ssl, client_ssl=client_ssl) as (
+            client, _):
+        batch = make_batch(Phase.PREFILL, [Seq(new_request(), 3)])
+        result = await client.submit(batch)
+        assert np.array_equal(result.tensor.array, batch.tensor.array * 2)
+
+
+async def test_shutdown_is_acknowledged():
+    async with loopback(DoublingHandler()) as (client, _):
+        await client.shutdown()
+        with pytest.raises(Fnx2Error):
+            await client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 1)]))
