@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from libs.service.errors import AlreadyExists, InvalidArgument, NotFound
+from libs.service.errors import AlreadyExists, DataLoss, InvalidArgument, NotFound
 
 
 class InvalidField(InvalidArgument):
@@ -23,3 +23,9 @@ class RecordConflict(AlreadyExists):
 
     def __init__(self, message: str, reason: str | None = None) -> None:
         super().__init__(message, reason=reason)
+
+
+class BlobDamaged(DataLoss):
+    """The stored blob is missing or no longer hashes to the record's digest."""
+
+    default_reason = "BLOB_MISMATCH"

@@ -19,7 +19,7 @@ from services.evidence_registry.domain import (
     ResolveOutcome,
     RevokeCommand,
 )
-from services.evidence_registry.errors import InvalidField
+from services.evidence_registry.errors import BlobDamaged, InvalidField
 from services.evidence_registry.resolution import resolve_one
 from services.evidence_registry.store import RecordStore, not_found
 from services.evidence_registry.validation import check_expectations, check_put, check_revoke
@@ -72,7 +72,17 @@ class EvidenceRegistry:
         record = self.records.get(record_id)
         if record is None:
             raise not_found(record_id)
-        return record, (self.blobs.read(record.blob.sha256_hex) if include_blob else None)
+        if not include_blob:
+            return record, None
+        blob = self.blobs.read(record.blob.sha256_hex)
+        # Never hand out bytes that are not the ones the record names.
+        if blob is None:
+            raise BlobDamaged(f"record {record_id!r}: stored blob {record.blob.digest} is missing",
+                              reason="BLOB_MISSING")
+        if sha256_hex(blob) != record.blob.sha256_hex:
+            raise BlobDamaged(f"record {record_id!r}: stored blob no longer hashes to {record.blob.digest}",
+                              reason="BLOB_MISMATCH")
+        return record, blob
 
     def list(self, query: ListQuery) -> ListPage:
         if query.page_size < 0:

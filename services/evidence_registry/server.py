@@ -10,8 +10,10 @@ import asyncio
 import time
 from pathlib import Path
 
+import structlog
 from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
 from fornax.evidence_registry.v1 import evidence_registry_pb2_grpc as pb_grpc
+from prometheus_client import Counter
 
 from libs.service.server import ServiceSpec
 from services.evidence_registry import convert
@@ -21,6 +23,10 @@ from services.evidence_registry.registry import EvidenceRegistry, RegistryLimits
 from services.evidence_registry.sqlite_store import SqliteRecordStore
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EvidenceRegistryService"].full_name
+RECORDS_PUT = Counter("fornax_evidence_records_put_total", "Records stored (or re-put)", ["type", "evidence_class"])
+RESOLUTIONS = Counter("fornax_evidence_resolutions_total", "Resolution answers by reason", ["reason"])
+
+log = structlog.get_logger()
 
 
 class EvidenceRegistryServicer(pb_grpc.EvidenceRegistryServiceServicer):
@@ -30,6 +36,10 @@ class EvidenceRegistryServicer(pb_grpc.EvidenceRegistryServiceServicer):
     async def PutRecord(self, request, context) -> pb.PutRecordResponse:
         command = convert.put_command_from_proto(request)
         record = await asyncio.to_thread(self._registry.put, command, time.time_ns())
+        RECORDS_PUT.labels(record.content.type.value, record.content.evidence_class.value).inc()
+        log.info("record_put", record_id=record.record_id, type=record.content.type.value,
+                 evidence_class=record.content.evidence_class.value, blob_sha256=record.blob.digest,
+                 blob_size_bytes=record.blob.size_bytes)
         return pb.PutRecordResponse(record=convert.record_to_proto(record))
 
     async def GetRecord(self, request, context) -> pb.GetRecordResponse:
@@ -42,12 +52,17 @@ class EvidenceRegistryServicer(pb_grpc.EvidenceRegistryServiceServicer):
 
     async def RevokeRecord(self, request, context) -> pb.RevokeRecordResponse:
         record = await asyncio.to_thread(self._registry.revoke, convert.revoke_command_from_proto(request))
+        log.info("record_revoked", record_id=record.record_id, reason=record.revocation_reason)
         return pb.RevokeRecordResponse(record=convert.record_to_proto(record))
 
     async def ResolveRecords(self, request, context) -> pb.ResolveRecordsResponse:
         expectations = convert.expectations_from_proto(request)
         at_unix_ns = request.at_unix_ns or time.time_ns()
         outcome = await asyncio.to_thread(self._registry.resolve, expectations, at_unix_ns)
+        for resolution in outcome.resolutions:
+            RESOLUTIONS.labels(resolution.reason_code or "OK").inc()
+        if not outcome.all_ok:
+            log.info("records_unresolved", failures=[f"{r.record_id}:{r.reason_code}" for r in outcome.failures])
         return convert.resolve_outcome_to_proto(outcome)
 
 

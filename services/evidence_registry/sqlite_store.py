@@ -117,6 +117,9 @@ class SqliteRecordStore:
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         with self._write() as conn:
+            found = conn.execute("PRAGMA user_version").fetchone()[0]
+            if found > SCHEMA_VERSION:
+                raise RuntimeError(f"{self.path} has schema version {found}; this build reads up to {SCHEMA_VERSION}")
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -122,6 +124,8 @@ def test_every_resolution_failure_reason_over_grpc(service):
     late = client.resolve_records(expectations[:1], at_unix_ns=T0 + 1000).resolutions[0]
     early = client.resolve_records(expectations[:1], at_unix_ns=T0 - 1).resolutions[0]
     assert (late.reason, early.reason) == (ResolutionReason.EXPIRED, ResolutionReason.NOT_YET_VALID)
+    damaged = failure(lambda: client.get_record(tampered.record_id, include_blob=True))
+    assert (damaged.code, damaged.reason) == (grpc.StatusCode.DATA_LOSS, "BLOB_MISMATCH")
     with pytest.raises(EvidenceUnresolved) as err:
         require_resolved(outcome)
     assert revoked.record_id in str(err.value) and "BLOB_MISMATCH" in str(err.value)
@@ -167,9 +171,14 @@ def test_records_survive_a_restart_and_two_processes_share_one_database(tmp_path
             stored = {r.record_id for r in a.iter_records(page_size=25)}
             assert set(made) <= stored and kept.record_id in stored
             assert b.resolve_records([Expectation(rid, RecordType.MEASUREMENT) for rid in made]).all_ok
+        # `b` talks to the second process, which answered the REVOKED resolution above.
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{second.ports['metrics']}/metrics", timeout=10).read()
+        assert b'fornax_evidence_resolutions_total{reason="REVOKED"} 1.0' in metrics
     finally:
         assert first.stop() == 0
         assert second.stop() == 0
+    events = [json.loads(line).get("event") for line in first.log_lines() + second.log_lines()]
+    assert "record_put" in events and "records_unresolved" in events
 
 
 def test_cli_round_trip(service, tmp_path, capsys):

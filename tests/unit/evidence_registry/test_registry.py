@@ -16,7 +16,7 @@ from services.evidence_registry.domain import (
     ResolutionReason,
     RevokeCommand,
 )
-from services.evidence_registry.errors import InvalidField, RecordConflict, RecordNotFound
+from services.evidence_registry.errors import BlobDamaged, InvalidField, RecordConflict, RecordNotFound
 from services.evidence_registry.registry import EvidenceRegistry, RegistryLimits
 from services.evidence_registry.sqlite_store import SqliteRecordStore
 from services.evidence_registry.store import MemoryRecordStore
@@ -191,8 +191,15 @@ def test_resolve_tampered_and_missing_blob(registry):
     resolution = resolve(registry, record.record_id)
     assert resolution.reason is ResolutionReason.BLOB_MISMATCH
     assert sha256_hex(b"forged") in resolution.detail
+    with pytest.raises(BlobDamaged) as err:
+        registry.get(record.record_id, include_blob=True)
+    assert err.value.reason == "BLOB_MISMATCH"
+    assert registry.get(record.record_id)[0] == record
     tamper(registry, record.blob.sha256_hex, None)
     assert resolve(registry, record.record_id).reason is ResolutionReason.BLOB_MISSING
+    with pytest.raises(BlobDamaged) as err:
+        registry.get(record.record_id, include_blob=True)
+    assert err.value.reason == "BLOB_MISSING"
     # Putting the same bytes again repairs the stored copy.
     registry.put(put(blob=b"honest"), T0)
     assert resolve(registry, record.record_id).ok

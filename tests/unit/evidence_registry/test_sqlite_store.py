@@ -116,3 +116,15 @@ def test_concurrent_puts_from_processes(tmp_path):
     assert outcome.all_ok, [f.detail for f in outcome.failures]
     assert os.path.exists(tmp_path / "registry.db-wal")
     registry.records.close()
+
+
+def test_a_newer_schema_is_refused_not_rewritten(tmp_path):
+    import sqlite3
+
+    import pytest
+
+    SqliteRecordStore(tmp_path / "r.db").close()
+    with sqlite3.connect(tmp_path / "r.db") as conn:
+        conn.execute("PRAGMA user_version = 99")
+    with pytest.raises(RuntimeError, match="schema version 99"):
+        SqliteRecordStore(tmp_path / "r.db")
