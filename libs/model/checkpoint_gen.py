@@ -35,7 +35,7 @@ from libs.model.tokenizer_build import (
 )
 from libs.model.weights import INDEX_NAME, SINGLE_NAME
 
-DEFAULT_MAX_SHARD_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_SHARD_BYTES = 1024 * 1024 * 1024
 _RESIDUAL_WRITERS = ("o_proj.weight", "down_proj.weight")
 
 

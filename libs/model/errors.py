@@ -1,48 +1,43 @@
-"""Model-layer errors. Each carries a stable UPPER_SNAKE reason code and the gRPC status
-name the service layer maps it to."""
+"""Model-layer errors: service-hierarchy subclasses with stable UPPER_SNAKE reasons."""
 
 from __future__ import annotations
 
-
-class ModelError(Exception):
-    reason = "MODEL_ERROR"
-    grpc_status = "INTERNAL"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 
 
-class ConfigError(ModelError):
-    reason = "MODEL_CONFIG"
-    grpc_status = "INVALID_ARGUMENT"
+class ModelError(FornaxError):
+    default_reason = "MODEL_ERROR"
 
 
-class CheckpointError(ModelError):
-    reason = "CHECKPOINT"
-    grpc_status = "FAILED_PRECONDITION"
+class ConfigError(ModelError, InvalidArgument):
+    default_reason = "MODEL_CONFIG"
 
 
-class BackendUnavailableError(ModelError):
-    reason = "BACKEND_UNAVAILABLE"
-    grpc_status = "UNAVAILABLE"
+class CheckpointError(ModelError, FailedPrecondition):
+    default_reason = "CHECKPOINT"
 
 
-class KvLimitExceededError(ModelError):
-    reason = "KV_LIMIT"
-    grpc_status = "RESOURCE_EXHAUSTED"
+class BackendUnavailableError(ModelError, Unavailable):
+    default_reason = "BACKEND_UNAVAILABLE"
 
 
-class KvEpochError(ModelError):
-    reason = "KV_EPOCH"
-    grpc_status = "FAILED_PRECONDITION"
+class KvLimitExceededError(ModelError, ResourceExhausted):
+    default_reason = "KV_LIMIT"
 
 
-class UnknownSequenceError(ModelError):
-    reason = "UNKNOWN_SEQUENCE"
-    grpc_status = "NOT_FOUND"
+class KvEpochError(ModelError, FailedPrecondition):
+    """A slice's (sequence_no, position, kv_epoch) does not follow the lease's state."""
+
+    default_reason = "STALE_KV"
 
 
-class BatchError(ModelError):
-    reason = "BAD_BATCH"
-    grpc_status = "INVALID_ARGUMENT"
+class UnknownSequenceError(ModelError, NotFound):
+    default_reason = "UNKNOWN_LEASE"
+
+
+class ReleasedSequenceError(ModelError, FailedPrecondition):
+    default_reason = "RELEASED"
+
+
+class BatchError(ModelError, InvalidArgument):
+    default_reason = "BAD_BATCH"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from libs.model.errors import KvEpochError, KvLimitExceededError, UnknownSequenceError
+from libs.model.errors import KvEpochError, KvLimitExceededError, ReleasedSequenceError, UnknownSequenceError
 
 KvKey = tuple[str, str]  # (request_id, lease_id)
 
@@ -90,7 +90,7 @@ class KvStore:
     def check(self, ident: SliceIdentity) -> None:
         """Raise if this slice may not run against the current state (nothing changes)."""
         if ident.key in self._tombstones:
-            raise UnknownSequenceError(f"request {ident.request_id!r} lease {ident.lease_id!r} was released")
+            raise ReleasedSequenceError(f"request {ident.request_id!r} lease {ident.lease_id!r} was released")
         if ident.row_count < 1:
             raise KvEpochError(f"request {ident.request_id!r}: a slice needs at least one row")
         entry = self._entries.get(ident.key)

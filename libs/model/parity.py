@@ -27,7 +27,7 @@ LATE_PREFILL_STEP = 3
 
 
 class ParityUnsupportedError(ConfigError):
-    reason = "PARITY_UNSUPPORTED"
+    default_reason = "PARITY_UNSUPPORTED"
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from libs.model.config import load_config
-from libs.model.errors import BackendUnavailableError, BatchError, KvEpochError, KvLimitExceededError, UnknownSequenceError
+from libs.model.errors import (
+    BackendUnavailableError,
+    BatchError,
+    KvEpochError,
+    KvLimitExceededError,
+    ReleasedSequenceError,
+)
 from libs.model.executor import StageBatch, StageExecutor, StageSpec, build_ragged_layout
 from libs.model.kernels import MASK_NEG, make_kernels
 from libs.model.kv_store import SliceIdentity
@@ -90,8 +96,9 @@ def test_release_frees_bytes_and_tombstones_the_lease(tiny_checkpoint):
     assert ex.release("a", "lease-1") is True
     usage = ex.kv_usage()
     assert usage.bytes_used == 3 * per_token and usage.bytes_high_water == 10 * per_token
-    with pytest.raises(UnknownSequenceError):
+    with pytest.raises(ReleasedSequenceError) as err:
         ex.execute(StageBatch((ident("a", 0, 0, 1),), TOKENS["a"][:1]))
+    assert err.value.reason == "RELEASED"
     assert ex.release("a", "lease-1") is False
 
 
