@@ -87,6 +87,14 @@ class Plan:
     stages: tuple[PlannedStage, ...]
     predictions: tuple[Prediction, ...]
 
+    @property
+    def label(self) -> str:
+        if self.mode == "deployment":
+            return ("deployment: every referenced evidence record resolved; "
+                    "time figures are still cost-model predictions")
+        return ("exploratory: placement from declared inventory figures; "
+                "every time figure is a cost-model prediction, not a measurement")
+
     def prediction(self, name: str) -> float:
         for p in self.predictions:
             if p.name == name:

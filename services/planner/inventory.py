@@ -25,7 +25,7 @@ DEFAULT_MAX_STAGES = 8
 
 
 class InventoryError(InvalidArgument):
-    default_reason = "BAD_INVENTORY"
+    default_reason = "INVALID_PLAN_INPUT"
 
 
 @dataclass(frozen=True)
