@@ -63,12 +63,12 @@ def sha256_file(path: str | os.PathLike[str], chunk_bytes: int = HASH_CHUNK_BYTE
 
 def verify_artifact(
     artifact_dir: str | os.PathLike[str],
-    expected_manifest_hash: str = "",
-    expected_plan_hash: str = "",
+    expected_manifest_hash: str | None = None,
+    expected_plan_hash: str | None = None,
 ) -> VerifiedArtifact:
     """Return the verified manifest, or raise the artifact error naming the first defect.
 
-    An empty expectation is not checked. A content-addressed directory ("sha256-<hex>", also
+    An empty or None expectation is not checked. A content-addressed directory ("sha256-<hex>", also
     reached through a symlink) is always checked against its own name.
     """
     root = Path(artifact_dir).resolve()
@@ -90,7 +90,7 @@ def verify_artifact(
     return VerifiedArtifact(artifact_dir=root, manifest=manifest, manifest_hash=actual_hash)
 
 
-def _check_manifest_hash(root: Path, actual: str, expected: str) -> None:
+def _check_manifest_hash(root: Path, actual: str, expected: str | None) -> None:
     addressed = hash_from_dir_name(root.name)
     if addressed is not None and addressed != actual:
         raise ManifestHashMismatchError(f"{root}: manifest hashes to {actual}, directory names {addressed}")

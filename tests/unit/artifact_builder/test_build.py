@@ -167,3 +167,33 @@ def test_generated_bf16_checkpoints_build_and_load_back(tmp_path):
             for name, tensor in load_torch(str(stage.artifact_dir / "model.safetensors")).items():
                 origin = "model.embed_tokens.weight" if tied and name == "lm_head.weight" else name
                 assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, source[origin])
+
+
+def test_untied_artifacts_load_like_the_checkpoint_through_the_model_loader(tmp_path):
+    from libs.model.checkpoint_gen import CheckpointRequest
+    from libs.model.checkpoint_gen import write_checkpoint as generate
+    from libs.model.config import load_config
+    from libs.model.weights import load_stage_weights
+
+    root = tmp_path / "tiny"
+    generate(CheckpointRequest("tiny", root, max_shard_bytes=200_000))
+    result, _ = build(root, tmp_path / "out", stages=2)
+    config = load_config(root)
+    for stage in result.stages:
+        first, last = stage.stage_index == 0, stage.stage_index == 1
+        args = (config, stage.layer_start, stage.layer_end_exclusive, first, last)
+        from_artifact = load_stage_weights(stage.artifact_dir, *args)
+        from_checkpoint = load_stage_weights(root, *args)
+        assert sorted(from_artifact.layers) == sorted(from_checkpoint.layers)
+        for layer, expected in from_checkpoint.layers.items():
+            actual = from_artifact.layers[layer]
+            np.testing.assert_array_equal(actual.input_norm, expected.input_norm)
+            np.testing.assert_array_equal(actual.attention.kv_b_proj, expected.attention.kv_b_proj)
+            mlp_pair = (actual.moe.experts_down, expected.moe.experts_down) if expected.moe else (
+                actual.dense_mlp.down, expected.dense_mlp.down)
+            np.testing.assert_array_equal(*mlp_pair)
+        for part in ("embed", "final_norm", "lm_head"):
+            expected, actual = getattr(from_checkpoint, part), getattr(from_artifact, part)
+            assert (expected is None) == (actual is None)
+            if expected is not None:
+                np.testing.assert_array_equal(actual, expected)
