@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds one image per service: localhost/fornax-<service>:<version>.
+#   scripts/images/build.sh [service ...]     (default: all five)
+# The base comes from debootstrap (build_base.sh). Wheels are fetched on the host into a
+# per-service wheelhouse; inside the build, RUN steps have no network at all.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PY=${PY:-.venv/bin/python}
+ALL_SERVICES=(planner evidence_registry artifact_builder orchestrator stage_worker)
+SERVICES=("$@")
+[[ ${#SERVICES[@]} -gt 0 ]] || SERVICES=("${ALL_SERVICES[@]}")
+BASE_IMAGE=${FORNAX_BASE_IMAGE:-localhost/fornax-base:bookworm}
+OUT=build/images
+VERSION=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+
+export FORNAX_BASE_IMAGE=$BASE_IMAGE
+bash scripts/images/build_base.sh
+
+# The project's own wheel; its dependencies come from each service's list instead.
+rm -rf "$OUT/project" && mkdir -p "$OUT/project"
+"$PY" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$OUT/project" .
+project_wheel=$(ls "$OUT"/project/fornax-*.whl)
+
+for svc in "${SERVICES[@]}"; do
+  reqs=images/requirements/$svc.txt
+  [[ -f $reqs ]] || { echo "images: unknown service $svc" >&2; exit 2; }
+  ctx=$OUT/$svc
+  rm -rf "$ctx" && mkdir -p "$ctx/wheels"
+  start=$(date +%s)
+  "$PY" -m pip download --quiet --disable-pip-version-check --only-binary=:all: --dest "$ctx/wheels" \
+    -r "$reqs" -c requirements.lock
+  cp "$project_wheel" "$ctx/wheels/"
+  # Flatten the -r includes: inside the image only the wheelhouse exists.
+  grep -h -v -e '^-r' -e '^#' -e '^$' images/requirements/common.txt "$reqs" | sort -u >"$ctx/wheels/requirements.txt"
+  echo "/wheels/$(basename "$project_wheel")" >"$ctx/wheels/project.txt"
+  name=fornax-${svc//_/-}
+  # chroot isolation shares the caller's network namespace, so the build runs in a fresh one
+  # that has no interfaces: a RUN step that reaches for the network fails.
+  unshare --net buildah bud --isolation chroot --layers=false \
+    --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+    --label "org.opencontainers.image.title=$name" \
+    --label "org.opencontainers.image.version=$VERSION" \
+    -f "services/$svc/Dockerfile" -t "localhost/$name:$VERSION" "$ctx"
+  echo "images: built localhost/$name:$VERSION in $(($(date +%s) - start)) s"
+done
