@@ -46,3 +46,10 @@ integration: setup
 
 clean:
 	rm -rf $(VENV) .fornax .proto-check
+
+# One container image per service (buildah, debootstrap base, host-built wheelhouse).
+# Needs root with buildah and debootstrap; IMAGE_SERVICES picks a subset, e.g. "planner".
+IMAGE_SERVICES ?= planner evidence_registry artifact_builder orchestrator stage_worker
+.PHONY: images
+images: setup
+	PY=$(PY) bash scripts/images/build.sh $(IMAGE_SERVICES)
