@@ -123,13 +123,17 @@ class Scheduler:
         self._expire(now_ns)
         free = [s for s in range(self.slots) if s not in self._busy_slots]
         batches: list[Microbatch] = []
+        # A slot takes no more than its fair share of the active requests, so that slots
+        # coming back one at a time converge to a balanced partition.
+        fair = math.ceil(sum(1 for r in self._requests.values()
+                             if r.state is not _State.RELEASING) / self.slots)
         for index, slot in enumerate(free):
             waiting, decodable = self._ready()
             if not waiting and not decodable:
                 break
             phase = (Phase.PREFILL if waiting and (not decodable or self._last_phase is Phase.DECODE)
                      else Phase.DECODE)
-            share = math.ceil((len(waiting) + len(decodable)) / (len(free) - index))
+            share = min(math.ceil((len(waiting) + len(decodable)) / (len(free) - index)), fair)
             picked = self._pick(waiting if phase is Phase.PREFILL else decodable, share, phase)
             batches.append(self._issue(slot, phase, picked, now_ns))
         return batches

@@ -228,3 +228,10 @@ class ServingEngine:
                 await asyncio.sleep(RELEASE_RETRY_S * min(attempt, 20))
         self.scheduler.on_released(report)
         self._pump()
+
+
+class RouteSlot:
+    """The engine of the currently installed route, or None before one is installed."""
+
+    def __init__(self, engine: ServingEngine | None = None) -> None:
+        self.engine = engine

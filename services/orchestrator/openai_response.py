@@ -1,0 +1,94 @@
+"""OpenAI-compatible response bodies and the error envelope, built from typed values."""
+
+from __future__ import annotations
+
+import grpc
+
+from libs.service.errors import FornaxError
+from services.orchestrator.domain import FinishReason
+
+# gRPC status -> (HTTP status, OpenAI error type)
+_HTTP_BY_CODE: dict[grpc.StatusCode, tuple[int, str]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    grpc.StatusCode.FAILED_PRECONDITION: (400, "invalid_request_error"),
+    grpc.StatusCode.OUT_OF_RANGE: (400, "invalid_request_error"),
+    grpc.StatusCode.NOT_FOUND: (404, "invalid_request_error"),
+    grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
+    grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "capacity_error"),
+    grpc.StatusCode.CANCELLED: (499, "cancelled_error"),
+    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable_error"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout_error"),
+    grpc.StatusCode.UNIMPLEMENTED: (501, "not_implemented_error"),
+}
+
+
+def error_envelope(message: str, error_type: str, code: str, param: str | None) -> dict:
+    return {"error": {"message": message, "type": error_type, "code": code, "param": param}}
+
+
+def error_from_exception(exc: FornaxError) -> tuple[int, dict]:
+    status, error_type = _HTTP_BY_CODE.get(exc.code, (500, "server_error"))
+    return status, error_envelope(exc.message, error_type, exc.reason.lower(), exc.field)
+
+
+def finish_reason_text(reason: FinishReason | None) -> str | None:
+    """OpenAI knows `stop` and `length`; other endings travel as errors, not finish reasons."""
+    if reason is FinishReason.STOP:
+        return "stop"
+    if reason is FinishReason.LENGTH:
+        return "length"
+    return None
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def model_list(model_id: str | None, created: int) -> dict:
+    data = [] if model_id is None else [
+        {"id": model_id, "object": "model", "created": created, "owned_by": "fornax"}]
+    return {"object": "list", "data": data}
+
+
+def chat_completion(rid: str, created: int, model: str, text: str, finish: FinishReason | None,
+                    prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": None, "finish_reason": finish_reason_text(finish)}],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def completion(rid: str, created: int, model: str, text: str, finish: FinishReason | None,
+               prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None,
+                         "finish_reason": finish_reason_text(finish)}],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def chat_chunk(rid: str, created: int, model: str, delta: dict,
+               finish: FinishReason | None, with_usage_field: bool) -> dict:
+    chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                          "finish_reason": finish_reason_text(finish)}]}
+    if with_usage_field:
+        chunk["usage"] = None
+    return chunk
+
+
+def completion_chunk(rid: str, created: int, model: str, text: str,
+                     finish: FinishReason | None, with_usage_field: bool) -> dict:
+    chunk = {"id": rid, "object": "text_completion", "created": created, "model": model,
+             "choices": [{"index": 0, "text": text, "logprobs": None,
+                          "finish_reason": finish_reason_text(finish)}]}
+    if with_usage_field:
+        chunk["usage"] = None
+    return chunk
+
+
+def usage_chunk(rid: str, created: int, model: str, obj: str, prompt_tokens: int,
+                completion_tokens: int) -> dict:
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+            "usage": usage(prompt_tokens, completion_tokens)}
