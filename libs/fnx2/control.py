@@ -20,7 +20,10 @@ MAX_EXTENSIONS = 16
 EXT_MULTI_INFLIGHT = "multi_inflight"
 EXT_TRACEPARENT = "traceparent"
 EXT_TIMINGS = "timings"
-KNOWN_EXTENSIONS = frozenset({EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, EXT_TIMINGS})
+# An ok sequence may answer with fewer output rows than input rows (a final stage returning
+# one sampled token per sequence instead of one row per input token).
+EXT_COMPACT_OUTPUT = "compact_output"
+KNOWN_EXTENSIONS = frozenset({EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, EXT_TIMINGS, EXT_COMPACT_OUTPUT})
 
 CREDIT_FIELDS = ("frames", "payload_bytes", "rows", "sequences",
                  "live_requests", "kv_bytes", "replay_bytes")

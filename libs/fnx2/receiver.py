@@ -18,7 +18,7 @@ import numpy as np
 
 from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits, ExpectedBinding
 from libs.fnx2.control import (
-    ABI_VERSION, EXT_MULTI_INFLIGHT, EXT_TIMINGS, KNOWN_EXTENSIONS, Ack, AckHello, AckStage,
+    ABI_VERSION, EXT_COMPACT_OUTPUT, EXT_MULTI_INFLIGHT, EXT_TIMINGS, KNOWN_EXTENSIONS, Ack, AckHello, AckStage,
     Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release,
 )
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
@@ -58,6 +58,9 @@ class StageOutput:
 
     tensor: Tensor | None
     failures: tuple[SequenceFailure, ...] = ()
+    # Output rows per ok sequence, in order; None = as many as it sent. Fewer rows need the
+    # compact_output extension on the channel.
+    rows_per_sequence: tuple[int, ...] | None = None
 
 
 class StageHandler(Protocol):
@@ -218,7 +221,7 @@ class _Channel:
         except Exception as exc:  # a backend failure fails its sequences, not the channel
             message = f"{type(exc).__name__}: {exc}"
             return {s.identity: Outcome(False, None, "FAILED", message) for s in work.sequences}
-        return _outcomes(work, output)
+        return _outcomes(work, output, EXT_COMPACT_OUTPUT in self.extensions)
 
     async def _on_lease_control(self, message: Cancel | Release) -> None:
         if message.binding != self.r.config.binding:
@@ -280,9 +283,11 @@ class _Channel:
         await self.stream.close()
 
 
-def _outcomes(work: StageWork, output: StageOutput) -> dict[tuple[str, str], Outcome]:
+def _outcomes(work: StageWork, output: StageOutput,
+              compact_output: bool = False) -> dict[tuple[str, str], Outcome]:
     failed = {f.request_id: f for f in output.failures}
     outcomes: dict[tuple[str, str], Outcome] = {}
+    counts = iter(output.rows_per_sequence or ())
     cursor = 0
     rows_available = 0 if output.tensor is None else output.tensor.descriptor.rows
     kind = None if output.tensor is None else (output.tensor.descriptor.kind,
@@ -292,12 +297,16 @@ def _outcomes(work: StageWork, output: StageOutput) -> dict[tuple[str, str], Out
         if failure is not None:
             outcomes[item.identity] = Outcome(False, None, failure.code, failure.message)
             continue
-        if cursor + item.input_row_count > rows_available:
+        rows = item.input_row_count if output.rows_per_sequence is None else next(counts, 0)
+        if rows != item.input_row_count and not compact_output:
+            outcomes[item.identity] = Outcome(False, None, "FAILED",
+                                              "compact output needs the compact_output extension")
+            continue
+        if rows < 1 or cursor + rows > rows_available:
             outcomes[item.identity] = Outcome(False, None, "FAILED", "backend returned too few rows")
             continue
-        outcomes[item.identity] = Outcome(True, output.tensor.rows(cursor, item.input_row_count),
-                                          kind=kind)
-        cursor += item.input_row_count
+        outcomes[item.identity] = Outcome(True, output.tensor.rows(cursor, rows), kind=kind)
+        cursor += rows
     return outcomes
 
 

@@ -315,7 +315,7 @@ class ReceiverState:
         lease.decoded = lease.decoded or admission.batch.batch.phase is Phase.DECODE
         result = SequenceResult(
             item.request_id, item.execution_lease_id, item.request_sequence_no, SequenceStatus.OK,
-            item.input_row_start, item.input_row_count, 0, item.input_row_count,
+            item.input_row_start, item.input_row_count, 0, len(outcome.rows),
             item.kv_epoch, item.kv_epoch + 1, None, None, timings)
         rows = np.array(outcome.rows)  # kept for exact replay; the frame buffer is reused
         if lease.replay is not None and lease.replay.rows is not None:

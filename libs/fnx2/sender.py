@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits
 from libs.fnx2.control import (
-    EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, KNOWN_EXTENSIONS, Ack, AckCancel, AckHello, AckRelease,
+    EXT_COMPACT_OUTPUT, EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, KNOWN_EXTENSIONS, Ack, AckCancel, AckHello, AckRelease,
     Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release,
 )
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error, RemoteError
@@ -196,7 +196,7 @@ class Fnx2Client:
         if pending is None or pending.future.done():
             return
         try:
-            result.check_against(pending.batch)
+            result.check_against(pending.batch, EXT_COMPACT_OUTPUT in self.extensions)
         except Fnx2Error as exc:
             pending.future.set_exception(exc)
             return
