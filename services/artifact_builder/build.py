@@ -44,8 +44,8 @@ from libs.artifacts.safetensors_format import PlannedTensor, copy_range, encode_
 from libs.artifacts.errors import ARTIFACT_ERRORS
 from libs.artifacts.verify import sha256_file, verify_artifact
 from libs.model.config import DeepseekV2Config
-from services.artifact_builder.errors import OutputDirError, PlanInvalidError
-from services.artifact_builder.snapshot import CheckpointSnapshot, Inspection
+from services.artifact_builder.errors import CheckpointChangedError, OutputDirError, PlanInvalidError
+from services.artifact_builder.snapshot import CheckpointSnapshot, Inspection, shard_stat
 from services.artifact_builder.staging import StageContents, StagePlan, assign_tensors
 
 STORE_DIR = "artifacts"
@@ -110,6 +110,7 @@ def build_stage_artifacts(
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-stage-{stage.stage.stage_index}-", dir=store))
         try:
             weights = yield from _write_weights(inspection.snapshot, stage, tmp / WEIGHTS_FILE, options.chunk_bytes, counter)
+            _require_unchanged(inspection)
             manifest = _manifest(inspection, plan, stage, tmp, weights, options.boundary_dtype)
             built.append(_commit(store, tmp, manifest, stage))
         finally:
@@ -117,6 +118,15 @@ def build_stage_artifacts(
             shutil.rmtree(tmp, ignore_errors=True)
     _link_stages(options.out_dir, built)
     yield BuildResult(plan_id=plan.plan_id, plan_hash=plan.plan_hash, stages=tuple(built))
+
+
+def _require_unchanged(inspection: Inspection) -> None:
+    """The copied bytes must be the hashed bytes: refuse shards touched since inspection."""
+    names = [name for name, _, _ in inspection.shard_stats]
+    now = shard_stat(inspection.snapshot.checkpoint_dir, names)
+    if now != inspection.shard_stats:
+        changed = [a[0] for a, b in zip(inspection.shard_stats, now) if a != b]
+        raise CheckpointChangedError(f"shards changed since inspection: {changed}")
 
 
 class _Counter:

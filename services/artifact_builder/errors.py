@@ -43,6 +43,12 @@ class ShardInvalidError(FailedPrecondition):
     default_reason = "CHECKPOINT_SHARD_INVALID"
 
 
+class CheckpointChangedError(FailedPrecondition):
+    """A shard changed on disk between inspection and the end of a build."""
+
+    default_reason = "CHECKPOINT_CHANGED"
+
+
 class TensorLayoutError(FailedPrecondition):
     """The tensors disagree with the architecture the config implies.
 

@@ -90,6 +90,8 @@ class Inspection:
     config: DeepseekV2Config
     tensors: tuple[SourceTensor, ...]
     problems: tuple[TensorProblem, ...]
+    # (shard, size_bytes, mtime_ns) taken before hashing: a build refuses shards that changed.
+    shard_stats: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def valid(self) -> bool:
@@ -118,6 +120,7 @@ def inspect_checkpoint(checkpoint_dir: str | Path, source: str = "", revision: s
     except ConfigError as exc:
         raise CheckpointConfigError(f"{root / CONFIG_FILE}: {exc.message}") from exc
     weight_map, index_sha = _weight_map(root)
+    shard_stats = shard_stat(root, sorted(set(weight_map.values())))
     tensors = _read_shards(root, weight_map)
     weight_dtype = _weight_dtype(raw_config, tensors)
     problems = check_tensors(config, weight_dtype, tensors)
@@ -148,7 +151,12 @@ def inspect_checkpoint(checkpoint_dir: str | Path, source: str = "", revision: s
         tied_embeddings=config.tie_word_embeddings,
         weight_dtype=weight_dtype,
     )
-    return Inspection(snapshot=snapshot, config=config, tensors=tensors, problems=problems)
+    return Inspection(snapshot=snapshot, config=config, tensors=tensors, problems=problems, shard_stats=shard_stats)
+
+
+def shard_stat(root: Path, shards: list[str]) -> tuple[tuple[str, int, int], ...]:
+    stats = ((name, (root / name).stat()) for name in shards)
+    return tuple((name, st.st_size, st.st_mtime_ns) for name, st in stats)
 
 
 def check_tensors(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from safetensors.numpy import load_file
 from libs.artifacts.manifest import LAYER_RANGE_CONVENTION, decode_manifest, manifest_hash
 from libs.artifacts.verify import verify_artifact
 from services.artifact_builder.build import BuildOptions, BuildProgress, BuildResult, build_stage_artifacts
-from services.artifact_builder.errors import OutputDirError, PlanInvalidError, TensorLayoutError
+from services.artifact_builder.errors import CheckpointChangedError, OutputDirError, PlanInvalidError, TensorLayoutError
 from services.artifact_builder.snapshot import inspect_checkpoint
 from services.artifact_builder.staging import even_layer_ranges, plan_from_ranges
 from tests.unit.artifact_builder.fixtures import write_checkpoint
@@ -197,3 +198,18 @@ def test_untied_artifacts_load_like_the_checkpoint_through_the_model_loader(tmp_
             assert (expected is None) == (actual is None)
             if expected is not None:
                 np.testing.assert_array_equal(actual, expected)
+
+
+def test_shard_rewritten_after_inspection_is_refused(tmp_path):
+    root = write_checkpoint(tmp_path / "ck", shards=2)
+    inspection = inspect_checkpoint(root)
+    shard = root / "model-00002-of-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x10
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(0, 12345))
+    plan = plan_from_ranges(even_layer_ranges(4, 2))
+    with pytest.raises(CheckpointChangedError):
+        list(build_stage_artifacts(inspection, plan, BuildOptions(tmp_path / "out", FP32)))
+    assert not list((tmp_path / "out").glob("stage-*"))
+    assert not [p for p in (tmp_path / "out" / "artifacts").iterdir()]

@@ -127,3 +127,23 @@ def test_explicit_ranges_get_a_stable_plan_hash():
     assert a == plan_from_ranges(((0, 2), (2, 4)))
     assert a.plan_hash != plan_from_ranges(((0, 1), (1, 4))).plan_hash
     assert a.plan_hash.startswith("sha256:") and a.stages[1] == StageRange(1, 2, 4)
+
+
+@given(st.integers(1, 8), st.booleans(), st.data())
+def test_any_contiguous_plan_places_every_tensor_exactly_once(num_layers, tied, data):
+    cfg, tensors = _model(tied=tied, layers=num_layers)
+    cuts = sorted(data.draw(st.sets(st.integers(1, num_layers - 1), max_size=num_layers - 1))) if num_layers > 1 else []
+    bounds = [0, *cuts, num_layers]
+    stages = assign_tensors(cfg, plan_from_ranges(tuple(zip(bounds, bounds[1:]))), tensors)
+    placed = [(t.name, s.stage.stage_index) for s in stages for t in s.tensors]
+    assert sorted(n for n, _ in placed) == sorted(set(tensors) | ({HEAD} if tied else set()))
+    last = len(stages) - 1
+    for name, index in placed:
+        layer = _layer_of(name)
+        if layer is not None:
+            stage = stages[index].stage
+            assert stage.layer_start <= layer < stage.layer_end_exclusive
+        elif name == EMBED:
+            assert index == 0
+        else:
+            assert name in (NORM, HEAD) and index == last
