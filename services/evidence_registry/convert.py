@@ -203,6 +203,12 @@ def expectations_from_proto(request: pb.ResolveRecordsRequest) -> tuple[Expectat
     )
 
 
+def resolve_instant(request: pb.ResolveRecordsRequest, now_unix_ns: int) -> int:
+    if request.at_unix_ns < 0:
+        raise InvalidField("at_unix_ns", "INVALID_INSTANT", f"{request.at_unix_ns} is negative")
+    return request.at_unix_ns or now_unix_ns
+
+
 def resolution_to_proto(resolution: Resolution) -> pb.Resolution:
     message = pb.Resolution(record_id=resolution.record_id, ok=resolution.ok, detail=resolution.detail,
                             reason="" if resolution.reason is None else resolution.reason.value)

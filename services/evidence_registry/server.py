@@ -57,7 +57,7 @@ class EvidenceRegistryServicer(pb_grpc.EvidenceRegistryServiceServicer):
 
     async def ResolveRecords(self, request, context) -> pb.ResolveRecordsResponse:
         expectations = convert.expectations_from_proto(request)
-        at_unix_ns = request.at_unix_ns or time.time_ns()
+        at_unix_ns = convert.resolve_instant(request, time.time_ns())
         outcome = await asyncio.to_thread(self._registry.resolve, expectations, at_unix_ns)
         for resolution in outcome.resolutions:
             RESOLUTIONS.labels(resolution.reason_code or "OK").inc()

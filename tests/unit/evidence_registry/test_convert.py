@@ -121,3 +121,11 @@ def test_resolution_answers_round_trip_and_contradictions_are_refused():
     silent_failure = pb.ResolveRecordsResponse(resolutions=[pb.Resolution(record_id="x", ok=False)])
     with pytest.raises(InvalidField):
         convert.resolve_outcome_from_proto(silent_failure)
+
+
+def test_resolve_instant_defaults_to_now_and_refuses_negative():
+    assert convert.resolve_instant(pb.ResolveRecordsRequest(), 123) == 123
+    assert convert.resolve_instant(pb.ResolveRecordsRequest(at_unix_ns=5), 123) == 5
+    with pytest.raises(InvalidField) as err:
+        convert.resolve_instant(pb.ResolveRecordsRequest(at_unix_ns=-1), 123)
+    assert err.value.field == "at_unix_ns"
