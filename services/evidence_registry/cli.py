@@ -74,7 +74,7 @@ def _add_put(verbs) -> None:
     put.add_argument("--valid-from", help="Unix ns or ISO 8601 (default: unbounded)")
     put.add_argument("--valid-until", help="Unix ns or ISO 8601, exclusive (default: unbounded)")
     for name in ("hardware", "backend-build", "model-snapshot", "command", "shapes"):
-        put.add_argument(f"--{name}", default="", help="provenance (physical records need the first four)")
+        put.add_argument(f"--{name}", default="", help="provenance: physical records need hardware, backend build, model snapshot and command; physical measurement/calibration records also --layers, --dtype, --shapes")
     put.add_argument("--layers", help="provenance layer range START:END (half-open)")
     put.add_argument("--dtype", choices=DTYPES)
     put.set_defaults(func=cmd_put)

@@ -9,6 +9,7 @@ from services.evidence_registry.domain import (
     Expectation,
     PutCommand,
     RecordContent,
+    RecordType,
     RevokeCommand,
 )
 from services.evidence_registry.errors import InvalidField
@@ -22,6 +23,8 @@ MAX_EXPECTATIONS = 1024
 
 # Provenance a physical record must name, in the order they are reported.
 PHYSICAL_REQUIRED = ("hardware", "backend_build", "model_snapshot", "command")
+# Physical figures of executed layers must also say which layers ran, in what dtype and shapes.
+EXECUTION_TYPES = (RecordType.MEASUREMENT, RecordType.CALIBRATION)
 
 
 def parse_sha256(field: str, value: str, *, required: bool) -> str:
@@ -96,6 +99,15 @@ def _check_provenance(content: RecordContent, prefix: str) -> None:
             raise InvalidField(
                 f"{prefix}.provenance.{name}", "MISSING_PROVENANCE",
                 f"a physical record must name its {name.replace('_', ' ')}",
+            )
+    if content.type not in EXECUTION_TYPES:
+        return
+    for name, missing in (("layer_range", layers is None), ("dtype", provenance.dtype is None),
+                          ("shapes", not provenance.shapes.strip())):
+        if missing:
+            raise InvalidField(
+                f"{prefix}.provenance.{name}", "MISSING_PROVENANCE",
+                f"a physical {content.type.value} record must name its {name.replace('_', ' ')}",
             )
 
 

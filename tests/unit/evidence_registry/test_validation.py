@@ -6,7 +6,14 @@ import dataclasses
 
 import pytest
 
-from services.evidence_registry.domain import EvidenceClass, LayerRange, Provenance, PutCommand, RevokeCommand
+from services.evidence_registry.domain import (
+    EvidenceClass,
+    LayerRange,
+    Provenance,
+    PutCommand,
+    RecordType,
+    RevokeCommand,
+)
 from services.evidence_registry.errors import InvalidField
 from services.evidence_registry.validation import PHYSICAL_REQUIRED, check_put, check_revoke, parse_sha256
 from tests.unit.evidence_registry.factories import PHYSICAL_PROVENANCE, content, physical, window
@@ -31,6 +38,19 @@ def test_physical_record_without_provenance_field_is_refused(missing):
     assert error.field == f"record.provenance.{missing}"
     assert error.reason == "MISSING_PROVENANCE"
     assert error.field in str(error)
+
+
+@pytest.mark.parametrize("missing,empty", [("layer_range", None), ("dtype", None), ("shapes", " ")])
+@pytest.mark.parametrize("record_type", [RecordType.MEASUREMENT, RecordType.CALIBRATION])
+def test_physical_execution_record_must_name_layers_dtype_and_shapes(missing, empty, record_type):
+    provenance = dataclasses.replace(PHYSICAL_PROVENANCE, **{missing: empty})
+    error = refused(PutCommand(content=physical(record_type, provenance=provenance), blob=b"x"))
+    assert (error.field, error.reason) == (f"record.provenance.{missing}", "MISSING_PROVENANCE")
+
+
+def test_physical_capability_record_needs_only_the_four_names():
+    provenance = dataclasses.replace(PHYSICAL_PROVENANCE, layer_range=None, dtype=None, shapes="")
+    check_put(PutCommand(content=physical(RecordType.CAPABILITY, provenance=provenance), blob=b"x"), LIMIT)
 
 
 def test_reference_record_needs_no_provenance():
