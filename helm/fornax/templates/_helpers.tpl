@@ -76,11 +76,15 @@ app.kubernetes.io/part-of: fornax
 {{- printf "%s-%d.%s" $sts (int .index) $sts -}}
 {{- end -}}
 
-{{/* Comma-separated gRPC addresses of the stage workers, in stage order. */}}
+{{/* Comma-separated gRPC addresses of the stage workers, in stage order: the in-cluster
+StatefulSet pods first, then the external workers (outside Kubernetes) in the order listed. */}}
 {{- define "fornax.stageWorkerAddrs" -}}
 {{- $addrs := list -}}
 {{- range $i := until (int .Values.stageWorker.stages) -}}
 {{- $addrs = append $addrs (printf "%s:%d" (include "fornax.stageHost" (dict "root" $ "index" $i)) (int $.Values.ports.grpc)) -}}
+{{- end -}}
+{{- range .Values.stageWorker.external -}}
+{{- $addrs = append $addrs .grpcAddress -}}
 {{- end -}}
 {{- join "," $addrs -}}
 {{- end -}}

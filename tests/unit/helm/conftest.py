@@ -58,9 +58,10 @@ def render(helm: str, values_files: list[Path]) -> Rendering:
 
 @pytest.fixture(scope="session")
 def renderings(helm: str) -> dict[str, Rendering]:
-    """Default values, a production-like install and a three-stage fleet."""
+    """Default values, a production-like install, a three-stage fleet, an external worker."""
     return {
         "default": render(helm, []),
         "production": render(helm, [VALUES_DIR / "production.yaml"]),
         "three-stages": render(helm, [VALUES_DIR / "three-stages.yaml"]),
+        "external-worker": render(helm, [VALUES_DIR / "external-worker.yaml"]),
     }

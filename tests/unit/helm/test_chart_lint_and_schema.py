@@ -11,7 +11,7 @@ from tests.unit.helm.conftest import VALUES_DIR, run_helm_template
 from tests.unit.helm.tools import CHART_DIR
 
 
-@pytest.mark.parametrize("values_file", [None, "production.yaml", "three-stages.yaml"])
+@pytest.mark.parametrize("values_file", [None, "production.yaml", "three-stages.yaml", "external-worker.yaml"])
 def test_helm_lint_strict_passes(helm, values_file):
     cmd = [helm, "lint", "--strict", str(CHART_DIR)]
     if values_file:
@@ -40,6 +40,8 @@ REJECTED = {
     "bad-log-level": ({"logLevel": "verbose"}, "logLevel"),
     "bad-otel-endpoint": ({"otel": {"endpoint": "collector:4317"}}, "otel.endpoint"),
     "negative-kv-limit": ({"stageWorker": {"kvLimitBytes": -1}}, "stageWorker.kvLimitBytes"),
+    "external-worker-without-port": ({"stageWorker": {"external": [{"grpcAddress": "mac.lan"}]}},
+                                     "stageWorker.external.0.grpcAddress"),
     "bad-access-mode": ({"evidenceRegistry": {"persistence": {"accessMode": "ReadOnlyMany"}}},
                         "evidenceRegistry.persistence.accessMode"),
 }

@@ -14,7 +14,7 @@ KUBERNETES_VERSION = "1.30.0"
 CRD_KINDS = {"ServiceMonitor"}
 FULL = f"{RELEASE}-fornax"
 DEPLOYMENTS = ("orchestrator", "planner", "evidence-registry", "artifact-builder")
-SCENARIOS = ("default", "production", "three-stages")
+SCENARIOS = ("default", "production", "three-stages", "external-worker")
 
 COMMON_ENV = {"FORNAX_HOST", "FORNAX_GRPC_PORT", "FORNAX_METRICS_PORT", "FORNAX_LOG_LEVEL",
               "FORNAX_GRACE_PERIOD_S", "OTEL_EXPORTER_OTLP_ENDPOINT"}
@@ -135,6 +135,14 @@ def test_stage_workers_have_stable_ordered_addresses(renderings):
     env = env_values(container(r, "stage-worker"))
     assert env["FORNAX_BACKEND"] == "numpy" and env["FORNAX_DEVICE"] == "cpu"
     assert "FORNAX_KV_LIMIT_BYTES" not in env
+
+
+def test_external_workers_follow_the_in_cluster_stages(renderings):
+    r = renderings["external-worker"]
+    sts_name = f"{FULL}-stage-worker"
+    assert workload(r, "stage-worker")["spec"]["replicas"] == 2
+    workers = env_values(container(r, "orchestrator"))["FORNAX_STAGE_WORKERS"].split(",")
+    assert workers == [f"{sts_name}-0.{sts_name}:50051", f"{sts_name}-1.{sts_name}:50051", "mac-studio.lan:50051"]
 
 
 def test_production_values_reach_the_pods(renderings):
