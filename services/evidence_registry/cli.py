@@ -17,6 +17,8 @@ TYPES = ("model", "capability", "measurement", "calibration", "route", "qualific
 CLASSES = ("contract", "reference", "physical")
 STATUSES = ("active", "revoked")
 DTYPES = ("bf16", "fp16", "fp32", "int32")
+PROVENANCE_HELP = ("provenance: a physical record needs hardware, backend build, model snapshot and command; "
+                   "a physical measurement or calibration also --layers, --dtype and --shapes")
 
 
 class UsageError(Exception):
@@ -74,7 +76,7 @@ def _add_put(verbs) -> None:
     put.add_argument("--valid-from", help="Unix ns or ISO 8601 (default: unbounded)")
     put.add_argument("--valid-until", help="Unix ns or ISO 8601, exclusive (default: unbounded)")
     for name in ("hardware", "backend-build", "model-snapshot", "command", "shapes"):
-        put.add_argument(f"--{name}", default="", help="provenance: physical records need hardware, backend build, model snapshot and command; physical measurement/calibration records also --layers, --dtype, --shapes")
+        put.add_argument(f"--{name}", default="", help=PROVENANCE_HELP)
     put.add_argument("--layers", help="provenance layer range START:END (half-open)")
     put.add_argument("--dtype", choices=DTYPES)
     put.set_defaults(func=cmd_put)

@@ -27,7 +27,8 @@ class RegistryConfig:
         parser = argparse.ArgumentParser(prog="fornax-evidence-registry", description="Fornax evidence registry")
         parser.add_argument("--db", help="SQLite database path (env FORNAX_REGISTRY_DB)")
         parser.add_argument("--blob-dir", help="content-addressed blob directory (env FORNAX_REGISTRY_BLOB_DIR)")
-        parser.add_argument("--max-blob-bytes", type=int, help="largest accepted blob (env FORNAX_REGISTRY_MAX_BLOB_BYTES)")
+        parser.add_argument("--max-blob-bytes", type=int,
+                            help="largest accepted blob (env FORNAX_REGISTRY_MAX_BLOB_BYTES)")
         args = parse(parser, argv)
         max_blob_bytes = pick(args.max_blob_bytes, env, "FORNAX_REGISTRY_MAX_BLOB_BYTES", DEFAULT_MAX_BLOB_BYTES, int)
         if not 0 < max_blob_bytes <= 48 << 20:

@@ -240,7 +240,8 @@ def _reason_from_wire(index: int, value: str) -> ResolutionReason | None:
     try:
         return ResolutionReason(value)
     except ValueError:
-        raise InvalidField(f"resolutions[{index}].reason", "UNKNOWN_REASON", f"{value!r} is not a known reason") from None
+        raise InvalidField(f"resolutions[{index}].reason", "UNKNOWN_REASON",
+                           f"{value!r} is not a known reason") from None
 
 
 def resolve_outcome_from_proto(message: pb.ResolveRecordsResponse) -> ResolveOutcome:

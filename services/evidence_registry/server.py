@@ -68,7 +68,8 @@ class EvidenceRegistryServicer(pb_grpc.EvidenceRegistryServiceServicer):
 
 def open_registry(cfg: RegistryConfig) -> EvidenceRegistry:
     records = SqliteRecordStore(Path(cfg.db_path), busy_timeout_ms=cfg.sqlite_busy_timeout_ms)
-    return EvidenceRegistry(records, DiskBlobStore(Path(cfg.blob_dir)), RegistryLimits(max_blob_bytes=cfg.max_blob_bytes))
+    limits = RegistryLimits(max_blob_bytes=cfg.max_blob_bytes)
+    return EvidenceRegistry(records, DiskBlobStore(Path(cfg.blob_dir)), limits)
 
 
 async def make_spec(cfg: RegistryConfig, registry: EvidenceRegistry | None = None) -> ServiceSpec:
