@@ -6,23 +6,40 @@ from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 
-from libs.service.errors import Unimplemented
 from libs.service.server import ServiceSpec
+from services.stage_worker import convert
 from services.stage_worker.config import StageWorkerConfig
+from services.stage_worker.dataplane import DataPlane
 from services.stage_worker.device import backend_build, host_facts
+from services.stage_worker.runtime import StageRuntime
 
 _BACKENDS = {"max": common_pb2.BACKEND_MAX, "numpy": common_pb2.BACKEND_NUMPY}
+SUPPORTED_OPERATIONS = (
+    "embedding",
+    "mla_attention",
+    "rope_yarn",
+    "dense_swiglu",
+    "moe_softmax_topk",
+    "moe_group_limited_greedy",
+    "shared_experts",
+    "rms_norm",
+    "lm_head",
+    "sampling",
+)
 
 
 class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
-    def __init__(self, cfg: StageWorkerConfig):
+    def __init__(self, cfg: StageWorkerConfig, runtime: StageRuntime, dataplane: DataPlane):
         self._cfg = cfg
+        self._runtime = runtime
+        self._dataplane = dataplane
 
     async def GetCapabilities(self, request, context) -> pb.GetCapabilitiesResponse:
         facts = host_facts()
+        build = backend_build(self._cfg.backend)
         return pb.GetCapabilitiesResponse(
             backend=_BACKENDS[self._cfg.backend],
-            backend_build=backend_build(self._cfg.backend) or f"{self._cfg.backend} (not installed)",
+            backend_build=build or f"{self._cfg.backend} (not installed)",
             device=pb.DeviceInfo(
                 kind=self._cfg.device,
                 name=facts.cpu_name,
@@ -30,32 +47,92 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
                 memory_available_bytes=facts.memory_available_bytes,
                 cpu_count=facts.cpu_count,
             ),
+            supported_dtypes=[common_pb2.ELEMENT_TYPE_BF16, common_pb2.ELEMENT_TYPE_FP16, common_pb2.ELEMENT_TYPE_FP32],
+            supported_operations=list(SUPPORTED_OPERATIONS) if build else [],
             fnx2_versions=["2.0"],
+            data_plane_address=self._dataplane.address,
             stage_index=self._cfg.stage_index,
         )
 
-    async def GetHealth(self, request, context) -> pb.GetHealthResponse:
-        return pb.GetHealthResponse(state=pb.STAGE_STATE_UNLOADED, kv_bytes_limit=self._cfg.kv_limit_bytes)
-
     async def LoadStage(self, request, context) -> pb.LoadStageResponse:
-        raise Unimplemented("LoadStage is not available in this build")
+        spec = convert.load_spec_from_pb(request)
+        stage = await self._runtime.load(spec)
+        await self._dataplane.bind(stage)
+        cfg = stage.config
+        hidden_contract = common_pb2.BoundaryContract(
+            kind=common_pb2.TENSOR_KIND_ACTIVATION, dtype=request.spec.boundary_dtype, width=cfg.hidden_size
+        )
+        first_input = common_pb2.BoundaryContract(kind=common_pb2.TENSOR_KIND_TOKEN_IDS, dtype=common_pb2.ELEMENT_TYPE_INT32, width=1)
+        last_output = common_pb2.BoundaryContract(
+            kind=common_pb2.TENSOR_KIND_LOGITS if spec.return_logits else common_pb2.TENSOR_KIND_SAMPLED_TOKEN_IDS,
+            dtype=common_pb2.ELEMENT_TYPE_FP32 if spec.return_logits else common_pb2.ELEMENT_TYPE_INT32,
+            width=cfg.vocab_size if spec.return_logits else 1,
+        )
+        return pb.LoadStageResponse(
+            state=convert.STATE_TO_PB[self._runtime.lifecycle.state],
+            manifest_hash=stage.manifest_hash,
+            data_plane_address=self._dataplane.address,
+            input=first_input if spec.first else hidden_contract,
+            output=last_output if spec.last else hidden_contract,
+            weight_bytes=stage.weight_bytes,
+            load_time=common_pb2.Figure(
+                name="stage_load_time",
+                value=stage.load_seconds,
+                unit="s",
+                evidence_class=common_pb2.EVIDENCE_CLASS_PHYSICAL,
+                hardware=host_facts().cpu_name,
+                backend_build=backend_build(self._cfg.backend) or "",
+                model_snapshot=stage.manifest_hash or (spec.checkpoint_dir or ""),
+                command="StageWorkerService/LoadStage",
+            ),
+        )
+
+    async def GetHealth(self, request, context) -> pb.GetHealthResponse:
+        return convert.health_to_pb(self._runtime.health())
+
+    async def AdmitSequence(self, request, context) -> pb.AdmitSequenceResponse:
+        admission = convert.admission_from_pb(request, self._runtime.kv_bytes_per_token())
+        free = self._runtime.admit(admission)
+        return pb.AdmitSequenceResponse(kv_bytes_reserved=admission.reserve_bytes, kv_bytes_free=free)
 
     async def CancelRequest(self, request, context) -> pb.CancelRequestResponse:
-        raise Unimplemented("CancelRequest is not available in this build")
+        target = convert._required(request.target_request_id, "target_request_id")
+        self._dataplane.cancel_lease(target, self._runtime.lease_of(target))
+        found, epoch = self._runtime.cancel(target)
+        return pb.CancelRequestResponse(found=found, kv_epoch=epoch)
 
     async def ReleaseRequest(self, request, context) -> pb.ReleaseRequestResponse:
-        raise Unimplemented("ReleaseRequest is not available in this build")
+        target = convert._required(request.target_request_id, "target_request_id")
+        self._dataplane.release_lease(target, self._runtime.lease_of(target))
+        found, epoch, freed = self._runtime.release(target)
+        return pb.ReleaseRequestResponse(found=found, kv_epoch=epoch, kv_bytes_freed=freed)
 
     async def DrainStage(self, request, context) -> pb.DrainStageResponse:
-        raise Unimplemented("DrainStage is not available in this build")
+        timeout_s = request.timeout_ns / 1e9 if request.timeout_ns else self._cfg.server.grace_period_s
+        await self._runtime.drain(timeout_s)
+        health = self._runtime.health()
+        return pb.DrainStageResponse(state=convert.STATE_TO_PB[health.state], inflight_batches=health.inflight_batches)
 
     async def UnloadStage(self, request, context) -> pb.UnloadStageResponse:
-        raise Unimplemented("UnloadStage is not available in this build")
+        await self._dataplane.unbind()
+        await self._runtime.unload()
+        return pb.UnloadStageResponse(state=convert.STATE_TO_PB[self._runtime.lifecycle.state])
 
 
 async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
-    servicer = StageWorkerServicer(cfg)
+    runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes)
+    dataplane = DataPlane(runtime, cfg.server.host, cfg.data_plane_port)
+    await dataplane.start()
+    servicer = StageWorkerServicer(cfg, runtime, dataplane)
+
+    async def on_drain() -> None:
+        if runtime.stage is not None:
+            await runtime.drain(cfg.server.grace_period_s)
+
     return ServiceSpec(
         service_names=(pb.DESCRIPTOR.services_by_name["StageWorkerService"].full_name,),
         register=lambda server: pb_grpc.add_StageWorkerServiceServicer_to_server(servicer, server),
+        on_drain=on_drain,
+        on_stop=dataplane.stop,
+        extra_ports={"data_plane": dataplane.port},
     )

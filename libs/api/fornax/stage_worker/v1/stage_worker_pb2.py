@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from fornax.common.v1 import common_pb2 as fornax_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)fornax/stage_worker/v1/stage_worker.proto\x12\x16\x66ornax.stage_worker.v1\x1a\x1d\x66ornax/common/v1/common.proto\"\x18\n\x16GetCapabilitiesRequest\"w\n\nDeviceInfo\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x03 \x01(\x04\x12\x1e\n\x16memory_available_bytes\x18\x04 \x01(\x04\x12\x11\n\tcpu_count\x18\x05 \x01(\r\"\xc5\x02\n\x17GetCapabilitiesResponse\x12*\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0e\x32\x19.fornax.common.v1.Backend\x12\x15\n\rbackend_build\x18\x02 \x01(\t\x12\x32\n\x06\x64\x65vice\x18\x03 \x01(\x0b\x32\".fornax.stage_worker.v1.DeviceInfo\x12\x37\n\x10supported_dtypes\x18\x04 \x03(\x0e\x32\x1d.fornax.common.v1.ElementType\x12\x1c\n\x14supported_operations\x18\x05 \x03(\t\x12\x15\n\rfnx2_versions\x18\x06 \x03(\t\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x07 \x01(\t\x12\x13\n\x0bstage_index\x18\x08 \x01(\r\x12\x14\n\x0cworker_build\x18\t \x01(\t\"\xb8\x03\n\tStageSpec\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x13\n\x0bstage_count\x18\x02 \x01(\r\x12\x31\n\x0blayer_range\x18\x03 \x01(\x0b\x32\x1c.fornax.common.v1.LayerRange\x12+\n\x04plan\x18\x04 \x01(\x0b\x32\x1d.fornax.common.v1.PlanBinding\x12\x16\n\x0e\x63heckpoint_dir\x18\x05 \x01(\t\x12\x14\n\x0c\x61rtifact_dir\x18\x06 \x01(\t\x12\x15\n\rmanifest_hash\x18\x07 \x01(\t\x12*\n\x07\x62\x61\x63kend\x18\x08 \x01(\x0e\x32\x19.fornax.common.v1.Backend\x12\x35\n\x0e\x62oundary_dtype\x18\t \x01(\x0e\x32\x1d.fornax.common.v1.ElementType\x12\x18\n\x10next_hop_address\x18\n \x01(\t\x12\x16\n\x0ekv_limit_bytes\x18\x0b \x01(\x04\x12\x37\n\x0boutput_mode\x18\x0c \x01(\x0e\x32\".fornax.stage_worker.v1.OutputMode\x12\x0e\n\x06\x64\x65vice\x18\r \x01(\t\"W\n\x10LoadStageRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\x04spec\x18\x02 \x01(\x0b\x32!.fornax.stage_worker.v1.StageSpec\"\xa3\x02\n\x11LoadStageResponse\x12\x31\n\x05state\x18\x01 \x01(\x0e\x32\".fornax.stage_worker.v1.StageState\x12\x15\n\rmanifest_hash\x18\x02 \x01(\t\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x03 \x01(\t\x12\x31\n\x05input\x18\x04 \x01(\x0b\x32\".fornax.common.v1.BoundaryContract\x12\x32\n\x06output\x18\x05 \x01(\x0b\x32\".fornax.common.v1.BoundaryContract\x12\x14\n\x0cweight_bytes\x18\x06 \x01(\x04\x12+\n\tload_time\x18\x07 \x01(\x0b\x32\x18.fornax.common.v1.Figure\"\x12\n\x10GetHealthRequest\"\xc8\x02\n\x11GetHealthResponse\x12\x31\n\x05state\x18\x01 \x01(\x0e\x32\".fornax.stage_worker.v1.StageState\x12\x18\n\x10inflight_batches\x18\x02 \x01(\r\x12\x16\n\x0elive_sequences\x18\x03 \x01(\r\x12\x15\n\rkv_bytes_used\x18\x04 \x01(\x04\x12\x16\n\x0ekv_bytes_limit\x18\x05 \x01(\x04\x12\x1b\n\x13kv_bytes_high_water\x18\x06 \x01(\x04\x12#\n\x1binflight_batches_high_water\x18\x07 \x01(\r\x12\x18\n\x10\x62\x61tches_executed\x18\x08 \x01(\x04\x12\x16\n\x0e\x66\x61ilure_reason\x18\t \x01(\t\x12+\n\x04plan\x18\n \x01(\x0b\x32\x1d.fornax.common.v1.PlanBinding\"E\n\x14\x43\x61ncelRequestRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11target_request_id\x18\x02 \x01(\t\"8\n\x15\x43\x61ncelRequestResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x10\n\x08kv_epoch\x18\x02 \x01(\x04\"F\n\x15ReleaseRequestRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11target_request_id\x18\x02 \x01(\t\"Q\n\x16ReleaseRequestResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x10\n\x08kv_epoch\x18\x02 \x01(\x04\x12\x16\n\x0ekv_bytes_freed\x18\x03 \x01(\x04\";\n\x11\x44rainStageRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ntimeout_ns\x18\x02 \x01(\x04\"a\n\x12\x44rainStageResponse\x12\x31\n\x05state\x18\x01 \x01(\x0e\x32\".fornax.stage_worker.v1.StageState\x12\x18\n\x10inflight_batches\x18\x02 \x01(\r\"(\n\x12UnloadStageRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"H\n\x13UnloadStageResponse\x12\x31\n\x05state\x18\x01 \x01(\x0e\x32\".fornax.stage_worker.v1.StageState*\xc0\x01\n\nStageState\x12\x1b\n\x17STAGE_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14STAGE_STATE_UNLOADED\x10\x01\x12\x17\n\x13STAGE_STATE_LOADING\x10\x02\x12\x15\n\x11STAGE_STATE_READY\x10\x03\x12\x19\n\x15STAGE_STATE_EXECUTING\x10\x04\x12\x18\n\x14STAGE_STATE_DRAINING\x10\x05\x12\x16\n\x12STAGE_STATE_FAILED\x10\x06*a\n\nOutputMode\x12\x1b\n\x17OUTPUT_MODE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aOUTPUT_MODE_SAMPLED_TOKENS\x10\x01\x12\x16\n\x12OUTPUT_MODE_LOGITS\x10\x02\x32\xf8\x05\n\x12StageWorkerService\x12r\n\x0fGetCapabilities\x12..fornax.stage_worker.v1.GetCapabilitiesRequest\x1a/.fornax.stage_worker.v1.GetCapabilitiesResponse\x12`\n\tLoadStage\x12(.fornax.stage_worker.v1.LoadStageRequest\x1a).fornax.stage_worker.v1.LoadStageResponse\x12`\n\tGetHealth\x12(.fornax.stage_worker.v1.GetHealthRequest\x1a).fornax.stage_worker.v1.GetHealthResponse\x12l\n\rCancelRequest\x12,.fornax.stage_worker.v1.CancelRequestRequest\x1a-.fornax.stage_worker.v1.CancelRequestResponse\x12o\n\x0eReleaseRequest\x12-.fornax.stage_worker.v1.ReleaseRequestRequest\x1a..fornax.stage_worker.v1.ReleaseRequestResponse\x12\x63\n\nDrainStage\x12).fornax.stage_worker.v1.DrainStageRequest\x1a*.fornax.stage_worker.v1.DrainStageResponse\x12\x66\n\x0bUnloadStage\x12*.fornax.stage_worker.v1.UnloadStageRequest\x1a+.fornax.stage_worker.v1.UnloadStageResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)fornax/stage_worker/v1/stage_worker.proto\x12\x16\x66ornax.stage_worker.v1\x1a\x1d\x66ornax/common/v1/common.proto\"\x18\n\x16GetCapabilitiesRequest\"w\n\nDeviceInfo\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x03 \x01(\x04\x12\x1e\n\x16memory_available_bytes\x18\x04 \x01(\x04\x12\x11\n\tcpu_count\x18\x05 \x01(\r\"\xc5\x02\n\x17GetCapabilitiesResponse\x12*\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0e\x32\x19.fornax.common.v1.Backend\x12\x15\n\rbackend_build\x18\x02 \x01(\t\x12\x32\n\x06\x64\x65vice\x18\x03 \x01(\x0b\x32\".fornax.stage_worker.v1.DeviceInfo\x12\x37\n\x10supported_dtypes\x18\x04 \x03(\x0e\x32\x1d.fornax.common.v1.ElementType\x12\x1c\n\x14supported_operations\x18\x05 \x03(\t\x12\x15\n\rfnx2_versions\x18\x06 \x03(\t\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x07 \x01(\t\x12\x13\n\x0bstage_index\x18\x08 \x01(\r\x12\x14\n\x0cworker_build\x18\t \x01(\t\"\xd8\x03\n\tStageSpec\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x13\n\x0bstage_count\x18\x02 \x01(\r\x12\x31\n\x0blayer_range\x18\x03 \x01(\x0b\x32\x1c.fornax.common.v1.LayerRange\x12+\n\x04plan\x18\x04 \x01(\x0b\x32\x1d.fornax.common.v1.PlanBinding\x12\x16\n\x0e\x63heckpoint_dir\x18\x05 \x01(\t\x12\x14\n\x0c\x61rtifact_dir\x18\x06 \x01(\t\x12\x15\n\rmanifest_hash\x18\x07 \x01(\t\x12*\n\x07\x62\x61\x63kend\x18\x08 \x01(\x0e\x32\x19.fornax.common.v1.Backend\x12\x35\n\x0e\x62oundary_dtype\x18\t \x01(\x0e\x32\x1d.fornax.common.v1.ElementType\x12\x18\n\x10next_hop_address\x18\n \x01(\t\x12\x16\n\x0ekv_limit_bytes\x18\x0b \x01(\x04\x12\x37\n\x0boutput_mode\x18\x0c \x01(\x0e\x32\".fornax.stage_worker.v1.OutputMode\x12\x0e\n\x06\x64\x65vice\x18\r \x01(\t\x12\x1e\n\x16next_hop_manifest_hash\x18\x0e \x01(\t\"W\n\x10LoadStageRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\x04spec\x18\x02 \x01(\x0b\x32!.fornax.stage_worker.v1.StageSpec\"\xa3\x02\n\x11LoadStageResponse\x12\x31\n\x05state\x18\x01 \x01(\x0e\x32\".fornax.stage_worker.v1.StageState\x12\x15\n\rmanifest_hash\x18\x02 \x01(\t\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x03 \x01(\t\x12\x31\n\x05input\x18\x04 \x01(\x0b\x32\".fornax.common.v1.BoundaryContract\x12\x32\n\x06output\x18\x05 \x01(\x0b\x32\".fornax.common.v1.BoundaryContract\x12\x14\n\x0cweight_bytes\x18\x06 \x01(\x04\x12+\n\tload_time\x18\x07 \x01(\x0b\x32\x18.fornax.common.v1.Figure\"\x12\n\x10GetHealthRequest\"\xc8\x02\n\x11GetHealthResponse\x12\x31\n\x05state\x18\x01 \x01(\x0e\x32\".fornax.stage_worker.v1.StageState\x12\x18\n\x10inflight_batches\x18\x02 \x01(\r\x12\x16\n\x0elive_sequences\x18\x03 \x01(\r\x12\x15\n\rkv_bytes_used\x18\x04 \x01(\x04\x12\x16\n\x0ekv_bytes_limit\x18\x05 \x01(\x04\x12\x1b\n\x13kv_bytes_high_water\x18\x06 \x01(\x04\x12#\n\x1binflight_batches_high_water\x18\x07 \x01(\r\x12\x18\n\x10\x62\x61tches_executed\x18\x08 \x01(\x04\x12\x16\n\x0e\x66\x61ilure_reason\x18\t \x01(\t\x12+\n\x04plan\x18\n \x01(\x0b\x32\x1d.fornax.common.v1.PlanBinding\"E\n\x14\x43\x61ncelRequestRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11target_request_id\x18\x02 \x01(\t\"8\n\x15\x43\x61ncelRequestResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x10\n\x08kv_epoch\x18\x02 \x01(\x04\"F\n\x15ReleaseRequestRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11target_request_id\x18\x02 \x01(\t\"Q\n\x16ReleaseRequestResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x10\n\x08kv_epoch\x18\x02 \x01(\x04\x12\x16\n\x0ekv_bytes_freed\x18\x03 \x01(\x04\";\n\x11\x44rainStageRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ntimeout_ns\x18\x02 \x01(\x04\"a\n\x12\x44rainStageResponse\x12\x31\n\x05state\x18\x01 \x01(\x0e\x32\".fornax.stage_worker.v1.StageState\x12\x18\n\x10inflight_batches\x18\x02 \x01(\r\"(\n\x12UnloadStageRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"H\n\x13UnloadStageResponse\x12\x31\n\x05state\x18\x01 \x01(\x0e\x32\".fornax.stage_worker.v1.StageState\"O\n\x0cSamplingSpec\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\xea\x01\n\x14\x41\x64mitSequenceRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11target_request_id\x18\x02 \x01(\t\x12\x1a\n\x12\x65xecution_lease_id\x18\x03 \x01(\t\x12\x16\n\x0ereserve_tokens\x18\x04 \x01(\r\x12\x36\n\x08sampling\x18\x05 \x01(\x0b\x32$.fornax.stage_worker.v1.SamplingSpec\x12\x37\n\x0boutput_mode\x18\x06 \x01(\x0e\x32\".fornax.stage_worker.v1.OutputMode\"I\n\x15\x41\x64mitSequenceResponse\x12\x19\n\x11kv_bytes_reserved\x18\x01 \x01(\x04\x12\x15\n\rkv_bytes_free\x18\x02 \x01(\x04*\xc0\x01\n\nStageState\x12\x1b\n\x17STAGE_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14STAGE_STATE_UNLOADED\x10\x01\x12\x17\n\x13STAGE_STATE_LOADING\x10\x02\x12\x15\n\x11STAGE_STATE_READY\x10\x03\x12\x19\n\x15STAGE_STATE_EXECUTING\x10\x04\x12\x18\n\x14STAGE_STATE_DRAINING\x10\x05\x12\x16\n\x12STAGE_STATE_FAILED\x10\x06*a\n\nOutputMode\x12\x1b\n\x17OUTPUT_MODE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aOUTPUT_MODE_SAMPLED_TOKENS\x10\x01\x12\x16\n\x12OUTPUT_MODE_LOGITS\x10\x02\x32\xe6\x06\n\x12StageWorkerService\x12r\n\x0fGetCapabilities\x12..fornax.stage_worker.v1.GetCapabilitiesRequest\x1a/.fornax.stage_worker.v1.GetCapabilitiesResponse\x12`\n\tLoadStage\x12(.fornax.stage_worker.v1.LoadStageRequest\x1a).fornax.stage_worker.v1.LoadStageResponse\x12`\n\tGetHealth\x12(.fornax.stage_worker.v1.GetHealthRequest\x1a).fornax.stage_worker.v1.GetHealthResponse\x12l\n\rAdmitSequence\x12,.fornax.stage_worker.v1.AdmitSequenceRequest\x1a-.fornax.stage_worker.v1.AdmitSequenceResponse\x12l\n\rCancelRequest\x12,.fornax.stage_worker.v1.CancelRequestRequest\x1a-.fornax.stage_worker.v1.CancelRequestResponse\x12o\n\x0eReleaseRequest\x12-.fornax.stage_worker.v1.ReleaseRequestRequest\x1a..fornax.stage_worker.v1.ReleaseRequestResponse\x12\x63\n\nDrainStage\x12).fornax.stage_worker.v1.DrainStageRequest\x1a*.fornax.stage_worker.v1.DrainStageResponse\x12\x66\n\x0bUnloadStage\x12*.fornax.stage_worker.v1.UnloadStageRequest\x1a+.fornax.stage_worker.v1.UnloadStageResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fornax.stage_worker.v1.stage_worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STAGESTATE']._serialized_start=2313
-  _globals['_STAGESTATE']._serialized_end=2505
-  _globals['_OUTPUTMODE']._serialized_start=2507
-  _globals['_OUTPUTMODE']._serialized_end=2604
+  _globals['_STAGESTATE']._serialized_start=2738
+  _globals['_STAGESTATE']._serialized_end=2930
+  _globals['_OUTPUTMODE']._serialized_start=2932
+  _globals['_OUTPUTMODE']._serialized_end=3029
   _globals['_GETCAPABILITIESREQUEST']._serialized_start=100
   _globals['_GETCAPABILITIESREQUEST']._serialized_end=124
   _globals['_DEVICEINFO']._serialized_start=126
@@ -43,31 +43,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETCAPABILITIESRESPONSE']._serialized_start=248
   _globals['_GETCAPABILITIESRESPONSE']._serialized_end=573
   _globals['_STAGESPEC']._serialized_start=576
-  _globals['_STAGESPEC']._serialized_end=1016
-  _globals['_LOADSTAGEREQUEST']._serialized_start=1018
-  _globals['_LOADSTAGEREQUEST']._serialized_end=1105
-  _globals['_LOADSTAGERESPONSE']._serialized_start=1108
-  _globals['_LOADSTAGERESPONSE']._serialized_end=1399
-  _globals['_GETHEALTHREQUEST']._serialized_start=1401
-  _globals['_GETHEALTHREQUEST']._serialized_end=1419
-  _globals['_GETHEALTHRESPONSE']._serialized_start=1422
-  _globals['_GETHEALTHRESPONSE']._serialized_end=1750
-  _globals['_CANCELREQUESTREQUEST']._serialized_start=1752
-  _globals['_CANCELREQUESTREQUEST']._serialized_end=1821
-  _globals['_CANCELREQUESTRESPONSE']._serialized_start=1823
-  _globals['_CANCELREQUESTRESPONSE']._serialized_end=1879
-  _globals['_RELEASEREQUESTREQUEST']._serialized_start=1881
-  _globals['_RELEASEREQUESTREQUEST']._serialized_end=1951
-  _globals['_RELEASEREQUESTRESPONSE']._serialized_start=1953
-  _globals['_RELEASEREQUESTRESPONSE']._serialized_end=2034
-  _globals['_DRAINSTAGEREQUEST']._serialized_start=2036
-  _globals['_DRAINSTAGEREQUEST']._serialized_end=2095
-  _globals['_DRAINSTAGERESPONSE']._serialized_start=2097
-  _globals['_DRAINSTAGERESPONSE']._serialized_end=2194
-  _globals['_UNLOADSTAGEREQUEST']._serialized_start=2196
-  _globals['_UNLOADSTAGEREQUEST']._serialized_end=2236
-  _globals['_UNLOADSTAGERESPONSE']._serialized_start=2238
-  _globals['_UNLOADSTAGERESPONSE']._serialized_end=2310
-  _globals['_STAGEWORKERSERVICE']._serialized_start=2607
-  _globals['_STAGEWORKERSERVICE']._serialized_end=3367
+  _globals['_STAGESPEC']._serialized_end=1048
+  _globals['_LOADSTAGEREQUEST']._serialized_start=1050
+  _globals['_LOADSTAGEREQUEST']._serialized_end=1137
+  _globals['_LOADSTAGERESPONSE']._serialized_start=1140
+  _globals['_LOADSTAGERESPONSE']._serialized_end=1431
+  _globals['_GETHEALTHREQUEST']._serialized_start=1433
+  _globals['_GETHEALTHREQUEST']._serialized_end=1451
+  _globals['_GETHEALTHRESPONSE']._serialized_start=1454
+  _globals['_GETHEALTHRESPONSE']._serialized_end=1782
+  _globals['_CANCELREQUESTREQUEST']._serialized_start=1784
+  _globals['_CANCELREQUESTREQUEST']._serialized_end=1853
+  _globals['_CANCELREQUESTRESPONSE']._serialized_start=1855
+  _globals['_CANCELREQUESTRESPONSE']._serialized_end=1911
+  _globals['_RELEASEREQUESTREQUEST']._serialized_start=1913
+  _globals['_RELEASEREQUESTREQUEST']._serialized_end=1983
+  _globals['_RELEASEREQUESTRESPONSE']._serialized_start=1985
+  _globals['_RELEASEREQUESTRESPONSE']._serialized_end=2066
+  _globals['_DRAINSTAGEREQUEST']._serialized_start=2068
+  _globals['_DRAINSTAGEREQUEST']._serialized_end=2127
+  _globals['_DRAINSTAGERESPONSE']._serialized_start=2129
+  _globals['_DRAINSTAGERESPONSE']._serialized_end=2226
+  _globals['_UNLOADSTAGEREQUEST']._serialized_start=2228
+  _globals['_UNLOADSTAGEREQUEST']._serialized_end=2268
+  _globals['_UNLOADSTAGERESPONSE']._serialized_start=2270
+  _globals['_UNLOADSTAGERESPONSE']._serialized_end=2342
+  _globals['_SAMPLINGSPEC']._serialized_start=2344
+  _globals['_SAMPLINGSPEC']._serialized_end=2423
+  _globals['_ADMITSEQUENCEREQUEST']._serialized_start=2426
+  _globals['_ADMITSEQUENCEREQUEST']._serialized_end=2660
+  _globals['_ADMITSEQUENCERESPONSE']._serialized_start=2662
+  _globals['_ADMITSEQUENCERESPONSE']._serialized_end=2735
+  _globals['_STAGEWORKERSERVICE']._serialized_start=3032
+  _globals['_STAGEWORKERSERVICE']._serialized_end=3902
 # @@protoc_insertion_point(module_scope)

@@ -75,7 +75,7 @@ class GetCapabilitiesResponse(_message.Message):
     def __init__(self, backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., backend_build: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., supported_dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., supported_operations: _Optional[_Iterable[str]] = ..., fnx2_versions: _Optional[_Iterable[str]] = ..., data_plane_address: _Optional[str] = ..., stage_index: _Optional[int] = ..., worker_build: _Optional[str] = ...) -> None: ...
 
 class StageSpec(_message.Message):
-    __slots__ = ("stage_index", "stage_count", "layer_range", "plan", "checkpoint_dir", "artifact_dir", "manifest_hash", "backend", "boundary_dtype", "next_hop_address", "kv_limit_bytes", "output_mode", "device")
+    __slots__ = ("stage_index", "stage_count", "layer_range", "plan", "checkpoint_dir", "artifact_dir", "manifest_hash", "backend", "boundary_dtype", "next_hop_address", "kv_limit_bytes", "output_mode", "device", "next_hop_manifest_hash")
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     STAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
     LAYER_RANGE_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class StageSpec(_message.Message):
     KV_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_MODE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_HOP_MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
     stage_index: int
     stage_count: int
     layer_range: _common_pb2.LayerRange
@@ -102,7 +103,8 @@ class StageSpec(_message.Message):
     kv_limit_bytes: int
     output_mode: OutputMode
     device: str
-    def __init__(self, stage_index: _Optional[int] = ..., stage_count: _Optional[int] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., artifact_dir: _Optional[str] = ..., manifest_hash: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., next_hop_address: _Optional[str] = ..., kv_limit_bytes: _Optional[int] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., device: _Optional[str] = ...) -> None: ...
+    next_hop_manifest_hash: str
+    def __init__(self, stage_index: _Optional[int] = ..., stage_count: _Optional[int] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., artifact_dir: _Optional[str] = ..., manifest_hash: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., next_hop_address: _Optional[str] = ..., kv_limit_bytes: _Optional[int] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., device: _Optional[str] = ..., next_hop_manifest_hash: _Optional[str] = ...) -> None: ...
 
 class LoadStageRequest(_message.Message):
     __slots__ = ("request_id", "spec")
@@ -219,3 +221,39 @@ class UnloadStageResponse(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     state: StageState
     def __init__(self, state: _Optional[_Union[StageState, str]] = ...) -> None: ...
+
+class SamplingSpec(_message.Message):
+    __slots__ = ("temperature", "top_k", "top_p", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class AdmitSequenceRequest(_message.Message):
+    __slots__ = ("request_id", "target_request_id", "execution_lease_id", "reserve_tokens", "sampling", "output_mode")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_MODE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    target_request_id: str
+    execution_lease_id: str
+    reserve_tokens: int
+    sampling: SamplingSpec
+    output_mode: OutputMode
+    def __init__(self, request_id: _Optional[str] = ..., target_request_id: _Optional[str] = ..., execution_lease_id: _Optional[str] = ..., reserve_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ...) -> None: ...
+
+class AdmitSequenceResponse(_message.Message):
+    __slots__ = ("kv_bytes_reserved", "kv_bytes_free")
+    KV_BYTES_RESERVED_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FREE_FIELD_NUMBER: _ClassVar[int]
+    kv_bytes_reserved: int
+    kv_bytes_free: int
+    def __init__(self, kv_bytes_reserved: _Optional[int] = ..., kv_bytes_free: _Optional[int] = ...) -> None: ...

@@ -51,6 +51,11 @@ class StageWorkerServiceStub:
                 request_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.GetHealthRequest.SerializeToString,
                 response_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.GetHealthResponse.FromString,
                 _registered_method=True)
+        self.AdmitSequence = channel.unary_unary(
+                '/fornax.stage_worker.v1.StageWorkerService/AdmitSequence',
+                request_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.AdmitSequenceRequest.SerializeToString,
+                response_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.AdmitSequenceResponse.FromString,
+                _registered_method=True)
         self.CancelRequest = channel.unary_unary(
                 '/fornax.stage_worker.v1.StageWorkerService/CancelRequest',
                 request_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.CancelRequestRequest.SerializeToString,
@@ -94,6 +99,14 @@ class StageWorkerServiceServicer:
 
     def GetHealth(self, request, context):
         """State machine, in-flight work and KV accounting.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AdmitSequence(self, request, context):
+        """Admit one inference request: reserve its KV bytes and, on the final stage, record how
+        to sample it. RESOURCE_EXHAUSTED when the stage has no room; nothing is reserved then.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -144,6 +157,11 @@ def add_StageWorkerServiceServicer_to_server(servicer, server):
                     servicer.GetHealth,
                     request_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.GetHealthRequest.FromString,
                     response_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.GetHealthResponse.SerializeToString,
+            ),
+            'AdmitSequence': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdmitSequence,
+                    request_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.AdmitSequenceRequest.FromString,
+                    response_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.AdmitSequenceResponse.SerializeToString,
             ),
             'CancelRequest': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelRequest,
@@ -249,6 +267,33 @@ class StageWorkerService:
             '/fornax.stage_worker.v1.StageWorkerService/GetHealth',
             fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.GetHealthRequest.SerializeToString,
             fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.GetHealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdmitSequence(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fornax.stage_worker.v1.StageWorkerService/AdmitSequence',
+            fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.AdmitSequenceRequest.SerializeToString,
+            fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.AdmitSequenceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,175 @@
+"""The client side of one installed stage pipeline: admission, FNX2 batches, cancel, release.
+
+The orchestrator drives a `Route`: it admits a request on every stage (KV reserved, sampling
+recorded on the final stage) over gRPC, sends ragged batches of token ids to stage 0 over
+FNX2, receives the final stage's sampled tokens (or logits) back, and fans cancel and
+release out to every stage, collecting each stage's KV epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+from fornax.stage_worker.v1 import stage_worker_pb2 as pb
+from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
+
+from libs.fnx2.control import ChannelBinding
+from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
+from libs.fnx2.sender import Fnx2Client, SenderConfig
+from libs.fnx2.tensor import DType, Tensor, TensorKind
+
+GATEWAY = "gateway"
+
+
+@dataclass(frozen=True)
+class RouteStage:
+    index: int
+    control_address: str  # gRPC host:port
+    data_plane_address: str  # FNX2 host:port
+    manifest_hash: str
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    plan_id: str
+    plan_hash: str
+    plan_generation_id: str
+    stages: tuple[RouteStage, ...]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SliceInput:
+    request_id: str
+    lease_id: str
+    sequence_no: int
+    position_start: int
+    kv_epoch: int
+    token_ids: np.ndarray  # int32 [rows]
+    deadline_budget_ns: int
+    trace_id: str = ""
+    span_id: str = ""
+
+
+@dataclass(frozen=True)
+class SliceOutput:
+    request_id: str
+    ok: bool
+    rows: np.ndarray | None  # int32 [1] sampled token, or float32 [rows, vocab] logits
+    kv_epoch_after: int
+    error_code: str | None = None
+    error_message: str | None = None
+    execute_ns: int = 0
+    queue_ns: int = 0
+
+
+def lease_id_for(plan: RoutePlan, request_id: str) -> str:
+    from libs.fnx2.leases import derive_execution_lease_id
+
+    return derive_execution_lease_id(plan.plan_generation_id, plan.plan_id, plan.plan_hash, request_id)
+
+
+class Route:
+    def __init__(self, plan: RoutePlan):
+        self.plan = plan
+        self._channels = [grpc.aio.insecure_channel(s.control_address) for s in plan.stages]
+        self._stubs = [pb_grpc.StageWorkerServiceStub(c) for c in self._channels]
+        self._client: Fnx2Client | None = None
+        self._batch_numbers = itertools.count()
+
+    async def open(self) -> None:
+        first = self.plan.stages[0]
+        binding = ChannelBinding(
+            self.plan.plan_id, self.plan.plan_hash, first.manifest_hash, "stage-0", self.plan.plan_generation_id
+        )
+        host, _, port = first.data_plane_address.rpartition(":")
+        self._client = await Fnx2Client.connect(host, int(port), SenderConfig(binding))
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+        for channel in self._channels:
+            await channel.close()
+
+    async def admit(self, request_id: str, reserve_tokens: int, sampling: Sampling, logits: bool = False) -> None:
+        """Reserve KV on every stage; on any refusal, undo the reservations that succeeded."""
+        mode = pb.OUTPUT_MODE_LOGITS if logits else pb.OUTPUT_MODE_SAMPLED_TOKENS
+        message = pb.AdmitSequenceRequest(
+            request_id=str(uuid.uuid4()),
+            target_request_id=request_id,
+            execution_lease_id=lease_id_for(self.plan, request_id),
+            reserve_tokens=reserve_tokens,
+            sampling=pb.SamplingSpec(
+                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed
+            ),
+            output_mode=mode,
+        )
+        outcomes = await asyncio.gather(*(stub.AdmitSequence(message) for stub in self._stubs), return_exceptions=True)
+        failure = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if failure is not None:
+            await self.release(request_id)
+            raise failure
+
+    async def run(self, phase: Phase, inputs: list[SliceInput]) -> list[SliceOutput]:
+        """One ragged batch through every stage; outputs in input order."""
+        batch = self._batch(phase, inputs)
+        result = await self._client.submit(batch)
+        by_id = {r.request_id: r for r in result.results}
+        outputs = []
+        for item in inputs:
+            r = by_id[item.request_id]
+            ok = r.status is SequenceStatus.OK
+            rows = np.array(result.rows_for(r)) if ok else None
+            outputs.append(
+                SliceOutput(item.request_id, ok, rows, r.kv_epoch_after, r.error_code, r.error_message,
+                            r.timings.execute_ns, r.timings.queue_ns)
+            )
+        return outputs
+
+    def _batch(self, phase: Phase, inputs: list[SliceInput]) -> Batch:
+        slices, row = [], 0
+        for item in inputs:
+            count = int(item.token_ids.shape[0])
+            slices.append(
+                SequenceSlice(
+                    item.request_id, item.sequence_no, row, count, item.position_start, item.kv_epoch,
+                    item.deadline_budget_ns, item.lease_id, item.trace_id or item.request_id,
+                    item.span_id or item.request_id,
+                )
+            )
+            row += count
+        ids = np.concatenate([np.asarray(i.token_ids, dtype=np.int32) for i in inputs])
+        descriptor = BatchDescriptor(str(uuid.uuid4()), next(self._batch_numbers), phase, row, tuple(slices))
+        return Batch(
+            self.plan.plan_id, self.plan.plan_hash, self.plan.stages[0].manifest_hash, GATEWAY, "stage-0",
+            descriptor, Tensor.from_array(TensorKind.TOKEN_IDS, DType.INT32, ids),
+        )
+
+    async def cancel(self, request_id: str) -> list[int]:
+        message = pb.CancelRequestRequest(request_id=str(uuid.uuid4()), target_request_id=request_id)
+        replies = await asyncio.gather(*(stub.CancelRequest(message) for stub in self._stubs))
+        return [reply.kv_epoch for reply in replies]
+
+    async def release(self, request_id: str) -> list[int]:
+        """Free the request's KV on every stage; returns each stage's final KV epoch."""
+        message = pb.ReleaseRequestRequest(request_id=str(uuid.uuid4()), target_request_id=request_id)
+        replies = await asyncio.gather(*(stub.ReleaseRequest(message) for stub in self._stubs), return_exceptions=True)
+        failure = next((r for r in replies if isinstance(r, BaseException)), None)
+        if failure is not None:
+            raise failure
+        return [reply.kv_epoch for reply in replies]
+
+    async def health(self) -> list[pb.GetHealthResponse]:
+        return list(await asyncio.gather(*(stub.GetHealth(pb.GetHealthRequest()) for stub in self._stubs)))

@@ -1,0 +1,100 @@
+"""Protobuf <-> stage-worker domain values. Protobuf stops here."""
+
+from __future__ import annotations
+
+from fornax.common.v1 import common_pb2
+from fornax.stage_worker.v1 import stage_worker_pb2 as pb
+
+from libs.model.sampling import SamplingParams
+from libs.service.errors import InvalidArgument
+from services.stage_worker.lifecycle import StageState
+from services.stage_worker.runtime import Admission, HealthSnapshot, LoadSpec, PlanBinding
+
+BACKEND_NAMES = {common_pb2.BACKEND_MAX: "max", common_pb2.BACKEND_NUMPY: "numpy"}
+DTYPE_NAMES = {common_pb2.ELEMENT_TYPE_BF16: "bf16", common_pb2.ELEMENT_TYPE_FP16: "fp16", common_pb2.ELEMENT_TYPE_FP32: "fp32"}
+STATE_TO_PB = {
+    StageState.UNLOADED: pb.STAGE_STATE_UNLOADED,
+    StageState.LOADING: pb.STAGE_STATE_LOADING,
+    StageState.READY: pb.STAGE_STATE_READY,
+    StageState.EXECUTING: pb.STAGE_STATE_EXECUTING,
+    StageState.DRAINING: pb.STAGE_STATE_DRAINING,
+    StageState.FAILED: pb.STAGE_STATE_FAILED,
+}
+
+
+def _required(value: str, field: str) -> str:
+    if not value:
+        raise InvalidArgument(f"{field} is required", field=field)
+    return value
+
+
+def load_spec_from_pb(request: pb.LoadStageRequest) -> LoadSpec:
+    if not request.HasField("spec"):
+        raise InvalidArgument("spec is required", field="spec")
+    spec = request.spec
+    if spec.backend not in BACKEND_NAMES:
+        raise InvalidArgument("backend must be BACKEND_MAX or BACKEND_NUMPY", field="spec.backend")
+    if spec.boundary_dtype not in DTYPE_NAMES:
+        raise InvalidArgument("boundary_dtype must be BF16, FP16 or FP32", field="spec.boundary_dtype")
+    if spec.output_mode == pb.OUTPUT_MODE_UNSPECIFIED and spec.stage_index == spec.stage_count - 1:
+        raise InvalidArgument("the final stage needs an output_mode", field="spec.output_mode")
+    if spec.device not in ("cpu", "gpu"):
+        raise InvalidArgument("device must be 'cpu' or 'gpu'", field="spec.device")
+    plan = spec.plan
+    return LoadSpec(
+        stage_index=spec.stage_index,
+        stage_count=spec.stage_count,
+        layer_start=spec.layer_range.layer_start,
+        layer_end=spec.layer_range.layer_end_exclusive,
+        plan=PlanBinding(
+            plan_id=_required(plan.plan_id, "spec.plan.plan_id"),
+            plan_hash=_required(plan.plan_hash, "spec.plan.plan_hash"),
+            plan_generation_id=_required(plan.plan_generation_id, "spec.plan.plan_generation_id"),
+        ),
+        backend=BACKEND_NAMES[spec.backend],
+        boundary_dtype=DTYPE_NAMES[spec.boundary_dtype],
+        device=spec.device,
+        checkpoint_dir=spec.checkpoint_dir or None,
+        artifact_dir=spec.artifact_dir or None,
+        manifest_hash=spec.manifest_hash or None,
+        next_hop=spec.next_hop_address or None,
+        next_hop_manifest_hash=spec.next_hop_manifest_hash or None,
+        kv_limit_bytes=spec.kv_limit_bytes,
+        return_logits=spec.output_mode == pb.OUTPUT_MODE_LOGITS,
+    )
+
+
+def admission_from_pb(request: pb.AdmitSequenceRequest, bytes_per_token: int) -> Admission:
+    request_id = _required(request.target_request_id, "target_request_id")
+    lease_id = _required(request.execution_lease_id, "execution_lease_id")
+    if request.reserve_tokens == 0:
+        raise InvalidArgument("reserve_tokens must be positive", field="reserve_tokens")
+    s = request.sampling
+    sampling = SamplingParams(
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p if s.top_p > 0 else 1.0,
+        seed=s.seed,
+        return_logits=request.output_mode == pb.OUTPUT_MODE_LOGITS,
+    )
+    return Admission(request_id, lease_id, request.reserve_tokens * bytes_per_token, sampling)
+
+
+def health_to_pb(snapshot: HealthSnapshot) -> pb.GetHealthResponse:
+    plan = snapshot.plan
+    return pb.GetHealthResponse(
+        state=STATE_TO_PB[snapshot.state],
+        inflight_batches=snapshot.inflight_batches,
+        live_sequences=snapshot.live_sequences,
+        kv_bytes_used=snapshot.kv_bytes_used,
+        kv_bytes_limit=snapshot.kv_bytes_limit,
+        kv_bytes_high_water=snapshot.kv_bytes_high_water,
+        inflight_batches_high_water=snapshot.inflight_high_water,
+        batches_executed=snapshot.batches_executed,
+        failure_reason=snapshot.failure_reason,
+        plan=common_pb2.PlanBinding(
+            plan_id=plan.plan_id, plan_hash=plan.plan_hash, plan_generation_id=plan.plan_generation_id
+        )
+        if plan
+        else None,
+    )

@@ -1,0 +1,243 @@
+"""The stage's FNX2 data plane: receive from the previous hop, execute, forward to the next.
+
+Each hop is a BATCH answered by a RESULT. A middle stage forwards its activation to the
+next stage and answers its own RESULT with what came back, so the final stage's sampled
+token ids (or logits) travel back along the chain while activations only ever move
+forward, stage to stage. With the multi-inflight extension several batches are in flight
+on every hop, so the stages of a pipeline work at the same time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import structlog
+
+from libs.fnx2.control import ChannelBinding
+from libs.fnx2.errors import Fnx2Error
+from libs.fnx2.messages import Batch, BatchDescriptor, SequenceStatus
+from libs.fnx2.receiver import (
+    Fnx2Receiver, ReceiverConfig, SequenceFailure, StageOutput, StageWork,
+)
+from libs.fnx2.receiver_state import ReceiverLimits
+from libs.fnx2.sender import Fnx2Client, SenderConfig
+from libs.fnx2.tensor import DType, Tensor, TensorKind, float32_to_bf16
+from libs.model.errors import ModelError
+from libs.model.executor import StageBatch, StageResult
+from libs.model.kv_store import SliceIdentity
+from libs.service.errors import FailedPrecondition
+from services.stage_worker.runtime import LoadedStage, StageRuntime
+
+log = structlog.get_logger()
+
+# Frames one hop may have in flight when the peer negotiates multi-inflight.
+INFLIGHT_FRAMES = 8
+
+
+def stage_id(index: int) -> str:
+    return f"stage-{index}"
+
+
+def binding_for(stage: LoadedStage, index: int) -> ChannelBinding:
+    plan = stage.spec.plan
+    return ChannelBinding(plan.plan_id, plan.plan_hash, stage.manifest_hash, stage_id(index), plan.plan_generation_id)
+
+
+class DataPlane:
+    def __init__(self, runtime: StageRuntime, host: str, port: int):
+        self._runtime = runtime
+        self._host, self._requested_port = host, port
+        self._server: asyncio.AbstractServer | None = None
+        self._receiver: Fnx2Receiver | None = None
+        self._next_hop: Fnx2Client | None = None
+        self._next_hop_lock = asyncio.Lock()
+        self._stage: LoadedStage | None = None
+        self.port = 0
+
+    @property
+    def address(self) -> str:
+        return f"{self._host}:{self.port}" if self.port else ""
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, self._host, self._requested_port, limit=1 << 20)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        await self.unbind()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        receiver = self._receiver
+        if receiver is None:
+            writer.close()
+            return
+        await receiver.serve(reader, writer)
+
+    async def bind(self, stage: LoadedStage) -> None:
+        """Accept traffic for a freshly loaded stage; earlier channels are fenced by binding."""
+        await self.unbind()
+        self._stage = stage
+        spec = stage.spec
+        first = spec.first
+        limits = ReceiverLimits(
+            frames=INFLIGHT_FRAMES,
+            kv_bytes=stage.executor.spec.kv_limit_bytes,
+            kv_bytes_per_row=stage.executor.kv.layout.bytes_per_token,
+        )
+        self._receiver = Fnx2Receiver(
+            ReceiverConfig(
+                binding=binding_for(stage, spec.stage_index),
+                limits=limits,
+                source_stage="gateway" if first else stage_id(spec.stage_index - 1),
+                input_kind=TensorKind.TOKEN_IDS if first else TensorKind.ACTIVATION,
+                input_dtype=DType.INT32 if first else DType(spec.boundary_dtype),
+                input_width=None if first else stage.config.hidden_size,
+            ),
+            _Handler(self),
+        )
+
+    async def unbind(self) -> None:
+        self._receiver = None
+        self._stage = None
+        client, self._next_hop = self._next_hop, None
+        if client is not None:
+            await client.close()
+
+    def release_lease(self, request_id: str, lease_id: str | None) -> None:
+        """Tombstone a lease released through the control plane, so no late frame revives it."""
+        if self._receiver is not None and lease_id is not None:
+            try:
+                self._receiver.state.release(request_id, lease_id, None)
+            except Fnx2Error as exc:
+                raise FailedPrecondition(exc.message, reason=exc.code.value) from exc
+
+    def cancel_lease(self, request_id: str, lease_id: str | None) -> None:
+        if self._receiver is not None and lease_id is not None:
+            self._receiver.state.cancel(request_id, lease_id)
+
+    async def next_hop(self, stage: LoadedStage) -> Fnx2Client:
+        async with self._next_hop_lock:
+            if self._next_hop is None:
+                host, _, port = stage.spec.next_hop.rpartition(":")
+                plan = stage.spec.plan
+                binding = ChannelBinding(
+                    plan.plan_id, plan.plan_hash, stage.spec.next_hop_manifest_hash,
+                    stage_id(stage.spec.stage_index + 1),
+                    plan.plan_generation_id,
+                )
+                self._next_hop = await Fnx2Client.connect(host, int(port), SenderConfig(binding))
+            return self._next_hop
+
+    # ---- execution -------------------------------------------------------------------------
+    async def execute(self, work: StageWork) -> StageOutput:
+        stage = self._stage
+        if stage is None:
+            raise RuntimeError("no stage is bound")
+        live, failures = self._split_cancelled(work)
+        if not live:
+            return StageOutput(None, tuple(failures))
+        batch = self._stage_batch(stage, work, live)
+        try:
+            result = await self._runtime.execute(batch)
+        except ModelError as exc:
+            return StageOutput(None, tuple(failures + [SequenceFailure(s.request_id, _fnx2_code(exc), exc.message) for s in live]))
+        if stage.spec.last:
+            return self._final_output(stage, live, result, failures)
+        return await self._forward(stage, work, live, result, failures)
+
+    def _split_cancelled(self, work: StageWork):
+        live, failures = [], []
+        for item in work.sequences:
+            if self._runtime.is_cancelled(item.request_id):
+                failures.append(SequenceFailure(item.request_id, "CANCELLED", "request was cancelled"))
+            else:
+                live.append(item)
+        return live, failures
+
+    def _stage_batch(self, stage: LoadedStage, work: StageWork, live) -> StageBatch:
+        slices = tuple(
+            SliceIdentity(s.request_id, s.execution_lease_id, s.request_sequence_no, s.token_position_start, s.kv_epoch, s.input_row_count)
+            for s in live
+        )
+        rows = [work.rows(s) for s in live]
+        stacked = rows[0] if len(rows) == 1 else np.concatenate(rows)
+        sampling = tuple(self._runtime.sampling_for(s.request_id) for s in live) if stage.spec.last and not stage.spec.return_logits else ()
+        # Logits mode answers every input row, as a plain FNX2 2.0 final stage does.
+        all_logits = stage.spec.last and stage.spec.return_logits
+        if stage.spec.first:
+            ids = np.ascontiguousarray(stacked, dtype=np.int32)
+            return StageBatch(slices, token_ids=ids, sampling=sampling, all_logits=all_logits)
+        tensor = work.batch.tensor
+        hidden = Tensor(tensor.descriptor.with_rows(stacked.shape[0]), stacked).to_float32()
+        return StageBatch(slices, hidden=hidden, sampling=sampling, all_logits=all_logits)
+
+    @staticmethod
+    def _final_output(stage: LoadedStage, live, result: StageResult, failures) -> StageOutput:
+        if stage.spec.return_logits:
+            logits = np.ascontiguousarray(result.logits, dtype=np.float32)
+            return StageOutput(Tensor.from_array(TensorKind.LOGITS, DType.FP32, logits), tuple(failures))
+        tokens = np.ascontiguousarray(result.token_ids, dtype=np.int32)
+        tensor = Tensor.from_array(TensorKind.TOKEN_IDS, DType.INT32, tokens)
+        return StageOutput(tensor, tuple(failures), rows_per_sequence=tuple(1 for _ in live))
+
+    async def _forward(self, stage: LoadedStage, work: StageWork, live, result: StageResult, failures) -> StageOutput:
+        dtype = DType(stage.spec.boundary_dtype)
+        hidden = result.hidden
+        if dtype is DType.BF16:
+            payload = float32_to_bf16(hidden)
+        else:
+            payload = np.ascontiguousarray(hidden, dtype=np.float16 if dtype is DType.FP16 else np.float32)
+        client = await self.next_hop(stage)
+        outgoing = _next_batch(work.batch, live, stage, Tensor.from_array(TensorKind.ACTIVATION, dtype, payload))
+        reply = await client.submit(outgoing)
+        by_id = {r.request_id: r for r in reply.results}
+        parts, counts = [], []
+        for item in live:
+            downstream = by_id.get(item.request_id)
+            if downstream is None or downstream.status is not SequenceStatus.OK:
+                code = downstream.error_code if downstream else "FAILED"
+                message = downstream.error_message if downstream else "next stage did not answer this sequence"
+                failures.append(SequenceFailure(item.request_id, code or "FAILED", message or code or "FAILED"))
+                continue
+            parts.append(reply.rows_for(downstream))
+            counts.append(downstream.output_row_count)
+        if not parts:
+            return StageOutput(None, tuple(failures))
+        descriptor = reply.tensor.descriptor
+        array = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts))
+        return StageOutput(Tensor(descriptor.with_rows(array.shape[0]), array), tuple(failures), rows_per_sequence=tuple(counts))
+
+
+def _next_batch(batch: Batch, live, stage: LoadedStage, tensor: Tensor) -> Batch:
+    rows, slices = 0, []
+    for item in live:
+        slices.append(item.__class__(**{**{f: getattr(item, f) for f in item.__slots__}, "input_row_start": rows}))
+        rows += item.input_row_count
+    descriptor = BatchDescriptor(
+        batch.batch.batch_id, batch.batch.batch_sequence_no, batch.batch.phase, rows, tuple(slices)
+    )
+    return Batch(
+        batch.plan_id, batch.plan_hash, stage.spec.next_hop_manifest_hash, stage_id(stage.spec.stage_index),
+        stage_id(stage.spec.stage_index + 1), descriptor, tensor, batch.traceparent,
+    )
+
+
+def _fnx2_code(exc: ModelError) -> str:
+    return {"KV_LIMIT": "ADMISSION", "KV_EPOCH": "STALE_KV", "UNKNOWN_SEQUENCE": "UNKNOWN_LEASE"}.get(exc.reason, "FAILED")
+
+
+class _Handler:
+    def __init__(self, plane: DataPlane):
+        self._plane = plane
+
+    async def execute(self, work: StageWork) -> StageOutput:
+        return await self._plane.execute(work)
+
+    def forget(self, request_id: str, execution_lease_id: str) -> None:
+        stage = self._plane._stage
+        if stage is not None:
+            stage.executor.release(request_id, execution_lease_id)

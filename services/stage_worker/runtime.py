@@ -1,0 +1,330 @@
+"""One loaded stage: weights, executor, admissions and KV accounting, behind the lifecycle.
+
+Blocking model work runs on one dedicated thread per device, so the event loop keeps
+serving control RPCs and the data plane while a batch executes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from libs.model.config import DeepseekV2Config, load_config
+from libs.model.errors import ModelError
+from libs.model.executor import StageBatch, StageExecutor, StageResult
+from libs.model.executor import StageSpec as ExecutorSpec
+from libs.model.kernels import make_kernels
+from libs.model.sampling import SamplingParams
+from libs.model.weights import load_stage_weights
+from libs.service.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from services.stage_worker.errors import model_error
+from services.stage_worker.lifecycle import Lifecycle, StageState
+
+
+@dataclass(frozen=True)
+class PlanBinding:
+    plan_id: str
+    plan_hash: str
+    plan_generation_id: str
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    stage_index: int
+    stage_count: int
+    layer_start: int
+    layer_end: int  # exclusive
+    plan: PlanBinding
+    backend: str
+    boundary_dtype: str  # "bf16" | "fp16" | "fp32"
+    device: str = "cpu"
+    checkpoint_dir: str | None = None
+    artifact_dir: str | None = None
+    manifest_hash: str | None = None
+    next_hop: str | None = None
+    next_hop_manifest_hash: str | None = None
+    kv_limit_bytes: int = 0
+    return_logits: bool = False
+
+    @property
+    def first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage_index == self.stage_count - 1
+
+
+@dataclass(frozen=True)
+class Admission:
+    request_id: str
+    lease_id: str
+    reserve_bytes: int
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
+class HealthSnapshot:
+    state: StageState
+    inflight_batches: int
+    live_sequences: int
+    kv_bytes_used: int
+    kv_bytes_limit: int
+    kv_bytes_high_water: int
+    inflight_high_water: int
+    batches_executed: int
+    failure_reason: str
+    plan: PlanBinding | None
+
+
+@dataclass
+class _Counters:
+    inflight: int = 0
+    inflight_high_water: int = 0
+    executed: int = 0
+
+
+@dataclass
+class LoadedStage:
+    spec: LoadSpec
+    config: DeepseekV2Config
+    executor: StageExecutor
+    manifest_hash: str
+    weight_bytes: int
+    load_seconds: float
+    admissions: dict[str, Admission] = field(default_factory=dict)
+    cancelled: set[str] = field(default_factory=set)
+
+
+def checkpoint_stage_hash(spec: LoadSpec) -> str:
+    """Identity of a stage loaded straight from a checkpoint: its config bytes and layer range.
+
+    Artifact loads use the artifact's manifest hash instead; this stands in for it so that the
+    data plane is bound to exactly this slice of exactly this checkpoint.
+    """
+    config_sha = hashlib.sha256(Path(spec.checkpoint_dir, "config.json").read_bytes()).hexdigest()
+    identity = {
+        "config_sha256": config_sha,
+        "layer_start": spec.layer_start,
+        "layer_end_exclusive": spec.layer_end,
+        "stage_index": spec.stage_index,
+        "stage_count": spec.stage_count,
+    }
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class StageRuntime:
+    def __init__(self, backend: str, device: str, default_kv_limit_bytes: int):
+        self.backend = backend
+        self.device = device
+        self.default_kv_limit_bytes = default_kv_limit_bytes
+        self.lifecycle = Lifecycle()
+        self.stage: LoadedStage | None = None
+        self._counters = _Counters()
+        self._device_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{device}")
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ---- load / unload -------------------------------------------------------------------
+    async def load(self, spec: LoadSpec) -> LoadedStage:
+        self._check_spec(spec)
+        if self.lifecycle.state in (StageState.READY, StageState.EXECUTING):
+            raise FailedPrecondition("a stage is already loaded; unload it first", reason="STAGE_LOADED")
+        self.lifecycle.move(StageState.LOADING)
+        loop = asyncio.get_running_loop()
+        try:
+            self.stage = await loop.run_in_executor(self._device_thread, self._load_blocking, spec)
+        except ModelError as exc:
+            self.lifecycle.fail(f"{exc.reason}: {exc.message}")
+            raise model_error(exc) from exc
+        except Exception as exc:
+            self.lifecycle.fail(f"{type(exc).__name__}: {exc}")
+            raise
+        self.lifecycle.move(StageState.READY)
+        return self.stage
+
+    def _check_spec(self, spec: LoadSpec) -> None:
+        if spec.backend != self.backend:
+            raise FailedPrecondition(
+                f"this worker runs backend {self.backend!r}; the stage asks for {spec.backend!r}",
+                reason="BACKEND_MISMATCH",
+                field="spec.backend",
+            )
+        if spec.device != self.device:
+            raise FailedPrecondition(
+                f"this worker runs on {self.device!r}; the stage asks for {spec.device!r}",
+                reason="DEVICE_MISMATCH",
+                field="spec.device",
+            )
+        if bool(spec.checkpoint_dir) == bool(spec.artifact_dir):
+            raise InvalidArgument("give exactly one of checkpoint_dir or artifact_dir", field="spec")
+        if not 0 <= spec.stage_index < spec.stage_count:
+            raise InvalidArgument("stage_index must be below stage_count", field="spec.stage_index")
+        if spec.layer_end <= spec.layer_start:
+            raise InvalidArgument("the layer range is empty", field="spec.layer_range")
+        if not spec.last and not (spec.next_hop and spec.next_hop_manifest_hash):
+            raise InvalidArgument(
+                "every stage but the last needs next_hop_address and next_hop_manifest_hash",
+                field="spec.next_hop_address",
+            )
+        if spec.boundary_dtype not in ("bf16", "fp16", "fp32"):
+            raise InvalidArgument("boundary dtype must be bf16, fp16 or fp32", field="spec.boundary_dtype")
+
+    def _load_blocking(self, spec: LoadSpec) -> LoadedStage:
+        started = time.perf_counter()
+        source, manifest_hash = self._resolve_source(spec)
+        config = load_config(source)
+        weights = load_stage_weights(source, config, spec.layer_start, spec.layer_end, spec.first, spec.last)
+        kernels = make_kernels(spec.backend, config, weights, spec.device)
+        limit = spec.kv_limit_bytes or self.default_kv_limit_bytes
+        executor = StageExecutor(
+            config, ExecutorSpec(spec.layer_start, spec.layer_end, spec.first, spec.last, limit), kernels
+        )
+        weight_bytes = sum(p.stat().st_size for p in Path(source).glob("*.safetensors"))
+        return LoadedStage(spec, config, executor, manifest_hash, weight_bytes, time.perf_counter() - started)
+
+    def _resolve_source(self, spec: LoadSpec) -> tuple[str, str]:
+        if spec.checkpoint_dir:
+            return spec.checkpoint_dir, checkpoint_stage_hash(spec)
+        from libs.artifacts.verify import verify_artifact
+
+        verified = verify_artifact(spec.artifact_dir, expected_manifest_hash=spec.manifest_hash or None,
+                                   expected_plan_hash=spec.plan.plan_hash or None)
+        return str(spec.artifact_dir), verified.manifest_hash
+
+    async def unload(self) -> None:
+        if self.lifecycle.state in (StageState.EXECUTING, StageState.DRAINING):
+            await self._idle.wait()
+        if self.lifecycle.state != StageState.UNLOADED:
+            self.lifecycle.move(StageState.UNLOADED)
+        self.stage = None
+
+    async def drain(self, timeout_s: float) -> None:
+        self.lifecycle.require(StageState.READY, StageState.EXECUTING, StageState.DRAINING)
+        self.lifecycle.move(StageState.DRAINING)
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout=timeout_s)
+        except asyncio.TimeoutError:
+            pass
+
+    # ---- requests ------------------------------------------------------------------------
+    def loaded(self) -> LoadedStage:
+        if self.stage is None or self.lifecycle.state not in (StageState.READY, StageState.EXECUTING, StageState.DRAINING):
+            raise FailedPrecondition(f"no stage is loaded (state {self.lifecycle.state.value})", reason="STAGE_NOT_LOADED")
+        return self.stage
+
+    def admit(self, admission: Admission) -> int:
+        """Reserve KV for a request; returns the bytes still free after the reservation."""
+        stage = self.loaded()
+        if self.lifecycle.state == StageState.DRAINING:
+            raise FailedPrecondition("the stage is draining and admits nothing new", reason="DRAINING")
+        try:
+            admission.sampling.validate()
+        except ModelError as exc:
+            raise InvalidArgument(exc.message, reason="SAMPLING", field="sampling") from exc
+        if admission.request_id in stage.admissions:
+            return self._kv_free(stage)
+        free = self._kv_free(stage)
+        if admission.reserve_bytes > free:
+            raise ResourceExhausted(
+                f"stage {stage.spec.stage_index} has {free} KV bytes free, the request needs {admission.reserve_bytes}",
+                reason="KV_CAPACITY",
+            )
+        stage.admissions[admission.request_id] = admission
+        stage.cancelled.discard(admission.request_id)
+        return free - admission.reserve_bytes
+
+    def _kv_free(self, stage: LoadedStage) -> int:
+        reserved = sum(a.reserve_bytes for a in stage.admissions.values())
+        return stage.executor.spec.kv_limit_bytes - reserved
+
+    def kv_bytes_per_token(self) -> int:
+        return self.loaded().executor.kv.layout.bytes_per_token
+
+    def lease_of(self, request_id: str) -> str | None:
+        admission = self.loaded().admissions.get(request_id)
+        return admission.lease_id if admission else None
+
+    def cancel(self, request_id: str) -> tuple[bool, int]:
+        stage = self.loaded()
+        found = request_id in stage.admissions
+        stage.cancelled.add(request_id)
+        return found, self._epoch(stage, request_id)
+
+    def release(self, request_id: str) -> tuple[bool, int, int]:
+        stage = self.loaded()
+        epoch = self._epoch(stage, request_id)
+        admission = stage.admissions.pop(request_id, None)
+        before = stage.executor.kv.bytes_used()
+        if admission is not None:
+            stage.executor.release(request_id, admission.lease_id)
+        stage.executor.kv.release_request(request_id)
+        stage.cancelled.discard(request_id)
+        return admission is not None, epoch, before - stage.executor.kv.bytes_used()
+
+    @staticmethod
+    def _epoch(stage: LoadedStage, request_id: str) -> int:
+        admission = stage.admissions.get(request_id)
+        if admission is None:
+            return 0
+        try:
+            return stage.executor.kv.epoch((request_id, admission.lease_id))
+        except ModelError:
+            return 0
+
+    def sampling_for(self, request_id: str) -> SamplingParams:
+        admission = self.loaded().admissions.get(request_id)
+        if admission is None:
+            raise NotFound(f"request {request_id!r} was not admitted on this stage", reason="UNKNOWN_LEASE")
+        return admission.sampling
+
+    def is_cancelled(self, request_id: str) -> bool:
+        return self.stage is not None and request_id in self.stage.cancelled
+
+    async def execute(self, batch: StageBatch) -> StageResult:
+        stage = self.loaded()
+        self._enter()
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._device_thread, stage.executor.execute, batch)
+        finally:
+            self._leave()
+
+    def _enter(self) -> None:
+        counters = self._counters
+        counters.inflight += 1
+        counters.inflight_high_water = max(counters.inflight_high_water, counters.inflight)
+        self._idle.clear()
+        if self.lifecycle.state == StageState.READY:
+            self.lifecycle.move(StageState.EXECUTING)
+
+    def _leave(self) -> None:
+        counters = self._counters
+        counters.inflight -= 1
+        counters.executed += 1
+        if counters.inflight == 0:
+            self._idle.set()
+            if self.lifecycle.state == StageState.EXECUTING:
+                self.lifecycle.move(StageState.READY)
+
+    def health(self) -> HealthSnapshot:
+        stage = self.stage
+        usage = stage.executor.kv_usage() if stage else None
+        return HealthSnapshot(
+            state=self.lifecycle.state,
+            inflight_batches=self._counters.inflight,
+            live_sequences=usage.live_sequences if usage else 0,
+            kv_bytes_used=usage.bytes_used if usage else 0,
+            kv_bytes_limit=usage.bytes_limit if usage else self.default_kv_limit_bytes,
+            kv_bytes_high_water=usage.bytes_high_water if usage else 0,
+            inflight_high_water=self._counters.inflight_high_water,
+            batches_executed=self._counters.executed,
+            failure_reason=self.lifecycle.failure_reason,
+            plan=stage.spec.plan if stage else None,
+        )

@@ -1,0 +1,204 @@
+"""Stage workers as real processes: load a split model, run ragged batches over FNX2 hops,
+and compare with the same model run in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import grpc
+import numpy as np
+import pytest
+from fornax.common.v1 import common_pb2
+from fornax.stage_worker.v1 import stage_worker_pb2 as pb
+
+from libs.fnx2.messages import Phase
+from libs.gateway.route import Route, Sampling, SliceInput, lease_id_for
+from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
+from libs.model.config import load_config
+from libs.model.executor import StageBatch, StageExecutor, StageSpec
+from libs.model.kernels import make_kernels
+from libs.model.kv_store import SliceIdentity
+from libs.model.weights import load_stage_weights
+from libs.service.interceptors import reason_of
+from tests.support.stages import load_pipeline, start_workers
+
+pytestmark = pytest.mark.integration
+BUDGET_NS = 60 * 10**9
+PROMPTS = [np.array([5, 17, 42], np.int32), np.array([7, 8, 9, 10, 11], np.int32)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_checkpoint(CheckpointRequest("tiny", tmp_path_factory.mktemp("ckpt"), seed=3)).out_dir
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    fleet = start_workers(2, tmp_path_factory.mktemp("two"))
+    yield fleet
+    fleet.stop()
+
+
+def local_greedy(checkpoint, prompts, steps):
+    """Reference: the whole model in this process, greedy, one sequence at a time."""
+    cfg = load_config(checkpoint)
+    weights = load_stage_weights(checkpoint, cfg, 0, cfg.num_hidden_layers, True, True)
+    executor = StageExecutor(cfg, StageSpec(0, cfg.num_hidden_layers, True, True), make_kernels("numpy", cfg, weights))
+    outputs = []
+    for prompt in prompts:
+        rid, lease = str(uuid.uuid4()), str(uuid.uuid4())
+        tokens, ids, pos = [], prompt, 0
+        for step in range(steps + 1):
+            ident = SliceIdentity(rid, lease, step, pos, step, len(ids))
+            result = executor.execute(StageBatch((ident,), token_ids=ids))
+            token = int(np.argmax(result.logits[-1]))
+            tokens.append(token)
+            pos += len(ids)
+            ids = np.array([token], np.int32)
+        outputs.append(tokens)
+    return outputs, executor, cfg
+
+
+async def generate(route, prompts, steps, sampling=Sampling()):
+    request_ids = [str(uuid.uuid4()) for _ in prompts]
+    for rid, prompt in zip(request_ids, prompts):
+        await route.admit(rid, len(prompt) + steps + 1, sampling)
+    leases = [lease_id_for(route.plan, rid) for rid in request_ids]
+    inputs = [SliceInput(rid, lease, 0, 0, 0, prompt, BUDGET_NS) for rid, lease, prompt in zip(request_ids, leases, prompts)]
+    outputs = await route.run(Phase.PREFILL, inputs)
+    tokens = [[int(o.rows[0])] for o in outputs]
+    positions = [len(p) for p in prompts]
+    for step in range(1, steps + 1):
+        inputs = [
+            SliceInput(rid, lease, step, positions[i], outputs[i].kv_epoch_after, np.array([tokens[i][-1]], np.int32), BUDGET_NS)
+            for i, (rid, lease) in enumerate(zip(request_ids, leases))
+        ]
+        outputs = await route.run(Phase.DECODE, inputs)
+        assert all(o.ok for o in outputs), [(o.error_code, o.error_message) for o in outputs]
+        for i, o in enumerate(outputs):
+            tokens[i].append(int(o.rows[0]))
+            positions[i] += 1
+    return request_ids, tokens
+
+
+def test_two_stage_greedy_matches_the_single_process_model(checkpoint, two_workers):
+    cfg = load_config(checkpoint)
+    plan = load_pipeline(two_workers, checkpoint, cfg.num_hidden_layers, boundary="fp32")
+    expected, _, _ = local_greedy(checkpoint, PROMPTS, steps=6)
+
+    async def scenario():
+        route = Route(plan)
+        await route.open()
+        try:
+            request_ids, tokens = await generate(route, PROMPTS, steps=6)
+            during = await route.health()
+            epochs = [await route.release(rid) for rid in request_ids]
+            after = await route.health()
+            return tokens, during, epochs, after
+        finally:
+            await route.close()
+
+    tokens, during, epochs, after = asyncio.run(scenario())
+    assert tokens == expected
+    assert all(h.kv_bytes_used > 0 and h.live_sequences == 2 for h in during)
+    assert epochs == [[7, 7], [7, 7]]  # prefill + 6 decodes, on both stages
+    assert all(h.kv_bytes_used == 0 and h.live_sequences == 0 for h in after)
+    assert all(h.state == pb.STAGE_STATE_READY and h.batches_executed == 7 for h in after)
+
+
+def test_cancel_stops_a_request_and_keeps_its_epoch(checkpoint, two_workers):
+    cfg = load_config(checkpoint)
+    plan = load_pipeline(two_workers, checkpoint, cfg.num_hidden_layers, boundary="bf16")
+
+    async def scenario():
+        route = Route(plan)
+        await route.open()
+        try:
+            request_ids, _ = await generate(route, PROMPTS[:1], steps=1)
+            rid = request_ids[0]
+            epochs = await route.cancel(rid)
+            lease = lease_id_for(plan, rid)
+            late = await route.run(Phase.DECODE, [SliceInput(rid, lease, 2, 4, 2, np.array([1], np.int32), BUDGET_NS)])
+            return epochs, late[0], await route.release(rid)
+        finally:
+            await route.close()
+
+    epochs, late, released = asyncio.run(scenario())
+    assert epochs == [2, 2]
+    assert not late.ok and late.error_code == "CANCELLED"
+    assert released == [2, 2]
+
+
+def test_admission_beyond_kv_capacity_is_refused_and_reserves_nothing(checkpoint, two_workers):
+    cfg = load_config(checkpoint)
+    plan = load_pipeline(two_workers, checkpoint, cfg.num_hidden_layers)
+
+    async def scenario():
+        route = Route(plan)
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await route.admit(str(uuid.uuid4()), 10**9, Sampling())
+            await route.admit(str(uuid.uuid4()), 16, Sampling())  # room is still there
+            return caught.value
+        finally:
+            await route.close()
+
+    error = asyncio.run(scenario())
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert reason_of(error) == "KV_CAPACITY"
+
+
+def test_load_refuses_a_backend_this_worker_does_not_run(checkpoint, two_workers):
+    spec = pb.StageSpec(
+        stage_index=0, stage_count=1, layer_range=common_pb2.LayerRange(layer_start=0, layer_end_exclusive=1),
+        plan=common_pb2.PlanBinding(plan_id=str(uuid.uuid4()), plan_hash="sha256:" + "0" * 64, plan_generation_id=str(uuid.uuid4())),
+        checkpoint_dir=str(checkpoint), backend=common_pb2.BACKEND_MAX, boundary_dtype=common_pb2.ELEMENT_TYPE_FP32,
+        output_mode=pb.OUTPUT_MODE_LOGITS, device="cpu",
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        two_workers.stub(0).LoadStage(pb.LoadStageRequest(request_id="r", spec=spec), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert reason_of(caught.value) == "BACKEND_MISMATCH"
+
+
+def test_load_needs_a_next_hop_on_a_middle_stage(checkpoint, two_workers):
+    spec = pb.StageSpec(
+        stage_index=0, stage_count=2, layer_range=common_pb2.LayerRange(layer_start=0, layer_end_exclusive=1),
+        plan=common_pb2.PlanBinding(plan_id=str(uuid.uuid4()), plan_hash="sha256:" + "0" * 64, plan_generation_id=str(uuid.uuid4())),
+        checkpoint_dir=str(checkpoint), backend=common_pb2.BACKEND_NUMPY, boundary_dtype=common_pb2.ELEMENT_TYPE_FP32,
+        device="cpu",
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        two_workers.stub(0).LoadStage(pb.LoadStageRequest(request_id="r", spec=spec), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "next_hop" in caught.value.details()
+
+
+def test_three_stage_logits_match_the_single_process_model(checkpoint, tmp_path):
+    cfg = load_config(checkpoint)
+    fleet = start_workers(3, tmp_path)
+    try:
+        plan = load_pipeline(fleet, checkpoint, cfg.num_hidden_layers, boundary="fp32", logits=True)
+
+        async def scenario():
+            route = Route(plan)
+            await route.open()
+            try:
+                rid = str(uuid.uuid4())
+                await route.admit(rid, 8, Sampling(), logits=True)
+                inputs = [SliceInput(rid, lease_id_for(plan, rid), 0, 0, 0, PROMPTS[1], BUDGET_NS)]
+                return (await route.run(Phase.PREFILL, inputs))[0]
+            finally:
+                await route.close()
+
+        output = asyncio.run(scenario())
+    finally:
+        fleet.stop()
+    _, executor, _ = local_greedy(checkpoint, [], 0)
+    reference = executor.execute(
+        StageBatch((SliceIdentity("r", "l", 0, 0, 0, len(PROMPTS[1])),), token_ids=PROMPTS[1], all_logits=True)
+    ).logits
+    assert output.ok
+    assert output.rows.shape == reference.shape
+    np.testing.assert_allclose(output.rows, reference, atol=1e-4, rtol=0)
