@@ -31,9 +31,10 @@ class SequenceStatus(enum.Enum):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy; top_k 0 and top_p 1 disable those filters."""
+    """temperature 0 means greedy (the default here; the OpenAI API defaults to 1); top_k 0
+    and top_p 1 disable those filters."""
 
-    temperature: float = 1.0
+    temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
