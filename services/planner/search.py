@@ -15,10 +15,15 @@ Methods:
 - `ordered_fleet` (larger fleets): the same DP restricted to node sequences that are
   subsequences of a candidate node order, with a stage-count dimension; exact within those
   orders. O(orders * max_stages * n * (n + L) * L). Orders tried: fastest-first, and a
-  greedy chain along the cheapest routes starting from each of the few fastest nodes.
+  greedy chain along the cheapest routes starting from each of the few fastest nodes. Then
+  `exact_subsets` runs on a pool of REFINE_POOL_NODES nodes (those of the best ordered plan,
+  topped up with the fastest others). Guarantee: the answer is optimal among all plans whose
+  node sequence is a subsequence of a candidate order, and among all plans that use only
+  pool nodes; it is never worse than the best single-node plan.
 
 For the throughput objective a second pass breaks ties: among plans whose bottleneck equals
-the optimum, it picks the one with the smallest summed pass time.
+the optimum, it picks the one with the smallest summed pass time (for large fleets, among
+plans over subsequences of the chosen nodes).
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from typing import Callable
 
 import numpy as np
 
-EXACT_MAX_NODES = 8
+EXACT_MAX_NODES = 10
+REFINE_POOL_NODES = 8
 TIE_TOLERANCE = 1e-12
 Op = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -77,7 +83,10 @@ def solve(problem: Problem, objective: str = "throughput") -> Placement | None:
         min_stages=problem.min_stages,
         max_stages=problem.max_stages,
     )
-    tied = search(masked, np.add)
+    if search is _exact_subsets:
+        tied = _exact_subsets(masked, np.add)
+    else:  # large fleets: break ties among subsequences of the chosen nodes' order
+        tied = _ordered_dp(masked, np.array(best.nodes), np.add)
     if tied is None:  # tolerance edge: keep the min-max answer
         return best
     return Placement(tied.nodes, tied.cuts, evaluate(problem, tied.nodes, tied.cuts))
@@ -86,8 +95,9 @@ def solve(problem: Problem, objective: str = "throughput") -> Placement | None:
 def method_name(num_nodes: int) -> str:
     if num_nodes <= EXACT_MAX_NODES:
         return "exact_subsets: DP over (node set, last node, layer prefix); proven optimal"
-    return ("ordered_fleet: exact DP over node subsequences of candidate orders "
-            "(fastest-first, cheapest-route chains); optimal within those orders")
+    return ("ordered_fleet: exact DP over node subsequences of candidate orders (fastest-first, "
+            f"cheapest-route chains) plus an exact search over a pool of {REFINE_POOL_NODES} nodes; "
+            "optimal within those orders and within that pool")
 
 
 def _extend(row: np.ndarray, link_cost: np.ndarray, stage_w: np.ndarray, op: Op):
@@ -194,10 +204,31 @@ def candidate_orders(problem: Problem, starts: int = 3) -> list[np.ndarray]:
     return orders
 
 
+def _refine(problem: Problem, best: Placement | None, rank: np.ndarray, op: Op) -> Placement | None:
+    """Exact search restricted to a small pool: the best plan's nodes, then the fastest others."""
+    pool = list(best.nodes) if best is not None else []
+    pool = pool[:REFINE_POOL_NODES]
+    for v in rank:
+        if len(pool) >= REFINE_POOL_NODES:
+            break
+        if int(v) not in pool:
+            pool.append(int(v))
+    index = np.array(pool)
+    sub = Problem(problem.stage[index], problem.link[np.ix_(index, index)], problem.min_stages, problem.max_stages)
+    found = _exact_subsets(sub, op)
+    if found is None:
+        return None
+    return Placement(tuple(pool[i] for i in found.nodes), found.cuts, found.value)
+
+
 def _ordered_fleet(problem: Problem, op: Op) -> Placement | None:
     best: Placement | None = None
-    for order in candidate_orders(problem):
+    orders = candidate_orders(problem)
+    for order in orders:
         found = _ordered_dp(problem, order, op)
         if found is not None and (best is None or found.value < best.value):
             best = found
+    refined = _refine(problem, best, orders[0], op)
+    if refined is not None and (best is None or refined.value < best.value):
+        best = refined
     return best

@@ -44,7 +44,7 @@ def test_latency_objective_equals_enumeration():
 
 def test_tie_break_keeps_the_optimal_bottleneck_and_minimises_the_pass_time():
     rng = np.random.default_rng(5)
-    for _ in range(25):
+    for _ in range(12):
         problem = _problem(random_small_instance(rng))
         found = solve(problem)
         if found is None:
@@ -68,6 +68,7 @@ def test_ordered_fleet_is_exact_on_interchangeable_nodes(monkeypatch):
     problem = Problem(np.repeat(stage[None], n, axis=0), np.full((n, n), 0.5), 1, 4)
     exact = solve(problem)
     monkeypatch.setattr(search, "EXACT_MAX_NODES", 0)
+    monkeypatch.setattr(search, "REFINE_POOL_NODES", 1)  # the ordered DP alone
     ordered = solve(problem)
     assert ordered.value == pytest.approx(exact.value)
     assert "ordered_fleet" in search.method_name(n)
@@ -78,6 +79,12 @@ def test_ordered_fleet_never_beats_the_exact_optimum(monkeypatch):
     problems = [_problem(random_small_instance(rng)) for _ in range(30)]
     exact = [solve(p) for p in problems]
     monkeypatch.setattr(search, "EXACT_MAX_NODES", 0)
+    for problem, best in zip(problems, exact):
+        pooled = solve(problem)  # <= 7 nodes all fit the refinement pool: exact again
+        assert (pooled is None) == (best is None)
+        if best is not None:
+            assert pooled.value == pytest.approx(best.value, rel=1e-9)
+    monkeypatch.setattr(search, "REFINE_POOL_NODES", 1)
     for problem, best in zip(problems, exact):
         found = solve(problem)
         if best is None:
