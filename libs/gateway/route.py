@@ -122,9 +122,9 @@ class Route:
             await self.release(request_id)
             raise failure
 
-    async def run(self, phase: Phase, inputs: list[SliceInput]) -> list[SliceOutput]:
+    async def run(self, phase: Phase, inputs: list[SliceInput], traceparent: str | None = None) -> list[SliceOutput]:
         """One ragged batch through every stage; outputs in input order."""
-        batch = self._batch(phase, inputs)
+        batch = self._batch(phase, inputs, traceparent)
         result = await self._client.submit(batch)
         by_id = {r.request_id: r for r in result.results}
         outputs = []
@@ -138,7 +138,7 @@ class Route:
             )
         return outputs
 
-    def _batch(self, phase: Phase, inputs: list[SliceInput]) -> Batch:
+    def _batch(self, phase: Phase, inputs: list[SliceInput], traceparent: str | None = None) -> Batch:
         slices, row = [], 0
         for item in inputs:
             count = int(item.token_ids.shape[0])
@@ -154,7 +154,7 @@ class Route:
         descriptor = BatchDescriptor(str(uuid.uuid4()), next(self._batch_numbers), phase, row, tuple(slices))
         return Batch(
             self.plan.plan_id, self.plan.plan_hash, self.plan.stages[0].manifest_hash, GATEWAY, "stage-0",
-            descriptor, Tensor.from_array(TensorKind.TOKEN_IDS, DType.INT32, ids),
+            descriptor, Tensor.from_array(TensorKind.TOKEN_IDS, DType.INT32, ids), traceparent,
         )
 
     async def cancel(self, request_id: str) -> list[int]:

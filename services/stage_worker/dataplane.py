@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import numpy as np
 import structlog
+from opentelemetry import trace
 
 from libs.fnx2.control import ChannelBinding
 from libs.fnx2.errors import Fnx2Error
@@ -28,9 +30,12 @@ from libs.model.errors import ModelError
 from libs.model.executor import StageBatch, StageResult
 from libs.model.kv_store import SliceIdentity
 from libs.service.errors import FailedPrecondition
+from libs.service.trace_context import context_from, current_traceparent
+from services.stage_worker import metrics
 from services.stage_worker.runtime import LoadedStage, StageRuntime
 
 log = structlog.get_logger()
+_TRACER = trace.get_tracer("fornax.stage_worker")
 
 # Frames one hop may have in flight when the peer negotiates multi-inflight.
 INFLIGHT_FRAMES = 8
@@ -137,14 +142,38 @@ class DataPlane:
         stage = self._stage
         if stage is None:
             raise RuntimeError("no stage is bound")
+        label = stage_id(stage.spec.stage_index)
+        name = f"{label} {work.batch.batch.phase.value}"
+        with _TRACER.start_as_current_span(name, context=context_from(work.traceparent)) as span:
+            span.set_attribute("fornax.stage_index", stage.spec.stage_index)
+            span.set_attribute("fornax.batch_rows", work.batch.batch.input_row_count)
+            span.set_attribute("fornax.sequences", len(work.sequences))
+            output = await self._execute(stage, work, label)
+            for failure in output.failures:
+                metrics.SEQUENCE_FAILURES.labels(label, failure.code).inc()
+            usage = stage.executor.kv_usage()
+            metrics.KV_BYTES.labels(label).set(usage.bytes_used)
+            metrics.KV_SEQUENCES.labels(label).set(usage.live_sequences)
+            return output
+
+    async def _execute(self, stage: LoadedStage, work: StageWork, label: str) -> StageOutput:
         live, failures = self._split_cancelled(work)
         if not live:
             return StageOutput(None, tuple(failures))
-        batch = self._stage_batch(stage, work, live)
+        phase = work.batch.batch.phase.value
+        with _TRACER.start_as_current_span("unpack"):
+            started = time.perf_counter()
+            batch = self._stage_batch(stage, work, live)
+            metrics.UNPACK.labels(label).observe(time.perf_counter() - started)
         try:
-            result = await self._runtime.execute(batch)
+            result, queue_s, compute_s = await self._runtime.execute(batch)
         except ModelError as exc:
-            return StageOutput(None, tuple(failures + [SequenceFailure(s.request_id, _fnx2_code(exc), exc.message) for s in live]))
+            failed = [SequenceFailure(s.request_id, _fnx2_code(exc), exc.message) for s in live]
+            return StageOutput(None, tuple(failures + failed))
+        _record_phase_spans(queue_s, compute_s)
+        metrics.QUEUE.labels(label, phase).observe(queue_s)
+        metrics.COMPUTE.labels(label, phase).observe(compute_s)
+        metrics.KV_EPOCH_CHANGES.labels(label).inc(len(live))
         if stage.spec.last:
             return self._final_output(stage, live, result, failures)
         return await self._forward(stage, work, live, result, failures)
@@ -185,15 +214,21 @@ class DataPlane:
         return StageOutput(tensor, tuple(failures), rows_per_sequence=tuple(1 for _ in live))
 
     async def _forward(self, stage: LoadedStage, work: StageWork, live, result: StageResult, failures) -> StageOutput:
+        label = stage_id(stage.spec.stage_index)
         dtype = DType(stage.spec.boundary_dtype)
-        hidden = result.hidden
-        if dtype is DType.BF16:
-            payload = float32_to_bf16(hidden)
-        else:
-            payload = np.ascontiguousarray(hidden, dtype=np.float16 if dtype is DType.FP16 else np.float32)
+        with _TRACER.start_as_current_span("pack"):
+            started = time.perf_counter()
+            payload = _boundary_payload(result.hidden, dtype)
+            outgoing = _next_batch(work.batch, live, stage, Tensor.from_array(TensorKind.ACTIVATION, dtype, payload))
+            metrics.PACK.labels(label).observe(time.perf_counter() - started)
         client = await self.next_hop(stage)
-        outgoing = _next_batch(work.batch, live, stage, Tensor.from_array(TensorKind.ACTIVATION, dtype, payload))
-        reply = await client.submit(outgoing)
+        with _TRACER.start_as_current_span(f"transfer to {stage_id(stage.spec.stage_index + 1)}"):
+            outgoing = replace(outgoing, traceparent=current_traceparent())
+            started = time.perf_counter()
+            reply = await client.submit(outgoing)
+            round_trip = time.perf_counter() - started
+        downstream_ns = max((r.timings.queue_ns + r.timings.execute_ns for r in reply.results), default=0)
+        metrics.TRANSFER.labels(label).observe(max(0.0, round_trip - downstream_ns / 1e9))
         by_id = {r.request_id: r for r in reply.results}
         parts, counts = [], []
         for item in live:
@@ -224,6 +259,21 @@ def _next_batch(batch: Batch, live, stage: LoadedStage, tensor: Tensor) -> Batch
         batch.plan_id, batch.plan_hash, stage.spec.next_hop_manifest_hash, stage_id(stage.spec.stage_index),
         stage_id(stage.spec.stage_index + 1), descriptor, tensor, batch.traceparent,
     )
+
+
+def _boundary_payload(hidden: np.ndarray, dtype: DType) -> np.ndarray:
+    if dtype is DType.BF16:
+        return float32_to_bf16(hidden)
+    return np.ascontiguousarray(hidden, dtype=np.float16 if dtype is DType.FP16 else np.float32)
+
+
+def _record_phase_spans(queue_s: float, compute_s: float) -> None:
+    """Queue and compute spans with their measured durations, ending now."""
+    end = time.time_ns()
+    compute_start = end - int(compute_s * 1e9)
+    queue_start = compute_start - int(queue_s * 1e9)
+    _TRACER.start_span("queue", start_time=queue_start).end(end_time=compute_start)
+    _TRACER.start_span("compute", start_time=compute_start).end(end_time=end)
 
 
 def _fnx2_code(exc: ModelError) -> str:

@@ -101,6 +101,12 @@ class LoadedStage:
     cancelled: set[str] = field(default_factory=set)
 
 
+def _timed(executor: StageExecutor, batch: StageBatch, submitted: float) -> tuple[StageResult, float, float]:
+    started = time.perf_counter()
+    result = executor.execute(batch)
+    return result, started - submitted, time.perf_counter() - started
+
+
 def checkpoint_stage_hash(spec: LoadSpec) -> str:
     """Identity of a stage loaded straight from a checkpoint: its config bytes and layer range.
 
@@ -287,12 +293,14 @@ class StageRuntime:
     def is_cancelled(self, request_id: str) -> bool:
         return self.stage is not None and request_id in self.stage.cancelled
 
-    async def execute(self, batch: StageBatch) -> StageResult:
+    async def execute(self, batch: StageBatch) -> tuple[StageResult, float, float]:
+        """Run a batch on the device thread; returns (result, queue seconds, compute seconds)."""
         stage = self.loaded()
         self._enter()
+        submitted = time.perf_counter()
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._device_thread, stage.executor.execute, batch)
+            return await loop.run_in_executor(self._device_thread, _timed, stage.executor, batch, submitted)
         finally:
             self._leave()
 
