@@ -24,6 +24,16 @@ class OrchestratorConfig:
     artifact_builder_addr: str | None = None
     # gRPC addresses of the stage workers, in stage order.
     stage_workers: tuple[str, ...] = ()
+    # Public model id of the route (what /v1/models lists and requests must name).
+    model_id: str = "fornax"
+    # Serve a checkpoint with in-process stages at startup (development and tests); the
+    # networked route is installed with InstallPlan instead.
+    inprocess_checkpoint: str | None = None
+    inprocess_stages: int = 1
+    inprocess_backend: str = "numpy"
+    max_live_requests: int = 256
+    default_max_tokens: int = 256
+    output_queue_capacity: int = 16
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> OrchestratorConfig:
@@ -34,6 +44,12 @@ class OrchestratorConfig:
         parser.add_argument("--registry-addr", help="env FORNAX_REGISTRY_ADDR")
         parser.add_argument("--artifact-builder-addr", help="env FORNAX_ARTIFACT_BUILDER_ADDR")
         parser.add_argument("--stage-workers", help="comma-separated gRPC addresses in stage order (env FORNAX_STAGE_WORKERS)")
+        parser.add_argument("--model-id", help="public model id (env FORNAX_MODEL_ID)")
+        parser.add_argument("--inprocess-checkpoint", help="serve this checkpoint with in-process stages (env FORNAX_INPROCESS_CHECKPOINT)")
+        parser.add_argument("--inprocess-stages", type=int, help="env FORNAX_INPROCESS_STAGES")
+        parser.add_argument("--inprocess-backend", choices=("numpy", "max"), help="env FORNAX_INPROCESS_BACKEND")
+        parser.add_argument("--max-live-requests", type=int, help="admission queue size (env FORNAX_MAX_LIVE_REQUESTS)")
+        parser.add_argument("--default-max-tokens", type=int, help="env FORNAX_DEFAULT_MAX_TOKENS")
         args = parse(parser, argv)
         return cls(
             server=server_config(args, env, "orchestrator"),
@@ -44,4 +60,10 @@ class OrchestratorConfig:
             registry_addr=pick(args.registry_addr, env, "FORNAX_REGISTRY_ADDR", None),
             artifact_builder_addr=pick(args.artifact_builder_addr, env, "FORNAX_ARTIFACT_BUILDER_ADDR", None),
             stage_workers=_addresses(pick(args.stage_workers, env, "FORNAX_STAGE_WORKERS", None)),
+            model_id=pick(args.model_id, env, "FORNAX_MODEL_ID", "fornax"),
+            inprocess_checkpoint=pick(args.inprocess_checkpoint, env, "FORNAX_INPROCESS_CHECKPOINT", None),
+            inprocess_stages=pick(args.inprocess_stages, env, "FORNAX_INPROCESS_STAGES", 1, int),
+            inprocess_backend=pick(args.inprocess_backend, env, "FORNAX_INPROCESS_BACKEND", "numpy"),
+            max_live_requests=pick(args.max_live_requests, env, "FORNAX_MAX_LIVE_REQUESTS", 256, int),
+            default_max_tokens=pick(args.default_max_tokens, env, "FORNAX_DEFAULT_MAX_TOKENS", 256, int),
         )

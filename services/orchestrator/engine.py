@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.service.errors import Cancelled, DeadlineExceeded, Internal
+from libs.service.errors import Internal
 from libs.text.chat_template import ChatMessage
 from libs.text.context import TextContext
 from services.orchestrator.domain import FinishReason, SamplingParams
@@ -23,7 +23,7 @@ from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProces
 from services.orchestrator.openai_request import CommonOptions
 from services.orchestrator.pipeline import Pipeline
 from services.orchestrator.prompting import generation_request
-from services.orchestrator.serving import ServingConfig, ServingEngine
+from services.orchestrator.serving import ServingConfig, ServingEngine, terminal_error
 
 
 @dataclass(frozen=True)
@@ -119,11 +119,7 @@ async def _run(serving: ServingEngine, request) -> Generation:
 
 
 def _final(output, text: str) -> Generation:
-    reason = output.finish_reason
-    if reason is FinishReason.DEADLINE:
-        raise DeadlineExceeded("the request's deadline budget ran out", reason="DEADLINE_EXCEEDED")
-    if reason is FinishReason.CANCELLED:
-        raise Cancelled("the request was cancelled")
-    if reason is FinishReason.ERROR:
-        raise Internal(f"generation failed: {output.error}", reason="GENERATION_FAILED")
-    return Generation(text, reason, output.prompt_tokens, output.completion_tokens)
+    error = terminal_error(output)
+    if error is not None:
+        raise error
+    return Generation(text, output.finish_reason, output.prompt_tokens, output.completion_tokens)

@@ -17,16 +17,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from libs.service.errors import (
-    Cancelled,
-    DeadlineExceeded,
-    FornaxError,
-    Internal,
-    Unauthenticated,
-    Unavailable,
-)
+from libs.service.errors import FornaxError, Internal, Unauthenticated, Unavailable
 from services.orchestrator import openai_response as fmt
-from services.orchestrator.domain import FinishReason, GenerationRequest, RequestOutput
+from services.orchestrator.domain import FinishReason, GenerationRequest
 from services.orchestrator.openai_request import (
     CommonOptions,
     parse_chat_completion,
@@ -39,7 +32,7 @@ from services.orchestrator.prompting import (
     completion_prompt_ids,
     generation_request,
 )
-from services.orchestrator.serving import RequestStream, RouteSlot, ServingEngine
+from services.orchestrator.serving import RequestStream, RouteSlot, ServingEngine, terminal_error
 
 _log = logging.getLogger(__name__)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -178,17 +171,6 @@ _CHAT = _Format("chat.completion.chunk", fmt.chat_completion, _chat_chunk)
 _COMPLETION = _Format("text_completion", fmt.completion, _completion_chunk)
 
 
-def _terminal_error(output: RequestOutput) -> FornaxError | None:
-    if output.finish_reason is FinishReason.DEADLINE:
-        return DeadlineExceeded("the request's deadline budget ran out",
-                                reason="DEADLINE_EXCEEDED")
-    if output.finish_reason is FinishReason.CANCELLED:
-        return Cancelled("the request was cancelled", reason="CANCELLED")
-    if output.finish_reason is FinishReason.ERROR:
-        return Internal(f"generation failed: {output.error}", reason="GENERATION_FAILED")
-    return None
-
-
 async def _respond(request: web.Request, engine: ServingEngine, gen: GenerationRequest,
                    model: str, options: CommonOptions, form: _Format) -> web.StreamResponse:
     stream = engine.submit(gen)  # raises a capacity error at once when there is no room
@@ -206,7 +188,7 @@ async def _collect(stream: RequestStream, model: str, form: _Format) -> web.Resp
     async for output in stream:
         text.append(output.text)
         if output.finished:
-            error = _terminal_error(output)
+            error = terminal_error(output)
             if error is not None:
                 raise error
             return web.json_response(form.full(
@@ -221,7 +203,7 @@ async def _stream_sse(request: web.Request, stream: RequestStream, model: str,
     await response.prepare(request)
     rid, created, first = stream.request_id, int(time.time()), True
     async for output in stream:
-        error = _terminal_error(output) if output.finished else None
+        error = terminal_error(output) if output.finished else None
         if output.text or first or (output.finished and error is None):
             await _send(response, form.chunk(rid, created, model, output.text,
                                              None if error else output.finish_reason, first,

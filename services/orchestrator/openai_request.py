@@ -74,13 +74,13 @@ def parse_chat_completion(body: dict[str, Any]) -> ChatCompletionBody:
     if body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": body["max_completion_tokens"]}
     return ChatCompletionBody(model=_model(body), messages=_messages(body.get("messages")),
-                              options=_options(body))
+                              options=parse_options(body))
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionBody:
     _check_keys(body, COMPLETION_KEYS)
     return CompletionBody(model=_model(body), prompt=_prompt(body.get("prompt")),
-                          options=_options(body))
+                          options=parse_options(body))
 
 
 def _check_keys(body: dict[str, Any], allowed: frozenset[str]) -> None:
@@ -107,7 +107,8 @@ def _model(body: dict[str, Any]) -> str:
     return model
 
 
-def _options(body: dict[str, Any]) -> CommonOptions:
+def parse_options(body: dict[str, Any]) -> CommonOptions:
+    """Sampling, stop, limits and streaming options, by their OpenAI names."""
     stream = _opt_bool(body, "stream", False)
     stream_options = body.get("stream_options")
     include_usage = False

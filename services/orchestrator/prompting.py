@@ -22,12 +22,16 @@ def completion_prompt_ids(body: CompletionBody, text: TextContext,
                           served: ServedModel) -> tuple[int, ...]:
     if isinstance(body.prompt, str):
         return tuple(text.tokenizer.encode(body.prompt))
+    return check_token_ids(body.prompt, served, "prompt")
+
+
+def check_token_ids(ids: tuple[int, ...], served: ServedModel, param: str) -> tuple[int, ...]:
     vocab = served.vocab_size
-    for token_id in body.prompt:
-        if token_id >= vocab:
+    for token_id in ids:
+        if not 0 <= token_id < vocab:
             raise InvalidArgument(f"prompt token id {token_id} is outside the vocabulary "
-                                  f"[0, {vocab})", reason="INVALID_PROMPT", field="prompt")
-    return body.prompt
+                                  f"[0, {vocab})", reason="INVALID_PROMPT", field=param)
+    return ids
 
 
 def generation_request(request_id: str, prompt_ids: tuple[int, ...], options: CommonOptions,

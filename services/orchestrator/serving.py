@@ -15,10 +15,11 @@ import secrets
 import time
 from dataclasses import dataclass, replace
 
-from libs.service.errors import Unavailable
+from libs.service.errors import Cancelled, DeadlineExceeded, FornaxError, Internal, Unavailable
 from libs.text.context import TextContext
 from services.orchestrator.admission import Admission, AdmissionConfig
 from services.orchestrator.domain import (
+    FinishReason,
     GenerationRequest,
     Microbatch,
     MicrobatchResult,
@@ -235,3 +236,16 @@ class RouteSlot:
 
     def __init__(self, engine: ServingEngine | None = None) -> None:
         self.engine = engine
+
+
+def terminal_error(output: RequestOutput) -> FornaxError | None:
+    """The error a final event stands for; None when it ended with stop or length."""
+    if output.finish_reason is FinishReason.DEADLINE:
+        return DeadlineExceeded("the request's deadline budget ran out",
+                                reason="DEADLINE_EXCEEDED")
+    if output.finish_reason is FinishReason.CANCELLED:
+        return Cancelled("the request was cancelled")
+    if output.finish_reason is FinishReason.ERROR:
+        return Internal(f"generation failed: {output.error}", reason="GENERATION_FAILED")
+    return None
+

@@ -1,0 +1,50 @@
+"""Protobuf <-> domain conversions for OrchestratorService. Protobuf stops here."""
+
+from __future__ import annotations
+
+import uuid
+
+from fornax.orchestrator.v1 import orchestrator_pb2 as pb
+
+from libs.text.chat_template import ChatMessage
+from services.orchestrator.domain import FinishReason, GenerationRequest, RequestOutput
+from services.orchestrator.openai_request import parse_options
+from services.orchestrator.prompting import check_model, check_token_ids, generation_request
+from services.orchestrator.serving import ServingEngine
+
+_FINISH = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+           FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
+           FinishReason.DEADLINE: pb.FINISH_REASON_ERROR,
+           FinishReason.ERROR: pb.FINISH_REASON_ERROR}
+
+
+def generation_from_pb(request: pb.GenerateRequest, engine: ServingEngine) -> GenerationRequest:
+    """Validates like the HTTP API does; proto3 zeros mean "unset" (top_p 0 -> 1)."""
+    check_model(request.model, engine.served)
+    sampling = request.sampling
+    fields = {"temperature": sampling.temperature, "top_p": sampling.top_p or 1.0,
+              "top_k": sampling.top_k, "max_tokens": sampling.max_tokens or None,
+              "stop": list(sampling.stop) or None,
+              "seed": sampling.seed if sampling.HasField("seed") else None}
+    options = parse_options(fields)
+    text = engine.text
+    which = request.WhichOneof("prompt")
+    if which == "token_ids":
+        ids = check_token_ids(tuple(request.token_ids.ids), engine.served, "token_ids")
+    elif request.chat:
+        ids = tuple(text.encode_chat([ChatMessage("user", request.text)]))
+    else:
+        ids = tuple(text.tokenizer.encode(request.text))
+    return generation_request(
+        request.request_id or f"grpc-{uuid.uuid4().hex}", ids, options, engine.served,
+        engine.config.default_max_tokens, "token_ids" if which == "token_ids" else "text",
+        request.deadline_budget_ns or None)
+
+
+def output_to_pb(output: RequestOutput) -> pb.GenerateResponse:
+    response = pb.GenerateResponse(text_delta=output.text, token_ids=list(output.token_ids))
+    if output.finished:
+        response.finish_reason = _FINISH[output.finish_reason]
+        response.usage.prompt_tokens = output.prompt_tokens
+        response.usage.completion_tokens = output.completion_tokens
+    return response
