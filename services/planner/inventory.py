@@ -165,9 +165,23 @@ def _evidence(items: Any, where: str) -> tuple[EvidenceRef, ...]:
     return tuple(refs)
 
 
+NODE_KEYS = {"name", "backend", "memory", "compute", "memory_bandwidth", "dtypes", "operations", "build", "reserve",
+             "evidence"}
+LINK_KEYS = {"between", "from", "to", "bandwidth", "latency", "evidence"}
+TOP_KEYS = {"nodes", "links", "target", "model_evidence"}
+
+
+def _known_keys(raw: dict, allowed: set[str], where: str) -> None:
+    """Typos fail loudly; keys starting with `x-` are free (YAML anchors and notes)."""
+    unknown = sorted(k for k in raw if k not in allowed and not str(k).startswith("x-"))
+    if unknown:
+        raise InventoryError(f"unknown keys {unknown} (allowed: {sorted(allowed)})", field=f"{where}.{unknown[0]}" if where else unknown[0])
+
+
 def _node(raw: Any, where: str) -> Node:
     if not isinstance(raw, dict) or not raw.get("name"):
         raise InventoryError("each node needs a name", field=where)
+    _known_keys(raw, NODE_KEYS, where)
     required = ("backend", "memory", "compute", "memory_bandwidth", "dtypes", "operations")
     for key in required:
         if key not in raw:
@@ -190,6 +204,7 @@ def _node(raw: Any, where: str) -> Node:
 def _link(raw: Any, where: str, names: set[str]) -> Link:
     if not isinstance(raw, dict):
         raise InventoryError("each link is a mapping", field=where)
+    _known_keys(raw, LINK_KEYS, where)
     if "between" in raw:
         pair = raw["between"]
         if not isinstance(pair, list) or len(pair) != 2:
@@ -214,6 +229,7 @@ def _link(raw: Any, where: str, names: set[str]) -> Link:
 def parse_inventory(raw: Any) -> Inventory:
     if not isinstance(raw, dict) or not isinstance(raw.get("nodes"), list) or not raw["nodes"]:
         raise InventoryError("inventory needs a non-empty nodes list", field="nodes")
+    _known_keys(raw, TOP_KEYS, "")
     nodes = tuple(_node(x, f"nodes[{i}]") for i, x in enumerate(raw["nodes"]))
     names = {n.name for n in nodes}
     if len(names) != len(nodes):

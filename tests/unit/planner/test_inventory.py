@@ -42,6 +42,10 @@ def test_bad_input_names_the_field():
     assert err.value.field == "target.context_tokens"
     with pytest.raises(InventoryError):
         parse_inventory({"nodes": [_node(), _node()]})  # duplicate names
+    with pytest.raises(InventoryError) as err:
+        parse_inventory({"nodes": [_node(reserv="4GiB")]})  # a typo is not silently ignored
+    assert err.value.field == "nodes[0].reserv"
+    assert parse_inventory({"x-note": "free", "nodes": [_node(**{"x-rack": 3})]}).nodes[0].name == "a"
 
 
 def test_links_are_symmetric_unless_the_reverse_is_given():
