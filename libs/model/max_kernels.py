@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -25,7 +24,7 @@ from libs.model.errors import BackendUnavailableError, CheckpointError
 from libs.model.kernels import LayerInputs, LayerOutputs
 
 if TYPE_CHECKING:
-    from libs.model.weights import LayerWeights, StageWeights
+    from libs.model.weights import StageWeights
 
 CACHE_DIR_ENV = "FORNAX_MAX_CACHE_DIR"
 DEVICES = ("cpu", "gpu")
@@ -144,7 +143,3 @@ class MaxKernels:
             raise CheckpointError("this stage does not own the final norm and lm_head")
         return self._rt.run(self._final, np.ascontiguousarray(hidden, dtype=np.float32))[0]
 
-
-def layer_weights_count(weights: LayerWeights) -> int:
-    """Number of registry tensors a layer binds (for diagnostics)."""
-    return sum(1 for _ in vars(weights))
