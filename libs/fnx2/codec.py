@@ -8,6 +8,7 @@ plan binding, tensor, slice coverage. Epoch, lease, replay and credit rules live
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from dataclasses import dataclass
@@ -85,12 +86,18 @@ class ExpectedBinding:
     input_width: int | None = None
 
 
-def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAULT_LIMITS) -> EncodedFrame:
+def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAULT_LIMITS, *,
+                 check_finite: bool = False) -> EncodedFrame:
+    """Encode one message. Finiteness is enforced where tensors are built
+    (`Tensor.from_array`) and by every decoder; `check_finite` repeats it here."""
     if type(sequence_no) is not int or not 0 <= sequence_no <= UINT64_MAX:
         raise Fnx2Error(ErrorCode.SEQUENCE, "sequence_no must be a uint64")
-    meta = message.to_meta()
-    meta["sequence_no"] = sequence_no
-    metadata = canonical_json(meta)
+    if isinstance(message, Batch):
+        metadata = message.encode_metadata(sequence_no)
+    else:
+        meta = message.to_meta()
+        meta["sequence_no"] = sequence_no
+        metadata = canonical_json(meta)
     if len(metadata) > limits.max_metadata_bytes:
         raise Fnx2Error(ErrorCode.FRAME_SIZE, "metadata exceeds its maximum")
     tensor = getattr(message, "tensor", None)
@@ -98,8 +105,8 @@ def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAU
     if len(payload) > limits.max_payload_bytes:
         raise Fnx2Error(ErrorCode.FRAME_SIZE, "payload exceeds the configured maximum")
     _check_outgoing(message)
-    crc, finite = crc_and_finite(crc_of(metadata), payload,
-                                 tensor.descriptor.dtype if tensor is not None else None)
+    dtype = tensor.descriptor.dtype if tensor is not None and check_finite else None
+    crc, finite = crc_and_finite(crc_of(metadata), payload, dtype)
     if not finite:
         raise Fnx2Error(ErrorCode.TENSOR_CONTRACT, "tensor values must be finite")
     prelude = PRELUDE.pack(MAGIC, 2, 0, message.KIND, 0, len(metadata), len(payload),
@@ -168,7 +175,8 @@ def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding
     if meta_error is not None:
         raise meta_error
     meta = _canonical(parsed, metadata, prelude.sequence_no)
-    message = _decode_kind(prelude.kind, meta, payload, finite, expected, allow_extensions)
+    message = _decode_kind(prelude.kind, meta, metadata, payload, finite, expected,
+                           allow_extensions)
     return Frame(prelude.sequence_no, message)
 
 
@@ -206,10 +214,10 @@ def _canonical(parsed: Any, metadata: bytes, sequence_no: int) -> dict[str, Any]
     return meta
 
 
-def _decode_kind(kind: int, meta: dict[str, Any], payload: memoryview, finite: bool,
-                 expected: ExpectedBinding | None, allow_extensions: bool) -> Message:
+def _decode_kind(kind: int, meta: dict[str, Any], metadata: bytes, payload: memoryview,
+                 finite: bool, expected: ExpectedBinding | None, allow_extensions: bool) -> Message:
     if kind == Kind.BATCH:
-        return _decode_batch(meta, payload, finite, expected, allow_extensions)
+        return _decode_batch(meta, metadata, payload, finite, expected, allow_extensions)
     if kind == Kind.RESULT:
         return _decode_result(meta, payload, finite)
     if kind == Kind.CREDIT:
@@ -229,7 +237,7 @@ _BATCH_FIELDS = frozenset({"plan_id", "plan_hash", "manifest_hash", "source_stag
                            "destination_stage", "batch", "batch_digest", "tensor"})
 
 
-def _decode_batch(meta: dict[str, Any], payload: memoryview, finite: bool,
+def _decode_batch(meta: dict[str, Any], metadata: bytes, payload: memoryview, finite: bool,
                   expected: ExpectedBinding | None, allow_extensions: bool) -> Batch:
     names = _BATCH_FIELDS | ({"traceparent"} if allow_extensions and "traceparent" in meta else set())
     if meta.keys() != names:
@@ -249,7 +257,7 @@ def _decode_batch(meta: dict[str, Any], payload: memoryview, finite: bool,
         _check_input_tensor(expected, tensor.descriptor)
     descriptor = BatchDescriptor.from_meta(meta["batch"])
     descriptor.check_coverage()
-    if canonical_json_digest(meta["batch"]) != meta["batch_digest"]:
+    if _batch_digest(metadata) != meta["batch_digest"]:
         raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "batch_digest differs from the batch")
     if tensor.descriptor.rows != descriptor.input_row_count:
         raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "tensor rows differ from input_row_count")
@@ -257,10 +265,15 @@ def _decode_batch(meta: dict[str, Any], payload: memoryview, finite: bool,
                  traceparent)
 
 
-def canonical_json_digest(value: Any) -> str:
-    import hashlib
+def _batch_digest(metadata: bytes) -> str:
+    """sha256 of the batch JSON as it sits in the (already canonical) metadata.
 
-    return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
+    "batch" is the first key, and the batch object has a closed key set whose strings
+    escape quotes, so its value ends exactly at the first `,"batch_digest":`.
+    """
+    start = len(b'{"batch":')
+    end = metadata.find(b',"batch_digest":', start)
+    return "sha256:" + hashlib.sha256(metadata[start:end]).hexdigest()
 
 
 def _is_id(value: Any) -> bool:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
 from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, MAX_ERROR_MESSAGE_CHARS, ErrorCode, Fnx2Error
-from libs.fnx2.fields import UINT32_MAX, Fields, canonical_sha256, is_uuid
+from libs.fnx2.fields import UINT32_MAX, Fields, canonical_json, canonical_sha256, is_uuid
 from libs.fnx2.tensor import Tensor
 
 MAX_SEQUENCES_PER_BATCH = 4096
@@ -156,19 +157,32 @@ class Batch:
     traceparent: str | None = None
 
     def to_meta(self) -> dict[str, Any]:
+        meta = self._rest_meta()
+        meta["batch"] = self.batch.to_meta()
+        meta["batch_digest"] = self.batch.digest()
+        return meta
+
+    def _rest_meta(self) -> dict[str, Any]:
         meta = {
             "plan_id": self.plan_id,
             "plan_hash": self.plan_hash,
             "manifest_hash": self.manifest_hash,
             "source_stage": self.source_stage,
             "destination_stage": self.destination_stage,
-            "batch": self.batch.to_meta(),
-            "batch_digest": self.batch.digest(),
             "tensor": self.tensor.descriptor.to_meta(),
         }
         if self.traceparent is not None:
             meta["traceparent"] = self.traceparent
         return meta
+
+    def encode_metadata(self, sequence_no: int) -> bytes:
+        """Canonical metadata with the batch JSON serialised once: "batch" sorts first, so
+        the canonical object is `{"batch":` + batch JSON + `,"batch_digest":...` + rest."""
+        batch_json = canonical_json(self.batch.to_meta())
+        rest = self._rest_meta()
+        rest["batch_digest"] = "sha256:" + hashlib.sha256(batch_json).hexdigest()
+        rest["sequence_no"] = sequence_no
+        return b'{"batch":' + batch_json + b"," + canonical_json(rest)[1:]
 
 
 class SequenceError:
@@ -238,6 +252,14 @@ class SequenceResult:
             "error": error,
             "timings_ns": self.timings.to_meta(),
         }
+
+    def remapped(self, input_row_start: int, output_row_start: int | None,
+                 timings: Timings) -> "SequenceResult":
+        """This result placed in another batch's rows (exact replay after repacking)."""
+        return SequenceResult(
+            self.request_id, self.execution_lease_id, self.request_sequence_no, self.status,
+            input_row_start, self.input_row_count, output_row_start, self.output_row_count,
+            self.kv_epoch_before, self.kv_epoch_after, self.error_code, self.error_message, timings)
 
     def check(self) -> None:
         fail = lambda why: Fnx2Error(ErrorCode.BATCH_RESULT, why)  # noqa: E731

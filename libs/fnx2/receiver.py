@@ -201,14 +201,14 @@ class _Channel:
                                self.credit())
 
     async def _execute(self, admission: Admission, got: Received) -> None:
-        started = self.r.clock()
+        started = time.monotonic_ns()  # durations only; deadlines use the injected clock
         outcomes = await self._run_handler(admission)
-        executed = self.r.clock()
+        executed = time.monotonic_ns()
         real = EXT_TIMINGS in self.extensions
-        timings = Timings(max(0, started - got.received_ns) if real else 0,
-                          executed - started if real else 0, 0, got.unpack_ns if real else 0)
+        timings = Timings(max(0, started - got.received_ns), max(1, executed - started), 0,
+                          got.unpack_ns) if real else Timings()
         entries = self.r.state.complete(admission, outcomes, timings)
-        result = _assemble(admission, entries, self.r.clock, real)
+        result = _assemble(admission, entries, time.monotonic_ns, timings)
         self.busy -= 1
         await self._try_send(result, self.credit())
 
@@ -311,28 +311,28 @@ def _outcomes(work: StageWork, output: StageOutput,
 
 
 def _assemble(admission: Admission, entries: list[Entry], clock: Callable[[], int],
-              real: bool) -> Result:
+              timings: Timings) -> Result:
     """Compact ok rows in request-identity order; replayed results are remapped to this batch."""
     started = clock()
-    slices = {s.identity: s for s in admission.batch.batch.sequences}
-    results: list[SequenceResult] = []
-    parts: list[np.ndarray] = []
-    kind = None
-    cursor = 0
-    for entry in entries:
-        result, source = entry.result, slices[entry.result.identity]
-        if entry.rows is not None:
-            result = replace(result, input_row_start=source.input_row_start, output_row_start=cursor)
-            cursor += result.output_row_count
-            parts.append(entry.rows)
-            kind = kind or entry.kind
-        results.append(result)
+    parts = [entry.rows for entry in entries if entry.rows is not None]
     tensor = None
     if parts:
+        kind = next(entry.kind for entry in entries if entry.rows is not None)
         array = parts[0] if len(parts) == 1 else np.concatenate(parts)
         tensor = Tensor(TensorDescriptor(kind[0], kind[1], tuple(array.shape)), array)
-    pack_ns = clock() - started if real else 0
-    if real:
-        results = [replace(r, timings=replace(r.timings, pack_ns=pack_ns)) for r in results]
+    if timings.execute_ns:
+        timings = Timings(timings.queue_ns, timings.execute_ns, clock() - started,
+                          timings.unpack_ns)
+    slices = {s.identity: s for s in admission.batch.batch.sequences}
+    results: list[SequenceResult] = []
+    cursor = 0
+    for entry in entries:
+        result = entry.result
+        output_start = None
+        if entry.rows is not None:
+            output_start = cursor
+            cursor += result.output_row_count
+        results.append(result.remapped(slices[result.identity].input_row_start, output_start,
+                                       timings))
     return Result(admission.batch.batch.batch_id, admission.batch.batch.batch_sequence_no,
                   admission.batch.manifest_hash, tuple(results), tensor)

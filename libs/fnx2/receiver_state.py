@@ -208,11 +208,12 @@ class ReceiverState:
         if tomb is not None:
             status = SequenceStatus.DEADLINE if tomb is Tombstone.EXPIRED else SequenceStatus.REJECTED
             return reject(_TOMBSTONE_CODES[tomb], f"lease is tombstoned ({tomb.value})", status)
-        expected = derive_execution_lease_id(self.binding.plan_generation_id, batch.plan_id,
-                                             batch.plan_hash, item.request_id)
-        if item.execution_lease_id != expected:
-            return reject(ErrorCode.UNKNOWN_LEASE, "lease is not of this plan generation")
         lease = self._leases.get(item.request_id)
+        if lease is None or lease.lease_id != item.execution_lease_id:
+            expected = derive_execution_lease_id(self.binding.plan_generation_id, batch.plan_id,
+                                                 batch.plan_hash, item.request_id)
+            if item.execution_lease_id != expected:
+                return reject(ErrorCode.UNKNOWN_LEASE, "lease is not of this plan generation")
         if lease is not None and lease.inflight:
             return reject(ErrorCode.REQUEST_INFLIGHT, "request is already executing")
         if lease is not None and lease.replay is not None and lease.replay.key == _replay_key(batch, item):

@@ -42,11 +42,13 @@ STORAGE: dict[DType, np.dtype] = {
     DType.FP16: np.dtype("<f2"),
     DType.FP32: np.dtype("<f4"),
 }
-# Integer view and exponent mask: a value is non-finite iff all exponent bits are set.
-_EXPONENT: dict[DType, tuple[np.dtype, int]] = {
-    DType.BF16: (np.dtype("<u2"), 0x7F80),
-    DType.FP16: (np.dtype("<u2"), 0x7C00),
-    DType.FP32: (np.dtype("<u4"), 0x7F800000),
+# A float is non-finite iff its exponent bits are all ones. Seen as a signed integer,
+# positive non-finite values are >= POS; seen as unsigned, negative ones are >= NEG.
+# Two max-reductions, no temporaries, decide finiteness for a whole chunk.
+_FINITE_LIMITS: dict[DType, tuple[np.dtype, int, np.dtype, int]] = {
+    DType.BF16: (np.dtype("<i2"), 0x7F80, np.dtype("<u2"), 0xFF80),
+    DType.FP16: (np.dtype("<i2"), 0x7C00, np.dtype("<u2"), 0xFC00),
+    DType.FP32: (np.dtype("<i4"), 0x7F800000, np.dtype("<u4"), 0xFF800000),
 }
 FLOAT_DTYPES = frozenset({DType.BF16, DType.FP16, DType.FP32})
 
@@ -175,39 +177,29 @@ def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
 
 
 def is_finite(array: np.ndarray, dtype: DType) -> bool:
-    if dtype is DType.INT32:
+    if dtype is DType.INT32 or array.size == 0:
         return True
-    view_dtype, mask = _EXPONENT[dtype]
-    flat = array.reshape(-1).view(view_dtype)
-    scratch = np.empty(min(flat.size, _CHUNK_BYTES // view_dtype.itemsize), view_dtype)
-    step = scratch.size
-    for start in range(0, flat.size, step):
-        chunk = flat[start : start + step]
-        part = scratch[: chunk.size]
-        np.bitwise_and(chunk, mask, out=part)
-        if part.max() == mask:
-            return False
-    return True
+    return _finite_bytes(np.ascontiguousarray(array).reshape(-1).view(np.uint8), dtype)
+
+
+def _finite_bytes(raw: np.ndarray, dtype: DType) -> bool:
+    signed, pos_limit, unsigned, neg_limit = _FINITE_LIMITS[dtype]
+    if raw.size % signed.itemsize:
+        return False
+    return bool(raw.view(signed).max() < pos_limit and raw.view(unsigned).max() < neg_limit)
 
 
 def crc_and_finite(crc: int, payload: memoryview, dtype: DType | None) -> tuple[int, bool]:
-    """Extend a CRC32C over payload and check finiteness in one pass over memory."""
+    """Extend a CRC32C over payload and, for a float dtype, check finiteness on the same
+    cache-sized chunks, so the payload streams from memory once."""
     raw = np.frombuffer(payload, dtype=np.uint8)
-    if dtype is None or dtype is DType.INT32 or raw.size == 0:
-        return (_crc.extend(crc, raw) if raw.size else crc), True
-    view_dtype, mask = _EXPONENT[dtype]
-    if raw.size % view_dtype.itemsize:
-        return _crc.extend(crc, raw), False
-    scratch = np.empty(min(raw.size, _CHUNK_BYTES) // view_dtype.itemsize, view_dtype)
-    finite = True
+    if dtype is None or dtype is DType.INT32:
+        return _crc.extend(crc, raw), True
+    finite = raw.size % _FINITE_LIMITS[dtype][0].itemsize == 0
     for start in range(0, raw.size, _CHUNK_BYTES):
         chunk = raw[start : start + _CHUNK_BYTES]
         crc = _crc.extend(crc, chunk)
-        if finite:
-            words = chunk.view(view_dtype)
-            part = scratch[: words.size]
-            np.bitwise_and(words, mask, out=part)
-            finite = bool(part.max() != mask)
+        finite = finite and _finite_bytes(chunk, dtype)
     return crc, finite
 
 

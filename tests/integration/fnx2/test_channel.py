@@ -197,3 +197,12 @@ async def test_shutdown_is_acknowledged():
         await client.shutdown()
         with pytest.raises(Fnx2Error):
             await client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 1)]))
+
+
+async def test_timings_are_real_durations_even_with_an_offset_clock():
+    offset_clock = lambda: time.monotonic_ns() + 5 * HOUR_NS  # noqa: E731
+    async with loopback(DoublingHandler(), clock=offset_clock) as (client, _):
+        result = await client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 2)]))
+        timings = result.results[0].timings
+        assert 0 < timings.execute_ns < HOUR_NS and 0 <= timings.queue_ns < HOUR_NS
+        assert 0 < timings.unpack_ns < HOUR_NS and 0 < timings.pack_ns < HOUR_NS

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from libs.fnx2.codec import CodecLimits, ExpectedBinding, decode_frame
+from libs.fnx2.codec import CodecLimits, ExpectedBinding, decode_frame, encode_frame
 from libs.fnx2.control import ChannelBinding, Credit
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.messages import Phase, Result, SequenceResult, SequenceStatus, Timings
@@ -164,3 +164,25 @@ def test_encoder_refuses_non_finite_values():
     fp16[4, 3] = np.nan
     with pytest.raises(Fnx2Error):
         Tensor.from_array("logits", "fp16", fp16)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_non_finite_values_are_caught_at_build_and_at_decode(dtype, bad):
+    from libs.fnx2.tensor import STORAGE, DType, TensorDescriptor, TensorKind
+
+    values = np.linspace(-60000, 60000, 40, dtype=np.float32).reshape(10, 4)
+    values[7, 2] = bad
+    with pytest.raises(Fnx2Error):
+        Tensor.from_array("activation", dtype, values)
+    storage = (float32_to_bf16(values) if dtype == "bf16"
+               else values.astype(STORAGE[DType(dtype)]))
+    raw = Tensor(TensorDescriptor(TensorKind.ACTIVATION, DType(dtype), (10, 4)), storage)
+    message = batch(rows=(4, 6), dtype=dtype)
+    import dataclasses
+
+    smuggled = dataclasses.replace(message, tensor=raw)
+    with pytest.raises(Fnx2Error) as info:
+        encode_frame(smuggled, 0, check_finite=True)
+    assert info.value.code is ErrorCode.TENSOR_CONTRACT
+    assert code_of(encode_frame(smuggled, 0).to_bytes()).code is ErrorCode.TENSOR_CONTRACT

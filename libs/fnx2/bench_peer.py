@@ -1,0 +1,89 @@
+"""The receiving process of `fornax bench fnx2`: an FNX2, raw-socket or gRPC sink on loopback.
+
+Run as `python -m libs.fnx2.bench_peer MODE`; it prints its port, then serves until its
+stdin closes. A separate process, so sender and receiver each get their own core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import sys
+
+import numpy as np
+
+from libs.fnx2.control import ChannelBinding
+from libs.fnx2.receiver import Fnx2Receiver, ReceiverConfig, StageOutput, StageWork, start_server
+from libs.fnx2.receiver_state import ReceiverLimits
+from libs.fnx2.tensor import DType, Tensor, TensorDescriptor, TensorKind
+
+BENCH_BINDING = ChannelBinding(
+    "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa", "sha256:" + "b" * 64, "sha256:" + "c" * 64,
+    "bench-stage", "99999999-9999-4999-8999-999999999999")
+ACK = struct.Struct("!Q")
+GRPC_METHOD = "/fornax.bench.v1.BytesSink/Stream"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class BenchHandler:
+    """Decode frames echo their activation rows; prefill frames answer one token id per row."""
+
+    async def execute(self, work: StageWork) -> StageOutput:
+        tensor = work.batch.tensor
+        if tensor.descriptor.rows <= 64:
+            return StageOutput(tensor)
+        ids = np.zeros(tensor.descriptor.rows, dtype=np.int32)
+        return StageOutput(Tensor(TensorDescriptor(TensorKind.TOKEN_IDS, DType.INT32, ids.shape), ids))
+
+    def forget(self, request_id: str, execution_lease_id: str) -> None:
+        return None
+
+
+async def _raw_session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Each message: 8-byte length, body; answered by an 8-byte reply (or the echo size)."""
+    try:
+        while True:
+            (size,) = ACK.unpack(await reader.readexactly(8))
+            body = await reader.readexactly(size)
+            writer.write(ACK.pack(size) + (body if size <= 64 * 1024 else b""))
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+
+async def _serve_grpc() -> tuple[object, int]:
+    import grpc
+
+    async def stream(request_iterator, context):
+        async for message in request_iterator:
+            yield ACK.pack(len(message))
+
+    handler = grpc.method_handlers_generic_handler("fornax.bench.v1.BytesSink", {
+        "Stream": grpc.stream_stream_rpc_method_handler(stream),
+    })
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+               ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+    server = grpc.aio.server(options=options)
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
+
+
+async def main(mode: str) -> None:
+    if mode == "grpc":
+        server, port = await _serve_grpc()
+    else:
+        if mode == "fnx2":
+            limits = ReceiverLimits(frames=4, live_requests=4096, sequences=4096)
+            receiver = Fnx2Receiver(ReceiverConfig(BENCH_BINDING, limits), BenchHandler())
+            server = await start_server(receiver)
+        else:
+            server = await asyncio.start_server(_raw_session, "127.0.0.1", 0, limit=1 << 20)
+        port = server.sockets[0].getsockname()[1]
+    print(port, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))

@@ -1,0 +1,49 @@
+"""`fornax fnx2 golden PATH` and `fornax bench fnx2 [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(commands, benches) -> None:
+    fnx2 = commands.add_parser("fnx2", help="FNX2 data-plane tools")
+    tools = fnx2.add_subparsers(dest="fnx2_command", metavar="TOOL", required=True)
+    golden = tools.add_parser("golden", help="rebuild and decode the FNX2 2.0 golden vector")
+    golden.add_argument("path", help="path to fnx2_golden_v2.json")
+    golden.set_defaults(func=_golden)
+    bench = benches.add_parser("fnx2", help="FNX2 codec and channel vs memcpy, raw TCP, gRPC")
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.add_argument("--quick", action="store_true", help="fewer repetitions")
+    bench.set_defaults(func=_bench)
+
+
+def _golden(args: argparse.Namespace) -> int:
+    from libs.fnx2.errors import Fnx2Error
+    from libs.fnx2.golden import check_golden
+
+    try:
+        check = check_golden(args.path)
+    except (OSError, ValueError, KeyError, Fnx2Error) as exc:
+        print(f"golden: FAILED to rebuild: {exc}")
+        return 1
+    print(f"bytes {len(check.frame)} (expected {check.expected_bytes})")
+    print(f"{check.sha256} (expected {check.expected_sha256})")
+    print(f"decoded back: {'yes' if check.decoded_equal else 'NO'}; "
+          f"lease ids: {'match' if check.lease_ids_match else 'MISMATCH'}")
+    print("golden: OK (contract figure)" if check.ok else "golden: MISMATCH")
+    return 0 if check.ok else 1
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from libs.fnx2.bench import BenchConfig, run_all
+
+    cfg = BenchConfig(codec_reps=5, frames_per_run=6, runs=1, rtt_iters=100) if args.quick else BenchConfig()
+    command = "fornax bench fnx2" + (" --json" if args.json else "") + (" --quick" if args.quick else "")
+    figures = run_all(cfg, command)
+    if args.json:
+        print(json.dumps(figures, indent=2, sort_keys=True))
+        return 0
+    for key, value in figures.items():
+        print(f"{key:34s} {value:.3f}" if isinstance(value, float) else f"{key:34s} {value}")
+    return 0
