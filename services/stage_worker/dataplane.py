@@ -277,7 +277,10 @@ def _record_phase_spans(queue_s: float, compute_s: float) -> None:
 
 
 def _fnx2_code(exc: ModelError) -> str:
-    return {"KV_LIMIT": "ADMISSION", "KV_EPOCH": "STALE_KV", "UNKNOWN_SEQUENCE": "UNKNOWN_LEASE"}.get(exc.reason, "FAILED")
+    fnx2_codes = {"STALE_KV", "UNKNOWN_LEASE", "RELEASED", "SEQUENCE", "POSITION", "PHASE"}
+    if exc.reason == "KV_LIMIT":
+        return "ADMISSION"
+    return exc.reason if exc.reason in fnx2_codes else "FAILED"
 
 
 class _Handler:

@@ -22,7 +22,6 @@ from libs.model.kernels import make_kernels
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from services.stage_worker.errors import model_error
 from services.stage_worker.lifecycle import Lifecycle, StageState
 
 
@@ -148,7 +147,7 @@ class StageRuntime:
             self.stage = await loop.run_in_executor(self._device_thread, self._load_blocking, spec)
         except ModelError as exc:
             self.lifecycle.fail(f"{exc.reason}: {exc.message}")
-            raise model_error(exc) from exc
+            raise
         except Exception as exc:
             self.lifecycle.fail(f"{type(exc).__name__}: {exc}")
             raise
