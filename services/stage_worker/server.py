@@ -14,16 +14,18 @@ from services.stage_worker.device import backend_build, host_facts
 from services.stage_worker.runtime import StageRuntime
 
 _BACKENDS = {"max": common_pb2.BACKEND_MAX, "numpy": common_pb2.BACKEND_NUMPY}
+# Operation names as the planner's model description requires them (services/planner/model.py).
 SUPPORTED_OPERATIONS = (
     "embedding",
+    "rmsnorm",
     "mla_attention",
+    "rope",
     "rope_yarn",
-    "dense_swiglu",
-    "moe_softmax_topk",
+    "swiglu",
+    "lm_head",
+    "moe_router_softmax_topk",
     "moe_group_limited_greedy",
     "shared_experts",
-    "rms_norm",
-    "lm_head",
     "sampling",
 )
 
