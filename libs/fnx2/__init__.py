@@ -1,0 +1,73 @@
+"""FNX2: the binary data plane between stage workers (wire-compatible with FNX2 2.0).
+
+Receiving side (a stage worker):
+
+    receiver = Fnx2Receiver(ReceiverConfig(binding, limits=ReceiverLimits(frames=4),
+                                           source_stage="stage-0",
+                                           input_kind=TensorKind.ACTIVATION,
+                                           input_dtype=DType.BF16, input_width=2048),
+                            handler)
+    server = await start_server(receiver, host, port, ssl=ssl_ctx_or_None)
+    # or, for streams you already hold: await serve_channel(reader, writer, receiver)
+
+  `handler` implements `StageHandler`:
+    async def execute(self, work: StageWork) -> StageOutput
+        `work.batch` is the validated, typed `Batch`; `work.sequences` are only the
+        sequences to execute (replays, rejected, cancelled and expired ones are handled by
+        the library); `work.rows(slice)` / `work.inputs` give read-only numpy views
+        (bf16 as uint16 bits: `bf16_to_float32`, `float32_to_bf16`). Return
+        `StageOutput(Tensor.from_array(kind, dtype, rows), failures=(SequenceFailure(...),))`
+        with the output rows of the non-failed sequences in `work.sequences` order.
+    def forget(self, request_id, execution_lease_id) -> None
+        drop that request's KV (called on release and on deadline expiry).
+  The library runs the hello, credits (7 dimensions, receiver-authoritative), KV epochs,
+  leases, exact replay / SEQUENCE_CONFLICT, tombstones, deadlines (budget -> local
+  monotonic deadline), cancel, release, credit_refresh, shutdown, and real timings.
+  `receiver.state` (ReceiverState) is shared by all channels of the stage.
+
+Sending side (the orchestrator, or a stage forwarding to the next hop):
+
+    client = await Fnx2Client.connect(host, port, SenderConfig(binding_of_next_stage), ssl=...)
+    result = await client.submit(batch)        # Batch -> Result, checked against the batch
+    await client.cancel(request_id, lease_id); await client.release(request_id, lease_id, epoch)
+    await client.credit_refresh(); await client.shutdown()
+
+  Several `submit` calls may run concurrently when the receiver granted more than one
+  frame (negotiated extension `multi_inflight`); the client keeps each source Batch until
+  its RESULT (`client.unacknowledged()`). Build batch slices with
+  `derive_execution_lease_id(...)` and `budget_from_deadline(local_deadline_ns, now_ns)`.
+  Set `Batch.traceparent` to a W3C traceparent; it travels when `traceparent` was
+  negotiated. Errors are `Fnx2Error` (`.code`: ErrorCode, `.terminal`); an ERROR frame from
+  the peer is `RemoteError`.
+
+Pure pieces: `encode_frame` / `decode_frame` (codec), `check_golden` (golden vector).
+Extensions beyond 2.0 (`multi_inflight`, `traceparent`, `timings`) are offered by the
+sender after the plain 2.0 handshake; a plain 2.0 peer declines with one recoverable ERROR.
+"""
+
+from libs.fnx2.codec import CodecLimits, ExpectedBinding, Frame, decode_frame, encode_frame
+from libs.fnx2.control import ChannelBinding, Credit
+from libs.fnx2.errors import ErrorCode, Fnx2Error, RemoteError
+from libs.fnx2.golden import check_golden
+from libs.fnx2.leases import budget_from_deadline, derive_execution_lease_id
+from libs.fnx2.messages import (
+    Batch, BatchDescriptor, Phase, Result, SequenceResult, SequenceSlice, SequenceStatus, Timings,
+)
+from libs.fnx2.receiver import (
+    Fnx2Receiver, ReceiverConfig, SequenceFailure, StageHandler, StageOutput, StageWork,
+    serve_channel, start_server,
+)
+from libs.fnx2.receiver_state import ReceiverLimits, ReceiverState
+from libs.fnx2.sender import Fnx2Client, SenderConfig
+from libs.fnx2.tensor import DType, Tensor, TensorKind, bf16_to_float32, float32_to_bf16
+
+__all__ = [
+    "Batch", "BatchDescriptor", "ChannelBinding", "CodecLimits", "Credit", "DType", "ErrorCode",
+    "ExpectedBinding", "Fnx2Client", "Fnx2Error", "Fnx2Receiver", "Frame", "Phase",
+    "ReceiverConfig", "ReceiverLimits", "ReceiverState", "RemoteError", "Result",
+    "SenderConfig", "SequenceFailure", "SequenceResult", "SequenceSlice", "SequenceStatus",
+    "StageHandler", "StageOutput", "StageWork", "Tensor", "TensorKind", "Timings",
+    "bf16_to_float32", "budget_from_deadline", "check_golden", "decode_frame",
+    "derive_execution_lease_id", "encode_frame", "float32_to_bf16", "serve_channel",
+    "start_server",
+]
