@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import json
 import time
 from dataclasses import replace
 
 from fornax.planner.v1 import planner_pb2 as pb
 
+from libs.cli.main import main
 from services.evidence_registry.client import RegistryClient
 from services.evidence_registry.domain import EvidenceClass, RecordContent, RecordType, ValidityWindow
 from services.planner import convert
-from services.planner.bench import synthetic_model
+from services.planner.bench import ALL_OPERATIONS, synthetic_config, synthetic_model
 from services.planner.inventory import EvidenceRef, Inventory, Target
 from tests.integration.evidence_registry.harness import running_registry
 from tests.integration.planner.test_planner_service import with_planner
@@ -37,6 +41,27 @@ def _inventory(model_ref, cap_a, cap_b, route) -> Inventory:
     base = full_mesh(node("a", evidence=(cap_a,)), node("b", evidence=(cap_b,)))
     link = replace(base.links[0], evidence=(route,))
     return Inventory(nodes=base.nodes, links=(link,), model_evidence=(model_ref,))
+
+
+def _cli_plan(tmp_path, address, model_id, cap_a, cap_b, route) -> tuple[int, str]:
+    """`fornax plan` in deployment mode against the registry; returns (exit code, stdout)."""
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir(exist_ok=True)
+    (checkpoint / "config.json").write_text(json.dumps(synthetic_config(6, experts=8, top_k=2, hidden=512, vocab=2048)))
+    ops = "[" + ", ".join(ALL_OPERATIONS) + "]"
+    node = "{{name: {n}, backend: max, memory: 64GiB, compute: 100TFLOP/s, memory_bandwidth: 1TB/s, " \
+           "dtypes: [bf16], operations: " + ops + ", evidence: [{{record_id: {r}, type: capability}}]}}"
+    inventory = tmp_path / "deploy.yaml"
+    inventory.write_text("\n".join([
+        f"model_evidence: [{{record_id: {model_id}, type: model}}]",
+        "nodes:", "  - " + node.format(n="a", r=cap_a), "  - " + node.format(n="b", r=cap_b),
+        f"links: [{{between: [a, b], bandwidth: 10Gbit/s, evidence: [{{record_id: {route}, type: route}}]}}]",
+        "target: {mode: deployment, min_stages: 2, max_stages: 2, context_tokens: 1024, concurrency: 4}",
+    ]))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["plan", "--checkpoint", str(checkpoint), "--inventory", str(inventory), "--registry", address])
+    return rc, out.getvalue()
 
 
 def test_deployment_mode_through_the_registry(tmp_path):
@@ -65,6 +90,11 @@ def test_deployment_mode_through_the_registry(tmp_path):
             return [await stub.CreatePlan(_request(inv), timeout=60) for inv in (good, bad, expired_only)]
 
         ok, failing, stale = asyncio.run(with_planner(scenario, registry_addr=address))
+        cli_ok = _cli_plan(tmp_path, address, model.record_id, cap_a.record_id, cap_b.record_id, route.record_id)
+        cli_revoked = _cli_plan(tmp_path, address, model.record_id, cap_a.record_id, revoked.record_id, route.record_id)
+
+    assert cli_ok[0] == 0 and "deployment: every referenced evidence record resolved" in cli_ok[1]
+    assert cli_revoked[0] == 3 and f"evidence {revoked.record_id} (b): REVOKED" in cli_revoked[1]
 
     assert ok.feasible and ok.plan.mode == pb.PLAN_MODE_DEPLOYMENT and ok.plan.label.startswith("deployment")
     assert not ok.evidence_failures

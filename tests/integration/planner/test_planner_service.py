@@ -17,8 +17,10 @@ from libs.service.interceptors import reason_of
 from libs.service.server import build_server
 from services.planner import convert
 from services.planner.bench import synthetic_model
+from services.planner.client import AsyncPlannerClient, PlannerCallFailed
 from services.planner.config import PlannerConfig
 from services.planner.inventory import load_inventory_file
+from services.planner.planner import plan
 from services.planner.server import SERVICE_NAME, make_spec
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "services" / "planner" / "examples"
@@ -32,7 +34,7 @@ def request_for(example: str, *, mode: str | None = None, layers: int = 27) -> p
     return request
 
 
-async def with_planner(scenario, registry_addr: str | None = None):
+async def with_planner(scenario, registry_addr: str | None = None, *, by_address: bool = False):
     cfg = PlannerConfig(server=ServerConfig("planner", host="127.0.0.1", grpc_port=0), registry_addr=registry_addr)
     running = await build_server(cfg.server, await make_spec(cfg))
     try:
@@ -40,6 +42,8 @@ async def with_planner(scenario, registry_addr: str | None = None):
             health = health_pb2_grpc.HealthStub(channel)
             status = await health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10)
             assert status.status == health_pb2.HealthCheckResponse.SERVING
+            if by_address:
+                return await scenario(f"127.0.0.1:{running.port}")
             return await scenario(pb_grpc.PlannerServiceStub(channel))
     finally:
         await running.server.stop(None)
@@ -102,3 +106,24 @@ def test_bad_input_and_unknown_plan_are_specific_errors():
     assert missing.code() == grpc.StatusCode.NOT_FOUND and reason_of(missing) == "PLAN_NOT_FOUND"
     assert no_registry.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert reason_of(no_registry) == "NO_EVIDENCE_REGISTRY"
+
+
+def test_client_returns_domain_values_and_reasons():
+    loaded = load_inventory_file(EXAMPLES / "mixed_fleet.yaml")
+    model = synthetic_model(27, experts=64, top_k=6)
+
+    async def scenario(address):
+        async with AsyncPlannerClient(address) as planner:
+            result = await planner.create_plan(model, loaded.inventory, loaded.target)
+            fetched = await planner.get_plan(result.plan.plan_id)
+            with pytest.raises(PlannerCallFailed) as err:
+                await planner.get_plan("plan-none")
+            return result, fetched, err.value
+
+    result, fetched, error = asyncio.run(with_planner(scenario, by_address=True))
+    local = plan(model, loaded.inventory, loaded.target)
+    assert result.plan.plan_hash == local.plan.plan_hash == fetched.plan_hash
+    assert result.rejections == local.rejections
+    assert [(s.node, s.layer_start, s.layer_end) for s in fetched.stages] == [
+        (s.node, s.layer_start, s.layer_end) for s in local.plan.stages]
+    assert error.reason == "PLAN_NOT_FOUND" and error.code == grpc.StatusCode.NOT_FOUND
