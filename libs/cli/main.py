@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "libs.model.cli",
     "services.artifact_builder.cli",
     "services.evidence_registry.cli",
+    "services.orchestrator.cli",
     "services.planner.cli",
 )
 
