@@ -91,9 +91,10 @@ class SequenceSlice:
     kv_epoch: int
     deadline_budget_ns: int | None
     sampling: SamplingParams
-    # How many tokens this request has sampled before; seeds a per-step generator so a
-    # seeded request samples the same way whatever batch it lands in.
+    # How many tokens this request has sampled before.
     sample_index: int
+    # KV the request may grow to (prompt + max_tokens): what a stage reserves at prefill.
+    kv_reserve_tokens: int
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,9 @@ class SequenceResult:
     request_id: str
     status: SequenceStatus
     sampled_token_id: int | None
-    # kv_epoch_after as each stage reported it, in stage order.
-    stage_epochs: tuple[int, ...]
+    # The KV epoch after this step. On OK every stage holds it: a pipeline whose stages
+    # disagree reports the sequence as failed instead.
+    kv_epoch_after: int
     error: str = ""
 
 

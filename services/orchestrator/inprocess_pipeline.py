@@ -115,8 +115,7 @@ class InProcessPipeline:
             epochs.append(result.kv_epochs_after)
         assert tokens is not None
         return MicrobatchResult(batch.batch_id, tuple(
-            SequenceResult(s.request_id, SequenceStatus.OK, int(tokens[i]),
-                           tuple(stage[i] for stage in epochs))
+            _sequence_result(s, int(tokens[i]), [stage[i] for stage in epochs])
             for i, s in enumerate(batch.slices)))
 
     async def release(self, request_id: str) -> ReleaseReport:
@@ -143,7 +142,14 @@ class InProcessPipeline:
             thread.shutdown(wait=False, cancel_futures=True)
 
 
+def _sequence_result(piece, token: int, stage_epochs: list[int]) -> SequenceResult:
+    if len(set(stage_epochs)) != 1:
+        return SequenceResult(piece.request_id, SequenceStatus.FAILED, None, piece.kv_epoch,
+                              f"stages disagree on the KV epoch: {stage_epochs}")
+    return SequenceResult(piece.request_id, SequenceStatus.OK, token, stage_epochs[0])
+
+
 def _failed(batch: Microbatch, error: str) -> MicrobatchResult:
     return MicrobatchResult(batch.batch_id, tuple(
-        SequenceResult(s.request_id, SequenceStatus.FAILED, None, (), error)
+        SequenceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, error)
         for s in batch.slices))

@@ -180,7 +180,8 @@ class Scheduler:
         return SequenceSlice(
             request_id=r.req.request_id, request_sequence_no=r.sequence_no,
             token_ids=tuple(tokens), token_position_start=r.position, kv_epoch=r.kv_epoch,
-            deadline_budget_ns=budget, sampling=r.req.sampling, sample_index=len(r.generated))
+            deadline_budget_ns=budget, sampling=r.req.sampling, sample_index=len(r.generated),
+            kv_reserve_tokens=len(r.req.prompt_token_ids) + r.req.max_tokens)
 
     def _expire(self, now_ns: int) -> None:
         for r in list(self._requests.values()):
@@ -201,7 +202,8 @@ class Scheduler:
             r = self._requests[piece.request_id]
             r.inflight = False
             seq = by_id.get(piece.request_id) or SequenceResult(
-                piece.request_id, SequenceStatus.FAILED, None, (), "no result for sequence")
+                piece.request_id, SequenceStatus.FAILED, None, piece.kv_epoch,
+                "no result for sequence")
             self._apply(r, piece, seq)
 
     def _apply(self, r: _Request, piece: SequenceSlice, seq: SequenceResult) -> None:
@@ -216,11 +218,10 @@ class Scheduler:
             self._begin_release(r, reason, emit_now=True, error=seq.error or seq.status.value)
             return
         expected = r.kv_epoch + 1
-        if (len(seq.stage_epochs) != self._num_stages or seq.sampled_token_id is None
-                or any(e != expected for e in seq.stage_epochs)):
+        if seq.sampled_token_id is None or seq.kv_epoch_after != expected:
             self._begin_release(r, FinishReason.ERROR, emit_now=True, error=(
-                f"inconsistent result: stage epochs {seq.stage_epochs}, expected {expected} on "
-                f"{self._num_stages} stages"))
+                f"inconsistent result: kv epoch {seq.kv_epoch_after}, expected {expected}, "
+                f"token {seq.sampled_token_id}"))
             return
         r.kv_epoch = expected
         r.sequence_no += 1

@@ -211,7 +211,7 @@ class ServingEngine:
         except Exception as exc:  # a failed microbatch fails its sequences, not the loop
             _log.exception("microbatch_failed batch_id=%s", batch.batch_id)
             result = MicrobatchResult(batch.batch_id, tuple(
-                SequenceResult(s.request_id, SequenceStatus.FAILED, None, (),
+                SequenceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch,
                                f"pipeline error: {type(exc).__name__}: {exc}")
                 for s in batch.slices))
         self.scheduler.update_from_output(result)

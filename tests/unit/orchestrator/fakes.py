@@ -59,8 +59,8 @@ class FakeStages:
                 lease.next_position += len(piece.token_ids)
                 epochs.append(lease.epoch)
             token = self.script(piece.request_id, piece.sample_index)
-            results.append(SequenceResult(piece.request_id, SequenceStatus.OK, token,
-                                          tuple(epochs)))
+            assert len(set(epochs)) == 1
+            results.append(SequenceResult(piece.request_id, SequenceStatus.OK, token, epochs[0]))
         return MicrobatchResult(batch.batch_id, tuple(results))
 
     @staticmethod

@@ -211,3 +211,17 @@ def test_random_interleavings_keep_invariants(text_context, n, max_tokens, order
     for rid, out in finals.items():
         if out.finish_reason is FinishReason.LENGTH:
             assert out.completion_tokens == max_tokens[int(rid[1:])]
+
+
+def test_a_result_with_the_wrong_kv_epoch_fails_the_request(text_context):
+    from services.orchestrator.domain import MicrobatchResult, SequenceResult, SequenceStatus
+
+    sched = make_scheduler(text_context)
+    sched.admit(req("a"), now_ns=0)
+    (batch,) = sched.schedule(0)
+    sched.update_from_output(MicrobatchResult(batch.batch_id, (
+        SequenceResult("a", SequenceStatus.OK, 42, kv_epoch_after=2),)))
+    (final,) = sched.take_outputs()
+    assert final.finish_reason is FinishReason.ERROR
+    assert "expected 1" in final.error
+    assert sched.take_releases() == ["a"]
