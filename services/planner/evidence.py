@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from services.planner import domain as d
-from services.planner.inventory import EvidenceRef, Inventory
+from services.planner.inventory import EvidenceRef, Inventory, Link
 
 
 @dataclass(frozen=True)
@@ -41,18 +41,31 @@ def referenced(inventory: Inventory) -> list[Reference]:
     return out
 
 
-def missing(inventory: Inventory, plan: d.Plan) -> list[d.EvidenceFailure]:
-    """Subjects of the plan that reference no record of the type deployment needs."""
+def has_type(refs: Sequence[EvidenceRef], record_type: str) -> bool:
+    return any(r.record_type == record_type for r in refs)
+
+
+def evidenced_links(inventory: Inventory) -> tuple[tuple[Link, ...], tuple[Link, ...]]:
+    """(links that reference a route record, links that don't)."""
+    good = tuple(x for x in inventory.links if has_type(x.evidence, "route"))
+    return good, tuple(x for x in inventory.links if not has_type(x.evidence, "route"))
+
+
+def missing(inventory: Inventory, plan: d.Plan | None) -> list[d.EvidenceFailure]:
+    """What deployment needs but nothing references: a model record, and for the plan's nodes
+    and routes a capability and a route record (planning already avoids unevidenced ones)."""
     out = []
-    if not any(r.record_type == "model" for r in inventory.model_evidence):
+    if not has_type(inventory.model_evidence, "model"):
         out.append(d.EvidenceFailure("", "model", d.MISSING_EVIDENCE, "no model record referenced"))
+    if plan is None:
+        return out
     by_name = {n.name: n for n in inventory.nodes}
     for stage in plan.stages:
-        if not any(r.record_type == "capability" for r in by_name[stage.node].evidence):
+        if not has_type(by_name[stage.node].evidence, "capability"):
             out.append(d.EvidenceFailure("", stage.node, d.MISSING_EVIDENCE, "no capability record referenced"))
     for a, b in zip(plan.stages, plan.stages[1:]):
         link = inventory.link(a.node, b.node)
-        if link is None or not any(r.record_type == "route" for r in link.evidence):
+        if link is None or not has_type(link.evidence, "route"):
             out.append(d.EvidenceFailure("", f"{a.node}->{b.node}", d.MISSING_EVIDENCE, "no route record referenced"))
     return out
 
@@ -73,9 +86,7 @@ def gate(result: d.PlanResult, inventory: Inventory, resolver: Resolver) -> d.Pl
     """Keeps a deployment plan only when all its evidence resolves; otherwise fails closed."""
     refs = referenced(inventory)
     resolutions = resolver.resolve([r.ref for r in refs]) if refs else []
-    failures = unresolved(refs, resolutions)
-    if result.plan is not None:
-        failures += missing(inventory, result.plan)
+    failures = unresolved(refs, resolutions) + missing(inventory, result.plan)
     if not failures:
         return result
     return d.PlanResult(

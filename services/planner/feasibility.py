@@ -2,7 +2,8 @@
 
 Each rejected node gets the first failing check, in this order: weight dtype, boundary dtype,
 required operations, memory for the smallest stage it could hold (one layer, with its
-activation buffers and the node's reserve).
+activation buffers and the node's reserve), and in deployment mode a capability record.
+In deployment mode a link that references no route record is rejected too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 
 from services.planner import domain as d
 from services.planner.costs import CostTables, stage_memory
-from services.planner.inventory import Inventory, Node, Target
+from services.planner.inventory import Inventory, Link, Node, Target
 from services.planner.model import ModelDescription
 
 GIB = float(2**30)
@@ -33,6 +34,7 @@ def smallest_stage_bytes(tables: CostTables) -> int:
 
 
 def node_rejection(node: Node, model: ModelDescription, target: Target, smallest: int) -> d.Rejection | None:
+    """The first failing check; in deployment mode a node must also reference a capability record."""
     if model.weight_dtype not in node.dtypes:
         return d.Rejection(node.name, d.MISSING_DTYPE, f"weights are {model.weight_dtype}; node offers {list(node.dtypes)}")
     if target.boundary_dtype not in node.dtypes:
@@ -49,6 +51,8 @@ def node_rejection(node: Node, model: ModelDescription, target: Target, smallest
             f"smallest stage needs {needed / GIB:.3f} GiB (reserve {node.reserve_bytes / GIB:.3f} GiB included); "
             f"node has {node.memory_bytes / GIB:.3f} GiB",
             required=needed, available=node.memory_bytes)
+    if target.mode == "deployment" and not any(r.record_type == "capability" for r in node.evidence):
+        return d.Rejection(node.name, d.MISSING_EVIDENCE, "deployment mode: the node references no capability record")
     return None
 
 
@@ -61,6 +65,12 @@ def route_rejections(inventory: Inventory, nodes: tuple[Node, ...]) -> list[d.Re
                 out.append(d.Rejection(f"{a.name}->{b.name}", d.NO_ROUTE,
                                        f"no link between {a.name} and {b.name} in either direction"))
     return out
+
+
+def unevidenced_route_rejections(links: tuple[Link, ...], names: set[str]) -> list[d.Rejection]:
+    return [d.Rejection(f"{x.from_node}->{x.to_node}", d.MISSING_EVIDENCE,
+                        "deployment mode: the link references no route record")
+            for x in links if x.from_node in names and x.to_node in names]
 
 
 def _memory_shortfall(tables: CostTables, target: Target) -> Infeasible | None:

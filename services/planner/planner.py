@@ -24,7 +24,8 @@ import numpy as np
 from services.planner import domain as d
 from services.planner import evidence
 from services.planner.costs import CostTables, build_tables, decode_service_matrix, stage_memory, stage_time
-from services.planner.feasibility import explain_infeasible, node_rejection, route_rejections, smallest_stage_bytes
+from services.planner.feasibility import (explain_infeasible, node_rejection, route_rejections, smallest_stage_bytes,
+                                         unevidenced_route_rejections)
 from services.planner.inventory import Inventory, Node, Target, validate_target
 from services.planner.model import ModelDescription
 from services.planner.search import Placement, Problem, method_name, solve
@@ -60,6 +61,10 @@ def _plan(model: ModelDescription, inventory: Inventory, target: Target) -> d.Pl
                             d.NO_CAPABLE_NODE, float(max(gap, 0)))
     routes = route_rejections(inventory, tuple(capable))
     rejections += routes
+    if target.mode == "deployment":
+        usable, unevidenced = evidence.evidenced_links(inventory)
+        rejections += unevidenced_route_rejections(unevidenced, {n.name for n in capable})
+        inventory = replace(inventory, links=usable)
     tables = build_tables(model, inventory, tuple(capable), target)
     problem = Problem(decode_service_matrix(tables), tables.link_decode_s, target.min_stages, target.max_stages)
     placement = solve(problem, target.objective)

@@ -157,12 +157,26 @@ def test_deployment_mode_fails_closed_naming_each_failing_record():
     assert failures == {("cap-b", "b", "REVOKED"), ("model-1", "model", "EXPIRED")}
 
 
-def test_deployment_mode_requires_evidence_for_what_the_plan_uses():
+def test_deployment_mode_plans_only_over_evidenced_nodes_and_routes():
     inv = _deployment_inventory()
-    bare = Inventory(nodes=(inv.nodes[0], replace(inv.nodes[1], evidence=())), links=inv.links)
+    c = node("c", compute=1e15, bandwidth=1e13)  # fastest, but references no capability record
+    bare = Inventory(nodes=(*inv.nodes, c), links=(*inv.links, Link("a", "c", 10e9, 1000)),
+                     model_evidence=inv.model_evidence)
     result = plan(tiny_model(), bare, Target(mode="deployment", min_stages=2), FakeRegistry())
-    missing = {(f.subject, f.reason) for f in result.evidence_failures}
-    assert missing == {("model", d.MISSING_EVIDENCE), ("b", d.MISSING_EVIDENCE)}
+    assert result.feasible and [s.node for s in result.plan.stages] in (["a", "b"], ["b", "a"])
+    assert {(r.subject, r.reason) for r in result.rejections} == {("c", d.MISSING_EVIDENCE)}
+    assert plan(tiny_model(), bare, Target(min_stages=2)).plan.stages[0].node == "c"  # exploratory uses c
+    routes_bare = Inventory(nodes=inv.nodes, links=(replace(inv.links[0], evidence=()),), model_evidence=inv.model_evidence)
+    result = plan(tiny_model(), routes_bare, Target(mode="deployment", min_stages=2), FakeRegistry())
+    assert not result.feasible and ("a->b", d.MISSING_EVIDENCE) in {(r.subject, r.reason) for r in result.rejections}
+    assert result.infeasibility_reason == d.NO_FEASIBLE_PLACEMENT
+
+
+def test_deployment_mode_requires_a_model_record():
+    inv = replace(_deployment_inventory(), model_evidence=())
+    result = plan(tiny_model(), inv, Target(mode="deployment", min_stages=2), FakeRegistry())
+    assert not result.feasible and result.plan is None
+    assert [(f.subject, f.reason) for f in result.evidence_failures] == [("model", d.MISSING_EVIDENCE)]
 
 
 def test_deployment_mode_without_a_registry_is_refused():
