@@ -6,6 +6,7 @@ import uuid
 
 from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 
+from libs.service.errors import InvalidArgument
 from libs.text.chat_template import ChatMessage
 from services.orchestrator.domain import FinishReason, GenerationRequest, RequestOutput
 from services.orchestrator.openai_request import parse_options
@@ -36,9 +37,23 @@ def generation_from_pb(request: pb.GenerateRequest, engine: ServingEngine) -> Ge
     else:
         ids = tuple(text.tokenizer.encode(request.text))
     return generation_request(
-        request.request_id or f"grpc-{uuid.uuid4().hex}", ids, options, engine.served,
+        _request_id(request.request_id), ids, options, engine.served,
         engine.config.default_max_tokens, "token_ids" if which == "token_ids" else "text",
         request.deadline_budget_ns or None)
+
+
+def _request_id(given: str) -> str:
+    """Request ids are canonical lower-case UUIDs, as FNX2 requires; one is made if absent."""
+    if not given:
+        return str(uuid.uuid4())
+    try:
+        canonical = str(uuid.UUID(given))
+    except ValueError:
+        canonical = ""
+    if canonical != given:
+        raise InvalidArgument(f"request_id {given!r} is not a canonical lower-case UUID",
+                              reason="INVALID_REQUEST_ID", field="request_id")
+    return given
 
 
 def output_to_pb(output: RequestOutput) -> pb.GenerateResponse:

@@ -85,7 +85,7 @@ class Engine:
         options = CommonOptions(max_tokens=max_tokens, sampling=SamplingParams(
             temperature, top_p, top_k, seed), stop=tuple(stop), stream=False,
             include_usage=False)
-        request = generation_request(f"engine-{uuid.uuid4().hex}", ids, options, serving.served,
+        request = generation_request(str(uuid.uuid4()), ids, options, serving.served,
                                      serving.config.default_max_tokens, "prompt")
         return self._call(_run(serving, request))
 

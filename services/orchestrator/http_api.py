@@ -133,7 +133,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
     body = parse_chat_completion(parse_json_object(await request.read()))
     check_model(body.model, engine.served)
-    gen = generation_request(f"chatcmpl-{uuid.uuid4().hex}", chat_prompt_ids(body, engine.text),
+    gen = generation_request(str(uuid.uuid4()), chat_prompt_ids(body, engine.text),
                              body.options, engine.served, engine.config.default_max_tokens,
                              "messages")
     return await _respond(request, engine, gen, body.model, body.options, _CHAT)
@@ -143,7 +143,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
     body = parse_completion(parse_json_object(await request.read()))
     check_model(body.model, engine.served)
-    gen = generation_request(f"cmpl-{uuid.uuid4().hex}",
+    gen = generation_request(str(uuid.uuid4()),
                              completion_prompt_ids(body, engine.text, engine.served),
                              body.options, engine.served, engine.config.default_max_tokens,
                              "prompt")
@@ -152,6 +152,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 @dataclass(frozen=True)
 class _Format:
+    id_prefix: str
     object_name: str
     full: Callable[..., dict]
     chunk: Callable[[str, int, str, str, FinishReason | None, bool, bool], dict]
@@ -167,8 +168,8 @@ def _completion_chunk(rid, created, model, text, finish, first, usage_field) -> 
     return fmt.completion_chunk(rid, created, model, text, finish, usage_field)
 
 
-_CHAT = _Format("chat.completion.chunk", fmt.chat_completion, _chat_chunk)
-_COMPLETION = _Format("text_completion", fmt.completion, _completion_chunk)
+_CHAT = _Format("chatcmpl", "chat.completion.chunk", fmt.chat_completion, _chat_chunk)
+_COMPLETION = _Format("cmpl", "text_completion", fmt.completion, _completion_chunk)
 
 
 async def _respond(request: web.Request, engine: ServingEngine, gen: GenerationRequest,
@@ -192,7 +193,7 @@ async def _collect(stream: RequestStream, model: str, form: _Format) -> web.Resp
             if error is not None:
                 raise error
             return web.json_response(form.full(
-                stream.request_id, created, model, "".join(text), output.finish_reason,
+                _public_id(form, stream), created, model, "".join(text), output.finish_reason,
                 output.prompt_tokens, output.completion_tokens))
     raise Internal("request stream ended without a final event")
 
@@ -201,7 +202,7 @@ async def _stream_sse(request: web.Request, stream: RequestStream, model: str,
                       options: CommonOptions, form: _Format) -> web.StreamResponse:
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
-    rid, created, first = stream.request_id, int(time.time()), True
+    rid, created, first = _public_id(form, stream), int(time.time()), True
     async for output in stream:
         error = terminal_error(output) if output.finished else None
         if output.text or first or (output.finished and error is None):
@@ -218,6 +219,11 @@ async def _stream_sse(request: web.Request, stream: RequestStream, model: str,
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
+
+
+def _public_id(form: _Format, stream: RequestStream) -> str:
+    """OpenAI-style id; the internal request id is the UUID FNX2 requires."""
+    return f"{form.id_prefix}-{uuid.UUID(stream.request_id).hex}"
 
 
 async def _send(response: web.StreamResponse, payload: dict) -> None:

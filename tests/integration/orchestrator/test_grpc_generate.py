@@ -15,6 +15,7 @@ from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.server import make_spec
 
 pytestmark = pytest.mark.integration
+LONG = "0b7a3c4e-8f51-4d2a-9c6e-1f2a3b4c5d6e"
 
 
 async def _serve(checkpoint):
@@ -40,21 +41,25 @@ def test_generate_streams_and_cancel_releases(checkpoint):
                 events = [e async for e in stub.Generate(pb.GenerateRequest(
                     model="tiny", text="hello", chat=True, sampling=sampling))]
                 call = stub.Generate(pb.GenerateRequest(
-                    request_id="long", model="tiny", token_ids=pb.TokenIds(ids=[5, 6, 7]),
+                    request_id=LONG, model="tiny", token_ids=pb.TokenIds(ids=[5, 6, 7]),
                     sampling=pb.SamplingParams(max_tokens=1500)))
                 await call.read()
-                cancelled = await stub.Cancel(pb.CancelRequest(target_request_id="long"))
+                cancelled = await stub.Cancel(pb.CancelRequest(target_request_id=LONG))
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     while await call.read() is not grpc.aio.EOF:
                         pass
                 with pytest.raises(grpc.aio.AioRpcError) as bad:
                     await stub.Generate(pb.GenerateRequest(model="other", text="x")).read()
+                with pytest.raises(grpc.aio.AioRpcError) as bad_id:
+                    await stub.Generate(pb.GenerateRequest(request_id="Long", model="tiny",
+                                                           text="x")).read()
                 status = await stub.GetPlanStatus(pb.GetPlanStatusRequest())
-            return events, cancelled, info.value, bad.value, status
+            return events, cancelled, info.value, bad.value, bad_id.value, status
         finally:
             await _close(running, spec)
 
-    events, cancelled, error, bad, status = asyncio.run(main())
+    events, cancelled, error, bad, bad_id, status = asyncio.run(main())
+    assert reason_of(bad_id) == "INVALID_REQUEST_ID"
     final = events[-1]
     assert final.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)
     assert final.usage.completion_tokens == sum(len(e.token_ids) for e in events)

@@ -1,0 +1,91 @@
+"""A Pipeline over stage workers: FNX2 batches to stage 0, sampled tokens back from the last.
+
+It adapts the scheduler's microbatches to `libs.gateway.route.Route`: a request is admitted
+on every stage (KV reserved, sampling recorded on the final stage) right before its prefill,
+each microbatch travels as one ragged FNX2 BATCH, and release fans out to every stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from libs.fnx2.messages import Phase as Fnx2Phase
+from libs.gateway.route import Route, Sampling, SliceInput, SliceOutput, lease_id_for
+from services.orchestrator.domain import (
+    Microbatch,
+    MicrobatchResult,
+    Phase,
+    ReleaseReport,
+    SequenceResult,
+    SequenceSlice,
+    SequenceStatus,
+    ServedModel,
+)
+
+# FNX2 carries a deadline as a remaining budget and 0 means expired, so a request without a
+# deadline travels with a day-long budget.
+NO_DEADLINE_BUDGET_NS = 24 * 3600 * 10**9
+_STATUS_BY_CODE = {"DEADLINE": SequenceStatus.DEADLINE, "CANCELLED": SequenceStatus.CANCELLED,
+                   "ADMISSION": SequenceStatus.REJECTED}
+
+
+class RoutePipeline:
+    def __init__(self, route: Route, served: ServedModel) -> None:
+        if len(route.plan.stages) != served.num_stages:
+            raise ValueError(f"route has {len(route.plan.stages)} stages, the served model "
+                             f"{served.num_stages}")
+        self._route = route
+        self.served = served
+
+    @property
+    def num_stages(self) -> int:
+        return self.served.num_stages
+
+    async def submit(self, batch: Microbatch) -> MicrobatchResult:
+        rejected: dict[str, SequenceResult] = {}
+        if batch.phase is Phase.PREFILL:
+            rejected = await self._admit(batch.slices)
+        runnable = [s for s in batch.slices if s.request_id not in rejected]
+        outputs: dict[str, SliceOutput] = {}
+        if runnable:
+            phase = Fnx2Phase.PREFILL if batch.phase is Phase.PREFILL else Fnx2Phase.DECODE
+            results = await self._route.run(phase, [self._input(s) for s in runnable])
+            outputs = {o.request_id: o for o in results}
+        return MicrobatchResult(batch.batch_id, tuple(
+            rejected.get(s.request_id) or _result(s, outputs[s.request_id])
+            for s in batch.slices))
+
+    async def _admit(self, slices: tuple[SequenceSlice, ...]) -> dict[str, SequenceResult]:
+        outcomes = await asyncio.gather(*(self._route.admit(
+            s.request_id, s.kv_reserve_tokens,
+            Sampling(temperature=s.sampling.temperature, top_k=s.sampling.top_k,
+                     top_p=s.sampling.top_p, seed=s.sampling.seed or 0))
+            for s in slices), return_exceptions=True)
+        return {s.request_id: SequenceResult(s.request_id, SequenceStatus.REJECTED, None,
+                                             s.kv_epoch, f"stage admission refused: {o}")
+                for s, o in zip(slices, outcomes) if isinstance(o, Exception)}
+
+    def _input(self, piece: SequenceSlice) -> SliceInput:
+        budget = (NO_DEADLINE_BUDGET_NS if piece.deadline_budget_ns is None
+                  else piece.deadline_budget_ns)
+        return SliceInput(piece.request_id, lease_id_for(self._route.plan, piece.request_id),
+                          piece.request_sequence_no, piece.token_position_start,
+                          piece.kv_epoch, np.asarray(piece.token_ids, dtype=np.int32), budget)
+
+    async def release(self, request_id: str) -> ReleaseReport:
+        return ReleaseReport(request_id, tuple(await self._route.release(request_id)))
+
+    async def close(self) -> None:
+        await self._route.close()
+
+
+def _result(piece: SequenceSlice, output: SliceOutput) -> SequenceResult:
+    if output.ok and output.rows is not None and output.rows.size == 1:
+        return SequenceResult(piece.request_id, SequenceStatus.OK, int(output.rows.reshape(-1)[0]),
+                              output.kv_epoch_after)
+    status = _STATUS_BY_CODE.get(output.error_code or "", SequenceStatus.FAILED)
+    error = f"{output.error_code}: {output.error_message}" if output.error_code else \
+        "the final stage returned no sampled token"
+    return SequenceResult(piece.request_id, status, None, output.kv_epoch_after, error)
