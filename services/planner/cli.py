@@ -55,14 +55,30 @@ def run_plan(args) -> int:
         print(f"error {exc.reason}: {exc.message}" + (f" (field {exc.field})" if getattr(exc, "field", None) else ""),
               file=sys.stderr)
         return EXIT_ERROR
+    summary = model_summary(model)
     if args.json:
         body = asdict(result)
+        body["model"] = summary
         if result.plan is not None:
             body["plan"]["label"] = result.plan.label
         print(json.dumps(body, indent=2, sort_keys=True))
     else:
+        print(f"model {summary['model_snapshot']}: {summary['layers']} layers, "
+              f"{summary['weight_bytes'] / GIB:.2f} GiB {summary['weight_dtype']}, {summary['routed_experts']} routed "
+              f"experts top-{summary['experts_per_token']} + {summary['shared_experts']} shared; a decode token reads "
+              f"{summary['active_weight_bytes_per_token'] / GIB:.3f} GiB of layer weights")
         print("\n".join(format_result(result)))
     return 0 if result.feasible else EXIT_INFEASIBLE
+
+
+def model_summary(model) -> dict[str, object]:
+    active = sum(x.active_weight_bytes_per_token(model.expert_bytes, model.experts_per_token) for x in model.layers)
+    return {
+        "model_snapshot": model.model_snapshot, "layers": model.num_layers, "weight_bytes": model.total_weight_bytes,
+        "weight_dtype": model.weight_dtype, "routed_experts": model.routed_experts,
+        "experts_per_token": model.experts_per_token, "shared_experts": model.shared_experts,
+        "active_weight_bytes_per_token": active,
+    }
 
 
 def _stage_rows(result) -> list[str]:

@@ -23,6 +23,7 @@ def test_plan_table_lists_stages_costs_and_rejections(checkpoint, capsys):
     assert "predictions (cost model, not measurements)" in out
     assert "cpu-server" in out and "MISSING_DTYPE" in out
     assert "[0, " in out and ", 27)" in out
+    assert "27 layers" in out and "64 routed experts top-6 + 2 shared" in out
 
 
 def test_plan_json_is_complete(checkpoint, capsys):
@@ -34,6 +35,7 @@ def test_plan_json_is_complete(checkpoint, capsys):
     assert {"compute_s", "pack_s", "wire_s", "unpack_s", "queue_s", "exposed_wait_s"} <= set(stages[0]["decode"])
     assert body["plan"]["label"].startswith("exploratory")
     assert body["rejections"][0]["reason"] == "MISSING_DTYPE"
+    assert body["model"]["layers"] == 27 and 0 < body["model"]["active_weight_bytes_per_token"] < body["model"]["weight_bytes"]
 
 
 def test_infeasible_and_error_exit_codes(checkpoint, tmp_path, capsys):
