@@ -6,7 +6,6 @@ printed with its reasons) and 2 on an error.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import asdict

@@ -21,6 +21,7 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
+from libs.service.errors import FailedPrecondition
 from services.planner import domain as d
 from services.planner import evidence
 from services.planner.costs import CostTables, build_tables, decode_service_matrix, stage_memory, stage_time
@@ -29,7 +30,6 @@ from services.planner.feasibility import (explain_infeasible, node_rejection, ro
 from services.planner.inventory import Inventory, Node, Target, validate_target
 from services.planner.model import ModelDescription
 from services.planner.search import Placement, Problem, method_name, solve
-from libs.service.errors import FailedPrecondition
 
 
 class EvidenceUnavailable(FailedPrecondition):
