@@ -13,6 +13,8 @@ from libs.text.errors import TemplateError, TemplateHashMismatch
 from libs.text.tokenizer import sha256_hex
 
 CHAT_ROLES = ("system", "user", "assistant")
+# Newer Hugging Face checkpoints keep the template in its own file, which then wins.
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,22 @@ class ChatTemplate:
         self._special_tokens = dict(special_tokens)
 
     @classmethod
+    def from_checkpoint(cls, root: str | Path, expected_sha256: str | None = None) -> ChatTemplate:
+        """`chat_template.jinja` when the checkpoint has one, else tokenizer_config.json's."""
+        jinja_path = Path(root) / CHAT_TEMPLATE_FILE
+        if not jinja_path.is_file():
+            return cls.from_tokenizer_config(Path(root) / "tokenizer_config.json",
+                                             expected_sha256)
+        raw = jinja_path.read_bytes()
+        digest = sha256_hex(raw)
+        if expected_sha256 is not None and digest != expected_sha256:
+            raise TemplateHashMismatch(f"chat template {jinja_path}: sha256 {digest} does not "
+                                       f"match pinned {expected_sha256}")
+        config = json.loads((Path(root) / "tokenizer_config.json").read_text(encoding="utf-8"))
+        return cls(raw.decode("utf-8"), TemplateIdentity(source=str(jinja_path), sha256=digest),
+                   _special_tokens(config))
+
+    @classmethod
     def from_tokenizer_config(cls, path: str | Path,
                               expected_sha256: str | None = None) -> ChatTemplate:
         config = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -63,9 +81,8 @@ class ChatTemplate:
             raise TemplateHashMismatch(
                 f"chat template in {path}: sha256 {digest} does not match pinned "
                 f"{expected_sha256}")
-        specials = {key: _token_text(config.get(key)) for key in ("bos_token", "eos_token")}
         return cls(source_text, TemplateIdentity(source=str(path), sha256=digest),
-                   {k: v for k, v in specials.items() if v is not None})
+                   _special_tokens(config))
 
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
         """Renders the conversation as the model's prompt text."""
@@ -80,6 +97,11 @@ class ChatTemplate:
             return self._template.render(**context)
         except jinja2.TemplateError as exc:
             raise TemplateError(f"chat template {self.identity.source}: {exc}") from exc
+
+
+def _special_tokens(config: dict) -> dict[str, str]:
+    specials = {key: _token_text(config.get(key)) for key in ("bos_token", "eos_token")}
+    return {k: v for k, v in specials.items() if v is not None}
 
 
 def _token_text(value: object) -> str | None:

@@ -42,8 +42,7 @@ class TextContext:
                         pins: TextPins = TextPins()) -> TextContext:
         root = Path(checkpoint_dir)
         tokenizer = ProjectTokenizer.from_file(root / "tokenizer.json", pins.tokenizer_sha256)
-        template = ChatTemplate.from_tokenizer_config(root / "tokenizer_config.json",
-                                                      pins.template_sha256)
+        template = ChatTemplate.from_checkpoint(root, pins.template_sha256)
         return cls(tokenizer, template, _eos_token_ids(root, tokenizer))
 
     def encode_chat(self, messages: list[ChatMessage]) -> list[int]:

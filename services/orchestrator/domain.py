@@ -47,6 +47,8 @@ class StageLayout:
     layer_start: int
     layer_end_exclusive: int
     kv_bytes_per_token: int
+    # KV bytes the stage holds for this route; None leaves the limit to the stage alone.
+    kv_budget_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from libs.model.config import DeepseekV2Config, load_config
+from libs.model.config import load_config
 from libs.model.errors import ModelError, UnknownSequenceError
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
@@ -29,9 +29,8 @@ from services.orchestrator.domain import (
     SequenceResult,
     SequenceStatus,
     ServedModel,
-    StageLayout,
-    mla_kv_bytes_per_token,
 )
+from services.orchestrator.model_card import even_layer_split, served_model
 
 
 @dataclass(frozen=True)
@@ -41,27 +40,6 @@ class InProcessRouteConfig:
     backend: str = "numpy"
     kv_limit_bytes_per_stage: int = 256 << 20
     model_id: str = "fornax"
-
-
-def even_layer_split(num_layers: int, stages: int) -> list[tuple[int, int]]:
-    """Contiguous [layer_start, layer_end) ranges, sizes differing by at most one."""
-    if not 1 <= stages <= num_layers:
-        raise ValueError(f"cannot cut {num_layers} layers into {stages} stages")
-    base, extra = divmod(num_layers, stages)
-    bounds, start = [], 0
-    for index in range(stages):
-        end = start + base + (1 if index < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
-
-
-def served_model(cfg: DeepseekV2Config, ranges: list[tuple[int, int]], model_id: str) -> ServedModel:
-    layouts = tuple(StageLayout(a, b, mla_kv_bytes_per_token(cfg.kv_lora_rank,
-                                                              cfg.qk_rope_head_dim, b - a))
-                    for a, b in ranges)
-    return ServedModel(model_id=model_id, context_length=cfg.max_position_embeddings,
-                       vocab_size=cfg.vocab_size, stages=layouts)
 
 
 class InProcessPipeline:
@@ -83,7 +61,8 @@ class InProcessPipeline:
             kernels = make_kernels(config.backend, cfg, weights)
             spec = StageSpec(start, end, first, last, config.kv_limit_bytes_per_stage)
             executors.append(StageExecutor(cfg, spec, kernels))
-        return cls(executors, served_model(cfg, ranges, config.model_id))
+        return cls(executors, served_model(cfg, ranges, config.model_id,
+                                           config.kv_limit_bytes_per_stage))
 
     @property
     def num_stages(self) -> int:

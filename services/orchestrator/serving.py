@@ -34,13 +34,14 @@ from services.orchestrator.scheduler import RetiredRequest, Scheduler
 
 _log = logging.getLogger(__name__)
 RELEASE_RETRY_S = 0.05
+NO_KV_LIMIT_BYTES = 1 << 62
 
 
 @dataclass(frozen=True)
 class ServingConfig:
     scheduler: SchedulerConfig = SchedulerConfig()
     max_live_requests: int = 256
-    # Per stage; None uses each stage's whole budget as given by the route.
+    # Per stage; None takes each stage's budget from the served model.
     stage_kv_budget_bytes: tuple[int, ...] | None = None
     default_max_tokens: int = 256
     default_deadline_budget_ns: int | None = None
@@ -95,7 +96,8 @@ class ServingEngine:
     def __init__(self, pipeline: Pipeline, served: ServedModel, text: TextContext,
                  config: ServingConfig = ServingConfig()) -> None:
         budgets = config.stage_kv_budget_bytes or tuple(
-            1 << 62 for _ in served.stages)
+            NO_KV_LIMIT_BYTES if s.kv_budget_bytes is None else s.kv_budget_bytes
+            for s in served.stages)
         admission = Admission(AdmissionConfig(config.max_live_requests, budgets), served.stages)
         self.pipeline = pipeline
         self.served = served

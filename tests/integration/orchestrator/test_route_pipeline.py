@@ -12,7 +12,7 @@ from libs.gateway.route import Route
 from libs.model.config import load_config
 from libs.text.context import TextContext
 from services.orchestrator.domain import FinishReason, GenerationRequest, SamplingParams
-from services.orchestrator.inprocess_pipeline import even_layer_split, served_model
+from services.orchestrator.model_card import even_layer_split, served_model
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.serving import ServingEngine
 from tests.integration.orchestrator.test_greedy_parity import NEW_TOKENS, served_greedy

@@ -113,3 +113,20 @@ def test_failed_microbatch_fails_its_requests_and_releases(text_context):
     assert events[-1].finish_reason is FinishReason.ERROR
     assert "stage 1 unreachable" in events[-1].error
     assert pipeline.stages.live_kv() == [0, 0]
+
+
+def test_stage_budgets_come_from_the_served_model(text_context):
+    import pytest
+
+    from libs.service.errors import ResourceExhausted
+
+    served = ServedModel("tiny", 256, 420, (StageLayout(0, 2, 10, 10_000),
+                                            StageLayout(2, 4, 10, 500)))
+
+    async def main():
+        eng = ServingEngine(FakePipeline(2), served, text_context)
+        with pytest.raises(ResourceExhausted, match="stage 1"):
+            eng.submit(req("big", max_tokens=100))  # 103 tokens * 10 bytes > 500 on stage 1
+        return await collect(eng.submit(req("small", max_tokens=40)))
+
+    assert asyncio.run(main())[-1].completion_tokens == 40

@@ -72,3 +72,15 @@ def test_template_raise_exception_becomes_template_error(text_dir: Path, tmp_pat
     template = ChatTemplate.from_tokenizer_config(tmp_path / "tokenizer_config.json")
     with pytest.raises(TemplateError, match="user first"):
         template.render([ChatMessage("assistant", "x")])
+
+
+def test_chat_template_jinja_file_wins_and_is_pinned_by_its_bytes(text_dir: Path, tmp_path: Path):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(text_dir / name, tmp_path / name)
+    source = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    (tmp_path / "chat_template.jinja").write_text(source, encoding="utf-8")
+    ctx = TextContext.from_checkpoint(tmp_path)
+    assert ctx.identity.template_sha256 == sha256_hex(source.encode())
+    assert ctx.template.render([ChatMessage("user", "hi")]) == "[user] hi\n"
+    with pytest.raises(TemplateHashMismatch):
+        TextContext.from_checkpoint(tmp_path, TextPins(template_sha256="0" * 64))
