@@ -26,6 +26,7 @@ from libs.fnx2.messages import Batch, Result, SequenceResult, SequenceSlice, Tim
 from libs.fnx2.receiver_state import Admission, Entry, Outcome, ReceiverLimits, ReceiverState
 from libs.fnx2.stream import FrameStream, Received
 from libs.fnx2.tensor import DType, Tensor, TensorDescriptor, TensorKind
+from libs.fnx2.transport import FrameProtocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +94,10 @@ class Fnx2Receiver:
         self.config, self.handler, self.clock = config, handler, clock
         self.state = ReceiverState(config.binding, config.limits)
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections: set[asyncio.Task] = set()
+
+    async def serve(self, reader, writer) -> None:
+        """Run one channel over (StreamReader, StreamWriter) or (FrameProtocol, FrameProtocol)."""
         channel = _Channel(self, FrameStream(reader, writer, self.config.codec,
                                              allow_extensions=bool(self.config.extensions)))
         try:
@@ -102,6 +106,11 @@ class Fnx2Receiver:
             pass
         finally:
             await channel.stop()
+
+    def accept(self, protocol: FrameProtocol) -> None:
+        task = asyncio.get_running_loop().create_task(self.serve(protocol, protocol))
+        self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
 
     def forget(self, freed: list[tuple[str, str]]) -> None:
         for request_id, lease_id in freed:
@@ -115,7 +124,10 @@ async def serve_channel(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
 
 async def start_server(receiver: Fnx2Receiver, host: str = "127.0.0.1", port: int = 0,
                        ssl=None) -> asyncio.AbstractServer:
-    return await asyncio.start_server(receiver.serve, host, port, ssl=ssl, limit=1 << 20)
+    """Listen for FNX2 channels; frames are received straight into per-frame buffers."""
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(
+        lambda: FrameProtocol(receiver.config.codec, receiver.accept), host, port, ssl=ssl)
 
 
 class _Channel:

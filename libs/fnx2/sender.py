@@ -22,6 +22,7 @@ from libs.fnx2.control import (
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error, RemoteError
 from libs.fnx2.messages import Batch, Result
 from libs.fnx2.stream import FrameStream
+from libs.fnx2.transport import FrameProtocol
 
 
 @dataclass(frozen=True)
@@ -49,19 +50,22 @@ class Fnx2Client:
         self._sent = (0, 0, 0, 0)
         self._pump: asyncio.Task | None = None
         self._failure: Fnx2Error | None = None
+        self._unsettled: list[tuple[asyncio.Future, object]] = []
 
     # -- opening ------------------------------------------------------------------------
     @classmethod
     async def connect(cls, host: str, port: int, config: SenderConfig,
                       ssl: ssl_module.SSLContext | None = None,
                       server_hostname: str | None = None) -> "Fnx2Client":
-        reader, writer = await asyncio.open_connection(host, port, ssl=ssl, limit=1 << 20,
-                                                       server_hostname=server_hostname)
-        return await cls.open(reader, writer, config)
+        loop = asyncio.get_running_loop()
+        _, protocol = await loop.create_connection(
+            lambda: FrameProtocol(config.codec), host, port, ssl=ssl,
+            server_hostname=server_hostname)
+        return await cls.open(protocol, protocol, config)
 
     @classmethod
-    async def open(cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                   config: SenderConfig) -> "Fnx2Client":
+    async def open(cls, reader, writer, config: SenderConfig) -> "Fnx2Client":
+        """Handshake over (StreamReader, StreamWriter) or (FrameProtocol, FrameProtocol)."""
         stream = FrameStream(reader, writer, config.codec,
                              allow_extensions=bool(config.offer_extensions))
         client = cls(stream, config)
@@ -114,8 +118,11 @@ class Fnx2Client:
                 raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "batch_id is already in flight")
             self._pending[batch.batch.batch_id] = _Pending(batch, future, need)
             self._sent = tuple(a + b for a, b in zip(self._sent, need))
-            self._stream.write(batch)
-        await self._stream.drain()
+        try:
+            await self._stream.send(batch)
+        except Fnx2Error:
+            self._pending.pop(batch.batch.batch_id, None)
+            raise
         return await future
 
     def _fits(self, need: tuple[int, int, int, int]) -> bool:
@@ -176,20 +183,34 @@ class Fnx2Client:
             await self._fail_all(ChannelClosedError(f"reader failed: {exc!r}"))
 
     async def _on_message(self, message) -> None:
-        if isinstance(message, Result):
-            self._on_result(message)
-        elif isinstance(message, Credit):
+        """Answers that the receiver follows with a CREDIT resolve once that CREDIT is in,
+        so a caller sees the fresh credit as soon as its await returns."""
+        if isinstance(message, Credit):
             async with self._credit_changed:
                 self.credit = message
                 outstanding = [p.need for p in self._pending.values()]
                 self._sent = tuple(sum(col) for col in zip(*outstanding)) if outstanding else (0, 0, 0, 0)
                 self._credit_changed.notify_all()
+            self._settle()
+            return
+        self._settle()
+        if isinstance(message, Result):
+            self._on_result(message)
         elif isinstance(message, Ack):
             future = self._controls.pop(message.control_id, None)
             if future is not None and not future.done():
-                future.set_result(message)
+                if message.operation in ("release", "credit_refresh", "extensions"):
+                    self._unsettled.append((future, message))
+                else:
+                    future.set_result(message)
         elif isinstance(message, ErrorMessage):
             self._on_error(message)
+
+    def _settle(self) -> None:
+        for future, value in self._unsettled:
+            if not future.done():
+                future.set_result(value)
+        self._unsettled.clear()
 
     def _on_result(self, result: Result) -> None:
         pending = self._pending.pop(result.batch_id, None)
@@ -200,7 +221,7 @@ class Fnx2Client:
         except Fnx2Error as exc:
             pending.future.set_exception(exc)
             return
-        pending.future.set_result(result)
+        self._unsettled.append((pending.future, result))
 
     def _on_error(self, message: ErrorMessage) -> None:
         error = RemoteError(_code(message.code), message.message)
@@ -219,6 +240,7 @@ class Fnx2Client:
                 pending.future.set_exception(error)
 
     async def _fail_all(self, error: Fnx2Error) -> None:
+        self._settle()
         self._failure = error
         futures = [p.future for p in self._pending.values()] + list(self._controls.values())
         self._pending.clear()

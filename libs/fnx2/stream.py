@@ -1,9 +1,10 @@
 """Frame transport over asyncio streams: per-direction sequence numbers, scatter writes.
 
-Reads take the 40-byte prelude with `readexactly`, bound-check it, then take exactly the
-announced body; the tensor is a zero-copy view of that body. Writes send the header and
-the payload memoryview separately (on Python 3.11 `writelines` would join them into a
-copy), so a payload is never concatenated with its header.
+Reads take the 40-byte prelude, bound-check it, then take exactly the announced body,
+either from a `FrameProtocol` (kernel `recv_into` a buffer allocated for that body) or
+from a StreamReader (`readexactly`); the tensor is a zero-copy view of that body. Large
+payloads are written as header and payload memoryview separately (on Python 3.11
+`writelines` would join them into a copy); small frames go out as one write.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import time
 from dataclasses import dataclass
 
 from libs.fnx2.codec import (
-    DEFAULT_LIMITS, PRELUDE_BYTES, CodecLimits, ExpectedBinding, Frame, Message, decode_body,
-    encode_frame, parse_prelude,
+    DEFAULT_LIMITS, PRELUDE_BYTES, CodecLimits, ExpectedBinding, Frame, Message, Prelude,
+    decode_body, encode_frame, parse_prelude,
 )
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 
 _SMALL_FRAME = 64 * 1024
+_WRITE_CHUNK = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,17 +33,13 @@ class Received:
     received_ns: int
 
 
-class FrameStream:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 limits: CodecLimits = DEFAULT_LIMITS, *, allow_extensions: bool = True) -> None:
-        self._reader, self._writer, self._limits = reader, writer, limits
-        self.allow_extensions = allow_extensions
-        self._next_out = 0
-        self._next_in = 0
-        self.closed = False
+class StreamSource:
+    """Frames from an asyncio StreamReader (`readexactly`; the body is copied once)."""
 
-    async def read(self, expected: ExpectedBinding | None = None) -> Received:
-        """Raises terminal errors (and EOF as ChannelClosedError); returns recoverable ones."""
+    def __init__(self, reader: asyncio.StreamReader, limits: CodecLimits) -> None:
+        self._reader, self._limits = reader, limits
+
+    async def read_frame(self) -> tuple[Prelude, memoryview]:
         try:
             head = await self._reader.readexactly(PRELUDE_BYTES)
             prelude = parse_prelude(head, self._limits)
@@ -50,11 +48,32 @@ class FrameStream:
             raise ChannelClosedError("peer closed the stream") from exc
         except (ConnectionError, OSError) as exc:
             raise ChannelClosedError(f"stream failed: {exc}") from exc
+        return prelude, memoryview(body)
+
+
+class FrameStream:
+    """One channel's framing. `source` is a StreamReader or a FrameProtocol; `sink` is a
+    StreamWriter or the same FrameProtocol."""
+
+    def __init__(self, source, sink, limits: CodecLimits = DEFAULT_LIMITS, *,
+                 allow_extensions: bool = True) -> None:
+        if isinstance(source, asyncio.StreamReader):
+            source = StreamSource(source, limits)
+        self._source, self._writer, self._limits = source, sink, limits
+        self.allow_extensions = allow_extensions
+        self._next_out = 0
+        self._next_in = 0
+        self._write_lock = asyncio.Lock()
+        self.closed = False
+
+    async def read(self, expected: ExpectedBinding | None = None) -> Received:
+        """Raises terminal errors (and EOF as ChannelClosedError); returns recoverable ones."""
+        prelude, body = await self._source.read_frame()
         started = time.monotonic_ns()
         in_order = prelude.sequence_no == self._next_in
         self._next_in = prelude.sequence_no + 1
         try:
-            frame = decode_body(prelude, memoryview(body), expected=expected,
+            frame = decode_body(prelude, body, expected=expected,
                                 allow_extensions=self.allow_extensions)
         except Fnx2Error as exc:
             if exc.terminal:
@@ -65,23 +84,26 @@ class FrameStream:
             return Received(None, error, time.monotonic_ns() - started, started)
         return Received(frame, None, time.monotonic_ns() - started, started)
 
-    def write(self, message: Message) -> int:
-        """Encode and hand to the transport synchronously, so frames never interleave."""
-        if self.closed:
-            raise ChannelClosedError("channel is closed")
-        encoded = encode_frame(message, self._next_out, self._limits)
-        self._next_out += 1
-        if len(encoded.payload) <= _SMALL_FRAME:
-            self._writer.writelines([encoded.header, encoded.payload])
-        else:
-            self._writer.write(encoded.header)
-            self._writer.write(encoded.payload)
-        return len(encoded)
-
     async def send(self, *messages: Message) -> None:
-        for message in messages:
-            self.write(message)
-        await self.drain()
+        """Encode and write whole frames under the stream's write lock, so frames never
+        interleave. Large payloads go out in chunks straight from the tensor's memory,
+        waiting for the transport to drain between chunks, so the transport never has to
+        buffer (and later memmove) a whole payload."""
+        async with self._write_lock:
+            for message in messages:
+                if self.closed:
+                    raise ChannelClosedError("channel is closed")
+                encoded = encode_frame(message, self._next_out, self._limits)
+                self._next_out += 1
+                payload = encoded.payload
+                if len(payload) <= _SMALL_FRAME:
+                    self._writer.write(encoded.header + payload if payload else encoded.header)
+                    continue
+                self._writer.write(encoded.header)
+                for offset in range(0, len(payload), _WRITE_CHUNK):
+                    self._writer.write(payload[offset : offset + _WRITE_CHUNK])
+                    await self.drain()
+            await self.drain()
 
     async def drain(self) -> None:
         try:

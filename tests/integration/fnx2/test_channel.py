@@ -206,3 +206,35 @@ async def test_timings_are_real_durations_even_with_an_offset_clock():
         timings = result.results[0].timings
         assert 0 < timings.execute_ns < HOUR_NS and 0 <= timings.queue_ns < HOUR_NS
         assert 0 < timings.unpack_ns < HOUR_NS and 0 < timings.pack_ns < HOUR_NS
+
+
+async def test_serve_channel_over_plain_asyncio_streams():
+    """The stream API a stage worker can embed in its own server."""
+    from libs.fnx2.receiver import Fnx2Receiver, serve_channel
+
+    handler = DoublingHandler()
+    receiver = Fnx2Receiver(ReceiverConfig(BINDING), handler)
+    server = await asyncio.start_server(lambda r, w: serve_channel(r, w, receiver), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    client = await Fnx2Client.open(reader, writer, SenderConfig(BINDING))
+    try:
+        batch = make_batch(Phase.PREFILL, [Seq(new_request(), 2)])
+        result = await client.submit(batch)
+        assert np.array_equal(result.tensor.array, batch.tensor.array * 2)
+        assert receiver.state.live_requests == 1
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_large_frames_round_trip_over_the_chunked_writer():
+    handler = DoublingHandler()
+    async with loopback(handler) as (client, _):
+        batch = make_batch(Phase.PREFILL, [Seq(new_request(), 300), Seq(new_request(), 212)],
+                           width=1024)  # 2 MiB of fp32: several write chunks
+        result = await client.submit(batch)
+        assert result.tensor.array.shape == (512, 1024)
+        assert np.array_equal(np.sort(result.tensor.array.ravel()),
+                              np.sort((batch.tensor.array * 2).ravel()))

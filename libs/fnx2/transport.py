@@ -1,0 +1,139 @@
+"""Zero-copy frame reading: an asyncio BufferedProtocol that receives straight into buffers.
+
+The 40-byte prelude lands in a fixed buffer; once it is bound-checked, one buffer of
+exactly the announced body size is allocated and the kernel writes into it (`recv_into`),
+with no intermediate stream buffer. Works for TCP and TLS transports alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import numpy as np
+
+from libs.fnx2.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
+from libs.fnx2.errors import ChannelClosedError, Fnx2Error
+
+_MAX_QUEUED_FRAMES = 4
+
+
+class FrameProtocol(asyncio.BufferedProtocol):
+    def __init__(self, limits: CodecLimits, on_connection=None) -> None:
+        self._limits, self._on_connection = limits, on_connection
+        self._head = bytearray(PRELUDE_BYTES)
+        self._prelude: Prelude | None = None
+        self._target = memoryview(self._head)
+        self._filled = 0
+        self._frames: collections.deque[tuple[Prelude, memoryview]] = collections.deque()
+        self._failure: BaseException | None = None
+        self._waiter: asyncio.Future | None = None
+        self._transport: asyncio.Transport | None = None
+        self._reading_paused = False
+        self._writing_paused = False
+        self._drain_waiters: list[asyncio.Future] = []
+        self.closed = asyncio.get_event_loop().create_future()
+
+    # -- asyncio callbacks --------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        if self._on_connection is not None:
+            self._on_connection(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._target[self._filled:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._filled += nbytes
+        if self._filled < len(self._target):
+            return
+        if self._prelude is None:
+            try:
+                self._prelude = parse_prelude(bytes(self._head), self._limits)
+            except Fnx2Error as exc:  # terminal: stop reading, report to the consumer
+                self._fail(exc)
+                return
+            if self._prelude.body_bytes:
+                self._target = memoryview(np.empty(self._prelude.body_bytes, np.uint8))
+                self._filled = 0
+                return
+            self._target = memoryview(b"")
+        self._frames.append((self._prelude, self._target))
+        self._prelude, self._target, self._filled = None, memoryview(self._head), 0
+        if len(self._frames) >= _MAX_QUEUED_FRAMES and not self._reading_paused:
+            self._reading_paused = True
+            self._transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._fail(ChannelClosedError("peer closed the stream"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(ChannelClosedError(f"connection lost: {exc}" if exc else "connection closed"))
+        self._writing_paused = False
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+
+    # -- consumer side ------------------------------------------------------------------
+    async def read_frame(self) -> tuple[Prelude, memoryview]:
+        while not self._frames:
+            if self._failure is not None:
+                raise self._failure
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        frame = self._frames.popleft()
+        if self._reading_paused and len(self._frames) < _MAX_QUEUED_FRAMES // 2:
+            self._reading_paused = False
+            self._transport.resume_reading()
+        return frame
+
+    def write(self, data) -> None:
+        if self._transport is None or self._transport.is_closing():
+            raise ChannelClosedError("transport is closed")
+        self._transport.write(data)
+
+    async def drain(self) -> None:
+        if self._failure is not None and isinstance(self._failure, ChannelClosedError):
+            if self._transport is None or self._transport.is_closing():
+                raise self._failure
+        if self._writing_paused:
+            waiter = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    async def wait_closed(self) -> None:
+        await self.closed
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+        if self._transport is not None and not self._reading_paused:
+            try:
+                self._transport.pause_reading()
+                self._reading_paused = True
+            except (RuntimeError, AttributeError):
+                pass
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
