@@ -312,6 +312,10 @@ class Scheduler:
         return len(self._inflight)
 
     @property
+    def stalled_requests(self) -> int:
+        return sum(1 for r in self._requests.values() if r.stalled)
+
+    @property
     def live_requests(self) -> int:
         return len(self._requests)
 

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, replace
 
 from libs.service.errors import Cancelled, DeadlineExceeded, FornaxError, Internal, Unavailable
+from services.orchestrator import metrics
 from libs.text.context import TextContext
 from services.orchestrator.admission import Admission, AdmissionConfig
 from services.orchestrator.domain import (
@@ -109,6 +110,7 @@ class ServingEngine:
         self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._deadlines: dict[str, int] = {}
+        self._last_token_ns: dict[str, int] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self.retired: collections.deque[RetiredRequest] = collections.deque(maxlen=1024)
@@ -127,7 +129,13 @@ class ServingEngine:
         if request.deadline_budget_ns is None and self.config.default_deadline_budget_ns:
             request = replace(request, deadline_budget_ns=self.config.default_deadline_budget_ns)
         now = time.monotonic_ns()
-        self.scheduler.admit(request, now)
+        try:
+            self.scheduler.admit(request, now)
+        except FornaxError as exc:
+            metrics.REJECTED.labels(exc.reason).inc()
+            raise
+        metrics.ADMITTED.inc()
+        self._last_token_ns[request.request_id] = -now  # negative: no token yet
         stream = RequestStream(self, request.request_id, len(request.prompt_token_ids),
                                self.config.scheduler.output_queue_capacity)
         self._streams[request.request_id] = stream
@@ -175,11 +183,16 @@ class ServingEngine:
     def _pump(self) -> None:
         self._dispatch()  # first, so a reader's stall is known before scheduling
         for batch in self.scheduler.schedule(time.monotonic_ns()):
+            metrics.MICROBATCH_ROWS.labels(batch.phase.value).observe(batch.row_count)
             self._spawn(self._run_batch(batch))
         self._dispatch()
+        metrics.LIVE_REQUESTS.set(self.scheduler.live_requests)
+        metrics.INFLIGHT_MICROBATCHES.set(self.scheduler.inflight_microbatches)
+        metrics.STALLED_REQUESTS.set(self.scheduler.stalled_requests)
 
     def _dispatch(self) -> None:
         for output in self.scheduler.take_outputs():
+            self._observe(output)
             stream = self._streams.get(output.request_id)
             if stream is not None:
                 stream._push(output)
@@ -190,9 +203,20 @@ class ServingEngine:
         for retired in self.scheduler.take_retired():
             self.retired.append(retired)
             self._deadlines.pop(retired.request_id, None)
+            self._last_token_ns.pop(retired.request_id, None)
+            metrics.FINISHED.labels(retired.finish_reason.value).inc()
         if self.scheduler.live_requests == 0:
             self._idle.set()
         self._arm_deadline_timer()
+
+    def _observe(self, output: RequestOutput) -> None:
+        """Token latency: TTFT from admission, then the gap between a request's tokens."""
+        if not output.token_ids or output.request_id not in self._last_token_ns:
+            return
+        now, last = time.monotonic_ns(), self._last_token_ns[output.request_id]
+        (metrics.TTFT if last < 0 else metrics.INTER_TOKEN).observe((now - abs(last)) / 1e9)
+        self._last_token_ns[output.request_id] = now
+        metrics.OUTPUT_TOKENS.inc(len(output.token_ids))
 
     def _arm_deadline_timer(self) -> None:
         if self._timer is not None:

@@ -130,3 +130,33 @@ def test_stage_budgets_come_from_the_served_model(text_context):
         return await collect(eng.submit(req("small", max_tokens=40)))
 
     assert asyncio.run(main())[-1].completion_tokens == 40
+
+
+def test_metrics_count_admissions_rejections_and_tokens(text_context):
+    from prometheus_client import REGISTRY
+
+    from libs.service.errors import ResourceExhausted
+
+    def sample(name, **labels):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = (sample("fornax_orchestrator_requests_admitted_total"),
+              sample("fornax_orchestrator_requests_rejected_total", reason="CAPACITY"),
+              sample("fornax_orchestrator_output_tokens_total"),
+              sample("fornax_orchestrator_time_to_first_token_seconds_count"))
+
+    async def main():
+        eng = engine(text_context, FakePipeline(2), max_live=1)
+        stream = eng.submit(req("m1", max_tokens=5))
+        try:
+            eng.submit(req("m2"))
+        except ResourceExhausted:
+            pass
+        await collect(stream)
+
+    asyncio.run(main())
+    after = (sample("fornax_orchestrator_requests_admitted_total"),
+             sample("fornax_orchestrator_requests_rejected_total", reason="CAPACITY"),
+             sample("fornax_orchestrator_output_tokens_total"),
+             sample("fornax_orchestrator_time_to_first_token_seconds_count"))
+    assert [a - b for a, b in zip(after, before)] == [1, 1, 5, 1]

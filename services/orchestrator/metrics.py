@@ -1,0 +1,26 @@
+"""Prometheus metrics of the serving loop (served on the shared /metrics endpoint)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+ADMITTED = Counter("fornax_orchestrator_requests_admitted_total", "Requests admitted")
+REJECTED = Counter("fornax_orchestrator_requests_rejected_total",
+                   "Requests refused at admission", ["reason"])
+FINISHED = Counter("fornax_orchestrator_requests_finished_total",
+                   "Requests retired, KV released on every stage", ["finish_reason"])
+OUTPUT_TOKENS = Counter("fornax_orchestrator_output_tokens_total", "Tokens generated")
+TTFT = Histogram("fornax_orchestrator_time_to_first_token_seconds",
+                 "Admission to first generated token", buckets=_LATENCY_BUCKETS)
+INTER_TOKEN = Histogram("fornax_orchestrator_inter_token_seconds",
+                        "Time between consecutive tokens of one request",
+                        buckets=_LATENCY_BUCKETS)
+MICROBATCH_ROWS = Histogram("fornax_orchestrator_microbatch_rows", "Rows per microbatch",
+                            ["phase"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 8192))
+LIVE_REQUESTS = Gauge("fornax_orchestrator_live_requests", "Admitted requests not yet retired")
+INFLIGHT_MICROBATCHES = Gauge("fornax_orchestrator_inflight_microbatches",
+                              "Microbatches submitted to the pipeline and not yet answered")
+STALLED_REQUESTS = Gauge("fornax_orchestrator_stalled_requests",
+                         "Requests whose reader is behind (decode paused)")
