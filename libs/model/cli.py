@@ -75,7 +75,13 @@ def _parity(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint, stages=args.stages, backend=args.backend, device=args.device,
         decode_steps=args.decode_steps, tolerance=args.tolerance,
     )
-    report = run_parity(request)
+    from libs.service.errors import FornaxError
+
+    try:
+        report = run_parity(request)
+    except FornaxError as exc:
+        print(f"parity: {exc}", file=sys.stderr)
+        return 2
     print(format_report(report, as_json=args.json))
     return 0 if report.passed else 1
 

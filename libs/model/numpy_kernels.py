@@ -100,13 +100,17 @@ def mla_attention(cfg: DeepseekV2Config, x: np.ndarray, w: AttentionWeights, inp
     compressed = x @ w.kv_a_proj.T
     latent = rms_norm(compressed[:, : cfg.kv_lora_rank], w.kv_a_norm, LATENT_NORM_EPS)
     k_pe = apply_rope(compressed[:, cfg.kv_lora_rank :], inp.rope_cos, inp.rope_sin)
-    all_latent = np.concatenate([inp.past_latent, latent], axis=0)
-    all_k_pe = np.concatenate([inp.past_k_rope, k_pe], axis=0)
-    kv = (all_latent @ w.kv_b_proj.T).reshape(-1, heads, nope + v_dim)
-    k_nope, values = kv[..., :nope], kv[..., nope:]
-    scores = np.einsum("rhd,thd->hrt", q_nope, k_nope) + np.einsum("rhd,td->hrt", q_pe, all_k_pe)
-    probs = softmax(scores * np.float32(cfg.softmax_scale()) + inp.mask[None, :, :])
-    attended = np.einsum("hrt,thd->rhd", probs, values).reshape(rows, heads * v_dim)
+    all_latent = np.concatenate([inp.past_latent, latent], axis=0)   # [T, C]
+    all_k_pe = np.concatenate([inp.past_k_rope, k_pe], axis=0)       # [T, rope]
+    # Absorbed form: fold kv_b_proj into the query and the output instead of expanding every
+    # cached latent into per-head keys and values (same math, far less work for decode).
+    kv_b = w.kv_b_proj.reshape(heads, nope + v_dim, cfg.kv_lora_rank)
+    q_latent = np.matmul(q_nope.transpose(1, 0, 2), kv_b[:, :nope, :])        # [H, R, C]
+    scores = np.matmul(q_latent, all_latent.T) + np.matmul(q_pe.transpose(1, 0, 2), all_k_pe.T)
+    probs = softmax(scores * np.float32(cfg.softmax_scale()) + inp.mask[None, :, :])  # [H, R, T]
+    context = np.matmul(probs, all_latent)                                      # [H, R, C]
+    attended = np.matmul(context, kv_b[:, nope:, :].transpose(0, 2, 1))         # [H, R, v]
+    attended = attended.transpose(1, 0, 2).reshape(rows, heads * v_dim)
     return attended @ w.o_proj.T, latent, k_pe
 
 

@@ -57,3 +57,15 @@ def test_unsupported_requests_fail_closed(tiny_checkpoint):
         split_layers(4, 5)
     with pytest.raises(BackendUnavailableError):
         run_parity(ParityRequest(tiny_checkpoint, 1, "no-such-backend"))
+
+
+def test_parity_cli_reports_unavailable_backend_without_traceback(tiny_checkpoint, capsys, monkeypatch):
+    from libs.model import cli, kernels
+
+    monkeypatch.setitem(kernels.BACKENDS, "max", "libs.model.no_such_module:make")
+    parser = argparse.ArgumentParser()
+    commands = parser.add_subparsers(dest="command")
+    cli.register(commands, commands.add_parser("bench").add_subparsers(dest="bench"))
+    args = parser.parse_args(["parity", "--checkpoint", str(tiny_checkpoint), "--backend", "max"])
+    assert args.func(args) == 2
+    assert "BACKEND_UNAVAILABLE" in capsys.readouterr().err

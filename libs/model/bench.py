@@ -1,0 +1,217 @@
+"""`fornax bench stage`: per-layer prefill and decode latency, numpy vs max vs transformers.
+
+All three run the same checkpoint weights in float32 activations on this host. Figures are
+physical measurements and are labelled with host, builds, checkpoint and command. A backend
+that cannot run is reported as unavailable with its reason; nothing is substituted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from libs.model.config import DeepseekV2Config, load_config
+from libs.model.errors import ModelError
+from libs.model.executor import build_ragged_layout
+from libs.model.kernels import LayerInputs, make_kernels
+from libs.model.rope import rope_tables
+from libs.model.weights import StageWeights, load_stage_weights
+
+DECODE_PAST = 128
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    sequences: int
+    rows_per_sequence: int
+    past_per_sequence: int
+
+
+SCENARIOS = (
+    Scenario("prefill S=128", 1, 128, 0),
+    Scenario("prefill S=512", 1, 512, 0),
+    Scenario("decode batch=1", 1, 1, DECODE_PAST),
+    Scenario("decode batch=8", 8, 1, DECODE_PAST),
+    Scenario("decode batch=32", 32, 1, DECODE_PAST),
+)
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    scenario: str
+    backend: str
+    layer: int
+    layer_kind: str
+    median_ms: float
+    min_ms: float
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    backend: str
+    available: bool
+    build: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    figure_class: str
+    host: str
+    source_revision: str
+    command: str
+    checkpoint: str
+    checkpoint_config_sha256: str
+    threads: str
+    decode_past_tokens: int
+    repeats: int
+    backends: tuple[BackendStatus, ...]
+    rows: tuple[BenchRow, ...]
+
+
+Runner = Callable[[Scenario, int], float]  # (scenario, layer) -> seconds for one call
+
+
+def host_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.node()} {cpu} ({os.cpu_count()} logical cpus), {platform.system()} {platform.release()}"
+
+
+def layer_inputs(cfg: DeepseekV2Config, scenario: Scenario, seed: int = 0) -> LayerInputs:
+    rng = np.random.default_rng(seed)
+    rows = scenario.sequences * scenario.rows_per_sequence
+    past = scenario.sequences * scenario.past_per_sequence
+    layout = build_ragged_layout([scenario.past_per_sequence] * scenario.sequences, [scenario.rows_per_sequence] * scenario.sequences)
+    cos, sin = rope_tables(cfg).cos_sin(layout.positions)
+    return LayerInputs(
+        hidden=rng.standard_normal((rows, cfg.hidden_size), dtype=np.float32),
+        rope_cos=cos, rope_sin=sin,
+        past_latent=rng.standard_normal((past, cfg.kv_lora_rank), dtype=np.float32),
+        past_k_rope=rng.standard_normal((past, cfg.qk_rope_head_dim), dtype=np.float32),
+        mask=layout.mask,
+    )
+
+
+def kernel_runner(kernels, cfg: DeepseekV2Config) -> Runner:
+    cache: dict[str, LayerInputs] = {}
+
+    def run(scenario: Scenario, layer: int) -> float:
+        inputs = cache.setdefault(scenario.name, layer_inputs(cfg, scenario))
+        start = time.perf_counter()
+        kernels.decoder_layer(layer, inputs)
+        return time.perf_counter() - start
+
+    return run
+
+
+def time_backend(runner: Runner, backend: str, cfg: DeepseekV2Config, layers: range, repeats: int) -> list[BenchRow]:
+    rows = []
+    for scenario in SCENARIOS:
+        for layer in layers:
+            runner(scenario, layer)  # warm-up (first-call allocation, lazy compile)
+            samples = [runner(scenario, layer) for _ in range(repeats)]
+            kind = "moe" if cfg.is_moe_layer(layer) else "dense"
+            rows.append(BenchRow(scenario.name, backend, layer, kind, 1e3 * statistics.median(samples), 1e3 * min(samples)))
+    return rows
+
+
+def make_runner(backend: str, checkpoint: Path, cfg: DeepseekV2Config, weights: StageWeights) -> tuple[Runner, str]:
+    if backend == "transformers":
+        from libs.model.bench_transformers import transformers_runner
+
+        return transformers_runner(checkpoint, cfg, weights)
+    kernels = make_kernels(backend, cfg, weights, "cpu")
+    return kernel_runner(kernels, cfg), kernels.build
+
+
+def run_bench(checkpoint: Path, backends: list[str], layer_count: int, repeats: int) -> BenchReport:
+    cfg = load_config(checkpoint)
+    layer_count = min(layer_count, cfg.num_hidden_layers)
+    weights = load_stage_weights(checkpoint, cfg, 0, layer_count, first=False, last=False)
+    statuses, rows = [], []
+    for backend in backends:
+        try:
+            runner, build = make_runner(backend, checkpoint, cfg, weights)
+        except (ModelError, ImportError) as exc:
+            statuses.append(BackendStatus(backend, False, "", f"unavailable, not measured: {exc}"))
+            continue
+        statuses.append(BackendStatus(backend, True, build, "measured"))
+        rows.extend(time_backend(runner, backend, cfg, range(layer_count), repeats))
+    config_hash = hashlib.sha256((checkpoint / "config.json").read_bytes()).hexdigest()
+    return BenchReport(
+        figure_class="physical (wall-clock per decoder-layer call, float32 activations, this host)",
+        host=host_description(), source_revision=source_revision(), command=" ".join(["fornax", *sys.argv[1:]]) if sys.argv else "fornax bench stage",
+        checkpoint=str(checkpoint), checkpoint_config_sha256=config_hash, threads=_thread_note(),
+        decode_past_tokens=DECODE_PAST, repeats=repeats, backends=tuple(statuses), rows=tuple(rows),
+    )
+
+
+def source_revision() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def _thread_note() -> str:
+    keys = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    return ", ".join(f"{k}={os.environ.get(k, 'unset')}" for k in keys)
+
+
+def format_bench(report: BenchReport) -> str:
+    lines = [
+        f"bench stage: {report.figure_class}",
+        f"host: {report.host}; fornax revision {report.source_revision}",
+        f"command: {report.command}",
+        f"checkpoint: {report.checkpoint} (config sha256 {report.checkpoint_config_sha256[:16]})",
+        f"threads: {report.threads}; repeats={report.repeats}; decode past={report.decode_past_tokens} tokens/seq",
+    ]
+    for status in report.backends:
+        lines.append(f"backend {status.backend}: {status.build or '-'} {status.detail}")
+    measured = [s.backend for s in report.backends if s.available]
+    lines.append(f"{'scenario':<18}{'layer':>6} {'kind':<6}" + "".join(f"{b + ' ms':>16}" for b in measured))
+    keys = dict.fromkeys((r.scenario, r.layer, r.layer_kind) for r in report.rows)
+    table = {(r.scenario, r.layer, r.backend): r.median_ms for r in report.rows}
+    for scenario, layer, kind in keys:
+        cells = "".join(f"{table[(scenario, layer, b)]:>16.3f}" for b in measured)
+        lines.append(f"{scenario:<18}{layer:>6} {kind:<6}{cells}")
+    return "\n".join(lines)
+
+
+def default_checkpoint() -> Path:
+    from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
+
+    path = Path(os.environ.get("FORNAX_BENCH_CHECKPOINT", ".fornax/bench/small-seed0"))
+    if not (path / "config.json").exists():
+        print(f"bench: generating the small preset checkpoint at {path}", file=sys.stderr)
+        write_checkpoint(CheckpointRequest("small", path, seed=0))
+    return path
+
+
+def run_bench_cli(args) -> int:
+    checkpoint = args.checkpoint or default_checkpoint()
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    report = run_bench(checkpoint, backends, args.layers, args.repeats)
+    print(json.dumps(asdict(report), indent=2) if args.json else format_bench(report))
+    return 0 if any(s.available for s in report.backends) else 1
