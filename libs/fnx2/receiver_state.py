@@ -2,6 +2,9 @@
 
 No sockets and no clock reads: callers pass `now_ns` from their own monotonic clock.
 One `ReceiverState` belongs to one stage and is shared by all of its inbound channels.
+Exact replay is keyed on the semantic identity (plan, manifest, request, lease, step,
+phase, position, epoch) and compares the retained input rows byte for byte, so a retry
+with different input is SEQUENCE_CONFLICT without hashing any payload.
 Admission checks and reservations happen in one synchronous call, so they are atomic
 with respect to the event loop.
 """
@@ -17,7 +20,6 @@ from libs.fnx2.control import AckCancel, AckRelease, ChannelBinding, Credit
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.leases import derive_execution_lease_id, local_deadline
 from libs.fnx2.messages import Batch, Phase, SequenceResult, SequenceSlice, SequenceStatus, Timings
-from libs.fnx2.tensor import crc32c
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +48,26 @@ _TOMBSTONE_CODES = {Tombstone.RELEASED: ErrorCode.RELEASED, Tombstone.EXPIRED: E
 
 @dataclass(slots=True)
 class _ReplayEntry:
+    """The last executed step of a lease: its identity, its exact input rows (a view of
+    the received frame, compared byte for byte on a retry), its result and output rows."""
+
     key: tuple
-    digest: int
+    input_kind: tuple
+    inputs: np.ndarray
     result: SequenceResult
     rows: np.ndarray | None
     kind: tuple | None
+
+    @property
+    def retained_bytes(self) -> int:
+        return self.inputs.nbytes + (0 if self.rows is None else self.rows.nbytes)
+
+    def same_input(self, batch: Batch, item: SequenceSlice) -> bool:
+        if _input_kind(batch) != self.input_kind:
+            return False
+        rows = batch.tensor.rows(item.input_row_start, item.input_row_count)
+        return rows.shape == self.inputs.shape and np.array_equal(
+            rows.reshape(-1).view(np.uint8), self.inputs.reshape(-1).view(np.uint8))
 
 
 @dataclass(slots=True)
@@ -90,7 +107,6 @@ class Admission:
 
     batch: Batch
     execute: tuple[SequenceSlice, ...]
-    digests: dict[tuple[str, str], int]
     replayed: tuple[ReplayHit, ...]
     rejected: tuple[Rejection, ...]
     kv_reserved: int
@@ -116,12 +132,9 @@ class Entry:
     kind: tuple | None
 
 
-def slice_digest(batch: Batch, item: SequenceSlice) -> int:
-    """Input identity of one sequence: CRC32C of its descriptor and rows (hardware speed)."""
+def _input_kind(batch: Batch) -> tuple:
     d = batch.tensor.descriptor
-    head = f"{d.kind.value}:{d.dtype.value}:{d.width}:{item.input_row_count}".encode()
-    rows = batch.tensor.rows(item.input_row_start, item.input_row_count)
-    return crc32c(head) ^ (crc32c(np.ascontiguousarray(rows).reshape(-1).view(np.uint8)) << 32)
+    return (d.kind, d.dtype, d.width)
 
 
 @dataclass
@@ -174,24 +187,21 @@ class ReceiverState:
         execute: list[SequenceSlice] = []
         replayed: list[ReplayHit] = []
         rejected: list[Rejection] = []
-        digests: dict[tuple[str, str], int] = {}
         kv_reserved = 0
         for item in batch.batch.sequences:
-            digest = slice_digest(batch, item)
-            verdict = self._decide(batch, item, digest, now_ns, kv_reserved)
+            verdict = self._decide(batch, item, now_ns, kv_reserved)
             if isinstance(verdict, Rejection):
                 rejected.append(verdict)
             elif isinstance(verdict, ReplayHit):
                 replayed.append(verdict)
             else:
                 kv_reserved += verdict
-                digests[item.identity] = digest
                 execute.append(item)
         for item in execute:
             self._leases[item.request_id].inflight = True
         self._kv_used += kv_reserved
         self._reserve(1, need[1], need[2], need[3])
-        return Admission(batch, tuple(execute), digests, tuple(replayed), tuple(rejected),
+        return Admission(batch, tuple(execute), tuple(replayed), tuple(rejected),
                          kv_reserved)
 
     def _reserve(self, frames: int, payload: int, rows: int, sequences: int) -> None:
@@ -200,7 +210,7 @@ class ReceiverState:
         self._busy_rows += rows
         self._busy_sequences += sequences
 
-    def _decide(self, batch: Batch, item: SequenceSlice, digest: int, now_ns: int,
+    def _decide(self, batch: Batch, item: SequenceSlice, now_ns: int,
                 kv_reserved: int) -> Rejection | ReplayHit | int:
         reject = lambda code, why, status=SequenceStatus.REJECTED: Rejection(  # noqa: E731
             item, status, code, why)
@@ -217,7 +227,7 @@ class ReceiverState:
         if lease is not None and lease.inflight:
             return reject(ErrorCode.REQUEST_INFLIGHT, "request is already executing")
         if lease is not None and lease.replay is not None and lease.replay.key == _replay_key(batch, item):
-            if lease.replay.digest != digest:
+            if not lease.replay.same_input(batch, item):
                 return reject(ErrorCode.SEQUENCE_CONFLICT, "same identity, different input")
             return ReplayHit(item, lease.replay.result, lease.replay.rows, lease.replay.kind)
         deadline = local_deadline(now_ns, item.deadline_budget_ns,
@@ -318,12 +328,13 @@ class ReceiverState:
             item.request_id, item.execution_lease_id, item.request_sequence_no, SequenceStatus.OK,
             item.input_row_start, item.input_row_count, 0, len(outcome.rows),
             item.kv_epoch, item.kv_epoch + 1, None, None, timings)
-        rows = np.array(outcome.rows)  # kept for exact replay; the frame buffer is reused
-        if lease.replay is not None and lease.replay.rows is not None:
-            self._replay_used -= lease.replay.rows.nbytes
-        self._replay_used += rows.nbytes
-        lease.replay = _ReplayEntry(_replay_key(admission.batch, item),
-                                    admission.digests[item.identity], result, rows, outcome.kind)
+        rows = np.array(outcome.rows)  # the backend may reuse its output buffer
+        inputs = admission.batch.tensor.rows(item.input_row_start, item.input_row_count)
+        if lease.replay is not None:
+            self._replay_used -= lease.replay.retained_bytes
+        lease.replay = _ReplayEntry(_replay_key(admission.batch, item), _input_kind(admission.batch),
+                                    inputs, result, rows, outcome.kind)
+        self._replay_used += lease.replay.retained_bytes
         return Entry(result, rows, outcome.kind)
 
     # -- cancel, release, expiry ---------------------------------------------------------
@@ -363,8 +374,8 @@ class ReceiverState:
         """Free KV and replay state; room for the tombstone was reserved at admission."""
         self._leases.pop(lease.request_id, None)
         self._kv_used -= lease.kv_bytes
-        if lease.replay is not None and lease.replay.rows is not None:
-            self._replay_used -= lease.replay.rows.nbytes
+        if lease.replay is not None:
+            self._replay_used -= lease.replay.retained_bytes
         lease.replay = None
         self._tombstones[lease.lease_id] = reason
 
