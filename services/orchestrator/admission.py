@@ -79,6 +79,10 @@ class Admission:
         for index, held in enumerate(reservation.stage_kv_bytes):
             self._reserved[index] -= held
 
+    @property
+    def closed_reason(self) -> str | None:
+        return self._closed_reason
+
     def holds(self, request_id: str) -> bool:
         return request_id in self._live
 

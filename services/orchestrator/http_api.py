@@ -116,6 +116,9 @@ def _engine(request: web.Request) -> ServingEngine:
 
 async def _health(request: web.Request) -> web.Response:
     engine = _engine(request)
+    if engine.admission.closed_reason is not None:
+        raise Unavailable(f"route is not admitting: {engine.admission.closed_reason}",
+                          reason="NOT_ADMITTING")
     return web.json_response({"status": "ready", "model": engine.served.model_id,
                               "stages": engine.served.num_stages,
                               "live_requests": engine.live_requests})
