@@ -96,10 +96,13 @@ class KvStore:
         entry = self._entries.get(ident.key)
         expected = (0, 0, 0) if entry is None else (entry.next_sequence_no, entry.length, entry.epoch)
         got = (ident.sequence_no, ident.position_start, ident.kv_epoch)
-        if got != expected:
-            raise KvEpochError(
-                f"request {ident.request_id!r}: (sequence_no, position, kv_epoch)={got}, expected {expected}"
-            )
+        # FNX2 reason codes: the first field that disagrees names the failure.
+        for reason, want, have in zip(("SEQUENCE", "POSITION", "STALE_KV"), expected, got):
+            if want != have:
+                raise KvEpochError(
+                    f"request {ident.request_id!r}: (sequence_no, position, kv_epoch)={got}, expected {expected}",
+                    reason=reason,
+                )
 
     def check_batch(self, idents: list[SliceIdentity]) -> None:
         keys = [i.key for i in idents]

@@ -42,20 +42,24 @@ def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
 
 def read_header(path: Path) -> tuple[dict[str, HeaderEntry], int]:
     """Header entries and the absolute byte offset of the data section."""
-    with open(path, "rb") as handle:
+    try:
+        handle = open(path, "rb")
+    except OSError as exc:
+        raise CheckpointError(f"cannot open checkpoint shard {path}: {exc}") from exc
+    with handle:
         raw_len = handle.read(8)
         if len(raw_len) != 8:
             raise CheckpointError(f"{path} is not a safetensors file (too short)")
         (length,) = struct.unpack("<Q", raw_len)
         try:
             header = json.loads(handle.read(length))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            entries = {
+                name: HeaderEntry(meta["dtype"], tuple(meta["shape"]), *meta["data_offsets"])
+                for name, meta in header.items()
+                if name != "__metadata__"
+            }
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"{path} has a corrupt safetensors header: {exc}") from exc
-    entries = {
-        name: HeaderEntry(meta["dtype"], tuple(meta["shape"]), *meta["data_offsets"])
-        for name, meta in header.items()
-        if name != "__metadata__"
-    }
     return entries, 8 + length
 
 

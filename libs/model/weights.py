@@ -89,10 +89,10 @@ def checkpoint_shards(checkpoint_dir: Path) -> dict[str, Path]:
     single = checkpoint_dir / SINGLE_NAME
     if not single.exists():
         raise CheckpointError(f"{checkpoint_dir} has neither {INDEX_NAME} nor {SINGLE_NAME}")
-    from safetensors import safe_open
+    from libs.model.safetensors_io import read_header
 
-    with safe_open(str(single), framework="np") as handle:
-        return {name: single for name in handle.keys()}
+    entries, _ = read_header(single)
+    return {name: single for name in entries}
 
 
 def load_stage_weights(

@@ -89,3 +89,20 @@ def test_cli_writes_checkpoint(tmp_path, capsys):
     assert (tmp_path / "model.safetensors").exists() and "parameters=" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         parser.parse_args(["model", "make-test-checkpoint", "--preset", "huge", "--out", str(tmp_path)])
+
+
+def test_large_presets_have_the_intended_size_and_stream_in_bounded_shards():
+    from libs.model.checkpoint_gen import DEFAULT_MAX_SHARD_BYTES, plan_shards
+    from libs.model.config import parse_config
+    from libs.model.presets import preset_config
+
+    lite = parse_config(preset_config("lite", 0, 2))
+    assert (lite.hidden_size, lite.num_hidden_layers, lite.n_routed_experts, lite.num_experts_per_tok) == (2048, 27, 64, 6)
+    assert (lite.n_shared_experts, lite.kv_lora_rank, lite.vocab_size, lite.rope.rope_type) == (2, 512, 102400, "yarn")
+    specs = expected_tensors(lite)
+    assert 15.5e9 < sum(int(np.prod(s.shape)) for s in specs.values()) < 16e9
+    shards = plan_shards(specs, DEFAULT_MAX_SHARD_BYTES)
+    largest = max(sum(2 * int(np.prod(specs[n].shape)) for n in shard) for shard in shards)
+    assert len(shards) > 20 and largest <= DEFAULT_MAX_SHARD_BYTES
+    small = expected_tensors(parse_config(preset_config("small", 0, 2)))
+    assert 2.2e8 < sum(int(np.prod(s.shape)) for s in small.values()) < 2.8e8

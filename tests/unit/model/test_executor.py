@@ -63,9 +63,14 @@ def test_epoch_position_and_sequence_mismatches_are_rejected_without_change(tiny
     with pytest.raises(KvEpochError):
         ex.execute(StageBatch((ident("a", 0, 0, 3, epoch=1),), TOKENS["a"][:3]))
     assert ex.execute(StageBatch((ident("a", 0, 0, 3),), TOKENS["a"][:3])).kv_epochs_after == (1,)
-    for bad in (ident("a", 1, 3, 1, epoch=0), ident("a", 1, 4, 1), ident("a", 2, 3, 1), ident("a", 0, 0, 1)):
-        with pytest.raises(KvEpochError):
+    cases = [
+        (ident("a", 1, 3, 1, epoch=0), "STALE_KV"), (ident("a", 1, 4, 1), "POSITION"),
+        (ident("a", 2, 3, 1), "SEQUENCE"), (ident("a", 0, 0, 1), "SEQUENCE"),
+    ]
+    for bad, reason in cases:
+        with pytest.raises(KvEpochError) as err:
             ex.execute(StageBatch((bad,), TOKENS["a"][3:4]))
+        assert err.value.reason == reason
     assert ex.kv.epoch(("a", "lease-1")) == 1 and ex.kv.length(("a", "lease-1")) == 3
 
 
