@@ -18,6 +18,7 @@ import numpy as np
 from libs.model.errors import CheckpointError
 
 _NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int64, "U8": np.uint8}
+_CHUNK_ELEMENTS = 1 << 22
 _ITEM_BYTES = {"BF16": 2, "F32": 4, "F16": 2, "I32": 4, "I64": 8, "U8": 1}
 
 
@@ -108,8 +109,11 @@ class SafetensorsWriter:
         exp_name, dtype, shape = self._expected[self._position]
         if name != exp_name or tuple(array.shape) != shape:
             raise ValueError(f"writer expected {exp_name}{shape}, got {name}{tuple(array.shape)}")
-        data = float32_to_bf16_bits(array) if dtype == "BF16" else np.asarray(array, _NUMPY_DTYPES[dtype])
-        self._handle.write(np.ascontiguousarray(data).tobytes())
+        flat = np.ascontiguousarray(array).reshape(-1)
+        for start in range(0, max(flat.size, 1), _CHUNK_ELEMENTS):  # bounded conversion temporaries
+            part = flat[start : start + _CHUNK_ELEMENTS]
+            data = float32_to_bf16_bits(part) if dtype == "BF16" else part.astype(_NUMPY_DTYPES[dtype])
+            self._handle.write(data.tobytes())
         self._position += 1
 
     def close(self) -> None:

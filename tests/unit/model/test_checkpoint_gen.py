@@ -106,3 +106,21 @@ def test_large_presets_have_the_intended_size_and_stream_in_bounded_shards():
     assert len(shards) > 20 and largest <= DEFAULT_MAX_SHARD_BYTES
     small = expected_tensors(parse_config(preset_config("small", 0, 2)))
     assert 2.2e8 < sum(int(np.prod(s.shape)) for s in small.values()) < 2.8e8
+
+
+def test_writer_round_trips_tensors_larger_than_one_conversion_chunk(tmp_path):
+    from libs.model.safetensors_io import SafetensorsWriter, read_tensors_float32
+
+    big = np.random.default_rng(0).standard_normal((5, 1 << 20), dtype=np.float32)
+    small = np.arange(6, dtype=np.float32).reshape(2, 3)
+    path = tmp_path / "x.safetensors"
+    writer = SafetensorsWriter(path, [("big", "BF16", big.shape), ("small", "F32", small.shape)], {"format": "pt"})
+    writer.write("big", big)
+    writer.write("small", small)
+    writer.close()
+    back = read_tensors_float32(path, ["big", "small"])
+    np.testing.assert_array_equal(back["big"], bf16_bits_to_float32(float32_to_bf16_bits(big)))
+    np.testing.assert_array_equal(back["small"], small)
+    from safetensors.numpy import load_file
+
+    assert load_file(str(path))["small"].tolist() == small.tolist()
