@@ -31,6 +31,14 @@ class OrchestratorConfig:
     inprocess_checkpoint: str | None = None
     inprocess_stages: int = 1
     inprocess_backend: str = "numpy"
+    # Installed on the stage workers at startup when set (with stage_workers).
+    checkpoint: str | None = None
+    backend: str = "numpy"
+    boundary_dtype: str = "bf16"
+    artifact_store: str = ".fornax/artifacts"
+    # KV bytes each stage keeps for the route; 0 leaves the stage worker's default.
+    stage_kv_limit_bytes: int = 0
+    drain_timeout_s: float = 60.0
     max_live_requests: int = 256
     default_max_tokens: int = 256
     output_queue_capacity: int = 16
@@ -48,6 +56,11 @@ class OrchestratorConfig:
         parser.add_argument("--inprocess-checkpoint", help="serve this checkpoint with in-process stages (env FORNAX_INPROCESS_CHECKPOINT)")
         parser.add_argument("--inprocess-stages", type=int, help="env FORNAX_INPROCESS_STAGES")
         parser.add_argument("--inprocess-backend", choices=("numpy", "max"), help="env FORNAX_INPROCESS_BACKEND")
+        parser.add_argument("--checkpoint", help="install this checkpoint on the stage workers at startup (env FORNAX_CHECKPOINT)")
+        parser.add_argument("--backend", choices=("numpy", "max"), help="stage backend for installs (env FORNAX_BACKEND)")
+        parser.add_argument("--boundary-dtype", choices=("bf16", "fp16", "fp32"), help="env FORNAX_BOUNDARY_DTYPE")
+        parser.add_argument("--artifact-store", help="where stage artifacts are built (env FORNAX_ARTIFACT_STORE)")
+        parser.add_argument("--stage-kv-limit-bytes", type=int, help="env FORNAX_STAGE_KV_LIMIT_BYTES")
         parser.add_argument("--max-live-requests", type=int, help="admission queue size (env FORNAX_MAX_LIVE_REQUESTS)")
         parser.add_argument("--default-max-tokens", type=int, help="env FORNAX_DEFAULT_MAX_TOKENS")
         args = parse(parser, argv)
@@ -64,6 +77,11 @@ class OrchestratorConfig:
             inprocess_checkpoint=pick(args.inprocess_checkpoint, env, "FORNAX_INPROCESS_CHECKPOINT", None),
             inprocess_stages=pick(args.inprocess_stages, env, "FORNAX_INPROCESS_STAGES", 1, int),
             inprocess_backend=pick(args.inprocess_backend, env, "FORNAX_INPROCESS_BACKEND", "numpy"),
+            checkpoint=pick(args.checkpoint, env, "FORNAX_CHECKPOINT", None),
+            backend=pick(args.backend, env, "FORNAX_BACKEND", "numpy"),
+            boundary_dtype=pick(args.boundary_dtype, env, "FORNAX_BOUNDARY_DTYPE", "bf16"),
+            artifact_store=pick(args.artifact_store, env, "FORNAX_ARTIFACT_STORE", ".fornax/artifacts"),
+            stage_kv_limit_bytes=pick(args.stage_kv_limit_bytes, env, "FORNAX_STAGE_KV_LIMIT_BYTES", 0, int),
             max_live_requests=pick(args.max_live_requests, env, "FORNAX_MAX_LIVE_REQUESTS", 256, int),
             default_max_tokens=pick(args.default_max_tokens, env, "FORNAX_DEFAULT_MAX_TOKENS", 256, int),
         )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import uuid
 
+from fornax.common.v1 import common_pb2
 from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 
 from libs.service.errors import InvalidArgument
 from libs.text.chat_template import ChatMessage
 from services.orchestrator.domain import FinishReason, GenerationRequest, RequestOutput
+from services.orchestrator.lifecycle import InstallRequest, RouteState, RouteStatus
 from services.orchestrator.openai_request import parse_options
 from services.orchestrator.prompting import check_model, check_token_ids, generation_request
 from services.orchestrator.serving import ServingEngine
@@ -63,3 +65,45 @@ def output_to_pb(output: RequestOutput) -> pb.GenerateResponse:
         response.usage.prompt_tokens = output.prompt_tokens
         response.usage.completion_tokens = output.completion_tokens
     return response
+
+
+_STATE = {RouteState.EMPTY: pb.ROUTE_STATE_EMPTY, RouteState.INSTALLING: pb.ROUTE_STATE_INSTALLING,
+          RouteState.SERVING: pb.ROUTE_STATE_SERVING, RouteState.DRAINING: pb.ROUTE_STATE_DRAINING,
+          RouteState.DRAINED: pb.ROUTE_STATE_DRAINED, RouteState.FAILED: pb.ROUTE_STATE_FAILED}
+_BACKENDS = {common_pb2.BACKEND_NUMPY: "numpy", common_pb2.BACKEND_MAX: "max"}
+_DTYPES = {common_pb2.ELEMENT_TYPE_BF16: "bf16", common_pb2.ELEMENT_TYPE_FP16: "fp16",
+           common_pb2.ELEMENT_TYPE_FP32: "fp32"}
+
+
+def install_request_from_pb(request: pb.InstallPlanRequest) -> InstallRequest:
+    if not request.checkpoint_dir:
+        raise InvalidArgument("checkpoint_dir is required", reason="INVALID_CHECKPOINT",
+                              field="checkpoint_dir")
+    if request.stages < 1:
+        raise InvalidArgument("stages must be at least 1", reason="INVALID_STAGES",
+                              field="stages")
+    if request.backend not in _BACKENDS:
+        raise InvalidArgument("backend must be BACKEND_NUMPY or BACKEND_MAX",
+                              reason="INVALID_BACKEND", field="backend")
+    if request.boundary_dtype not in _DTYPES:
+        raise InvalidArgument("boundary_dtype must be bf16, fp16 or fp32",
+                              reason="INVALID_BOUNDARY_DTYPE", field="boundary_dtype")
+    return InstallRequest(request.checkpoint_dir, request.stages, _BACKENDS[request.backend],
+                          _DTYPES[request.boundary_dtype])
+
+
+def status_to_pb(status: RouteStatus) -> pb.PlanStatus:
+    message = pb.PlanStatus(state=_STATE[status.state],
+                            inflight_requests=status.inflight_requests)
+    if status.plan is not None:
+        message.plan.CopyFrom(common_pb2.PlanBinding(
+            plan_id=status.plan.plan_id, plan_hash=status.plan.plan_hash,
+            plan_generation_id=status.plan.plan_generation_id))
+    healthy = status.state in (RouteState.SERVING, RouteState.DRAINING, RouteState.DRAINED)
+    for stage in status.stages:
+        message.stages.append(pb.StageStatus(
+            stage_index=stage.index, worker_address=stage.worker_address,
+            layer_range=common_pb2.LayerRange(layer_start=stage.layer_start,
+                                              layer_end_exclusive=stage.layer_end_exclusive),
+            manifest_hash=stage.manifest_hash, healthy=healthy))
+    return message

@@ -49,6 +49,7 @@ class InProcessPipeline:
         self._threads = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage{i}")
                          for i in range(len(executors))]
         self._generation = uuid.uuid4()
+        self.generation = str(self._generation)
 
     @classmethod
     def from_checkpoint(cls, config: InProcessRouteConfig) -> InProcessPipeline:

@@ -1,30 +1,34 @@
 """OrchestratorService servicer: convert, call the serving core, convert back.
 
-`make_spec` also serves the OpenAI-compatible HTTP API on `http_port`, sharing one RouteSlot
-with the gRPC Generate/Cancel handlers.
+`make_spec` also serves the OpenAI-compatible HTTP API on `http_port`; HTTP and gRPC share
+one RouteSlot, which the RouteManager fills once a route is installed and warmed.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import asyncio
 
+import structlog
 from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 
-from libs.service.errors import Unavailable, Unimplemented
+from libs.service.errors import FailedPrecondition, FornaxError, Unavailable
 from libs.service.server import ServiceSpec
-from libs.text.context import TextContext
+from services.orchestrator import convert
 from services.orchestrator.config import OrchestratorConfig
-from services.orchestrator.convert import generation_from_pb, output_to_pb
 from services.orchestrator.domain import SchedulerConfig
 from services.orchestrator.http_api import HttpConfig, build_http_app, start_http
+from services.orchestrator.lifecycle import InstalledRoute, Installer, InstallRequest, RouteManager
 from services.orchestrator.serving import RouteSlot, ServingConfig, ServingEngine, terminal_error
+
+_log = structlog.get_logger()
 
 
 class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
-    def __init__(self, cfg: OrchestratorConfig, route: RouteSlot):
+    def __init__(self, cfg: OrchestratorConfig, route: RouteSlot, manager: RouteManager):
         self._cfg = cfg
         self._route = route
+        self._manager = manager
 
     def _engine(self) -> ServingEngine:
         if self._route.engine is None:
@@ -33,13 +37,13 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
 
     async def Generate(self, request, context):
         engine = self._engine()
-        stream = engine.submit(generation_from_pb(request, engine))
+        stream = engine.submit(convert.generation_from_pb(request, engine))
         try:
             async for output in stream:
                 error = terminal_error(output) if output.finished else None
                 if error is not None:
                     raise error
-                yield output_to_pb(output)
+                yield convert.output_to_pb(output)
         finally:
             if not stream.finished:
                 stream.cancel()  # the caller went away or cancelled the RPC
@@ -50,17 +54,20 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         return pb.CancelResponse(found=found)
 
     async def InstallPlan(self, request, context) -> pb.InstallPlanResponse:
-        raise Unimplemented("InstallPlan is not available in this build")
+        status = await self._manager.install(convert.install_request_from_pb(request))
+        return pb.InstallPlanResponse(status=convert.status_to_pb(status))
 
     async def DrainPlan(self, request, context) -> pb.DrainPlanResponse:
-        raise Unimplemented("DrainPlan is not available in this build")
+        timeout_s = request.timeout_ns / 1e9 if request.timeout_ns else None
+        status = await self._manager.drain(timeout_s)
+        return pb.DrainPlanResponse(status=convert.status_to_pb(status))
 
     async def RollbackPlan(self, request, context) -> pb.RollbackPlanResponse:
-        raise Unimplemented("RollbackPlan is not available in this build")
+        status = await self._manager.rollback()
+        return pb.RollbackPlanResponse(status=convert.status_to_pb(status))
 
     async def GetPlanStatus(self, request, context) -> pb.GetPlanStatusResponse:
-        state = pb.ROUTE_STATE_EMPTY if self._route.engine is None else pb.ROUTE_STATE_SERVING
-        return pb.GetPlanStatusResponse(current=pb.PlanStatus(state=state))
+        return pb.GetPlanStatusResponse(current=convert.status_to_pb(self._manager.status()))
 
 
 def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
@@ -69,31 +76,87 @@ def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
                          default_max_tokens=cfg.default_max_tokens)
 
 
-def inprocess_engine(cfg: OrchestratorConfig) -> ServingEngine:
-    from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
+def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
+    """Stages as threads of this process: development and tests, never a fallback."""
 
-    checkpoint = Path(cfg.inprocess_checkpoint or "")
-    pipeline = InProcessPipeline.from_checkpoint(InProcessRouteConfig(
-        checkpoint, cfg.inprocess_stages, cfg.inprocess_backend, model_id=cfg.model_id))
-    return ServingEngine(pipeline, pipeline.served, TextContext.from_checkpoint(checkpoint),
-                         serving_config(cfg))
+    async def installer(request: InstallRequest) -> InstalledRoute:
+        from pathlib import Path
+
+        from libs.text.context import TextContext
+        from services.orchestrator.inprocess_pipeline import (
+            InProcessPipeline,
+            InProcessRouteConfig,
+        )
+        from services.orchestrator.lifecycle import PlanIdentity
+
+        pipeline = InProcessPipeline.from_checkpoint(InProcessRouteConfig(
+            Path(request.checkpoint_dir), request.stages, request.backend, model_id=cfg.model_id))
+        engine = ServingEngine(pipeline, pipeline.served,
+                               TextContext.from_checkpoint(request.checkpoint_dir),
+                               serving_config(cfg))
+        return InstalledRoute(request, PlanIdentity("in-process", "", pipeline.generation), (),
+                              engine)
+
+    return installer
+
+
+def choose_installer(cfg: OrchestratorConfig) -> Installer:
+    if cfg.inprocess_checkpoint:
+        return inprocess_installer(cfg)
+    if cfg.stage_workers and cfg.planner_addr and cfg.artifact_builder_addr:
+        from services.orchestrator.fleet_route import fleet_installer
+        from services.orchestrator.install import Fleet
+
+        fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers)
+        return fleet_installer(fleet, cfg.artifact_store, cfg.model_id, cfg.stage_kv_limit_bytes,
+                               serving_config(cfg),
+                               lambda message: _log.info("install_progress", message=message))
+
+    async def no_fleet(request: InstallRequest) -> InstalledRoute:
+        raise FailedPrecondition("no stage workers, planner or artifact builder configured",
+                                 reason="NO_FLEET")
+
+    return no_fleet
+
+
+async def _install_at_startup(manager: RouteManager, request: InstallRequest) -> None:
+    try:
+        status = await manager.install(request)
+        _log.info("route_installed", plan_id=status.plan.plan_id if status.plan else "",
+                  stages=request.stages, backend=request.backend)
+    except FornaxError as exc:
+        _log.error("route_install_failed", reason=exc.reason, error=exc.message)
+    except Exception:
+        _log.exception("route_install_failed")
 
 
 async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
-    route = RouteSlot(inprocess_engine(cfg) if cfg.inprocess_checkpoint else None)
-    servicer = OrchestratorServicer(cfg, route)
+    route = RouteSlot()
+    manager = RouteManager(route, choose_installer(cfg), cfg.drain_timeout_s)
+    startup: asyncio.Task | None = None
+    if cfg.inprocess_checkpoint:
+        await manager.install(InstallRequest(cfg.inprocess_checkpoint, cfg.inprocess_stages,
+                                             cfg.inprocess_backend, "fp32"))
+    elif cfg.checkpoint:
+        # Planning, building and loading take a while: serve (not ready) meanwhile.
+        startup = asyncio.get_running_loop().create_task(_install_at_startup(
+            manager, InstallRequest(cfg.checkpoint, len(cfg.stage_workers), cfg.backend,
+                                    cfg.boundary_dtype)))
+    servicer = OrchestratorServicer(cfg, route, manager)
     runner, http_port = await start_http(build_http_app(route, HttpConfig(api_key=cfg.api_key)),
                                          cfg.server.host, cfg.http_port)
 
     async def on_drain() -> None:
-        if route.engine is not None:
-            route.engine.stop_admitting("draining for shutdown")
-            await route.engine.wait_idle()
+        try:
+            await manager.drain()
+        except FornaxError as exc:  # nothing installed, or an install still running
+            _log.info("drain_skipped", reason=exc.reason)
 
     async def on_stop() -> None:
+        if startup is not None:
+            startup.cancel()
         await runner.cleanup()
-        if route.engine is not None:
-            await route.engine.close()
+        await manager.close()
 
     return ServiceSpec(
         service_names=(pb.DESCRIPTOR.services_by_name["OrchestratorService"].full_name,),

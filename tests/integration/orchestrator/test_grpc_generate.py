@@ -87,3 +87,36 @@ def test_generate_without_route_is_unavailable(checkpoint):
     error = asyncio.run(main())
     assert error.code() is grpc.StatusCode.UNAVAILABLE
     assert reason_of(error) == "ROUTE_NOT_READY"
+
+
+def test_install_drain_rollback_over_grpc(checkpoint):
+    from fornax.common.v1 import common_pb2
+
+    async def main():
+        running, spec = await _serve(checkpoint)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                stub = pb_grpc.OrchestratorServiceStub(channel)
+                installed = await stub.InstallPlan(pb.InstallPlanRequest(
+                    checkpoint_dir=str(checkpoint), stages=1,
+                    backend=common_pb2.BACKEND_NUMPY, boundary_dtype=common_pb2.ELEMENT_TYPE_FP32))
+                drained = await stub.DrainPlan(pb.DrainPlanRequest(timeout_ns=10**10))
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.Generate(pb.GenerateRequest(model="tiny", text="x")).read()
+                rolled = await stub.RollbackPlan(pb.RollbackPlanRequest())
+                events = [e async for e in stub.Generate(pb.GenerateRequest(
+                    model="tiny", text="x", sampling=pb.SamplingParams(max_tokens=3)))]
+                with pytest.raises(grpc.aio.AioRpcError) as bad:
+                    await stub.InstallPlan(pb.InstallPlanRequest(checkpoint_dir="x", stages=1))
+            return installed.status, drained.status, refused.value, rolled.status, events, bad.value
+        finally:
+            await _close(running, spec)
+
+    installed, drained, refused, rolled, events, bad = asyncio.run(main())
+    assert installed.state == pb.ROUTE_STATE_SERVING
+    assert drained.state == pb.ROUTE_STATE_DRAINED
+    assert refused.code() is grpc.StatusCode.UNAVAILABLE and reason_of(refused) == "NOT_ADMITTING"
+    assert rolled.state == pb.ROUTE_STATE_SERVING
+    assert rolled.plan.plan_generation_id not in ("", installed.plan.plan_generation_id)
+    assert events[-1].usage.completion_tokens >= 1
+    assert reason_of(bad) == "INVALID_BACKEND"
