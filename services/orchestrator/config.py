@@ -42,6 +42,8 @@ class OrchestratorConfig:
     max_live_requests: int = 256
     default_max_tokens: int = 256
     output_queue_capacity: int = 16
+    # Deadline budget of a request that brings none; 0 means no deadline.
+    default_deadline_s: float = 0.0
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> OrchestratorConfig:
@@ -63,6 +65,7 @@ class OrchestratorConfig:
         parser.add_argument("--stage-kv-limit-bytes", type=int, help="env FORNAX_STAGE_KV_LIMIT_BYTES")
         parser.add_argument("--max-live-requests", type=int, help="admission queue size (env FORNAX_MAX_LIVE_REQUESTS)")
         parser.add_argument("--default-max-tokens", type=int, help="env FORNAX_DEFAULT_MAX_TOKENS")
+        parser.add_argument("--default-deadline-s", type=float, help="request deadline budget when none is given, 0 = none (env FORNAX_DEFAULT_DEADLINE_S)")
         args = parse(parser, argv)
         return cls(
             server=server_config(args, env, "orchestrator"),
@@ -84,4 +87,5 @@ class OrchestratorConfig:
             stage_kv_limit_bytes=pick(args.stage_kv_limit_bytes, env, "FORNAX_STAGE_KV_LIMIT_BYTES", 0, int),
             max_live_requests=pick(args.max_live_requests, env, "FORNAX_MAX_LIVE_REQUESTS", 256, int),
             default_max_tokens=pick(args.default_max_tokens, env, "FORNAX_DEFAULT_MAX_TOKENS", 256, int),
+            default_deadline_s=pick(args.default_deadline_s, env, "FORNAX_DEFAULT_DEADLINE_S", 0.0, float),
         )

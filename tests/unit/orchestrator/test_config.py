@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from services.orchestrator.config import OrchestratorConfig
+from services.orchestrator.server import serving_config
+
+
+def test_environment_and_flags_reach_the_serving_config():
+    env = {"FORNAX_DEFAULT_DEADLINE_S": "2.5", "FORNAX_CHECKPOINT": "/ckpt",
+           "FORNAX_STAGE_WORKERS": "127.0.0.1:1, 127.0.0.1:2", "FORNAX_BOUNDARY_DTYPE": "fp32",
+           "FORNAX_MAX_LIVE_REQUESTS": "8", "FORNAX_API_KEY": "k"}
+    cfg = OrchestratorConfig.from_env(["--default-max-tokens", "32", "--backend", "max"], env)
+    assert (cfg.checkpoint, cfg.stage_workers) == ("/ckpt", ("127.0.0.1:1", "127.0.0.1:2"))
+    assert (cfg.boundary_dtype, cfg.backend, cfg.api_key) == ("fp32", "max", "k")
+    serving = serving_config(cfg)
+    assert serving.default_deadline_budget_ns == 2_500_000_000
+    assert (serving.max_live_requests, serving.default_max_tokens) == (8, 32)
+
+
+def test_no_default_deadline_unless_asked():
+    assert serving_config(OrchestratorConfig.from_env([], {})).default_deadline_budget_ns is None
