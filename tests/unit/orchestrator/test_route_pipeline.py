@@ -1,0 +1,87 @@
+"""RoutePipeline's adaptation of microbatches to a Route, against a scripted Route."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from libs.fnx2.messages import Phase as Fnx2Phase
+from libs.gateway.route import RoutePlan, RouteStage, SliceOutput
+from libs.service.errors import ResourceExhausted
+from services.orchestrator.domain import (
+    Microbatch,
+    Phase,
+    SamplingParams,
+    SequenceSlice,
+    SequenceStatus,
+    ServedModel,
+    StageLayout,
+)
+from services.orchestrator.route_pipeline import NO_DEADLINE_BUDGET_NS, RoutePipeline
+
+PLAN = RoutePlan("4b0b6a4e-5d2c-4c1e-9a43-0f8e6d1c2b3a", "hash",
+                 "9e2f3c1d-7a6b-4e5f-8d9c-1a2b3c4d5e6f",
+                 (RouteStage(0, "a:1", "a:2", "m0"), RouteStage(1, "b:1", "b:2", "m1")))
+SERVED = ServedModel("m", 64, 512, (StageLayout(0, 2, 8), StageLayout(2, 4, 8)))
+
+
+@dataclass
+class ScriptedRoute:
+    plan: RoutePlan = PLAN
+    refuse: set[str] = field(default_factory=set)
+    admitted: list[tuple[str, int, float]] = field(default_factory=list)
+    runs: list[tuple[Fnx2Phase, list]] = field(default_factory=list)
+    outputs: dict[str, SliceOutput] = field(default_factory=dict)
+
+    async def admit(self, request_id, reserve_tokens, sampling, logits=False):
+        if request_id in self.refuse:
+            raise ResourceExhausted("stage 1 KV full")
+        self.admitted.append((request_id, reserve_tokens, sampling.temperature))
+
+    async def run(self, phase, inputs, traceparent=None):
+        self.runs.append((phase, inputs))
+        return [self.outputs.get(i.request_id) or SliceOutput(
+            i.request_id, True, np.array([7], np.int32), i.kv_epoch + 1) for i in inputs]
+
+    async def release(self, request_id):
+        return [3, 3]
+
+    async def close(self):
+        pass
+
+
+def piece(rid: str, rows: int = 3, deadline=None, epoch: int = 0) -> SequenceSlice:
+    return SequenceSlice(rid, 0, tuple(range(1, rows + 1)), 0, epoch, deadline,
+                         SamplingParams(temperature=0.5, seed=9), 0, rows + 10)
+
+
+def test_prefill_admits_then_runs_and_maps_results():
+    route = ScriptedRoute(refuse={"b"})
+    route.outputs["c"] = SliceOutput("c", False, None, 0, "DEADLINE", "budget spent")
+    pipeline = RoutePipeline(route, SERVED)
+    batch = Microbatch(4, 0, Phase.PREFILL, (piece("a", deadline=500), piece("b"), piece("c")))
+    result = asyncio.run(pipeline.submit(batch))
+    assert [(s.request_id, s.status) for s in result.sequences] == [
+        ("a", SequenceStatus.OK), ("b", SequenceStatus.REJECTED), ("c", SequenceStatus.DEADLINE)]
+    assert result.sequences[0].sampled_token_id == 7
+    assert result.sequences[0].kv_epoch_after == 1
+    assert "stage 1 KV full" in result.sequences[1].error
+    assert route.admitted == [("a", 13, 0.5), ("c", 13, 0.5)]
+    ((phase, inputs),) = route.runs
+    assert phase is Fnx2Phase.PREFILL
+    assert [i.request_id for i in inputs] == ["a", "c"]  # the refused one never travels
+    assert inputs[0].deadline_budget_ns == 500
+    assert inputs[1].deadline_budget_ns == NO_DEADLINE_BUDGET_NS
+    assert inputs[0].token_ids.dtype == np.int32
+
+
+def test_decode_does_not_admit_and_release_reports_every_stage():
+    route = ScriptedRoute()
+    pipeline = RoutePipeline(route, SERVED)
+    result = asyncio.run(pipeline.submit(Microbatch(5, 1, Phase.DECODE, (piece("a", 1, epoch=4),))))
+    assert route.admitted == []
+    assert route.runs[0][0] is Fnx2Phase.DECODE
+    assert result.sequences[0].kv_epoch_after == 5
+    assert asyncio.run(pipeline.release("a")).stage_epochs == (3, 3)
