@@ -221,7 +221,7 @@ def _decode_kind(kind: int, meta: dict[str, Any], metadata: bytes, payload: memo
     if kind == Kind.RESULT:
         return _decode_result(meta, payload, finite)
     if kind == Kind.CREDIT:
-        return Credit.from_meta(meta)
+        return Credit.from_meta(meta, allow_extensions)
     if kind == Kind.CANCEL:
         return Cancel.from_meta(meta)
     if kind == Kind.RELEASE:

@@ -62,14 +62,23 @@ class Credit:
     live_requests: int
     kv_bytes: int
     replay_bytes: int
+    # multi_inflight only: BATCH frames this receiver has read on the channel, so the
+    # sender knows which of its frames in flight the vector already accounts for.
+    batches_received: int | None = None
 
     def to_meta(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in CREDIT_FIELDS}
+        meta = {name: getattr(self, name) for name in CREDIT_FIELDS}
+        if self.batches_received is not None:
+            meta["batches_received"] = self.batches_received
+        return meta
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any]) -> "Credit":
-        f = Fields(meta, ErrorCode.METADATA, "CREDIT", frozenset(CREDIT_FIELDS))
-        return cls(*(f.uint(name) for name in CREDIT_FIELDS))
+    def from_meta(cls, meta: dict[str, Any], allow_extensions: bool = True) -> "Credit":
+        extended = allow_extensions and "batches_received" in meta
+        names = frozenset(CREDIT_FIELDS) | ({"batches_received"} if extended else frozenset())
+        f = Fields(meta, ErrorCode.METADATA, "CREDIT", names)
+        received = f.uint("batches_received") if extended else None
+        return cls(*(f.uint(name) for name in CREDIT_FIELDS), batches_received=received)
 
 
 _LEASE_FIELDS = _BINDING_FIELDS | {"control_id", "request_id", "execution_lease_id"}

@@ -136,6 +136,7 @@ class _Channel:
         self.extensions: frozenset[str] = frozenset()
         self.tasks: set[asyncio.Task] = set()
         self.busy = 0
+        self.batches_received = 0
 
     @property
     def frame_cap(self) -> int:
@@ -145,7 +146,9 @@ class _Channel:
 
     def credit(self) -> Credit:
         credit = self.r.state.credit()
-        return replace(credit, frames=max(0, min(credit.frames, self.frame_cap - self.busy)))
+        frames = max(0, min(credit.frames, self.frame_cap - self.busy))
+        received = self.batches_received if EXT_MULTI_INFLIGHT in self.extensions else None
+        return replace(credit, frames=frames, batches_received=received)
 
     async def run(self) -> None:
         binding = self.r.config.binding
@@ -192,6 +195,7 @@ class _Channel:
         return True
 
     async def _on_batch(self, batch: Batch, got: Received) -> None:
+        self.batches_received += 1
         if self.busy >= self.frame_cap:
             await self._reject_batch(batch, Fnx2Error(ErrorCode.CREDIT, "no frame credit"))
             return

@@ -3,8 +3,8 @@
 No sockets and no clock reads: callers pass `now_ns` from their own monotonic clock.
 One `ReceiverState` belongs to one stage and is shared by all of its inbound channels.
 Exact replay is keyed on the semantic identity (plan, manifest, request, lease, step,
-phase, position, epoch) and compares the retained input rows byte for byte, so a retry
-with different input is SEQUENCE_CONFLICT without hashing any payload.
+phase, position, epoch) plus an input identity (small inputs byte for byte, large ones
+by CRC32C); the same identity with other input is SEQUENCE_CONFLICT.
 Admission checks and reservations happen in one synchronous call, so they are atomic
 with respect to the event loop.
 """
@@ -19,6 +19,7 @@ import numpy as np
 from libs.fnx2.control import AckCancel, AckRelease, ChannelBinding, Credit
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.leases import derive_execution_lease_id, local_deadline
+from libs.fnx2.tensor import crc32c
 from libs.fnx2.messages import Batch, Phase, SequenceResult, SequenceSlice, SequenceStatus, Timings
 
 
@@ -46,28 +47,49 @@ class Tombstone(StrEnum):
 _TOMBSTONE_CODES = {Tombstone.RELEASED: ErrorCode.RELEASED, Tombstone.EXPIRED: ErrorCode.DEADLINE}
 
 
+_EXACT_INPUT_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class InputIdentity:
+    """What a retry's input must match: small inputs (decode steps) byte for byte, large
+    ones (prefill chunks) by length and CRC32C, so no frame buffer stays pinned."""
+
+    kind: tuple
+    nbytes: int
+    exact: bytes | None
+    crc: int | None
+
+    @classmethod
+    def of(cls, batch: Batch, item: SequenceSlice) -> "InputIdentity":
+        d = batch.tensor.descriptor
+        rows = np.ascontiguousarray(batch.tensor.rows(item.input_row_start, item.input_row_count))
+        raw = rows.reshape(-1).view(np.uint8)
+        if raw.nbytes <= _EXACT_INPUT_BYTES:
+            return cls((d.kind, d.dtype, d.width), raw.nbytes, raw.tobytes(), None)
+        return cls((d.kind, d.dtype, d.width), raw.nbytes, None, crc32c(raw))
+
+    @property
+    def retained_bytes(self) -> int:
+        return len(self.exact or b"")
+
+
 @dataclass(slots=True)
 class _ReplayEntry:
-    """The last executed step of a lease: its identity, its exact input rows (a view of
-    the received frame, compared byte for byte on a retry), its result and output rows."""
+    """The last executed step of a lease: identity, input identity, result, output rows."""
 
     key: tuple
-    input_kind: tuple
-    inputs: np.ndarray
+    inputs: InputIdentity
     result: SequenceResult
     rows: np.ndarray | None
     kind: tuple | None
 
     @property
     def retained_bytes(self) -> int:
-        return self.inputs.nbytes + (0 if self.rows is None else self.rows.nbytes)
+        return self.inputs.retained_bytes + (0 if self.rows is None else self.rows.nbytes)
 
     def same_input(self, batch: Batch, item: SequenceSlice) -> bool:
-        if _input_kind(batch) != self.input_kind:
-            return False
-        rows = batch.tensor.rows(item.input_row_start, item.input_row_count)
-        return rows.shape == self.inputs.shape and np.array_equal(
-            rows.reshape(-1).view(np.uint8), self.inputs.reshape(-1).view(np.uint8))
+        return InputIdentity.of(batch, item) == self.inputs
 
 
 @dataclass(slots=True)
@@ -130,11 +152,6 @@ class Entry:
     result: SequenceResult
     rows: np.ndarray | None
     kind: tuple | None
-
-
-def _input_kind(batch: Batch) -> tuple:
-    d = batch.tensor.descriptor
-    return (d.kind, d.dtype, d.width)
 
 
 @dataclass
@@ -329,11 +346,11 @@ class ReceiverState:
             item.input_row_start, item.input_row_count, 0, len(outcome.rows),
             item.kv_epoch, item.kv_epoch + 1, None, None, timings)
         rows = np.array(outcome.rows)  # the backend may reuse its output buffer
-        inputs = admission.batch.tensor.rows(item.input_row_start, item.input_row_count)
         if lease.replay is not None:
             self._replay_used -= lease.replay.retained_bytes
-        lease.replay = _ReplayEntry(_replay_key(admission.batch, item), _input_kind(admission.batch),
-                                    inputs, result, rows, outcome.kind)
+        lease.replay = _ReplayEntry(_replay_key(admission.batch, item),
+                                    InputIdentity.of(admission.batch, item), result, rows,
+                                    outcome.kind)
         self._replay_used += lease.replay.retained_bytes
         return Entry(result, rows, outcome.kind)
 

@@ -48,6 +48,8 @@ class Fnx2Client:
         self._controls: dict[str, asyncio.Future] = {}
         self._credit_changed = asyncio.Condition()
         self._sent = (0, 0, 0, 0)
+        self._in_transit: collections.deque[tuple[int, tuple[int, int, int, int]]] = collections.deque()
+        self._batches_sent = 0
         self._pump: asyncio.Task | None = None
         self._failure: Fnx2Error | None = None
         self._unsettled: list[tuple[asyncio.Future, object]] = []
@@ -118,6 +120,8 @@ class Fnx2Client:
                 raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "batch_id is already in flight")
             self._pending[batch.batch.batch_id] = _Pending(batch, future, need)
             self._sent = tuple(a + b for a, b in zip(self._sent, need))
+            self._in_transit.append((self._batches_sent, need))
+            self._batches_sent += 1
         try:
             await self._stream.send(batch)
         except Fnx2Error:
@@ -133,6 +137,19 @@ class Fnx2Client:
         if EXT_MULTI_INFLIGHT not in self.extensions and self._pending:
             return False
         return all(s + n <= lim for s, n, lim in zip(self._sent, need, limit))
+
+    def _uncounted(self, credit: Credit) -> tuple[int, int, int, int]:
+        """Resources of sent batches that this credit vector does not yet account for:
+        with multi_inflight, those the receiver had not read yet; otherwise (plain 2.0)
+        every unanswered batch, conservatively."""
+        if credit.batches_received is not None:
+            while self._in_transit and self._in_transit[0][0] < credit.batches_received:
+                self._in_transit.popleft()
+            needs = [need for _, need in self._in_transit]
+        else:
+            self._in_transit.clear()
+            needs = [p.need for p in self._pending.values()]
+        return tuple(sum(col) for col in zip(*needs)) if needs else (0, 0, 0, 0)
 
     def unacknowledged(self) -> tuple[Batch, ...]:
         """Source batches still held: sent, with no RESULT yet."""
@@ -188,8 +205,7 @@ class Fnx2Client:
         if isinstance(message, Credit):
             async with self._credit_changed:
                 self.credit = message
-                outstanding = [p.need for p in self._pending.values()]
-                self._sent = tuple(sum(col) for col in zip(*outstanding)) if outstanding else (0, 0, 0, 0)
+                self._sent = self._uncounted(message)
                 self._credit_changed.notify_all()
             self._settle()
             return

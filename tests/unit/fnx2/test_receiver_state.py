@@ -182,3 +182,13 @@ def test_credits_are_receiver_authoritative():
     credit = state.credit()
     assert credit.frames == 1 and credit.live_requests == 0 and credit.kv_bytes == 90
     assert min(credit.frames, credit.rows, credit.kv_bytes, credit.replay_bytes) >= 0
+
+
+def test_large_inputs_replay_and_conflict_by_crc():
+    state = ReceiverState(BINDING)
+    big = dict(rows=(40,), requests=(REQ_A,), width=1024, dtype="fp32")  # 160 KiB slice
+    _, first = run(state, batch(**big))
+    again, replayed = run(state, batch(**big))
+    assert again.execute == () and replayed[REQ_A] == first[REQ_A]
+    _, conflict = run(state, batch(seed=4, **big))
+    assert codes(conflict) == {REQ_A: "SEQUENCE_CONFLICT"}
