@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+from opentelemetry import trace
 
 from libs.fnx2.messages import Phase as Fnx2Phase
 from libs.gateway.route import Route, Sampling, SliceInput, SliceOutput, lease_id_for
+from libs.service.trace_context import current_traceparent
 from services.orchestrator.domain import (
     Microbatch,
     MicrobatchResult,
@@ -24,6 +26,7 @@ from services.orchestrator.domain import (
     ServedModel,
 )
 
+_TRACER = trace.get_tracer("fornax.orchestrator")
 # FNX2 carries a deadline as a remaining budget and 0 means expired, so a request without a
 # deadline travels with a day-long budget.
 NO_DEADLINE_BUDGET_NS = 24 * 3600 * 10**9
@@ -51,7 +54,14 @@ class RoutePipeline:
         outputs: dict[str, SliceOutput] = {}
         if runnable:
             phase = Fnx2Phase.PREFILL if batch.phase is Phase.PREFILL else Fnx2Phase.DECODE
-            results = await self._route.run(phase, [self._input(s) for s in runnable])
+            # One span per microbatch; its traceparent rides in the FNX2 frame so every
+            # stage's hop joins the same trace.
+            with _TRACER.start_as_current_span("orchestrator.microbatch") as span:
+                span.set_attribute("fornax.phase", batch.phase.value)
+                span.set_attribute("fornax.sequences", len(runnable))
+                span.set_attribute("fornax.rows", batch.row_count)
+                results = await self._route.run(phase, [self._input(s) for s in runnable],
+                                                current_traceparent())
             outputs = {o.request_id: o for o in results}
         return MicrobatchResult(batch.batch_id, tuple(
             rejected.get(s.request_id) or _result(s, outputs[s.request_id])

@@ -34,6 +34,7 @@ class ScriptedRoute:
     admitted: list[tuple[str, int, float]] = field(default_factory=list)
     runs: list[tuple[Fnx2Phase, list]] = field(default_factory=list)
     outputs: dict[str, SliceOutput] = field(default_factory=dict)
+    traceparents: list = field(default_factory=list)
 
     async def admit(self, request_id, reserve_tokens, sampling, logits=False):
         if request_id in self.refuse:
@@ -42,6 +43,7 @@ class ScriptedRoute:
 
     async def run(self, phase, inputs, traceparent=None):
         self.runs.append((phase, inputs))
+        self.traceparents.append(traceparent)
         return [self.outputs.get(i.request_id) or SliceOutput(
             i.request_id, True, np.array([7], np.int32), i.kv_epoch + 1) for i in inputs]
 
@@ -85,3 +87,25 @@ def test_decode_does_not_admit_and_release_reports_every_stage():
     assert route.runs[0][0] is Fnx2Phase.DECODE
     assert result.sequences[0].kv_epoch_after == 5
     assert asyncio.run(pipeline.release("a")).stage_epochs == (3, 3)
+
+
+def test_each_microbatch_is_a_span_whose_traceparent_travels_in_the_frame(monkeypatch):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from services.orchestrator import route_pipeline
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(route_pipeline, "_TRACER", provider.get_tracer("test"))
+    route = ScriptedRoute()
+    asyncio.run(RoutePipeline(route, SERVED).submit(
+        Microbatch(1, 0, Phase.DECODE, (piece("a", 1, epoch=2),))))
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "orchestrator.microbatch"
+    assert dict(span.attributes) == {"fornax.phase": "decode", "fornax.sequences": 1,
+                                     "fornax.rows": 1}
+    (traceparent,) = route.traceparents
+    assert traceparent.split("-")[1] == f"{span.context.trace_id:032x}"
