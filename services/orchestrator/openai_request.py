@@ -138,12 +138,13 @@ def _sampling(body: dict[str, Any]) -> SamplingParams:
     if not 0.0 < top_p <= 1.0:
         raise bad("top_p", "INVALID_TOP_P", f"top_p must be in (0, 1], got {top_p}")
     top_k = body.get("top_k")
-    if top_k is not None and (not _is_int(top_k) or top_k < 0):
-        raise bad("top_k", "INVALID_TOP_K", f"top_k must be an integer >= 0, got {top_k!r}")
+    if top_k is not None and (not _is_int(top_k) or top_k < -1):
+        raise bad("top_k", "INVALID_TOP_K",
+                  f"top_k must be an integer >= 0 (0 or -1 disable it), got {top_k!r}")
     seed = body.get("seed")
     if seed is not None and (not _is_int(seed) or not -(2**63) <= seed < _U64):
         raise bad("seed", "INVALID_SEED", f"seed must be a 64-bit integer, got {seed!r}")
-    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k or 0,
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k or 0, 0),
                           seed=None if seed is None else seed % _U64)
 
 

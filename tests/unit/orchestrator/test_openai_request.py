@@ -32,6 +32,10 @@ def test_full_chat_body_parses():
     assert body.options.max_tokens == 5
 
 
+def test_top_k_minus_one_disables_like_zero():
+    assert parse_chat_completion({**CHAT, "top_k": -1}).options.sampling.top_k == 0
+
+
 def test_text_parts_are_joined():
     body = parse_chat_completion({"model": "tiny", "messages": [
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text",
