@@ -8,12 +8,24 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, MAX_ERROR_MESSAGE_CHARS, ErrorCode, Fnx2Error
-from libs.fnx2.fields import UINT32_MAX, Fields, canonical_json, canonical_sha256, is_uuid
+from libs.fnx2.fields import UINT32_MAX, UINT64_MAX, Fields, canonical_json, canonical_sha256, is_uuid
 from libs.fnx2.tensor import Tensor
 
 MAX_SEQUENCES_PER_BATCH = 4096
 MAX_ID_CHARS = 128
 TRACEPARENT_CHARS = 55
+
+
+def _u64(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= UINT64_MAX
+
+
+def _u32(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= UINT32_MAX
+
+
+def _id(value: Any, limit: int = MAX_ID_CHARS) -> bool:
+    return type(value) is str and 0 < len(value) <= limit
 
 
 class Kind:
@@ -69,6 +81,23 @@ class SequenceSlice:
 
     @classmethod
     def from_meta(cls, meta: Any) -> "SequenceSlice":
+        if type(meta) is dict and meta.keys() == _SLICE_FIELDS:  # fast path: all valid
+            m = meta
+            if (_u64(m["request_sequence_no"]) and _u64(m["token_position_start"])
+                    and _u64(m["kv_epoch"]) and _u64(m["deadline_budget_ns"])
+                    and _u32(m["input_row_start"]) and _u32(m["input_row_count"])
+                    and m["input_row_count"] > 0 and is_uuid(m["request_id"])
+                    and is_uuid(m["execution_lease_id"]) and _id(m["trace_id"])
+                    and _id(m["span_id"])):
+                return cls(m["request_id"], m["request_sequence_no"], m["input_row_start"],
+                           m["input_row_count"], m["token_position_start"], m["kv_epoch"],
+                           m["deadline_budget_ns"], m["execution_lease_id"], m["trace_id"],
+                           m["span_id"])
+        return cls._strict(meta)
+
+    @classmethod
+    def _strict(cls, meta: Any) -> "SequenceSlice":
+        """Field by field, naming the first offending field."""
         f = Fields(meta, ErrorCode.BATCH_CONTRACT, "sequence", _SLICE_FIELDS)
         return cls(
             request_id=f.uuid("request_id"),
@@ -274,6 +303,39 @@ class SequenceResult:
 
     @classmethod
     def from_meta(cls, meta: Any) -> "SequenceResult":
+        item = cls._fast(meta) if type(meta) is dict and meta.keys() == _RESULT_ITEM_FIELDS else None
+        if item is None:
+            item = cls._strict(meta)
+        item.check()
+        return item
+
+    @classmethod
+    def _fast(cls, m: dict[str, Any]) -> "SequenceResult | None":
+        """All fields valid, or None (then `_strict` names the offending one)."""
+        t, error = m["timings_ns"], m["error"]
+        if type(t) is not dict or t.keys() != _TIMING_FIELDS or not all(map(_u64, t.values())):
+            return None
+        if error is not None and not (type(error) is dict and error.keys() == _ERROR_FIELDS
+                                      and _id(error["code"], MAX_ERROR_CODE_CHARS)
+                                      and _id(error["message"], MAX_ERROR_MESSAGE_CHARS)):
+            return None
+        start = m["output_row_start"]
+        if not (m["status"] in SequenceStatus._value2member_map_ and is_uuid(m["request_id"])
+                and is_uuid(m["execution_lease_id"]) and _u64(m["request_sequence_no"])
+                and _u32(m["input_row_start"]) and _u32(m["input_row_count"])
+                and m["input_row_count"] > 0 and (start is None or _u32(start))
+                and _u32(m["output_row_count"]) and _u64(m["kv_epoch_before"])
+                and _u64(m["kv_epoch_after"])):
+            return None
+        return cls(m["request_id"], m["execution_lease_id"], m["request_sequence_no"],
+                   SequenceStatus(m["status"]), m["input_row_start"], m["input_row_count"], start,
+                   m["output_row_count"], m["kv_epoch_before"], m["kv_epoch_after"],
+                   None if error is None else error["code"],
+                   None if error is None else error["message"],
+                   Timings(t["queue"], t["execute"], t["pack"], t["unpack"]))
+
+    @classmethod
+    def _strict(cls, meta: Any) -> "SequenceResult":
         f = Fields(meta, ErrorCode.BATCH_RESULT, "result", _RESULT_ITEM_FIELDS)
         if f.raw("status") not in SequenceStatus._value2member_map_:
             raise f.fail("status", "is not a known status")
@@ -298,8 +360,6 @@ class SequenceResult:
             error_message=message,
             timings=Timings(t.uint("queue"), t.uint("execute"), t.uint("pack"), t.uint("unpack")),
         )
-        item.check()
-        return item
 
 
 @dataclass(frozen=True, slots=True)
