@@ -149,7 +149,7 @@ class RouteManager:
         """Finishes in-flight work (cancelling what outlives the timeout), then closes."""
         self._slot.engine = None
         await self._drain(route.engine, self._drain_timeout_s)
-        await route.engine.close()
+        await route.engine.close(release_timeout_s=self._drain_timeout_s)
 
     @staticmethod
     async def _drain(engine: ServingEngine, timeout_s: float) -> bool:

@@ -157,14 +157,23 @@ class ServingEngine:
         """Returns once every admitted request has retired (drain)."""
         await self._idle.wait()
 
-    async def close(self) -> None:
-        """Cancels what is live, waits for every release, then closes the pipeline."""
+    async def close(self, release_timeout_s: float | None = None) -> None:
+        """Cancels what is live, waits for every release, then closes the pipeline.
+
+        With a timeout, releases that cannot complete (a stage that is gone) are abandoned
+        after it: the next plan generation fences those leases anyway.
+        """
         self._closed = True
         self.stop_admitting("closing")
         for request_id in list(self._streams):
             self.scheduler.cancel(request_id)
         self._pump()
-        await self.wait_idle()
+        try:
+            await asyncio.wait_for(self.wait_idle(), release_timeout_s)
+        except asyncio.TimeoutError:
+            _log.warning("release_incomplete live_requests=%d", self.scheduler.live_requests)
+            for task in list(self._tasks):
+                task.cancel()
         if self._timer is not None:
             self._timer.cancel()
         await self.pipeline.close()

@@ -160,3 +160,19 @@ def test_metrics_count_admissions_rejections_and_tokens(text_context):
              sample("fornax_orchestrator_output_tokens_total"),
              sample("fornax_orchestrator_time_to_first_token_seconds_count"))
     assert [a - b for a, b in zip(after, before)] == [1, 1, 5, 1]
+
+
+def test_close_gives_up_on_releases_that_cannot_complete(text_context):
+    class DeadStage(FakePipeline):
+        async def release(self, request_id):
+            raise ConnectionError("stage 1 is gone")
+
+    async def main():
+        pipeline = DeadStage(2)
+        eng = engine(text_context, pipeline)
+        stream = eng.submit(req("a", max_tokens=1000))
+        await stream.next()
+        await eng.close(release_timeout_s=0.2)
+        return eng.live_requests
+
+    assert asyncio.run(main()) == 1  # still unreleased, but close returned
