@@ -155,3 +155,26 @@ def test_ragged_mask_and_positions():
     # key columns: past of seq0 (2), then new rows: seq0 row, seq1 row0, seq1 row1
     assert allowed == [[1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]]
     assert layout.mask.min() == MASK_NEG
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(1, 4)), min_size=1, max_size=5))
+def test_ragged_mask_row_sees_exactly_its_past_and_earlier_rows(shapes):
+    pasts, rows = [p for p, _ in shapes], [r for _, r in shapes]
+    layout = build_ragged_layout(pasts, rows)
+    allowed = layout.mask == 0
+    total_past = sum(pasts)
+    row = 0
+    for s, (past, count) in enumerate(shapes):
+        past_start, new_start = sum(pasts[:s]), total_past + sum(rows[:s])
+        for j in range(count):
+            expected = np.zeros(allowed.shape[1], bool)
+            expected[past_start : past_start + past] = True
+            expected[new_start : new_start + j + 1] = True
+            assert np.array_equal(allowed[row], expected)
+            assert layout.positions[row] == past + j
+            row += 1
