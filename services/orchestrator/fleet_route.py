@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
+from libs.artifacts.manifest import (
+    MANIFEST_FILE,
+    artifact_dir_name,
+    decode_manifest,
+    manifest_hash,
+)
+from libs.gateway.route import RoutePlan
 from libs.model.config import load_config
-from libs.text.context import TextContext
+from libs.service.errors import FailedPrecondition
+from libs.text.context import TextContext, TextPins
 from services.orchestrator.install import Fleet, InstallSpec, install
 from services.orchestrator.lifecycle import (
     InstalledRoute,
@@ -26,7 +35,9 @@ def fleet_installer(fleet: Fleet, artifact_store: str, model_id: str, kv_limit_b
                            request.boundary_dtype, artifact_store, kv_limit_bytes=kv_limit_bytes)
         installed, route = await install(spec, fleet, progress)
         try:
-            text = TextContext.from_checkpoint(request.checkpoint_dir)
+            # Tokenize with exactly what the artifacts were built from, or refuse to serve.
+            text = TextContext.from_checkpoint(request.checkpoint_dir,
+                                               manifest_text_pins(artifact_store, route.plan))
             served = served_model(load_config(request.checkpoint_dir),
                                   list(installed.layer_ranges), model_id, kv_limit_bytes or None)
         except BaseException:
@@ -40,3 +51,22 @@ def fleet_installer(fleet: Fleet, artifact_store: str, model_id: str, kv_limit_b
                                                     plan.plan_generation_id), stages, engine)
 
     return installer
+
+
+def manifest_text_pins(artifact_store: str, plan: RoutePlan) -> TextPins:
+    """The tokenizer and template hashes every loaded stage's manifest records."""
+    seen = set()
+    for stage in plan.stages:
+        path = (Path(artifact_store) / "artifacts" / artifact_dir_name(stage.manifest_hash)
+                / MANIFEST_FILE)
+        manifest = decode_manifest(path.read_bytes())
+        if manifest_hash(manifest) != stage.manifest_hash:
+            raise FailedPrecondition(f"{path} does not hash to {stage.manifest_hash}",
+                                     reason="ARTIFACT_MANIFEST_HASH_MISMATCH")
+        seen.add((manifest.source.tokenizer_sha256, manifest.source.chat_template_sha256))
+    if len(seen) != 1:
+        raise FailedPrecondition(f"stages were built from different tokenizers or templates: "
+                                 f"{sorted(seen)}", reason="TEXT_IDENTITY_MISMATCH")
+    tokenizer_sha256, template_sha256 = seen.pop()
+    return TextPins(tokenizer_sha256=tokenizer_sha256, template_sha256=template_sha256)
+
