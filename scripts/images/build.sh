@@ -35,6 +35,7 @@ for svc in "${SERVICES[@]}"; do
   grep -h -v -e '^-r' -e '^#' -e '^$' images/requirements/common.txt "$reqs" | sort -u >"$ctx/wheels/requirements.txt"
   echo "/wheels/$(basename "$project_wheel")" >"$ctx/wheels/project.txt"
   name=fornax-${svc//_/-}
+  previous=$(buildah images --quiet --no-trunc "localhost/$name:$VERSION" 2>/dev/null || true)
   # chroot isolation shares the caller's network namespace, so the build runs in a fresh one
   # that has no interfaces: a RUN step that reaches for the network fails.
   unshare --net buildah bud --isolation chroot --layers=false \
@@ -42,5 +43,10 @@ for svc in "${SERVICES[@]}"; do
     --label "org.opencontainers.image.title=$name" \
     --label "org.opencontainers.image.version=$VERSION" \
     -f "services/$svc/Dockerfile" -t "localhost/$name:$VERSION" "$ctx"
+  # The image the tag pointed at before is now unnamed; drop it rather than pile them up.
+  current=$(buildah images --quiet --no-trunc "localhost/$name:$VERSION")
+  if [[ -n $previous && $previous != "$current" ]]; then
+    buildah rmi "$previous" >/dev/null || true
+  fi
   echo "images: built localhost/$name:$VERSION in $(($(date +%s) - start)) s"
 done

@@ -16,8 +16,13 @@ host_mirror() {
   done
 }
 
-if buildah inspect --type image "$BASE_IMAGE" >/dev/null 2>&1 && [[ ${FORNAX_REBUILD_BASE:-0} != 1 ]]; then
-  echo "build_base: $BASE_IMAGE exists (FORNAX_REBUILD_BASE=1 rebuilds it)"
+here=$(cd "$(dirname "$0")" && pwd)
+# The base is rebuilt when this script or the wheel installer it bakes in changes.
+recipe=$(cat "$here/build_base.sh" "$here/install_wheels.sh" | sha256sum | cut -c1-16)
+current=$(buildah inspect --type image --format '{{index .ImageAnnotations "dev.fornax.base.recipe"}}' \
+  "$BASE_IMAGE" 2>/dev/null || true)
+if [[ $current == "$recipe" && ${FORNAX_REBUILD_BASE:-0} != 1 ]]; then
+  echo "build_base: $BASE_IMAGE is current (FORNAX_REBUILD_BASE=1 rebuilds it)"
   exit 0
 fi
 
@@ -43,8 +48,14 @@ rm -rf "$work/rootfs"
 
 ctr=$(buildah from scratch)
 buildah add "$ctr" "$work/rootfs.tar" /
-buildah config --env LANG=C.UTF-8 --env PYTHONDONTWRITEBYTECODE=1 --cmd /bin/bash \
-  --label org.opencontainers.image.title=fornax-base "$ctr"
+buildah copy --chmod 0755 "$ctr" "$here/install_wheels.sh" /usr/local/bin/fornax-install-wheels
+# What every service container shares (service configuration contract: containers bind
+# 0.0.0.0, gRPC on 50051, metrics on 9464); HOME is writable under a read-only root.
+buildah config --env LANG=C.UTF-8 --env PYTHONDONTWRITEBYTECODE=1 --env PYTHONUNBUFFERED=1 \
+  --env PATH=/opt/fornax/bin:/usr/local/bin:/usr/bin:/bin --env HOME=/tmp \
+  --env FORNAX_HOST=0.0.0.0 --env FORNAX_GRPC_PORT=50051 --env FORNAX_METRICS_PORT=9464 \
+  --workingdir /tmp --cmd /bin/bash \
+  --label org.opencontainers.image.title=fornax-base --annotation "dev.fornax.base.recipe=$recipe" "$ctr"
 buildah commit --rm "$ctr" "$BASE_IMAGE"
 ctr=""
 echo "build_base: built $BASE_IMAGE"

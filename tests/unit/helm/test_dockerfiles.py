@@ -76,11 +76,19 @@ def test_image_is_multi_stage_non_root_and_offline(service):
     final = steps[max(i for i, (word, _) in enumerate(steps) if word == "FROM"):]
     users = [args for word, args in final if word == "USER"]
     assert users and all(int(u.split(":")[0]) > 0 for u in users)
+    build = steps[: len(steps) - len(final)]
+    assert ("RUN", "fornax-install-wheels") in build
     for word, args in steps:
-        if word == "RUN" and "pip install" in args:
-            assert args.count("pip install") == args.count("--no-index"), args
         assert word != "ADD", "ADD can fetch URLs; COPY only"
+        assert not (word == "RUN" and ("pip" in args or "apt" in args)), f"{word} {args} installs on its own"
     assert not [a for w, a in final if w == "COPY" and "wheels" in a], "the wheelhouse stays in the build stage"
+
+
+def test_wheel_installer_never_uses_an_index():
+    script = (REPO_ROOT / "scripts" / "images" / "install_wheels.sh").read_text()
+    (helper,) = [line for line in script.splitlines() if "/pip install" in line]
+    assert "--no-index" in helper
+    assert script.count("pip_install ") == 2 and "--find-links=/wheels" in script
 
 
 @pytest.mark.parametrize("service", SERVICES)
