@@ -105,6 +105,8 @@ def load_config(checkpoint_dir: str | Path) -> DeepseekV2Config:
 
 def parse_config(raw: dict[str, Any]) -> DeepseekV2Config:
     _check_architecture(raw)
+    if raw.get("scoring_func", "softmax") != "softmax":
+        raise ConfigError(f"scoring_func {raw['scoring_func']!r} is not supported (DeepSeek-V2 routes with softmax)")
     n_routed = int(raw.get("n_routed_experts") or 0)
     cfg = DeepseekV2Config(
         vocab_size=_req_int(raw, "vocab_size"),

@@ -61,6 +61,7 @@ def test_yarn_softmax_scale_includes_mscale_all_dim_squared():
         ({"topk_method": "group_limited_greedy", "n_group": 3, "topk_group": 1}, "n_group"),
         ({"rope_scaling": {"type": "longrope", "factor": 2}}, "rope type"),
         ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"scoring_func": "sigmoid"}, "scoring_func"),
         ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
     ],
 )
