@@ -92,6 +92,10 @@ class StageExecutor:
     def release(self, request_id: str, lease_id: str) -> bool:
         return self.kv.release(request_id, lease_id)
 
+    def release_request(self, request_id: str) -> int:
+        """Release every lease of a request; returns how many held KV."""
+        return self.kv.release_request(request_id)
+
     def execute(self, batch: StageBatch) -> StageResult:
         slices = list(batch.slices)
         if not slices:

@@ -105,6 +105,7 @@ def test_release_frees_bytes_and_tombstones_the_lease(tiny_checkpoint):
         ex.execute(StageBatch((ident("a", 0, 0, 1),), TOKENS["a"][:1]))
     assert err.value.reason == "RELEASED"
     assert ex.release("a", "lease-1") is False
+    assert ex.release_request("b") == 1 and ex.kv_usage().bytes_used == 0 and ex.kv_usage().live_sequences == 0
 
 
 def test_kv_byte_limit_is_enforced_before_any_change(tiny_checkpoint):
