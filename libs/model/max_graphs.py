@@ -230,7 +230,8 @@ def _moe(b: _Builder, x: TensorValue) -> tuple[TensorValue, TensorValue]:
     weights, ids = ops.top_k(_group_limited(cfg, scores), cfg.num_experts_per_tok, axis=-1)
     if cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
         weights = weights / (ops.sum(weights, axis=-1) + 1e-20)
-    weights = weights * cfg.routed_scaling_factor
+    else:  # DeepSeek-V2 scales only un-normalised routing weights
+        weights = weights * cfg.routed_scaling_factor
     # Dense combine matrix [R, E]: routing weight at each chosen expert, zero elsewhere.
     one_hot = ops.cast(ops.unsqueeze(ids, -1) == ops.range(0, e, 1, dtype=DType.int64, device=b.spec.device), DType.float32)
     combine = ops.sum(one_hot * ops.unsqueeze(weights, -1), axis=1)  # [R, 1, E]

@@ -94,7 +94,7 @@ class MaxKernels:
         _prepare_environment(self.cache_dir)
         from libs.model import max_runtime  # imports max; only after the environment is set
 
-        self._rt = max_runtime.Runtime(cfg, options.device, options.weight_dtype, options.progress)
+        self._rt = max_runtime.shared_runtime(cfg, options.device, options.weight_dtype, options.progress)
         self.device_description = self._rt.device_description
         self._layers: dict[int, Any] = {}
         self._embed = self._final = None

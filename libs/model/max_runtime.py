@@ -26,6 +26,18 @@ _FIRST_RUN_HINT = {
 }
 
 
+_RUNTIMES: dict[tuple[DeepseekV2Config, str, str], Runtime] = {}
+
+
+def shared_runtime(cfg: DeepseekV2Config, device: str, weight_dtype: str, progress: Callable[[str], None]) -> Runtime:
+    """One session and one compile per graph kind per process, shared by every stage in it."""
+    key = (cfg, device, weight_dtype)
+    runtime = _RUNTIMES.get(key)
+    if runtime is None:
+        runtime = _RUNTIMES[key] = Runtime(cfg, device, weight_dtype, progress)
+    return runtime
+
+
 class Runtime:
     """Owns the session; compiles each graph kind once, binds it once per weight set."""
 
