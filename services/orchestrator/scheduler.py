@@ -61,6 +61,9 @@ class _Request:
     abort_reason: FinishReason | None = None  # cancel or deadline requested while in flight
     finish_reason: FinishReason | None = None
     final_emitted: bool = False
+    # Position in the ready queue: set on admission and each time a result comes back, so
+    # decodes are served round-robin and nobody starves behind full microbatches.
+    ready_seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,10 +86,15 @@ class Scheduler:
         self._inflight: dict[int, Microbatch] = {}
         self._busy_slots: set[int] = set()
         self._next_batch_id = 0
+        self._ready_counter = 0
         self._last_phase = Phase.DECODE
         self._outputs: list[RequestOutput] = []
         self._releases: list[str] = []
         self._retired: list[RetiredRequest] = []
+
+    def _next_ready_seq(self) -> int:
+        self._ready_counter += 1
+        return self._ready_counter
 
     # ----- intake -----
 
@@ -98,7 +106,8 @@ class Scheduler:
         self._admission.reserve(req.request_id, len(req.prompt_token_ids) + req.max_tokens)
         deadline = None if req.deadline_budget_ns is None else now_ns + req.deadline_budget_ns
         self._requests[req.request_id] = _Request(
-            req=req, text=self._text.stream(req.stop), deadline_at_ns=deadline)
+            req=req, text=self._text.stream(req.stop), deadline_at_ns=deadline,
+            ready_seq=self._next_ready_seq())
 
     def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> bool:
         """Cancels a live request; returns False when it is unknown or already finishing."""
@@ -147,6 +156,7 @@ class Scheduler:
                 waiting.append(r)
             elif r.state is _State.RUNNING and not r.stalled:
                 decodable.append(r)
+        decodable.sort(key=lambda r: r.ready_seq)
         return waiting, decodable
 
     def _pick(self, candidates: list[_Request], share: int, phase: Phase) -> list[_Request]:
@@ -201,6 +211,7 @@ class Scheduler:
         for piece in batch.slices:
             r = self._requests[piece.request_id]
             r.inflight = False
+            r.ready_seq = self._next_ready_seq()
             seq = by_id.get(piece.request_id) or SequenceResult(
                 piece.request_id, SequenceStatus.FAILED, None, piece.kv_epoch,
                 "no result for sequence")

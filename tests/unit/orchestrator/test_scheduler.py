@@ -225,3 +225,21 @@ def test_a_result_with_the_wrong_kv_epoch_fails_the_request(text_context):
     assert final.finish_reason is FinishReason.ERROR
     assert "expected 1" in final.error
     assert sched.take_releases() == ["a"]
+
+
+def test_full_microbatches_do_not_starve_anyone(text_context):
+    admission = Admission(AdmissionConfig(64, (10**9, 10**9)), STAGES)
+    sched = Scheduler(SchedulerConfig(max_sequences_per_microbatch=2), 2, text_context, admission)
+    stages = FakeStages(2)
+    for i in range(7):
+        sched.admit(req(f"r{i}", max_tokens=1000), now_ns=0)
+    inflight = []
+    for _ in range(60):  # retire the oldest microbatch each step, as a pipeline would
+        inflight += sched.schedule(0)
+        sched.update_from_output(stages.execute(inflight.pop(0)))
+        sched.take_outputs()
+    steady = stages.executed_batches[-35:]  # after every prefill: 35 batches of 2 decodes
+    served = [sum(1 for b in steady for s in b.slices if s.request_id == f"r{i}")
+              for i in range(7)]
+    assert all(b.phase is Phase.DECODE for b in steady)
+    assert max(served) - min(served) <= 1, served
