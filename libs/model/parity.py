@@ -134,31 +134,42 @@ def step_slices(plans: list[SequencePlan], step: int) -> list[tuple[SequencePlan
     return out
 
 
-def build_executors(request: ParityRequest, cfg: DeepseekV2Config, ranges) -> list[StageExecutor]:
-    executors = []
-    for i, (start, end) in enumerate(ranges):
-        first, last = i == 0, i == len(ranges) - 1
-        weights = load_stage_weights(request.checkpoint_dir, cfg, start, end, first, last)
-        kernels = make_kernels(request.backend, cfg, weights, request.device)
-        executors.append(StageExecutor(cfg, StageSpec(start, end, first, last), kernels))
-    return executors
+def build_executor(request: ParityRequest, cfg: DeepseekV2Config, ranges, index: int) -> StageExecutor:
+    start, end = ranges[index]
+    first, last = index == 0, index == len(ranges) - 1
+    weights = load_stage_weights(request.checkpoint_dir, cfg, start, end, first, last)
+    kernels = make_kernels(request.backend, cfg, weights, request.device)
+    return StageExecutor(cfg, StageSpec(start, end, first, last), kernels)
 
 
-def run_ours(executors: list[StageExecutor], plans: list[SequencePlan], steps: int) -> Captured:
-    cap = Captured({i: {} for i in range(len(executors))}, {}, {})
-    for step in range(steps + 1):
-        entries = step_slices(plans, step)
-        slices = tuple(e[1] for e in entries)
-        bounds = np.cumsum([0] + [s.row_count for s in slices])
-        batch = StageBatch(slices, token_ids=np.concatenate([e[2] for e in entries]), all_logits=True)
-        for index, executor in enumerate(executors):
+def run_ours(request: ParityRequest, cfg: DeepseekV2Config, ranges, plans: list[SequencePlan]) -> tuple[Captured, str]:
+    """Stage-major: each stage runs every step, then is freed, so only one stage is in memory.
+
+    Valid because step t of stage s needs only stage s-1's output at step t and stage s's own KV.
+    """
+    cap = Captured({i: {} for i in range(len(ranges))}, {}, {})
+    steps = [step_slices(plans, step) for step in range(request.decode_steps + 1)]
+    carried: list[np.ndarray] = [np.concatenate([e[2] for e in entries]) for entries in steps]
+    build = ""
+    for index in range(len(ranges)):
+        executor = build_executor(request, cfg, ranges, index)
+        build = executor.kernels.build
+        for step, entries in enumerate(steps):
+            slices = tuple(e[1] for e in entries)
+            bounds = np.cumsum([0] + [s.row_count for s in slices])
+            if index == 0:
+                batch = StageBatch(slices, token_ids=carried[step], all_logits=True)
+            else:
+                batch = StageBatch(slices, hidden=carried[step], all_logits=True)
             result = executor.execute(batch)
+            carried[step] = result.hidden
             _record(cap.boundary[index], slices, bounds, result.hidden)
             for layer, ids in result.routed_expert_ids:
                 _record(cap.experts.setdefault(layer, {}), slices, bounds, ids)
-            batch = StageBatch(slices, hidden=result.hidden, all_logits=True)
-        _record(cap.logits, slices, bounds, result.logits)
-    return cap
+            if result.logits is not None:
+                _record(cap.logits, slices, bounds, result.logits)
+        del executor
+    return cap, build
 
 
 def _record(store: dict[str, list[np.ndarray]], slices, bounds, rows: np.ndarray) -> None:
@@ -246,15 +257,14 @@ def run_parity(request: ParityRequest) -> ParityReport:
     cfg = load_config(request.checkpoint_dir)
     check_reference_supports(cfg)
     ranges = split_layers(cfg.num_hidden_layers, request.stages)
-    executors = build_executors(request, cfg, ranges)
     plans = plan_sequences(cfg, request.decode_steps, request.seed)
-    ours = run_ours(executors, plans, request.decode_steps)
+    ours, build = run_ours(request, cfg, ranges, plans)
     ref, reference = run_reference(request.checkpoint_dir, cfg, plans)
     boundaries, experts = compare(ours, ref, ranges, request.tolerance)
     passed = all(b.passed for b in boundaries) and all(e.mismatched_rows == 0 for e in experts)
     return ParityReport(
         checkpoint=str(request.checkpoint_dir), backend=request.backend,
-        backend_build=executors[0].kernels.build, device=request.device, reference=reference,
+        backend_build=build, device=request.device, reference=reference,
         stage_ranges=tuple(ranges), sequences=len(plans), decode_steps=request.decode_steps,
         rows=sum(p.tokens.size for p in plans), tolerance=request.tolerance,
         boundaries=tuple(boundaries), experts=tuple(experts), passed=passed,
