@@ -231,8 +231,12 @@ class ServingEngine:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._deadlines:
-            delay_s = max(min(self._deadlines.values()) - time.monotonic_ns(), 0) / 1e9
+        # Only future deadlines: one already past is acted on at the next schedule, which
+        # the request's in-flight result or release triggers anyway.
+        now = time.monotonic_ns()
+        upcoming = [d for d in self._deadlines.values() if d > now]
+        if upcoming:
+            delay_s = (min(upcoming) - now) / 1e9
             self._timer = asyncio.get_running_loop().call_later(delay_s + 1e-4, self._pump)
 
     def _spawn(self, coro) -> None:
