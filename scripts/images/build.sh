@@ -14,6 +14,11 @@ BASE_IMAGE=${FORNAX_BASE_IMAGE:-localhost/fornax-base:bookworm}
 OUT=build/images
 VERSION=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
 
+for tool in buildah debootstrap unshare; do
+  command -v "$tool" >/dev/null || { echo "images: $tool is missing (apt-get install buildah debootstrap)" >&2; exit 2; }
+done
+[[ $(id -u) == 0 ]] || { echo "images: debootstrap and chroot builds need root" >&2; exit 2; }
+
 export FORNAX_BASE_IMAGE=$BASE_IMAGE
 bash scripts/images/build_base.sh
 
