@@ -76,3 +76,34 @@ def test_openai_client_through_the_installed_fleet(fleet, checkpoint):
         assert chunks[-1].usage.prompt_tokens == len(prompt_ids)
         assert chunks[-1].usage.completion_tokens == len(expected)
     assert chat.usage.completion_tokens >= 1
+
+
+def test_drain_then_rollback_on_the_fleet(fleet, checkpoint):
+    import grpc
+    from fornax.common.v1 import common_pb2
+    from fornax.orchestrator.v1 import orchestrator_pb2 as pb
+    from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
+
+    wait_route_ready(fleet.api)
+    stub = pb_grpc.OrchestratorServiceStub(
+        grpc.insecure_channel(fleet.entry("orchestrator").grpc))
+    first = stub.GetPlanStatus(pb.GetPlanStatusRequest()).current
+    one_stage = stub.InstallPlan(pb.InstallPlanRequest(
+        checkpoint_dir=str(checkpoint), stages=1, backend=common_pb2.BACKEND_NUMPY,
+        boundary_dtype=common_pb2.ELEMENT_TYPE_FP32), timeout=300).status
+    drained = stub.DrainPlan(pb.DrainPlanRequest(timeout_ns=30 * 10**9)).status
+    with pytest.raises(openai.APIStatusError) as refused:
+        asyncio.run(openai.AsyncOpenAI(base_url=fleet.api, api_key="none", max_retries=0)
+                    .completions.create(model="fornax", prompt="x", max_tokens=2))
+    rolled = stub.RollbackPlan(pb.RollbackPlanRequest(), timeout=300).status
+    health = wait_route_ready(fleet.api)
+
+    assert first.state == pb.ROUTE_STATE_SERVING and len(first.stages) == 2
+    assert len(one_stage.stages) == 1
+    assert drained.state == pb.ROUTE_STATE_DRAINED
+    assert (refused.value.status_code, refused.value.body["code"]) == (503, "not_admitting")
+    assert rolled.state == pb.ROUTE_STATE_SERVING and len(rolled.stages) == 2
+    generations = {first.plan.plan_generation_id, one_stage.plan.plan_generation_id,
+                   rolled.plan.plan_generation_id}
+    assert len(generations) == 3  # every install fences the leases of the one before
+    assert health["stages"] == 2
