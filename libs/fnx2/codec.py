@@ -20,7 +20,9 @@ from libs.fnx2.fields import UINT64_MAX, canonical_json, is_hash, is_uuid
 from libs.fnx2.messages import (
     MAX_ID_CHARS, TRACEPARENT_CHARS, Batch, BatchDescriptor, Kind, Result, SequenceResult,
 )
-from libs.fnx2.tensor import DType, Tensor, TensorDescriptor, TensorKind, crc_and_finite, view_payload
+from libs.fnx2.tensor import (
+    DType, Tensor, TensorDescriptor, TensorKind, crc_and_finite, payload_is_finite, view_payload,
+)
 
 MAGIC = b"FNX2"
 PRELUDE = struct.Struct("!4sHHHHIQQII")
@@ -162,14 +164,21 @@ def decode_frame(data: bytes | bytearray | memoryview, limits: CodecLimits = DEF
 
 
 def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding | None = None,
-                allow_extensions: bool = True) -> Frame:
-    """Steps 1b..5 for one length-delimited body (metadata ‖ payload)."""
+                allow_extensions: bool = True, body_crc: int | None = None) -> Frame:
+    """Steps 1b..5 for one length-delimited body (metadata ‖ payload).
+
+    `body_crc`, when the transport already computed the body's CRC32C as it arrived,
+    saves a second pass; finiteness is then checked on its own."""
     if len(body) != prelude.body_bytes:
         raise Fnx2Error(ErrorCode.FRAME_SIZE, "body length differs from its prelude")
     metadata = bytes(body[: prelude.metadata_bytes])
     payload = body[prelude.metadata_bytes:]
     parsed, meta_error = _parse_json(metadata)
-    crc, finite = crc_and_finite(crc_of(metadata), payload, _peek_dtype(parsed))
+    dtype = _peek_dtype(parsed)
+    if body_crc is None:
+        crc, finite = crc_and_finite(crc_of(metadata), payload, dtype)
+    else:
+        crc, finite = body_crc, dtype is None or payload_is_finite(payload, dtype)
     if crc != prelude.crc32c:
         raise Fnx2Error(ErrorCode.CHECKSUM, "CRC32C mismatch")
     if meta_error is not None:

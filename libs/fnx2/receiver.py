@@ -154,12 +154,15 @@ class _Channel:
         binding = self.r.config.binding
         hello_id = str(uuid.uuid4())
         await self.stream.send(Control("hello", hello_id, binding, (ABI_VERSION,)))
-        got = await self.stream.read()
+        got = await self._read()
+        if got is None:
+            return
         ack = got.frame.message if got.frame else None
         if not (isinstance(ack, Ack) and ack.operation == "hello" and ack.control_id == hello_id
                 and isinstance(ack.fields, AckHello) and ack.fields.binding == binding):
-            await self.stream.send(ErrorMessage(ErrorCode.STALE_PLAN.value,
-                                                "hello ACK does not echo the binding", hello_id))
+            code = got.error.code if got.error else ErrorCode.STALE_PLAN
+            await self._try_send(ErrorMessage(code.value, "expected the hello ACK echoing the "
+                                              "binding", hello_id))
             return
         await self.stream.send(self.credit())
         while True:

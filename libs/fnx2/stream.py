@@ -39,7 +39,7 @@ class StreamSource:
     def __init__(self, reader: asyncio.StreamReader, limits: CodecLimits) -> None:
         self._reader, self._limits = reader, limits
 
-    async def read_frame(self) -> tuple[Prelude, memoryview]:
+    async def read_frame(self) -> tuple[Prelude, memoryview, int | None]:
         try:
             head = await self._reader.readexactly(PRELUDE_BYTES)
             prelude = parse_prelude(head, self._limits)
@@ -48,7 +48,7 @@ class StreamSource:
             raise ChannelClosedError("peer closed the stream") from exc
         except (ConnectionError, OSError) as exc:
             raise ChannelClosedError(f"stream failed: {exc}") from exc
-        return prelude, memoryview(body)
+        return prelude, memoryview(body), None
 
 
 class FrameStream:
@@ -68,13 +68,13 @@ class FrameStream:
 
     async def read(self, expected: ExpectedBinding | None = None) -> Received:
         """Raises terminal errors (and EOF as ChannelClosedError); returns recoverable ones."""
-        prelude, body = await self._source.read_frame()
+        prelude, body, body_crc = await self._source.read_frame()
         started = time.monotonic_ns()
         in_order = prelude.sequence_no == self._next_in
         self._next_in = prelude.sequence_no + 1
         try:
             frame = decode_body(prelude, body, expected=expected,
-                                allow_extensions=self.allow_extensions)
+                                allow_extensions=self.allow_extensions, body_crc=body_crc)
         except Fnx2Error as exc:
             if exc.terminal:
                 raise

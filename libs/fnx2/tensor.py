@@ -189,6 +189,17 @@ def _finite_bytes(raw: np.ndarray, dtype: DType) -> bool:
     return bool(raw.view(signed).max() < pos_limit and raw.view(unsigned).max() < neg_limit)
 
 
+def payload_is_finite(payload: memoryview, dtype: DType) -> bool:
+    """Finiteness of raw little-endian payload bytes (two max-reductions per chunk)."""
+    raw = np.frombuffer(payload, dtype=np.uint8)
+    if dtype is DType.INT32:
+        return True
+    if raw.size % _FINITE_LIMITS[dtype][0].itemsize:
+        return False
+    return all(_finite_bytes(raw[start : start + _CHUNK_BYTES], dtype)
+               for start in range(0, raw.size, _CHUNK_BYTES))
+
+
 def crc_and_finite(crc: int, payload: memoryview, dtype: DType | None) -> tuple[int, bool]:
     """Extend a CRC32C over payload and, for a float dtype, check finiteness on the same
     cache-sized chunks, so the payload streams from memory once."""

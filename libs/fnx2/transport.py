@@ -3,7 +3,9 @@
 The 40-byte prelude lands in a fixed buffer; once it is bound-checked, the body goes into
 a preallocated buffer of at least the announced size, taken from a small pool of buffers
 whose earlier frames are no longer referenced, and the kernel writes into it directly
-(`recv_into`), with no intermediate stream buffer. Works for TCP and TLS alike.
+(`recv_into`), with no intermediate stream buffer. The body's CRC32C is extended as the
+data lands, while it is still in cache, so decoding does not read it again for the CRC.
+Works for TCP and TLS alike.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import collections
 import sys
 
 import numpy as np
+from google_crc32c import _crc32c as _crc
 
 from libs.fnx2.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
 from libs.fnx2.errors import ChannelClosedError, Fnx2Error
 
 _MAX_QUEUED_FRAMES = 4
+_CRC_STEP = 512 * 1024
 
 
 class BufferPool:
@@ -55,7 +59,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._prelude: Prelude | None = None
         self._target = memoryview(self._head)
         self._filled = 0
-        self._frames: collections.deque[tuple[Prelude, memoryview]] = collections.deque()
+        self._crc = self._crc_done = 0
+        self._frames: collections.deque[tuple[Prelude, memoryview, int]] = collections.deque()
         self._failure: BaseException | None = None
         self._waiter: asyncio.Future | None = None
         self._transport: asyncio.Transport | None = None
@@ -75,6 +80,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._filled += nbytes
+        if self._prelude is not None and self._filled - self._crc_done >= _CRC_STEP:
+            self._extend_crc()  # on bytes the kernel has just written: still in cache
         if self._filled < len(self._target):
             return
         if self._prelude is None:
@@ -83,17 +90,25 @@ class FrameProtocol(asyncio.BufferedProtocol):
             except Fnx2Error as exc:  # terminal: stop reading, report to the consumer
                 self._fail(exc)
                 return
+            self._crc, self._crc_done = 0, 0
             if self._prelude.body_bytes:
                 self._target = self._pool.take(self._prelude.body_bytes)
                 self._filled = 0
                 return
             self._target = memoryview(b"")
-        self._frames.append((self._prelude, self._target))
+        self._extend_crc()
+        self._frames.append((self._prelude, self._target, self._crc))
         self._prelude, self._target, self._filled = None, memoryview(self._head), 0
         if len(self._frames) >= _MAX_QUEUED_FRAMES and not self._reading_paused:
             self._reading_paused = True
             self._transport.pause_reading()
         self._wake()
+
+    def _extend_crc(self) -> None:
+        if self._filled > self._crc_done:
+            chunk = np.frombuffer(self._target[self._crc_done : self._filled], np.uint8)
+            self._crc = _crc.extend(self._crc, chunk)
+            self._crc_done = self._filled
 
     def eof_received(self) -> bool:
         self._fail(ChannelClosedError("peer closed the stream"))
@@ -120,7 +135,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._drain_waiters.clear()
 
     # -- consumer side ------------------------------------------------------------------
-    async def read_frame(self) -> tuple[Prelude, memoryview]:
+    async def read_frame(self) -> tuple[Prelude, memoryview, int | None]:
+        """(prelude, body, CRC32C of the body computed while it arrived)."""
         while not self._frames:
             if self._failure is not None:
                 raise self._failure

@@ -238,3 +238,55 @@ async def test_large_frames_round_trip_over_the_chunked_writer():
         assert result.tensor.array.shape == (512, 1024)
         assert np.array_equal(np.sort(result.tensor.array.ravel()),
                               np.sort((batch.tensor.array * 2).ravel()))
+
+
+async def test_corrupted_payload_in_transit_is_a_terminal_checksum_error():
+    from libs.fnx2.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
+    from libs.fnx2.control import Ack, AckHello, Credit
+    from libs.fnx2.receiver import Fnx2Receiver, start_server
+
+    server = await start_server(Fnx2Receiver(ReceiverConfig(BINDING), DoublingHandler()))
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    async def read_message():
+        head = await reader.readexactly(PRELUDE_BYTES)
+        body = await reader.readexactly(parse_prelude(head).body_bytes)
+        return decode_frame(head + body).message
+
+    try:
+        hello = await read_message()
+        writer.write(encode_frame(Ack("hello", hello.control_id, AckHello(BINDING)), 0).to_bytes())
+        assert isinstance(await read_message(), Credit)
+        frame = bytearray(encode_frame(make_batch(Phase.PREFILL, [Seq(new_request(), 600)],
+                                                  width=512), 1).to_bytes())
+        frame[-3] ^= 0x40  # one bit flipped deep in the 1.2 MiB payload
+        writer.write(bytes(frame))
+        await writer.drain()
+        error = await read_message()
+        assert error.code == "CHECKSUM"
+        assert await reader.read() == b""  # terminal: the receiver closed the channel
+    finally:
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_frame_other_than_the_hello_ack_ends_the_handshake_with_an_error():
+    from libs.fnx2.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
+    from libs.fnx2.receiver import Fnx2Receiver, start_server
+
+    server = await start_server(Fnx2Receiver(ReceiverConfig(BINDING), DoublingHandler()))
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        head = await reader.readexactly(PRELUDE_BYTES)
+        await reader.readexactly(parse_prelude(head).body_bytes)
+        writer.write(encode_frame(make_batch(Phase.PREFILL, [Seq(new_request(), 1)]), 0).to_bytes())
+        head = await reader.readexactly(PRELUDE_BYTES)
+        error = decode_frame(head + await reader.readexactly(parse_prelude(head).body_bytes))
+        assert error.message.code == "STALE_PLAN"
+        assert await reader.read() == b""
+    finally:
+        writer.close()
+        server.close()
+        await server.wait_closed()
