@@ -107,3 +107,41 @@ def test_drain_then_rollback_on_the_fleet(fleet, checkpoint):
                    rolled.plan.plan_generation_id}
     assert len(generations) == 3  # every install fences the leases of the one before
     assert health["stages"] == 2
+
+
+def test_32_concurrent_streams_through_the_fleet_then_kv_is_free(fleet):
+    import grpc
+    from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
+    from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
+
+    wait_route_ready(fleet.api)
+
+    async def one(api, model, i):
+        stream = await api.completions.create(
+            model=model, prompt=[5 + i, 9, 13], max_tokens=3 + i % 6, temperature=0.7, seed=i,
+            stream=True, stream_options={"include_usage": True})
+        chunks = [c async for c in stream]
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        return finish, chunks[-1].usage.completion_tokens
+
+    async def main():
+        api = openai.AsyncOpenAI(base_url=fleet.api, api_key="none", max_retries=0)
+        model = (await api.models.list()).data[0].id
+        return await asyncio.gather(*(one(api, model, i) for i in range(32)))
+
+    results = asyncio.run(main())
+    for i, (finish, completion_tokens) in enumerate(results):
+        if finish == "length":
+            assert completion_tokens == 3 + i % 6
+        else:
+            assert finish == "stop" and 1 <= completion_tokens <= 3 + i % 6
+    # Releases finish after the last event; poll the stages' own KV counters down to zero.
+    deadline = time.monotonic() + 30
+    while True:
+        health = [sw_grpc.StageWorkerServiceStub(grpc.insecure_channel(
+            fleet.entry(f"stage_worker_{i}").grpc)).GetHealth(sw_pb.GetHealthRequest())
+            for i in range(2)]
+        if all(h.live_sequences == 0 and h.kv_bytes_used == 0 for h in health):
+            break
+        assert time.monotonic() < deadline, [(h.live_sequences, h.kv_bytes_used) for h in health]
+        time.sleep(0.1)
