@@ -42,8 +42,10 @@ class ChatTemplate:
 
     def __init__(self, source_text: str, identity: TemplateIdentity,
                  special_tokens: dict[str, str]) -> None:
+        # The environment transformers' apply_chat_template uses, so a checkpoint's template
+        # renders the same prompt here as there (lenient undefined values included).
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            undefined=jinja2.StrictUndefined)
+                                            extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise_exception
         env.filters["tojson"] = _tojson
         try:
@@ -100,7 +102,8 @@ class ChatTemplate:
 
 
 def _special_tokens(config: dict) -> dict[str, str]:
-    specials = {key: _token_text(config.get(key)) for key in ("bos_token", "eos_token")}
+    specials = {key: _token_text(config.get(key))
+                for key in ("bos_token", "eos_token", "unk_token", "pad_token")}
     return {k: v for k, v in specials.items() if v is not None}
 
 

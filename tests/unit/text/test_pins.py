@@ -84,3 +84,17 @@ def test_chat_template_jinja_file_wins_and_is_pinned_by_its_bytes(text_dir: Path
     assert ctx.template.render([ChatMessage("user", "hi")]) == "[user] hi\n"
     with pytest.raises(TemplateHashMismatch):
         TextContext.from_checkpoint(tmp_path, TextPins(template_sha256="0" * 64))
+
+
+def test_rendering_matches_transformers_apply_chat_template(text_dir: Path):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(text_dir / "tokenizer.json"))
+    config = json.loads((text_dir / "tokenizer_config.json").read_text())
+    hf.chat_template = config["chat_template"]
+    conversation = [{"role": "system", "content": "be brief"},
+                    {"role": "user", "content": "héllo 🙂"},
+                    {"role": "assistant", "content": "hi"}, {"role": "user", "content": "more"}]
+    ours = TextContext.from_checkpoint(text_dir).template.render(
+        [ChatMessage(m["role"], m["content"]) for m in conversation])
+    assert ours == hf.apply_chat_template(conversation, tokenize=False,
+                                          add_generation_prompt=True)
