@@ -55,6 +55,7 @@ def build_http_app(route: RouteSlot, config: HttpConfig = HttpConfig()) -> web.A
     app[CONFIG_KEY] = config
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/v1/models/{model}", _model)
     app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_post("/v1/completions", _completions)
     return app
@@ -130,6 +131,13 @@ async def _models(request: web.Request) -> web.Response:
         return web.json_response(fmt.model_list(None, 0))
     return web.json_response(fmt.model_list(engine.served.model_id,
                                             engine.served.created_unix_s))
+
+
+async def _model(request: web.Request) -> web.Response:
+    engine = _engine(request)
+    check_model(request.match_info["model"], engine.served)
+    return web.json_response(fmt.model_list(engine.served.model_id,
+                                            engine.served.created_unix_s)["data"][0])
 
 
 async def _chat_completions(request: web.Request) -> web.StreamResponse:

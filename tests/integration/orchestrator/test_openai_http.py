@@ -52,10 +52,15 @@ def test_streaming_completion_from_text_and_from_token_ids(checkpoint):
                 prompt="Mixture of experts", max_tokens=6, stream=True, **GREEDY)]
             by_ids = await api.completions.create(prompt=ids, max_tokens=6, **GREEDY)
             models = await api.models.list()
-            return by_text, by_ids, models
+            one = await api.models.retrieve(MODEL_ID)
+            with pytest.raises(openai.NotFoundError) as missing:
+                await api.models.retrieve("other")
+            return by_text, by_ids, models, one, missing.value
 
-    by_text, by_ids, models = asyncio.run(main())
+    by_text, by_ids, models, one, missing = asyncio.run(main())
     assert [m.id for m in models.data] == [MODEL_ID]
+    assert one.id == MODEL_ID
+    assert missing.body["code"] == "model_not_found"
     assert "".join(c.choices[0].text for c in by_text) == by_ids.choices[0].text
     assert by_text[-1].choices[0].finish_reason == by_ids.choices[0].finish_reason
 
