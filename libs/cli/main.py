@@ -13,6 +13,7 @@ import sys
 
 COMMAND_MODULES: tuple[str, ...] = (
     "libs.cli.fleet",
+    "libs.bench.cli",
     "libs.fnx2.cli",
     "libs.model.cli",
     "services.artifact_builder.cli",

@@ -1,0 +1,54 @@
+"""`fornax bench serve [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEFAULT_CHECKPOINT = Path(".cache/bench/small")
+
+
+def register(commands, benches) -> None:
+    serve = benches.add_parser("serve", help="serving throughput, TTFT and ITL: 2-stage vs 1-stage vs transformers")
+    serve.add_argument("--checkpoint", help=f"checkpoint dir (default: the small preset, generated into {DEFAULT_CHECKPOINT})")
+    serve.add_argument("--backend", choices=("numpy", "max"), default="numpy")
+    serve.add_argument("--prompt-tokens", type=int, default=32)
+    serve.add_argument("--max-tokens", type=int, default=16)
+    serve.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
+    serve.add_argument("--json", action="store_true")
+    serve.set_defaults(func=cmd_serve)
+
+
+def _checkpoint(path: str | None) -> str:
+    if path:
+        return path
+    if not (DEFAULT_CHECKPOINT / "config.json").exists():
+        from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
+
+        print(f"generating the small preset into {DEFAULT_CHECKPOINT}", file=sys.stderr)
+        write_checkpoint(CheckpointRequest("small", DEFAULT_CHECKPOINT, seed=0))
+    return str(DEFAULT_CHECKPOINT)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from libs.bench.serve import BenchOptions, run
+
+    levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
+    options = BenchOptions(_checkpoint(args.checkpoint), args.prompt_tokens, args.max_tokens, args.backend, levels)
+    report = run(options, "fornax " + " ".join(sys.argv[1:]))
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    prov = report["provenance"]
+    print(f"# {prov['label']}: {prov['hardware']}; {prov['backend_build']}; {prov['transformers_build']}")
+    print(f"# model {prov['model_snapshot']}; prompt {options.prompt_tokens} tokens, {options.max_tokens} new tokens")
+    print(f"{'setup':<18}{'conc':>5}{'tok/s':>10}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>10}{'ITL p99':>10}")
+    for name in ("pipeline_2_stage", "pipeline_1_stage", "transformers"):
+        for level, f in report[name].items():
+            print(f"{name:<18}{level[1:]:>5}{f['output_tokens_per_s']:>10.1f}{f['ttft_p50_s']:>10.3f}"
+                  f"{f['ttft_p99_s']:>10.3f}{f['itl_p50_s']:>10.3f}{f['itl_p99_s']:>10.3f}")
+    for key in sorted(k for k in report if k.startswith(("two_vs", "pipeline_vs"))):
+        print(f"{key} = {report[key]:.2f}")
+    return 0
