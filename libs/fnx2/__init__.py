@@ -8,7 +8,9 @@ Receiving side (a stage worker):
                                            input_dtype=DType.BF16, input_width=2048),
                             handler)
     server = await start_server(receiver, host, port, ssl=ssl_ctx_or_None)
-    # or, for streams you already hold: await serve_channel(reader, writer, receiver)
+    # same fast path in your own server: loop.create_server(receiver.protocol, host, port)
+    # or, for asyncio streams you already hold (slower: readexactly copies each body once):
+    #     await serve_channel(reader, writer, receiver)
 
   `handler` implements `StageHandler`:
     async def execute(self, work: StageWork) -> StageOutput

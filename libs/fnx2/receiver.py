@@ -107,6 +107,11 @@ class Fnx2Receiver:
         finally:
             await channel.stop()
 
+    def protocol(self) -> FrameProtocol:
+        """Protocol factory for `loop.create_server(receiver.protocol, host, port, ssl=...)`:
+        the fast path (pooled receive buffers, CRC32C computed as data arrives)."""
+        return FrameProtocol(self.config.codec, self.accept)
+
     def accept(self, protocol: FrameProtocol) -> None:
         task = asyncio.get_running_loop().create_task(self.serve(protocol, protocol))
         self._connections.add(task)
@@ -126,8 +131,7 @@ async def start_server(receiver: Fnx2Receiver, host: str = "127.0.0.1", port: in
                        ssl=None) -> asyncio.AbstractServer:
     """Listen for FNX2 channels; frames are received straight into per-frame buffers."""
     loop = asyncio.get_running_loop()
-    return await loop.create_server(
-        lambda: FrameProtocol(receiver.config.codec, receiver.accept), host, port, ssl=ssl)
+    return await loop.create_server(receiver.protocol, host, port, ssl=ssl)
 
 
 class _Channel:
