@@ -290,3 +290,51 @@ async def test_a_frame_other_than_the_hello_ack_ends_the_handshake_with_an_error
         writer.close()
         server.close()
         await server.wait_closed()
+
+
+TRACEPARENT = "00-" + "4bf92f3577b34da6a3ce929d0e0e4736" + "-" + "00f067aa0ba902b7" + "-01"
+
+
+class TraceRecorder(DoublingHandler):
+    def __init__(self):
+        super().__init__()
+        self.traceparents = []
+
+    async def execute(self, work):
+        self.traceparents.append(work.traceparent)
+        return await super().execute(work)
+
+
+async def test_traceparent_travels_when_negotiated_and_is_dropped_for_plain_peers():
+    import dataclasses
+
+    handler = TraceRecorder()
+    async with loopback(handler) as (client, _):
+        batch = dataclasses.replace(make_batch(Phase.PREFILL, [Seq(new_request(), 1)]),
+                                    traceparent=TRACEPARENT)
+        await client.submit(batch)
+    plain = TraceRecorder()
+    async with loopback(plain, receiver_config=ReceiverConfig(BINDING, extensions=frozenset())) as (
+            client, _):
+        batch = dataclasses.replace(make_batch(Phase.PREFILL, [Seq(new_request(), 1)]),
+                                    traceparent=TRACEPARENT)
+        assert (await client.submit(batch)).results[0].status is SequenceStatus.OK
+    assert handler.traceparents == [TRACEPARENT] and plain.traceparents == [None]
+
+
+async def test_cancel_during_execution_reports_inflight_and_release_waits():
+    handler = DoublingHandler(gate=asyncio.Event())
+    limits = ReceiverLimits(frames=2)
+    async with loopback(handler, receiver_config=ReceiverConfig(BINDING, limits)) as (client, _):
+        a = new_request()
+        running = asyncio.create_task(client.submit(make_batch(Phase.PREFILL, [Seq(a, 1)])))
+        while not client.unacknowledged():
+            await asyncio.sleep(0)
+        ack = await client.cancel(a, lease_for(a))
+        assert ack.cancelled and ack.inflight and not ack.kv_mutated
+        with pytest.raises(RemoteError) as info:
+            await client.release(a, lease_for(a))
+        assert info.value.code is ErrorCode.REQUEST_INFLIGHT
+        handler.gate.set()
+        await running
+        assert (await client.release(a, lease_for(a))).released
