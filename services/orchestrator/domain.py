@@ -160,5 +160,6 @@ class SchedulerConfig:
     # Microbatch slots kept in flight; raised to the stage count when lower.
     inflight_microbatches: int = 0
     max_sequences_per_microbatch: int = 64
-    max_prefill_rows_per_microbatch: int = 4096
+    # Prefill rows per microbatch; a longer prompt is prefilled in chunks of at most this.
+    max_prefill_rows_per_microbatch: int = 2048
     output_queue_capacity: int = 16

@@ -48,8 +48,9 @@ class RoutePipeline:
 
     async def submit(self, batch: Microbatch) -> MicrobatchResult:
         rejected: dict[str, SequenceResult] = {}
-        if batch.phase is Phase.PREFILL:
-            rejected = await self._admit(batch.slices)
+        if batch.phase is Phase.PREFILL:  # the first chunk of a prompt opens the lease
+            rejected = await self._admit(tuple(s for s in batch.slices
+                                               if s.request_sequence_no == 0))
         runnable = [s for s in batch.slices if s.request_id not in rejected]
         outputs: dict[str, SliceOutput] = {}
         if runnable:

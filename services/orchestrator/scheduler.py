@@ -40,7 +40,7 @@ from services.orchestrator.domain import (
 
 
 class _State(enum.Enum):
-    WAITING = "waiting"  # admitted, not yet prefilled
+    WAITING = "waiting"  # admitted, prompt not yet (fully) prefilled
     RUNNING = "running"  # has KV on every stage, decodes
     RELEASING = "releasing"  # finished or cancelled; waiting for every stage's release
 
@@ -54,6 +54,7 @@ class _Request:
     sequence_no: int = 0
     position: int = 0
     kv_epoch: int = 0
+    prefilled: int = 0  # prompt tokens already in every stage's KV
     generated: list[int] = field(default_factory=list)
     inflight: bool = False
     stalled: bool = False
@@ -159,21 +160,25 @@ class Scheduler:
         decodable.sort(key=lambda r: r.ready_seq)
         return waiting, decodable
 
-    def _pick(self, candidates: list[_Request], share: int, phase: Phase) -> list[_Request]:
+    def _pick(self, candidates: list[_Request], share: int,
+              phase: Phase) -> list[tuple[_Request, int]]:
+        """(request, rows) pairs; a prompt longer than the row budget is prefilled in chunks."""
         limit = min(share, self._config.max_sequences_per_microbatch)
         if phase is Phase.DECODE:
-            return candidates[:limit]
-        picked, rows = [], 0
+            return [(r, 1) for r in candidates[:limit]]
+        picked, budget = [], self._config.max_prefill_rows_per_microbatch
         for r in candidates[:limit]:
-            prompt_rows = len(r.req.prompt_token_ids)
-            if picked and rows + prompt_rows > self._config.max_prefill_rows_per_microbatch:
+            rows = min(len(r.req.prompt_token_ids) - r.prefilled, budget)
+            if rows <= 0:
                 break
-            picked.append(r)
-            rows += prompt_rows
+            picked.append((r, rows))
+            budget -= rows
         return picked
 
-    def _issue(self, slot: int, phase: Phase, picked: list[_Request], now_ns: int) -> Microbatch:
-        slices = tuple(self._slice(r, phase, now_ns) for r in picked)
+    def _issue(self, slot: int, phase: Phase, picked: list[tuple[_Request, int]],
+               now_ns: int) -> Microbatch:
+        slices = tuple(self._slice(r, phase, rows, now_ns) for r, rows in picked)
+        picked = [r for r, _ in picked]
         for r in picked:
             r.inflight = True
             r.reached_stage = True
@@ -184,8 +189,9 @@ class Scheduler:
         self._last_phase = phase
         return batch
 
-    def _slice(self, r: _Request, phase: Phase, now_ns: int) -> SequenceSlice:
-        tokens = r.req.prompt_token_ids if phase is Phase.PREFILL else (r.generated[-1],)
+    def _slice(self, r: _Request, phase: Phase, rows: int, now_ns: int) -> SequenceSlice:
+        tokens = (r.req.prompt_token_ids[r.prefilled:r.prefilled + rows]
+                  if phase is Phase.PREFILL else (r.generated[-1],))
         budget = None if r.deadline_at_ns is None else max(r.deadline_at_ns - now_ns, 0)
         return SequenceSlice(
             request_id=r.req.request_id, request_sequence_no=r.sequence_no,
@@ -237,6 +243,10 @@ class Scheduler:
         r.kv_epoch = expected
         r.sequence_no += 1
         r.position += len(piece.token_ids)
+        if r.state is _State.WAITING:
+            r.prefilled += len(piece.token_ids)
+            if r.prefilled < len(r.req.prompt_token_ids):
+                return  # a middle chunk: its sampled token is not the next token
         r.state = _State.RUNNING
         self._on_token(r, seq.sampled_token_id)
 

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from libs.text.context import TextContext
-from services.orchestrator.domain import GenerationRequest
+from services.orchestrator.domain import GenerationRequest, SchedulerConfig
 from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
-from services.orchestrator.serving import ServingEngine
+from services.orchestrator.serving import ServingConfig, ServingEngine
 
 PROMPTS = ("Mixture of experts", "The quick brown fox jumps", "Stages")
 NEW_TOKENS = 12
@@ -29,10 +29,13 @@ def reference_greedy(checkpoint, prompts: list[list[int]]) -> list[list[int]]:
     return out
 
 
-def served_greedy(checkpoint, stages: int, prompts: list[list[int]]) -> list[list[int]]:
+def served_greedy(checkpoint, stages: int, prompts: list[list[int]],
+                  prefill_rows: int = 2048) -> list[list[int]]:
     async def main():
         pipeline = InProcessPipeline.from_checkpoint(InProcessRouteConfig(checkpoint, stages))
-        engine = ServingEngine(pipeline, pipeline.served, TextContext.from_checkpoint(checkpoint))
+        config = ServingConfig(SchedulerConfig(max_prefill_rows_per_microbatch=prefill_rows))
+        engine = ServingEngine(pipeline, pipeline.served, TextContext.from_checkpoint(checkpoint),
+                               config)
         streams = [engine.submit(GenerationRequest(f"p{i}", tuple(ids), NEW_TOKENS))
                    for i, ids in enumerate(prompts)]  # all in flight together
         tokens = [[t async for out in s for t in out.token_ids] for s in streams]
@@ -43,10 +46,11 @@ def served_greedy(checkpoint, stages: int, prompts: list[list[int]]) -> list[lis
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stages", [2, 3])
-def test_greedy_tokens_equal_transformers(checkpoint, stages):
+@pytest.mark.parametrize("stages, prefill_rows", [(2, 2048), (3, 3)])
+def test_greedy_tokens_equal_transformers(checkpoint, stages, prefill_rows):
     text = TextContext.from_checkpoint(checkpoint)
     prompts = [text.tokenizer.encode(p) for p in PROMPTS]
-    ours = served_greedy(checkpoint, stages, prompts)
+    assert max(map(len, prompts)) > prefill_rows or prefill_rows == 2048
+    ours = served_greedy(checkpoint, stages, prompts, prefill_rows)  # 3 rows: chunked prefill
     assert ours == reference_greedy(checkpoint, prompts)
     assert all(len(t) >= 1 for t in ours)

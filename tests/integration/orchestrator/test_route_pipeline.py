@@ -11,10 +11,15 @@ from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from libs.gateway.route import Route
 from libs.model.config import load_config
 from libs.text.context import TextContext
-from services.orchestrator.domain import FinishReason, GenerationRequest, SamplingParams
+from services.orchestrator.domain import (
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    SchedulerConfig,
+)
 from services.orchestrator.model_card import even_layer_split, served_model
 from services.orchestrator.route_pipeline import RoutePipeline
-from services.orchestrator.serving import ServingEngine
+from services.orchestrator.serving import ServingConfig, ServingEngine
 from tests.integration.orchestrator.test_greedy_parity import NEW_TOKENS, served_greedy
 from tests.support.stages import load_pipeline, start_workers
 
@@ -39,7 +44,9 @@ def test_route_pipeline_serves_like_the_in_process_pipeline(checkpoint, workers)
     async def main():
         route = Route(plan)
         await route.open()
-        engine = ServingEngine(RoutePipeline(route, served), served, text)
+        # Three-row prefill chunks: prompts continue their prefill over FNX2.
+        config = ServingConfig(SchedulerConfig(max_prefill_rows_per_microbatch=3))
+        engine = ServingEngine(RoutePipeline(route, served), served, text, config)
         streams = [engine.submit(GenerationRequest(str(uuid.uuid4()), tuple(ids), NEW_TOKENS))
                    for ids in prompts]
         tokens = [[t async for out in s for t in out.token_ids] for s in streams]

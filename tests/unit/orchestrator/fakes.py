@@ -25,6 +25,7 @@ class _Lease:
     next_sequence_no: int = 0
     next_position: int = 0
     epoch: int = 0
+    decoded: bool = False
 
 
 def default_script(request_id: str, sample_index: int) -> int:
@@ -57,6 +58,7 @@ class FakeStages:
                 lease.epoch += 1
                 lease.next_sequence_no += 1
                 lease.next_position += len(piece.token_ids)
+                lease.decoded = lease.decoded or batch.phase is Phase.DECODE
                 epochs.append(lease.epoch)
             token = self.script(piece.request_id, piece.sample_index)
             assert len(set(epochs)) == 1
@@ -66,13 +68,15 @@ class FakeStages:
     @staticmethod
     def _check(stage: dict[str, _Lease], phase: Phase, piece) -> None:
         lease = stage.get(piece.request_id)
-        if phase is Phase.PREFILL:
-            if lease is not None or (piece.request_sequence_no, piece.token_position_start,
-                                     piece.kv_epoch) != (0, 0, 0):
-                raise KvViolation(f"bad prefill {piece}")
+        if lease is None:  # a lease opens with a prefill at sequence 0, position 0, epoch 0
+            if phase is not Phase.PREFILL or (piece.request_sequence_no,
+                                              piece.token_position_start, piece.kv_epoch) != (0, 0, 0):
+                raise KvViolation(f"bad first slice {piece}")
             return
-        if lease is None or len(piece.token_ids) != 1:
-            raise KvViolation(f"decode without lease or with {len(piece.token_ids)} rows")
+        if phase is Phase.PREFILL and lease.decoded:
+            raise KvViolation("prefill after decode")
+        if phase is Phase.DECODE and len(piece.token_ids) != 1:
+            raise KvViolation(f"decode with {len(piece.token_ids)} rows")
         got = (piece.request_sequence_no, piece.token_position_start, piece.kv_epoch)
         want = (lease.next_sequence_no, lease.next_position, lease.epoch)
         if got != want:

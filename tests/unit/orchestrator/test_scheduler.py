@@ -243,3 +243,24 @@ def test_full_microbatches_do_not_starve_anyone(text_context):
               for i in range(7)]
     assert all(b.phase is Phase.DECODE for b in steady)
     assert max(served) - min(served) <= 1, served
+
+
+def test_long_prompts_are_prefilled_in_chunks_within_the_row_budget(text_context):
+    admission = Admission(AdmissionConfig(64, (10**9, 10**9)), STAGES)
+    sched = Scheduler(SchedulerConfig(max_prefill_rows_per_microbatch=4), 2, text_context,
+                      admission)
+    stages = FakeStages(2)
+    sched.admit(req("long", prompt=range(20, 30), max_tokens=3), now_ns=0)
+    sched.admit(req("short", prompt=(1, 2), max_tokens=3), now_ns=0)
+    outs = run_to_idle(sched, stages)
+    prefills = [(s.request_id, s.token_position_start, len(s.token_ids), s.kv_epoch)
+                for b in stages.executed_batches if b.phase is Phase.PREFILL for s in b.slices]
+    assert [p for p in prefills if p[0] == "long"] == [("long", 0, 4, 0), ("long", 4, 4, 1),
+                                                        ("long", 8, 2, 2)]
+    assert all(b.row_count <= 4 for b in stages.executed_batches)
+    finals = {o.request_id: o for o in outs if o.finished}
+    assert finals["long"].completion_tokens == 3 and finals["long"].prompt_tokens == 10
+    first_decode = next(b for b in stages.executed_batches if b.phase is Phase.DECODE
+                        and b.slices[0].request_id == "long")
+    assert first_decode.slices[0].token_position_start == 10
+    assert stages.released["long"] == (5, 5)  # three prefill chunks and two decodes
