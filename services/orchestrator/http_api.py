@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hmac
 import json
-import logging
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import structlog
 from aiohttp import web
 
 from libs.service.errors import FornaxError, Internal, Unauthenticated, Unavailable
@@ -34,7 +34,7 @@ from services.orchestrator.prompting import (
 )
 from services.orchestrator.serving import RequestStream, RouteSlot, ServingEngine, terminal_error
 
-_log = logging.getLogger(__name__)
+_log = structlog.get_logger()
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
 
@@ -89,7 +89,7 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
             f"{request.method} {request.path}: {exc.reason}", "invalid_request_error", code,
             None))
     except Exception:
-        _log.exception("http_handler_failed path=%s", request.path)
+        _log.exception("http_handler_failed", path=request.path)
         return _json_error(500, fmt.error_envelope("internal error", "server_error",
                                                    "internal", None))
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import secrets
 import time
 from dataclasses import dataclass, replace
 
+import structlog
+
 from libs.service.errors import Cancelled, DeadlineExceeded, FornaxError, Internal, Unavailable
-from services.orchestrator import metrics
 from libs.text.context import TextContext
+from services.orchestrator import metrics
 from services.orchestrator.admission import Admission, AdmissionConfig
 from services.orchestrator.domain import (
     FinishReason,
@@ -33,7 +34,7 @@ from services.orchestrator.domain import (
 from services.orchestrator.pipeline import Pipeline
 from services.orchestrator.scheduler import RetiredRequest, Scheduler
 
-_log = logging.getLogger(__name__)
+_log = structlog.get_logger()
 RELEASE_RETRY_S = 0.05
 NO_KV_LIMIT_BYTES = 1 << 62
 
@@ -171,7 +172,7 @@ class ServingEngine:
         try:
             await asyncio.wait_for(self.wait_idle(), release_timeout_s)
         except asyncio.TimeoutError:
-            _log.warning("release_incomplete live_requests=%d", self.scheduler.live_requests)
+            _log.warning("release_incomplete", live_requests=self.scheduler.live_requests)
             for task in list(self._tasks):
                 task.cancel()
         if self._timer is not None:
@@ -214,6 +215,9 @@ class ServingEngine:
             self._deadlines.pop(retired.request_id, None)
             self._last_token_ns.pop(retired.request_id, None)
             metrics.FINISHED.labels(retired.finish_reason.value).inc()
+            _log.info("request_retired", request_id=retired.request_id,
+                      finish_reason=retired.finish_reason.value,
+                      released_stage_epochs=list(retired.released_stage_epochs))
         if self.scheduler.live_requests == 0:
             self._idle.set()
         self._arm_deadline_timer()
@@ -248,7 +252,7 @@ class ServingEngine:
         try:
             result = await self.pipeline.submit(batch)
         except Exception as exc:  # a failed microbatch fails its sequences, not the loop
-            _log.exception("microbatch_failed batch_id=%s", batch.batch_id)
+            _log.exception("microbatch_failed", batch_id=batch.batch_id)
             result = MicrobatchResult(batch.batch_id, tuple(
                 SequenceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch,
                                f"pipeline error: {type(exc).__name__}: {exc}")
@@ -264,7 +268,7 @@ class ServingEngine:
                 break
             except Exception:  # KV must be freed everywhere: keep trying until it is
                 attempt += 1
-                _log.exception("release_failed request_id=%s attempt=%d", request_id, attempt)
+                _log.exception("release_failed", request_id=request_id, attempt=attempt)
                 await asyncio.sleep(RELEASE_RETRY_S * min(attempt, 20))
         self.scheduler.on_released(report)
         self._pump()
