@@ -18,6 +18,7 @@ from services.orchestrator.serving import ServingEngine
 _FINISH = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
            FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
            FinishReason.DEADLINE: pb.FINISH_REASON_ERROR,
+           FinishReason.REJECTED: pb.FINISH_REASON_ERROR,
            FinishReason.ERROR: pb.FINISH_REASON_ERROR}
 
 

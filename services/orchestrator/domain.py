@@ -16,6 +16,7 @@ class FinishReason(enum.Enum):
     LENGTH = "length"
     CANCELLED = "cancelled"
     DEADLINE = "deadline"
+    REJECTED = "rejected"  # a stage refused the request (its KV reservation)
     ERROR = "error"
 
 

@@ -38,8 +38,12 @@ def fleet_installer(fleet: Fleet, artifact_store: str, model_id: str, kv_limit_b
             # Tokenize with exactly what the artifacts were built from, or refuse to serve.
             text = TextContext.from_checkpoint(request.checkpoint_dir,
                                                manifest_text_pins(artifact_store, route.plan))
+            # Admission counts against each stage's own KV limit, so an overflow is refused
+            # here at once rather than by a stage at prefill.
+            limits = tuple(h.kv_bytes_limit for h in await route.health())
             served = served_model(load_config(request.checkpoint_dir),
-                                  list(installed.layer_ranges), model_id, kv_limit_bytes or None)
+                                  list(installed.layer_ranges), model_id,
+                                  stage_kv_budgets=limits if all(limits) else None)
         except BaseException:
             await route.close()
             raise

@@ -20,11 +20,15 @@ def even_layer_split(num_layers: int, stages: int) -> list[tuple[int, int]]:
 
 
 def served_model(cfg: DeepseekV2Config, ranges: list[tuple[int, int]], model_id: str,
-                 kv_budget_bytes: int | None = None) -> ServedModel:
-    """`kv_budget_bytes` is each stage's KV limit (the same for every stage)."""
+                 kv_budget_bytes: int | None = None,
+                 stage_kv_budgets: tuple[int, ...] | None = None) -> ServedModel:
+    """`kv_budget_bytes` is every stage's KV limit; `stage_kv_budgets` gives one per stage."""
+    budgets = stage_kv_budgets or (kv_budget_bytes,) * len(ranges)
+    if len(budgets) != len(ranges):
+        raise ValueError(f"{len(budgets)} KV budgets for {len(ranges)} stages")
     layouts = tuple(StageLayout(a, b, mla_kv_bytes_per_token(cfg.kv_lora_rank,
                                                               cfg.qk_rope_head_dim, b - a),
-                                kv_budget_bytes)
-                    for a, b in ranges)
+                                budget)
+                    for (a, b), budget in zip(ranges, budgets))
     return ServedModel(model_id=model_id, context_length=cfg.max_position_embeddings,
                        vocab_size=cfg.vocab_size, stages=layouts)

@@ -230,7 +230,8 @@ class Scheduler:
             return
         if seq.status is not SequenceStatus.OK:
             reason = {SequenceStatus.DEADLINE: FinishReason.DEADLINE,
-                      SequenceStatus.CANCELLED: FinishReason.CANCELLED}.get(seq.status,
+                      SequenceStatus.CANCELLED: FinishReason.CANCELLED,
+                      SequenceStatus.REJECTED: FinishReason.REJECTED}.get(seq.status,
                                                                           FinishReason.ERROR)
             self._begin_release(r, reason, emit_now=True, error=seq.error or seq.status.value)
             return

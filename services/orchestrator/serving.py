@@ -16,7 +16,14 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from libs.service.errors import Cancelled, DeadlineExceeded, FornaxError, Internal, Unavailable
+from libs.service.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    FornaxError,
+    Internal,
+    ResourceExhausted,
+    Unavailable,
+)
 from libs.text.context import TextContext
 from services.orchestrator import metrics
 from services.orchestrator.admission import Admission, AdmissionConfig
@@ -288,6 +295,8 @@ def terminal_error(output: RequestOutput) -> FornaxError | None:
                                 reason="DEADLINE_EXCEEDED")
     if output.finish_reason is FinishReason.CANCELLED:
         return Cancelled("the request was cancelled")
+    if output.finish_reason is FinishReason.REJECTED:
+        return ResourceExhausted(f"a stage refused the request: {output.error}")
     if output.finish_reason is FinishReason.ERROR:
         return Internal(f"generation failed: {output.error}", reason="GENERATION_FAILED")
     return None

@@ -176,3 +176,23 @@ def test_close_gives_up_on_releases_that_cannot_complete(text_context):
         return eng.live_requests
 
     assert asyncio.run(main()) == 1  # still unreleased, but close returned
+
+
+def test_a_stage_refusal_is_a_capacity_error(text_context):
+    from services.orchestrator.domain import MicrobatchResult, SequenceResult, SequenceStatus
+    from services.orchestrator.serving import terminal_error
+
+    class Refusing(FakePipeline):
+        async def submit(self, batch):
+            return MicrobatchResult(batch.batch_id, tuple(
+                SequenceResult(s.request_id, SequenceStatus.REJECTED, None, 0, "KV full")
+                for s in batch.slices))
+
+    async def main():
+        eng = engine(text_context, Refusing(2))
+        return await collect(eng.submit(req("a")))
+
+    final = asyncio.run(main())[-1]
+    assert final.finish_reason is FinishReason.REJECTED
+    error = terminal_error(final)
+    assert error.reason == "CAPACITY" and "KV full" in error.message
