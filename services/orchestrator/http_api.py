@@ -19,7 +19,7 @@ from aiohttp import web
 
 from libs.service.errors import FornaxError, Internal, Unauthenticated, Unavailable
 from services.orchestrator import openai_response as fmt
-from services.orchestrator.domain import FinishReason, GenerationRequest
+from services.orchestrator.domain import FinishReason, GenerationRequest, RequestOutput
 from services.orchestrator.openai_request import (
     CommonOptions,
     parse_chat_completion,
@@ -211,10 +211,13 @@ async def _collect(stream: RequestStream, model: str, form: _Format) -> web.Resp
 
 async def _stream_sse(request: web.Request, stream: RequestStream, model: str,
                       options: CommonOptions, form: _Format) -> web.StreamResponse:
+    head = await stream.next()
+    if head.finished and terminal_error(head) is not None:
+        raise terminal_error(head)  # nothing sent yet: a proper status (429, 504, ...)
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
     rid, created, first = _public_id(form, stream), int(time.time()), True
-    async for output in stream:
+    async for output in _prepend(head, stream):
         error = terminal_error(output) if output.finished else None
         if output.text or first or (output.finished and error is None):
             await _send(response, form.chunk(rid, created, model, output.text,
@@ -230,6 +233,12 @@ async def _stream_sse(request: web.Request, stream: RequestStream, model: str,
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
+
+
+async def _prepend(head: RequestOutput, stream: RequestStream):
+    yield head
+    async for output in stream:
+        yield output
 
 
 def _public_id(form: _Format, stream: RequestStream) -> str:

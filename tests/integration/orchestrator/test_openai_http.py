@@ -221,3 +221,24 @@ def test_client_disconnect_cancels_and_frees_kv_on_every_stage(checkpoint):
     assert [r.finish_reason for r in retired] == [FinishReason.CANCELLED]
     assert len(retired[0].released_stage_epochs) == 2
     assert live_kv == [0, 0]
+
+
+def test_a_stream_that_fails_before_its_first_token_gets_a_status(checkpoint):
+    """A stage refusing the KV reservation at prefill: 429 before any SSE byte is sent."""
+    from services.orchestrator.domain import MicrobatchResult, SequenceResult, SequenceStatus
+
+    async def main():
+        async with serve(checkpoint, stages=1) as served:
+            async def refuse(batch):
+                return MicrobatchResult(batch.batch_id, tuple(
+                    SequenceResult(s.request_id, SequenceStatus.REJECTED, None, 0,
+                                   "stage 0: KV full") for s in batch.slices))
+
+            served.pipeline.submit = refuse
+            with pytest.raises(openai.RateLimitError) as info:
+                await client(served.base_url).chat.completions.create(
+                    messages=MESSAGES, max_tokens=3, stream=True, **GREEDY)
+            return info.value
+
+    error = asyncio.run(main())
+    assert error.body["code"] == "capacity" and "KV full" in error.body["message"]
