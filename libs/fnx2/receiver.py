@@ -26,7 +26,7 @@ from libs.fnx2.messages import Batch, Result, SequenceResult, SequenceSlice, Tim
 from libs.fnx2.receiver_state import Admission, Entry, Outcome, ReceiverLimits, ReceiverState
 from libs.fnx2.stream import FrameStream, Received
 from libs.fnx2.tensor import DType, Tensor, TensorDescriptor, TensorKind
-from libs.fnx2.transport import FrameProtocol
+from libs.fnx2.transport import BufferPool, FrameProtocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +95,7 @@ class Fnx2Receiver:
         self.state = ReceiverState(config.binding, config.limits)
 
         self._connections: set[asyncio.Task] = set()
+        self._pool = BufferPool()  # shared by all channels: memory stays mapped and warm
 
     async def serve(self, reader, writer) -> None:
         """Run one channel over (StreamReader, StreamWriter) or (FrameProtocol, FrameProtocol)."""
@@ -110,7 +111,7 @@ class Fnx2Receiver:
     def protocol(self) -> FrameProtocol:
         """Protocol factory for `loop.create_server(receiver.protocol, host, port, ssl=...)`:
         the fast path (pooled receive buffers, CRC32C computed as data arrives)."""
-        return FrameProtocol(self.config.codec, self.accept)
+        return FrameProtocol(self.config.codec, self.accept, self._pool)
 
     def accept(self, protocol: FrameProtocol) -> None:
         task = asyncio.get_running_loop().create_task(self.serve(protocol, protocol))

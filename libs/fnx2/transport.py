@@ -32,7 +32,7 @@ class BufferPool:
     is already mapped avoids a page fault per 4 KiB, which costs more than the copy.
     """
 
-    def __init__(self, max_buffers: int = 8, max_bytes: int = 512 * 1024 * 1024) -> None:
+    def __init__(self, max_buffers: int = 16, max_bytes: int = 512 * 1024 * 1024) -> None:
         self._buffers: list[np.ndarray] = []
         self._max_buffers, self._max_bytes = max_buffers, max_bytes
 
@@ -52,9 +52,10 @@ _IDLE_REFS = 3
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
-    def __init__(self, limits: CodecLimits, on_connection=None) -> None:
+    def __init__(self, limits: CodecLimits, on_connection=None,
+                 pool: BufferPool | None = None) -> None:
         self._limits, self._on_connection = limits, on_connection
-        self._pool = BufferPool()
+        self._pool = pool or BufferPool()
         self._head = bytearray(PRELUDE_BYTES)
         self._prelude: Prelude | None = None
         self._target = memoryview(self._head)
