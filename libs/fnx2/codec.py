@@ -8,6 +8,7 @@ plan binding, tensor, slice coverage. Epoch, lease, replay and credit rules live
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import struct
@@ -164,7 +165,8 @@ def decode_frame(data: bytes | bytearray | memoryview, limits: CodecLimits = DEF
 
 
 def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding | None = None,
-                allow_extensions: bool = True, body_crc: int | None = None) -> Frame:
+                allow_extensions: bool = True, body_crc: int | None = None,
+                slice_crcs: tuple[tuple[int, int, int], ...] | None = None) -> Frame:
     """Steps 1b..5 for one length-delimited body (metadata ‖ payload).
 
     `body_crc`, when the transport already computed the body's CRC32C as it arrived,
@@ -186,7 +188,20 @@ def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding
     meta = _canonical(parsed, metadata, prelude.sequence_no)
     message = _decode_kind(prelude.kind, meta, metadata, payload, finite, expected,
                            allow_extensions)
+    if slice_crcs and isinstance(message, Batch):
+        message = _with_input_crcs(message, slice_crcs)
     return Frame(prelude.sequence_no, message)
+
+
+def _with_input_crcs(batch: Batch, slice_crcs: tuple[tuple[int, int, int], ...]) -> Batch:
+    """Attach per-sequence input CRCs computed on arrival, if their byte ranges are exactly
+    those of the validated batch; otherwise the receiver computes them itself."""
+    row_bytes = batch.tensor.descriptor.row_bytes
+    ranges = [(s.input_row_start * row_bytes, (s.input_row_start + s.input_row_count) * row_bytes)
+              for s in batch.batch.sequences]
+    if ranges != [(start, end) for start, end, _ in slice_crcs]:
+        return batch
+    return dataclasses.replace(batch, input_crcs=tuple(crc for _, _, crc in slice_crcs))
 
 
 def _reject_constant(name: str) -> Any:

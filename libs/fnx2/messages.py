@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -184,6 +184,9 @@ class Batch:
     batch: BatchDescriptor
     tensor: Tensor
     traceparent: str | None = None
+    # Receiver side only, never on the wire: CRC32C of each sequence's input bytes, when
+    # the transport computed them on arrival.
+    input_crcs: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
     def to_meta(self) -> dict[str, Any]:
         meta = self._rest_meta()

@@ -61,13 +61,15 @@ class InputIdentity:
     crc: int | None
 
     @classmethod
-    def of(cls, batch: Batch, item: SequenceSlice) -> "InputIdentity":
+    def of(cls, batch: Batch, item: SequenceSlice, known_crc: int | None = None) -> "InputIdentity":
         d = batch.tensor.descriptor
-        rows = np.ascontiguousarray(batch.tensor.rows(item.input_row_start, item.input_row_count))
-        raw = rows.reshape(-1).view(np.uint8)
-        if raw.nbytes <= _EXACT_INPUT_BYTES:
-            return cls((d.kind, d.dtype, d.width), raw.nbytes, raw.tobytes(), None)
-        return cls((d.kind, d.dtype, d.width), raw.nbytes, None, crc32c(raw))
+        rows = batch.tensor.rows(item.input_row_start, item.input_row_count)
+        kind, nbytes = (d.kind, d.dtype, d.width), rows.nbytes
+        if nbytes <= _EXACT_INPUT_BYTES:
+            return cls(kind, nbytes, np.ascontiguousarray(rows).tobytes(), None)
+        if known_crc is None:
+            known_crc = crc32c(np.ascontiguousarray(rows).reshape(-1).view(np.uint8))
+        return cls(kind, nbytes, None, known_crc)
 
     @property
     def retained_bytes(self) -> int:
@@ -89,7 +91,7 @@ class _ReplayEntry:
         return self.inputs.retained_bytes + (0 if self.rows is None else self.rows.nbytes)
 
     def same_input(self, batch: Batch, item: SequenceSlice) -> bool:
-        return InputIdentity.of(batch, item) == self.inputs
+        return InputIdentity.of(batch, item) == self.inputs  # rare: only on a retry
 
 
 @dataclass(slots=True)
@@ -313,9 +315,12 @@ class ReceiverState:
                       -len(admission.batch.batch.sequences))
         self._kv_used -= admission.kv_reserved
         entries: list[Entry] = []
+        crcs = admission.batch.input_crcs
+        index = {s.identity: i for i, s in enumerate(admission.batch.batch.sequences)} if crcs else {}
         for item in admission.execute:
             outcome = outcomes.get(item.identity, Outcome(False, None, "FAILED", "no outcome"))
-            entries.append(self._apply(admission, item, outcome, timings))
+            known = crcs[index[item.identity]] if crcs else None
+            entries.append(self._apply(admission, item, outcome, timings, known))
         for hit in admission.replayed:
             entries.append(Entry(hit.result, hit.rows, hit.kind))
         for r in admission.rejected:
@@ -325,7 +330,7 @@ class ReceiverState:
         return entries
 
     def _apply(self, admission: Admission, item: SequenceSlice, outcome: Outcome,
-               timings: Timings) -> Entry:
+               timings: Timings, known_crc: int | None) -> Entry:
         lease = self._leases.get(item.request_id)
         if lease is None:  # expired or released while executing; nothing to update
             return Entry(_failed(item, SequenceStatus.FAILED, "RELEASED", "lease ended", timings),
@@ -349,8 +354,8 @@ class ReceiverState:
         if lease.replay is not None:
             self._replay_used -= lease.replay.retained_bytes
         lease.replay = _ReplayEntry(_replay_key(admission.batch, item),
-                                    InputIdentity.of(admission.batch, item), result, rows,
-                                    outcome.kind)
+                                    InputIdentity.of(admission.batch, item, known_crc), result,
+                                    rows, outcome.kind)
         self._replay_used += lease.replay.retained_bytes
         return Entry(result, rows, outcome.kind)
 

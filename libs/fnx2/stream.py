@@ -18,6 +18,7 @@ from libs.fnx2.codec import (
     decode_body, encode_frame, parse_prelude,
 )
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
+from libs.fnx2.transport import ReceivedBody
 
 _SMALL_FRAME = 64 * 1024
 _WRITE_CHUNK = 1024 * 1024
@@ -39,7 +40,7 @@ class StreamSource:
     def __init__(self, reader: asyncio.StreamReader, limits: CodecLimits) -> None:
         self._reader, self._limits = reader, limits
 
-    async def read_frame(self) -> tuple[Prelude, memoryview, int | None]:
+    async def read_frame(self) -> ReceivedBody:
         try:
             head = await self._reader.readexactly(PRELUDE_BYTES)
             prelude = parse_prelude(head, self._limits)
@@ -48,7 +49,7 @@ class StreamSource:
             raise ChannelClosedError("peer closed the stream") from exc
         except (ConnectionError, OSError) as exc:
             raise ChannelClosedError(f"stream failed: {exc}") from exc
-        return prelude, memoryview(body), None
+        return ReceivedBody(prelude, memoryview(body))
 
 
 class FrameStream:
@@ -68,13 +69,15 @@ class FrameStream:
 
     async def read(self, expected: ExpectedBinding | None = None) -> Received:
         """Raises terminal errors (and EOF as ChannelClosedError); returns recoverable ones."""
-        prelude, body, body_crc = await self._source.read_frame()
+        received = await self._source.read_frame()
+        prelude = received.prelude
         started = time.monotonic_ns()
         in_order = prelude.sequence_no == self._next_in
         self._next_in = prelude.sequence_no + 1
         try:
-            frame = decode_body(prelude, body, expected=expected,
-                                allow_extensions=self.allow_extensions, body_crc=body_crc)
+            frame = decode_body(prelude, received.body, expected=expected,
+                                allow_extensions=self.allow_extensions,
+                                body_crc=received.body_crc, slice_crcs=received.slice_crcs)
         except Fnx2Error as exc:
             if exc.terminal:
                 raise

@@ -12,16 +12,54 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 from google_crc32c import _crc32c as _crc
 
 from libs.fnx2.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
+from libs.fnx2.messages import Kind
+from libs.fnx2.tensor import STORAGE, DType
 from libs.fnx2.errors import ChannelClosedError, Fnx2Error
 
 _MAX_QUEUED_FRAMES = 4
 _CRC_STEP = 512 * 1024
+_SLICE_CRC_MIN_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedBody:
+    """A frame body as it arrived: its CRC32C and, for a large BATCH, the CRC32C of each
+    sequence's payload bytes as (start, end, crc), computed while the bytes were in cache."""
+
+    prelude: Prelude
+    body: memoryview
+    body_crc: int | None = None
+    slice_crcs: tuple[tuple[int, int, int], ...] | None = None
+
+
+def _slice_ranges(prelude: Prelude, body: memoryview) -> list[tuple[int, int]]:
+    """Byte ranges of each sequence's rows in a large BATCH body, read from its metadata.
+
+    Only an optimisation: the decoder validates the metadata and uses these CRCs only if
+    the ranges equal those of the validated batch; anything unexpected yields []."""
+    if prelude.kind != Kind.BATCH or prelude.payload_bytes < _SLICE_CRC_MIN_BYTES:
+        return []
+    try:
+        meta = json.loads(bytes(body[: prelude.metadata_bytes]))
+        shape, dtype = meta["tensor"]["shape"], DType(meta["tensor"]["dtype"])
+        row_bytes = (shape[1] if len(shape) == 2 else 1) * STORAGE[dtype].itemsize
+        ranges = [(prelude.metadata_bytes + s["input_row_start"] * row_bytes,
+                   prelude.metadata_bytes + (s["input_row_start"] + s["input_row_count"]) * row_bytes)
+                  for s in meta["batch"]["sequences"]]
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return []
+    if any(type(a) is not int or type(b) is not int or not prelude.metadata_bytes <= a < b
+           <= prelude.body_bytes for a, b in ranges) or len(ranges) > 4096:
+        return []
+    return ranges
 
 
 class BufferPool:
@@ -61,7 +99,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._target = memoryview(self._head)
         self._filled = 0
         self._crc = self._crc_done = 0
-        self._frames: collections.deque[tuple[Prelude, memoryview, int]] = collections.deque()
+        self._ranges: list[tuple[int, int]] | None = None
+        self._range_crcs: list[int] = []
+        self._frames: collections.deque[ReceivedBody] = collections.deque()
         self._failure: BaseException | None = None
         self._waiter: asyncio.Future | None = None
         self._transport: asyncio.Transport | None = None
@@ -91,14 +131,15 @@ class FrameProtocol(asyncio.BufferedProtocol):
             except Fnx2Error as exc:  # terminal: stop reading, report to the consumer
                 self._fail(exc)
                 return
-            self._crc, self._crc_done = 0, 0
+            self._crc, self._crc_done, self._ranges, self._range_crcs = 0, 0, None, []
             if self._prelude.body_bytes:
                 self._target = self._pool.take(self._prelude.body_bytes)
                 self._filled = 0
                 return
             self._target = memoryview(b"")
         self._extend_crc()
-        self._frames.append((self._prelude, self._target, self._crc))
+        self._frames.append(ReceivedBody(self._prelude, self._target, self._crc,
+                                         self._finished_ranges()))
         self._prelude, self._target, self._filled = None, memoryview(self._head), 0
         if len(self._frames) >= _MAX_QUEUED_FRAMES and not self._reading_paused:
             self._reading_paused = True
@@ -106,10 +147,26 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._wake()
 
     def _extend_crc(self) -> None:
-        if self._filled > self._crc_done:
-            chunk = np.frombuffer(self._target[self._crc_done : self._filled], np.uint8)
-            self._crc = _crc.extend(self._crc, chunk)
-            self._crc_done = self._filled
+        low, high = self._crc_done, self._filled
+        if high <= low:
+            return
+        if self._ranges is None and high >= self._prelude.metadata_bytes:
+            self._ranges = _slice_ranges(self._prelude, self._target)
+            self._range_crcs = [0] * len(self._ranges)
+        self._crc = _crc.extend(self._crc, np.frombuffer(self._target[low:high], np.uint8))
+        for index, (start, end) in enumerate(self._ranges or ()):
+            a, b = max(start, low), min(end, high)
+            if a < b:  # the same bytes, still in cache: each sequence's input identity
+                piece = np.frombuffer(self._target[a:b], np.uint8)
+                self._range_crcs[index] = _crc.extend(self._range_crcs[index], piece)
+        self._crc_done = high
+
+    def _finished_ranges(self) -> tuple[tuple[int, int, int], ...] | None:
+        if not self._ranges:
+            return None
+        offset = self._prelude.metadata_bytes
+        return tuple((start - offset, end - offset, crc)
+                     for (start, end), crc in zip(self._ranges, self._range_crcs))
 
     def eof_received(self) -> bool:
         self._fail(ChannelClosedError("peer closed the stream"))
@@ -136,8 +193,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._drain_waiters.clear()
 
     # -- consumer side ------------------------------------------------------------------
-    async def read_frame(self) -> tuple[Prelude, memoryview, int | None]:
-        """(prelude, body, CRC32C of the body computed while it arrived)."""
+    async def read_frame(self) -> "ReceivedBody":
         while not self._frames:
             if self._failure is not None:
                 raise self._failure

@@ -338,3 +338,15 @@ async def test_cancel_during_execution_reports_inflight_and_release_waits():
         handler.gate.set()
         await running
         assert (await client.release(a, lease_for(a))).released
+
+
+async def test_large_prefill_replay_and_conflict_use_on_arrival_crcs():
+    handler = DoublingHandler()
+    async with loopback(handler) as (client, receiver):
+        a = new_request()
+        first = await client.submit(make_batch(Phase.PREFILL, [Seq(a, 400)], width=1024))
+        again = await client.submit(make_batch(Phase.PREFILL, [Seq(a, 400)], width=1024))
+        assert handler.executed == [a]
+        assert np.array_equal(again.tensor.array, first.tensor.array)
+        changed = await client.submit(make_batch(Phase.PREFILL, [Seq(a, 400)], width=1024, seed=3))
+        assert changed.results[0].error_code == "SEQUENCE_CONFLICT"

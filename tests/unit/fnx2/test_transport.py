@@ -1,0 +1,67 @@
+"""The receive path without sockets: bytes fed to FrameProtocol in arbitrary pieces."""
+
+import asyncio
+
+import numpy as np
+
+from libs.fnx2.codec import DEFAULT_LIMITS, PRELUDE_BYTES, decode_body, encode_frame
+from libs.fnx2.messages import Phase
+from libs.fnx2.tensor import crc32c
+from libs.fnx2.transport import FrameProtocol
+
+from tests.unit.fnx2.factories import REQ_A, REQ_B, batch
+
+
+class _Transport:
+    def pause_reading(self):
+        pass
+
+    def resume_reading(self):
+        pass
+
+
+def feed(frames: list[bytes], piece_sizes: list[int]):
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        protocol = FrameProtocol(DEFAULT_LIMITS)
+        protocol.connection_made(_Transport())
+        data, pos, i = b"".join(frames), 0, 0
+        while pos < len(data):
+            target = protocol.get_buffer(-1)
+            n = min(len(target), piece_sizes[i % len(piece_sizes)], len(data) - pos)
+            target[:n] = data[pos : pos + n]
+            protocol.buffer_updated(n)
+            pos, i = pos + n, i + 1
+        return list(protocol._frames)
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def test_body_and_per_sequence_crcs_are_computed_on_arrival():
+    big = batch(Phase.PREFILL, rows=(300, 212), requests=(REQ_A, REQ_B), width=1024, dtype="fp32")
+    small = batch(rows=(2, 3))
+    frames = [encode_frame(big, 0).to_bytes(), encode_frame(small, 1).to_bytes()]
+    received = feed(frames, [7, 100_003, 40, 1 << 20, 3])
+    assert len(received) == 2
+    first = received[0]
+    assert first.body_crc == crc32c(frames[0][PRELUDE_BYTES:])
+    payload = np.frombuffer(first.body, np.uint8)[first.prelude.metadata_bytes:]
+    row_bytes = 1024 * 4
+    assert [(s, e) for s, e, _ in first.slice_crcs] == [(0, 300 * row_bytes),
+                                                       (300 * row_bytes, 512 * row_bytes)]
+    assert [c for _, _, c in first.slice_crcs] == [crc32c(payload[s:e]) for s, e, _ in first.slice_crcs]
+    decoded = decode_body(first.prelude, first.body, body_crc=first.body_crc,
+                          slice_crcs=first.slice_crcs).message
+    assert decoded.input_crcs == tuple(c for _, _, c in first.slice_crcs)
+    assert received[1].slice_crcs is None  # small frames: not worth it
+
+
+def test_slice_crcs_for_other_ranges_are_ignored():
+    big = batch(Phase.PREFILL, rows=(300, 212), requests=(REQ_A, REQ_B), width=1024, dtype="fp32")
+    frame = encode_frame(big, 0).to_bytes()
+    got = feed([frame], [1 << 16])[0]
+    shifted = tuple((s + 4, e + 4, c) for s, e, c in got.slice_crcs)
+    decoded = decode_body(got.prelude, got.body, body_crc=got.body_crc, slice_crcs=shifted).message
+    assert decoded.input_crcs is None
