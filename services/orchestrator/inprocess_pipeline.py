@@ -98,6 +98,9 @@ class InProcessPipeline:
             _sequence_result(s, int(tokens[i]), [stage[i] for stage in epochs])
             for i, s in enumerate(batch.slices)))
 
+    async def cancel(self, request_id: str) -> None:
+        """Nothing to drop: an in-process stage runs a microbatch to its end."""
+
     async def release(self, request_id: str) -> ReleaseReport:
         loop = asyncio.get_running_loop()
         epochs = await asyncio.gather(*(

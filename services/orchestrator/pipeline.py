@@ -23,6 +23,11 @@ class Pipeline(Protocol):
         statuses; an exception means the whole microbatch failed."""
         ...
 
+    async def cancel(self, request_id: str) -> None:
+        """Drops the request's in-flight rows on every stage; KV epochs stay as they are and
+        the release still follows."""
+        ...
+
     async def release(self, request_id: str) -> ReleaseReport:
         """Frees the request's KV on every stage and reports each stage's epoch."""
         ...

@@ -85,6 +85,9 @@ class RoutePipeline:
                           piece.request_sequence_no, piece.token_position_start,
                           piece.kv_epoch, np.asarray(piece.token_ids, dtype=np.int32), budget)
 
+    async def cancel(self, request_id: str) -> None:
+        await self._route.cancel(request_id)
+
     async def release(self, request_id: str) -> ReleaseReport:
         return ReleaseReport(request_id, tuple(await self._route.release(request_id)))
 

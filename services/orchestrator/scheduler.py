@@ -121,6 +121,10 @@ class Scheduler:
             self._begin_release(r, reason, emit_now=False)
         return True
 
+    def is_inflight(self, request_id: str) -> bool:
+        r = self._requests.get(request_id)
+        return r is not None and r.inflight
+
     def set_stalled(self, request_id: str, stalled: bool) -> None:
         """A reader that cannot keep up stalls its request's decode (backpressure)."""
         r = self._requests.get(request_id)

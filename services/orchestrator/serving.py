@@ -155,6 +155,8 @@ class ServingEngine:
 
     def cancel(self, request_id: str) -> bool:
         found = self.scheduler.cancel(request_id)
+        if found and self.scheduler.is_inflight(request_id):
+            self._spawn(self._cancel_inflight(request_id))
         self._pump()
         return found
 
@@ -266,6 +268,13 @@ class ServingEngine:
                 for s in batch.slices))
         self.scheduler.update_from_output(result)
         self._pump()
+
+    async def _cancel_inflight(self, request_id: str) -> None:
+        """Best effort: stages drop the rows early; the release that follows is what counts."""
+        try:
+            await self.pipeline.cancel(request_id)
+        except Exception:
+            _log.exception("cancel_failed", request_id=request_id)
 
     async def _release(self, request_id: str) -> None:
         attempt = 0

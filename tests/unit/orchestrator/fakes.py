@@ -101,6 +101,7 @@ class FakePipeline:
         self.gate.set()
         self.max_inflight = 0
         self._inflight = 0
+        self.cancelled: list[str] = []
 
     async def submit(self, batch: Microbatch) -> MicrobatchResult:
         self._inflight += 1
@@ -111,6 +112,9 @@ class FakePipeline:
             return self.stages.execute(batch)
         finally:
             self._inflight -= 1
+
+    async def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
 
     async def release(self, request_id: str) -> ReleaseReport:
         await asyncio.sleep(0)

@@ -196,3 +196,26 @@ def test_a_stage_refusal_is_a_capacity_error(text_context):
     assert final.finish_reason is FinishReason.REJECTED
     error = terminal_error(final)
     assert error.reason == "CAPACITY" and "KV full" in error.message
+
+
+def test_cancelling_an_in_flight_request_tells_the_stages_at_once(text_context):
+    async def main():
+        pipeline = FakePipeline(2)
+        eng = engine(text_context, pipeline)
+        stream = eng.submit(req("a", max_tokens=1000))
+        await stream.next()
+        pipeline.gate.clear()  # hold the next microbatch in flight
+        await asyncio.sleep(0)
+        assert eng.scheduler.is_inflight("a")
+        stream.cancel()
+        await asyncio.sleep(0)
+        told = list(pipeline.cancelled)
+        pipeline.gate.set()
+        final = [o async for o in stream][-1]
+        await eng.wait_idle()
+        return told, final, pipeline
+
+    told, final, pipeline = asyncio.run(main())
+    assert told == ["a"]
+    assert final.finish_reason is FinishReason.CANCELLED
+    assert pipeline.stages.live_kv() == [0, 0]
