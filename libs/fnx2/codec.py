@@ -166,11 +166,13 @@ def decode_frame(data: bytes | bytearray | memoryview, limits: CodecLimits = DEF
 
 def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding | None = None,
                 allow_extensions: bool = True, body_crc: int | None = None,
-                slice_crcs: tuple[tuple[int, int, int], ...] | None = None) -> Frame:
+                slice_crcs: tuple[tuple[int, int, int], ...] | None = None,
+                finite: tuple[DType, bool] | None = None) -> Frame:
     """Steps 1b..5 for one length-delimited body (metadata ‖ payload).
 
-    `body_crc`, when the transport already computed the body's CRC32C as it arrived,
-    saves a second pass; finiteness is then checked on its own."""
+    `body_crc`, `finite` and `slice_crcs`, when the transport computed them as the bytes
+    arrived, save passes over the payload; `finite` counts only for the dtype the
+    validated metadata names."""
     if len(body) != prelude.body_bytes:
         raise Fnx2Error(ErrorCode.FRAME_SIZE, "body length differs from its prelude")
     metadata = bytes(body[: prelude.metadata_bytes])
@@ -178,15 +180,17 @@ def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding
     parsed, meta_error = _parse_json(metadata)
     dtype = _peek_dtype(parsed)
     if body_crc is None:
-        crc, finite = crc_and_finite(crc_of(metadata), payload, dtype)
+        crc, all_finite = crc_and_finite(crc_of(metadata), payload, dtype)
+    elif finite is not None and finite[0] is dtype:
+        crc, all_finite = body_crc, finite[1]
     else:
-        crc, finite = body_crc, dtype is None or payload_is_finite(payload, dtype)
+        crc, all_finite = body_crc, dtype is None or payload_is_finite(payload, dtype)
     if crc != prelude.crc32c:
         raise Fnx2Error(ErrorCode.CHECKSUM, "CRC32C mismatch")
     if meta_error is not None:
         raise meta_error
     meta = _canonical(parsed, metadata, prelude.sequence_no)
-    message = _decode_kind(prelude.kind, meta, metadata, payload, finite, expected,
+    message = _decode_kind(prelude.kind, meta, metadata, payload, all_finite, expected,
                            allow_extensions)
     if slice_crcs and isinstance(message, Batch):
         message = _with_input_crcs(message, slice_crcs)

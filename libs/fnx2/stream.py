@@ -77,7 +77,8 @@ class FrameStream:
         try:
             frame = decode_body(prelude, received.body, expected=expected,
                                 allow_extensions=self.allow_extensions,
-                                body_crc=received.body_crc, slice_crcs=received.slice_crcs)
+                                body_crc=received.body_crc, slice_crcs=received.slice_crcs,
+                                finite=received.finite)
         except Fnx2Error as exc:
             if exc.terminal:
                 raise

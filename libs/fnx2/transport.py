@@ -21,45 +21,59 @@ from google_crc32c import _crc32c as _crc
 
 from libs.fnx2.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
 from libs.fnx2.messages import Kind
-from libs.fnx2.tensor import STORAGE, DType
+from libs.fnx2.tensor import STORAGE, DType, _finite_bytes
 from libs.fnx2.errors import ChannelClosedError, Fnx2Error
 
 _MAX_QUEUED_FRAMES = 4
 _CRC_STEP = 512 * 1024
-_SLICE_CRC_MIN_BYTES = 1024 * 1024
+_ON_ARRIVAL_MIN_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
 class ReceivedBody:
-    """A frame body as it arrived: its CRC32C and, for a large BATCH, the CRC32C of each
-    sequence's payload bytes as (start, end, crc), computed while the bytes were in cache."""
+    """A frame body as it arrived, with what was computed while its bytes were in cache:
+    the body's CRC32C and, for large payloads, finiteness and each sequence's input CRC32C
+    as (start, end, crc)."""
 
     prelude: Prelude
     body: memoryview
     body_crc: int | None = None
     slice_crcs: tuple[tuple[int, int, int], ...] | None = None
+    finite: tuple[DType, bool] | None = None  # (dtype assumed, all values finite)
 
 
-def _slice_ranges(prelude: Prelude, body: memoryview) -> list[tuple[int, int]]:
-    """Byte ranges of each sequence's rows in a large BATCH body, read from its metadata.
+@dataclass(frozen=True, slots=True)
+class _PayloadPlan:
+    """What the (not yet validated) metadata says about the payload: its float dtype, for
+    a finiteness check on arrival, and each sequence's byte range, for input CRCs.
+    Only an optimisation: the decoder validates the metadata, and uses the ranges' CRCs
+    only if they equal those of the validated batch."""
 
-    Only an optimisation: the decoder validates the metadata and uses these CRCs only if
-    the ranges equal those of the validated batch; anything unexpected yields []."""
-    if prelude.kind != Kind.BATCH or prelude.payload_bytes < _SLICE_CRC_MIN_BYTES:
-        return []
+    dtype: DType | None
+    ranges: list[tuple[int, int]]
+
+
+_NO_PLAN = _PayloadPlan(None, [])
+
+
+def _payload_plan(prelude: Prelude, body: memoryview) -> _PayloadPlan:
+    if prelude.payload_bytes < _ON_ARRIVAL_MIN_BYTES:
+        return _NO_PLAN
     try:
         meta = json.loads(bytes(body[: prelude.metadata_bytes]))
         shape, dtype = meta["tensor"]["shape"], DType(meta["tensor"]["dtype"])
         row_bytes = (shape[1] if len(shape) == 2 else 1) * STORAGE[dtype].itemsize
-        ranges = [(prelude.metadata_bytes + s["input_row_start"] * row_bytes,
-                   prelude.metadata_bytes + (s["input_row_start"] + s["input_row_count"]) * row_bytes)
-                  for s in meta["batch"]["sequences"]]
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return []
-    if any(type(a) is not int or type(b) is not int or not prelude.metadata_bytes <= a < b
-           <= prelude.body_bytes for a, b in ranges) or len(ranges) > 4096:
-        return []
-    return ranges
+        offset = prelude.metadata_bytes
+        ranges = [] if prelude.kind != Kind.BATCH else [
+            (offset + s["input_row_start"] * row_bytes,
+             offset + (s["input_row_start"] + s["input_row_count"]) * row_bytes)
+            for s in meta["batch"]["sequences"]]
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
+        return _NO_PLAN
+    if len(ranges) > 4096 or any(type(a) is not int or type(b) is not int
+                                 or not offset <= a < b <= prelude.body_bytes for a, b in ranges):
+        ranges = []
+    return _PayloadPlan(None if dtype is DType.INT32 else dtype, ranges)
 
 
 class BufferPool:
@@ -99,8 +113,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._target = memoryview(self._head)
         self._filled = 0
         self._crc = self._crc_done = 0
-        self._ranges: list[tuple[int, int]] | None = None
+        self._plan: _PayloadPlan | None = None
         self._range_crcs: list[int] = []
+        self._finite, self._finite_done = True, 0
         self._frames: collections.deque[ReceivedBody] = collections.deque()
         self._failure: BaseException | None = None
         self._waiter: asyncio.Future | None = None
@@ -131,7 +146,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
             except Fnx2Error as exc:  # terminal: stop reading, report to the consumer
                 self._fail(exc)
                 return
-            self._crc, self._crc_done, self._ranges, self._range_crcs = 0, 0, None, []
+            self._crc, self._crc_done, self._plan, self._range_crcs = 0, 0, None, []
+            self._finite, self._finite_done = True, 0
             if self._prelude.body_bytes:
                 self._target = self._pool.take(self._prelude.body_bytes)
                 self._filled = 0
@@ -139,7 +155,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._target = memoryview(b"")
         self._extend_crc()
         self._frames.append(ReceivedBody(self._prelude, self._target, self._crc,
-                                         self._finished_ranges()))
+                                         self._finished_ranges(), self._finished_finite()))
         self._prelude, self._target, self._filled = None, memoryview(self._head), 0
         if len(self._frames) >= _MAX_QUEUED_FRAMES and not self._reading_paused:
             self._reading_paused = True
@@ -150,23 +166,45 @@ class FrameProtocol(asyncio.BufferedProtocol):
         low, high = self._crc_done, self._filled
         if high <= low:
             return
-        if self._ranges is None and high >= self._prelude.metadata_bytes:
-            self._ranges = _slice_ranges(self._prelude, self._target)
-            self._range_crcs = [0] * len(self._ranges)
+        if self._plan is None and high >= self._prelude.metadata_bytes:
+            self._plan = _payload_plan(self._prelude, self._target)
+            self._range_crcs = [0] * len(self._plan.ranges)
+            self._finite_done = self._prelude.metadata_bytes
         self._crc = _crc.extend(self._crc, np.frombuffer(self._target[low:high], np.uint8))
-        for index, (start, end) in enumerate(self._ranges or ()):
+        if self._plan is None:
+            self._crc_done = high
+            return
+        for index, (start, end) in enumerate(self._plan.ranges):
             a, b = max(start, low), min(end, high)
             if a < b:  # the same bytes, still in cache: each sequence's input identity
                 piece = np.frombuffer(self._target[a:b], np.uint8)
                 self._range_crcs[index] = _crc.extend(self._range_crcs[index], piece)
+        if self._plan.dtype is not None and self._finite:
+            self._check_finite(high)
         self._crc_done = high
 
+    def _check_finite(self, high: int) -> None:
+        itemsize = STORAGE[self._plan.dtype].itemsize
+        end = self._finite_done + (high - self._finite_done) // itemsize * itemsize
+        if end > self._finite_done:
+            raw = np.frombuffer(self._target[self._finite_done:end], np.uint8)
+            self._finite = _finite_bytes(raw, self._plan.dtype)
+            self._finite_done = end
+
     def _finished_ranges(self) -> tuple[tuple[int, int, int], ...] | None:
-        if not self._ranges:
+        if self._plan is None or not self._plan.ranges:
             return None
         offset = self._prelude.metadata_bytes
         return tuple((start - offset, end - offset, crc)
-                     for (start, end), crc in zip(self._ranges, self._range_crcs))
+                     for (start, end), crc in zip(self._plan.ranges, self._range_crcs))
+
+    def _finished_finite(self) -> tuple[DType, bool] | None:
+        """(dtype the check assumed, result), when the whole payload was checked."""
+        if self._plan is None or self._plan.dtype is None:
+            return None
+        if self._finite and self._finite_done != self._prelude.body_bytes:
+            return None  # a trailing partial element: leave it to the decoder
+        return self._plan.dtype, self._finite
 
     def eof_received(self) -> bool:
         self._fail(ChannelClosedError("peer closed the stream"))

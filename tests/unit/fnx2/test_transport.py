@@ -65,3 +65,28 @@ def test_slice_crcs_for_other_ranges_are_ignored():
     shifted = tuple((s + 4, e + 4, c) for s, e, c in got.slice_crcs)
     decoded = decode_body(got.prelude, got.body, body_crc=got.body_crc, slice_crcs=shifted).message
     assert decoded.input_crcs is None
+
+
+def test_finiteness_is_checked_on_arrival_across_odd_piece_boundaries():
+    import pytest
+
+    from libs.fnx2.errors import ErrorCode, Fnx2Error
+    from libs.fnx2.tensor import DType
+
+    from tests.unit.fnx2.factories import reframe, split
+
+    big = batch(Phase.PREFILL, rows=(300, 212), requests=(REQ_A, REQ_B), width=1024, dtype="bf16")
+    good = encode_frame(big, 0).to_bytes()
+    ok = feed([good], [4097, 333, 65536 + 1])[0]
+    assert ok.finite == (DType.BF16, True)
+    _, _, payload = split(good)
+    words = np.frombuffer(payload, "<u2").copy()
+    words[300 * 1024 + 17] = 0xFF80  # -inf in the second sequence
+    bad_frame = reframe(good, payload=words.tobytes())
+    bad = feed([bad_frame], [4097, 333, 65536 + 1])[0]
+    assert bad.finite == (DType.BF16, False)
+    with pytest.raises(Fnx2Error) as info:
+        decode_body(bad.prelude, bad.body, body_crc=bad.body_crc, finite=bad.finite)
+    assert info.value.code is ErrorCode.TENSOR_CONTRACT
+    with pytest.raises(Fnx2Error):  # the decoder alone reaches the same verdict
+        decode_body(bad.prelude, bad.body)
