@@ -15,8 +15,19 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 
 setup: $(VENV)/.installed
 
-run: setup
-	$(VENV)/bin/fornax up --foreground
+# The default model: the deterministic tiny test checkpoint, generated on first run.
+MODEL_DIR ?= .fornax/models/tiny
+STAGES ?= 2
+BACKEND ?= max
+BOUNDARY_DTYPE ?= bf16
+PORT ?= 8000
+
+$(MODEL_DIR)/config.json: | setup
+	$(VENV)/bin/fornax model make-test-checkpoint --preset tiny --out $(MODEL_DIR)
+
+run: setup $(MODEL_DIR)/config.json
+	MODULAR_TELEMETRY_ENABLED=0 $(VENV)/bin/fornax up --foreground --checkpoint $(MODEL_DIR) \
+		--stages $(STAGES) --backend $(BACKEND) --boundary-dtype $(BOUNDARY_DTYPE) --http-port $(PORT)
 
 down:
 	$(VENV)/bin/fornax down

@@ -12,12 +12,11 @@ from pathlib import Path
 from libs.fleet.compose import start_fleet
 from libs.fleet.health import check_health
 from libs.fleet.launcher import FleetOptions, LaunchError, stop_processes
+from libs.fleet.route_wait import RouteFailed, wait_for_route
 from libs.fleet.state import FleetState, fleet_path, read_fleet, write_fleet
 
 BACKENDS = ("max", "numpy")
 BOUNDARY_DTYPES = ("bf16", "fp32")
-# Flags whose feature has not landed yet are accepted and refused with a clear message.
-NOT_YET_SUPPORTED = {"checkpoint": "--checkpoint (model serving) is not supported by this build yet"}
 
 
 def register(commands, benches) -> None:
@@ -30,6 +29,8 @@ def register(commands, benches) -> None:
     up.add_argument("--checkpoint", help="checkpoint directory to serve")
     up.add_argument("--http-port", type=int, help="OpenAI-compatible API port on the orchestrator")
     up.add_argument("--startup-timeout-s", type=float, default=180.0)
+    up.add_argument("--install-timeout-s", type=float, default=3600.0,
+                    help="how long to wait for the route (first MAX compiles take minutes)")
     up.set_defaults(func=cmd_up)
 
     status = commands.add_parser("status", help="health of every service in .fornax/fleet.json")
@@ -50,9 +51,6 @@ def _fail(message: str) -> int:
 def _validate_up(args: argparse.Namespace) -> str | None:
     if not 1 <= args.stages <= 16:
         return f"--stages must be between 1 and 16, got {args.stages}"
-    for key, message in NOT_YET_SUPPORTED.items():
-        if getattr(args, key, None) is not None:
-            return message
     if args.checkpoint and not Path(args.checkpoint, "config.json").is_file():
         return f"--checkpoint {args.checkpoint!r} has no config.json"
     return None
@@ -99,9 +97,26 @@ def cmd_up(args: argparse.Namespace) -> int:
     path = write_fleet(args.state_dir, state)
     print(render_table(state, {s.name: "SERVING" for s in state.services}))
     print(f"fleet file: {path}")
+    if args.checkpoint:
+        try:
+            wait_for_route(state, args.install_timeout_s, lambda message: print(f"  {message}", file=sys.stderr))
+        except (RouteFailed, TimeoutError) as exc:
+            launcher.stop_all()
+            fleet_path(args.state_dir).unlink(missing_ok=True)
+            return _fail(f"the route did not come up: {exc}")
+        print(curl_example(state))
     if not args.foreground:
         return 0
     return _stay_attached(args.state_dir, launcher)
+
+
+def curl_example(state: FleetState) -> str:
+    auth = ' -H "Authorization: Bearer $FORNAX_API_KEY"' if state.api_key else ""
+    body = '{"model": "fornax", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 32, "stream": true}'
+    return (
+        f"serving the OpenAI-compatible API at {state.api}\n"
+        f"curl -N {state.api}/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
+    )
 
 
 def _stay_attached(state_dir: str, launcher) -> int:
