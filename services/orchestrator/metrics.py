@@ -6,15 +6,16 @@ from prometheus_client import Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
-ADMITTED = Counter("fornax_orchestrator_requests_admitted_total", "Requests admitted")
-REJECTED = Counter("fornax_orchestrator_requests_rejected_total",
-                   "Requests refused at admission", ["reason"])
+# Names shared with the Grafana dashboard in helm/fornax/dashboards.
+ADMITTED = Counter("fornax_admissions_total", "Requests admitted")
+REJECTED = Counter("fornax_admission_rejections_total", "Requests refused at admission", ["reason"])
+CANCELLED = Counter("fornax_cancellations_total", "Requests cancelled by the client or a disconnect")
 FINISHED = Counter("fornax_orchestrator_requests_finished_total",
                    "Requests retired, KV released on every stage", ["finish_reason"])
-OUTPUT_TOKENS = Counter("fornax_orchestrator_output_tokens_total", "Tokens generated")
-TTFT = Histogram("fornax_orchestrator_time_to_first_token_seconds",
+OUTPUT_TOKENS = Counter("fornax_generated_tokens_total", "Tokens generated")
+TTFT = Histogram("fornax_ttft_seconds",
                  "Admission to first generated token", buckets=_LATENCY_BUCKETS)
-INTER_TOKEN = Histogram("fornax_orchestrator_inter_token_seconds",
+INTER_TOKEN = Histogram("fornax_itl_seconds",
                         "Time between consecutive tokens of one request",
                         buckets=_LATENCY_BUCKETS)
 MICROBATCH_ROWS = Histogram("fornax_orchestrator_microbatch_rows", "Rows per microbatch",

@@ -155,6 +155,8 @@ class ServingEngine:
 
     def cancel(self, request_id: str) -> bool:
         found = self.scheduler.cancel(request_id)
+        if found:
+            metrics.CANCELLED.inc()
         if found and self.scheduler.is_inflight(request_id):
             self._spawn(self._cancel_inflight(request_id))
         self._pump()

@@ -10,6 +10,7 @@ import asyncio
 from collections import OrderedDict
 
 import structlog
+from prometheus_client import Counter
 from fornax.planner.v1 import planner_pb2, planner_pb2_grpc
 
 from libs.service.errors import InvalidArgument, NotFound
@@ -21,6 +22,18 @@ from services.planner.planner import plan
 from services.planner.registry import RegistryResolver
 
 SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["PlannerService"].full_name
+
+
+# Why plans came out as they did: PLANNED, the infeasibility reason, and every rejection's reason.
+DECISIONS = Counter("fornax_planner_decisions_total", "Placement decisions by reason", ["reason"])
+
+
+def record_decisions(result) -> None:
+    DECISIONS.labels("PLANNED" if result.feasible else (result.infeasibility_reason or "INFEASIBLE")).inc()
+    for rejection in result.rejections:
+        DECISIONS.labels(rejection.reason).inc()
+    for failure in result.evidence_failures:
+        DECISIONS.labels(f"EVIDENCE_{failure.reason}").inc()
 
 
 class PlanStore:
@@ -56,6 +69,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         result = await asyncio.to_thread(plan, model, inventory, target, self._resolver)
         if result.plan is not None:
             self._store.put(result.plan)
+        record_decisions(result)
         self._log.info("plan_created", request_id=request.request_id, feasible=result.feasible, mode=target.mode,
                        plan_id=result.plan.plan_id if result.plan else "", reason=result.infeasibility_reason,
                        rejections=len(result.rejections), evidence_failures=len(result.evidence_failures))

@@ -140,10 +140,10 @@ def test_metrics_count_admissions_rejections_and_tokens(text_context):
     def sample(name, **labels):
         return REGISTRY.get_sample_value(name, labels) or 0.0
 
-    before = (sample("fornax_orchestrator_requests_admitted_total"),
-              sample("fornax_orchestrator_requests_rejected_total", reason="CAPACITY"),
-              sample("fornax_orchestrator_output_tokens_total"),
-              sample("fornax_orchestrator_time_to_first_token_seconds_count"))
+    before = (sample("fornax_admissions_total"),
+              sample("fornax_admission_rejections_total", reason="CAPACITY"),
+              sample("fornax_generated_tokens_total"),
+              sample("fornax_ttft_seconds_count"))
 
     async def main():
         eng = engine(text_context, FakePipeline(2), max_live=1)
@@ -155,10 +155,10 @@ def test_metrics_count_admissions_rejections_and_tokens(text_context):
         await collect(stream)
 
     asyncio.run(main())
-    after = (sample("fornax_orchestrator_requests_admitted_total"),
-             sample("fornax_orchestrator_requests_rejected_total", reason="CAPACITY"),
-             sample("fornax_orchestrator_output_tokens_total"),
-             sample("fornax_orchestrator_time_to_first_token_seconds_count"))
+    after = (sample("fornax_admissions_total"),
+             sample("fornax_admission_rejections_total", reason="CAPACITY"),
+             sample("fornax_generated_tokens_total"),
+             sample("fornax_ttft_seconds_count"))
     assert [a - b for a, b in zip(after, before)] == [1, 1, 5, 1]
 
 
