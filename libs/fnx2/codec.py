@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 from libs.fnx2.control import Ack, Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release
 from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.fields import UINT64_MAX, canonical_json, is_hash, is_uuid
+from libs.fnx2.fields import UINT64_MAX, canonical_json, is_hash, is_uuid, parse_json
 from libs.fnx2.messages import (
     MAX_ID_CHARS, TRACEPARENT_CHARS, Batch, BatchDescriptor, Kind, Result, SequenceResult,
 )
@@ -208,13 +207,9 @@ def _with_input_crcs(batch: Batch, slice_crcs: tuple[tuple[int, int, int], ...])
     return dataclasses.replace(batch, input_crcs=tuple(crc for _, _, crc in slice_crcs))
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-finite JSON number {name}")
-
-
 def _parse_json(metadata: bytes) -> tuple[Any, Fnx2Error | None]:
     try:
-        return json.loads(metadata, parse_constant=_reject_constant), None
+        return parse_json(metadata), None
     except (ValueError, RecursionError) as exc:
         return None, Fnx2Error(ErrorCode.METADATA, f"metadata is not valid JSON: {exc}")
 

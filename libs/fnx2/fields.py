@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+
+import msgspec
 from typing import Any
 
 from libs.fnx2.errors import ErrorCode, Fnx2Error
@@ -16,8 +18,43 @@ _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12
 _HASH = re.compile(r"sha256:[0-9a-f]{64}")
 
 
+# msgspec writes the same bytes as `json.dumps(sort_keys=True, separators=(",", ":"),
+# ensure_ascii=True)` whenever the output is printable ASCII without a backslash (no
+# escapes, no non-ASCII, no DEL); anything else takes the standard-library path, which is
+# the definition of canonical.
+_ENCODER = msgspec.json.Encoder(order="sorted")
+_DECODER = msgspec.json.Decoder()
+
+
+def _needs_stdlib(data: bytes) -> bool:
+    # Raw control characters never survive: msgspec refuses them in input and escapes
+    # them (with a backslash) in output.
+    return not data.isascii() or b"\\" in data or b"\x7f" in data
+
+
 def canonical_json(value: Any) -> bytes:
+    try:
+        fast = _ENCODER.encode(value)
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+        fast = None
+    if fast is not None and not _needs_stdlib(fast):
+        return fast
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite JSON number {name}")
+
+
+def parse_json(data: bytes) -> Any:
+    """json.loads semantics (last duplicate wins; NaN/Infinity rejected), faster for
+    plain printable-ASCII input."""
+    if not _needs_stdlib(data):
+        try:
+            return _DECODER.decode(data)
+        except msgspec.DecodeError:
+            pass  # the standard library decides, and names the error
+    return json.loads(data, parse_constant=_reject_constant)
 
 
 def canonical_sha256(value: Any) -> str:

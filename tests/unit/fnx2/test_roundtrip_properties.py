@@ -139,3 +139,24 @@ def test_bf16_rounding_is_nearest_and_round_trips(values):
     back = bf16_to_float32(bits)
     assert np.array_equal(float32_to_bf16(back), bits)
     assert np.all(np.abs(back - source) <= np.abs(source) * 2.0**-8 + 1e-38)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70)
+    | st.text(st.characters(min_codepoint=0, max_codepoint=0x10FFFF, exclude_categories=["Cs"]),
+              max_size=8),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(json_values)
+def test_canonical_json_is_exactly_the_standard_library_form(value):
+    import json
+
+    from libs.fnx2.fields import canonical_json, parse_json
+
+    expected = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    assert canonical_json(value) == expected.encode("ascii")
+    assert parse_json(expected.encode("ascii")) == json.loads(expected)
