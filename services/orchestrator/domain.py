@@ -81,6 +81,8 @@ class GenerationRequest:
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
     deadline_budget_ns: int | None = None  # None: no deadline
+    # W3C traceparent of the request's span; its microbatches' hops join that trace.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class SequenceSlice:
     sample_index: int
     # KV the request may grow to (prompt + max_tokens): what a stage reserves at prefill.
     kv_reserve_tokens: int
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)

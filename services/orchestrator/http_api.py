@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import structlog
 from aiohttp import web
+from opentelemetry.trace import SpanKind
 
 from libs.service.errors import FornaxError, Internal, Unauthenticated, Unavailable
+from libs.service.trace_context import context_from
 from services.orchestrator import openai_response as fmt
 from services.orchestrator.domain import FinishReason, GenerationRequest, RequestOutput
 from services.orchestrator.openai_request import (
@@ -33,6 +35,7 @@ from services.orchestrator.prompting import (
     generation_request,
 )
 from services.orchestrator.serving import RequestStream, RouteSlot, ServingEngine, terminal_error
+from services.orchestrator.tracing import TRACER
 
 _log = structlog.get_logger()
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -50,7 +53,7 @@ CONFIG_KEY = web.AppKey("http_config", HttpConfig)
 
 
 def build_http_app(route: RouteSlot, config: HttpConfig = HttpConfig()) -> web.Application:
-    app = web.Application(middlewares=[_errors, _auth], client_max_size=config.max_body_bytes)
+    app = web.Application(middlewares=[_trace, _errors, _auth], client_max_size=config.max_body_bytes)
     app[ROUTE_KEY] = route
     app[CONFIG_KEY] = config
     app.router.add_get("/health", _health)
@@ -73,6 +76,19 @@ async def start_http(app: web.Application, host: str, port: int) -> tuple[web.Ap
 
 def _json_error(status: int, body: dict) -> web.Response:
     return web.json_response(body, status=status)
+
+
+@web.middleware
+async def _trace(request: web.Request, handler) -> web.StreamResponse:
+    """A server span per API call, joining the caller's trace when it sends a traceparent."""
+    if not request.path.startswith("/v1/"):
+        return await handler(request)
+    parent = context_from(request.headers.get("traceparent"))
+    with TRACER.start_as_current_span(f"{request.method} {request.path}", context=parent,
+                                      kind=SpanKind.SERVER) as span:
+        response = await handler(request)
+        span.set_attribute("http.response.status_code", response.status)
+        return response
 
 
 @web.middleware

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-from opentelemetry import trace
 
 from libs.fnx2.messages import Phase as Fnx2Phase
 from libs.gateway.route import Route, Sampling, SliceInput, SliceOutput, lease_id_for
@@ -25,8 +24,8 @@ from services.orchestrator.domain import (
     SequenceStatus,
     ServedModel,
 )
+from services.orchestrator.tracing import microbatch_span
 
-_TRACER = trace.get_tracer("fornax.orchestrator")
 # FNX2 carries a deadline as a remaining budget and 0 means expired, so a request without a
 # deadline travels with a day-long budget.
 NO_DEADLINE_BUDGET_NS = 24 * 3600 * 10**9
@@ -55,9 +54,9 @@ class RoutePipeline:
         outputs: dict[str, SliceOutput] = {}
         if runnable:
             phase = Fnx2Phase.PREFILL if batch.phase is Phase.PREFILL else Fnx2Phase.DECODE
-            # One span per microbatch; its traceparent rides in the FNX2 frame so every
-            # stage's hop joins the same trace.
-            with _TRACER.start_as_current_span("orchestrator.microbatch") as span:
+            # One span per microbatch, in its first request's trace; its traceparent rides in
+            # the FNX2 frame so every stage's hop joins that trace.
+            with microbatch_span(batch.phase.value, [s.traceparent for s in runnable]) as span:
                 span.set_attribute("fornax.phase", batch.phase.value)
                 span.set_attribute("fornax.sequences", len(runnable))
                 span.set_attribute("fornax.rows", batch.row_count)

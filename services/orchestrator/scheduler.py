@@ -201,7 +201,8 @@ class Scheduler:
             request_id=r.req.request_id, request_sequence_no=r.sequence_no,
             token_ids=tuple(tokens), token_position_start=r.position, kv_epoch=r.kv_epoch,
             deadline_budget_ns=budget, sampling=r.req.sampling, sample_index=len(r.generated),
-            kv_reserve_tokens=len(r.req.prompt_token_ids) + r.req.max_tokens)
+            kv_reserve_tokens=len(r.req.prompt_token_ids) + r.req.max_tokens,
+            traceparent=r.req.traceparent)
 
     def _expire(self, now_ns: int) -> None:
         for r in list(self._requests.values()):

@@ -40,6 +40,7 @@ from services.orchestrator.domain import (
 )
 from services.orchestrator.pipeline import Pipeline
 from services.orchestrator.scheduler import RetiredRequest, Scheduler
+from services.orchestrator.tracing import RequestSpans
 
 _log = structlog.get_logger()
 RELEASE_RETRY_S = 0.05
@@ -122,6 +123,7 @@ class ServingEngine:
         self._idle = asyncio.Event()
         self._idle.set()
         self.retired: collections.deque[RetiredRequest] = collections.deque(maxlen=1024)
+        self._spans = RequestSpans()
         self._closed = False
 
     # ----- public -----
@@ -137,12 +139,17 @@ class ServingEngine:
         if request.deadline_budget_ns is None and self.config.default_deadline_budget_ns:
             request = replace(request, deadline_budget_ns=self.config.default_deadline_budget_ns)
         now = time.monotonic_ns()
+        _, traceparent = self._spans.begin(request.request_id)
+        request = replace(request, traceparent=traceparent)
         try:
-            self.scheduler.admit(request, now)
+            with self._spans.admission(request.request_id):
+                self.scheduler.admit(request, now)
         except FornaxError as exc:
             metrics.REJECTED.labels(exc.reason).inc()
+            self._spans.rejected(request.request_id, exc.reason)
             raise
         metrics.ADMITTED.inc()
+        self._spans.queued(request.request_id)
         self._last_token_ns[request.request_id] = -now  # negative: no token yet
         stream = RequestStream(self, request.request_id, len(request.prompt_token_ids),
                                self.config.scheduler.output_queue_capacity)
@@ -205,6 +212,8 @@ class ServingEngine:
         self._dispatch()  # first, so a reader's stall is known before scheduling
         for batch in self.scheduler.schedule(time.monotonic_ns()):
             metrics.MICROBATCH_ROWS.labels(batch.phase.value).observe(batch.row_count)
+            for piece in batch.slices:
+                self._spans.scheduled(piece.request_id)
             self._spawn(self._run_batch(batch))
         self._dispatch()
         metrics.LIVE_REQUESTS.set(self.scheduler.live_requests)
@@ -226,6 +235,7 @@ class ServingEngine:
             self._deadlines.pop(retired.request_id, None)
             self._last_token_ns.pop(retired.request_id, None)
             metrics.FINISHED.labels(retired.finish_reason.value).inc()
+            self._spans.finish(retired.request_id, retired.finish_reason.value)
             _log.info("request_retired", request_id=retired.request_id,
                       finish_reason=retired.finish_reason.value,
                       released_stage_epochs=list(retired.released_stage_epochs))

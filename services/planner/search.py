@@ -72,7 +72,8 @@ def solve(problem: Problem, objective: str = "throughput") -> Placement | None:
     """Best placement, or None when no placement is feasible."""
     search = _exact_subsets if problem.num_nodes <= EXACT_MAX_NODES else _ordered_fleet
     if objective == "latency":
-        return search(problem, np.add)
+        found = search(problem, np.add)
+        return None if found is None else canonical(problem, found)
     best = search(problem, np.maximum)
     if best is None:
         return None
@@ -88,8 +89,28 @@ def solve(problem: Problem, objective: str = "throughput") -> Placement | None:
     else:  # large fleets: break ties among subsequences of the chosen nodes' order
         tied = _ordered_dp(masked, np.array(best.nodes), np.add)
     if tied is None:  # tolerance edge: keep the min-max answer
-        return best
-    return Placement(tied.nodes, tied.cuts, evaluate(problem, tied.nodes, tied.cuts))
+        return canonical(problem, best)
+    return canonical(problem, Placement(tied.nodes, tied.cuts, evaluate(problem, tied.nodes, tied.cuts)))
+
+
+def _interchangeable(problem: Problem, u: int, v: int) -> bool:
+    """Nodes whose every stage cost and every link are the same: swapping them changes nothing."""
+    if not np.array_equal(problem.stage[u], problem.stage[v]) or problem.link[u, v] != problem.link[v, u]:
+        return False
+    others = [w for w in range(problem.num_nodes) if w not in (u, v)]
+    return bool(np.array_equal(problem.link[u, others], problem.link[v, others])
+                and np.array_equal(problem.link[others, u], problem.link[others, v]))
+
+
+def canonical(problem: Problem, placement: Placement) -> Placement:
+    """Among placements that differ only by a permutation of interchangeable nodes, the one
+    whose nodes follow inventory order: identical machines take stages in the order listed."""
+    nodes = list(placement.nodes)
+    for i in range(len(nodes)):
+        for j in range(i + 1, len(nodes)):
+            if nodes[j] < nodes[i] and _interchangeable(problem, nodes[i], nodes[j]):
+                nodes[i], nodes[j] = nodes[j], nodes[i]
+    return Placement(tuple(nodes), placement.cuts, placement.value)
 
 
 def method_name(num_nodes: int) -> str:

@@ -89,23 +89,31 @@ def test_decode_does_not_admit_and_release_reports_every_stage():
     assert asyncio.run(pipeline.release("a")).stage_epochs == (3, 3)
 
 
-def test_each_microbatch_is_a_span_whose_traceparent_travels_in_the_frame(monkeypatch):
+def test_each_microbatch_is_a_span_in_its_request_trace_whose_traceparent_travels_in_the_frame(monkeypatch):
+    from dataclasses import replace
+
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from services.orchestrator import route_pipeline
+    from services.orchestrator import tracing
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(route_pipeline, "_TRACER", provider.get_tracer("test"))
+    tracer = provider.get_tracer("test")
+    monkeypatch.setattr(tracing, "TRACER", tracer)
+    with tracer.start_as_current_span("request a") as request_span:
+        from libs.service.trace_context import current_traceparent
+
+        request_traceparent = current_traceparent()
     route = ScriptedRoute()
-    asyncio.run(RoutePipeline(route, SERVED).submit(
-        Microbatch(1, 0, Phase.DECODE, (piece("a", 1, epoch=2),))))
-    (span,) = exporter.get_finished_spans()
-    assert span.name == "orchestrator.microbatch"
-    assert dict(span.attributes) == {"fornax.phase": "decode", "fornax.sequences": 1,
-                                     "fornax.rows": 1}
+    traced = replace(piece("a", 1, epoch=2), traceparent=request_traceparent)
+    asyncio.run(RoutePipeline(route, SERVED).submit(Microbatch(1, 0, Phase.DECODE, (traced, piece("b", 1, epoch=2)))))
+    span = next(s for s in exporter.get_finished_spans() if s.name == "microbatch decode")
+    assert span.parent.span_id == request_span.get_span_context().span_id
+    assert span.context.trace_id == request_span.get_span_context().trace_id
+    assert dict(span.attributes) == {"fornax.phase": "decode", "fornax.sequences": 2, "fornax.rows": 2}
     (traceparent,) = route.traceparents
     assert traceparent.split("-")[1] == f"{span.context.trace_id:032x}"
+    assert traceparent.split("-")[2] == f"{span.context.span_id:016x}"

@@ -92,3 +92,19 @@ def test_ordered_fleet_never_beats_the_exact_optimum(monkeypatch):
         elif found is not None:
             assert found.value >= best.value * (1 - 1e-12)
             assert evaluate(problem, found.nodes, found.cuts) == pytest.approx(found.value)
+
+
+def test_identical_nodes_take_stages_in_inventory_order():
+    from services.planner.search import Problem, canonical, solve
+
+    layers, n = 6, 3
+    per_layer = np.full(layers, 1.0)
+    prefix = np.concatenate([[0.0], np.cumsum(per_layer)])
+    one = np.full((layers + 1, layers + 1), np.inf)
+    for a in range(layers + 1):
+        for b in range(a + 1, layers + 1):
+            one[a, b] = prefix[b] - prefix[a]
+    problem = Problem(stage=np.stack([one] * n), link=np.full((n, n), 0.01), min_stages=3, max_stages=3)
+    placement = solve(problem)
+    assert placement.nodes == (0, 1, 2)
+    assert canonical(problem, placement.__class__((2, 0, 1), placement.cuts, placement.value)).nodes == (0, 1, 2)
