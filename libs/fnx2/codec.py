@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from libs.fnx2.control import Ack, Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release
+from libs.fnx2.crc import crc32c_combine
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.fields import UINT64_MAX, canonical_json, is_hash, is_uuid, parse_json
 from libs.fnx2.messages import (
@@ -88,10 +89,18 @@ class ExpectedBinding:
     input_width: int | None = None
 
 
+def payload_crc(message: Message) -> int:
+    """CRC32C of a message's payload alone: computable before its sequence number is
+    known, then combined with the metadata's CRC by `encode_frame`."""
+    tensor = getattr(message, "tensor", None)
+    return 0 if tensor is None else crc_of(tensor.payload())
+
+
 def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAULT_LIMITS, *,
-                 check_finite: bool = False) -> EncodedFrame:
+                 check_finite: bool = False, known_payload_crc: int | None = None) -> EncodedFrame:
     """Encode one message. Finiteness is enforced where tensors are built
-    (`Tensor.from_array`) and by every decoder; `check_finite` repeats it here."""
+    (`Tensor.from_array`) and by every decoder; `check_finite` repeats it here.
+    `known_payload_crc` (from `payload_crc`) spares the pass over the payload."""
     if type(sequence_no) is not int or not 0 <= sequence_no <= UINT64_MAX:
         raise Fnx2Error(ErrorCode.SEQUENCE, "sequence_no must be a uint64")
     if isinstance(message, Batch):
@@ -108,7 +117,10 @@ def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAU
         raise Fnx2Error(ErrorCode.FRAME_SIZE, "payload exceeds the configured maximum")
     _check_outgoing(message)
     dtype = tensor.descriptor.dtype if tensor is not None and check_finite else None
-    crc, finite = crc_and_finite(crc_of(metadata), payload, dtype)
+    if known_payload_crc is not None and dtype is None:
+        crc, finite = crc32c_combine(crc_of(metadata), known_payload_crc, len(payload)), True
+    else:
+        crc, finite = crc_and_finite(crc_of(metadata), payload, dtype)
     if not finite:
         raise Fnx2Error(ErrorCode.TENSOR_CONTRACT, "tensor values must be finite")
     prelude = PRELUDE.pack(MAGIC, 2, 0, message.KIND, 0, len(metadata), len(payload),
@@ -116,7 +128,7 @@ def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAU
     return EncodedFrame(prelude + metadata, payload)
 
 
-def crc_of(data: bytes) -> int:
+def crc_of(data: bytes | memoryview) -> int:
     return crc_and_finite(0, memoryview(data), None)[0]
 
 

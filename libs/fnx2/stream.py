@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from libs.fnx2.codec import (
     DEFAULT_LIMITS, PRELUDE_BYTES, CodecLimits, ExpectedBinding, Frame, Message, Prelude,
-    decode_body, encode_frame, parse_prelude,
+    decode_body, encode_frame, parse_prelude, payload_crc,
 )
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 from libs.fnx2.transport import ReceivedBody
@@ -32,6 +32,11 @@ class Received:
     error: Fnx2Error | None
     unpack_ns: int
     received_ns: int
+
+
+def _payload_len(message: Message) -> int:
+    tensor = getattr(message, "tensor", None)
+    return 0 if tensor is None else tensor.descriptor.payload_bytes
 
 
 class StreamSource:
@@ -93,11 +98,15 @@ class FrameStream:
         interleave. Large payloads go out in chunks straight from the tensor's memory,
         waiting for the transport to drain between chunks, so the transport never has to
         buffer (and later memmove) a whole payload."""
+        # Payload CRCs need no sequence number: computed before taking the lock, while
+        # the previous frame is still streaming out.
+        crcs = [payload_crc(m) if _payload_len(m) > _SMALL_FRAME else None for m in messages]
         async with self._write_lock:
-            for message in messages:
+            for message, known_crc in zip(messages, crcs):
                 if self.closed:
                     raise ChannelClosedError("channel is closed")
-                encoded = encode_frame(message, self._next_out, self._limits)
+                encoded = encode_frame(message, self._next_out, self._limits,
+                                       known_payload_crc=known_crc)
                 self._next_out += 1
                 payload = encoded.payload
                 if len(payload) <= _SMALL_FRAME:

@@ -201,3 +201,15 @@ def test_buffer_pool_reuses_only_unreferenced_buffers():
     assert not np.shares_memory(np.frombuffer(third, np.uint8), view)
     del third
     assert len(pool.take(10)) == 10
+
+
+def test_payload_crc_computed_ahead_gives_the_same_frame():
+    from libs.fnx2.codec import payload_crc
+    from libs.fnx2.crc import crc32c_combine
+    from libs.fnx2.tensor import crc32c
+
+    message = batch(rows=(40, 24), width=300, dtype="fp32")
+    ahead = encode_frame(message, 9, known_payload_crc=payload_crc(message)).to_bytes()
+    assert ahead == encode_frame(message, 9).to_bytes()
+    for a, b in [(b"", b""), (b"x", b""), (b"", b"yz"), (b"meta" * 99, bytes(range(256)) * 5)]:
+        assert crc32c_combine(crc32c(a), crc32c(b), len(b)) == crc32c(a + b)
