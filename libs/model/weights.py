@@ -99,9 +99,14 @@ def load_stage_weights(
     checkpoint_dir: str | Path, cfg: DeepseekV2Config, layer_start: int, layer_end: int, first: bool, last: bool
 ) -> StageWeights:
     names = tensors_for_layers(cfg, layer_start, layer_end, first, last)
+    head_name = EMBED if cfg.tie_word_embeddings else LM_HEAD
+    if last and not first and cfg.tie_word_embeddings and _holds_explicit_head(checkpoint_dir):
+        # A stage artifact of a tied model carries the head as an explicit lm_head.weight copy
+        # of the embeddings (its manifest says so) and no embeddings of its own.
+        names = [LM_HEAD if n == EMBED else n for n in names]
+        head_name = LM_HEAD
     raw = read_bf16_aware(checkpoint_dir, names)
     layers = {i: _layer_weights(cfg, i, raw) for i in range(layer_start, layer_end)}
-    head_name = EMBED if cfg.tie_word_embeddings else LM_HEAD
     return StageWeights(
         layer_start=layer_start,
         layer_end=layer_end,
@@ -110,6 +115,11 @@ def load_stage_weights(
         final_norm=raw.get(FINAL_NORM) if last else None,
         lm_head=raw.get(head_name) if last else None,
     )
+
+
+def _holds_explicit_head(checkpoint_dir: str | Path) -> bool:
+    shards = checkpoint_shards(Path(checkpoint_dir))
+    return LM_HEAD in shards and EMBED not in shards
 
 
 def read_bf16_aware(checkpoint_dir: str | Path, names: list[str]) -> dict[str, np.ndarray]:
