@@ -102,20 +102,29 @@ class FrameStream:
         # the previous frame is still streaming out.
         crcs = [payload_crc(m) if _payload_len(m) > _SMALL_FRAME else None for m in messages]
         async with self._write_lock:
+            small: list[bytes | memoryview] = []  # consecutive small frames: one write
             for message, known_crc in zip(messages, crcs):
                 if self.closed:
                     raise ChannelClosedError("channel is closed")
                 encoded = encode_frame(message, self._next_out, self._limits,
                                        known_payload_crc=known_crc)
                 self._next_out += 1
-                payload = encoded.payload
-                if len(payload) <= _SMALL_FRAME:
-                    self._writer.write(encoded.header + payload if payload else encoded.header)
+                if len(encoded.payload) <= _SMALL_FRAME:
+                    small.extend((encoded.header, encoded.payload))
                     continue
-                self._writer.write(encoded.header)
-                for offset in range(0, len(payload), _WRITE_CHUNK):
-                    self._writer.write(payload[offset : offset + _WRITE_CHUNK])
-                    await self.drain()
+                if small:
+                    self._writer.write(b"".join(small))
+                    small.clear()
+                await self._write_large(encoded)
+            if small:
+                self._writer.write(b"".join(small))
+            await self.drain()
+
+    async def _write_large(self, encoded) -> None:
+        self._writer.write(encoded.header)
+        payload = encoded.payload
+        for offset in range(0, len(payload), _WRITE_CHUNK):
+            self._writer.write(payload[offset : offset + _WRITE_CHUNK])
             await self.drain()
 
     async def drain(self) -> None:
