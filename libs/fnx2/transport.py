@@ -20,6 +20,7 @@ import numpy as np
 from google_crc32c import _crc32c as _crc
 
 from libs.fnx2.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
+from libs.fnx2.crc import crc32c_combine
 from libs.fnx2.messages import Kind
 from libs.fnx2.tensor import STORAGE, DType, _finite_bytes
 from libs.fnx2.errors import ChannelClosedError, Fnx2Error
@@ -51,9 +52,20 @@ class _PayloadPlan:
 
     dtype: DType | None
     ranges: list[tuple[int, int]]
+    tiles: bool = False  # the ranges cover the payload exactly, in order
 
 
 _NO_PLAN = _PayloadPlan(None, [])
+
+
+def _tiles(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
+    """True when the ranges cover [start, end) exactly, in order: then the body's CRC is
+    the metadata's CRC combined with the ranges' CRCs, and the payload is read once."""
+    for a, b in ranges:
+        if a != start:
+            return False
+        start = b
+    return bool(ranges) and start == end
 
 
 def _payload_plan(prelude: Prelude, body: memoryview) -> _PayloadPlan:
@@ -73,7 +85,8 @@ def _payload_plan(prelude: Prelude, body: memoryview) -> _PayloadPlan:
     if len(ranges) > 4096 or any(type(a) is not int or type(b) is not int
                                  or not offset <= a < b <= prelude.body_bytes for a, b in ranges):
         ranges = []
-    return _PayloadPlan(None if dtype is DType.INT32 else dtype, ranges)
+    return _PayloadPlan(None if dtype is DType.INT32 else dtype, ranges,
+                        _tiles(ranges, prelude.metadata_bytes, prelude.body_bytes))
 
 
 class BufferPool:
@@ -154,6 +167,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 return
             self._target = memoryview(b"")
         self._extend_crc()
+        if self._plan is not None and self._plan.tiles:
+            for (start, end), crc in zip(self._plan.ranges, self._range_crcs):
+                self._crc = crc32c_combine(self._crc, crc, end - start)
         self._frames.append(ReceivedBody(self._prelude, self._target, self._crc,
                                          self._finished_ranges(), self._finished_finite()))
         self._prelude, self._target, self._filled = None, memoryview(self._head), 0
@@ -170,7 +186,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._plan = _payload_plan(self._prelude, self._target)
             self._range_crcs = [0] * len(self._plan.ranges)
             self._finite_done = self._prelude.metadata_bytes
-        self._crc = _crc.extend(self._crc, np.frombuffer(self._target[low:high], np.uint8))
+        if self._plan is None or not self._plan.tiles:
+            self._crc = _crc.extend(self._crc, np.frombuffer(self._target[low:high], np.uint8))
+        elif low < self._prelude.metadata_bytes:  # payload CRC: combined from the ranges
+            head = self._target[low : self._prelude.metadata_bytes]
+            self._crc = _crc.extend(self._crc, np.frombuffer(head, np.uint8))
         if self._plan is None:
             self._crc_done = high
             return

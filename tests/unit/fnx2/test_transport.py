@@ -90,3 +90,17 @@ def test_finiteness_is_checked_on_arrival_across_odd_piece_boundaries():
     assert info.value.code is ErrorCode.TENSOR_CONTRACT
     with pytest.raises(Fnx2Error):  # the decoder alone reaches the same verdict
         decode_body(bad.prelude, bad.body)
+
+
+def test_body_crc_when_metadata_ranges_do_not_tile_the_payload():
+    from tests.unit.fnx2.factories import reframe, split
+
+    big = batch(Phase.PREFILL, rows=(300, 212), requests=(REQ_A, REQ_B), width=1024, dtype="fp32")
+    good = encode_frame(big, 0).to_bytes()
+    _, meta, _ = split(good)
+    meta["batch"]["sequences"][1]["input_row_start"] = 301  # a gap: no longer a tiling
+    lying = reframe(good, meta=meta)
+    got = feed([lying], [65536 + 3])[0]
+    assert got.body_crc == crc32c(lying[PRELUDE_BYTES:])
+    tiled = feed([good], [65536 + 3])[0]
+    assert tiled.body_crc == crc32c(good[PRELUDE_BYTES:])
