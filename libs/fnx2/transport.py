@@ -102,14 +102,28 @@ class BufferPool:
         self._max_buffers, self._max_bytes = max_buffers, max_bytes
 
     def take(self, nbytes: int) -> memoryview:
+        idle_too_small = []
         for buffer in self._buffers:
-            if buffer.nbytes >= nbytes and sys.getrefcount(buffer) == _IDLE_REFS:
-                return memoryview(buffer)[:nbytes]
+            if sys.getrefcount(buffer) == _IDLE_REFS:
+                if buffer.nbytes >= nbytes:
+                    return memoryview(buffer)[:nbytes]
+                idle_too_small.append(buffer)
         buffer = np.empty(nbytes, np.uint8)
-        if (len(self._buffers) < self._max_buffers
-                and sum(b.nbytes for b in self._buffers) + nbytes <= self._max_bytes):
+        for old in idle_too_small:  # make room by forgetting idle buffers that are too small
+            if self._fits(nbytes):
+                break
+            self._buffers.remove(old)
+        if self._fits(nbytes):
             self._buffers.append(buffer)
         return memoryview(buffer)
+
+    def _fits(self, nbytes: int) -> bool:
+        return (len(self._buffers) < self._max_buffers
+                and sum(b.nbytes for b in self._buffers) + nbytes <= self._max_bytes)
+
+    @property
+    def pooled_bytes(self) -> int:
+        return sum(b.nbytes for b in self._buffers)
 
 
 # The pool's list, the loop variable and getrefcount's own argument.

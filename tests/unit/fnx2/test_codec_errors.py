@@ -188,21 +188,6 @@ def test_non_finite_values_are_caught_at_build_and_at_decode(dtype, bad):
     assert code_of(encode_frame(smuggled, 0).to_bytes()).code is ErrorCode.TENSOR_CONTRACT
 
 
-def test_buffer_pool_reuses_only_unreferenced_buffers():
-    from libs.fnx2.transport import BufferPool
-
-    pool = BufferPool(max_buffers=2)
-    first = pool.take(1000)
-    view = np.frombuffer(first[:100], np.uint8)
-    second = pool.take(1000)
-    assert np.shares_memory(np.frombuffer(second, np.uint8), view) is False
-    del first, second
-    third = pool.take(500)  # the first buffer is still referenced by `view`
-    assert not np.shares_memory(np.frombuffer(third, np.uint8), view)
-    del third
-    assert len(pool.take(10)) == 10
-
-
 def test_payload_crc_computed_ahead_gives_the_same_frame():
     from libs.fnx2.codec import payload_crc
     from libs.fnx2.crc import crc32c_combine

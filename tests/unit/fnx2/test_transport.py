@@ -104,3 +104,26 @@ def test_body_crc_when_metadata_ranges_do_not_tile_the_payload():
     assert got.body_crc == crc32c(lying[PRELUDE_BYTES:])
     tiled = feed([good], [65536 + 3])[0]
     assert tiled.body_crc == crc32c(good[PRELUDE_BYTES:])
+
+
+def test_buffer_pool_reuses_only_unreferenced_buffers_and_stays_bounded():
+    from libs.fnx2.transport import BufferPool
+
+    pool = BufferPool(max_buffers=2, max_bytes=10_000)
+    first = pool.take(1000)
+    held = np.frombuffer(first[:100], np.uint8)  # a decoded tensor still uses the buffer
+    first_id = id(first.obj)
+    del first
+    second = pool.take(1000)
+    second_id = id(second.obj)
+    assert second_id != first_id
+    del second
+    third = pool.take(800)  # the second buffer is idle again: reused
+    assert id(third.obj) == second_id and pool.pooled_bytes == 2000
+    del third, held
+    again = pool.take(1000)
+    assert id(again.obj) == first_id  # nothing holds the first any more
+    del again
+    big = pool.take(5000)  # idle but too small: one is forgotten to make room
+    assert pool.pooled_bytes == 6000 and big.obj.nbytes == 5000
+    assert len(pool.take(20_000)) == 20_000 and pool.pooled_bytes <= 10_000
