@@ -20,7 +20,7 @@ from libs.fnx2.errors import ErrorCode, Fnx2Error
 
 LAYOUT = "contiguous_row_major"
 UINT32_MAX = (1 << 32) - 1
-_CHUNK_BYTES = 256 * 1024
+_CHUNK_BYTES = 1024 * 1024  # large enough that per-chunk Python overhead stays small
 
 
 class TensorKind(StrEnum):
