@@ -14,6 +14,8 @@ import ssl as ssl_module
 import uuid
 from dataclasses import dataclass, replace
 
+from prometheus_client import Counter
+
 from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits
 from libs.fnx2.control import (
     EXT_COMPACT_OUTPUT, EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, KNOWN_EXTENSIONS, Ack, AckCancel, AckHello, AckRelease,
@@ -24,6 +26,11 @@ from libs.fnx2.messages import Batch, Result
 from libs.fnx2.stream import FrameStream
 from libs.fnx2.transport import FrameProtocol
 
+
+# A sender that had to wait for the receiver's credit before it could send a batch.
+CREDIT_EXHAUSTED = Counter(
+    "fornax_fnx2_credit_exhausted_total", "Batches that waited for receiver credit", ["stage"]
+)
 
 @dataclass(frozen=True)
 class SenderConfig:
@@ -114,7 +121,9 @@ class Fnx2Client:
                 len(batch.batch.sequences))
         future = asyncio.get_running_loop().create_future()
         async with self._credit_changed:
-            await self._credit_changed.wait_for(lambda: self._fits(need))
+            if not self._fits(need):
+                CREDIT_EXHAUSTED.labels(self.config.binding.stage_id).inc()
+                await self._credit_changed.wait_for(lambda: self._fits(need))
             self._raise_if_failed()
             if batch.batch.batch_id in self._pending:
                 raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "batch_id is already in flight")

@@ -66,7 +66,8 @@ class DataPlane:
         return f"{self._host}:{self.port}" if self.port else ""
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self._host, self._requested_port, limit=1 << 20)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._protocol, self._host, self._requested_port)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -75,12 +76,10 @@ class DataPlane:
             self._server.close()
             await self._server.wait_closed()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _protocol(self) -> asyncio.BaseProtocol:
+        """New channels go to the bound stage's receiver; with no stage bound they are closed."""
         receiver = self._receiver
-        if receiver is None:
-            writer.close()
-            return
-        await receiver.serve(reader, writer)
+        return receiver.protocol() if receiver is not None else _Refuse()
 
     async def bind(self, stage: LoadedStage) -> None:
         """Accept traffic for a freshly loaded stage; earlier channels are fenced by binding."""
@@ -281,6 +280,11 @@ def _fnx2_code(exc: ModelError) -> str:
     if exc.reason == "KV_LIMIT":
         return "ADMISSION"
     return exc.reason if exc.reason in fnx2_codes else "FAILED"
+
+
+class _Refuse(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
 
 
 class _Handler:

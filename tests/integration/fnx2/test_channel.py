@@ -350,3 +350,24 @@ async def test_large_prefill_replay_and_conflict_use_on_arrival_crcs():
         assert np.array_equal(again.tensor.array, first.tensor.array)
         changed = await client.submit(make_batch(Phase.PREFILL, [Seq(a, 400)], width=1024, seed=3))
         assert changed.results[0].error_code == "SEQUENCE_CONFLICT"
+
+
+async def test_a_sender_waiting_for_frame_credit_is_counted():
+    from prometheus_client import REGISTRY
+
+    def waits() -> float:
+        return REGISTRY.get_sample_value("fornax_fnx2_credit_exhausted_total", {"stage": BINDING.stage_id}) or 0.0
+
+    gate = asyncio.Event()
+    handler = DoublingHandler(gate=gate)
+    async with loopback(handler, receiver_config=ReceiverConfig(BINDING, ReceiverLimits(frames=1))) as (client, _):
+        before = waits()
+        first = asyncio.create_task(client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 1)])))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 1)])))
+        while waits() == before:
+            await asyncio.sleep(0.01)
+        gate.set()
+        results = await asyncio.gather(first, second)
+    assert all(r.results[0].status is SequenceStatus.OK for r in results)
+    assert waits() == before + 1
