@@ -5,9 +5,14 @@ shape. Layer weights are graph `Weight`s with layer-independent names; the same 
 is bound to each layer's tensors through a weights registry (see `max_kernels`). The causal /
 cross-sequence mask is a graph input built on the host, never derived in the graph.
 
-Weight layouts are Hugging Face's ([out, in] linears), except the routed experts, which are
-stacked per layer on the host as `experts_gate_up` [E, hidden, 2*moe_inter] and
-`experts_down` [E, moe_inter, hidden] so the expert matmuls need no in-graph transposes.
+Linear weights are bound transposed to [in, out] (`LINEAR_WEIGHTS`); the shape tables below
+give the Hugging Face [out, in] shapes that the registry is checked against. MoE layers are split in two: the layer
+graph runs attention, the router (softmax, top-k, scaling) and the shared experts; routed experts
+then run through one small expert graph, once per expert that received rows, with that
+expert's weights as inputs (`max_runtime` groups the rows by expert on the host and adds the
+weighted results). On CPU this does the routed work only, instead of every expert on every row.
+The expert graph takes `gate_up` [hidden, 2*moe_inter] and `down` [moe_inter, hidden], stacked
+and transposed per layer at load time, so no transposes run per call.
 """
 
 from __future__ import annotations
@@ -23,6 +28,15 @@ from libs.model.config import DeepseekV2Config
 ROWS = "R"
 PAST = "P"
 KEYS = "T"  # = P + R; checked at run time by a rebind
+EXPERT_ROWS = "N"
+
+
+# Linear weights: the registry holds them transposed to [in, out] (see `_Builder.linear`).
+LINEAR_WEIGHTS = frozenset({
+    "q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
+    "gate_proj", "up_proj", "down_proj", "shared_gate_proj", "shared_up_proj", "shared_down_proj",
+    "router", "lm_head",
+})
 
 
 class GraphKind(Enum):
@@ -30,6 +44,7 @@ class GraphKind(Enum):
     DENSE_LAYER = "dense_layer"
     MOE_LAYER = "moe_layer"
     FINAL = "final"
+    EXPERT = "expert"
 
 
 @dataclass(frozen=True)
@@ -50,14 +65,24 @@ class _Builder:
         self.cfg = spec.cfg
 
     def weight(self, name: str, shape: list[int]) -> TensorValue:
+        """The weight in float32 (cast in-graph when stored narrower); for norms and gathers."""
+        value = self.stored_weight(name, shape)
+        return value if value.dtype == DType.float32 else ops.cast(value, DType.float32)
+
+    def stored_weight(self, name: str, shape: list[int]) -> TensorValue:
         w = Weight(name, self.spec.weight_dtype, shape, self.spec.device)
-        value = Graph.current.add_weight(w, force_initial_weight_on_host=self.spec.device.is_cpu())
-        if self.spec.weight_dtype != DType.float32:
-            value = ops.cast(value, DType.float32)
-        return value
+        return Graph.current.add_weight(w, force_initial_weight_on_host=self.spec.device.is_cpu())
+
+    def matmul(self, x: TensorValue, w: TensorValue) -> TensorValue:
+        """float32 `x` @ stored weight; with bf16 weights the product runs in bf16."""
+        if w.dtype == DType.float32:
+            return ops.matmul(x, w)
+        return ops.cast(ops.matmul(ops.cast(x, w.dtype), w), DType.float32)
 
     def linear(self, x: TensorValue, name: str, out_dim: int, in_dim: int) -> TensorValue:
-        return ops.matmul(x, ops.transpose(self.weight(name, [out_dim, in_dim]), 0, 1))
+        # Stored [in, out] (transposed once at load): an in-graph transpose of an [out, in]
+        # weight is materialised on every call on CPU, which dominates small-batch decode.
+        return self.matmul(x, self.stored_weight(name, [in_dim, out_dim]))
 
     def rms_norm(self, x: TensorValue, name: str, dim: int) -> TensorValue:
         return ops.rms_norm(x, self.weight(name, [dim]), self.cfg.rms_norm_eps)
@@ -89,8 +114,6 @@ def mlp_weight_shapes(cfg: DeepseekV2Config, moe: bool) -> dict[str, tuple[int, 
     e, i = cfg.n_routed_experts, cfg.moe_intermediate_size
     shapes: dict[str, tuple[int, ...]] = {
         "router": (e, h),
-        "experts_gate_up": (e, h, 2 * i),
-        "experts_down": (e, i, h),
     }
     if cfg.n_shared_experts:
         si = i * cfg.n_shared_experts
@@ -104,6 +127,7 @@ def build_graph(spec: GraphSpec) -> Graph:
         GraphKind.DENSE_LAYER: _build_layer,
         GraphKind.MOE_LAYER: _build_layer,
         GraphKind.FINAL: _build_final,
+        GraphKind.EXPERT: _build_expert,
     }
     return builders[spec.kind](spec)
 
@@ -112,8 +136,8 @@ def _build_embed(spec: GraphSpec) -> Graph:
     cfg = spec.cfg
     ids_type = TensorType(DType.int32, [ROWS], device=spec.device)
     with Graph("fornax_embed", input_types=[ids_type]) as graph:
-        table = _Builder(spec).weight("embed_tokens", [cfg.vocab_size, cfg.hidden_size])
-        graph.output(ops.gather(table, graph.inputs[0].tensor, axis=0))
+        table = _Builder(spec).stored_weight("embed_tokens", [cfg.vocab_size, cfg.hidden_size])
+        graph.output(ops.cast(ops.gather(table, graph.inputs[0].tensor, axis=0), DType.float32))
     return graph
 
 
@@ -150,8 +174,10 @@ def _build_layer(spec: GraphSpec) -> Graph:
         hidden = hidden + attn_out
         x = b.rms_norm(hidden, "post_attention_layernorm", cfg.hidden_size)
         if spec.kind is GraphKind.MOE_LAYER:
-            mlp_out, expert_ids = _moe(b, x)
-            graph.output(hidden + mlp_out, latent, k_rope, expert_ids)
+            ids, weights = _route(b, x)
+            if cfg.n_shared_experts:
+                hidden = hidden + _swiglu(b, x, "shared_", cfg.moe_intermediate_size * cfg.n_shared_experts)
+            graph.output(hidden, latent, k_rope, ids, x, weights)
         else:
             mlp_out = _swiglu(b, x, "", cfg.intermediate_size)
             graph.output(hidden + mlp_out, latent, k_rope)
@@ -221,30 +247,40 @@ def _swiglu(b: _Builder, x: TensorValue, prefix: str, inter: int) -> TensorValue
     return b.linear(ops.silu(gate) * up, f"{prefix}down_proj", h, inter)
 
 
-def _moe(b: _Builder, x: TensorValue) -> tuple[TensorValue, TensorValue]:
-    """Softmax router, top-k, all experts computed densely and combined by routing weight."""
+def _route(b: _Builder, x: TensorValue) -> tuple[TensorValue, TensorValue]:
+    """Softmax router and top-k: (expert ids int32 [R, k] best first, weights f32 [R, k])."""
     cfg = b.cfg
-    e, inter, h = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
-    rows = x.shape[0]
-    scores = ops.softmax(b.linear(x, "router", e, h), axis=-1)
+    e, h = cfg.n_routed_experts, cfg.hidden_size
+    # The router stays float32 whatever the weight storage, as in the reference models.
+    scores = ops.softmax(ops.matmul(x, b.weight("router", [h, e])), axis=-1)
     weights, ids = ops.top_k(_group_limited(cfg, scores), cfg.num_experts_per_tok, axis=-1)
     if cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
         weights = weights / (ops.sum(weights, axis=-1) + 1e-20)
     else:  # DeepSeek-V2 scales only un-normalised routing weights
         weights = weights * cfg.routed_scaling_factor
-    # Dense combine matrix [R, E]: routing weight at each chosen expert, zero elsewhere.
-    one_hot = ops.cast(ops.unsqueeze(ids, -1) == ops.range(0, e, 1, dtype=DType.int64, device=b.spec.device), DType.float32)
-    combine = ops.sum(one_hot * ops.unsqueeze(weights, -1), axis=1)  # [R, 1, E]
-    combine = ops.reshape(combine, [rows, e])
-    xs = ops.broadcast_to(ops.unsqueeze(x, 0), [e, rows, h])
-    gate_up = ops.matmul(xs, b.weight("experts_gate_up", [e, h, 2 * inter]))  # [E, R, 2I]
-    act = ops.silu(gate_up[:, :, :inter]) * gate_up[:, :, inter:]
-    expert_out = ops.matmul(act, b.weight("experts_down", [e, inter, h]))  # [E, R, H]
-    routed = ops.sum(expert_out * ops.unsqueeze(ops.transpose(combine, 0, 1), -1), axis=0)
-    out = ops.reshape(routed, [rows, h])
-    if cfg.n_shared_experts:
-        out = out + _swiglu(b, x, "shared_", inter * cfg.n_shared_experts)
-    return out, ops.cast(ids, DType.int32)
+    return ops.cast(ids, DType.int32), weights
+
+
+def expert_input_types(spec: GraphSpec) -> list[TensorType]:
+    cfg, device = spec.cfg, spec.device
+    h, inter = cfg.hidden_size, cfg.moe_intermediate_size
+    return [
+        TensorType(DType.float32, [EXPERT_ROWS, h], device=device),
+        TensorType(spec.weight_dtype, [h, 2 * inter], device=device),
+        TensorType(spec.weight_dtype, [inter, h], device=device),
+    ]
+
+
+def _build_expert(spec: GraphSpec) -> Graph:
+    """One routed expert's SwiGLU over the rows routed to it; the expert's weights are inputs
+    (views into the layer's stacked expert tensors), so one model serves every expert."""
+    inter = spec.cfg.moe_intermediate_size
+    with Graph("fornax_expert", input_types=expert_input_types(spec)) as graph:
+        x, gate_up_w, down_w = (v.tensor for v in graph.inputs)
+        b = _Builder(spec)
+        gate_up = b.matmul(x, gate_up_w)
+        graph.output(b.matmul(ops.silu(gate_up[:, :inter]) * gate_up[:, inter:], down_w))
+    return graph
 
 
 def _group_limited(cfg: DeepseekV2Config, scores: TensorValue) -> TensorValue:

@@ -1,8 +1,8 @@
 """`StageKernels` on Modular MAX graphs.
 
 One graph is compiled per layer kind (embedding, dense decoder layer, MoE decoder layer,
-final norm + head) and bound to every layer of that kind through a weights registry, so a
-stage of any depth pays at most four compiles. Compiled artifacts land in a fixed cache dir
+final norm + head, plus one routed-expert graph) and bound to every layer of that kind through
+a weights registry, so a stage of any depth pays at most five compiles. Compiled artifacts land in a fixed cache dir
 (`MODULAR_MAX_CACHE_DIR`), so later processes only pay a cache hit.
 
 The device is chosen explicitly: "cpu", or "gpu" (first accelerator) which is an error when
@@ -46,8 +46,9 @@ def stderr_progress(message: str) -> None:
 @dataclass(frozen=True)
 class MaxOptions:
     device: str = "cpu"
-    weight_dtype: str = "float32"  # "bfloat16" stores weights in bf16, computes in fp32
-    cache_dir: Path | None = None  # None -> default_cache_dir()
+    # "bfloat16": bf16 weights and bf16 linear products; norms, softmax, router stay float32
+    weight_dtype: str = "float32"
+    cache_dir: Path | None = None  # None -> default_cache_dir(); process-wide (MAX reads an env var)
     progress: ProgressFn = field(default=stderr_progress, compare=False)
 
 
@@ -96,7 +97,7 @@ class MaxKernels:
 
         self._rt = max_runtime.shared_runtime(cfg, options.device, options.weight_dtype, options.progress)
         self.device_description = self._rt.device_description
-        self._layers: dict[int, Any] = {}
+        self._layers: dict[int, tuple[Any, Any]] = {}  # layer -> (model, routed experts or None)
         self._embed = self._final = None
         self._bind(weights)
 
@@ -106,7 +107,9 @@ class MaxKernels:
         rt = self._rt
         for index in range(weights.layer_start, weights.layer_end):
             registry = max_runtime.layer_registry(self.cfg, index, weights.layer(index))
-            self._layers[index] = rt.bind(rt.layer_kind(index), registry)
+            model = rt.bind(rt.layer_kind(index), registry)
+            moe = weights.layer(index).moe
+            self._layers[index] = (model, None if moe is None else rt.bind_experts(moe))
         if weights.embed is not None:
             self._embed = rt.bind(max_runtime.GraphKind.EMBED, {"embed_tokens": weights.embed})
         if weights.final_norm is not None:
@@ -117,7 +120,7 @@ class MaxKernels:
 
     @property
     def compile_seconds(self) -> dict[str, float]:
-        """Wall seconds per graph kind compiled (or fetched from the cache) by this instance."""
+        """Wall seconds per graph kind compiled or fetched from the cache, in this process."""
         return dict(self._rt.compile_seconds)
 
     def embed(self, token_ids: np.ndarray) -> np.ndarray:
@@ -126,17 +129,20 @@ class MaxKernels:
         return self._rt.run(self._embed, np.ascontiguousarray(token_ids, dtype=np.int32))[0]
 
     def decoder_layer(self, layer_index: int, inputs: LayerInputs) -> LayerOutputs:
-        model = self._layers.get(layer_index)
-        if model is None:
+        bound = self._layers.get(layer_index)
+        if bound is None:
             raise CheckpointError(f"layer {layer_index} is not loaded on this stage")
         arrays = [
             np.ascontiguousarray(a, dtype=np.float32)
             for a in (inputs.hidden, inputs.rope_cos, inputs.rope_sin,
                       inputs.past_latent, inputs.past_k_rope, inputs.mask)
         ]
-        outputs = self._rt.run(model, *arrays)
-        expert_ids = outputs[3] if len(outputs) > 3 else None
-        return LayerOutputs(outputs[0], outputs[1], outputs[2], expert_ids)
+        model, experts = bound
+        if experts is None:
+            hidden, latent, k_rope = self._rt.run(model, *arrays)
+            return LayerOutputs(hidden, latent, k_rope, None)
+        hidden, latent, k_rope, expert_ids = self._rt.run_moe(model, experts, *arrays)
+        return LayerOutputs(hidden, latent, k_rope, expert_ids)
 
     def final(self, hidden: np.ndarray) -> np.ndarray:
         if self._final is None:

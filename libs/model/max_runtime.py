@@ -4,6 +4,7 @@ so it is imported only after `max_kernels` has set the compile-cache environment
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -12,17 +13,25 @@ from max.dtype import DType
 from max.engine import InferenceSession
 
 from libs.model.config import DeepseekV2Config
-from libs.model.errors import BackendUnavailableError
-from libs.model.max_graphs import GraphKind, GraphSpec, build_graph
-from libs.model.weights import LayerWeights
+from libs.model.errors import BackendUnavailableError, CheckpointError
+from libs.model.max_graphs import (
+    LINEAR_WEIGHTS,
+    GraphKind,
+    GraphSpec,
+    attention_weight_shapes,
+    build_graph,
+    mlp_weight_shapes,
+)
+from libs.model.weights import LayerWeights, MoeWeights
 
-# Rough first-run compile times on a 2-core x86 host (physical, max 26.7.0), shown to the
-# operator before a compile that may miss the cache.
+# First-run compile times measured on a shared 2-core x86 host (physical, max 26.7.0, tiny and
+# small presets, load average 5-8), shown before a compile that may miss the cache.
 _FIRST_RUN_HINT = {
-    GraphKind.EMBED: "~1 min",
-    GraphKind.DENSE_LAYER: "~2 min",
-    GraphKind.MOE_LAYER: "~2 min",
-    GraphKind.FINAL: "~1 min",
+    GraphKind.EMBED: "under 1 min",
+    GraphKind.DENSE_LAYER: "2-5 min",
+    GraphKind.MOE_LAYER: "2-5 min",
+    GraphKind.FINAL: "1-4 min",
+    GraphKind.EXPERT: "about 1 min",
 }
 
 
@@ -61,6 +70,7 @@ class Runtime:
         self._compiled: dict[GraphKind, Any] = {}
         self.compile_seconds: dict[str, float] = {}
         self._keepalive: list[Any] = []  # registry arrays must outlive the models bound to them
+        self._expert: Any = None
 
     def layer_kind(self, layer_index: int) -> GraphKind:
         return GraphKind.MOE_LAYER if self.cfg.is_moe_layer(layer_index) else GraphKind.DENSE_LAYER
@@ -68,7 +78,7 @@ class Runtime:
     def compiled(self, kind: GraphKind) -> Any:
         if kind not in self._compiled:
             self.progress(
-                f"max: compiling {kind.value} graph (first run on this cache dir takes "
+                f"max: compiling {kind.value} graph (first run on this cache dir: "
                 f"{_FIRST_RUN_HINT[kind]} on 2 cores; later runs hit the cache)..."
             )
             start = time.perf_counter()
@@ -80,7 +90,9 @@ class Runtime:
         return self._compiled[kind]
 
     def bind(self, kind: GraphKind, registry: dict[str, np.ndarray]) -> Any:
-        buffers = {name: self._weight_buffer(arr) for name, arr in registry.items()}
+        buffers = {
+            name: self._weight_buffer(arr.T if name in LINEAR_WEIGHTS else arr) for name, arr in registry.items()
+        }
         self._keepalive.append(buffers)
         return self.session.init(self.compiled(kind), weights_registry=buffers)
 
@@ -92,12 +104,62 @@ class Runtime:
             buffer = Buffer.from_numpy(array)
         return buffer if self.on_host else buffer.to(self.device)
 
+    def bind_experts(self, moe: MoeWeights) -> RoutedExperts:
+        """Per-expert weight buffers for the expert graph, laid out once at load time."""
+        e, inter, h = moe.experts_gate.shape
+        gate_up = np.empty((e, h, 2 * inter), np.float32)
+        gate_up[:, :, :inter] = moe.experts_gate.transpose(0, 2, 1)
+        gate_up[:, :, inter:] = moe.experts_up.transpose(0, 2, 1)
+        down = np.ascontiguousarray(moe.experts_down.transpose(0, 2, 1))  # [E, I, H]
+        self.compiled(GraphKind.EXPERT)
+        experts = RoutedExperts(
+            tuple(self._weight_buffer(gate_up[i]) for i in range(e)),
+            tuple(self._weight_buffer(down[i]) for i in range(e)),
+        )
+        self._keepalive.append(experts)
+        return experts
+
+    def _expert_model(self) -> Any:
+        if self._expert is None:
+            self._expert = self.session.init(self.compiled(GraphKind.EXPERT))
+        return self._expert
+
     def run(self, model: Any, *arrays: np.ndarray) -> list[np.ndarray]:
-        inputs = [Buffer.from_numpy(a) if self.on_host else Buffer.from_numpy(a).to(self.device) for a in arrays]
-        outputs = model.execute(*inputs)
+        outputs = model.execute(*(self._input(a) for a in arrays))
         if self.on_host:
             return [out.to_numpy() for out in outputs]
         return [out.to(CPU()).to_numpy() for out in outputs]
+
+    def _input(self, array: np.ndarray) -> Any:
+        buffer = Buffer.from_numpy(array)
+        return buffer if self.on_host else buffer.to(self.device)
+
+    def run_moe(self, model: Any, experts: RoutedExperts, *arrays: np.ndarray) -> list[np.ndarray]:
+        """MoE layer graph, then each routed expert over its rows; returns
+        [hidden, new_latent, new_k_rope, expert_ids]."""
+        hidden, latent, k_rope, ids, x, weights = self.run(model, *arrays)
+        k = ids.shape[1]
+        flat = ids.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        counts = np.bincount(flat, minlength=len(experts.gate_up))
+        ends = np.cumsum(counts)
+        flat_weights = weights.reshape(-1)
+        expert_model = self._expert_model()
+        for expert in np.flatnonzero(counts):
+            picks = order[ends[expert] - counts[expert] : ends[expert]]
+            rows = picks // k  # a row picks an expert at most once, so rows are distinct
+            out = expert_model.execute(
+                self._input(np.ascontiguousarray(x[rows])), experts.gate_up[expert], experts.down[expert]
+            )[0]
+            y = out.to_numpy() if self.on_host else out.to(CPU()).to_numpy()
+            hidden[rows] += flat_weights[picks, None] * y
+        return [hidden, latent, k_rope, ids]
+
+
+@dataclass(frozen=True)
+class RoutedExperts:
+    gate_up: tuple[Any, ...]  # per expert: [hidden, 2*moe_inter] buffer
+    down: tuple[Any, ...]     # per expert: [moe_inter, hidden] buffer
 
 
 def _to_bf16_bits(array: np.ndarray) -> np.ndarray:
@@ -109,6 +171,16 @@ def _to_bf16_bits(array: np.ndarray) -> np.ndarray:
 
 def layer_registry(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> dict[str, np.ndarray]:
     """Graph weight name -> this layer's tensor (see `max_graphs` for names and layouts)."""
+    registry = _layer_arrays(cfg, layer_index, w)
+    expected = {**attention_weight_shapes(cfg), **mlp_weight_shapes(cfg, cfg.is_moe_layer(layer_index))}
+    for name, shape in expected.items():
+        actual = None if registry.get(name) is None else registry[name].shape
+        if actual != shape:
+            raise CheckpointError(f"layer {layer_index} weight {name}: shape {actual}, expected {shape}")
+    return registry
+
+
+def _layer_arrays(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> dict[str, np.ndarray]:
     a = w.attention
     registry = {
         "input_layernorm": w.input_norm,
@@ -128,9 +200,6 @@ def layer_registry(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> 
         return registry
     moe = w.moe
     registry["router"] = moe.router
-    gate_up = np.concatenate([moe.experts_gate, moe.experts_up], axis=1)  # [E, 2I, H]
-    registry["experts_gate_up"] = np.ascontiguousarray(gate_up.transpose(0, 2, 1))
-    registry["experts_down"] = np.ascontiguousarray(moe.experts_down.transpose(0, 2, 1))
     if moe.shared is not None:
         registry.update({
             "shared_gate_proj": moe.shared.gate,

@@ -82,4 +82,4 @@ def test_mask_with_wrong_key_count_is_rejected(full_stage, max_kernels):
 
 def test_report_names_build_and_compile_times(max_kernels):
     assert max_kernels.name == "max" and max_kernels.build.startswith("max ")
-    assert set(max_kernels.compile_seconds) == {"embed", "dense_layer", "moe_layer", "final"}
+    assert set(max_kernels.compile_seconds) == {"embed", "dense_layer", "moe_layer", "final", "expert"}
