@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "libs.bench.cli",
     "libs.fnx2.cli",
     "libs.model.cli",
+    "libs.model.max_cli",
     "services.artifact_builder.cli",
     "services.evidence_registry.cli",
     "services.orchestrator.cli",

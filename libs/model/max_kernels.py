@@ -149,3 +149,19 @@ class MaxKernels:
             raise CheckpointError("this stage does not own the final norm and lm_head")
         return self._rt.run(self._final, np.ascontiguousarray(hidden, dtype=np.float32))[0]
 
+
+
+def warm_compile_cache(cfg: DeepseekV2Config, options: MaxOptions) -> dict[str, float]:
+    """Compile (or fetch from the cache) every graph kind `cfg` needs, without weights, so a
+    later stage load only pays cache hits. Returns wall seconds per graph kind."""
+    if options.device not in DEVICES:
+        raise BackendUnavailableError(f"max device {options.device!r} not in {DEVICES}")
+    if options.weight_dtype not in WEIGHT_DTYPES:
+        raise BackendUnavailableError(f"max weight dtype {options.weight_dtype!r} not in {WEIGHT_DTYPES}")
+    _prepare_environment(options.cache_dir or default_cache_dir())
+    from libs.model import max_runtime
+
+    rt = max_runtime.shared_runtime(cfg, options.device, options.weight_dtype, options.progress)
+    for kind in max_runtime.graph_kinds_for(cfg):
+        rt.compiled(kind)
+    return dict(rt.compile_seconds)

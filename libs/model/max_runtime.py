@@ -35,6 +35,17 @@ _FIRST_RUN_HINT = {
 }
 
 
+def graph_kinds_for(cfg: DeepseekV2Config) -> list[GraphKind]:
+    """Every graph kind a whole model of `cfg` needs."""
+    kinds = [GraphKind.EMBED, GraphKind.FINAL]
+    layers = range(cfg.num_hidden_layers)
+    if any(not cfg.is_moe_layer(i) for i in layers):
+        kinds.append(GraphKind.DENSE_LAYER)
+    if any(cfg.is_moe_layer(i) for i in layers):
+        kinds += [GraphKind.MOE_LAYER, GraphKind.EXPERT]
+    return kinds
+
+
 _RUNTIMES: dict[tuple[DeepseekV2Config, str, str], Runtime] = {}
 
 

@@ -1,0 +1,47 @@
+"""`fornax max warmup`: fill the MAX compile cache for a checkpoint's architecture."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(commands, benches) -> None:  # noqa: ARG001  (no benches here)
+    group = commands.add_parser("max", help="Modular MAX backend utilities")
+    sub = group.add_subparsers(dest="max_command", metavar="ACTION", required=True)
+    warm = sub.add_parser("warmup", help="compile every graph kind a checkpoint needs into the cache")
+    warm.add_argument("--checkpoint", required=True, type=Path, help="dir holding config.json")
+    warm.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    warm.add_argument("--weight-dtype", default="float32", choices=("float32", "bfloat16"))
+    warm.add_argument("--cache-dir", type=Path, default=None, help="default: $FORNAX_MAX_CACHE_DIR or ~/.cache/fornax/max")
+    warm.add_argument("--json", action="store_true")
+    warm.set_defaults(func=_warmup)
+
+
+def _warmup(args: argparse.Namespace) -> int:
+    from libs.model.bench import host_description
+    from libs.model.config import load_config
+    from libs.model.max_kernels import MaxOptions, default_cache_dir, max_build, warm_compile_cache
+
+    cfg = load_config(args.checkpoint)
+    options = MaxOptions(device=args.device, weight_dtype=args.weight_dtype, cache_dir=args.cache_dir)
+    seconds = warm_compile_cache(cfg, options)
+    result = {
+        "figure_class": "physical (wall seconds to compile or fetch each graph from the cache, this host)",
+        "build": max_build(),
+        "host": host_description(),
+        "device": args.device,
+        "weight_dtype": args.weight_dtype,
+        "cache_dir": str(args.cache_dir or default_cache_dir()),
+        "checkpoint": str(args.checkpoint),
+        "seconds_per_graph": seconds,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"max warmup ({result['figure_class']}); {result['build']} on {result['host']}, device={args.device}")
+        for kind, secs in seconds.items():
+            print(f"  {kind:<12} {secs:8.1f} s")
+        print(f"cache dir: {result['cache_dir']}")
+    return 0
