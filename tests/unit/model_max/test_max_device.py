@@ -26,3 +26,17 @@ def test_unknown_device_or_dtype_is_an_error(full_stage, options):
     cfg, weights = full_stage
     with pytest.raises(BackendUnavailableError):
         make_max_kernels(cfg, weights, options.device, options)
+
+
+def test_wrongly_shaped_layer_weights_fail_closed(full_stage):
+    import dataclasses
+
+    from libs.model.errors import CheckpointError
+    from libs.model.max_runtime import layer_registry
+
+    cfg, weights = full_stage
+    layer = weights.layer(1)
+    assert set(layer_registry(cfg, 1, layer)) >= {"router", "kv_b_proj", "o_proj"}
+    bad_attention = dataclasses.replace(layer.attention, kv_b_proj=layer.attention.kv_b_proj[:, :-1])
+    with pytest.raises(CheckpointError, match="kv_b_proj"):
+        layer_registry(cfg, 1, dataclasses.replace(layer, attention=bad_attention))
