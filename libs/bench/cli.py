@@ -17,6 +17,7 @@ def register(commands, benches) -> None:
     serve.add_argument("--prompt-tokens", type=int, default=32)
     serve.add_argument("--max-tokens", type=int, default=16)
     serve.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
+    serve.add_argument("--repeats", type=int, default=2, help="interleaved repetitions per level (best kept)")
     serve.add_argument("--json", action="store_true")
     serve.set_defaults(func=cmd_serve)
 
@@ -32,11 +33,26 @@ def _checkpoint(path: str | None) -> str:
     return str(DEFAULT_CHECKPOINT)
 
 
+def _quiet_logs() -> None:
+    """Service logs of the in-process serving core go to stderr, warnings only: stdout is the report."""
+    import logging
+
+    import structlog
+
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from libs.bench.serve import BenchOptions, run
 
+    _quiet_logs()
+
     levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
-    options = BenchOptions(_checkpoint(args.checkpoint), args.prompt_tokens, args.max_tokens, args.backend, levels)
+    options = BenchOptions(_checkpoint(args.checkpoint), args.prompt_tokens, args.max_tokens, args.backend, levels,
+                           args.repeats)
     report = run(options, "fornax " + " ".join(sys.argv[1:]))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))

@@ -6,6 +6,8 @@ together, then the orchestrator, which is told every other address.
 
 from __future__ import annotations
 
+from libs.fleet.affinity import usable_cpus, worker_cpu_sets
+from libs.fleet.affinity import worker_env as affinity_env
 from libs.fleet.launcher import HOST, FleetOptions, Launcher, LaunchError, ServiceProcess
 from libs.fleet.state import FleetState, ServiceEntry
 
@@ -58,8 +60,10 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
                 )
             ),
         ]
+        cpu_sets = worker_cpu_sets(options.stages, usable_cpus())
         for index in range(options.stages):
             worker_env = {
+                **affinity_env(cpu_sets[index]),
                 "FORNAX_STAGE_INDEX": str(index),
                 "FORNAX_BACKEND": options.backend,
                 "FORNAX_COMPILE_CACHE_DIR": str(options.state_dir.parent / ".cache" / "max"),

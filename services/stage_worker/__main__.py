@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from libs.service.server import run_service
@@ -11,6 +12,8 @@ from services.stage_worker.server import make_spec
 
 def main(argv: list[str] | None = None) -> int:
     cfg = StageWorkerConfig.from_env(argv)
+    if cfg.cpu_affinity:
+        os.sched_setaffinity(0, cfg.cpu_affinity)
     return run_service(cfg.server, lambda: make_spec(cfg))
 
 

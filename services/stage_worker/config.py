@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from libs.fleet.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 
 BACKENDS = ("max", "numpy")
@@ -22,6 +23,8 @@ class StageWorkerConfig:
     device: str = "cpu"
     compile_cache_dir: str = ".cache/max"
     kv_limit_bytes: int = 1 << 30
+    # CPUs this worker pins itself to; empty = whatever it inherited.
+    cpu_affinity: tuple[int, ...] = ()
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> StageWorkerConfig:
@@ -33,6 +36,7 @@ class StageWorkerConfig:
         parser.add_argument("--device", choices=DEVICES, help="env FORNAX_DEVICE")
         parser.add_argument("--compile-cache-dir", help="MAX compile cache (env FORNAX_COMPILE_CACHE_DIR)")
         parser.add_argument("--kv-limit-bytes", type=int, help="env FORNAX_KV_LIMIT_BYTES")
+        parser.add_argument("--cpu-affinity", type=parse_cpu_set, help="CPU set to pin to, e.g. 0-3 (env FORNAX_CPU_AFFINITY)")
         args = parse(parser, argv)
         stage_index = pick(args.stage_index, env, "FORNAX_STAGE_INDEX", 0, int)
         backend = pick(args.backend, env, "FORNAX_BACKEND", cls.backend)
@@ -49,4 +53,5 @@ class StageWorkerConfig:
             device=device,
             compile_cache_dir=pick(args.compile_cache_dir, env, "FORNAX_COMPILE_CACHE_DIR", cls.compile_cache_dir),
             kv_limit_bytes=pick(args.kv_limit_bytes, env, "FORNAX_KV_LIMIT_BYTES", cls.kv_limit_bytes, int),
+            cpu_affinity=pick(args.cpu_affinity, env, "FORNAX_CPU_AFFINITY", (), parse_cpu_set),
         )

@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import pytest
+
+from libs.fleet.affinity import format_cpu_set, parse_cpu_set, worker_cpu_sets, worker_env
+from services.stage_worker.config import StageWorkerConfig
+
+
+def test_workers_get_disjoint_contiguous_shares():
+    assert worker_cpu_sets(2, (0, 1, 2, 3, 4)) == [(0, 1, 2), (3, 4)]
+    assert worker_cpu_sets(1, (0, 1)) == [(0, 1)]
+
+
+def test_more_workers_than_cpus_share_round_robin():
+    assert worker_cpu_sets(3, (4, 5)) == [(4,), (5,), (4,)]
+
+
+def test_cpu_sets_round_trip_and_size_thread_pools():
+    assert parse_cpu_set("0,2-3") == (0, 2, 3)
+    assert parse_cpu_set(format_cpu_set((1, 5))) == (1, 5)
+    env = worker_env((2, 3))
+    assert env["OPENBLAS_NUM_THREADS"] == "2" and env["FORNAX_CPU_AFFINITY"] == "2,3"
+    with pytest.raises(ValueError):
+        worker_cpu_sets(0, (0,))
+
+
+def test_stage_worker_reads_its_cpu_set():
+    assert StageWorkerConfig.from_env([], {"FORNAX_CPU_AFFINITY": "0-1"}).cpu_affinity == (0, 1)
+    assert StageWorkerConfig.from_env(["--cpu-affinity", "1"], {}).cpu_affinity == (1,)
+    with pytest.raises(SystemExit):
+        StageWorkerConfig.from_env([], {"FORNAX_CPU_AFFINITY": "x"})
