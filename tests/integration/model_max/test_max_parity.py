@@ -13,7 +13,9 @@ pytest.importorskip("transformers")
 from libs.model.parity import ParityRequest, format_report, run_parity  # noqa: E402
 from tests.unit.model_max.conftest import max_checkpoint  # noqa: E402,F401  (shared fixture)
 
-pytestmark = pytest.mark.slow  # a cold compile cache costs minutes on 2 cores
+# a cold compile cache costs minutes on 2 cores;
+# cold compiles can outlast the default 600 s test timeout on a busy 2-core host.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3])

@@ -10,7 +10,9 @@ pytest.importorskip("max")
 
 from libs.cli.main import main  # noqa: E402
 
-pytestmark = pytest.mark.slow  # compiles on a cold cache
+# compiles on a cold cache;
+# cold compiles can outlast the default 600 s test timeout on a busy 2-core host.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def test_warmup_reports_every_graph_kind(max_checkpoint, capsys):
