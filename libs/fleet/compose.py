@@ -66,7 +66,6 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
                 **affinity_env(cpu_sets[index]),
                 "FORNAX_STAGE_INDEX": str(index),
                 "FORNAX_BACKEND": options.backend,
-                "FORNAX_COMPILE_CACHE_DIR": str(options.state_dir.parent / ".cache" / "max"),
             }
             middle.append(
                 launcher.spawn(ServiceProcess(f"stage_worker_{index}", "stage_worker", "services.stage_worker", worker_env))

@@ -45,7 +45,7 @@ def _progress_of(line: str) -> tuple[str | None, str | None]:
         return (line.strip(), None) if "max:" in line else (None, None)
     if not isinstance(event, dict):
         return None, None
-    if event.get("event") == "install_progress":
+    if event.get("event") in ("install_progress", "compile_progress"):
         return str(event.get("message", "")), None
     if event.get("event") == "route_install_failed":
         return None, f"{event.get('reason', 'INSTALL_FAILED')}: {event.get('error', '')}"

@@ -64,8 +64,13 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def make_kernels(name: str, cfg: DeepseekV2Config, weights: StageWeights, device: str = "cpu") -> StageKernels:
-    """Build the named backend; an unknown or unavailable backend is an error, never a fallback."""
+def make_kernels(
+    name: str, cfg: DeepseekV2Config, weights: StageWeights, device: str = "cpu", options: object | None = None
+) -> StageKernels:
+    """Build the named backend; an unknown or unavailable backend is an error, never a fallback.
+
+    `options` is the backend's own options object (e.g. `MaxOptions`), passed through as is.
+    """
     target = BACKENDS.get(name)
     if target is None:
         raise BackendUnavailableError(f"unknown backend {name!r}; known: {sorted(BACKENDS)}")
@@ -75,4 +80,4 @@ def make_kernels(name: str, cfg: DeepseekV2Config, weights: StageWeights, device
         factory: KernelFactory = getattr(module, attr)
     except (ImportError, AttributeError) as exc:
         raise BackendUnavailableError(f"backend {name!r} is unavailable: {exc}") from exc
-    return factory(cfg, weights, device)
+    return factory(cfg, weights, device) if options is None else factory(cfg, weights, device, options)

@@ -21,7 +21,8 @@ class StageWorkerConfig:
     data_plane_port: int = 0
     backend: str = "numpy"
     device: str = "cpu"
-    compile_cache_dir: str = ".cache/max"
+    # MAX compile cache; None = the backend's default (~/.cache/fornax/max).
+    compile_cache_dir: str | None = None
     kv_limit_bytes: int = 1 << 30
     # CPUs this worker pins itself to; empty = whatever it inherited.
     cpu_affinity: tuple[int, ...] = ()

@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import structlog
+
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import ModelError
 from libs.model.executor import StageBatch, StageExecutor, StageResult
@@ -100,6 +102,10 @@ class LoadedStage:
     cancelled: set[str] = field(default_factory=set)
 
 
+def _compile_progress(message: str) -> None:
+    structlog.get_logger().info("compile_progress", message=message)
+
+
 def _timed(executor: StageExecutor, batch: StageBatch, submitted: float) -> tuple[StageResult, float, float]:
     started = time.perf_counter()
     result = executor.execute(batch)
@@ -125,9 +131,10 @@ def checkpoint_stage_hash(spec: LoadSpec) -> str:
 
 
 class StageRuntime:
-    def __init__(self, backend: str, device: str, default_kv_limit_bytes: int):
+    def __init__(self, backend: str, device: str, default_kv_limit_bytes: int, compile_cache_dir: str | None = None):
         self.backend = backend
         self.device = device
+        self.compile_cache_dir = compile_cache_dir
         self.default_kv_limit_bytes = default_kv_limit_bytes
         self.lifecycle = Lifecycle()
         self.stage: LoadedStage | None = None
@@ -186,13 +193,21 @@ class StageRuntime:
         source, manifest_hash = self._resolve_source(spec)
         config = load_config(source)
         weights = load_stage_weights(source, config, spec.layer_start, spec.layer_end, spec.first, spec.last)
-        kernels = make_kernels(spec.backend, config, weights, spec.device)
+        kernels = make_kernels(spec.backend, config, weights, spec.device, self._backend_options(spec))
         limit = spec.kv_limit_bytes or self.default_kv_limit_bytes
         executor = StageExecutor(
             config, ExecutorSpec(spec.layer_start, spec.layer_end, spec.first, spec.last, limit), kernels
         )
         weight_bytes = sum(p.stat().st_size for p in Path(source).glob("*.safetensors"))
         return LoadedStage(spec, config, executor, manifest_hash, weight_bytes, time.perf_counter() - started)
+
+    def _backend_options(self, spec: LoadSpec) -> object | None:
+        if spec.backend != "max":
+            return None
+        from libs.model.max_kernels import MaxOptions
+
+        cache = Path(self.compile_cache_dir) if self.compile_cache_dir else None
+        return MaxOptions(device=spec.device, cache_dir=cache, progress=_compile_progress)
 
     def _resolve_source(self, spec: LoadSpec) -> tuple[str, str]:
         if spec.checkpoint_dir:
