@@ -32,8 +32,10 @@ EXPERT_ROWS = "N"
 
 
 # Linear weights: the registry holds them transposed to [in, out] (see `_Builder.linear`).
+# kv_b_proj is bound split per head instead: `kv_b_k` [heads, nope, rank] and `kv_b_v`
+# [heads, rank, v] (see `_attention`).
 LINEAR_WEIGHTS = frozenset({
-    "q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
+    "q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj",
     "gate_proj", "up_proj", "down_proj", "shared_gate_proj", "shared_up_proj", "shared_down_proj",
     "router", "lm_head",
 })
@@ -226,16 +228,18 @@ def _attention(b, hidden, cos, sin, past_latent, past_k_rope, mask):  # noqa: AN
     all_latent = ops.concat([past_latent, latent], axis=0)
     all_k_rope = ops.concat([past_k_rope, k_rope], axis=0)
     keys = all_latent.shape[0]
-    kv = b.linear(all_latent, "kv_b_proj", heads * (nope + v_dim), rank)
-    kv = ops.reshape(kv, [keys, heads, nope + v_dim])
-    k_nope = ops.permute(kv[:, :, :nope], [1, 2, 0])  # [heads, nope, keys]
-    values = ops.permute(kv[:, :, nope:], [1, 0, 2])  # [heads, keys, v]
-    scores = ops.matmul(ops.permute(q_nope, [1, 0, 2]), k_nope)  # [heads, R, keys]
+    # Absorbed MLA: queries move into the latent space (kv_b's key half folded into q), so
+    # keys are never expanded per head; with a ragged batch every row scores every key, and
+    # expanding all P + R latents through kv_b would dominate decode.
+    q_latent = b.matmul(ops.permute(q_nope, [1, 0, 2]), b.stored_weight("kv_b_k", [heads, nope, rank]))
+    scores = ops.matmul(ops.reshape(q_latent, [heads * rows, rank]), ops.transpose(all_latent, 0, 1))
+    scores = ops.reshape(scores, [heads, rows, keys])  # [heads, R, keys]
     scores = scores + ops.matmul(ops.permute(q_rope, [1, 0, 2]), ops.transpose(all_k_rope, 0, 1))
     mask = ops.rebind(mask, [rows, keys], message="mask must be [R, P + R]")
     probs = ops.softmax(scores * cfg.softmax_scale() + ops.unsqueeze(mask, 0), axis=-1)
-    context = ops.permute(ops.matmul(probs, values), [1, 0, 2])  # [R, heads, v]
-    context = ops.reshape(context, [rows, heads * v_dim])
+    context = ops.matmul(ops.reshape(probs, [heads * rows, keys]), all_latent)  # [heads*R, rank]
+    context = b.matmul(ops.reshape(context, [heads, rows, rank]), b.stored_weight("kv_b_v", [heads, rank, v_dim]))
+    context = ops.reshape(ops.permute(context, [1, 0, 2]), [rows, heads * v_dim])  # [R, heads*v]
     out = b.linear(context, "o_proj", cfg.hidden_size, heads * v_dim)
     return out, latent, k_rope
 

@@ -188,6 +188,10 @@ def layer_registry(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> 
         actual = None if registry.get(name) is None else registry[name].shape
         if actual != shape:
             raise CheckpointError(f"layer {layer_index} weight {name}: shape {actual}, expected {shape}")
+    heads, nope = cfg.num_attention_heads, cfg.qk_nope_head_dim
+    kv_b = registry.pop("kv_b_proj").reshape(heads, nope + cfg.v_head_dim, cfg.kv_lora_rank)
+    registry["kv_b_k"] = np.ascontiguousarray(kv_b[:, :nope, :])
+    registry["kv_b_v"] = np.ascontiguousarray(kv_b[:, nope:, :].transpose(0, 2, 1))
     return registry
 
 

@@ -36,7 +36,7 @@ def test_wrongly_shaped_layer_weights_fail_closed(full_stage):
 
     cfg, weights = full_stage
     layer = weights.layer(1)
-    assert set(layer_registry(cfg, 1, layer)) >= {"router", "kv_b_proj", "o_proj"}
+    assert set(layer_registry(cfg, 1, layer)) >= {"router", "kv_b_k", "kv_b_v", "o_proj"}
     bad_attention = dataclasses.replace(layer.attention, kv_b_proj=layer.attention.kv_b_proj[:, :-1])
     with pytest.raises(CheckpointError, match="kv_b_proj"):
         layer_registry(cfg, 1, dataclasses.replace(layer, attention=bad_attention))
