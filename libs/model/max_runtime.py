@@ -80,7 +80,6 @@ class Runtime:
         self.session = InferenceSession(devices=[self.device])
         self._compiled: dict[GraphKind, Any] = {}
         self.compile_seconds: dict[str, float] = {}
-        self._keepalive: list[Any] = []  # registry arrays must outlive the models bound to them
         self._expert: Any = None
 
     def layer_kind(self, layer_index: int) -> GraphKind:
@@ -100,12 +99,12 @@ class Runtime:
             self.progress(f"max: {kind.value} graph ready in {seconds:.1f} s")
         return self._compiled[kind]
 
-    def bind(self, kind: GraphKind, registry: dict[str, np.ndarray]) -> Any:
+    def bind(self, kind: GraphKind, registry: dict[str, np.ndarray]) -> BoundModel:
+        """A model bound to `registry`; the caller owns it, and dropping it frees the weights."""
         buffers = {
             name: self._weight_buffer(arr.T if name in LINEAR_WEIGHTS else arr) for name, arr in registry.items()
         }
-        self._keepalive.append(buffers)
-        return self.session.init(self.compiled(kind), weights_registry=buffers)
+        return BoundModel(self.session.init(self.compiled(kind), weights_registry=buffers), buffers)
 
     def _weight_buffer(self, array: np.ndarray) -> Any:
         array = np.ascontiguousarray(array, dtype=np.float32)
@@ -127,7 +126,6 @@ class Runtime:
             tuple(self._weight_buffer(gate_up[i]) for i in range(e)),
             tuple(self._weight_buffer(down[i]) for i in range(e)),
         )
-        self._keepalive.append(experts)
         return experts
 
     def _expert_model(self) -> Any:
@@ -135,8 +133,8 @@ class Runtime:
             self._expert = self.session.init(self.compiled(GraphKind.EXPERT))
         return self._expert
 
-    def run(self, model: Any, *arrays: np.ndarray) -> list[np.ndarray]:
-        outputs = model.execute(*(self._input(a) for a in arrays))
+    def run(self, bound: BoundModel, *arrays: np.ndarray) -> list[np.ndarray]:
+        outputs = bound.model.execute(*(self._input(a) for a in arrays))
         if self.on_host:
             return [out.to_numpy() for out in outputs]
         return [out.to(CPU()).to_numpy() for out in outputs]
@@ -145,10 +143,10 @@ class Runtime:
         buffer = Buffer.from_numpy(array)
         return buffer if self.on_host else buffer.to(self.device)
 
-    def run_moe(self, model: Any, experts: RoutedExperts, *arrays: np.ndarray) -> list[np.ndarray]:
+    def run_moe(self, bound: BoundModel, experts: RoutedExperts, *arrays: np.ndarray) -> list[np.ndarray]:
         """MoE layer graph, then each routed expert over its rows; returns
         [hidden, new_latent, new_k_rope, expert_ids]."""
-        hidden, latent, k_rope, ids, x, weights = self.run(model, *arrays)
+        hidden, latent, k_rope, ids, x, weights = self.run(bound, *arrays)
         k = ids.shape[1]
         flat = ids.reshape(-1)
         order = np.argsort(flat, kind="stable")
@@ -165,6 +163,12 @@ class Runtime:
             y = out.to_numpy() if self.on_host else out.to(CPU()).to_numpy()
             hidden[rows] += flat_weights[picks, None] * y
         return [hidden, latent, k_rope, ids]
+
+
+@dataclass(frozen=True)
+class BoundModel:
+    model: Any
+    buffers: dict[str, Any]  # the registry; must live as long as the model
 
 
 @dataclass(frozen=True)
