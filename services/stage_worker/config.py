@@ -24,6 +24,9 @@ class StageWorkerConfig:
     # MAX compile cache; None = the backend's default (~/.cache/fornax/max).
     compile_cache_dir: str | None = None
     kv_limit_bytes: int = 1 << 30
+    # Host other stages and the orchestrator use to reach this worker's FNX2 listener when the
+    # bind host is a wildcard (e.g. a pod's stable DNS name); empty = the bind host.
+    advertise_host: str = ""
     # CPUs this worker pins itself to; empty = whatever it inherited.
     cpu_affinity: tuple[int, ...] = ()
 
@@ -37,6 +40,7 @@ class StageWorkerConfig:
         parser.add_argument("--device", choices=DEVICES, help="env FORNAX_DEVICE")
         parser.add_argument("--compile-cache-dir", help="MAX compile cache (env FORNAX_COMPILE_CACHE_DIR)")
         parser.add_argument("--kv-limit-bytes", type=int, help="env FORNAX_KV_LIMIT_BYTES")
+        parser.add_argument("--advertise-host", help="host peers dial for FNX2 (env FORNAX_ADVERTISE_HOST)")
         parser.add_argument("--cpu-affinity", type=parse_cpu_set, help="CPU set to pin to, e.g. 0-3 (env FORNAX_CPU_AFFINITY)")
         args = parse(parser, argv)
         stage_index = pick(args.stage_index, env, "FORNAX_STAGE_INDEX", 0, int)
@@ -54,5 +58,6 @@ class StageWorkerConfig:
             device=device,
             compile_cache_dir=pick(args.compile_cache_dir, env, "FORNAX_COMPILE_CACHE_DIR", cls.compile_cache_dir),
             kv_limit_bytes=pick(args.kv_limit_bytes, env, "FORNAX_KV_LIMIT_BYTES", cls.kv_limit_bytes, int),
+            advertise_host=pick(args.advertise_host, env, "FORNAX_ADVERTISE_HOST", ""),
             cpu_affinity=pick(args.cpu_affinity, env, "FORNAX_CPU_AFFINITY", (), parse_cpu_set),
         )

@@ -51,9 +51,10 @@ def binding_for(stage: LoadedStage, index: int) -> ChannelBinding:
 
 
 class DataPlane:
-    def __init__(self, runtime: StageRuntime, host: str, port: int):
+    def __init__(self, runtime: StageRuntime, host: str, port: int, advertise_host: str = ""):
         self._runtime = runtime
         self._host, self._requested_port = host, port
+        self._advertise_host = advertise_host or host
         self._server: asyncio.AbstractServer | None = None
         self._receiver: Fnx2Receiver | None = None
         self._next_hop: Fnx2Client | None = None
@@ -63,7 +64,7 @@ class DataPlane:
 
     @property
     def address(self) -> str:
-        return f"{self._host}:{self.port}" if self.port else ""
+        return f"{self._advertise_host}:{self.port}" if self.port else ""
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

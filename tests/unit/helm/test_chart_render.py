@@ -26,7 +26,8 @@ CONTRACT_ENV = {
     "evidence-registry": {"FORNAX_REGISTRY_DB", "FORNAX_REGISTRY_BLOB_DIR"},
     "artifact-builder": {"FORNAX_ARTIFACT_STORE", "FORNAX_REGISTRY_ADDR"},
     "stage-worker": {"FORNAX_STAGE_INDEX", "FORNAX_DATA_PLANE_PORT", "FORNAX_BACKEND", "FORNAX_DEVICE",
-                     "FORNAX_COMPILE_CACHE_DIR", "FORNAX_KV_LIMIT_BYTES", "MODULAR_TELEMETRY_ENABLED"},
+                     "FORNAX_COMPILE_CACHE_DIR", "FORNAX_KV_LIMIT_BYTES", "MODULAR_TELEMETRY_ENABLED",
+                     "POD_NAME", "FORNAX_ADVERTISE_HOST"},
 }
 
 
@@ -276,3 +277,11 @@ def test_dashboards_ship_in_a_labelled_config_map(renderings):
     dashboard = json.loads(cm["data"]["fornax-fleet.json"])
     assert dashboard["uid"] == "fornax-fleet"
     assert renderings["three-stages"].kinds("ConfigMap") == []
+
+
+def test_stage_workers_advertise_their_stable_dns_name(renderings):
+    env = env_of(container(renderings["default"], "stage-worker"))
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    advertised = env["FORNAX_ADVERTISE_HOST"]["value"]
+    assert advertised.startswith("$(POD_NAME).") and advertised.endswith(".svc")
+    assert f".{FULL}-stage-worker." in advertised

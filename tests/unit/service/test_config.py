@@ -37,3 +37,26 @@ def test_fleet_file_round_trips_and_keeps_api_key():
     again = FleetState.from_json(state.to_json())
     assert again == state
     assert again.entry("planner").pid == 42
+
+
+def test_stage_worker_advertises_a_configured_host():
+    cfg = StageWorkerConfig.from_env([], {"FORNAX_HOST": "0.0.0.0", "FORNAX_ADVERTISE_HOST": "w-1.stages.ns.svc"})
+    assert cfg.server.host == "0.0.0.0" and cfg.advertise_host == "w-1.stages.ns.svc"
+
+
+def test_data_plane_address_uses_the_advertised_host():
+    import asyncio
+
+    from services.stage_worker.dataplane import DataPlane
+    from services.stage_worker.runtime import StageRuntime
+
+    async def main():
+        plane = DataPlane(StageRuntime("numpy", "cpu", 1 << 20), "127.0.0.1", 0, "w-1.stages.ns.svc")
+        await plane.start()
+        try:
+            return plane.address, plane.port
+        finally:
+            await plane.stop()
+
+    address, port = asyncio.run(main())
+    assert address == f"w-1.stages.ns.svc:{port}" and port > 0
