@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import platform
 import tempfile
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from libs.fleet.affinity import usable_cpus, worker_cpu_sets, worker_env
+from libs.service.host import cpu_name
 from libs.fleet.launcher import FleetOptions, Launcher, ServiceProcess
 from libs.gateway.loading import even_ranges, load_checkpoint_route
 from libs.gateway.route import Route
@@ -185,7 +185,7 @@ def provenance(options: BenchOptions, command: str) -> dict[str, str]:
     return {
         "evidence_class": "physical",
         "label": "measurements on this host, one run, side by side; not predictions",
-        "hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "hardware": f"{cpu_name() or platform.machine()}, {len(usable_cpus())} usable CPUs",
         "backend": options.backend,
         "backend_build": f"{options.backend} {metadata.version('max' if options.backend == 'max' else 'numpy')}",
         "transformers_build": f"transformers {metadata.version('transformers')}, torch {metadata.version('torch')}",

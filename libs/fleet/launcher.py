@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.fleet.health import check_health
-from libs.fleet.state import FleetState, ServiceEntry
+from libs.fleet.state import ServiceEntry
 
 HOST = "127.0.0.1"
 

@@ -363,6 +363,7 @@ class SequenceResult:
             error_message=message,
             timings=Timings(t.uint("queue"), t.uint("execute"), t.uint("pack"), t.uint("unpack")),
         )
+        return item
 
 
 @dataclass(frozen=True, slots=True)

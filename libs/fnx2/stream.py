@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from libs.fnx2.codec import (
-    DEFAULT_LIMITS, PRELUDE_BYTES, CodecLimits, ExpectedBinding, Frame, Message, Prelude,
+    DEFAULT_LIMITS, PRELUDE_BYTES, CodecLimits, ExpectedBinding, Frame, Message,
     decode_body, encode_frame, parse_prelude, payload_crc,
 )
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error

@@ -115,17 +115,6 @@ def format_result(result) -> list[str]:
     return lines
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 TARGETS = {"plan_6x48_s": ("<", 0.05), "plan_64x128_s": ("<", 2.0), "brute_force_agreement": ("==", 1.0)}
 
 
@@ -135,13 +124,14 @@ def run_bench(args) -> int:
 
     import numpy
 
+    from libs.service.host import cpu_name
     from services.planner.bench import run_bench as bench
 
     figures = bench(instances=args.instances)
     evidence = {
         "class": "physical",
         "what": "wall-clock time of the planner itself (best of 3) on this host; no model is executed",
-        "hardware": f"{_cpu_name() or platform.machine()}, {os.cpu_count()} cpus",
+        "hardware": f"{cpu_name() or platform.machine()}, {os.cpu_count()} cpus",
         "build": f"python {platform.python_version()}, numpy {numpy.__version__}",
         "command": "fornax bench planner" + (" --json" if args.json else ""),
     }

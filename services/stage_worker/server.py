@@ -10,7 +10,7 @@ from libs.service.server import ServiceSpec
 from services.stage_worker import convert
 from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.dataplane import DataPlane
-from services.stage_worker.device import backend_build, host_facts
+from libs.service.host import backend_build, host_facts
 from services.stage_worker.runtime import StageRuntime
 
 _BACKENDS = {"max": common_pb2.BACKEND_MAX, "numpy": common_pb2.BACKEND_NUMPY}

@@ -30,7 +30,7 @@ def _meminfo() -> dict[str, int]:
     return facts
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:
@@ -45,7 +45,7 @@ def host_facts() -> HostFacts:
     mem = _meminfo()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return HostFacts(
-        cpu_name=_cpu_name(),
+        cpu_name=cpu_name(),
         cpu_count=usable,
         memory_total_bytes=mem.get("MemTotal", 0),
         memory_available_bytes=mem.get("MemAvailable", 0),
