@@ -192,8 +192,7 @@ class DataPlane:
             SliceIdentity(s.request_id, s.execution_lease_id, s.request_sequence_no, s.token_position_start, s.kv_epoch, s.input_row_count)
             for s in live
         )
-        rows = [work.rows(s) for s in live]
-        stacked = rows[0] if len(rows) == 1 else np.concatenate(rows)
+        stacked = _input_rows(work, live)
         sampling = tuple(self._runtime.sampling_for(s.request_id) for s in live) if stage.spec.last and not stage.spec.return_logits else ()
         # Logits mode answers every input row, as a plain FNX2 2.0 final stage does.
         all_logits = stage.spec.last and stage.spec.return_logits
@@ -259,6 +258,15 @@ def _next_batch(batch: Batch, live, stage: LoadedStage, tensor: Tensor) -> Batch
         batch.plan_id, batch.plan_hash, stage.spec.next_hop_manifest_hash, stage_id(stage.spec.stage_index),
         stage_id(stage.spec.stage_index + 1), descriptor, tensor, batch.traceparent,
     )
+
+
+def _input_rows(work: StageWork, live) -> np.ndarray:
+    """The executed sequences' input rows: a view when they are contiguous (the usual case)."""
+    first, total = live[0].input_row_start, sum(s.input_row_count for s in live)
+    starts = np.cumsum([first] + [s.input_row_count for s in live[:-1]])
+    if all(int(start) == s.input_row_start for start, s in zip(starts, live)):
+        return work.batch.tensor.rows(first, total)
+    return np.concatenate([work.rows(s) for s in live])
 
 
 def _boundary_payload(hidden: np.ndarray, dtype: DType) -> np.ndarray:

@@ -202,3 +202,34 @@ def test_three_stage_logits_match_the_single_process_model(checkpoint, tmp_path)
     assert output.ok
     assert output.rows.shape == reference.shape
     np.testing.assert_allclose(output.rows, reference, atol=1e-4, rtol=0)
+
+
+def test_a_cancelled_sequence_between_others_leaves_their_rows_intact(checkpoint, two_workers):
+    cfg = load_config(checkpoint)
+    plan = load_pipeline(two_workers, checkpoint, cfg.num_hidden_layers, boundary="fp32")
+    prompts = [PROMPTS[0], np.array([3, 1, 4, 1, 5], np.int32), PROMPTS[1]]
+    expected, _, _ = local_greedy(checkpoint, prompts, steps=1)
+
+    async def scenario():
+        route = Route(plan)
+        await route.open()
+        try:
+            ids = [str(uuid.uuid4()) for _ in prompts]
+            for rid, prompt in zip(ids, prompts):
+                await route.admit(rid, 8, Sampling())
+            leases = [lease_id_for(plan, rid) for rid in ids]
+            first = await route.run(Phase.PREFILL, [SliceInput(r, l, 0, 0, 0, p, BUDGET_NS) for r, l, p in zip(ids, leases, prompts)])
+            await route.cancel(ids[1])
+            step = [SliceInput(r, l, 1, len(p), o.kv_epoch_after, np.array([int(o.rows[0])], np.int32), BUDGET_NS)
+                    for r, l, p, o in zip(ids, leases, prompts, first)]
+            second = await route.run(Phase.DECODE, step)
+            for rid in ids:
+                await route.release(rid)
+            return first, second
+        finally:
+            await route.close()
+
+    first, second = asyncio.run(scenario())
+    assert [int(o.rows[0]) for o in first] == [e[0] for e in expected]
+    assert not second[1].ok and second[1].error_code == "CANCELLED"
+    assert [int(second[i].rows[0]) for i in (0, 2)] == [expected[0][1], expected[2][1]]
