@@ -22,7 +22,7 @@ import numpy as np
 from libs.fleet.affinity import usable_cpus, worker_cpu_sets, worker_env
 from libs.service.host import cpu_name
 from libs.fleet.launcher import FleetOptions, Launcher, ServiceProcess
-from libs.gateway.loading import even_ranges, load_checkpoint_route
+from libs.gateway.loading import even_layer_split, load_checkpoint_route
 from libs.gateway.route import Route
 from libs.model.config import load_config
 from libs.text.context import TextContext
@@ -103,7 +103,7 @@ async def _engine(options: BenchOptions, workers: list[str]) -> ServingEngine:
                                    backend=options.backend)
     route = Route(plan)
     await route.open()
-    served = served_model(cfg, even_ranges(cfg.num_hidden_layers, len(workers)), "bench")
+    served = served_model(cfg, even_layer_split(cfg.num_hidden_layers, len(workers)), "bench")
     return ServingEngine(RoutePipeline(route, served), served, TextContext.from_checkpoint(options.checkpoint),
                          ServingConfig(max_live_requests=max(options.concurrency) * 2))
 

@@ -20,12 +20,17 @@ BACKENDS = {"numpy": common_pb2.BACKEND_NUMPY, "max": common_pb2.BACKEND_MAX}
 DIRECT_PLAN_HASH_PREFIX = "sha256:"
 
 
-def even_ranges(layers: int, stages: int) -> list[tuple[int, int]]:
-    """Contiguous [start, end) ranges whose sizes differ by at most one."""
-    if not 1 <= stages <= layers:
-        raise ValueError(f"cannot cut {layers} layers into {stages} stages")
-    bounds = [round(i * layers / stages) for i in range(stages + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))
+def even_layer_split(num_layers: int, stages: int) -> list[tuple[int, int]]:
+    """Contiguous [layer_start, layer_end) ranges, sizes differing by at most one (larger first)."""
+    if not 1 <= stages <= num_layers:
+        raise ValueError(f"cannot cut {num_layers} layers into {stages} stages")
+    base, extra = divmod(num_layers, stages)
+    bounds, start = [], 0
+    for index in range(stages):
+        end = start + base + (1 if index < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
 
 
 def load_checkpoint_route(workers: list[str], checkpoint: str, layers: int, *, boundary: str = "fp32",
@@ -35,7 +40,7 @@ def load_checkpoint_route(workers: list[str], checkpoint: str, layers: int, *, b
     plan_hash = DIRECT_PLAN_HASH_PREFIX + uuid.uuid4().hex * 2
     binding = common_pb2.PlanBinding(plan_id=str(uuid.uuid4()), plan_hash=plan_hash, plan_generation_id=str(uuid.uuid4()))
     next_address, next_manifest, stages = "", "", []
-    for index, (start, end) in reversed(list(enumerate(even_ranges(layers, count)))):
+    for index, (start, end) in reversed(list(enumerate(even_layer_split(layers, count)))):
         spec = pb.StageSpec(
             stage_index=index, stage_count=count,
             layer_range=common_pb2.LayerRange(layer_start=start, layer_end_exclusive=end),

@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
+from libs.gateway.loading import even_layer_split  # noqa: F401  (re-exported for callers)
 from libs.model.config import DeepseekV2Config
 from services.orchestrator.domain import ServedModel, StageLayout, mla_kv_bytes_per_token
-
-
-def even_layer_split(num_layers: int, stages: int) -> list[tuple[int, int]]:
-    """Contiguous [layer_start, layer_end) ranges, sizes differing by at most one."""
-    if not 1 <= stages <= num_layers:
-        raise ValueError(f"cannot cut {num_layers} layers into {stages} stages")
-    base, extra = divmod(num_layers, stages)
-    bounds, start = [], 0
-    for index in range(stages):
-        end = start + base + (1 if index < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
 
 
 def served_model(cfg: DeepseekV2Config, ranges: list[tuple[int, int]], model_id: str,

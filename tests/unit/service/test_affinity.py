@@ -29,3 +29,16 @@ def test_stage_worker_reads_its_cpu_set():
     assert StageWorkerConfig.from_env(["--cpu-affinity", "1"], {}).cpu_affinity == (1,)
     with pytest.raises(SystemExit):
         StageWorkerConfig.from_env([], {"FORNAX_CPU_AFFINITY": "x"})
+
+
+def test_even_layer_split_covers_every_layer_once_larger_stages_first():
+    from libs.gateway.loading import even_layer_split
+
+    assert even_layer_split(4, 3) == [(0, 2), (2, 3), (3, 4)]
+    for layers in range(1, 12):
+        for stages in range(1, layers + 1):
+            ranges = even_layer_split(layers, stages)
+            assert [a for a, _ in ranges[1:]] == [b for _, b in ranges[:-1]]
+            assert ranges[0][0] == 0 and ranges[-1][1] == layers
+            sizes = [b - a for a, b in ranges]
+            assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
