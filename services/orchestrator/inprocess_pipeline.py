@@ -30,7 +30,8 @@ from services.orchestrator.domain import (
     SequenceStatus,
     ServedModel,
 )
-from services.orchestrator.model_card import even_layer_split, served_model
+from libs.gateway.loading import even_layer_split
+from services.orchestrator.model_card import served_model
 
 
 @dataclass(frozen=True)

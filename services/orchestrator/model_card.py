@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from libs.gateway.loading import even_layer_split  # noqa: F401  (re-exported for callers)
 from libs.model.config import DeepseekV2Config
 from services.orchestrator.domain import ServedModel, StageLayout, mla_kv_bytes_per_token
 

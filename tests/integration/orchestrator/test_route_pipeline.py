@@ -17,7 +17,8 @@ from services.orchestrator.domain import (
     SamplingParams,
     SchedulerConfig,
 )
-from services.orchestrator.model_card import even_layer_split, served_model
+from libs.gateway.loading import even_layer_split
+from services.orchestrator.model_card import served_model
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.serving import ServingConfig, ServingEngine
 from tests.integration.orchestrator.test_greedy_parity import NEW_TOKENS, served_greedy
