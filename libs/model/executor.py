@@ -8,7 +8,7 @@ kernels layer by layer, and commits the new KV only after every layer has succee
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -55,6 +55,15 @@ class StageResult:
 
 
 @dataclass(frozen=True)
+class PendingKv:
+    """New KV rows of a run batch, not yet in the store: [layers, rows, dim], slice order."""
+
+    slices: tuple[SliceIdentity, ...]
+    latent: np.ndarray
+    k_rope: np.ndarray
+
+
+@dataclass(frozen=True)
 class RaggedLayout:
     positions: np.ndarray  # int64 [R]
     mask: np.ndarray       # float32 [R, P + R]
@@ -97,6 +106,16 @@ class StageExecutor:
         return self.kv.release_request(request_id)
 
     def execute(self, batch: StageBatch) -> StageResult:
+        """Run the batch and commit every sequence's new KV."""
+        result, pending = self.run(batch)
+        return replace(result, kv_epochs_after=self.commit(pending))
+
+    def run(self, batch: StageBatch) -> tuple[StageResult, PendingKv]:
+        """Run the batch without touching the KV store; `commit` applies the new rows later.
+
+        A stage that forwards its output commits only the sequences the rest of the pipeline
+        also completed, so a failure further on leaves this stage's epoch where it was.
+        """
         slices = list(batch.slices)
         if not slices:
             raise BatchError("a batch needs at least one slice")
@@ -114,11 +133,26 @@ class StageExecutor:
                 experts.append((layer, out.routed_expert_ids))
         logits, tokens = self._finish(batch, hidden, layout)
         before = tuple(s.kv_epoch for s in slices)
-        after = self._commit(slices, new_latent, new_k_rope)
-        return StageResult(
+        result = StageResult(
             hidden=hidden, logits=logits, token_ids=tokens,
-            routed_expert_ids=tuple(experts), kv_epochs_before=before, kv_epochs_after=after,
+            routed_expert_ids=tuple(experts), kv_epochs_before=before, kv_epochs_after=before,
         )
+        return result, PendingKv(tuple(slices), np.stack(new_latent), np.stack(new_k_rope))
+
+    def commit(self, pending: PendingKv, request_ids: frozenset[str] | None = None) -> tuple[int, ...]:
+        """Append the pending rows of the named requests (all when None) and advance their epochs.
+
+        Returns each slice's epoch afterwards, in slice order (unchanged where not committed).
+        """
+        epochs, row = [], 0
+        for s in pending.slices:
+            end = row + s.row_count
+            if request_ids is None or s.request_id in request_ids:
+                epochs.append(self.kv.commit(s, pending.latent[:, row:end], pending.k_rope[:, row:end]))
+            else:
+                epochs.append(s.kv_epoch)
+            row = end
+        return tuple(epochs)
 
     def _input_hidden(self, batch: StageBatch) -> np.ndarray:
         rows = batch.row_count
@@ -160,13 +194,3 @@ class StageExecutor:
                 dtype=np.int32,
             )
         return logits, tokens
-
-    def _commit(self, slices, new_latent, new_k_rope) -> tuple[int, ...]:
-        latent = np.stack(new_latent)   # [layers, R, kv_lora]
-        k_rope = np.stack(new_k_rope)   # [layers, R, rope]
-        epochs, row = [], 0
-        for s in slices:
-            end = row + s.row_count
-            epochs.append(self.kv.commit(s, latent[:, row:end], k_rope[:, row:end]))
-            row = end
-        return tuple(epochs)

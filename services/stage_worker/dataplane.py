@@ -166,17 +166,23 @@ class DataPlane:
             batch = self._stage_batch(stage, work, live)
             metrics.UNPACK.labels(label).observe(time.perf_counter() - started)
         try:
-            result, queue_s, compute_s = await self._runtime.execute(batch)
+            result, pending, queue_s, compute_s = await self._runtime.execute(batch)
         except ModelError as exc:
             failed = [SequenceFailure(s.request_id, _fnx2_code(exc), exc.message) for s in live]
             return StageOutput(None, tuple(failures + failed))
         _record_phase_spans(queue_s, compute_s)
         metrics.QUEUE.labels(label, phase).observe(queue_s)
         metrics.COMPUTE.labels(label, phase).observe(compute_s)
-        metrics.KV_EPOCH_CHANGES.labels(label).inc(len(live))
         if stage.spec.last:
-            return self._final_output(stage, live, result, failures)
-        return await self._forward(stage, work, live, result, failures)
+            output = self._final_output(stage, live, result, failures)
+        else:
+            output = await self._forward(stage, work, live, result, failures)
+        # KV advances only for sequences the whole rest of the pipeline completed too.
+        failed_ids = {f.request_id for f in output.failures}
+        completed = frozenset(s.request_id for s in live if s.request_id not in failed_ids)
+        await self._runtime.commit(pending, completed)
+        metrics.KV_EPOCH_CHANGES.labels(label).inc(len(completed))
+        return output
 
     def _split_cancelled(self, work: StageWork):
         live, failures = [], []

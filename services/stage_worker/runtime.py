@@ -18,7 +18,7 @@ import structlog
 
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import ModelError
-from libs.model.executor import StageBatch, StageExecutor, StageResult
+from libs.model.executor import PendingKv, StageBatch, StageExecutor, StageResult
 from libs.model.executor import StageSpec as ExecutorSpec
 from libs.model.kernels import make_kernels
 from libs.model.sampling import SamplingParams
@@ -106,10 +106,10 @@ def _compile_progress(message: str) -> None:
     structlog.get_logger().info("compile_progress", message=message)
 
 
-def _timed(executor: StageExecutor, batch: StageBatch, submitted: float) -> tuple[StageResult, float, float]:
+def _timed(executor: StageExecutor, batch: StageBatch, submitted: float) -> tuple[StageResult, PendingKv, float, float]:
     started = time.perf_counter()
-    result = executor.execute(batch)
-    return result, started - submitted, time.perf_counter() - started
+    result, pending = executor.run(batch)
+    return result, pending, started - submitted, time.perf_counter() - started
 
 
 def checkpoint_stage_hash(spec: LoadSpec) -> str:
@@ -307,8 +307,11 @@ class StageRuntime:
     def is_cancelled(self, request_id: str) -> bool:
         return self.stage is not None and request_id in self.stage.cancelled
 
-    async def execute(self, batch: StageBatch) -> tuple[StageResult, float, float]:
-        """Run a batch on the device thread; returns (result, queue seconds, compute seconds)."""
+    async def execute(self, batch: StageBatch) -> tuple[StageResult, PendingKv, float, float]:
+        """Run a batch on the device thread, KV not yet committed.
+
+        Returns (result, pending KV, queue seconds, compute seconds).
+        """
         stage = self.loaded()
         self._enter()
         submitted = time.perf_counter()
@@ -317,6 +320,12 @@ class StageRuntime:
             return await loop.run_in_executor(self._device_thread, _timed, stage.executor, batch, submitted)
         finally:
             self._leave()
+
+    async def commit(self, pending: PendingKv, request_ids: frozenset[str] | None = None) -> None:
+        """Commit the named requests' new KV on the device thread, which owns the KV store."""
+        stage = self.loaded()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._device_thread, stage.executor.commit, pending, request_ids)
 
     def _enter(self) -> None:
         counters = self._counters

@@ -233,3 +233,32 @@ def test_a_cancelled_sequence_between_others_leaves_their_rows_intact(checkpoint
     assert [int(o.rows[0]) for o in first] == [e[0] for e in expected]
     assert not second[1].ok and second[1].error_code == "CANCELLED"
     assert [int(second[i].rows[0]) for i in (0, 2)] == [expected[0][1], expected[2][1]]
+
+
+def test_a_failure_further_on_leaves_the_earlier_stage_kv_untouched(checkpoint, two_workers):
+    cfg = load_config(checkpoint)
+    plan = load_pipeline(two_workers, checkpoint, cfg.num_hidden_layers, boundary="fp32")
+
+    async def scenario():
+        route = Route(plan)
+        await route.open()
+        try:
+            rid = str(uuid.uuid4())
+            lease = lease_id_for(plan, rid)
+            await route.admit(rid, 8, Sampling())
+            first = (await route.run(Phase.PREFILL, [SliceInput(rid, lease, 0, 0, 0, PROMPTS[0], BUDGET_NS)]))[0]
+            before = (await route.health())[0].kv_bytes_used
+            # Only the final stage drops the request: stage 0 runs the step, stage 1 refuses it.
+            two_workers.stub(1).CancelRequest(pb.CancelRequestRequest(request_id="c", target_request_id=rid))
+            token = np.array([int(first.rows[0])], np.int32)
+            step = (await route.run(Phase.DECODE, [SliceInput(rid, lease, 1, len(PROMPTS[0]), 1, token, BUDGET_NS)]))[0]
+            after = (await route.health())[0].kv_bytes_used
+            stage0 = two_workers.stub(0).CancelRequest(pb.CancelRequestRequest(request_id="d", target_request_id=rid))
+            await route.release(rid)
+            return step, before, after, stage0.kv_epoch
+        finally:
+            await route.close()
+
+    step, before, after, stage0_epoch = asyncio.run(scenario())
+    assert not step.ok and step.error_code == "CANCELLED"
+    assert stage0_epoch == 1 and after == before
