@@ -105,3 +105,16 @@ def tensors_for_layers(
         if head not in names:
             names.append(head)
     return names
+
+
+def even_layer_split(num_layers: int, stages: int) -> list[tuple[int, int]]:
+    """Contiguous [layer_start, layer_end) ranges, sizes differing by at most one (larger first)."""
+    if not 1 <= stages <= num_layers:
+        raise ValueError(f"cannot cut {num_layers} layers into {stages} stages")
+    base, extra = divmod(num_layers, stages)
+    bounds, start = [], 0
+    for index in range(stages):
+        end = start + base + (1 if index < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds

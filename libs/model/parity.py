@@ -20,6 +20,7 @@ from libs.model.errors import ConfigError
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
 from libs.model.kv_store import SliceIdentity
+from libs.model.layout import even_layer_split
 from libs.model.weights import load_stage_weights
 
 PROMPT_LENGTHS = (7, 4, 5)
@@ -91,11 +92,10 @@ class Captured:
 
 
 def split_layers(layer_count: int, stages: int) -> list[tuple[int, int]]:
-    """Contiguous, near-even split of [0, layer_count) into `stages` ranges."""
+    """The fleet's even split, with the parity command's error."""
     if not 1 <= stages <= layer_count:
         raise ParityUnsupportedError(f"--stages must be in 1..{layer_count}, got {stages}")
-    bounds = np.linspace(0, layer_count, stages + 1).round().astype(int)
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    return even_layer_split(layer_count, stages)
 
 
 def check_reference_supports(cfg: DeepseekV2Config) -> None:

@@ -255,7 +255,7 @@ async def resolve_records_async(address: str, expectations: Iterable[Expectation
 
 def address_from_fleet(state_dir: str = ".fornax") -> str | None:
     """The registry's gRPC address from a local fleet's fleet.json, or None if there is none."""
-    from libs.fleet.state import read_fleet
+    from libs.service.fleet_state import read_fleet
 
     state = read_fleet(state_dir)
     if state is None:

@@ -11,7 +11,7 @@ from libs.artifacts.manifest import (
     decode_manifest,
     manifest_hash,
 )
-from libs.gateway.route import RoutePlan
+from services.orchestrator.stage_chain import RoutePlan
 from libs.model.config import load_config
 from libs.service.errors import FailedPrecondition
 from libs.text.context import TextContext, TextPins

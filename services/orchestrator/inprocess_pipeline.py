@@ -30,7 +30,7 @@ from services.orchestrator.domain import (
     SequenceStatus,
     ServedModel,
 )
-from libs.gateway.loading import even_layer_split
+from libs.model.layout import even_layer_split
 from services.orchestrator.model_card import served_model
 
 

@@ -21,7 +21,7 @@ from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 from google.protobuf import json_format
 
 from libs.fnx2.messages import Phase
-from libs.gateway.route import Route, RoutePlan, RouteStage, Sampling, SliceInput, lease_id_for
+from services.orchestrator.stage_chain import Route, RoutePlan, RouteStage, Sampling, SliceInput, lease_id_for
 from libs.model.config import load_config
 from libs.service.errors import FailedPrecondition, Unavailable
 from services.planner import convert as planner_convert

@@ -1,6 +1,6 @@
 """A Pipeline over stage workers: FNX2 batches to stage 0, sampled tokens back from the last.
 
-It adapts the scheduler's microbatches to `libs.gateway.route.Route`: a request is admitted
+It adapts the scheduler's microbatches to `services.orchestrator.stage_chain.Route`: a request is admitted
 on every stage (KV reserved, sampling recorded on the final stage) right before its prefill,
 each microbatch travels as one ragged FNX2 BATCH, and release fans out to every stage.
 """
@@ -12,7 +12,7 @@ import asyncio
 import numpy as np
 
 from libs.fnx2.messages import Phase as Fnx2Phase
-from libs.gateway.route import Route, Sampling, SliceInput, SliceOutput, lease_id_for
+from services.orchestrator.stage_chain import Route, Sampling, SliceInput, SliceOutput, lease_id_for
 from libs.service.trace_context import current_traceparent
 from services.orchestrator.domain import (
     Microbatch,

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from libs.fleet.health import check_health
+from apps.fleet.health import check_health
 
 
 class ServiceProc:

@@ -8,8 +8,8 @@ from pathlib import Path
 import grpc
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 
-from libs.gateway.loading import load_checkpoint_route
-from libs.gateway.route import RoutePlan
+from services.orchestrator.direct_load import load_checkpoint_route
+from services.orchestrator.stage_chain import RoutePlan
 from tests.support.procs import ServiceProc
 
 

@@ -22,11 +22,11 @@ _MEASURE = (
 
 
 def _fornax(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "libs.cli.main", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "apps.cli.main", *args], capture_output=True, text=True, timeout=300)
 
 
 def _peak_rss_bytes(*args: str) -> int:
-    done = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "-m", "libs.cli.main", *args],
+    done = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "-m", "apps.cli.main", *args],
                           capture_output=True, text=True, timeout=600, check=True)
     rss_kib, rc = (int(x) for x in done.stdout.split())
     assert rc == 0, done.stderr
@@ -91,7 +91,7 @@ def test_build_memory_stays_bounded_on_the_small_preset(tmp_path):
 def _import_baseline() -> int:
     """Peak RSS of a process that imports everything the build imports but copies nothing."""
     script = ("import services.artifact_builder.build, services.artifact_builder.cli, "
-              "services.artifact_builder.convert, libs.cli.main")
+              "services.artifact_builder.convert, apps.cli.main")
     done = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "-c", script],
                           capture_output=True, text=True, timeout=120, check=True)
     return int(done.stdout.split()[0]) * 1024

@@ -184,7 +184,7 @@ def test_records_survive_a_restart_and_two_processes_share_one_database(tmp_path
 def test_cli_round_trip(service, tmp_path, capsys):
     import json
 
-    from libs.cli.main import main
+    from apps.cli.main import main
 
     client, _ = service
     blob = tmp_path / "figure.json"

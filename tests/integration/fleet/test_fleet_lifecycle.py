@@ -16,7 +16,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from libs.fleet.state import read_fleet
+from libs.service.fleet_state import read_fleet
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ EXPECTED_SERVICE = {
 
 def _fornax(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "libs.cli.main", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "apps.cli.main", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
     )
 
 

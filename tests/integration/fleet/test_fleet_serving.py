@@ -9,14 +9,14 @@ import urllib.request
 
 import pytest
 
-from libs.fleet.state import read_fleet
+from libs.service.fleet_state import read_fleet
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 
 pytestmark = pytest.mark.integration
 
 
 def _fornax(*args: str, cwd, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "libs.cli.main", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "apps.cli.main", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from libs.fleet.state import read_fleet
+from libs.service.fleet_state import read_fleet
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from tests.support.otlp import OtlpReceiver
 
@@ -21,7 +21,7 @@ STAGES = {"fornax-stage-worker-stage-0", "fornax-stage-worker-stage-1"}
 
 
 def _fornax(*args, cwd, env, timeout=600):
-    return subprocess.run([sys.executable, "-m", "libs.cli.main", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "apps.cli.main", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -16,7 +16,7 @@ import grpc
 import pytest
 from fornax.stage_worker.v1 import stage_worker_pb2, stage_worker_pb2_grpc
 
-from libs.fleet.state import read_fleet
+from libs.service.fleet_state import read_fleet
 
 pytestmark = pytest.mark.integration
 
@@ -51,11 +51,11 @@ def _wait_for(base: str, promql: str, accept, timeout_s: float = 60.0) -> list[d
 
 @pytest.fixture
 def fleet(tmp_path):
-    up = subprocess.run([sys.executable, "-m", "libs.cli.main", "up", "--stages", "1"], cwd=tmp_path,
+    up = subprocess.run([sys.executable, "-m", "apps.cli.main", "up", "--stages", "1"], cwd=tmp_path,
                         capture_output=True, text=True, timeout=240)
     assert up.returncode == 0, up.stderr
     yield read_fleet(tmp_path / ".fornax")
-    subprocess.run([sys.executable, "-m", "libs.cli.main", "down"], cwd=tmp_path, capture_output=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "apps.cli.main", "down"], cwd=tmp_path, capture_output=True, timeout=120)
 
 
 def test_prometheus_scrapes_every_service_and_computes_a_rate(fleet, tmp_path):

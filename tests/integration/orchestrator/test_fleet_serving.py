@@ -12,8 +12,8 @@ import urllib.request
 import openai
 import pytest
 
-from libs.fleet.compose import start_fleet
-from libs.fleet.launcher import FleetOptions
+from apps.fleet.compose import start_fleet
+from apps.fleet.launcher import FleetOptions
 from libs.text.context import TextContext
 from tests.integration.orchestrator.test_greedy_parity import reference_greedy
 

@@ -8,7 +8,7 @@ import uuid
 import pytest
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 
-from libs.gateway.route import Route
+from services.orchestrator.stage_chain import Route
 from libs.model.config import load_config
 from libs.text.context import TextContext
 from services.orchestrator.domain import (
@@ -17,7 +17,7 @@ from services.orchestrator.domain import (
     SamplingParams,
     SchedulerConfig,
 )
-from libs.gateway.loading import even_layer_split
+from libs.model.layout import even_layer_split
 from services.orchestrator.model_card import served_model
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.serving import ServingConfig, ServingEngine

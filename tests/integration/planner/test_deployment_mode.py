@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from fornax.planner.v1 import planner_pb2 as pb
 
-from libs.cli.main import main
+from apps.cli.main import main
 from services.evidence_registry.client import RegistryClient
 from services.evidence_registry.domain import EvidenceClass, RecordContent, RecordType, ValidityWindow
 from services.planner import convert

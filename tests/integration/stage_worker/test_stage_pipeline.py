@@ -13,7 +13,7 @@ from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 
 from libs.fnx2.messages import Phase
-from libs.gateway.route import Route, Sampling, SliceInput, lease_id_for
+from services.orchestrator.stage_chain import Route, Sampling, SliceInput, lease_id_for
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
 from libs.model.executor import StageBatch, StageExecutor, StageSpec

@@ -12,7 +12,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
 from libs.fnx2.messages import Phase
-from libs.gateway.route import Route, Sampling, SliceInput, lease_id_for
+from services.orchestrator.stage_chain import Route, Sampling, SliceInput, lease_id_for
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
 from libs.service.trace_context import current_traceparent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from libs.cli.main import build_parser
+from apps.cli.main import build_parser
 from services.evidence_registry.cli import UsageError, build_content, parse_instant_ns, parse_labels, parse_layers
 from services.evidence_registry.domain import ElementType, EvidenceClass, LayerRange, RecordType
 

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("max")
 
-from libs.cli.main import main  # noqa: E402
+from apps.cli.main import main  # noqa: E402
 
 # compiles on a cold cache;
 # cold compiles can outlast the default 600 s test timeout on a busy 2-core host.

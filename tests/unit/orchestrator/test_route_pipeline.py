@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from libs.fnx2.messages import Phase as Fnx2Phase
-from libs.gateway.route import RoutePlan, RouteStage, SliceOutput
+from services.orchestrator.stage_chain import RoutePlan, RouteStage, SliceOutput
 from libs.service.errors import ResourceExhausted
 from services.orchestrator.domain import (
     Microbatch,

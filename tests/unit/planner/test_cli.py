@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from libs.cli.main import main
+from apps.cli.main import main
 from services.planner.bench import synthetic_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "services" / "planner" / "examples"

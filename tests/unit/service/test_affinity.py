@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from libs.fleet.affinity import format_cpu_set, parse_cpu_set, worker_cpu_sets, worker_env
+from libs.service.affinity import format_cpu_set, parse_cpu_set, worker_cpu_sets, worker_env
 from services.stage_worker.config import StageWorkerConfig
 
 
@@ -32,7 +32,7 @@ def test_stage_worker_reads_its_cpu_set():
 
 
 def test_even_layer_split_covers_every_layer_once_larger_stages_first():
-    from libs.gateway.loading import even_layer_split
+    from libs.model.layout import even_layer_split
 
     assert even_layer_split(4, 3) == [(0, 2), (2, 3), (3, 4)]
     for layers in range(1, 12):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from libs.fleet.state import FleetState, ServiceEntry
+from libs.service.fleet_state import FleetState, ServiceEntry
 from services.stage_worker.config import StageWorkerConfig
 
 

@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from libs.fleet.state import FleetState
+from libs.service.fleet_state import FleetState
 
 
 class RouteFailed(RuntimeError):

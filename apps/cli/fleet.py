@@ -9,11 +9,11 @@ import sys
 import threading
 from pathlib import Path
 
-from libs.fleet.compose import start_fleet
-from libs.fleet.health import check_health
-from libs.fleet.launcher import FleetOptions, LaunchError, stop_processes
-from libs.fleet.route_wait import RouteFailed, wait_for_route
-from libs.fleet.state import FleetState, fleet_path, read_fleet, write_fleet
+from apps.fleet.compose import start_fleet
+from apps.fleet.health import check_health
+from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
+from apps.fleet.route_wait import RouteFailed, wait_for_route
+from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
 
 BACKENDS = ("max", "numpy")
 BOUNDARY_DTYPES = ("bf16", "fp32")

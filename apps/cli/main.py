@@ -12,8 +12,8 @@ import importlib
 import sys
 
 COMMAND_MODULES: tuple[str, ...] = (
-    "libs.cli.fleet",
-    "libs.bench.cli",
+    "apps.cli.fleet",
+    "apps.bench.cli",
     "libs.fnx2.cli",
     "libs.model.cli",
     "libs.model.max_cli",

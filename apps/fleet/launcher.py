@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libs.fleet.health import check_health
-from libs.fleet.state import ServiceEntry
+from apps.fleet.health import check_health
+from libs.service.fleet_state import ServiceEntry
 
 HOST = "127.0.0.1"
 

@@ -6,10 +6,10 @@ together, then the orchestrator, which is told every other address.
 
 from __future__ import annotations
 
-from libs.fleet.affinity import usable_cpus, worker_cpu_sets
-from libs.fleet.affinity import worker_env as affinity_env
-from libs.fleet.launcher import HOST, FleetOptions, Launcher, LaunchError, ServiceProcess
-from libs.fleet.state import FleetState, ServiceEntry
+from libs.service.affinity import usable_cpus, worker_cpu_sets
+from libs.service.affinity import worker_env as affinity_env
+from apps.fleet.launcher import HOST, FleetOptions, Launcher, LaunchError, ServiceProcess
+from libs.service.fleet_state import FleetState, ServiceEntry
 
 
 def _registry_env(options: FleetOptions) -> dict[str, str]:

@@ -13,24 +13,12 @@ from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 
-from libs.gateway.route import RoutePlan, RouteStage
+from libs.model.layout import even_layer_split
+from services.orchestrator.stage_chain import RoutePlan, RouteStage
 
 DTYPES = {"bf16": common_pb2.ELEMENT_TYPE_BF16, "fp16": common_pb2.ELEMENT_TYPE_FP16, "fp32": common_pb2.ELEMENT_TYPE_FP32}
 BACKENDS = {"numpy": common_pb2.BACKEND_NUMPY, "max": common_pb2.BACKEND_MAX}
 DIRECT_PLAN_HASH_PREFIX = "sha256:"
-
-
-def even_layer_split(num_layers: int, stages: int) -> list[tuple[int, int]]:
-    """Contiguous [layer_start, layer_end) ranges, sizes differing by at most one (larger first)."""
-    if not 1 <= stages <= num_layers:
-        raise ValueError(f"cannot cut {num_layers} layers into {stages} stages")
-    base, extra = divmod(num_layers, stages)
-    bounds, start = [], 0
-    for index in range(stages):
-        end = start + base + (1 if index < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
 
 
 def load_checkpoint_route(workers: list[str], checkpoint: str, layers: int, *, boundary: str = "fp32",

@@ -46,7 +46,7 @@ def _quiet_logs() -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from libs.bench.serve import BenchOptions, run
+    from apps.bench.serve import BenchOptions, run
 
     _quiet_logs()
 

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from libs.fleet.affinity import usable_cpus, worker_cpu_sets, worker_env
+from libs.service.affinity import usable_cpus, worker_cpu_sets, worker_env
 from libs.service.host import cpu_name
-from libs.fleet.launcher import FleetOptions, Launcher, ServiceProcess
-from libs.gateway.loading import even_layer_split, load_checkpoint_route
-from libs.gateway.route import Route
+from apps.fleet.launcher import FleetOptions, Launcher, ServiceProcess
+from libs.model.layout import even_layer_split
+from services.orchestrator.direct_load import load_checkpoint_route
+from services.orchestrator.stage_chain import Route
 from libs.model.config import load_config
 from libs.text.context import TextContext
 from services.orchestrator.domain import GenerationRequest, SamplingParams
