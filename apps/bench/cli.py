@@ -12,7 +12,9 @@ DEFAULT_CHECKPOINT = Path(".cache/bench/small")
 
 def register(commands, benches) -> None:
     serve = benches.add_parser("serve", help="serving throughput, TTFT and ITL: 2-stage vs 1-stage vs transformers")
-    serve.add_argument("--checkpoint", help=f"checkpoint dir (default: the small preset, generated into {DEFAULT_CHECKPOINT})")
+    serve.add_argument(
+        "--checkpoint", help=f"checkpoint dir (default: the small preset, generated into {DEFAULT_CHECKPOINT})"
+    )
     serve.add_argument("--backend", choices=("numpy", "max"), default="numpy")
     serve.add_argument("--prompt-tokens", type=int, default=32)
     serve.add_argument("--max-tokens", type=int, default=16)

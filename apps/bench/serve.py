@@ -78,7 +78,7 @@ async def _drive(engine: ServingEngine, prompt_ids: list[tuple[int, ...]], max_t
             if output.token_ids:
                 stamps.append(time.perf_counter())
                 count += len(output.token_ids)
-        gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+        gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
         return count, (stamps[0] - started) if stamps else float("nan"), gaps
 
     started = time.perf_counter()

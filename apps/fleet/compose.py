@@ -45,18 +45,25 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
     launcher = Launcher(options)
     try:
         registry = launcher.spawn(
-            ServiceProcess("evidence_registry", "evidence_registry", "services.evidence_registry", _registry_env(options))
+            ServiceProcess(
+                "evidence_registry", "evidence_registry", "services.evidence_registry", _registry_env(options)
+            )
         )
         launcher.wait_ready([registry])
         registry_addr = f"{HOST}:{registry.ports['grpc']}"
         middle = [
-            launcher.spawn(ServiceProcess("planner", "planner", "services.planner", {"FORNAX_REGISTRY_ADDR": registry_addr})),
+            launcher.spawn(
+                ServiceProcess("planner", "planner", "services.planner", {"FORNAX_REGISTRY_ADDR": registry_addr})
+            ),
             launcher.spawn(
                 ServiceProcess(
                     "artifact_builder",
                     "artifact_builder",
                     "services.artifact_builder",
-                    {"FORNAX_REGISTRY_ADDR": registry_addr, "FORNAX_ARTIFACT_STORE": str(options.state_dir / "artifacts")},
+                    {
+                        "FORNAX_REGISTRY_ADDR": registry_addr,
+                        "FORNAX_ARTIFACT_STORE": str(options.state_dir / "artifacts"),
+                    },
                 )
             ),
         ]
@@ -68,7 +75,9 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
                 "FORNAX_BACKEND": options.backend,
             }
             middle.append(
-                launcher.spawn(ServiceProcess(f"stage_worker_{index}", "stage_worker", "services.stage_worker", worker_env))
+                launcher.spawn(
+                    ServiceProcess(f"stage_worker_{index}", "stage_worker", "services.stage_worker", worker_env)
+                )
             )
         launcher.wait_ready(middle)
         entries = {s.spec.name: s.entry() for s in launcher.started}

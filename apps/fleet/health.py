@@ -14,5 +14,7 @@ def check_health(address: str, service: str = "", timeout_s: float = 2.0) -> str
             response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
         except grpc.RpcError as exc:
             code = exc.code()
-            return "UNREACHABLE" if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) else code.name
+            return (
+                "UNREACHABLE" if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) else code.name
+            )
     return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)

@@ -13,7 +13,8 @@ import math
 import os
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO, Iterable
+from typing import BinaryIO
+from collections.abc import Iterable
 
 from libs.artifacts.errors import SafetensorsHeaderError, SafetensorsTruncatedError
 

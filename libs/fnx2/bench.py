@@ -274,7 +274,7 @@ def host_labels(command: str) -> dict[str, str]:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as handle:
-            cpu = next((l.split(":", 1)[1].strip() for l in handle if l.startswith("model name")), cpu)
+            cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
     except OSError:
         pass
     return {

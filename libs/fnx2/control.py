@@ -47,7 +47,7 @@ class ChannelBinding:
                 "plan_generation_id": self.plan_generation_id}
 
     @classmethod
-    def read(cls, f: Fields) -> "ChannelBinding":
+    def read(cls, f: Fields) -> ChannelBinding:
         return cls(f.uuid("plan_id"), f.hash("plan_hash"), f.hash("manifest_hash"),
                    f.text("stage_id", MAX_ID_CHARS), f.uuid("plan_generation_id"))
 
@@ -73,7 +73,7 @@ class Credit:
         return meta
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any], allow_extensions: bool = True) -> "Credit":
+    def from_meta(cls, meta: dict[str, Any], allow_extensions: bool = True) -> Credit:
         extended = allow_extensions and "batches_received" in meta
         names = frozenset(CREDIT_FIELDS) | ({"batches_received"} if extended else frozenset())
         f = Fields(meta, ErrorCode.METADATA, "CREDIT", names)
@@ -97,7 +97,7 @@ class Cancel:
                 "request_id": self.request_id, "execution_lease_id": self.execution_lease_id}
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any]) -> "Cancel":
+    def from_meta(cls, meta: dict[str, Any]) -> Cancel:
         f = Fields(meta, ErrorCode.METADATA, "CANCEL", _LEASE_FIELDS)
         return cls(f.uuid("control_id"), ChannelBinding.read(f), f.uuid("request_id"),
                    f.uuid("execution_lease_id"))
@@ -118,7 +118,7 @@ class Release:
                 "expected_final_epoch": self.expected_final_epoch}
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any]) -> "Release":
+    def from_meta(cls, meta: dict[str, Any]) -> Release:
         f = Fields(meta, ErrorCode.METADATA, "RELEASE", _LEASE_FIELDS | {"expected_final_epoch"})
         return cls(f.uuid("control_id"), ChannelBinding.read(f), f.uuid("request_id"),
                    f.uuid("execution_lease_id"), f.optional_uint("expected_final_epoch"))
@@ -144,7 +144,7 @@ class Control:
         return meta
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any], allow_extensions: bool) -> "Control":
+    def from_meta(cls, meta: dict[str, Any], allow_extensions: bool) -> Control:
         operation = meta.get("control")
         names = _BINDING_FIELDS | {"control", "control_id"}
         if operation == "hello":
@@ -191,14 +191,14 @@ class Ack:
     KIND: ClassVar[int] = Kind.ACK
     operation: str
     control_id: str
-    fields: "AckFields"
+    fields: AckFields
 
     def to_meta(self) -> dict[str, Any]:
         return {"operation": self.operation, "control_id": self.control_id,
                 **self.fields.to_meta()}
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any], allow_extensions: bool) -> "Ack":
+    def from_meta(cls, meta: dict[str, Any], allow_extensions: bool) -> Ack:
         operation = meta.get("operation")
         if operation not in _ACK_FIELDS or (operation == "extensions" and not allow_extensions):
             raise Fields({}, ErrorCode.METADATA, "ACK", frozenset()).fail(
@@ -298,7 +298,7 @@ class ErrorMessage:
         return {"code": self.code, "message": self.message, "control_id": self.control_id}
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any]) -> "ErrorMessage":
+    def from_meta(cls, meta: dict[str, Any]) -> ErrorMessage:
         f = Fields(meta, ErrorCode.METADATA, "ERROR", frozenset({"code", "message", "control_id"}))
         control_id = f.raw("control_id")
         if control_id is not None and not is_uuid(control_id):

@@ -80,7 +80,7 @@ class SequenceSlice:
         return {name: getattr(self, name) for name in _SLICE_FIELDS}
 
     @classmethod
-    def from_meta(cls, meta: Any) -> "SequenceSlice":
+    def from_meta(cls, meta: Any) -> SequenceSlice:
         if type(meta) is dict and meta.keys() == _SLICE_FIELDS:  # fast path: all valid
             m = meta
             if (_u64(m["request_sequence_no"]) and _u64(m["token_position_start"])
@@ -96,7 +96,7 @@ class SequenceSlice:
         return cls._strict(meta)
 
     @classmethod
-    def _strict(cls, meta: Any) -> "SequenceSlice":
+    def _strict(cls, meta: Any) -> SequenceSlice:
         """Field by field, naming the first offending field."""
         f = Fields(meta, ErrorCode.BATCH_CONTRACT, "sequence", _SLICE_FIELDS)
         return cls(
@@ -155,7 +155,7 @@ class BatchDescriptor:
             raise fail("slices must cover every input row exactly once")
 
     @classmethod
-    def from_meta(cls, meta: Any) -> "BatchDescriptor":
+    def from_meta(cls, meta: Any) -> BatchDescriptor:
         f = Fields(meta, ErrorCode.BATCH_CONTRACT, "batch", _BATCH_FIELDS)
         if not is_uuid(f.raw("batch_id")):
             raise f.fail("batch_id", "must be a lower-case canonical UUID")
@@ -286,7 +286,7 @@ class SequenceResult:
         }
 
     def remapped(self, input_row_start: int, output_row_start: int | None,
-                 timings: Timings) -> "SequenceResult":
+                 timings: Timings) -> SequenceResult:
         """This result placed in another batch's rows (exact replay after repacking)."""
         return SequenceResult(
             self.request_id, self.execution_lease_id, self.request_sequence_no, self.status,
@@ -305,7 +305,7 @@ class SequenceResult:
             raise fail("a failed sequence has an error, no output rows and unchanged KV")
 
     @classmethod
-    def from_meta(cls, meta: Any) -> "SequenceResult":
+    def from_meta(cls, meta: Any) -> SequenceResult:
         item = cls._fast(meta) if type(meta) is dict and meta.keys() == _RESULT_ITEM_FIELDS else None
         if item is None:
             item = cls._strict(meta)
@@ -313,7 +313,7 @@ class SequenceResult:
         return item
 
     @classmethod
-    def _fast(cls, m: dict[str, Any]) -> "SequenceResult | None":
+    def _fast(cls, m: dict[str, Any]) -> SequenceResult | None:
         """All fields valid, or None (then `_strict` names the offending one)."""
         t, error = m["timings_ns"], m["error"]
         if type(t) is not dict or t.keys() != _TIMING_FIELDS or not all(map(_u64, t.values())):
@@ -338,7 +338,7 @@ class SequenceResult:
                    Timings(t["queue"], t["execute"], t["pack"], t["unpack"]))
 
     @classmethod
-    def _strict(cls, meta: Any) -> "SequenceResult":
+    def _strict(cls, meta: Any) -> SequenceResult:
         f = Fields(meta, ErrorCode.BATCH_RESULT, "result", _RESULT_ITEM_FIELDS)
         if f.raw("status") not in SequenceStatus._value2member_map_:
             raise f.fail("status", "is not a known status")

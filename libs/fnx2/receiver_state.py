@@ -61,7 +61,7 @@ class InputIdentity:
     crc: int | None
 
     @classmethod
-    def of(cls, batch: Batch, item: SequenceSlice, known_crc: int | None = None) -> "InputIdentity":
+    def of(cls, batch: Batch, item: SequenceSlice, known_crc: int | None = None) -> InputIdentity:
         d = batch.tensor.descriptor
         rows = batch.tensor.rows(item.input_row_start, item.input_row_count)
         kind, nbytes = (d.kind, d.dtype, d.width), rows.nbytes
@@ -201,7 +201,7 @@ class ReceiverState:
         need = (1, batch.tensor.descriptor.payload_bytes, batch.batch.input_row_count,
                 len(batch.batch.sequences))
         have = (credit.frames, credit.payload_bytes, credit.rows, credit.sequences)
-        if any(n > h for n, h in zip(need, have)):
+        if any(n > h for n, h in zip(need, have, strict=True)):
             raise Fnx2Error(ErrorCode.CREDIT, f"batch needs {need}, receiver has {have}")
         execute: list[SequenceSlice] = []
         replayed: list[ReplayHit] = []

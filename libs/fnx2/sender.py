@@ -65,7 +65,7 @@ class Fnx2Client:
     @classmethod
     async def connect(cls, host: str, port: int, config: SenderConfig,
                       ssl: ssl_module.SSLContext | None = None,
-                      server_hostname: str | None = None) -> "Fnx2Client":
+                      server_hostname: str | None = None) -> Fnx2Client:
         loop = asyncio.get_running_loop()
         _, protocol = await loop.create_connection(
             lambda: FrameProtocol(config.codec), host, port, ssl=ssl,
@@ -73,7 +73,7 @@ class Fnx2Client:
         return await cls.open(protocol, protocol, config)
 
     @classmethod
-    async def open(cls, reader, writer, config: SenderConfig) -> "Fnx2Client":
+    async def open(cls, reader, writer, config: SenderConfig) -> Fnx2Client:
         """Handshake over (StreamReader, StreamWriter) or (FrameProtocol, FrameProtocol)."""
         stream = FrameStream(reader, writer, config.codec,
                              allow_extensions=bool(config.offer_extensions))
@@ -128,7 +128,7 @@ class Fnx2Client:
             if batch.batch.batch_id in self._pending:
                 raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "batch_id is already in flight")
             self._pending[batch.batch.batch_id] = _Pending(batch, future, need)
-            self._sent = tuple(a + b for a, b in zip(self._sent, need))
+            self._sent = tuple(a + b for a, b in zip(self._sent, need, strict=True))
             self._in_transit.append((self._batches_sent, need))
             self._batches_sent += 1
         try:
@@ -145,7 +145,7 @@ class Fnx2Client:
         limit = (c.frames, c.payload_bytes, c.rows, c.sequences)
         if EXT_MULTI_INFLIGHT not in self.extensions and self._pending:
             return False
-        return all(s + n <= lim for s, n, lim in zip(self._sent, need, limit))
+        return all(s + n <= lim for s, n, lim in zip(self._sent, need, limit, strict=True))
 
     def _uncounted(self, credit: Credit) -> tuple[int, int, int, int]:
         """Resources of sent batches that this credit vector does not yet account for:
@@ -158,7 +158,7 @@ class Fnx2Client:
         else:
             self._in_transit.clear()
             needs = [p.need for p in self._pending.values()]
-        return tuple(sum(col) for col in zip(*needs)) if needs else (0, 0, 0, 0)
+        return tuple(sum(col) for col in zip(*needs, strict=True)) if needs else (0, 0, 0, 0)
 
     def unacknowledged(self) -> tuple[Batch, ...]:
         """Source batches still held: sent, with no RESULT yet."""

@@ -103,7 +103,7 @@ class FrameStream:
         crcs = [payload_crc(m) if _payload_len(m) > _SMALL_FRAME else None for m in messages]
         async with self._write_lock:
             small: list[bytes | memoryview] = []  # consecutive small frames: one write
-            for message, known_crc in zip(messages, crcs):
+            for message, known_crc in zip(messages, crcs, strict=True):
                 if self.closed:
                     raise ChannelClosedError("channel is closed")
                 encoded = encode_frame(message, self._next_out, self._limits,

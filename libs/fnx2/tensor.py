@@ -93,7 +93,7 @@ class TensorDescriptor:
     def row_bytes(self) -> int:
         return self.width * STORAGE[self.dtype].itemsize
 
-    def with_rows(self, rows: int) -> "TensorDescriptor":
+    def with_rows(self, rows: int) -> TensorDescriptor:
         shape = (rows,) if len(self.shape) == 1 else (rows, self.shape[1])
         return TensorDescriptor(self.kind, self.dtype, shape)
 
@@ -108,7 +108,7 @@ class TensorDescriptor:
         }
 
     @classmethod
-    def from_meta(cls, meta: Any) -> "TensorDescriptor":
+    def from_meta(cls, meta: Any) -> TensorDescriptor:
         fields = ("kind", "dtype", "shape", "layout", "logical_elements", "payload_bytes")
         if type(meta) is not dict or set(meta) != set(fields):
             raise _tensor_error("tensor descriptor must have exactly " + ",".join(fields))
@@ -137,7 +137,7 @@ class Tensor:
     array: np.ndarray
 
     @classmethod
-    def from_array(cls, kind: TensorKind | str, dtype: DType | str, array: np.ndarray) -> "Tensor":
+    def from_array(cls, kind: TensorKind | str, dtype: DType | str, array: np.ndarray) -> Tensor:
         """Wrap (without copying when already in storage layout) and check finiteness.
 
         For bf16, float32 input is rounded to nearest-even; uint16 input is taken as bits.

@@ -182,7 +182,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._target = memoryview(b"")
         self._extend_crc()
         if self._plan is not None and self._plan.tiles:
-            for (start, end), crc in zip(self._plan.ranges, self._range_crcs):
+            for (start, end), crc in zip(self._plan.ranges, self._range_crcs, strict=True):
                 self._crc = crc32c_combine(self._crc, crc, end - start)
         self._frames.append(ReceivedBody(self._prelude, self._target, self._crc,
                                          self._finished_ranges(), self._finished_finite()))
@@ -230,7 +230,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             return None
         offset = self._prelude.metadata_bytes
         return tuple((start - offset, end - offset, crc)
-                     for (start, end), crc in zip(self._plan.ranges, self._range_crcs))
+                     for (start, end), crc in zip(self._plan.ranges, self._range_crcs, strict=True))
 
     def _finished_finite(self) -> tuple[DType, bool] | None:
         """(dtype the check assumed, result), when the whole payload was checked."""
@@ -265,7 +265,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._drain_waiters.clear()
 
     # -- consumer side ------------------------------------------------------------------
-    async def read_frame(self) -> "ReceivedBody":
+    async def read_frame(self) -> ReceivedBody:
         while not self._frames:
             if self._failure is not None:
                 raise self._failure

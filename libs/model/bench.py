@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -99,7 +99,9 @@ def layer_inputs(cfg: DeepseekV2Config, scenario: Scenario, seed: int = 0) -> La
     rng = np.random.default_rng(seed)
     rows = scenario.sequences * scenario.rows_per_sequence
     past = scenario.sequences * scenario.past_per_sequence
-    layout = build_ragged_layout([scenario.past_per_sequence] * scenario.sequences, [scenario.rows_per_sequence] * scenario.sequences)
+    layout = build_ragged_layout(
+        [scenario.past_per_sequence] * scenario.sequences, [scenario.rows_per_sequence] * scenario.sequences
+    )
     cos, sin = rope_tables(cfg).cos_sin(layout.positions)
     return LayerInputs(
         hidden=rng.standard_normal((rows, cfg.hidden_size), dtype=np.float32),
@@ -129,7 +131,9 @@ def time_backend(runner: Runner, backend: str, cfg: DeepseekV2Config, layers: ra
             runner(scenario, layer)  # warm-up (first-call allocation, lazy compile)
             samples = [runner(scenario, layer) for _ in range(repeats)]
             kind = "moe" if cfg.is_moe_layer(layer) else "dense"
-            rows.append(BenchRow(scenario.name, backend, layer, kind, 1e3 * statistics.median(samples), 1e3 * min(samples)))
+            rows.append(
+                BenchRow(scenario.name, backend, layer, kind, 1e3 * statistics.median(samples), 1e3 * min(samples))
+            )
     return rows
 
 
@@ -158,9 +162,16 @@ def run_bench(checkpoint: Path, backends: list[str], layer_count: int, repeats: 
     config_hash = hashlib.sha256((checkpoint / "config.json").read_bytes()).hexdigest()
     return BenchReport(
         figure_class="physical (wall-clock per decoder-layer call, float32 activations, this host)",
-        host=host_description(), source_revision=source_revision(), command=" ".join(["fornax", *sys.argv[1:]]) if sys.argv else "fornax bench stage",
-        checkpoint=str(checkpoint), checkpoint_config_sha256=config_hash, threads=_thread_note(),
-        decode_past_tokens=DECODE_PAST, repeats=repeats, backends=tuple(statuses), rows=tuple(rows),
+        host=host_description(),
+        source_revision=source_revision(),
+        command=" ".join(["fornax", *sys.argv[1:]]) if sys.argv else "fornax bench stage",
+        checkpoint=str(checkpoint),
+        checkpoint_config_sha256=config_hash,
+        threads=_thread_note(),
+        decode_past_tokens=DECODE_PAST,
+        repeats=repeats,
+        backends=tuple(statuses),
+        rows=tuple(rows),
     )
 
 

@@ -20,16 +20,29 @@ def _load_layer_weights(layer, cfg: DeepseekV2Config, weights: StageWeights, ind
     lw = weights.layer(index)
     t = torch.from_numpy
     attn, a = layer.self_attn, lw.attention
-    pairs = [(layer.input_layernorm.weight, lw.input_norm), (layer.post_attention_layernorm.weight, lw.post_attention_norm),
-             (attn.kv_a_proj_with_mqa.weight, a.kv_a_proj), (attn.kv_a_layernorm.weight, a.kv_a_norm),
-             (attn.kv_b_proj.weight, a.kv_b_proj), (attn.o_proj.weight, a.o_proj)]
+    pairs = [
+        (layer.input_layernorm.weight, lw.input_norm),
+        (layer.post_attention_layernorm.weight, lw.post_attention_norm),
+        (attn.kv_a_proj_with_mqa.weight, a.kv_a_proj),
+        (attn.kv_a_layernorm.weight, a.kv_a_norm),
+        (attn.kv_b_proj.weight, a.kv_b_proj),
+        (attn.o_proj.weight, a.o_proj),
+    ]
     if a.q_proj is not None:
         pairs.append((attn.q_proj.weight, a.q_proj))
     else:
-        pairs += [(attn.q_a_proj.weight, a.q_a_proj), (attn.q_a_layernorm.weight, a.q_a_norm), (attn.q_b_proj.weight, a.q_b_proj)]
+        pairs += [
+            (attn.q_a_proj.weight, a.q_a_proj),
+            (attn.q_a_layernorm.weight, a.q_a_norm),
+            (attn.q_b_proj.weight, a.q_b_proj),
+        ]
     if lw.moe is None:
         mlp = lw.dense_mlp
-        pairs += [(layer.mlp.gate_proj.weight, mlp.gate), (layer.mlp.up_proj.weight, mlp.up), (layer.mlp.down_proj.weight, mlp.down)]
+        pairs += [
+            (layer.mlp.gate_proj.weight, mlp.gate),
+            (layer.mlp.up_proj.weight, mlp.up),
+            (layer.mlp.down_proj.weight, mlp.down),
+        ]
     else:
         m = lw.moe
         pairs += [(layer.mlp.gate.weight, m.router),
@@ -37,7 +50,11 @@ def _load_layer_weights(layer, cfg: DeepseekV2Config, weights: StageWeights, ind
                   (layer.mlp.experts.down_proj, m.experts_down)]
         if m.shared is not None:
             s = layer.mlp.shared_experts
-            pairs += [(s.gate_proj.weight, m.shared.gate), (s.up_proj.weight, m.shared.up), (s.down_proj.weight, m.shared.down)]
+            pairs += [
+                (s.gate_proj.weight, m.shared.gate),
+                (s.up_proj.weight, m.shared.up),
+                (s.down_proj.weight, m.shared.down),
+            ]
     with torch.no_grad():
         for param, value in pairs:
             param.copy_(t(np.ascontiguousarray(value)))
@@ -76,7 +93,10 @@ def transformers_runner(checkpoint: Path, cfg: DeepseekV2Config, weights: StageW
             cache.crop(-scenario.rows_per_sequence)
         return elapsed
 
-    build = f"transformers {transformers.__version__} (attention eager, experts {EXPERTS_IMPLEMENTATION}), torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    build = (
+        f"transformers {transformers.__version__} (attention eager, experts {EXPERTS_IMPLEMENTATION}), "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    )
     return run, build
 
 

@@ -102,13 +102,13 @@ def write_checkpoint(
     specs = expected_tensors(cfg)
     shards = plan_shards(specs, request.max_shard_bytes)
     files = shard_file_names(len(shards))
-    for file_name, names in zip(files, shards):
+    for file_name, names in zip(files, shards, strict=True):
         _write_shard(out / file_name, names, specs, request.seed)
         if progress:
             progress(f"wrote {file_name} ({len(names)} tensors)")
     total_bytes = sum(2 * int(np.prod(s.shape, dtype=np.int64)) for s in specs.values())
     if len(files) > 1:
-        weight_map = {name: f for f, names in zip(files, shards) for name in names}
+        weight_map = {name: f for f, names in zip(files, shards, strict=True) for name in names}
         index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
         (out / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     _write_side_files(out, raw, cfg)

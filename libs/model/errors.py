@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from libs.service.errors import (
+    FailedPrecondition,
+    FornaxError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 
 
 class ModelError(FornaxError):

@@ -190,7 +190,10 @@ class StageExecutor:
                 raise BatchError("sampling needs one parameter set per slice")
             positions = layout.positions[last_rows]
             tokens = np.array(
-                [sample_token(row, p, int(pos)) for row, p, pos in zip(last_logits, batch.sampling, positions)],
+                [
+                    sample_token(row, p, int(pos))
+                    for row, p, pos in zip(last_logits, batch.sampling, positions, strict=True)
+                ],
                 dtype=np.int32,
             )
         return logits, tokens

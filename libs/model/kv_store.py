@@ -97,7 +97,7 @@ class KvStore:
         expected = (0, 0, 0) if entry is None else (entry.next_sequence_no, entry.length, entry.epoch)
         got = (ident.sequence_no, ident.position_start, ident.kv_epoch)
         # FNX2 reason codes: the first field that disagrees names the failure.
-        for reason, want, have in zip(("SEQUENCE", "POSITION", "STALE_KV"), expected, got):
+        for reason, want, have in zip(("SEQUENCE", "POSITION", "STALE_KV"), expected, got, strict=True):
             if want != have:
                 raise KvEpochError(
                     f"request {ident.request_id!r}: (sequence_no, position, kv_epoch)={got}, expected {expected}",

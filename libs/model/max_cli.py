@@ -14,7 +14,9 @@ def register(commands, benches) -> None:  # noqa: ARG001  (no benches here)
     warm.add_argument("--checkpoint", required=True, type=Path, help="dir holding config.json")
     warm.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     warm.add_argument("--weight-dtype", default="float32", choices=("float32", "bfloat16"))
-    warm.add_argument("--cache-dir", type=Path, default=None, help="default: $FORNAX_MAX_CACHE_DIR or ~/.cache/fornax/max")
+    warm.add_argument(
+        "--cache-dir", type=Path, default=None, help="default: $FORNAX_MAX_CACHE_DIR or ~/.cache/fornax/max"
+    )
     warm.add_argument("--json", action="store_true")
     warm.set_defaults(func=_warmup)
 

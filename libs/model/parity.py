@@ -173,7 +173,7 @@ def run_ours(request: ParityRequest, cfg: DeepseekV2Config, ranges, plans: list[
 
 
 def _record(store: dict[str, list[np.ndarray]], slices, bounds, rows: np.ndarray) -> None:
-    for s, a, b in zip(slices, bounds[:-1], bounds[1:]):
+    for s, a, b in zip(slices, bounds[:-1], bounds[1:], strict=True):
         store.setdefault(s.request_id, []).append(rows[a:b])
 
 

@@ -92,7 +92,7 @@ def checkpoint_shards(checkpoint_dir: Path) -> dict[str, Path]:
     from libs.model.safetensors_io import read_header
 
     entries, _ = read_header(single)
-    return {name: single for name in entries}
+    return dict.fromkeys(entries, single)
 
 
 def load_stage_weights(

@@ -13,7 +13,11 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 
 
 def usable_cpus() -> tuple[int, ...]:
-    return tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
+    return (
+        tuple(sorted(os.sched_getaffinity(0)))
+        if hasattr(os, "sched_getaffinity")
+        else tuple(range(os.cpu_count() or 1))
+    )
 
 
 def worker_cpu_sets(workers: int, cpus: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -108,7 +108,7 @@ async def serve(cfg: ServerConfig, make_spec: Callable[[], Awaitable[ServiceSpec
     try:
         if spec.on_drain:
             await asyncio.wait_for(spec.on_drain(), timeout=cfg.grace_period_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         log.warning("drain_timed_out", grace_period_s=cfg.grace_period_s)
     await running.server.stop(grace=cfg.grace_period_s)
     if spec.on_stop:

@@ -92,7 +92,7 @@ class ChatTemplate:
             raise TemplateError("a conversation needs at least one message")
         context = {"messages": [{"role": m.role, "content": m.content} for m in messages],
                    "add_generation_prompt": add_generation_prompt}
-        context.update({k: v for k, v in self._special_tokens.items()})
+        context.update(self._special_tokens)
         context.setdefault("bos_token", "")
         context.setdefault("eos_token", "")
         try:

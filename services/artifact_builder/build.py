@@ -22,7 +22,8 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Generator, Iterator
+from typing import BinaryIO
+from collections.abc import Generator, Iterator
 
 from libs.artifacts.manifest import (
     CONFIG_FILE,
@@ -96,7 +97,9 @@ def build_stage_artifacts(
     """Yield progress after every tensor, then one BuildResult."""
     inspection.require_valid()
     if options.boundary_dtype not in BOUNDARY_DTYPES:
-        raise PlanInvalidError(f"boundary dtype {options.boundary_dtype!r} not in {BOUNDARY_DTYPES}", field="boundary_dtype")
+        raise PlanInvalidError(
+            f"boundary dtype {options.boundary_dtype!r} not in {BOUNDARY_DTYPES}", field="boundary_dtype"
+        )
     if options.chunk_bytes <= 0:
         raise PlanInvalidError("chunk_bytes must be positive", field="chunk_bytes")
     contents = assign_tensors(inspection.config, plan, inspection.by_name())
@@ -109,7 +112,9 @@ def build_stage_artifacts(
     for stage in contents:
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-stage-{stage.stage.stage_index}-", dir=store))
         try:
-            weights = yield from _write_weights(inspection.snapshot, stage, tmp / WEIGHTS_FILE, options.chunk_bytes, counter)
+            weights = yield from _write_weights(
+                inspection.snapshot, stage, tmp / WEIGHTS_FILE, options.chunk_bytes, counter
+            )
             _require_unchanged(inspection)
             manifest = _manifest(inspection, plan, stage, tmp, weights, options.boundary_dtype)
             built.append(_commit(store, tmp, manifest, stage))
@@ -125,7 +130,7 @@ def _require_unchanged(inspection: Inspection) -> None:
     names = [name for name, _, _ in inspection.shard_stats]
     now = shard_stat(inspection.snapshot.checkpoint_dir, names)
     if now != inspection.shard_stats:
-        changed = [a[0] for a, b in zip(inspection.shard_stats, now) if a != b]
+        changed = [a[0] for a, b in zip(inspection.shard_stats, now, strict=False) if a != b]
         raise CheckpointChangedError(f"shards changed since inspection: {changed}")
 
 

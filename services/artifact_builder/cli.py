@@ -168,7 +168,9 @@ def _verify(args: argparse.Namespace) -> int:
         counts.add(manifest.stage_count)
         print(f"ok   {target}: stage {manifest.stage_index}/{manifest.stage_count} {verified.manifest_hash}")
     if not single and (len(plans) > 1 or counts != {len(targets)}):
-        print(f"FAIL {args.dir}: ARTIFACT_PLAN_MISMATCH: stages disagree (plans {sorted(plans)}, counts {sorted(counts)})")
+        print(
+            f"FAIL {args.dir}: ARTIFACT_PLAN_MISMATCH: stages disagree (plans {sorted(plans)}, counts {sorted(counts)})"
+        )
         failures += 1
     return 1 if failures else 0
 
@@ -189,16 +191,21 @@ def _describe_artifacts(dirs: list[Path], as_json: bool) -> int:
     documents = []
     for d in dirs:
         manifest = decode_manifest((d / MANIFEST_FILE).read_bytes())
-        documents.append({"dir": str(d), "manifest_hash": manifest_hash(manifest), "manifest": manifest_to_dict(manifest)})
+        documents.append(
+            {"dir": str(d), "manifest_hash": manifest_hash(manifest), "manifest": manifest_to_dict(manifest)}
+        )
         if not as_json:
             b_in, b_out = manifest.boundary_input, manifest.boundary_output
-            print(f"{d}: stage {manifest.stage_index}/{manifest.stage_count} layers "
-                  f"[{manifest.layers.layer_start}, {manifest.layers.layer_end_exclusive}) "
-                  f"{len(manifest.tensors)} tensors {manifest.weight_bytes:,} B"
-                  f"{' tied-head-copy' if manifest.tied_copies else ''}\n"
-                  f"  in {b_in.kind}/{b_in.dtype}/{b_in.width}  out {b_out.kind}/{b_out.dtype}/{b_out.width}\n"
-                  f"  plan {manifest.plan.plan_id} {manifest.plan.plan_hash}\n"
-                  f"  snapshot {manifest.source.snapshot_id}\n  manifest {documents[-1]['manifest_hash']} (not re-verified)")
+            print(
+                f"{d}: stage {manifest.stage_index}/{manifest.stage_count} layers "
+                f"[{manifest.layers.layer_start}, {manifest.layers.layer_end_exclusive}) "
+                f"{len(manifest.tensors)} tensors {manifest.weight_bytes:,} B"
+                f"{' tied-head-copy' if manifest.tied_copies else ''}\n"
+                f"  in {b_in.kind}/{b_in.dtype}/{b_in.width}  out {b_out.kind}/{b_out.dtype}/{b_out.width}\n"
+                f"  plan {manifest.plan.plan_id} {manifest.plan.plan_hash}\n"
+                f"  snapshot {manifest.source.snapshot_id}\n"
+                f"  manifest {documents[-1]['manifest_hash']} (not re-verified)"
+            )
     if as_json:
         print(json.dumps(documents, indent=2))
     return 0
@@ -222,8 +229,10 @@ def _inspect_checkpoint(args: argparse.Namespace) -> int:
         print(json.dumps(document, indent=2))
     else:
         print(f"snapshot {snap.snapshot_id}  {'valid' if inspection.valid else 'INVALID'}")
-        print(f"  {snap.num_layers} layers, {snap.tensor_count} tensors, {snap.total_tensor_bytes:,} B {snap.weight_dtype}"
-              f", tied embeddings: {snap.tied_embeddings}")
+        print(
+            f"  {snap.num_layers} layers, {snap.tensor_count} tensors, "
+            f"{snap.total_tensor_bytes:,} B {snap.weight_dtype}, tied embeddings: {snap.tied_embeddings}"
+        )
         for label, value in (("config", snap.config_sha256), ("tokenizer", snap.tokenizer_sha256),
                              ("chat template", snap.chat_template_sha256), ("index", snap.weight_index_sha256 or "-")):
             print(f"  {label:13} {value}")

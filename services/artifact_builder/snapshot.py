@@ -166,13 +166,17 @@ def check_tensors(
     expected = expected_tensors(config, weight_dtype)
     found = {t.name: t for t in tensors}
     problems = [TensorProblem(n, MISSING, _spec(s.dtype, s.shape), "") for n, s in expected.items() if n not in found]
-    problems += [TensorProblem(n, UNEXPECTED, "", _spec(t.dtype, t.shape)) for n, t in found.items() if n not in expected]
+    problems += [
+        TensorProblem(n, UNEXPECTED, "", _spec(t.dtype, t.shape)) for n, t in found.items() if n not in expected
+    ]
     for name, spec in expected.items():
         tensor = found.get(name)
         if tensor is None:
             continue
         if tensor.shape != spec.shape:
-            problems.append(TensorProblem(name, WRONG_SHAPE, _spec(spec.dtype, spec.shape), _spec(tensor.dtype, tensor.shape)))
+            problems.append(
+                TensorProblem(name, WRONG_SHAPE, _spec(spec.dtype, spec.shape), _spec(tensor.dtype, tensor.shape))
+            )
         elif tensor.dtype != spec.dtype:
             problems.append(TensorProblem(name, WRONG_DTYPE, spec.dtype, tensor.dtype))
     return tuple(problems)

@@ -97,7 +97,9 @@ def validate_plan(plan: StagePlan, num_layers: int) -> None:
             )
         cursor = stage.layer_end_exclusive
     if cursor != num_layers:
-        raise PlanInvalidError(f"the plan covers layers [0, {cursor}), the model has {num_layers}", field="layer_ranges")
+        raise PlanInvalidError(
+            f"the plan covers layers [0, {cursor}), the model has {num_layers}", field="layer_ranges"
+        )
 
 
 def assign_tensors(

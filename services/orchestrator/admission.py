@@ -61,7 +61,7 @@ class Admission:
                 f"request queue is full ({self._config.max_live_requests} live requests)")
         need = tuple(tokens * stage.kv_bytes_per_token for stage in self._stages)
         for index, (want, used, budget) in enumerate(
-                zip(need, self._reserved, self._config.stage_kv_budget_bytes)):
+                zip(need, self._reserved, self._config.stage_kv_budget_bytes, strict=True)):
             if used + want > budget:
                 raise ResourceExhausted(
                     f"KV space on stage {index} exhausted: request needs {want} bytes "

@@ -53,19 +53,32 @@ class OrchestratorConfig:
         parser.add_argument("--planner-addr", help="env FORNAX_PLANNER_ADDR")
         parser.add_argument("--registry-addr", help="env FORNAX_REGISTRY_ADDR")
         parser.add_argument("--artifact-builder-addr", help="env FORNAX_ARTIFACT_BUILDER_ADDR")
-        parser.add_argument("--stage-workers", help="comma-separated gRPC addresses in stage order (env FORNAX_STAGE_WORKERS)")
+        parser.add_argument(
+            "--stage-workers", help="comma-separated gRPC addresses in stage order (env FORNAX_STAGE_WORKERS)"
+        )
         parser.add_argument("--model-id", help="public model id (env FORNAX_MODEL_ID)")
-        parser.add_argument("--inprocess-checkpoint", help="serve this checkpoint with in-process stages (env FORNAX_INPROCESS_CHECKPOINT)")
+        parser.add_argument(
+            "--inprocess-checkpoint",
+            help="serve this checkpoint with in-process stages (env FORNAX_INPROCESS_CHECKPOINT)",
+        )
         parser.add_argument("--inprocess-stages", type=int, help="env FORNAX_INPROCESS_STAGES")
         parser.add_argument("--inprocess-backend", choices=("numpy", "max"), help="env FORNAX_INPROCESS_BACKEND")
-        parser.add_argument("--checkpoint", help="install this checkpoint on the stage workers at startup (env FORNAX_CHECKPOINT)")
-        parser.add_argument("--backend", choices=("numpy", "max"), help="stage backend for installs (env FORNAX_BACKEND)")
+        parser.add_argument(
+            "--checkpoint", help="install this checkpoint on the stage workers at startup (env FORNAX_CHECKPOINT)"
+        )
+        parser.add_argument(
+            "--backend", choices=("numpy", "max"), help="stage backend for installs (env FORNAX_BACKEND)"
+        )
         parser.add_argument("--boundary-dtype", choices=("bf16", "fp16", "fp32"), help="env FORNAX_BOUNDARY_DTYPE")
         parser.add_argument("--artifact-store", help="where stage artifacts are built (env FORNAX_ARTIFACT_STORE)")
         parser.add_argument("--stage-kv-limit-bytes", type=int, help="env FORNAX_STAGE_KV_LIMIT_BYTES")
         parser.add_argument("--max-live-requests", type=int, help="admission queue size (env FORNAX_MAX_LIVE_REQUESTS)")
         parser.add_argument("--default-max-tokens", type=int, help="env FORNAX_DEFAULT_MAX_TOKENS")
-        parser.add_argument("--default-deadline-s", type=float, help="request deadline budget when none is given, 0 = none (env FORNAX_DEFAULT_DEADLINE_S)")
+        parser.add_argument(
+            "--default-deadline-s",
+            type=float,
+            help="request deadline budget when none is given, 0 = none (env FORNAX_DEFAULT_DEADLINE_S)",
+        )
         args = parse(parser, argv)
         return cls(
             server=server_config(args, env, "orchestrator"),

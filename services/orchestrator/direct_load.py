@@ -16,7 +16,11 @@ from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 from libs.model.layout import even_layer_split
 from services.orchestrator.stage_chain import RoutePlan, RouteStage
 
-DTYPES = {"bf16": common_pb2.ELEMENT_TYPE_BF16, "fp16": common_pb2.ELEMENT_TYPE_FP16, "fp32": common_pb2.ELEMENT_TYPE_FP32}
+DTYPES = {
+    "bf16": common_pb2.ELEMENT_TYPE_BF16,
+    "fp16": common_pb2.ELEMENT_TYPE_FP16,
+    "fp32": common_pb2.ELEMENT_TYPE_FP32,
+}
 BACKENDS = {"numpy": common_pb2.BACKEND_NUMPY, "max": common_pb2.BACKEND_MAX}
 DIRECT_PLAN_HASH_PREFIX = "sha256:"
 
@@ -26,7 +30,9 @@ def load_checkpoint_route(workers: list[str], checkpoint: str, layers: int, *, b
     """Load stages last to first (each learns its next hop's address and manifest hash)."""
     count = len(workers)
     plan_hash = DIRECT_PLAN_HASH_PREFIX + uuid.uuid4().hex * 2
-    binding = common_pb2.PlanBinding(plan_id=str(uuid.uuid4()), plan_hash=plan_hash, plan_generation_id=str(uuid.uuid4()))
+    binding = common_pb2.PlanBinding(
+        plan_id=str(uuid.uuid4()), plan_hash=plan_hash, plan_generation_id=str(uuid.uuid4())
+    )
     next_address, next_manifest, stages = "", "", []
     for index, (start, end) in reversed(list(enumerate(even_layer_split(layers, count)))):
         spec = pb.StageSpec(

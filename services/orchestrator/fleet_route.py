@@ -49,7 +49,7 @@ def fleet_installer(fleet: Fleet, artifact_store: str, model_id: str, kv_limit_b
             raise
         plan = route.plan
         stages = tuple(StageInfo(s.index, s.control_address, a, b, s.manifest_hash)
-                       for s, (a, b) in zip(plan.stages, installed.layer_ranges))
+                       for s, (a, b) in zip(plan.stages, installed.layer_ranges, strict=True))
         engine = ServingEngine(RoutePipeline(route, served), served, text, serving)
         return InstalledRoute(request, PlanIdentity(plan.plan_id, plan.plan_hash,
                                                     plan.plan_generation_id), stages, engine)

@@ -106,7 +106,7 @@ class InProcessPipeline:
         loop = asyncio.get_running_loop()
         epochs = await asyncio.gather(*(
             loop.run_in_executor(thread, self._release_one, executor, request_id)
-            for thread, executor in zip(self._threads, self._executors)))
+            for thread, executor in zip(self._threads, self._executors, strict=True)))
         return ReleaseReport(request_id, tuple(epochs))
 
     def _release_one(self, executor: StageExecutor, request_id: str) -> int:

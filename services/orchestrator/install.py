@@ -30,7 +30,11 @@ from services.planner.domain import Plan
 from services.planner.inventory import Inventory, Link, Node, Target
 from services.planner.model import describe_checkpoint
 
-DTYPE_PB = {"bf16": common_pb2.ELEMENT_TYPE_BF16, "fp16": common_pb2.ELEMENT_TYPE_FP16, "fp32": common_pb2.ELEMENT_TYPE_FP32}
+DTYPE_PB = {
+    "bf16": common_pb2.ELEMENT_TYPE_BF16,
+    "fp16": common_pb2.ELEMENT_TYPE_FP16,
+    "fp32": common_pb2.ELEMENT_TYPE_FP32,
+}
 BACKEND_PB = {"max": common_pb2.BACKEND_MAX, "numpy": common_pb2.BACKEND_NUMPY}
 # Declared per-core figures for a CPU worker that has no measured capability record yet;
 # plans made from them are exploratory and say so.
@@ -75,7 +79,9 @@ def _node_name(index: int) -> str:
 async def _capabilities(workers: tuple[str, ...]) -> list[sw_pb.GetCapabilitiesResponse]:
     async def one(address: str) -> sw_pb.GetCapabilitiesResponse:
         async with grpc.aio.insecure_channel(address) as channel:
-            return await sw_grpc.StageWorkerServiceStub(channel).GetCapabilities(sw_pb.GetCapabilitiesRequest(), timeout=30)
+            return await sw_grpc.StageWorkerServiceStub(channel).GetCapabilities(
+                sw_pb.GetCapabilitiesRequest(), timeout=30
+            )
 
     return list(await asyncio.gather(*(one(a) for a in workers)))
 
@@ -96,7 +102,9 @@ def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> Invento
                 memory_bytes=cap.device.memory_available_bytes // share,
                 compute_flops=CPU_FLOPS_PER_CORE * cores,
                 memory_bandwidth_bytes_per_s=CPU_BANDWIDTH_BYTES_PER_S,
-                dtypes=tuple(common_pb2.ElementType.Name(d).removeprefix("ELEMENT_TYPE_").lower() for d in cap.supported_dtypes),
+                dtypes=tuple(
+                    common_pb2.ElementType.Name(d).removeprefix("ELEMENT_TYPE_").lower() for d in cap.supported_dtypes
+                ),
                 operations=tuple(cap.supported_operations),
                 build=cap.backend_build,
             )
@@ -119,7 +127,9 @@ async def create_plan(spec: InstallSpec, fleet: Fleet) -> Plan:
         result = await planner.create_plan(model, inventory_from(capabilities), target)
     if not result.feasible or result.plan is None:
         reasons = "; ".join(f"{r.subject}: {r.reason} {r.detail}" for r in result.rejections)
-        raise FailedPrecondition(f"no feasible plan: {result.infeasibility} {reasons}".strip(), reason="PLAN_INFEASIBLE")
+        raise FailedPrecondition(
+            f"no feasible plan: {result.infeasibility} {reasons}".strip(), reason="PLAN_INFEASIBLE"
+        )
     return result.plan
 
 
@@ -144,11 +154,13 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
 async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: list[ab_pb.StageArtifact],
                       generation: str, progress: Callable[[str], None]) -> RoutePlan:
     """Load last to first, so each stage is told its next hop's FNX2 address and manifest."""
-    binding = common_pb2.PlanBinding(plan_id=fnx2_plan_id(plan), plan_hash=plan.plan_hash, plan_generation_id=generation)
+    binding = common_pb2.PlanBinding(
+        plan_id=fnx2_plan_id(plan), plan_hash=plan.plan_hash, plan_generation_id=generation
+    )
     workers = {_node_name(i): address for i, address in enumerate(fleet.workers)}
     next_address, next_manifest, loaded = "", "", []
     count = len(plan.stages)
-    for stage, artifact in reversed(list(zip(plan.stages, artifacts))):
+    for stage, artifact in reversed(list(zip(plan.stages, artifacts, strict=True))):
         address = workers[stage.node]
         stage_spec = sw_pb.StageSpec(
             stage_index=stage.stage_index, stage_count=count,
@@ -161,8 +173,12 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
         async with grpc.aio.insecure_channel(address) as channel:
             stub = sw_grpc.StageWorkerServiceStub(channel)
             await stub.UnloadStage(sw_pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=60)
-            progress(f"loading stage {stage.stage_index} (layers {stage.layer_start}-{stage.layer_end - 1}) on {address}")
-            reply = await stub.LoadStage(sw_pb.LoadStageRequest(request_id=str(uuid.uuid4()), spec=stage_spec), timeout=3600)
+            progress(
+                f"loading stage {stage.stage_index} (layers {stage.layer_start}-{stage.layer_end - 1}) on {address}"
+            )
+            reply = await stub.LoadStage(
+                sw_pb.LoadStageRequest(request_id=str(uuid.uuid4()), spec=stage_spec), timeout=3600
+            )
         next_address, next_manifest = reply.data_plane_address, reply.manifest_hash
         loaded.append(RouteStage(stage.stage_index, address, reply.data_plane_address, reply.manifest_hash))
     return RoutePlan(binding.plan_id, binding.plan_hash, generation, tuple(reversed(loaded)))
@@ -179,26 +195,46 @@ async def warm(route: Route, bos_token_id: int) -> None:
     lease = lease_id_for(route.plan, request_id)
     await route.admit(request_id, 4, Sampling())
     try:
-        first = (await route.run(Phase.PREFILL, [SliceInput(request_id, lease, 0, 0, 0, np.array([bos_token_id], np.int32), WARMUP_BUDGET_NS)]))[0]
+        first = (
+            await route.run(
+                Phase.PREFILL,
+                [SliceInput(request_id, lease, 0, 0, 0, np.array([bos_token_id], np.int32), WARMUP_BUDGET_NS)],
+            )
+        )[0]
         if not first.ok:
-            raise FailedPrecondition(f"warm-up prefill failed: {first.error_code} {first.error_message}", reason="WARMUP_FAILED")
+            raise FailedPrecondition(
+                f"warm-up prefill failed: {first.error_code} {first.error_message}", reason="WARMUP_FAILED"
+            )
         token = np.array([int(first.rows[0])], np.int32)
-        second = (await route.run(Phase.DECODE, [SliceInput(request_id, lease, 1, 1, first.kv_epoch_after, token, WARMUP_BUDGET_NS)]))[0]
+        second = (
+            await route.run(
+                Phase.DECODE, [SliceInput(request_id, lease, 1, 1, first.kv_epoch_after, token, WARMUP_BUDGET_NS)]
+            )
+        )[0]
         if not second.ok:
-            raise FailedPrecondition(f"warm-up decode failed: {second.error_code} {second.error_message}", reason="WARMUP_FAILED")
+            raise FailedPrecondition(
+                f"warm-up decode failed: {second.error_code} {second.error_message}", reason="WARMUP_FAILED"
+            )
     finally:
         await route.release(request_id)
     for index, health in enumerate(await route.health()):
         if health.state != sw_pb.STAGE_STATE_READY:
-            raise FailedPrecondition(f"stage {index} is {sw_pb.StageState.Name(health.state)} after warm-up", reason="STAGE_UNHEALTHY")
+            raise FailedPrecondition(
+                f"stage {index} is {sw_pb.StageState.Name(health.state)} after warm-up", reason="STAGE_UNHEALTHY"
+            )
 
 
 async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], None]) -> tuple[InstalledPlan, Route]:
     if len(fleet.workers) < spec.stages:
-        raise FailedPrecondition(f"{spec.stages} stages need {spec.stages} workers; the fleet has {len(fleet.workers)}", reason="NOT_ENOUGH_WORKERS")
+        raise FailedPrecondition(
+            f"{spec.stages} stages need {spec.stages} workers; the fleet has {len(fleet.workers)}",
+            reason="NOT_ENOUGH_WORKERS",
+        )
     progress("planning")
     plan = await create_plan(spec, fleet)
-    progress(f"plan {plan.plan_id}: " + ", ".join(f"{s.node} layers [{s.layer_start},{s.layer_end})" for s in plan.stages))
+    progress(
+        f"plan {plan.plan_id}: " + ", ".join(f"{s.node} layers [{s.layer_start},{s.layer_end})" for s in plan.stages)
+    )
     artifacts = await build_artifacts(spec, fleet, plan, progress)
     route_plan = await load_stages(spec, fleet, plan, artifacts, str(uuid.uuid4()), progress)
     route = Route(route_plan)

@@ -156,6 +156,6 @@ class RouteManager:
         engine.stop_admitting("the route is draining")
         try:
             await asyncio.wait_for(engine.wait_idle(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True

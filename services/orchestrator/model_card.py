@@ -16,6 +16,6 @@ def served_model(cfg: DeepseekV2Config, ranges: list[tuple[int, int]], model_id:
     layouts = tuple(StageLayout(a, b, mla_kv_bytes_per_token(cfg.kv_lora_rank,
                                                               cfg.qk_rope_head_dim, b - a),
                                 budget)
-                    for (a, b), budget in zip(ranges, budgets))
+                    for (a, b), budget in zip(ranges, budgets, strict=True))
     return ServedModel(model_id=model_id, context_length=cfg.max_position_embeddings,
                        vocab_size=cfg.vocab_size, stages=layouts)

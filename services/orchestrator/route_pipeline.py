@@ -75,7 +75,7 @@ class RoutePipeline:
             for s in slices), return_exceptions=True)
         return {s.request_id: SequenceResult(s.request_id, SequenceStatus.REJECTED, None,
                                              s.kv_epoch, f"stage admission refused: {o}")
-                for s, o in zip(slices, outcomes) if isinstance(o, Exception)}
+                for s, o in zip(slices, outcomes, strict=True) if isinstance(o, Exception)}
 
     def _input(self, piece: SequenceSlice) -> SliceInput:
         budget = (NO_DEADLINE_BUDGET_NS if piece.deadline_budget_ns is None

@@ -189,7 +189,7 @@ class ServingEngine:
         self._pump()
         try:
             await asyncio.wait_for(self.wait_idle(), release_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             _log.warning("release_incomplete", live_requests=self.scheduler.live_requests)
             for task in list(self._tasks):
                 task.cancel()

@@ -73,8 +73,15 @@ def random_small_instance(rng: np.random.Generator) -> Instance:
     """<= 7 nodes, <= 9 layers; memory tight enough that feasibility binds in many instances."""
     n = int(rng.integers(1, 8))
     layers = int(rng.integers(1, 10))
-    model = synthetic_model(layers, experts=int(rng.integers(4, 17)), top_k=2, hidden=256,
-                            moe_intermediate=int(rng.integers(64, 512)), vocab=4096, dense_layers=int(rng.integers(0, 2)))
+    model = synthetic_model(
+        layers,
+        experts=int(rng.integers(4, 17)),
+        top_k=2,
+        hidden=256,
+        moe_intermediate=int(rng.integers(64, 512)),
+        vocab=4096,
+        dense_layers=int(rng.integers(0, 2)),
+    )
     total_gib = model.total_weight_bytes / GIB
     inventory = random_fleet(rng, n, (0.2 * total_gib + 0.01, 1.2 * total_gib + 0.02), float(rng.uniform(0.5, 1.0)))
     max_stages = int(rng.integers(1, n + 1))
@@ -122,7 +129,9 @@ def run_bench(instances: int = 200, repeats: int = 3) -> dict[str, float]:
     fraction, feasible = agreement(instances)
     return {
         "plan_6x48_s": _timed(model_48, fleet_6, Target(context_tokens=4096, concurrency=16, max_stages=6), repeats),
-        "plan_64x128_s": _timed(model_128, fleet_64, Target(context_tokens=4096, concurrency=64, max_stages=16), repeats),
+        "plan_64x128_s": _timed(
+            model_128, fleet_64, Target(context_tokens=4096, concurrency=64, max_stages=16), repeats
+        ),
         "brute_force_agreement": fraction,
         "brute_force_instances": float(instances),
         "brute_force_feasible_instances": float(feasible),

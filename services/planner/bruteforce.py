@@ -34,7 +34,7 @@ def brute_force_bottleneck(tables: CostTables, min_stages: int, max_stages: int)
     for k in range(min_stages, min(max_stages, n, L) + 1):
         cut_sets = [(0, *c, L) for c in itertools.combinations(range(1, L), k - 1)]
         for nodes in itertools.permutations(range(n), k):
-            route = max((link[u][v] for u, v in zip(nodes, nodes[1:])), default=0.0)
+            route = max((link[u][v] for u, v in zip(nodes, nodes[1:], strict=False)), default=0.0)
             if route >= best:
                 continue
             for cuts in cut_sets:

@@ -140,7 +140,11 @@ def run_bench(args) -> int:
         print(json.dumps({**figures, "targets_met": met, "evidence": evidence}, indent=2, sort_keys=True))
     else:
         for key, value in figures.items():
-            target = f"  (target {TARGETS[key][0]} {TARGETS[key][1]}: {'met' if met[key] else 'MISSED'})" if key in met else ""
+            target = (
+                f"  (target {TARGETS[key][0]} {TARGETS[key][1]}: {'met' if met[key] else 'MISSED'})"
+                if key in met
+                else ""
+            )
             print(f"{key:<34} {value:.6g}{target}")
         print(f"evidence: {evidence['class']}; {evidence['what']}; {evidence['hardware']}; {evidence['build']}")
     return 0 if all(met.values()) else 1

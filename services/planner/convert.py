@@ -66,10 +66,18 @@ def model_from_proto(m: pb.ModelDescription) -> ModelDescription:
         if x.dense_weight_bytes > x.weight_bytes:
             raise InvalidArgument("dense bytes exceed the layer's bytes", field=f"model.layers[{i}].dense_weight_bytes")
     layers = tuple(
-        LayerCost(index=x.index, is_moe=x.is_moe, weight_bytes=x.weight_bytes, dense_weight_bytes=x.dense_weight_bytes,
-                  flops_per_token=x.flops_per_token, attention_flops_per_context_token=x.attention_flops_per_context_token,
-                  kv_bytes_per_token=x.kv_bytes_per_token, scratch_bytes_per_row=x.scratch_bytes_per_row)
-        for x in m.layers)
+        LayerCost(
+            index=x.index,
+            is_moe=x.is_moe,
+            weight_bytes=x.weight_bytes,
+            dense_weight_bytes=x.dense_weight_bytes,
+            flops_per_token=x.flops_per_token,
+            attention_flops_per_context_token=x.attention_flops_per_context_token,
+            kv_bytes_per_token=x.kv_bytes_per_token,
+            scratch_bytes_per_row=x.scratch_bytes_per_row,
+        )
+        for x in m.layers
+    )
     if m.experts_per_token > m.routed_experts:
         raise InvalidArgument("experts_per_token exceeds routed_experts", field="model.experts_per_token")
     return ModelDescription(

@@ -8,7 +8,8 @@ record, a capability record for every node it uses, and a route record for every
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
+from collections.abc import Sequence
 
 from services.planner import domain as d
 from services.planner.inventory import EvidenceRef, Inventory, Link
@@ -63,7 +64,7 @@ def missing(inventory: Inventory, plan: d.Plan | None) -> list[d.EvidenceFailure
     for stage in plan.stages:
         if not has_type(by_name[stage.node].evidence, "capability"):
             out.append(d.EvidenceFailure("", stage.node, d.MISSING_EVIDENCE, "no capability record referenced"))
-    for a, b in zip(plan.stages, plan.stages[1:]):
+    for a, b in zip(plan.stages, plan.stages[1:], strict=False):
         link = inventory.link(a.node, b.node)
         if link is None or not has_type(link.evidence, "route"):
             out.append(d.EvidenceFailure("", f"{a.node}->{b.node}", d.MISSING_EVIDENCE, "no route record referenced"))
@@ -76,7 +77,9 @@ def unresolved(refs: Sequence[Reference], resolutions: Sequence[Resolution]) -> 
     for item in refs:
         got = by_id.get(item.ref.record_id)
         if got is None:
-            out.append(d.EvidenceFailure(item.ref.record_id, item.subject, "NO_ANSWER", "the registry returned no resolution"))
+            out.append(
+                d.EvidenceFailure(item.ref.record_id, item.subject, "NO_ANSWER", "the registry returned no resolution")
+            )
         elif not got.ok:
             out.append(d.EvidenceFailure(item.ref.record_id, item.subject, got.reason or "UNRESOLVED", got.detail))
     return out

@@ -36,14 +36,21 @@ def smallest_stage_bytes(tables: CostTables) -> int:
 def node_rejection(node: Node, model: ModelDescription, target: Target, smallest: int) -> d.Rejection | None:
     """The first failing check; in deployment mode a node must also reference a capability record."""
     if model.weight_dtype not in node.dtypes:
-        return d.Rejection(node.name, d.MISSING_DTYPE, f"weights are {model.weight_dtype}; node offers {list(node.dtypes)}")
+        return d.Rejection(
+            node.name, d.MISSING_DTYPE, f"weights are {model.weight_dtype}; node offers {list(node.dtypes)}"
+        )
     if target.boundary_dtype not in node.dtypes:
         return d.Rejection(node.name, d.MISSING_BOUNDARY_DTYPE,
                            f"boundary tensors are {target.boundary_dtype}; node offers {list(node.dtypes)}")
     missing = [op for op in model.required_operations if op not in node.operations]
     if missing:
-        return d.Rejection(node.name, d.MISSING_OPERATION, f"node lacks operations {missing}",
-                           required=len(model.required_operations), available=len(model.required_operations) - len(missing))
+        return d.Rejection(
+            node.name,
+            d.MISSING_OPERATION,
+            f"node lacks operations {missing}",
+            required=len(model.required_operations),
+            available=len(model.required_operations) - len(missing),
+        )
     needed = smallest + node.reserve_bytes
     if needed > node.memory_bytes:
         return d.Rejection(

@@ -175,7 +175,10 @@ def _known_keys(raw: dict, allowed: set[str], where: str) -> None:
     """Typos fail loudly; keys starting with `x-` are free (YAML anchors and notes)."""
     unknown = sorted(k for k in raw if k not in allowed and not str(k).startswith("x-"))
     if unknown:
-        raise InventoryError(f"unknown keys {unknown} (allowed: {sorted(allowed)})", field=f"{where}.{unknown[0]}" if where else unknown[0])
+        raise InventoryError(
+            f"unknown keys {unknown} (allowed: {sorted(allowed)})",
+            field=f"{where}.{unknown[0]}" if where else unknown[0],
+        )
 
 
 def _node(raw: Any, where: str) -> Node:
@@ -246,7 +249,7 @@ def parse_target(raw: Any, mode: str | None = None) -> Target:
     unknown = set(raw) - known
     if unknown:
         raise InventoryError(f"unknown target keys {sorted(unknown)}", field="target")
-    target = Target(**{k: v for k, v in raw.items()})
+    target = Target(**raw)
     return validate_target(target)
 
 

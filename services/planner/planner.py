@@ -99,7 +99,7 @@ def _with_queueing(stages: list[d.PlannedStage], microbatches: int) -> tuple[lis
     pass_s = sum(service) + sum(wires)
     cycle = max(pass_s, microbatches * bottleneck)
     period = cycle / microbatches
-    busiest = int(np.argmax([max(a, b) for a, b in zip(service, wires)]))
+    busiest = int(np.argmax([max(a, b) for a, b in zip(service, wires, strict=True)]))
     out = []
     for i, s in enumerate(stages):
         queue = cycle - pass_s if i == busiest else 0.0

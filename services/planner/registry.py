@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from services.evidence_registry.client import ClientOptions, RegistryClient, expectation
 from services.planner.evidence import Resolution

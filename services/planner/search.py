@@ -29,7 +29,7 @@ plans over subsequences of the chosen nodes).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -64,7 +64,7 @@ class Placement:
 
 def evaluate(problem: Problem, nodes: tuple[int, ...], cuts: tuple[int, ...], op: Op = np.maximum) -> float:
     terms = [problem.stage[v, cuts[i], cuts[i + 1]] for i, v in enumerate(nodes)]
-    terms += [problem.link[u, v] for u, v in zip(nodes, nodes[1:])]
+    terms += [problem.link[u, v] for u, v in zip(nodes, nodes[1:], strict=False)]
     return float(op.reduce(np.array(terms)))
 
 

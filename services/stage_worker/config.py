@@ -41,7 +41,9 @@ class StageWorkerConfig:
         parser.add_argument("--compile-cache-dir", help="MAX compile cache (env FORNAX_COMPILE_CACHE_DIR)")
         parser.add_argument("--kv-limit-bytes", type=int, help="env FORNAX_KV_LIMIT_BYTES")
         parser.add_argument("--advertise-host", help="host peers dial for FNX2 (env FORNAX_ADVERTISE_HOST)")
-        parser.add_argument("--cpu-affinity", type=parse_cpu_set, help="CPU set to pin to, e.g. 0-3 (env FORNAX_CPU_AFFINITY)")
+        parser.add_argument(
+            "--cpu-affinity", type=parse_cpu_set, help="CPU set to pin to, e.g. 0-3 (env FORNAX_CPU_AFFINITY)"
+        )
         args = parse(parser, argv)
         stage_index = pick(args.stage_index, env, "FORNAX_STAGE_INDEX", 0, int)
         backend = pick(args.backend, env, "FORNAX_BACKEND", cls.backend)

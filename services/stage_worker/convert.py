@@ -11,7 +11,11 @@ from services.stage_worker.lifecycle import StageState
 from services.stage_worker.runtime import Admission, HealthSnapshot, LoadSpec, PlanBinding
 
 BACKEND_NAMES = {common_pb2.BACKEND_MAX: "max", common_pb2.BACKEND_NUMPY: "numpy"}
-DTYPE_NAMES = {common_pb2.ELEMENT_TYPE_BF16: "bf16", common_pb2.ELEMENT_TYPE_FP16: "fp16", common_pb2.ELEMENT_TYPE_FP32: "fp32"}
+DTYPE_NAMES = {
+    common_pb2.ELEMENT_TYPE_BF16: "bf16",
+    common_pb2.ELEMENT_TYPE_FP16: "fp16",
+    common_pb2.ELEMENT_TYPE_FP32: "fp32",
+}
 STATE_TO_PB = {
     StageState.UNLOADED: pb.STAGE_STATE_UNLOADED,
     StageState.LOADING: pb.STAGE_STATE_LOADING,

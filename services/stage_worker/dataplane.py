@@ -195,11 +195,22 @@ class DataPlane:
 
     def _stage_batch(self, stage: LoadedStage, work: StageWork, live) -> StageBatch:
         slices = tuple(
-            SliceIdentity(s.request_id, s.execution_lease_id, s.request_sequence_no, s.token_position_start, s.kv_epoch, s.input_row_count)
+            SliceIdentity(
+                s.request_id,
+                s.execution_lease_id,
+                s.request_sequence_no,
+                s.token_position_start,
+                s.kv_epoch,
+                s.input_row_count,
+            )
             for s in live
         )
         stacked = _input_rows(work, live)
-        sampling = tuple(self._runtime.sampling_for(s.request_id) for s in live) if stage.spec.last and not stage.spec.return_logits else ()
+        sampling = (
+            tuple(self._runtime.sampling_for(s.request_id) for s in live)
+            if stage.spec.last and not stage.spec.return_logits
+            else ()
+        )
         # Logits mode answers every input row, as a plain FNX2 2.0 final stage does.
         all_logits = stage.spec.last and stage.spec.return_logits
         if stage.spec.first:
@@ -249,7 +260,9 @@ class DataPlane:
             return StageOutput(None, tuple(failures))
         descriptor = reply.tensor.descriptor
         array = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts))
-        return StageOutput(Tensor(descriptor.with_rows(array.shape[0]), array), tuple(failures), rows_per_sequence=tuple(counts))
+        return StageOutput(
+            Tensor(descriptor.with_rows(array.shape[0]), array), tuple(failures), rows_per_sequence=tuple(counts)
+        )
 
 
 def _next_batch(batch: Batch, live, stage: LoadedStage, tensor: Tensor) -> Batch:
@@ -270,7 +283,7 @@ def _input_rows(work: StageWork, live) -> np.ndarray:
     """The executed sequences' input rows: a view when they are contiguous (the usual case)."""
     first, total = live[0].input_row_start, sum(s.input_row_count for s in live)
     starts = np.cumsum([first] + [s.input_row_count for s in live[:-1]])
-    if all(int(start) == s.input_row_start for start, s in zip(starts, live)):
+    if all(int(start) == s.input_row_start for start, s in zip(starts, live, strict=True)):
         return work.batch.tensor.rows(first, total)
     return np.concatenate([work.rows(s) for s in live])
 

@@ -230,13 +230,19 @@ class StageRuntime:
         self.lifecycle.move(StageState.DRAINING)
         try:
             await asyncio.wait_for(self._idle.wait(), timeout=timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     # ---- requests ------------------------------------------------------------------------
     def loaded(self) -> LoadedStage:
-        if self.stage is None or self.lifecycle.state not in (StageState.READY, StageState.EXECUTING, StageState.DRAINING):
-            raise FailedPrecondition(f"no stage is loaded (state {self.lifecycle.state.value})", reason="STAGE_NOT_LOADED")
+        if self.stage is None or self.lifecycle.state not in (
+            StageState.READY,
+            StageState.EXECUTING,
+            StageState.DRAINING,
+        ):
+            raise FailedPrecondition(
+                f"no stage is loaded (state {self.lifecycle.state.value})", reason="STAGE_NOT_LOADED"
+            )
         return self.stage
 
     def admit(self, admission: Admission) -> int:

@@ -64,7 +64,9 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
         hidden_contract = common_pb2.BoundaryContract(
             kind=common_pb2.TENSOR_KIND_ACTIVATION, dtype=request.spec.boundary_dtype, width=cfg.hidden_size
         )
-        first_input = common_pb2.BoundaryContract(kind=common_pb2.TENSOR_KIND_TOKEN_IDS, dtype=common_pb2.ELEMENT_TYPE_INT32, width=1)
+        first_input = common_pb2.BoundaryContract(
+            kind=common_pb2.TENSOR_KIND_TOKEN_IDS, dtype=common_pb2.ELEMENT_TYPE_INT32, width=1
+        )
         last_output = common_pb2.BoundaryContract(
             kind=common_pb2.TENSOR_KIND_LOGITS if spec.return_logits else common_pb2.TENSOR_KIND_SAMPLED_TOKEN_IDS,
             dtype=common_pb2.ELEMENT_TYPE_FP32 if spec.return_logits else common_pb2.ELEMENT_TYPE_INT32,
