@@ -4,7 +4,8 @@ PY := $(VENV)/bin/python
 PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 PROTO_OUT := libs/api
 
-.PHONY: setup run test unit integration proto proto-check proto-lint down clean
+.PHONY: setup system-deps run test lint unit integration proto proto-check proto-lint proto-breaking proto-baseline \
+	down clean
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(PY) || python3.11 -m venv $(VENV)
@@ -14,6 +15,11 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed
+
+# System tools the tests drive beyond Python (Debian's prometheus; the image tools when
+# FORNAX_IMAGE_TESTS=1). Idempotent: a machine that has them pays one `command -v` each.
+system-deps:
+	bash scripts/system_deps.sh
 
 # The default model: the deterministic tiny test checkpoint, generated on first run.
 MODEL_DIR ?= .fornax/models/tiny
@@ -35,18 +41,33 @@ down:
 proto:
 	bash scripts/gen_proto.sh $(PY) $(PROTO_OUT)
 
-proto-lint:
+proto-lint: setup
 	cd proto && ../$(VENV)/bin/buf lint
 
+# Upgrade compatibility: the protos must not break the committed baseline image (buf FILE
+# rules), so a running fleet keeps talking across an upgrade. A deliberate break moves the
+# baseline with `make proto-baseline` in the same commit.
+PROTO_BASELINE := baseline.binpb
+proto-breaking: setup
+	cd proto && ../$(VENV)/bin/buf breaking --against $(PROTO_BASELINE)
+
+proto-baseline: setup
+	cd proto && ../$(VENV)/bin/buf build --exclude-source-info -o $(PROTO_BASELINE)
+
 # Regenerates into a scratch dir and fails when the checked-in code differs.
-proto-check: proto-lint
+proto-check: proto-lint proto-breaking
 	rm -rf .proto-check && mkdir -p .proto-check
 	bash scripts/gen_proto.sh $(PY) .proto-check
 	diff -r -x __pycache__ .proto-check/fornax $(PROTO_OUT)/fornax
 	rm -rf .proto-check
 	@echo "proto-check: generated code is current"
 
-test: setup proto-check
+# ruff (lint; import order once the tree is sorted) and mypy, both configured in pyproject.toml.
+lint: setup
+	$(VENV)/bin/ruff check libs services apps
+	$(VENV)/bin/mypy
+
+test: setup system-deps proto-check lint
 	$(VENV)/bin/pytest -p no:cacheprovider tests
 
 unit: setup

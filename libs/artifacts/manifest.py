@@ -165,7 +165,7 @@ def _decode(kind: Any, value: Any, where: str) -> Any:
         if set(value) != names:
             missing, extra = sorted(names - set(value)), sorted(set(value) - names)
             raise ManifestInvalidError(f"{where}: missing fields {missing}, unknown fields {extra}")
-        return kind(**{n: _decode(hints[n], value[n], f"{where}.{n}") for n in names})
+        return typing.cast(Any, kind)(**{n: _decode(hints[n], value[n], f"{where}.{n}") for n in names})
     origin = typing.get_origin(kind)
     if origin is tuple:
         if not isinstance(value, list):

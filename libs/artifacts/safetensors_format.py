@@ -13,7 +13,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 from collections.abc import Iterable
 
 from libs.artifacts.errors import SafetensorsHeaderError, SafetensorsTruncatedError
@@ -171,7 +171,11 @@ def encode_header(entries: Iterable[TensorEntry], metadata: dict[str, str]) -> b
     return struct.pack("<Q", len(body)) + body
 
 
-def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, nbytes: int, chunk_bytes: int, sink=None) -> None:
+class ByteSink(Protocol):
+    def write(self, chunk: bytes, /) -> object: ...
+
+
+def copy_range(src: BinaryIO, dst: ByteSink, offset: int, nbytes: int, chunk_bytes: int, sink=None) -> None:
     """Copy `nbytes` from absolute `offset` of `src` to the current position of `dst`.
 
     Reads at most `chunk_bytes` at a time so memory stays bounded; `sink(chunk)` sees every

@@ -117,10 +117,12 @@ class _Peer:
     def __init__(self, mode: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "libs.fnx2.bench_peer", mode],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and self.proc.stdin is not None  # both are pipes
         self.port = int(self.proc.stdout.readline())
 
     def close(self) -> None:
-        self.proc.stdin.close()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -146,7 +148,7 @@ async def _fnx2_throughput(port: int, frames: int) -> float:
 
 async def _raw_throughput(port: int, frames: int, size: int) -> float:
     reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
-    payload = memoryview(np.ones(size, dtype=np.uint8))
+    payload = np.ones(size, dtype=np.uint8).data
     window = asyncio.Semaphore(4)
 
     async def send(count: int) -> None:

@@ -62,7 +62,7 @@ class RawSink(asyncio.BufferedProtocol):
             return
         if not self._body:
             (size,) = ACK.unpack(self._head)
-            self._target, self._filled, self._body = memoryview(np.empty(size, np.uint8)), 0, True
+            self._target, self._filled, self._body = np.empty(size, np.uint8).data, 0, True
             return
         size = len(self._target)
         reply = ACK.pack(size)

@@ -230,7 +230,7 @@ def _peek_dtype(parsed: Any) -> DType | None:
     """The tensor dtype, if the metadata names one, so CRC and finiteness share one pass."""
     tensor = parsed.get("tensor") if type(parsed) is dict else None
     dtype = tensor.get("dtype") if type(tensor) is dict else None
-    return DType(dtype) if dtype in DType._value2member_map_ else None
+    return DType(dtype) if isinstance(dtype, str) and dtype in DType._value2member_map_ else None
 
 
 def _canonical(parsed: Any, metadata: bytes, sequence_no: int) -> dict[str, Any]:

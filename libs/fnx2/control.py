@@ -8,6 +8,7 @@ offer with a recoverable METADATA ERROR, which the sender reads as "no extension
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, ErrorCode
@@ -78,7 +79,7 @@ class Credit:
         names = frozenset(CREDIT_FIELDS) | ({"batches_received"} if extended else frozenset())
         f = Fields(meta, ErrorCode.METADATA, "CREDIT", names)
         received = f.uint("batches_received") if extended else None
-        return cls(*(f.uint(name) for name in CREDIT_FIELDS), batches_received=received)
+        return cls(**{name: f.uint(name) for name in CREDIT_FIELDS}, batches_received=received)
 
 
 _LEASE_FIELDS = _BINDING_FIELDS | {"control_id", "request_id", "execution_lease_id"}
@@ -270,7 +271,7 @@ def _read_hello(f: Fields) -> AckHello:
     return AckHello(ChannelBinding.read(f))
 
 
-_ACK_READERS = {
+_ACK_READERS: dict[str, Callable[[Fields], AckFields]] = {
     "hello": _read_hello,
     "cancel": lambda f: AckCancel(f.uuid("request_id"), f.uuid("execution_lease_id"),
                                   f.boolean("cancelled"), f.boolean("inflight"),

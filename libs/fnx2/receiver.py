@@ -129,7 +129,7 @@ async def serve_channel(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
 
 
 async def start_server(receiver: Fnx2Receiver, host: str = "127.0.0.1", port: int = 0,
-                       ssl=None) -> asyncio.AbstractServer:
+                       ssl=None) -> asyncio.Server:
     """Listen for FNX2 channels; frames are received straight into per-frame buffers."""
     loop = asyncio.get_running_loop()
     return await loop.create_server(receiver.protocol, host, port, ssl=ssl)
@@ -190,6 +190,7 @@ class _Channel:
         if got.error is not None:
             await self.stream.send(ErrorMessage(got.error.code.value, got.error.message, None))
             return True
+        assert got.frame is not None  # a read holds a frame or an error
         message = got.frame.message
         if isinstance(message, Batch):
             await self._on_batch(message, got)
@@ -253,8 +254,8 @@ class _Channel:
                                                 "control binding differs", message.control_id))
             return
         if isinstance(message, Cancel):
-            fields = self.r.state.cancel(message.request_id, message.execution_lease_id)
-            await self.stream.send(Ack("cancel", message.control_id, fields))
+            cancelled = self.r.state.cancel(message.request_id, message.execution_lease_id)
+            await self.stream.send(Ack("cancel", message.control_id, cancelled))
             return
         try:
             fields = self.r.state.release(message.request_id, message.execution_lease_id,
@@ -326,7 +327,7 @@ def _outcomes(work: StageWork, output: StageOutput,
             outcomes[item.identity] = Outcome(False, None, "FAILED",
                                               "compact output needs the compact_output extension")
             continue
-        if rows < 1 or cursor + rows > rows_available:
+        if rows < 1 or cursor + rows > rows_available or output.tensor is None:
             outcomes[item.identity] = Outcome(False, None, "FAILED", "backend returned too few rows")
             continue
         outcomes[item.identity] = Outcome(True, output.tensor.rows(cursor, rows), kind=kind)
@@ -341,7 +342,7 @@ def _assemble(admission: Admission, entries: list[Entry], clock: Callable[[], in
     parts = [entry.rows for entry in entries if entry.rows is not None]
     tensor = None
     if parts:
-        kind = next(entry.kind for entry in entries if entry.rows is not None)
+        kind = next(entry.kind for entry in entries if entry.rows is not None and entry.kind is not None)
         array = parts[0] if len(parts) == 1 else np.concatenate(parts)
         tensor = Tensor(TensorDescriptor(kind[0], kind[1], tuple(array.shape)), array)
     if timings.execute_ns:

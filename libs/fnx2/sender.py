@@ -12,6 +12,7 @@ import asyncio
 import collections
 import ssl as ssl_module
 import uuid
+from typing import TypeVar
 from dataclasses import dataclass, replace
 
 from prometheus_client import Counter
@@ -19,7 +20,7 @@ from prometheus_client import Counter
 from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits
 from libs.fnx2.control import (
     EXT_COMPACT_OUTPUT, EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, KNOWN_EXTENSIONS, Ack, AckCancel, AckHello, AckRelease,
-    Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release,
+    AckStage, Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release,
 )
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error, RemoteError
 from libs.fnx2.messages import Batch, Result
@@ -54,7 +55,7 @@ class Fnx2Client:
         self._pending: collections.OrderedDict[str, _Pending] = collections.OrderedDict()
         self._controls: dict[str, asyncio.Future] = {}
         self._credit_changed = asyncio.Condition()
-        self._sent = (0, 0, 0, 0)
+        self._sent: tuple[int, ...] = (0, 0, 0, 0)
         self._in_transit: collections.deque[tuple[int, tuple[int, int, int, int]]] = collections.deque()
         self._batches_sent = 0
         self._pump: asyncio.Task | None = None
@@ -98,7 +99,7 @@ class Fnx2Client:
             await self._stream.send(Control("extensions", offer_id, self.config.binding,
                                             extensions=tuple(sorted(self.config.offer_extensions))))
             answer = await self._expect((Ack, ErrorMessage))
-            if isinstance(answer, Ack) and answer.control_id == offer_id:
+            if isinstance(answer, Ack) and answer.control_id == offer_id and isinstance(answer.fields, AckStage):
                 self.extensions = frozenset(answer.fields.extensions or ()) & self.config.offer_extensions
                 self.credit = await self._expect(Credit)
         self._pump = asyncio.create_task(self._read_loop())
@@ -169,14 +170,14 @@ class Fnx2Client:
         control_id = str(uuid.uuid4())
         ack = await self._control(control_id, Cancel(control_id, self.config.binding, request_id,
                                                      execution_lease_id))
-        return ack.fields
+        return _ack_fields(ack, AckCancel)
 
     async def release(self, request_id: str, execution_lease_id: str,
                       expected_final_epoch: int | None = None) -> AckRelease:
         control_id = str(uuid.uuid4())
         ack = await self._control(control_id, Release(control_id, self.config.binding, request_id,
                                                       execution_lease_id, expected_final_epoch))
-        return ack.fields
+        return _ack_fields(ack, AckRelease)
 
     async def credit_refresh(self) -> None:
         control_id = str(uuid.uuid4())
@@ -202,6 +203,7 @@ class Fnx2Client:
                 if got.error is not None:
                     self._fail_oldest(got.error)
                     continue
+                assert got.frame is not None  # a read holds a frame or an error
                 await self._on_message(got.frame.message)
         except Fnx2Error as exc:
             await self._fail_all(exc)
@@ -250,8 +252,8 @@ class Fnx2Client:
 
     def _on_error(self, message: ErrorMessage) -> None:
         error = RemoteError(_code(message.code), message.message)
-        target = self._controls.pop(message.control_id, None) if message.control_id else None
-        if target is None and message.control_id in self._pending:
+        target = self._controls.pop(message.control_id, None) if message.control_id is not None else None
+        if target is None and message.control_id is not None and message.control_id in self._pending:
             target = self._pending.pop(message.control_id).future
         if target is None:
             self._fail_oldest(error)
@@ -295,3 +297,13 @@ class Fnx2Client:
 
 def _code(code: str) -> ErrorCode:
     return ErrorCode(code) if code in ErrorCode._value2member_map_ else ErrorCode.METADATA
+
+
+_Fields = TypeVar("_Fields")
+
+
+def _ack_fields(ack: Ack, kind: type[_Fields]) -> _Fields:
+    """The ACK's fields as the operation's type; a peer that answers another shape fails."""
+    if not isinstance(ack.fields, kind):
+        raise Fnx2Error(ErrorCode.METADATA, f"ACK {ack.operation} carries {type(ack.fields).__name__}")
+    return ack.fields

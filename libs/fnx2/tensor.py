@@ -154,7 +154,7 @@ class Tensor:
         return cls(descriptor, view)
 
     def payload(self) -> memoryview:
-        return memoryview(self.array.reshape(-1).view(np.uint8))
+        return self.array.reshape(-1).view(np.uint8).data
 
     def rows(self, start: int, count: int) -> np.ndarray:
         return self.array[start : start + count]

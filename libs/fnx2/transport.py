@@ -106,7 +106,7 @@ class BufferPool:
         for buffer in self._buffers:
             if sys.getrefcount(buffer) == _IDLE_REFS:
                 if buffer.nbytes >= nbytes:
-                    return memoryview(buffer)[:nbytes]
+                    return buffer.data[:nbytes]
                 idle_too_small.append(buffer)
         buffer = np.empty(nbytes, np.uint8)
         for old in idle_too_small:  # make room by forgetting idle buffers that are too small
@@ -115,7 +115,7 @@ class BufferPool:
             self._buffers.remove(old)
         if self._fits(nbytes):
             self._buffers.append(buffer)
-        return memoryview(buffer)
+        return buffer.data
 
     def _fits(self, nbytes: int) -> bool:
         return (len(self._buffers) < self._max_buffers

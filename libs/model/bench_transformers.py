@@ -31,13 +31,14 @@ def _load_layer_weights(layer, cfg: DeepseekV2Config, weights: StageWeights, ind
     if a.q_proj is not None:
         pairs.append((attn.q_proj.weight, a.q_proj))
     else:
+        q_a_proj, q_a_norm, q_b_proj = a.query_lora()
         pairs += [
-            (attn.q_a_proj.weight, a.q_a_proj),
-            (attn.q_a_layernorm.weight, a.q_a_norm),
-            (attn.q_b_proj.weight, a.q_b_proj),
+            (attn.q_a_proj.weight, q_a_proj),
+            (attn.q_a_layernorm.weight, q_a_norm),
+            (attn.q_b_proj.weight, q_b_proj),
         ]
     if lw.moe is None:
-        mlp = lw.dense_mlp
+        mlp = lw.dense()
         pairs += [
             (layer.mlp.gate_proj.weight, mlp.gate),
             (layer.mlp.up_proj.weight, mlp.up),

@@ -69,6 +69,13 @@ class DeepseekV2Config:
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
+    @property
+    def routing_groups(self) -> tuple[int, int]:
+        """(n_group, topk_group) of group-limited routing; parse_config validated both."""
+        if self.n_group is None or self.topk_group is None:
+            raise ConfigError("group-limited routing needs n_group and topk_group")
+        return self.n_group, self.topk_group
+
     def is_moe_layer(self, layer_index: int) -> bool:
         return (
             self.n_routed_experts > 0

@@ -55,7 +55,8 @@ class StageKernels(Protocol):
         ...
 
 
-KernelFactory = Callable[["DeepseekV2Config", "StageWeights", str], StageKernels]
+# (cfg, weights, device[, backend options]) -> kernels
+KernelFactory = Callable[..., StageKernels]
 
 # Backend name -> "module:factory". Modules are imported only when the backend is asked for,
 # so an absent runtime never breaks the other backend.

@@ -64,7 +64,7 @@ def mlp_tensors(cfg: DeepseekV2Config, layer_index: int) -> dict[str, tuple[int,
 
 def layer_tensors(cfg: DeepseekV2Config, layer_index: int) -> dict[str, tuple[int, ...]]:
     p = layer_prefix(layer_index)
-    shapes = {p + "input_layernorm.weight": (cfg.hidden_size,)}
+    shapes: dict[str, tuple[int, ...]] = {p + "input_layernorm.weight": (cfg.hidden_size,)}
     shapes.update(attention_tensors(cfg, layer_index))
     shapes[p + "post_attention_layernorm.weight"] = (cfg.hidden_size,)
     shapes.update(mlp_tensors(cfg, layer_index))

@@ -292,11 +292,12 @@ def _group_limited(cfg: DeepseekV2Config, scores: TensorValue) -> TensorValue:
     if cfg.topk_method != "group_limited_greedy":
         return scores
     rows = scores.shape[0]
-    groups, per_group = cfg.n_group, cfg.n_routed_experts // cfg.n_group
+    groups, topk_group = cfg.routing_groups
+    per_group = cfg.n_routed_experts // groups
     grouped = ops.reshape(scores, [rows, groups, per_group])
     group_scores = ops.reshape(ops.max(grouped, axis=-1), [rows, groups])
-    best, _ = ops.top_k(group_scores, cfg.topk_group, axis=-1)
-    threshold = best[:, cfg.topk_group - 1 : cfg.topk_group]  # [R, 1]
+    best, _ = ops.top_k(group_scores, topk_group, axis=-1)
+    threshold = best[:, topk_group - 1 : topk_group]  # [R, 1]
     keep = ops.cast(ops.unsqueeze(group_scores >= threshold, -1), DType.float32)  # [R, G, 1]
     kept = grouped * keep
     return ops.reshape(kept, [rows, cfg.n_routed_experts])

@@ -99,7 +99,8 @@ class MaxKernels:
         self._rt = max_runtime.shared_runtime(cfg, options.device, options.weight_dtype, options.progress)
         self.device_description = self._rt.device_description
         self._layers: dict[int, tuple[Any, Any]] = {}  # layer -> (model, routed experts or None)
-        self._embed = self._final = None
+        self._embed: Any = None  # bound MAX models, present on the first / last stage
+        self._final: Any = None
         self._bind(weights)
 
     def _bind(self, weights: StageWeights) -> None:

@@ -210,15 +210,16 @@ def _layer_arrays(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> d
         "kv_b_proj": a.kv_b_proj,
         "o_proj": a.o_proj,
     }
-    if cfg.q_lora_rank is None:
+    if a.q_proj is not None:
         registry["q_proj"] = a.q_proj
     else:
-        registry.update({"q_a_proj": a.q_a_proj, "q_a_layernorm": a.q_a_norm, "q_b_proj": a.q_b_proj})
+        q_a_proj, q_a_norm, q_b_proj = a.query_lora()
+        registry.update({"q_a_proj": q_a_proj, "q_a_layernorm": q_a_norm, "q_b_proj": q_b_proj})
     if not cfg.is_moe_layer(layer_index):
-        mlp = w.dense_mlp
+        mlp = w.dense()
         registry.update({"gate_proj": mlp.gate, "up_proj": mlp.up, "down_proj": mlp.down})
         return registry
-    moe = w.moe
+    moe = w.routed()
     registry["router"] = moe.router
     if moe.shared is not None:
         registry.update({

@@ -54,9 +54,9 @@ def route(cfg: DeepseekV2Config, x: np.ndarray, router: np.ndarray) -> Routing:
     k = cfg.num_experts_per_tok
     choice = scores
     if cfg.topk_method == "group_limited_greedy":
-        rows, groups = scores.shape[0], cfg.n_group
+        rows, (groups, topk_group) = scores.shape[0], cfg.routing_groups
         group_scores = scores.reshape(rows, groups, -1).max(axis=-1)
-        best_groups = top_k_desc(group_scores, cfg.topk_group)
+        best_groups = top_k_desc(group_scores, topk_group)
         keep = np.zeros_like(group_scores, dtype=bool)
         np.put_along_axis(keep, best_groups, True, axis=-1)
         choice = np.where(np.repeat(keep, cfg.n_routed_experts // groups, axis=-1), scores, 0.0)
@@ -94,7 +94,8 @@ def mla_attention(cfg: DeepseekV2Config, x: np.ndarray, w: AttentionWeights, inp
     if w.q_proj is not None:
         q = x @ w.q_proj.T
     else:
-        q = rms_norm(x @ w.q_a_proj.T, w.q_a_norm, LATENT_NORM_EPS) @ w.q_b_proj.T
+        q_a_proj, q_a_norm, q_b_proj = w.query_lora()
+        q = rms_norm(x @ q_a_proj.T, q_a_norm, LATENT_NORM_EPS) @ q_b_proj.T
     q = q.reshape(rows, heads, nope + rope_dim)
     q_nope, q_pe = q[..., :nope], apply_rope(q[..., nope:], inp.rope_cos, inp.rope_sin)
     compressed = x @ w.kv_a_proj.T
@@ -139,7 +140,7 @@ class NumpyKernels:
         if lw.moe is not None:
             mlp_out, expert_ids = moe(self.cfg, normed, lw.moe)
         else:
-            mlp_out = swiglu(normed, lw.dense_mlp)
+            mlp_out = swiglu(normed, lw.dense())
         hidden = (hidden + mlp_out).astype(np.float32)
         return LayerOutputs(np.ascontiguousarray(hidden), latent, k_pe, expert_ids)
 

@@ -39,6 +39,12 @@ class AttentionWeights:
     kv_b_proj: np.ndarray           # [heads*(nope+v), kv_lora_rank]
     o_proj: np.ndarray              # [hidden, heads*v_head_dim]
 
+    def query_lora(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(q_a_proj, q_a_norm, q_b_proj) of a layer whose queries go through the q_lora rank."""
+        if self.q_a_proj is None or self.q_a_norm is None or self.q_b_proj is None:
+            raise CheckpointError("the layer has no q_lora projections")
+        return self.q_a_proj, self.q_a_norm, self.q_b_proj
+
 
 @dataclass(frozen=True)
 class MoeWeights:
@@ -56,6 +62,16 @@ class LayerWeights:
     attention: AttentionWeights
     dense_mlp: SwiGluWeights | None
     moe: MoeWeights | None
+
+    def dense(self) -> SwiGluWeights:
+        if self.dense_mlp is None:
+            raise CheckpointError("the layer is a MoE layer and has no dense MLP")
+        return self.dense_mlp
+
+    def routed(self) -> MoeWeights:
+        if self.moe is None:
+            raise CheckpointError("the layer is a dense layer and has no experts")
+        return self.moe
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,40 @@
 #!/usr/bin/env bash
 # Builds one image per service: localhost/fornax-<service>:<version>.
 #   scripts/images/build.sh [service ...]     (default: all five)
-# The base comes from debootstrap (build_base.sh). Wheels are fetched on the host into a
-# per-service wheelhouse; inside the build, RUN steps have no network at all.
+#   scripts/images/build.sh --print-build-args [service ...]   (what each build passes; builds nothing)
+# Every image comes from the one template images/Dockerfile; a service differs only in its
+# build args. The base comes from debootstrap (build_base.sh). Wheels are fetched on the host
+# into a per-service wheelhouse; inside the build, RUN steps have no network at all.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 PY=${PY:-.venv/bin/python}
 ALL_SERVICES=(planner evidence_registry artifact_builder orchestrator stage_worker)
+# Every service serves gRPC on 50051 and metrics on 9464; these add one port each.
+declare -A EXTRA_PORT=([orchestrator]=8000 [stage_worker]=7070)
+
+# The template's build args for one service, one KEY=VALUE per line.
+build_args() {
+  local svc=$1 ports="50051 9464"
+  [[ -f images/requirements/$svc.txt ]] || { echo "images: unknown service $svc" >&2; return 2; }
+  [[ -z ${EXTRA_PORT[$svc]:-} ]] || ports+=" ${EXTRA_PORT[$svc]}"
+  printf '%s\n' "SERVICE=$svc" "ENTRYPOINT=fornax-${svc//_/-}" "PORTS=$ports"
+}
+
+print_only=0
+if [[ ${1:-} == --print-build-args ]]; then
+  print_only=1
+  shift
+fi
 SERVICES=("$@")
 [[ ${#SERVICES[@]} -gt 0 ]] || SERVICES=("${ALL_SERVICES[@]}")
+if [[ $print_only == 1 ]]; then
+  for svc in "${SERVICES[@]}"; do
+    echo "[$svc]"
+    build_args "$svc"
+  done
+  exit 0
+fi
 BASE_IMAGE=${FORNAX_BASE_IMAGE:-localhost/fornax-base:bookworm}
 OUT=build/images
 VERSION=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
@@ -29,7 +54,8 @@ project_wheel=$(ls "$OUT"/project/fornax-*.whl)
 
 for svc in "${SERVICES[@]}"; do
   reqs=images/requirements/$svc.txt
-  [[ -f $reqs ]] || { echo "images: unknown service $svc" >&2; exit 2; }
+  mapfile -t args < <(build_args "$svc")
+  [[ ${#args[@]} -eq 3 ]] || exit 2
   ctx=$OUT/$svc
   rm -rf "$ctx" && mkdir -p "$ctx/wheels"
   start=$(date +%s)
@@ -44,10 +70,10 @@ for svc in "${SERVICES[@]}"; do
   # chroot isolation shares the caller's network namespace, so the build runs in a fresh one
   # that has no interfaces: a RUN step that reaches for the network fails.
   unshare --net buildah bud --isolation chroot --layers=false \
-    --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+    --build-arg "BASE_IMAGE=$BASE_IMAGE" "${args[@]/#/--build-arg=}" \
     --label "org.opencontainers.image.title=$name" \
     --label "org.opencontainers.image.version=$VERSION" \
-    -f "services/$svc/Dockerfile" -t "localhost/$name:$VERSION" "$ctx"
+    -f images/Dockerfile -t "localhost/$name:$VERSION" "$ctx"
   # The image the tag pointed at before is now unnamed; drop it rather than pile them up.
   current=$(buildah images --quiet --no-trunc "localhost/$name:$VERSION")
   if [[ -n $previous && $previous != "$current" ]]; then

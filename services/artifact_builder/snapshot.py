@@ -128,10 +128,12 @@ def inspect_checkpoint(checkpoint_dir: str | Path, source: str = "", revision: s
         FileRecord(path=s, size_bytes=(root / s).stat().st_size, sha256=sha256_file(root / s))
         for s in sorted(set(weight_map.values()))
     )
+    config_sha, tokenizer_sha, template_sha = (
+        sha256_file(root / CONFIG_FILE), _required_sha(root / TOKENIZER_FILE), _chat_template_sha(root))
     hashes = {
-        "config": sha256_file(root / CONFIG_FILE),
-        "tokenizer": _required_sha(root / TOKENIZER_FILE),
-        "chat_template": _chat_template_sha(root),
+        "config": config_sha,
+        "tokenizer": tokenizer_sha,
+        "chat_template": template_sha,
         "weight_index": index_sha,
         "shards": [[s.path, s.sha256] for s in shards],
     }
@@ -140,9 +142,9 @@ def inspect_checkpoint(checkpoint_dir: str | Path, source: str = "", revision: s
         checkpoint_dir=root.resolve(),
         source=source,
         revision=revision,
-        config_sha256=hashes["config"],
-        tokenizer_sha256=hashes["tokenizer"],
-        chat_template_sha256=hashes["chat_template"],
+        config_sha256=config_sha,
+        tokenizer_sha256=tokenizer_sha,
+        chat_template_sha256=template_sha,
         weight_index_sha256=index_sha,
         shards=shards,
         num_layers=config.num_hidden_layers,

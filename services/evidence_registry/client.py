@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import grpc
+from fornax.common.v1 import common_pb2
 from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
 from fornax.evidence_registry.v1 import evidence_registry_pb2_grpc as pb_grpc
 from google.rpc import error_details_pb2, status_pb2
@@ -84,7 +85,7 @@ def expectation(record_id: str, record_type: str | RecordType, sha256: str = "")
 
 
 def describe_failures(outcome: ResolveOutcome) -> list[str]:
-    return [f"{r.record_id} {r.reason.value} ({r.detail})" for r in outcome.failures]
+    return [f"{r.record_id} {r.reason.value if r.reason else 'UNRESOLVED'} ({r.detail})" for r in outcome.failures]
 
 
 def require_resolved(outcome: ResolveOutcome) -> ResolveOutcome:
@@ -115,9 +116,9 @@ def _put_request(content: RecordContent, blob: bytes, record_id: str, request_id
 def _list_request(type: RecordType | None, evidence_class: EvidenceClass | None,
                   status: RecordStatus | None, page_size: int, page_token: str) -> pb.ListRecordsRequest:
     return pb.ListRecordsRequest(
-        type=convert.RECORD_TYPES_PB[type] if type else 0,
-        evidence_class=convert.CLASSES_PB[evidence_class] if evidence_class else 0,
-        status=convert.STATUSES_PB[status] if status else 0,
+        type=convert.RECORD_TYPES_PB[type] if type else pb.RECORD_TYPE_UNSPECIFIED,
+        evidence_class=convert.CLASSES_PB[evidence_class] if evidence_class else common_pb2.EVIDENCE_CLASS_UNSPECIFIED,
+        status=convert.STATUSES_PB[status] if status else pb.RECORD_STATUS_UNSPECIFIED,
         page_size=page_size, page_token=page_token,
     )
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Mapping
+from typing import TypeVar
 
 from fornax.common.v1 import common_pb2
 from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
@@ -53,11 +55,18 @@ DTYPES = {
 }
 
 
-def _inverse(mapping: dict) -> dict:
+_Key = TypeVar("_Key")
+_Value = TypeVar("_Value")
+
+
+def _inverse(mapping: Mapping[_Key, _Value]) -> dict[_Value, _Key]:
     return {value: key for key, value in mapping.items()}
 
 
-RECORD_TYPES_PB, STATUSES_PB, CLASSES_PB, DTYPES_PB = map(_inverse, (RECORD_TYPES, STATUSES, CLASSES, DTYPES))
+RECORD_TYPES_PB = _inverse(RECORD_TYPES)
+STATUSES_PB = _inverse(STATUSES)
+CLASSES_PB = _inverse(CLASSES)
+DTYPES_PB = _inverse(DTYPES)
 
 
 def enum_value(field: str, number: int, mapping: dict, *, required: bool):

@@ -73,6 +73,8 @@ def _describe(error: dict) -> str:
 
 def _request(target: ChatTarget, method: str, path: str, body: dict | None):
     url = urlsplit(target.base_url.rstrip("/") + path)
+    if not url.hostname:
+        raise ValueError(f"the API base URL {target.base_url!r} names no host")
     conn_type = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
     conn = conn_type(url.hostname, url.port, timeout=600)
     headers = {"Content-Type": "application/json"}

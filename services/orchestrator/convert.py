@@ -61,7 +61,7 @@ def _request_id(given: str) -> str:
 
 def output_to_pb(output: RequestOutput) -> pb.GenerateResponse:
     response = pb.GenerateResponse(text_delta=output.text, token_ids=list(output.token_ids))
-    if output.finished:
+    if output.finished and output.finish_reason is not None:
         response.finish_reason = _FINISH[output.finish_reason]
         response.usage.prompt_tokens = output.prompt_tokens
         response.usage.completion_tokens = output.completion_tokens

@@ -70,8 +70,7 @@ async def start_http(app: web.Application, host: str, port: int) -> tuple[web.Ap
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    sockets = site._server.sockets if site._server else ()  # aiohttp exposes no public getter
-    return runner, sockets[0].getsockname()[1]
+    return runner, runner.addresses[0][1]
 
 
 def _json_error(status: int, body: dict) -> web.Response:
@@ -228,8 +227,9 @@ async def _collect(stream: RequestStream, model: str, form: _Format) -> web.Resp
 async def _stream_sse(request: web.Request, stream: RequestStream, model: str,
                       options: CommonOptions, form: _Format) -> web.StreamResponse:
     head = await stream.next()
-    if head.finished and terminal_error(head) is not None:
-        raise terminal_error(head)  # nothing sent yet: a proper status (429, 504, ...)
+    error = terminal_error(head) if head.finished else None
+    if error is not None:
+        raise error  # nothing sent yet: a proper status (429, 504, ...)
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
     rid, created, first = _public_id(form, stream), int(time.time()), True

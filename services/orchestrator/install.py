@@ -201,7 +201,7 @@ async def warm(route: Route, bos_token_id: int) -> None:
                 [SliceInput(request_id, lease, 0, 0, 0, np.array([bos_token_id], np.int32), WARMUP_BUDGET_NS)],
             )
         )[0]
-        if not first.ok:
+        if not first.ok or first.rows is None:
             raise FailedPrecondition(
                 f"warm-up prefill failed: {first.error_code} {first.error_message}", reason="WARMUP_FAILED"
             )

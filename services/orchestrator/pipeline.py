@@ -11,12 +11,17 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from services.orchestrator.domain import Microbatch, MicrobatchResult, ReleaseReport
+from services.orchestrator.domain import Microbatch, MicrobatchResult, ReleaseReport, ServedModel
 
 
 class Pipeline(Protocol):
     @property
     def num_stages(self) -> int: ...
+
+    @property
+    def served(self) -> ServedModel:
+        """The model the stages serve: context length, vocabulary and KV layout."""
+        ...
 
     async def submit(self, batch: Microbatch) -> MicrobatchResult:
         """Runs the microbatch through every stage. Per-sequence failures come back as

@@ -182,8 +182,7 @@ class Scheduler:
     def _issue(self, slot: int, phase: Phase, picked: list[tuple[_Request, int]],
                now_ns: int) -> Microbatch:
         slices = tuple(self._slice(r, phase, rows, now_ns) for r, rows in picked)
-        picked = [r for r, _ in picked]
-        for r in picked:
+        for r, _ in picked:
             r.inflight = True
             r.reached_stage = True
         batch = Microbatch(batch_id=self._next_batch_id, slot=slot, phase=phase, slices=slices)

@@ -22,6 +22,7 @@ from libs.fnx2.control import ChannelBinding
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind
+from libs.service.errors import FailedPrecondition
 
 GATEWAY = "gateway"
 
@@ -125,6 +126,8 @@ class Route:
     async def run(self, phase: Phase, inputs: list[SliceInput], traceparent: str | None = None) -> list[SliceOutput]:
         """One ragged batch through every stage; outputs in input order."""
         batch = self._batch(phase, inputs, traceparent)
+        if self._client is None:
+            raise FailedPrecondition("the stage chain is not connected", reason="ROUTE_NOT_CONNECTED")
         result = await self._client.submit(batch)
         by_id = {r.request_id: r for r in result.results}
         outputs = []
@@ -160,7 +163,7 @@ class Route:
     async def cancel(self, request_id: str) -> list[int]:
         message = pb.CancelRequestRequest(request_id=str(uuid.uuid4()), target_request_id=request_id)
         replies = await asyncio.gather(*(stub.CancelRequest(message) for stub in self._stubs))
-        return [reply.kv_epoch for reply in replies]
+        return [reply.kv_epoch for reply in replies if not isinstance(reply, BaseException)]
 
     async def release(self, request_id: str) -> list[int]:
         """Free the request's KV on every stage; returns each stage's final KV epoch."""
@@ -169,7 +172,7 @@ class Route:
         failure = next((r for r in replies if isinstance(r, BaseException)), None)
         if failure is not None:
             raise failure
-        return [reply.kv_epoch for reply in replies]
+        return [reply.kv_epoch for reply in replies if not isinstance(reply, BaseException)]
 
     async def health(self) -> list[pb.GetHealthResponse]:
         return list(await asyncio.gather(*(stub.GetHealth(pb.GetHealthRequest()) for stub in self._stubs)))

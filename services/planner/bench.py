@@ -101,7 +101,7 @@ def agreement(instances: int, seed: int = 0) -> tuple[float, int]:
     for _ in range(instances):
         inst = random_small_instance(rng)
         result = plan(inst.model, inst.inventory, inst.target)
-        got = result.plan.prediction("bottleneck_s") if result.feasible else math.inf
+        got = result.plan.prediction("bottleneck_s") if result.plan is not None else math.inf
         tables = build_tables(inst.model, inst.inventory, inst.inventory.nodes, inst.target)
         expected = brute_force_bottleneck(tables, inst.target.min_stages, inst.target.max_stages)
         feasible += math.isfinite(expected)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict
+from typing import Any
 
 EXIT_INFEASIBLE = 3
 EXIT_ERROR = 2
@@ -70,7 +71,7 @@ def run_plan(args) -> int:
     return 0 if result.feasible else EXIT_INFEASIBLE
 
 
-def model_summary(model) -> dict[str, object]:
+def model_summary(model) -> dict[str, Any]:
     active = sum(x.active_weight_bytes_per_token(model.expert_bytes, model.experts_per_token) for x in model.layers)
     return {
         "model_snapshot": model.model_snapshot, "layers": model.num_layers, "weight_bytes": model.total_weight_bytes,

@@ -87,7 +87,7 @@ def _memory_shortfall(tables: CostTables, target: Target) -> Infeasible | None:
     weights = int(work.layer_weight_bytes.sum()) + model.embedding_bytes + model.head_bytes
     base = weights + int(work.layer_kv_bytes.sum()) + work.logits_bytes
     k_hi = min(target.max_stages, len(usable), model.num_layers)
-    best: tuple[float, int, int] | None = None
+    best: tuple[int, int, int] | None = None
     for k in range(target.min_stages, k_hi + 1):
         tied_once = model.embedding_bytes if model.tied_embeddings and k == 1 else 0
         required = base - tied_once + k * work.activation_bytes

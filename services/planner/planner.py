@@ -42,7 +42,7 @@ def plan(model: ModelDescription, inventory: Inventory, target: Target,
     if target.mode == "deployment" and resolver is None:
         raise EvidenceUnavailable("deployment mode needs an evidence registry to resolve records", field="target.mode")
     result = _plan(model, inventory, target)
-    if target.mode == "deployment":
+    if resolver is not None and target.mode == "deployment":
         result = evidence.gate(result, inventory, resolver)
     return result
 
@@ -53,8 +53,8 @@ def _plan(model: ModelDescription, inventory: Inventory, target: Target) -> d.Pl
     rejections: list[d.Rejection] = []
     capable: list[Node] = []
     for node in inventory.nodes:
-        why = node_rejection(node, model, target, smallest)
-        rejections.append(why) if why else capable.append(node)
+        rejection = node_rejection(node, model, target, smallest)
+        rejections.append(rejection) if rejection else capable.append(node)
     if not capable:
         gap = min(smallest + n.reserve_bytes - n.memory_bytes for n in inventory.nodes)
         return d.PlanResult(False, None, tuple(rejections), "no node can hold any stage of this model",
@@ -129,7 +129,7 @@ def build_plan(tables: CostTables, target: Target, placement: Placement) -> d.Pl
     microbatches = math.ceil(target.concurrency / target.microbatch_rows)
     stages = [_stage(tables, placement, i) for i in range(len(placement.nodes))]
     stages, bottleneck, cycle = _with_queueing(stages, microbatches)
-    content = {
+    content: dict[str, object] = {
         "model_snapshot": tables.model.model_snapshot,
         "mode": target.mode,
         "target": asdict(target),

@@ -127,10 +127,11 @@ class DataPlane:
     async def next_hop(self, stage: LoadedStage) -> Fnx2Client:
         async with self._next_hop_lock:
             if self._next_hop is None:
-                host, _, port = stage.spec.next_hop.rpartition(":")
+                address, manifest_hash = stage.spec.downstream()
+                host, _, port = address.rpartition(":")
                 plan = stage.spec.plan
                 binding = ChannelBinding(
-                    plan.plan_id, plan.plan_hash, stage.spec.next_hop_manifest_hash,
+                    plan.plan_id, plan.plan_hash, manifest_hash,
                     stage_id(stage.spec.stage_index + 1),
                     plan.plan_generation_id,
                 )
@@ -256,7 +257,7 @@ class DataPlane:
                 continue
             parts.append(reply.rows_for(downstream))
             counts.append(downstream.output_row_count)
-        if not parts:
+        if not parts or reply.tensor is None:
             return StageOutput(None, tuple(failures))
         descriptor = reply.tensor.descriptor
         array = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts))
@@ -274,7 +275,7 @@ def _next_batch(batch: Batch, live, stage: LoadedStage, tensor: Tensor) -> Batch
         batch.batch.batch_id, batch.batch.batch_sequence_no, batch.batch.phase, rows, tuple(slices)
     )
     return Batch(
-        batch.plan_id, batch.plan_hash, stage.spec.next_hop_manifest_hash, stage_id(stage.spec.stage_index),
+        batch.plan_id, batch.plan_hash, stage.spec.downstream()[1], stage_id(stage.spec.stage_index),
         stage_id(stage.spec.stage_index + 1), descriptor, tensor, batch.traceparent,
     )
 

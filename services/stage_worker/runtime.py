@@ -60,6 +60,12 @@ class LoadSpec:
     def last(self) -> bool:
         return self.stage_index == self.stage_count - 1
 
+    def downstream(self) -> tuple[str, str]:
+        """(next hop FNX2 address, its manifest hash); only the last stage has neither."""
+        if not self.next_hop or not self.next_hop_manifest_hash:
+            raise FailedPrecondition(f"stage {self.stage_index} has no next hop", reason="NO_NEXT_HOP")
+        return self.next_hop, self.next_hop_manifest_hash
+
 
 @dataclass(frozen=True)
 class Admission:
@@ -118,6 +124,8 @@ def checkpoint_stage_hash(spec: LoadSpec) -> str:
     Artifact loads use the artifact's manifest hash instead; this stands in for it so that the
     data plane is bound to exactly this slice of exactly this checkpoint.
     """
+    if not spec.checkpoint_dir:
+        raise InvalidArgument("the stage is not loaded from a checkpoint", field="spec.checkpoint_dir")
     config_sha = hashlib.sha256(Path(spec.checkpoint_dir, "config.json").read_bytes()).hexdigest()
     identity = {
         "config_sha256": config_sha,
@@ -214,6 +222,8 @@ class StageRuntime:
             return spec.checkpoint_dir, checkpoint_stage_hash(spec)
         from libs.artifacts.verify import verify_artifact
 
+        if not spec.artifact_dir:
+            raise InvalidArgument("give exactly one of checkpoint_dir or artifact_dir", field="spec")
         verified = verify_artifact(spec.artifact_dir, expected_manifest_hash=spec.manifest_hash or None,
                                    expected_plan_hash=spec.plan.plan_hash or None)
         return str(spec.artifact_dir), verified.manifest_hash

@@ -60,7 +60,7 @@ def fleet(tmp_path):
 
 def test_prometheus_scrapes_every_service_and_computes_a_rate(fleet, tmp_path):
     binary = shutil.which("prometheus")
-    assert binary, "Debian's prometheus package is required (scripts/ci_system_deps.sh installs it)"
+    assert binary, "Debian's prometheus package is required (`make test` installs it through scripts/system_deps.sh)"
     port = _free_port()
     config = tmp_path / "prometheus.yml"
     targets = [s.metrics for s in fleet.services]

@@ -9,9 +9,8 @@ from libs.fnx2.golden import check_golden
 from libs.fnx2.leases import derive_execution_lease_id
 from libs.fnx2.messages import Batch, Phase
 
-GOLDEN = Path("/work/shared/conformance/fnx2_golden_v2.json")
-if not GOLDEN.exists():  # the fixture is also vendored with the tests
-    GOLDEN = Path(__file__).with_name("fnx2_golden_v2.json")
+# The FNX2 conformance vector, vendored with the tests.
+GOLDEN = Path(__file__).with_name("fnx2_golden_v2.json")
 
 
 def test_golden_frame_is_byte_exact():

@@ -1,4 +1,5 @@
-"""Every service has a hadolint-clean, multi-stage, non-root Dockerfile that builds offline."""
+"""One hadolint-clean, multi-stage, non-root Dockerfile template builds every service offline;
+a service's image differs only in the build args scripts/images/build.sh gives it."""
 
 from __future__ import annotations
 
@@ -12,10 +13,32 @@ from tests.unit.helm.tools import REPO_ROOT, hadolint_binary
 
 SERVICES = ("orchestrator", "planner", "evidence_registry", "artifact_builder", "stage_worker")
 REQUIREMENTS_DIR = REPO_ROOT / "images" / "requirements"
+TEMPLATE = REPO_ROOT / "images" / "Dockerfile"
+BUILD_SCRIPT = REPO_ROOT / "scripts" / "images" / "build.sh"
+# Ports beyond gRPC (50051) and metrics (9464): the orchestrator's HTTP API, a stage's FNX2.
+EXTRA_PORTS = {"orchestrator": ["8000"], "stage_worker": ["7070"]}
 
 
-def dockerfile(service: str) -> str:
-    return (REPO_ROOT / "services" / service / "Dockerfile").read_text()
+def dockerfile() -> str:
+    return TEMPLATE.read_text()
+
+
+def build_args(*services: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(BUILD_SCRIPT), "--print-build-args", *services], capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def parsed_build_args() -> dict[str, dict[str, str]]:
+    done = build_args()
+    assert done.returncode == 0, done.stderr
+    args: dict[str, dict[str, str]] = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("["):
+            current = args.setdefault(line.strip("[]"), {})
+        else:
+            key, _, value = line.partition("=")
+            current[key] = value
+    return args
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -45,17 +68,22 @@ def _names_in(path) -> set[str]:
     return {ln.strip().lower() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")}
 
 
-def test_every_service_directory_has_a_dockerfile():
+def test_every_service_is_built_from_the_one_template():
     dirs = {p.parent.name for p in (REPO_ROOT / "services").glob("*/__main__.py")}
     assert dirs == set(SERVICES)
-    for service in SERVICES:
-        assert (REPO_ROOT / "services" / service / "Dockerfile").is_file()
+    assert set(parsed_build_args()) == set(SERVICES)
+    assert not list((REPO_ROOT / "services").glob("*/Dockerfile")), "one template, no per-service copies"
+    script = BUILD_SCRIPT.read_text()
+    assert "-f images/Dockerfile" in script and "services/$svc/Dockerfile" not in script
 
 
-@pytest.mark.parametrize("service", SERVICES)
-def test_hadolint_is_clean(service):
-    path = REPO_ROOT / "services" / service / "Dockerfile"
-    done = subprocess.run([hadolint_binary(), "--no-color", str(path)], capture_output=True, text=True,
+def test_an_unknown_service_has_no_build_args():
+    done = build_args("no_such_service")
+    assert done.returncode != 0 and "unknown service no_such_service" in done.stderr
+
+
+def test_hadolint_is_clean():
+    done = subprocess.run([hadolint_binary(), "--no-color", str(TEMPLATE)], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr
 
@@ -68,9 +96,8 @@ def test_hadolint_catches_a_bad_dockerfile(tmp_path):
     assert done.returncode != 0 and "DL3006" in done.stdout
 
 
-@pytest.mark.parametrize("service", SERVICES)
-def test_image_is_multi_stage_non_root_and_offline(service):
-    steps = instructions(dockerfile(service))
+def test_image_is_multi_stage_non_root_and_offline():
+    steps = instructions(dockerfile())
     froms = [args for word, args in steps if word == "FROM"]
     assert len(froms) >= 2 and froms[0].endswith(" AS build")
     final = steps[max(i for i, (word, _) in enumerate(steps) if word == "FROM"):]
@@ -92,12 +119,24 @@ def test_wheel_installer_never_uses_an_index():
 
 
 @pytest.mark.parametrize("service", SERVICES)
-def test_entrypoint_is_the_service_console_script(service):
+def test_entrypoint_and_ports_are_the_service_s_own(service):
     scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    script = f"fornax-{service.replace('_', '-')}"
-    assert scripts[script] == f"services.{service}.__main__:main"
-    (entrypoint,) = [args for word, args in instructions(dockerfile(service)) if word == "ENTRYPOINT"]
-    assert entrypoint == f'["/opt/fornax/bin/{script}"]'
+    args = parsed_build_args()[service]
+    assert args["SERVICE"] == service
+    assert scripts[args["ENTRYPOINT"]] == f"services.{service}.__main__:main"
+    assert args["PORTS"].split() == ["50051", "9464", *EXTRA_PORTS.get(service, [])]
+
+
+def test_template_runs_the_console_script_its_build_arg_names():
+    steps = instructions(dockerfile())
+    final = steps[max(i for i, (word, _) in enumerate(steps) if word == "FROM"):]
+    declared = {args.split("=")[0] for word, args in final if word == "ARG"}
+    assert {"SERVICE", "ENTRYPOINT", "PORTS"} <= declared
+    (entrypoint,) = [args for word, args in final if word == "ENTRYPOINT"]
+    assert entrypoint == '["/opt/fornax/bin/fornax-service"]'
+    (link,) = [args for word, args in final if word == "RUN" and "ln -s" in args]
+    assert '"/opt/fornax/bin/${ENTRYPOINT}" /opt/fornax/bin/fornax-service' in link
+    assert ("EXPOSE", "${PORTS}") in final
 
 
 def test_only_the_stage_worker_carries_max():
