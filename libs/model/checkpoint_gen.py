@@ -30,6 +30,7 @@ from libs.model.tokenizer_build import (
     EOS_TOKEN,
     TOKENIZER_CONFIG_JSON,
     TOKENIZER_JSON,
+    checkpoint_tokenizer_json,
     special_token_id,
     tokenizer_vocab_size,
 )
@@ -127,5 +128,5 @@ def _write_side_files(out: Path, raw: dict, cfg: DeepseekV2Config) -> None:
     (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     generation = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
-    for name in (TOKENIZER_JSON, TOKENIZER_CONFIG_JSON):
-        shutil.copyfile(ASSETS / name, out / name)
+    (out / TOKENIZER_JSON).write_text(checkpoint_tokenizer_json(cfg.vocab_size))
+    shutil.copyfile(ASSETS / TOKENIZER_CONFIG_JSON, out / TOKENIZER_CONFIG_JSON)

@@ -2,11 +2,18 @@
 
 The trained files are committed under `assets/`; `fornax model build-tokenizer` retrains
 them, and a test checks that retraining reproduces the committed bytes.
+
+The committed corpus supports TARGET_VOCAB trained entries. A checkpoint whose preset declares
+a larger vocabulary (`small` 16,384; `lite` 102,400, as DeepSeek-V2-Lite) gets the trained
+tokenizer extended by deterministic merges to exactly its vocab_size (`checkpoint_tokenizer_json`),
+so that every id a random-weight model can sample decodes to text. The extension is computed
+when a checkpoint is written, which keeps megabytes of merges out of the repository.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 ASSETS = Path(__file__).parent / "assets"
@@ -43,6 +50,59 @@ def train_tokenizer_json(corpus_text: str) -> str:
     lines = [line for line in corpus_text.splitlines() if line.strip()]
     tokenizer.train_from_iterator(lines, trainer=trainer)
     return tokenizer.to_str(pretty=True)
+
+
+# A letters-only token, word-initial (byte-level `Ġ` = a leading space) or not: the byte-level
+# pre-tokenizer keeps such runs in one piece, so a merge of two of them can apply when encoding.
+_LETTER_RUN = re.compile(r"Ġ?[A-Za-z]+")
+
+
+def extend_tokenizer_json(base_json: str, vocab_size: int) -> str:
+    """`base_json` grown to exactly `vocab_size` entries by deterministic BPE merges.
+
+    Each new token joins a letters-only token with a word-internal letters-only token of the
+    trained vocabulary, so every new id decodes to letters and every new merge is reachable.
+    Trained ids, merges and special tokens keep their values; new ids follow them.
+    """
+    data = json.loads(base_json)
+    model = data["model"]
+    vocab: dict[str, int] = model["vocab"]
+    if vocab_size < len(vocab):
+        raise ValueError(f"vocab_size {vocab_size} is below the trained tokenizer's {len(vocab)} entries")
+    if vocab_size == len(vocab):
+        return base_json
+    lefts = [token for token, _ in sorted(vocab.items(), key=lambda item: item[1]) if _LETTER_RUN.fullmatch(token)]
+    rights = [token for token in lefts if not token.startswith("Ġ")]
+    for left in _growing(lefts):
+        for right in rights:
+            if len(vocab) == vocab_size:
+                return _canonical(json.dumps(data, ensure_ascii=False))
+            if left + right not in vocab:
+                vocab[left + right] = len(vocab)
+                model["merges"].append([left, right])
+                lefts.append(left + right)
+    raise AssertionError("unreachable: every pass adds tokens")
+
+
+def _growing(items: list[str]):
+    """Iterates a list that the loop body appends to."""
+    index = 0
+    while index < len(items):
+        yield items[index]
+        index += 1
+
+
+def _canonical(tokenizer_json: str) -> str:
+    """Loads (so a malformed extension fails here) and serializes as training does."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(tokenizer_json).to_str(pretty=True) + "\n"
+
+
+def checkpoint_tokenizer_json(vocab_size: int) -> str:
+    """tokenizer.json for a checkpoint with `vocab_size` ids: the committed one, extended when
+    the model's vocabulary is larger."""
+    return extend_tokenizer_json((ASSETS / TOKENIZER_JSON).read_text(), vocab_size)
 
 
 def tokenizer_config_json() -> str:
