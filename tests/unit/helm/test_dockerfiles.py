@@ -58,7 +58,7 @@ def requirement_names(service: str) -> set[str]:
     for line in (REQUIREMENTS_DIR / f"{service}.txt").read_text().splitlines():
         line = line.strip()
         if line.startswith("-r "):
-            names |= {n for n in _names_in(REQUIREMENTS_DIR / line[3:].strip())}
+            names |= _names_in(REQUIREMENTS_DIR / line[3:].strip())
         elif line and not line.startswith("#"):
             names.add(line.lower())
     return names
