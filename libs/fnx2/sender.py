@@ -12,8 +12,8 @@ import asyncio
 import collections
 import ssl as ssl_module
 import uuid
-from typing import TypeVar
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from prometheus_client import Counter
 
