@@ -12,12 +12,12 @@ from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 
+from libs.common.kinds import Backend, DType
+from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
 from libs.model.layout import even_layer_split
 from libs.service.channels import open_channel
 from services.orchestrator.stage_chain import RoutePlan, RouteStage
 
-DTYPES = {"bf16": common_pb2.ELEMENT_TYPE_BF16, "fp16": common_pb2.ELEMENT_TYPE_FP16, "fp32": common_pb2.ELEMENT_TYPE_FP32}
-BACKENDS = {"numpy": common_pb2.BACKEND_NUMPY, "max": common_pb2.BACKEND_MAX}
 DIRECT_PLAN_HASH_PREFIX = "sha256:"
 
 
@@ -32,8 +32,8 @@ def load_checkpoint_route(workers: list[str], checkpoint: str, layers: int, *, b
         spec = pb.StageSpec(
             stage_index=index, stage_count=count,
             layer_range=common_pb2.LayerRange(layer_start=start, layer_end_exclusive=end),
-            plan=binding, checkpoint_dir=str(checkpoint), backend=BACKENDS[backend],
-            boundary_dtype=DTYPES[boundary], next_hop_address=next_address, next_hop_manifest_hash=next_manifest,
+            plan=binding, checkpoint_dir=str(checkpoint), backend=BACKEND_TO_PB[Backend(backend)],
+            boundary_dtype=DTYPE_TO_PB[DType(boundary)], next_hop_address=next_address, next_hop_manifest_hash=next_manifest,
             output_mode=pb.OUTPUT_MODE_LOGITS if logits else pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
         )
         with open_channel(workers[index]) as channel:
