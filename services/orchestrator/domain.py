@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from libs.model.sampling import SamplingParams
+
 
 class Phase(enum.Enum):
     PREFILL = "prefill"
@@ -28,17 +30,6 @@ class SequenceStatus(enum.Enum):
     DEADLINE = "deadline"
     REJECTED = "rejected"
     FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """temperature 0 means greedy (the default here; the OpenAI API defaults to 1); top_k 0
-    and top_p 1 disable those filters."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ class Engine:
         ids = tuple(text.encode_chat([ChatMessage("user", prompt)]) if chat
                     else text.tokenizer.encode(prompt))
         options = CommonOptions(max_tokens=max_tokens, sampling=SamplingParams(
-            temperature, top_p, top_k, seed), stop=tuple(stop), stream=False,
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed), stop=tuple(stop), stream=False,
             include_usage=False)
         request = generation_request(str(uuid.uuid4()), ids, options, serving.served,
                                      serving.config.default_max_tokens, "prompt")

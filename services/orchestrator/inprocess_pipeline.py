@@ -20,7 +20,6 @@ from libs.model.errors import ModelError, UnknownSequenceError
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
 from libs.model.kv_store import SliceIdentity
-from libs.model.sampling import SamplingParams as ModelSampling
 from libs.model.weights import load_stage_weights
 from services.orchestrator.domain import (
     Microbatch,
@@ -78,9 +77,7 @@ class InProcessPipeline:
                                      s.request_sequence_no, s.token_position_start, s.kv_epoch,
                                      len(s.token_ids)) for s in batch.slices)
         token_ids = np.fromiter((t for s in batch.slices for t in s.token_ids), dtype=np.int32)
-        sampling = tuple(ModelSampling(temperature=s.sampling.temperature,
-                                       top_k=s.sampling.top_k, top_p=s.sampling.top_p,
-                                       seed=s.sampling.seed or 0) for s in batch.slices)
+        sampling = tuple(s.sampling for s in batch.slices)
         loop = asyncio.get_running_loop()
         hidden, epochs, tokens = None, [], None
         for index, executor in enumerate(self._executors):

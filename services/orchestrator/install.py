@@ -20,7 +20,8 @@ from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 from google.protobuf import json_format
 
 from libs.fnx2.messages import Phase
-from services.orchestrator.stage_chain import Route, RoutePlan, RouteStage, Sampling, SliceInput, lease_id_for
+from libs.model.sampling import GREEDY
+from services.orchestrator.stage_chain import Route, RoutePlan, RouteStage, SliceInput, lease_id_for
 from libs.model.config import load_config
 from libs.common.kinds import Backend, DType
 from libs.common.proto import BACKEND_FROM_PB, BACKEND_TO_PB, DTYPE_FROM_PB, DTYPE_TO_PB
@@ -177,7 +178,7 @@ async def warm(route: Route, bos_token_id: int) -> None:
     """One prefill and one decode through every stage, then release; raises if any fails."""
     request_id = str(uuid.uuid4())
     lease = lease_id_for(route.plan, request_id)
-    await route.admit(request_id, 4, Sampling())
+    await route.admit(request_id, 4, GREEDY)
     try:
         first = (await route.run(Phase.PREFILL, [SliceInput(request_id, lease, 0, 0, 0, np.array([bos_token_id], np.int32), WARMUP_BUDGET_NS)]))[0]
         if not first.ok:

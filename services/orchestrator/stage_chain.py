@@ -21,6 +21,7 @@ from libs.fnx2.control import ChannelBinding
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind
+from libs.model.sampling import SamplingParams
 from libs.service.channels import open_aio_channel
 
 GATEWAY = "gateway"
@@ -40,14 +41,6 @@ class RoutePlan:
     plan_hash: str
     plan_generation_id: str
     stages: tuple[RouteStage, ...]
-
-
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,7 +96,8 @@ class Route:
         for channel in self._channels:
             await channel.close()
 
-    async def admit(self, request_id: str, reserve_tokens: int, sampling: Sampling, logits: bool = False) -> None:
+    async def admit(self, request_id: str, reserve_tokens: int, sampling: SamplingParams,
+                    logits: bool = False) -> None:
         """Reserve KV on every stage; on any refusal, undo the reservations that succeeded."""
         mode = pb.OUTPUT_MODE_LOGITS if logits else pb.OUTPUT_MODE_SAMPLED_TOKENS
         message = pb.AdmitSequenceRequest(
@@ -112,7 +106,8 @@ class Route:
             execution_lease_id=lease_id_for(self.plan, request_id),
             reserve_tokens=reserve_tokens,
             sampling=pb.SamplingSpec(
-                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed
+                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                seed=sampling.stream_seed,
             ),
             output_mode=mode,
         )
