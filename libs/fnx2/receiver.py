@@ -23,7 +23,7 @@ from libs.fnx2.control import (
 )
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 from libs.fnx2.messages import Batch, Result, SequenceResult, SequenceSlice, Timings
-from libs.fnx2.receiver_state import Admission, Entry, Outcome, ReceiverLimits, ReceiverState
+from libs.fnx2.receiver_state import BatchAdmission, Entry, Outcome, ReceiverLimits, ReceiverState
 from libs.fnx2.stream import FrameStream, Received
 from libs.fnx2.tensor import DType, Tensor, TensorDescriptor, TensorKind
 from libs.fnx2.transport import BufferPool, FrameProtocol
@@ -49,7 +49,7 @@ class StageWork:
 @dataclass(frozen=True, slots=True)
 class SequenceFailure:
     request_id: str
-    code: str
+    code: str  # an ErrorCode, or a later stage's code relayed as it was sent
     message: str
 
 
@@ -224,7 +224,7 @@ class _Channel:
         await self.stream.send(ErrorMessage(exc.code.value, exc.message, batch.batch.batch_id),
                                self.credit())
 
-    async def _execute(self, admission: Admission, got: Received) -> None:
+    async def _execute(self, admission: BatchAdmission, got: Received) -> None:
         started = time.monotonic_ns()  # durations only; deadlines use the injected clock
         outcomes = await self._run_handler(admission)
         executed = time.monotonic_ns()
@@ -236,7 +236,7 @@ class _Channel:
         self.busy -= 1
         await self._try_send(result, self.credit())
 
-    async def _run_handler(self, admission: Admission) -> dict[tuple[str, str], Outcome]:
+    async def _run_handler(self, admission: BatchAdmission) -> dict[tuple[str, str], Outcome]:
         if not admission.execute:
             return {}
         work = StageWork(admission.batch, admission.execute, admission.batch.traceparent)
@@ -244,7 +244,7 @@ class _Channel:
             output = await self.r.handler.execute(work)
         except Exception as exc:  # a backend failure fails its sequences, not the channel
             message = f"{type(exc).__name__}: {exc}"
-            return {s.identity: Outcome(False, None, "FAILED", message) for s in work.sequences}
+            return {s.identity: Outcome(False, None, ErrorCode.FAILED, message) for s in work.sequences}
         return _outcomes(work, output, EXT_COMPACT_OUTPUT in self.extensions)
 
     async def _on_lease_control(self, message: Cancel | Release) -> None:
@@ -323,18 +323,18 @@ def _outcomes(work: StageWork, output: StageOutput,
             continue
         rows = item.input_row_count if output.rows_per_sequence is None else next(counts, 0)
         if rows != item.input_row_count and not compact_output:
-            outcomes[item.identity] = Outcome(False, None, "FAILED",
+            outcomes[item.identity] = Outcome(False, None, ErrorCode.FAILED,
                                               "compact output needs the compact_output extension")
             continue
         if rows < 1 or cursor + rows > rows_available:
-            outcomes[item.identity] = Outcome(False, None, "FAILED", "backend returned too few rows")
+            outcomes[item.identity] = Outcome(False, None, ErrorCode.FAILED, "backend returned too few rows")
             continue
         outcomes[item.identity] = Outcome(True, output.tensor.rows(cursor, rows), kind=kind)
         cursor += rows
     return outcomes
 
 
-def _assemble(admission: Admission, entries: list[Entry], clock: Callable[[], int],
+def _assemble(admission: BatchAdmission, entries: list[Entry], clock: Callable[[], int],
               timings: Timings) -> Result:
     """Compact ok rows in request-identity order; replayed results are remapped to this batch."""
     started = clock()

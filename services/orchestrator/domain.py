@@ -5,12 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from libs.fnx2.messages import Phase, SequenceStatus
 from libs.model.sampling import SamplingParams
-
-
-class Phase(enum.Enum):
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 class FinishReason(enum.Enum):
@@ -20,16 +16,6 @@ class FinishReason(enum.Enum):
     DEADLINE = "deadline"
     REJECTED = "rejected"  # a stage refused the request (its KV reservation)
     ERROR = "error"
-
-
-class SequenceStatus(enum.Enum):
-    """Per-sequence outcome of one microbatch, as FNX2 RESULT reports it."""
-
-    OK = "ok"
-    CANCELLED = "cancelled"
-    DEADLINE = "deadline"
-    REJECTED = "rejected"
-    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -77,8 +63,8 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
-class SequenceSlice:
-    """One request's rows in a microbatch (FNX2 sequence slice, in domain terms)."""
+class RequestSlice:
+    """One request's rows in a microbatch; the stage chain turns it into an FNX2 SequenceSlice."""
 
     request_id: str
     request_sequence_no: int
@@ -99,7 +85,7 @@ class Microbatch:
     batch_id: int
     slot: int
     phase: Phase
-    slices: tuple[SequenceSlice, ...]
+    slices: tuple[RequestSlice, ...]
 
     @property
     def row_count(self) -> int:
@@ -107,7 +93,7 @@ class Microbatch:
 
 
 @dataclass(frozen=True)
-class SequenceResult:
+class RequestSliceResult:
     request_id: str
     status: SequenceStatus
     sampled_token_id: int | None
@@ -120,7 +106,7 @@ class SequenceResult:
 @dataclass(frozen=True)
 class MicrobatchResult:
     batch_id: int
-    sequences: tuple[SequenceResult, ...]
+    sequences: tuple[RequestSliceResult, ...]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from services.orchestrator.domain import (
     Microbatch,
     MicrobatchResult,
     ReleaseReport,
-    SequenceResult,
+    RequestSliceResult,
     SequenceStatus,
     ServedModel,
 )
@@ -123,14 +123,14 @@ class InProcessPipeline:
             thread.shutdown(wait=False, cancel_futures=True)
 
 
-def _sequence_result(piece, token: int, stage_epochs: list[int]) -> SequenceResult:
+def _sequence_result(piece, token: int, stage_epochs: list[int]) -> RequestSliceResult:
     if len(set(stage_epochs)) != 1:
-        return SequenceResult(piece.request_id, SequenceStatus.FAILED, None, piece.kv_epoch,
+        return RequestSliceResult(piece.request_id, SequenceStatus.FAILED, None, piece.kv_epoch,
                               f"stages disagree on the KV epoch: {stage_epochs}")
-    return SequenceResult(piece.request_id, SequenceStatus.OK, token, stage_epochs[0])
+    return RequestSliceResult(piece.request_id, SequenceStatus.OK, token, stage_epochs[0])
 
 
 def _failed(batch: Microbatch, error: str) -> MicrobatchResult:
     return MicrobatchResult(batch.batch_id, tuple(
-        SequenceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, error)
+        RequestSliceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, error)
         for s in batch.slices))

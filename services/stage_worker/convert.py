@@ -9,7 +9,7 @@ from libs.common.proto import backend_from_pb, dtype_from_pb
 from libs.model.sampling import SamplingParams
 from libs.service.errors import InvalidArgument
 from services.stage_worker.lifecycle import StageState
-from services.stage_worker.runtime import Admission, HealthSnapshot, LoadSpec, PlanBinding
+from services.stage_worker.runtime import HealthSnapshot, LoadSpec, PlanBinding, SequenceAdmission
 
 STATE_TO_PB = {
     StageState.UNLOADED: pb.STAGE_STATE_UNLOADED,
@@ -61,7 +61,7 @@ def load_spec_from_pb(request: pb.LoadStageRequest) -> LoadSpec:
     )
 
 
-def admission_from_pb(request: pb.AdmitSequenceRequest, bytes_per_token: int) -> Admission:
+def admission_from_pb(request: pb.AdmitSequenceRequest, bytes_per_token: int) -> SequenceAdmission:
     request_id = _required(request.target_request_id, "target_request_id")
     lease_id = _required(request.execution_lease_id, "execution_lease_id")
     if request.reserve_tokens == 0:
@@ -74,7 +74,7 @@ def admission_from_pb(request: pb.AdmitSequenceRequest, bytes_per_token: int) ->
         seed=s.seed,
         return_logits=request.output_mode == pb.OUTPUT_MODE_LOGITS,
     )
-    return Admission(request_id, lease_id, request.reserve_tokens * bytes_per_token, sampling)
+    return SequenceAdmission(request_id, lease_id, request.reserve_tokens * bytes_per_token, sampling)
 
 
 def health_to_pb(snapshot: HealthSnapshot) -> pb.GetHealthResponse:

@@ -63,7 +63,7 @@ class LoadSpec:
 
 
 @dataclass(frozen=True)
-class Admission:
+class SequenceAdmission:
     request_id: str
     lease_id: str
     reserve_bytes: int
@@ -99,7 +99,7 @@ class LoadedStage:
     manifest_hash: str
     weight_bytes: int
     load_seconds: float
-    admissions: dict[str, Admission] = field(default_factory=dict)
+    admissions: dict[str, SequenceAdmission] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)
 
 
@@ -241,7 +241,7 @@ class StageRuntime:
             raise FailedPrecondition(f"no stage is loaded (state {self.lifecycle.state.value})", reason="STAGE_NOT_LOADED")
         return self.stage
 
-    def admit(self, admission: Admission) -> int:
+    def admit(self, admission: SequenceAdmission) -> int:
         """Reserve KV for a request; returns the bytes still free after the reservation."""
         stage = self.loaded()
         if self.lifecycle.state == StageState.DRAINING:

@@ -14,7 +14,7 @@ from services.orchestrator.domain import (
     Microbatch,
     Phase,
     SamplingParams,
-    SequenceSlice,
+    RequestSlice,
     SequenceStatus,
     ServedModel,
     StageLayout,
@@ -54,8 +54,8 @@ class ScriptedRoute:
         pass
 
 
-def piece(rid: str, rows: int = 3, deadline=None, epoch: int = 0) -> SequenceSlice:
-    return SequenceSlice(rid, 0, tuple(range(1, rows + 1)), 0, epoch, deadline,
+def piece(rid: str, rows: int = 3, deadline=None, epoch: int = 0) -> RequestSlice:
+    return RequestSlice(rid, 0, tuple(range(1, rows + 1)), 0, epoch, deadline,
                          SamplingParams(temperature=0.5, seed=9), 0, rows + 10)
 
 
