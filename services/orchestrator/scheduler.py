@@ -33,8 +33,8 @@ from services.orchestrator.domain import (
     ReleaseReport,
     RequestOutput,
     SchedulerConfig,
-    RequestSliceResult,
     RequestSlice,
+    RequestSliceResult,
     SequenceStatus,
 )
 

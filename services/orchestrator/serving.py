@@ -101,6 +101,31 @@ class RequestStream:
     def cancel(self) -> bool:
         return self._engine.cancel(self.request_id)
 
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if not self.finished:
+            self.cancel()  # the consumer went away, or failed, before the final event
+
+    async def collect(self) -> Completion:
+        """The whole generated text and the final event; raises the error a failed request ended with."""
+        parts = []
+        async for output in self:
+            parts.append(output.text)
+            if output.finished:
+                error = terminal_error(output)
+                if error is not None:
+                    raise error
+                return Completion("".join(parts), output)
+        raise Internal("request stream ended without a final event")
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    final: RequestOutput
+
 
 class ServingEngine:
     def __init__(self, pipeline: Pipeline, served: ServedModel, text: TextContext,
