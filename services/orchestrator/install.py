@@ -21,7 +21,7 @@ from google.protobuf import json_format
 
 from libs.fnx2.messages import Phase
 from libs.model.sampling import GREEDY
-from services.orchestrator.stage_chain import Route, RoutePlan, RouteStage, SliceInput, lease_id_for
+from services.orchestrator.stage_chain import Route, RoutePlan, SliceInput, StageLoad, lease_id_for, load_route
 from libs.model.config import load_config
 from libs.common.kinds import Backend, DType
 from libs.common.proto import BACKEND_FROM_PB, BACKEND_TO_PB, DTYPE_FROM_PB, DTYPE_TO_PB
@@ -144,29 +144,16 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
 
 async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: list[ab_pb.StageArtifact],
                       generation: str, progress: Callable[[str], None]) -> RoutePlan:
-    """Load last to first, so each stage is told its next hop's FNX2 address and manifest."""
     binding = common_pb2.PlanBinding(plan_id=fnx2_plan_id(plan), plan_hash=plan.plan_hash, plan_generation_id=generation)
     workers = {_node_name(i): address for i, address in enumerate(fleet.workers)}
-    next_address, next_manifest, loaded = "", "", []
-    count = len(plan.stages)
-    for stage, artifact in reversed(list(zip(plan.stages, artifacts))):
-        address = workers[stage.node]
-        stage_spec = sw_pb.StageSpec(
-            stage_index=stage.stage_index, stage_count=count,
-            layer_range=common_pb2.LayerRange(layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end),
-            plan=binding, artifact_dir=artifact.artifact_dir, manifest_hash=artifact.manifest_hash,
-            backend=BACKEND_TO_PB[spec.backend], boundary_dtype=DTYPE_TO_PB[spec.boundary_dtype],
-            next_hop_address=next_address, next_hop_manifest_hash=next_manifest, kv_limit_bytes=spec.kv_limit_bytes,
-            output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
-        )
-        async with open_aio_channel(address) as channel:
-            stub = sw_grpc.StageWorkerServiceStub(channel)
-            await stub.UnloadStage(sw_pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=60)
-            progress(f"loading stage {stage.stage_index} (layers {stage.layer_start}-{stage.layer_end - 1}) on {address}")
-            reply = await stub.LoadStage(sw_pb.LoadStageRequest(request_id=str(uuid.uuid4()), spec=stage_spec), timeout=3600)
-        next_address, next_manifest = reply.data_plane_address, reply.manifest_hash
-        loaded.append(RouteStage(stage.stage_index, address, reply.data_plane_address, reply.manifest_hash))
-    return RoutePlan(binding.plan_id, binding.plan_hash, generation, tuple(reversed(loaded)))
+    loads = [StageLoad(workers[stage.node], sw_pb.StageSpec(
+        stage_index=stage.stage_index, stage_count=len(plan.stages),
+        layer_range=common_pb2.LayerRange(layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end),
+        plan=binding, artifact_dir=artifact.artifact_dir, manifest_hash=artifact.manifest_hash,
+        backend=BACKEND_TO_PB[spec.backend], boundary_dtype=DTYPE_TO_PB[spec.boundary_dtype],
+        kv_limit_bytes=spec.kv_limit_bytes, output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
+    )) for stage, artifact in zip(plan.stages, artifacts)]
+    return await load_route(loads, progress=progress)
 
 
 def fnx2_plan_id(plan: Plan) -> str:
