@@ -35,6 +35,8 @@ class OrchestratorConfig:
     inprocess_checkpoint: str | None = None
     inprocess_stages: int = 1
     inprocess_backend: Backend = Backend.NUMPY
+    # MAX compile cache of the in-process stages; None = the backend's default (~/.cache/fornax/max).
+    compile_cache_dir: str | None = None
     # Installed on the stage workers at startup when set (with stage_workers).
     checkpoint: str | None = None
     backend: Backend = Backend.NUMPY
@@ -85,6 +87,7 @@ class OrchestratorConfig:
             inprocess_stages=pick(args.inprocess_stages, env, "FORNAX_INPROCESS_STAGES", cls.inprocess_stages, int),
             inprocess_backend=_choice(pick(args.inprocess_backend, env, "FORNAX_INPROCESS_BACKEND",
                                            cls.inprocess_backend), Backend, "FORNAX_INPROCESS_BACKEND"),
+            compile_cache_dir=pick(None, env, "FORNAX_COMPILE_CACHE_DIR", cls.compile_cache_dir),
             checkpoint=pick(args.checkpoint, env, "FORNAX_CHECKPOINT", cls.checkpoint),
             backend=_choice(pick(args.backend, env, "FORNAX_BACKEND", cls.backend), Backend, "FORNAX_BACKEND"),
             boundary_dtype=_choice(pick(args.boundary_dtype, env, "FORNAX_BOUNDARY_DTYPE", cls.boundary_dtype),

@@ -345,7 +345,3 @@ class Scheduler:
     @property
     def live_requests(self) -> int:
         return len(self._requests)
-
-    def has_work(self) -> bool:
-        waiting, decodable = self._ready()
-        return bool(waiting or decodable) and len(self._busy_slots) < self.slots

@@ -132,10 +132,9 @@ def checkpoint_stage_hash(spec: LoadSpec) -> str:
 
 
 class StageRuntime:
-    def __init__(self, backend: Backend, device: str, default_kv_limit_bytes: int, compile_cache_dir: str | None = None):
+    def __init__(self, backend: Backend, device: str, default_kv_limit_bytes: int):
         self.backend = backend
         self.device = device
-        self.compile_cache_dir = compile_cache_dir
         self.default_kv_limit_bytes = default_kv_limit_bytes
         self.lifecycle = Lifecycle()
         self.stage: LoadedStage | None = None
@@ -208,8 +207,7 @@ class StageRuntime:
             return None
         from libs.model.max_kernels import MaxOptions
 
-        cache = Path(self.compile_cache_dir) if self.compile_cache_dir else None
-        return MaxOptions(device=spec.device, cache_dir=cache, progress=_compile_progress)
+        return MaxOptions(device=spec.device, progress=_compile_progress)
 
     def _resolve_source(self, spec: LoadSpec) -> tuple[str, str]:
         if spec.checkpoint_dir:

@@ -123,7 +123,7 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
 
 
 async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
-    runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes, cfg.compile_cache_dir)
+    runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes)
     dataplane = DataPlane(runtime, cfg.server.host, cfg.data_plane_port, cfg.advertise_host)
     await dataplane.start()
     servicer = StageWorkerServicer(cfg, runtime, dataplane)
