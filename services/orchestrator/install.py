@@ -19,14 +19,14 @@ from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 from google.protobuf import json_format
 
-from libs.fnx2.messages import Phase
-from libs.model.sampling import GREEDY
-from services.orchestrator.stage_chain import Route, RoutePlan, SliceInput, StageLoad, lease_id_for, load_route
-from libs.model.config import load_config
 from libs.common.kinds import Backend, DType
 from libs.common.proto import BACKEND_FROM_PB, BACKEND_TO_PB, DTYPE_FROM_PB, DTYPE_TO_PB
+from libs.fnx2.messages import Phase
+from libs.model.config import load_config
+from libs.model.sampling import GREEDY
 from libs.service.channels import open_aio_channel
 from libs.service.errors import FailedPrecondition, Unavailable
+from services.orchestrator.stage_chain import Route, RoutePlan, SliceInput, StageLoad, lease_id_for, load_route
 from services.planner import convert as planner_convert
 from services.planner.client import AsyncPlannerClient
 from services.planner.domain import Plan
@@ -144,6 +144,7 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
 
 async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: list[ab_pb.StageArtifact],
                       generation: str, progress: Callable[[str], None]) -> RoutePlan:
+    """One stage per planned stage, on the worker the plan names, as plan generation `generation`."""
     binding = common_pb2.PlanBinding(plan_id=fnx2_plan_id(plan), plan_hash=plan.plan_hash, plan_generation_id=generation)
     workers = {_node_name(i): address for i, address in enumerate(fleet.workers)}
     loads = [StageLoad(workers[stage.node], sw_pb.StageSpec(
