@@ -17,7 +17,9 @@ from typing import Any
 from libs.fnx2.control import Ack, Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release
 from libs.fnx2.crc import crc32c_combine
 from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.fields import UINT64_MAX, canonical_json, is_hash, is_uuid, parse_json
+from libs.fnx2.fields import (
+    UINT64_MAX, canonical_json, is_hash, is_uuid, member, parse_json_noting_floats,
+)
 from libs.fnx2.messages import (
     MAX_ID_CHARS, TRACEPARENT_CHARS, Batch, BatchDescriptor, Kind, Result, SequenceResult,
 )
@@ -108,7 +110,7 @@ def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAU
     else:
         meta = message.to_meta()
         meta["sequence_no"] = sequence_no
-        metadata = canonical_json(meta)
+        metadata = canonical_json(meta, may_hold_floats=False)  # typed fields: no floats
     if len(metadata) > limits.max_metadata_bytes:
         raise Fnx2Error(ErrorCode.FRAME_SIZE, "metadata exceeds its maximum")
     tensor = getattr(message, "tensor", None)
@@ -188,7 +190,7 @@ def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding
         raise Fnx2Error(ErrorCode.FRAME_SIZE, "body length differs from its prelude")
     metadata = bytes(body[: prelude.metadata_bytes])
     payload = body[prelude.metadata_bytes:]
-    parsed, meta_error = _parse_json(metadata)
+    parsed, floats, meta_error = _parse_json(metadata)
     dtype = _peek_dtype(parsed)
     if body_crc is None:
         crc, all_finite = crc_and_finite(crc_of(metadata), payload, dtype)
@@ -200,7 +202,7 @@ def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding
         raise Fnx2Error(ErrorCode.CHECKSUM, "CRC32C mismatch")
     if meta_error is not None:
         raise meta_error
-    meta = _canonical(parsed, metadata, prelude.sequence_no)
+    meta = _canonical(parsed, floats, metadata, prelude.sequence_no)
     message = _decode_kind(prelude.kind, meta, metadata, payload, all_finite, expected,
                            allow_extensions)
     if slice_crcs and isinstance(message, Batch):
@@ -219,25 +221,25 @@ def _with_input_crcs(batch: Batch, slice_crcs: tuple[tuple[int, int, int], ...])
     return dataclasses.replace(batch, input_crcs=tuple(crc for _, _, crc in slice_crcs))
 
 
-def _parse_json(metadata: bytes) -> tuple[Any, Fnx2Error | None]:
+def _parse_json(metadata: bytes) -> tuple[Any, bool, Fnx2Error | None]:
     try:
-        return parse_json(metadata), None
+        return *parse_json_noting_floats(metadata), None
     except (ValueError, RecursionError) as exc:
-        return None, Fnx2Error(ErrorCode.METADATA, f"metadata is not valid JSON: {exc}")
+        return None, False, Fnx2Error(ErrorCode.METADATA, f"metadata is not valid JSON: {exc}")
 
 
 def _peek_dtype(parsed: Any) -> DType | None:
     """The tensor dtype, if the metadata names one, so CRC and finiteness share one pass."""
     tensor = parsed.get("tensor") if type(parsed) is dict else None
     dtype = tensor.get("dtype") if type(tensor) is dict else None
-    return DType(dtype) if dtype in DType._value2member_map_ else None
+    return member(DType, dtype)
 
 
-def _canonical(parsed: Any, metadata: bytes, sequence_no: int) -> dict[str, Any]:
+def _canonical(parsed: Any, floats: bool, metadata: bytes, sequence_no: int) -> dict[str, Any]:
     if type(parsed) is not dict:
         raise Fnx2Error(ErrorCode.METADATA, "metadata must be a JSON object")
     try:
-        again = canonical_json(parsed)
+        again = canonical_json(parsed, may_hold_floats=floats)
     except (ValueError, RecursionError) as exc:
         raise Fnx2Error(ErrorCode.METADATA, f"metadata cannot be re-encoded: {exc}") from exc
     if again != metadata:
