@@ -14,7 +14,10 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from libs.fnx2.control import Ack, Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release
+from libs.fnx2.control import (
+    EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, KNOWN_EXTENSIONS, Ack, Cancel, ChannelBinding, Control,
+    Credit, ErrorMessage, Release,
+)
 from libs.fnx2.crc import crc32c_combine
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.fields import (
@@ -168,20 +171,27 @@ def parse_prelude(data: bytes | memoryview, limits: CodecLimits = DEFAULT_LIMITS
 
 
 def decode_frame(data: bytes | bytearray | memoryview, limits: CodecLimits = DEFAULT_LIMITS, *,
-                 expected: ExpectedBinding | None = None, allow_extensions: bool = True) -> Frame:
+                 expected: ExpectedBinding | None = None, allow_extensions: bool = True,
+                 negotiated: frozenset[str] | None = None) -> Frame:
     view = memoryview(data)
     prelude = parse_prelude(view, limits)
     if len(view) != PRELUDE_BYTES + prelude.body_bytes:
         raise Fnx2Error(ErrorCode.FRAME_SIZE, "frame length differs from its prelude")
     return decode_body(prelude, view[PRELUDE_BYTES:], expected=expected,
-                       allow_extensions=allow_extensions)
+                       allow_extensions=allow_extensions, negotiated=negotiated)
 
 
 def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding | None = None,
-                allow_extensions: bool = True, body_crc: int | None = None,
+                allow_extensions: bool = True, negotiated: frozenset[str] | None = None,
+                body_crc: int | None = None,
                 slice_crcs: tuple[tuple[int, int, int], ...] | None = None,
                 finite: tuple[DType, bool] | None = None) -> Frame:
     """Steps 1b..5 for one length-delimited body (metadata ‖ payload).
+
+    `allow_extensions` admits the extension offer and its ACK; `negotiated` names the
+    extensions whose fields (BATCH `traceparent`, CREDIT `batches_received`) a channel
+    accepts, and is empty until the offer was accepted. None (a bare decode, no channel)
+    accepts every known extension's fields when `allow_extensions` is set.
 
     `body_crc`, `finite` and `slice_crcs`, when the transport computed them as the bytes
     arrived, save passes over the payload; `finite` counts only for the dtype the
@@ -203,8 +213,10 @@ def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding
     if meta_error is not None:
         raise meta_error
     meta = _canonical(parsed, floats, metadata, prelude.sequence_no)
+    if negotiated is None:
+        negotiated = KNOWN_EXTENSIONS if allow_extensions else frozenset()
     message = _decode_kind(prelude.kind, meta, metadata, payload, all_finite, expected,
-                           allow_extensions)
+                           allow_extensions, negotiated)
     if slice_crcs and isinstance(message, Batch):
         message = _with_input_crcs(message, slice_crcs)
     return Frame(prelude.sequence_no, message)
@@ -252,13 +264,15 @@ def _canonical(parsed: Any, floats: bool, metadata: bytes, sequence_no: int) -> 
 
 
 def _decode_kind(kind: int, meta: dict[str, Any], metadata: bytes, payload: memoryview,
-                 finite: bool, expected: ExpectedBinding | None, allow_extensions: bool) -> Message:
+                 finite: bool, expected: ExpectedBinding | None, allow_extensions: bool,
+                 negotiated: frozenset[str]) -> Message:
     if kind == Kind.BATCH:
-        return _decode_batch(meta, metadata, payload, finite, expected, allow_extensions)
+        return _decode_batch(meta, metadata, payload, finite, expected,
+                             EXT_TRACEPARENT in negotiated)
     if kind == Kind.RESULT:
         return _decode_result(meta, payload, finite)
     if kind == Kind.CREDIT:
-        return Credit.from_meta(meta, allow_extensions)
+        return Credit.from_meta(meta, EXT_MULTI_INFLIGHT in negotiated)
     if kind == Kind.CANCEL:
         return Cancel.from_meta(meta)
     if kind == Kind.RELEASE:
@@ -275,8 +289,9 @@ _BATCH_FIELDS = frozenset({"plan_id", "plan_hash", "manifest_hash", "source_stag
 
 
 def _decode_batch(meta: dict[str, Any], metadata: bytes, payload: memoryview, finite: bool,
-                  expected: ExpectedBinding | None, allow_extensions: bool) -> Batch:
-    names = _BATCH_FIELDS | ({"traceparent"} if allow_extensions and "traceparent" in meta else set())
+                  expected: ExpectedBinding | None, traceparent_negotiated: bool) -> Batch:
+    names = _BATCH_FIELDS | ({"traceparent"} if traceparent_negotiated and "traceparent" in meta
+                             else set())
     if meta.keys() != names:
         raise Fnx2Error(ErrorCode.METADATA, "BATCH metadata must have exactly its closed field set")
     traceparent = meta.get("traceparent")

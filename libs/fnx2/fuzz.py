@@ -12,6 +12,7 @@ that never come.
 from __future__ import annotations
 
 import copy
+import json
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
@@ -38,7 +39,7 @@ class Mutation(IntEnum):
 
 # Relative weights: JSON-level type changes dominate, as they reach the field checks.
 _WEIGHTS = np.array([30, 8, 8, 8, 12, 8, 4, 6, 4], dtype=np.float64)
-_WEIGHTS /= _WEIGHTS.sum()
+_CUMULATIVE = np.cumsum(_WEIGHTS / _WEIGHTS.sum())
 
 _REPLACEMENTS: tuple[Any, ...] = (
     None, True, False, 0, -1, 1, 2**32, 2**64, 2**64 + 1, -(2**63), 1.5, -0.0, 1e16, 1e-7,
@@ -56,6 +57,10 @@ class Seed:
     meta: dict[str, Any]
     payload: bytes = b""
 
+    @property
+    def json(self) -> str:
+        return json.dumps(self.meta)
+
 
 def frame(kind: int, metadata: bytes, payload: bytes, sequence_no: int, *, major: int = 2,
           minor: int = 0, flags: int = 0, reserved: int = 0, magic: bytes = MAGIC,
@@ -70,7 +75,8 @@ class Mutator:
         self.rng = rng
 
     def choose(self) -> Mutation:
-        return Mutation(int(self.rng.choice(len(_WEIGHTS), p=_WEIGHTS)))
+        return Mutation(min(int(np.searchsorted(_CUMULATIVE, self.rng.random(), side="right")),
+                            len(_WEIGHTS) - 1))
 
     def mutate(self, seed: Seed, sequence_no: int, mutation: Mutation | None = None) -> bytes:
         mutation = self.choose() if mutation is None else mutation
@@ -80,7 +86,7 @@ class Mutator:
             return self._payload(seed, sequence_no)
         if mutation is Mutation.NON_CANONICAL:
             return frame(seed.kind, self._respell(seed, sequence_no), seed.payload, sequence_no)
-        meta = copy.deepcopy(seed.meta)
+        meta = json.loads(seed.json)  # a deep copy, faster than copy.deepcopy
         meta["sequence_no"] = sequence_no
         if mutation is not Mutation.NONE:
             self._mutate_json(meta, mutation)

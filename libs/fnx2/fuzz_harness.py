@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import resource
+import json
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,20 +26,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from libs.fnx2.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
-from libs.fnx2.control import (
-    Ack, AckHello, Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release,
-)
+from libs.fnx2.control import Ack, AckHello, Cancel, Control, Credit, ErrorMessage, Release
 from libs.fnx2.errors import TERMINAL_CODES, ErrorCode
 from libs.fnx2.fuzz import Mutator, Seed
 from libs.fnx2.leases import derive_execution_lease_id
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice
-from libs.fnx2.receiver import Fnx2Receiver, ReceiverConfig, StageOutput, StageWork, start_server
-from libs.fnx2.receiver_state import ReceiverLimits
+from libs.fnx2.fuzz_receiver import BINDING, WIDTH
 from libs.fnx2.tensor import DType, Tensor, TensorKind
-
-BINDING = ChannelBinding("aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa", "sha256:" + "b" * 64,
-                         "sha256:" + "c" * 64, "stage-1", "99999999-9999-4999-8999-999999999999")
-WIDTH = 4
 MINUTE_NS = 60 * 10**9
 
 
@@ -47,6 +41,8 @@ class FuzzConfig:
     frames: int = 100_000
     seed: int = 20261201
     response_timeout_s: float = 5.0
+    peers: int = 1  # concurrent fuzzing connections
+    receiver_module: str = "libs.fnx2.fuzz_receiver"  # run as `python -m` in its own process
 
 
 @dataclass
@@ -80,15 +76,6 @@ class FuzzReport:
             "crash_samples": self.crash_samples[:10], "ok": self.ok,
             "figure_class": "physical (measured on this host)",
         }
-
-
-class _DoublingHandler:
-    async def execute(self, work: StageWork) -> StageOutput:
-        rows = [work.rows(s).astype(np.float32) * 2 for s in work.sequences]
-        return StageOutput(Tensor.from_array(TensorKind.ACTIVATION, DType.FP32, np.concatenate(rows)))
-
-    def forget(self, request_id: str, execution_lease_id: str) -> None:
-        return None
 
 
 def seeds() -> list[Seed]:
@@ -142,7 +129,9 @@ class _Peer:
         self.next_out = 0
         self.send(encode_frame(Ack("hello", hello.control_id, AckHello(BINDING)), 0).to_bytes())
         self.next_out = 1
-        await self.answer()  # the first CREDIT
+        credit = await self.read()
+        if not isinstance(credit, Credit):
+            raise RuntimeError(f"expected the first CREDIT, got {credit!r}")
 
     def send(self, data: bytes) -> None:
         self.writer.write(data)
@@ -181,30 +170,48 @@ def _ends_channel(message) -> bool:
 
 
 async def run_fuzz(config: FuzzConfig) -> FuzzReport:
-    limits = ReceiverLimits(frames=2, live_requests=64, sequences=64)
-    receiver = Fnx2Receiver(ReceiverConfig(BINDING, limits, source_stage="stage-0",
-                                           input_kind=TensorKind.ACTIVATION,
-                                           input_dtype=DType.FP32, input_width=WIDTH),
-                            _DoublingHandler())
-    server = await start_server(receiver)
-    peer = _Peer(server.sockets[0].getsockname()[1], config.response_timeout_s)
-    report, mutator, base = FuzzReport(), Mutator(np.random.default_rng(config.seed)), seeds()
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    started = time.perf_counter()
+    """Fuzz a receiver in its own process with `config.peers` connections at a time."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", config.receiver_module, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE)
+    report = FuzzReport()
+    try:
+        port = int((await process.stdout.readline()).decode())
+        rss_before = _rss_kib(process.pid, "VmRSS")
+        base, started = seeds(), time.perf_counter()
+        shares = [config.frames // config.peers + (i < config.frames % config.peers)
+                  for i in range(config.peers)]
+        await asyncio.gather(*(_fuzz_peer(port, config, config.seed + i, share, base, report)
+                               for i, share in enumerate(shares)))
+        report.seconds = time.perf_counter() - started
+        report.rss_growth_bytes = max(0, _rss_kib(process.pid, "VmHWM") - rss_before) * 1024
+    finally:
+        process.stdin.close()
+        stats = json.loads((await process.stdout.readline()).decode() or "{}")
+        await process.wait()
+    report.crashes += stats.get("unexpected_errors", 1)
+    report.max_allocation_bytes = stats.get("largest_body_bytes", 0)
+    return report
+
+
+def _rss_kib(pid: int, field_name: str) -> int:
+    """VmRSS (now) or VmHWM (peak) of a process, from /proc."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+async def _fuzz_peer(port: int, config: FuzzConfig, seed: int, frames: int, base: list[Seed],
+                     report: FuzzReport) -> None:
+    peer, mutator = _Peer(port, config.response_timeout_s), Mutator(np.random.default_rng(seed))
     try:
         await peer.connect()
-        for index in range(config.frames):
+        for index in range(frames):
             await _one(peer, mutator, base[index % len(base)], report)
     finally:
         await peer.close()
-        server.close()
-        await server.wait_closed()
-        await receiver.close()
-    report.seconds = time.perf_counter() - started
-    report.crashes += receiver.unexpected_errors
-    report.max_allocation_bytes = receiver.largest_body_bytes
-    report.rss_growth_bytes = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) * 1024
-    return report
 
 
 async def _one(peer: _Peer, mutator: Mutator, seed: Seed, report: FuzzReport) -> None:

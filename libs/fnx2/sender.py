@@ -100,6 +100,7 @@ class Fnx2Client:
             answer = await self._expect((Ack, ErrorMessage))
             if isinstance(answer, Ack) and answer.control_id == offer_id:
                 self.extensions = frozenset(answer.fields.extensions or ()) & self.config.offer_extensions
+                self._stream.negotiated = self.extensions
                 self.credit = await self._expect(Credit)
         self._pump = asyncio.create_task(self._read_loop())
 
@@ -200,7 +201,7 @@ class Fnx2Client:
             while True:
                 got = await self._stream.read()
                 if got.error is not None:
-                    self._fail_oldest(got.error)
+                    await self._unreserve(self._fail_oldest(got.error))
                     continue
                 await self._on_message(got.frame.message)
         except Fnx2Error as exc:
@@ -229,7 +230,7 @@ class Fnx2Client:
                 else:
                     future.set_result(message)
         elif isinstance(message, ErrorMessage):
-            self._on_error(message)
+            await self._unreserve(self._on_error(message))
 
     def _settle(self) -> None:
         for future, value in self._unsettled:
@@ -248,21 +249,38 @@ class Fnx2Client:
             return
         self._unsettled.append((pending.future, result))
 
-    def _on_error(self, message: ErrorMessage) -> None:
+    def _on_error(self, message: ErrorMessage) -> _Pending | None:
+        """Fail what the ERROR answers; returns the failed batch, if it was one."""
         error = RemoteError(_code(message.code), message.message)
         target = self._controls.pop(message.control_id, None) if message.control_id else None
-        if target is None and message.control_id in self._pending:
-            target = self._pending.pop(message.control_id).future
-        if target is None:
-            self._fail_oldest(error)
-        elif not target.done():
-            target.set_exception(error)
-
-    def _fail_oldest(self, error: Fnx2Error) -> None:
-        if self._pending:
-            _, pending = self._pending.popitem(last=False)
+        if target is not None:
+            if not target.done():
+                target.set_exception(error)
+            return None
+        if message.control_id in self._pending:
+            pending = self._pending.pop(message.control_id)
             if not pending.future.done():
                 pending.future.set_exception(error)
+            return pending
+        return self._fail_oldest(error)
+
+    def _fail_oldest(self, error: Fnx2Error) -> _Pending | None:
+        if not self._pending:
+            return None
+        _, pending = self._pending.popitem(last=False)
+        if not pending.future.done():
+            pending.future.set_exception(error)
+        return pending
+
+    async def _unreserve(self, failed: _Pending | None) -> None:
+        """A batch answered by an ERROR holds nothing at the receiver: stop counting it
+        against the last credit, so a waiting `submit` never depends on a CREDIT that may
+        not follow the ERROR."""
+        if failed is None:
+            return
+        async with self._credit_changed:
+            self._sent = tuple(max(0, s - n) for s, n in zip(self._sent, failed.need))
+            self._credit_changed.notify_all()
 
     async def _fail_all(self, error: Fnx2Error) -> None:
         self._settle()

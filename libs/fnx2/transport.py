@@ -23,7 +23,7 @@ from libs.fnx2.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
 from libs.fnx2.crc import crc32c_combine
 from libs.fnx2.messages import Kind
 from libs.fnx2.tensor import STORAGE, DType, _finite_bytes
-from libs.fnx2.errors import ChannelClosedError, Fnx2Error
+from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 
 _MAX_QUEUED_FRAMES = 4
 _CRC_STEP = 512 * 1024
@@ -100,8 +100,10 @@ class BufferPool:
     def __init__(self, max_buffers: int = 16, max_bytes: int = 512 * 1024 * 1024) -> None:
         self._buffers: list[np.ndarray] = []
         self._max_buffers, self._max_bytes = max_buffers, max_bytes
+        self.largest_take_bytes = 0
 
     def take(self, nbytes: int) -> memoryview:
+        self.largest_take_bytes = max(self.largest_take_bytes, nbytes)
         idle_too_small = []
         for buffer in self._buffers:
             if sys.getrefcount(buffer) == _IDLE_REFS:
@@ -112,10 +114,18 @@ class BufferPool:
         for old in idle_too_small:  # make room by forgetting idle buffers that are too small
             if self._fits(nbytes):
                 break
-            self._buffers.remove(old)
+            # By identity: `list.remove` would compare arrays element-wise.
+            self._buffers = [b for b in self._buffers if b is not old]
         if self._fits(nbytes):
             self._buffers.append(buffer)
         return memoryview(buffer)
+
+    def trim(self) -> int:
+        """Forget every idle buffer (its memory goes back to the allocator); returns the
+        bytes released. Called when a listener has no channel left."""
+        before = self.pooled_bytes
+        self._buffers = [b for b in self._buffers if sys.getrefcount(b) > _IDLE_REFS]
+        return before - self.pooled_bytes
 
     def _fits(self, nbytes: int) -> bool:
         return (len(self._buffers) < self._max_buffers
@@ -130,10 +140,21 @@ class BufferPool:
 _IDLE_REFS = 3
 
 
+def check_admitted(prelude: Prelude, max_body_bytes: int | None) -> None:
+    if max_body_bytes is not None and prelude.body_bytes > max_body_bytes:
+        raise Fnx2Error(ErrorCode.FRAME_SIZE, f"frame body of {prelude.body_bytes} bytes exceeds "
+                        f"the {max_body_bytes} this channel admits now")
+
+
 class FrameProtocol(asyncio.BufferedProtocol):
+    """`max_body_bytes`, when set, bounds a frame body before any buffer is taken for it:
+    a receiver keeps it at a small preamble until the peer is bound, then raises it to
+    what its credits admit. A larger announced body ends the channel (FRAME_SIZE)."""
+
     def __init__(self, limits: CodecLimits, on_connection=None,
-                 pool: BufferPool | None = None) -> None:
+                 pool: BufferPool | None = None, max_body_bytes: int | None = None) -> None:
         self._limits, self._on_connection = limits, on_connection
+        self.max_body_bytes = max_body_bytes
         self._pool = pool or BufferPool()
         self._head = bytearray(PRELUDE_BYTES)
         self._prelude: Prelude | None = None
@@ -170,7 +191,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self._prelude is None:
             try:
                 self._prelude = parse_prelude(bytes(self._head), self._limits)
+                check_admitted(self._prelude, self.max_body_bytes)
             except Fnx2Error as exc:  # terminal: stop reading, report to the consumer
+                self._prelude = None
                 self._fail(exc)
                 return
             self._crc, self._crc_done, self._plan, self._range_crcs = 0, 0, None, []
@@ -244,8 +267,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._fail(ChannelClosedError("peer closed the stream"))
         return False
 
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        return self._transport
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(ChannelClosedError(f"connection lost: {exc}" if exc else "connection closed"))
+        # A partly received body goes back to the pool (or the allocator) now.
+        self._prelude, self._target, self._filled, self._plan = None, memoryview(b""), 0, None
         self._writing_paused = False
         for waiter in self._drain_waiters:
             if not waiter.done():
