@@ -1,6 +1,7 @@
 """The live receiver of `fornax fuzz fnx2`, in its own process.
 
-Run as `python -m libs.fnx2.fuzz_receiver`: it prints its TCP port, serves until its
+Run as `python -m libs.fnx2.fuzz_receiver [--handshake-timeout-s S] [--idle-timeout-s S]
+[--max-connections N]`: it prints its TCP port, serves until its
 stdin closes, then prints one JSON line of what it saw (unexpected exceptions, the
 largest body buffer it took) and exits. A separate process, so the fuzzing peer and
 the receiver each get a core and the receiver's memory is measured alone.
@@ -8,6 +9,7 @@ the receiver each get a core and the receiver's memory is measured alone.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
@@ -15,6 +17,7 @@ import sys
 import numpy as np
 
 from libs.fnx2.control import ChannelBinding
+from libs.fnx2.listener import ListenerLimits
 from libs.fnx2.receiver import Fnx2Receiver, ReceiverConfig, StageOutput, StageWork, start_server
 from libs.fnx2.receiver_state import ReceiverLimits
 from libs.fnx2.tensor import DType, Tensor, TensorKind
@@ -36,16 +39,27 @@ class DoublingHandler:
         return None
 
 
-def build_receiver() -> Fnx2Receiver:
+def build_receiver(listener: ListenerLimits = ListenerLimits()) -> Fnx2Receiver:
     limits = ReceiverLimits(frames=2, live_requests=64, sequences=64,
                             payload_bytes=PAYLOAD_CREDIT_BYTES)
     return Fnx2Receiver(ReceiverConfig(BINDING, limits, source_stage="stage-0",
                                        input_kind=TensorKind.ACTIVATION, input_dtype=DType.FP32,
-                                       input_width=WIDTH), DoublingHandler())
+                                       input_width=WIDTH, listener=listener), DoublingHandler())
 
 
-async def main() -> None:
-    receiver = build_receiver()
+def _listener(argv: list[str]) -> ListenerLimits:
+    parser = argparse.ArgumentParser(prog="python -m libs.fnx2.fuzz_receiver")
+    defaults = ListenerLimits()
+    parser.add_argument("--handshake-timeout-s", type=float, default=defaults.handshake_timeout_s)
+    parser.add_argument("--idle-timeout-s", type=float, default=defaults.idle_timeout_s)
+    parser.add_argument("--max-connections", type=int, default=defaults.max_connections)
+    args = parser.parse_args(argv)
+    return ListenerLimits(handshake_timeout_s=args.handshake_timeout_s,
+                          idle_timeout_s=args.idle_timeout_s, max_connections=args.max_connections)
+
+
+async def main(argv: list[str]) -> None:
+    receiver = build_receiver(_listener(argv))
     server = await start_server(receiver)
     print(server.sockets[0].getsockname()[1], flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
@@ -56,4 +70,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(sys.argv[1:]))

@@ -40,7 +40,7 @@ class ReceiverLimits:
     # How long an ended lease stays fenced: far beyond any frame's transit or a sender's
     # retry window, yet short enough that tombstones scale with the request rate, not
     # with every request of a plan generation.
-    tombstone_ttl_ns: int = 10 * 60 * 10**9
+    tombstone_ttl_ns: int = 60 * 10**9
 
 
 _TOMBSTONE_CODES = {Tombstone.RELEASED: ErrorCode.RELEASED, Tombstone.EXPIRED: ErrorCode.DEADLINE}
