@@ -136,6 +136,10 @@ class BufferPool:
         return sum(b.nbytes for b in self._buffers)
 
 
+_DISCARD = bytearray(64 * 1024)  # written, never read: shared by every protocol
+_MAX_DISCARD_BYTES = 1024 * 1024
+_LINGER_S = 1.0
+
 # The pool's list, the loop variable and getrefcount's own argument.
 _IDLE_REFS = 3
 
@@ -166,6 +170,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._finite, self._finite_done = True, 0
         self._frames: collections.deque[ReceivedBody] = collections.deque()
         self._failure: BaseException | None = None
+        self._discarded: int | None = None  # bytes read and dropped after a terminal error
         self._waiter: asyncio.Future | None = None
         self._transport: asyncio.Transport | None = None
         self._reading_paused = False
@@ -180,9 +185,16 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._on_connection(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._discarded is not None:
+            return memoryview(_DISCARD)
         return self._target[self._filled:]
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._discarded is not None:
+            self._discarded += nbytes
+            if self._discarded > _MAX_DISCARD_BYTES:
+                self._fail(self._failure)  # enough: stop reading until the channel closes
+            return
         self._filled += nbytes
         if self._prelude is not None and self._filled - self._crc_done >= _CRC_STEP:
             self._extend_crc()  # on bytes the kernel has just written: still in cache
@@ -192,9 +204,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
             try:
                 self._prelude = parse_prelude(bytes(self._head), self._limits)
                 check_admitted(self._prelude, self.max_body_bytes)
-            except Fnx2Error as exc:  # terminal: stop reading, report to the consumer
+            except Fnx2Error as exc:  # terminal: report to the consumer, discard the rest
                 self._prelude = None
-                self._fail(exc)
+                self._discard_after(exc)
                 return
             self._crc, self._crc_done, self._plan, self._range_crcs = 0, 0, None, []
             self._finite, self._finite_done = True, 0
@@ -321,11 +333,29 @@ class FrameProtocol(asyncio.BufferedProtocol):
             await waiter
 
     def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
+        """After a terminal frame error, half-close and linger briefly (still dropping what
+        arrives), so the peer reads the ERROR before the connection goes."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if self._discarded is not None and self._failure is not None and transport.can_write_eof():
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(_LINGER_S, transport.close)
+            return
+        transport.close()
 
     async def wait_closed(self) -> None:
         await self.closed
+
+    def _discard_after(self, exc: Fnx2Error) -> None:
+        """A terminal frame error: the consumer answers with one ERROR and closes. Until
+        then, what the peer already sent is read and dropped, so closing does not reset
+        the connection (losing that ERROR) over unread bytes."""
+        if self._failure is None:
+            self._failure = exc
+        self._discarded = 0
+        self._prelude, self._target, self._filled = None, memoryview(b""), 0
+        self._wake()
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
