@@ -189,6 +189,7 @@ async def run_fuzz(config: FuzzConfig) -> FuzzReport:
         process.stdin.close()
         stats = json.loads((await process.stdout.readline()).decode() or "{}")
         await process.wait()
+    # A receiver that died early reported nothing: that is a crash too.
     report.crashes += stats.get("unexpected_errors", 1)
     report.max_allocation_bytes = stats.get("largest_body_bytes", 0)
     return report

@@ -15,6 +15,7 @@ import json
 import sys
 
 import numpy as np
+import structlog
 
 from libs.fnx2.control import ChannelBinding
 from libs.fnx2.listener import ListenerLimits
@@ -59,6 +60,8 @@ def _listener(argv: list[str]) -> ListenerLimits:
 
 
 async def main(argv: list[str]) -> None:
+    # stdout carries the port and the final figures; log lines go to stderr.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     receiver = build_receiver(_listener(argv))
     server = await start_server(receiver)
     print(server.sockets[0].getsockname()[1], flush=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl as ssl_module
+import time
 import uuid
 from dataclasses import dataclass, replace
 
@@ -37,6 +38,9 @@ class SenderConfig:
     binding: ChannelBinding
     codec: CodecLimits = DEFAULT_LIMITS
     offer_extensions: frozenset[str] = KNOWN_EXTENSIONS
+    # A credit_refresh after this long without sending, so a receiver's idle timeout
+    # (ListenerLimits.idle_timeout_s, 900 s by default) never closes a live channel.
+    keepalive_s: float | None = 60.0
 
 
 @dataclass
@@ -58,6 +62,8 @@ class Fnx2Client:
         self._in_transit: collections.deque[tuple[int, tuple[int, int, int, int]]] = collections.deque()
         self._batches_sent = 0
         self._pump: asyncio.Task | None = None
+        self._keepalive: asyncio.Task | None = None
+        self._last_sent = time.monotonic()
         self._failure: Fnx2Error | None = None
         self._unsettled: list[tuple[asyncio.Future, object]] = []
 
@@ -103,6 +109,18 @@ class Fnx2Client:
                 self._stream.negotiated = self.extensions
                 self.credit = await self._expect(Credit)
         self._pump = asyncio.create_task(self._read_loop())
+        if self.config.keepalive_s:
+            self._keepalive = asyncio.create_task(self._keep_alive(self.config.keepalive_s))
+
+    async def _keep_alive(self, interval_s: float) -> None:
+        while self._failure is None and not self._stream.closed:
+            await asyncio.sleep(max(0.0, self._last_sent + interval_s - time.monotonic()))
+            if time.monotonic() - self._last_sent < interval_s:
+                continue
+            try:
+                await self.credit_refresh()
+            except Fnx2Error:
+                return  # the channel failed; callers see it on their next call
 
     async def _expect(self, kinds):
         got = await self._stream.read()
@@ -132,6 +150,7 @@ class Fnx2Client:
             self._sent = tuple(a + b for a, b in zip(self._sent, need))
             self._in_transit.append((self._batches_sent, need))
             self._batches_sent += 1
+        self._last_sent = time.monotonic()
         try:
             await self._stream.send(batch)
         except Fnx2Error:
@@ -192,6 +211,7 @@ class Fnx2Client:
         self._raise_if_failed()
         future = asyncio.get_running_loop().create_future()
         self._controls[control_id] = future
+        self._last_sent = time.monotonic()
         await self._stream.send(message)
         return await future
 
@@ -301,6 +321,9 @@ class Fnx2Client:
             raise ChannelClosedError("channel is closed")
 
     async def close(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            await asyncio.gather(self._keepalive, return_exceptions=True)
         await self._stream.close()
         if self._pump is not None:
             self._pump.cancel()

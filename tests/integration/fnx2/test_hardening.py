@@ -129,3 +129,17 @@ async def test_leases_expire_at_their_deadline_with_no_message():
         clock.now += 5 * 10**9  # the deadline passes; the sender says nothing more
         await asyncio.wait_for(forgotten.wait(), 10)
         assert handler.forgotten == [request] and receiver.state.live_requests == 0
+
+
+async def test_a_quiet_sender_keeps_its_channel_past_the_idle_timeout():
+    config = ReceiverConfig(BINDING, listener=ListenerLimits(idle_timeout_s=0.3))
+    sender = SenderConfig(BINDING, keepalive_s=0.1)
+    async with loopback(DoublingHandler(), receiver_config=config, sender_config=sender) as (client, _):
+        await asyncio.sleep(1.2)  # four idle timeouts with nothing to send
+        result = await client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 1)]))
+        assert result.results[0].kv_epoch_after == 1
+    quiet = SenderConfig(BINDING, keepalive_s=None)
+    async with loopback(DoublingHandler(), receiver_config=config, sender_config=quiet) as (client, _):
+        await asyncio.sleep(1.2)
+        with pytest.raises(ChannelClosedError):  # without keepalives the receiver closed it
+            await client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 1)]))
