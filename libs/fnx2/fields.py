@@ -5,10 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-
-import msgspec
 from enum import Enum
 from typing import Any, TypeVar
+
+import msgspec
 
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 

@@ -26,13 +26,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from libs.fnx2.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
-from libs.fnx2.control import Ack, AckHello, Cancel, Control, Credit, ErrorMessage, Release
+from libs.fnx2.control import (
+    Ack,
+    AckHello,
+    Cancel,
+    Control,
+    Credit,
+    ErrorMessage,
+    Release,
+)
 from libs.fnx2.errors import TERMINAL_CODES, ErrorCode
 from libs.fnx2.fuzz import Mutator, Seed
+from libs.fnx2.fuzz_receiver import BINDING, WIDTH
 from libs.fnx2.leases import derive_execution_lease_id
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice
-from libs.fnx2.fuzz_receiver import BINDING, WIDTH
 from libs.fnx2.tensor import DType, Tensor, TensorKind
+
 MINUTE_NS = 60 * 10**9
 
 

@@ -19,7 +19,13 @@ import structlog
 
 from libs.fnx2.control import ChannelBinding
 from libs.fnx2.listener import ListenerLimits
-from libs.fnx2.receiver import Fnx2Receiver, ReceiverConfig, StageOutput, StageWork, start_server
+from libs.fnx2.receiver import (
+    Fnx2Receiver,
+    ReceiverConfig,
+    StageOutput,
+    StageWork,
+    start_server,
+)
 from libs.fnx2.receiver_state import ReceiverLimits
 from libs.fnx2.tensor import DType, Tensor, TensorKind
 
@@ -40,12 +46,13 @@ class DoublingHandler:
         return None
 
 
-def build_receiver(listener: ListenerLimits = ListenerLimits()) -> Fnx2Receiver:
+def build_receiver(listener: ListenerLimits | None = None) -> Fnx2Receiver:
     limits = ReceiverLimits(frames=2, live_requests=64, sequences=64,
                             payload_bytes=PAYLOAD_CREDIT_BYTES)
     return Fnx2Receiver(ReceiverConfig(BINDING, limits, source_stage="stage-0",
                                        input_kind=TensorKind.ACTIVATION, input_dtype=DType.FP32,
-                                       input_width=WIDTH, listener=listener), DoublingHandler())
+                                       input_width=WIDTH, listener=listener or ListenerLimits()),
+                        DoublingHandler())
 
 
 def _listener(argv: list[str]) -> ListenerLimits:

@@ -54,7 +54,7 @@ class PeerIdentity:
         return frozenset(self.dns_names + self.uris + ((self.common_name,) if self.common_name else ()))
 
     @classmethod
-    def from_peercert(cls, cert: dict[str, Any]) -> "PeerIdentity":
+    def from_peercert(cls, cert: dict[str, Any]) -> PeerIdentity:
         alt = cert.get("subjectAltName", ())
         common_name = next((value for rdn in cert.get("subject", ()) for key, value in rdn
                             if key == "commonName"), None)

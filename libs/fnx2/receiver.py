@@ -18,15 +18,32 @@ import structlog
 
 from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits, ExpectedBinding, encode_frame
 from libs.fnx2.control import (
-    ABI_VERSION, EXT_COMPACT_OUTPUT, EXT_MULTI_INFLIGHT, EXT_TIMINGS, KNOWN_EXTENSIONS, Ack,
-    AckHello, AckStage, Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release,
+    ABI_VERSION,
+    EXT_COMPACT_OUTPUT,
+    EXT_MULTI_INFLIGHT,
+    EXT_TIMINGS,
+    KNOWN_EXTENSIONS,
+    Ack,
+    AckHello,
+    AckStage,
+    Cancel,
+    ChannelBinding,
+    Control,
+    Credit,
+    ErrorMessage,
+    Release,
 )
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 from libs.fnx2.listener import ListenerLimits, PeerPolicy, server_options
 from libs.fnx2.messages import Batch, Timings
 from libs.fnx2.receiver_state import Admission, Outcome, ReceiverLimits, ReceiverState
 from libs.fnx2.stage_io import (
-    SequenceFailure, StageHandler, StageOutput, StageWork, assemble, outcomes,
+    SequenceFailure,
+    StageHandler,
+    StageOutput,
+    StageWork,
+    assemble,
+    outcomes,
 )
 from libs.fnx2.stream import FrameStream, Received
 from libs.fnx2.tensor import DType, TensorKind
@@ -143,7 +160,7 @@ class Fnx2Receiver:
             await asyncio.sleep(self.config.listener.sweep_interval_s)
             try:
                 self.sweep()
-            except Exception:  # a backend's forget failing must not stop expiry
+            except Exception:  # noqa: BLE001 - a backend's forget failing must not stop expiry
                 log.exception("fnx2_sweep_failed", stage=self.config.binding.stage_id)
 
     async def close(self) -> None:

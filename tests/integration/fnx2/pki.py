@@ -22,7 +22,7 @@ class MiniCa:
         self.directory = directory
         self.key = ec.generate_private_key(ec.SECP256R1())
         self.name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         self.cert = (x509.CertificateBuilder().subject_name(self.name).issuer_name(self.name)
                      .public_key(self.key.public_key()).serial_number(x509.random_serial_number())
                      .not_valid_before(now - datetime.timedelta(minutes=5))
@@ -34,7 +34,7 @@ class MiniCa:
 
     def issue(self, common_name: str, dns_names: tuple[str, ...] = ()) -> tuple[Path, Path]:
         key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         builder = (x509.CertificateBuilder()
                    .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
                    .issuer_name(self.name).public_key(key.public_key())
@@ -58,7 +58,7 @@ class MiniCa:
         context.verify_mode = ssl.CERT_REQUIRED
         return context
 
-    def client_context(self, common_name: str, server_ca: "MiniCa | None" = None) -> ssl.SSLContext:
+    def client_context(self, common_name: str, server_ca: MiniCa | None = None) -> ssl.SSLContext:
         """Trusts `server_ca` (default: this CA) and presents a certificate of this CA."""
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
                                              cafile=str((server_ca or self).path))

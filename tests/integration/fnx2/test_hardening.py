@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from libs.fnx2.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
-from libs.fnx2.control import Ack, AckHello, Control, Credit, ErrorMessage
+from libs.fnx2.codec import decode_frame, encode_frame
+from libs.fnx2.control import Control, Credit, ErrorMessage
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, RemoteError
 from libs.fnx2.fields import canonical_json
 from libs.fnx2.fuzz import frame
@@ -16,9 +16,13 @@ from libs.fnx2.messages import Kind, Phase, Result
 from libs.fnx2.receiver import ReceiverConfig
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.stream import FrameStream
-
 from tests.integration.fnx2.helpers import (
-    BINDING, DoublingHandler, Seq, loopback, make_batch, new_request,
+    BINDING,
+    DoublingHandler,
+    Seq,
+    loopback,
+    make_batch,
+    new_request,
 )
 from tests.integration.fnx2.test_listener_limits import RawPeer, serve
 

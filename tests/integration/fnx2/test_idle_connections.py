@@ -10,7 +10,6 @@ import pytest
 
 from libs.fnx2.errors import ErrorCode
 from libs.fnx2.messages import Kind
-
 from tests.integration.fnx2.test_listener_limits import RawPeer
 
 pytestmark = pytest.mark.timeout(120)

@@ -14,8 +14,13 @@ from libs.fnx2.listener import ListenerLimits, PeerPolicy
 from libs.fnx2.messages import Kind, Phase
 from libs.fnx2.receiver import Fnx2Receiver, ReceiverConfig, start_server
 from libs.fnx2.sender import Fnx2Client, SenderConfig
-
-from tests.integration.fnx2.helpers import BINDING, DoublingHandler, Seq, make_batch, new_request
+from tests.integration.fnx2.helpers import (
+    BINDING,
+    DoublingHandler,
+    Seq,
+    make_batch,
+    new_request,
+)
 from tests.integration.fnx2.pki import MiniCa
 
 pytestmark = pytest.mark.timeout(60)
@@ -86,7 +91,7 @@ async def test_a_bound_peer_is_held_to_its_payload_credit():
 
 
 async def test_handshake_and_idle_timeouts_close_silent_peers_with_their_codes():
-    receiver, server, port = await serve(ListenerLimits(handshake_timeout_s=0.2, idle_timeout_s=0.3))
+    _, server, port = await serve(ListenerLimits(handshake_timeout_s=0.2, idle_timeout_s=0.3))
     silent = await RawPeer.open(port)
     assert isinstance(await silent.read(), Control)
     assert (await silent.read()).code == ErrorCode.HANDSHAKE_TIMEOUT
@@ -123,7 +128,7 @@ async def test_only_allowed_certificate_identities_get_the_hello(tmp_path):
     ca = MiniCa(tmp_path / "ca")
     stranger_ca = MiniCa(tmp_path / "other", "other-ca")
     policy = PeerPolicy(ca.server_context(), allowed_peer_identities=frozenset({"stage-0"}))
-    receiver, server, port = await serve(ListenerLimits(handshake_timeout_s=5), policy)
+    _, server, port = await serve(ListenerLimits(handshake_timeout_s=5), policy)
 
     allowed = await Fnx2Client.connect("127.0.0.1", port, SenderConfig(BINDING),
                                        ssl=ca.client_context("stage-0"), server_hostname="localhost")

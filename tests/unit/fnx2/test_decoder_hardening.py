@@ -10,7 +10,6 @@ from libs.fnx2.control import Ack, AckHello, Control, Credit
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.fields import canonical_json
 from libs.fnx2.messages import Phase
-
 from tests.unit.fnx2.factories import BINDING, batch, frame_bytes, reframe, split
 from tests.unit.fnx2.test_codec_errors import _result
 
@@ -34,7 +33,7 @@ def with_meta(frame: bytes, change) -> bytes:
 @pytest.mark.parametrize("value", WRONG_TYPES)
 def test_tensor_dtype_and_kind_of_any_other_type_are_tensor_contract(value):
     for field in ("dtype", "kind"):
-        frame = with_meta(BATCH, lambda m: m["tensor"].__setitem__(field, value))
+        frame = with_meta(BATCH, lambda m, field=field: m["tensor"].__setitem__(field, value))
         assert code_of(frame) is ErrorCode.TENSOR_CONTRACT
 
 
@@ -61,7 +60,7 @@ def test_hello_versions_must_be_integer_pairs(versions):
 @pytest.mark.parametrize("value", WRONG_TYPES[:4])
 def test_phase_and_sequences_of_another_type_are_batch_contract(value):
     for field in ("phase", "sequences"):
-        frame = with_meta(BATCH, lambda m: m["batch"].__setitem__(field, value))
+        frame = with_meta(BATCH, lambda m, field=field: m["batch"].__setitem__(field, value))
         assert code_of(frame) is ErrorCode.BATCH_CONTRACT
 
 
@@ -98,5 +97,6 @@ def test_extension_fields_are_refused_until_negotiated():
 def test_decode_batches_with_wrong_types_in_slices_are_batch_contract():
     frame = frame_bytes(batch(Phase.DECODE, rows=(1, 1)), 5)
     for value in WRONG_TYPES[:4]:
-        changed = with_meta(frame, lambda m: m["batch"]["sequences"][0].__setitem__("request_id", value))
+        changed = with_meta(frame, lambda m, value=value: m["batch"]["sequences"][0].__setitem__(
+            "request_id", value))
         assert code_of(changed) is ErrorCode.BATCH_CONTRACT

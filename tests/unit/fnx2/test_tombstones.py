@@ -11,7 +11,6 @@ from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, Tim
 from libs.fnx2.receiver_state import Outcome, ReceiverLimits, ReceiverState
 from libs.fnx2.tensor import Tensor
 from libs.fnx2.tombstones import Tombstone, TombstoneTable
-
 from tests.unit.fnx2.factories import BINDING, MANIFEST_HASH, PLAN_HASH, PLAN_ID
 
 TENSOR = Tensor.from_array("activation", "bf16", np.zeros((1, 4), np.float32))
