@@ -41,6 +41,10 @@ class ReceiverLimits:
     # retry window, yet short enough that tombstones scale with the request rate, not
     # with every request of a plan generation.
     tombstone_ttl_ns: int = 60 * 10**9
+    # A lease that no frame touched for this long expires even before its deadline, so KV
+    # orphaned by a sender that vanished (a restarted orchestrator sends no release, and
+    # requests without a deadline carry a day-long budget) is freed within this TTL.
+    lease_idle_ttl_ns: int = 15 * 60 * 10**9
 
 
 _TOMBSTONE_CODES = {Tombstone.RELEASED: ErrorCode.RELEASED, Tombstone.EXPIRED: ErrorCode.DEADLINE}
@@ -98,6 +102,7 @@ class _Lease:
     request_id: str
     lease_id: str
     deadline_ns: int
+    last_active_ns: int = 0
     epoch: int = 0
     next_sequence_no: int = 0
     next_position: int = 0
@@ -258,8 +263,9 @@ class ReceiverState:
             return self._expire_on_arrival(item, lease, reject)
         if lease is not None:
             lease.deadline_ns = deadline
+            lease.last_active_ns = now_ns
             return self._continue_lease(batch, item, lease, kv_reserved, reject)
-        return self._open_lease(batch, item, deadline, kv_reserved, reject)
+        return self._open_lease(batch, item, (now_ns, deadline), kv_reserved, reject)
 
     def _expire_on_arrival(self, item: SequenceSlice, lease: _Lease | None, reject) -> Rejection:
         if lease is not None:
@@ -289,7 +295,7 @@ class ReceiverState:
             return reject(ErrorCode.ADMISSION, "no KV credit")
         return kv
 
-    def _open_lease(self, batch: Batch, item: SequenceSlice, deadline: int, kv_reserved: int,
+    def _open_lease(self, batch: Batch, item: SequenceSlice, times: tuple[int, int], kv_reserved: int,
                     reject) -> Rejection | int:
         if item.request_sequence_no != 0:
             return reject(ErrorCode.UNKNOWN_LEASE, "no live lease for a continuing request")
@@ -306,7 +312,9 @@ class ReceiverState:
         replay = item.input_row_count * self.limits.replay_bytes_per_row
         if credit.live_requests < 1 or kv > credit.kv_bytes - kv_reserved or replay > credit.replay_bytes:
             return reject(ErrorCode.ADMISSION, "no live-request, KV or replay credit")
-        self._leases[item.request_id] = _Lease(item.request_id, item.execution_lease_id, deadline)
+        now_ns, deadline = times
+        self._leases[item.request_id] = _Lease(item.request_id, item.execution_lease_id, deadline,
+                                               now_ns)
         return kv
 
     # -- completion ----------------------------------------------------------------------
@@ -396,7 +404,8 @@ class ReceiverState:
         time; returns the (request, lease) ids freed."""
         self._tombstones.evict(now_ns)
         expired = [lease for lease in self._leases.values()
-                   if not lease.inflight and now_ns >= lease.deadline_ns]
+                   if not lease.inflight and (now_ns >= lease.deadline_ns or now_ns
+                                              - lease.last_active_ns >= self.limits.lease_idle_ttl_ns)]
         for lease in expired:
             self._retire(lease, Tombstone.EXPIRED)
         return [(lease.request_id, lease.lease_id) for lease in expired]

@@ -63,3 +63,14 @@ def test_tombstone_table_forgets_in_order_and_keeps_the_latest_clock():
     assert table.evict(1099) == 0 and len(table) == 3
     assert table.evict(1100) == 1 and "a" not in table and table.get("b") is Tombstone.EXPIRED
     assert table.evict(1150) == 2 and len(table) == 0
+
+
+def test_a_lease_nobody_touches_expires_after_its_idle_ttl_even_with_a_day_of_budget():
+    state = ReceiverState(BINDING, ReceiverLimits(lease_idle_ttl_ns=10 * 60 * 10**9))
+    request = str(uuid.UUID(int=7, version=4))
+    admission = state.admit(prefill(request), 10**12)
+    item = admission.execute[0]
+    state.complete(admission, {item.identity: Outcome(True, np.zeros((1, 4), np.uint16))}, Timings())
+    assert state.sweep(10**12 + 10 * 60 * 10**9 - 1) == []  # the sender may still come back
+    assert state.sweep(10**12 + 10 * 60 * 10**9) == [(request, item.execution_lease_id)]
+    assert state.live_requests == 0
