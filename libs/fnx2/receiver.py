@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import structlog
 
-from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits, ExpectedBinding, encode_frame
+from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits, ExpectedBinding
 from libs.fnx2.control import (
     ABI_VERSION,
     EXT_COMPACT_OUTPUT,
@@ -97,6 +97,12 @@ class Fnx2Receiver:
                              allow_extensions=bool(self.config.extensions))
         stream.admit_body_bytes(self.config.listener.unbound_body_bytes)
         channel = _Channel(self, stream)
+        try:  # admission comes first: nothing, not even the hello, before it
+            self._admit(writer.transport)
+        except Fnx2Error as exc:
+            await channel.try_send(ErrorMessage(exc.code.value, exc.message, None))
+            await channel.stop()
+            return
         self._serving += 1
         self._ensure_sweeper()
         try:
@@ -120,16 +126,16 @@ class Fnx2Receiver:
         return FrameProtocol(self.config.codec, self.accept, self._pool,
                              max_body_bytes=self.config.listener.unbound_body_bytes)
 
+    def _admit(self, transport) -> None:
+        """The connection cap, then the peer policy; raises the refusal."""
+        if self._serving >= self.config.listener.max_connections:
+            raise Fnx2Error(ErrorCode.CONNECTION_LIMIT, "the listener holds its maximum of channels")
+        if self.config.peer_policy is not None:
+            self.config.peer_policy.admit(transport)
+
     def accept(self, protocol: FrameProtocol) -> None:
-        """Admit a connection (after its TLS handshake, if any) before sending anything."""
-        try:
-            if self.connections >= self.config.listener.max_connections:
-                raise Fnx2Error(ErrorCode.CONNECTION_LIMIT, "the listener holds its maximum of channels")
-            if self.config.peer_policy is not None:
-                self.config.peer_policy.admit(protocol.transport)
-        except Fnx2Error as exc:
-            _refuse(protocol, exc)
-            return
+        """A connection on the fast path (after its TLS handshake, if any); `serve` admits
+        it before anything is sent."""
         self.connections += 1
         protocol.closed.add_done_callback(self._closed)
         task = asyncio.get_running_loop().create_task(self.serve(protocol, protocol))
@@ -169,15 +175,6 @@ class Fnx2Receiver:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _refuse(protocol: FrameProtocol, error: Fnx2Error) -> None:
-    """One ERROR frame (it names nothing of the plan) and close."""
-    try:
-        protocol.write(encode_frame(ErrorMessage(error.code.value, error.message, None), 0).to_bytes())
-    except ChannelClosedError:
-        pass
-    protocol.close()
 
 
 async def serve_channel(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

@@ -159,3 +159,22 @@ def test_a_peer_policy_needs_required_client_certificates(tmp_path):
     context.verify_mode = ssl.CERT_OPTIONAL
     with pytest.raises(ValueError):
         PeerPolicy(context, allowed_peer_identities=frozenset({"stage-0"}))
+
+
+async def test_the_stream_path_admits_like_the_fast_path():
+    from libs.fnx2.receiver import serve_channel
+    from libs.fnx2.receiver_state import ReceiverLimits
+
+    config = ReceiverConfig(BINDING, ReceiverLimits(payload_bytes=1 << 20),
+                            listener=ListenerLimits(max_connections=1))
+    receiver = Fnx2Receiver(config, DoublingHandler())
+    server = await asyncio.start_server(lambda r, w: serve_channel(r, w, receiver), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    first = await RawPeer.open(port)
+    await first.bind()
+    second = await RawPeer.open(port)
+    assert (await second.read()).code == ErrorCode.CONNECTION_LIMIT
+    assert await second.read() is None
+    first.bomb(1)  # the stream path bounds bodies by credit too
+    assert (await first.read()).code == ErrorCode.FRAME_SIZE
+    server.close()
