@@ -10,9 +10,9 @@ from typing import TypeVar
 from fornax.common.v1 import common_pb2
 from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
 
+from libs.common.proto import DTYPE_FROM_PB, DTYPE_TO_PB
 from services.evidence_registry.domain import (
     BlobRef,
-    ElementType,
     EvidenceClass,
     Expectation,
     LayerRange,
@@ -47,12 +47,6 @@ CLASSES = {
     common_pb2.EVIDENCE_CLASS_REFERENCE: EvidenceClass.REFERENCE,
     common_pb2.EVIDENCE_CLASS_PHYSICAL: EvidenceClass.PHYSICAL,
 }
-DTYPES = {
-    common_pb2.ELEMENT_TYPE_BF16: ElementType.BF16,
-    common_pb2.ELEMENT_TYPE_FP16: ElementType.FP16,
-    common_pb2.ELEMENT_TYPE_FP32: ElementType.FP32,
-    common_pb2.ELEMENT_TYPE_INT32: ElementType.INT32,
-}
 
 
 _Key = TypeVar("_Key")
@@ -66,7 +60,6 @@ def _inverse(mapping: Mapping[_Key, _Value]) -> dict[_Value, _Key]:
 RECORD_TYPES_PB = _inverse(RECORD_TYPES)
 STATUSES_PB = _inverse(STATUSES)
 CLASSES_PB = _inverse(CLASSES)
-DTYPES_PB = _inverse(DTYPES)
 
 
 def enum_value(field: str, number: int, mapping: dict, *, required: bool):
@@ -87,7 +80,7 @@ def _provenance_from_proto(message: pb.Provenance) -> Provenance:
     return Provenance(
         hardware=message.hardware, backend_build=message.backend_build,
         model_snapshot=message.model_snapshot, command=message.command, layer_range=layers,
-        dtype=enum_value("record.provenance.dtype", message.dtype, DTYPES, required=False),
+        dtype=enum_value("record.provenance.dtype", message.dtype, DTYPE_FROM_PB, required=False),
         shapes=message.shapes,
     )
 
@@ -129,7 +122,7 @@ def provenance_to_proto(provenance: Provenance) -> pb.Provenance:
         message.layer_range.layer_start = provenance.layer_range.layer_start
         message.layer_range.layer_end_exclusive = provenance.layer_range.layer_end_exclusive
     if provenance.dtype is not None:
-        message.dtype = DTYPES_PB[provenance.dtype]
+        message.dtype = DTYPE_TO_PB[provenance.dtype]
     return message
 
 

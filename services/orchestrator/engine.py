@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.service.errors import Internal
+from libs.common.kinds import Backend
 from libs.text.chat_template import ChatMessage
 from libs.text.context import TextContext
 from services.orchestrator.domain import FinishReason, SamplingParams
@@ -23,7 +23,7 @@ from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProces
 from services.orchestrator.openai_request import CommonOptions
 from services.orchestrator.pipeline import Pipeline
 from services.orchestrator.prompting import generation_request
-from services.orchestrator.serving import ServingConfig, ServingEngine, terminal_error
+from services.orchestrator.serving import ServingConfig, ServingEngine
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Generation:
 class Engine:
     def __init__(self, checkpoint_dir: str | Path, *, stages: int = 1, backend: str = "numpy",
                  model_id: str = "fornax", config: ServingConfig = ServingConfig()) -> None:
-        route = InProcessRouteConfig(Path(checkpoint_dir), stages, backend, model_id=model_id)
+        route = InProcessRouteConfig(Path(checkpoint_dir), stages, Backend(backend), model_id=model_id)
         self._start(lambda: InProcessPipeline.from_checkpoint(route),
                     TextContext.from_checkpoint(checkpoint_dir), config)
 
@@ -83,7 +83,7 @@ class Engine:
         ids = tuple(text.encode_chat([ChatMessage("user", prompt)]) if chat
                     else text.tokenizer.encode(prompt))
         options = CommonOptions(max_tokens=max_tokens, sampling=SamplingParams(
-            temperature, top_p, top_k, seed), stop=tuple(stop), stream=False,
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed), stop=tuple(stop), stream=False,
             include_usage=False)
         request = generation_request(str(uuid.uuid4()), ids, options, serving.served,
                                      serving.config.default_max_tokens, "prompt")
@@ -105,21 +105,8 @@ class Engine:
 
 
 async def _run(serving: ServingEngine, request) -> Generation:
-    stream = serving.submit(request)
-    parts = []
-    try:
-        async for output in stream:
-            parts.append(output.text)
-            if output.finished:
-                return _final(output, "".join(parts))
-    finally:
-        if not stream.finished:
-            stream.cancel()
-    raise Internal("request stream ended without a final event")
-
-
-def _final(output, text: str) -> Generation:
-    error = terminal_error(output)
-    if error is not None:
-        raise error
-    return Generation(text, output.finish_reason, output.prompt_tokens, output.completion_tokens)
+    async with serving.submit(request) as stream:
+        done = await stream.collect()
+    final = done.final
+    assert final.finish_reason is not None  # a collected stream ends with its finish reason
+    return Generation(done.text, final.finish_reason, final.prompt_tokens, final.completion_tokens)

@@ -12,6 +12,7 @@ import structlog
 from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 
+from libs.common.kinds import DType
 from libs.service.errors import FailedPrecondition, FornaxError, Unavailable
 from libs.service.server import ServiceSpec
 from services.orchestrator import convert
@@ -37,16 +38,13 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
 
     async def Generate(self, request, context):
         engine = self._engine()
-        stream = engine.submit(convert.generation_from_pb(request, engine))
-        try:
+        # Leaving the block early (the caller went away or cancelled the RPC) cancels the request.
+        async with engine.submit(convert.generation_from_pb(request, engine)) as stream:
             async for output in stream:
                 error = terminal_error(output) if output.finished else None
                 if error is not None:
                     raise error
                 yield convert.output_to_pb(output)
-        finally:
-            if not stream.finished:
-                stream.cancel()  # the caller went away or cancelled the RPC
 
     async def Cancel(self, request, context) -> pb.CancelResponse:
         engine = self._route.engine
@@ -137,7 +135,7 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
     startup: asyncio.Task | None = None
     if cfg.inprocess_checkpoint:
         await manager.install(InstallRequest(cfg.inprocess_checkpoint, cfg.inprocess_stages,
-                                             cfg.inprocess_backend, "fp32"))
+                                             cfg.inprocess_backend, DType.FP32))
     elif cfg.checkpoint:
         # Planning, building and loading take a while: serve (not ready) meanwhile.
         startup = asyncio.get_running_loop().create_task(_install_at_startup(

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from libs.common.kinds import Backend, DType
+
 from services.planner.bruteforce import brute_force_bottleneck
 from services.planner.costs import build_tables
 from services.planner.inventory import Inventory, Link, Node, Target
@@ -46,11 +48,11 @@ def random_fleet(rng: np.random.Generator, n: int, memory_gib: tuple[float, floa
                  link_probability: float = 1.0) -> Inventory:
     nodes = tuple(
         Node(
-            name=f"n{i}", backend="max" if i % 2 == 0 else "numpy",
+            name=f"n{i}", backend=Backend.MAX if i % 2 == 0 else Backend.NUMPY,
             memory_bytes=int(rng.uniform(*memory_gib) * GIB),
             compute_flops=float(rng.uniform(5e12, 400e12)),
             memory_bandwidth_bytes_per_s=float(rng.uniform(50e9, 3e12)),
-            dtypes=("bf16", "fp32"), operations=ALL_OPERATIONS, build="synthetic",
+            dtypes=(DType.BF16, DType.FP32), operations=ALL_OPERATIONS, build="synthetic",
             reserve_bytes=int(rng.uniform(0, 0.1) * memory_gib[0] * GIB),
         )
         for i in range(n)

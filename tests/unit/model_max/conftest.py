@@ -1,5 +1,5 @@
 """Shared MAX fixtures. Every test here uses the tiny-lora-yarn preset, so one set of four
-compiled graphs (cached in the fixed MAX cache dir) serves the whole area."""
+compiled graphs (in the run's one compile cache, tests/conftest.py) serves the whole area."""
 
 from __future__ import annotations
 
