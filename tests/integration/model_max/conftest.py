@@ -1,7 +1,6 @@
-"""The MAX integration tests share the unit area's checkpoint and compile-cache setup."""
+"""The MAX integration tests share the unit area's checkpoint; the compile cache is the run's
+one cache (tests/conftest.py)."""
 
 import pytest
 
 pytest.importorskip("max")
-
-import tests.unit.model_max.conftest  # noqa: E402,F401  (configures this process for MAX)
