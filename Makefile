@@ -79,7 +79,8 @@ integration: setup
 clean:
 	rm -rf $(VENV) .fornax .proto-check
 
-# One container image per service (buildah, debootstrap base, host-built wheelhouse).
+# One container image per service from the template images/Dockerfile (buildah, debootstrap
+# base, host-built wheelhouse; scripts/images/build.sh gives each service its build args).
 # Needs root with buildah and debootstrap; IMAGE_SERVICES picks a subset, e.g. "planner".
 IMAGE_SERVICES ?= planner evidence_registry artifact_builder orchestrator stage_worker
 .PHONY: images
