@@ -59,7 +59,8 @@ class OrchestratorConfig:
         parser.add_argument("--inprocess-stages", type=int, help="env FORNAX_INPROCESS_STAGES")
         parser.add_argument("--inprocess-backend", choices=("numpy", "max"), help="env FORNAX_INPROCESS_BACKEND")
         parser.add_argument("--checkpoint", help="install this checkpoint on the stage workers at startup (env FORNAX_CHECKPOINT)")
-        parser.add_argument("--backend", choices=("numpy", "max"), help="stage backend for installs (env FORNAX_BACKEND)")
+        parser.add_argument("--backend", choices=("numpy", "max", "worker"),
+                            help="stage backend for installs; worker = each worker's own (env FORNAX_BACKEND)")
         parser.add_argument("--boundary-dtype", choices=("bf16", "fp16", "fp32"), help="env FORNAX_BOUNDARY_DTYPE")
         parser.add_argument("--artifact-store", help="where stage artifacts are built (env FORNAX_ARTIFACT_STORE)")
         parser.add_argument("--stage-kv-limit-bytes", type=int, help="env FORNAX_STAGE_KV_LIMIT_BYTES")

@@ -40,6 +40,8 @@ CPU_BANDWIDTH_BYTES_PER_S = 10e9
 LOOPBACK_BYTES_PER_S = 4e9
 LOOPBACK_LATENCY_NS = 50_000
 WARMUP_BUDGET_NS = 600 * 10**9
+# Install backend meaning "each stage runs the backend its own worker reports" (unlike fleets).
+BACKEND_OF_WORKER = "worker"
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,8 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
             stage_index=stage.stage_index, stage_count=count,
             layer_range=common_pb2.LayerRange(layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end),
             plan=binding, artifact_dir=artifact.artifact_dir, manifest_hash=artifact.manifest_hash,
-            backend=BACKEND_PB[spec.backend], boundary_dtype=DTYPE_PB[spec.boundary_dtype],
+            backend=BACKEND_PB[stage.backend if spec.backend == BACKEND_OF_WORKER else spec.backend],
+            boundary_dtype=DTYPE_PB[spec.boundary_dtype],
             next_hop_address=next_address, next_hop_manifest_hash=next_manifest, kv_limit_bytes=spec.kv_limit_bytes,
             output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
         )
