@@ -35,7 +35,8 @@ class OrchestratorConfig:
     checkpoint: str | None = None
     backend: str = "numpy"
     boundary_dtype: str = "bf16"
-    artifact_store: str = ".fornax/artifacts"
+    # The orchestrator's own state (model files fetched from the artifact builder).
+    state_dir: str = ".fornax/orchestrator"
     # KV bytes each stage keeps for the route; 0 leaves the stage worker's default.
     stage_kv_limit_bytes: int = 0
     drain_timeout_s: float = 60.0
@@ -62,7 +63,7 @@ class OrchestratorConfig:
         parser.add_argument("--backend", choices=("numpy", "max", "worker"),
                             help="stage backend for installs; worker = each worker's own (env FORNAX_BACKEND)")
         parser.add_argument("--boundary-dtype", choices=("bf16", "fp16", "fp32"), help="env FORNAX_BOUNDARY_DTYPE")
-        parser.add_argument("--artifact-store", help="where stage artifacts are built (env FORNAX_ARTIFACT_STORE)")
+        parser.add_argument("--state-dir", help="private state directory (env FORNAX_STATE_DIR)")
         parser.add_argument("--stage-kv-limit-bytes", type=int, help="env FORNAX_STAGE_KV_LIMIT_BYTES")
         parser.add_argument("--max-live-requests", type=int, help="admission queue size (env FORNAX_MAX_LIVE_REQUESTS)")
         parser.add_argument("--default-max-tokens", type=int, help="env FORNAX_DEFAULT_MAX_TOKENS")
@@ -84,7 +85,7 @@ class OrchestratorConfig:
             checkpoint=pick(args.checkpoint, env, "FORNAX_CHECKPOINT", None),
             backend=pick(args.backend, env, "FORNAX_BACKEND", "numpy"),
             boundary_dtype=pick(args.boundary_dtype, env, "FORNAX_BOUNDARY_DTYPE", "bf16"),
-            artifact_store=pick(args.artifact_store, env, "FORNAX_ARTIFACT_STORE", ".fornax/artifacts"),
+            state_dir=pick(args.state_dir, env, "FORNAX_STATE_DIR", ".fornax/orchestrator"),
             stage_kv_limit_bytes=pick(args.stage_kv_limit_bytes, env, "FORNAX_STAGE_KV_LIMIT_BYTES", 0, int),
             max_live_requests=pick(args.max_live_requests, env, "FORNAX_MAX_LIVE_REQUESTS", 256, int),
             default_max_tokens=pick(args.default_max_tokens, env, "FORNAX_DEFAULT_MAX_TOKENS", 256, int),

@@ -10,6 +10,7 @@ import asyncio
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -18,12 +19,13 @@ from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as ab_grpc
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
-from google.protobuf import json_format
 
 from libs.fnx2.messages import Phase
 from services.orchestrator.stage_chain import Route, RoutePlan, RouteStage, Sampling, SliceInput, lease_id_for
 from libs.model.config import load_config
 from libs.service.errors import FailedPrecondition, Unavailable
+from libs.text.context import TextPins
+from services.orchestrator.remote_files import fetch_model_files
 from services.planner import convert as planner_convert
 from services.planner.client import AsyncPlannerClient
 from services.planner.domain import Plan
@@ -50,7 +52,8 @@ class InstallSpec:
     stages: int
     backend: str
     boundary_dtype: str
-    artifact_store: str
+    # The orchestrator's own state: model files fetched from the builder live here.
+    state_dir: Path
     kv_limit_bytes: int = 0
     context_tokens: int = 2048
     concurrency: int = 32
@@ -68,6 +71,9 @@ class InstalledPlan:
     plan: Plan
     route_plan: RoutePlan
     layer_ranges: tuple[tuple[int, int], ...]
+    # The model files as fetched from the builder, and their tokenizer/template hashes.
+    model_dir: Path
+    text_pins: TextPins
 
 
 def _node_name(index: int) -> str:
@@ -110,9 +116,9 @@ def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> Invento
     return Inventory(nodes=tuple(nodes), links=links)
 
 
-async def create_plan(spec: InstallSpec, fleet: Fleet) -> Plan:
+async def create_plan(spec: InstallSpec, fleet: Fleet, model_dir: Path) -> Plan:
     capabilities = await _capabilities(fleet.workers)
-    model = describe_checkpoint(spec.checkpoint_dir)
+    model = describe_checkpoint(model_dir)
     target = Target(
         context_tokens=spec.context_tokens, concurrency=spec.concurrency, min_stages=spec.stages,
         max_stages=spec.stages, boundary_dtype=spec.boundary_dtype,
@@ -127,17 +133,17 @@ async def create_plan(spec: InstallSpec, fleet: Fleet) -> Plan:
 
 async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
                           progress: Callable[[str], None]) -> list[ab_pb.StageArtifact]:
-    plan_json = json_format.MessageToJson(planner_convert.plan_to_proto(plan))
+    # No out_dir: artifacts stay in the builder's own store, and workers fetch them from it.
     request = ab_pb.BuildStageArtifactsRequest(
-        request_id=str(uuid.uuid4()), checkpoint_dir=spec.checkpoint_dir, out_dir=spec.artifact_store,
-        plan_json=plan_json, boundary_dtype=DTYPE_PB[spec.boundary_dtype],
+        request_id=str(uuid.uuid4()), checkpoint_dir=spec.checkpoint_dir,
+        plan=planner_convert.plan_to_proto(plan), boundary_dtype=DTYPE_PB[spec.boundary_dtype],
     )
     result = None
     async with grpc.aio.insecure_channel(fleet.artifact_builder) as channel:
         async for event in ab_grpc.ArtifactBuilderServiceStub(channel).BuildStageArtifacts(request, timeout=3600):
             if event.HasField("result"):
                 result = event.result
-    progress(f"built {len(result.stages) if result else 0} stage artifacts in {spec.artifact_store}")
+    progress(f"built {len(result.stages) if result else 0} stage artifacts on {fleet.artifact_builder}")
     if result is None:
         raise Unavailable("the artifact builder ended without a result", reason="BUILD_INCOMPLETE")
     return sorted(result.stages, key=lambda s: s.stage_index)
@@ -155,7 +161,7 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
         stage_spec = sw_pb.StageSpec(
             stage_index=stage.stage_index, stage_count=count,
             layer_range=common_pb2.LayerRange(layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end),
-            plan=binding, artifact_dir=artifact.artifact_dir, manifest_hash=artifact.manifest_hash,
+            plan=binding, artifact_source_address=fleet.artifact_builder, manifest_hash=artifact.manifest_hash,
             backend=BACKEND_PB[stage.backend if spec.backend == BACKEND_OF_WORKER else spec.backend],
             boundary_dtype=DTYPE_PB[spec.boundary_dtype],
             next_hop_address=next_address, next_hop_manifest_hash=next_manifest, kv_limit_bytes=spec.kv_limit_bytes,
@@ -199,8 +205,9 @@ async def warm(route: Route, bos_token_id: int) -> None:
 async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], None]) -> tuple[InstalledPlan, Route]:
     if len(fleet.workers) < spec.stages:
         raise FailedPrecondition(f"{spec.stages} stages need {spec.stages} workers; the fleet has {len(fleet.workers)}", reason="NOT_ENOUGH_WORKERS")
+    model_dir, pins = await fetch_model_files(fleet.artifact_builder, spec.checkpoint_dir, spec.state_dir)
     progress("planning")
-    plan = await create_plan(spec, fleet)
+    plan = await create_plan(spec, fleet, model_dir)
     progress(f"plan {plan.plan_id}: " + ", ".join(f"{s.node} layers [{s.layer_start},{s.layer_end})" for s in plan.stages))
     artifacts = await build_artifacts(spec, fleet, plan, progress)
     route_plan = await load_stages(spec, fleet, plan, artifacts, str(uuid.uuid4()), progress)
@@ -208,9 +215,9 @@ async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], Non
     await route.open()
     try:
         progress("warming the route")
-        await warm(route, load_config(spec.checkpoint_dir).bos_token_id or 0)
+        await warm(route, load_config(model_dir).bos_token_id or 0)
     except BaseException:
         await route.close()
         raise
     ranges = tuple((s.layer_start, s.layer_end) for s in plan.stages)
-    return InstalledPlan(plan, route_plan, ranges), route
+    return InstalledPlan(plan, route_plan, ranges, model_dir, pins), route

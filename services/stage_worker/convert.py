@@ -56,6 +56,7 @@ def load_spec_from_pb(request: pb.LoadStageRequest) -> LoadSpec:
         device=spec.device,
         checkpoint_dir=spec.checkpoint_dir or None,
         artifact_dir=spec.artifact_dir or None,
+        artifact_source=spec.artifact_source_address or None,
         manifest_hash=spec.manifest_hash or None,
         next_hop=spec.next_hop_address or None,
         next_hop_manifest_hash=spec.next_hop_manifest_hash or None,

@@ -11,11 +11,12 @@ import hashlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
 
+from libs.artifacts.transfer import ArtifactCache
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import ModelError
 from libs.model.executor import PendingKv, StageBatch, StageExecutor, StageResult
@@ -24,6 +25,7 @@ from libs.model.kernels import make_kernels
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from services.stage_worker.fetch import fetch_artifact
 from services.stage_worker.lifecycle import Lifecycle, StageState
 
 
@@ -46,6 +48,8 @@ class LoadSpec:
     device: str = "cpu"
     checkpoint_dir: str | None = None
     artifact_dir: str | None = None
+    # gRPC address of the artifact builder to fetch artifact `manifest_hash` from.
+    artifact_source: str | None = None
     manifest_hash: str | None = None
     next_hop: str | None = None
     next_hop_manifest_hash: str | None = None
@@ -131,8 +135,10 @@ def checkpoint_stage_hash(spec: LoadSpec) -> str:
 
 
 class StageRuntime:
-    def __init__(self, backend: str, device: str, default_kv_limit_bytes: int, compile_cache_dir: str | None = None):
+    def __init__(self, backend: str, device: str, default_kv_limit_bytes: int, compile_cache_dir: str | None = None,
+                 artifact_cache_dir: str | None = None):
         self.backend = backend
+        self.artifact_cache = ArtifactCache(Path(artifact_cache_dir)) if artifact_cache_dir else None
         self.device = device
         self.compile_cache_dir = compile_cache_dir
         self.default_kv_limit_bytes = default_kv_limit_bytes
@@ -151,6 +157,7 @@ class StageRuntime:
         self.lifecycle.move(StageState.LOADING)
         loop = asyncio.get_running_loop()
         try:
+            spec = await self._fetched(spec)
             self.stage = await loop.run_in_executor(self._device_thread, self._load_blocking, spec)
         except ModelError as exc:
             self.lifecycle.fail(f"{exc.reason}: {exc.message}")
@@ -160,6 +167,13 @@ class StageRuntime:
             raise
         self.lifecycle.move(StageState.READY)
         return self.stage
+
+    async def _fetched(self, spec: LoadSpec) -> LoadSpec:
+        """A spec naming an artifact source loads from this worker's own fetched copy."""
+        if not spec.artifact_source:
+            return spec
+        local = await fetch_artifact(spec.artifact_source, spec.manifest_hash or "", self.artifact_cache)
+        return replace(spec, artifact_dir=str(local), artifact_source=None)
 
     def _check_spec(self, spec: LoadSpec) -> None:
         if spec.backend != self.backend:
@@ -174,8 +188,14 @@ class StageRuntime:
                 reason="DEVICE_MISMATCH",
                 field="spec.device",
             )
-        if bool(spec.checkpoint_dir) == bool(spec.artifact_dir):
-            raise InvalidArgument("give exactly one of checkpoint_dir or artifact_dir", field="spec")
+        if sum(map(bool, (spec.checkpoint_dir, spec.artifact_dir, spec.artifact_source))) != 1:
+            raise InvalidArgument("give exactly one of checkpoint_dir, artifact_dir or artifact_source_address",
+                                  field="spec")
+        if spec.artifact_source and not spec.manifest_hash:
+            raise InvalidArgument("artifact_source_address needs the manifest_hash to fetch", field="spec.manifest_hash")
+        if spec.artifact_source and self.artifact_cache is None:
+            raise FailedPrecondition("this worker has no state directory to fetch artifacts into",
+                                     reason="NO_ARTIFACT_CACHE", field="spec.artifact_source_address")
         if not 0 <= spec.stage_index < spec.stage_count:
             raise InvalidArgument("stage_index must be below stage_count", field="spec.stage_index")
         if spec.layer_end <= spec.layer_start:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
@@ -122,7 +124,8 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
 
 
 async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
-    runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes, cfg.compile_cache_dir)
+    runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes, cfg.compile_cache_dir,
+                           artifact_cache_dir=str(Path(cfg.state_dir) / "artifact_cache"))
     dataplane = DataPlane(runtime, cfg.server.host, cfg.data_plane_port, cfg.advertise_host)
     await dataplane.start()
     servicer = StageWorkerServicer(cfg, runtime, dataplane)

@@ -101,10 +101,23 @@ def test_two_unlike_hosts_serve_greedy_text_and_leave_nothing(tmp_path, checkpoi
                    for line in Path(f"/proc/{worker1.pid}/timens_offsets").read_text().splitlines()}
         assert offsets["monotonic"] == SKEW_S
         assert _greedy_through_openai(state.api) == reference
+        _assert_private_state(tmp_path / ".fornax", {"alpha": "stage_worker_0", "beta": "stage_worker_1"})
     finally:
         down = _fornax("down", cwd=tmp_path, timeout=120)
     assert down.returncode == 0, down.stderr
     assert record is not None and leftovers(record) == []
+
+
+def _assert_private_state(state_dir: Path, workers: dict[str, str]) -> None:
+    """Each worker loaded from its own fetched copy; the builder's store is its own."""
+    hosts = state_dir / "hosts"
+    built = {p.name for p in (hosts / "alpha" / "artifact_builder" / "artifacts").glob("sha256-*")}
+    fetched = [{p.name for p in (hosts / h / w / "artifact_cache" / "artifacts").glob("sha256-*")}
+               for h, w in workers.items()]
+    assert all(len(f) == 1 for f in fetched) and set().union(*fetched) <= built
+    assert len(set().union(*fetched)) == len(workers)  # one stage artifact per worker
+    assert any((hosts / "alpha" / "orchestrator" / "models").glob("*/tokenizer.json"))
+    assert not (state_dir.parent / ".fornax" / "artifacts").exists()
 
 
 def test_three_hosts_with_unequal_quotas_serve(tmp_path, checkpoint, reference):
