@@ -12,16 +12,18 @@ import hashlib
 import os
 from pathlib import Path
 
-import grpc
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as ab_pb
 from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as ab_grpc
 
 from libs.artifacts.manifest import MANIFEST_FILE, StageManifest
 from libs.artifacts.transfer import accept_manifest
+from libs.service.channels import open_aio_channel
 from libs.service.errors import DataLoss, FailedPrecondition
 from libs.text.context import TextPins
 
 MODEL_FILES_TIMEOUT_S = 120.0
+READS = ("fornax.artifact_builder.v1.ArtifactBuilderService/FetchArtifact",
+         "fornax.artifact_builder.v1.ArtifactBuilderService/GetModelFiles")
 
 
 class ModelFileHashMismatch(DataLoss):
@@ -61,7 +63,7 @@ def write_model_files(reply: ab_pb.GetModelFilesResponse, state_dir: Path) -> Pa
 
 
 async def fetch_model_files(builder: str, checkpoint_dir: str, state_dir: Path) -> tuple[Path, TextPins]:
-    async with grpc.aio.insecure_channel(builder) as channel:
+    async with open_aio_channel(builder, idempotent=READS) as channel:
         reply = await ab_grpc.ArtifactBuilderServiceStub(channel).GetModelFiles(
             ab_pb.GetModelFilesRequest(checkpoint_dir=checkpoint_dir), timeout=MODEL_FILES_TIMEOUT_S)
     local = write_model_files(reply, state_dir)
@@ -70,7 +72,7 @@ async def fetch_model_files(builder: str, checkpoint_dir: str, state_dir: Path) 
 
 
 async def fetch_manifest(builder: str, manifest_hash: str) -> StageManifest:
-    async with grpc.aio.insecure_channel(builder) as channel:
+    async with open_aio_channel(builder, idempotent=READS) as channel:
         stream = ab_grpc.ArtifactBuilderServiceStub(channel).FetchArtifact(
             ab_pb.FetchArtifactRequest(manifest_hash=manifest_hash, path=MANIFEST_FILE), timeout=MODEL_FILES_TIMEOUT_S)
         raw = b"".join([chunk.data async for chunk in stream])

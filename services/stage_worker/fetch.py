@@ -28,8 +28,10 @@ from libs.artifacts.transfer import (
     seal_blob,
 )
 from libs.artifacts.verify import verify_artifact
+from libs.service.channels import open_aio_channel
 
 log = structlog.get_logger()
+READS = ("fornax.artifact_builder.v1.ArtifactBuilderService/FetchArtifact",)
 FETCH_ATTEMPTS = 4
 # Per stream; a resume opens a new one.
 STREAM_TIMEOUT_S = 600.0
@@ -116,7 +118,7 @@ async def fetch_artifact(address: str, hash_value: str, cache: ArtifactCache,
     if final.exists() and await asyncio.to_thread(_verified, final, hash_value):
         log.info("artifact_cache_hit", manifest_hash=hash_value)
         return final
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with open_aio_channel(address, idempotent=READS) as channel:
         stub = ab_grpc.ArtifactBuilderServiceStub(channel)
         raw = await _fetch_manifest(stub, hash_value, attempts)
         manifest = accept_manifest(raw, hash_value)
