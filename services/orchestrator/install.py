@@ -29,18 +29,12 @@ from services.orchestrator.remote_files import fetch_model_files
 from services.planner import convert as planner_convert
 from services.planner.client import AsyncPlannerClient
 from services.planner.domain import Plan
-from services.planner.inventory import Inventory, Link, Node, Target
+from services.orchestrator.inventory_facts import describe_facts, inventory_from, node_name
+from services.planner.inventory import Target
 from services.planner.model import describe_checkpoint
 
 DTYPE_PB = {"bf16": common_pb2.ELEMENT_TYPE_BF16, "fp16": common_pb2.ELEMENT_TYPE_FP16, "fp32": common_pb2.ELEMENT_TYPE_FP32}
 BACKEND_PB = {"max": common_pb2.BACKEND_MAX, "numpy": common_pb2.BACKEND_NUMPY}
-# Declared per-core figures for a CPU worker that has no measured capability record yet;
-# plans made from them are exploratory and say so.
-CPU_FLOPS_PER_CORE = 20e9
-CPU_BANDWIDTH_BYTES_PER_S = 10e9
-# Declared loopback link between workers on one host (about what a raw loopback socket moves).
-LOOPBACK_BYTES_PER_S = 4e9
-LOOPBACK_LATENCY_NS = 50_000
 WARMUP_BUDGET_NS = 600 * 10**9
 # Install backend meaning "each stage runs the backend its own worker reports" (unlike fleets).
 BACKEND_OF_WORKER = "worker"
@@ -76,10 +70,6 @@ class InstalledPlan:
     text_pins: TextPins
 
 
-def _node_name(index: int) -> str:
-    return f"stage_worker_{index}"
-
-
 async def _capabilities(workers: tuple[str, ...]) -> list[sw_pb.GetCapabilitiesResponse]:
     async def one(address: str) -> sw_pb.GetCapabilitiesResponse:
         async with open_aio_channel(address) as channel:
@@ -88,36 +78,10 @@ async def _capabilities(workers: tuple[str, ...]) -> list[sw_pb.GetCapabilitiesR
     return list(await asyncio.gather(*(one(a) for a in workers)))
 
 
-def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> Inventory:
-    """One node per worker. Workers on one host split its memory; figures are declared."""
-    sharing: dict[str, int] = {}
-    for cap in capabilities:
-        sharing[cap.device.name] = sharing.get(cap.device.name, 0) + 1
-    nodes = []
-    for index, cap in enumerate(capabilities):
-        share = sharing[cap.device.name]
-        cores = max(1, cap.device.cpu_count // share)
-        nodes.append(
-            Node(
-                name=_node_name(index),
-                backend="max" if cap.backend == common_pb2.BACKEND_MAX else "numpy",
-                memory_bytes=cap.device.memory_available_bytes // share,
-                compute_flops=CPU_FLOPS_PER_CORE * cores,
-                memory_bandwidth_bytes_per_s=CPU_BANDWIDTH_BYTES_PER_S,
-                dtypes=tuple(common_pb2.ElementType.Name(d).removeprefix("ELEMENT_TYPE_").lower() for d in cap.supported_dtypes),
-                operations=tuple(cap.supported_operations),
-                build=cap.backend_build,
-            )
-        )
-    links = tuple(
-        Link(a.name, b.name, LOOPBACK_BYTES_PER_S, LOOPBACK_LATENCY_NS)
-        for i, a in enumerate(nodes) for b in nodes[i + 1:]
-    )
-    return Inventory(nodes=tuple(nodes), links=links)
-
-
-async def create_plan(spec: InstallSpec, fleet: Fleet, model_dir: Path) -> Plan:
+async def create_plan(spec: InstallSpec, fleet: Fleet, model_dir: Path,
+                      progress: Callable[[str], None] = lambda _: None) -> Plan:
     capabilities = await _capabilities(fleet.workers)
+    progress(f"inventory: {describe_facts(capabilities)}")
     model = describe_checkpoint(model_dir)
     target = Target(
         context_tokens=spec.context_tokens, concurrency=spec.concurrency, min_stages=spec.stages,
@@ -153,7 +117,7 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
                       generation: str, progress: Callable[[str], None]) -> RoutePlan:
     """Load last to first, so each stage is told its next hop's FNX2 address and manifest."""
     binding = common_pb2.PlanBinding(plan_id=fnx2_plan_id(plan), plan_hash=plan.plan_hash, plan_generation_id=generation)
-    workers = {_node_name(i): address for i, address in enumerate(fleet.workers)}
+    workers = {node_name(i): address for i, address in enumerate(fleet.workers)}
     next_address, next_manifest, loaded = "", "", []
     count = len(plan.stages)
     for stage, artifact in reversed(list(zip(plan.stages, artifacts))):
@@ -207,7 +171,7 @@ async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], Non
         raise FailedPrecondition(f"{spec.stages} stages need {spec.stages} workers; the fleet has {len(fleet.workers)}", reason="NOT_ENOUGH_WORKERS")
     model_dir, pins = await fetch_model_files(fleet.artifact_builder, spec.checkpoint_dir, spec.state_dir)
     progress("planning")
-    plan = await create_plan(spec, fleet, model_dir)
+    plan = await create_plan(spec, fleet, model_dir, progress)
     progress(f"plan {plan.plan_id}: " + ", ".join(f"{s.node} layers [{s.layer_start},{s.layer_end})" for s in plan.stages))
     artifacts = await build_artifacts(spec, fleet, plan, progress)
     route_plan = await load_stages(spec, fleet, plan, artifacts, str(uuid.uuid4()), progress)

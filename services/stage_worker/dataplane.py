@@ -63,6 +63,10 @@ class DataPlane:
         self.port = 0
 
     @property
+    def advertised_host(self) -> str:
+        return self._advertise_host
+
+    @property
     def address(self) -> str:
         return f"{self._advertise_host}:{self.port}" if self.port else ""
 

@@ -12,6 +12,7 @@ from libs.service.server import ServiceSpec
 from services.stage_worker import convert
 from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.dataplane import DataPlane
+from libs.service.cgroup_facts import cgroup_facts
 from libs.service.host import backend_build, host_facts
 from services.stage_worker.runtime import StageRuntime
 
@@ -40,6 +41,7 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
 
     async def GetCapabilities(self, request, context) -> pb.GetCapabilitiesResponse:
         facts = host_facts()
+        limits = cgroup_facts()
         build = backend_build(self._cfg.backend)
         return pb.GetCapabilitiesResponse(
             backend=_BACKENDS[self._cfg.backend],
@@ -50,12 +52,16 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
                 memory_total_bytes=facts.memory_total_bytes,
                 memory_available_bytes=facts.memory_available_bytes,
                 cpu_count=facts.cpu_count,
+                cpu_quota_cores=limits.cpu_quota_cores,
+                cpuset=limits.cpuset,
+                memory_limit_bytes=limits.memory_limit_bytes,
             ),
             supported_dtypes=[common_pb2.ELEMENT_TYPE_BF16, common_pb2.ELEMENT_TYPE_FP16, common_pb2.ELEMENT_TYPE_FP32],
             supported_operations=list(SUPPORTED_OPERATIONS) if build else [],
             fnx2_versions=["2.0"],
             data_plane_address=self._dataplane.address,
             stage_index=self._cfg.stage_index,
+            data_plane_host=self._dataplane.advertised_host,
         )
 
     async def LoadStage(self, request, context) -> pb.LoadStageResponse:
