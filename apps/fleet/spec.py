@@ -70,14 +70,6 @@ class FleetSpec:
     def host(self, name: str) -> HostSpec:
         return next(h for h in self.hosts if h.name == name)
 
-    @property
-    def boundary_dtype(self) -> BoundaryDtype:
-        """The one dtype of every hop, or FP32 for a single-stage fleet."""
-        dtypes = set(self.hop_dtypes) or {BoundaryDtype.FP32}
-        if len(dtypes) != 1:
-            raise FleetFileError("hops use different boundary dtypes; ask per hop")
-        return dtypes.pop()
-
 
 def _schema() -> dict:
     return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))

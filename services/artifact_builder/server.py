@@ -53,6 +53,7 @@ class ArtifactBuilderServicer(pb_grpc.ArtifactBuilderServiceServicer):
             out_dir=Path(request.out_dir or self._cfg.artifact_store),
             boundary_dtype=convert.boundary_dtype_name(request.boundary_dtype),
             chunk_bytes=self._cfg.build_chunk_bytes,
+            hop_dtypes=tuple(convert.boundary_dtype_name(d) for d in request.hop_boundary_dtypes),
         )
         async with self._build_lock:
             inspection = await self._inspect(request.checkpoint_dir, request.source, request.revision)

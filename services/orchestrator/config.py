@@ -14,6 +14,13 @@ def _addresses(raw: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in (raw or "").split(",") if part.strip())
 
 
+def _dtypes(raw: str | None) -> tuple[str, ...]:
+    dtypes = _addresses(raw)
+    if any(d not in ("bf16", "fp16", "fp32") for d in dtypes):
+        raise SystemExit(f"invalid FORNAX_HOP_BOUNDARY_DTYPES {raw!r}; expected bf16, fp16 or fp32 per hop")
+    return dtypes
+
+
 @dataclass(frozen=True)
 class OrchestratorConfig:
     server: ServerConfig
@@ -35,6 +42,8 @@ class OrchestratorConfig:
     checkpoint: str | None = None
     backend: str = "numpy"
     boundary_dtype: str = "bf16"
+    # Per hop of the installed route ("fp32"/"bf16"); empty = boundary_dtype on every hop.
+    hop_boundary_dtypes: tuple[str, ...] = ()
     # The orchestrator's own state (model files fetched from the artifact builder).
     state_dir: str = ".fornax/orchestrator"
     # KV bytes each stage keeps for the route; 0 leaves the stage worker's default.
@@ -63,6 +72,7 @@ class OrchestratorConfig:
         parser.add_argument("--backend", choices=("numpy", "max", "worker"),
                             help="stage backend for installs; worker = each worker's own (env FORNAX_BACKEND)")
         parser.add_argument("--boundary-dtype", choices=("bf16", "fp16", "fp32"), help="env FORNAX_BOUNDARY_DTYPE")
+        parser.add_argument("--hop-boundary-dtypes", help="comma-separated, one per hop (env FORNAX_HOP_BOUNDARY_DTYPES)")
         parser.add_argument("--state-dir", help="private state directory (env FORNAX_STATE_DIR)")
         parser.add_argument("--stage-kv-limit-bytes", type=int, help="env FORNAX_STAGE_KV_LIMIT_BYTES")
         parser.add_argument("--max-live-requests", type=int, help="admission queue size (env FORNAX_MAX_LIVE_REQUESTS)")
@@ -85,6 +95,7 @@ class OrchestratorConfig:
             checkpoint=pick(args.checkpoint, env, "FORNAX_CHECKPOINT", None),
             backend=pick(args.backend, env, "FORNAX_BACKEND", "numpy"),
             boundary_dtype=pick(args.boundary_dtype, env, "FORNAX_BOUNDARY_DTYPE", "bf16"),
+            hop_boundary_dtypes=_dtypes(pick(args.hop_boundary_dtypes, env, "FORNAX_HOP_BOUNDARY_DTYPES", None)),
             state_dir=pick(args.state_dir, env, "FORNAX_STATE_DIR", ".fornax/orchestrator"),
             stage_kv_limit_bytes=pick(args.stage_kv_limit_bytes, env, "FORNAX_STAGE_KV_LIMIT_BYTES", 0, int),
             max_live_requests=pick(args.max_live_requests, env, "FORNAX_MAX_LIVE_REQUESTS", 256, int),

@@ -23,10 +23,12 @@ from services.orchestrator.serving import ServingConfig, ServingEngine
 
 
 def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes: int,
-                    serving: ServingConfig, progress: Callable[[str], None]) -> Installer:
+                    serving: ServingConfig, progress: Callable[[str], None],
+                    hop_dtypes: tuple[str, ...] = ()) -> Installer:
     async def installer(request: InstallRequest) -> InstalledRoute:
         spec = InstallSpec(request.checkpoint_dir, request.stages, request.backend,
-                           request.boundary_dtype, Path(state_dir), kv_limit_bytes=kv_limit_bytes)
+                           request.boundary_dtype, Path(state_dir), kv_limit_bytes=kv_limit_bytes,
+                           hop_dtypes=hop_dtypes)
         installed, route = await install(spec, fleet, progress)
         try:
             # Tokenize with exactly what the artifacts were built from, or refuse to serve.

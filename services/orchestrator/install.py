@@ -49,6 +49,8 @@ class InstallSpec:
     # The orchestrator's own state: model files fetched from the builder live here.
     state_dir: Path
     kv_limit_bytes: int = 0
+    # Per hop ("fp32"/"bf16"), hop i from stage i to i+1; empty = boundary_dtype on every hop.
+    hop_dtypes: tuple[str, ...] = ()
     context_tokens: int = 2048
     concurrency: int = 32
 
@@ -101,6 +103,7 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
     request = ab_pb.BuildStageArtifactsRequest(
         request_id=str(uuid.uuid4()), checkpoint_dir=spec.checkpoint_dir,
         plan=planner_convert.plan_to_proto(plan), boundary_dtype=DTYPE_PB[spec.boundary_dtype],
+        hop_boundary_dtypes=[DTYPE_PB[d] for d in spec.hop_dtypes],
     )
     result = None
     async with open_aio_channel(fleet.artifact_builder) as channel:
@@ -127,7 +130,8 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
             layer_range=common_pb2.LayerRange(layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end),
             plan=binding, artifact_source_address=fleet.artifact_builder, manifest_hash=artifact.manifest_hash,
             backend=BACKEND_PB[stage.backend if spec.backend == BACKEND_OF_WORKER else spec.backend],
-            boundary_dtype=DTYPE_PB[spec.boundary_dtype],
+            boundary_dtype=DTYPE_PB[stage_dtypes(spec, stage.stage_index, count)[1]],
+            input_boundary_dtype=DTYPE_PB[stage_dtypes(spec, stage.stage_index, count)[0]],
             next_hop_address=next_address, next_hop_manifest_hash=next_manifest, kv_limit_bytes=spec.kv_limit_bytes,
             output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
         )
@@ -139,6 +143,17 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
         next_address, next_manifest = reply.data_plane_address, reply.manifest_hash
         loaded.append(RouteStage(stage.stage_index, address, reply.data_plane_address, reply.manifest_hash))
     return RoutePlan(binding.plan_id, binding.plan_hash, generation, tuple(reversed(loaded)))
+
+
+def stage_dtypes(spec: InstallSpec, stage_index: int, stage_count: int) -> tuple[str, str]:
+    """(into, out of) a stage: the hops around it; the route's ends take their one hop's."""
+    if not spec.hop_dtypes:
+        return spec.boundary_dtype, spec.boundary_dtype
+    if len(spec.hop_dtypes) != stage_count - 1:
+        raise FailedPrecondition(f"{stage_count} stages need {stage_count - 1} hop dtypes, got {len(spec.hop_dtypes)}",
+                                 reason="HOP_DTYPES_MISMATCH")
+    hops = spec.hop_dtypes
+    return hops[max(stage_index - 1, 0)], hops[min(stage_index, len(hops) - 1)]
 
 
 def fnx2_plan_id(plan: Plan) -> str:

@@ -111,7 +111,8 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
         fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers)
         return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
                                serving_config(cfg),
-                               lambda message: _log.info("install_progress", message=message))
+                               lambda message: _log.info("install_progress", message=message),
+                               hop_dtypes=cfg.hop_boundary_dtypes)
 
     async def no_fleet(request: InstallRequest) -> InstalledRoute:
         raise FailedPrecondition("no stage workers, planner or artifact builder configured",

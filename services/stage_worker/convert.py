@@ -12,6 +12,7 @@ from services.stage_worker.runtime import Admission, HealthSnapshot, LoadSpec, P
 
 BACKEND_NAMES = {common_pb2.BACKEND_MAX: "max", common_pb2.BACKEND_NUMPY: "numpy"}
 DTYPE_NAMES = {common_pb2.ELEMENT_TYPE_BF16: "bf16", common_pb2.ELEMENT_TYPE_FP16: "fp16", common_pb2.ELEMENT_TYPE_FP32: "fp32"}
+DTYPE_PB = {name: value for value, name in DTYPE_NAMES.items()}
 STATE_TO_PB = {
     StageState.UNLOADED: pb.STAGE_STATE_UNLOADED,
     StageState.LOADING: pb.STAGE_STATE_LOADING,
@@ -26,6 +27,14 @@ def _required(value: str, field: str) -> str:
     if not value:
         raise InvalidArgument(f"{field} is required", field=field)
     return value
+
+
+def _input_dtype(spec: pb.StageSpec) -> str | None:
+    if spec.input_boundary_dtype == common_pb2.ELEMENT_TYPE_UNSPECIFIED:
+        return None
+    if spec.input_boundary_dtype not in DTYPE_NAMES:
+        raise InvalidArgument("input_boundary_dtype must be BF16, FP16 or FP32", field="spec.input_boundary_dtype")
+    return DTYPE_NAMES[spec.input_boundary_dtype]
 
 
 def load_spec_from_pb(request: pb.LoadStageRequest) -> LoadSpec:
@@ -53,6 +62,7 @@ def load_spec_from_pb(request: pb.LoadStageRequest) -> LoadSpec:
         ),
         backend=BACKEND_NAMES[spec.backend],
         boundary_dtype=DTYPE_NAMES[spec.boundary_dtype],
+        input_boundary_dtype=_input_dtype(spec),
         device=spec.device,
         checkpoint_dir=spec.checkpoint_dir or None,
         artifact_dir=spec.artifact_dir or None,

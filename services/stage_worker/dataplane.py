@@ -103,7 +103,7 @@ class DataPlane:
                 limits=limits,
                 source_stage="gateway" if first else stage_id(spec.stage_index - 1),
                 input_kind=TensorKind.TOKEN_IDS if first else TensorKind.ACTIVATION,
-                input_dtype=DType.INT32 if first else DType(spec.boundary_dtype),
+                input_dtype=DType.INT32 if first else DType(spec.input_dtype),
                 input_width=None if first else stage.config.hidden_size,
             ),
             _Handler(self),

@@ -44,8 +44,10 @@ class LoadSpec:
     layer_end: int  # exclusive
     plan: PlanBinding
     backend: str
-    boundary_dtype: str  # "bf16" | "fp16" | "fp32"
+    boundary_dtype: str  # "bf16" | "fp16" | "fp32": the hop out of this stage
     device: str = "cpu"
+    # The hop into this stage; None = boundary_dtype.
+    input_boundary_dtype: str | None = None
     checkpoint_dir: str | None = None
     artifact_dir: str | None = None
     # gRPC address of the artifact builder to fetch artifact `manifest_hash` from.
@@ -55,6 +57,10 @@ class LoadSpec:
     next_hop_manifest_hash: str | None = None
     kv_limit_bytes: int = 0
     return_logits: bool = False
+
+    @property
+    def input_dtype(self) -> str:
+        return self.input_boundary_dtype or self.boundary_dtype
 
     @property
     def first(self) -> bool:
@@ -134,6 +140,17 @@ def checkpoint_stage_hash(spec: LoadSpec) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _check_boundary_contract(spec: LoadSpec, manifest) -> None:
+    """The hops' dtypes are part of the stage contract the artifact was built for."""
+    expected = [(manifest.boundary_input, spec.input_dtype, not spec.first),
+                (manifest.boundary_output, spec.boundary_dtype, not spec.last)]
+    for side, dtype, is_activation in expected:
+        if is_activation and side.dtype != f"ELEMENT_TYPE_{dtype.upper()}":
+            raise FailedPrecondition(
+                f"the artifact's boundary is {side.dtype}, the stage spec asks for {dtype}",
+                reason="BOUNDARY_CONTRACT_MISMATCH", field="spec.boundary_dtype")
+
+
 class StageRuntime:
     def __init__(self, backend: str, device: str, default_kv_limit_bytes: int, compile_cache_dir: str | None = None,
                  artifact_cache_dir: str | None = None):
@@ -205,7 +222,7 @@ class StageRuntime:
                 "every stage but the last needs next_hop_address and next_hop_manifest_hash",
                 field="spec.next_hop_address",
             )
-        if spec.boundary_dtype not in ("bf16", "fp16", "fp32"):
+        if spec.boundary_dtype not in ("bf16", "fp16", "fp32") or spec.input_dtype not in ("bf16", "fp16", "fp32"):
             raise InvalidArgument("boundary dtype must be bf16, fp16 or fp32", field="spec.boundary_dtype")
 
     def _load_blocking(self, spec: LoadSpec) -> LoadedStage:
@@ -236,6 +253,7 @@ class StageRuntime:
 
         verified = verify_artifact(spec.artifact_dir, expected_manifest_hash=spec.manifest_hash or None,
                                    expected_plan_hash=spec.plan.plan_hash or None)
+        _check_boundary_contract(spec, verified.manifest)
         return str(spec.artifact_dir), verified.manifest_hash
 
     async def unload(self) -> None:

@@ -69,9 +69,9 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
         stage = await self._runtime.load(spec)
         await self._dataplane.bind(stage)
         cfg = stage.config
-        hidden_contract = common_pb2.BoundaryContract(
-            kind=common_pb2.TENSOR_KIND_ACTIVATION, dtype=request.spec.boundary_dtype, width=cfg.hidden_size
-        )
+        hidden_in, hidden_out = (common_pb2.BoundaryContract(
+            kind=common_pb2.TENSOR_KIND_ACTIVATION, dtype=convert.DTYPE_PB[dtype], width=cfg.hidden_size
+        ) for dtype in (spec.input_dtype, spec.boundary_dtype))
         first_input = common_pb2.BoundaryContract(kind=common_pb2.TENSOR_KIND_TOKEN_IDS, dtype=common_pb2.ELEMENT_TYPE_INT32, width=1)
         last_output = common_pb2.BoundaryContract(
             kind=common_pb2.TENSOR_KIND_LOGITS if spec.return_logits else common_pb2.TENSOR_KIND_SAMPLED_TOKEN_IDS,
@@ -82,8 +82,8 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
             state=convert.STATE_TO_PB[self._runtime.lifecycle.state],
             manifest_hash=stage.manifest_hash,
             data_plane_address=self._dataplane.address,
-            input=first_input if spec.first else hidden_contract,
-            output=last_output if spec.last else hidden_contract,
+            input=first_input if spec.first else hidden_in,
+            output=last_output if spec.last else hidden_out,
             weight_bytes=stage.weight_bytes,
             load_time=common_pb2.Figure(
                 name="stage_load_time",
