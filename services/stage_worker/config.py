@@ -46,7 +46,9 @@ class StageWorkerConfig:
         parser.add_argument("--state-dir", help="private state: fetched artifacts (env FORNAX_STATE_DIR)")
         parser.add_argument("--cpu-affinity", type=parse_cpu_set, help="CPU set to pin to, e.g. 0-3 (env FORNAX_CPU_AFFINITY)")
         args = parse(parser, argv)
-        stage_index = pick(args.stage_index, env, "FORNAX_STAGE_INDEX", 0, int)
+        # A pool's pods count from 0; the pool's offset places them in the route (Helm pools).
+        stage_index = (pick(args.stage_index, env, "FORNAX_STAGE_INDEX", 0, int)
+                       + pick(None, env, "FORNAX_STAGE_INDEX_OFFSET", 0, int))
         backend = pick(args.backend, env, "FORNAX_BACKEND", cls.backend)
         device = pick(args.device, env, "FORNAX_DEVICE", cls.device)
         if backend not in BACKENDS:
