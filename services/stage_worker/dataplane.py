@@ -230,6 +230,7 @@ class DataPlane:
             payload = _boundary_payload(result.hidden, dtype)
             outgoing = _next_batch(work.batch, live, stage, Tensor.from_array(TensorKind.ACTIVATION, dtype, payload))
             metrics.PACK.labels(label).observe(time.perf_counter() - started)
+        metrics.BOUNDARY_BYTES.labels(label).inc(payload.nbytes)
         client = await self.next_hop(stage)
         with _TRACER.start_as_current_span(f"transfer to {stage_id(stage.spec.stage_index + 1)}"):
             outgoing = replace(outgoing, traceparent=current_traceparent())
