@@ -96,4 +96,7 @@ def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
         hops = ", ".join(f"{h['boundary_payload_bytes_per_token']:.0f}" for h in f["hops"].values())
         print(f"{level[1:]:>5}{f['output_tokens_per_s']:>10.1f}{f['ttft_p50_s']:>10.3f}{f['ttft_p99_s']:>10.3f}"
               f"{f['itl_p50_s']:>10.3f}{f['itl_p99_s']:>10.3f}  {hops}")
+    agreement = report["agreement"]
+    print(f"top-1 agreement with transformers fp32 at hops {agreement['hop_boundary_dtypes']}: "
+          f"{agreement['top1_agreement']:.4f} over {agreement['positions']} positions")
     return 0

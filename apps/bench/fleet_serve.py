@@ -22,6 +22,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from apps.bench.agreement import top1_agreement
 from apps.bench.serve import RunFigures, prompts
 from apps.fleet.isolated import start_isolated_fleet
 from apps.fleet.launcher import FleetOptions
@@ -44,6 +45,7 @@ class FleetBenchOptions:
     max_tokens: int = 16
     concurrency: tuple[int, ...] = (1, 8, 32)
     install_timeout_s: float = 3600.0
+    agreement_prompts: int = 4
 
 
 async def _stream_one(session: aiohttp.ClientSession, api: str, ids: tuple[int, ...],
@@ -138,10 +140,19 @@ def run_fleet_bench(options: FleetBenchOptions, command: str) -> dict:
             record = read_record(state_dir)
             host_links = {host.name: link for host, link in zip(options.spec.hosts, record.links[1:])}
             levels = asyncio.run(_measure(options, state, host_links))
+            agreement = _agreement(options, state)
         finally:
             launcher.stop_all()
             tear_down(state_dir)
-    return {"levels": levels, "provenance": _provenance(options, command)}
+    return {"levels": levels, "agreement": agreement, "provenance": _provenance(options, command)}
+
+
+def _agreement(options: FleetBenchOptions, state: FleetState) -> dict:
+    """Teacher-forced top-1 agreement with transformers fp32, at this fleet's hop dtypes."""
+    vocab = load_config(options.checkpoint).vocab_size
+    batch = [list(p) for p in prompts(vocab, options.agreement_prompts, 8, seed=7)]
+    figure = top1_agreement(options.checkpoint, state.entry("orchestrator").grpc, batch, options.max_tokens)
+    return {**figure, "hop_boundary_dtypes": [d.value for d in options.spec.hop_dtypes]}
 
 
 def _provenance(options: FleetBenchOptions, command: str) -> dict:
