@@ -28,8 +28,9 @@ def register(commands, benches) -> None:
     up = commands.add_parser("up", help="start the local fleet and wait until every service is SERVING")
     up.add_argument("--state-dir", default=".fornax", help="where fleet.json, logs and data live")
     up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the fleet")
-    up.add_argument("--stages", type=int, default=2, help="number of stage workers (default 2)")
-    up.add_argument("--backend", choices=BACKENDS, default="numpy", help="stage execution backend")
+    up.add_argument("--stages", type=int, help="number of stage workers (default 2; a fleet file declares its own)")
+    up.add_argument("--backend", choices=BACKENDS,
+                    help="stage execution backend (default numpy; a fleet file declares one per host)")
     up.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, default=None,
                     help="stage boundary dtype (default bf16; with --fleet, every hop the file does not set)")
     up.add_argument("--fleet", help="fleet file: each host its own network namespace, cgroup and link (needs root)")
@@ -56,7 +57,9 @@ def _fail(message: str) -> int:
 
 
 def _validate_up(args: argparse.Namespace) -> str | None:
-    if not 1 <= args.stages <= 16:
+    if args.fleet and (args.stages is not None or args.backend is not None):
+        return "--fleet declares every host's backend and the stages; drop --stages and --backend"
+    if args.stages is not None and not 1 <= args.stages <= 16:
         return f"--stages must be between 1 and 16, got {args.stages}"
     if args.checkpoint and not Path(args.checkpoint, "config.json").is_file():
         return f"--checkpoint {args.checkpoint!r} has no config.json"
@@ -96,7 +99,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             f"{h.name} ({h.backend.value}, {h.cpu_cores:g} cores)" for h in spec.hosts), file=sys.stderr)
         start = partial(start_isolated_fleet, options, spec)
     else:
-        print(f"starting fleet: {args.stages} stage workers, backend {args.backend}", file=sys.stderr)
+        print(f"starting fleet: {options.stages} stage workers, backend {options.backend}", file=sys.stderr)
         start = partial(start_fleet, options)
     try:
         state, launcher = start()
@@ -108,8 +111,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 def _options(args: argparse.Namespace) -> FleetOptions:
     return FleetOptions(
         state_dir=Path(args.state_dir).resolve(),
-        stages=args.stages,
-        backend=args.backend,
+        stages=args.stages or 2,
+        backend=args.backend or "numpy",
         boundary_dtype=args.boundary_dtype or "bf16",
         checkpoint=args.checkpoint,
         http_port=args.http_port,

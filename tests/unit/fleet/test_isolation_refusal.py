@@ -34,3 +34,20 @@ def test_up_with_a_fleet_file_fails_closed_without_root(monkeypatch, tmp_path, c
     assert code == 2
     assert "needs root" in capsys.readouterr().err
     assert not (tmp_path / ".fornax" / "fleet.json").exists()
+
+
+def test_up_refuses_stage_and_backend_flags_beside_a_fleet_file(tmp_path, capsys):
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text(yaml.safe_dump(SPEC))
+    code = main(["up", "--fleet", str(fleet), "--backend", "max", "--state-dir", str(tmp_path / ".fornax")])
+    assert code == 2
+    assert "drop --stages and --backend" in capsys.readouterr().err
+
+
+def test_a_fleet_file_that_fails_its_schema_is_refused_before_anything_starts(tmp_path, capsys):
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text(yaml.safe_dump({**SPEC, "control_host": "nowhere"}))
+    code = main(["up", "--fleet", str(fleet), "--state-dir", str(tmp_path / ".fornax")])
+    assert code == 2
+    assert "control_host" in capsys.readouterr().err
+    assert not (tmp_path / ".fornax" / "netns.json").exists()
