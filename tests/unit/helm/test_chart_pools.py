@@ -102,3 +102,10 @@ def test_the_schema_refuses_bad_pools(helm, tmp_path, pool, field):
     path.write_text(yaml.safe_dump({"stageWorker": {"pools": [pool]}}))
     run = run_helm_template(helm, [path])
     assert run.returncode != 0 and field in run.stderr
+
+
+def test_an_install_at_startup_needs_the_checkpoints_on_the_builder(helm, tmp_path):
+    path = tmp_path / "model.yaml"
+    path.write_text(yaml.safe_dump({"model": {"checkpoint": "/var/lib/fornax/checkpoints/m", "boundaryDtype": "bf16"}}))
+    run = run_helm_template(helm, [path])
+    assert run.returncode != 0 and "checkpoints.existingClaim" in run.stderr
