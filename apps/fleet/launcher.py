@@ -51,6 +51,10 @@ class ServiceProcess:
     host: str = HOST
     # Wraps the interpreter's argv, e.g. to enter a fleet host's cgroups and namespaces.
     wrap: Callable[[list[str]], list[str]] | None = None
+    # Address the service binds when it differs from `host` (a relay fronts it there).
+    bind_host: str | None = None
+    # Called with the bound ports once the ready file appears, before the health check.
+    on_ready: Callable[[dict[str, int]], None] | None = None
 
 
 @dataclass
@@ -99,7 +103,7 @@ class Launcher:
             **os.environ,
             **self.options.env,
             **spec.env,
-            "FORNAX_HOST": spec.host,
+            "FORNAX_HOST": spec.bind_host or spec.host,
             "FORNAX_READY_FILE": str(ready),
             "FORNAX_GRACE_PERIOD_S": str(self.options.grace_period_s),
             "PYTHONUNBUFFERED": "1",
@@ -122,6 +126,8 @@ class Launcher:
         deadline = time.monotonic() + self.options.startup_timeout_s
         for started in group:
             started.ports = self._await_ready_file(started, deadline)
+            if started.spec.on_ready:
+                started.spec.on_ready(started.ports)
             self._await_serving(started, deadline)
 
     def _await_ready_file(self, started: Started, deadline: float) -> dict[str, int]:

@@ -7,6 +7,8 @@ directory under `<state>/hosts/<host>/<service>`; the harness keeps only logs an
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -17,6 +19,8 @@ from libs.service.affinity import THREAD_VARIABLES
 from libs.service.fleet_state import FleetState, ServiceEntry
 from services.orchestrator.install import BACKEND_OF_WORKER
 
+LOOPBACK = "127.0.0.1"
+
 
 
 def _private_dir(options: FleetOptions, host: HostPlan, service: str) -> Path:
@@ -26,7 +30,22 @@ def _private_dir(options: FleetOptions, host: HostPlan, service: str) -> Path:
 
 
 def _process(host: HostPlan, name: str, kind: str, env: dict[str, str]) -> ServiceProcess:
-    return ServiceProcess(name, kind, f"services.{kind}", env, host=host.address, wrap=partial(host_command, host))
+    wrap = partial(host_command, host)
+    if not host.spec.link.delay_ns:
+        return ServiceProcess(name, kind, f"services.{kind}", env, host=host.address, wrap=wrap)
+    # A delayed host serves on loopback; a relay on its fabric address adds the delay inbound.
+    env = {**env, "FORNAX_ADVERTISE_HOST": host.address} if kind == "stage_worker" else env
+    return ServiceProcess(name, kind, f"services.{kind}", env, host=host.address, wrap=wrap,
+                          bind_host=LOOPBACK, on_ready=partial(start_relay, host))
+
+
+def start_relay(host: HostPlan, ports: dict[str, int]) -> subprocess.Popen:
+    """One relay per service, inside the host (its namespace and cgroup): `fornax down` removes
+    it with the host."""
+    pairs = [f"{host.address}:{port}={LOOPBACK}:{port}" for key, port in ports.items() if key != "pid"]
+    argv = [sys.executable, "-m", "apps.fleet.relay", "--delay-ms", str(host.spec.link.delay_ns / 1e6), *pairs]
+    return subprocess.Popen(host_command(host, argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def _control_env(options: FleetOptions, host: HostPlan) -> dict[str, str]:

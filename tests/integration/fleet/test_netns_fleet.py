@@ -16,7 +16,7 @@ import openai
 import pytest
 import yaml
 
-from apps.fleet.netns import leftovers, read_record
+from apps.fleet.netns import cgroup_pids, leftovers, read_record
 from libs.service.fleet_state import read_fleet
 from libs.text.context import TextContext
 from tests.integration.orchestrator.harness import tiny_checkpoint
@@ -142,6 +142,10 @@ def test_three_hosts_with_unequal_quotas_serve(tmp_path, checkpoint, reference):
         state = read_fleet(tmp_path / ".fornax")
         workers = [state.entry(f"stage_worker_{i}") for i in range(3)]
         assert len({_pid_namespace(w.pid) for w in workers}) == 3
+        # gamma declares a 2 ms link delay: its worker listens on loopback behind a relay.
+        gamma = next(d for d in record.cgroup_dirs if d.endswith("/gamma"))
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in cgroup_pids(gamma)]
+        assert any(b"apps.fleet.relay" in c for c in commands)
         assert _greedy_through_openai(state.api) == reference
     finally:
         down = _fornax("down", cwd=tmp_path, timeout=120)

@@ -19,13 +19,6 @@ def test_require_isolation_refuses_without_root(monkeypatch):
         netns.require_isolation(parse_fleet_spec(SPEC, "0" * 64))
 
 
-def test_declared_delay_is_refused_rather_than_ignored(monkeypatch):
-    monkeypatch.setattr(netns.os, "geteuid", lambda: 0)
-    raw = {**SPEC, "hosts": [{**SPEC["hosts"][0], "link": {"rate": "1Gbit/s", "delay": "2ms"}}]}
-    with pytest.raises(netns.IsolationUnavailable, match="delay"):
-        netns.require_isolation(parse_fleet_spec(raw, "0" * 64))
-
-
 def test_up_with_a_fleet_file_fails_closed_without_root(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     fleet = tmp_path / "f.yaml"
