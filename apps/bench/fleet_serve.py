@@ -32,7 +32,8 @@ from apps.fleet.spec import FleetSpec
 from libs.model.config import load_config
 from libs.service.fleet_state import FleetState
 
-STAGE_COUNTERS = {"fornax_stage_compute_seconds": "compute_s", "fornax_stage_queue_seconds": "queue_s",
+# Prometheus samples (histogram sums, counter totals) read from each stage worker.
+STAGE_COUNTERS = {"fornax_stage_compute_seconds_sum": "compute_s", "fornax_stage_queue_seconds_sum": "queue_s",
                   "fornax_fnx2_boundary_bytes_total": "boundary_bytes"}
 
 
@@ -72,19 +73,20 @@ async def _drive(api: str, batch: list[tuple[int, ...]], max_tokens: int) -> Run
 
 
 async def _stage_counters(state: FleetState) -> dict[str, dict[str, float]]:
-    """Per stage worker, the summed counters of STAGE_COUNTERS from its /metrics."""
+    """Per route stage ("stage-0", ...: the label every stage worker puts on its data-plane
+    metrics), the summed counters of STAGE_COUNTERS and the worker serving it."""
     out: dict[str, dict[str, float]] = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         for service in (s for s in state.services if s.kind == "stage_worker"):
             async with session.get(f"http://{service.metrics}/metrics") as response:
                 text = await response.text()
-            values = dict.fromkeys(STAGE_COUNTERS.values(), 0.0)
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
-                    name = STAGE_COUNTERS.get(sample.name.removesuffix("_sum"))
-                    if name and (sample.name.endswith("_sum") or sample.name.endswith("_total")):
+                    name, stage = STAGE_COUNTERS.get(sample.name), sample.labels.get("stage")
+                    if name and stage:
+                        values = out.setdefault(stage, {**dict.fromkeys(STAGE_COUNTERS.values(), 0.0),
+                                                        "worker": service.name})
                         values[name] += sample.value
-            out[service.name] = values
     return out
 
 
@@ -99,16 +101,17 @@ def _link_counters(links: list[str]) -> dict[str, tuple[int, int]]:
 def _level_report(figures: RunFigures, stages_before, stages_after,
                   links_before, links_after, host_links: dict[str, str]) -> dict:
     tokens = max(1, figures.output_tokens)
-    stage_names = sorted(stages_after)
+    stage_names = sorted(stages_after, key=lambda name: int(name.rsplit("-", 1)[1]))
     stages = {}
     for name in stage_names:
-        delta = {k: stages_after[name][k] - stages_before[name][k] for k in STAGE_COUNTERS.values()}
-        stages[name] = {"compute_s": delta["compute_s"], "device_queue_s": delta["queue_s"],
+        delta = {k: stages_after[name][k] - stages_before.get(name, {}).get(k, 0.0) for k in STAGE_COUNTERS.values()}
+        stages[name] = {"worker": stages_after[name]["worker"], "compute_s": delta["compute_s"],
+                        "device_queue_s": delta["queue_s"],
                         "exposed_wait_s": max(0.0, figures.wall_s - delta["compute_s"]),
-                        "exposed_wait_fraction": max(0.0, 1 - delta["compute_s"] / figures.wall_s)}
+                        "exposed_wait_fraction": max(0.0, 1 - delta["compute_s"] / figures.wall_s),
+                        "boundary_bytes": delta["boundary_bytes"]}
     hops = {f"hop_{i}": {"from": stage_names[i], "to": stage_names[i + 1],
-                         "boundary_payload_bytes_per_token": (stages_after[stage_names[i]]["boundary_bytes"]
-                                                              - stages_before[stage_names[i]]["boundary_bytes"]) / tokens}
+                         "boundary_payload_bytes_per_token": stages[stage_names[i]]["boundary_bytes"] / tokens}
             for i in range(len(stage_names) - 1)}
     links = {host: {"bytes_out_per_token": (links_after[link][0] - links_before[link][0]) / tokens,
                     "bytes_in_per_token": (links_after[link][1] - links_before[link][1]) / tokens}
