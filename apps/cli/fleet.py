@@ -14,13 +14,13 @@ from pathlib import Path
 from apps.fleet.compose import start_fleet
 from apps.fleet.isolated import start_isolated_fleet
 from apps.fleet.netns import IsolationFailed, IsolationUnavailable, read_record, tear_down
-from apps.fleet.spec import BoundaryDtype, FleetFileError, load_fleet_spec
+from apps.fleet.spec import FleetFileError, load_fleet_spec
+from libs.common.kinds import Backend, DType
 from apps.fleet.health import check_health
 from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
 from apps.fleet.route_wait import RouteFailed, wait_for_route
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
 
-BACKENDS = ("max", "numpy")
 BOUNDARY_DTYPES = ("bf16", "fp32")
 
 
@@ -29,7 +29,7 @@ def register(commands, benches) -> None:
     up.add_argument("--state-dir", default=".fornax", help="where fleet.json, logs and data live")
     up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the fleet")
     up.add_argument("--stages", type=int, help="number of stage workers (default 2; a fleet file declares its own)")
-    up.add_argument("--backend", choices=BACKENDS,
+    up.add_argument("--backend", choices=[backend.value for backend in Backend],
                     help="stage execution backend (default numpy; a fleet file declares one per host)")
     up.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, default=None,
                     help="stage boundary dtype (default bf16; with --fleet, every hop the file does not set)")
@@ -92,7 +92,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     options = _options(args)
     if args.fleet:
         try:
-            spec = load_fleet_spec(args.fleet, BoundaryDtype(args.boundary_dtype) if args.boundary_dtype else None)
+            spec = load_fleet_spec(args.fleet, DType(args.boundary_dtype) if args.boundary_dtype else None)
         except FleetFileError as exc:
             return _fail(f"fleet file {args.fleet}: {exc}")
         print(f"starting fleet {args.fleet}: " + ", ".join(

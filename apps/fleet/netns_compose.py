@@ -14,10 +14,11 @@ from pathlib import Path
 
 from apps.fleet.launcher import FleetOptions, Launcher, LaunchError, ServiceProcess
 from apps.fleet.netns_plan import HostPlan, NetnsPlan, host_command
-from apps.fleet.spec import BoundaryDtype, FleetSpec
+from apps.fleet.spec import FleetSpec
+from libs.common.kinds import DType
 from libs.service.affinity import THREAD_VARIABLES
 from libs.service.fleet_state import FleetState, ServiceEntry
-from services.orchestrator.install import BACKEND_OF_WORKER
+from services.orchestrator.config import BACKEND_OF_WORKER
 
 LOOPBACK = "127.0.0.1"
 
@@ -73,7 +74,7 @@ def _orchestrator_env(options: FleetOptions, spec: FleetSpec, entries: dict[str,
         "FORNAX_REGISTRY_ADDR": entries["evidence_registry"].grpc,
         "FORNAX_ARTIFACT_BUILDER_ADDR": entries["artifact_builder"].grpc,
         "FORNAX_STAGE_WORKERS": ",".join(workers),
-        "FORNAX_BOUNDARY_DTYPE": (spec.hop_dtypes or (BoundaryDtype.FP32,))[0].value,
+        "FORNAX_BOUNDARY_DTYPE": (spec.hop_dtypes or (DType.FP32,))[0].value,
         "FORNAX_HOP_BOUNDARY_DTYPES": ",".join(d.value for d in spec.hop_dtypes),
         "FORNAX_BACKEND": BACKEND_OF_WORKER,
         "FORNAX_STATE_DIR": str(_private_dir(options, control, "orchestrator")),

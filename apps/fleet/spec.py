@@ -8,7 +8,6 @@ the commands that build it.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from libs.common.kinds import Backend, DType
 from services.planner.inventory import InventoryError, parse_quantity
 
 SCHEMA_PATH = Path(__file__).with_name("fleet.schema.json")
@@ -24,16 +24,6 @@ SCHEMA_PATH = Path(__file__).with_name("fleet.schema.json")
 
 class FleetFileError(ValueError):
     """The fleet file is unreadable or invalid; the message names the field."""
-
-
-class Backend(enum.Enum):
-    MAX = "max"
-    NUMPY = "numpy"
-
-
-class BoundaryDtype(enum.Enum):
-    FP32 = "fp32"
-    BF16 = "bf16"
 
 
 @dataclass(frozen=True)
@@ -59,7 +49,7 @@ class FleetSpec:
     hosts: tuple[HostSpec, ...]
     control_host: str
     # One per hop, hop i carrying stage i's output to stage i+1.
-    hop_dtypes: tuple[BoundaryDtype, ...]
+    hop_dtypes: tuple[DType, ...]
     # sha256 of the file's bytes: every figure measured on this fleet names it.
     file_sha256: str
 
@@ -98,7 +88,7 @@ def _host(raw: dict, index: int) -> HostSpec:
     )
 
 
-def parse_fleet_spec(raw: object, file_sha256: str, dtype_override: BoundaryDtype | None = None) -> FleetSpec:
+def parse_fleet_spec(raw: object, file_sha256: str, dtype_override: DType | None = None) -> FleetSpec:
     """Validate a decoded fleet file; `dtype_override` sets every hop the file does not set."""
     errors = sorted(jsonschema.Draft202012Validator(_schema()).iter_errors(raw), key=lambda e: list(e.path))
     if errors:
@@ -117,12 +107,12 @@ def parse_fleet_spec(raw: object, file_sha256: str, dtype_override: BoundaryDtyp
     hops = raw.get("hops")
     if hops is not None and len(hops) != stages - 1:
         raise FleetFileError(f"hops: {stages} stages have {stages - 1} hops, the file lists {len(hops)}")
-    default = dtype_override or BoundaryDtype(raw.get("boundary_dtype", "fp32"))
-    hop_dtypes = tuple(BoundaryDtype(h["boundary_dtype"]) for h in hops) if hops else (default,) * (stages - 1)
+    default = dtype_override or DType(raw.get("boundary_dtype", "fp32"))
+    hop_dtypes = tuple(DType(h["boundary_dtype"]) for h in hops) if hops else (default,) * (stages - 1)
     return FleetSpec(hosts=hosts, control_host=raw["control_host"], hop_dtypes=hop_dtypes, file_sha256=file_sha256)
 
 
-def load_fleet_spec(path: str | Path, dtype_override: BoundaryDtype | None = None) -> FleetSpec:
+def load_fleet_spec(path: str | Path, dtype_override: DType | None = None) -> FleetSpec:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:

@@ -51,9 +51,9 @@ class ArtifactBuilderServicer(pb_grpc.ArtifactBuilderServiceServicer):
         options = BuildOptions(
             # A caller-chosen out_dir is served by no FetchArtifact; workers fetch from the store.
             out_dir=Path(request.out_dir or self._cfg.artifact_store),
-            boundary_dtype=convert.boundary_dtype_name(request.boundary_dtype),
+            boundary_dtype=convert.boundary_dtype_from_pb(request.boundary_dtype),
             chunk_bytes=self._cfg.build_chunk_bytes,
-            hop_dtypes=tuple(convert.boundary_dtype_name(d) for d in request.hop_boundary_dtypes),
+            hop_dtypes=tuple(convert.boundary_dtype_from_pb(d) for d in request.hop_boundary_dtypes),
         )
         async with self._build_lock:
             inspection = await self._inspect(request.checkpoint_dir, request.source, request.revision)

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+from libs.common.kinds import DType
 from libs.model.config import load_config
 from libs.text.context import TextContext
 from services.orchestrator.install import Fleet, InstallSpec, install
@@ -24,7 +25,7 @@ from services.orchestrator.serving import ServingConfig, ServingEngine
 
 def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes: int,
                     serving: ServingConfig, progress: Callable[[str], None],
-                    hop_dtypes: tuple[str, ...] = ()) -> Installer:
+                    hop_dtypes: tuple[DType, ...] = ()) -> Installer:
     async def installer(request: InstallRequest) -> InstalledRoute:
         spec = InstallSpec(request.checkpoint_dir, request.stages, request.backend,
                            request.boundary_dtype, Path(state_dir), kv_limit_bytes=kv_limit_bytes,

@@ -19,38 +19,38 @@ from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 
+from libs.common.kinds import Backend, DType
+from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
 from libs.fnx2.messages import Phase
-from services.orchestrator.stage_chain import Route, RoutePlan, RouteStage, Sampling, SliceInput, lease_id_for
 from libs.model.config import load_config
+from libs.model.sampling import GREEDY
 from libs.service.channels import open_aio_channel
 from libs.service.errors import FailedPrecondition, Unavailable
 from libs.text.context import TextPins
+from services.orchestrator.inventory_facts import describe_facts, inventory_from, node_name
 from services.orchestrator.remote_files import fetch_model_files
+from services.orchestrator.stage_chain import Route, RoutePlan, SliceInput, StageLoad, lease_id_for, load_route
 from services.planner import convert as planner_convert
 from services.planner.client import AsyncPlannerClient
 from services.planner.domain import Plan
-from services.orchestrator.inventory_facts import describe_facts, inventory_from, node_name
 from services.planner.inventory import Target
 from services.planner.model import describe_checkpoint
 
-DTYPE_PB = {"bf16": common_pb2.ELEMENT_TYPE_BF16, "fp16": common_pb2.ELEMENT_TYPE_FP16, "fp32": common_pb2.ELEMENT_TYPE_FP32}
-BACKEND_PB = {"max": common_pb2.BACKEND_MAX, "numpy": common_pb2.BACKEND_NUMPY}
 WARMUP_BUDGET_NS = 600 * 10**9
-# Install backend meaning "each stage runs the backend its own worker reports" (unlike fleets).
-BACKEND_OF_WORKER = "worker"
 
 
 @dataclass(frozen=True)
 class InstallSpec:
     checkpoint_dir: str
     stages: int
-    backend: str
-    boundary_dtype: str
+    # None: each stage runs the backend its own worker reports (an unlike fleet).
+    backend: Backend | None
+    boundary_dtype: DType
     # The orchestrator's own state: model files fetched from the builder live here.
     state_dir: Path
     kv_limit_bytes: int = 0
-    # Per hop ("fp32"/"bf16"), hop i from stage i to i+1; empty = boundary_dtype on every hop.
-    hop_dtypes: tuple[str, ...] = ()
+    # Per hop, hop i from stage i to i+1; empty = boundary_dtype on every hop.
+    hop_dtypes: tuple[DType, ...] = ()
     context_tokens: int = 2048
     concurrency: int = 32
 
@@ -102,8 +102,8 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
     # No out_dir: artifacts stay in the builder's own store, and workers fetch them from it.
     request = ab_pb.BuildStageArtifactsRequest(
         request_id=str(uuid.uuid4()), checkpoint_dir=spec.checkpoint_dir,
-        plan=planner_convert.plan_to_proto(plan), boundary_dtype=DTYPE_PB[spec.boundary_dtype],
-        hop_boundary_dtypes=[DTYPE_PB[d] for d in spec.hop_dtypes],
+        plan=planner_convert.plan_to_proto(plan), boundary_dtype=DTYPE_TO_PB[spec.boundary_dtype],
+        hop_boundary_dtypes=[DTYPE_TO_PB[d] for d in spec.hop_dtypes],
     )
     result = None
     async with open_aio_channel(fleet.artifact_builder) as channel:
@@ -118,34 +118,23 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
 
 async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: list[ab_pb.StageArtifact],
                       generation: str, progress: Callable[[str], None]) -> RoutePlan:
-    """Load last to first, so each stage is told its next hop's FNX2 address and manifest."""
+    """One stage per planned stage, on the worker the plan names, as plan generation `generation`."""
     binding = common_pb2.PlanBinding(plan_id=fnx2_plan_id(plan), plan_hash=plan.plan_hash, plan_generation_id=generation)
     workers = {node_name(i): address for i, address in enumerate(fleet.workers)}
-    next_address, next_manifest, loaded = "", "", []
     count = len(plan.stages)
-    for stage, artifact in reversed(list(zip(plan.stages, artifacts))):
-        address = workers[stage.node]
-        stage_spec = sw_pb.StageSpec(
-            stage_index=stage.stage_index, stage_count=count,
-            layer_range=common_pb2.LayerRange(layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end),
-            plan=binding, artifact_source_address=fleet.artifact_builder, manifest_hash=artifact.manifest_hash,
-            backend=BACKEND_PB[stage.backend if spec.backend == BACKEND_OF_WORKER else spec.backend],
-            boundary_dtype=DTYPE_PB[stage_dtypes(spec, stage.stage_index, count)[1]],
-            input_boundary_dtype=DTYPE_PB[stage_dtypes(spec, stage.stage_index, count)[0]],
-            next_hop_address=next_address, next_hop_manifest_hash=next_manifest, kv_limit_bytes=spec.kv_limit_bytes,
-            output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
-        )
-        async with open_aio_channel(address) as channel:
-            stub = sw_grpc.StageWorkerServiceStub(channel)
-            await stub.UnloadStage(sw_pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=60)
-            progress(f"loading stage {stage.stage_index} (layers {stage.layer_start}-{stage.layer_end - 1}) on {address}")
-            reply = await stub.LoadStage(sw_pb.LoadStageRequest(request_id=str(uuid.uuid4()), spec=stage_spec), timeout=3600)
-        next_address, next_manifest = reply.data_plane_address, reply.manifest_hash
-        loaded.append(RouteStage(stage.stage_index, address, reply.data_plane_address, reply.manifest_hash))
-    return RoutePlan(binding.plan_id, binding.plan_hash, generation, tuple(reversed(loaded)))
+    loads = [StageLoad(workers[stage.node], sw_pb.StageSpec(
+        stage_index=stage.stage_index, stage_count=count,
+        layer_range=common_pb2.LayerRange(layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end),
+        plan=binding, artifact_source_address=fleet.artifact_builder, manifest_hash=artifact.manifest_hash,
+        backend=BACKEND_TO_PB[spec.backend or Backend(stage.backend)],
+        boundary_dtype=DTYPE_TO_PB[stage_dtypes(spec, stage.stage_index, count)[1]],
+        input_boundary_dtype=DTYPE_TO_PB[stage_dtypes(spec, stage.stage_index, count)[0]],
+        kv_limit_bytes=spec.kv_limit_bytes, output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
+    )) for stage, artifact in zip(plan.stages, artifacts)]
+    return await load_route(loads, progress=progress)
 
 
-def stage_dtypes(spec: InstallSpec, stage_index: int, stage_count: int) -> tuple[str, str]:
+def stage_dtypes(spec: InstallSpec, stage_index: int, stage_count: int) -> tuple[DType, DType]:
     """(into, out of) a stage: the hops around it; the route's ends take their one hop's."""
     if not spec.hop_dtypes:
         return spec.boundary_dtype, spec.boundary_dtype
@@ -165,7 +154,7 @@ async def warm(route: Route, bos_token_id: int) -> None:
     """One prefill and one decode through every stage, then release; raises if any fails."""
     request_id = str(uuid.uuid4())
     lease = lease_id_for(route.plan, request_id)
-    await route.admit(request_id, 4, Sampling())
+    await route.admit(request_id, 4, GREEDY)
     try:
         first = (await route.run(Phase.PREFILL, [SliceInput(request_id, lease, 0, 0, 0, np.array([bos_token_id], np.int32), WARMUP_BUDGET_NS)]))[0]
         if not first.ok:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 
+from libs.common.proto import BACKEND_FROM_PB, DTYPE_FROM_PB
 from services.planner.inventory import Inventory, Link, Node
 
 # Declared per-core figures for a CPU worker that has no measured capability record yet.
@@ -44,8 +44,8 @@ def _memory(cap: sw_pb.GetCapabilitiesResponse, share: int) -> int:
     return min(limit, available) if limit and available else (limit or available)
 
 
-def _dtypes(cap: sw_pb.GetCapabilitiesResponse) -> tuple[str, ...]:
-    return tuple(common_pb2.ElementType.Name(d).removeprefix("ELEMENT_TYPE_").lower() for d in cap.supported_dtypes)
+def _dtypes(cap: sw_pb.GetCapabilitiesResponse) -> tuple:
+    return tuple(DTYPE_FROM_PB[d] for d in cap.supported_dtypes if d in DTYPE_FROM_PB)
 
 
 def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> Inventory:
@@ -54,7 +54,7 @@ def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> Invento
     nodes = tuple(
         Node(
             name=node_name(index),
-            backend="max" if cap.backend == common_pb2.BACKEND_MAX else "numpy",
+            backend=BACKEND_FROM_PB[cap.backend],
             memory_bytes=_memory(cap, 1 if cap.device.memory_limit_bytes else sharing[_host_of(cap)]),
             compute_flops=CPU_FLOPS_PER_CORE * _cores(cap, sharing[_host_of(cap)]),
             memory_bandwidth_bytes_per_s=CPU_BANDWIDTH_BYTES_PER_S,
@@ -72,7 +72,7 @@ def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> Invento
 def describe_facts(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> str:
     """One line per worker of the facts the inventory used, for the install log."""
     return "; ".join(
-        f"{node_name(i)}@{_host_of(c)} {common_pb2.Backend.Name(c.backend).removeprefix('BACKEND_').lower()} "
+        f"{node_name(i)}@{_host_of(c)} {BACKEND_FROM_PB.get(c.backend, 'unknown')} "
         f"({c.backend_build}) quota {c.device.cpu_quota_cores:g} cores cpuset {c.device.cpuset or '?'} "
         f"memory limit {c.device.memory_limit_bytes or 'none'}"
         for i, c in enumerate(capabilities)

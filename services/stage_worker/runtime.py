@@ -17,6 +17,8 @@ from pathlib import Path
 import structlog
 
 from libs.artifacts.transfer import ArtifactCache
+from libs.common.kinds import FLOAT_DTYPES, Backend, DType
+from libs.common.proto import dtype_pb_name
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import ModelError
 from libs.model.executor import PendingKv, StageBatch, StageExecutor, StageResult
@@ -43,11 +45,11 @@ class LoadSpec:
     layer_start: int
     layer_end: int  # exclusive
     plan: PlanBinding
-    backend: str
-    boundary_dtype: str  # "bf16" | "fp16" | "fp32": the hop out of this stage
+    backend: Backend
+    boundary_dtype: DType  # one of FLOAT_DTYPES: the hop out of this stage
     device: str = "cpu"
     # The hop into this stage; None = boundary_dtype.
-    input_boundary_dtype: str | None = None
+    input_boundary_dtype: DType | None = None
     checkpoint_dir: str | None = None
     artifact_dir: str | None = None
     # gRPC address of the artifact builder to fetch artifact `manifest_hash` from.
@@ -59,7 +61,7 @@ class LoadSpec:
     return_logits: bool = False
 
     @property
-    def input_dtype(self) -> str:
+    def input_dtype(self) -> DType:
         return self.input_boundary_dtype or self.boundary_dtype
 
     @property
@@ -72,7 +74,7 @@ class LoadSpec:
 
 
 @dataclass(frozen=True)
-class Admission:
+class SequenceAdmission:
     request_id: str
     lease_id: str
     reserve_bytes: int
@@ -108,7 +110,7 @@ class LoadedStage:
     manifest_hash: str
     weight_bytes: int
     load_seconds: float
-    admissions: dict[str, Admission] = field(default_factory=dict)
+    admissions: dict[str, SequenceAdmission] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)
 
 
@@ -145,19 +147,18 @@ def _check_boundary_contract(spec: LoadSpec, manifest) -> None:
     expected = [(manifest.boundary_input, spec.input_dtype, not spec.first),
                 (manifest.boundary_output, spec.boundary_dtype, not spec.last)]
     for side, dtype, is_activation in expected:
-        if is_activation and side.dtype != f"ELEMENT_TYPE_{dtype.upper()}":
+        if is_activation and side.dtype != dtype_pb_name(dtype):
             raise FailedPrecondition(
                 f"the artifact's boundary is {side.dtype}, the stage spec asks for {dtype}",
                 reason="BOUNDARY_CONTRACT_MISMATCH", field="spec.boundary_dtype")
 
 
 class StageRuntime:
-    def __init__(self, backend: str, device: str, default_kv_limit_bytes: int, compile_cache_dir: str | None = None,
+    def __init__(self, backend: Backend, device: str, default_kv_limit_bytes: int,
                  artifact_cache_dir: str | None = None):
         self.backend = backend
         self.artifact_cache = ArtifactCache(Path(artifact_cache_dir)) if artifact_cache_dir else None
         self.device = device
-        self.compile_cache_dir = compile_cache_dir
         self.default_kv_limit_bytes = default_kv_limit_bytes
         self.lifecycle = Lifecycle()
         self.stage: LoadedStage | None = None
@@ -195,7 +196,7 @@ class StageRuntime:
     def _check_spec(self, spec: LoadSpec) -> None:
         if spec.backend != self.backend:
             raise FailedPrecondition(
-                f"this worker runs backend {self.backend!r}; the stage asks for {spec.backend!r}",
+                f"this worker runs backend '{self.backend}'; the stage asks for '{spec.backend}'",
                 reason="BACKEND_MISMATCH",
                 field="spec.backend",
             )
@@ -222,8 +223,9 @@ class StageRuntime:
                 "every stage but the last needs next_hop_address and next_hop_manifest_hash",
                 field="spec.next_hop_address",
             )
-        if spec.boundary_dtype not in ("bf16", "fp16", "fp32") or spec.input_dtype not in ("bf16", "fp16", "fp32"):
-            raise InvalidArgument("boundary dtype must be bf16, fp16 or fp32", field="spec.boundary_dtype")
+        if spec.boundary_dtype not in FLOAT_DTYPES or spec.input_dtype not in FLOAT_DTYPES:
+            raise InvalidArgument(f"boundary dtypes must be one of {', '.join(FLOAT_DTYPES)}",
+                                  field="spec.boundary_dtype")
 
     def _load_blocking(self, spec: LoadSpec) -> LoadedStage:
         started = time.perf_counter()
@@ -239,12 +241,11 @@ class StageRuntime:
         return LoadedStage(spec, config, executor, manifest_hash, weight_bytes, time.perf_counter() - started)
 
     def _backend_options(self, spec: LoadSpec) -> object | None:
-        if spec.backend != "max":
+        if spec.backend != Backend.MAX:
             return None
         from libs.model.max_kernels import MaxOptions
 
-        cache = Path(self.compile_cache_dir) if self.compile_cache_dir else None
-        return MaxOptions(device=spec.device, cache_dir=cache, progress=_compile_progress)
+        return MaxOptions(device=spec.device, progress=_compile_progress)
 
     def _resolve_source(self, spec: LoadSpec) -> tuple[str, str]:
         if spec.checkpoint_dir:
@@ -277,7 +278,7 @@ class StageRuntime:
             raise FailedPrecondition(f"no stage is loaded (state {self.lifecycle.state.value})", reason="STAGE_NOT_LOADED")
         return self.stage
 
-    def admit(self, admission: Admission) -> int:
+    def admit(self, admission: SequenceAdmission) -> int:
         """Reserve KV for a request; returns the bytes still free after the reservation."""
         stage = self.loaded()
         if self.lifecycle.state == StageState.DRAINING:

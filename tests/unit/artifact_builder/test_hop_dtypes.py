@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from libs.artifacts.verify import verify_artifact
+from libs.common.kinds import DType
 from services.artifact_builder.build import BuildOptions, BuildResult, build_stage_artifacts
 from services.artifact_builder.errors import PlanInvalidError
 from services.artifact_builder.snapshot import inspect_checkpoint
@@ -12,12 +13,14 @@ from services.artifact_builder.staging import even_layer_ranges, plan_from_range
 from tests.unit.artifact_builder.fixtures import write_checkpoint
 
 BF16, FP32 = "ELEMENT_TYPE_BF16", "ELEMENT_TYPE_FP32"
+AS_DTYPE = {BF16: DType.BF16, FP32: DType.FP32, "ELEMENT_TYPE_INT8": "int8"}
 
 
 def _build(tmp_path, stages: int, hops: tuple[str, ...]):
     inspection = inspect_checkpoint(write_checkpoint(tmp_path / "ck"))
     plan = plan_from_ranges(even_layer_ranges(inspection.config.num_hidden_layers, stages))
-    events = list(build_stage_artifacts(inspection, plan, BuildOptions(tmp_path / "out", FP32, 1 << 16, hops)))
+    events = list(build_stage_artifacts(inspection, plan, BuildOptions(tmp_path / "out", DType.FP32, 1 << 16,
+                                                                               tuple(AS_DTYPE[h] for h in hops))))
     assert isinstance(events[-1], BuildResult)
     return [verify_artifact(s.artifact_dir).manifest for s in events[-1].stages]
 

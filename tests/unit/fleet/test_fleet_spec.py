@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from apps.fleet.spec import Backend, BoundaryDtype, FleetFileError, load_fleet_spec, parse_fleet_spec
+from apps.fleet.spec import FleetFileError, load_fleet_spec, parse_fleet_spec
+from libs.common.kinds import Backend, DType
 
 FLEETS = Path(__file__).resolve().parents[3] / "fleets"
 
@@ -31,7 +32,7 @@ def test_a_valid_file_becomes_typed_hosts():
     a, b = spec.hosts
     assert (a.backend, a.cpu_cores, a.memory_limit_bytes, a.link.rate_bits_per_s) == (Backend.MAX, 1.5, 2**31, 10**9)
     assert (b.backend, b.clock_offset_s, b.link.rate_bits_per_s, b.device) == (Backend.NUMPY, 60, 200 * 10**6, "cpu")
-    assert spec.hop_dtypes == (BoundaryDtype.FP32,)
+    assert spec.hop_dtypes == (DType.FP32,)
 
 
 @pytest.mark.parametrize("path", sorted(FLEETS.glob("*.yaml")), ids=lambda p: p.name)
@@ -81,9 +82,9 @@ def test_duplicate_host_names_are_refused():
 
 
 def test_dtype_override_applies_unless_the_file_sets_hops():
-    assert parse_fleet_spec(_raw(), "0" * 64, BoundaryDtype.BF16).hop_dtypes == (BoundaryDtype.BF16,)
+    assert parse_fleet_spec(_raw(), "0" * 64, DType.BF16).hop_dtypes == (DType.BF16,)
     per_hop = _raw(hops=[{"boundary_dtype": "fp32"}])
-    assert parse_fleet_spec(per_hop, "0" * 64, BoundaryDtype.BF16).hop_dtypes == (BoundaryDtype.FP32,)
+    assert parse_fleet_spec(per_hop, "0" * 64, DType.BF16).hop_dtypes == (DType.FP32,)
 
 
 def test_file_hash_is_of_its_bytes(tmp_path):
