@@ -61,6 +61,8 @@ def _worker_process(options: FleetOptions, host: HostPlan, index: int) -> Servic
         "FORNAX_STAGE_INDEX": str(index),
         "FORNAX_BACKEND": host.spec.backend.value,
         "FORNAX_DEVICE": "cpu" if device == "cpu" else "gpu",
+        # gpu:N is that one GPU, and only it, for this host's worker.
+        **({"CUDA_VISIBLE_DEVICES": device.split(":", 1)[1]} if device.startswith("gpu:") else {}),
         "FORNAX_STATE_DIR": str(_private_dir(options, host, f"stage_worker_{index}")),
     }
     return _process(host, f"stage_worker_{index}", "stage_worker", env)

@@ -1,5 +1,5 @@
-"""The delaying relay: bytes into a delayed host arrive intact, in order, and no sooner than the
-declared delay; bytes out of it are not held. Delayed hosts bind their services on loopback."""
+"""Services of a fleet host: the delaying relay (bytes into a delayed host arrive intact, in order,
+and no sooner than the declared delay), loopback binding behind it, and a GPU host's device."""
 
 from __future__ import annotations
 
@@ -70,3 +70,18 @@ def test_a_delayed_host_binds_loopback_and_advertises_its_fabric_address():
     assert delayed.bind_host == LOOPBACK and delayed.host == plan.hosts[1].address
     assert delayed.env["FORNAX_ADVERTISE_HOST"] == plan.hosts[1].address
     assert spec.hosts[1].link.delay_ns == 5_000_000
+
+
+def test_a_gpu_host_worker_sees_only_its_gpu(tmp_path):
+    from apps.fleet.launcher import FleetOptions
+    from apps.fleet.netns_compose import _worker_process
+
+    spec = parse_fleet_spec({
+        "version": 1, "control_host": "a",
+        "hosts": [{"name": "a", "backend": "max", "device": "gpu:1", "cpu_cores": 2, "memory_limit": "8GiB",
+                   "link": {"rate": "10Gbit/s"}}],
+    }, "0" * 64)
+    (host,) = make_plan(spec, "abcdef", CgroupVersion.V1, (0, 1)).hosts
+    env = _worker_process(FleetOptions(state_dir=tmp_path), host, 0).env
+    assert (env["FORNAX_DEVICE"], env["CUDA_VISIBLE_DEVICES"], env["FORNAX_BACKEND"]) == ("gpu", "1", "max")
+    assert env["OMP_NUM_THREADS"] == "2"
