@@ -168,3 +168,35 @@ def test_model_files_come_with_hashes_that_match_the_snapshot(built):
     assert files["tokenizer.json"].sha256 == reply.snapshot.tokenizer_sha256
     assert files["config.json"].content == (built[1] / "config.json").read_bytes()
     assert not any(name.endswith(".safetensors") for name in files)
+
+
+def test_a_worker_refuses_an_artifact_built_for_other_hop_dtypes(built, tmp_path):
+    from libs.common.kinds import Backend, DType
+    from libs.service.errors import FailedPrecondition
+    from services.stage_worker.runtime import LoadSpec, PlanBinding, StageRuntime
+
+    async def body(address, stub, artifact, servicer):
+        events = [e async for e in stub.BuildStageArtifacts(pb.BuildStageArtifactsRequest(
+            checkpoint_dir=str(built[1]), boundary_dtype=common_pb2.ELEMENT_TYPE_FP32,
+            layer_ranges=[common_pb2.LayerRange(layer_start=0, layer_end_exclusive=2),
+                          common_pb2.LayerRange(layer_start=2, layer_end_exclusive=4)]))]
+        result = events[-1].result
+        first = result.stages[0]
+        runtime = StageRuntime(Backend.NUMPY, "cpu", 1 << 20, artifact_cache_dir=str(tmp_path / "cache"))
+
+        def spec(dtype: DType) -> LoadSpec:
+            return LoadSpec(stage_index=0, stage_count=2, layer_start=0, layer_end=2,
+                            plan=PlanBinding(result.plan_id, result.plan_hash, "generation-1"),
+                            backend=Backend.NUMPY, boundary_dtype=dtype, artifact_source=address,
+                            manifest_hash=first.manifest_hash, next_hop="127.0.0.1:1",
+                            next_hop_manifest_hash=result.stages[1].manifest_hash)
+
+        with pytest.raises(FailedPrecondition) as refused:
+            await runtime.load(spec(DType.BF16))  # the artifact's output hop is fp32
+        await runtime.unload()
+        loaded = await runtime.load(spec(DType.FP32))
+        return refused.value, loaded
+
+    refused, loaded = _serve_and(built, ArtifactBuilderServicer, body)
+    assert refused.reason == "BOUNDARY_CONTRACT_MISMATCH"
+    assert loaded.manifest_hash.startswith("sha256:")
