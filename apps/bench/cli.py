@@ -1,4 +1,4 @@
-"""`fornax bench serve [--json]`."""
+"""`fornax bench serve [--json]` and `fornax bench grammar`."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ def register(commands, benches) -> None:
     serve.add_argument("--repeats", type=int, default=2, help="interleaved repetitions per level (best kept)")
     serve.add_argument("--json", action="store_true")
     serve.set_defaults(func=cmd_serve)
+    grammar = benches.add_parser("grammar", help="per-token mask cost of the structured-output grammar engines")
+    grammar.add_argument("--checkpoint", help=f"checkpoint dir (default: the small preset in {DEFAULT_CHECKPOINT})")
+    grammar.add_argument("--walks", type=int, default=20, help="seeded random walks per engine")
+    grammar.add_argument("--max-steps", type=int, default=200, help="tokens per walk at most")
+    grammar.set_defaults(func=cmd_grammar)
 
 
 def _checkpoint(path: str | None) -> str:
@@ -67,4 +72,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   f"{f['ttft_p99_s']:>10.3f}{f['itl_p50_s']:>10.3f}{f['itl_p99_s']:>10.3f}")
     for key in sorted(k for k in report if k.startswith(("two_vs", "pipeline_vs"))):
         print(f"{key} = {report[key]:.2f}")
+    return 0
+
+
+def cmd_grammar(args: argparse.Namespace) -> int:
+    from apps.bench.grammar import run
+
+    report = run(_checkpoint(args.checkpoint), args.walks, args.max_steps)
+    print(json.dumps(report, indent=2, sort_keys=True))
     return 0

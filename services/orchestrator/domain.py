@@ -5,6 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from libs.model.sampling import SamplingParams as ModelSampling
+from libs.structured.grammar import GrammarSpec
+
 
 class Phase(enum.Enum):
     PREFILL = "prefill"
@@ -39,6 +42,22 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # Structured output: the final stage masks every sample to this grammar.
+    grammar: GrammarSpec | None = None
+    # Position of the prompt's last row (its sample is the first generated token); set at
+    # admission from the prompt length.
+    first_sample_position: int = 0
+
+    def for_stage(self) -> ModelSampling:
+        """The final stage's view of these settings (the seed is always set by then)."""
+        return ModelSampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                             seed=self.seed or 0, presence_penalty=self.presence_penalty,
+                             frequency_penalty=self.frequency_penalty,
+                             logit_bias=self.logit_bias, grammar=self.grammar,
+                             first_sample_position=self.first_sample_position)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 from aiohttp import web
@@ -28,7 +28,9 @@ from services.orchestrator.openai_request import (
     parse_completion,
     parse_json_object,
 )
+from services.orchestrator.openai_tools import CallStreamSplitter, ToolRequest, extract_calls
 from services.orchestrator.prompting import (
+    chat_options,
     chat_prompt_ids,
     check_model,
     completion_prompt_ids,
@@ -160,10 +162,12 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
     body = parse_chat_completion(parse_json_object(await request.read()))
     check_model(body.model, engine.served)
+    options = chat_options(body, engine.text, engine.served)
     gen = generation_request(str(uuid.uuid4()), chat_prompt_ids(body, engine.text),
-                             body.options, engine.served, engine.config.default_max_tokens,
+                             options, engine.served, engine.config.default_max_tokens,
                              "messages")
-    return await _respond(request, engine, gen, body.model, body.options, _CHAT)
+    form = replace(_CHAT, tools=body.tools) if body.tools.active else _CHAT
+    return await _respond(request, engine, gen, body.model, options, form)
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
@@ -183,6 +187,7 @@ class _Format:
     object_name: str
     full: Callable[..., dict]
     chunk: Callable[[str, int, str, str, FinishReason | None, bool, bool], dict]
+    tools: ToolRequest | None = None  # chat with tools that may be called
 
 
 def _chat_chunk(rid, created, model, text, finish, first, usage_field) -> dict:
@@ -219,9 +224,12 @@ async def _collect(stream: RequestStream, model: str, form: _Format) -> web.Resp
             error = terminal_error(output)
             if error is not None:
                 raise error
+            content, calls = "".join(text), ()
+            if form.tools is not None:
+                content, calls = extract_calls(content, form.tools)
             return web.json_response(form.full(
-                _public_id(form, stream), created, model, "".join(text), output.finish_reason,
-                output.prompt_tokens, output.completion_tokens))
+                _public_id(form, stream), created, model, content, output.finish_reason,
+                output.prompt_tokens, output.completion_tokens, tool_calls=calls))
     raise Internal("request stream ended without a final event")
 
 
@@ -233,10 +241,15 @@ async def _stream_sse(request: web.Request, stream: RequestStream, model: str,
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
     rid, created, first = _public_id(form, stream), int(time.time()), True
+    splitter = CallStreamSplitter(form.tools) if form.tools is not None else None
     async for output in _prepend(head, stream):
         error = terminal_error(output) if output.finished else None
-        if output.text or first or (output.finished and error is None):
-            await _send(response, form.chunk(rid, created, model, output.text,
+        text = splitter.feed(output.text) if splitter is not None else output.text
+        if splitter is not None and output.finished and error is None:
+            first = await _send_calls(response, splitter, rid, created, model, first,
+                                      options.include_usage, text, output.finish_reason)
+        elif text or first or (output.finished and error is None):
+            await _send(response, form.chunk(rid, created, model, text,
                                              None if error else output.finish_reason, first,
                                              options.include_usage))
             first = False
@@ -249,6 +262,26 @@ async def _stream_sse(request: web.Request, stream: RequestStream, model: str,
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
+
+
+async def _send_calls(response: web.StreamResponse, splitter: CallStreamSplitter, rid: str,
+                      created: int, model: str, first: bool, usage_field: bool, text: str,
+                      finish: FinishReason | None) -> bool:
+    """The end of a chat stream with tools: held content, then the calls as deltas, then the
+    finish chunk ("tool_calls" when there were calls)."""
+    rest, calls = splitter.finish()
+    content = text + rest
+    role = {"role": "assistant"} if first else {}
+    if content or first:
+        await _send(response, fmt.chat_chunk(rid, created, model, {**role, "content": content},
+                                             None, usage_field))
+    for index, call in enumerate(calls):
+        await _send(response, fmt.chat_chunk(rid, created, model,
+                                             {"tool_calls": [fmt.tool_call_delta(index, call)]},
+                                             None, usage_field))
+    await _send(response, fmt.chat_chunk(rid, created, model, {}, finish, usage_field,
+                                         tool_calls=bool(calls)))
+    return False
 
 
 async def _prepend(head: RequestOutput, stream: RequestStream):

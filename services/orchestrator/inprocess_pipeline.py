@@ -20,7 +20,9 @@ from libs.model.errors import ModelError, UnknownSequenceError
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
 from libs.model.kv_store import SliceIdentity
-from libs.model.sampling import SamplingParams as ModelSampling
+from libs.service.errors import FornaxError
+from libs.structured.decoding import DecodingTable
+from libs.structured.grammar import GrammarVocabulary
 from libs.model.weights import load_stage_weights
 from services.orchestrator.domain import (
     Microbatch,
@@ -44,9 +46,12 @@ class InProcessRouteConfig:
 
 
 class InProcessPipeline:
-    def __init__(self, executors: list[StageExecutor], served: ServedModel) -> None:
+    def __init__(self, executors: list[StageExecutor], served: ServedModel,
+                 grammar_vocab: GrammarVocabulary | None = None) -> None:
         self._executors = executors
         self.served = served
+        # The final stage's per-request grammar and penalty state.
+        self._decoding = DecodingTable(served.vocab_size, grammar_vocab)
         self._threads = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage{i}")
                          for i in range(len(executors))]
         self._generation = uuid.uuid4()
@@ -63,8 +68,11 @@ class InProcessPipeline:
             kernels = make_kernels(config.backend, cfg, weights)
             spec = StageSpec(start, end, first, last, config.kv_limit_bytes_per_stage)
             executors.append(StageExecutor(cfg, spec, kernels))
+        tokenizer = Path(config.checkpoint_dir, "tokenizer.json")
+        vocab = (GrammarVocabulary(tokenizer.read_text(encoding="utf-8"), cfg.vocab_size)
+                 if tokenizer.exists() else None)
         return cls(executors, served_model(cfg, ranges, config.model_id,
-                                           config.kv_limit_bytes_per_stage))
+                                           config.kv_limit_bytes_per_stage), vocab)
 
     @property
     def num_stages(self) -> int:
@@ -78,15 +86,22 @@ class InProcessPipeline:
                                      s.request_sequence_no, s.token_position_start, s.kv_epoch,
                                      len(s.token_ids)) for s in batch.slices)
         token_ids = np.fromiter((t for s in batch.slices for t in s.token_ids), dtype=np.int32)
-        sampling = tuple(ModelSampling(temperature=s.sampling.temperature,
-                                       top_k=s.sampling.top_k, top_p=s.sampling.top_p,
-                                       seed=s.sampling.seed or 0) for s in batch.slices)
+        sampling = tuple(s.sampling.for_stage() for s in batch.slices)
+        for piece, params in zip(batch.slices, sampling):
+            self._decoding.open(piece.request_id, params)
+        ids = [s.request_id for s in batch.slices]
+        positions = [s.token_position_start + len(s.token_ids) - 1 for s in batch.slices]
+        try:
+            filters = self._decoding.filters(ids, positions) if len(self._decoding) else ()
+        except FornaxError as exc:
+            return _failed(batch, f"sampling state: {exc.reason}: {exc.message}")
         loop = asyncio.get_running_loop()
         hidden, epochs, tokens = None, [], None
         for index, executor in enumerate(self._executors):
             last = index == len(self._executors) - 1
             stage_batch = StageBatch(slices=idents, token_ids=token_ids if index == 0 else None,
-                                     hidden=hidden, sampling=sampling if last else ())
+                                     hidden=hidden, sampling=sampling if last else (),
+                                     token_filters=filters if last else ())
             try:
                 result = await loop.run_in_executor(self._threads[index], executor.execute,
                                                     stage_batch)
@@ -95,6 +110,7 @@ class InProcessPipeline:
             hidden, tokens = result.hidden, result.token_ids
             epochs.append(result.kv_epochs_after)
         assert tokens is not None
+        self._decoding.accept(ids, positions, tokens.tolist())
         return MicrobatchResult(batch.batch_id, tuple(
             _sequence_result(s, int(tokens[i]), [stage[i] for stage in epochs])
             for i, s in enumerate(batch.slices)))
@@ -103,6 +119,7 @@ class InProcessPipeline:
         """Nothing to drop: an in-process stage runs a microbatch to its end."""
 
     async def release(self, request_id: str) -> ReleaseReport:
+        self._decoding.close(request_id)
         loop = asyncio.get_running_loop()
         epochs = await asyncio.gather(*(
             loop.run_in_executor(thread, self._release_one, executor, request_id)

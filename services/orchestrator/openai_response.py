@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from libs.service.errors import FornaxError
+from libs.text.chat_template import ToolCall
 from services.orchestrator.domain import FinishReason
 
 # gRPC status -> (HTTP status, OpenAI error type)
@@ -52,16 +53,32 @@ def model_list(model_id: str | None, created: int) -> dict:
     return {"object": "list", "data": data}
 
 
+def tool_call_value(call: ToolCall) -> dict:
+    return {"id": call.call_id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def tool_call_delta(index: int, call: ToolCall) -> dict:
+    return {"index": index, **tool_call_value(call)}
+
+
 def chat_completion(rid: str, created: int, model: str, text: str, finish: FinishReason | None,
-                    prompt_tokens: int, completion_tokens: int) -> dict:
+                    prompt_tokens: int, completion_tokens: int,
+                    tool_calls: tuple[ToolCall, ...] = ()) -> dict:
+    message: dict = {"role": "assistant", "content": text}
+    finish_text = finish_reason_text(finish)
+    if tool_calls:
+        message = {"role": "assistant", "content": text or None,
+                   "tool_calls": [tool_call_value(c) for c in tool_calls]}
+        finish_text = "tool_calls"
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish_reason_text(finish)}],
+            "choices": [{"index": 0, "message": message,
+                         "logprobs": None, "finish_reason": finish_text}],
             "usage": usage(prompt_tokens, completion_tokens)}
 
 
 def completion(rid: str, created: int, model: str, text: str, finish: FinishReason | None,
-               prompt_tokens: int, completion_tokens: int) -> dict:
+               prompt_tokens: int, completion_tokens: int, tool_calls: tuple = ()) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": 0, "text": text, "logprobs": None,
                          "finish_reason": finish_reason_text(finish)}],
@@ -69,10 +86,12 @@ def completion(rid: str, created: int, model: str, text: str, finish: FinishReas
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict,
-               finish: FinishReason | None, with_usage_field: bool) -> dict:
+               finish: FinishReason | None, with_usage_field: bool,
+               tool_calls: bool = False) -> dict:
+    finish_text = "tool_calls" if tool_calls else finish_reason_text(finish)
     chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
              "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                          "finish_reason": finish_reason_text(finish)}]}
+                          "finish_reason": finish_text}]}
     if with_usage_field:
         chunk["usage"] = None
     return chunk

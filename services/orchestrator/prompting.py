@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from libs.service.errors import InvalidArgument, NotFound
 from libs.text.context import TextContext
 from services.orchestrator.domain import GenerationRequest, ServedModel
 from services.orchestrator.openai_request import ChatCompletionBody, CommonOptions, CompletionBody
+from services.orchestrator.openai_tools import ToolChoiceMode, output_lark
+from services.orchestrator.structured import grammar_checker, response_format_lark
 
 
 def check_model(model: str, served: ServedModel) -> None:
@@ -15,7 +19,18 @@ def check_model(model: str, served: ServedModel) -> None:
 
 
 def chat_prompt_ids(body: ChatCompletionBody, text: TextContext) -> tuple[int, ...]:
-    return tuple(text.encode_chat(list(body.messages)))
+    tools = body.tools.template_tools() if body.tools.mode is not ToolChoiceMode.NONE else None
+    return tuple(text.encode_chat(list(body.messages), tools=tools))
+
+
+def chat_options(body: ChatCompletionBody, text: TextContext, served: ServedModel) -> CommonOptions:
+    """The body's options with its output grammar (response_format, forced tool calls)."""
+    lark = output_lark(body.tools, response_format_lark(body.response_format))
+    if lark is None:
+        return body.options
+    param = "tool_choice" if body.tools.forced else "response_format"
+    spec = grammar_checker(text, served.vocab_size).spec(lark, param)
+    return replace(body.options, sampling=replace(body.options.sampling, grammar=spec))
 
 
 def completion_prompt_ids(body: CompletionBody, text: TextContext,
@@ -56,6 +71,13 @@ def generation_request(request_id: str, prompt_ids: tuple[int, ...], options: Co
             f"this model's maximum context length is {context} tokens; the prompt has "
             f"{len(prompt_ids)} tokens and max_tokens asks for {max_tokens} more",
             reason="CONTEXT_LENGTH_EXCEEDED", field="max_tokens")
+    for token_id, _ in options.sampling.logit_bias:
+        if token_id >= served.vocab_size:
+            raise InvalidArgument(f"logit_bias token id {token_id} is outside the vocabulary "
+                                  f"[0, {served.vocab_size})", reason="INVALID_LOGIT_BIAS",
+                                  field="logit_bias")
+    # The sample after the prompt's last row is the first generated token.
+    sampling = replace(options.sampling, first_sample_position=len(prompt_ids) - 1)
     return GenerationRequest(request_id=request_id, prompt_token_ids=prompt_ids,
-                             max_tokens=max_tokens, sampling=options.sampling,
+                             max_tokens=max_tokens, sampling=sampling,
                              stop=options.stop, deadline_budget_ns=deadline_budget_ns)

@@ -12,7 +12,7 @@ import asyncio
 import numpy as np
 
 from libs.fnx2.messages import Phase as Fnx2Phase
-from services.orchestrator.stage_chain import Route, Sampling, SliceInput, SliceOutput, lease_id_for
+from services.orchestrator.stage_chain import Route, SliceInput, SliceOutput, lease_id_for
 from libs.service.trace_context import current_traceparent
 from services.orchestrator.domain import (
     Microbatch,
@@ -69,9 +69,7 @@ class RoutePipeline:
 
     async def _admit(self, slices: tuple[SequenceSlice, ...]) -> dict[str, SequenceResult]:
         outcomes = await asyncio.gather(*(self._route.admit(
-            s.request_id, s.kv_reserve_tokens,
-            Sampling(temperature=s.sampling.temperature, top_k=s.sampling.top_k,
-                     top_p=s.sampling.top_p, seed=s.sampling.seed or 0))
+            s.request_id, s.kv_reserve_tokens, s.sampling.for_stage())
             for s in slices), return_exceptions=True)
         return {s.request_id: SequenceResult(s.request_id, SequenceStatus.REJECTED, None,
                                              s.kv_epoch, f"stage admission refused: {o}")

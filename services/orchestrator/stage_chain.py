@@ -22,6 +22,7 @@ from libs.fnx2.control import ChannelBinding
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind
+from libs.model.sampling import SamplingParams as Sampling
 
 GATEWAY = "gateway"
 
@@ -42,12 +43,17 @@ class RoutePlan:
     stages: tuple[RouteStage, ...]
 
 
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
+def sampling_to_pb(sampling: Sampling) -> pb.SamplingSpec:
+    spec = pb.SamplingSpec(
+        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
+        presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
+        logit_bias=dict(sampling.logit_bias), first_sample_position=sampling.first_sample_position,
+        generated_token_ids=sampling.generated_token_ids,
+    )
+    if sampling.grammar is not None:
+        spec.grammar.CopyFrom(pb.GrammarConstraint(lark_grammar=sampling.grammar.lark,
+                                                   end_token_ids=sampling.grammar.end_token_ids))
+    return spec
 
 
 @dataclass(frozen=True)
@@ -111,9 +117,7 @@ class Route:
             target_request_id=request_id,
             execution_lease_id=lease_id_for(self.plan, request_id),
             reserve_tokens=reserve_tokens,
-            sampling=pb.SamplingSpec(
-                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed
-            ),
+            sampling=sampling_to_pb(sampling),
             output_mode=mode,
         )
         outcomes = await asyncio.gather(*(stub.AdmitSequence(message) for stub in self._stubs), return_exceptions=True)

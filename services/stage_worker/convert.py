@@ -7,6 +7,7 @@ from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 
 from libs.model.sampling import SamplingParams
 from libs.service.errors import InvalidArgument
+from libs.structured.grammar import GrammarSpec
 from services.stage_worker.lifecycle import StageState
 from services.stage_worker.runtime import Admission, HealthSnapshot, LoadSpec, PlanBinding
 
@@ -76,8 +77,21 @@ def admission_from_pb(request: pb.AdmitSequenceRequest, bytes_per_token: int) ->
         top_p=s.top_p if s.top_p > 0 else 1.0,
         seed=s.seed,
         return_logits=request.output_mode == pb.OUTPUT_MODE_LOGITS,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        logit_bias=tuple(sorted(s.logit_bias.items())),
+        grammar=_grammar_from_pb(s.grammar) if s.HasField("grammar") else None,
+        first_sample_position=s.first_sample_position,
+        generated_token_ids=tuple(s.generated_token_ids),
     )
     return Admission(request_id, lease_id, request.reserve_tokens * bytes_per_token, sampling)
+
+
+def _grammar_from_pb(grammar: pb.GrammarConstraint) -> GrammarSpec:
+    if not grammar.lark_grammar or not grammar.end_token_ids:
+        raise InvalidArgument("a grammar needs lark_grammar and end_token_ids", reason="INVALID_GRAMMAR",
+                              field="sampling.grammar")
+    return GrammarSpec(grammar.lark_grammar, tuple(grammar.end_token_ids))
 
 
 def health_to_pb(snapshot: HealthSnapshot) -> pb.GetHealthResponse:

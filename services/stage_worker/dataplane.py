@@ -200,14 +200,15 @@ class DataPlane:
         )
         stacked = _input_rows(work, live)
         sampling = tuple(self._runtime.sampling_for(s.request_id) for s in live) if stage.spec.last and not stage.spec.return_logits else ()
+        filters = _token_filters(stage, slices) if sampling else ()
         # Logits mode answers every input row, as a plain FNX2 2.0 final stage does.
         all_logits = stage.spec.last and stage.spec.return_logits
         if stage.spec.first:
             ids = np.ascontiguousarray(stacked, dtype=np.int32)
-            return StageBatch(slices, token_ids=ids, sampling=sampling, all_logits=all_logits)
+            return StageBatch(slices, token_ids=ids, sampling=sampling, token_filters=filters, all_logits=all_logits)
         tensor = work.batch.tensor
         hidden = Tensor(tensor.descriptor.with_rows(stacked.shape[0]), stacked).to_float32()
-        return StageBatch(slices, hidden=hidden, sampling=sampling, all_logits=all_logits)
+        return StageBatch(slices, hidden=hidden, sampling=sampling, token_filters=filters, all_logits=all_logits)
 
     @staticmethod
     def _final_output(stage: LoadedStage, live, result: StageResult, failures) -> StageOutput:
@@ -215,6 +216,8 @@ class DataPlane:
             logits = np.ascontiguousarray(result.logits, dtype=np.float32)
             return StageOutput(Tensor.from_array(TensorKind.LOGITS, DType.FP32, logits), tuple(failures))
         tokens = np.ascontiguousarray(result.token_ids, dtype=np.int32)
+        if stage.decoding is not None:  # grammar and penalty state advance with each accepted token
+            stage.decoding.accept([s.request_id for s in live], _sample_positions(live), tokens.tolist())
         tensor = Tensor.from_array(TensorKind.TOKEN_IDS, DType.INT32, tokens)
         return StageOutput(tensor, tuple(failures), rows_per_sequence=tuple(1 for _ in live))
 
@@ -264,6 +267,18 @@ def _next_batch(batch: Batch, live, stage: LoadedStage, tensor: Tensor) -> Batch
         batch.plan_id, batch.plan_hash, stage.spec.next_hop_manifest_hash, stage_id(stage.spec.stage_index),
         stage_id(stage.spec.stage_index + 1), descriptor, tensor, batch.traceparent,
     )
+
+
+def _sample_positions(live) -> list[int]:
+    """Position of each sequence's last row: the row its sampled token follows."""
+    return [s.token_position_start + s.input_row_count - 1 for s in live]
+
+
+def _token_filters(stage: LoadedStage, slices) -> tuple:
+    if stage.decoding is None or not len(stage.decoding):
+        return ()
+    return stage.decoding.filters([s.request_id for s in slices],
+                                  [s.position_start + s.row_count - 1 for s in slices])
 
 
 def _input_rows(work: StageWork, live) -> np.ndarray:

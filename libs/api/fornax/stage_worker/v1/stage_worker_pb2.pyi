@@ -223,16 +223,43 @@ class UnloadStageResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[StageState, str]] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "seed")
+    __slots__ = ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "grammar", "first_sample_position", "generated_token_ids")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SAMPLE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
     seed: int
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    presence_penalty: float
+    frequency_penalty: float
+    logit_bias: _containers.ScalarMap[int, float]
+    grammar: GrammarConstraint
+    first_sample_position: int
+    generated_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., grammar: _Optional[_Union[GrammarConstraint, _Mapping]] = ..., first_sample_position: _Optional[int] = ..., generated_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GrammarConstraint(_message.Message):
+    __slots__ = ("lark_grammar", "end_token_ids")
+    LARK_GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    END_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    lark_grammar: str
+    end_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, lark_grammar: _Optional[str] = ..., end_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AdmitSequenceRequest(_message.Message):
     __slots__ = ("request_id", "target_request_id", "execution_lease_id", "reserve_tokens", "sampling", "output_mode")
