@@ -26,8 +26,8 @@ class SequenceDecoding:
         self._vocab_size = vocab_size
         self._first = params.first_sample_position
         self._tokens: list[int] = []
-        self._matcher: GrammarMatcher | None = (
-            grammar_vocab.matcher(params.grammar) if params.grammar is not None else None)
+        self._grammar_vocab = grammar_vocab
+        self._matcher: GrammarMatcher | None = self._fresh_matcher()
         self._logit_bias = _bias_vector(params.logit_bias, vocab_size)
         for token in params.generated_token_ids:
             self._append(token)
@@ -58,10 +58,23 @@ class SequenceDecoding:
                 f"sample for generated token {index} but only {len(self._tokens)} are known",
                 reason="GRAMMAR_STATE")
         extra = len(self._tokens) - index
-        if extra:
-            if self._matcher is not None:
-                self._matcher.rollback(extra)
-            del self._tokens[index:]
+        if not extra:
+            return
+        kept = self._tokens[:index]
+        if self._matcher is not None and self._matcher.stopped:
+            # llguidance keeps no history entry for the end token that stopped it, so a
+            # stopped matcher is rebuilt from the kept tokens instead of rolled back.
+            self._matcher, self._tokens = self._fresh_matcher(), []
+            for token in kept:
+                self._append(token)
+            return
+        if self._matcher is not None:
+            self._matcher.rollback(extra)
+        del self._tokens[index:]
+
+    def _fresh_matcher(self) -> GrammarMatcher | None:
+        grammar = self._params.grammar
+        return None if grammar is None else self._grammar_vocab.matcher(grammar)
 
     def _append(self, token_id: int) -> None:
         if self._matcher is not None:

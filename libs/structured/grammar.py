@@ -112,6 +112,11 @@ class GrammarMatcher:
         bits = np.unpackbits(self._bits[0].view(np.uint8), bitorder="little")
         return bits[:self._vocab_size].astype(bool)
 
+    @property
+    def stopped(self) -> bool:
+        """The grammar is complete and an end token was consumed."""
+        return self._matcher.is_stopped()
+
     def consume(self, token_id: int) -> None:
         self._matcher.consume_token(token_id)
         self._fail_if_error()

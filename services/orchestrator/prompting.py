@@ -8,7 +8,7 @@ from libs.service.errors import InvalidArgument, NotFound
 from libs.text.context import TextContext
 from services.orchestrator.domain import GenerationRequest, ServedModel
 from services.orchestrator.openai_request import ChatCompletionBody, CommonOptions, CompletionBody
-from services.orchestrator.openai_tools import ToolChoiceMode, output_lark
+from services.orchestrator.openai_tools import output_lark
 from services.orchestrator.structured import grammar_checker, response_format_lark
 
 
@@ -19,8 +19,8 @@ def check_model(model: str, served: ServedModel) -> None:
 
 
 def chat_prompt_ids(body: ChatCompletionBody, text: TextContext) -> tuple[int, ...]:
-    tools = body.tools.template_tools() if body.tools.mode is not ToolChoiceMode.NONE else None
-    return tuple(text.encode_chat(list(body.messages), tools=tools))
+    # Tools are rendered even with tool_choice none: the model sees them, it just cannot call.
+    return tuple(text.encode_chat(list(body.messages), tools=body.tools.template_tools()))
 
 
 def chat_options(body: ChatCompletionBody, text: TextContext, served: ServedModel) -> CommonOptions:
