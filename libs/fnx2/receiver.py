@@ -36,6 +36,8 @@ class StageWork:
     batch: Batch
     sequences: tuple[SequenceSlice, ...]
     traceparent: str | None
+    # Extensions negotiated on the channel this batch arrived on.
+    extensions: frozenset[str] = frozenset()
 
     @property
     def inputs(self) -> np.ndarray:
@@ -239,7 +241,8 @@ class _Channel:
     async def _run_handler(self, admission: Admission) -> dict[tuple[str, str], Outcome]:
         if not admission.execute:
             return {}
-        work = StageWork(admission.batch, admission.execute, admission.batch.traceparent)
+        work = StageWork(admission.batch, admission.execute, admission.batch.traceparent,
+                         self.extensions)
         try:
             output = await self.r.handler.execute(work)
         except Exception as exc:  # a backend failure fails its sequences, not the channel

@@ -32,6 +32,8 @@ class SamplingParams:
     first_sample_position: int = 0
     # Tokens generated before this admission (a replay): penalties and grammar resume after them.
     generated_token_ids: tuple[int, ...] = ()
+    # None: no logprobs; k: the sampled token's logprob and the k most likely (k <= 20).
+    top_logprobs: int | None = None
 
     @property
     def needs_history(self) -> bool:
@@ -51,6 +53,8 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise BatchError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
+            raise BatchError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
         if any(not -100.0 <= bias <= 100.0 for _, bias in self.logit_bias):
             raise BatchError("logit_bias values must be in [-100, 100]")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from libs.model.logprobs import TokenLogprobs
 from libs.model.sampling import SamplingParams as ModelSampling
 from libs.structured.grammar import GrammarSpec
 
@@ -50,6 +51,8 @@ class SamplingParams:
     # Position of the prompt's last row (its sample is the first generated token); set at
     # admission from the prompt length.
     first_sample_position: int = 0
+    # None: no logprobs; k: the sampled token's logprob plus the k most likely (k <= 20).
+    top_logprobs: int | None = None
 
     def for_stage(self) -> ModelSampling:
         """The final stage's view of these settings (the seed is always set by then)."""
@@ -57,7 +60,8 @@ class SamplingParams:
                              seed=self.seed or 0, presence_penalty=self.presence_penalty,
                              frequency_penalty=self.frequency_penalty,
                              logit_bias=self.logit_bias, grammar=self.grammar,
-                             first_sample_position=self.first_sample_position)
+                             first_sample_position=self.first_sample_position,
+                             top_logprobs=self.top_logprobs)
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ class GenerationRequest:
     max_tokens: int
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
+    # Ids that end the output like an end-of-sequence token (not part of the text).
+    stop_token_ids: tuple[int, ...] = ()
     deadline_budget_ns: int | None = None  # None: no deadline
     # W3C traceparent of the request's span; its microbatches' hops join that trace.
     traceparent: str | None = None
@@ -143,6 +149,7 @@ class SequenceResult:
     # disagree reports the sequence as failed instead.
     kv_epoch_after: int
     error: str = ""
+    logprobs: TokenLogprobs | None = None  # when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -170,6 +177,7 @@ class RequestOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str = ""
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per token id, when asked for
 
     @property
     def finished(self) -> bool:

@@ -8,40 +8,36 @@ stage (the runner is built with handler cancellation on).
 from __future__ import annotations
 
 import hmac
-import json
-import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import structlog
 from aiohttp import web
 from opentelemetry.trace import SpanKind
 
-from libs.service.errors import FornaxError, Internal, Unauthenticated, Unavailable
+from libs.service.errors import FornaxError, Unauthenticated, Unavailable
 from libs.service.trace_context import context_from
 from services.orchestrator import openai_response as fmt
-from services.orchestrator.domain import FinishReason, GenerationRequest, RequestOutput
+from services.orchestrator.domain import GenerationRequest
 from services.orchestrator.openai_request import (
     CommonOptions,
     parse_chat_completion,
     parse_completion,
     parse_json_object,
 )
-from services.orchestrator.openai_tools import CallStreamSplitter, ToolRequest, extract_calls
 from services.orchestrator.prompting import (
     chat_options,
     chat_prompt_ids,
     check_model,
+    choice_requests,
     completion_prompt_ids,
     generation_request,
 )
-from services.orchestrator.serving import RequestStream, RouteSlot, ServingEngine, terminal_error
+from services.orchestrator.openai_stream import ApiKind, ResponseForm, collect, stream_sse
+from services.orchestrator.serving import RequestStream, RouteSlot, ServingEngine
 from services.orchestrator.tracing import TRACER
 
 _log = structlog.get_logger()
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-               "X-Accel-Buffering": "no"}
 
 
 @dataclass(frozen=True)
@@ -166,7 +162,8 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     gen = generation_request(str(uuid.uuid4()), chat_prompt_ids(body, engine.text),
                              options, engine.served, engine.config.default_max_tokens,
                              "messages")
-    form = replace(_CHAT, tools=body.tools) if body.tools.active else _CHAT
+    form = ResponseForm(ApiKind.CHAT, body.tools if body.tools.active else None,
+                        options.sampling.top_logprobs is not None)
     return await _respond(request, engine, gen, body.model, options, form)
 
 
@@ -178,123 +175,21 @@ async def _completions(request: web.Request) -> web.StreamResponse:
                              completion_prompt_ids(body, engine.text, engine.served),
                              body.options, engine.served, engine.config.default_max_tokens,
                              "prompt")
-    return await _respond(request, engine, gen, body.model, body.options, _COMPLETION)
-
-
-@dataclass(frozen=True)
-class _Format:
-    id_prefix: str
-    object_name: str
-    full: Callable[..., dict]
-    chunk: Callable[[str, int, str, str, FinishReason | None, bool, bool], dict]
-    tools: ToolRequest | None = None  # chat with tools that may be called
-
-
-def _chat_chunk(rid, created, model, text, finish, first, usage_field) -> dict:
-    delta = {"role": "assistant", "content": text} if first else (
-        {"content": text} if text else {})
-    return fmt.chat_chunk(rid, created, model, delta, finish, usage_field)
-
-
-def _completion_chunk(rid, created, model, text, finish, first, usage_field) -> dict:
-    return fmt.completion_chunk(rid, created, model, text, finish, usage_field)
-
-
-_CHAT = _Format("chatcmpl", "chat.completion.chunk", fmt.chat_completion, _chat_chunk)
-_COMPLETION = _Format("cmpl", "text_completion", fmt.completion, _completion_chunk)
+    form = ResponseForm(ApiKind.COMPLETION, None, body.options.sampling.top_logprobs is not None)
+    return await _respond(request, engine, gen, body.model, body.options, form)
 
 
 async def _respond(request: web.Request, engine: ServingEngine, gen: GenerationRequest,
-                   model: str, options: CommonOptions, form: _Format) -> web.StreamResponse:
-    stream = engine.submit(gen)  # raises a capacity error at once when there is no room
+                   model: str, options: CommonOptions, form: ResponseForm) -> web.StreamResponse:
+    streams: list[RequestStream] = []
     try:
+        for choice in choice_requests(gen, options.n):
+            streams.append(engine.submit(choice))  # a capacity error at once when no room
+        token_bytes = engine.text.tokenizer.token_bytes
         if options.stream:
-            return await _stream_sse(request, stream, model, options, form)
-        return await _collect(stream, model, form)
+            return await stream_sse(request, streams, model, options, form, token_bytes)
+        return await collect(streams, model, form, token_bytes)
     finally:
-        if not stream.finished:
-            stream.cancel()  # the client went away, or the handler failed
-
-
-async def _collect(stream: RequestStream, model: str, form: _Format) -> web.Response:
-    text, created = [], int(time.time())
-    async for output in stream:
-        text.append(output.text)
-        if output.finished:
-            error = terminal_error(output)
-            if error is not None:
-                raise error
-            content, calls = "".join(text), ()
-            if form.tools is not None:
-                content, calls = extract_calls(content, form.tools)
-            return web.json_response(form.full(
-                _public_id(form, stream), created, model, content, output.finish_reason,
-                output.prompt_tokens, output.completion_tokens, tool_calls=calls))
-    raise Internal("request stream ended without a final event")
-
-
-async def _stream_sse(request: web.Request, stream: RequestStream, model: str,
-                      options: CommonOptions, form: _Format) -> web.StreamResponse:
-    head = await stream.next()
-    if head.finished and terminal_error(head) is not None:
-        raise terminal_error(head)  # nothing sent yet: a proper status (429, 504, ...)
-    response = web.StreamResponse(headers=SSE_HEADERS)
-    await response.prepare(request)
-    rid, created, first = _public_id(form, stream), int(time.time()), True
-    splitter = CallStreamSplitter(form.tools) if form.tools is not None else None
-    async for output in _prepend(head, stream):
-        error = terminal_error(output) if output.finished else None
-        text = splitter.feed(output.text) if splitter is not None else output.text
-        if splitter is not None and output.finished and error is None:
-            first = await _send_calls(response, splitter, rid, created, model, first,
-                                      options.include_usage, text, output.finish_reason)
-        elif text or first or (output.finished and error is None):
-            await _send(response, form.chunk(rid, created, model, text,
-                                             None if error else output.finish_reason, first,
-                                             options.include_usage))
-            first = False
-        if error is not None:
-            await _send(response, fmt.error_from_exception(error)[1])
-        if output.finished and options.include_usage:
-            await _send(response, fmt.usage_chunk(rid, created, model, form.object_name,
-                                                  output.prompt_tokens,
-                                                  output.completion_tokens))
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
-
-
-async def _send_calls(response: web.StreamResponse, splitter: CallStreamSplitter, rid: str,
-                      created: int, model: str, first: bool, usage_field: bool, text: str,
-                      finish: FinishReason | None) -> bool:
-    """The end of a chat stream with tools: held content, then the calls as deltas, then the
-    finish chunk ("tool_calls" when there were calls)."""
-    rest, calls = splitter.finish()
-    content = text + rest
-    role = {"role": "assistant"} if first else {}
-    if content or first:
-        await _send(response, fmt.chat_chunk(rid, created, model, {**role, "content": content},
-                                             None, usage_field))
-    for index, call in enumerate(calls):
-        await _send(response, fmt.chat_chunk(rid, created, model,
-                                             {"tool_calls": [fmt.tool_call_delta(index, call)]},
-                                             None, usage_field))
-    await _send(response, fmt.chat_chunk(rid, created, model, {}, finish, usage_field,
-                                         tool_calls=bool(calls)))
-    return False
-
-
-async def _prepend(head: RequestOutput, stream: RequestStream):
-    yield head
-    async for output in stream:
-        yield output
-
-
-def _public_id(form: _Format, stream: RequestStream) -> str:
-    """OpenAI-style id; the internal request id is the UUID FNX2 requires."""
-    return f"{form.id_prefix}-{uuid.UUID(stream.request_id).hex}"
-
-
-async def _send(response: web.StreamResponse, payload: dict) -> None:
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    await response.write(b"data: " + data.encode("utf-8") + b"\n\n")
+        for stream in streams:
+            if not stream.finished:
+                stream.cancel()  # the client went away, the handler failed, or a sibling did

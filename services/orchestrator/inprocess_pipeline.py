@@ -20,6 +20,7 @@ from libs.model.errors import ModelError, UnknownSequenceError
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
 from libs.model.kv_store import SliceIdentity
+from libs.model.logprobs import TokenLogprobs, decode_record, sample_records
 from libs.service.errors import FornaxError
 from libs.structured.decoding import DecodingTable
 from libs.structured.grammar import GrammarVocabulary
@@ -111,8 +112,12 @@ class InProcessPipeline:
             epochs.append(result.kv_epochs_after)
         assert tokens is not None
         self._decoding.accept(ids, positions, tokens.tolist())
+        wanted = [s.sampling.top_logprobs for s in batch.slices]
+        records = (sample_records(result.logits, tokens) if any(k is not None for k in wanted)
+                   else None)
         return MicrobatchResult(batch.batch_id, tuple(
-            _sequence_result(s, int(tokens[i]), [stage[i] for stage in epochs])
+            _sequence_result(s, int(tokens[i]), [stage[i] for stage in epochs],
+                             None if wanted[i] is None else decode_record(records[i], wanted[i]))
             for i, s in enumerate(batch.slices)))
 
     async def cancel(self, request_id: str) -> None:
@@ -143,11 +148,13 @@ class InProcessPipeline:
             thread.shutdown(wait=False, cancel_futures=True)
 
 
-def _sequence_result(piece, token: int, stage_epochs: list[int]) -> SequenceResult:
+def _sequence_result(piece, token: int, stage_epochs: list[int],
+                     logprobs: TokenLogprobs | None) -> SequenceResult:
     if len(set(stage_epochs)) != 1:
         return SequenceResult(piece.request_id, SequenceStatus.FAILED, None, piece.kv_epoch,
                               f"stages disagree on the KV epoch: {stage_epochs}")
-    return SequenceResult(piece.request_id, SequenceStatus.OK, token, stage_epochs[0])
+    return SequenceResult(piece.request_id, SequenceStatus.OK, token, stage_epochs[0],
+                          logprobs=logprobs)
 
 
 def _failed(batch: Microbatch, error: str) -> MicrobatchResult:

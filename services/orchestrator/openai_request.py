@@ -7,7 +7,7 @@ Every violation raises a FornaxError whose reason (lower-cased) becomes the Open
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from libs.service.errors import InvalidArgument
@@ -20,16 +20,17 @@ MAX_STOP_STRINGS = 4
 _U64 = 2**64
 
 # Parameters accepted only at their neutral value: anything else is unsupported, not ignored.
-_NEUTRAL = {"logprobs": (False, None), "top_logprobs": (None, 0),
-            "echo": (False, None), "best_of": (1, None), "suffix": (None,),
+_NEUTRAL = {"echo": (False, None), "best_of": (1, None), "suffix": (None,),
             "user": None}  # user: any string, an opaque end-user id
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
            "stream_options", "n", "presence_penalty", "frequency_penalty", "logit_bias",
-           *_NEUTRAL}
-CHAT_KEYS = frozenset(_COMMON | {"messages", "max_completion_tokens", "response_format",
+           "logprobs", "stop_token_ids", *_NEUTRAL}
+CHAT_KEYS = frozenset(_COMMON | {"messages", "max_completion_tokens", "response_format", "top_logprobs",
                                  "tools", "tool_choice", "parallel_tool_calls"})
 COMPLETION_KEYS = frozenset(_COMMON | {"prompt"})
 MAX_LOGIT_BIAS_ENTRIES = 300
+MAX_TOP_LOGPROBS = 20
+MAX_N = 16
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class CommonOptions:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    n: int = 1
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,16 +82,31 @@ def parse_chat_completion(body: dict[str, Any]) -> ChatCompletionBody:
                   "give max_tokens or max_completion_tokens, not both")
     if body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": body["max_completion_tokens"]}
+    options = parse_options(body)
+    logprobs = _opt_bool(body, "logprobs", False)
+    top = body.get("top_logprobs")
+    if top is not None and (not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS or not logprobs):
+        raise bad("top_logprobs", "INVALID_LOGPROBS",
+                  f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] with logprobs true")
+    if logprobs:
+        options = replace(options, sampling=replace(options.sampling, top_logprobs=top or 0))
     return ChatCompletionBody(model=_model(body), messages=_messages(body.get("messages")),
-                              options=parse_options(body),
+                              options=options,
                               response_format=parse_response_format(body.get("response_format")),
                               tools=parse_tools(body))
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionBody:
     _check_keys(body, COMPLETION_KEYS)
+    options = parse_options(body)
+    top = body.get("logprobs")
+    if top is not None:
+        if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise bad("logprobs", "INVALID_LOGPROBS",
+                      f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]")
+        options = replace(options, sampling=replace(options.sampling, top_logprobs=top))
     return CompletionBody(model=_model(body), prompt=_prompt(body.get("prompt")),
-                          options=parse_options(body))
+                          options=options)
 
 
 def _check_keys(body: dict[str, Any], allowed: frozenset[str]) -> None:
@@ -128,12 +146,16 @@ def parse_options(body: dict[str, Any]) -> CommonOptions:
                       "stream_options accepts only include_usage")
         include_usage = _opt_bool(stream_options, "include_usage", False,
                                   "stream_options.include_usage")
-    n = body.get("n")
-    if n is not None and (not _is_int(n) or n != 1):
-        raise bad("n", "INVALID_N", f"only n=1 is supported, got {n!r}")
+    n = body.get("n", 1) if body.get("n") is not None else 1
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise bad("n", "INVALID_N", f"n must be an integer in [1, {MAX_N}], got {n!r}")
+    stop_ids = body.get("stop_token_ids") or []
+    if not isinstance(stop_ids, list) or not all(_is_int(t) and t >= 0 for t in stop_ids):
+        raise bad("stop_token_ids", "INVALID_STOP", "stop_token_ids must be a list of token ids")
     return CommonOptions(max_tokens=_max_tokens(body.get("max_tokens")),
                          sampling=_sampling(body), stop=_stop(body.get("stop")),
-                         stream=stream, include_usage=include_usage)
+                         stream=stream, include_usage=include_usage, n=n,
+                         stop_token_ids=tuple(stop_ids))
 
 
 def _sampling(body: dict[str, Any]) -> SamplingParams:

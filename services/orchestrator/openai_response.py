@@ -62,35 +62,41 @@ def tool_call_delta(index: int, call: ToolCall) -> dict:
     return {"index": index, **tool_call_value(call)}
 
 
-def chat_completion(rid: str, created: int, model: str, text: str, finish: FinishReason | None,
-                    prompt_tokens: int, completion_tokens: int,
-                    tool_calls: tuple[ToolCall, ...] = ()) -> dict:
+def chat_choice(index: int, text: str, finish: FinishReason | None,
+                tool_calls: tuple[ToolCall, ...] = (), logprobs: dict | None = None) -> dict:
     message: dict = {"role": "assistant", "content": text}
     finish_text = finish_reason_text(finish)
     if tool_calls:
         message = {"role": "assistant", "content": text or None,
                    "tool_calls": [tool_call_value(c) for c in tool_calls]}
         finish_text = "tool_calls"
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_text}
+
+
+def completion_choice(index: int, text: str, finish: FinishReason | None,
+                      tool_calls: tuple = (), logprobs: dict | None = None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs,
+            "finish_reason": finish_reason_text(finish)}
+
+
+def chat_completion(rid: str, created: int, model: str, choices: list[dict],
+                    prompt_tokens: int, completion_tokens: int) -> dict:
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": message,
-                         "logprobs": None, "finish_reason": finish_text}],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
 
 
-def completion(rid: str, created: int, model: str, text: str, finish: FinishReason | None,
-               prompt_tokens: int, completion_tokens: int, tool_calls: tuple = ()) -> dict:
+def completion(rid: str, created: int, model: str, choices: list[dict],
+               prompt_tokens: int, completion_tokens: int) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None,
-                         "finish_reason": finish_reason_text(finish)}],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict,
                finish: FinishReason | None, with_usage_field: bool,
-               tool_calls: bool = False) -> dict:
+               tool_calls: bool = False, index: int = 0, logprobs: dict | None = None) -> dict:
     finish_text = "tool_calls" if tool_calls else finish_reason_text(finish)
     chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": 0, "delta": delta, "logprobs": None,
+             "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
                           "finish_reason": finish_text}]}
     if with_usage_field:
         chunk["usage"] = None
@@ -98,9 +104,10 @@ def chat_chunk(rid: str, created: int, model: str, delta: dict,
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str,
-                     finish: FinishReason | None, with_usage_field: bool) -> dict:
+                     finish: FinishReason | None, with_usage_field: bool, index: int = 0,
+                     logprobs: dict | None = None) -> dict:
     chunk = {"id": rid, "object": "text_completion", "created": created, "model": model,
-             "choices": [{"index": 0, "text": text, "logprobs": None,
+             "choices": [{"index": index, "text": text, "logprobs": logprobs,
                           "finish_reason": finish_reason_text(finish)}]}
     if with_usage_field:
         chunk["usage"] = None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
+
+import numpy as np
 
 from libs.service.errors import InvalidArgument, NotFound
 from libs.text.context import TextContext
@@ -78,6 +81,28 @@ def generation_request(request_id: str, prompt_ids: tuple[int, ...], options: Co
                                   field="logit_bias")
     # The sample after the prompt's last row is the first generated token.
     sampling = replace(options.sampling, first_sample_position=len(prompt_ids) - 1)
+    for token_id in options.stop_token_ids:
+        if token_id >= served.vocab_size:
+            raise InvalidArgument(f"stop token id {token_id} is outside the vocabulary",
+                                  reason="INVALID_STOP", field="stop_token_ids")
     return GenerationRequest(request_id=request_id, prompt_token_ids=prompt_ids,
                              max_tokens=max_tokens, sampling=sampling,
-                             stop=options.stop, deadline_budget_ns=deadline_budget_ns)
+                             stop=options.stop, stop_token_ids=options.stop_token_ids,
+                             deadline_budget_ns=deadline_budget_ns)
+
+
+def choice_requests(request: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """`n` independent generations: their own request ids and random streams. A seeded
+    request gives choice i the seed derived from (seed, i), so each choice is reproducible
+    and no two share a stream; choice 0 keeps the seed itself."""
+    if n == 1:
+        return [request]
+    out = [request]
+    for index in range(1, n):
+        seed = request.sampling.seed
+        if seed is not None:
+            words = np.random.SeedSequence([seed, index]).generate_state(2, dtype=np.uint32)
+            seed = (int(words[0]) << 32) | int(words[1])
+        out.append(replace(request, request_id=str(uuid.uuid4()),
+                           sampling=replace(request.sampling, seed=seed)))
+    return out

@@ -12,6 +12,7 @@ import asyncio
 import numpy as np
 
 from libs.fnx2.messages import Phase as Fnx2Phase
+from libs.model.logprobs import decode_record, is_record_row
 from services.orchestrator.stage_chain import Route, SliceInput, SliceOutput, lease_id_for
 from libs.service.trace_context import current_traceparent
 from services.orchestrator.domain import (
@@ -93,6 +94,11 @@ class RoutePipeline:
 
 
 def _result(piece: SequenceSlice, output: SliceOutput) -> SequenceResult:
+    if output.ok and output.rows is not None and is_record_row(output.rows):
+        record = decode_record(output.rows[0], piece.sampling.top_logprobs or 0)
+        wanted = record if piece.sampling.top_logprobs is not None else None
+        return SequenceResult(piece.request_id, SequenceStatus.OK, record.token_id,
+                              output.kv_epoch_after, logprobs=wanted)
     if output.ok and output.rows is not None and output.rows.size == 1:
         return SequenceResult(piece.request_id, SequenceStatus.OK, int(output.rows.reshape(-1)[0]),
                               output.kv_epoch_after)

@@ -49,6 +49,7 @@ def sampling_to_pb(sampling: Sampling) -> pb.SamplingSpec:
         presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
         logit_bias=dict(sampling.logit_bias), first_sample_position=sampling.first_sample_position,
         generated_token_ids=sampling.generated_token_ids,
+        logprobs=sampling.top_logprobs is not None, top_logprobs=sampling.top_logprobs or 0,
     )
     if sampling.grammar is not None:
         spec.grammar.CopyFrom(pb.GrammarConstraint(lark_grammar=sampling.grammar.lark,

@@ -83,6 +83,7 @@ def admission_from_pb(request: pb.AdmitSequenceRequest, bytes_per_token: int) ->
         grammar=_grammar_from_pb(s.grammar) if s.HasField("grammar") else None,
         first_sample_position=s.first_sample_position,
         generated_token_ids=tuple(s.generated_token_ids),
+        top_logprobs=s.top_logprobs if s.logprobs else None,
     )
     return Admission(request_id, lease_id, request.reserve_tokens * bytes_per_token, sampling)
 

@@ -17,7 +17,7 @@ import numpy as np
 import structlog
 from opentelemetry import trace
 
-from libs.fnx2.control import ChannelBinding
+from libs.fnx2.control import EXT_SAMPLE_LOGPROBS, ChannelBinding
 from libs.fnx2.errors import Fnx2Error
 from libs.fnx2.messages import Batch, BatchDescriptor, SequenceStatus
 from libs.fnx2.receiver import (
@@ -29,6 +29,7 @@ from libs.fnx2.tensor import DType, Tensor, TensorKind, float32_to_bf16
 from libs.model.errors import ModelError
 from libs.model.executor import StageBatch, StageResult
 from libs.model.kv_store import SliceIdentity
+from libs.model.logprobs import RECORD_WIDTH, sample_records
 from libs.service.errors import FailedPrecondition
 from libs.service.trace_context import context_from, current_traceparent
 from services.stage_worker import metrics
@@ -174,7 +175,7 @@ class DataPlane:
         metrics.QUEUE.labels(label, phase).observe(queue_s)
         metrics.COMPUTE.labels(label, phase).observe(compute_s)
         if stage.spec.last:
-            output = self._final_output(stage, live, result, failures)
+            output = self._final_output(stage, work, live, result, failures)
         else:
             output = await self._forward(stage, work, live, result, failures)
         # KV advances only for sequences the whole rest of the pipeline completed too.
@@ -210,14 +211,21 @@ class DataPlane:
         hidden = Tensor(tensor.descriptor.with_rows(stacked.shape[0]), stacked).to_float32()
         return StageBatch(slices, hidden=hidden, sampling=sampling, token_filters=filters, all_logits=all_logits)
 
-    @staticmethod
-    def _final_output(stage: LoadedStage, live, result: StageResult, failures) -> StageOutput:
+    def _final_output(self, stage: LoadedStage, work: StageWork, live, result: StageResult, failures) -> StageOutput:
         if stage.spec.return_logits:
             logits = np.ascontiguousarray(result.logits, dtype=np.float32)
             return StageOutput(Tensor.from_array(TensorKind.LOGITS, DType.FP32, logits), tuple(failures))
         tokens = np.ascontiguousarray(result.token_ids, dtype=np.int32)
         if stage.decoding is not None:  # grammar and penalty state advance with each accepted token
             stage.decoding.accept([s.request_id for s in live], _sample_positions(live), tokens.tolist())
+        if any(self._runtime.sampling_for(s.request_id).top_logprobs is not None for s in live):
+            if EXT_SAMPLE_LOGPROBS not in work.extensions:
+                failed = [SequenceFailure(s.request_id, "FAILED", "logprobs need the sample_logprobs extension")
+                          for s in live]
+                return StageOutput(None, tuple(failures + failed))
+            records = sample_records(np.asarray(result.logits, dtype=np.float32), tokens)
+            tensor = Tensor.from_array(TensorKind.LOGITS, DType.FP32, records)
+            return StageOutput(tensor, tuple(failures), rows_per_sequence=tuple(1 for _ in live))
         tensor = Tensor.from_array(TensorKind.TOKEN_IDS, DType.INT32, tokens)
         return StageOutput(tensor, tuple(failures), rows_per_sequence=tuple(1 for _ in live))
 
@@ -252,6 +260,11 @@ class DataPlane:
             return StageOutput(None, tuple(failures))
         descriptor = reply.tensor.descriptor
         array = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts))
+        if _is_sample_records(reply.tensor) and EXT_SAMPLE_LOGPROBS not in work.extensions:
+            # The hop before this one speaks plain token ids: keep the tokens, drop the logprobs.
+            array, descriptor = np.ascontiguousarray(array[:, 0], dtype=np.int32), None
+            return StageOutput(Tensor.from_array(TensorKind.TOKEN_IDS, DType.INT32, array), tuple(failures),
+                               rows_per_sequence=tuple(counts))
         return StageOutput(Tensor(descriptor.with_rows(array.shape[0]), array), tuple(failures), rows_per_sequence=tuple(counts))
 
 
@@ -267,6 +280,11 @@ def _next_batch(batch: Batch, live, stage: LoadedStage, tensor: Tensor) -> Batch
         batch.plan_id, batch.plan_hash, stage.spec.next_hop_manifest_hash, stage_id(stage.spec.stage_index),
         stage_id(stage.spec.stage_index + 1), descriptor, tensor, batch.traceparent,
     )
+
+
+def _is_sample_records(tensor: Tensor) -> bool:
+    d = tensor.descriptor
+    return d.kind is TensorKind.LOGITS and d.dtype is DType.FP32 and d.shape[1:] == (RECORD_WIDTH,)
 
 
 def _sample_positions(live) -> list[int]:

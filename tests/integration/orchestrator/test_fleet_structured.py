@@ -8,11 +8,13 @@ import asyncio
 import json
 
 import jsonschema
+import numpy as np
 import openai
 import pytest
 
 from apps.fleet.compose import start_fleet
 from apps.fleet.launcher import FleetOptions
+from libs.text.context import TextContext
 from tests.integration.orchestrator.test_fleet_serving import wait_route_ready
 from tests.integration.orchestrator.test_structured_outputs import (
     CLOCK,
@@ -62,3 +64,50 @@ def test_schema_valid_json_and_tool_calls_through_two_stage_workers(fleet):
         assert finish == "tool_calls"
         tool = next(t for t in (WEATHER, CLOCK) if t["function"]["name"] == call.function.name)
         jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+
+
+class _Reference:
+    """transformers in float32: log-softmax of the next-token logits after a token sequence."""
+
+    def __init__(self, checkpoint) -> None:
+        self.torch = pytest.importorskip("torch")
+        transformers = pytest.importorskip("transformers")
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(checkpoint), dtype=self.torch.float32, attn_implementation="eager").eval()
+
+    def next_logprobs(self, ids: list[int]) -> np.ndarray:
+        with self.torch.no_grad():
+            logits = self.model(self.torch.tensor([ids])).logits[0, -1].float()
+        return self.torch.log_softmax(logits, dim=-1).numpy()
+
+
+def test_logprobs_cross_the_fnx2_hops_and_match_a_float32_reference(fleet, checkpoint):
+    prompt = [5, 17, 42, 9, 100, 7]
+
+    async def main():
+        client = openai.AsyncOpenAI(base_url=fleet.api, api_key="none", max_retries=0)
+        model = (await client.models.list()).data[0].id
+        return await asyncio.gather(*(client.completions.create(
+            model=model, prompt=prompt, max_tokens=6, logprobs=5, **sampling)
+            for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 11})))
+
+    reference = _Reference(checkpoint)
+    text = TextContext.from_checkpoint(checkpoint)
+    by_text: dict[str, list[int]] = {}
+    for token_id, raw in enumerate(text.tokenizer.token_bytes):
+        by_text.setdefault(raw.decode("utf-8", errors="replace"), []).append(token_id)
+    for response in asyncio.run(main()):
+        lp = response.choices[0].logprobs
+        assert len(lp.tokens) == response.usage.completion_tokens == 6
+        generated: list[int] = []
+        for step, (token, value) in enumerate(zip(lp.tokens, lp.token_logprobs, strict=True)):
+            expected = reference.next_logprobs(prompt + generated)
+            # The token's id is the one among those spelling its text whose logprob matches.
+            token_id = min(by_text[token], key=lambda c: abs(expected[c] - value))
+            assert abs(expected[token_id] - value) < 1e-4
+            generated.append(token_id)
+            # Legacy completions key top_logprobs by text, so equal spellings share an entry.
+            best = np.sort(expected)[::-1][:5]
+            top = lp.top_logprobs[step]
+            assert max(top.values()) == pytest.approx(best[0], abs=1e-4)
+            assert all(np.min(np.abs(best - v)) < 1e-4 for v in top.values())

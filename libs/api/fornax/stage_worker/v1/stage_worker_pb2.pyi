@@ -223,7 +223,7 @@ class UnloadStageResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[StageState, str]] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "grammar", "first_sample_position", "generated_token_ids")
+    __slots__ = ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "grammar", "first_sample_position", "generated_token_ids", "logprobs", "top_logprobs")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +241,8 @@ class SamplingSpec(_message.Message):
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     FIRST_SAMPLE_POSITION_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -251,7 +253,9 @@ class SamplingSpec(_message.Message):
     grammar: GrammarConstraint
     first_sample_position: int
     generated_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., grammar: _Optional[_Union[GrammarConstraint, _Mapping]] = ..., first_sample_position: _Optional[int] = ..., generated_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    logprobs: bool
+    top_logprobs: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., grammar: _Optional[_Union[GrammarConstraint, _Mapping]] = ..., first_sample_position: _Optional[int] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GrammarConstraint(_message.Message):
     __slots__ = ("lark_grammar", "end_token_ids")
