@@ -12,6 +12,7 @@ from typing import Any
 
 from libs.service.errors import InvalidArgument
 from libs.text.chat_template import CHAT_ROLES, ChatMessage, ToolCall
+from services.orchestrator.compat import CHAT_POLICY, COMPLETION_POLICY, FieldPolicy, unsupported
 from services.orchestrator.domain import SamplingParams
 from services.orchestrator.openai_tools import ToolRequest, parse_tools
 from services.orchestrator.structured import TEXT_FORMAT, ResponseFormat, parse_response_format
@@ -19,15 +20,6 @@ from services.orchestrator.structured import TEXT_FORMAT, ResponseFormat, parse_
 MAX_STOP_STRINGS = 4
 _U64 = 2**64
 
-# Parameters accepted only at their neutral value: anything else is unsupported, not ignored.
-_NEUTRAL = {"echo": (False, None), "best_of": (1, None), "suffix": (None,),
-            "user": None}  # user: any string, an opaque end-user id
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-           "stream_options", "n", "presence_penalty", "frequency_penalty", "logit_bias",
-           "logprobs", "stop_token_ids", *_NEUTRAL}
-CHAT_KEYS = frozenset(_COMMON | {"messages", "max_completion_tokens", "response_format", "top_logprobs",
-                                 "tools", "tool_choice", "parallel_tool_calls"})
-COMPLETION_KEYS = frozenset(_COMMON | {"prompt"})
 MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_TOP_LOGPROBS = 20
 MAX_N = 16
@@ -76,7 +68,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 
 
 def parse_chat_completion(body: dict[str, Any]) -> ChatCompletionBody:
-    _check_keys(body, CHAT_KEYS)
+    _check_keys(body, CHAT_POLICY)
     if "max_completion_tokens" in body and "max_tokens" in body:
         raise bad("max_completion_tokens", "INVALID_MAX_TOKENS",
                   "give max_tokens or max_completion_tokens, not both")
@@ -97,7 +89,7 @@ def parse_chat_completion(body: dict[str, Any]) -> ChatCompletionBody:
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionBody:
-    _check_keys(body, COMPLETION_KEYS)
+    _check_keys(body, COMPLETION_POLICY)
     options = parse_options(body)
     top = body.get("logprobs")
     if top is not None:
@@ -109,20 +101,18 @@ def parse_completion(body: dict[str, Any]) -> CompletionBody:
                           options=options)
 
 
-def _check_keys(body: dict[str, Any], allowed: frozenset[str]) -> None:
-    for key in sorted(body):
-        if key not in allowed:
-            raise bad(key, "UNSUPPORTED_PARAMETER", f"unrecognized request argument: {key}")
-    for key, neutral in _NEUTRAL.items():
-        if key not in body:
-            continue
-        value = body[key]
-        if neutral is None:
-            if value is not None and not isinstance(value, str):
-                raise bad(key, "INVALID_TYPE", f"{key} must be a string")
-        elif not any(value == n and type(value) is type(n) for n in neutral):
-            raise bad(key, "UNSUPPORTED_PARAMETER",
-                      f"{key}={value!r} is not supported (only {neutral[0]!r})")
+_STRING_FIELDS = ("user", "safety_identifier", "prompt_cache_key", "service_tier")
+
+
+def _check_keys(body: dict[str, Any], table: dict[str, FieldPolicy]) -> None:
+    refused = unsupported(body, table)
+    if refused is not None:
+        raise bad(refused[0], "UNSUPPORTED_PARAMETER", refused[1])
+    for key in _STRING_FIELDS:
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise bad(key, "INVALID_TYPE", f"{key} must be a string")
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise bad("metadata", "INVALID_TYPE", "metadata must be an object")
 
 
 def _model(body: dict[str, Any]) -> str:
