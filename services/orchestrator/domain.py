@@ -75,6 +75,30 @@ class StageLayout:
     kv_budget_bytes: int | None = None
 
 
+class EvidenceClass(enum.Enum):
+    """How far a figure or a route's outputs can be trusted (the seed's classes)."""
+
+    CONTRACT = "contract"
+    REFERENCE = "reference"   # the float32 numpy reference backend
+    PHYSICAL = "physical"     # a production backend on named hardware
+    PREDICTION = "prediction"  # a cost-model figure
+
+
+@dataclass(frozen=True)
+class RouteCard:
+    """Provenance of what is served: model snapshot, plan, and the evidence behind them."""
+
+    model_snapshot: str = ""
+    plan_id: str = ""
+    plan_mode: str = ""  # the planner's mode, or "in-process" without a planner
+    backend: str = ""
+    boundary_dtype: str = ""
+    # The execution's class: reference for the numpy backend, physical for MAX.
+    execution_evidence: EvidenceClass = EvidenceClass.REFERENCE
+    # The plan's time figures: cost-model predictions until a route is qualified.
+    plan_evidence: EvidenceClass = EvidenceClass.PREDICTION
+
+
 @dataclass(frozen=True)
 class ServedModel:
     """What the route serves: the public model id, its limits and its stage layout."""
@@ -84,6 +108,7 @@ class ServedModel:
     vocab_size: int
     stages: tuple[StageLayout, ...]
     created_unix_s: int = 0
+    card: RouteCard = RouteCard()
 
     @property
     def num_stages(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from libs.artifacts.manifest import (
@@ -23,7 +24,7 @@ from services.orchestrator.lifecycle import (
     PlanIdentity,
     StageInfo,
 )
-from services.orchestrator.model_card import served_model
+from services.orchestrator.model_card import route_card, served_model
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.serving import ServingConfig, ServingEngine
 
@@ -44,6 +45,10 @@ def fleet_installer(fleet: Fleet, artifact_store: str, model_id: str, kv_limit_b
             served = served_model(load_config(request.checkpoint_dir),
                                   list(installed.layer_ranges), model_id,
                                   stage_kv_budgets=limits if all(limits) else None)
+            served = replace(served, card=replace(
+                route_card(request.checkpoint_dir, request.backend, request.boundary_dtype,
+                           installed.plan.plan_id, installed.plan.mode),
+                model_snapshot=installed.plan.model_snapshot))
         except BaseException:
             await route.close()
             raise

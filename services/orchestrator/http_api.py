@@ -142,16 +142,14 @@ async def _health(request: web.Request) -> web.Response:
 async def _models(request: web.Request) -> web.Response:
     engine = request.app[ROUTE_KEY].engine
     if engine is None:
-        return web.json_response(fmt.model_list(None, 0))
-    return web.json_response(fmt.model_list(engine.served.model_id,
-                                            engine.served.created_unix_s))
+        return web.json_response(fmt.model_list(None))
+    return web.json_response(fmt.model_list(engine.served, engine.text.identity))
 
 
 async def _model(request: web.Request) -> web.Response:
     engine = _engine(request)
     check_model(request.match_info["model"], engine.served)
-    return web.json_response(fmt.model_list(engine.served.model_id,
-                                            engine.served.created_unix_s)["data"][0])
+    return web.json_response(fmt.model_object(engine.served, engine.text.identity))
 
 
 async def _chat_completions(request: web.Request) -> web.StreamResponse:

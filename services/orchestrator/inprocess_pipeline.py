@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +34,7 @@ from services.orchestrator.domain import (
     ServedModel,
 )
 from libs.model.layout import even_layer_split
-from services.orchestrator.model_card import served_model
+from services.orchestrator.model_card import route_card, served_model
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,11 @@ class InProcessPipeline:
         tokenizer = Path(config.checkpoint_dir, "tokenizer.json")
         vocab = (GrammarVocabulary(tokenizer.read_text(encoding="utf-8"), cfg.vocab_size)
                  if tokenizer.exists() else None)
-        return cls(executors, served_model(cfg, ranges, config.model_id,
-                                           config.kv_limit_bytes_per_stage), vocab)
+        served = replace(served_model(cfg, ranges, config.model_id,
+                                      config.kv_limit_bytes_per_stage),
+                         card=route_card(str(config.checkpoint_dir), config.backend, "fp32",
+                                         "", "in-process"))
+        return cls(executors, served, vocab)
 
     @property
     def num_stages(self) -> int:

@@ -3,7 +3,22 @@
 from __future__ import annotations
 
 from libs.model.config import DeepseekV2Config
-from services.orchestrator.domain import ServedModel, StageLayout, mla_kv_bytes_per_token
+from services.orchestrator.domain import (
+    EvidenceClass,
+    RouteCard,
+    ServedModel,
+    StageLayout,
+    mla_kv_bytes_per_token,
+)
+from services.planner.model import describe_checkpoint
+
+
+def route_card(checkpoint_dir: str, backend: str, boundary_dtype: str, plan_id: str,
+               plan_mode: str) -> RouteCard:
+    execution = EvidenceClass.PHYSICAL if backend == "max" else EvidenceClass.REFERENCE
+    return RouteCard(model_snapshot=describe_checkpoint(checkpoint_dir).model_snapshot,
+                     plan_id=plan_id, plan_mode=plan_mode, backend=backend,
+                     boundary_dtype=boundary_dtype, execution_evidence=execution)
 
 
 def served_model(cfg: DeepseekV2Config, ranges: list[tuple[int, int]], model_id: str,

@@ -6,7 +6,8 @@ import grpc
 
 from libs.service.errors import FornaxError
 from libs.text.chat_template import ToolCall
-from services.orchestrator.domain import FinishReason
+from libs.text.context import TextIdentity
+from services.orchestrator.domain import FinishReason, ServedModel
 
 # gRPC status -> (HTTP status, OpenAI error type)
 _HTTP_BY_CODE: dict[grpc.StatusCode, tuple[int, str]] = {
@@ -47,10 +48,26 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def model_list(model_id: str | None, created: int) -> dict:
-    data = [] if model_id is None else [
-        {"id": model_id, "object": "model", "created": created, "owned_by": "fornax"}]
-    return {"object": "list", "data": data}
+def model_list(served: ServedModel | None, text: TextIdentity | None = None) -> dict:
+    return {"object": "list", "data": [] if served is None else [model_object(served, text)]}
+
+
+def model_object(served: ServedModel, text: TextIdentity | None) -> dict:
+    """OpenAI's model object plus what a client needs to trust and size its requests."""
+    card = served.card
+    return {"id": served.model_id, "object": "model", "created": served.created_unix_s,
+            "owned_by": "fornax", "max_model_len": served.context_length,
+            "fornax": {
+                "model_snapshot": card.model_snapshot,
+                "tokenizer_sha256": text.tokenizer_sha256 if text else None,
+                "chat_template_sha256": text.template_sha256 if text else None,
+                "context_length": served.context_length,
+                "vocab_size": served.vocab_size,
+                "plan": {"plan_id": card.plan_id, "mode": card.plan_mode,
+                         "evidence_class": card.plan_evidence.value},
+                "execution": {"backend": card.backend, "boundary_dtype": card.boundary_dtype,
+                              "stages": served.num_stages,
+                              "evidence_class": card.execution_evidence.value}}}
 
 
 def tool_call_value(call: ToolCall) -> dict:

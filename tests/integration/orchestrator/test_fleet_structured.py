@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 
 import jsonschema
 import numpy as np
@@ -14,7 +15,9 @@ import pytest
 
 from apps.fleet.compose import start_fleet
 from apps.fleet.launcher import FleetOptions
+from libs.model.config import load_config
 from libs.text.context import TextContext
+from services.planner.model import describe_checkpoint
 from tests.integration.orchestrator.test_fleet_serving import wait_route_ready
 from tests.integration.orchestrator.test_structured_outputs import (
     CLOCK,
@@ -111,3 +114,19 @@ def test_logprobs_cross_the_fnx2_hops_and_match_a_float32_reference(fleet, check
             top = lp.top_logprobs[step]
             assert max(top.values()) == pytest.approx(best[0], abs=1e-4)
             assert all(np.min(np.abs(best - v)) < 1e-4 for v in top.values())
+
+
+def test_models_report_snapshot_hashes_context_and_evidence(fleet, checkpoint):
+    with urllib.request.urlopen(fleet.api + "/models", timeout=10) as response:
+        listed = json.loads(response.read())
+    (model,) = listed["data"]
+    card = model["fornax"]
+    text = TextContext.from_checkpoint(checkpoint)
+    assert card["model_snapshot"] == describe_checkpoint(str(checkpoint)).model_snapshot
+    assert card["tokenizer_sha256"] == text.identity.tokenizer_sha256
+    assert card["chat_template_sha256"] == text.identity.template_sha256
+    assert card["context_length"] == model["max_model_len"] == load_config(checkpoint).max_position_embeddings
+    assert card["plan"]["mode"] == "exploratory" and card["plan"]["plan_id"]
+    assert card["plan"]["evidence_class"] == "prediction"  # cost-model figures, not measured
+    assert card["execution"] == {"backend": "numpy", "boundary_dtype": "fp32", "stages": 2,
+                                 "evidence_class": "reference"}
