@@ -219,3 +219,21 @@ class SchedulerConfig:
     # Prefill rows per microbatch; a longer prompt is prefilled in chunks of at most this.
     max_prefill_rows_per_microbatch: int = 2048
     output_queue_capacity: int = 16
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """One stage as the dashboard sees it: where it runs, its KV, and cumulative phase times
+    (physical figures from the stage's own clock; 0 where a phase does not exist)."""
+
+    index: int
+    host: str
+    kv_bytes_used: int
+    kv_bytes_limit: int
+    live_sequences: int
+    batches: int
+    queue_ns: int = 0
+    compute_ns: int = 0
+    pack_ns: int = 0
+    transfer_ns: int = 0
+    unpack_ns: int = 0

@@ -33,6 +33,7 @@ from services.orchestrator.prompting import (
     completion_prompt_ids,
     generation_request,
 )
+from services.orchestrator.dashboard import STATE_PATH, add_dashboard, record_error
 from services.orchestrator.openai_stream import ApiKind, ResponseForm, collect, stream_sse
 from services.orchestrator.serving import RequestStream, RouteSlot, ServingEngine
 from services.orchestrator.tracing import TRACER
@@ -59,6 +60,7 @@ def build_http_app(route: RouteSlot, config: HttpConfig = HttpConfig()) -> web.A
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_post("/v1/completions", _completions)
+    add_dashboard(app, route)
     return app
 
 
@@ -94,16 +96,19 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except FornaxError as exc:
+        record_error(request.app, exc.reason.lower())
         return _json_error(*fmt.error_from_exception(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = exc.reason.lower().replace(" ", "_")
+        record_error(request.app, code)
         return _json_error(exc.status, fmt.error_envelope(
             f"{request.method} {request.path}: {exc.reason}", "invalid_request_error", code,
             None))
     except Exception:
         _log.exception("http_handler_failed", path=request.path)
+        record_error(request.app, "internal")
         return _json_error(500, fmt.error_envelope("internal error", "server_error",
                                                    "internal", None))
 
@@ -111,7 +116,7 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
 @web.middleware
 async def _auth(request: web.Request, handler) -> web.StreamResponse:
     key = request.app[CONFIG_KEY].api_key
-    if key and request.path.startswith("/v1/"):
+    if key and (request.path.startswith("/v1/") or request.path == STATE_PATH):
         header = request.headers.get("Authorization", "")
         if not header:
             raise Unauthenticated("missing bearer token in the Authorization header",

@@ -8,6 +8,7 @@ Python Engine and as the reference the networked route is compared with.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -32,6 +33,7 @@ from services.orchestrator.domain import (
     SequenceResult,
     SequenceStatus,
     ServedModel,
+    StageStats,
 )
 from libs.model.layout import even_layer_split
 from services.orchestrator.model_card import route_card, served_model
@@ -53,6 +55,8 @@ class InProcessPipeline:
         self.served = served
         # The final stage's per-request grammar and penalty state.
         self._decoding = DecodingTable(served.vocab_size, grammar_vocab)
+        self._compute_ns = [0] * len(executors)
+        self._batches = self._compute_ns[:]
         self._threads = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage{i}")
                          for i in range(len(executors))]
         self._generation = uuid.uuid4()
@@ -107,11 +111,13 @@ class InProcessPipeline:
                                      hidden=hidden, sampling=sampling if last else (),
                                      token_filters=filters if last else ())
             try:
-                result = await loop.run_in_executor(self._threads[index], executor.execute,
-                                                    stage_batch)
+                result = await loop.run_in_executor(self._threads[index], _timed,
+                                                    executor, stage_batch,
+                                                    self._compute_ns, index)
             except ModelError as exc:
                 return _failed(batch, f"stage {index}: {exc.reason}: {exc.message}")
             hidden, tokens = result.hidden, result.token_ids
+            self._batches[index] += 1
             epochs.append(result.kv_epochs_after)
         assert tokens is not None
         self._decoding.accept(ids, positions, tokens.tolist())
@@ -143,12 +149,30 @@ class InProcessPipeline:
         executor.release(request_id, lease)
         return epoch
 
+    async def stage_stats(self) -> list[StageStats]:
+        """Threads of this process: compute time only (no queue, pack, wire or unpack)."""
+        out = []
+        for index, executor in enumerate(self._executors):
+            usage = executor.kv_usage()
+            out.append(StageStats(index, "in-process", usage.bytes_used, usage.bytes_limit,
+                                  usage.live_sequences, self._batches[index],
+                                  compute_ns=self._compute_ns[index]))
+        return out
+
     def live_kv_sequences(self) -> list[int]:
         return [executor.kv_usage().live_sequences for executor in self._executors]
 
     async def close(self) -> None:
         for thread in self._threads:
             thread.shutdown(wait=False, cancel_futures=True)
+
+
+def _timed(executor: StageExecutor, batch: StageBatch, compute_ns: list[int], index: int):
+    started = time.perf_counter_ns()
+    try:
+        return executor.execute(batch)
+    finally:
+        compute_ns[index] += time.perf_counter_ns() - started
 
 
 def _sequence_result(piece, token: int, stage_epochs: list[int],

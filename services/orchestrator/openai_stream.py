@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from libs.service.errors import Internal
+from libs.service.errors import FornaxError, Internal
 from libs.text.chat_template import ToolCall
 from services.orchestrator import openai_response as fmt
+from services.orchestrator.dashboard import record_error
 from services.orchestrator.domain import RequestOutput
 from services.orchestrator.openai_logprobs import LogprobsFormatter
 from services.orchestrator.openai_request import CommonOptions
@@ -119,7 +120,9 @@ async def stream_sse(request: web.Request, streams: list[RequestStream], model: 
     try:
         while open_choices:
             index, output = await queue.get()
-            await writer.event(choices[index], output)
+            error = await writer.event(choices[index], output)
+            if error is not None:
+                record_error(request.app, error.reason.lower())
             if output.finished:
                 open_choices -= 1
                 completion_tokens += output.completion_tokens
@@ -153,7 +156,8 @@ class _SseWriter:
         data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
         await self.response.write(b"data: " + data.encode("utf-8") + b"\n\n")
 
-    async def event(self, choice: _Choice, output: RequestOutput) -> None:
+    async def event(self, choice: _Choice, output: RequestOutput) -> FornaxError | None:
+        """Writes one event; returns the error it ended the choice with, if any."""
         error = terminal_error(output) if output.finished else None
         logprobs = choice.logprobs(output.logprobs) if output.logprobs else None
         if choice.form.kind is ApiKind.COMPLETION:
@@ -167,6 +171,7 @@ class _SseWriter:
             await self._chat_event(choice, output, error is not None, logprobs)
         if error is not None:
             await self.send(fmt.error_from_exception(error)[1])
+        return error
 
     async def _chat_event(self, choice: _Choice, output: RequestOutput, failed: bool,
                           logprobs: dict | None) -> None:

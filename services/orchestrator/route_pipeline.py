@@ -24,6 +24,7 @@ from services.orchestrator.domain import (
     SequenceSlice,
     SequenceStatus,
     ServedModel,
+    StageStats,
 )
 from services.orchestrator.tracing import microbatch_span
 
@@ -89,8 +90,20 @@ class RoutePipeline:
     async def release(self, request_id: str) -> ReleaseReport:
         return ReleaseReport(request_id, tuple(await self._route.release(request_id)))
 
+    async def stage_stats(self) -> list[StageStats]:
+        healths = await self._route.health()
+        return [_stage_stats(stage.index, stage.control_address, h)
+                for stage, h in zip(self._route.plan.stages, healths, strict=True)]
+
     async def close(self) -> None:
         await self._route.close()
+
+
+def _stage_stats(index: int, host: str, health) -> StageStats:
+    t = health.phase_totals
+    return StageStats(index, host, health.kv_bytes_used, health.kv_bytes_limit,
+                      health.live_sequences, t.batches, t.queue_ns, t.compute_ns, t.pack_ns,
+                      t.transfer_ns, t.unpack_ns)
 
 
 def _result(piece: SequenceSlice, output: SliceOutput) -> SequenceResult:

@@ -9,6 +9,7 @@ from libs.model.sampling import SamplingParams
 from libs.service.errors import InvalidArgument
 from libs.structured.grammar import GrammarSpec
 from services.stage_worker.lifecycle import StageState
+from services.stage_worker.phase_totals import Phase, PhaseTotals
 from services.stage_worker.runtime import Admission, HealthSnapshot, LoadSpec, PlanBinding
 
 BACKEND_NAMES = {common_pb2.BACKEND_MAX: "max", common_pb2.BACKEND_NUMPY: "numpy"}
@@ -107,9 +108,19 @@ def health_to_pb(snapshot: HealthSnapshot) -> pb.GetHealthResponse:
         inflight_batches_high_water=snapshot.inflight_high_water,
         batches_executed=snapshot.batches_executed,
         failure_reason=snapshot.failure_reason,
+        phase_totals=_totals_to_pb(snapshot.phase_totals),
         plan=common_pb2.PlanBinding(
             plan_id=plan.plan_id, plan_hash=plan.plan_hash, plan_generation_id=plan.plan_generation_id
         )
         if plan
         else None,
     )
+
+
+def _totals_to_pb(totals: PhaseTotals | None) -> pb.PhaseTotals | None:
+    if totals is None:
+        return None
+    t = totals.total_ns
+    return pb.PhaseTotals(queue_ns=t[Phase.QUEUE], compute_ns=t[Phase.COMPUTE], pack_ns=t[Phase.PACK],
+                          transfer_ns=t[Phase.TRANSFER], unpack_ns=t[Phase.UNPACK],
+                          batches=totals.count[Phase.COMPUTE])

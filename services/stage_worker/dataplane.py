@@ -33,6 +33,7 @@ from libs.model.logprobs import RECORD_WIDTH, sample_records
 from libs.service.errors import FailedPrecondition
 from libs.service.trace_context import context_from, current_traceparent
 from services.stage_worker import metrics
+from services.stage_worker.phase_totals import Phase
 from services.stage_worker.runtime import LoadedStage, StageRuntime
 
 log = structlog.get_logger()
@@ -165,15 +166,15 @@ class DataPlane:
         with _TRACER.start_as_current_span("unpack"):
             started = time.perf_counter()
             batch = self._stage_batch(stage, work, live)
-            metrics.UNPACK.labels(label).observe(time.perf_counter() - started)
+            self._runtime.phase_totals.observe(Phase.UNPACK, time.perf_counter() - started, label)
         try:
             result, pending, queue_s, compute_s = await self._runtime.execute(batch)
         except ModelError as exc:
             failed = [SequenceFailure(s.request_id, _fnx2_code(exc), exc.message) for s in live]
             return StageOutput(None, tuple(failures + failed))
         _record_phase_spans(queue_s, compute_s)
-        metrics.QUEUE.labels(label, phase).observe(queue_s)
-        metrics.COMPUTE.labels(label, phase).observe(compute_s)
+        self._runtime.phase_totals.observe(Phase.QUEUE, queue_s, label, phase)
+        self._runtime.phase_totals.observe(Phase.COMPUTE, compute_s, label, phase)
         if stage.spec.last:
             output = self._final_output(stage, work, live, result, failures)
         else:
@@ -236,7 +237,7 @@ class DataPlane:
             started = time.perf_counter()
             payload = _boundary_payload(result.hidden, dtype)
             outgoing = _next_batch(work.batch, live, stage, Tensor.from_array(TensorKind.ACTIVATION, dtype, payload))
-            metrics.PACK.labels(label).observe(time.perf_counter() - started)
+            self._runtime.phase_totals.observe(Phase.PACK, time.perf_counter() - started, label)
         client = await self.next_hop(stage)
         with _TRACER.start_as_current_span(f"transfer to {stage_id(stage.spec.stage_index + 1)}"):
             outgoing = replace(outgoing, traceparent=current_traceparent())
@@ -244,7 +245,7 @@ class DataPlane:
             reply = await client.submit(outgoing)
             round_trip = time.perf_counter() - started
         downstream_ns = max((r.timings.queue_ns + r.timings.execute_ns for r in reply.results), default=0)
-        metrics.TRANSFER.labels(label).observe(max(0.0, round_trip - downstream_ns / 1e9))
+        self._runtime.phase_totals.observe(Phase.TRANSFER, max(0.0, round_trip - downstream_ns / 1e9), label)
         by_id = {r.request_id: r for r in reply.results}
         parts, counts = [], []
         for item in live:

@@ -27,6 +27,7 @@ from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument
 from libs.structured.decoding import DecodingTable
 from libs.structured.grammar import GrammarVocabulary
 from services.stage_worker.lifecycle import Lifecycle, StageState
+from services.stage_worker.phase_totals import PhaseTotals
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class HealthSnapshot:
     batches_executed: int
     failure_reason: str
     plan: PlanBinding | None
+    phase_totals: PhaseTotals | None = None
 
 
 @dataclass
@@ -152,6 +154,7 @@ class StageRuntime:
         self.lifecycle = Lifecycle()
         self.stage: LoadedStage | None = None
         self._counters = _Counters()
+        self.phase_totals = PhaseTotals()
         self._device_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{device}")
         self._idle = asyncio.Event()
         self._idle.set()
@@ -380,4 +383,5 @@ class StageRuntime:
             batches_executed=self._counters.executed,
             failure_reason=self.lifecycle.failure_reason,
             plan=stage.spec.plan if stage else None,
+            phase_totals=self.phase_totals,
         )
