@@ -11,6 +11,8 @@ import jsonschema
 import openai
 import pytest
 
+from services.orchestrator.domain import SchedulerConfig
+from services.orchestrator.serving import ServingConfig
 from tests.integration.orchestrator.harness import MODEL_ID, serve
 
 pytestmark = pytest.mark.integration
@@ -163,3 +165,23 @@ def test_call_tool_result_answer_loop(checkpoint):
     assert choice.finish_reason in ("stop", "length") and choice.message.tool_calls is None
     # The answer's prompt holds the tools, the question, the call and its result.
     assert answer.usage.prompt_tokens > first.usage.prompt_tokens + 20
+
+
+def test_grammar_state_survives_chunked_prefill_and_regrouping(checkpoint):
+    """Prompts prefilled in 3-row chunks, requests regrouped into different microbatches
+    (2 in-flight slots vs many): the same seeds give the same schema-valid outputs."""
+    async def run(config: ServingConfig) -> list[str]:
+        async with serve(checkpoint, config=config) as served:
+            client = openai.AsyncOpenAI(base_url=served.base_url, api_key="none", max_retries=0)
+            responses = await asyncio.gather(*(client.chat.completions.create(
+                model=MODEL_ID, messages=USER, max_tokens=160, temperature=1.0, seed=s,
+                response_format=_schema_format(PERSON)) for s in range(6)))
+            return [r.choices[0].message.content for r in responses]
+
+    plain = asyncio.run(run(ServingConfig()))
+    chunked = asyncio.run(run(ServingConfig(SchedulerConfig(
+        inflight_microbatches=2, max_sequences_per_microbatch=2,
+        max_prefill_rows_per_microbatch=3))))
+    assert chunked == plain
+    for text in chunked:
+        jsonschema.validate(json.loads(text), PERSON)
