@@ -14,6 +14,7 @@ from apps.fleet.health import check_health
 from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
 from apps.fleet.route_wait import RouteFailed, wait_for_route
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
+from libs.service.progress import Progress
 
 BACKENDS = ("max", "numpy")
 BOUNDARY_DTYPES = ("bf16", "fp32")
@@ -99,7 +100,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"fleet file: {path}")
     if args.checkpoint:
         try:
-            wait_for_route(state, args.install_timeout_s, lambda message: print(f"  {message}", file=sys.stderr))
+            # planning, plan, artifacts, one load per stage, warming: an estimate (compile
+            # lines of a cold MAX cache are steps too), so the bar ends only when ready.
+            with Progress("installing route", args.stages + 5, "steps") as bar:
+                wait_for_route(state, args.install_timeout_s, bar.step)
+                bar.finish("route ready")
         except (RouteFailed, TimeoutError) as exc:
             launcher.stop_all()
             fleet_path(args.state_dir).unlink(missing_ok=True)

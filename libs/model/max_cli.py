@@ -24,9 +24,22 @@ def _warmup(args: argparse.Namespace) -> int:
     from libs.model.config import load_config
     from libs.model.max_kernels import MaxOptions, default_cache_dir, max_build, warm_compile_cache
 
+    from libs.service.progress import Progress
+
     cfg = load_config(args.checkpoint)
     options = MaxOptions(device=args.device, weight_dtype=args.weight_dtype, cache_dir=args.cache_dir)
-    seconds = warm_compile_cache(cfg, options)
+    bars: list[Progress] = []
+
+    def on_graph(kind: str, done: int, total: int) -> None:
+        if not bars:
+            bars.append(Progress("max warmup", total, "graphs"))
+        bars[0].update(done, f"compiling {kind}" if kind else "done")
+
+    try:
+        seconds = warm_compile_cache(cfg, options, on_graph)
+    finally:
+        for bar in bars:
+            bar.close()
     result = {
         "figure_class": "physical (wall seconds to compile or fetch each graph from the cache, this host)",
         "build": max_build(),
