@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from libs.model.errors import BatchError
-from libs.structured.grammar import GrammarSpec
+from libs.structured.spec import GrammarSpec
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import llguidance
@@ -23,19 +22,13 @@ import llguidance.numpy as llnp
 import numpy as np
 
 from libs.service.errors import FailedPrecondition, InvalidArgument
+from libs.structured.spec import GrammarSpec
+
+__all__ = ["GrammarMatcher", "GrammarSpec", "GrammarVocabulary", "json_lark", "lark_string"]
 
 # Compact JSON: a flexible-whitespace grammar lets a weak model emit whitespace forever.
 COMPACT_JSON = {"whitespace_flexible": False}
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[([^\]]*)\]")
-
-
-@dataclass(frozen=True)
-class GrammarSpec:
-    """What the sampled tokens must spell: an llguidance Lark grammar, and the ids that may end
-    the output once it is complete (the model's end-of-sequence ids)."""
-
-    lark: str
-    end_token_ids: tuple[int, ...]
 
 
 def json_lark(schema: dict[str, Any], rule: str = "start") -> str:

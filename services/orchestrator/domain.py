@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from libs.model.logprobs import TokenLogprobs
 from libs.model.sampling import SamplingParams as ModelSampling
-from libs.structured.grammar import GrammarSpec
+from libs.structured.spec import GrammarSpec
 
 
 class Phase(enum.Enum):

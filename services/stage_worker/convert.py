@@ -7,7 +7,7 @@ from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 
 from libs.model.sampling import SamplingParams
 from libs.service.errors import InvalidArgument
-from libs.structured.grammar import GrammarSpec
+from libs.structured.spec import GrammarSpec
 from services.stage_worker.lifecycle import StageState
 from services.stage_worker.phase_totals import Phase, PhaseTotals
 from services.stage_worker.runtime import Admission, HealthSnapshot, LoadSpec, PlanBinding
