@@ -17,10 +17,17 @@ from libs.structured.spec import GrammarSpec
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How a request picks its tokens, from the HTTP API down to the final stage.
+
+    temperature 0 means greedy (the default here; the OpenAI API defaults to 1).
+    """
+
     temperature: float = 0.0   # 0 selects greedy decoding
     top_k: int = 0             # 0 disables
     top_p: float = 1.0         # 1 disables
-    seed: int = 0
+    # None: the request named none. The serving engine draws one per request before any stage
+    # samples, so an unseeded request still gets its own stream; a stage reads None as 0.
+    seed: int | None = None
     return_logits: bool = False  # logits mode: the caller receives the logits row too
     # OpenAI semantics over the tokens generated so far (not the prompt).
     presence_penalty: float = 0.0
@@ -41,6 +48,10 @@ class SamplingParams:
         return bool(self.grammar or self.presence_penalty or self.frequency_penalty
                     or self.logit_bias)
 
+    @property
+    def stream_seed(self) -> int:
+        return 0 if self.seed is None else self.seed
+
     def validate(self) -> None:
         if self.temperature < 0 or not np.isfinite(self.temperature):
             raise BatchError(f"temperature must be >= 0, got {self.temperature}")
@@ -48,7 +59,7 @@ class SamplingParams:
             raise BatchError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise BatchError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed < 0:
+        if self.seed is not None and self.seed < 0:
             raise BatchError(f"seed must be >= 0, got {self.seed}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
@@ -110,5 +121,5 @@ def sample_token(logits: np.ndarray, params: SamplingParams, position: int,
     if params.temperature == 0.0:
         return int(np.argmax(logits))
     probs = candidate_probabilities(logits, params)
-    rng = np.random.default_rng(np.random.SeedSequence([params.seed, position]))
+    rng = np.random.default_rng(np.random.SeedSequence([params.stream_seed, position]))
     return int(rng.choice(probs.size, p=probs))

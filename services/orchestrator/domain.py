@@ -5,14 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from libs.fnx2.messages import Phase, SequenceStatus
 from libs.model.logprobs import TokenLogprobs
-from libs.model.sampling import SamplingParams as ModelSampling
-from libs.structured.spec import GrammarSpec
-
-
-class Phase(enum.Enum):
-    PREFILL = "prefill"
-    DECODE = "decode"
+from libs.model.sampling import SamplingParams
 
 
 class FinishReason(enum.Enum):
@@ -22,46 +17,6 @@ class FinishReason(enum.Enum):
     DEADLINE = "deadline"
     REJECTED = "rejected"  # a stage refused the request (its KV reservation)
     ERROR = "error"
-
-
-class SequenceStatus(enum.Enum):
-    """Per-sequence outcome of one microbatch, as FNX2 RESULT reports it."""
-
-    OK = "ok"
-    CANCELLED = "cancelled"
-    DEADLINE = "deadline"
-    REJECTED = "rejected"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """temperature 0 means greedy (the default here; the OpenAI API defaults to 1); top_k 0
-    and top_p 1 disable those filters."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    # Structured output: the final stage masks every sample to this grammar.
-    grammar: GrammarSpec | None = None
-    # Position of the prompt's last row (its sample is the first generated token); set at
-    # admission from the prompt length.
-    first_sample_position: int = 0
-    # None: no logprobs; k: the sampled token's logprob plus the k most likely (k <= 20).
-    top_logprobs: int | None = None
-
-    def for_stage(self) -> ModelSampling:
-        """The final stage's view of these settings (the seed is always set by then)."""
-        return ModelSampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                             seed=self.seed or 0, presence_penalty=self.presence_penalty,
-                             frequency_penalty=self.frequency_penalty,
-                             logit_bias=self.logit_bias, grammar=self.grammar,
-                             first_sample_position=self.first_sample_position,
-                             top_logprobs=self.top_logprobs)
 
 
 @dataclass(frozen=True)
@@ -136,8 +91,8 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
-class SequenceSlice:
-    """One request's rows in a microbatch (FNX2 sequence slice, in domain terms)."""
+class RequestSlice:
+    """One request's rows in a microbatch; the stage chain turns it into an FNX2 SequenceSlice."""
 
     request_id: str
     request_sequence_no: int
@@ -158,7 +113,7 @@ class Microbatch:
     batch_id: int
     slot: int
     phase: Phase
-    slices: tuple[SequenceSlice, ...]
+    slices: tuple[RequestSlice, ...]
 
     @property
     def row_count(self) -> int:
@@ -166,7 +121,7 @@ class Microbatch:
 
 
 @dataclass(frozen=True)
-class SequenceResult:
+class RequestSliceResult:
     request_id: str
     status: SequenceStatus
     sampled_token_id: int | None
@@ -180,7 +135,7 @@ class SequenceResult:
 @dataclass(frozen=True)
 class MicrobatchResult:
     batch_id: int
-    sequences: tuple[SequenceResult, ...]
+    sequences: tuple[RequestSliceResult, ...]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from libs.common.kinds import Backend
 from libs.model.config import load_config
 from libs.model.errors import ModelError, UnknownSequenceError
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
@@ -30,7 +31,7 @@ from services.orchestrator.domain import (
     Microbatch,
     MicrobatchResult,
     ReleaseReport,
-    SequenceResult,
+    RequestSliceResult,
     SequenceStatus,
     ServedModel,
     StageStats,
@@ -43,7 +44,7 @@ from services.orchestrator.model_card import route_card, served_model
 class InProcessRouteConfig:
     checkpoint_dir: Path
     stages: int
-    backend: str = "numpy"
+    backend: Backend = Backend.NUMPY
     kv_limit_bytes_per_stage: int = 256 << 20
     model_id: str = "fornax"
 
@@ -94,7 +95,7 @@ class InProcessPipeline:
                                      s.request_sequence_no, s.token_position_start, s.kv_epoch,
                                      len(s.token_ids)) for s in batch.slices)
         token_ids = np.fromiter((t for s in batch.slices for t in s.token_ids), dtype=np.int32)
-        sampling = tuple(s.sampling.for_stage() for s in batch.slices)
+        sampling = tuple(s.sampling for s in batch.slices)
         for piece, params in zip(batch.slices, sampling):
             self._decoding.open(piece.request_id, params)
         ids = [s.request_id for s in batch.slices]
@@ -104,22 +105,27 @@ class InProcessPipeline:
         except FornaxError as exc:
             return _failed(batch, f"sampling state: {exc.reason}: {exc.message}")
         loop = asyncio.get_running_loop()
-        hidden, epochs, tokens = None, [], None
+        hidden, pending, tokens = None, [], None
         for index, executor in enumerate(self._executors):
             last = index == len(self._executors) - 1
             stage_batch = StageBatch(slices=idents, token_ids=token_ids if index == 0 else None,
                                      hidden=hidden, sampling=sampling if last else (),
                                      token_filters=filters if last else ())
             try:
-                result = await loop.run_in_executor(self._threads[index], _timed,
-                                                    executor, stage_batch,
-                                                    self._compute_ns, index)
+                result, new_kv = await loop.run_in_executor(self._threads[index], _timed,
+                                                            executor, stage_batch,
+                                                            self._compute_ns, index)
             except ModelError as exc:
                 return _failed(batch, f"stage {index}: {exc.reason}: {exc.message}")
             hidden, tokens = result.hidden, result.token_ids
             self._batches[index] += 1
-            epochs.append(result.kv_epochs_after)
+            pending.append(new_kv)
         assert tokens is not None
+        # As on the networked route, a stage commits its new KV only once every later stage
+        # has run the batch too: a failure anywhere leaves every stage's epoch unchanged.
+        epochs = await asyncio.gather(*(
+            loop.run_in_executor(thread, executor.commit, new_kv)
+            for thread, executor, new_kv in zip(self._threads, self._executors, pending)))
         self._decoding.accept(ids, positions, tokens.tolist())
         wanted = [s.sampling.top_logprobs for s in batch.slices]
         records = (sample_records(result.logits, tokens) if any(k is not None for k in wanted)
@@ -170,21 +176,21 @@ class InProcessPipeline:
 def _timed(executor: StageExecutor, batch: StageBatch, compute_ns: list[int], index: int):
     started = time.perf_counter_ns()
     try:
-        return executor.execute(batch)
+        return executor.run(batch)
     finally:
         compute_ns[index] += time.perf_counter_ns() - started
 
 
 def _sequence_result(piece, token: int, stage_epochs: list[int],
-                     logprobs: TokenLogprobs | None) -> SequenceResult:
+                     logprobs: TokenLogprobs | None) -> RequestSliceResult:
     if len(set(stage_epochs)) != 1:
-        return SequenceResult(piece.request_id, SequenceStatus.FAILED, None, piece.kv_epoch,
-                              f"stages disagree on the KV epoch: {stage_epochs}")
-    return SequenceResult(piece.request_id, SequenceStatus.OK, token, stage_epochs[0],
-                          logprobs=logprobs)
+        return RequestSliceResult(piece.request_id, SequenceStatus.FAILED, None, piece.kv_epoch,
+                                  f"stages disagree on the KV epoch: {stage_epochs}")
+    return RequestSliceResult(piece.request_id, SequenceStatus.OK, token, stage_epochs[0],
+                              logprobs=logprobs)
 
 
 def _failed(batch: Microbatch, error: str) -> MicrobatchResult:
     return MicrobatchResult(batch.batch_id, tuple(
-        SequenceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, error)
+        RequestSliceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, error)
         for s in batch.slices))

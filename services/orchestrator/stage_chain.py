@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import grpc
 import numpy as np
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
@@ -22,9 +22,11 @@ from libs.fnx2.control import ChannelBinding
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind
-from libs.model.sampling import SamplingParams as Sampling
+from libs.model.sampling import SamplingParams
+from libs.service.channels import open_aio_channel
 
 GATEWAY = "gateway"
+UNLOAD_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,9 @@ class RoutePlan:
     stages: tuple[RouteStage, ...]
 
 
-def sampling_to_pb(sampling: Sampling) -> pb.SamplingSpec:
+def sampling_to_pb(sampling: SamplingParams) -> pb.SamplingSpec:
     spec = pb.SamplingSpec(
-        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
+        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.stream_seed,
         presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
         logit_bias=dict(sampling.logit_bias), first_sample_position=sampling.first_sample_position,
         generated_token_ids=sampling.generated_token_ids,
@@ -82,6 +84,39 @@ class SliceOutput:
     queue_ns: int = 0
 
 
+@dataclass(frozen=True)
+class StageLoad:
+    """One stage to load: its worker's gRPC address and its spec, next hop not yet known."""
+
+    address: str
+    spec: pb.StageSpec
+
+
+async def load_route(loads: Sequence[StageLoad], load_timeout_s: float = 3600.0,
+                     progress: Callable[[str], None] = lambda message: None) -> RoutePlan:
+    """Load last to first, so each stage is told its next hop's FNX2 address and manifest hash.
+
+    Every spec carries the same plan binding; whatever a worker had loaded before is unloaded.
+    """
+    next_address, next_manifest, loaded = "", "", []
+    for load in reversed(loads):
+        spec = pb.StageSpec()
+        spec.CopyFrom(load.spec)
+        spec.next_hop_address, spec.next_hop_manifest_hash = next_address, next_manifest
+        layers = spec.layer_range
+        async with open_aio_channel(load.address) as channel:
+            stub = pb_grpc.StageWorkerServiceStub(channel)
+            await stub.UnloadStage(pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=UNLOAD_TIMEOUT_S)
+            progress(f"loading stage {spec.stage_index} (layers {layers.layer_start}-"
+                     f"{layers.layer_end_exclusive - 1}) on {load.address}")
+            reply = await stub.LoadStage(pb.LoadStageRequest(request_id=str(uuid.uuid4()), spec=spec),
+                                         timeout=load_timeout_s)
+        next_address, next_manifest = reply.data_plane_address, reply.manifest_hash
+        loaded.append(RouteStage(spec.stage_index, load.address, reply.data_plane_address, reply.manifest_hash))
+    binding = loads[0].spec.plan
+    return RoutePlan(binding.plan_id, binding.plan_hash, binding.plan_generation_id, tuple(reversed(loaded)))
+
+
 def lease_id_for(plan: RoutePlan, request_id: str) -> str:
     from libs.fnx2.leases import derive_execution_lease_id
 
@@ -91,7 +126,7 @@ def lease_id_for(plan: RoutePlan, request_id: str) -> str:
 class Route:
     def __init__(self, plan: RoutePlan):
         self.plan = plan
-        self._channels = [grpc.aio.insecure_channel(s.control_address) for s in plan.stages]
+        self._channels = [open_aio_channel(s.control_address) for s in plan.stages]
         self._stubs = [pb_grpc.StageWorkerServiceStub(c) for c in self._channels]
         self._client: Fnx2Client | None = None
         self._batch_numbers = itertools.count()
@@ -110,7 +145,8 @@ class Route:
         for channel in self._channels:
             await channel.close()
 
-    async def admit(self, request_id: str, reserve_tokens: int, sampling: Sampling, logits: bool = False) -> None:
+    async def admit(self, request_id: str, reserve_tokens: int, sampling: SamplingParams,
+                    logits: bool = False) -> None:
         """Reserve KV on every stage; on any refusal, undo the reservations that succeeded."""
         mode = pb.OUTPUT_MODE_LOGITS if logits else pb.OUTPUT_MODE_SAMPLED_TOKENS
         message = pb.AdmitSequenceRequest(
