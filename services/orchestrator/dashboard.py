@@ -44,7 +44,7 @@ def add_dashboard(app: web.Application, route: RouteSlot) -> None:
     app.router.add_get("/dashboard", _page)
     app.router.add_get(STATE_PATH, state)
     # Browsers ask for one; answering keeps a 404 out of the dashboard's error counts.
-    app.router.add_get("/favicon.ico", lambda request: web.Response(status=204))
+    app.router.add_get("/favicon.ico", _no_icon)
     app.cleanup_ctx.append(_sampling(route))
 
 
@@ -52,6 +52,10 @@ def record_error(app: web.Application, reason: str) -> None:
     state = app.get(DASHBOARD_KEY)
     if state is not None:
         state.error(time.monotonic(), reason)
+
+
+async def _no_icon(request: web.Request) -> web.Response:
+    return web.Response(status=204)
 
 
 async def _page(request: web.Request) -> web.Response:
