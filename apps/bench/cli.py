@@ -78,6 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_grammar(args: argparse.Namespace) -> int:
     from apps.bench.grammar import run
 
-    report = run(_checkpoint(args.checkpoint), args.walks, args.max_steps)
+    report = run(_checkpoint(args.checkpoint), args.walks, args.max_steps,
+                 "fornax " + " ".join(sys.argv[1:]))
     print(json.dumps(report, indent=2, sort_keys=True))
     return 0

@@ -140,7 +140,7 @@ def measure(engine: str, vocab: Vocab, walks: int, max_steps: int) -> dict:
             "mask_us_mean": 1e6 * statistics.fmean(mask_s)}
 
 
-def run(checkpoint: str, walks: int = 20, max_steps: int = 200) -> dict:
+def run(checkpoint: str, walks: int = 20, max_steps: int = 200, command: str = "") -> dict:
     root = Path(checkpoint)
     tokenizer = ProjectTokenizer.from_file(root / "tokenizer.json")
     config = json.loads((root / "config.json").read_text())
@@ -148,6 +148,7 @@ def run(checkpoint: str, walks: int = 20, max_steps: int = 200) -> dict:
     vocab = Vocab((root / "tokenizer.json").read_text(), tokenizer.token_bytes, tokenizer.special_ids,
                   eos[0] if isinstance(eos, list) else eos, config["vocab_size"])
     report = {"evidence_class": "physical", "hardware": f"{cpu_name()} ({platform.machine()})",
+              "command": command,
               "tokenizer_sha256": tokenizer.identity.sha256, "vocab_size": vocab.vocab_size,
               "tokenizer_tokens": tokenizer.vocab_size, "walks": walks, "max_steps": max_steps,
               "engines": {}}
