@@ -37,7 +37,7 @@ from services.orchestrator.domain import (
     StageStats,
 )
 from libs.model.layout import even_layer_split
-from services.orchestrator.model_card import route_card, served_model
+from services.orchestrator.model_card import checkpoint_snapshot, route_card, served_model
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,8 @@ class InProcessPipeline:
                  if tokenizer.exists() else None)
         served = replace(served_model(cfg, ranges, config.model_id,
                                       config.kv_limit_bytes_per_stage),
-                         card=route_card(str(config.checkpoint_dir), config.backend, "fp32",
-                                         "", "in-process"))
+                         card=route_card(checkpoint_snapshot(str(config.checkpoint_dir)),
+                                         config.backend, "fp32", "", "in-process"))
         return cls(executors, served, vocab)
 
     @property
