@@ -130,7 +130,8 @@ def _serve(args: argparse.Namespace, state: FleetState, launcher) -> int:
         try:
             # planning, plan, artifacts, one load per stage, warming: an estimate (compile
             # lines of a cold MAX cache are steps too), so the bar ends only when ready.
-            with Progress("installing route", args.stages + 5, "steps") as bar:
+            stages = sum(1 for s in state.services if s.kind == "stage_worker")
+            with Progress("installing route", stages + 5, "steps") as bar:
                 wait_for_route(state, args.install_timeout_s, bar.step)
                 bar.finish("route ready")
         except (RouteFailed, TimeoutError) as exc:
