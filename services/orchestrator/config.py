@@ -43,7 +43,11 @@ class OrchestratorConfig:
     default_max_tokens: int = 256
     output_queue_capacity: int = 16
     # Deadline budget of a request that brings none; 0 means no deadline.
-    default_deadline_s: float = 0.0
+    default_deadline_s: float = 600.0
+    # A client that takes no output for this long loses its request (and frees its slot).
+    idle_write_timeout_s: float = 30.0
+    # Release of a finished request gives up after this long; stage leases expire anyway.
+    release_budget_s: float = 10.0
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> OrchestratorConfig:
@@ -66,6 +70,8 @@ class OrchestratorConfig:
         parser.add_argument("--max-live-requests", type=int, help="admission queue size (env FORNAX_MAX_LIVE_REQUESTS)")
         parser.add_argument("--default-max-tokens", type=int, help="env FORNAX_DEFAULT_MAX_TOKENS")
         parser.add_argument("--default-deadline-s", type=float, help="request deadline budget when none is given, 0 = none (env FORNAX_DEFAULT_DEADLINE_S)")
+        parser.add_argument("--idle-write-timeout-s", type=float, help="cancel a request whose client reads nothing for this long, 0 = never (env FORNAX_IDLE_WRITE_TIMEOUT_S)")
+        parser.add_argument("--release-budget-s", type=float, help="give up releasing a request's KV after this long (env FORNAX_RELEASE_BUDGET_S)")
         args = parse(parser, argv)
         return cls(
             server=server_config(args, env, "orchestrator"),
@@ -87,5 +93,7 @@ class OrchestratorConfig:
             stage_kv_limit_bytes=pick(args.stage_kv_limit_bytes, env, "FORNAX_STAGE_KV_LIMIT_BYTES", 0, int),
             max_live_requests=pick(args.max_live_requests, env, "FORNAX_MAX_LIVE_REQUESTS", 256, int),
             default_max_tokens=pick(args.default_max_tokens, env, "FORNAX_DEFAULT_MAX_TOKENS", 256, int),
-            default_deadline_s=pick(args.default_deadline_s, env, "FORNAX_DEFAULT_DEADLINE_S", 0.0, float),
+            default_deadline_s=pick(args.default_deadline_s, env, "FORNAX_DEFAULT_DEADLINE_S", 600.0, float),
+            idle_write_timeout_s=pick(args.idle_write_timeout_s, env, "FORNAX_IDLE_WRITE_TIMEOUT_S", 30.0, float),
+            release_budget_s=pick(args.release_budget_s, env, "FORNAX_RELEASE_BUDGET_S", 10.0, float),
         )

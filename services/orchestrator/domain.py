@@ -17,6 +17,7 @@ class FinishReason(enum.Enum):
     CANCELLED = "cancelled"
     DEADLINE = "deadline"
     REJECTED = "rejected"  # a stage refused the request (its KV reservation)
+    UNAVAILABLE = "unavailable"  # the route lost a stage or its data plane mid-request
     ERROR = "error"
 
 
@@ -27,6 +28,7 @@ class SequenceStatus(enum.Enum):
     CANCELLED = "cancelled"
     DEADLINE = "deadline"
     REJECTED = "rejected"
+    UNAVAILABLE = "unavailable"  # the route, not the sequence, failed
     FAILED = "failed"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from libs.artifacts.manifest import (
@@ -15,25 +16,45 @@ from services.orchestrator.stage_chain import RoutePlan
 from libs.model.config import load_config
 from libs.service.errors import FailedPrecondition
 from libs.text.context import TextContext, TextPins
-from services.orchestrator.install import Fleet, InstallSpec, install
+from services.orchestrator.install import Fleet, InstallSpec, StoredPlan, install, prepare
 from services.orchestrator.lifecycle import (
     InstalledRoute,
     Installer,
     InstallRequest,
     PlanIdentity,
+    Preparer,
     StageInfo,
 )
+from services.orchestrator.route_health import HealthPolicy
+from services.orchestrator.route_supervisor import RouteSupervisor
 from services.orchestrator.model_card import served_model
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.serving import ServingConfig, ServingEngine
 
 
+def fleet_preparer(fleet: Fleet, artifact_store: str, kv_limit_bytes: int,
+                   progress: Callable[[str], None]) -> Preparer:
+    async def preparer(request: InstallRequest) -> InstallRequest:
+        stored = await prepare(_spec(request, artifact_store, kv_limit_bytes), fleet, progress)
+        return replace(request, stored=stored)
+
+    return preparer
+
+
+def _spec(request: InstallRequest, artifact_store: str, kv_limit_bytes: int) -> InstallSpec:
+    return InstallSpec(request.checkpoint_dir, request.stages, request.backend,
+                       request.boundary_dtype, artifact_store, kv_limit_bytes=kv_limit_bytes)
+
+
 def fleet_installer(fleet: Fleet, artifact_store: str, model_id: str, kv_limit_bytes: int,
-                    serving: ServingConfig, progress: Callable[[str], None]) -> Installer:
+                    serving: ServingConfig, progress: Callable[[str], None],
+                    health: HealthPolicy = HealthPolicy()) -> Installer:
     async def installer(request: InstallRequest) -> InstalledRoute:
-        spec = InstallSpec(request.checkpoint_dir, request.stages, request.backend,
-                           request.boundary_dtype, artifact_store, kv_limit_bytes=kv_limit_bytes)
-        installed, route = await install(spec, fleet, progress)
+        spec = _spec(request, artifact_store, kv_limit_bytes)
+        stored = request.stored if isinstance(request.stored, StoredPlan) else None
+        if stored is not None:
+            progress(f"loading the stored plan {stored.plan.plan_id} (no re-planning)")
+        installed, route = await install(spec, fleet, progress, stored)
         try:
             # Tokenize with exactly what the artifacts were built from, or refuse to serve.
             text = TextContext.from_checkpoint(request.checkpoint_dir,
@@ -51,8 +72,11 @@ def fleet_installer(fleet: Fleet, artifact_store: str, model_id: str, kv_limit_b
         stages = tuple(StageInfo(s.index, s.control_address, a, b, s.manifest_hash)
                        for s, (a, b) in zip(plan.stages, installed.layer_ranges))
         engine = ServingEngine(RoutePipeline(route, served), served, text, serving)
-        return InstalledRoute(request, PlanIdentity(plan.plan_id, plan.plan_hash,
-                                                    plan.plan_generation_id), stages, engine)
+        supervisor = RouteSupervisor(engine, route, health)
+        supervisor.start()
+        return InstalledRoute(replace(request, stored=installed.stored),
+                              PlanIdentity(plan.plan_id, plan.plan_hash, plan.plan_generation_id),
+                              stages, engine, lambda: supervisor.stage_conditions)
 
     return installer
 

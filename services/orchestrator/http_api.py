@@ -7,6 +7,7 @@ stage (the runner is built with handler cancellation on).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
@@ -20,6 +21,7 @@ from opentelemetry.trace import SpanKind
 
 from libs.service.errors import FornaxError, Internal, Unauthenticated, Unavailable
 from libs.service.trace_context import context_from
+from services.orchestrator import metrics
 from services.orchestrator import openai_response as fmt
 from services.orchestrator.domain import FinishReason, GenerationRequest, RequestOutput
 from services.orchestrator.openai_request import (
@@ -34,18 +36,28 @@ from services.orchestrator.prompting import (
     completion_prompt_ids,
     generation_request,
 )
+from services.orchestrator.route_health import route_unavailable
 from services.orchestrator.serving import RequestStream, RouteSlot, ServingEngine, terminal_error
 from services.orchestrator.tracing import TRACER
 
 _log = structlog.get_logger()
+METRIC_IDLE_WRITES = metrics.IDLE_READER_CANCELLATIONS
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
+
+
+# Bodies larger than this are tokenized on a worker thread, so one huge prompt cannot stall
+# every other stream on the event loop.
+TOKENIZE_INLINE_MAX_BYTES = 16 << 10
 
 
 @dataclass(frozen=True)
 class HttpConfig:
     api_key: str | None = None
     max_body_bytes: int = 4 << 20
+    # A streaming client that accepts no bytes for this long is dropped and its request
+    # cancelled; None waits forever.
+    idle_write_timeout_s: float | None = 30.0
 
 
 ROUTE_KEY = web.AppKey("route", RouteSlot)
@@ -133,6 +145,8 @@ def _engine(request: web.Request) -> ServingEngine:
 
 async def _health(request: web.Request) -> web.Response:
     engine = _engine(request)
+    if engine.degraded_reason is not None:
+        raise route_unavailable(engine.degraded_reason)
     if engine.admission.closed_reason is not None:
         raise Unavailable(f"route is not admitting: {engine.admission.closed_reason}",
                           reason="NOT_ADMITTING")
@@ -158,23 +172,31 @@ async def _model(request: web.Request) -> web.Response:
 
 async def _chat_completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
-    body = parse_chat_completion(parse_json_object(await request.read()))
+    raw = await request.read()
+    body = parse_chat_completion(parse_json_object(raw))
     check_model(body.model, engine.served)
-    gen = generation_request(str(uuid.uuid4()), chat_prompt_ids(body, engine.text),
-                             body.options, engine.served, engine.config.default_max_tokens,
-                             "messages")
+    ids = await _tokenize(len(raw), chat_prompt_ids, body, engine.text)
+    gen = generation_request(str(uuid.uuid4()), ids, body.options, engine.served,
+                             engine.config.default_max_tokens, "messages")
     return await _respond(request, engine, gen, body.model, body.options, _CHAT)
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
-    body = parse_completion(parse_json_object(await request.read()))
+    raw = await request.read()
+    body = parse_completion(parse_json_object(raw))
     check_model(body.model, engine.served)
-    gen = generation_request(str(uuid.uuid4()),
-                             completion_prompt_ids(body, engine.text, engine.served),
-                             body.options, engine.served, engine.config.default_max_tokens,
-                             "prompt")
+    ids = await _tokenize(len(raw), completion_prompt_ids, body, engine.text, engine.served)
+    gen = generation_request(str(uuid.uuid4()), ids, body.options, engine.served,
+                             engine.config.default_max_tokens, "prompt")
     return await _respond(request, engine, gen, body.model, body.options, _COMPLETION)
+
+
+async def _tokenize(body_bytes: int, encode: Callable[..., tuple[int, ...]],
+                    *args) -> tuple[int, ...]:
+    if body_bytes <= TOKENIZE_INLINE_MAX_BYTES:
+        return encode(*args)
+    return await asyncio.to_thread(encode, *args)
 
 
 @dataclass(frozen=True)
@@ -232,21 +254,22 @@ async def _stream_sse(request: web.Request, stream: RequestStream, model: str,
         raise terminal_error(head)  # nothing sent yet: a proper status (429, 504, ...)
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
+    out = _Writer(response, request.transport, request.app[CONFIG_KEY].idle_write_timeout_s)
     rid, created, first = _public_id(form, stream), int(time.time()), True
     async for output in _prepend(head, stream):
         error = terminal_error(output) if output.finished else None
         if output.text or first or (output.finished and error is None):
-            await _send(response, form.chunk(rid, created, model, output.text,
-                                             None if error else output.finish_reason, first,
-                                             options.include_usage))
+            await _send(out, form.chunk(
+                rid, created, model, output.text, None if error else output.finish_reason,
+                first, options.include_usage))
             first = False
         if error is not None:
-            await _send(response, fmt.error_from_exception(error)[1])
+            await _send(out, fmt.error_from_exception(error)[1])
         if output.finished and options.include_usage:
-            await _send(response, fmt.usage_chunk(rid, created, model, form.object_name,
-                                                  output.prompt_tokens,
-                                                  output.completion_tokens))
-    await response.write(b"data: [DONE]\n\n")
+            await _send(out, fmt.usage_chunk(
+                rid, created, model, form.object_name, output.prompt_tokens,
+                output.completion_tokens))
+    await out.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
 
@@ -262,6 +285,24 @@ def _public_id(form: _Format, stream: RequestStream) -> str:
     return f"{form.id_prefix}-{uuid.UUID(stream.request_id).hex}"
 
 
-async def _send(response: web.StreamResponse, payload: dict) -> None:
+@dataclass(frozen=True)
+class _Writer:
+    response: web.StreamResponse
+    transport: asyncio.BaseTransport | None
+    idle_timeout_s: float | None
+
+    async def write(self, data: bytes) -> None:
+        """A client that stops reading fills the socket and blocks the write: after the idle
+        timeout the connection is dropped, and the caller's `finally` cancels the request."""
+        try:
+            await asyncio.wait_for(self.response.write(data), self.idle_timeout_s)
+        except asyncio.TimeoutError:
+            METRIC_IDLE_WRITES.inc()
+            if self.transport is not None:
+                self.transport.abort()
+            raise ConnectionResetError("the client stopped reading") from None
+
+
+async def _send(out: _Writer, payload: dict) -> None:
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    await response.write(b"data: " + data.encode("utf-8") + b"\n\n")
+    await out.write(b"data: " + data.encode("utf-8") + b"\n\n")

@@ -66,6 +66,7 @@ class InstalledPlan:
     plan: Plan
     route_plan: RoutePlan
     layer_ranges: tuple[tuple[int, int], ...]
+    stored: "StoredPlan"
 
 
 def _node_name(index: int) -> str:
@@ -193,14 +194,30 @@ async def warm(route: Route, bos_token_id: int) -> None:
             raise FailedPrecondition(f"stage {index} is {sw_pb.StageState.Name(health.state)} after warm-up", reason="STAGE_UNHEALTHY")
 
 
-async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], None]) -> tuple[InstalledPlan, Route]:
+@dataclass(frozen=True)
+class StoredPlan:
+    """A planned and built install: what rollback reloads exactly, without re-planning."""
+
+    plan: Plan
+    artifacts: tuple[ab_pb.StageArtifact, ...]
+
+
+async def prepare(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], None]) -> StoredPlan:
+    """Plans and builds; touches no stage worker, so the current route keeps serving."""
     if len(fleet.workers) < spec.stages:
         raise FailedPrecondition(f"{spec.stages} stages need {spec.stages} workers; the fleet has {len(fleet.workers)}", reason="NOT_ENOUGH_WORKERS")
     progress("planning")
     plan = await create_plan(spec, fleet)
     progress(f"plan {plan.plan_id}: " + ", ".join(f"{s.node} layers [{s.layer_start},{s.layer_end})" for s in plan.stages))
-    artifacts = await build_artifacts(spec, fleet, plan, progress)
-    route_plan = await load_stages(spec, fleet, plan, artifacts, str(uuid.uuid4()), progress)
+    return StoredPlan(plan, tuple(await build_artifacts(spec, fleet, plan, progress)))
+
+
+async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], None],
+                  stored: StoredPlan | None = None) -> tuple[InstalledPlan, Route]:
+    """Loads and warms `stored` (prepared now when None) as a new plan generation."""
+    stored = stored or await prepare(spec, fleet, progress)
+    plan = stored.plan
+    route_plan = await load_stages(spec, fleet, plan, list(stored.artifacts), str(uuid.uuid4()), progress)
     route = Route(route_plan)
     await route.open()
     try:
@@ -210,4 +227,4 @@ async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], Non
         await route.close()
         raise
     ranges = tuple((s.layer_start, s.layer_end) for s in plan.stages)
-    return InstalledPlan(plan, route_plan, ranges), route
+    return InstalledPlan(plan, route_plan, ranges, stored), route

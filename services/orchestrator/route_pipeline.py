@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import numpy as np
 
 from libs.fnx2.messages import Phase as Fnx2Phase
 from services.orchestrator.stage_chain import Route, Sampling, SliceInput, SliceOutput, lease_id_for
+from libs.service.errors import FornaxError
 from libs.service.trace_context import current_traceparent
 from services.orchestrator.domain import (
     Microbatch,
@@ -24,6 +26,7 @@ from services.orchestrator.domain import (
     SequenceStatus,
     ServedModel,
 )
+from services.orchestrator.route_health import ROUTE_UNAVAILABLE
 from services.orchestrator.tracing import microbatch_span
 
 # FNX2 carries a deadline as a remaining budget and 0 means expired, so a request without a
@@ -73,9 +76,8 @@ class RoutePipeline:
             Sampling(temperature=s.sampling.temperature, top_k=s.sampling.top_k,
                      top_p=s.sampling.top_p, seed=s.sampling.seed or 0))
             for s in slices), return_exceptions=True)
-        return {s.request_id: SequenceResult(s.request_id, SequenceStatus.REJECTED, None,
-                                             s.kv_epoch, f"stage admission refused: {o}")
-                for s, o in zip(slices, outcomes) if isinstance(o, Exception)}
+        return {s.request_id: _refused(s, o) for s, o in zip(slices, outcomes)
+                if isinstance(o, Exception)}
 
     def _input(self, piece: SequenceSlice) -> SliceInput:
         budget = (NO_DEADLINE_BUDGET_NS if piece.deadline_budget_ns is None
@@ -92,6 +94,20 @@ class RoutePipeline:
 
     async def close(self) -> None:
         await self._route.close()
+
+    @property
+    def route(self) -> Route:
+        return self._route
+
+
+def _refused(piece: SequenceSlice, error: Exception) -> SequenceResult:
+    """A stage that is down makes the route unavailable; a stage that answered refused."""
+    if isinstance(error, FornaxError) and error.reason == ROUTE_UNAVAILABLE:
+        return SequenceResult(piece.request_id, SequenceStatus.UNAVAILABLE, None,
+                              piece.kv_epoch, error.message)
+    detail = error.details() if isinstance(error, grpc.aio.AioRpcError) else str(error)
+    return SequenceResult(piece.request_id, SequenceStatus.REJECTED, None, piece.kv_epoch,
+                          f"stage admission refused: {detail}")
 
 
 def _result(piece: SequenceSlice, output: SliceOutput) -> SequenceResult:

@@ -205,10 +205,19 @@ class Scheduler:
             traceparent=r.req.traceparent)
 
     def _expire(self, now_ns: int) -> None:
+        """A request past its deadline ends now, in flight or not: its reader gets the final
+        DEADLINE event at once; an in-flight one is released when its batch comes back."""
         for r in list(self._requests.values()):
-            if (r.deadline_at_ns is not None and now_ns >= r.deadline_at_ns
-                    and r.state is not _State.RELEASING and not r.inflight):
+            if (r.deadline_at_ns is None or now_ns < r.deadline_at_ns
+                    or r.state is _State.RELEASING):
+                continue
+            if not r.inflight:
                 self._begin_release(r, FinishReason.DEADLINE, emit_now=True)
+            elif r.abort_reason is None:
+                r.abort_reason = FinishReason.DEADLINE
+                if not r.final_emitted:
+                    self._emit(r, "", (), FinishReason.DEADLINE)
+                    r.final_emitted = True
 
     # ----- results -----
 
@@ -236,7 +245,8 @@ class Scheduler:
         if seq.status is not SequenceStatus.OK:
             reason = {SequenceStatus.DEADLINE: FinishReason.DEADLINE,
                       SequenceStatus.CANCELLED: FinishReason.CANCELLED,
-                      SequenceStatus.REJECTED: FinishReason.REJECTED}.get(seq.status,
+                      SequenceStatus.REJECTED: FinishReason.REJECTED,
+                      SequenceStatus.UNAVAILABLE: FinishReason.UNAVAILABLE}.get(seq.status,
                                                                           FinishReason.ERROR)
             self._begin_release(r, reason, emit_now=True, error=seq.error or seq.status.value)
             return
@@ -303,6 +313,15 @@ class Scheduler:
             raise Internal(f"release of {report.request_id} reported {len(report.stage_epochs)}"
                            f" of {self._num_stages} stages", reason="RELEASE")
         self._retire(r, report.stage_epochs)
+
+    def abandon_release(self, request_id: str) -> None:
+        """Release could not reach every stage in its time budget: retire the request and
+        return its admission slot anyway; the stages' lease expiry frees the KV."""
+        r = self._requests.get(request_id)
+        if r is None or r.state is not _State.RELEASING:
+            raise Internal(f"abandoned release of {request_id}, which is not releasing",
+                           reason="RELEASE")
+        self._retire(r, ())
 
     def _retire(self, r: _Request, epochs: tuple[int, ...]) -> None:
         assert r.finish_reason is not None

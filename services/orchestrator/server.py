@@ -18,7 +18,13 @@ from services.orchestrator import convert
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.domain import SchedulerConfig
 from services.orchestrator.http_api import HttpConfig, build_http_app, start_http
-from services.orchestrator.lifecycle import InstalledRoute, Installer, InstallRequest, RouteManager
+from services.orchestrator.lifecycle import (
+    InstalledRoute,
+    Installer,
+    InstallRequest,
+    Preparer,
+    RouteManager,
+)
 from services.orchestrator.serving import RouteSlot, ServingConfig, ServingEngine, terminal_error
 
 _log = structlog.get_logger()
@@ -74,7 +80,9 @@ def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
     return ServingConfig(scheduler=SchedulerConfig(output_queue_capacity=cfg.output_queue_capacity),
                          max_live_requests=cfg.max_live_requests,
                          default_max_tokens=cfg.default_max_tokens,
-                         default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None)
+                         default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None,
+                         release_budget_s=cfg.release_budget_s,
+                         stall_timeout_s=cfg.idle_write_timeout_s or None)
 
 
 def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
@@ -120,6 +128,19 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
     return no_fleet
 
 
+def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
+    """Fleet installs plan and build while the current route still serves."""
+    if cfg.inprocess_checkpoint or not (cfg.stage_workers and cfg.planner_addr
+                                        and cfg.artifact_builder_addr):
+        return None
+    from services.orchestrator.fleet_route import fleet_preparer
+    from services.orchestrator.install import Fleet
+
+    fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers)
+    return fleet_preparer(fleet, cfg.artifact_store, cfg.stage_kv_limit_bytes,
+                          lambda message: _log.info("install_progress", message=message))
+
+
 async def _install_at_startup(manager: RouteManager, request: InstallRequest) -> None:
     try:
         status = await manager.install(request)
@@ -133,7 +154,8 @@ async def _install_at_startup(manager: RouteManager, request: InstallRequest) ->
 
 async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
     route = RouteSlot()
-    manager = RouteManager(route, choose_installer(cfg), cfg.drain_timeout_s)
+    manager = RouteManager(route, choose_installer(cfg), cfg.drain_timeout_s,
+                           choose_preparer(cfg))
     startup: asyncio.Task | None = None
     if cfg.inprocess_checkpoint:
         await manager.install(InstallRequest(cfg.inprocess_checkpoint, cfg.inprocess_stages,
@@ -144,7 +166,8 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
             manager, InstallRequest(cfg.checkpoint, len(cfg.stage_workers), cfg.backend,
                                     cfg.boundary_dtype)))
     servicer = OrchestratorServicer(cfg, route, manager)
-    runner, http_port = await start_http(build_http_app(route, HttpConfig(api_key=cfg.api_key)),
+    runner, http_port = await start_http(build_http_app(route, HttpConfig(
+        api_key=cfg.api_key, idle_write_timeout_s=cfg.idle_write_timeout_s or None)),
                                          cfg.server.host, cfg.http_port)
 
     async def on_drain() -> None:
