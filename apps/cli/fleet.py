@@ -12,6 +12,7 @@ from pathlib import Path
 from apps.fleet.compose import start_fleet
 from apps.fleet.health import check_health
 from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
+from apps.fleet.route_status import route_report
 from apps.fleet.route_wait import RouteFailed, wait_for_route
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
 
@@ -152,7 +153,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         return _fail(f"no fleet file at {fleet_path(args.state_dir)}; is a fleet running?")
     health = {s.name: check_health(s.grpc) for s in state.services}
     print(render_table(state, health))
-    return 0 if all(status == "SERVING" for status in health.values()) else 1
+    route = route_report(state)
+    if route is not None:
+        print(route.render())
+    route_ok = route is None or route.serving
+    return 0 if route_ok and all(status == "SERVING" for status in health.values()) else 1
 
 
 def cmd_down(args: argparse.Namespace) -> int:

@@ -38,8 +38,16 @@ def condition_of_rpc_error(code: grpc.StatusCode) -> StageCondition:
     return StageCondition.READY  # the stage answered, with its own refusal
 
 
+_PREFIX = "the route is unavailable: "
+
+
 def route_unavailable(detail: str) -> Unavailable:
-    return Unavailable(f"the route is unavailable: {detail}", reason=ROUTE_UNAVAILABLE)
+    return Unavailable(_PREFIX + detail_of(detail), reason=ROUTE_UNAVAILABLE)
+
+
+def detail_of(message: str) -> str:
+    """The reason without the "route is unavailable" preamble, so it is never doubled."""
+    return message.removeprefix(_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -125,7 +133,7 @@ class RouteHealthMonitor:
 
     async def report_failure(self, reason: str) -> None:
         if not self.tracker.verdict.degraded:
-            await self._on_change(self.tracker.force(reason))
+            await self._on_change(self.tracker.force(detail_of(reason)))
 
     async def _run(self) -> None:
         while True:

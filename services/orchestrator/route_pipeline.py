@@ -11,10 +11,12 @@ import asyncio
 
 import grpc
 import numpy as np
+import structlog
 
 from libs.fnx2.messages import Phase as Fnx2Phase
 from services.orchestrator.stage_chain import Route, Sampling, SliceInput, SliceOutput, lease_id_for
 from libs.service.errors import FornaxError
+from libs.service.log_limit import LogLimiter
 from libs.service.trace_context import current_traceparent
 from services.orchestrator.domain import (
     Microbatch,
@@ -32,6 +34,10 @@ from services.orchestrator.tracing import microbatch_span
 # FNX2 carries a deadline as a remaining budget and 0 means expired, so a request without a
 # deadline travels with a day-long budget.
 NO_DEADLINE_BUDGET_NS = 24 * 3600 * 10**9
+# The per-sequence code a stage reports when its runtime or its next hop failed.
+STAGE_RUNTIME_FAILURE = "FAILED"
+_LOGS = LogLimiter()
+_log = structlog.get_logger()
 _STATUS_BY_CODE = {"DEADLINE": SequenceStatus.DEADLINE, "CANCELLED": SequenceStatus.CANCELLED,
                    "ADMISSION": SequenceStatus.REJECTED}
 
@@ -114,6 +120,15 @@ def _result(piece: SequenceSlice, output: SliceOutput) -> SequenceResult:
     if output.ok and output.rows is not None and output.rows.size == 1:
         return SequenceResult(piece.request_id, SequenceStatus.OK, int(output.rows.reshape(-1)[0]),
                               output.kv_epoch_after)
+    if output.error_code == STAGE_RUNTIME_FAILURE:
+        # A stage could not run the batch or reach its next hop: the route failed, not the
+        # sequence. Its own words (which may name peers) go to the log, not to the client.
+        if _LOGS.allow("stage_runtime_failure") is not None:
+            _log.warning("stage_runtime_failure", request_id=piece.request_id,
+                         error=output.error_message)
+        return SequenceResult(piece.request_id, SequenceStatus.UNAVAILABLE, None,
+                              output.kv_epoch_after,
+                              "the route is unavailable: a stage failed while running the batch")
     status = _STATUS_BY_CODE.get(output.error_code or "", SequenceStatus.FAILED)
     error = f"{output.error_code}: {output.error_message}" if output.error_code else \
         "the final stage returned no sampled token"

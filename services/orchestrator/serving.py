@@ -329,6 +329,11 @@ class ServingEngine:
             result = await self.pipeline.submit(batch)
         except Exception as exc:  # a failed microbatch fails its sequences, not the loop
             result = await self._failed_batch(batch, exc)
+        else:
+            lost = next((s for s in result.sequences
+                         if s.status is SequenceStatus.UNAVAILABLE), None)
+            if lost is not None and self.on_route_failure is not None:
+                await self.on_route_failure(lost.error)
         self.scheduler.update_from_output(result)
         self._pump()
 
