@@ -27,6 +27,7 @@ from fornax.evidence_registry.v1 import evidence_registry_pb2_grpc as pb_grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from libs.service.errors import FailedPrecondition, FornaxError
+from libs.service.server import MAX_MESSAGE_BYTES
 from services.evidence_registry import convert
 from services.evidence_registry.domain import (
     EvidenceClass,
@@ -38,6 +39,10 @@ from services.evidence_registry.domain import (
     ResolveOutcome,
 )
 from services.evidence_registry.errors import InvalidField
+
+# The same message limits the server accepts, so any blob it stores can be read back.
+CHANNEL_OPTIONS = (("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES))
 from services.evidence_registry.validation import parse_sha256
 
 FLEET_ENTRY_NAME = "evidence_registry"
@@ -132,7 +137,7 @@ class RegistryClient:
     def __init__(self, address: str, options: ClientOptions = ClientOptions()) -> None:
         self.address = address
         self._options = options
-        self._channel = grpc.insecure_channel(address)
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.EvidenceRegistryServiceStub(self._channel)
 
     def __enter__(self) -> RegistryClient:
@@ -193,7 +198,7 @@ class AsyncRegistryClient:
     def __init__(self, address: str, options: ClientOptions = ClientOptions()) -> None:
         self.address = address
         self._options = options
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.EvidenceRegistryServiceStub(self._channel)
 
     async def __aenter__(self) -> AsyncRegistryClient:
