@@ -156,7 +156,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     route = route_report(state)
     if route is not None:
         print(route.render())
-    route_ok = route is None or route.serving
+    route_ok = route is None or route.healthy
     return 0 if route_ok and all(status == "SERVING" for status in health.values()) else 1
 
 

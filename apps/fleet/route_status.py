@@ -26,8 +26,12 @@ class RouteReport:
     stage_states: dict[str, str]  # stage worker name -> LOADED state or UNREACHABLE
 
     @property
-    def serving(self) -> bool:
-        return self.state == "SERVING" and all(s == "READY" or s == "EXECUTING"
+    def healthy(self) -> bool:
+        """No route yet (or one installing) is not a fault; a serving route needs every
+        stage loaded; anything else (degraded, drained, failed, unreachable) is a fault."""
+        if self.state in ("EMPTY", "INSTALLING"):
+            return True
+        return self.state == "SERVING" and all(s in ("READY", "EXECUTING")
                                                for s in self.stage_states.values())
 
     def render(self) -> str:
