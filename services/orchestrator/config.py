@@ -46,6 +46,8 @@ class OrchestratorConfig:
     default_deadline_s: float = 600.0
     # A client that takes no output for this long loses its request (and frees its slot).
     idle_write_timeout_s: float = 30.0
+    # Kernel send buffer per HTTP client connection; 0 leaves the kernel's autotuning.
+    http_send_buffer_bytes: int = 0
     # Release of a finished request gives up after this long; stage leases expire anyway.
     release_budget_s: float = 10.0
 
@@ -71,6 +73,7 @@ class OrchestratorConfig:
         parser.add_argument("--default-max-tokens", type=int, help="env FORNAX_DEFAULT_MAX_TOKENS")
         parser.add_argument("--default-deadline-s", type=float, help="request deadline budget when none is given, 0 = none (env FORNAX_DEFAULT_DEADLINE_S)")
         parser.add_argument("--idle-write-timeout-s", type=float, help="cancel a request whose client reads nothing for this long, 0 = never (env FORNAX_IDLE_WRITE_TIMEOUT_S)")
+        parser.add_argument("--http-send-buffer-bytes", type=int, help="kernel send buffer per HTTP connection, 0 = kernel default (env FORNAX_HTTP_SEND_BUFFER_BYTES)")
         parser.add_argument("--release-budget-s", type=float, help="give up releasing a request's KV after this long (env FORNAX_RELEASE_BUDGET_S)")
         args = parse(parser, argv)
         return cls(
@@ -95,5 +98,6 @@ class OrchestratorConfig:
             default_max_tokens=pick(args.default_max_tokens, env, "FORNAX_DEFAULT_MAX_TOKENS", 256, int),
             default_deadline_s=pick(args.default_deadline_s, env, "FORNAX_DEFAULT_DEADLINE_S", 600.0, float),
             idle_write_timeout_s=pick(args.idle_write_timeout_s, env, "FORNAX_IDLE_WRITE_TIMEOUT_S", 30.0, float),
+            http_send_buffer_bytes=pick(args.http_send_buffer_bytes, env, "FORNAX_HTTP_SEND_BUFFER_BYTES", 0, int),
             release_budget_s=pick(args.release_budget_s, env, "FORNAX_RELEASE_BUDGET_S", 10.0, float),
         )

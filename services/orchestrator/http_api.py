@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -58,6 +59,10 @@ class HttpConfig:
     # A streaming client that accepts no bytes for this long is dropped and its request
     # cancelled; None waits forever.
     idle_write_timeout_s: float | None = 30.0
+    # Kernel send buffer of each client connection; None leaves the kernel's autotuning
+    # (up to several MiB per connection). Bounding it bounds what a client that stops
+    # reading can pin, and lets the idle-write timeout notice it sooner.
+    send_buffer_bytes: int | None = None
 
 
 ROUTE_KEY = web.AppKey("route", RouteSlot)
@@ -80,10 +85,14 @@ async def start_http(app: web.Application, host: str, port: int) -> tuple[web.Ap
     """Serves the app; returns the runner (to clean up) and the bound port (port 0 works)."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    listener = socket.create_server((host, port), reuse_port=False)
+    send_buffer = app[CONFIG_KEY].send_buffer_bytes
+    if send_buffer:  # accepted connections inherit the listener's buffer size
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    listener.setblocking(False)
+    site = web.SockSite(runner, listener)
     await site.start()
-    sockets = site._server.sockets if site._server else ()  # aiohttp exposes no public getter
-    return runner, sockets[0].getsockname()[1]
+    return runner, listener.getsockname()[1]
 
 
 def _json_error(status: int, body: dict) -> web.Response:

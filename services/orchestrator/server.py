@@ -167,7 +167,8 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
                                     cfg.boundary_dtype)))
     servicer = OrchestratorServicer(cfg, route, manager)
     runner, http_port = await start_http(build_http_app(route, HttpConfig(
-        api_key=cfg.api_key, idle_write_timeout_s=cfg.idle_write_timeout_s or None)),
+        api_key=cfg.api_key, idle_write_timeout_s=cfg.idle_write_timeout_s or None,
+        send_buffer_bytes=cfg.http_send_buffer_bytes or None)),
                                          cfg.server.host, cfg.http_port)
 
     async def on_drain() -> None:
