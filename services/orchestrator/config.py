@@ -50,6 +50,9 @@ class OrchestratorConfig:
     http_send_buffer_bytes: int = 0
     # Release of a finished request gives up after this long; stage leases expire anyway.
     release_budget_s: float = 10.0
+    # How long greedy requests wait for a lost stage to come back (then replay on the
+    # reloaded route); 0 ends them at once with ROUTE_UNAVAILABLE.
+    recovery_timeout_s: float = 30.0
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> OrchestratorConfig:
@@ -74,6 +77,7 @@ class OrchestratorConfig:
         parser.add_argument("--default-deadline-s", type=float, help="request deadline budget when none is given, 0 = none (env FORNAX_DEFAULT_DEADLINE_S)")
         parser.add_argument("--idle-write-timeout-s", type=float, help="cancel a request whose client reads nothing for this long, 0 = never (env FORNAX_IDLE_WRITE_TIMEOUT_S)")
         parser.add_argument("--http-send-buffer-bytes", type=int, help="kernel send buffer per HTTP connection, 0 = kernel default (env FORNAX_HTTP_SEND_BUFFER_BYTES)")
+        parser.add_argument("--recovery-timeout-s", type=float, help="wait this long for a lost stage before ending its requests, 0 = end at once (env FORNAX_RECOVERY_TIMEOUT_S)")
         parser.add_argument("--release-budget-s", type=float, help="give up releasing a request's KV after this long (env FORNAX_RELEASE_BUDGET_S)")
         args = parse(parser, argv)
         return cls(
@@ -99,5 +103,6 @@ class OrchestratorConfig:
             default_deadline_s=pick(args.default_deadline_s, env, "FORNAX_DEFAULT_DEADLINE_S", 600.0, float),
             idle_write_timeout_s=pick(args.idle_write_timeout_s, env, "FORNAX_IDLE_WRITE_TIMEOUT_S", 30.0, float),
             http_send_buffer_bytes=pick(args.http_send_buffer_bytes, env, "FORNAX_HTTP_SEND_BUFFER_BYTES", 0, int),
+            recovery_timeout_s=pick(args.recovery_timeout_s, env, "FORNAX_RECOVERY_TIMEOUT_S", 30.0, float),
             release_budget_s=pick(args.release_budget_s, env, "FORNAX_RELEASE_BUDGET_S", 10.0, float),
         )

@@ -12,7 +12,7 @@ from libs.artifacts.manifest import (
     decode_manifest,
     manifest_hash,
 )
-from services.orchestrator.stage_chain import RoutePlan
+from services.orchestrator.stage_chain import Route, RoutePlan
 from libs.model.config import load_config
 from libs.service.errors import FailedPrecondition
 from libs.text.context import TextContext, TextPins
@@ -72,11 +72,21 @@ def fleet_installer(fleet: Fleet, artifact_store: str, model_id: str, kv_limit_b
         stages = tuple(StageInfo(s.index, s.control_address, a, b, s.manifest_hash)
                        for s, (a, b) in zip(plan.stages, installed.layer_ranges))
         engine = ServingEngine(RoutePipeline(route, served), served, text, serving)
-        supervisor = RouteSupervisor(engine, route, health)
+
+        async def reload() -> Route:  # the exact stored plan, as a new generation
+            return (await install(spec, fleet, progress, installed.stored))[1]
+
+        def reloaded(new_route: Route) -> None:
+            p = new_route.plan
+            result.plan = PlanIdentity(p.plan_id, p.plan_hash, p.plan_generation_id)
+
+        supervisor = RouteSupervisor(engine, route, health, reload,
+                                     lambda r: RoutePipeline(r, served), reloaded)
+        result = InstalledRoute(replace(request, stored=installed.stored),
+                                PlanIdentity(plan.plan_id, plan.plan_hash, plan.plan_generation_id),
+                                stages, engine, lambda: supervisor.stage_conditions)
         supervisor.start()
-        return InstalledRoute(replace(request, stored=installed.stored),
-                              PlanIdentity(plan.plan_id, plan.plan_hash, plan.plan_generation_id),
-                              stages, engine, lambda: supervisor.stage_conditions)
+        return result
 
     return installer
 

@@ -33,3 +33,6 @@ RELEASES_ABANDONED = Counter("fornax_orchestrator_releases_abandoned_total",
                              "Releases given up after their time budget (lease expiry frees the KV)")
 IDLE_READER_CANCELLATIONS = Counter("fornax_orchestrator_idle_reader_cancellations_total",
                                     "Requests cancelled because their reader stopped reading")
+RECOVERY_SECONDS = Histogram("fornax_orchestrator_route_recovery_seconds",
+                             "From a route degrading to serving again (requests replayed)",
+                             buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120))

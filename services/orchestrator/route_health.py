@@ -112,12 +112,19 @@ class RouteHealthMonitor:
 
     def __init__(self, probe: Callable[[], Awaitable[list[StageProbe]]], num_stages: int,
                  on_change: Callable[[RouteVerdict], Awaitable[None]],
-                 policy: HealthPolicy = HealthPolicy()) -> None:
+                 policy: HealthPolicy = HealthPolicy(),
+                 on_degraded_round: Callable[[RouteVerdict], Awaitable[None]] | None = None) -> None:
         self._probe = probe
         self._on_change = on_change
+        self._on_degraded_round = on_degraded_round
         self._policy = policy
+        self._num_stages = num_stages
         self.tracker = HealthTracker(num_stages, policy)
         self._task: asyncio.Task | None = None
+
+    def reset(self) -> None:
+        """A freshly installed route starts healthy."""
+        self.tracker = HealthTracker(self._num_stages, self._policy)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -143,6 +150,11 @@ class RouteHealthMonitor:
             except Exception:  # a probe that cannot run says nothing about the stages
                 _log.warning("route_probe_failed")
                 after = before
-            if after.degraded != before.degraded or after.reason != before.reason:
-                await self._on_change(after)
+            try:
+                if after.degraded != before.degraded or after.reason != before.reason:
+                    await self._on_change(after)
+                elif after.degraded and self._on_degraded_round is not None:
+                    await self._on_degraded_round(after)
+            except Exception:  # the monitor must outlive any one reaction
+                _log.exception("route_health_reaction_failed")
             await asyncio.sleep(self._policy.interval_s)

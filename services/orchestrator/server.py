@@ -82,6 +82,7 @@ def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
                          default_max_tokens=cfg.default_max_tokens,
                          default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None,
                          release_budget_s=cfg.release_budget_s,
+                         recovery_timeout_s=cfg.recovery_timeout_s,
                          stall_timeout_s=cfg.idle_write_timeout_s or None)
 
 

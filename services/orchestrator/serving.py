@@ -65,6 +65,9 @@ class ServingConfig:
     # A request whose reader has taken nothing for this long (its stream full) is cancelled,
     # so a client that stops reading frees its slot. None: wait forever.
     stall_timeout_s: float | None = 60.0
+    # When the route loses a stage, greedy requests wait this long for the route to be
+    # reloaded and are then replayed; 0 ends them at once with ROUTE_UNAVAILABLE.
+    recovery_timeout_s: float = 0.0
 
 
 class RequestStream:
@@ -125,6 +128,9 @@ class ServingEngine:
         self.config = config
         self.admission = admission
         self.scheduler = Scheduler(config.scheduler, served.num_stages, text, admission)
+        self.scheduler.replay = config.recovery_timeout_s > 0
+        self._recovery_timer: asyncio.TimerHandle | None = None
+        self._degraded_at: float | None = None
         self._streams: dict[str, RequestStream] = {}
         self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
@@ -193,18 +199,48 @@ class ServingEngine:
         self.admission.close(reason)
 
     def degrade(self, reason: str) -> None:
-        """The route lost a stage: refuse new requests (503) until it recovers."""
+        """The route lost a stage: refuse new requests (503) and schedule nothing until it
+        recovers; requests hit by the failure are suspended for replay or ended."""
         if self.degraded_reason is None:
             _log.warning("route_degraded", reason=reason)
             metrics.DEGRADATIONS.inc()
+            self._degraded_at = time.monotonic()
+            if self.scheduler.replay:
+                self._recovery_timer = asyncio.get_running_loop().call_later(
+                    self.config.recovery_timeout_s, self._give_up_recovery)
         self.degraded_reason = reason
         metrics.ROUTE_DEGRADED.set(1)
+        if self.scheduler.replay:  # without replay, what is queued fails fast instead
+            self.scheduler.paused = True
+            self.scheduler.suspend_live(route_unavailable(reason).message)
+            self._pump()
 
-    def recover(self) -> None:
+    def recover(self, pipeline: Pipeline | None = None) -> None:
+        """The route serves again; with a new `pipeline` (the stages were reloaded under a
+        new generation), every suspended request is replayed on it."""
+        if self._recovery_timer is not None:
+            self._recovery_timer.cancel()
+            self._recovery_timer = None
+        replayed = 0
+        if pipeline is not None:
+            self.pipeline = pipeline
+            replayed = self.scheduler.replay_suspended()
         if self.degraded_reason is not None:
-            _log.info("route_recovered", reason=self.degraded_reason)
-        self.degraded_reason = None
+            took = time.monotonic() - (self._degraded_at or time.monotonic())
+            metrics.RECOVERY_SECONDS.observe(took)
+            _log.info("route_recovered", reason=self.degraded_reason, replayed=replayed,
+                      recovery_s=round(took, 3))
+        self.degraded_reason, self._degraded_at = None, None
+        self.scheduler.paused = False
         metrics.ROUTE_DEGRADED.set(0)
+        self._pump()
+
+    def _give_up_recovery(self) -> None:
+        self._recovery_timer = None
+        ended = self.scheduler.end_suspended(route_unavailable(
+            self.degraded_reason or "the route did not recover in time").message)
+        _log.warning("recovery_timed_out", ended=ended)
+        self._pump()
 
     async def wait_idle(self) -> None:
         """Returns once every admitted request has retired (drain)."""

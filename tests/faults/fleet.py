@@ -112,6 +112,8 @@ class StreamOutcome:
     error_code: str | None  # the error event's code, or the HTTP error's
     error_message: str
     finished_at: float  # monotonic time the stream ended
+    text: str = ""
+    finish_reason: str | None = None
 
 
 async def stream_completion(session: aiohttp.ClientSession, api: str, prompt: list[int],
@@ -119,7 +121,7 @@ async def stream_completion(session: aiohttp.ClientSession, api: str, prompt: li
     """One streaming /v1/completions call, read to its end however it ends."""
     body = {"model": "fornax", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "stream": True}
-    tokens, code, message = 0, None, ""
+    tokens, code, message, text, finish = 0, None, "", [], None
     try:
         async with session.post(f"{api}/completions", json=body) as response:
             if response.status != 200:
@@ -134,8 +136,11 @@ async def stream_completion(session: aiohttp.ClientSession, api: str, prompt: li
                     code, message = event["error"]["code"], event["error"]["message"]
                 else:
                     tokens += 1
+                    for choice in event.get("choices", ()):
+                        text.append(choice.get("text") or "")
+                        finish = choice.get("finish_reason") or finish
                     if first_token is not None:
                         first_token.set()
-            return StreamOutcome(200, tokens, code, message, time.monotonic())
+            return StreamOutcome(200, tokens, code, message, time.monotonic(), "".join(text), finish)
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         return StreamOutcome(0, tokens, "connection_lost", type(exc).__name__, time.monotonic())

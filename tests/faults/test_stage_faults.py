@@ -23,8 +23,10 @@ DEADLINE_S = 60.0
 # Detection is two missed 1 s health probes at 0.5 s spacing, plus the release budget.
 END_WITHIN_S = 8.0
 RELEASE_BUDGET_S = 3.0
+# Without a restarted worker there is nothing to replay on: fail fast (no recovery wait).
 ENV = {"FORNAX_DEFAULT_DEADLINE_S": str(DEADLINE_S),
-       "FORNAX_RELEASE_BUDGET_S": str(RELEASE_BUDGET_S)}
+       "FORNAX_RELEASE_BUDGET_S": str(RELEASE_BUDGET_S),
+       "FORNAX_RECOVERY_TIMEOUT_S": "0"}
 
 
 async def _streams_through_fault(api: str, fault) -> tuple[list, float]:

@@ -1,0 +1,60 @@
+"""Restarts a local fleet's stage workers when they die, on the same ports.
+
+The orchestrator notices the restarted worker (reachable, no stage loaded), reloads the
+stored plan on every stage as a new generation and replays the requests the failure hit.
+Same ports, so the orchestrator's configured addresses stay valid.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+import structlog
+
+from apps.fleet.launcher import Launcher, Started
+
+_log = structlog.get_logger()
+PORT_ENV = {"grpc": "FORNAX_GRPC_PORT", "metrics": "FORNAX_METRICS_PORT",
+            "data_plane": "FORNAX_DATA_PLANE_PORT"}
+
+
+class FleetSupervisor:
+    def __init__(self, launcher: Launcher, kinds: frozenset[str] = frozenset({"stage_worker"}),
+                 poll_s: float = 0.2) -> None:
+        self._launcher = launcher
+        self._kinds = kinds
+        self._poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fleet-supervisor", daemon=True)
+        self.restarts: list[tuple[str, float]] = []  # (service, monotonic time it was back)
+
+    def start(self) -> FleetSupervisor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            for started in list(self._launcher.started):
+                if started.spec.kind in self._kinds and started.process.poll() is not None:
+                    self._restart(started)
+
+    def _restart(self, dead: Started) -> None:
+        _log.warning("worker_died", service=dead.spec.name, exit_code=dead.process.returncode)
+        pinned = {PORT_ENV[k]: str(v) for k, v in dead.ports.items() if k in PORT_ENV}
+        spec = replace(dead.spec, env={**dead.spec.env, **pinned})
+        self._launcher.started.remove(dead)
+        fresh = self._launcher.spawn(spec)
+        try:
+            self._launcher.wait_ready([fresh])
+        except Exception as exc:  # the next poll tries again, on the same ports
+            fresh.ports = dead.ports
+            _log.error("worker_restart_failed", service=dead.spec.name, error=str(exc)[:300])
+            return
+        self.restarts.append((spec.name, time.monotonic()))
+        _log.info("worker_restarted", service=spec.name, pid=fresh.process.pid)
