@@ -5,10 +5,12 @@ from __future__ import annotations
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from libs.service.channels import open_channel
+
 
 def check_health(address: str, service: str = "", timeout_s: float = 2.0) -> str:
     """Health status name (SERVING, NOT_SERVING, ...) or UNREACHABLE."""
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)

@@ -19,12 +19,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from libs.service.channels import MAX_MESSAGE_BYTES
 from libs.service.config import ServerConfig
 from libs.service.interceptors import ErrorInterceptor
 from libs.service.logs import configure_logging
 from libs.service.tracing import configure_tracing, server_interceptors
-
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass

@@ -13,7 +13,6 @@ import itertools
 import uuid
 from dataclasses import dataclass
 
-import grpc
 import numpy as np
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
@@ -23,6 +22,7 @@ from libs.fnx2.errors import ChannelClosedError, Fnx2Error
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind
+from libs.service.channels import open_aio_channel
 from services.orchestrator.route_health import (
     StageCondition,
     StageProbe,
@@ -105,7 +105,7 @@ class Route:
     def __init__(self, plan: RoutePlan, timeouts: RouteTimeouts = RouteTimeouts()):
         self.plan = plan
         self.timeouts = timeouts
-        self._channels = [grpc.aio.insecure_channel(s.control_address) for s in plan.stages]
+        self._channels = [open_aio_channel(s.control_address) for s in plan.stages]
         self._stubs = [pb_grpc.StageWorkerServiceStub(c) for c in self._channels]
         self._client: Fnx2Client | None = None
         self._batch_numbers = itertools.count()
