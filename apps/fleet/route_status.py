@@ -14,6 +14,7 @@ from fornax.orchestrator.v1 import orchestrator_pb2_grpc as orch_grpc
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 
+from libs.service.channels import open_channel
 from libs.service.fleet_state import FleetState
 
 CALL_TIMEOUT_S = 2.0
@@ -46,7 +47,7 @@ def route_report(state: FleetState) -> RouteReport | None:
         return None
     stages = {s.name: _stage_state(s.grpc) for s in state.services if s.kind == "stage_worker"}
     try:
-        with grpc.insecure_channel(orchestrator.grpc) as channel:
+        with open_channel(orchestrator.grpc) as channel:
             reply = orch_grpc.OrchestratorServiceStub(channel).GetPlanStatus(
                 orch_pb.GetPlanStatusRequest(), timeout=CALL_TIMEOUT_S)
     except grpc.RpcError as exc:
@@ -58,7 +59,7 @@ def route_report(state: FleetState) -> RouteReport | None:
 
 def _stage_state(address: str) -> str:
     try:
-        with grpc.insecure_channel(address) as channel:
+        with open_channel(address) as channel:
             reply = sw_grpc.StageWorkerServiceStub(channel).GetHealth(
                 sw_pb.GetHealthRequest(), timeout=CALL_TIMEOUT_S)
     except grpc.RpcError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import structlog
@@ -22,8 +23,9 @@ PORT_ENV = {"grpc": "FORNAX_GRPC_PORT", "metrics": "FORNAX_METRICS_PORT",
 
 class FleetSupervisor:
     def __init__(self, launcher: Launcher, kinds: frozenset[str] = frozenset({"stage_worker"}),
-                 poll_s: float = 0.2) -> None:
+                 poll_s: float = 0.2, on_restart: Callable[[], None] | None = None) -> None:
         self._launcher = launcher
+        self._on_restart = on_restart
         self._kinds = kinds
         self._poll_s = poll_s
         self._stop = threading.Event()
@@ -58,3 +60,5 @@ class FleetSupervisor:
             return
         self.restarts.append((spec.name, time.monotonic()))
         _log.info("worker_restarted", service=spec.name, pid=fresh.process.pid)
+        if self._on_restart is not None:
+            self._on_restart()  # e.g. record the new pid where `fornax down` finds it
