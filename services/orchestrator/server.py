@@ -17,7 +17,12 @@ from libs.service.server import ServiceSpec
 from services.orchestrator import convert
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.domain import SchedulerConfig
-from services.orchestrator.http_api import HttpConfig, build_http_app, start_http
+from services.orchestrator.http_api import (
+    TOKENIZE_INLINE_MAX_BYTES,
+    HttpConfig,
+    build_http_app,
+    start_http,
+)
 from services.orchestrator.lifecycle import (
     InstalledRoute,
     Installer,
@@ -43,7 +48,11 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
 
     async def Generate(self, request, context):
         engine = self._engine()
-        stream = engine.submit(convert.generation_from_pb(request, engine))
+        if len(request.text) > TOKENIZE_INLINE_MAX_BYTES:  # keep the loop free for streams
+            generation = await asyncio.to_thread(convert.generation_from_pb, request, engine)
+        else:
+            generation = convert.generation_from_pb(request, engine)
+        stream = engine.submit(generation)
         try:
             async for output in stream:
                 error = terminal_error(output) if output.finished else None
