@@ -81,7 +81,7 @@ async def _one(session: aiohttp.ClientSession, options: LoadOptions, prompt: lis
             if not finished:
                 return Outcome(False, time.monotonic() - started, "no_final_chunk")
             return Outcome(True, time.monotonic() - started)
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError):
         return Outcome(False, time.monotonic() - started, "connection_lost")
 
 

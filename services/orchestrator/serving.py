@@ -41,6 +41,7 @@ from services.orchestrator.domain import (
     ServedModel,
 )
 from services.orchestrator.pipeline import Pipeline
+from services.orchestrator.request_stream import RequestStream
 from services.orchestrator.route_health import ROUTE_UNAVAILABLE, route_unavailable
 from services.orchestrator.scheduler import RetiredRequest, Scheduler
 from services.orchestrator.tracing import RequestSpans
@@ -68,51 +69,6 @@ class ServingConfig:
     # When the route loses a stage, greedy requests wait this long for the route to be
     # reloaded and are then replayed; 0 ends them at once with ROUTE_UNAVAILABLE.
     recovery_timeout_s: float = 0.0
-
-
-class RequestStream:
-    """One request's events, bounded: a full stream stalls the request's decode."""
-
-    def __init__(self, engine: ServingEngine, request_id: str, prompt_tokens: int,
-                 capacity: int) -> None:
-        self._engine = engine
-        self.request_id = request_id
-        self.prompt_tokens = prompt_tokens
-        self._capacity = capacity
-        self._events: collections.deque[RequestOutput] = collections.deque()
-        self._ready = asyncio.Event()
-        self._stalled = False
-        self.finished = False
-
-    def _push(self, output: RequestOutput) -> None:
-        self._events.append(output)
-        self._ready.set()
-        if len(self._events) >= self._capacity and not output.finished:
-            self._stalled = True
-            self._engine._stall(self.request_id, True)
-
-    async def next(self) -> RequestOutput:
-        while not self._events:
-            self._ready.clear()
-            await self._ready.wait()
-        output = self._events.popleft()
-        if self._stalled and len(self._events) < self._capacity:
-            self._stalled = False
-            self._engine._stall(self.request_id, False)
-        if output.finished:
-            self.finished = True
-        return output
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished:
-            raise StopAsyncIteration
-        return await self.next()
-
-    def cancel(self) -> bool:
-        return self._engine.cancel(self.request_id)
 
 
 class ServingEngine:

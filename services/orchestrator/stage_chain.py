@@ -13,6 +13,7 @@ import itertools
 import uuid
 from dataclasses import dataclass
 
+import grpc
 import numpy as np
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc

@@ -142,5 +142,5 @@ async def stream_completion(session: aiohttp.ClientSession, api: str, prompt: li
                     if first_token is not None:
                         first_token.set()
             return StreamOutcome(200, tokens, code, message, time.monotonic(), "".join(text), finish)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         return StreamOutcome(0, tokens, "connection_lost", type(exc).__name__, time.monotonic())

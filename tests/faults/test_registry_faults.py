@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from services.evidence_registry.client import ClientOptions, RegistryCallFailed, RegistryClient
+from services.evidence_registry.client import (
+    ClientOptions,
+    RegistryCallFailed,
+    RegistryClient,
+)
 from tests.integration.evidence_registry.harness import start_registry
 from tests.unit.evidence_registry.factories import content
 

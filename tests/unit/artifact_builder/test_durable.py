@@ -10,8 +10,8 @@ import sys
 from libs.artifacts.manifest import CONFIG_FILE, MANIFEST_FILE, WEIGHTS_FILE
 from services.artifact_builder import durable
 from services.artifact_builder.build import STORE_DIR
-from tests.unit.artifact_builder.test_build import build
 from tests.unit.artifact_builder.fixtures import write_checkpoint
+from tests.unit.artifact_builder.test_build import build
 
 
 def _dead_pid() -> int:

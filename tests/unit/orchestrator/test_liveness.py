@@ -10,7 +10,11 @@ import pytest
 
 from libs.service.errors import Unavailable
 from libs.service.log_limit import LogLimiter
-from services.orchestrator.domain import FinishReason, GenerationRequest, SchedulerConfig
+from services.orchestrator.domain import (
+    FinishReason,
+    GenerationRequest,
+    SchedulerConfig,
+)
 from services.orchestrator.route_health import (
     HealthPolicy,
     HealthTracker,

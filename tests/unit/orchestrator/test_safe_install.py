@@ -7,7 +7,13 @@ import asyncio
 from dataclasses import replace
 
 from services.orchestrator.domain import GenerationRequest
-from services.orchestrator.lifecycle import InstalledRoute, InstallRequest, PlanIdentity, RouteManager, RouteState
+from services.orchestrator.lifecycle import (
+    InstalledRoute,
+    InstallRequest,
+    PlanIdentity,
+    RouteManager,
+    RouteState,
+)
 from services.orchestrator.serving import RouteSlot, ServingEngine
 from tests.unit.orchestrator.fakes import FakePipeline
 from tests.unit.orchestrator.test_lifecycle import SERVED
