@@ -125,6 +125,9 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
         return _json_error(exc.status, fmt.error_envelope(
             f"{request.method} {request.path}: {exc.reason}", "invalid_request_error", code,
             None))
+    except ConnectionResetError:  # the client went away or stopped reading: not our fault
+        _log.info("http_client_gone", path=request.path)
+        raise
     except Exception:
         _log.exception("http_handler_failed", path=request.path)
         return _json_error(500, fmt.error_envelope("internal error", "server_error",

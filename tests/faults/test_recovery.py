@@ -39,18 +39,19 @@ async def _run_all(api: str, fault=None, after_tokens: int = 4):
         return await asyncio.gather(*tasks), fault_at
 
 
-def test_kill_9_mid_decode_recovers_by_replay_with_identical_text(tmp_path, checkpoint):
+@pytest.mark.parametrize("victim_name", ["stage_worker_1", "stage_worker_0"])
+def test_kill_9_mid_decode_recovers_by_replay_with_identical_text(tmp_path, checkpoint, victim_name):
     with live_fleet(tmp_path, checkpoint, ENV) as fleet:
         supervisor = FleetSupervisor(fleet.launcher).start()
         try:
             reference, _ = asyncio.run(_run_all(fleet.state.api))
             assert all(r.status == 200 and r.error_code is None for r in reference)
-            victim = fleet.pid("stage_worker_1")
+            victim = fleet.pid(victim_name)
             outcomes, fault_at = asyncio.run(_run_all(
                 fleet.state.api, lambda: os.kill(victim, signal.SIGKILL)))
         finally:
             supervisor.stop()
-        assert supervisor.restarts and supervisor.restarts[0][0] == "stage_worker_1"
+        assert supervisor.restarts and supervisor.restarts[0][0] == victim_name
         for expected, got in zip(reference, outcomes):
             assert (got.status, got.error_code) == (200, None), got.error_message
             assert got.text == expected.text  # nothing duplicated, nothing missing
