@@ -59,6 +59,7 @@ class _Request:
     generated: list[int] = field(default_factory=list)
     # Tokens prefilled after the prompt on a replay: exactly the ones already emitted.
     replayed: tuple[int, ...] = ()
+    replays: int = 0
     inflight: bool = False
     stalled: bool = False
     reached_stage: bool = False
@@ -352,6 +353,7 @@ class Scheduler:
         for r in self._requests.values():
             if r.state is _State.SUSPENDED:
                 r.state, r.replayed = _State.WAITING, tuple(r.generated)
+                r.replays += 1
                 r.sequence_no = r.position = r.kv_epoch = r.prefilled = 0
                 r.reached_stage = False  # the old leases are fenced by the new generation
                 r.ready_seq = self._next_ready_seq()
@@ -428,6 +430,12 @@ class Scheduler:
         return bool(waiting or decodable) and len(self._busy_slots) < self.slots
 
 
+# A request that fails its route again after this many replays is ended: it may be what
+# breaks the route, and replaying it forever would take the route down with it.
+MAX_REPLAYS = 2
+
+
 def _replayable(r: _Request) -> bool:
     """Only greedy decoding replays to the same tokens; anything else would be ambiguous."""
-    return r.req.sampling.temperature == 0 and r.abort_reason is None
+    return (r.req.sampling.temperature == 0 and r.abort_reason is None
+            and r.replays < MAX_REPLAYS)

@@ -79,3 +79,20 @@ def _fresh(text_context):
     sched = make_scheduler(text_context)
     sched.admit(req("g", max_tokens=12), now_ns=0)
     return sched
+
+
+def test_a_request_that_keeps_failing_its_route_stops_being_replayed(text_context):
+    from services.orchestrator.scheduler import MAX_REPLAYS
+
+    sched, stages = _fresh(text_context), FakeStages(2, _script)
+    sched.replay = True
+    _step_until(sched, stages, 1)
+    for attempt in range(MAX_REPLAYS + 1):
+        batch = sched.schedule(0)[0]
+        sched.update_from_output(MicrobatchResult(batch.batch_id, tuple(
+            SequenceResult(s.request_id, SequenceStatus.UNAVAILABLE, None, s.kv_epoch, "lost")
+            for s in batch.slices)))
+        if attempt < MAX_REPLAYS:
+            assert sched.replay_suspended() == 1
+    final = sched.take_outputs()[-1]
+    assert final.finish_reason is FinishReason.UNAVAILABLE and sched.suspended_requests == 0
