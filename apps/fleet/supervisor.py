@@ -7,6 +7,7 @@ Same ports, so the orchestrator's configured addresses stay valid.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +44,7 @@ class FleetSupervisor:
     def _run(self) -> None:
         while not self._stop.wait(self._poll_s):
             for started in list(self._launcher.started):
-                if started.spec.kind in self._kinds and started.process.poll() is not None:
+                if started.spec.kind in self._kinds and _crashed(started.process.poll()):
                     self._restart(started)
 
     def _restart(self, dead: Started) -> None:
@@ -62,3 +63,9 @@ class FleetSupervisor:
         _log.info("worker_restarted", service=spec.name, pid=fresh.process.pid)
         if self._on_restart is not None:
             self._on_restart()  # e.g. record the new pid where `fornax down` finds it
+
+
+def _crashed(returncode: int | None) -> bool:
+    """Died, as opposed to running or stopped on purpose (`fornax down` sends SIGTERM, and a
+    worker that drains and exits 0 is not to be brought back)."""
+    return returncode is not None and returncode not in (0, -signal.SIGTERM, -signal.SIGINT)
