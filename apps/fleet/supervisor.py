@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import structlog
 
-from apps.fleet.launcher import Launcher, Started
+from apps.fleet.launcher import Launcher, LaunchError, Started
 
 _log = structlog.get_logger()
 PORT_ENV = {"grpc": "FORNAX_GRPC_PORT", "metrics": "FORNAX_METRICS_PORT",
@@ -55,7 +55,7 @@ class FleetSupervisor:
         fresh = self._launcher.spawn(spec)
         try:
             self._launcher.wait_ready([fresh])
-        except Exception as exc:  # the next poll tries again, on the same ports
+        except (LaunchError, OSError) as exc:  # the next poll tries again, on the same ports
             fresh.ports = dead.ports
             _log.error("worker_restart_failed", service=dead.spec.name, error=str(exc)[:300])
             return
