@@ -45,7 +45,10 @@ class FleetSupervisor:
         while not self._stop.wait(self._poll_s):
             for started in list(self._launcher.started):
                 if started.spec.kind in self._kinds and _crashed(started.process.poll()):
-                    self._restart(started)
+                    try:
+                        self._restart(started)
+                    except OSError as exc:  # could not even spawn: keep supervising the rest
+                        _log.error("worker_restart_failed", service=started.spec.name, error=str(exc))
 
     def _restart(self, dead: Started) -> None:
         _log.warning("worker_died", service=dead.spec.name, exit_code=dead.process.returncode)
