@@ -64,3 +64,24 @@ def test_kill_9_mid_decode_recovers_by_replay_with_identical_text(tmp_path, chec
         assert recovery_s < RECOVERY_TIMEOUT_S
         print(f"recovery_s={recovery_s} replayed={recovered[-1]['replayed']} (physical, this host)")
         assert fleet.health()[0] == 200
+
+
+def test_a_stopped_stage_costs_a_pause_not_the_streams(tmp_path, checkpoint):
+    """SIGSTOP mid-decode, SIGCONT a few seconds later: the route degrades, then reloads as
+    a new generation and replays; every stream ends with its uninterrupted text."""
+    with live_fleet(tmp_path, checkpoint, ENV) as fleet:
+        reference, _ = asyncio.run(_run_all(fleet.state.api))
+        victim = fleet.pid("stage_worker_1")
+
+        def stop_then_resume() -> None:
+            os.kill(victim, signal.SIGSTOP)
+            asyncio.get_running_loop().call_later(3.0, os.kill, victim, signal.SIGCONT)
+
+        try:
+            outcomes, _ = asyncio.run(_run_all(fleet.state.api, stop_then_resume))
+        finally:
+            os.kill(victim, signal.SIGCONT)
+        for expected, got in zip(reference, outcomes):
+            assert (got.status, got.error_code) == (200, None), got.error_message
+            assert got.text == expected.text
+        assert fleet.health()[0] == 200
