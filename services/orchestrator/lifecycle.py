@@ -16,6 +16,7 @@ import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from libs.common.kinds import Backend, DType
 from libs.service.errors import Aborted, FailedPrecondition
 from services.orchestrator.serving import RouteSlot, ServingEngine
 
@@ -34,8 +35,8 @@ class RouteState(enum.Enum):
 class InstallRequest:
     checkpoint_dir: str
     stages: int
-    backend: str  # "numpy" or "max"
-    boundary_dtype: str  # "bf16", "fp16" or "fp32"
+    backend: Backend
+    boundary_dtype: DType  # one of FLOAT_DTYPES
     # The prepared plan and artifacts, once planned and built; installing a request that has
     # one loads exactly that (what rollback relies on). Not part of the request's identity.
     stored: object | None = field(default=None, compare=False)

@@ -1,12 +1,26 @@
-"""One request's output events as its reader sees them, with backpressure on its decode."""
+"""One request's output events as its reader sees them, and what a final event means.
+
+A full stream stalls the request's decode (backpressure); leaving `async with` early cancels
+the request; `collect` gives the whole text or raises the error the request ended with.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.orchestrator.domain import RequestOutput
+from libs.service.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    FornaxError,
+    Internal,
+    ResourceExhausted,
+    Unavailable,
+)
+from services.orchestrator.domain import FinishReason, RequestOutput
+from services.orchestrator.route_health import ROUTE_UNAVAILABLE
 
 if TYPE_CHECKING:
     from services.orchestrator.serving import ServingEngine
@@ -55,3 +69,44 @@ class RequestStream:
 
     def cancel(self) -> bool:
         return self._engine.cancel(self.request_id)
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if not self.finished:
+            self.cancel()  # the consumer went away, or failed, before the final event
+
+    async def collect(self) -> Completion:
+        """The whole generated text and the final event; raises the error a failed request ended with."""
+        parts = []
+        async for output in self:
+            parts.append(output.text)
+            if output.finished:
+                error = terminal_error(output)
+                if error is not None:
+                    raise error
+                return Completion("".join(parts), output)
+        raise Internal("request stream ended without a final event")
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    final: RequestOutput
+
+
+def terminal_error(output: RequestOutput) -> FornaxError | None:
+    """The error a final event stands for; None when it ended with stop or length."""
+    if output.finish_reason is FinishReason.DEADLINE:
+        return DeadlineExceeded("the request's deadline budget ran out",
+                                reason="DEADLINE_EXCEEDED")
+    if output.finish_reason is FinishReason.CANCELLED:
+        return Cancelled("the request was cancelled")
+    if output.finish_reason is FinishReason.REJECTED:
+        return ResourceExhausted(f"a stage refused the request: {output.error}")
+    if output.finish_reason is FinishReason.UNAVAILABLE:
+        return Unavailable(output.error or "the route is unavailable", reason=ROUTE_UNAVAILABLE)
+    if output.finish_reason is FinishReason.ERROR:
+        return Internal(f"generation failed: {output.error}", reason="GENERATION_FAILED")
+    return None

@@ -17,31 +17,28 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from libs.service.errors import (
-    Cancelled,
-    DeadlineExceeded,
-    FornaxError,
-    Internal,
-    ResourceExhausted,
-    Unavailable,
-)
+from libs.service.errors import FornaxError, Unavailable
 from libs.service.log_limit import LogLimiter
 from libs.text.context import TextContext
 from services.orchestrator import metrics
-from services.orchestrator.admission import Admission, AdmissionConfig
+from services.orchestrator.admission import AdmissionConfig, AdmissionControl
 from services.orchestrator.domain import (
-    FinishReason,
     GenerationRequest,
     Microbatch,
     MicrobatchResult,
     RequestOutput,
     SchedulerConfig,
-    SequenceResult,
+    RequestSliceResult,
     SequenceStatus,
     ServedModel,
 )
 from services.orchestrator.pipeline import Pipeline
-from services.orchestrator.request_stream import RequestStream
+# Re-exported: the front ends take a request's stream and its ending from here.
+from services.orchestrator.request_stream import (  # noqa: F401
+    Completion,
+    RequestStream,
+    terminal_error,
+)
 from services.orchestrator.route_health import ROUTE_UNAVAILABLE, route_unavailable
 from services.orchestrator.scheduler import RetiredRequest, Scheduler
 from services.orchestrator.tracing import RequestSpans
@@ -77,7 +74,7 @@ class ServingEngine:
         budgets = config.stage_kv_budget_bytes or tuple(
             NO_KV_LIMIT_BYTES if s.kv_budget_bytes is None else s.kv_budget_bytes
             for s in served.stages)
-        admission = Admission(AdmissionConfig(config.max_live_requests, budgets), served.stages)
+        admission = AdmissionControl(AdmissionConfig(config.max_live_requests, budgets), served.stages)
         self.pipeline = pipeline
         self.served = served
         self.text = text
@@ -322,8 +319,7 @@ class ServingEngine:
         except Exception as exc:  # a failed microbatch fails its sequences, not the loop
             result = await self._failed_batch(batch, exc)
         else:
-            lost = next((s for s in result.sequences
-                         if s.status is SequenceStatus.UNAVAILABLE), None)
+            lost = next((s for s in result.sequences if s.route_lost), None)
             if lost is not None and self.on_route_failure is not None:
                 await self.on_route_failure(lost.error)
         self.scheduler.update_from_output(result)
@@ -331,18 +327,20 @@ class ServingEngine:
 
     async def _failed_batch(self, batch: Microbatch, exc: Exception) -> MicrobatchResult:
         """Every sequence of the batch fails with a clean message (no peer addresses)."""
-        if isinstance(exc, FornaxError) and exc.reason == ROUTE_UNAVAILABLE:
-            status, error = SequenceStatus.UNAVAILABLE, exc.message
+        route_lost = isinstance(exc, FornaxError) and exc.reason == ROUTE_UNAVAILABLE
+        if route_lost:
+            error = exc.message
             if _LOGS.allow("microbatch_route_unavailable") is not None:
                 _log.warning("microbatch_failed", batch_id=batch.batch_id, error=exc.message)
             if self.on_route_failure is not None:
                 await self.on_route_failure(exc.message)
         else:
-            status, error = SequenceStatus.FAILED, f"the pipeline failed ({type(exc).__name__})"
+            error = f"the pipeline failed ({type(exc).__name__})"
             if _LOGS.allow("microbatch_failed") is not None:
                 _log.error("microbatch_failed", batch_id=batch.batch_id, exc_info=exc)
         return MicrobatchResult(batch.batch_id, tuple(
-            SequenceResult(s.request_id, status, None, s.kv_epoch, error)
+            RequestSliceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, error,
+                               route_lost=route_lost)
             for s in batch.slices))
 
     async def _cancel_inflight(self, request_id: str) -> None:
@@ -391,20 +389,3 @@ class RouteSlot:
 
     def __init__(self, engine: ServingEngine | None = None) -> None:
         self.engine = engine
-
-
-def terminal_error(output: RequestOutput) -> FornaxError | None:
-    """The error a final event stands for; None when it ended with stop or length."""
-    if output.finish_reason is FinishReason.DEADLINE:
-        return DeadlineExceeded("the request's deadline budget ran out",
-                                reason="DEADLINE_EXCEEDED")
-    if output.finish_reason is FinishReason.CANCELLED:
-        return Cancelled("the request was cancelled")
-    if output.finish_reason is FinishReason.REJECTED:
-        return ResourceExhausted(f"a stage refused the request: {output.error}")
-    if output.finish_reason is FinishReason.UNAVAILABLE:
-        return Unavailable(output.error or "the route is unavailable", reason=ROUTE_UNAVAILABLE)
-    if output.finish_reason is FinishReason.ERROR:
-        return Internal(f"generation failed: {output.error}", reason="GENERATION_FAILED")
-    return None
-

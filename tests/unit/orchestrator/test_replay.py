@@ -11,7 +11,7 @@ from services.orchestrator.domain import (
     MicrobatchResult,
     Phase,
     SamplingParams,
-    SequenceResult,
+    RequestSliceResult,
     SequenceStatus,
 )
 from tests.unit.orchestrator.fakes import FakeStages
@@ -45,7 +45,7 @@ def test_suspended_greedy_request_replays_to_the_same_tokens(text_context):
     batch = sched.schedule(0)[0]  # this decode is lost with the stage
     sched.paused = True
     sched.update_from_output(MicrobatchResult(batch.batch_id, tuple(
-        SequenceResult(s.request_id, SequenceStatus.UNAVAILABLE, None, s.kv_epoch, "stage 1 died")
+        RequestSliceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, "stage 1 died", route_lost=True)
         for s in batch.slices)))
     assert sched.suspended_requests == 1 and sched.schedule(0) == []
     new_generation = FakeStages(2, _script)  # no KV anywhere
@@ -90,7 +90,7 @@ def test_a_request_that_keeps_failing_its_route_stops_being_replayed(text_contex
     for attempt in range(MAX_REPLAYS + 1):
         batch = sched.schedule(0)[0]
         sched.update_from_output(MicrobatchResult(batch.batch_id, tuple(
-            SequenceResult(s.request_id, SequenceStatus.UNAVAILABLE, None, s.kv_epoch, "lost")
+            RequestSliceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, "lost", route_lost=True)
             for s in batch.slices)))
         if attempt < MAX_REPLAYS:
             assert sched.replay_suspended() == 1
