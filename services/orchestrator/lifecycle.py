@@ -35,7 +35,7 @@ class RouteState(enum.Enum):
 class InstallRequest:
     checkpoint_dir: str
     stages: int
-    backend: Backend
+    backend: Backend | None  # None: each stage runs its own worker's backend
     boundary_dtype: DType  # one of FLOAT_DTYPES
     # The prepared plan and artifacts, once planned and built; installing a request that has
     # one loads exactly that (what rollback relies on). Not part of the request's identity.

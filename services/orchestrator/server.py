@@ -124,9 +124,10 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
         from services.orchestrator.install import Fleet
 
         fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers)
-        return fleet_installer(fleet, cfg.artifact_store, cfg.model_id, cfg.stage_kv_limit_bytes,
+        return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
                                serving_config(cfg),
-                               lambda message: _log.info("install_progress", message=message))
+                               lambda message: _log.info("install_progress", message=message),
+                               hop_dtypes=cfg.hop_boundary_dtypes)
 
     async def no_fleet(request: InstallRequest) -> InstalledRoute:
         raise FailedPrecondition("no stage workers, planner or artifact builder configured",
@@ -144,8 +145,9 @@ def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
     from services.orchestrator.install import Fleet
 
     fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers)
-    return fleet_preparer(fleet, cfg.artifact_store, cfg.stage_kv_limit_bytes,
-                          lambda message: _log.info("install_progress", message=message))
+    return fleet_preparer(fleet, cfg.state_dir, cfg.stage_kv_limit_bytes,
+                          lambda message: _log.info("install_progress", message=message),
+                          hop_dtypes=cfg.hop_boundary_dtypes)
 
 
 async def _install_at_startup(manager: RouteManager, request: InstallRequest) -> None:
