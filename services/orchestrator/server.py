@@ -18,8 +18,19 @@ from libs.service.server import ServiceSpec
 from services.orchestrator import convert
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.domain import SchedulerConfig
-from services.orchestrator.http_api import HttpConfig, build_http_app, start_http
-from services.orchestrator.lifecycle import InstalledRoute, Installer, InstallRequest, RouteManager
+from services.orchestrator.http_api import (
+    TOKENIZE_INLINE_MAX_BYTES,
+    HttpConfig,
+    build_http_app,
+    start_http,
+)
+from services.orchestrator.lifecycle import (
+    InstalledRoute,
+    Installer,
+    InstallRequest,
+    Preparer,
+    RouteManager,
+)
 from services.orchestrator.serving import RouteSlot, ServingConfig, ServingEngine, terminal_error
 
 _log = structlog.get_logger()
@@ -38,8 +49,12 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
 
     async def Generate(self, request, context):
         engine = self._engine()
+        if len(request.text) > TOKENIZE_INLINE_MAX_BYTES:  # keep the loop free for streams
+            generation = await asyncio.to_thread(convert.generation_from_pb, request, engine)
+        else:
+            generation = convert.generation_from_pb(request, engine)
         # Leaving the block early (the caller went away or cancelled the RPC) cancels the request.
-        async with engine.submit(convert.generation_from_pb(request, engine)) as stream:
+        async with engine.submit(generation) as stream:
             async for output in stream:
                 error = terminal_error(output) if output.finished else None
                 if error is not None:
@@ -72,7 +87,10 @@ def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
     return ServingConfig(scheduler=SchedulerConfig(output_queue_capacity=cfg.output_queue_capacity),
                          max_live_requests=cfg.max_live_requests,
                          default_max_tokens=cfg.default_max_tokens,
-                         default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None)
+                         default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None,
+                         release_budget_s=cfg.release_budget_s,
+                         recovery_timeout_s=cfg.recovery_timeout_s,
+                         stall_timeout_s=cfg.idle_write_timeout_s or None)
 
 
 def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
@@ -122,6 +140,20 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
     return no_fleet
 
 
+def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
+    """Fleet installs plan and build while the current route still serves."""
+    if cfg.inprocess_checkpoint or not (cfg.stage_workers and cfg.planner_addr
+                                        and cfg.artifact_builder_addr):
+        return None
+    from services.orchestrator.fleet_route import fleet_preparer
+    from services.orchestrator.install import Fleet
+
+    fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers)
+    return fleet_preparer(fleet, cfg.state_dir, cfg.stage_kv_limit_bytes,
+                          lambda message: _log.info("install_progress", message=message),
+                          hop_dtypes=cfg.hop_boundary_dtypes)
+
+
 async def _install_at_startup(manager: RouteManager, request: InstallRequest) -> None:
     try:
         status = await manager.install(request)
@@ -135,7 +167,8 @@ async def _install_at_startup(manager: RouteManager, request: InstallRequest) ->
 
 async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
     route = RouteSlot()
-    manager = RouteManager(route, choose_installer(cfg), cfg.drain_timeout_s)
+    manager = RouteManager(route, choose_installer(cfg), cfg.drain_timeout_s,
+                           choose_preparer(cfg))
     startup: asyncio.Task | None = None
     if cfg.inprocess_checkpoint:
         await manager.install(InstallRequest(cfg.inprocess_checkpoint, cfg.inprocess_stages,
@@ -146,7 +179,9 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
             manager, InstallRequest(cfg.checkpoint, len(cfg.stage_workers), cfg.backend,
                                     cfg.boundary_dtype)))
     servicer = OrchestratorServicer(cfg, route, manager)
-    runner, http_port = await start_http(build_http_app(route, HttpConfig(api_key=cfg.api_key)),
+    runner, http_port = await start_http(build_http_app(route, HttpConfig(
+        api_key=cfg.api_key, idle_write_timeout_s=cfg.idle_write_timeout_s or None,
+        send_buffer_bytes=cfg.http_send_buffer_bytes or None)),
                                          cfg.server.host, cfg.http_port)
 
     async def on_drain() -> None:

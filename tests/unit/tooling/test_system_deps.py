@@ -40,7 +40,7 @@ def run(bin_dir: Path, **env: str) -> subprocess.CompletedProcess:
                           check=False, env={"PATH": str(bin_dir), "HOME": os.environ.get("HOME", "/"), **env})
 
 
-ALWAYS = ("prometheus", "ip", "tc", "nsenter", "unshare")
+ALWAYS = ("prometheus", "ip", "tc", "nsenter", "unshare", "chromium")
 
 
 def test_present_tools_need_nothing(bare_path):
@@ -55,7 +55,7 @@ def test_missing_tools_are_named_when_nothing_can_install_them(bare_path):
         fake_tool(bare_path, tool)
     done = run(bare_path)
     assert done.returncode == 2
-    assert "missing prometheus nsenter unshare;" in done.stderr
+    assert "missing prometheus nsenter unshare chromium;" in done.stderr
 
 
 def test_image_tools_are_needed_only_for_the_image_tests(bare_path):
@@ -89,4 +89,4 @@ def test_missing_tools_are_installed_by_package_once_each(bare_path, tmp_path):
     done = run(bare_path)
     assert done.returncode == 0, done.stderr
     assert log.read_text().splitlines() == [
-        "update -qq", "install -y -qq --no-install-recommends prometheus util-linux"]
+        "update -qq", "install -y -qq --no-install-recommends prometheus util-linux chromium"]
