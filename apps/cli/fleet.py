@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+from apps.fleet.backend_report import fetch_board, render_board
 from apps.fleet.compose import start_fleet
 from apps.fleet.health import check_health
 from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
@@ -28,6 +29,8 @@ def register(commands, benches) -> None:
     up.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, default="bf16", help="stage boundary dtype")
     up.add_argument("--checkpoint", help="checkpoint directory to serve")
     up.add_argument("--http-port", type=int, help="OpenAI-compatible API port on the orchestrator")
+    up.add_argument("--no-serve-while-compiling", dest="serve_while_compiling", action="store_false",
+                    help="with --backend max: wait for MAX compiles instead of serving on numpy meanwhile")
     up.add_argument("--startup-timeout-s", type=float, default=180.0)
     up.add_argument("--install-timeout-s", type=float, default=3600.0,
                     help="how long to wait for the route (first MAX compiles take minutes)")
@@ -88,6 +91,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         api_key=os.environ.get("FORNAX_API_KEY") or None,
         startup_timeout_s=args.startup_timeout_s,
+        serve_while_compiling=args.serve_while_compiling,
     )
     print(f"starting fleet: {args.stages} stage workers, backend {args.backend}", file=sys.stderr)
     try:
@@ -152,6 +156,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return _fail(f"no fleet file at {fleet_path(args.state_dir)}; is a fleet running?")
     health = {s.name: check_health(s.grpc) for s in state.services}
     print(render_table(state, health))
+    print("\n".join(render_board(fetch_board(state))))
     return 0 if all(status == "SERVING" for status in health.values()) else 1
 
 

@@ -7,11 +7,16 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 
 
 def _addresses(raw: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in (raw or "").split(",") if part.strip())
+
+
+def _cpu_sets(raw: str | None) -> tuple[tuple[int, ...], ...]:
+    return tuple(parse_cpu_set(part) for part in (raw or "").split(";") if part.strip())
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,12 @@ class OrchestratorConfig:
     inprocess_checkpoint: str | None = None
     inprocess_stages: int = 1
     inprocess_backend: str = "numpy"
+    # numpy stage workers (stage order) that serve while MAX graphs compile; empty = none.
+    reference_stage_workers: tuple[str, ...] = ()
+    # CPU share of each stage (stage order) for background compiles; empty = inherited.
+    stage_cpu_sets: tuple[tuple[int, ...], ...] = ()
+    # The stage workers' MAX compile cache; None = the backend's default (~/.cache/fornax/max).
+    compile_cache_dir: str | None = None
     # Installed on the stage workers at startup when set (with stage_workers).
     checkpoint: str | None = None
     backend: str = "numpy"
@@ -54,6 +65,9 @@ class OrchestratorConfig:
         parser.add_argument("--registry-addr", help="env FORNAX_REGISTRY_ADDR")
         parser.add_argument("--artifact-builder-addr", help="env FORNAX_ARTIFACT_BUILDER_ADDR")
         parser.add_argument("--stage-workers", help="comma-separated gRPC addresses in stage order (env FORNAX_STAGE_WORKERS)")
+        parser.add_argument("--reference-stage-workers", help="numpy workers serving while MAX compiles (env FORNAX_REFERENCE_STAGE_WORKERS)")
+        parser.add_argument("--stage-cpu-sets", help="';'-separated CPU set per stage, e.g. 0;1 (env FORNAX_STAGE_CPU_SETS)")
+        parser.add_argument("--compile-cache-dir", help="MAX compile cache (env FORNAX_COMPILE_CACHE_DIR)")
         parser.add_argument("--model-id", help="public model id (env FORNAX_MODEL_ID)")
         parser.add_argument("--inprocess-checkpoint", help="serve this checkpoint with in-process stages (env FORNAX_INPROCESS_CHECKPOINT)")
         parser.add_argument("--inprocess-stages", type=int, help="env FORNAX_INPROCESS_STAGES")
@@ -76,6 +90,9 @@ class OrchestratorConfig:
             registry_addr=pick(args.registry_addr, env, "FORNAX_REGISTRY_ADDR", None),
             artifact_builder_addr=pick(args.artifact_builder_addr, env, "FORNAX_ARTIFACT_BUILDER_ADDR", None),
             stage_workers=_addresses(pick(args.stage_workers, env, "FORNAX_STAGE_WORKERS", None)),
+            reference_stage_workers=_addresses(pick(args.reference_stage_workers, env, "FORNAX_REFERENCE_STAGE_WORKERS", None)),
+            stage_cpu_sets=_cpu_sets(pick(args.stage_cpu_sets, env, "FORNAX_STAGE_CPU_SETS", None)),
+            compile_cache_dir=pick(args.compile_cache_dir, env, "FORNAX_COMPILE_CACHE_DIR", None),
             model_id=pick(args.model_id, env, "FORNAX_MODEL_ID", "fornax"),
             inprocess_checkpoint=pick(args.inprocess_checkpoint, env, "FORNAX_INPROCESS_CHECKPOINT", None),
             inprocess_stages=pick(args.inprocess_stages, env, "FORNAX_INPROCESS_STAGES", 1, int),

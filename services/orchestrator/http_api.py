@@ -50,6 +50,8 @@ class HttpConfig:
 
 ROUTE_KEY = web.AppKey("route", RouteSlot)
 CONFIG_KEY = web.AppKey("http_config", HttpConfig)
+# What each stage runs now and what is compiling (services.orchestrator.coldstart); optional.
+BOARD_KEY = web.AppKey("backend_board", object)
 
 
 def build_http_app(route: RouteSlot, config: HttpConfig = HttpConfig()) -> web.Application:
@@ -145,8 +147,12 @@ async def _models(request: web.Request) -> web.Response:
     engine = request.app[ROUTE_KEY].engine
     if engine is None:
         return web.json_response(fmt.model_list(None, 0))
-    return web.json_response(fmt.model_list(engine.served.model_id,
-                                            engine.served.created_unix_s))
+    listing = fmt.model_list(engine.served.model_id, engine.served.created_unix_s)
+    board = request.app.get(BOARD_KEY)
+    if board is not None:
+        for entry in listing["data"]:
+            entry["fornax_backend"] = board.snapshot()
+    return web.json_response(listing)
 
 
 async def _model(request: web.Request) -> web.Response:

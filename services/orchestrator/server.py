@@ -15,9 +15,11 @@ from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 from libs.service.errors import FailedPrecondition, FornaxError, Unavailable
 from libs.service.server import ServiceSpec
 from services.orchestrator import convert
+from services.orchestrator.coldstart import BackendBoard, serve_then_upgrade
+from services.orchestrator.coldstart_setup import compiler_factory
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.domain import SchedulerConfig
-from services.orchestrator.http_api import HttpConfig, build_http_app, start_http
+from services.orchestrator.http_api import BOARD_KEY, HttpConfig, build_http_app, start_http
 from services.orchestrator.lifecycle import InstalledRoute, Installer, InstallRequest, RouteManager
 from services.orchestrator.serving import RouteSlot, ServingConfig, ServingEngine, terminal_error
 
@@ -108,10 +110,17 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
         from services.orchestrator.fleet_route import fleet_installer
         from services.orchestrator.install import Fleet
 
-        fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers)
-        return fleet_installer(fleet, cfg.artifact_store, cfg.model_id, cfg.stage_kv_limit_bytes,
-                               serving_config(cfg),
-                               lambda message: _log.info("install_progress", message=message))
+        def on(workers: tuple[str, ...]) -> Installer:
+            fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, workers)
+            return fleet_installer(fleet, cfg.artifact_store, cfg.model_id, cfg.stage_kv_limit_bytes,
+                                   serving_config(cfg),
+                                   lambda message: _log.info("install_progress", message=message))
+
+        if cfg.reference_stage_workers:
+            from services.orchestrator.coldstart_setup import by_backend
+
+            return by_backend(on(cfg.stage_workers), on(cfg.reference_stage_workers))
+        return on(cfg.stage_workers)
 
     async def no_fleet(request: InstallRequest) -> InstalledRoute:
         raise FailedPrecondition("no stage workers, planner or artifact builder configured",
@@ -120,11 +129,13 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
     return no_fleet
 
 
-async def _install_at_startup(manager: RouteManager, request: InstallRequest) -> None:
+async def _install_at_startup(manager: RouteManager, request: InstallRequest, board: BackendBoard,
+                              cfg: OrchestratorConfig) -> None:
     try:
-        status = await manager.install(request)
+        await serve_then_upgrade(manager, request, board, compiler_factory(cfg))
+        status = manager.status()
         _log.info("route_installed", plan_id=status.plan.plan_id if status.plan else "",
-                  stages=request.stages, backend=request.backend)
+                  stages=request.stages, backend=board.running_backend, phase=board.phase.value)
     except FornaxError as exc:
         _log.error("route_install_failed", reason=exc.reason, error=exc.message)
     except Exception:
@@ -135,16 +146,19 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
     route = RouteSlot()
     manager = RouteManager(route, choose_installer(cfg), cfg.drain_timeout_s)
     startup: asyncio.Task | None = None
+    board = BackendBoard(cfg.inprocess_backend if cfg.inprocess_checkpoint else cfg.backend)
     if cfg.inprocess_checkpoint:
-        await manager.install(InstallRequest(cfg.inprocess_checkpoint, cfg.inprocess_stages,
-                                             cfg.inprocess_backend, "fp32"))
+        await serve_then_upgrade(manager, InstallRequest(cfg.inprocess_checkpoint, cfg.inprocess_stages,
+                                                         cfg.inprocess_backend, "fp32"), board, None)
     elif cfg.checkpoint:
         # Planning, building and loading take a while: serve (not ready) meanwhile.
         startup = asyncio.get_running_loop().create_task(_install_at_startup(
             manager, InstallRequest(cfg.checkpoint, len(cfg.stage_workers), cfg.backend,
-                                    cfg.boundary_dtype)))
+                                    cfg.boundary_dtype), board, cfg))
     servicer = OrchestratorServicer(cfg, route, manager)
-    runner, http_port = await start_http(build_http_app(route, HttpConfig(api_key=cfg.api_key)),
+    app = build_http_app(route, HttpConfig(api_key=cfg.api_key))
+    app[BOARD_KEY] = board
+    runner, http_port = await start_http(app,
                                          cfg.server.host, cfg.http_port)
 
     async def on_drain() -> None:

@@ -1,0 +1,86 @@
+"""One background MAX graph compile, as its own low-priority process.
+
+`python -m libs.model.compile_job --checkpoint DIR --graph dense_layer --cache-dir D [--cpus 0-1]`
+
+The process first pins itself to the given CPUs (the stage's share) and drops to SCHED_IDLE
+(nice 19 where SCHED_IDLE is missing), so a stage serving on the same CPUs keeps its share:
+the kernel runs this only when those CPUs would otherwise idle. It then compiles the graph into
+the cache dir, records the cache marker, and prints one JSON line: the result.
+Exit status 0 on success, 1 when the compile failed (the line says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from libs.model.compile_cache import GraphName, GraphTarget, config_sha256, record_compiled
+from libs.service.affinity import THREAD_VARIABLES, parse_cpu_set
+
+
+def lower_priority(cpus: tuple[int, ...]) -> str:
+    """Pin to `cpus` (when given) and yield the CPU to everything else; returns the policy."""
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return "SCHED_IDLE"
+    except (AttributeError, OSError):
+        os.nice(19)
+        return "nice 19"
+
+
+def compile_graph(checkpoint: Path, name: GraphName, cache_dir: Path, device: str,
+                  weight_dtype: str) -> tuple[GraphTarget, float]:
+    from libs.model.config import load_config
+    from libs.model.max_kernels import _prepare_environment, max_build, stderr_progress
+
+    cfg = load_config(checkpoint)
+    target = GraphTarget(name, max_build(), device, weight_dtype, config_sha256(cfg))
+    _prepare_environment(cache_dir)
+    from libs.model import max_runtime  # imports max; only after the environment is set
+
+    runtime = max_runtime.shared_runtime(cfg, device, weight_dtype, stderr_progress)
+    started = time.perf_counter()
+    runtime.compiled(max_runtime.GraphKind(name.value))
+    seconds = time.perf_counter() - started
+    record_compiled(cache_dir, target, seconds)
+    return target, seconds
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m libs.model.compile_job")
+    parser.add_argument("--checkpoint", required=True, type=Path)
+    parser.add_argument("--graph", required=True, choices=[n.value for n in GraphName])
+    parser.add_argument("--cache-dir", required=True, type=Path)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    parser.add_argument("--weight-dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--cpus", type=parse_cpu_set, default=())
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.cpus:  # size the math pools to the share before anything loads them
+        for variable in THREAD_VARIABLES:
+            os.environ[variable] = str(len(args.cpus))
+    policy = lower_priority(args.cpus)
+    name = GraphName(args.graph)
+    result: dict[str, object] = {"graph": name.value, "policy": policy, "cpus": list(args.cpus)}
+    try:
+        target, seconds = compile_graph(args.checkpoint, name, args.cache_dir, args.device, args.weight_dtype)
+    except Exception as exc:  # noqa: BLE001  (any compile failure is reported, never hidden)
+        result.update(state="failed", error=f"{type(exc).__name__}: {exc}")
+        print(json.dumps(result), flush=True)
+        return 1
+    result.update(state="done", seconds=round(seconds, 3), key=target.key, build=target.build)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

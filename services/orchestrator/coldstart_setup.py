@@ -1,0 +1,48 @@
+"""Wiring for serve-at-once: which workers run which backend, and the background compiler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from libs.model.layout import even_layer_split
+from libs.service.errors import FailedPrecondition
+from services.orchestrator.background_compile import BackgroundCompiler, CompileSettings
+from services.orchestrator.coldstart import REFERENCE_BACKEND, CompilerFactory
+from services.orchestrator.config import OrchestratorConfig
+from services.orchestrator.lifecycle import InstalledRoute, Installer, InstallRequest
+
+
+def by_backend(requested: Installer, reference: Installer) -> Installer:
+    """numpy installs go to the reference workers, every other backend to the main ones, so
+    both routes can be up at once during a switch."""
+
+    async def installer(request: InstallRequest) -> InstalledRoute:
+        return await (reference if request.backend == REFERENCE_BACKEND else requested)(request)
+
+    return installer
+
+
+def compiler_factory(cfg: OrchestratorConfig) -> CompilerFactory | None:
+    """None when there are no reference workers to serve on while compiling."""
+    if not cfg.reference_stage_workers:
+        return None
+    if len(cfg.reference_stage_workers) != len(cfg.stage_workers):
+        raise FailedPrecondition(
+            f"{len(cfg.reference_stage_workers)} reference workers for {len(cfg.stage_workers)} stages",
+            reason="REFERENCE_WORKERS_MISMATCH", field="reference_stage_workers")
+    from libs.model.max_kernels import default_cache_dir, max_build
+
+    cache_dir = Path(cfg.compile_cache_dir) if cfg.compile_cache_dir else default_cache_dir()
+
+    def make(request: InstallRequest) -> BackgroundCompiler:
+        from libs.model.config import load_config
+
+        layers = load_config(request.checkpoint_dir).num_hidden_layers
+        # The planner places layers later; graph kinds only differ at the ends (embed, final),
+        # so compiles start from an even split at once instead of waiting for the plan.
+        ranges = tuple(even_layer_split(layers, request.stages))
+        settings = CompileSettings(request.checkpoint_dir, cache_dir, max_build(),
+                                   stage_cpus=cfg.stage_cpu_sets)
+        return BackgroundCompiler(settings, ranges)
+
+    return make
