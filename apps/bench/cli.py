@@ -1,4 +1,4 @@
-"""`fornax bench serve [--json]`."""
+"""`fornax bench serve [--json]`, `fornax bench coldstart [--json]`."""
 
 from __future__ import annotations
 
@@ -20,6 +20,13 @@ def register(commands, benches) -> None:
     serve.add_argument("--repeats", type=int, default=2, help="interleaved repetitions per level (best kept)")
     serve.add_argument("--json", action="store_true")
     serve.set_defaults(func=cmd_serve)
+    cold = benches.add_parser("coldstart", help="cold `fornax up` with empty caches: first token, MAX switch, losses")
+    cold.add_argument("--stages", type=int, default=2)
+    cold.add_argument("--trickle-interval-s", type=float, default=0.5, help="one request started per interval")
+    cold.add_argument("--timeout-s", type=float, default=1800.0)
+    cold.add_argument("--keep-dir", action="store_true", help="keep the temporary HOME, caches and logs")
+    cold.add_argument("--json", action="store_true")
+    cold.set_defaults(func=cmd_coldstart)
 
 
 def _checkpoint(path: str | None) -> str:
@@ -68,3 +75,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for key in sorted(k for k in report if k.startswith(("two_vs", "pipeline_vs"))):
         print(f"{key} = {report[key]:.2f}")
     return 0
+
+
+def cmd_coldstart(args: argparse.Namespace) -> int:
+    from apps.bench.coldstart import ColdstartOptions, run
+
+    report = run(ColdstartOptions(args.stages, trickle_interval_s=args.trickle_interval_s,
+                                  timeout_s=args.timeout_s, keep_dir=args.keep_dir),
+                 "fornax " + " ".join(sys.argv[1:]))
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print(f"# {report['figure_class']}; {report['host']}")
+        for key in ("seconds_to_first_token", "seconds_to_final_backend", "requests_lost_during_switch",
+                    "requests_sent", "final_backend", "failure"):
+            print(f"{key} = {report[key]}")
+    ok = report["final_backend"] == "max" and report["requests_lost_during_switch"] == 0
+    return 0 if ok else 1

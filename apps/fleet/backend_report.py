@@ -38,5 +38,5 @@ def render_board(board: dict | None) -> list[str]:
     for graph in board.get("graphs", []):
         if graph.get("compile_seconds") is not None:
             lines.append(f"  compiled {graph['graph']} in {graph['compile_seconds']:.1f} s "
-                         f"(physical, this host, idle priority)")
+                         f"(physical, this host, low priority)")
     return lines

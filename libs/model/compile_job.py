@@ -2,9 +2,9 @@
 
 `python -m libs.model.compile_job --checkpoint DIR --graph dense_layer --cache-dir D [--cpus 0-1]`
 
-The process first pins itself to the given CPUs (the stage's share) and drops to SCHED_IDLE
-(nice 19 where SCHED_IDLE is missing), so a stage serving on the same CPUs keeps its share:
-the kernel runs this only when those CPUs would otherwise idle. It then compiles the graph into
+The process first pins itself to the given CPUs (the stage's share) and drops its priority
+(nice 19, or SCHED_IDLE with `--priority idle`), so a stage serving on the same CPUs keeps
+its share. It then compiles the graph into
 the cache dir, records the cache marker, and prints one JSON line: the result.
 Exit status 0 on success, 1 when the compile failed (the line says why).
 """
@@ -14,24 +14,44 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
+from enum import Enum
 from pathlib import Path
 
 from libs.model.compile_cache import GraphName, GraphTarget, config_sha256, record_compiled
 from libs.service.affinity import THREAD_VARIABLES, parse_cpu_set
 
 
-def lower_priority(cpus: tuple[int, ...]) -> str:
-    """Pin to `cpus` (when given) and yield the CPU to everything else; returns the policy."""
+def die_with_parent() -> None:
+    """A compile outliving its orchestrator would hold the CPUs for nothing (Linux only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Priority(Enum):
+    # nice 19: a CFS weight of 15 against 1024 for a serving thread, so serving keeps ~98.5 %
+    # of a contended CPU, yet the compile still progresses on a host others keep busy.
+    NICE = "nice"
+    # SCHED_IDLE: runs only when the CPU would otherwise idle; on a shared, loaded host a
+    # compile can starve for a long time.
+    IDLE = "idle"
+
+
+def lower_priority(cpus: tuple[int, ...], priority: Priority) -> str:
+    """Pin to `cpus` (when given) and yield the CPU to serving; returns the policy applied."""
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)
-    try:
+    if priority is Priority.IDLE and hasattr(os, "SCHED_IDLE"):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         return "SCHED_IDLE"
-    except (AttributeError, OSError):
-        os.nice(19)
-        return "nice 19"
+    os.nice(19 - os.nice(0))
+    return "nice 19"
 
 
 def compile_graph(checkpoint: Path, name: GraphName, cache_dir: Path, device: str,
@@ -60,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     parser.add_argument("--weight-dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--cpus", type=parse_cpu_set, default=())
+    parser.add_argument("--priority", choices=[p.value for p in Priority], default=Priority.NICE.value)
     return parser
 
 
@@ -68,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpus:  # size the math pools to the share before anything loads them
         for variable in THREAD_VARIABLES:
             os.environ[variable] = str(len(args.cpus))
-    policy = lower_priority(args.cpus)
+    die_with_parent()
+    policy = lower_priority(args.cpus, Priority(args.priority))
     name = GraphName(args.graph)
     result: dict[str, object] = {"graph": name.value, "policy": policy, "cpus": list(args.cpus)}
     try:

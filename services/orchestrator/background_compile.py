@@ -1,7 +1,7 @@
 """Compile a route's MAX graphs in the background while the reference backend serves.
 
 Every graph kind the route needs is compiled once (one compiled graph serves every stage and
-layer of its kind), by a process pinned to the CPU share of a stage that needs it, at idle
+layer of its kind), by a process pinned to the CPU share of a stage that needs it, at low
 priority (`libs.model.compile_job`). A stage whose share has more than one CPU compiles that
 many of its graphs at once. Graphs already in the compile cache are not compiled again.
 """
@@ -120,7 +120,7 @@ class BackgroundCompiler:
         if result.get("state") == "done":
             graph.state, graph.seconds = GraphState.DONE, float(result.get("seconds", 0.0))
             _log.info("compile_done", graph=graph.name.value, seconds=graph.seconds,
-                      figure="physical: wall seconds on this host, idle priority")
+                      figure="physical: wall seconds on this host, low priority")
         else:
             graph.state, graph.error = GraphState.FAILED, str(result.get("error", "no result"))
             _log.error("compile_failed", graph=graph.name.value, error=graph.error)

@@ -58,7 +58,7 @@ class BackendBoard:
         return {
             "requested_backend": self.requested_backend, "running_backend": self.running_backend,
             "phase": self.phase.value, "failure": self.failure, "stages": stages, "graphs": graphs,
-            "compile_seconds_figure": "physical: wall seconds per graph on this host, idle priority",
+            "compile_seconds_figure": "physical: wall seconds per graph on this host, low priority",
         }
 
 
