@@ -10,6 +10,7 @@ so a warm cache makes each background compile a cache hit. A cold one costs minu
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import pytest
 pytest.importorskip("max")
 
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint  # noqa: E402
-from libs.model.compile_cache import MARKER_DIR  # noqa: E402
+from libs.model.compile_cache import GraphName, GraphTarget, config_sha256, marker_path  # noqa: E402
 from libs.model.config import load_config  # noqa: E402
 from libs.model.layout import even_layer_split  # noqa: E402
 from libs.model.max_kernels import default_cache_dir, max_build  # noqa: E402
@@ -36,9 +37,11 @@ NEW_TOKENS = 8
 PROMPT = (1, 17, 42, 99, 7)
 
 
-def _forget_markers(cache_dir: Path) -> None:
-    for marker in (cache_dir / MARKER_DIR).glob("*.json"):
-        marker.unlink()
+def _forget_markers(cache_dir: Path, checkpoint: Path) -> None:
+    """Only this config's markers: other checkpoints sharing the cache keep theirs."""
+    config_hash = config_sha256(load_config(checkpoint))
+    for name in GraphName:
+        marker_path(cache_dir, GraphTarget(name, max_build(), "cpu", "float32", config_hash)).unlink(missing_ok=True)
 
 
 class Installer:
@@ -76,12 +79,13 @@ async def _trickle(slot: RouteSlot, installer: Installer, done: asyncio.Event, l
         await asyncio.gather(one(index), one(index + 1))
         index += 2
         tail -= done.is_set()
+        await asyncio.sleep(0.05)  # a trickle, not a flood
 
 
 def test_live_switch_under_load(tmp_path):
     checkpoint = write_checkpoint(CheckpointRequest("tiny", tmp_path / "tiny")).out_dir
     cache_dir = default_cache_dir()
-    _forget_markers(cache_dir)
+    _forget_markers(cache_dir, checkpoint)
     request = InstallRequest(str(checkpoint), STAGES, "max", "fp32")
     ranges = tuple(even_layer_split(load_config(checkpoint).num_hidden_layers, STAGES))
     compiler = BackgroundCompiler(CompileSettings(str(checkpoint), cache_dir, max_build()), ranges)
@@ -106,8 +110,8 @@ def test_live_switch_under_load(tmp_path):
     assert board.phase is UpgradePhase.SERVING_REQUESTED_BACKEND, board.failure
     assert board.running_backend == "max"
     assert all(g.state is GraphState.DONE and g.seconds is not None for g in compiler.graphs.values())
-    assert [entry for entry in log if entry[1] == "lost"] == []
-    served_by = {backend for _, backend, _ in log}
-    assert served_by == {"numpy", "max"}, log
-    assert len({tokens for _, _, tokens in log}) == 1, log  # greedy: identical before and after
-    assert len(log[0][2]) == NEW_TOKENS
+    outcomes = Counter((backend, tokens) for _, backend, tokens in log)
+    assert [entry for entry in log if entry[1] == "lost"] == [], outcomes
+    assert {backend for backend, _ in outcomes} == {"numpy", "max"}, outcomes
+    assert len({tokens for _, tokens in outcomes}) == 1, outcomes  # greedy: identical before and after
+    assert 1 <= len(log[0][2]) <= NEW_TOKENS
