@@ -109,6 +109,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             fleet_path(args.state_dir).unlink(missing_ok=True)
             return _fail(f"the route did not come up: {exc}")
         print(curl_example(state))
+        print("\n".join(render_board(fetch_board(state))), file=sys.stderr)
     if not args.foreground:
         return 0
     return _stay_attached(args.state_dir, launcher)
