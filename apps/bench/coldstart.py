@@ -106,8 +106,8 @@ def _board(base: str) -> dict:
 
 def _isolated_env(root: Path) -> dict[str, str]:
     env = {**os.environ, "HOME": str(root / "home"), "XDG_CACHE_HOME": str(root / "home" / ".cache"),
-           "FORNAX_MAX_CACHE_DIR": str(root / "max-cache"), "MODULAR_TELEMETRY_ENABLED": "0"}
-    env.pop("FORNAX_COMPILE_CACHE_DIR", None)
+           "FORNAX_COMPILE_CACHE_DIR": str(root / "max-cache"), "MODULAR_TELEMETRY_ENABLED": "0"}
+    env.pop("MODULAR_MAX_CACHE_DIR", None)
     (root / "home").mkdir(parents=True, exist_ok=True)
     return env
 

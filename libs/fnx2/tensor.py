@@ -16,7 +16,10 @@ from typing import Any
 import numpy as np
 from google_crc32c import _crc32c as _crc
 
+from libs.common.kinds import FLOAT_DTYPES as _FLOAT_DTYPES
+from libs.common.kinds import DType
 from libs.fnx2.errors import ErrorCode, Fnx2Error
+from libs.fnx2.fields import member
 
 LAYOUT = "contiguous_row_major"
 UINT32_MAX = (1 << 32) - 1
@@ -27,13 +30,6 @@ class TensorKind(StrEnum):
     TOKEN_IDS = "token_ids"
     ACTIVATION = "activation"
     LOGITS = "logits"
-
-
-class DType(StrEnum):
-    INT32 = "int32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP32 = "fp32"
 
 
 STORAGE: dict[DType, np.dtype] = {
@@ -50,7 +46,7 @@ _FINITE_LIMITS: dict[DType, tuple[np.dtype, int, np.dtype, int]] = {
     DType.FP16: (np.dtype("<i2"), 0x7C00, np.dtype("<u2"), 0xFC00),
     DType.FP32: (np.dtype("<i4"), 0x7F800000, np.dtype("<u4"), 0xFF800000),
 }
-FLOAT_DTYPES = frozenset({DType.BF16, DType.FP16, DType.FP32})
+FLOAT_DTYPES = frozenset(_FLOAT_DTYPES)
 
 
 def _tensor_error(message: str) -> Fnx2Error:
@@ -112,10 +108,9 @@ class TensorDescriptor:
         fields = ("kind", "dtype", "shape", "layout", "logical_elements", "payload_bytes")
         if type(meta) is not dict or set(meta) != set(fields):
             raise _tensor_error("tensor descriptor must have exactly " + ",".join(fields))
-        try:
-            kind, dtype = TensorKind(meta["kind"]), DType(meta["dtype"])
-        except ValueError as exc:
-            raise _tensor_error("unknown tensor kind or dtype") from exc
+        kind, dtype = member(TensorKind, meta["kind"]), member(DType, meta["dtype"])
+        if kind is None or dtype is None:
+            raise _tensor_error("unknown tensor kind or dtype")
         shape = meta["shape"]
         if type(shape) is not list or len(shape) > 2:
             raise _tensor_error("tensor shape must be an array of rank 1 or 2")

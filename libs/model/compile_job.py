@@ -21,7 +21,7 @@ from enum import Enum
 from pathlib import Path
 
 from libs.model.compile_cache import GraphName, GraphTarget, config_sha256, record_compiled
-from libs.service.affinity import THREAD_VARIABLES, parse_cpu_set
+from libs.service.affinity import parse_cpu_set
 
 
 def die_with_parent() -> None:
@@ -57,11 +57,11 @@ def lower_priority(cpus: tuple[int, ...], priority: Priority) -> str:
 def compile_graph(checkpoint: Path, name: GraphName, cache_dir: Path, device: str,
                   weight_dtype: str) -> tuple[GraphTarget, float]:
     from libs.model.config import load_config
-    from libs.model.max_kernels import _prepare_environment, max_build, stderr_progress
+    from libs.model.max_kernels import configure_max_process, max_build, stderr_progress
 
     cfg = load_config(checkpoint)
     target = GraphTarget(name, max_build(), device, weight_dtype, config_sha256(cfg))
-    _prepare_environment(cache_dir)
+    configure_max_process(os.environ, cache_dir)  # this job is its process's entry point
     from libs.model import max_runtime  # imports max; only after the environment is set
 
     runtime = max_runtime.shared_runtime(cfg, device, weight_dtype, stderr_progress)
@@ -86,10 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.cpus:  # size the math pools to the share before anything loads them
-        for variable in THREAD_VARIABLES:
-            os.environ[variable] = str(len(args.cpus))
-    die_with_parent()
+    die_with_parent()  # MAX sizes its thread pool from the affinity mask set below
     policy = lower_priority(args.cpus, Priority(args.priority))
     name = GraphName(args.graph)
     result: dict[str, object] = {"graph": name.value, "policy": policy, "cpus": list(args.cpus)}

@@ -17,12 +17,13 @@ from enum import Enum
 
 import structlog
 
+from libs.common.kinds import Backend
 from libs.service.errors import FornaxError
 from services.orchestrator.background_compile import BackgroundCompiler
 from services.orchestrator.lifecycle import InstallRequest, RouteManager
 
 _log = structlog.get_logger()
-REFERENCE_BACKEND = "numpy"
+REFERENCE_BACKEND = Backend.NUMPY
 
 
 class UpgradePhase(Enum):

@@ -19,19 +19,20 @@ from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 from google.protobuf import json_format
 
+from libs.common.kinds import Backend, DType
+from libs.common.proto import BACKEND_FROM_PB, BACKEND_TO_PB, DTYPE_FROM_PB, DTYPE_TO_PB
 from libs.fnx2.messages import Phase
-from services.orchestrator.stage_chain import Route, RoutePlan, RouteStage, Sampling, SliceInput, lease_id_for
 from libs.model.config import load_config
+from libs.model.sampling import GREEDY
 from libs.service.channels import open_aio_channel
 from libs.service.errors import FailedPrecondition, Unavailable
+from services.orchestrator.stage_chain import Route, RoutePlan, SliceInput, StageLoad, lease_id_for, load_route
 from services.planner import convert as planner_convert
 from services.planner.client import AsyncPlannerClient
 from services.planner.domain import Plan
 from services.planner.inventory import Inventory, Link, Node, Target
 from services.planner.model import describe_checkpoint
 
-DTYPE_PB = {"bf16": common_pb2.ELEMENT_TYPE_BF16, "fp16": common_pb2.ELEMENT_TYPE_FP16, "fp32": common_pb2.ELEMENT_TYPE_FP32}
-BACKEND_PB = {"max": common_pb2.BACKEND_MAX, "numpy": common_pb2.BACKEND_NUMPY}
 # Declared per-core figures for a CPU worker that has no measured capability record yet;
 # plans made from them are exploratory and say so.
 CPU_FLOPS_PER_CORE = 20e9
@@ -46,8 +47,8 @@ WARMUP_BUDGET_NS = 600 * 10**9
 class InstallSpec:
     checkpoint_dir: str
     stages: int
-    backend: str
-    boundary_dtype: str
+    backend: Backend
+    boundary_dtype: DType
     artifact_store: str
     kv_limit_bytes: int = 0
     context_tokens: int = 2048
@@ -92,11 +93,11 @@ def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> Invento
         nodes.append(
             Node(
                 name=_node_name(index),
-                backend="max" if cap.backend == common_pb2.BACKEND_MAX else "numpy",
+                backend=BACKEND_FROM_PB.get(cap.backend, Backend.NUMPY),
                 memory_bytes=cap.device.memory_available_bytes // share,
                 compute_flops=CPU_FLOPS_PER_CORE * cores,
                 memory_bandwidth_bytes_per_s=CPU_BANDWIDTH_BYTES_PER_S,
-                dtypes=tuple(common_pb2.ElementType.Name(d).removeprefix("ELEMENT_TYPE_").lower() for d in cap.supported_dtypes),
+                dtypes=tuple(DTYPE_FROM_PB[d] for d in cap.supported_dtypes),
                 operations=tuple(cap.supported_operations),
                 build=cap.backend_build,
             )
@@ -128,7 +129,7 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
     plan_json = json_format.MessageToJson(planner_convert.plan_to_proto(plan))
     request = ab_pb.BuildStageArtifactsRequest(
         request_id=str(uuid.uuid4()), checkpoint_dir=spec.checkpoint_dir, out_dir=spec.artifact_store,
-        plan_json=plan_json, boundary_dtype=DTYPE_PB[spec.boundary_dtype],
+        plan_json=plan_json, boundary_dtype=DTYPE_TO_PB[spec.boundary_dtype],
     )
     result = None
     async with open_aio_channel(fleet.artifact_builder) as channel:
@@ -143,29 +144,17 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
 
 async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: list[ab_pb.StageArtifact],
                       generation: str, progress: Callable[[str], None]) -> RoutePlan:
-    """Load last to first, so each stage is told its next hop's FNX2 address and manifest."""
+    """One stage per planned stage, on the worker the plan names, as plan generation `generation`."""
     binding = common_pb2.PlanBinding(plan_id=fnx2_plan_id(plan), plan_hash=plan.plan_hash, plan_generation_id=generation)
     workers = {_node_name(i): address for i, address in enumerate(fleet.workers)}
-    next_address, next_manifest, loaded = "", "", []
-    count = len(plan.stages)
-    for stage, artifact in reversed(list(zip(plan.stages, artifacts))):
-        address = workers[stage.node]
-        stage_spec = sw_pb.StageSpec(
-            stage_index=stage.stage_index, stage_count=count,
-            layer_range=common_pb2.LayerRange(layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end),
-            plan=binding, artifact_dir=artifact.artifact_dir, manifest_hash=artifact.manifest_hash,
-            backend=BACKEND_PB[spec.backend], boundary_dtype=DTYPE_PB[spec.boundary_dtype],
-            next_hop_address=next_address, next_hop_manifest_hash=next_manifest, kv_limit_bytes=spec.kv_limit_bytes,
-            output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
-        )
-        async with open_aio_channel(address) as channel:
-            stub = sw_grpc.StageWorkerServiceStub(channel)
-            await stub.UnloadStage(sw_pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=60)
-            progress(f"loading stage {stage.stage_index} (layers {stage.layer_start}-{stage.layer_end - 1}) on {address}")
-            reply = await stub.LoadStage(sw_pb.LoadStageRequest(request_id=str(uuid.uuid4()), spec=stage_spec), timeout=3600)
-        next_address, next_manifest = reply.data_plane_address, reply.manifest_hash
-        loaded.append(RouteStage(stage.stage_index, address, reply.data_plane_address, reply.manifest_hash))
-    return RoutePlan(binding.plan_id, binding.plan_hash, generation, tuple(reversed(loaded)))
+    loads = [StageLoad(workers[stage.node], sw_pb.StageSpec(
+        stage_index=stage.stage_index, stage_count=len(plan.stages),
+        layer_range=common_pb2.LayerRange(layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end),
+        plan=binding, artifact_dir=artifact.artifact_dir, manifest_hash=artifact.manifest_hash,
+        backend=BACKEND_TO_PB[spec.backend], boundary_dtype=DTYPE_TO_PB[spec.boundary_dtype],
+        kv_limit_bytes=spec.kv_limit_bytes, output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
+    )) for stage, artifact in zip(plan.stages, artifacts)]
+    return await load_route(loads, progress=progress)
 
 
 def fnx2_plan_id(plan: Plan) -> str:
@@ -177,7 +166,7 @@ async def warm(route: Route, bos_token_id: int) -> None:
     """One prefill and one decode through every stage, then release; raises if any fails."""
     request_id = str(uuid.uuid4())
     lease = lease_id_for(route.plan, request_id)
-    await route.admit(request_id, 4, Sampling())
+    await route.admit(request_id, 4, GREEDY)
     try:
         first = (await route.run(Phase.PREFILL, [SliceInput(request_id, lease, 0, 0, 0, np.array([bos_token_id], np.int32), WARMUP_BUDGET_NS)]))[0]
         if not first.ok:

@@ -7,10 +7,11 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from libs.common.kinds import Backend
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 
-BACKENDS = ("max", "numpy")
+BACKENDS = tuple(backend.value for backend in Backend)
 DEVICES = ("cpu", "gpu")
 
 
@@ -19,7 +20,7 @@ class StageWorkerConfig:
     server: ServerConfig
     stage_index: int = 0
     data_plane_port: int = 0
-    backend: str = "numpy"
+    backend: Backend = Backend.NUMPY
     device: str = "cpu"
     # MAX compile cache; None = the backend's default (~/.cache/fornax/max).
     compile_cache_dir: str | None = None
@@ -54,7 +55,7 @@ class StageWorkerConfig:
             server=server_config(args, env, "stage_worker", instance=f"stage-{stage_index}"),
             stage_index=stage_index,
             data_plane_port=pick(args.data_plane_port, env, "FORNAX_DATA_PLANE_PORT", 0, int),
-            backend=backend,
+            backend=Backend(backend),
             device=device,
             compile_cache_dir=pick(args.compile_cache_dir, env, "FORNAX_COMPILE_CACHE_DIR", cls.compile_cache_dir),
             kv_limit_bytes=pick(args.kv_limit_bytes, env, "FORNAX_KV_LIMIT_BYTES", cls.kv_limit_bytes, int),

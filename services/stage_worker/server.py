@@ -6,6 +6,8 @@ from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 
+from libs.common.kinds import FLOAT_DTYPES
+from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
 from libs.service.server import ServiceSpec
 from services.stage_worker import convert
 from services.stage_worker.config import StageWorkerConfig
@@ -13,7 +15,6 @@ from services.stage_worker.dataplane import DataPlane
 from libs.service.host import backend_build, host_facts
 from services.stage_worker.runtime import StageRuntime
 
-_BACKENDS = {"max": common_pb2.BACKEND_MAX, "numpy": common_pb2.BACKEND_NUMPY}
 # Operation names as the planner's model description requires them (services/planner/model.py).
 SUPPORTED_OPERATIONS = (
     "embedding",
@@ -40,7 +41,7 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
         facts = host_facts()
         build = backend_build(self._cfg.backend)
         return pb.GetCapabilitiesResponse(
-            backend=_BACKENDS[self._cfg.backend],
+            backend=BACKEND_TO_PB[self._cfg.backend],
             backend_build=build or f"{self._cfg.backend} (not installed)",
             device=pb.DeviceInfo(
                 kind=self._cfg.device,
@@ -49,7 +50,7 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
                 memory_available_bytes=facts.memory_available_bytes,
                 cpu_count=facts.cpu_count,
             ),
-            supported_dtypes=[common_pb2.ELEMENT_TYPE_BF16, common_pb2.ELEMENT_TYPE_FP16, common_pb2.ELEMENT_TYPE_FP32],
+            supported_dtypes=[DTYPE_TO_PB[dtype] for dtype in FLOAT_DTYPES],
             supported_operations=list(SUPPORTED_OPERATIONS) if build else [],
             fnx2_versions=["2.0"],
             data_plane_address=self._dataplane.address,
@@ -122,7 +123,7 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
 
 
 async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
-    runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes, cfg.compile_cache_dir)
+    runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes)
     dataplane = DataPlane(runtime, cfg.server.host, cfg.data_plane_port, cfg.advertise_host)
     await dataplane.start()
     servicer = StageWorkerServicer(cfg, runtime, dataplane)

@@ -37,7 +37,7 @@ def test_compiles_one_graph_at_idle_priority_and_marks_it(tmp_path):
     from libs.model.max_kernels import default_cache_dir, max_build
 
     checkpoint = write_checkpoint(CheckpointRequest("tiny", tmp_path / "tiny")).out_dir
-    cache_dir = default_cache_dir()  # shared with the suite: a warm cache makes this a hit
+    cache_dir = default_cache_dir(os.environ)  # shared with the suite: a warm cache makes this a hit
     cpu = min(os.sched_getaffinity(0))
     code, result = _job("--checkpoint", str(checkpoint), "--graph", "embed", "--cache-dir", str(cache_dir),
                         "--cpus", str(cpu))

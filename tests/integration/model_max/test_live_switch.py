@@ -10,6 +10,7 @@ so a warm cache makes each background compile a cache hit. A cold one costs minu
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint  # noq
 from libs.model.compile_cache import GraphName, GraphTarget, config_sha256, marker_path  # noqa: E402
 from libs.model.config import load_config  # noqa: E402
 from libs.model.layout import even_layer_split  # noqa: E402
-from libs.model.max_kernels import default_cache_dir, max_build  # noqa: E402
+from libs.model.max_kernels import configure_max_process, default_cache_dir, max_build  # noqa: E402
 from libs.service.errors import FornaxError  # noqa: E402
 from libs.text.context import TextContext  # noqa: E402
 from services.orchestrator.background_compile import BackgroundCompiler, CompileSettings, GraphState  # noqa: E402
@@ -84,7 +85,8 @@ async def _trickle(slot: RouteSlot, installer: Installer, done: asyncio.Event, l
 
 def test_live_switch_under_load(tmp_path):
     checkpoint = write_checkpoint(CheckpointRequest("tiny", tmp_path / "tiny")).out_dir
-    cache_dir = default_cache_dir()
+    cache_dir = default_cache_dir(os.environ)
+    configure_max_process(os.environ, cache_dir)  # the in-process MAX stages compile here too
     _forget_markers(cache_dir, checkpoint)
     request = InstallRequest(str(checkpoint), STAGES, "max", "fp32")
     ranges = tuple(even_layer_split(load_config(checkpoint).num_hidden_layers, STAGES))

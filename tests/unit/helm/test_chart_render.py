@@ -20,7 +20,7 @@ COMMON_ENV = {"FORNAX_HOST", "FORNAX_GRPC_PORT", "FORNAX_METRICS_PORT", "FORNAX_
               "FORNAX_GRACE_PERIOD_S", "OTEL_EXPORTER_OTLP_ENDPOINT"}
 # The service configuration contract: the only variables each service reads.
 CONTRACT_ENV = {
-    "orchestrator": {"FORNAX_HTTP_PORT", "FORNAX_API_KEY", "FORNAX_PLANNER_ADDR", "FORNAX_REGISTRY_ADDR",
+    "orchestrator": {"FORNAX_HTTP_PORT", "FORNAX_API_KEY", "FORNAX_PLANNER_ADDR",
                      "FORNAX_ARTIFACT_BUILDER_ADDR", "FORNAX_STAGE_WORKERS"},
     "planner": {"FORNAX_REGISTRY_ADDR"},
     "evidence-registry": {"FORNAX_REGISTRY_DB", "FORNAX_REGISTRY_BLOB_DIR"},
