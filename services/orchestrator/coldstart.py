@@ -81,19 +81,25 @@ async def serve_then_upgrade(manager: RouteManager, request: InstallRequest, boa
     try:
         await _install(manager, replace(request, backend=REFERENCE_BACKEND), board,
                        UpgradePhase.SERVING_REFERENCE_WHILE_COMPILING)
-        compiled = await compiling
     except BaseException:
         compiling.cancel()
         await compiler.stop()
         raise
+    # From here on the reference route serves; whatever goes wrong leaves it serving and the
+    # board saying why, never claiming the requested backend.
+    try:
+        compiled = await compiling
+    except Exception as exc:  # noqa: BLE001  (a compile that cannot even start)
+        _settle_short(board, UpgradePhase.COMPILE_FAILED, _describe(exc))
+        return
     if not compiled:
         _settle_short(board, UpgradePhase.COMPILE_FAILED, compiler.failure())
         return
     board.phase = UpgradePhase.SWITCHING
     try:
         await manager.switch(request)
-    except FornaxError as exc:
-        _settle_short(board, UpgradePhase.SWITCH_FAILED, f"{exc.reason}: {exc.message}")
+    except Exception as exc:  # noqa: BLE001  (a stage may fail in ways no FornaxError names)
+        _settle_short(board, UpgradePhase.SWITCH_FAILED, _describe(exc))
         return
     board.running_backend, board.phase = request.backend, UpgradePhase.SERVING_REQUESTED_BACKEND
     _log.info("backend_switched", backend=request.backend, plan_generation=_generation(manager))
@@ -113,6 +119,12 @@ def _settle_short(board: BackendBoard, phase: UpgradePhase, why: str) -> None:
     board.phase, board.failure = phase, why
     _log.error("backend_upgrade_failed", phase=phase.value, running_backend=board.running_backend,
                requested_backend=board.requested_backend, error=why)
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, FornaxError):
+        return f"{exc.reason}: {exc.message}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _generation(manager: RouteManager) -> str:

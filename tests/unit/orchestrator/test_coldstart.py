@@ -105,7 +105,12 @@ def test_failed_compile_keeps_the_reference_route_and_says_why(checkpoint, text_
     assert after[-1].completion_tokens == 3 and events[-1].completion_tokens == 40
 
 
-def test_failed_switch_keeps_the_reference_route(checkpoint, text_context):
+class StageCrashed(Exception):
+    """Something no FornaxError names, such as a raw RPC error from a stage."""
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_failed_switch_keeps_the_reference_route(checkpoint, text_context, crash):
     compiler = ScriptedCompiler(_settings(checkpoint), ((0, 2), (2, 4)))
 
     async def main():
@@ -116,6 +121,8 @@ def test_failed_switch_keeps_the_reference_route(checkpoint, text_context):
         original = installer.__call__
 
         async def fail_max(request):
+            if request.backend == "max" and crash:
+                raise StageCrashed("INTERNAL: unexpected TypeError in LoadStage")
             if request.backend == "max":
                 installer.fail_next = True
             return await original(request)
@@ -130,7 +137,8 @@ def test_failed_switch_keeps_the_reference_route(checkpoint, text_context):
 
     board, served, state = asyncio.run(main())
     assert board.phase is UpgradePhase.SWITCH_FAILED and board.running_backend == "numpy"
-    assert "STAGE_LOAD" in board.failure
+    assert board.failure == ("StageCrashed: INTERNAL: unexpected TypeError in LoadStage" if crash
+                             else "STAGE_LOAD: stage 1 failed to load")
     assert state is RouteState.SERVING and served[-1].completion_tokens == 2
 
 
@@ -155,3 +163,18 @@ def test_cached_graphs_install_the_requested_backend_directly(checkpoint, text_c
     board, installer = asyncio.run(main())
     assert [r.request.backend for r in installer.installed] == ["max"]
     assert board.running_backend == "max" and not compiler.spawned
+
+
+class UnstartableCompiler(ScriptedCompiler):
+    async def _spawn(self, name, cpus):
+        await self.release.wait()
+        raise FileNotFoundError("python: not found")
+
+
+def test_a_compile_that_cannot_start_keeps_the_reference_route(checkpoint, text_context):
+    compiler = UnstartableCompiler(_settings(checkpoint), ((0, 2), (2, 4)))
+    _, events, after, board, installer, snapshot = _run(checkpoint, text_context, compiler)
+    assert [r.request.backend for r in installer.installed] == ["numpy"]
+    assert board.phase is UpgradePhase.COMPILE_FAILED and board.running_backend == "numpy"
+    assert board.failure == "FileNotFoundError: python: not found"
+    assert after[-1].completion_tokens == 3 and events[-1].completion_tokens == 40
