@@ -11,7 +11,7 @@ serving and says so in the board; it never claims MAX.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -64,10 +64,13 @@ class BackendBoard:
 
 
 CompilerFactory = Callable[[InstallRequest], BackgroundCompiler]
+# Run once the route left the reference workers, e.g. to unload them and free their memory.
+AfterSwitch = Callable[[], Awaitable[None]]
 
 
 async def serve_then_upgrade(manager: RouteManager, request: InstallRequest, board: BackendBoard,
-                             compiler_for: CompilerFactory | None) -> None:
+                             compiler_for: CompilerFactory | None,
+                             after_switch: AfterSwitch | None = None) -> None:
     """Installs `request`, on the reference backend first when its MAX graphs are not
     compiled; returns once the route runs the requested backend or has settled short of it."""
     if request.backend == REFERENCE_BACKEND or compiler_for is None:
@@ -103,6 +106,11 @@ async def serve_then_upgrade(manager: RouteManager, request: InstallRequest, boa
         return
     board.running_backend, board.phase = request.backend, UpgradePhase.SERVING_REQUESTED_BACKEND
     _log.info("backend_switched", backend=request.backend, plan_generation=_generation(manager))
+    if after_switch is not None:
+        try:
+            await after_switch()
+        except Exception as exc:  # noqa: BLE001  (the route is fine; only memory stays held)
+            _log.warning("reference_release_failed", error=_describe(exc))
 
 
 async def _install(manager: RouteManager, request: InstallRequest, board: BackendBoard,

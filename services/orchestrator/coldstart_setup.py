@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 from libs.model.layout import even_layer_split
 from libs.service.errors import FailedPrecondition
 from services.orchestrator.background_compile import BackgroundCompiler, CompileSettings
-from services.orchestrator.coldstart import REFERENCE_BACKEND, CompilerFactory
+from services.orchestrator.coldstart import REFERENCE_BACKEND, AfterSwitch, CompilerFactory
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.lifecycle import InstalledRoute, Installer, InstallRequest
 
@@ -20,6 +21,26 @@ def by_backend(requested: Installer, reference: Installer) -> Installer:
         return await (reference if request.backend == REFERENCE_BACKEND else requested)(request)
 
     return installer
+
+
+def unload_reference(cfg: OrchestratorConfig) -> AfterSwitch | None:
+    """Once the route runs on the main workers, the reference workers give their stages back."""
+    if not cfg.reference_stage_workers:
+        return None
+
+    async def unload() -> None:
+        from fornax.stage_worker.v1 import stage_worker_pb2 as pb
+        from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
+
+        from libs.service.channels import open_aio_channel
+        from services.orchestrator.stage_chain import UNLOAD_TIMEOUT_S
+
+        for address in cfg.reference_stage_workers:
+            async with open_aio_channel(address) as channel:
+                await pb_grpc.StageWorkerServiceStub(channel).UnloadStage(
+                    pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=UNLOAD_TIMEOUT_S)
+
+    return unload
 
 
 def compiler_factory(cfg: OrchestratorConfig) -> CompilerFactory | None:

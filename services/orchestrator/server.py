@@ -16,7 +16,7 @@ from libs.service.errors import FailedPrecondition, FornaxError, Unavailable
 from libs.service.server import ServiceSpec
 from services.orchestrator import convert
 from services.orchestrator.coldstart import BackendBoard, serve_then_upgrade
-from services.orchestrator.coldstart_setup import compiler_factory
+from services.orchestrator.coldstart_setup import compiler_factory, unload_reference
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.domain import SchedulerConfig
 from services.orchestrator.http_api import BOARD_KEY, HttpConfig, build_http_app, start_http
@@ -129,7 +129,7 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
 async def _install_at_startup(manager: RouteManager, request: InstallRequest, board: BackendBoard,
                               cfg: OrchestratorConfig) -> None:
     try:
-        await serve_then_upgrade(manager, request, board, compiler_factory(cfg))
+        await serve_then_upgrade(manager, request, board, compiler_factory(cfg), unload_reference(cfg))
         status = manager.status()
         _log.info("route_installed", plan_id=status.plan.plan_id if status.plan else "",
                   stages=request.stages, backend=board.running_backend, phase=board.phase.value)

@@ -64,6 +64,7 @@ def test_up_serves_on_numpy_then_switches_to_max_losing_nothing(tmp_path):
         trickle.stop.set()
         sender.join()
         status = _fornax("status", cwd=tmp_path, timeout=60)
+        states = _stage_states(read_fleet(tmp_path / ".fornax"))
     finally:
         down = _fornax("down", cwd=tmp_path, timeout=120)
     assert (board["phase"], board["running_backend"]) == ("serving_requested_backend", "max"), board
@@ -72,4 +73,22 @@ def test_up_serves_on_numpy_then_switches_to_max_losing_nothing(tmp_path):
     outcomes = trickle.outcomes
     assert len(outcomes) >= 4 and all(ok for *_, ok in outcomes), outcomes
     assert len({text for _, _, text, _ in outcomes}) == 1, outcomes  # greedy, fp32: same tokens
+    assert states == {"stage_worker_0": "READY", "stage_worker_1": "READY",
+                      "stage_worker_0_reference": "UNLOADED", "stage_worker_1_reference": "UNLOADED"}
     assert down.returncode == 0, down.stderr
+
+
+def _stage_states(state) -> dict[str, str]:
+    """Each stage worker's stage state: the reference workers gave theirs back after the switch."""
+    from fornax.stage_worker.v1 import stage_worker_pb2 as pb
+    from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
+
+    from libs.service.channels import open_channel
+
+    states = {}
+    for service in state.services:
+        if service.kind == "stage_worker":
+            with open_channel(service.grpc) as channel:
+                reply = pb_grpc.StageWorkerServiceStub(channel).GetHealth(pb.GetHealthRequest(), timeout=30)
+            states[service.name] = pb.StageState.Name(reply.state).removeprefix("STAGE_STATE_")
+    return states

@@ -62,7 +62,13 @@ def _run(checkpoint: Path, text_context, compiler: ScriptedCompiler):
         slot, installer = RouteSlot(), FakeInstaller(text_context)
         manager = RouteManager(slot, installer, drain_timeout_s=30)
         board = BackendBoard("max")
-        upgrade = asyncio.ensure_future(serve_then_upgrade(manager, request, board, lambda _: compiler))
+        released = []
+
+        async def release_reference():
+            released.append(manager.status().plan.plan_generation_id)
+
+        upgrade = asyncio.ensure_future(serve_then_upgrade(manager, request, board, lambda _: compiler,
+                                                           release_reference))
         while manager.status().state is not RouteState.SERVING:
             await asyncio.sleep(0)
         during = (board.running_backend, board.phase, slot.engine)
@@ -74,19 +80,20 @@ def _run(checkpoint: Path, text_context, compiler: ScriptedCompiler):
         after = [o async for o in slot.engine.submit(req("after", 3))]
         snapshot = board.snapshot()
         await manager.close()
-        return during, events, after, board, installer, snapshot
+        return during, events, after, board, installer, snapshot, released
 
     return asyncio.run(main())
 
 
 def test_serves_on_reference_then_switches_without_losing_a_stream(checkpoint, text_context):
     compiler = ScriptedCompiler(_settings(checkpoint), ((0, 2), (2, 4)))
-    during, events, after, board, installer, snapshot = _run(checkpoint, text_context, compiler)
+    during, events, after, board, installer, snapshot, released = _run(checkpoint, text_context, compiler)
     assert during[0] == "numpy" and during[1] is UpgradePhase.SERVING_REFERENCE_WHILE_COMPILING
     assert [r.request.backend for r in installer.installed] == ["numpy", "max"]
     assert events[-1].completion_tokens == 40 and events[-1].error in (None, "")
     assert after[-1].completion_tokens == 3
     assert board.running_backend == "max" and board.phase is UpgradePhase.SERVING_REQUESTED_BACKEND
+    assert released == ["gen-1"]  # the reference workers are released only after the switch
     assert all(s["backend"] == "max" for s in snapshot["stages"])
     assert all(g["state"] == "done" and g["compile_seconds"] == 1.5 for g in snapshot["graphs"])
     # every kind once; a 2-CPU stage compiles two at once, a 1-CPU stage one at a time
@@ -97,10 +104,11 @@ def test_serves_on_reference_then_switches_without_losing_a_stream(checkpoint, t
 
 def test_failed_compile_keeps_the_reference_route_and_says_why(checkpoint, text_context):
     compiler = ScriptedCompiler(_settings(checkpoint), ((0, 2), (2, 4)), fail={GraphName.FINAL})
-    _, events, after, board, installer, snapshot = _run(checkpoint, text_context, compiler)
+    _, events, after, board, installer, snapshot, released = _run(checkpoint, text_context, compiler)
     assert [r.request.backend for r in installer.installed] == ["numpy"]
     assert board.running_backend == "numpy" and board.phase is UpgradePhase.COMPILE_FAILED
     assert "final graph failed: mojo: out of memory" in board.failure
+    assert released == []  # still serving on them
     assert snapshot["running_backend"] == "numpy" and snapshot["failure"] == board.failure
     assert after[-1].completion_tokens == 3 and events[-1].completion_tokens == 40
 
@@ -173,7 +181,7 @@ class UnstartableCompiler(ScriptedCompiler):
 
 def test_a_compile_that_cannot_start_keeps_the_reference_route(checkpoint, text_context):
     compiler = UnstartableCompiler(_settings(checkpoint), ((0, 2), (2, 4)))
-    _, events, after, board, installer, snapshot = _run(checkpoint, text_context, compiler)
+    _, events, after, board, installer, snapshot, released = _run(checkpoint, text_context, compiler)
     assert [r.request.backend for r in installer.installed] == ["numpy"]
     assert board.phase is UpgradePhase.COMPILE_FAILED and board.running_backend == "numpy"
     assert board.failure == "FileNotFoundError: python: not found"
