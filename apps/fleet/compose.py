@@ -29,7 +29,7 @@ def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -
         "FORNAX_STAGE_WORKERS": ",".join(workers),
         "FORNAX_BOUNDARY_DTYPE": options.boundary_dtype,
         "FORNAX_BACKEND": options.backend,
-        "FORNAX_ARTIFACT_STORE": str(options.state_dir / "artifacts"),
+        "FORNAX_STATE_DIR": str(options.state_dir / "orchestrator"),
     }
     if options.http_port is not None:
         env["FORNAX_HTTP_PORT"] = str(options.http_port)
@@ -66,6 +66,7 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
                 **affinity_env(cpu_sets[index]),
                 "FORNAX_STAGE_INDEX": str(index),
                 "FORNAX_BACKEND": options.backend,
+                "FORNAX_STATE_DIR": str(options.state_dir / f"stage_worker_{index}"),
             }
             middle.append(
                 launcher.spawn(ServiceProcess(f"stage_worker_{index}", "stage_worker", "services.stage_worker", worker_env))

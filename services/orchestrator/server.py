@@ -109,9 +109,10 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
 
         def on(workers: tuple[str, ...]) -> Installer:
             fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, workers)
-            return fleet_installer(fleet, cfg.artifact_store, cfg.model_id, cfg.stage_kv_limit_bytes,
+            return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
                                    serving_config(cfg),
-                                   lambda message: _log.info("install_progress", message=message))
+                                   lambda message: _log.info("install_progress", message=message),
+                                   hop_dtypes=cfg.hop_boundary_dtypes)
 
         if cfg.reference_stage_workers:
             from services.orchestrator.coldstart_setup import by_backend
