@@ -1,4 +1,4 @@
-"""`fornax bench serve [--json]`, `fornax bench coldstart [--json]`."""
+"""`fornax bench serve [--json]`, `fornax bench grammar` and `fornax bench coldstart [--json]`."""
 
 from __future__ import annotations
 
@@ -28,6 +28,11 @@ def register(commands, benches) -> None:
     cold.add_argument("--keep-dir", action="store_true", help="keep the temporary HOME, caches and logs")
     cold.add_argument("--json", action="store_true")
     cold.set_defaults(func=cmd_coldstart)
+    grammar = benches.add_parser("grammar", help="per-token mask cost of the structured-output grammar engines")
+    grammar.add_argument("--checkpoint", help=f"checkpoint dir (default: the small preset in {DEFAULT_CHECKPOINT})")
+    grammar.add_argument("--walks", type=int, default=20, help="seeded random walks per engine")
+    grammar.add_argument("--max-steps", type=int, default=200, help="tokens per walk at most")
+    grammar.set_defaults(func=cmd_grammar)
 
 
 def _checkpoint(path: str | None) -> str:
@@ -106,6 +111,15 @@ def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
     agreement = report["agreement"]
     print(f"top-1 agreement with transformers fp32 at hops {agreement['hop_boundary_dtypes']}: "
           f"{agreement['top1_agreement']:.4f} over {agreement['positions']} positions")
+    return 0
+
+
+def cmd_grammar(args: argparse.Namespace) -> int:
+    from apps.bench.grammar import run
+
+    report = run(_checkpoint(args.checkpoint), args.walks, args.max_steps,
+                 "fornax " + " ".join(sys.argv[1:]))
+    print(json.dumps(report, indent=2, sort_keys=True))
     return 0
 
 

@@ -21,6 +21,7 @@ from apps.fleet.health import check_health
 from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
 from apps.fleet.route_wait import RouteFailed, wait_for_route
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
+from libs.service.progress import Progress
 
 BOUNDARY_DTYPES = ("bf16", "fp32")
 
@@ -131,7 +132,12 @@ def _serve(args: argparse.Namespace, state: FleetState, launcher) -> int:
     print(f"fleet file: {path}")
     if args.checkpoint:
         try:
-            wait_for_route(state, args.install_timeout_s, lambda message: print(f"  {message}", file=sys.stderr))
+            # planning, plan, artifacts, one load per stage, warming: an estimate (compile
+            # lines of a cold MAX cache are steps too), so the bar ends only when ready.
+            stages = sum(1 for s in state.services if s.kind == "stage_worker")
+            with Progress("installing route", stages + 5, "steps") as bar:
+                wait_for_route(state, args.install_timeout_s, bar.step)
+                bar.finish("route ready")
         except (RouteFailed, TimeoutError) as exc:
             launcher.stop_all()
             tear_down(Path(args.state_dir))

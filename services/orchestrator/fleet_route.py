@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from libs.common.kinds import DType
@@ -17,7 +18,7 @@ from services.orchestrator.lifecycle import (
     PlanIdentity,
     StageInfo,
 )
-from services.orchestrator.model_card import served_model
+from services.orchestrator.model_card import route_card, served_model
 from services.orchestrator.remote_files import check_text_pins, fetch_manifest
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.serving import ServingConfig, ServingEngine
@@ -43,6 +44,9 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
             served = served_model(load_config(installed.model_dir),
                                   list(installed.layer_ranges), model_id,
                                   stage_kv_budgets=limits if all(limits) else None)
+            served = replace(served, card=route_card(
+                installed.plan.model_snapshot, request.backend, request.boundary_dtype,
+                installed.plan.plan_id, installed.plan.mode))
         except BaseException:
             await route.close()
             raise

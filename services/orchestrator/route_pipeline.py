@@ -12,6 +12,7 @@ import asyncio
 import numpy as np
 
 from libs.fnx2.errors import ErrorCode
+from libs.model.logprobs import decode_record, is_record_row
 from services.orchestrator.stage_chain import Route, SliceInput, SliceOutput, lease_id_for
 from libs.service.trace_context import current_traceparent
 from services.orchestrator.domain import (
@@ -23,6 +24,7 @@ from services.orchestrator.domain import (
     RequestSliceResult,
     SequenceStatus,
     ServedModel,
+    StageStats,
 )
 from services.orchestrator.tracing import microbatch_span
 
@@ -87,11 +89,28 @@ class RoutePipeline:
     async def release(self, request_id: str) -> ReleaseReport:
         return ReleaseReport(request_id, tuple(await self._route.release(request_id)))
 
+    async def stage_stats(self) -> list[StageStats]:
+        healths = await self._route.health()
+        return [_stage_stats(stage.index, stage.control_address, h)
+                for stage, h in zip(self._route.plan.stages, healths, strict=True)]
+
     async def close(self) -> None:
         await self._route.close()
 
 
+def _stage_stats(index: int, host: str, health) -> StageStats:
+    t = health.phase_totals
+    return StageStats(index, host, health.kv_bytes_used, health.kv_bytes_limit,
+                      health.live_sequences, t.batches, t.queue_ns, t.compute_ns, t.pack_ns,
+                      t.transfer_ns, t.unpack_ns)
+
+
 def _result(piece: RequestSlice, output: SliceOutput) -> RequestSliceResult:
+    if output.ok and output.rows is not None and is_record_row(output.rows):
+        record = decode_record(output.rows[0], piece.sampling.top_logprobs or 0)
+        wanted = record if piece.sampling.top_logprobs is not None else None
+        return RequestSliceResult(piece.request_id, SequenceStatus.OK, record.token_id,
+                              output.kv_epoch_after, logprobs=wanted)
     if output.ok and output.rows is not None and output.rows.size == 1:
         return RequestSliceResult(piece.request_id, SequenceStatus.OK, int(output.rows.reshape(-1)[0]),
                               output.kv_epoch_after)

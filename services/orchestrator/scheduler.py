@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from libs.service.errors import Internal, InvalidArgument
+from libs.model.logprobs import TokenLogprobs
 from libs.text.context import TextContext
 from libs.text.detokenizer import TextStream
 from services.orchestrator.admission import AdmissionControl
@@ -254,28 +255,29 @@ class Scheduler:
             if r.prefilled < len(r.req.prompt_token_ids):
                 return  # a middle chunk: its sampled token is not the next token
         r.state = _State.RUNNING
-        self._on_token(r, seq.sampled_token_id)
+        self._on_token(r, seq.sampled_token_id, () if seq.logprobs is None else (seq.logprobs,))
 
-    def _on_token(self, r: _Request, token_id: int) -> None:
+    def _on_token(self, r: _Request, token_id: int, logprobs: tuple[TokenLogprobs, ...]) -> None:
         r.generated.append(token_id)
-        if token_id in self._text.eos_token_ids:
-            self._finish(r, FinishReason.STOP, (token_id,), self._flush(r))
+        if token_id in self._text.eos_token_ids or token_id in r.req.stop_token_ids:
+            self._finish(r, FinishReason.STOP, (token_id,), self._flush(r), logprobs)
             return
         delta = r.text.push(token_id)
         if delta.stopped:
-            self._finish(r, FinishReason.STOP, (token_id,), delta.text)
+            self._finish(r, FinishReason.STOP, (token_id,), delta.text, logprobs)
         elif len(r.generated) >= r.req.max_tokens:
-            self._finish(r, FinishReason.LENGTH, (token_id,), delta.text + self._flush(r))
+            self._finish(r, FinishReason.LENGTH, (token_id,), delta.text + self._flush(r),
+                         logprobs)
         else:
-            self._emit(r, delta.text, (token_id,), None)
+            self._emit(r, delta.text, (token_id,), None, logprobs=logprobs)
 
     @staticmethod
     def _flush(r: _Request) -> str:
         return r.text.finish().text
 
     def _finish(self, r: _Request, reason: FinishReason, token_ids: tuple[int, ...],
-                text: str) -> None:
-        self._emit(r, text, token_ids, reason)
+                text: str, logprobs: tuple[TokenLogprobs, ...] = ()) -> None:
+        self._emit(r, text, token_ids, reason, logprobs=logprobs)
         r.final_emitted = True
         self._begin_release(r, reason, emit_now=False)
 
@@ -314,11 +316,12 @@ class Scheduler:
         self._retired.append(RetiredRequest(r.req.request_id, r.finish_reason, epochs))
 
     def _emit(self, r: _Request, text: str, token_ids: tuple[int, ...],
-              reason: FinishReason | None, error: str = "") -> None:
+              reason: FinishReason | None, error: str = "",
+              logprobs: tuple[TokenLogprobs, ...] = ()) -> None:
         self._outputs.append(RequestOutput(
             request_id=r.req.request_id, text=text, token_ids=token_ids, finish_reason=reason,
             prompt_tokens=len(r.req.prompt_token_ids), completion_tokens=len(r.generated),
-            error=error))
+            error=error, logprobs=logprobs))
 
     # ----- hand-off to the shell -----
 

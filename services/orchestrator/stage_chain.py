@@ -45,6 +45,20 @@ class RoutePlan:
     stages: tuple[RouteStage, ...]
 
 
+def sampling_to_pb(sampling: SamplingParams) -> pb.SamplingSpec:
+    spec = pb.SamplingSpec(
+        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.stream_seed,
+        presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
+        logit_bias=dict(sampling.logit_bias), first_sample_position=sampling.first_sample_position,
+        generated_token_ids=sampling.generated_token_ids,
+        logprobs=sampling.top_logprobs is not None, top_logprobs=sampling.top_logprobs or 0,
+    )
+    if sampling.grammar is not None:
+        spec.grammar.CopyFrom(pb.GrammarConstraint(lark_grammar=sampling.grammar.lark,
+                                                   end_token_ids=sampling.grammar.end_token_ids))
+    return spec
+
+
 @dataclass(frozen=True)
 class SliceInput:
     request_id: str
@@ -140,10 +154,7 @@ class Route:
             target_request_id=request_id,
             execution_lease_id=lease_id_for(self.plan, request_id),
             reserve_tokens=reserve_tokens,
-            sampling=pb.SamplingSpec(
-                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                seed=sampling.stream_seed,
-            ),
+            sampling=sampling_to_pb(sampling),
             output_mode=mode,
         )
         outcomes = await asyncio.gather(*(stub.AdmitSequence(message) for stub in self._stubs), return_exceptions=True)
