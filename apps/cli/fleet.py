@@ -4,6 +4,7 @@ one host per network namespace and cgroup."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -19,6 +20,8 @@ from apps.fleet.spec import FleetFileError, load_fleet_spec
 from libs.common.kinds import Backend, DType
 from apps.fleet.health import check_health
 from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
+from apps.fleet.route_status import route_report
+from apps.fleet.supervisor import FleetSupervisor
 from apps.fleet.route_wait import RouteFailed, wait_for_route
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
 from libs.service.progress import Progress
@@ -163,13 +166,24 @@ def _stay_attached(state_dir: str, launcher) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    print("fleet running in the foreground; Ctrl-C stops it", file=sys.stderr)
+    print("fleet running in the foreground (stage workers are restarted if they die); Ctrl-C stops it",
+          file=sys.stderr)
+    def record_pids() -> None:
+        state = read_fleet(state_dir)
+        if state is not None:
+            order = [s.name for s in state.services]
+            entries = sorted((s.entry() for s in launcher.started), key=lambda e: order.index(e.name))
+            write_fleet(state_dir, dataclasses.replace(state, services=tuple(entries)))
+
+    supervisor = FleetSupervisor(launcher, on_restart=record_pids).start()
     exited = None
     while not stop.wait(0.5):
-        exited = next((s for s in launcher.started if s.process.poll() is not None), None)
+        exited = next((s for s in launcher.started
+                       if s.spec.kind != "stage_worker" and s.process.poll() is not None), None)
         if exited:
             print(f"fornax: {exited.spec.name} exited with {exited.process.returncode}; stopping", file=sys.stderr)
             break
+    supervisor.stop()
     launcher.stop_all()
     left = tear_down(Path(state_dir))
     fleet_path(state_dir).unlink(missing_ok=True)
@@ -193,8 +207,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         return _fail(f"no fleet file at {fleet_path(args.state_dir)}; is a fleet running?")
     health = {s.name: check_health(s.grpc) for s in state.services}
     print(render_table(state, health))
+    route = route_report(state)
+    if route is not None:
+        print(route.render())
     print("\n".join(render_board(fetch_board(state))))
-    return 0 if all(status == "SERVING" for status in health.values()) else 1
+    route_ok = route is None or route.healthy
+    return 0 if route_ok and all(status == "SERVING" for status in health.values()) else 1
 
 
 def cmd_down(args: argparse.Namespace) -> int:

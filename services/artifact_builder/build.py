@@ -47,6 +47,7 @@ from libs.artifacts.verify import sha256_file, verify_artifact
 from libs.common.kinds import FLOAT_DTYPES, DType
 from libs.common.proto import dtype_pb_name
 from libs.model.config import DeepseekV2Config
+from services.artifact_builder.durable import durable_rename, fsync_dir, sweep_stale_temps, temp_stage_prefix
 from services.artifact_builder.errors import CheckpointChangedError, OutputDirError, PlanInvalidError
 from services.artifact_builder.snapshot import TOKENIZER_FILE, CheckpointSnapshot, Inspection, shard_stat
 from services.artifact_builder.staging import StageContents, StagePlan, assign_tensors
@@ -126,7 +127,7 @@ def build_stage_artifacts(
     )
     built = []
     for stage in contents:
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-stage-{stage.stage.stage_index}-", dir=store))
+        tmp = Path(tempfile.mkdtemp(prefix=temp_stage_prefix(stage.stage.stage_index), dir=store))
         try:
             weights = yield from _write_weights(inspection.snapshot, stage, tmp / WEIGHTS_FILE, options.chunk_bytes, counter)
             _require_unchanged(inspection)
@@ -164,6 +165,7 @@ def _prepare_store(out_dir: Path) -> Path:
         raise OutputDirError(f"{out_dir} exists and is not a directory", field="out_dir")
     store = out_dir / STORE_DIR
     store.mkdir(parents=True, exist_ok=True)
+    sweep_stale_temps(store, out_dir)
     for entry in stage_links(out_dir):
         if not entry.is_symlink():
             raise OutputDirError(f"{entry} exists and is not a stage link", field="out_dir")
@@ -295,7 +297,7 @@ def _commit(store: Path, tmp: Path, manifest: StageManifest, stage: StageContent
     else:
         shutil.rmtree(final, ignore_errors=True)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; artifacts are read by other processes
-        os.rename(tmp, final)
+        durable_rename(tmp, final)
     return BuiltStage(
         stage_index=stage.stage.stage_index,
         artifact_dir=final,
@@ -331,3 +333,4 @@ def _link_stages(out_dir: Path, built: list[BuiltStage]) -> None:
         tmp_link = out_dir / f".{name}.tmp-{uuid.uuid4().hex}"
         os.symlink(Path(STORE_DIR) / stage.artifact_dir.name, tmp_link)
         os.replace(tmp_link, link)
+    fsync_dir(out_dir)

@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from libs.model.layout import even_layer_split
 from libs.service.errors import FailedPrecondition
 from services.orchestrator.background_compile import BackgroundCompiler, CompileSettings
 from services.orchestrator.coldstart import REFERENCE_BACKEND, AfterSwitch, CompilerFactory
 from services.orchestrator.config import OrchestratorConfig
-from services.orchestrator.lifecycle import InstalledRoute, Installer, InstallRequest
+from services.orchestrator.lifecycle import InstallRequest
 
 
-def by_backend(requested: Installer, reference: Installer) -> Installer:
-    """numpy installs go to the reference workers, every other backend to the main ones, so
-    both routes can be up at once during a switch."""
+Step = TypeVar("Step")
 
-    async def installer(request: InstallRequest) -> InstalledRoute:
+
+def by_backend(requested: Callable[[InstallRequest], Awaitable[Step]],
+               reference: Callable[[InstallRequest], Awaitable[Step]]) -> Callable[[InstallRequest], Awaitable[Step]]:
+    """numpy installs (and their planning) go to the reference workers, every other backend to
+    the main ones, so both routes can be up at once during a switch."""
+
+    async def step(request: InstallRequest) -> Step:
         return await (reference if request.backend == REFERENCE_BACKEND else requested)(request)
 
-    return installer
+    return step
 
 
 def unload_reference(cfg: OrchestratorConfig) -> AfterSwitch | None:

@@ -65,7 +65,16 @@ class OrchestratorConfig:
     default_max_tokens: int = 256
     output_queue_capacity: int = 16
     # Deadline budget of a request that brings none; 0 means no deadline.
-    default_deadline_s: float = 0.0
+    default_deadline_s: float = 600.0
+    # A client that takes no output for this long loses its request (and frees its slot).
+    idle_write_timeout_s: float = 30.0
+    # Kernel send buffer per HTTP client connection; 0 leaves the kernel's autotuning.
+    http_send_buffer_bytes: int = 0
+    # Release of a finished request gives up after this long; stage leases expire anyway.
+    release_budget_s: float = 10.0
+    # How long greedy requests wait for a lost stage to come back (then replay on the
+    # reloaded route); 0 ends them at once with ROUTE_UNAVAILABLE.
+    recovery_timeout_s: float = 30.0
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> OrchestratorConfig:
@@ -91,6 +100,10 @@ class OrchestratorConfig:
         parser.add_argument("--max-live-requests", type=int, help="admission queue size (env FORNAX_MAX_LIVE_REQUESTS)")
         parser.add_argument("--default-max-tokens", type=int, help="env FORNAX_DEFAULT_MAX_TOKENS")
         parser.add_argument("--default-deadline-s", type=float, help="request deadline budget when none is given, 0 = none (env FORNAX_DEFAULT_DEADLINE_S)")
+        parser.add_argument("--idle-write-timeout-s", type=float, help="cancel a request whose client reads nothing for this long, 0 = never (env FORNAX_IDLE_WRITE_TIMEOUT_S)")
+        parser.add_argument("--http-send-buffer-bytes", type=int, help="kernel send buffer per HTTP connection, 0 = kernel default (env FORNAX_HTTP_SEND_BUFFER_BYTES)")
+        parser.add_argument("--recovery-timeout-s", type=float, help="wait this long for a lost stage before ending its requests, 0 = end at once (env FORNAX_RECOVERY_TIMEOUT_S)")
+        parser.add_argument("--release-budget-s", type=float, help="give up releasing a request's KV after this long (env FORNAX_RELEASE_BUDGET_S)")
         args = parse(parser, argv)
         return cls(
             server=server_config(args, env, "orchestrator"),
@@ -125,6 +138,14 @@ class OrchestratorConfig:
                                     cls.default_max_tokens, int),
             default_deadline_s=pick(args.default_deadline_s, env, "FORNAX_DEFAULT_DEADLINE_S",
                                     cls.default_deadline_s, float),
+            idle_write_timeout_s=pick(args.idle_write_timeout_s, env, "FORNAX_IDLE_WRITE_TIMEOUT_S",
+                                      cls.idle_write_timeout_s, float),
+            http_send_buffer_bytes=pick(args.http_send_buffer_bytes, env, "FORNAX_HTTP_SEND_BUFFER_BYTES",
+                                        cls.http_send_buffer_bytes, int),
+            recovery_timeout_s=pick(args.recovery_timeout_s, env, "FORNAX_RECOVERY_TIMEOUT_S",
+                                    cls.recovery_timeout_s, float),
+            release_budget_s=pick(args.release_budget_s, env, "FORNAX_RELEASE_BUDGET_S",
+                                  cls.release_budget_s, float),
         )
 
 

@@ -16,6 +16,7 @@ class FinishReason(enum.Enum):
     CANCELLED = "cancelled"
     DEADLINE = "deadline"
     REJECTED = "rejected"  # a stage refused the request (its KV reservation)
+    UNAVAILABLE = "unavailable"  # the route lost a stage or its data plane mid-request
     ERROR = "error"
 
 
@@ -130,6 +131,9 @@ class RequestSliceResult:
     kv_epoch_after: int
     error: str = ""
     logprobs: TokenLogprobs | None = None  # when the request asked for them
+    # The route failed (a stage died, stopped or lost its next hop), not the sequence: its
+    # status is FAILED, and it may be replayed on a reloaded route.
+    route_lost: bool = False
 
 
 @dataclass(frozen=True)

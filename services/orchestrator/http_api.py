@@ -7,8 +7,11 @@ stage (the runner is built with handler cancellation on).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -35,16 +38,28 @@ from services.orchestrator.prompting import (
 )
 from services.orchestrator.dashboard import STATE_PATH, add_dashboard, record_error
 from services.orchestrator.openai_stream import ApiKind, ResponseForm, collect, stream_sse
+from services.orchestrator.route_health import route_unavailable
 from services.orchestrator.serving import RequestStream, RouteSlot, ServingEngine
 from services.orchestrator.tracing import TRACER
 
 _log = structlog.get_logger()
+
+# Bodies larger than this are tokenized on a worker thread, so one huge prompt cannot stall
+# every other stream on the event loop.
+TOKENIZE_INLINE_MAX_BYTES = 16 << 10
 
 
 @dataclass(frozen=True)
 class HttpConfig:
     api_key: str | None = None
     max_body_bytes: int = 4 << 20
+    # A streaming client that accepts no bytes for this long is dropped and its request
+    # cancelled; None waits forever.
+    idle_write_timeout_s: float | None = 30.0
+    # Kernel send buffer of each client connection; None leaves the kernel's autotuning
+    # (up to several MiB per connection). Bounding it bounds what a client that stops
+    # reading can pin, and lets the idle-write timeout notice it sooner.
+    send_buffer_bytes: int | None = None
 
 
 ROUTE_KEY = web.AppKey("route", RouteSlot)
@@ -70,10 +85,14 @@ async def start_http(app: web.Application, host: str, port: int) -> tuple[web.Ap
     """Serves the app; returns the runner (to clean up) and the bound port (port 0 works)."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    listener = socket.create_server((host, port), reuse_port=False)
+    send_buffer = app[CONFIG_KEY].send_buffer_bytes
+    if send_buffer:  # accepted connections inherit the listener's buffer size
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    listener.setblocking(False)
+    site = web.SockSite(runner, listener)
     await site.start()
-    sockets = site._server.sockets if site._server else ()  # aiohttp exposes no public getter
-    return runner, sockets[0].getsockname()[1]
+    return runner, listener.getsockname()[1]
 
 
 def _json_error(status: int, body: dict) -> web.Response:
@@ -108,6 +127,9 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
         return _json_error(exc.status, fmt.error_envelope(
             f"{request.method} {request.path}: {exc.reason}", "invalid_request_error", code,
             None))
+    except ConnectionResetError:  # the client went away or stopped reading: not our fault
+        _log.info("http_client_gone", path=request.path)
+        raise
     except Exception:
         _log.exception("http_handler_failed", path=request.path)
         record_error(request.app, "internal")
@@ -138,6 +160,8 @@ def _engine(request: web.Request) -> ServingEngine:
 
 async def _health(request: web.Request) -> web.Response:
     engine = _engine(request)
+    if engine.degraded_reason is not None:
+        raise route_unavailable(engine.degraded_reason)
     if engine.admission.closed_reason is not None:
         raise Unavailable(f"route is not admitting: {engine.admission.closed_reason}",
                           reason="NOT_ADMITTING")
@@ -166,10 +190,12 @@ async def _model(request: web.Request) -> web.Response:
 
 async def _chat_completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
-    body = parse_chat_completion(parse_json_object(await request.read()))
+    raw = await request.read()
+    body = parse_chat_completion(parse_json_object(raw))
     check_model(body.model, engine.served)
     options = chat_options(body, engine.text, engine.served)
-    gen = generation_request(str(uuid.uuid4()), chat_prompt_ids(body, engine.text),
+    ids = await _tokenize(len(raw), chat_prompt_ids, body, engine.text)
+    gen = generation_request(str(uuid.uuid4()), ids,
                              options, engine.served, engine.config.default_max_tokens,
                              "messages")
     form = ResponseForm(ApiKind.CHAT, body.tools if body.tools.active else None,
@@ -179,14 +205,22 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
-    body = parse_completion(parse_json_object(await request.read()))
+    raw = await request.read()
+    body = parse_completion(parse_json_object(raw))
     check_model(body.model, engine.served)
-    gen = generation_request(str(uuid.uuid4()),
-                             completion_prompt_ids(body, engine.text, engine.served),
+    ids = await _tokenize(len(raw), completion_prompt_ids, body, engine.text, engine.served)
+    gen = generation_request(str(uuid.uuid4()), ids,
                              body.options, engine.served, engine.config.default_max_tokens,
                              "prompt")
     form = ResponseForm(ApiKind.COMPLETION, None, body.options.sampling.top_logprobs is not None)
     return await _respond(request, engine, gen, body.model, body.options, form)
+
+
+async def _tokenize(body_bytes: int, encode: Callable[..., tuple[int, ...]],
+                    *args) -> tuple[int, ...]:
+    if body_bytes <= TOKENIZE_INLINE_MAX_BYTES:
+        return encode(*args)
+    return await asyncio.to_thread(encode, *args)
 
 
 async def _respond(request: web.Request, engine: ServingEngine, gen: GenerationRequest,
@@ -197,7 +231,8 @@ async def _respond(request: web.Request, engine: ServingEngine, gen: GenerationR
             streams.append(engine.submit(choice))  # a capacity error at once when no room
         token_bytes = engine.text.tokenizer.token_bytes
         if options.stream:
-            return await stream_sse(request, streams, model, options, form, token_bytes)
+            return await stream_sse(request, streams, model, options, form, token_bytes,
+                                    request.app[CONFIG_KEY].idle_write_timeout_s)
         return await collect(streams, model, form, token_bytes)
     finally:
         for stream in streams:

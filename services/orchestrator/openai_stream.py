@@ -14,6 +14,7 @@ from aiohttp import web
 
 from libs.service.errors import FornaxError, Internal
 from libs.text.chat_template import ToolCall
+from services.orchestrator import metrics
 from services.orchestrator import openai_response as fmt
 from services.orchestrator.dashboard import record_error
 from services.orchestrator.domain import RequestOutput
@@ -102,14 +103,16 @@ async def collect(streams: list[RequestStream], model: str, form: ResponseForm,
 
 async def stream_sse(request: web.Request, streams: list[RequestStream], model: str,
                      options: CommonOptions, form: ResponseForm,
-                     token_bytes: tuple[bytes, ...]) -> web.StreamResponse:
+                     token_bytes: tuple[bytes, ...],
+                     idle_write_timeout_s: float | None = None) -> web.StreamResponse:
     heads = [await s.next() for s in streams]
     for head in heads:
         if head.finished and terminal_error(head) is not None:
             raise terminal_error(head)  # nothing sent yet: a proper status (429, 504, ...)
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
-    writer = _SseWriter(response, public_id(form, streams[0]), int(time.time()), model, options)
+    writer = _SseWriter(response, request.transport, idle_write_timeout_s,
+                        public_id(form, streams[0]), int(time.time()), model, options)
     queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
     tasks = [asyncio.create_task(_pump(i, head, stream, queue))
              for i, (head, stream) in enumerate(zip(heads, streams))]
@@ -132,7 +135,7 @@ async def stream_sse(request: web.Request, streams: list[RequestStream], model: 
     if options.include_usage:
         await writer.send(fmt.usage_chunk(writer.rid, writer.created, model, form.object_name,
                                           streams[0].prompt_tokens, completion_tokens))
-    await response.write(b"data: [DONE]\n\n")
+    await writer.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
 
@@ -147,14 +150,27 @@ async def _pump(index: int, head: RequestOutput, stream: RequestStream,
 
 
 class _SseWriter:
-    def __init__(self, response: web.StreamResponse, rid: str, created: int, model: str,
+    def __init__(self, response: web.StreamResponse, transport: asyncio.BaseTransport | None,
+                 idle_timeout_s: float | None, rid: str, created: int, model: str,
                  options: CommonOptions) -> None:
-        self.response, self.rid, self.created, self.model = response, rid, created, model
+        self.response, self.transport, self.idle_timeout_s = response, transport, idle_timeout_s
+        self.rid, self.created, self.model = rid, created, model
         self.usage_field = options.include_usage
+
+    async def write(self, data: bytes) -> None:
+        """A client that stops reading fills the socket and blocks the write: after the idle
+        timeout the connection is dropped, and the caller's `finally` cancels the request."""
+        try:
+            await asyncio.wait_for(self.response.write(data), self.idle_timeout_s)
+        except asyncio.TimeoutError:
+            metrics.IDLE_READER_CANCELLATIONS.inc()
+            if self.transport is not None:
+                self.transport.abort()
+            raise ConnectionResetError("the client stopped reading") from None
 
     async def send(self, payload: dict) -> None:
         data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-        await self.response.write(b"data: " + data.encode("utf-8") + b"\n\n")
+        await self.write(b"data: " + data.encode("utf-8") + b"\n\n")
 
     async def event(self, choice: _Choice, output: RequestOutput) -> FornaxError | None:
         """Writes one event; returns the error it ended the choice with, if any."""

@@ -16,8 +16,12 @@ def test_environment_and_flags_reach_the_serving_config():
     assert (serving.max_live_requests, serving.default_max_tokens) == (8, 32)
 
 
-def test_no_default_deadline_unless_asked():
-    assert serving_config(OrchestratorConfig.from_env([], {})).default_deadline_budget_ns is None
+def test_every_request_has_a_deadline_unless_disabled():
+    default = serving_config(OrchestratorConfig.from_env([], {}))
+    assert default.default_deadline_budget_ns == 600 * 10**9
+    assert default.stall_timeout_s == 30.0 and default.release_budget_s == 10.0
+    off = serving_config(OrchestratorConfig.from_env([], {"FORNAX_DEFAULT_DEADLINE_S": "0"}))
+    assert off.default_deadline_budget_ns is None
 
 
 def test_reference_workers_cpu_shares_and_cache_dir():
