@@ -1,4 +1,4 @@
-"""`fornax bench serve [--json]` and `fornax bench grammar`."""
+"""`fornax bench serve [--json]`, `fornax bench grammar` and `fornax bench coldstart [--json]`."""
 
 from __future__ import annotations
 
@@ -23,6 +23,13 @@ def register(commands, benches) -> None:
     serve.add_argument("--fleet", help="measure a netns fleet from this fleet file instead (needs root)")
     serve.add_argument("--json", action="store_true")
     serve.set_defaults(func=cmd_serve)
+    cold = benches.add_parser("coldstart", help="cold `fornax up` with empty caches: first token, MAX switch, losses")
+    cold.add_argument("--stages", type=int, default=2)
+    cold.add_argument("--trickle-interval-s", type=float, default=0.5, help="one request started per interval")
+    cold.add_argument("--timeout-s", type=float, default=1800.0)
+    cold.add_argument("--keep-dir", action="store_true", help="keep the temporary HOME, caches and logs")
+    cold.add_argument("--json", action="store_true")
+    cold.set_defaults(func=cmd_coldstart)
     grammar = benches.add_parser("grammar", help="per-token mask cost of the structured-output grammar engines")
     grammar.add_argument("--checkpoint", help=f"checkpoint dir (default: the small preset in {DEFAULT_CHECKPOINT})")
     grammar.add_argument("--walks", type=int, default=20, help="seeded random walks per engine")
@@ -156,3 +163,20 @@ def cmd_load(args: argparse.Namespace) -> int:
         print(f"requests {figures['requests']}  lost {figures['lost']}  p50 {figures['p50_s']}  "
               f"p99 {figures['p99_s']}  req/s {figures['requests_per_s']}")
     return 0 if figures["lost"] == 0 else 1
+
+
+def cmd_coldstart(args: argparse.Namespace) -> int:
+    from apps.bench.coldstart import ColdstartOptions, run
+
+    report = run(ColdstartOptions(args.stages, trickle_interval_s=args.trickle_interval_s,
+                                  timeout_s=args.timeout_s, keep_dir=args.keep_dir),
+                 "fornax " + " ".join(sys.argv[1:]))
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print(f"# {report['figure_class']}; {report['host']}")
+        for key in ("seconds_to_first_token", "seconds_to_final_backend", "requests_lost_during_switch",
+                    "requests_sent", "final_backend", "failure"):
+            print(f"{key} = {report[key]}")
+    ok = report["final_backend"] == "max" and report["requests_lost_during_switch"] == 0
+    return 0 if ok else 1

@@ -12,6 +12,7 @@ import threading
 from functools import partial
 from pathlib import Path
 
+from apps.fleet.backend_report import fetch_board, render_board
 from apps.fleet.compose import start_fleet
 from apps.fleet.isolated import start_isolated_fleet
 from apps.fleet.netns import IsolationFailed, IsolationUnavailable, read_record, tear_down
@@ -40,6 +41,8 @@ def register(commands, benches) -> None:
     up.add_argument("--fleet", help="fleet file: each host its own network namespace, cgroup and link (needs root)")
     up.add_argument("--checkpoint", help="checkpoint directory to serve")
     up.add_argument("--http-port", type=int, help="OpenAI-compatible API port on the orchestrator")
+    up.add_argument("--no-serve-while-compiling", dest="serve_while_compiling", action="store_false",
+                    help="with --backend max: wait for MAX compiles instead of serving on numpy meanwhile")
     up.add_argument("--startup-timeout-s", type=float, default=180.0)
     up.add_argument("--install-timeout-s", type=float, default=3600.0,
                     help="how long to wait for the route (first MAX compiles take minutes)")
@@ -122,6 +125,7 @@ def _options(args: argparse.Namespace) -> FleetOptions:
         http_port=args.http_port,
         api_key=os.environ.get("FORNAX_API_KEY") or None,
         startup_timeout_s=args.startup_timeout_s,
+        serve_while_compiling=args.serve_while_compiling,
     )
 
 
@@ -143,6 +147,7 @@ def _serve(args: argparse.Namespace, state: FleetState, launcher) -> int:
             fleet_path(args.state_dir).unlink(missing_ok=True)
             return _fail(f"the route did not come up: {exc}")
         print(curl_example(state))
+        print("\n".join(render_board(fetch_board(state))), file=sys.stderr)
     if not args.foreground:
         return 0
     return _stay_attached(args.state_dir, launcher)
@@ -205,6 +210,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     route = route_report(state)
     if route is not None:
         print(route.render())
+    print("\n".join(render_board(fetch_board(state))))
     route_ok = route is None or route.healthy
     return 0 if route_ok and all(status == "SERVING" for status in health.values()) else 1
 

@@ -2,6 +2,7 @@
 # Builds one image per service: localhost/fornax-<service>:<version>.
 #   scripts/images/build.sh [service ...]     (default: all five)
 #   scripts/images/build.sh --print-build-args [service ...]   (what each build passes; builds nothing)
+#   COMPILE_CACHE_CHECKPOINT=DIR bakes that checkpoint's MAX graphs into the stage worker image.
 # Every image comes from the one template images/Dockerfile; a service differs only in its
 # build args. The base comes from debootstrap (build_base.sh). Wheels are fetched on the host
 # into a per-service wheelhouse; inside the build, RUN steps have no network at all.
@@ -65,6 +66,16 @@ for svc in "${SERVICES[@]}"; do
   # Flatten the -r includes: inside the image only the wheelhouse exists.
   grep -h -v -e '^-r' -e '^#' -e '^$' images/requirements/common.txt "$reqs" | sort -u >"$ctx/wheels/requirements.txt"
   echo "/wheels/$(basename "$project_wheel")" >"$ctx/wheels/project.txt"
+  # The template copies compile-cache/ into every image (empty unless baked). The stage worker's
+  # layer can carry the MAX compile cache for one checkpoint's graph shapes, compiled here by
+  # the same MAX build the wheelhouse pins (requirements.lock).
+  mkdir -p "$ctx/compile-cache"
+  if [[ $svc == stage_worker ]]; then
+    if [[ -n ${COMPILE_CACHE_CHECKPOINT:-} ]]; then
+      MODULAR_TELEMETRY_ENABLED=0 "$PY" -m apps.cli.main max warmup --checkpoint "$COMPILE_CACHE_CHECKPOINT" \
+        --cache-dir "$ctx/compile-cache"
+    fi
+  fi
   name=fornax-${svc//_/-}
   previous=$(buildah images --quiet --no-trunc "localhost/$name:$VERSION" 2>/dev/null || true)
   # chroot isolation shares the caller's network namespace, so the build runs in a fresh one

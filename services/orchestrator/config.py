@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from libs.common.kinds import FLOAT_DTYPES, Backend, DType
+from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 
 BACKENDS = tuple(backend.value for backend in Backend)
@@ -19,6 +20,10 @@ BACKEND_OF_WORKER = "worker"
 
 def _addresses(raw: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in (raw or "").split(",") if part.strip())
+
+
+def _cpu_sets(raw: str | None) -> tuple[tuple[int, ...], ...]:
+    return tuple(parse_cpu_set(part) for part in (raw or "").split(";") if part.strip())
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,12 @@ class OrchestratorConfig:
     inprocess_checkpoint: str | None = None
     inprocess_stages: int = 1
     inprocess_backend: Backend = Backend.NUMPY
-    # MAX compile cache of the in-process stages; None = the backend's default (~/.cache/fornax/max).
+    # numpy stage workers (stage order) that serve while MAX graphs compile; empty = none.
+    reference_stage_workers: tuple[str, ...] = ()
+    # CPU share of each stage (stage order) for background compiles; empty = inherited.
+    stage_cpu_sets: tuple[tuple[int, ...], ...] = ()
+    # MAX compile cache of the in-process stages and of background compiles (the stage
+    # workers' own); None = the backend's default (~/.cache/fornax/max).
     compile_cache_dir: str | None = None
     # Installed on the stage workers at startup when set (with stage_workers).
     checkpoint: str | None = None
@@ -75,6 +85,13 @@ class OrchestratorConfig:
         parser.add_argument("--artifact-builder-addr", help="env FORNAX_ARTIFACT_BUILDER_ADDR")
         parser.add_argument(
             "--stage-workers", help="comma-separated gRPC addresses in stage order (env FORNAX_STAGE_WORKERS)"
+        )
+        parser.add_argument(
+            "--reference-stage-workers",
+            help="numpy workers serving while MAX compiles (env FORNAX_REFERENCE_STAGE_WORKERS)",
+        )
+        parser.add_argument(
+            "--stage-cpu-sets", help="';'-separated CPU set per stage, e.g. 0;1 (env FORNAX_STAGE_CPU_SETS)"
         )
         parser.add_argument("--model-id", help="public model id (env FORNAX_MODEL_ID)")
         parser.add_argument(
@@ -133,6 +150,9 @@ class OrchestratorConfig:
             artifact_builder_addr=pick(args.artifact_builder_addr, env, "FORNAX_ARTIFACT_BUILDER_ADDR",
                                        cls.artifact_builder_addr),
             stage_workers=_addresses(pick(args.stage_workers, env, "FORNAX_STAGE_WORKERS", None)),
+            reference_stage_workers=_addresses(pick(args.reference_stage_workers, env,
+                                                    "FORNAX_REFERENCE_STAGE_WORKERS", None)),
+            stage_cpu_sets=_cpu_sets(pick(args.stage_cpu_sets, env, "FORNAX_STAGE_CPU_SETS", None)),
             model_id=pick(args.model_id, env, "FORNAX_MODEL_ID", cls.model_id),
             inprocess_checkpoint=pick(args.inprocess_checkpoint, env, "FORNAX_INPROCESS_CHECKPOINT",
                                       cls.inprocess_checkpoint),

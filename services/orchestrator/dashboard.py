@@ -14,9 +14,11 @@ import contextlib
 import time
 from pathlib import Path
 
+import grpc
 import structlog
 from aiohttp import web
 
+from libs.service.log_limit import LogLimiter
 from services.orchestrator import metrics
 from services.orchestrator.dashboard_state import DashboardState, Sample
 from services.orchestrator.domain import FinishReason
@@ -100,11 +102,18 @@ def _sampling(route: RouteSlot):
 
 
 async def _sample_forever(route: RouteSlot, state: DashboardState) -> None:
+    limiter = LogLimiter()
     while True:
         try:
             sample = await take_sample(route)
             if sample is not None:
                 state.record(sample)
-        except Exception:  # a stage that does not answer now may answer the next time
-            _log.warning("dashboard_sample_failed", exc_info=True)
+        except grpc.aio.AioRpcError as exc:  # a stage down now may answer the next time
+            suppressed = limiter.allow("dashboard_sample_failed")
+            if suppressed is not None:  # the route's health already reports which stage
+                _log.warning("dashboard_sample_failed", code=exc.code().name,
+                             suppressed=suppressed)
+        except Exception:
+            if limiter.allow("dashboard_sample_error") is not None:
+                _log.exception("dashboard_sample_error")
         await asyncio.sleep(SAMPLE_INTERVAL_S)

@@ -13,6 +13,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 from aiohttp import web
@@ -64,6 +65,14 @@ class HttpConfig:
 
 ROUTE_KEY = web.AppKey("route", RouteSlot)
 CONFIG_KEY = web.AppKey("http_config", HttpConfig)
+# What each stage runs now and what is compiling (services.orchestrator.coldstart); optional.
+class BackendReport(Protocol):
+    """The backend board `/v1/models` reports (services.orchestrator.coldstart.BackendBoard)."""
+
+    def snapshot(self) -> dict[str, object]: ...
+
+
+BOARD_KEY = web.AppKey("backend_board", BackendReport)
 
 
 def build_http_app(route: RouteSlot, config: HttpConfig = HttpConfig()) -> web.Application:
@@ -172,7 +181,12 @@ async def _models(request: web.Request) -> web.Response:
     engine = request.app[ROUTE_KEY].engine
     if engine is None:
         return web.json_response(fmt.model_list(None))
-    return web.json_response(fmt.model_list(engine.served, engine.text.identity))
+    listing = fmt.model_list(engine.served, engine.text.identity)
+    board = request.app.get(BOARD_KEY)
+    if board is not None:
+        for entry in listing["data"]:
+            entry["fornax_backend"] = board.snapshot()
+    return web.json_response(listing)
 
 
 async def _model(request: web.Request) -> web.Response:

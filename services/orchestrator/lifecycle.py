@@ -132,6 +132,22 @@ class RouteManager:
                 self._state = RouteState.DRAINED
             return self.status()
 
+    async def switch(self, request: InstallRequest) -> RouteStatus:
+        """Make before break: installs and warms `request` while the current route keeps
+        serving, points new traffic at it, then lets the old route finish what it admitted.
+        On failure the current route is untouched and keeps serving."""
+        async with self._exclusive("switch"):
+            old = self._current
+            if old is None or self._state is not RouteState.SERVING:
+                raise FailedPrecondition("switch needs a serving route", reason="NO_ROUTE")
+            if self._prepare is not None and request.stored is None:
+                request = await self._prepare(request)
+            installed = await self._installer(request)
+            self._current, self._previous = installed, old.request
+            self._slot.engine = installed.engine
+            await self._finish(old)
+            return self.status()
+
     async def close(self) -> None:
         async with self._lock:
             if self._current is not None:
@@ -174,6 +190,17 @@ class RouteManager:
     async def _retire(self, route: InstalledRoute) -> None:
         """Finishes in-flight work (cancelling what outlives the timeout), then closes."""
         self._slot.engine = None
+        await self._drain(route.engine, self._drain_timeout_s)
+        await route.engine.close(release_timeout_s=self._drain_timeout_s)
+
+    async def _finish(self, route: InstalledRoute) -> None:
+        """Retires a route that no longer receives traffic: every admitted stream completes."""
+        # Still admitting while it empties: a caller that picked this engine just before the
+        # swap is served here rather than refused.
+        try:
+            await asyncio.wait_for(route.engine.wait_idle(), self._drain_timeout_s)
+        except TimeoutError:
+            pass
         await self._drain(route.engine, self._drain_timeout_s)
         await route.engine.close(release_timeout_s=self._drain_timeout_s)
 

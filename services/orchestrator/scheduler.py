@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from libs.model.sampling import SamplingParams
 from libs.service.errors import Internal, InvalidArgument
 from libs.model.logprobs import TokenLogprobs
 from libs.text.context import TextContext
@@ -214,7 +215,7 @@ class Scheduler:
         return RequestSlice(
             request_id=r.req.request_id, request_sequence_no=r.sequence_no,
             token_ids=tuple(tokens), token_position_start=r.position, kv_epoch=r.kv_epoch,
-            deadline_budget_ns=budget, sampling=r.req.sampling, sample_index=len(r.generated),
+            deadline_budget_ns=budget, sampling=_sampling(r), sample_index=len(r.generated),
             kv_reserve_tokens=len(r.req.prompt_token_ids) + r.req.max_tokens,
             traceparent=r.req.traceparent)
 
@@ -428,6 +429,14 @@ class Scheduler:
 # A request that fails its route again after this many replays is ended: it may be what
 # breaks the route, and replaying it forever would take the route down with it.
 MAX_REPLAYS = 2
+
+
+def _sampling(r: _Request) -> SamplingParams:
+    """A replayed request tells the final stage what it already emitted, so grammar state and
+    penalties resume where the lost route left them instead of starting over."""
+    if not r.replayed:
+        return r.req.sampling
+    return replace(r.req.sampling, generated_token_ids=r.replayed)
 
 
 def _replayable(r: _Request) -> bool:

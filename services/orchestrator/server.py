@@ -16,9 +16,12 @@ from libs.common.kinds import DType
 from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument, Unavailable
 from libs.service.server import ServiceSpec
 from services.orchestrator import convert
+from services.orchestrator.coldstart import BackendBoard, serve_then_upgrade
+from services.orchestrator.coldstart_setup import compiler_factory, unload_reference
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.domain import SchedulerConfig
 from services.orchestrator.http_api import (
+    BOARD_KEY,
     TOKENIZE_INLINE_MAX_BYTES,
     HttpConfig,
     build_http_app,
@@ -123,15 +126,23 @@ def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
 def choose_installer(cfg: OrchestratorConfig) -> Installer:
     if cfg.inprocess_checkpoint:
         return inprocess_installer(cfg)
-    if cfg.stage_workers and cfg.planner_addr and cfg.artifact_builder_addr:
+    planner, builder = cfg.planner_addr, cfg.artifact_builder_addr
+    if cfg.stage_workers and planner and builder:
         from services.orchestrator.fleet_route import fleet_installer
         from services.orchestrator.install import Fleet
 
-        fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers)
-        return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
-                               serving_config(cfg),
-                               lambda message: _log.info("install_progress", message=message),
-                               hop_dtypes=cfg.hop_boundary_dtypes)
+        def on(workers: tuple[str, ...]) -> Installer:
+            fleet = Fleet(planner, builder, workers)
+            return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
+                                   serving_config(cfg),
+                                   lambda message: _log.info("install_progress", message=message),
+                                   hop_dtypes=cfg.hop_boundary_dtypes)
+
+        if cfg.reference_stage_workers:
+            from services.orchestrator.coldstart_setup import by_backend
+
+            return by_backend(on(cfg.stage_workers), on(cfg.reference_stage_workers))
+        return on(cfg.stage_workers)
 
     async def no_fleet(request: InstallRequest) -> InstalledRoute:
         raise FailedPrecondition("no stage workers, planner or artifact builder configured",
@@ -142,23 +153,32 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
 
 def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
     """Fleet installs plan and build while the current route still serves."""
-    if cfg.inprocess_checkpoint or not (cfg.stage_workers and cfg.planner_addr
-                                        and cfg.artifact_builder_addr):
+    planner, builder = cfg.planner_addr, cfg.artifact_builder_addr
+    if cfg.inprocess_checkpoint or not (cfg.stage_workers and planner and builder):
         return None
     from services.orchestrator.fleet_route import fleet_preparer
     from services.orchestrator.install import Fleet
 
-    fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers)
-    return fleet_preparer(fleet, cfg.state_dir, cfg.stage_kv_limit_bytes,
-                          lambda message: _log.info("install_progress", message=message),
-                          hop_dtypes=cfg.hop_boundary_dtypes)
+    def on(workers: tuple[str, ...]) -> Preparer:
+        fleet = Fleet(planner, builder, workers)
+        return fleet_preparer(fleet, cfg.state_dir, cfg.stage_kv_limit_bytes,
+                              lambda message: _log.info("install_progress", message=message),
+                              hop_dtypes=cfg.hop_boundary_dtypes)
+
+    if cfg.reference_stage_workers:  # each backend plans on the workers that will run it
+        from services.orchestrator.coldstart_setup import by_backend
+
+        return by_backend(on(cfg.stage_workers), on(cfg.reference_stage_workers))
+    return on(cfg.stage_workers)
 
 
-async def _install_at_startup(manager: RouteManager, request: InstallRequest) -> None:
+async def _install_at_startup(manager: RouteManager, request: InstallRequest, board: BackendBoard,
+                              cfg: OrchestratorConfig) -> None:
     try:
-        status = await manager.install(request)
+        await serve_then_upgrade(manager, request, board, compiler_factory(cfg), unload_reference(cfg))
+        status = manager.status()
         _log.info("route_installed", plan_id=status.plan.plan_id if status.plan else "",
-                  stages=request.stages, backend=request.backend)
+                  stages=request.stages, backend=board.running_backend, phase=board.phase.value)
     except FornaxError as exc:
         _log.error("route_install_failed", reason=exc.reason, error=exc.message)
     except Exception:
@@ -170,18 +190,21 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
     manager = RouteManager(route, choose_installer(cfg), cfg.drain_timeout_s,
                            choose_preparer(cfg))
     startup: asyncio.Task | None = None
+    board = BackendBoard(cfg.inprocess_backend if cfg.inprocess_checkpoint else cfg.backend)
     if cfg.inprocess_checkpoint:
-        await manager.install(InstallRequest(cfg.inprocess_checkpoint, cfg.inprocess_stages,
-                                             cfg.inprocess_backend, DType.FP32))
+        await serve_then_upgrade(manager, InstallRequest(cfg.inprocess_checkpoint, cfg.inprocess_stages,
+                                                         cfg.inprocess_backend, DType.FP32), board, None)
     elif cfg.checkpoint:
         # Planning, building and loading take a while: serve (not ready) meanwhile.
         startup = asyncio.get_running_loop().create_task(_install_at_startup(
             manager, InstallRequest(cfg.checkpoint, len(cfg.stage_workers), cfg.backend,
-                                    cfg.boundary_dtype)))
+                                    cfg.boundary_dtype), board, cfg))
     servicer = OrchestratorServicer(cfg, route, manager)
-    runner, http_port = await start_http(build_http_app(route, HttpConfig(
+    app = build_http_app(route, HttpConfig(
         api_key=cfg.api_key, idle_write_timeout_s=cfg.idle_write_timeout_s or None,
-        send_buffer_bytes=cfg.http_send_buffer_bytes or None)),
+        send_buffer_bytes=cfg.http_send_buffer_bytes or None))
+    app[BOARD_KEY] = board
+    runner, http_port = await start_http(app,
                                          cfg.server.host, cfg.http_port)
 
     async def on_drain() -> None:

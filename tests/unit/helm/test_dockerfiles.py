@@ -137,6 +137,12 @@ def test_template_runs_the_console_script_its_build_arg_names():
     (link,) = [args for word, args in final if word == "RUN" and "ln -s" in args]
     assert '"/opt/fornax/bin/${ENTRYPOINT}" /opt/fornax/bin/fornax-service' in link
     assert ("EXPOSE", "${PORTS}") in final
+    # The chart's seed-compile-cache init container copies from where the template puts the
+    # build-time MAX compile cache.
+    seed_dir = "/opt/fornax/compile-cache-seed"
+    assert ("COPY", f"compile-cache/ {seed_dir}/") in final
+    chart = (REPO_ROOT / "helm" / "fornax" / "templates" / "stage-worker.yaml").read_text()
+    assert f'$seedDir := "{seed_dir}"' in chart
 
 
 def test_only_the_stage_worker_carries_max():

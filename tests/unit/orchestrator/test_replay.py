@@ -55,6 +55,8 @@ def test_suspended_greedy_request_replays_to_the_same_tokens(text_context):
     assert first.phase is Phase.PREFILL
     emitted = _tokens(before)
     assert first.slices[0].token_ids == (5, 6, 7, *emitted)  # prompt + exactly what was emitted
+    # The final stage resumes grammar state and penalties from what was already emitted.
+    assert first.slices[0].sampling.generated_token_ids == tuple(emitted)
     assert (first.slices[0].request_sequence_no, first.slices[0].kv_epoch) == (0, 0)
     sched.update_from_output(new_generation.execute(first))
     after = before + sched.take_outputs() + run_to_idle(sched, new_generation)
