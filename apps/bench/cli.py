@@ -19,18 +19,26 @@ def register(commands, benches) -> None:
     serve.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
     serve.add_argument("--repeats", type=int, default=2, help="interleaved repetitions per level (best kept)")
     serve.add_argument("--json", action="store_true")
+    serve.add_argument("--mixed", action="store_true",
+                       help="ITL p99 of 32 decoding streams while 512-token prompts arrive, "
+                            "with and without chunked prefill")
+    serve.add_argument("--preset", choices=("tiny", "small"), default="small",
+                       help="generated checkpoint preset when --checkpoint is not given")
+    serve.add_argument("--tokens-per-step", type=int, default=64,
+                       help="--mixed: the chunked setting's token budget per step")
     serve.set_defaults(func=cmd_serve)
 
 
-def _checkpoint(path: str | None) -> str:
+def _checkpoint(path: str | None, preset: str = "small") -> str:
     if path:
         return path
-    if not (DEFAULT_CHECKPOINT / "config.json").exists():
+    target = DEFAULT_CHECKPOINT.parent / preset
+    if not (target / "config.json").exists():
         from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 
-        print(f"generating the small preset into {DEFAULT_CHECKPOINT}", file=sys.stderr)
-        write_checkpoint(CheckpointRequest("small", DEFAULT_CHECKPOINT, seed=0))
-    return str(DEFAULT_CHECKPOINT)
+        print(f"generating the {preset} preset into {target}", file=sys.stderr)
+        write_checkpoint(CheckpointRequest(preset, target, seed=0))
+    return str(target)
 
 
 def _quiet_logs() -> None:
@@ -49,9 +57,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from apps.bench.serve import BenchOptions, run
 
     _quiet_logs()
+    if args.mixed:
+        return _mixed(args)
 
     levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
-    options = BenchOptions(_checkpoint(args.checkpoint), args.prompt_tokens, args.max_tokens, args.backend, levels,
+    options = BenchOptions(_checkpoint(args.checkpoint, args.preset), args.prompt_tokens, args.max_tokens, args.backend, levels,
                            args.repeats)
     report = run(options, "fornax " + " ".join(sys.argv[1:]))
     if args.json:
@@ -67,4 +77,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   f"{f['ttft_p99_s']:>10.3f}{f['itl_p50_s']:>10.3f}{f['itl_p99_s']:>10.3f}")
     for key in sorted(k for k in report if k.startswith(("two_vs", "pipeline_vs"))):
         print(f"{key} = {report[key]:.2f}")
+    return 0
+
+
+def _mixed(args: argparse.Namespace) -> int:
+    from apps.bench.mixed import MixedOptions, measure_mixed
+    from apps.bench.serve import BenchOptions, provenance
+
+    if args.tokens_per_step < 1:
+        print("serve --mixed: --tokens-per-step must be >= 1", file=sys.stderr)
+        return 2
+    checkpoint = _checkpoint(args.checkpoint, args.preset)
+    options = MixedOptions(checkpoint, args.backend, tokens_per_step=args.tokens_per_step)
+    report = measure_mixed(options)
+    report["provenance"] = provenance(BenchOptions(checkpoint, backend=args.backend),
+                                      "fornax " + " ".join(sys.argv[1:]))
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    prov = report["provenance"]
+    print(f"# {prov['label']}: {prov['hardware']}; {prov['backend_build']}; model {prov['model_snapshot']}")
+    for prefix, name in (("", "chunked"), ("unchunked_", "unchunked")):
+        print(f"{name:<10} ITL p99 plain {report[prefix + 'itl_p99_plain_s']:.4f}s  "
+              f"mixed {report[prefix + 'itl_p99_mixed_s']:.4f}s  "
+              f"mixed/plain {report[prefix + 'itl_p99_mixed_vs_plain']:.2f}")
     return 0

@@ -24,7 +24,7 @@ from libs.service.errors import Internal, InvalidArgument
 from libs.text.context import TextContext
 from libs.text.detokenizer import TextStream
 from services.orchestrator.admission import Admission
-from services.orchestrator.step_budget import StepBudget, plan_step
+from services.orchestrator.step_budget import SlotView, StepBudget, plan_step
 from services.orchestrator.domain import (
     FinishReason,
     GenerationRequest,
@@ -172,8 +172,9 @@ class Scheduler:
         running = sum(1 for r in self._requests.values() if r.state is _State.RUNNING)
         fair = math.ceil(running / max(1, self.slots - (1 if waiting else 0)))
         remaining = [len(r.req.prompt_token_ids) - r.prefilled for r in waiting]
-        plan = plan_step(self._step_budget, waiting, remaining, decodable, len(free), fair,
-                         self._last_phase)
+        slots = SlotView(len(free), self.slots, any(
+            b.phase is Phase.PREFILL for b in self._inflight.values()), self._last_phase)
+        plan = plan_step(self._step_budget, waiting, remaining, decodable, slots, fair)
         return [self._issue(slot, step.phase, list(step.picked), now_ns)
                 for slot, step in zip(free, plan)]
 

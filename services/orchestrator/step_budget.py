@@ -75,28 +75,37 @@ def split_decode(decodable: Sequence[R], slots: int, fair_share: int,
     return groups
 
 
+@dataclass(frozen=True)
+class SlotView:
+    """The scheduler's slots as the planner needs them."""
+
+    free: int
+    total: int
+    prefill_inflight: bool  # a prompt chunk is executing: at most one is, so decode keeps a slot
+    last_phase: Phase
+
+
 def plan_step(budget: StepBudget, waiting: Sequence[R], remaining: Sequence[int],
-              decodable: Sequence[R], free_slots: int, fair_share: int,
-              last_phase: Phase) -> list[PlannedBatch[R]]:
-    """The microbatches of one step, at most `free_slots` of them.
+              decodable: Sequence[R], slots: SlotView, fair_share: int) -> list[PlannedBatch[R]]:
+    """The microbatches of one step, at most `slots.free` of them.
 
     `waiting` are prompts not yet fully prefilled (in arrival order) with `remaining`
     tokens each; `decodable` are running requests that want their next token.
     """
-    if free_slots <= 0 or not (waiting or decodable):
+    if slots.free <= 0 or not (waiting or decodable):
         return []
-    chunk = prefill_budget(budget, len(decodable))
-    prefill = chunk_prompts(waiting, remaining, chunk, budget.max_sequences_per_microbatch)
-    if not decodable:
-        return [PlannedBatch(Phase.PREFILL, prefill)] if prefill else []
-    if not prefill:
-        return [PlannedBatch(Phase.DECODE, g) for g in
-                split_decode(decodable, free_slots, fair_share, budget.max_sequences_per_microbatch)]
-    if free_slots == 1:  # one slot: alternate, so neither phase waits more than one microbatch
-        if last_phase is Phase.DECODE:
-            return [PlannedBatch(Phase.PREFILL, prefill)]
-        return [PlannedBatch(Phase.DECODE, g) for g in
-                split_decode(decodable, 1, fair_share, budget.max_sequences_per_microbatch)]
-    decode = split_decode(decodable, free_slots - 1, fair_share,
-                          budget.max_sequences_per_microbatch)
-    return [PlannedBatch(Phase.DECODE, g) for g in decode] + [PlannedBatch(Phase.PREFILL, prefill)]
+    prefill: tuple[tuple[R, int], ...] = ()
+    if not slots.prefill_inflight:
+        prefill = chunk_prompts(waiting, remaining, prefill_budget(budget, len(decodable)),
+                                budget.max_sequences_per_microbatch)
+    decode_slots = slots.free
+    if prefill and decodable:
+        if slots.free == 1:  # alternate, so neither phase waits more than one microbatch
+            if slots.last_phase is Phase.DECODE:
+                return [PlannedBatch(Phase.PREFILL, prefill)]
+            prefill = ()
+        else:
+            decode_slots -= 1
+    planned = [PlannedBatch(Phase.DECODE, g) for g in split_decode(
+        decodable, decode_slots, fair_share, budget.max_sequences_per_microbatch)]
+    return planned + ([PlannedBatch(Phase.PREFILL, prefill)] if prefill else [])

@@ -10,7 +10,7 @@ from libs.service.errors import InvalidArgument
 from services.orchestrator.admission import Admission, AdmissionConfig
 from services.orchestrator.domain import Phase, SchedulerConfig
 from services.orchestrator.scheduler import Scheduler
-from services.orchestrator.step_budget import StepBudget, plan_step, prefill_budget
+from services.orchestrator.step_budget import SlotView, StepBudget, plan_step, prefill_budget
 from tests.unit.orchestrator.fakes import FakeStages
 from tests.unit.orchestrator.test_scheduler import STAGES, by_request, req, run_to_idle
 
@@ -32,8 +32,8 @@ def test_prefill_budget_counts_the_decode_rows_of_the_step():
 
 
 def test_one_step_carries_every_decode_row_and_a_budgeted_chunk():
-    plan = plan_step(BUDGET, ["long"], [100], ["d1", "d2", "d3"], free_slots=2, fair_share=4,
-                     last_phase=Phase.DECODE)
+    plan = plan_step(BUDGET, ["long"], [100], ["d1", "d2", "d3"],
+                     SlotView(2, 2, False, Phase.DECODE), fair_share=4)
     assert [(p.phase, p.picked) for p in plan] == [
         (Phase.DECODE, (("d1", 1), ("d2", 1), ("d3", 1))),
         (Phase.PREFILL, (("long", 13),)),
@@ -42,25 +42,28 @@ def test_one_step_carries_every_decode_row_and_a_budgeted_chunk():
 
 def test_one_slot_alternates_decode_and_chunk():
     args = (BUDGET, ["long"], [100], ["d1"])
-    after_decode = plan_step(*args, free_slots=1, fair_share=2, last_phase=Phase.DECODE)
-    after_prefill = plan_step(*args, free_slots=1, fair_share=2, last_phase=Phase.PREFILL)
+    after_decode = plan_step(*args, SlotView(1, 1, False, Phase.DECODE), fair_share=2)
+    after_prefill = plan_step(*args, SlotView(1, 1, False, Phase.PREFILL), fair_share=2)
     assert [(p.phase, p.picked) for p in after_decode] == [(Phase.PREFILL, (("long", 15),))]
     assert [(p.phase, p.picked) for p in after_prefill] == [(Phase.DECODE, (("d1", 1),))]
 
 
 def test_short_prompts_share_a_chunk_first_come_first_served():
-    plan = plan_step(BUDGET, ["a", "b", "c"], [5, 7, 30], [], free_slots=1, fair_share=3,
-                     last_phase=Phase.DECODE)
+    plan = plan_step(BUDGET, ["a", "b", "c"], [5, 7, 30], [], SlotView(1, 1, False, Phase.DECODE),
+                     fair_share=3)
     assert plan[0].picked == (("a", 5), ("b", 7), ("c", 4))
 
 
 @settings(max_examples=60, deadline=None)
 @given(decode=st.integers(0, 40), remaining=st.lists(st.integers(1, 600), max_size=5),
-       slots=st.integers(1, 4), last=st.sampled_from([Phase.DECODE, Phase.PREFILL]))
-def test_plans_stay_within_slots_budget_and_prompts(decode, remaining, slots, last):
+       slots=st.integers(1, 4), last=st.sampled_from([Phase.DECODE, Phase.PREFILL]),
+       prefill_inflight=st.booleans())
+def test_plans_stay_within_slots_budget_and_prompts(decode, remaining, slots, last,
+                                                    prefill_inflight):
     waiting = [f"w{i}" for i in range(len(remaining))]
     decodable = [f"d{i}" for i in range(decode)]
-    plan = plan_step(BUDGET, waiting, remaining, decodable, slots, fair_share=64, last_phase=last)
+    plan = plan_step(BUDGET, waiting, remaining, decodable,
+                     SlotView(slots, 4, prefill_inflight, last), fair_share=64)
     assert len(plan) <= slots
     prefill_rows = [rows for p in plan if p.phase is Phase.PREFILL for _, rows in p.picked]
     assert sum(prefill_rows) <= prefill_budget(BUDGET, decode)
@@ -68,7 +71,9 @@ def test_plans_stay_within_slots_budget_and_prompts(decode, remaining, slots, la
     assert all(0 < rows <= remaining[int(w[1:])] for w, rows in chunk.items())
     decoded = [r for p in plan if p.phase is Phase.DECODE for r, rows in p.picked]
     assert len(decoded) == len(set(decoded)) and all(p.picked for p in plan)
-    if decode and (slots > 1 or not remaining or last is Phase.PREFILL):
+    if prefill_inflight:
+        assert not prefill_rows  # one prompt chunk at a time: decode keeps a slot
+    if decode and (slots > 1 or prefill_inflight or not remaining or last is Phase.PREFILL):
         assert sorted(decoded) == sorted(decodable)  # nobody's next token waits for a prompt
 
 
@@ -92,6 +97,12 @@ def test_running_requests_get_a_token_every_step_while_a_long_prompt_prefills(te
     chunks = [(s.token_position_start, len(s.token_ids), s.kv_epoch)
               for b in stages.executed_batches[before:] if b.phase is Phase.PREFILL for s in b.slices]
     assert chunks[:3] == [(0, 13, 0), (13, 13, 1), (26, 13, 2)]
+
+
+def test_a_returning_decode_slot_is_not_taken_by_a_second_chunk():
+    plan = plan_step(BUDGET, ["long"], [100], ["d1", "d2"], SlotView(1, 2, True, Phase.DECODE),
+                     fair_share=2)
+    assert [(p.phase, p.picked) for p in plan] == [(Phase.DECODE, (("d1", 1), ("d2", 1)))]
 
 
 def test_budgeted_scheduling_finishes_every_request_with_fnx2_kv_identity(text_context):
