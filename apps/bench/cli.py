@@ -24,7 +24,7 @@ def register(commands, benches) -> None:
                             "with and without chunked prefill")
     serve.add_argument("--preset", choices=("tiny", "small"), default="small",
                        help="generated checkpoint preset when --checkpoint is not given")
-    serve.add_argument("--tokens-per-step", type=int, default=64,
+    serve.add_argument("--tokens-per-step", type=int, default=48,
                        help="--mixed: the chunked setting's token budget per step")
     serve.set_defaults(func=cmd_serve)
 
