@@ -27,6 +27,7 @@ from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import Tensor
 from libs.service.channels import ChannelConfig, open_aio_channel
 from libs.service.event_loop import EventLoopKind, describe, run
+from libs.service.host_quota import quota_label
 
 MIB = 1 << 20
 PREFILL_SHAPE = (4096, 2048)
@@ -289,6 +290,7 @@ def host_labels(command: str, loop: EventLoopKind = EventLoopKind.ASYNCIO) -> di
         "build": (f"python {platform.python_version()}, numpy {np.__version__}, "
                   f"google-crc32c implementation={google_crc32c.implementation}, "
                   f"event loop {describe(loop)} (gRPC baseline: asyncio)"),
+        "quota": quota_label(),
         "command": command,
         "note": ("physical figures for this host only (2 shared cores, other work running); "
                  "best of interleaved repetitions; RTTs are per-run medians"),
