@@ -173,7 +173,7 @@ class Scheduler:
         fair = math.ceil(running / max(1, self.slots - (1 if waiting else 0)))
         remaining = [len(r.req.prompt_token_ids) - r.prefilled for r in waiting]
         slots = SlotView(len(free), self.slots, any(
-            b.phase is Phase.PREFILL for b in self._inflight.values()), self._last_phase)
+            b.phase is Phase.PREFILL for b in self._inflight.values()), self._last_phase, running)
         plan = plan_step(self._step_budget, waiting, remaining, decodable, slots, fair)
         return [self._issue(slot, step.phase, list(step.picked), now_ns)
                 for slot, step in zip(free, plan)]

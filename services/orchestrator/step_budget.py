@@ -83,6 +83,8 @@ class SlotView:
     total: int
     prefill_inflight: bool  # a prompt chunk is executing: at most one is, so decode keeps a slot
     last_phase: Phase
+    # Requests decoding now, ready or in flight: each takes a row of every step's budget.
+    running: int = 0
 
 
 def plan_step(budget: StepBudget, waiting: Sequence[R], remaining: Sequence[int],
@@ -96,7 +98,8 @@ def plan_step(budget: StepBudget, waiting: Sequence[R], remaining: Sequence[int]
         return []
     prefill: tuple[tuple[R, int], ...] = ()
     if not slots.prefill_inflight:
-        prefill = chunk_prompts(waiting, remaining, prefill_budget(budget, len(decodable)),
+        decode_rows = max(slots.running, len(decodable))
+        prefill = chunk_prompts(waiting, remaining, prefill_budget(budget, decode_rows),
                                 budget.max_sequences_per_microbatch)
     decode_slots = slots.free
     if prefill and decodable:

@@ -99,6 +99,12 @@ def test_running_requests_get_a_token_every_step_while_a_long_prompt_prefills(te
     assert chunks[:3] == [(0, 13, 0), (13, 13, 1), (26, 13, 2)]
 
 
+def test_decode_rows_in_flight_count_against_the_chunk():
+    plan = plan_step(BUDGET, ["long"], [100], [], SlotView(1, 2, False, Phase.DECODE, running=10),
+                     fair_share=10)
+    assert [(p.phase, p.picked) for p in plan] == [(Phase.PREFILL, (("long", 6),))]
+
+
 def test_a_returning_decode_slot_is_not_taken_by_a_second_chunk():
     plan = plan_step(BUDGET, ["long"], [100], ["d1", "d2"], SlotView(1, 2, True, Phase.DECODE),
                      fair_share=2)
