@@ -24,12 +24,11 @@ def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -
     workers = [entries[f"stage_worker_{i}"].grpc for i in range(options.stages)]
     env = {
         "FORNAX_PLANNER_ADDR": entries["planner"].grpc,
-        "FORNAX_REGISTRY_ADDR": entries["evidence_registry"].grpc,
         "FORNAX_ARTIFACT_BUILDER_ADDR": entries["artifact_builder"].grpc,
         "FORNAX_STAGE_WORKERS": ",".join(workers),
         "FORNAX_BOUNDARY_DTYPE": options.boundary_dtype,
         "FORNAX_BACKEND": options.backend,
-        "FORNAX_ARTIFACT_STORE": str(options.state_dir / "artifacts"),
+        "FORNAX_STATE_DIR": str(options.state_dir / "orchestrator"),
     }
     if options.http_port is not None:
         env["FORNAX_HTTP_PORT"] = str(options.http_port)
@@ -66,6 +65,7 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
                 **affinity_env(cpu_sets[index]),
                 "FORNAX_STAGE_INDEX": str(index),
                 "FORNAX_BACKEND": options.backend,
+                "FORNAX_STATE_DIR": str(options.state_dir / f"stage_worker_{index}"),
             }
             middle.append(
                 launcher.spawn(ServiceProcess(f"stage_worker_{index}", "stage_worker", "services.stage_worker", worker_env))

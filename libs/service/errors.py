@@ -79,16 +79,6 @@ class Unauthenticated(FornaxError):
     default_reason = "UNAUTHENTICATED"
 
 
-class PermissionDenied(FornaxError):
-    code = grpc.StatusCode.PERMISSION_DENIED
-    default_reason = "PERMISSION_DENIED"
-
-
-class Unimplemented(FornaxError):
-    code = grpc.StatusCode.UNIMPLEMENTED
-    default_reason = "NOT_IMPLEMENTED"
-
-
 class DataLoss(FornaxError):
     code = grpc.StatusCode.DATA_LOSS
     default_reason = "DATA_LOSS"

@@ -37,16 +37,13 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
 
     async def Generate(self, request, context):
         engine = self._engine()
-        stream = engine.submit(convert.generation_from_pb(request, engine))
-        try:
+        # Leaving the block early (the caller went away or cancelled the RPC) cancels the request.
+        async with engine.submit(convert.generation_from_pb(request, engine)) as stream:
             async for output in stream:
                 error = terminal_error(output) if output.finished else None
                 if error is not None:
                     raise error
                 yield convert.output_to_pb(output)
-        finally:
-            if not stream.finished:
-                stream.cancel()  # the caller went away or cancelled the RPC
 
     async def Cancel(self, request, context) -> pb.CancelResponse:
         engine = self._route.engine
@@ -109,9 +106,10 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
         from services.orchestrator.install import Fleet
 
         fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers)
-        return fleet_installer(fleet, cfg.artifact_store, cfg.model_id, cfg.stage_kv_limit_bytes,
+        return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
                                serving_config(cfg),
-                               lambda message: _log.info("install_progress", message=message))
+                               lambda message: _log.info("install_progress", message=message),
+                               hop_dtypes=cfg.hop_boundary_dtypes)
 
     async def no_fleet(request: InstallRequest) -> InstalledRoute:
         raise FailedPrecondition("no stage workers, planner or artifact builder configured",

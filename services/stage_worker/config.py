@@ -7,10 +7,11 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from libs.common.kinds import Backend
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 
-BACKENDS = ("max", "numpy")
+BACKENDS = tuple(backend.value for backend in Backend)
 DEVICES = ("cpu", "gpu")
 
 
@@ -19,7 +20,7 @@ class StageWorkerConfig:
     server: ServerConfig
     stage_index: int = 0
     data_plane_port: int = 0
-    backend: str = "numpy"
+    backend: Backend = Backend.NUMPY
     device: str = "cpu"
     # MAX compile cache; None = the backend's default (~/.cache/fornax/max).
     compile_cache_dir: str | None = None
@@ -29,6 +30,8 @@ class StageWorkerConfig:
     advertise_host: str = ""
     # CPUs this worker pins itself to; empty = whatever it inherited.
     cpu_affinity: tuple[int, ...] = ()
+    # This worker's own state (the artifact cache); no other service reads it.
+    state_dir: str = ""
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> StageWorkerConfig:
@@ -41,9 +44,12 @@ class StageWorkerConfig:
         parser.add_argument("--compile-cache-dir", help="MAX compile cache (env FORNAX_COMPILE_CACHE_DIR)")
         parser.add_argument("--kv-limit-bytes", type=int, help="env FORNAX_KV_LIMIT_BYTES")
         parser.add_argument("--advertise-host", help="host peers dial for FNX2 (env FORNAX_ADVERTISE_HOST)")
+        parser.add_argument("--state-dir", help="private state: fetched artifacts (env FORNAX_STATE_DIR)")
         parser.add_argument("--cpu-affinity", type=parse_cpu_set, help="CPU set to pin to, e.g. 0-3 (env FORNAX_CPU_AFFINITY)")
         args = parse(parser, argv)
-        stage_index = pick(args.stage_index, env, "FORNAX_STAGE_INDEX", 0, int)
+        # A pool's pods count from 0; the pool's offset places them in the route (Helm pools).
+        stage_index = (pick(args.stage_index, env, "FORNAX_STAGE_INDEX", 0, int)
+                       + pick(None, env, "FORNAX_STAGE_INDEX_OFFSET", 0, int))
         backend = pick(args.backend, env, "FORNAX_BACKEND", cls.backend)
         device = pick(args.device, env, "FORNAX_DEVICE", cls.device)
         if backend not in BACKENDS:
@@ -54,10 +60,11 @@ class StageWorkerConfig:
             server=server_config(args, env, "stage_worker", instance=f"stage-{stage_index}"),
             stage_index=stage_index,
             data_plane_port=pick(args.data_plane_port, env, "FORNAX_DATA_PLANE_PORT", 0, int),
-            backend=backend,
+            backend=Backend(backend),
             device=device,
             compile_cache_dir=pick(args.compile_cache_dir, env, "FORNAX_COMPILE_CACHE_DIR", cls.compile_cache_dir),
             kv_limit_bytes=pick(args.kv_limit_bytes, env, "FORNAX_KV_LIMIT_BYTES", cls.kv_limit_bytes, int),
             advertise_host=pick(args.advertise_host, env, "FORNAX_ADVERTISE_HOST", ""),
+            state_dir=pick(args.state_dir, env, "FORNAX_STATE_DIR", f".fornax/stage_worker_{stage_index}"),
             cpu_affinity=pick(args.cpu_affinity, env, "FORNAX_CPU_AFFINITY", (), parse_cpu_set),
         )

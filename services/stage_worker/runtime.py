@@ -11,11 +11,14 @@ import hashlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
 
+from libs.artifacts.transfer import ArtifactCache
+from libs.common.kinds import FLOAT_DTYPES, Backend, DType
+from libs.common.proto import dtype_pb_name
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import ModelError
 from libs.model.executor import PendingKv, StageBatch, StageExecutor, StageResult
@@ -24,6 +27,7 @@ from libs.model.kernels import make_kernels
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from services.stage_worker.fetch import fetch_artifact
 from services.stage_worker.lifecycle import Lifecycle, StageState
 
 
@@ -41,16 +45,24 @@ class LoadSpec:
     layer_start: int
     layer_end: int  # exclusive
     plan: PlanBinding
-    backend: str
-    boundary_dtype: str  # "bf16" | "fp16" | "fp32"
+    backend: Backend
+    boundary_dtype: DType  # one of FLOAT_DTYPES: the hop out of this stage
     device: str = "cpu"
+    # The hop into this stage; None = boundary_dtype.
+    input_boundary_dtype: DType | None = None
     checkpoint_dir: str | None = None
     artifact_dir: str | None = None
+    # gRPC address of the artifact builder to fetch artifact `manifest_hash` from.
+    artifact_source: str | None = None
     manifest_hash: str | None = None
     next_hop: str | None = None
     next_hop_manifest_hash: str | None = None
     kv_limit_bytes: int = 0
     return_logits: bool = False
+
+    @property
+    def input_dtype(self) -> DType:
+        return self.input_boundary_dtype or self.boundary_dtype
 
     @property
     def first(self) -> bool:
@@ -62,7 +74,7 @@ class LoadSpec:
 
 
 @dataclass(frozen=True)
-class Admission:
+class SequenceAdmission:
     request_id: str
     lease_id: str
     reserve_bytes: int
@@ -98,7 +110,7 @@ class LoadedStage:
     manifest_hash: str
     weight_bytes: int
     load_seconds: float
-    admissions: dict[str, Admission] = field(default_factory=dict)
+    admissions: dict[str, SequenceAdmission] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)
 
 
@@ -130,11 +142,23 @@ def checkpoint_stage_hash(spec: LoadSpec) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _check_boundary_contract(spec: LoadSpec, manifest) -> None:
+    """The hops' dtypes are part of the stage contract the artifact was built for."""
+    expected = [(manifest.boundary_input, spec.input_dtype, not spec.first),
+                (manifest.boundary_output, spec.boundary_dtype, not spec.last)]
+    for side, dtype, is_activation in expected:
+        if is_activation and side.dtype != dtype_pb_name(dtype):
+            raise FailedPrecondition(
+                f"the artifact's boundary is {side.dtype}, the stage spec asks for {dtype}",
+                reason="BOUNDARY_CONTRACT_MISMATCH", field="spec.boundary_dtype")
+
+
 class StageRuntime:
-    def __init__(self, backend: str, device: str, default_kv_limit_bytes: int, compile_cache_dir: str | None = None):
+    def __init__(self, backend: Backend, device: str, default_kv_limit_bytes: int,
+                 artifact_cache_dir: str | None = None):
         self.backend = backend
+        self.artifact_cache = ArtifactCache(Path(artifact_cache_dir)) if artifact_cache_dir else None
         self.device = device
-        self.compile_cache_dir = compile_cache_dir
         self.default_kv_limit_bytes = default_kv_limit_bytes
         self.lifecycle = Lifecycle()
         self.stage: LoadedStage | None = None
@@ -151,6 +175,7 @@ class StageRuntime:
         self.lifecycle.move(StageState.LOADING)
         loop = asyncio.get_running_loop()
         try:
+            spec = await self._fetched(spec)
             self.stage = await loop.run_in_executor(self._device_thread, self._load_blocking, spec)
         except ModelError as exc:
             self.lifecycle.fail(f"{exc.reason}: {exc.message}")
@@ -161,10 +186,17 @@ class StageRuntime:
         self.lifecycle.move(StageState.READY)
         return self.stage
 
+    async def _fetched(self, spec: LoadSpec) -> LoadSpec:
+        """A spec naming an artifact source loads from this worker's own fetched copy."""
+        if not spec.artifact_source:
+            return spec
+        local = await fetch_artifact(spec.artifact_source, spec.manifest_hash or "", self.artifact_cache)
+        return replace(spec, artifact_dir=str(local), artifact_source=None)
+
     def _check_spec(self, spec: LoadSpec) -> None:
         if spec.backend != self.backend:
             raise FailedPrecondition(
-                f"this worker runs backend {self.backend!r}; the stage asks for {spec.backend!r}",
+                f"this worker runs backend '{self.backend}'; the stage asks for '{spec.backend}'",
                 reason="BACKEND_MISMATCH",
                 field="spec.backend",
             )
@@ -174,8 +206,14 @@ class StageRuntime:
                 reason="DEVICE_MISMATCH",
                 field="spec.device",
             )
-        if bool(spec.checkpoint_dir) == bool(spec.artifact_dir):
-            raise InvalidArgument("give exactly one of checkpoint_dir or artifact_dir", field="spec")
+        if sum(map(bool, (spec.checkpoint_dir, spec.artifact_dir, spec.artifact_source))) != 1:
+            raise InvalidArgument("give exactly one of checkpoint_dir, artifact_dir or artifact_source_address",
+                                  field="spec")
+        if spec.artifact_source and not spec.manifest_hash:
+            raise InvalidArgument("artifact_source_address needs the manifest_hash to fetch", field="spec.manifest_hash")
+        if spec.artifact_source and self.artifact_cache is None:
+            raise FailedPrecondition("this worker has no state directory to fetch artifacts into",
+                                     reason="NO_ARTIFACT_CACHE", field="spec.artifact_source_address")
         if not 0 <= spec.stage_index < spec.stage_count:
             raise InvalidArgument("stage_index must be below stage_count", field="spec.stage_index")
         if spec.layer_end <= spec.layer_start:
@@ -185,8 +223,9 @@ class StageRuntime:
                 "every stage but the last needs next_hop_address and next_hop_manifest_hash",
                 field="spec.next_hop_address",
             )
-        if spec.boundary_dtype not in ("bf16", "fp16", "fp32"):
-            raise InvalidArgument("boundary dtype must be bf16, fp16 or fp32", field="spec.boundary_dtype")
+        if spec.boundary_dtype not in FLOAT_DTYPES or spec.input_dtype not in FLOAT_DTYPES:
+            raise InvalidArgument(f"boundary dtypes must be one of {', '.join(FLOAT_DTYPES)}",
+                                  field="spec.boundary_dtype")
 
     def _load_blocking(self, spec: LoadSpec) -> LoadedStage:
         started = time.perf_counter()
@@ -202,12 +241,11 @@ class StageRuntime:
         return LoadedStage(spec, config, executor, manifest_hash, weight_bytes, time.perf_counter() - started)
 
     def _backend_options(self, spec: LoadSpec) -> object | None:
-        if spec.backend != "max":
+        if spec.backend != Backend.MAX:
             return None
         from libs.model.max_kernels import MaxOptions
 
-        cache = Path(self.compile_cache_dir) if self.compile_cache_dir else None
-        return MaxOptions(device=spec.device, cache_dir=cache, progress=_compile_progress)
+        return MaxOptions(device=spec.device, progress=_compile_progress)
 
     def _resolve_source(self, spec: LoadSpec) -> tuple[str, str]:
         if spec.checkpoint_dir:
@@ -216,6 +254,7 @@ class StageRuntime:
 
         verified = verify_artifact(spec.artifact_dir, expected_manifest_hash=spec.manifest_hash or None,
                                    expected_plan_hash=spec.plan.plan_hash or None)
+        _check_boundary_contract(spec, verified.manifest)
         return str(spec.artifact_dir), verified.manifest_hash
 
     async def unload(self) -> None:
@@ -239,7 +278,7 @@ class StageRuntime:
             raise FailedPrecondition(f"no stage is loaded (state {self.lifecycle.state.value})", reason="STAGE_NOT_LOADED")
         return self.stage
 
-    def admit(self, admission: Admission) -> int:
+    def admit(self, admission: SequenceAdmission) -> int:
         """Reserve KV for a request; returns the bytes still free after the reservation."""
         stage = self.loaded()
         if self.lifecycle.state == StageState.DRAINING:

@@ -70,18 +70,35 @@ app.kubernetes.io/part-of: fornax
 {{- printf "%s:%d" (include "fornax.componentName" .) (int .root.Values.ports.grpc) -}}
 {{- end -}}
 
-{{/* Stable per-pod DNS name of stage <index> behind the headless Service. */}}
-{{- define "fornax.stageHost" -}}
-{{- $sts := include "fornax.componentName" (dict "root" .root "component" "stage-worker") -}}
-{{- printf "%s-%d.%s" $sts (int .index) $sts -}}
+{{/* Stage-worker pools in stage order, as a YAML list: each pool is one StatefulSet behind its
+own headless Service. With no `stageWorker.pools`, one unnamed pool of `stageWorker.stages`
+replicas keeps the chart's original names. A pool's own keys win over `stageWorker`'s. */}}
+{{- define "fornax.stagePools" -}}
+{{- $v := .Values.stageWorker -}}
+{{- $defaults := dict "backend" $v.backend "device" $v.device "resources" $v.resources "nodeSelector" $v.nodeSelector "tolerations" $v.tolerations "affinity" $v.affinity "podAnnotations" $v.podAnnotations -}}
+{{- $given := $v.pools | default (list (dict "name" "" "replicas" $v.stages)) -}}
+{{- $pools := list -}}
+{{- $offset := 0 -}}
+{{- range $given -}}
+{{- $pool := merge (deepCopy .) $defaults -}}
+{{- $component := ternary "stage-worker" (printf "stage-worker-%s" .name) (eq .name "") -}}
+{{- $_ := set $pool "component" $component -}}
+{{- $_ := set $pool "offset" $offset -}}
+{{- $pools = append $pools $pool -}}
+{{- $offset = add $offset (int .replicas) -}}
+{{- end -}}
+{{- toYaml $pools -}}
 {{- end -}}
 
-{{/* Comma-separated gRPC addresses of the stage workers, in stage order: the in-cluster
-StatefulSet pods first, then the external workers (outside Kubernetes) in the order listed. */}}
+{{/* Comma-separated gRPC addresses of the stage workers, in stage order: every pool's pods by
+their stable DNS names, then the external workers (outside Kubernetes) in the order listed. */}}
 {{- define "fornax.stageWorkerAddrs" -}}
 {{- $addrs := list -}}
-{{- range $i := until (int .Values.stageWorker.stages) -}}
-{{- $addrs = append $addrs (printf "%s:%d" (include "fornax.stageHost" (dict "root" $ "index" $i)) (int $.Values.ports.grpc)) -}}
+{{- range (include "fornax.stagePools" . | fromYamlArray) -}}
+{{- $sts := include "fornax.componentName" (dict "root" $ "component" .component) -}}
+{{- range $i := until (int .replicas) -}}
+{{- $addrs = append $addrs (printf "%s-%d.%s:%d" $sts $i $sts (int $.Values.ports.grpc)) -}}
+{{- end -}}
 {{- end -}}
 {{- range .Values.stageWorker.external -}}
 {{- $addrs = append $addrs .grpcAddress -}}

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libs.service.errors import InvalidArgument
-from services.orchestrator.admission import Admission, AdmissionConfig
+from services.orchestrator.admission import AdmissionConfig, AdmissionControl
 from services.orchestrator.domain import Phase, SchedulerConfig
 from services.orchestrator.scheduler import Scheduler
 from services.orchestrator.step_budget import SlotView, StepBudget, plan_step, prefill_budget
@@ -19,7 +19,7 @@ BUDGET = StepBudget(tokens_per_step=16, min_prefill_chunk_tokens=4, max_sequence
 
 def budgeted(text, tokens_per_step=16, min_chunk=4, slots=2, stages=2) -> Scheduler:
     layout = STAGES[:stages] if stages <= len(STAGES) else STAGES
-    admission = Admission(AdmissionConfig(64, (10**9,) * len(layout)), layout)
+    admission = AdmissionControl(AdmissionConfig(64, (10**9,) * len(layout)), layout)
     config = SchedulerConfig(inflight_microbatches=slots, max_tokens_per_step=tokens_per_step,
                              min_prefill_chunk_tokens=min_chunk)
     return Scheduler(config, len(layout), text, admission)
