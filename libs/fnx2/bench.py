@@ -44,7 +44,7 @@ class BenchConfig:
     runs: int = 5
     rtt_iters: int = 300
     # Both ends of the FNX2 and raw-socket setups run on this loop (gRPC keeps asyncio).
-    loop: EventLoopKind = EventLoopKind.UVLOOP
+    loop: EventLoopKind = EventLoopKind.ASYNCIO
 
 
 def _batch(phase: Phase, rows_per_seq: int, requests: list[str], step: int, values: np.ndarray,

@@ -15,7 +15,7 @@ def register(commands, benches) -> None:
     bench = benches.add_parser("fnx2", help="FNX2 codec and channel vs memcpy, raw TCP, gRPC")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions")
-    bench.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+    bench.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                        help="event loop of both ends of the FNX2 and raw-socket setups")
     bench.set_defaults(func=_bench)
     fuzz = commands.add_parser("fuzz", help="fuzz Fornax protocols against live receivers")
