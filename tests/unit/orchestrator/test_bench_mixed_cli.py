@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from apps.bench import cli
 from apps.bench.cli import register
 from apps.bench.mixed import MixedOptions, scheduler_configs
 
@@ -16,7 +17,9 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(["bench", "serve", *argv])
 
 
-def test_mixed_refuses_a_step_budget_below_one(capsys):
+def test_mixed_refuses_a_step_budget_below_one(capsys, monkeypatch):
+    # The command points structlog at the (captured) stderr; keep it off the global config.
+    monkeypatch.setattr(cli, "_quiet_logs", lambda: None)
     args = parse("--mixed", "--tokens-per-step", "0", "--checkpoint", "unused")
     assert args.mixed and args.func(args) == 2
     assert "--tokens-per-step" in capsys.readouterr().err
