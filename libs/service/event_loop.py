@@ -1,10 +1,10 @@
 """Which asyncio event loop implementation a process runs: the standard library's, or
 uvloop (libuv), chosen per process, explicitly, never by silent fallback.
 
-Measured on the FNX2 hop (`fornax bench fnx2 --loop`, a loaded 2-core host): uvloop cuts
-the CPU per 32 KiB decode round trip by about 40% on both ends, but the 16 MiB channel
-through the receive-into-buffer protocol ran about 3x slower than on asyncio while the
-raw-socket baseline ran 6x faster, so asyncio stays the default."""
+Measured on the FNX2 hop (`fornax bench fnx2 --loop`, 2-core shared host): uvloop cuts
+the CPU per 32 KiB decode round trip by about 40% on both ends, but it speeds the raw-socket
+baseline as much, so neither ratio (RTT vs raw, 16 MiB channel vs raw) clearly improves,
+and the services' gRPC side runs on asyncio; asyncio stays the default."""
 
 from __future__ import annotations
 
