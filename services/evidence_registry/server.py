@@ -69,7 +69,11 @@ class EvidenceRegistryServicer(pb_grpc.EvidenceRegistryServiceServicer):
 def open_registry(cfg: RegistryConfig) -> EvidenceRegistry:
     records = SqliteRecordStore(Path(cfg.db_path), busy_timeout_ms=cfg.sqlite_busy_timeout_ms)
     limits = RegistryLimits(max_blob_bytes=cfg.max_blob_bytes)
-    return EvidenceRegistry(records, DiskBlobStore(Path(cfg.blob_dir)), limits)
+    blobs = DiskBlobStore(Path(cfg.blob_dir))
+    swept = blobs.sweep(records.referenced_blobs())
+    log.info("blob_store_swept", temp_files_removed=swept.temp_files_removed,
+             unreferenced_blobs_removed=swept.unreferenced_blobs_removed)
+    return EvidenceRegistry(records, blobs, limits)
 
 
 async def make_spec(cfg: RegistryConfig, registry: EvidenceRegistry | None = None) -> ServiceSpec:
