@@ -22,6 +22,13 @@ def register(commands, benches) -> None:
     serve.add_argument("--repeats", type=int, default=2, help="interleaved repetitions per level (best kept)")
     serve.add_argument("--fleet", help="measure a netns fleet from this fleet file instead (needs root)")
     serve.add_argument("--json", action="store_true")
+    serve.add_argument("--mixed", action="store_true",
+                       help="ITL p99 of 32 decoding streams while 512-token prompts arrive, "
+                            "with and without chunked prefill")
+    serve.add_argument("--preset", choices=("tiny", "small"), default="small",
+                       help="generated checkpoint preset when --checkpoint is not given")
+    serve.add_argument("--tokens-per-step", type=int, default=48,
+                       help="--mixed: the chunked setting's token budget per step")
     serve.set_defaults(func=cmd_serve)
     cold = benches.add_parser("coldstart", help="cold `fornax up` with empty caches: first token, MAX switch, losses")
     cold.add_argument("--stages", type=int, default=2)
@@ -48,15 +55,16 @@ def register(commands, benches) -> None:
     load.set_defaults(func=cmd_load)
 
 
-def _checkpoint(path: str | None) -> str:
+def _checkpoint(path: str | None, preset: str = "small") -> str:
     if path:
         return path
-    if not (DEFAULT_CHECKPOINT / "config.json").exists():
+    target = DEFAULT_CHECKPOINT.parent / preset
+    if not (target / "config.json").exists():
         from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 
-        print(f"generating the small preset into {DEFAULT_CHECKPOINT}", file=sys.stderr)
-        write_checkpoint(CheckpointRequest("small", DEFAULT_CHECKPOINT, seed=0))
-    return str(DEFAULT_CHECKPOINT)
+        print(f"generating the {preset} preset into {target}", file=sys.stderr)
+        write_checkpoint(CheckpointRequest(preset, target, seed=0))
+    return str(target)
 
 
 def _quiet_logs() -> None:
@@ -75,11 +83,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from apps.bench.serve import BenchOptions, run
 
     _quiet_logs()
+    if args.mixed:
+        return _mixed(args)
 
     levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
     if args.fleet:
         return _serve_fleet(args, levels)
-    options = BenchOptions(_checkpoint(args.checkpoint), args.prompt_tokens, args.max_tokens, args.backend, levels,
+    options = BenchOptions(_checkpoint(args.checkpoint, args.preset), args.prompt_tokens, args.max_tokens, args.backend, levels,
                            args.repeats)
     report = run(options, "fornax " + " ".join(sys.argv[1:]))
     if args.json:
@@ -124,6 +134,30 @@ def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
     agreement = report["agreement"]
     print(f"top-1 agreement with transformers fp32 at hops {agreement['hop_boundary_dtypes']}: "
           f"{agreement['top1_agreement']:.4f} over {agreement['positions']} positions")
+    return 0
+
+
+def _mixed(args: argparse.Namespace) -> int:
+    from apps.bench.mixed import MixedOptions, measure_mixed
+    from apps.bench.serve import BenchOptions, provenance
+
+    if args.tokens_per_step < 1:
+        print("serve --mixed: --tokens-per-step must be >= 1", file=sys.stderr)
+        return 2
+    checkpoint = _checkpoint(args.checkpoint, args.preset)
+    options = MixedOptions(checkpoint, args.backend, tokens_per_step=args.tokens_per_step)
+    report = measure_mixed(options)
+    report["provenance"] = provenance(BenchOptions(checkpoint, backend=args.backend),
+                                      "fornax " + " ".join(sys.argv[1:]))
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    prov = report["provenance"]
+    print(f"# {prov['label']}: {prov['hardware']}; {prov['backend_build']}; model {prov['model_snapshot']}")
+    for prefix, name in (("", "chunked"), ("unchunked_", "unchunked")):
+        print(f"{name:<10} ITL p99 plain {report[prefix + 'itl_p99_plain_s']:.4f}s  "
+              f"mixed {report[prefix + 'itl_p99_mixed_s']:.4f}s  "
+              f"mixed/plain {report[prefix + 'itl_p99_mixed_vs_plain']:.2f}")
     return 0
 
 

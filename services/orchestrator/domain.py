@@ -178,6 +178,11 @@ class SchedulerConfig:
     # Prefill rows per microbatch; a longer prompt is prefilled in chunks of at most this.
     max_prefill_rows_per_microbatch: int = 2048
     output_queue_capacity: int = 16
+    # Chunked prefill mixed with decode (0: off): each scheduling step carries every ready
+    # decode row, and prompt chunks fill the rest of this many tokens, never less than
+    # `min_prefill_chunk_tokens` (see step_budget.py).
+    max_tokens_per_step: int = 0
+    min_prefill_chunk_tokens: int = 32
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from libs.model.logprobs import TokenLogprobs
 from libs.text.context import TextContext
 from libs.text.detokenizer import TextStream
 from services.orchestrator.admission import AdmissionControl
+from services.orchestrator.step_budget import SlotView, StepBudget, plan_step
 from services.orchestrator.domain import (
     FinishReason,
     GenerationRequest,
@@ -85,12 +86,23 @@ class RetiredRequest:
     released_stage_epochs: tuple[int, ...]
 
 
+def _step_budget(config: SchedulerConfig) -> StepBudget | None:
+    if config.max_tokens_per_step < 0 or config.min_prefill_chunk_tokens < 1:
+        raise InvalidArgument("max_tokens_per_step must be >= 0 and min_prefill_chunk_tokens >= 1",
+                              reason="INVALID_STEP_BUDGET", field="max_tokens_per_step")
+    if config.max_tokens_per_step == 0:
+        return None
+    return StepBudget(config.max_tokens_per_step, config.min_prefill_chunk_tokens,
+                      config.max_sequences_per_microbatch)
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, num_stages: int, text: TextContext,
                  admission: AdmissionControl) -> None:
         self._config = config
         self._num_stages = num_stages
         self.slots = max(config.inflight_microbatches, num_stages)
+        self._step_budget = _step_budget(config)
         self._text = text
         self._admission = admission
         self._requests: dict[str, _Request] = {}
@@ -157,6 +169,8 @@ class Scheduler:
         # coming back one at a time converge to a balanced partition.
         fair = math.ceil(sum(1 for r in self._requests.values()
                              if r.state is not _State.RELEASING) / self.slots)
+        if self._step_budget is not None:
+            return self._schedule_budgeted(free, now_ns)
         for index, slot in enumerate(free):
             waiting, decodable = self._ready()
             if not waiting and not decodable:
@@ -167,6 +181,18 @@ class Scheduler:
             picked = self._pick(waiting if phase is Phase.PREFILL else decodable, share, phase)
             batches.append(self._issue(slot, phase, picked, now_ns))
         return batches
+
+    def _schedule_budgeted(self, free: list[int], now_ns: int) -> list[Microbatch]:
+        waiting, decodable = self._ready()
+        # One slot is kept for prompt chunks while prompts wait; running requests share the rest.
+        running = sum(1 for r in self._requests.values() if r.state is _State.RUNNING)
+        fair = math.ceil(running / max(1, self.slots - (1 if waiting else 0)))
+        remaining = [len(r.req.prompt_token_ids) - r.prefilled for r in waiting]
+        slots = SlotView(len(free), self.slots, any(
+            b.phase is Phase.PREFILL for b in self._inflight.values()), self._last_phase, running)
+        plan = plan_step(self._step_budget, waiting, remaining, decodable, slots, fair)
+        return [self._issue(slot, step.phase, list(step.picked), now_ns)
+                for slot, step in zip(free, plan)]
 
     def _ready(self) -> tuple[list[_Request], list[_Request]]:
         waiting, decodable = [], []
