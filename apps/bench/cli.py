@@ -89,8 +89,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
     if args.fleet:
         return _serve_fleet(args, levels)
-    options = BenchOptions(_checkpoint(args.checkpoint, args.preset), args.prompt_tokens, args.max_tokens, args.backend, levels,
-                           args.repeats)
+    options = BenchOptions(
+        _checkpoint(args.checkpoint, args.preset),
+        args.prompt_tokens,
+        args.max_tokens,
+        args.backend,
+        levels,
+        args.repeats,
+    )
     report = run(options, "fornax " + " ".join(sys.argv[1:]))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))

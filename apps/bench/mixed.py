@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from libs.common.kinds import Backend
 from libs.text.context import TextContext
 from services.orchestrator.domain import GenerationRequest, SamplingParams, SchedulerConfig
 from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
@@ -83,7 +84,7 @@ async def _arrivals(engine: ServingEngine, prompts: list[tuple[int, ...]], in_fl
 
 
 async def _one_run(options: MixedOptions, scheduler: SchedulerConfig, mixed: bool) -> dict:
-    route = InProcessRouteConfig(Path(options.checkpoint), 1, options.backend)
+    route = InProcessRouteConfig(Path(options.checkpoint), 1, Backend(options.backend))
     pipeline = InProcessPipeline.from_checkpoint(route)
     text = TextContext.from_checkpoint(options.checkpoint)
     engine = ServingEngine(pipeline, pipeline.served, text,
@@ -103,7 +104,7 @@ async def _one_run(options: MixedOptions, scheduler: SchedulerConfig, mixed: boo
     stop.set()
     served = await arrivals if arrivals is not None else 0
     await engine.close()
-    gaps = [b - a for s in stamps for a, b in zip(s, s[1:]) if a >= window_start]
+    gaps = [b - a for s in stamps for a, b in zip(s, s[1:], strict=False) if a >= window_start]
     return {"itl_p99_s": float(np.percentile(gaps, 99)), "itl_p50_s": float(np.percentile(gaps, 50)),
             "gaps": len(gaps), "long_prompts_served": served}
 

@@ -170,7 +170,7 @@ class Scheduler:
         fair = math.ceil(sum(1 for r in self._requests.values()
                              if r.state is not _State.RELEASING) / self.slots)
         if self._step_budget is not None:
-            return self._schedule_budgeted(free, now_ns)
+            return self._schedule_budgeted(self._step_budget, free, now_ns)
         for index, slot in enumerate(free):
             waiting, decodable = self._ready()
             if not waiting and not decodable:
@@ -182,7 +182,7 @@ class Scheduler:
             batches.append(self._issue(slot, phase, picked, now_ns))
         return batches
 
-    def _schedule_budgeted(self, free: list[int], now_ns: int) -> list[Microbatch]:
+    def _schedule_budgeted(self, budget: StepBudget, free: list[int], now_ns: int) -> list[Microbatch]:
         waiting, decodable = self._ready()
         # One slot is kept for prompt chunks while prompts wait; running requests share the rest.
         running = sum(1 for r in self._requests.values() if r.state is _State.RUNNING)
@@ -190,9 +190,9 @@ class Scheduler:
         remaining = [len(r.req.prompt_token_ids) - r.prefilled for r in waiting]
         slots = SlotView(len(free), self.slots, any(
             b.phase is Phase.PREFILL for b in self._inflight.values()), self._last_phase, running)
-        plan = plan_step(self._step_budget, waiting, remaining, decodable, slots, fair)
+        plan = plan_step(budget, waiting, remaining, decodable, slots, fair)
         return [self._issue(slot, step.phase, list(step.picked), now_ns)
-                for slot, step in zip(free, plan)]
+                for slot, step in zip(free, plan, strict=False)]  # plan may fill fewer slots
 
     def _ready(self) -> tuple[list[_Request], list[_Request]]:
         waiting, decodable = [], []

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Generic, Sequence, TypeVar
+from typing import Generic, TypeVar
+from collections.abc import Sequence
 
 from services.orchestrator.domain import Phase
 
@@ -51,7 +52,7 @@ def chunk_prompts(waiting: Sequence[R], remaining: Sequence[int], tokens: int,
                   max_sequences: int) -> tuple[tuple[R, int], ...]:
     """First come, first served: whole remainders while they fit, then one cut chunk."""
     picked: list[tuple[R, int]] = []
-    for request, left in zip(waiting, remaining):
+    for request, left in zip(waiting, remaining, strict=True):
         if tokens <= 0 or len(picked) >= max_sequences:
             break
         rows = min(left, tokens)
