@@ -162,5 +162,5 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
     return ServiceSpec(
         service_names=(pb.DESCRIPTOR.services_by_name["OrchestratorService"].full_name,),
         register=lambda server: pb_grpc.add_OrchestratorServiceServicer_to_server(servicer, server),
-        on_drain=on_drain, on_stop=on_stop, extra_ports={"http": http_port},
+        on_drain=on_drain, on_stop=on_stop, extra_ports={"http": http_port}, api_key=cfg.api_key,
     )
