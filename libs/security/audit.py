@@ -136,9 +136,15 @@ class AuditLog:
             return entry
 
     def entries(self) -> list[AuditEntry]:
-        if not self.path.exists():
-            return []
-        return [parse_line(t) for t in self.path.read_text(encoding="utf-8").splitlines() if t.strip()]
+        return read_entries(self.path)
+
+
+def read_entries(path: str | os.PathLike) -> list[AuditEntry]:
+    """Entries as written, without checking the chain (that is `verify_file`)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [parse_line(t) for t in path.read_text(encoding="utf-8").splitlines() if t.strip()]
 
 
 def verify_file(path: str | os.PathLike) -> VerifyResult:
