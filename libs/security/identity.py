@@ -16,6 +16,7 @@ class Role(enum.Enum):
     CLIENT = "client"
     STAGE = "stage"
     SERVICE = "service"
+    HOST = "host"
 
 
 class IdentityError(ValueError):

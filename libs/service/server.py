@@ -74,11 +74,10 @@ class RunningServer:
 
 
 def _interceptors(cfg: ServerConfig, spec: ServiceSpec) -> list:
-    chain = [*server_interceptors(), ErrorInterceptor(cfg.service_kind)]
-    if cfg.tls is not None:
-        audit = AuditLog(cfg.audit_log) if cfg.audit_log else None
-        chain.append(AuthzInterceptor(cfg.service_kind, audit, spec.api_key))
-    return chain
+    audit = AuditLog(cfg.audit_log) if cfg.audit_log else None
+    enforce = cfg.tls is not None
+    return [*server_interceptors(), ErrorInterceptor(cfg.service_kind),
+            AuthzInterceptor(cfg.service_kind, audit, spec.api_key, enforce=enforce)]
 
 
 def _bind(server: grpc.aio.Server, cfg: ServerConfig) -> tuple[int, ReloadingServerCredentials | None]:

@@ -20,6 +20,7 @@ from services.evidence_registry import convert
 from services.evidence_registry.blobs import DiskBlobStore
 from services.evidence_registry.config import RegistryConfig
 from services.evidence_registry.registry import EvidenceRegistry, RegistryLimits
+from services.evidence_registry.signatures import SignaturePolicy
 from services.evidence_registry.sqlite_store import SqliteRecordStore
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EvidenceRegistryService"].full_name
@@ -69,7 +70,8 @@ class EvidenceRegistryServicer(pb_grpc.EvidenceRegistryServiceServicer):
 def open_registry(cfg: RegistryConfig) -> EvidenceRegistry:
     records = SqliteRecordStore(Path(cfg.db_path), busy_timeout_ms=cfg.sqlite_busy_timeout_ms)
     limits = RegistryLimits(max_blob_bytes=cfg.max_blob_bytes)
-    return EvidenceRegistry(records, DiskBlobStore(Path(cfg.blob_dir)), limits)
+    ca_pem = Path(cfg.evidence_ca).read_bytes() if cfg.evidence_ca else None
+    return EvidenceRegistry(records, DiskBlobStore(Path(cfg.blob_dir)), limits, SignaturePolicy(ca_pem))
 
 
 async def make_spec(cfg: RegistryConfig, registry: EvidenceRegistry | None = None) -> ServiceSpec:
