@@ -293,3 +293,31 @@ def test_forged_physical_records_are_refused_and_audited(tmp_path):
     assert verify_file(audit).ok
     results = [entry.event.result for entry in read_entries(audit)]
     assert results == [f"PERMISSION_DENIED:{reason}" for reason in refused]
+
+
+def test_cli_signs_on_put_and_verify_rechecks_the_signature(tmp_path, capsys):
+    from apps.cli.main import main
+
+    data, run = tmp_path / "data", tmp_path / "run"
+    pki = evidence_pki(data)
+    pki.ensure(Identity(Role.HOST, "gpu-box"), dt.datetime.now(dt.timezone.utc))
+    blob = tmp_path / "m.json"
+    blob.write_bytes(b'{"decode_tokens_per_s": 31.0}')
+    proc, address = start_registry(data, run)
+    common = ["--registry", address, "--state-dir", str(pki.root.parent), "--json"]
+    physical_args = ["--type", "capability", "--class", "physical", "--blob", str(blob), "--hardware", "1x H200",
+                     "--backend-build", "max 26.7", "--model-snapshot", "sha256:" + "cd" * 32, "--command", "fornax bench"]
+    try:
+        assert main(["evidence", "put", *common, *physical_args]) == 2
+        assert "UNSIGNED_PHYSICAL_RECORD" in capsys.readouterr().err
+        assert main(["evidence", "put", *common, *physical_args, "--sign-as", "host/gpu-box"]) == 0
+        put_out = json.loads(capsys.readouterr().out)[0]
+        assert put_out["provenance"]["measured_by"] == "spiffe://fornax/host/gpu-box"
+        assert main(["evidence", "verify", *common, put_out["record_id"]]) == 0
+        assert json.loads(capsys.readouterr().out)[0]["detail"] == "signed by spiffe://fornax/host/gpu-box"
+        stranger = CertStore(tmp_path / "other")
+        stranger.init(dt.datetime.now(dt.timezone.utc))
+        assert main(["evidence", "verify", *common, "--ca", str(stranger.ca_cert), put_out["record_id"]]) == 1
+        assert json.loads(capsys.readouterr().out)[0]["reason"] == "EVIDENCE_UNTRUSTED_CERTIFICATE"
+    finally:
+        proc.stop()
