@@ -13,6 +13,7 @@ from apps.fleet.compose import start_fleet
 from apps.fleet.health import check_health
 from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
 from apps.fleet.route_wait import RouteFailed, wait_for_route
+from apps.fleet.trust import operator_credentials
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
 
 BACKENDS = ("max", "numpy")
@@ -28,6 +29,8 @@ def register(commands, benches) -> None:
     up.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, default="bf16", help="stage boundary dtype")
     up.add_argument("--checkpoint", help="checkpoint directory to serve")
     up.add_argument("--http-port", type=int, help="OpenAI-compatible API port on the orchestrator")
+    up.add_argument("--insecure", action="store_true",
+                    help="plaintext gRPC with no certificates, authentication or audit identity (every service warns)")
     up.add_argument("--startup-timeout-s", type=float, default=180.0)
     up.add_argument("--install-timeout-s", type=float, default=3600.0,
                     help="how long to wait for the route (first MAX compiles take minutes)")
@@ -88,8 +91,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         api_key=os.environ.get("FORNAX_API_KEY") or None,
         startup_timeout_s=args.startup_timeout_s,
+        insecure=args.insecure,
     )
-    print(f"starting fleet: {args.stages} stage workers, backend {args.backend}", file=sys.stderr)
+    transport = "INSECURE plaintext gRPC" if args.insecure else f"mTLS, certificates in {Path(args.state_dir, 'certs')}"
+    print(f"starting fleet: {args.stages} stage workers, backend {args.backend}, {transport}", file=sys.stderr)
     try:
         state, launcher = start_fleet(options)
     except LaunchError as exc:
@@ -150,7 +155,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     state = read_fleet(args.state_dir)
     if state is None:
         return _fail(f"no fleet file at {fleet_path(args.state_dir)}; is a fleet running?")
-    health = {s.name: check_health(s.grpc) for s in state.services}
+    credentials = operator_credentials(args.state_dir) if state.tls else None
+    health = {s.name: check_health(s.grpc, credentials=credentials) for s in state.services}
     print(render_table(state, health))
     return 0 if all(status == "SERVING" for status in health.values()) else 1
 

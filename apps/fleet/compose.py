@@ -82,4 +82,5 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
     entries_in_order = tuple(s.entry() for s in launcher.started)
     http = orchestrator.ports.get("http")
     api = f"http://{HOST}:{http}/v1" if http else None
-    return FleetState(services=entries_in_order, api=api, api_key=options.api_key), launcher
+    state = FleetState(services=entries_in_order, api=api, api_key=options.api_key, tls=not options.insecure)
+    return state, launcher

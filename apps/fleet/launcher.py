@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from apps.fleet.health import check_health
+from apps.fleet.trust import FleetTrust, prepare_trust
 from libs.service.fleet_state import ServiceEntry
 
 HOST = "127.0.0.1"
@@ -36,6 +37,8 @@ class FleetOptions:
     api_key: str | None = None
     startup_timeout_s: float = 120.0
     grace_period_s: float = 10.0
+    # Plaintext gRPC with no authentication: only when asked for explicitly.
+    insecure: bool = False
     # Extra environment for every service (e.g. OTEL_EXPORTER_OTLP_ENDPOINT).
     env: dict[str, str] = field(default_factory=dict)
 
@@ -82,6 +85,7 @@ class Launcher:
         self.started: list[Started] = []
         self._run_dir = options.state_dir / "run"
         self._log_dir = options.state_dir / "logs"
+        self.trust: FleetTrust = prepare_trust(options.state_dir, options.insecure)
 
     def spawn(self, spec: ServiceProcess) -> Started:
         self._run_dir.mkdir(parents=True, exist_ok=True)
@@ -93,6 +97,7 @@ class Launcher:
             **os.environ,
             **self.options.env,
             **spec.env,
+            **self.trust.service_env(spec.name, spec.kind),
             "FORNAX_HOST": HOST,
             "FORNAX_READY_FILE": str(ready),
             "FORNAX_GRACE_PERIOD_S": str(self.options.grace_period_s),
@@ -133,7 +138,7 @@ class Launcher:
         address = f"{HOST}:{started.ports['grpc']}"
         status = "UNREACHABLE"
         while time.monotonic() < deadline:
-            status = check_health(address)
+            status = check_health(address, credentials=self.trust.operator_credentials())
             if status == "SERVING":
                 return
             time.sleep(0.1)

@@ -6,8 +6,10 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from libs.service.config import ServerConfig, parse, pick, server_config
+from services.orchestrator.http_tls import HttpTlsFiles
 
 
 def _addresses(raw: str | None) -> tuple[str, ...]:
@@ -44,6 +46,12 @@ class OrchestratorConfig:
     output_queue_capacity: int = 16
     # Deadline budget of a request that brings none; 0 means no deadline.
     default_deadline_s: float = 0.0
+    # Request limits checked before any work; 0 = only the context window bounds tokens.
+    http_max_body_bytes: int = 4 << 20
+    max_tokens_cap: int = 0
+    max_prompt_tokens: int = 0
+    # Operator-supplied HTTP certificate; otherwise the fleet certificate beyond loopback.
+    http_tls: HttpTlsFiles | None = None
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> OrchestratorConfig:
@@ -66,8 +74,21 @@ class OrchestratorConfig:
         parser.add_argument("--max-live-requests", type=int, help="admission queue size (env FORNAX_MAX_LIVE_REQUESTS)")
         parser.add_argument("--default-max-tokens", type=int, help="env FORNAX_DEFAULT_MAX_TOKENS")
         parser.add_argument("--default-deadline-s", type=float, help="request deadline budget when none is given, 0 = none (env FORNAX_DEFAULT_DEADLINE_S)")
+        parser.add_argument("--http-max-body-bytes", type=int, help="env FORNAX_HTTP_MAX_BODY_BYTES")
+        parser.add_argument("--max-tokens-cap", type=int, help="largest max_tokens accepted, 0 = context only (env FORNAX_MAX_TOKENS_CAP)")
+        parser.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted, 0 = context only (env FORNAX_MAX_PROMPT_TOKENS)")
+        parser.add_argument("--http-tls-cert", help="HTTP API certificate (env FORNAX_HTTP_TLS_CERT)")
+        parser.add_argument("--http-tls-key", help="HTTP API private key (env FORNAX_HTTP_TLS_KEY)")
         args = parse(parser, argv)
+        cert = pick(args.http_tls_cert, env, "FORNAX_HTTP_TLS_CERT", None)
+        key = pick(args.http_tls_key, env, "FORNAX_HTTP_TLS_KEY", None)
+        if bool(cert) != bool(key):
+            raise SystemExit("set both FORNAX_HTTP_TLS_CERT and FORNAX_HTTP_TLS_KEY, or neither")
         return cls(
+            http_max_body_bytes=pick(args.http_max_body_bytes, env, "FORNAX_HTTP_MAX_BODY_BYTES", 4 << 20, int),
+            max_tokens_cap=pick(args.max_tokens_cap, env, "FORNAX_MAX_TOKENS_CAP", 0, int),
+            max_prompt_tokens=pick(args.max_prompt_tokens, env, "FORNAX_MAX_PROMPT_TOKENS", 0, int),
+            http_tls=HttpTlsFiles(Path(cert), Path(key)) if cert else None,
             server=server_config(args, env, "orchestrator"),
             http_port=pick(args.http_port, env, "FORNAX_HTTP_PORT", 0, int),
             # The key never comes from a flag, so it stays out of process listings.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import ssl
 import time
 import uuid
 from collections.abc import Callable
@@ -64,11 +65,12 @@ def build_http_app(route: RouteSlot, config: HttpConfig = HttpConfig()) -> web.A
     return app
 
 
-async def start_http(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serves the app; returns the runner (to clean up) and the bound port (port 0 works)."""
+async def start_http(app: web.Application, host: str, port: int,
+                     ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
+    """Serves the app (HTTPS with ssl_context); returns the runner and the bound port (0 works)."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     sockets = site._server.sockets if site._server else ()  # aiohttp exposes no public getter
     return runner, sockets[0].getsockname()[1]
@@ -161,7 +163,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     body = parse_chat_completion(parse_json_object(await request.read()))
     check_model(body.model, engine.served)
     gen = generation_request(str(uuid.uuid4()), chat_prompt_ids(body, engine.text),
-                             body.options, engine.served, engine.config.default_max_tokens,
+                             body.options, engine.served, engine.config.token_limits,
                              "messages")
     return await _respond(request, engine, gen, body.model, body.options, _CHAT)
 
@@ -172,7 +174,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     check_model(body.model, engine.served)
     gen = generation_request(str(uuid.uuid4()),
                              completion_prompt_ids(body, engine.text, engine.served),
-                             body.options, engine.served, engine.config.default_max_tokens,
+                             body.options, engine.served, engine.config.token_limits,
                              "prompt")
     return await _respond(request, engine, gen, body.model, body.options, _COMPLETION)
 

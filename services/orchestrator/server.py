@@ -18,6 +18,7 @@ from services.orchestrator import convert
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.domain import SchedulerConfig
 from services.orchestrator.http_api import HttpConfig, build_http_app, start_http
+from services.orchestrator.http_tls import choose_http_tls, server_ssl_context
 from services.orchestrator.lifecycle import InstalledRoute, Installer, InstallRequest, RouteManager
 from services.orchestrator.serving import RouteSlot, ServingConfig, ServingEngine, terminal_error
 
@@ -74,7 +75,8 @@ def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
     return ServingConfig(scheduler=SchedulerConfig(output_queue_capacity=cfg.output_queue_capacity),
                          max_live_requests=cfg.max_live_requests,
                          default_max_tokens=cfg.default_max_tokens,
-                         default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None)
+                         default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None,
+                         max_tokens_cap=cfg.max_tokens_cap, max_prompt_tokens=cfg.max_prompt_tokens)
 
 
 def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
@@ -144,8 +146,11 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
             manager, InstallRequest(cfg.checkpoint, len(cfg.stage_workers), cfg.backend,
                                     cfg.boundary_dtype)))
     servicer = OrchestratorServicer(cfg, route, manager)
-    runner, http_port = await start_http(build_http_app(route, HttpConfig(api_key=cfg.api_key)),
-                                         cfg.server.host, cfg.http_port)
+    http_tls = choose_http_tls(cfg.server.host, cfg.http_tls, cfg.server.tls)
+    app = build_http_app(route, HttpConfig(api_key=cfg.api_key, max_body_bytes=cfg.http_max_body_bytes))
+    runner, http_port = await start_http(app, cfg.server.host, cfg.http_port,
+                                         server_ssl_context(http_tls) if http_tls else None)
+    _log.info("http_api_serving", port=http_port, scheme="https" if http_tls else "http")
 
     async def on_drain() -> None:
         try:

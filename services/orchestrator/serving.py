@@ -38,6 +38,7 @@ from services.orchestrator.domain import (
     SequenceStatus,
     ServedModel,
 )
+from services.orchestrator.prompting import TokenLimits
 from services.orchestrator.pipeline import Pipeline
 from services.orchestrator.scheduler import RetiredRequest, Scheduler
 from services.orchestrator.tracing import RequestSpans
@@ -55,6 +56,13 @@ class ServingConfig:
     stage_kv_budget_bytes: tuple[int, ...] | None = None
     default_max_tokens: int = 256
     default_deadline_budget_ns: int | None = None
+    # 0 = only the context window bounds them.
+    max_tokens_cap: int = 0
+    max_prompt_tokens: int = 0
+
+    @property
+    def token_limits(self) -> TokenLimits:
+        return TokenLimits(self.default_max_tokens, self.max_tokens_cap, self.max_prompt_tokens)
 
 
 class RequestStream:
