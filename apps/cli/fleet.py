@@ -29,6 +29,8 @@ def register(commands, benches) -> None:
     up.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, default="bf16", help="stage boundary dtype")
     up.add_argument("--checkpoint", help="checkpoint directory to serve")
     up.add_argument("--http-port", type=int, help="OpenAI-compatible API port on the orchestrator")
+    up.add_argument("--read-root", action="append", default=[],
+                    help="another directory InstallPlan may name checkpoints under (repeatable)")
     up.add_argument("--insecure", action="store_true",
                     help="plaintext gRPC with no certificates, authentication or audit identity (every service warns)")
     up.add_argument("--startup-timeout-s", type=float, default=180.0)
@@ -92,6 +94,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         api_key=os.environ.get("FORNAX_API_KEY") or None,
         startup_timeout_s=args.startup_timeout_s,
         insecure=args.insecure,
+        read_roots=tuple(args.read_root),
     )
     transport = "INSECURE plaintext gRPC" if args.insecure else f"mTLS, certificates in {Path(args.state_dir, 'certs')}"
     print(f"starting fleet: {args.stages} stage workers, backend {args.backend}, {transport}", file=sys.stderr)

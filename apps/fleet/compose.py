@@ -6,6 +6,9 @@ together, then the orchestrator, which is told every other address.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from libs.service.affinity import usable_cpus, worker_cpu_sets
 from libs.service.affinity import worker_env as affinity_env
 from apps.fleet.launcher import HOST, FleetOptions, Launcher, LaunchError, ServiceProcess
@@ -40,6 +43,11 @@ def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -
     return env
 
 
+def _builder_roots(options: FleetOptions) -> str:
+    roots = [*options.read_roots, *([options.checkpoint] if options.checkpoint else [])]
+    return os.pathsep.join(str(Path(root).resolve()) for root in roots)
+
+
 def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
     """Start every service and wait until each is SERVING. Stops what it started on failure."""
     launcher = Launcher(options)
@@ -56,7 +64,8 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
                     "artifact_builder",
                     "artifact_builder",
                     "services.artifact_builder",
-                    {"FORNAX_REGISTRY_ADDR": registry_addr, "FORNAX_ARTIFACT_STORE": str(options.state_dir / "artifacts")},
+                    {"FORNAX_REGISTRY_ADDR": registry_addr, "FORNAX_ARTIFACT_STORE": str(options.state_dir / "artifacts"),
+                     "FORNAX_READ_ROOTS": _builder_roots(options)},
                 )
             ),
         ]
@@ -66,6 +75,8 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
                 **affinity_env(cpu_sets[index]),
                 "FORNAX_STAGE_INDEX": str(index),
                 "FORNAX_BACKEND": options.backend,
+                # Stages load only the artifacts the builder wrote.
+                "FORNAX_READ_ROOTS": str(options.state_dir / "artifacts"),
             }
             middle.append(
                 launcher.spawn(ServiceProcess(f"stage_worker_{index}", "stage_worker", "services.stage_worker", worker_env))

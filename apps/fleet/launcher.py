@@ -39,6 +39,8 @@ class FleetOptions:
     grace_period_s: float = 10.0
     # Plaintext gRPC with no authentication: only when asked for explicitly.
     insecure: bool = False
+    # Directories the artifact builder may read checkpoints from, besides --checkpoint.
+    read_roots: tuple[str, ...] = ()
     # Extra environment for every service (e.g. OTEL_EXPORTER_OTLP_ENDPOINT).
     env: dict[str, str] = field(default_factory=dict)
 

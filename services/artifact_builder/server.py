@@ -15,6 +15,7 @@ from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as pb_grpc
 
 from libs.artifacts.errors import ARTIFACT_ERRORS
 from libs.artifacts.verify import verify_artifact
+from libs.security.paths import confine
 from libs.service.errors import InvalidArgument
 from libs.service.server import ServiceSpec
 from services.artifact_builder import convert
@@ -34,6 +35,7 @@ class ArtifactBuilderServicer(pb_grpc.ArtifactBuilderServiceServicer):
     async def _inspect(self, checkpoint_dir: str, source: str, revision: str) -> Inspection:
         if not checkpoint_dir:
             raise InvalidArgument("checkpoint_dir is required", field="checkpoint_dir")
+        confine(checkpoint_dir, self._cfg.read_roots, "checkpoint_dir")
         return await asyncio.to_thread(inspect_checkpoint, checkpoint_dir, source, revision)
 
     async def InspectCheckpoint(self, request, context) -> pb.InspectCheckpointResponse:
@@ -46,9 +48,11 @@ class ArtifactBuilderServicer(pb_grpc.ArtifactBuilderServiceServicer):
         return convert.inspection_to_pb(inspection, record_id)
 
     async def BuildStageArtifacts(self, request, context):
+        # Paths before anything else: a refused destination is refused whatever the plan says.
+        out_dir = confine(request.out_dir or self._cfg.artifact_store, self._cfg.write_roots, "out_dir")
         plan = convert.plan_from_request(request)
         options = BuildOptions(
-            out_dir=Path(request.out_dir or self._cfg.artifact_store),
+            out_dir=out_dir,
             boundary_dtype=convert.boundary_dtype_name(request.boundary_dtype),
             chunk_bytes=self._cfg.build_chunk_bytes,
         )
@@ -70,6 +74,7 @@ class ArtifactBuilderServicer(pb_grpc.ArtifactBuilderServiceServicer):
     async def VerifyArtifact(self, request, context) -> pb.VerifyArtifactResponse:
         if not request.artifact_dir:
             raise InvalidArgument("artifact_dir is required", field="artifact_dir")
+        confine(request.artifact_dir, (*self._cfg.write_roots, *self._cfg.read_roots), "artifact_dir")
         try:
             verified = await asyncio.to_thread(
                 verify_artifact, request.artifact_dir, request.expected_manifest_hash, request.expected_plan_hash

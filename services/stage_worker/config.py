@@ -7,6 +7,9 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pathlib import Path
+
+from libs.security.paths import parse_roots
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 
@@ -29,6 +32,8 @@ class StageWorkerConfig:
     advertise_host: str = ""
     # CPUs this worker pins itself to; empty = whatever it inherited.
     cpu_affinity: tuple[int, ...] = ()
+    # Where LoadStage may read artifacts or checkpoints from; empty refuses every load.
+    read_roots: tuple[Path, ...] = ()
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> StageWorkerConfig:
@@ -42,6 +47,7 @@ class StageWorkerConfig:
         parser.add_argument("--kv-limit-bytes", type=int, help="env FORNAX_KV_LIMIT_BYTES")
         parser.add_argument("--advertise-host", help="host peers dial for FNX2 (env FORNAX_ADVERTISE_HOST)")
         parser.add_argument("--cpu-affinity", type=parse_cpu_set, help="CPU set to pin to, e.g. 0-3 (env FORNAX_CPU_AFFINITY)")
+        parser.add_argument("--read-roots", help=f"directories loads may read, {os.pathsep!r}-separated (env FORNAX_READ_ROOTS)")
         args = parse(parser, argv)
         stage_index = pick(args.stage_index, env, "FORNAX_STAGE_INDEX", 0, int)
         backend = pick(args.backend, env, "FORNAX_BACKEND", cls.backend)
@@ -60,4 +66,5 @@ class StageWorkerConfig:
             kv_limit_bytes=pick(args.kv_limit_bytes, env, "FORNAX_KV_LIMIT_BYTES", cls.kv_limit_bytes, int),
             advertise_host=pick(args.advertise_host, env, "FORNAX_ADVERTISE_HOST", ""),
             cpu_affinity=pick(args.cpu_affinity, env, "FORNAX_CPU_AFFINITY", (), parse_cpu_set),
+            read_roots=parse_roots(pick(args.read_roots, env, "FORNAX_READ_ROOTS", "")),
         )

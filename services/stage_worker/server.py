@@ -6,6 +6,7 @@ from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 
+from libs.security.paths import confine
 from libs.service.server import ServiceSpec
 from services.stage_worker import convert
 from services.stage_worker.config import StageWorkerConfig
@@ -58,6 +59,9 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
 
     async def LoadStage(self, request, context) -> pb.LoadStageResponse:
         spec = convert.load_spec_from_pb(request)
+        for field, path in (("spec.checkpoint_dir", spec.checkpoint_dir), ("spec.artifact_dir", spec.artifact_dir)):
+            if path:
+                confine(path, self._cfg.read_roots, field)
         stage = await self._runtime.load(spec)
         await self._dataplane.bind(stage)
         cfg = stage.config

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +20,9 @@ class ServiceProc:
         # Component tests exercise one service's behaviour in plaintext, chosen explicitly;
         # the fleet launcher and tests/integration/security run with mTLS.
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "FORNAX_READY_FILE": str(self.ready_file),
-                    "FORNAX_INSECURE": "1", "FORNAX_STATE_DIR": str(workdir), **(env or {})}
+                    "FORNAX_INSECURE": "1", "FORNAX_STATE_DIR": str(workdir),
+                    # Test checkpoints and artifacts live under the system temporary directory.
+                    "FORNAX_READ_ROOTS": tempfile.gettempdir(), **(env or {})}
         self._log = open(self.log_file, "wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", module, *(args or [])], stdout=self._log, stderr=subprocess.STDOUT, env=full_env

@@ -176,3 +176,29 @@ def test_a_server_without_tls_or_an_explicit_insecure_choice_does_not_start(tmp_
             await spec.on_stop()
 
     asyncio.run(body())
+
+
+def test_operator_load_outside_the_read_roots_is_refused_and_audited(pki, tmp_path):
+    from fornax.common.v1 import common_pb2
+
+    spec = pb.StageSpec(
+        stage_index=0, stage_count=1, backend=common_pb2.BACKEND_NUMPY, boundary_dtype=common_pb2.ELEMENT_TYPE_FP32,
+        device="cpu", output_mode=pb.OUTPUT_MODE_SAMPLED_TOKENS, artifact_dir="/etc",
+        plan=common_pb2.PlanBinding(plan_id="p", plan_hash="h", plan_generation_id="g"))
+    spec.layer_range.layer_start, spec.layer_range.layer_end_exclusive = 0, 1
+
+    async def body():
+        running, server_spec = await _serve(pki, tmp_path)
+        try:
+            async with pki.channel(f"127.0.0.1:{running.port}", OPERATOR) as channel:
+                with pytest.raises(grpc.RpcError) as caught:
+                    await pb_grpc.StageWorkerServiceStub(channel).LoadStage(
+                        pb.LoadStageRequest(request_id="l1", spec=spec), timeout=5)
+        finally:
+            await _stop(running, server_spec)
+        return caught.value
+
+    error = asyncio.run(body())
+    assert (error.code(), reason_of(error)) == (grpc.StatusCode.PERMISSION_DENIED, "PATH_OUTSIDE_ROOTS")
+    [entry] = _audit(tmp_path)
+    assert (entry.event.caller, entry.event.result) == ("operator/admin", "PERMISSION_DENIED:PATH_OUTSIDE_ROOTS")
