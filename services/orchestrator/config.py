@@ -52,6 +52,8 @@ class OrchestratorConfig:
     max_prompt_tokens: int = 0
     # Operator-supplied HTTP certificate; otherwise the fleet certificate beyond loopback.
     http_tls: HttpTlsFiles | None = None
+    # Plain HTTP beyond loopback, said explicitly (TLS terminated in front of the pod, say).
+    http_insecure: bool = False
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> OrchestratorConfig:
@@ -89,6 +91,7 @@ class OrchestratorConfig:
             max_tokens_cap=pick(args.max_tokens_cap, env, "FORNAX_MAX_TOKENS_CAP", 0, int),
             max_prompt_tokens=pick(args.max_prompt_tokens, env, "FORNAX_MAX_PROMPT_TOKENS", 0, int),
             http_tls=HttpTlsFiles(Path(cert), Path(key)) if cert else None,
+            http_insecure=(env.get("FORNAX_HTTP_INSECURE") or "").lower() in ("1", "true", "yes"),
             server=server_config(args, env, "orchestrator"),
             http_port=pick(args.http_port, env, "FORNAX_HTTP_PORT", 0, int),
             # The key never comes from a flag, so it stays out of process listings.

@@ -31,17 +31,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def choose_http_tls(host: str, user: HttpTlsFiles | None, fleet: TlsPaths | None) -> HttpTlsFiles | None:
-    """The certificate to serve, or None for plain HTTP (loopback only). Pure."""
+def choose_http_tls(host: str, user: HttpTlsFiles | None, fleet: TlsPaths | None,
+                    plaintext_chosen: bool = False) -> HttpTlsFiles | None:
+    """The certificate to serve, or None for plain HTTP (loopback, or plaintext_chosen). Pure."""
     if user is not None:
         return user
-    if is_loopback(host):
+    if is_loopback(host) or plaintext_chosen:
         return None
     if fleet is not None:
         return HttpTlsFiles(fleet.cert, fleet.key)
     raise HttpTlsRequired(
         f"the HTTP API binds {host}, beyond loopback, and has no certificate: set FORNAX_HTTP_TLS_CERT "
-        "and FORNAX_HTTP_TLS_KEY, or run with the fleet's TLS (FORNAX_TLS_*)")
+        "and FORNAX_HTTP_TLS_KEY, run with the fleet's TLS (FORNAX_TLS_*), or choose plain HTTP "
+        "explicitly with FORNAX_HTTP_INSECURE=1")
 
 
 def server_ssl_context(files: HttpTlsFiles) -> ssl.SSLContext:

@@ -18,7 +18,7 @@ from services.orchestrator import convert
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.domain import SchedulerConfig
 from services.orchestrator.http_api import HttpConfig, build_http_app, start_http
-from services.orchestrator.http_tls import choose_http_tls, server_ssl_context
+from services.orchestrator.http_tls import choose_http_tls, is_loopback, server_ssl_context
 from services.orchestrator.lifecycle import InstalledRoute, Installer, InstallRequest, RouteManager
 from services.orchestrator.serving import RouteSlot, ServingConfig, ServingEngine, terminal_error
 
@@ -146,7 +146,9 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
             manager, InstallRequest(cfg.checkpoint, len(cfg.stage_workers), cfg.backend,
                                     cfg.boundary_dtype)))
     servicer = OrchestratorServicer(cfg, route, manager)
-    http_tls = choose_http_tls(cfg.server.host, cfg.http_tls, cfg.server.tls)
+    http_tls = choose_http_tls(cfg.server.host, cfg.http_tls, cfg.server.tls, cfg.http_insecure)
+    if http_tls is None and not is_loopback(cfg.server.host):
+        _log.warning("http_plaintext_beyond_loopback", host=cfg.server.host)
     app = build_http_app(route, HttpConfig(api_key=cfg.api_key, max_body_bytes=cfg.http_max_body_bytes))
     runner, http_port = await start_http(app, cfg.server.host, cfg.http_port,
                                          server_ssl_context(http_tls) if http_tls else None)
