@@ -9,7 +9,8 @@ from pathlib import Path
 
 from libs.security.identity import Identity, Role, service_identity, stage_identity
 from libs.security.store import CertStore
-from libs.security.tls import ENV_CA, ENV_CERT, ENV_INSECURE, ENV_KEY, ClientCredentials, TlsPaths
+from libs.security.tls import ENV_CA, ENV_CERT, ENV_INSECURE, ENV_KEY, TlsPaths
+from libs.service.channels import ClientCredentials
 
 OPERATOR = Identity(Role.OPERATOR, "admin")
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1")

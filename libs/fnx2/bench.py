@@ -19,12 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from libs.fnx2.bench_peer import ACK, BENCH_BINDING, GRPC_METHOD, MAX_MESSAGE_BYTES
+from libs.fnx2.bench_peer import ACK, BENCH_BINDING, GRPC_METHOD
 from libs.fnx2.codec import decode_frame, encode_frame
 from libs.fnx2.leases import derive_execution_lease_id
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import Tensor
+from libs.service.channels import ChannelConfig, open_aio_channel
 
 MIB = 1 << 20
 PREFILL_SHAPE = (4096, 2048)
@@ -171,12 +172,12 @@ async def _raw_throughput(port: int, frames: int, size: int) -> float:
     return elapsed
 
 
-async def _grpc_throughput(port: int, frames: int, size: int) -> float:
-    import grpc
+# The gRPC baseline measures the transport alone, so its channel carries no tracing.
+UNTRACED = ChannelConfig(traced=False)
 
-    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-               ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+
+async def _grpc_throughput(port: int, frames: int, size: int) -> float:
+    async with open_aio_channel(f"127.0.0.1:{port}", UNTRACED) as channel:
         call_factory = channel.stream_stream(GRPC_METHOD)
         payload = bytes(size)
 

@@ -16,13 +16,13 @@ from libs.fnx2.control import ChannelBinding
 from libs.fnx2.receiver import Fnx2Receiver, ReceiverConfig, StageOutput, StageWork, start_server
 from libs.fnx2.receiver_state import ReceiverLimits
 from libs.fnx2.tensor import DType, Tensor, TensorDescriptor, TensorKind
+from libs.service.channels import MAX_MESSAGE_BYTES
 
 BENCH_BINDING = ChannelBinding(
     "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa", "sha256:" + "b" * 64, "sha256:" + "c" * 64,
     "bench-stage", "99999999-9999-4999-8999-999999999999")
 ACK = struct.Struct("!Q")
 GRPC_METHOD = "/fornax.bench.v1.BytesSink/Stream"
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 class BenchHandler:

@@ -18,6 +18,8 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from libs.service.channels import ClientCredentials
+
 ENV_CA = "FORNAX_TLS_CA"
 ENV_CERT = "FORNAX_TLS_CERT"
 ENV_KEY = "FORNAX_TLS_KEY"
@@ -51,18 +53,6 @@ class TlsPaths:
             except OSError:
                 hasher.update(b"missing:" + str(path).encode())
         return hasher.hexdigest()
-
-
-@dataclass(frozen=True)
-class ClientCredentials:
-    """PEM bytes a caller presents: the fleet CA it trusts and its own certificate and key."""
-
-    ca_pem: bytes
-    cert_pem: bytes
-    key_pem: bytes
-
-    def channel_credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(self.ca_pem, self.key_pem, self.cert_pem)
 
 
 def tls_from_env(env: Mapping[str, str]) -> TlsPaths | None:

@@ -27,12 +27,11 @@ from prometheus_client import start_http_server
 from libs.security.audit import AuditLog
 from libs.security.tls import ReloadingServerCredentials
 from libs.service.authz_interceptor import AuthzInterceptor
+from libs.service.channels import MAX_MESSAGE_BYTES
 from libs.service.config import ServerConfig
 from libs.service.interceptors import ErrorInterceptor
 from libs.service.logs import configure_logging
 from libs.service.tracing import configure_tracing, server_interceptors
-
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass

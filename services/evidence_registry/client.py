@@ -8,15 +8,13 @@
         require_resolved(outcome)          # or: raise EvidenceUnresolved naming each failure
 
 `AsyncRegistryClient` has the same methods for grpc.aio services. Every registry RPC is
-idempotent (puts carry a request id, generated once per call and reused on retry), so
-UNAVAILABLE is retried with backoff; any other error becomes a `RegistryCallFailed` carrying
-the server's status code, reason and field.
+idempotent (puts carry a request id, generated once per call and resent by gRPC on retry), so
+the channel retries UNAVAILABLE and RESOURCE_EXHAUSTED with backoff; any error left after that
+becomes a `RegistryCallFailed` carrying the server's status code, reason and field.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
 from fornax.evidence_registry.v1 import evidence_registry_pb2_grpc as pb_grpc
 from google.rpc import error_details_pb2, status_pb2
 
+from libs.service.channels import ChannelConfig, open_aio_channel, open_channel, rpc_errors_as
 from libs.service.errors import FailedPrecondition, FornaxError
 from services.evidence_registry import convert
 from services.evidence_registry.domain import (
@@ -41,13 +40,13 @@ from services.evidence_registry.errors import InvalidField
 from services.evidence_registry.validation import parse_sha256
 
 FLEET_ENTRY_NAME = "evidence_registry"
+REGISTRY_SERVICE = pb.DESCRIPTOR.services_by_name["EvidenceRegistryService"].full_name
 
 
 @dataclass(frozen=True)
 class ClientOptions:
-    timeout_s: float = 10.0
-    attempts: int = 3
-    backoff_s: float = 0.1
+    timeout_s: float = 10.0  # per call, across gRPC's retries
+    channel: ChannelConfig = ChannelConfig()
 
 
 class RegistryCallFailed(FornaxError):
@@ -122,6 +121,10 @@ def _list_request(type: RecordType | None, evidence_class: EvidenceClass | None,
     )
 
 
+def _failed(rpc: str):
+    return rpc_errors_as(lambda error: RegistryCallFailed(rpc, error))
+
+
 def _revoke_request(record_id: str, reason: str, request_id: str | None) -> pb.RevokeRecordRequest:
     return pb.RevokeRecordRequest(record_id=record_id, reason=reason, request_id=request_id or uuid.uuid4().hex)
 
@@ -132,7 +135,7 @@ class RegistryClient:
     def __init__(self, address: str, options: ClientOptions = ClientOptions()) -> None:
         self.address = address
         self._options = options
-        self._channel = grpc.insecure_channel(address)
+        self._channel = open_channel(address, options.channel, idempotent=(REGISTRY_SERVICE,))
         self._stub = pb_grpc.EvidenceRegistryServiceStub(self._channel)
 
     def __enter__(self) -> RegistryClient:
@@ -144,31 +147,26 @@ class RegistryClient:
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, rpc: str, request):
-        method = getattr(self._stub, rpc)
-        for attempt in range(self._options.attempts):
-            try:
-                return method(request, timeout=self._options.timeout_s)
-            except grpc.RpcError as error:
-                if error.code() is not grpc.StatusCode.UNAVAILABLE or attempt + 1 == self._options.attempts:
-                    raise RegistryCallFailed(rpc, error) from None
-                time.sleep(self._options.backoff_s * 2 ** attempt)
-        raise AssertionError("unreachable")
-
     def put_record(self, content: RecordContent, blob: bytes, *, record_id: str = "",
                    request_id: str | None = None) -> Record:
-        response = self._call("PutRecord", _put_request(content, blob, record_id, request_id))
+        request = _put_request(content, blob, record_id, request_id)
+        with _failed("PutRecord"):
+            response = self._stub.PutRecord(request, timeout=self._options.timeout_s)
         return convert.record_from_proto(response.record)
 
     def get_record(self, record_id: str, include_blob: bool = False) -> tuple[Record, bytes | None]:
-        response = self._call("GetRecord", pb.GetRecordRequest(record_id=record_id, include_blob=include_blob))
+        request = pb.GetRecordRequest(record_id=record_id, include_blob=include_blob)
+        with _failed("GetRecord"):
+            response = self._stub.GetRecord(request, timeout=self._options.timeout_s)
         return convert.record_from_proto(response.record), (response.blob if include_blob else None)
 
     def list_records(self, type: RecordType | None = None, evidence_class: EvidenceClass | None = None,
                      status: RecordStatus | None = None, page_size: int = 0,
                      page_token: str = "") -> tuple[tuple[Record, ...], str]:
         request = _list_request(type, evidence_class, status, page_size, page_token)
-        return convert.list_page_from_proto(self._call("ListRecords", request))
+        with _failed("ListRecords"):
+            response = self._stub.ListRecords(request, timeout=self._options.timeout_s)
+        return convert.list_page_from_proto(response)
 
     def iter_records(self, **filters) -> Iterator[Record]:
         token = ""
@@ -179,12 +177,16 @@ class RegistryClient:
                 return
 
     def revoke_record(self, record_id: str, reason: str, request_id: str | None = None) -> Record:
-        response = self._call("RevokeRecord", _revoke_request(record_id, reason, request_id))
+        request = _revoke_request(record_id, reason, request_id)
+        with _failed("RevokeRecord"):
+            response = self._stub.RevokeRecord(request, timeout=self._options.timeout_s)
         return convert.record_from_proto(response.record)
 
     def resolve_records(self, expectations: Iterable[Expectation], at_unix_ns: int = 0) -> ResolveOutcome:
         request = convert.expectations_to_proto(tuple(expectations), at_unix_ns)
-        return convert.resolve_outcome_from_proto(self._call("ResolveRecords", request))
+        with _failed("ResolveRecords"):
+            response = self._stub.ResolveRecords(request, timeout=self._options.timeout_s)
+        return convert.resolve_outcome_from_proto(response)
 
 
 class AsyncRegistryClient:
@@ -193,7 +195,7 @@ class AsyncRegistryClient:
     def __init__(self, address: str, options: ClientOptions = ClientOptions()) -> None:
         self.address = address
         self._options = options
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = open_aio_channel(address, options.channel, idempotent=(REGISTRY_SERVICE,))
         self._stub = pb_grpc.EvidenceRegistryServiceStub(self._channel)
 
     async def __aenter__(self) -> AsyncRegistryClient:
@@ -205,33 +207,30 @@ class AsyncRegistryClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def _call(self, rpc: str, request):
-        method = getattr(self._stub, rpc)
-        for attempt in range(self._options.attempts):
-            try:
-                return await method(request, timeout=self._options.timeout_s)
-            except grpc.RpcError as error:
-                if error.code() is not grpc.StatusCode.UNAVAILABLE or attempt + 1 == self._options.attempts:
-                    raise RegistryCallFailed(rpc, error) from None
-                await asyncio.sleep(self._options.backoff_s * 2 ** attempt)
-        raise AssertionError("unreachable")
-
     async def put_record(self, content: RecordContent, blob: bytes, *, record_id: str = "",
                          request_id: str | None = None) -> Record:
-        response = await self._call("PutRecord", _put_request(content, blob, record_id, request_id))
+        request = _put_request(content, blob, record_id, request_id)
+        with _failed("PutRecord"):
+            response = await self._stub.PutRecord(request, timeout=self._options.timeout_s)
         return convert.record_from_proto(response.record)
 
     async def get_record(self, record_id: str, include_blob: bool = False) -> tuple[Record, bytes | None]:
-        response = await self._call("GetRecord", pb.GetRecordRequest(record_id=record_id, include_blob=include_blob))
+        request = pb.GetRecordRequest(record_id=record_id, include_blob=include_blob)
+        with _failed("GetRecord"):
+            response = await self._stub.GetRecord(request, timeout=self._options.timeout_s)
         return convert.record_from_proto(response.record), (response.blob if include_blob else None)
 
     async def revoke_record(self, record_id: str, reason: str, request_id: str | None = None) -> Record:
-        response = await self._call("RevokeRecord", _revoke_request(record_id, reason, request_id))
+        request = _revoke_request(record_id, reason, request_id)
+        with _failed("RevokeRecord"):
+            response = await self._stub.RevokeRecord(request, timeout=self._options.timeout_s)
         return convert.record_from_proto(response.record)
 
     async def resolve_records(self, expectations: Iterable[Expectation], at_unix_ns: int = 0) -> ResolveOutcome:
         request = convert.expectations_to_proto(tuple(expectations), at_unix_ns)
-        return convert.resolve_outcome_from_proto(await self._call("ResolveRecords", request))
+        with _failed("ResolveRecords"):
+            response = await self._stub.ResolveRecords(request, timeout=self._options.timeout_s)
+        return convert.resolve_outcome_from_proto(response)
 
 
 def put_record(address: str, content: RecordContent, blob: bytes, *, record_id: str = "",

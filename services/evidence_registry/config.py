@@ -7,9 +7,12 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from libs.service.channels import MAX_MESSAGE_BYTES
 from libs.service.config import ServerConfig, parse, pick, server_config
 
 DEFAULT_MAX_BLOB_BYTES = 32 << 20
+# A blob travels inside one gRPC message, so it must leave room for the record's metadata.
+LARGEST_MAX_BLOB_BYTES = MAX_MESSAGE_BYTES * 3 // 4
 
 
 @dataclass(frozen=True)
@@ -17,7 +20,7 @@ class RegistryConfig:
     server: ServerConfig
     db_path: str = ".fornax/registry/registry.db"
     blob_dir: str = ".fornax/registry/blobs"
-    # Must stay below the server's gRPC message limit (64 MiB) with room for metadata.
+    # At most LARGEST_MAX_BLOB_BYTES: servers and clients share one gRPC message limit.
     max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
     sqlite_busy_timeout_ms: int = 30_000
     # Fleet CA that physical records' signers must chain to; defaults to the TLS CA.
@@ -34,8 +37,8 @@ class RegistryConfig:
         parser.add_argument("--evidence-ca", help="CA that signs measuring identities (env FORNAX_EVIDENCE_CA; default the TLS CA)")
         args = parse(parser, argv)
         max_blob_bytes = pick(args.max_blob_bytes, env, "FORNAX_REGISTRY_MAX_BLOB_BYTES", DEFAULT_MAX_BLOB_BYTES, int)
-        if not 0 < max_blob_bytes <= 48 << 20:
-            raise SystemExit(f"max blob bytes must be in (0, {48 << 20}], got {max_blob_bytes}")
+        if not 0 < max_blob_bytes <= LARGEST_MAX_BLOB_BYTES:
+            raise SystemExit(f"max blob bytes must be in (0, {LARGEST_MAX_BLOB_BYTES}], got {max_blob_bytes}")
         server = server_config(args, env, "evidence_registry")
         evidence_ca = pick(args.evidence_ca, env, "FORNAX_EVIDENCE_CA", None)
         return cls(

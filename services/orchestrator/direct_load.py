@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import uuid
 
-import grpc
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 
 from libs.model.layout import even_layer_split
+from libs.service.channels import open_channel
 from services.orchestrator.stage_chain import RoutePlan, RouteStage
 
 DTYPES = {"bf16": common_pb2.ELEMENT_TYPE_BF16, "fp16": common_pb2.ELEMENT_TYPE_FP16, "fp32": common_pb2.ELEMENT_TYPE_FP32}
@@ -36,7 +36,7 @@ def load_checkpoint_route(workers: list[str], checkpoint: str, layers: int, *, b
             boundary_dtype=DTYPES[boundary], next_hop_address=next_address, next_hop_manifest_hash=next_manifest,
             output_mode=pb.OUTPUT_MODE_LOGITS if logits else pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
         )
-        with grpc.insecure_channel(workers[index]) as channel:
+        with open_channel(workers[index]) as channel:
             stub = pb_grpc.StageWorkerServiceStub(channel)
             stub.UnloadStage(pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=60)
             loaded = stub.LoadStage(pb.LoadStageRequest(request_id=str(uuid.uuid4()), spec=spec), timeout=timeout_s)

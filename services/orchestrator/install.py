@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import grpc
 import numpy as np
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as ab_pb
 from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as ab_grpc
@@ -23,6 +22,7 @@ from google.protobuf import json_format
 from libs.fnx2.messages import Phase
 from services.orchestrator.stage_chain import Route, RoutePlan, RouteStage, Sampling, SliceInput, lease_id_for
 from libs.model.config import load_config
+from libs.service.channels import open_aio_channel
 from libs.service.errors import FailedPrecondition, Unavailable
 from services.planner import convert as planner_convert
 from services.planner.client import AsyncPlannerClient
@@ -74,7 +74,7 @@ def _node_name(index: int) -> str:
 
 async def _capabilities(workers: tuple[str, ...]) -> list[sw_pb.GetCapabilitiesResponse]:
     async def one(address: str) -> sw_pb.GetCapabilitiesResponse:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_aio_channel(address) as channel:
             return await sw_grpc.StageWorkerServiceStub(channel).GetCapabilities(sw_pb.GetCapabilitiesRequest(), timeout=30)
 
     return list(await asyncio.gather(*(one(a) for a in workers)))
@@ -131,7 +131,7 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
         plan_json=plan_json, boundary_dtype=DTYPE_PB[spec.boundary_dtype],
     )
     result = None
-    async with grpc.aio.insecure_channel(fleet.artifact_builder) as channel:
+    async with open_aio_channel(fleet.artifact_builder) as channel:
         async for event in ab_grpc.ArtifactBuilderServiceStub(channel).BuildStageArtifacts(request, timeout=3600):
             if event.HasField("result"):
                 result = event.result
@@ -158,7 +158,7 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
             next_hop_address=next_address, next_hop_manifest_hash=next_manifest, kv_limit_bytes=spec.kv_limit_bytes,
             output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
         )
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_aio_channel(address) as channel:
             stub = sw_grpc.StageWorkerServiceStub(channel)
             await stub.UnloadStage(sw_pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=60)
             progress(f"loading stage {stage.stage_index} (layers {stage.layer_start}-{stage.layer_end - 1}) on {address}")

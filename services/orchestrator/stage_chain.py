@@ -13,7 +13,6 @@ import itertools
 import uuid
 from dataclasses import dataclass
 
-import grpc
 import numpy as np
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
@@ -22,6 +21,7 @@ from libs.fnx2.control import ChannelBinding
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind
+from libs.service.channels import open_aio_channel
 
 GATEWAY = "gateway"
 
@@ -84,7 +84,7 @@ def lease_id_for(plan: RoutePlan, request_id: str) -> str:
 class Route:
     def __init__(self, plan: RoutePlan):
         self.plan = plan
-        self._channels = [grpc.aio.insecure_channel(s.control_address) for s in plan.stages]
+        self._channels = [open_aio_channel(s.control_address) for s in plan.stages]
         self._stubs = [pb_grpc.StageWorkerServiceStub(c) for c in self._channels]
         self._client: Fnx2Client | None = None
         self._batch_numbers = itertools.count()

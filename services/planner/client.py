@@ -5,28 +5,31 @@
         if result.feasible:
             plan = await planner.get_plan(result.plan.plan_id)
 
-CreatePlan carries a request id and planning is deterministic, so UNAVAILABLE is retried with
-backoff; any other status is raised as `PlannerCallFailed` with the server's reason.
+CreatePlan carries a request id and planning is deterministic, so every planner RPC is
+idempotent: the channel retries UNAVAILABLE and RESOURCE_EXHAUSTED with backoff; any failure
+left after that is raised as `PlannerCallFailed` with the server's reason.
 """
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import grpc
 from fornax.planner.v1 import planner_pb2 as pb
 from fornax.planner.v1 import planner_pb2_grpc as pb_grpc
 
+from libs.service.channels import ChannelConfig, open_aio_channel, rpc_errors_as
 from libs.service.errors import FornaxError
 from libs.service.interceptors import reason_of
 from services.planner import convert, domain
 from services.planner.inventory import Inventory, Target
 from services.planner.model import ModelDescription
 
+PLANNER_SERVICE = pb.DESCRIPTOR.services_by_name["PlannerService"].full_name
+
 
 class PlannerCallFailed(FornaxError):
-    def __init__(self, rpc: str, error: grpc.aio.AioRpcError) -> None:
+    def __init__(self, rpc: str, error: grpc.RpcError) -> None:
         super().__init__(f"planner {rpc}: {error.details()}", reason=reason_of(error) or f"PLANNER_{error.code().name}")
         self.code = error.code()
 
@@ -40,10 +43,10 @@ def create_plan_request(model: ModelDescription, inventory: Inventory, target: T
 
 
 class AsyncPlannerClient:
-    def __init__(self, address: str, timeout_s: float = 60.0, attempts: int = 3, backoff_s: float = 0.1) -> None:
-        self._channel = grpc.aio.insecure_channel(address)
+    def __init__(self, address: str, timeout_s: float = 60.0, channel: ChannelConfig = ChannelConfig()) -> None:
+        self._channel = open_aio_channel(address, channel, idempotent=(PLANNER_SERVICE,))
         self._stub = pb_grpc.PlannerServiceStub(self._channel)
-        self._timeout_s, self._attempts, self._backoff_s = timeout_s, attempts, backoff_s
+        self._timeout_s = timeout_s
 
     async def __aenter__(self) -> AsyncPlannerClient:
         return self
@@ -54,21 +57,14 @@ class AsyncPlannerClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def _call(self, rpc: str, request):
-        for attempt in range(self._attempts):
-            try:
-                return await getattr(self._stub, rpc)(request, timeout=self._timeout_s)
-            except grpc.aio.AioRpcError as error:
-                if error.code() is not grpc.StatusCode.UNAVAILABLE or attempt + 1 == self._attempts:
-                    raise PlannerCallFailed(rpc, error) from None
-                await asyncio.sleep(self._backoff_s * 2**attempt)
-        raise AssertionError("unreachable")
-
     async def create_plan(self, model: ModelDescription, inventory: Inventory, target: Target,
                           request_id: str | None = None) -> domain.PlanResult:
         request = create_plan_request(model, inventory, target, request_id)
-        return convert.result_from_proto(await self._call("CreatePlan", request))
+        with rpc_errors_as(lambda error: PlannerCallFailed("CreatePlan", error)):
+            response = await self._stub.CreatePlan(request, timeout=self._timeout_s)
+        return convert.result_from_proto(response)
 
     async def get_plan(self, plan_id: str) -> domain.Plan:
-        response = await self._call("GetPlan", pb.GetPlanRequest(plan_id=plan_id))
+        with rpc_errors_as(lambda error: PlannerCallFailed("GetPlan", error)):
+            response = await self._stub.GetPlan(pb.GetPlanRequest(plan_id=plan_id), timeout=self._timeout_s)
         return convert.plan_from_proto(response.plan)

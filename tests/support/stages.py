@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 
+from libs.service.channels import open_channel
 from services.orchestrator.direct_load import load_checkpoint_route
 from services.orchestrator.stage_chain import RoutePlan
 from tests.support.procs import ServiceProc
@@ -19,7 +19,7 @@ class StageFleet:
     addresses: list[str]
 
     def stub(self, index: int) -> pb_grpc.StageWorkerServiceStub:
-        return pb_grpc.StageWorkerServiceStub(grpc.insecure_channel(self.addresses[index]))
+        return pb_grpc.StageWorkerServiceStub(open_channel(self.addresses[index]))
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -17,6 +17,7 @@ from libs.security.audit import read_entries, verify_file
 from libs.security.identity import Identity, Role
 from libs.security.store import CertStore
 from services.evidence_registry.blobs import sha256_hex
+from services.evidence_registry.config import DEFAULT_MAX_BLOB_BYTES
 from services.evidence_registry.client import (
     EvidenceUnresolved,
     RegistryCallFailed,
@@ -67,6 +68,14 @@ def test_put_get_list_over_grpc(service):
     listed = list(client.iter_records(evidence_class=EvidenceClass.PHYSICAL, page_size=1))
     assert record in listed
     assert all(r.content.evidence_class is EvidenceClass.PHYSICAL for r in listed)
+
+
+def test_the_largest_default_blob_travels_both_ways(service):
+    # Far above gRPC's 4 MiB default: clients and server share one message limit.
+    client, _ = service
+    blob = bytes(range(256)) * (DEFAULT_MAX_BLOB_BYTES // 256)
+    record = client.put_record(content(), blob)
+    assert client.get_record(record.record_id, include_blob=True)[1] == blob
 
 
 def test_put_is_idempotent_on_request_id(service):
@@ -243,12 +252,13 @@ def test_async_client_and_plain_value_expectations(service):
 def test_unreachable_registry_is_unavailable_not_a_hang():
     import socket
 
+    from libs.service.channels import ChannelConfig, RetryPolicy
     from services.evidence_registry.client import ClientOptions, expectation
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{sock.getsockname()[1]}"
-    with RegistryClient(address, ClientOptions(timeout_s=2.0, attempts=2, backoff_s=0.01)) as client:
+    with RegistryClient(address, ClientOptions(timeout_s=2.0, channel=ChannelConfig(retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.01)))) as client:
         error = failure(lambda: client.resolve_records([expectation("a", "model")]))
     assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "REGISTRY_UNAVAILABLE")
 

@@ -9,7 +9,8 @@ import grpc
 
 from libs.security.identity import Identity, Role
 from libs.security.store import CertStore
-from libs.security.tls import ClientCredentials, TlsPaths
+from libs.security.tls import TlsPaths
+from libs.service.channels import ClientCredentials
 
 OPERATOR = Identity(Role.OPERATOR, "admin")
 CLIENT = Identity(Role.CLIENT, "app")
