@@ -13,7 +13,7 @@ from apps.fleet.compose import start_fleet
 from apps.fleet.health import check_health
 from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
 from apps.fleet.route_wait import RouteFailed, wait_for_route
-from apps.fleet.trust import operator_credentials
+from libs.security.cli_credentials import operator_credentials
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
 
 BACKENDS = ("max", "numpy")

@@ -7,12 +7,12 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.security.identity import Identity, Role, service_identity, stage_identity
+from libs.security.cli_credentials import OPERATOR
+from libs.security.identity import Identity, service_identity, stage_identity
 from libs.security.store import CertStore
-from libs.security.tls import ENV_CA, ENV_CERT, ENV_INSECURE, ENV_KEY, TlsPaths
+from libs.security.tls import ENV_CA, ENV_CERT, ENV_INSECURE, ENV_KEY
 from libs.service.channels import ClientCredentials
 
-OPERATOR = Identity(Role.OPERATOR, "admin")
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1")
 
 
@@ -57,12 +57,3 @@ def prepare_trust(state_dir: Path, insecure: bool) -> FleetTrust:
         store.init(_now())
     store.ensure(OPERATOR, _now())
     return FleetTrust(state_dir, store)
-
-
-def operator_credentials(state_dir: str | Path) -> ClientCredentials | None:
-    """What `fornax status`, `fornax evidence` and friends present to a local fleet; None if no CA."""
-    store = CertStore(state_dir)
-    paths: TlsPaths = store.paths_for(OPERATOR)
-    if not (paths.ca.is_file() and paths.cert.is_file() and paths.key.is_file()):
-        return None
-    return paths.read()

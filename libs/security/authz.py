@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from libs.security.identity import Identity, Role
 
 ORCHESTRATOR = Identity(Role.SERVICE, "orchestrator")
+ARTIFACT_BUILDER = Identity(Role.SERVICE, "artifact-builder")
 
 
 class Access(enum.Enum):
@@ -24,6 +25,8 @@ class Access(enum.Enum):
     OPERATOR = "operator"
     # Operator role, or the orchestrator acting on an operator's install.
     CONTROL = "control"
+    # Operator role, or the artifact builder registering the model records it inspects.
+    EVIDENCE_PUT = "evidence_put"
 
 
 class RefusalKind(enum.Enum):
@@ -66,7 +69,7 @@ POLICY: dict[str, Access] = {
     _STAGE + "AdmitSequence": Access.CONTROL,
     _STAGE + "CancelRequest": Access.CONTROL,
     _STAGE + "ReleaseRequest": Access.CONTROL,
-    _REGISTRY + "PutRecord": Access.OPERATOR,
+    _REGISTRY + "PutRecord": Access.EVIDENCE_PUT,
     _REGISTRY + "RevokeRecord": Access.OPERATOR,
     _REGISTRY + "GetRecord": Access.FLEET,
     _REGISTRY + "ListRecords": Access.FLEET,
@@ -102,6 +105,8 @@ def _allowed(access: Access, identity: Identity, api_key_ok: bool) -> bool:
         return identity.role in (Role.CLIENT, Role.OPERATOR) or api_key_ok
     if access is Access.OPERATOR:
         return identity.role is Role.OPERATOR
+    if access is Access.EVIDENCE_PUT:
+        return identity.role is Role.OPERATOR or identity == ARTIFACT_BUILDER
     return identity.role is Role.OPERATOR or identity == ORCHESTRATOR
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.security.tls import TlsConfigError, TlsPaths, insecure_from_env, tls_from_env
+from libs.service.channels import ChannelConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -35,6 +36,12 @@ class ServerConfig:
     audit_log: str | None = None
     # A plaintext listener serving only grpc.health.v1 (for probes that hold no certificate).
     health_port: int | None = None
+
+    def client_channel(self) -> ChannelConfig:
+        """How this service reaches its peers: with its own certificate when it serves mTLS.
+
+        Read at each call, so a rotated certificate is presented on the next channel."""
+        return ChannelConfig(credentials=self.tls.read() if self.tls is not None else None)
 
     @property
     def service_name(self) -> str:

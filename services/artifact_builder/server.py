@@ -42,7 +42,8 @@ class ArtifactBuilderServicer(pb_grpc.ArtifactBuilderServiceServicer):
         inspection = await self._inspect(request.checkpoint_dir, request.source, request.revision)
         record_id = ""
         if self._cfg.registry_addr and inspection.valid:
-            record_id = await asyncio.to_thread(register_snapshot, self._cfg.registry_addr, inspection.snapshot)
+            record_id = await asyncio.to_thread(register_snapshot, self._cfg.registry_addr, inspection.snapshot,
+                                                self._cfg.server.client_channel())
         log.info("checkpoint_inspected", snapshot_id=inspection.snapshot.snapshot_id,
                  valid=inspection.valid, problems=len(inspection.problems), model_record_id=record_id)
         return convert.inspection_to_pb(inspection, record_id)

@@ -121,12 +121,13 @@ def register(commands, benches) -> None:
 
 
 def _client(args):
-    from services.evidence_registry.client import RegistryClient, address_from_fleet
+    from libs.security.cli_credentials import cli_channel
+    from services.evidence_registry.client import ClientOptions, RegistryClient, address_from_fleet
 
     address = args.registry or address_from_fleet(args.state_dir)
     if not address:
         raise UsageError(f"no --registry given and no evidence_registry in {args.state_dir}/fleet.json")
-    return RegistryClient(address)
+    return RegistryClient(address, ClientOptions(channel=cli_channel(args.state_dir)))
 
 
 def _run(args, action) -> int:

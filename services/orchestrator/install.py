@@ -22,7 +22,7 @@ from google.protobuf import json_format
 from libs.fnx2.messages import Phase
 from services.orchestrator.stage_chain import Route, RoutePlan, RouteStage, Sampling, SliceInput, lease_id_for
 from libs.model.config import load_config
-from libs.service.channels import open_aio_channel
+from libs.service.channels import ChannelConfig, open_aio_channel
 from libs.service.errors import FailedPrecondition, Unavailable
 from services.planner import convert as planner_convert
 from services.planner.client import AsyncPlannerClient
@@ -59,6 +59,8 @@ class Fleet:
     planner: str
     artifact_builder: str
     workers: tuple[str, ...]  # gRPC addresses in stage order
+    # How the orchestrator reaches them (its certificate, under mTLS).
+    channel: ChannelConfig = ChannelConfig()
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,9 @@ def _node_name(index: int) -> str:
     return f"stage_worker_{index}"
 
 
-async def _capabilities(workers: tuple[str, ...]) -> list[sw_pb.GetCapabilitiesResponse]:
+async def _capabilities(workers: tuple[str, ...], config: ChannelConfig) -> list[sw_pb.GetCapabilitiesResponse]:
     async def one(address: str) -> sw_pb.GetCapabilitiesResponse:
-        async with open_aio_channel(address) as channel:
+        async with open_aio_channel(address, config) as channel:
             return await sw_grpc.StageWorkerServiceStub(channel).GetCapabilities(sw_pb.GetCapabilitiesRequest(), timeout=30)
 
     return list(await asyncio.gather(*(one(a) for a in workers)))
@@ -109,13 +111,13 @@ def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> Invento
 
 
 async def create_plan(spec: InstallSpec, fleet: Fleet) -> Plan:
-    capabilities = await _capabilities(fleet.workers)
+    capabilities = await _capabilities(fleet.workers, fleet.channel)
     model = describe_checkpoint(spec.checkpoint_dir)
     target = Target(
         context_tokens=spec.context_tokens, concurrency=spec.concurrency, min_stages=spec.stages,
         max_stages=spec.stages, boundary_dtype=spec.boundary_dtype,
     )
-    async with AsyncPlannerClient(fleet.planner) as planner:
+    async with AsyncPlannerClient(fleet.planner, channel=fleet.channel) as planner:
         result = await planner.create_plan(model, inventory_from(capabilities), target)
     if not result.feasible or result.plan is None:
         reasons = "; ".join(f"{r.subject}: {r.reason} {r.detail}" for r in result.rejections)
@@ -131,7 +133,7 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
         plan_json=plan_json, boundary_dtype=DTYPE_PB[spec.boundary_dtype],
     )
     result = None
-    async with open_aio_channel(fleet.artifact_builder) as channel:
+    async with open_aio_channel(fleet.artifact_builder, fleet.channel) as channel:
         async for event in ab_grpc.ArtifactBuilderServiceStub(channel).BuildStageArtifacts(request, timeout=3600):
             if event.HasField("result"):
                 result = event.result
@@ -158,7 +160,7 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
             next_hop_address=next_address, next_hop_manifest_hash=next_manifest, kv_limit_bytes=spec.kv_limit_bytes,
             output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
         )
-        async with open_aio_channel(address) as channel:
+        async with open_aio_channel(address, fleet.channel) as channel:
             stub = sw_grpc.StageWorkerServiceStub(channel)
             await stub.UnloadStage(sw_pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=60)
             progress(f"loading stage {stage.stage_index} (layers {stage.layer_start}-{stage.layer_end - 1}) on {address}")
@@ -201,7 +203,7 @@ async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], Non
     progress(f"plan {plan.plan_id}: " + ", ".join(f"{s.node} layers [{s.layer_start},{s.layer_end})" for s in plan.stages))
     artifacts = await build_artifacts(spec, fleet, plan, progress)
     route_plan = await load_stages(spec, fleet, plan, artifacts, str(uuid.uuid4()), progress)
-    route = Route(route_plan)
+    route = Route(route_plan, fleet.channel)
     await route.open()
     try:
         progress("warming the route")

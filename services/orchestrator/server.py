@@ -110,7 +110,7 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
         from services.orchestrator.fleet_route import fleet_installer
         from services.orchestrator.install import Fleet
 
-        fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers)
+        fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers, cfg.server.client_channel())
         return fleet_installer(fleet, cfg.artifact_store, cfg.model_id, cfg.stage_kv_limit_bytes,
                                serving_config(cfg),
                                lambda message: _log.info("install_progress", message=message))

@@ -21,7 +21,7 @@ from libs.fnx2.control import ChannelBinding
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind
-from libs.service.channels import open_aio_channel
+from libs.service.channels import ChannelConfig, open_aio_channel
 
 GATEWAY = "gateway"
 
@@ -82,9 +82,9 @@ def lease_id_for(plan: RoutePlan, request_id: str) -> str:
 
 
 class Route:
-    def __init__(self, plan: RoutePlan):
+    def __init__(self, plan: RoutePlan, channel: ChannelConfig = ChannelConfig()):
         self.plan = plan
-        self._channels = [open_aio_channel(s.control_address) for s in plan.stages]
+        self._channels = [open_aio_channel(s.control_address, channel) for s in plan.stages]
         self._stubs = [pb_grpc.StageWorkerServiceStub(c) for c in self._channels]
         self._client: Fnx2Client | None = None
         self._batch_numbers = itertools.count()

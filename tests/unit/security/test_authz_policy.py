@@ -40,3 +40,13 @@ def test_no_identity_is_unauthenticated_and_health_is_open():
 
 def test_unlisted_rpc_is_refused():
     assert decide("/fornax.x.v1.XService/Do", OPERATOR).reason is Reason.RPC_NOT_IN_POLICY
+
+
+def test_evidence_put_is_for_operators_and_the_artifact_builder_revoke_for_operators():
+    registry = "/fornax.evidence_registry.v1.EvidenceRegistryService/"
+    builder = Identity(Role.SERVICE, "artifact-builder")
+    assert decide(registry + "PutRecord", builder) is None
+    assert decide(registry + "PutRecord", OPERATOR) is None
+    assert decide(registry + "PutRecord", CLIENT).reason is Reason.ROLE_NOT_ALLOWED
+    assert decide(registry + "PutRecord", Identity(Role.HOST, "gpu-box")).reason is Reason.ROLE_NOT_ALLOWED
+    assert decide(registry + "RevokeRecord", builder).reason is Reason.ROLE_NOT_ALLOWED
