@@ -8,13 +8,17 @@ import json
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
 
 import openai
 import pytest
 
 from apps.fleet.compose import start_fleet
 from apps.fleet.launcher import FleetOptions
+from libs.service.fleet_state import FleetState
 from libs.text.context import TextContext
+from tests.support.fleet_tls import operator_channel
 from tests.integration.orchestrator.test_greedy_parity import reference_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -35,6 +39,18 @@ def wait_route_ready(api: str) -> dict:
         time.sleep(0.2)
 
 
+@dataclass
+class FleetUnderTest:
+    state: FleetState
+    state_dir: Path
+
+    def __getattr__(self, name):
+        return getattr(self.state, name)
+
+    def channel(self, service: str):
+        return operator_channel(self.state_dir, self.state.entry(service).grpc)
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory, checkpoint):
     options = FleetOptions(state_dir=tmp_path_factory.mktemp("fleet") / ".fornax", stages=2,
@@ -42,7 +58,7 @@ def fleet(tmp_path_factory, checkpoint):
                            startup_timeout_s=180)
     state, launcher = start_fleet(options)
     try:
-        yield state
+        yield FleetUnderTest(state, options.state_dir)
     finally:
         launcher.stop_all()
 
@@ -79,14 +95,12 @@ def test_openai_client_through_the_installed_fleet(fleet, checkpoint):
 
 
 def test_drain_then_rollback_on_the_fleet(fleet, checkpoint):
-    import grpc
     from fornax.common.v1 import common_pb2
     from fornax.orchestrator.v1 import orchestrator_pb2 as pb
     from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 
     wait_route_ready(fleet.api)
-    stub = pb_grpc.OrchestratorServiceStub(
-        grpc.insecure_channel(fleet.entry("orchestrator").grpc))
+    stub = pb_grpc.OrchestratorServiceStub(fleet.channel("orchestrator"))
     first = stub.GetPlanStatus(pb.GetPlanStatusRequest()).current
     one_stage = stub.InstallPlan(pb.InstallPlanRequest(
         checkpoint_dir=str(checkpoint), stages=1, backend=common_pb2.BACKEND_NUMPY,
@@ -110,7 +124,6 @@ def test_drain_then_rollback_on_the_fleet(fleet, checkpoint):
 
 
 def test_32_concurrent_streams_through_the_fleet_then_kv_is_free(fleet):
-    import grpc
     from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
     from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 
@@ -138,8 +151,7 @@ def test_32_concurrent_streams_through_the_fleet_then_kv_is_free(fleet):
     # Releases finish after the last event; poll the stages' own KV counters down to zero.
     deadline = time.monotonic() + 30
     while True:
-        health = [sw_grpc.StageWorkerServiceStub(grpc.insecure_channel(
-            fleet.entry(f"stage_worker_{i}").grpc)).GetHealth(sw_pb.GetHealthRequest())
+        health = [sw_grpc.StageWorkerServiceStub(fleet.channel(f"stage_worker_{i}")).GetHealth(sw_pb.GetHealthRequest())
             for i in range(2)]
         if all(h.live_sequences == 0 and h.kv_bytes_used == 0 for h in health):
             break
