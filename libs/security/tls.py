@@ -114,3 +114,12 @@ class ReloadingServerCredentials:
             self._digest, self._forced = digest, False
             self.reloads += 1
             return config
+
+
+def own_identity_uri(paths: TlsPaths | None) -> str:
+    """The identity URI in this process's own certificate; "" without TLS."""
+    if paths is None:
+        return ""
+    from libs.security.certs import identity_of
+
+    return identity_of(x509.load_pem_x509_certificate(paths.cert.read_bytes())).uri

@@ -61,6 +61,8 @@ class Fleet:
     workers: tuple[str, ...]  # gRPC addresses in stage order
     # How the orchestrator reaches them (its certificate, under mTLS).
     channel: ChannelConfig = ChannelConfig()
+    # The orchestrator's own fleet identity URI, which stage 0 admits as its gateway; "" without TLS.
+    identity: str = ""
 
 
 @dataclass(frozen=True)
@@ -143,11 +145,33 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
     return sorted(result.stages, key=lambda s: s.stage_index)
 
 
+async def _worker_identities(fleet: Fleet) -> dict[str, str]:
+    """Node name to the identity in that worker's certificate (empty without TLS)."""
+    if not fleet.identity:
+        return {}
+    capabilities = await _capabilities(fleet.workers, fleet.channel)
+    return {_node_name(i): c.identity for i, c in enumerate(capabilities)}
+
+
+def _previous_hop(plan: Plan, stage_index: int, identities: dict[str, str], gateway: str) -> str:
+    """Who may open a stage's FNX2 channel: the stage before it, or the orchestrator's gateway."""
+    if stage_index == 0:
+        return gateway
+    return identities.get(plan.stages[stage_index - 1].node, "")
+
+
+def _next_hop(plan: Plan, stage_index: int, identities: dict[str, str]) -> str:
+    if stage_index + 1 >= len(plan.stages):
+        return ""
+    return identities.get(plan.stages[stage_index + 1].node, "")
+
+
 async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: list[ab_pb.StageArtifact],
                       generation: str, progress: Callable[[str], None]) -> RoutePlan:
     """Load last to first, so each stage is told its next hop's FNX2 address and manifest."""
     binding = common_pb2.PlanBinding(plan_id=fnx2_plan_id(plan), plan_hash=plan.plan_hash, plan_generation_id=generation)
     workers = {_node_name(i): address for i, address in enumerate(fleet.workers)}
+    identities = await _worker_identities(fleet)
     next_address, next_manifest, loaded = "", "", []
     count = len(plan.stages)
     for stage, artifact in reversed(list(zip(plan.stages, artifacts))):
@@ -159,6 +183,8 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
             backend=BACKEND_PB[spec.backend], boundary_dtype=DTYPE_PB[spec.boundary_dtype],
             next_hop_address=next_address, next_hop_manifest_hash=next_manifest, kv_limit_bytes=spec.kv_limit_bytes,
             output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
+            previous_hop_identity=_previous_hop(plan, stage.stage_index, identities, fleet.identity),
+            next_hop_identity=_next_hop(plan, stage.stage_index, identities),
         )
         async with open_aio_channel(address, fleet.channel) as channel:
             stub = sw_grpc.StageWorkerServiceStub(channel)

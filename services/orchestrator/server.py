@@ -12,6 +12,7 @@ import structlog
 from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 
+from libs.security.tls import own_identity_uri
 from libs.service.errors import FailedPrecondition, FornaxError, Unavailable
 from libs.service.server import ServiceSpec
 from services.orchestrator import convert
@@ -110,7 +111,8 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
         from services.orchestrator.fleet_route import fleet_installer
         from services.orchestrator.install import Fleet
 
-        fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers, cfg.server.client_channel())
+        fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers, cfg.server.client_channel(),
+                      own_identity_uri(cfg.server.tls))
         return fleet_installer(fleet, cfg.artifact_store, cfg.model_id, cfg.stage_kv_limit_bytes,
                                serving_config(cfg),
                                lambda message: _log.info("install_progress", message=message))

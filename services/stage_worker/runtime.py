@@ -51,6 +51,9 @@ class LoadSpec:
     next_hop_manifest_hash: str | None = None
     kv_limit_bytes: int = 0
     return_logits: bool = False
+    # Fleet identities (spiffe URIs) of the peers on the data plane; None without TLS.
+    previous_hop_identity: str | None = None
+    next_hop_identity: str | None = None
 
     @property
     def first(self) -> bool:

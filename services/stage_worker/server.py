@@ -6,7 +6,10 @@ from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 
+from libs.security.identity import Identity, IdentityError
 from libs.security.paths import confine
+from libs.service.errors import InvalidArgument
+from libs.security.tls import own_identity_uri
 from libs.service.server import ServiceSpec
 from services.stage_worker import convert
 from services.stage_worker.config import StageWorkerConfig
@@ -29,6 +32,21 @@ SUPPORTED_OPERATIONS = (
     "shared_experts",
     "sampling",
 )
+
+
+def require_peer_identities(spec) -> None:
+    """Under TLS the data plane admits one named peer and sends to one named peer: both must be given."""
+    wanted = [("spec.previous_hop_identity", spec.previous_hop_identity)]
+    if not spec.last:
+        wanted.append(("spec.next_hop_identity", spec.next_hop_identity))
+    for field, uri in wanted:
+        if not uri:
+            raise InvalidArgument("a TLS stage needs the fleet identity of its data-plane peer",
+                                  reason="MISSING_PEER_IDENTITY", field=field)
+        try:
+            Identity.from_uri(uri)
+        except IdentityError as exc:
+            raise InvalidArgument(str(exc), reason="INVALID_PEER_IDENTITY", field=field) from exc
 
 
 class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
@@ -55,6 +73,7 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
             fnx2_versions=["2.0"],
             data_plane_address=self._dataplane.address,
             stage_index=self._cfg.stage_index,
+            identity=own_identity_uri(self._cfg.server.tls),
         )
 
     async def LoadStage(self, request, context) -> pb.LoadStageResponse:
@@ -62,6 +81,8 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
         for field, path in (("spec.checkpoint_dir", spec.checkpoint_dir), ("spec.artifact_dir", spec.artifact_dir)):
             if path:
                 confine(path, self._cfg.read_roots, field)
+        if self._cfg.server.tls is not None:
+            require_peer_identities(spec)
         stage = await self._runtime.load(spec)
         await self._dataplane.bind(stage)
         cfg = stage.config

@@ -202,3 +202,40 @@ def test_operator_load_outside_the_read_roots_is_refused_and_audited(pki, tmp_pa
     assert (error.code(), reason_of(error)) == (grpc.StatusCode.PERMISSION_DENIED, "PATH_OUTSIDE_ROOTS")
     [entry] = _audit(tmp_path)
     assert (entry.event.caller, entry.event.result) == ("operator/admin", "PERMISSION_DENIED:PATH_OUTSIDE_ROOTS")
+
+
+def test_a_tls_stage_reports_its_identity_and_needs_its_data_plane_peers_named(pki, tmp_path):
+    from fornax.common.v1 import common_pb2
+
+    spec = pb.StageSpec(
+        stage_index=0, stage_count=2, backend=common_pb2.BACKEND_NUMPY, boundary_dtype=common_pb2.ELEMENT_TYPE_FP32,
+        device="cpu", output_mode=pb.OUTPUT_MODE_SAMPLED_TOKENS, artifact_dir=str(tmp_path / "artifact"),
+        next_hop_address="127.0.0.1:9", next_hop_manifest_hash="sha256:" + "0" * 64,
+        plan=common_pb2.PlanBinding(plan_id="p", plan_hash="h", plan_generation_id="g"))
+    spec.layer_range.layer_start, spec.layer_range.layer_end_exclusive = 0, 1
+
+    async def body():
+        cfg = StageWorkerConfig.from_env([], {"FORNAX_READ_ROOTS": str(tmp_path)})
+        cfg = dataclasses.replace(cfg, server=dataclasses.replace(
+            cfg.server, tls=pki.paths(stage_identity(0)), audit_log=str(tmp_path / "audit.jsonl")))
+        server_spec = await make_spec(cfg)
+        running = await build_server(cfg.server, server_spec)
+        try:
+            async with pki.channel(f"127.0.0.1:{running.port}", OPERATOR) as channel:
+                stub = pb_grpc.StageWorkerServiceStub(channel)
+                capabilities = await stub.GetCapabilities(pb.GetCapabilitiesRequest(), timeout=5)
+                refused = {}
+                for field, value in (("spec.previous_hop_identity", None),
+                                     ("spec.next_hop_identity", "spiffe://fornax/service/orchestrator")):
+                    if value:
+                        spec.previous_hop_identity = value
+                    with pytest.raises(grpc.RpcError) as caught:
+                        await stub.LoadStage(pb.LoadStageRequest(request_id=field, spec=spec), timeout=5)
+                    refused[field] = (caught.value.code(), reason_of(caught.value))
+        finally:
+            await _stop(running, server_spec)
+        return capabilities, refused
+
+    capabilities, refused = asyncio.run(body())
+    assert capabilities.identity == "spiffe://fornax/stage/stage-0"
+    assert refused == {field: (grpc.StatusCode.INVALID_ARGUMENT, "MISSING_PEER_IDENTITY") for field in refused}
