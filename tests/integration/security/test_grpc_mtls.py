@@ -239,3 +239,42 @@ def test_a_tls_stage_reports_its_identity_and_needs_its_data_plane_peers_named(p
     capabilities, refused = asyncio.run(body())
     assert capabilities.identity == "spiffe://fornax/stage/stage-0"
     assert refused == {field: (grpc.StatusCode.INVALID_ARGUMENT, "MISSING_PEER_IDENTITY") for field in refused}
+
+
+def test_generate_needs_the_client_role_or_the_api_key(pki, tmp_path):
+    from fornax.orchestrator.v1 import orchestrator_pb2 as orch_pb
+    from fornax.orchestrator.v1 import orchestrator_pb2_grpc as orch_grpc
+
+    from services.orchestrator.config import OrchestratorConfig
+    from services.orchestrator.server import make_spec as orchestrator_spec
+
+    async def body():
+        cfg = OrchestratorConfig.from_env([], {"FORNAX_API_KEY": "s3cret"})
+        cfg = dataclasses.replace(cfg, server=dataclasses.replace(
+            cfg.server, tls=pki.paths(Identity(Role.SERVICE, "orchestrator")), audit_log=str(tmp_path / "audit.jsonl")))
+        spec = await orchestrator_spec(cfg)
+        running = await build_server(cfg.server, spec)
+        request = orch_pb.GenerateRequest(text="hi")
+        outcomes = {}
+        try:
+            for label, who, key in (("planner", Identity(Role.SERVICE, "planner"), None),
+                                    ("planner+key", Identity(Role.SERVICE, "planner"), "s3cret"),
+                                    ("planner+wrong-key", Identity(Role.SERVICE, "planner"), "guess"),
+                                    ("client", CLIENT, None)):
+                metadata = (("authorization", f"Bearer {key}"),) if key else ()
+                async with pki.channel(f"127.0.0.1:{running.port}", who) as channel:
+                    try:
+                        async for _ in orch_grpc.OrchestratorServiceStub(channel).Generate(
+                                request, metadata=metadata, timeout=5):
+                            pass
+                        outcomes[label] = "OK"
+                    except grpc.RpcError as exc:
+                        outcomes[label] = reason_of(exc) or exc.code().name
+        finally:
+            await _stop(running, spec)
+        return outcomes
+
+    outcomes = asyncio.run(body())
+    assert outcomes["planner"] == outcomes["planner+wrong-key"] == "ROLE_NOT_ALLOWED"
+    # Admitted: what stops them now is that no route is installed, not authorization.
+    assert outcomes["planner+key"] == outcomes["client"] != "ROLE_NOT_ALLOWED"
