@@ -9,6 +9,7 @@ no dropped calls; live connections keep the certificate they were opened with.
 from __future__ import annotations
 
 import hashlib
+import ssl
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -123,3 +124,42 @@ def own_identity_uri(paths: TlsPaths | None) -> str:
     from libs.security.certs import identity_of
 
     return identity_of(x509.load_pem_x509_certificate(paths.cert.read_bytes())).uri
+
+
+class ReloadingSslContext:
+    """An ssl.SSLContext for a raw TLS socket (the FNX2 data plane) that follows the files.
+
+    `maybe_reload()` (called on SIGHUP, and before each new outbound connection) loads changed
+    files into the same context object, so a listener created with it serves the new
+    certificate to the next handshake without being restarted."""
+
+    def __init__(self, paths: TlsPaths, *, server: bool):
+        self._paths = paths
+        purpose = ssl.Purpose.CLIENT_AUTH if server else ssl.Purpose.SERVER_AUTH
+        self.context = ssl.create_default_context(purpose)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        # A server verifies and requires the peer's fleet certificate; a client verifies the
+        # server's chain and host name and presents its own certificate.
+        self.context.verify_mode = ssl.CERT_REQUIRED
+        self._digest = ""
+        self.reloads = 0
+        self.maybe_reload()
+
+    def maybe_reload(self) -> bool:
+        digest = self._paths.digest()
+        if digest == self._digest:
+            return False
+        material = self._paths.read()
+        if not key_matches_cert(material.key_pem, material.cert_pem):
+            return False  # mid-rotation: keep what is loaded
+        self.context.load_verify_locations(cadata=material.ca_pem.decode())
+        self.context.load_cert_chain(str(self._paths.cert), str(self._paths.key))
+        self._digest = digest
+        self.reloads += 1
+        return True
+
+
+def peer_uris(ssl_object) -> tuple[str, ...]:
+    """SAN URIs of the verified certificate on an ssl.SSLObject (or SSLSocket)."""
+    cert = ssl_object.getpeercert() or {}
+    return tuple(value for kind, value in cert.get("subjectAltName", ()) if kind == "URI")
