@@ -104,6 +104,10 @@ def verify_lines(lines: Iterable[str]) -> VerifyResult:
     return VerifyResult(count, prev)
 
 
+class AuditLogBroken(ValueError):
+    """The log on disk fails verification; appending to it would hide the damage."""
+
+
 class AuditLog:
     """One service's log file. Appends are serialised and fsynced; the file is mode 600."""
 
@@ -118,7 +122,7 @@ class AuditLog:
         result = verify_lines(self.path.read_text(encoding="utf-8").splitlines())
         if not result.ok:
             # Never extend a tampered chain: the damage would look like it came later.
-            raise ValueError(f"audit log {self.path} fails verification at line {result.line}: "
+            raise AuditLogBroken(f"audit log {self.path} fails verification at line {result.line}: "
                              f"{result.problem.value} ({result.detail})")
         return result.entries, result.head
 

@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from libs.security.audit import AuditLog
+from libs.security.audit import AuditLog, AuditLogBroken
 from libs.security.tls import ReloadingServerCredentials
 from libs.service.authz_interceptor import AuthzInterceptor
 from libs.service.channels import MAX_MESSAGE_BYTES
@@ -188,6 +188,9 @@ def run_service(cfg: ServerConfig, make_spec: Callable[[], Awaitable[ServiceSpec
         asyncio.run(serve(cfg, make_spec))
     except InsecureNotChosen as exc:
         structlog.get_logger().error("tls_not_configured", detail=str(exc))
+        return 2
+    except AuditLogBroken as exc:
+        structlog.get_logger().error("audit_log_broken", detail=str(exc))
         return 2
     finally:
         provider.shutdown()
