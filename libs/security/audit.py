@@ -143,6 +143,20 @@ class AuditLog:
         return read_entries(self.path)
 
 
+_OPEN_LOGS: dict[Path, AuditLog] = {}
+_OPEN_LOGS_LOCK = threading.Lock()
+
+
+def open_audit_log(path: str | os.PathLike) -> AuditLog:
+    """The process's one AuditLog for path: two writers with their own sequence numbers
+    would fork the chain."""
+    key = Path(path).resolve()
+    with _OPEN_LOGS_LOCK:
+        if key not in _OPEN_LOGS:
+            _OPEN_LOGS[key] = AuditLog(key)
+        return _OPEN_LOGS[key]
+
+
 def read_entries(path: str | os.PathLike) -> list[AuditEntry]:
     """Entries as written, without checking the chain (that is `verify_file`)."""
     path = Path(path)

@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from libs.security.audit import AuditLog, AuditLogBroken
+from libs.security.audit import AuditLogBroken, open_audit_log
 from libs.security.tls import ReloadingServerCredentials
 from libs.service.authz_interceptor import AuthzInterceptor
 from libs.service.channels import MAX_MESSAGE_BYTES
@@ -73,7 +73,7 @@ class RunningServer:
 
 
 def _interceptors(cfg: ServerConfig, spec: ServiceSpec) -> list:
-    audit = AuditLog(cfg.audit_log) if cfg.audit_log else None
+    audit = open_audit_log(cfg.audit_log) if cfg.audit_log else None
     enforce = cfg.tls is not None
     return [*server_interceptors(), ErrorInterceptor(cfg.service_kind),
             AuthzInterceptor(cfg.service_kind, audit, spec.api_key, enforce=enforce)]

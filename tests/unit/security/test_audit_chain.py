@@ -54,3 +54,13 @@ def test_reopened_log_continues_the_chain(tmp_path):
     _log_with(tmp_path, 2)
     AuditLog(tmp_path / "audit.jsonl").append(_event(9))
     assert verify_file(tmp_path / "audit.jsonl").entries == 3
+
+
+def test_one_log_per_path_per_process(tmp_path):
+    from libs.security.audit import open_audit_log
+
+    first, second = open_audit_log(tmp_path / "a.jsonl"), open_audit_log(tmp_path / "." / "a.jsonl")
+    assert first is second
+    first.append(_event(1))
+    second.append(_event(2))
+    assert verify_file(tmp_path / "a.jsonl").entries == 2
