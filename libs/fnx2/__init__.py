@@ -8,7 +8,9 @@ Receiving side (a stage worker):
                                            input_dtype=DType.BF16, input_width=2048),
                             handler)
     server = await start_server(receiver, host, port, ssl=ssl_ctx_or_None)
-    # same fast path in your own server: loop.create_server(receiver.protocol, host, port)
+    # same fast path in your own server:
+    #     loop.create_server(receiver.protocol, host, port,
+    #                        **server_options(config.listener, config.peer_policy))
     # or, for asyncio streams you already hold (slower: readexactly copies each body once):
     #     await serve_channel(reader, writer, receiver)
 
@@ -26,6 +28,13 @@ Receiving side (a stage worker):
   leases, exact replay / SEQUENCE_CONFLICT, tombstones, deadlines (budget -> local
   monotonic deadline), cancel, release, credit_refresh, shutdown, and real timings.
   `receiver.state` (ReceiverState) is shared by all channels of the stage.
+  Before a peer is trusted (`ReceiverConfig.listener`, `ListenerLimits`): handshake and
+  idle timeouts, a connection cap, and bodies no larger than a small preamble until the
+  hello ACK binds the channel (then no larger than the payload credit granted). With
+  `ReceiverConfig.peer_policy = PeerPolicy(ssl_ctx_requiring_client_certs,
+  allowed_peer_identities={"stage-0"})` the hello goes only to a peer whose certificate
+  SAN/CN passes; others get one ERROR `PEER_REFUSED`. Leases past their deadline expire
+  on a timer (`handler.forget` is called) with no message needed.
 
 Sending side (the orchestrator, or a stage forwarding to the next hop):
 
@@ -52,6 +61,7 @@ from libs.fnx2.control import ChannelBinding, Credit
 from libs.fnx2.errors import ErrorCode, Fnx2Error, RemoteError
 from libs.fnx2.golden import check_golden
 from libs.fnx2.leases import budget_from_deadline, derive_execution_lease_id
+from libs.fnx2.listener import ListenerLimits, PeerIdentity, PeerPolicy, server_options
 from libs.fnx2.messages import (
     Batch, BatchDescriptor, Phase, Result, SequenceResult, SequenceSlice, SequenceStatus, Timings,
 )
@@ -65,11 +75,12 @@ from libs.fnx2.tensor import DType, Tensor, TensorKind, bf16_to_float32, float32
 
 __all__ = [
     "Batch", "BatchDescriptor", "ChannelBinding", "CodecLimits", "Credit", "DType", "ErrorCode",
-    "ExpectedBinding", "Fnx2Client", "Fnx2Error", "Fnx2Receiver", "Frame", "Phase",
+    "ExpectedBinding", "Fnx2Client", "Fnx2Error", "Fnx2Receiver", "Frame", "ListenerLimits",
+    "PeerIdentity", "PeerPolicy", "Phase",
     "ReceiverConfig", "ReceiverLimits", "ReceiverState", "RemoteError", "Result",
     "SenderConfig", "SequenceFailure", "SequenceResult", "SequenceSlice", "SequenceStatus",
     "StageHandler", "StageOutput", "StageWork", "Tensor", "TensorKind", "Timings",
     "bf16_to_float32", "budget_from_deadline", "check_golden", "decode_frame",
     "derive_execution_lease_id", "encode_frame", "float32_to_bf16", "serve_channel",
-    "start_server",
+    "server_options", "start_server",
 ]

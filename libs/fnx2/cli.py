@@ -1,4 +1,4 @@
-"""`fornax fnx2 golden PATH` and `fornax bench fnx2 [--json]`."""
+"""`fornax fnx2 golden PATH`, `fornax bench fnx2 [--json]` and `fornax fuzz fnx2`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,39 @@ def register(commands, benches) -> None:
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions")
     bench.set_defaults(func=_bench)
+    fuzz = commands.add_parser("fuzz", help="fuzz Fornax protocols against live receivers")
+    targets = fuzz.add_subparsers(dest="fuzz_target", metavar="TARGET", required=True)
+    fnx2_fuzz = targets.add_parser("fnx2", help="mutated FNX2 frames against a live receiver")
+    fnx2_fuzz.add_argument("--frames", type=int, default=100_000, help="frames to send")
+    fnx2_fuzz.add_argument("--seed", type=int, default=20261201, help="mutation seed")
+    fnx2_fuzz.add_argument("--timeout-s", type=float, default=5.0,
+                           help="seconds without an answer that count as a hang")
+    fnx2_fuzz.add_argument("--json", action="store_true", help="print one JSON object")
+    fnx2_fuzz.set_defaults(func=_fuzz)
+
+
+def _fuzz(args: argparse.Namespace) -> int:
+    """Exit 0 only when every frame was answered with no crash and no hang."""
+    import asyncio
+
+    from libs.fnx2.fuzz_harness import FuzzConfig, run_fuzz
+
+    if args.frames < 1 or args.timeout_s <= 0:
+        print("fuzz: --frames must be >= 1 and --timeout-s > 0")
+        return 2
+    report = asyncio.run(run_fuzz(FuzzConfig(args.frames, args.seed, args.timeout_s)))
+    figures = report.to_json()
+    if args.json:
+        print(json.dumps(figures, indent=2, sort_keys=True))
+    else:
+        for key in ("frames", "answered", "crashes", "hangs", "reconnects",
+                    "max_allocation_bytes", "rss_growth_bytes", "frames_per_s"):
+            print(f"{key:22s} {figures[key]}")
+        print(f"{'answer codes':22s} {figures['codes']}")
+        for sample in figures["crash_samples"]:
+            print(f"  {sample}")
+        print("fuzz: OK (physical figures, this host)" if report.ok else "fuzz: FAILED")
+    return 0 if report.ok else 1
 
 
 def _golden(args: argparse.Namespace) -> int:

@@ -14,10 +14,15 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from libs.fnx2.control import Ack, Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release
+from libs.fnx2.control import (
+    EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, KNOWN_EXTENSIONS, Ack, Cancel, ChannelBinding, Control,
+    Credit, ErrorMessage, Release,
+)
 from libs.fnx2.crc import crc32c_combine
 from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.fields import UINT64_MAX, canonical_json, is_hash, is_uuid, parse_json
+from libs.fnx2.fields import (
+    UINT64_MAX, canonical_json, is_hash, is_uuid, member, parse_json_noting_floats,
+)
 from libs.fnx2.messages import (
     MAX_ID_CHARS, TRACEPARENT_CHARS, Batch, BatchDescriptor, Kind, Result, SequenceResult,
 )
@@ -108,7 +113,7 @@ def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAU
     else:
         meta = message.to_meta()
         meta["sequence_no"] = sequence_no
-        metadata = canonical_json(meta)
+        metadata = canonical_json(meta, may_hold_floats=False)  # typed fields: no floats
     if len(metadata) > limits.max_metadata_bytes:
         raise Fnx2Error(ErrorCode.FRAME_SIZE, "metadata exceeds its maximum")
     tensor = getattr(message, "tensor", None)
@@ -166,20 +171,27 @@ def parse_prelude(data: bytes | memoryview, limits: CodecLimits = DEFAULT_LIMITS
 
 
 def decode_frame(data: bytes | bytearray | memoryview, limits: CodecLimits = DEFAULT_LIMITS, *,
-                 expected: ExpectedBinding | None = None, allow_extensions: bool = True) -> Frame:
+                 expected: ExpectedBinding | None = None, allow_extensions: bool = True,
+                 negotiated: frozenset[str] | None = None) -> Frame:
     view = memoryview(data)
     prelude = parse_prelude(view, limits)
     if len(view) != PRELUDE_BYTES + prelude.body_bytes:
         raise Fnx2Error(ErrorCode.FRAME_SIZE, "frame length differs from its prelude")
     return decode_body(prelude, view[PRELUDE_BYTES:], expected=expected,
-                       allow_extensions=allow_extensions)
+                       allow_extensions=allow_extensions, negotiated=negotiated)
 
 
 def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding | None = None,
-                allow_extensions: bool = True, body_crc: int | None = None,
+                allow_extensions: bool = True, negotiated: frozenset[str] | None = None,
+                body_crc: int | None = None,
                 slice_crcs: tuple[tuple[int, int, int], ...] | None = None,
                 finite: tuple[DType, bool] | None = None) -> Frame:
     """Steps 1b..5 for one length-delimited body (metadata ‖ payload).
+
+    `allow_extensions` admits the extension offer and its ACK; `negotiated` names the
+    extensions whose fields (BATCH `traceparent`, CREDIT `batches_received`) a channel
+    accepts, and is empty until the offer was accepted. None (a bare decode, no channel)
+    accepts every known extension's fields when `allow_extensions` is set.
 
     `body_crc`, `finite` and `slice_crcs`, when the transport computed them as the bytes
     arrived, save passes over the payload; `finite` counts only for the dtype the
@@ -188,7 +200,7 @@ def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding
         raise Fnx2Error(ErrorCode.FRAME_SIZE, "body length differs from its prelude")
     metadata = bytes(body[: prelude.metadata_bytes])
     payload = body[prelude.metadata_bytes:]
-    parsed, meta_error = _parse_json(metadata)
+    parsed, floats, meta_error = _parse_json(metadata)
     dtype = _peek_dtype(parsed)
     if body_crc is None:
         crc, all_finite = crc_and_finite(crc_of(metadata), payload, dtype)
@@ -200,9 +212,11 @@ def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding
         raise Fnx2Error(ErrorCode.CHECKSUM, "CRC32C mismatch")
     if meta_error is not None:
         raise meta_error
-    meta = _canonical(parsed, metadata, prelude.sequence_no)
+    meta = _canonical(parsed, floats, metadata, prelude.sequence_no)
+    if negotiated is None:
+        negotiated = KNOWN_EXTENSIONS if allow_extensions else frozenset()
     message = _decode_kind(prelude.kind, meta, metadata, payload, all_finite, expected,
-                           allow_extensions)
+                           allow_extensions, negotiated)
     if slice_crcs and isinstance(message, Batch):
         message = _with_input_crcs(message, slice_crcs)
     return Frame(prelude.sequence_no, message)
@@ -219,25 +233,25 @@ def _with_input_crcs(batch: Batch, slice_crcs: tuple[tuple[int, int, int], ...])
     return dataclasses.replace(batch, input_crcs=tuple(crc for _, _, crc in slice_crcs))
 
 
-def _parse_json(metadata: bytes) -> tuple[Any, Fnx2Error | None]:
+def _parse_json(metadata: bytes) -> tuple[Any, bool, Fnx2Error | None]:
     try:
-        return parse_json(metadata), None
+        return *parse_json_noting_floats(metadata), None
     except (ValueError, RecursionError) as exc:
-        return None, Fnx2Error(ErrorCode.METADATA, f"metadata is not valid JSON: {exc}")
+        return None, False, Fnx2Error(ErrorCode.METADATA, f"metadata is not valid JSON: {exc}")
 
 
 def _peek_dtype(parsed: Any) -> DType | None:
     """The tensor dtype, if the metadata names one, so CRC and finiteness share one pass."""
     tensor = parsed.get("tensor") if type(parsed) is dict else None
     dtype = tensor.get("dtype") if type(tensor) is dict else None
-    return DType(dtype) if dtype in DType._value2member_map_ else None
+    return member(DType, dtype)
 
 
-def _canonical(parsed: Any, metadata: bytes, sequence_no: int) -> dict[str, Any]:
+def _canonical(parsed: Any, floats: bool, metadata: bytes, sequence_no: int) -> dict[str, Any]:
     if type(parsed) is not dict:
         raise Fnx2Error(ErrorCode.METADATA, "metadata must be a JSON object")
     try:
-        again = canonical_json(parsed)
+        again = canonical_json(parsed, may_hold_floats=floats)
     except (ValueError, RecursionError) as exc:
         raise Fnx2Error(ErrorCode.METADATA, f"metadata cannot be re-encoded: {exc}") from exc
     if again != metadata:
@@ -250,13 +264,15 @@ def _canonical(parsed: Any, metadata: bytes, sequence_no: int) -> dict[str, Any]
 
 
 def _decode_kind(kind: int, meta: dict[str, Any], metadata: bytes, payload: memoryview,
-                 finite: bool, expected: ExpectedBinding | None, allow_extensions: bool) -> Message:
+                 finite: bool, expected: ExpectedBinding | None, allow_extensions: bool,
+                 negotiated: frozenset[str]) -> Message:
     if kind == Kind.BATCH:
-        return _decode_batch(meta, metadata, payload, finite, expected, allow_extensions)
+        return _decode_batch(meta, metadata, payload, finite, expected,
+                             EXT_TRACEPARENT in negotiated)
     if kind == Kind.RESULT:
         return _decode_result(meta, payload, finite)
     if kind == Kind.CREDIT:
-        return Credit.from_meta(meta, allow_extensions)
+        return Credit.from_meta(meta, EXT_MULTI_INFLIGHT in negotiated)
     if kind == Kind.CANCEL:
         return Cancel.from_meta(meta)
     if kind == Kind.RELEASE:
@@ -273,8 +289,9 @@ _BATCH_FIELDS = frozenset({"plan_id", "plan_hash", "manifest_hash", "source_stag
 
 
 def _decode_batch(meta: dict[str, Any], metadata: bytes, payload: memoryview, finite: bool,
-                  expected: ExpectedBinding | None, allow_extensions: bool) -> Batch:
-    names = _BATCH_FIELDS | ({"traceparent"} if allow_extensions and "traceparent" in meta else set())
+                  expected: ExpectedBinding | None, traceparent_negotiated: bool) -> Batch:
+    names = _BATCH_FIELDS | ({"traceparent"} if traceparent_negotiated and "traceparent" in meta
+                             else set())
     if meta.keys() != names:
         raise Fnx2Error(ErrorCode.METADATA, "BATCH metadata must have exactly its closed field set")
     traceparent = meta.get("traceparent")

@@ -158,11 +158,16 @@ class Control:
         versions: tuple[tuple[int, int], ...] = ()
         if operation == "hello":
             raw = f.array("supported_versions", 8)
-            if [2, 0] not in raw or any(type(v) is not list or len(v) != 2 for v in raw):
-                raise f.fail("supported_versions", "must list [2,0]")
-            versions = tuple((int(a), int(b)) for a, b in raw)
+            if not all(type(v) is list and len(v) == 2 and all(_version_part(x) for x in v)
+                       for v in raw) or [2, 0] not in raw:
+                raise f.fail("supported_versions", "must be [major, minor] integer pairs listing [2,0]")
+            versions = tuple((a, b) for a, b in raw)
         extensions = _read_extensions(f) if operation == "extensions" else ()
         return cls(operation, f.uuid("control_id"), ChannelBinding.read(f), versions, extensions)
+
+
+def _version_part(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= 0xFFFF
 
 
 def _read_extensions(f: Fields) -> tuple[str, ...]:
@@ -200,7 +205,8 @@ class Ack:
     @classmethod
     def from_meta(cls, meta: dict[str, Any], allow_extensions: bool) -> "Ack":
         operation = meta.get("operation")
-        if operation not in _ACK_FIELDS or (operation == "extensions" and not allow_extensions):
+        if type(operation) is not str or operation not in _ACK_FIELDS or (
+                operation == "extensions" and not allow_extensions):
             raise Fields({}, ErrorCode.METADATA, "ACK", frozenset()).fail(
                 "operation", "is not a supported operation")
         f = Fields(meta, ErrorCode.METADATA, "ACK",

@@ -13,6 +13,13 @@ class ErrorCode(StrEnum):
     ABI_VERSION = "ABI_VERSION"
     FRAME_SIZE = "FRAME_SIZE"
     CHECKSUM = "CHECKSUM"
+    # Terminal, beyond the 2.0 table: the transport or the listener ended the channel.
+    CONNECTION_LOST = "CONNECTION_LOST"      # the peer closed or the socket failed
+    HANDSHAKE_TIMEOUT = "HANDSHAKE_TIMEOUT"  # no hello ACK in time
+    IDLE_TIMEOUT = "IDLE_TIMEOUT"            # no frame in time on an idle channel
+    CONNECTION_LIMIT = "CONNECTION_LIMIT"    # the listener holds its maximum of channels
+    PEER_REFUSED = "PEER_REFUSED"            # the peer's certificate identity is not allowed
+    INTERNAL = "INTERNAL"                    # a receiver defect; never expected
     # Recoverable: one ERROR frame, the channel stays aligned.
     METADATA = "METADATA"
     TENSOR_CONTRACT = "TENSOR_CONTRACT"
@@ -37,9 +44,11 @@ class ErrorCode(StrEnum):
     REQUEST_INFLIGHT = "REQUEST_INFLIGHT"
 
 
-TERMINAL_CODES: frozenset[ErrorCode] = frozenset(
-    {ErrorCode.ABI_VERSION, ErrorCode.FRAME_SIZE, ErrorCode.CHECKSUM}
-)
+TERMINAL_CODES: frozenset[ErrorCode] = frozenset({
+    ErrorCode.ABI_VERSION, ErrorCode.FRAME_SIZE, ErrorCode.CHECKSUM, ErrorCode.CONNECTION_LOST,
+    ErrorCode.HANDSHAKE_TIMEOUT, ErrorCode.IDLE_TIMEOUT, ErrorCode.CONNECTION_LIMIT,
+    ErrorCode.PEER_REFUSED, ErrorCode.INTERNAL,
+})
 
 
 def bounded(text: str, limit: int = MAX_ERROR_MESSAGE_CHARS) -> str:
@@ -64,7 +73,7 @@ class Fnx2Error(Exception):
 class ChannelClosedError(Fnx2Error):
     """The peer closed the stream or a terminal error ended the channel."""
 
-    def __init__(self, message: str, code: ErrorCode = ErrorCode.FRAME_SIZE) -> None:
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.CONNECTION_LOST) -> None:
         super().__init__(code, message)
 
 

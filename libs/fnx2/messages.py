@@ -8,7 +8,9 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, MAX_ERROR_MESSAGE_CHARS, ErrorCode, Fnx2Error
-from libs.fnx2.fields import UINT32_MAX, UINT64_MAX, Fields, canonical_json, canonical_sha256, is_uuid
+from libs.fnx2.fields import (
+    UINT32_MAX, UINT64_MAX, Fields, canonical_json, canonical_sha256, is_uuid, member,
+)
 from libs.fnx2.tensor import Tensor
 
 MAX_SEQUENCES_PER_BATCH = 4096
@@ -134,7 +136,7 @@ class BatchDescriptor:
         }
 
     def digest(self) -> str:
-        return canonical_sha256(self.to_meta())
+        return canonical_sha256(self.to_meta(), may_hold_floats=False)
 
     def check_coverage(self) -> None:
         """Slices cover every row once, in order; decode slices are one row; no duplicates."""
@@ -210,11 +212,11 @@ class Batch:
     def encode_metadata(self, sequence_no: int) -> bytes:
         """Canonical metadata with the batch JSON serialised once: "batch" sorts first, so
         the canonical object is `{"batch":` + batch JSON + `,"batch_digest":...` + rest."""
-        batch_json = canonical_json(self.batch.to_meta())
+        batch_json = canonical_json(self.batch.to_meta(), may_hold_floats=False)
         rest = self._rest_meta()
         rest["batch_digest"] = "sha256:" + hashlib.sha256(batch_json).hexdigest()
         rest["sequence_no"] = sequence_no
-        return b'{"batch":' + batch_json + b"," + canonical_json(rest)[1:]
+        return b'{"batch":' + batch_json + b"," + canonical_json(rest, may_hold_floats=False)[1:]
 
 
 class SequenceError:
@@ -323,7 +325,7 @@ class SequenceResult:
                                       and _id(error["message"], MAX_ERROR_MESSAGE_CHARS)):
             return None
         start = m["output_row_start"]
-        if not (m["status"] in SequenceStatus._value2member_map_ and is_uuid(m["request_id"])
+        if not (member(SequenceStatus, m["status"]) is not None and is_uuid(m["request_id"])
                 and is_uuid(m["execution_lease_id"]) and _u64(m["request_sequence_no"])
                 and _u32(m["input_row_start"]) and _u32(m["input_row_count"])
                 and m["input_row_count"] > 0 and (start is None or _u32(start))
@@ -340,7 +342,7 @@ class SequenceResult:
     @classmethod
     def _strict(cls, meta: Any) -> "SequenceResult":
         f = Fields(meta, ErrorCode.BATCH_RESULT, "result", _RESULT_ITEM_FIELDS)
-        if f.raw("status") not in SequenceStatus._value2member_map_:
+        if member(SequenceStatus, f.raw("status")) is None:
             raise f.fail("status", "is not a known status")
         code = message = None
         if f.raw("error") is not None:

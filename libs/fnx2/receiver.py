@@ -2,7 +2,8 @@
 
 `Fnx2Receiver.serve(reader, writer)` runs one channel: hello, ACK check, credits, then
 BATCH -> handler -> RESULT + CREDIT, with cancel, release, credit_refresh and shutdown.
-All rule checks are in `ReceiverState`; this module only moves frames and measures time.
+All rule checks are in `ReceiverState`; this module moves frames, measures time, applies
+the listener limits (`libs.fnx2.listener`) and expires leases at their deadline.
 """
 
 from __future__ import annotations
@@ -12,63 +13,46 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
-import numpy as np
+import structlog
 
 from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits, ExpectedBinding
 from libs.fnx2.control import (
-    ABI_VERSION, EXT_COMPACT_OUTPUT, EXT_MULTI_INFLIGHT, EXT_TIMINGS, KNOWN_EXTENSIONS, Ack, AckHello, AckStage,
-    Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release,
+    ABI_VERSION,
+    EXT_COMPACT_OUTPUT,
+    EXT_MULTI_INFLIGHT,
+    EXT_TIMINGS,
+    KNOWN_EXTENSIONS,
+    Ack,
+    AckHello,
+    AckStage,
+    Cancel,
+    ChannelBinding,
+    Control,
+    Credit,
+    ErrorMessage,
+    Release,
 )
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
-from libs.fnx2.messages import Batch, Result, SequenceResult, SequenceSlice, Timings
-from libs.fnx2.receiver_state import Admission, Entry, Outcome, ReceiverLimits, ReceiverState
+from libs.fnx2.listener import ListenerLimits, PeerPolicy, server_options
+from libs.fnx2.messages import Batch, Timings
+from libs.fnx2.receiver_state import Admission, Outcome, ReceiverLimits, ReceiverState
+from libs.fnx2.stage_io import (
+    SequenceFailure,
+    StageHandler,
+    StageOutput,
+    StageWork,
+    assemble,
+    outcomes,
+)
 from libs.fnx2.stream import FrameStream, Received
-from libs.fnx2.tensor import DType, Tensor, TensorDescriptor, TensorKind
+from libs.fnx2.tensor import DType, TensorKind
 from libs.fnx2.transport import BufferPool, FrameProtocol
 
+__all__ = ["Fnx2Receiver", "ReceiverConfig", "SequenceFailure", "StageHandler", "StageOutput",
+           "StageWork", "serve_channel", "start_server"]
 
-@dataclass(frozen=True, slots=True)
-class StageWork:
-    """A validated BATCH as the backend sees it: only the sequences to execute."""
-
-    batch: Batch
-    sequences: tuple[SequenceSlice, ...]
-    traceparent: str | None
-
-    @property
-    def inputs(self) -> np.ndarray:
-        """The whole input tensor (storage dtype; bf16 as uint16 bits), read-only."""
-        return self.batch.tensor.array
-
-    def rows(self, item: SequenceSlice) -> np.ndarray:
-        return self.batch.tensor.rows(item.input_row_start, item.input_row_count)
-
-
-@dataclass(frozen=True, slots=True)
-class SequenceFailure:
-    request_id: str
-    code: str
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class StageOutput:
-    """Output rows of the executed sequences that did not fail, in `StageWork` order."""
-
-    tensor: Tensor | None
-    failures: tuple[SequenceFailure, ...] = ()
-    # Output rows per ok sequence, in order; None = as many as it sent. Fewer rows need the
-    # compact_output extension on the channel.
-    rows_per_sequence: tuple[int, ...] | None = None
-
-
-class StageHandler(Protocol):
-    async def execute(self, work: StageWork) -> StageOutput: ...
-
-    def forget(self, request_id: str, execution_lease_id: str) -> None:
-        """Drop this request's KV: it was released or expired."""
+log = structlog.get_logger()
 
 
 @dataclass(frozen=True)
@@ -82,6 +66,8 @@ class ReceiverConfig:
     input_width: int | None = None
     extensions: frozenset[str] = KNOWN_EXTENSIONS
     plain_frames: int = 1
+    listener: ListenerLimits = field(default_factory=ListenerLimits)
+    peer_policy: PeerPolicy | None = None
 
     def expected(self) -> ExpectedBinding:
         return ExpectedBinding(self.binding, self.source_stage, self.input_kind,
@@ -93,34 +79,102 @@ class Fnx2Receiver:
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.config, self.handler, self.clock = config, handler, clock
         self.state = ReceiverState(config.binding, config.limits)
-
-        self._connections: set[asyncio.Task] = set()
+        self.connections = 0  # admitted channels on the fast path, for the per-listener cap
+        self.unexpected_errors = 0  # receiver defects; each also ends its channel (INTERNAL)
+        self._channels: set[asyncio.Task] = set()
+        self._serving = 0  # channels running, on either path
+        self._sweeper: asyncio.Task | None = None
         self._pool = BufferPool()  # shared by all channels: memory stays mapped and warm
+
+    @property
+    def largest_body_bytes(self) -> int:
+        """The largest receive buffer taken for one frame body so far."""
+        return self._pool.largest_take_bytes
 
     async def serve(self, reader, writer) -> None:
         """Run one channel over (StreamReader, StreamWriter) or (FrameProtocol, FrameProtocol)."""
-        channel = _Channel(self, FrameStream(reader, writer, self.config.codec,
-                                             allow_extensions=bool(self.config.extensions)))
+        stream = FrameStream(reader, writer, self.config.codec,
+                             allow_extensions=bool(self.config.extensions))
+        stream.admit_body_bytes(self.config.listener.unbound_body_bytes)
+        channel = _Channel(self, stream)
+        try:  # admission comes first: nothing, not even the hello, before it
+            self._admit(writer.transport)
+        except Fnx2Error as exc:
+            await channel.try_send(ErrorMessage(exc.code.value, exc.message, None))
+            await channel.stop()
+            return
+        self._serving += 1
+        self._ensure_sweeper()
         try:
             await channel.run()
         except ChannelClosedError:
             pass
+        except Fnx2Error as exc:
+            await channel.try_send(ErrorMessage(exc.code.value, exc.message, None))
+        except Exception as exc:  # a defect: one ERROR and a log line, never a lost task
+            self.unexpected_errors += 1
+            log.exception("fnx2_receiver_defect", stage=self.config.binding.stage_id)
+            await channel.try_send(ErrorMessage(ErrorCode.INTERNAL.value,
+                                                f"receiver defect: {type(exc).__name__}", None))
         finally:
+            self._serving -= 1
             await channel.stop()
 
     def protocol(self) -> FrameProtocol:
         """Protocol factory for `loop.create_server(receiver.protocol, host, port, ssl=...)`:
         the fast path (pooled receive buffers, CRC32C computed as data arrives)."""
-        return FrameProtocol(self.config.codec, self.accept, self._pool)
+        return FrameProtocol(self.config.codec, self.accept, self._pool,
+                             max_body_bytes=self.config.listener.unbound_body_bytes)
+
+    def _admit(self, transport) -> None:
+        """The connection cap, then the peer policy; raises the refusal."""
+        if self._serving >= self.config.listener.max_connections:
+            raise Fnx2Error(ErrorCode.CONNECTION_LIMIT, "the listener holds its maximum of channels")
+        if self.config.peer_policy is not None:
+            self.config.peer_policy.admit(transport)
 
     def accept(self, protocol: FrameProtocol) -> None:
+        """A connection on the fast path (after its TLS handshake, if any); `serve` admits
+        it before anything is sent."""
+        self.connections += 1
+        protocol.closed.add_done_callback(self._closed)
         task = asyncio.get_running_loop().create_task(self.serve(protocol, protocol))
-        self._connections.add(task)
-        task.add_done_callback(self._connections.discard)
+        self._channels.add(task)
+        task.add_done_callback(self._channels.discard)
+
+    def _closed(self, _future: asyncio.Future) -> None:
+        self.connections -= 1
+        if self.connections == 0:
+            self._pool.trim()  # no channel left: return idle receive buffers
 
     def forget(self, freed: list[tuple[str, str]]) -> None:
         for request_id, lease_id in freed:
             self.handler.forget(request_id, lease_id)
+
+    def sweep(self) -> None:
+        """Expire leases past their deadline and drop the KV they hold."""
+        self.forget(self.state.sweep(self.clock()))
+
+    def _ensure_sweeper(self) -> None:
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
+
+    async def _sweep_loop(self) -> None:
+        """Runs while a channel is open or a lease lives, so a lease whose sender vanished
+        still expires at its deadline."""
+        while self._serving or self.state.live_requests:
+            await asyncio.sleep(self.config.listener.sweep_interval_s)
+            try:
+                self.sweep()
+            except Exception:  # noqa: BLE001 - a backend's forget failing must not stop expiry
+                log.exception("fnx2_sweep_failed", stage=self.config.binding.stage_id)
+
+    async def close(self) -> None:
+        """End every channel and the sweeper (the listener itself is the caller's)."""
+        tasks = list(self._channels) + ([self._sweeper] if self._sweeper else [])
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def serve_channel(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -130,9 +184,11 @@ async def serve_channel(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
 
 async def start_server(receiver: Fnx2Receiver, host: str = "127.0.0.1", port: int = 0,
                        ssl=None) -> asyncio.AbstractServer:
-    """Listen for FNX2 channels; frames are received straight into per-frame buffers."""
+    """Listen for FNX2 channels; frames are received straight into per-frame buffers.
+    TLS comes from `ssl` or the receiver's peer policy, with the handshake timeout."""
     loop = asyncio.get_running_loop()
-    return await loop.create_server(receiver.protocol, host, port, ssl=ssl)
+    options = server_options(receiver.config.listener, receiver.config.peer_policy, ssl)
+    return await loop.create_server(receiver.protocol, host, port, **options)
 
 
 class _Channel:
@@ -142,6 +198,7 @@ class _Channel:
         self.tasks: set[asyncio.Task] = set()
         self.busy = 0
         self.batches_received = 0
+        self.granted_payload_bytes = 0
 
     @property
     def frame_cap(self) -> int:
@@ -153,38 +210,53 @@ class _Channel:
         credit = self.r.state.credit()
         frames = max(0, min(credit.frames, self.frame_cap - self.busy))
         received = self.batches_received if EXT_MULTI_INFLIGHT in self.extensions else None
+        # Bodies up to what any credit on this channel admitted: a sender may still act
+        # on an earlier, larger credit.
+        self.granted_payload_bytes = max(self.granted_payload_bytes, credit.payload_bytes)
+        self.stream.admit_body_bytes(self.r.config.codec.max_metadata_bytes
+                                     + self.granted_payload_bytes)
         return replace(credit, frames=frames, batches_received=received)
 
     async def run(self) -> None:
         binding = self.r.config.binding
         hello_id = str(uuid.uuid4())
         await self.stream.send(Control("hello", hello_id, binding, (ABI_VERSION,)))
-        got = await self._read()
+        got = await self._read(self.r.config.listener.handshake_timeout_s,
+                               ErrorCode.HANDSHAKE_TIMEOUT)
         if got is None:
             return
         ack = got.frame.message if got.frame else None
         if not (isinstance(ack, Ack) and ack.operation == "hello" and ack.control_id == hello_id
                 and isinstance(ack.fields, AckHello) and ack.fields.binding == binding):
             code = got.error.code if got.error else ErrorCode.STALE_PLAN
-            await self._try_send(ErrorMessage(code.value, "expected the hello ACK echoing the "
-                                              "binding", hello_id))
+            await self.try_send(ErrorMessage(code.value, "expected the hello ACK echoing the "
+                                             "binding", hello_id))
             return
         await self.stream.send(self.credit())
         while True:
-            got = await self._read()
+            got = await self._read(self.r.config.listener.idle_timeout_s, ErrorCode.IDLE_TIMEOUT)
             if got is None:
                 return
             if not await self._dispatch(got):
                 return
 
-    async def _read(self) -> Received | None:
-        try:
-            return await self.stream.read(self.r.config.expected())
-        except ChannelClosedError:
-            return None
-        except Fnx2Error as exc:  # terminal: one ERROR, then close
-            await self._try_send(ErrorMessage(exc.code.value, exc.message, None))
-            return None
+    async def _read(self, timeout_s: float | None, code: ErrorCode) -> Received | None:
+        """The next frame; None once the channel should close (after one ERROR if terminal
+        or timed out). A channel with batches executing is not idle."""
+        while True:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    return await self.stream.read(self.r.config.expected())
+            except TimeoutError:
+                if self.busy:
+                    continue
+                await self.try_send(ErrorMessage(code.value, "no frame within the timeout", None))
+                return None
+            except ChannelClosedError:
+                return None
+            except Fnx2Error as exc:  # terminal: one ERROR, then close
+                await self.try_send(ErrorMessage(exc.code.value, exc.message, None))
+                return None
 
     async def _dispatch(self, got: Received) -> bool:
         if got.error is not None:
@@ -214,7 +286,7 @@ class _Channel:
             return
         self.busy += 1
         if EXT_MULTI_INFLIGHT in self.extensions:
-            task = asyncio.create_task(self._execute(admission, got))
+            task = asyncio.create_task(self._execute_guarded(admission, got))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
         else:
@@ -224,17 +296,29 @@ class _Channel:
         await self.stream.send(ErrorMessage(exc.code.value, exc.message, batch.batch.batch_id),
                                self.credit())
 
+    async def _execute_guarded(self, admission: Admission, got: Received) -> None:
+        """A batch run as its own task: a defect ends the channel, never the task silently."""
+        try:
+            await self._execute(admission, got)
+        except Exception as exc:
+            self.r.unexpected_errors += 1
+            log.exception("fnx2_receiver_defect", stage=self.r.config.binding.stage_id)
+            await self.try_send(ErrorMessage(ErrorCode.INTERNAL.value,
+                                             f"receiver defect: {type(exc).__name__}",
+                                             admission.batch.batch.batch_id))
+            await self.stream.close()
+
     async def _execute(self, admission: Admission, got: Received) -> None:
         started = time.monotonic_ns()  # durations only; deadlines use the injected clock
-        outcomes = await self._run_handler(admission)
+        results = await self._run_handler(admission)
         executed = time.monotonic_ns()
         real = EXT_TIMINGS in self.extensions
         timings = Timings(max(0, started - got.received_ns), max(1, executed - started), 0,
                           got.unpack_ns) if real else Timings()
-        entries = self.r.state.complete(admission, outcomes, timings)
-        result = _assemble(admission, entries, time.monotonic_ns, timings)
+        entries = self.r.state.complete(admission, results, timings)
+        result = assemble(admission, entries, time.monotonic_ns, timings)
         self.busy -= 1
-        await self._try_send(result, self.credit())
+        await self.try_send(result, self.credit())
 
     async def _run_handler(self, admission: Admission) -> dict[tuple[str, str], Outcome]:
         if not admission.execute:
@@ -245,7 +329,7 @@ class _Channel:
         except Exception as exc:  # a backend failure fails its sequences, not the channel
             message = f"{type(exc).__name__}: {exc}"
             return {s.identity: Outcome(False, None, "FAILED", message) for s in work.sequences}
-        return _outcomes(work, output, EXT_COMPACT_OUTPUT in self.extensions)
+        return outcomes(work, output, EXT_COMPACT_OUTPUT in self.extensions)
 
     async def _on_lease_control(self, message: Cancel | Release) -> None:
         if message.binding != self.r.config.binding:
@@ -258,7 +342,7 @@ class _Channel:
             return
         try:
             fields = self.r.state.release(message.request_id, message.execution_lease_id,
-                                          message.expected_final_epoch)
+                                          message.expected_final_epoch, self.r.clock())
         except Fnx2Error as exc:
             await self.stream.send(ErrorMessage(exc.code.value, exc.message, message.control_id))
             return
@@ -274,11 +358,12 @@ class _Channel:
             return True
         if message.control == "extensions":
             self.extensions = frozenset(message.extensions) & self.r.config.extensions
+            self.stream.negotiated = self.extensions
             accepted = tuple(sorted(self.extensions))
             await self.stream.send(Ack("extensions", message.control_id, AckStage(stage, accepted)),
                                    self.credit())
         elif message.control == "credit_refresh":
-            self.r.forget(self.r.state.sweep(self.r.clock()))
+            self.r.sweep()
             await self.stream.send(Ack("credit_refresh", message.control_id, AckStage(stage)),
                                    self.credit())
         elif message.control == "shutdown":
@@ -294,7 +379,7 @@ class _Channel:
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
 
-    async def _try_send(self, *messages) -> None:
+    async def try_send(self, *messages) -> None:
         try:
             await self.stream.send(*messages)
         except (ChannelClosedError, ConnectionError, OSError):
@@ -305,58 +390,3 @@ class _Channel:
             task.cancel()
         await self._drain_tasks()
         await self.stream.close()
-
-
-def _outcomes(work: StageWork, output: StageOutput,
-              compact_output: bool = False) -> dict[tuple[str, str], Outcome]:
-    failed = {f.request_id: f for f in output.failures}
-    outcomes: dict[tuple[str, str], Outcome] = {}
-    counts = iter(output.rows_per_sequence or ())
-    cursor = 0
-    rows_available = 0 if output.tensor is None else output.tensor.descriptor.rows
-    kind = None if output.tensor is None else (output.tensor.descriptor.kind,
-                                               output.tensor.descriptor.dtype)
-    for item in work.sequences:
-        failure = failed.get(item.request_id)
-        if failure is not None:
-            outcomes[item.identity] = Outcome(False, None, failure.code, failure.message)
-            continue
-        rows = item.input_row_count if output.rows_per_sequence is None else next(counts, 0)
-        if rows != item.input_row_count and not compact_output:
-            outcomes[item.identity] = Outcome(False, None, "FAILED",
-                                              "compact output needs the compact_output extension")
-            continue
-        if rows < 1 or cursor + rows > rows_available:
-            outcomes[item.identity] = Outcome(False, None, "FAILED", "backend returned too few rows")
-            continue
-        outcomes[item.identity] = Outcome(True, output.tensor.rows(cursor, rows), kind=kind)
-        cursor += rows
-    return outcomes
-
-
-def _assemble(admission: Admission, entries: list[Entry], clock: Callable[[], int],
-              timings: Timings) -> Result:
-    """Compact ok rows in request-identity order; replayed results are remapped to this batch."""
-    started = clock()
-    parts = [entry.rows for entry in entries if entry.rows is not None]
-    tensor = None
-    if parts:
-        kind = next(entry.kind for entry in entries if entry.rows is not None)
-        array = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        tensor = Tensor(TensorDescriptor(kind[0], kind[1], tuple(array.shape)), array)
-    if timings.execute_ns:
-        timings = Timings(timings.queue_ns, timings.execute_ns, clock() - started,
-                          timings.unpack_ns)
-    slices = {s.identity: s for s in admission.batch.batch.sequences}
-    results: list[SequenceResult] = []
-    cursor = 0
-    for entry in entries:
-        result = entry.result
-        output_start = None
-        if entry.rows is not None:
-            output_start = cursor
-            cursor += result.output_row_count
-        results.append(result.remapped(slices[result.identity].input_row_start, output_start,
-                                       timings))
-    return Result(admission.batch.batch.batch_id, admission.batch.batch.batch_sequence_no,
-                  admission.batch.manifest_hash, tuple(results), tensor)

@@ -12,7 +12,6 @@ with respect to the event loop.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 import numpy as np
 
@@ -21,6 +20,7 @@ from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.leases import derive_execution_lease_id, local_deadline
 from libs.fnx2.tensor import crc32c
 from libs.fnx2.messages import Batch, Phase, SequenceResult, SequenceSlice, SequenceStatus, Timings
+from libs.fnx2.tombstones import Tombstone, TombstoneTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +37,14 @@ class ReceiverLimits:
     kv_bytes_per_row: int = 0
     replay_bytes_per_row: int = 0
     tombstone_capacity: int = 65536
-
-
-class Tombstone(StrEnum):
-    RELEASED = "released"
-    EXPIRED = "expired"
+    # How long an ended lease stays fenced: far beyond any frame's transit or a sender's
+    # retry window, yet short enough that tombstones scale with the request rate, not
+    # with every request of a plan generation.
+    tombstone_ttl_ns: int = 60 * 10**9
+    # A lease that no frame touched for this long expires even before its deadline, so KV
+    # orphaned by a sender that vanished (a restarted orchestrator sends no release, and
+    # requests without a deadline carry a day-long budget) is freed within this TTL.
+    lease_idle_ttl_ns: int = 15 * 60 * 10**9
 
 
 _TOMBSTONE_CODES = {Tombstone.RELEASED: ErrorCode.RELEASED, Tombstone.EXPIRED: ErrorCode.DEADLINE}
@@ -99,6 +102,7 @@ class _Lease:
     request_id: str
     lease_id: str
     deadline_ns: int
+    last_active_ns: int = 0
     epoch: int = 0
     next_sequence_no: int = 0
     next_position: int = 0
@@ -161,13 +165,16 @@ class ReceiverState:
     binding: ChannelBinding
     limits: ReceiverLimits = field(default_factory=ReceiverLimits)
     _leases: dict[str, _Lease] = field(default_factory=dict)
-    _tombstones: dict[str, Tombstone] = field(default_factory=dict)
+    _tombstones: TombstoneTable = field(init=False)
     _busy_frames: int = 0
     _busy_payload: int = 0
     _busy_rows: int = 0
     _busy_sequences: int = 0
     _kv_used: int = 0
     _replay_used: int = 0
+
+    def __post_init__(self) -> None:
+        self._tombstones = TombstoneTable(self.limits.tombstone_ttl_ns)
 
     # -- credits -------------------------------------------------------------------------
     def credit(self) -> Credit:
@@ -197,6 +204,7 @@ class ReceiverState:
     # -- admission -----------------------------------------------------------------------
     def admit(self, batch: Batch, now_ns: int) -> Admission:
         """Step 6: credit, then per sequence lease, replay, deadline, epoch; reserve atomically."""
+        self._tombstones.evict(now_ns)
         credit = self.credit()
         need = (1, batch.tensor.descriptor.payload_bytes, batch.batch.input_row_count,
                 len(batch.batch.sequences))
@@ -255,14 +263,15 @@ class ReceiverState:
             return self._expire_on_arrival(item, lease, reject)
         if lease is not None:
             lease.deadline_ns = deadline
+            lease.last_active_ns = now_ns
             return self._continue_lease(batch, item, lease, kv_reserved, reject)
-        return self._open_lease(batch, item, deadline, kv_reserved, reject)
+        return self._open_lease(batch, item, (now_ns, deadline), kv_reserved, reject)
 
     def _expire_on_arrival(self, item: SequenceSlice, lease: _Lease | None, reject) -> Rejection:
         if lease is not None:
             self._retire(lease, Tombstone.EXPIRED)
         elif len(self._tombstones) < self.limits.tombstone_capacity:
-            self._tombstones[item.execution_lease_id] = Tombstone.EXPIRED
+            self._tombstones.add(item.execution_lease_id, Tombstone.EXPIRED)
         else:
             return reject(ErrorCode.TOMBSTONE_CAPACITY, "tombstone table is full")
         return reject(ErrorCode.DEADLINE, "deadline budget exhausted", SequenceStatus.DEADLINE)
@@ -286,7 +295,7 @@ class ReceiverState:
             return reject(ErrorCode.ADMISSION, "no KV credit")
         return kv
 
-    def _open_lease(self, batch: Batch, item: SequenceSlice, deadline: int, kv_reserved: int,
+    def _open_lease(self, batch: Batch, item: SequenceSlice, times: tuple[int, int], kv_reserved: int,
                     reject) -> Rejection | int:
         if item.request_sequence_no != 0:
             return reject(ErrorCode.UNKNOWN_LEASE, "no live lease for a continuing request")
@@ -303,7 +312,9 @@ class ReceiverState:
         replay = item.input_row_count * self.limits.replay_bytes_per_row
         if credit.live_requests < 1 or kv > credit.kv_bytes - kv_reserved or replay > credit.replay_bytes:
             return reject(ErrorCode.ADMISSION, "no live-request, KV or replay credit")
-        self._leases[item.request_id] = _Lease(item.request_id, item.execution_lease_id, deadline)
+        now_ns, deadline = times
+        self._leases[item.request_id] = _Lease(item.request_id, item.execution_lease_id, deadline,
+                                               now_ns)
         return kv
 
     # -- completion ----------------------------------------------------------------------
@@ -367,14 +378,18 @@ class ReceiverState:
         lease.cancelled = True
         return AckCancel(request_id, lease_id, True, lease.inflight, False)
 
-    def release(self, request_id: str, lease_id: str, expected_final_epoch: int | None) -> AckRelease:
+    def release(self, request_id: str, lease_id: str, expected_final_epoch: int | None,
+                now_ns: int | None = None) -> AckRelease:
+        """`now_ns` (the caller's monotonic clock) dates the tombstone; without it, the
+        latest time this state has seen."""
+        self._tombstones.evict(now_ns)
         if lease_id in self._tombstones:
             return AckRelease(request_id, lease_id, False, None, 0, True)
         lease = self._leases.get(request_id)
         if lease is None or lease.lease_id != lease_id:
             if len(self._leases) + len(self._tombstones) >= self.limits.tombstone_capacity:
                 raise Fnx2Error(ErrorCode.TOMBSTONE_CAPACITY, "tombstone table is full")
-            self._tombstones[lease_id] = Tombstone.RELEASED
+            self._tombstones.add(lease_id, Tombstone.RELEASED)
             return AckRelease(request_id, lease_id, False, None, 0, True)
         if lease.inflight:
             raise Fnx2Error(ErrorCode.REQUEST_INFLIGHT, "request is executing")
@@ -385,9 +400,12 @@ class ReceiverState:
         return AckRelease(request_id, lease_id, True, lease.epoch, released_results, True)
 
     def sweep(self, now_ns: int) -> list[tuple[str, str]]:
-        """Expire idle leases past their local deadline; returns (request, lease) ids freed."""
+        """Expire idle leases past their local deadline and forget tombstones past their
+        time; returns the (request, lease) ids freed."""
+        self._tombstones.evict(now_ns)
         expired = [lease for lease in self._leases.values()
-                   if not lease.inflight and now_ns >= lease.deadline_ns]
+                   if not lease.inflight and (now_ns >= lease.deadline_ns or now_ns
+                                              - lease.last_active_ns >= self.limits.lease_idle_ttl_ns)]
         for lease in expired:
             self._retire(lease, Tombstone.EXPIRED)
         return [(lease.request_id, lease.lease_id) for lease in expired]
@@ -399,7 +417,7 @@ class ReceiverState:
         if lease.replay is not None:
             self._replay_used -= lease.replay.retained_bytes
         lease.replay = None
-        self._tombstones[lease.lease_id] = reason
+        self._tombstones.add(lease.lease_id, reason)
 
 
 def _replay_key(batch: Batch, item: SequenceSlice) -> tuple:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl as ssl_module
+import time
 import uuid
 from dataclasses import dataclass, replace
 
@@ -37,6 +38,9 @@ class SenderConfig:
     binding: ChannelBinding
     codec: CodecLimits = DEFAULT_LIMITS
     offer_extensions: frozenset[str] = KNOWN_EXTENSIONS
+    # A credit_refresh after this long without sending, so a receiver's idle timeout
+    # (ListenerLimits.idle_timeout_s, 900 s by default) never closes a live channel.
+    keepalive_s: float | None = 60.0
 
 
 @dataclass
@@ -58,6 +62,8 @@ class Fnx2Client:
         self._in_transit: collections.deque[tuple[int, tuple[int, int, int, int]]] = collections.deque()
         self._batches_sent = 0
         self._pump: asyncio.Task | None = None
+        self._keepalive: asyncio.Task | None = None
+        self._last_sent = time.monotonic()
         self._failure: Fnx2Error | None = None
         self._unsettled: list[tuple[asyncio.Future, object]] = []
 
@@ -100,8 +106,21 @@ class Fnx2Client:
             answer = await self._expect((Ack, ErrorMessage))
             if isinstance(answer, Ack) and answer.control_id == offer_id:
                 self.extensions = frozenset(answer.fields.extensions or ()) & self.config.offer_extensions
+                self._stream.negotiated = self.extensions
                 self.credit = await self._expect(Credit)
         self._pump = asyncio.create_task(self._read_loop())
+        if self.config.keepalive_s:
+            self._keepalive = asyncio.create_task(self._keep_alive(self.config.keepalive_s))
+
+    async def _keep_alive(self, interval_s: float) -> None:
+        while self._failure is None and not self._stream.closed:
+            await asyncio.sleep(max(0.0, self._last_sent + interval_s - time.monotonic()))
+            if time.monotonic() - self._last_sent < interval_s:
+                continue
+            try:
+                await self.credit_refresh()
+            except Fnx2Error:
+                return  # the channel failed; callers see it on their next call
 
     async def _expect(self, kinds):
         got = await self._stream.read()
@@ -131,6 +150,7 @@ class Fnx2Client:
             self._sent = tuple(a + b for a, b in zip(self._sent, need))
             self._in_transit.append((self._batches_sent, need))
             self._batches_sent += 1
+        self._last_sent = time.monotonic()
         try:
             await self._stream.send(batch)
         except Fnx2Error:
@@ -191,6 +211,7 @@ class Fnx2Client:
         self._raise_if_failed()
         future = asyncio.get_running_loop().create_future()
         self._controls[control_id] = future
+        self._last_sent = time.monotonic()
         await self._stream.send(message)
         return await future
 
@@ -200,7 +221,7 @@ class Fnx2Client:
             while True:
                 got = await self._stream.read()
                 if got.error is not None:
-                    self._fail_oldest(got.error)
+                    await self._unreserve(self._fail_oldest(got.error))
                     continue
                 await self._on_message(got.frame.message)
         except Fnx2Error as exc:
@@ -229,7 +250,7 @@ class Fnx2Client:
                 else:
                     future.set_result(message)
         elif isinstance(message, ErrorMessage):
-            self._on_error(message)
+            await self._unreserve(self._on_error(message))
 
     def _settle(self) -> None:
         for future, value in self._unsettled:
@@ -248,21 +269,38 @@ class Fnx2Client:
             return
         self._unsettled.append((pending.future, result))
 
-    def _on_error(self, message: ErrorMessage) -> None:
+    def _on_error(self, message: ErrorMessage) -> _Pending | None:
+        """Fail what the ERROR answers; returns the failed batch, if it was one."""
         error = RemoteError(_code(message.code), message.message)
         target = self._controls.pop(message.control_id, None) if message.control_id else None
-        if target is None and message.control_id in self._pending:
-            target = self._pending.pop(message.control_id).future
-        if target is None:
-            self._fail_oldest(error)
-        elif not target.done():
-            target.set_exception(error)
-
-    def _fail_oldest(self, error: Fnx2Error) -> None:
-        if self._pending:
-            _, pending = self._pending.popitem(last=False)
+        if target is not None:
+            if not target.done():
+                target.set_exception(error)
+            return None
+        if message.control_id in self._pending:
+            pending = self._pending.pop(message.control_id)
             if not pending.future.done():
                 pending.future.set_exception(error)
+            return pending
+        return self._fail_oldest(error)
+
+    def _fail_oldest(self, error: Fnx2Error) -> _Pending | None:
+        if not self._pending:
+            return None
+        _, pending = self._pending.popitem(last=False)
+        if not pending.future.done():
+            pending.future.set_exception(error)
+        return pending
+
+    async def _unreserve(self, failed: _Pending | None) -> None:
+        """A batch answered by an ERROR holds nothing at the receiver: stop counting it
+        against the last credit, so a waiting `submit` never depends on a CREDIT that may
+        not follow the ERROR."""
+        if failed is None:
+            return
+        async with self._credit_changed:
+            self._sent = tuple(max(0, s - n) for s, n in zip(self._sent, failed.need))
+            self._credit_changed.notify_all()
 
     async def _fail_all(self, error: Fnx2Error) -> None:
         self._settle()
@@ -283,6 +321,9 @@ class Fnx2Client:
             raise ChannelClosedError("channel is closed")
 
     async def close(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            await asyncio.gather(self._keepalive, return_exceptions=True)
         await self._stream.close()
         if self._pump is not None:
             self._pump.cancel()

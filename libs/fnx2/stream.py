@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass
 
 from libs.fnx2.codec import (
-    DEFAULT_LIMITS, PRELUDE_BYTES, CodecLimits, ExpectedBinding, Frame, Message,
+    DEFAULT_LIMITS, PRELUDE_BYTES, CodecLimits, ExpectedBinding, Frame, Message, Prelude,
     decode_body, encode_frame, parse_prelude, payload_crc,
 )
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
-from libs.fnx2.transport import ReceivedBody
+from libs.fnx2.transport import ReceivedBody, check_admitted
 
 _SMALL_FRAME = 64 * 1024
 _WRITE_CHUNK = 1024 * 1024
@@ -44,12 +44,18 @@ class StreamSource:
 
     def __init__(self, reader: asyncio.StreamReader, limits: CodecLimits) -> None:
         self._reader, self._limits = reader, limits
+        self.max_body_bytes: int | None = None
+        self._prelude: Prelude | None = None  # kept if a read is cancelled between the parts
 
     async def read_frame(self) -> ReceivedBody:
         try:
-            head = await self._reader.readexactly(PRELUDE_BYTES)
-            prelude = parse_prelude(head, self._limits)
+            if self._prelude is None:
+                head = await self._reader.readexactly(PRELUDE_BYTES)
+                self._prelude = parse_prelude(head, self._limits)
+                check_admitted(self._prelude, self.max_body_bytes)
+            prelude = self._prelude
             body = await self._reader.readexactly(prelude.body_bytes) if prelude.body_bytes else b""
+            self._prelude = None
         except asyncio.IncompleteReadError as exc:
             raise ChannelClosedError("peer closed the stream") from exc
         except (ConnectionError, OSError) as exc:
@@ -67,10 +73,16 @@ class FrameStream:
             source = StreamSource(source, limits)
         self._source, self._writer, self._limits = source, sink, limits
         self.allow_extensions = allow_extensions
+        # Extensions whose fields this channel accepts: none until the offer is accepted.
+        self.negotiated: frozenset[str] = frozenset()
         self._next_out = 0
         self._next_in = 0
         self._write_lock = asyncio.Lock()
         self.closed = False
+
+    def admit_body_bytes(self, max_body_bytes: int | None) -> None:
+        """Bound the next frame bodies this stream takes a buffer for (None: codec limits)."""
+        self._source.max_body_bytes = max_body_bytes
 
     async def read(self, expected: ExpectedBinding | None = None) -> Received:
         """Raises terminal errors (and EOF as ChannelClosedError); returns recoverable ones."""
@@ -82,6 +94,7 @@ class FrameStream:
         try:
             frame = decode_body(prelude, received.body, expected=expected,
                                 allow_extensions=self.allow_extensions,
+                                negotiated=self.negotiated,
                                 body_crc=received.body_crc, slice_crcs=received.slice_crcs,
                                 finite=received.finite)
         except Fnx2Error as exc:

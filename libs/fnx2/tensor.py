@@ -17,6 +17,7 @@ import numpy as np
 from google_crc32c import _crc32c as _crc
 
 from libs.fnx2.errors import ErrorCode, Fnx2Error
+from libs.fnx2.fields import member
 
 LAYOUT = "contiguous_row_major"
 UINT32_MAX = (1 << 32) - 1
@@ -112,10 +113,9 @@ class TensorDescriptor:
         fields = ("kind", "dtype", "shape", "layout", "logical_elements", "payload_bytes")
         if type(meta) is not dict or set(meta) != set(fields):
             raise _tensor_error("tensor descriptor must have exactly " + ",".join(fields))
-        try:
-            kind, dtype = TensorKind(meta["kind"]), DType(meta["dtype"])
-        except ValueError as exc:
-            raise _tensor_error("unknown tensor kind or dtype") from exc
+        kind, dtype = member(TensorKind, meta["kind"]), member(DType, meta["dtype"])
+        if kind is None or dtype is None:
+            raise _tensor_error("unknown tensor kind or dtype")
         shape = meta["shape"]
         if type(shape) is not list or len(shape) > 2:
             raise _tensor_error("tensor shape must be an array of rank 1 or 2")

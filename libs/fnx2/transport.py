@@ -23,7 +23,7 @@ from libs.fnx2.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
 from libs.fnx2.crc import crc32c_combine
 from libs.fnx2.messages import Kind
 from libs.fnx2.tensor import STORAGE, DType, _finite_bytes
-from libs.fnx2.errors import ChannelClosedError, Fnx2Error
+from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 
 _MAX_QUEUED_FRAMES = 4
 _CRC_STEP = 512 * 1024
@@ -100,8 +100,10 @@ class BufferPool:
     def __init__(self, max_buffers: int = 16, max_bytes: int = 512 * 1024 * 1024) -> None:
         self._buffers: list[np.ndarray] = []
         self._max_buffers, self._max_bytes = max_buffers, max_bytes
+        self.largest_take_bytes = 0
 
     def take(self, nbytes: int) -> memoryview:
+        self.largest_take_bytes = max(self.largest_take_bytes, nbytes)
         idle_too_small = []
         for buffer in self._buffers:
             if sys.getrefcount(buffer) == _IDLE_REFS:
@@ -112,10 +114,18 @@ class BufferPool:
         for old in idle_too_small:  # make room by forgetting idle buffers that are too small
             if self._fits(nbytes):
                 break
-            self._buffers.remove(old)
+            # By identity: `list.remove` would compare arrays element-wise.
+            self._buffers = [b for b in self._buffers if b is not old]
         if self._fits(nbytes):
             self._buffers.append(buffer)
         return memoryview(buffer)
+
+    def trim(self) -> int:
+        """Forget every idle buffer (its memory goes back to the allocator); returns the
+        bytes released. Called when a listener has no channel left."""
+        before = self.pooled_bytes
+        self._buffers = [b for b in self._buffers if sys.getrefcount(b) > _IDLE_REFS]
+        return before - self.pooled_bytes
 
     def _fits(self, nbytes: int) -> bool:
         return (len(self._buffers) < self._max_buffers
@@ -126,14 +136,29 @@ class BufferPool:
         return sum(b.nbytes for b in self._buffers)
 
 
+_DISCARD = bytearray(64 * 1024)  # written, never read: shared by every protocol
+_MAX_DISCARD_BYTES = 1024 * 1024
+_LINGER_S = 1.0
+
 # The pool's list, the loop variable and getrefcount's own argument.
 _IDLE_REFS = 3
 
 
+def check_admitted(prelude: Prelude, max_body_bytes: int | None) -> None:
+    if max_body_bytes is not None and prelude.body_bytes > max_body_bytes:
+        raise Fnx2Error(ErrorCode.FRAME_SIZE, f"frame body of {prelude.body_bytes} bytes exceeds "
+                        f"the {max_body_bytes} this channel admits now")
+
+
 class FrameProtocol(asyncio.BufferedProtocol):
+    """`max_body_bytes`, when set, bounds a frame body before any buffer is taken for it:
+    a receiver keeps it at a small preamble until the peer is bound, then raises it to
+    what its credits admit. A larger announced body ends the channel (FRAME_SIZE)."""
+
     def __init__(self, limits: CodecLimits, on_connection=None,
-                 pool: BufferPool | None = None) -> None:
+                 pool: BufferPool | None = None, max_body_bytes: int | None = None) -> None:
         self._limits, self._on_connection = limits, on_connection
+        self.max_body_bytes = max_body_bytes
         self._pool = pool or BufferPool()
         self._head = bytearray(PRELUDE_BYTES)
         self._prelude: Prelude | None = None
@@ -145,6 +170,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._finite, self._finite_done = True, 0
         self._frames: collections.deque[ReceivedBody] = collections.deque()
         self._failure: BaseException | None = None
+        self._discarded: int | None = None  # bytes read and dropped after a terminal error
         self._waiter: asyncio.Future | None = None
         self._transport: asyncio.Transport | None = None
         self._reading_paused = False
@@ -159,9 +185,16 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._on_connection(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._discarded is not None:
+            return memoryview(_DISCARD)
         return self._target[self._filled:]
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._discarded is not None:
+            self._discarded += nbytes
+            if self._discarded > _MAX_DISCARD_BYTES:
+                self._fail(self._failure)  # enough: stop reading until the channel closes
+            return
         self._filled += nbytes
         if self._prelude is not None and self._filled - self._crc_done >= _CRC_STEP:
             self._extend_crc()  # on bytes the kernel has just written: still in cache
@@ -170,8 +203,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self._prelude is None:
             try:
                 self._prelude = parse_prelude(bytes(self._head), self._limits)
-            except Fnx2Error as exc:  # terminal: stop reading, report to the consumer
-                self._fail(exc)
+                check_admitted(self._prelude, self.max_body_bytes)
+            except Fnx2Error as exc:  # terminal: report to the consumer, discard the rest
+                self._prelude = None
+                self._discard_after(exc)
                 return
             self._crc, self._crc_done, self._plan, self._range_crcs = 0, 0, None, []
             self._finite, self._finite_done = True, 0
@@ -244,8 +279,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._fail(ChannelClosedError("peer closed the stream"))
         return False
 
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        return self._transport
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(ChannelClosedError(f"connection lost: {exc}" if exc else "connection closed"))
+        # A partly received body goes back to the pool (or the allocator) now.
+        self._prelude, self._target, self._filled, self._plan = None, memoryview(b""), 0, None
         self._writing_paused = False
         for waiter in self._drain_waiters:
             if not waiter.done():
@@ -292,11 +333,29 @@ class FrameProtocol(asyncio.BufferedProtocol):
             await waiter
 
     def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
+        """After a terminal frame error, half-close and linger briefly (still dropping what
+        arrives), so the peer reads the ERROR before the connection goes."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if self._discarded is not None and self._failure is not None and transport.can_write_eof():
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(_LINGER_S, transport.close)
+            return
+        transport.close()
 
     async def wait_closed(self) -> None:
         await self.closed
+
+    def _discard_after(self, exc: Fnx2Error) -> None:
+        """A terminal frame error: the consumer answers with one ERROR and closes. Until
+        then, what the peer already sent is read and dropped, so closing does not reset
+        the connection (losing that ERROR) over unread bytes."""
+        if self._failure is None:
+            self._failure = exc
+        self._discarded = 0
+        self._prelude, self._target, self._filled = None, memoryview(b""), 0
+        self._wake()
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:

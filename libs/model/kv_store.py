@@ -5,10 +5,15 @@ the next sequence number, the next position and the current epoch. A successful 
 advances the epoch by exactly one; a failed step changes nothing, because new KV rows are
 only committed after every layer of the stage has succeeded. Released leases are
 tombstoned (bounded table) so that a late slice cannot resurrect them.
+
+One store is shared by the event loop (release on control messages and lease expiry) and
+the device thread (check and commit during execution), so every method holds one lock.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -61,6 +66,14 @@ class KvUsage:
     live_sequences: int
 
 
+def _locked(method):
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return guarded
+
+
 @dataclass
 class KvStore:
     layout: KvLayout
@@ -69,24 +82,30 @@ class KvStore:
     _entries: dict[KvKey, SequenceKv] = field(default_factory=dict)
     _tombstones: OrderedDict = field(default_factory=OrderedDict)
     _high_water: int = 0
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
+    @_locked
     def usage(self) -> KvUsage:
         used = self.bytes_used()
         return KvUsage(used, self.bytes_limit, self._high_water, len(self._entries))
 
+    @_locked
     def bytes_used(self) -> int:
         return sum(e.length for e in self._entries.values()) * self.layout.bytes_per_token
 
+    @_locked
     def epoch(self, key: KvKey) -> int:
         entry = self._entries.get(key)
         if entry is None:
             raise UnknownSequenceError(f"no KV for request {key[0]!r} lease {key[1]!r}")
         return entry.epoch
 
+    @_locked
     def length(self, key: KvKey) -> int:
         entry = self._entries.get(key)
         return 0 if entry is None else entry.length
 
+    @_locked
     def check(self, ident: SliceIdentity) -> None:
         """Raise if this slice may not run against the current state (nothing changes)."""
         if ident.key in self._tombstones:
@@ -104,6 +123,7 @@ class KvStore:
                     reason=reason,
                 )
 
+    @_locked
     def check_batch(self, idents: list[SliceIdentity]) -> None:
         keys = [i.key for i in idents]
         if len(set(keys)) != len(keys):
@@ -117,6 +137,7 @@ class KvStore:
                 f"KV would grow to {used + added} bytes, over the stage limit of {self.bytes_limit} bytes"
             )
 
+    @_locked
     def past(self, key: KvKey, layer: int) -> tuple[np.ndarray, np.ndarray]:
         entry = self._entries.get(key)
         if entry is None:
@@ -124,6 +145,7 @@ class KvStore:
             return empty, np.zeros((0, self.layout.rope_dim), np.float32)
         return entry.latent[layer, : entry.length], entry.k_rope[layer, : entry.length]
 
+    @_locked
     def commit(self, ident: SliceIdentity, latent: np.ndarray, k_rope: np.ndarray) -> int:
         """Append rows ([layers, rows, dim] each) and advance the epoch; returns the new epoch."""
         entry = self._entries.get(ident.key)
@@ -140,6 +162,7 @@ class KvStore:
         self._high_water = max(self._high_water, self.bytes_used())
         return entry.epoch
 
+    @_locked
     def release(self, request_id: str, lease_id: str) -> bool:
         """Free a lease's KV and tombstone it; returns whether it held KV."""
         key = (request_id, lease_id)
@@ -149,6 +172,7 @@ class KvStore:
             self._tombstones.popitem(last=False)
         return existed
 
+    @_locked
     def release_request(self, request_id: str) -> int:
         keys = [k for k in self._entries if k[0] == request_id]
         for key in keys:

@@ -134,7 +134,8 @@ async def test_deadline_budgets_survive_a_receiver_clock_hours_away():
     offset = 7 * HOUR_NS
     now = {"ns": time.monotonic_ns() + offset}
     clock = lambda: now["ns"]  # noqa: E731
-    async with loopback(DoublingHandler(), clock=clock) as (client, receiver):
+    config = ReceiverConfig(BINDING, ReceiverLimits(tombstone_ttl_ns=HOUR_NS))  # outlives the test
+    async with loopback(DoublingHandler(), clock=clock, receiver_config=config) as (client, receiver):
         a, b = sorted([new_request(), new_request()])
         result = by_request(await client.submit(
             make_batch(Phase.PREFILL, [Seq(a, 1, budget_ns=60 * 10**9), Seq(b, 1, budget_ns=0)])))

@@ -36,3 +36,13 @@ def test_commands_register():
     register(commands, benches)
     args = parser.parse_args(["bench", "fnx2", "--json"])
     assert args.json and callable(args.func)
+
+
+def test_fuzz_command_registers_and_refuses_bad_arguments(capsys):
+    parser = argparse.ArgumentParser()
+    commands = parser.add_subparsers(dest="command")
+    benches = commands.add_parser("bench").add_subparsers(dest="bench")
+    register(commands, benches)
+    args = parser.parse_args(["fuzz", "fnx2", "--frames", "0", "--json"])
+    assert args.frames == 0 and args.json
+    assert args.func(args) == 2 and "--frames" in capsys.readouterr().out

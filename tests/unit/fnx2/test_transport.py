@@ -127,3 +127,23 @@ def test_buffer_pool_reuses_only_unreferenced_buffers_and_stays_bounded():
     big = pool.take(5000)  # idle but too small: one is forgotten to make room
     assert pool.pooled_bytes == 6000 and big.obj.nbytes == 5000
     assert len(pool.take(20_000)) == 20_000 and pool.pooled_bytes <= 10_000
+
+
+def test_buffer_pool_forgets_an_idle_buffer_behind_a_busy_one_of_another_size():
+    """Making room compares buffers by identity: an element-wise `list.remove` on numpy
+    arrays raised "operands could not be broadcast" once the pool was full."""
+    from libs.fnx2.transport import BufferPool
+
+    pool = BufferPool(max_buffers=3, max_bytes=7000)
+    busy = pool.take(1000)  # held by a decoded tensor: stays in the pool, first in line
+    idle_small = pool.take(2000)
+    idle_small_id = id(idle_small.obj)
+    del idle_small
+    big = pool.take(4500)  # full: the idle 2000-byte buffer behind the busy one must go
+    assert big.obj.nbytes == 4500 and pool.pooled_bytes == 5500
+    del big
+    again = pool.take(4000)  # the 4500-byte buffer is idle again and reused
+    assert again.obj.nbytes == 4500 and id(again.obj) != idle_small_id
+    del again
+    assert pool.trim() == 4500 and pool.pooled_bytes == 1000  # the busy one stays
+    assert busy.obj.nbytes == 1000 and pool.largest_take_bytes == 4500

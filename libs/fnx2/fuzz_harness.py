@@ -1,0 +1,252 @@
+"""`fornax fuzz fnx2`: mutated frames against a live receiver over a real TCP socket.
+
+The receiver is the library's own `Fnx2Receiver` on 127.0.0.1, with a doubling stage
+handler. The fuzzing peer completes the hello like any sender, then sends one mutated
+frame at a time and waits for its answer. Every frame a receiver reads is answered by
+exactly one frame that is not a CREDIT (RESULT, ACK or ERROR), so the peer counts:
+
+- a crash: the channel closed without a terminal ERROR, the receiver answered INTERNAL,
+  or the receiver recorded an unexpected exception;
+- a hang: no answer within the response timeout;
+- max allocation: the largest receive buffer the receiver took for one frame body.
+
+After a terminal ERROR (or a shutdown ACK) the peer reconnects and handshakes again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from libs.fnx2.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
+from libs.fnx2.control import (
+    Ack,
+    AckHello,
+    Cancel,
+    Control,
+    Credit,
+    ErrorMessage,
+    Release,
+)
+from libs.fnx2.errors import TERMINAL_CODES, ErrorCode
+from libs.fnx2.fuzz import Mutator, Seed
+from libs.fnx2.fuzz_receiver import BINDING, WIDTH
+from libs.fnx2.leases import derive_execution_lease_id
+from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice
+from libs.fnx2.tensor import DType, Tensor, TensorKind
+
+MINUTE_NS = 60 * 10**9
+
+
+@dataclass(frozen=True)
+class FuzzConfig:
+    frames: int = 100_000
+    seed: int = 20261201
+    response_timeout_s: float = 5.0
+    peers: int = 1  # concurrent fuzzing connections
+    receiver_module: str = "libs.fnx2.fuzz_receiver"  # run as `python -m` in its own process
+
+
+@dataclass
+class FuzzReport:
+    frames: int = 0
+    answered: int = 0
+    crashes: int = 0
+    hangs: int = 0
+    reconnects: int = 0
+    max_allocation_bytes: int = 0
+    rss_growth_bytes: int = 0
+    seconds: float = 0.0
+    codes: collections.Counter = field(default_factory=collections.Counter)
+    crash_samples: list[str] = field(default_factory=list)
+
+    @property
+    def frames_per_s(self) -> float:
+        return self.frames / self.seconds if self.seconds else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.crashes == 0 and self.hangs == 0 and self.answered == self.frames
+
+    def to_json(self) -> dict:
+        return {
+            "frames": self.frames, "answered": self.answered, "crashes": self.crashes,
+            "hangs": self.hangs, "reconnects": self.reconnects,
+            "max_allocation_bytes": self.max_allocation_bytes,
+            "rss_growth_bytes": self.rss_growth_bytes, "seconds": round(self.seconds, 3),
+            "frames_per_s": round(self.frames_per_s, 1), "codes": dict(sorted(self.codes.items())),
+            "crash_samples": self.crash_samples[:10], "ok": self.ok,
+            "figure_class": "physical (measured on this host)",
+        }
+
+
+def seeds() -> list[Seed]:
+    """One valid frame of every kind, bound to the fuzzed receiver."""
+    request = "11111111-1111-4111-8111-111111111111"
+    lease = derive_execution_lease_id(BINDING.plan_generation_id, BINDING.plan_id,
+                                      BINDING.plan_hash, request)
+    control = "dddddddd-dddd-4ddd-8ddd-dddddddddddd"
+    prefill = _batch(Phase.PREFILL, request, lease, rows=3, sequence_no=0, position=0)
+    decode = _batch(Phase.DECODE, request, lease, rows=1, sequence_no=1, position=3, epoch=1)
+    messages = [prefill, decode, prefill, decode,
+                Cancel(control, BINDING, request, lease),
+                Release(control, BINDING, request, lease, None),
+                Control("credit_refresh", control, BINDING),
+                Control("extensions", control, BINDING, extensions=("multi_inflight", "timings")),
+                Credit(1, 2, 3, 4, 5, 6, 7),
+                ErrorMessage("METADATA", "x", None),
+                Ack("hello", control, AckHello(BINDING))]
+    out = []
+    for message in messages:
+        encoded = encode_frame(message, 0)
+        meta = decode_frame(encoded.to_bytes()).message.to_meta()
+        out.append(Seed(message.KIND, meta, bytes(encoded.payload)))
+    return out
+
+
+def _batch(phase: Phase, request: str, lease: str, *, rows: int, sequence_no: int,
+           position: int, epoch: int = 0) -> Batch:
+    item = SequenceSlice(request, sequence_no, 0, rows, position, epoch, MINUTE_NS, lease, "t", "s")
+    descriptor = BatchDescriptor(str(uuid.UUID(int=rows, version=4)), 0, phase, rows, (item,))
+    values = np.arange(rows * WIDTH, dtype=np.float32).reshape(rows, WIDTH)
+    return Batch(BINDING.plan_id, BINDING.plan_hash, BINDING.manifest_hash, "stage-0", "stage-1",
+                 descriptor, Tensor.from_array(TensorKind.ACTIVATION, DType.FP32, values))
+
+
+class _Peer:
+    """The fuzzing sender: one connection at a time, hello answered, frames numbered."""
+
+    def __init__(self, port: int, timeout_s: float) -> None:
+        self.port, self.timeout_s = port, timeout_s
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.next_out = 0
+
+    async def connect(self) -> None:
+        await self.close()
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        hello = await self.read()
+        if not (isinstance(hello, Control) and hello.control == "hello"):
+            raise RuntimeError(f"expected the receiver's hello, got {hello!r}")
+        self.next_out = 0
+        self.send(encode_frame(Ack("hello", hello.control_id, AckHello(BINDING)), 0).to_bytes())
+        self.next_out = 1
+        credit = await self.read()
+        if not isinstance(credit, Credit):
+            raise RuntimeError(f"expected the first CREDIT, got {credit!r}")
+
+    def send(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    async def read(self):
+        head = await self.reader.readexactly(PRELUDE_BYTES)
+        prelude = parse_prelude(head)
+        body = await self.reader.readexactly(prelude.body_bytes)
+        return decode_frame(head + body).message
+
+    async def answer(self):
+        """The next frame that is not a CREDIT; None when the channel closed."""
+        async with asyncio.timeout(self.timeout_s):
+            while True:
+                try:
+                    message = await self.read()
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return None
+                if not isinstance(message, Credit):
+                    return message
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            try:
+                await self.writer.wait_closed()
+            except (ConnectionError, OSError):
+                pass
+            self.writer = self.reader = None
+
+
+def _ends_channel(message) -> bool:
+    if isinstance(message, ErrorMessage):
+        return message.code in TERMINAL_CODES or message.code == ErrorCode.INTERNAL
+    return isinstance(message, Ack) and message.operation == "shutdown"
+
+
+async def run_fuzz(config: FuzzConfig) -> FuzzReport:
+    """Fuzz a receiver in its own process with `config.peers` connections at a time."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", config.receiver_module, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE)
+    report = FuzzReport()
+    try:
+        port = int((await process.stdout.readline()).decode())
+        rss_before = _rss_kib(process.pid, "VmRSS")
+        base, started = seeds(), time.perf_counter()
+        shares = [config.frames // config.peers + (i < config.frames % config.peers)
+                  for i in range(config.peers)]
+        await asyncio.gather(*(_fuzz_peer(port, config, config.seed + i, share, base, report)
+                               for i, share in enumerate(shares)))
+        report.seconds = time.perf_counter() - started
+        report.rss_growth_bytes = max(0, _rss_kib(process.pid, "VmHWM") - rss_before) * 1024
+    finally:
+        process.stdin.close()
+        stats = json.loads((await process.stdout.readline()).decode() or "{}")
+        await process.wait()
+    # A receiver that died early reported nothing: that is a crash too.
+    report.crashes += stats.get("unexpected_errors", 1)
+    report.max_allocation_bytes = stats.get("largest_body_bytes", 0)
+    return report
+
+
+def _rss_kib(pid: int, field_name: str) -> int:
+    """VmRSS (now) or VmHWM (peak) of a process, from /proc."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+async def _fuzz_peer(port: int, config: FuzzConfig, seed: int, frames: int, base: list[Seed],
+                     report: FuzzReport) -> None:
+    peer, mutator = _Peer(port, config.response_timeout_s), Mutator(np.random.default_rng(seed))
+    try:
+        await peer.connect()
+        for index in range(frames):
+            await _one(peer, mutator, base[index % len(base)], report)
+    finally:
+        await peer.close()
+
+
+async def _one(peer: _Peer, mutator: Mutator, seed: Seed, report: FuzzReport) -> None:
+    data = mutator.mutate(seed, peer.next_out)
+    peer.next_out += 1
+    report.frames += 1
+    peer.send(data)
+    try:
+        message = await peer.answer()
+    except TimeoutError:
+        report.hangs += 1
+        report.crash_samples.append(f"hang after {data[:PRELUDE_BYTES + 160]!r}")
+        await peer.connect()
+        report.reconnects += 1
+        return
+    if message is None:
+        report.crashes += 1
+        report.crash_samples.append(f"closed without ERROR after {data[:PRELUDE_BYTES + 160]!r}")
+    else:
+        report.answered += 1
+        report.codes[message.code if isinstance(message, ErrorMessage)
+                     else type(message).__name__.upper()] += 1
+        if isinstance(message, ErrorMessage) and message.code == ErrorCode.INTERNAL:
+            report.crashes += 1
+            report.crash_samples.append(f"INTERNAL {message.message} after {data[:200]!r}")
+    if message is None or _ends_channel(message):
+        await peer.connect()
+        report.reconnects += 1

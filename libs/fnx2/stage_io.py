@@ -1,0 +1,110 @@
+"""What a stage backend sees and returns, and how its output becomes a RESULT (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from libs.fnx2.messages import Batch, Result, SequenceResult, SequenceSlice, Timings
+from libs.fnx2.receiver_state import Admission, Entry, Outcome
+from libs.fnx2.tensor import Tensor, TensorDescriptor
+
+
+@dataclass(frozen=True, slots=True)
+class StageWork:
+    """A validated BATCH as the backend sees it: only the sequences to execute."""
+
+    batch: Batch
+    sequences: tuple[SequenceSlice, ...]
+    traceparent: str | None
+
+    @property
+    def inputs(self) -> np.ndarray:
+        """The whole input tensor (storage dtype; bf16 as uint16 bits), read-only."""
+        return self.batch.tensor.array
+
+    def rows(self, item: SequenceSlice) -> np.ndarray:
+        return self.batch.tensor.rows(item.input_row_start, item.input_row_count)
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceFailure:
+    request_id: str
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class StageOutput:
+    """Output rows of the executed sequences that did not fail, in `StageWork` order."""
+
+    tensor: Tensor | None
+    failures: tuple[SequenceFailure, ...] = ()
+    # Output rows per ok sequence, in order; None = as many as it sent. Fewer rows need the
+    # compact_output extension on the channel.
+    rows_per_sequence: tuple[int, ...] | None = None
+
+
+class StageHandler(Protocol):
+    async def execute(self, work: StageWork) -> StageOutput: ...
+
+    def forget(self, request_id: str, execution_lease_id: str) -> None:
+        """Drop this request's KV: it was released or expired."""
+
+
+def outcomes(work: StageWork, output: StageOutput,
+              compact_output: bool = False) -> dict[tuple[str, str], Outcome]:
+    failed = {f.request_id: f for f in output.failures}
+    outcomes: dict[tuple[str, str], Outcome] = {}
+    counts = iter(output.rows_per_sequence or ())
+    cursor = 0
+    rows_available = 0 if output.tensor is None else output.tensor.descriptor.rows
+    kind = None if output.tensor is None else (output.tensor.descriptor.kind,
+                                               output.tensor.descriptor.dtype)
+    for item in work.sequences:
+        failure = failed.get(item.request_id)
+        if failure is not None:
+            outcomes[item.identity] = Outcome(False, None, failure.code, failure.message)
+            continue
+        rows = item.input_row_count if output.rows_per_sequence is None else next(counts, 0)
+        if rows != item.input_row_count and not compact_output:
+            outcomes[item.identity] = Outcome(False, None, "FAILED",
+                                              "compact output needs the compact_output extension")
+            continue
+        if rows < 1 or cursor + rows > rows_available:
+            outcomes[item.identity] = Outcome(False, None, "FAILED", "backend returned too few rows")
+            continue
+        outcomes[item.identity] = Outcome(True, output.tensor.rows(cursor, rows), kind=kind)
+        cursor += rows
+    return outcomes
+
+
+def assemble(admission: Admission, entries: list[Entry], clock: Callable[[], int],
+              timings: Timings) -> Result:
+    """Compact ok rows in request-identity order; replayed results are remapped to this batch."""
+    started = clock()
+    parts = [entry.rows for entry in entries if entry.rows is not None]
+    tensor = None
+    if parts:
+        kind = next(entry.kind for entry in entries if entry.rows is not None)
+        array = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        tensor = Tensor(TensorDescriptor(kind[0], kind[1], tuple(array.shape)), array)
+    if timings.execute_ns:
+        timings = Timings(timings.queue_ns, timings.execute_ns, clock() - started,
+                          timings.unpack_ns)
+    slices = {s.identity: s for s in admission.batch.batch.sequences}
+    results: list[SequenceResult] = []
+    cursor = 0
+    for entry in entries:
+        result = entry.result
+        output_start = None
+        if entry.rows is not None:
+            output_start = cursor
+            cursor += result.output_row_count
+        results.append(result.remapped(slices[result.identity].input_row_start, output_start,
+                                       timings))
+    return Result(admission.batch.batch.batch_id, admission.batch.batch.batch_sequence_no,
+                  admission.batch.manifest_hash, tuple(results), tensor)

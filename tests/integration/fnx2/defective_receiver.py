@@ -1,0 +1,17 @@
+"""A fuzz receiver with the enum lookup that once crashed on JSON lists and objects, to
+prove `fornax fuzz fnx2` reports such a defect as crashes. Test use only."""
+
+import asyncio
+import sys
+
+from libs.fnx2 import codec
+from libs.fnx2.fuzz_receiver import main
+
+
+def _unguarded_member(enum_type, value):
+    return enum_type(value) if value in enum_type._value2member_map_ else None  # unhashable: TypeError
+
+
+if __name__ == "__main__":
+    codec.member = _unguarded_member
+    asyncio.run(main(sys.argv[1:]))
