@@ -22,6 +22,7 @@ from google.protobuf import json_format
 from libs.fnx2.messages import Phase
 from services.orchestrator.stage_chain import Route, RoutePlan, RouteStage, Sampling, SliceInput, lease_id_for
 from libs.model.config import load_config
+from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
 from libs.service.errors import FailedPrecondition, Unavailable
 from services.planner import convert as planner_convert
@@ -63,6 +64,8 @@ class Fleet:
     channel: ChannelConfig = ChannelConfig()
     # The orchestrator's own fleet identity URI, which stage 0 admits as its gateway; "" without TLS.
     identity: str = ""
+    # TLS for the gateway's FNX2 channel to stage 0; None without TLS.
+    data_plane_tls: Fnx2Tls | None = None
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,8 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
             progress(f"loading stage {stage.stage_index} (layers {stage.layer_start}-{stage.layer_end - 1}) on {address}")
             reply = await stub.LoadStage(sw_pb.LoadStageRequest(request_id=str(uuid.uuid4()), spec=stage_spec), timeout=3600)
         next_address, next_manifest = reply.data_plane_address, reply.manifest_hash
-        loaded.append(RouteStage(stage.stage_index, address, reply.data_plane_address, reply.manifest_hash))
+        loaded.append(RouteStage(stage.stage_index, address, reply.data_plane_address, reply.manifest_hash,
+                                 identities.get(stage.node, "")))
     return RoutePlan(binding.plan_id, binding.plan_hash, generation, tuple(reversed(loaded)))
 
 
@@ -229,7 +233,7 @@ async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], Non
     progress(f"plan {plan.plan_id}: " + ", ".join(f"{s.node} layers [{s.layer_start},{s.layer_end})" for s in plan.stages))
     artifacts = await build_artifacts(spec, fleet, plan, progress)
     route_plan = await load_stages(spec, fleet, plan, artifacts, str(uuid.uuid4()), progress)
-    route = Route(route_plan, fleet.channel)
+    route = Route(route_plan, fleet.channel, fleet.data_plane_tls)
     await route.open()
     try:
         progress("warming the route")

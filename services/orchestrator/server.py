@@ -12,6 +12,7 @@ import structlog
 from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 
+from libs.security.fnx2_tls import Fnx2Tls
 from libs.security.tls import own_identity_uri
 from libs.service.errors import FailedPrecondition, FornaxError, Unavailable
 from libs.service.server import ServiceSpec
@@ -112,7 +113,7 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
         from services.orchestrator.install import Fleet
 
         fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers, cfg.server.client_channel(),
-                      own_identity_uri(cfg.server.tls))
+                      own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None)
         return fleet_installer(fleet, cfg.artifact_store, cfg.model_id, cfg.stage_kv_limit_bytes,
                                serving_config(cfg),
                                lambda message: _log.info("install_progress", message=message))

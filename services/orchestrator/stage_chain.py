@@ -21,6 +21,7 @@ from libs.fnx2.control import ChannelBinding
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind
+from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
 
 GATEWAY = "gateway"
@@ -32,6 +33,8 @@ class RouteStage:
     control_address: str  # gRPC host:port
     data_plane_address: str  # FNX2 host:port
     manifest_hash: str
+    # The identity in that worker's certificate, which the previous hop checks; "" without TLS.
+    data_plane_identity: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,10 @@ def lease_id_for(plan: RoutePlan, request_id: str) -> str:
 
 
 class Route:
-    def __init__(self, plan: RoutePlan, channel: ChannelConfig = ChannelConfig()):
+    def __init__(self, plan: RoutePlan, channel: ChannelConfig = ChannelConfig(),
+                 data_plane_tls: Fnx2Tls | None = None):
         self.plan = plan
+        self._tls = data_plane_tls
         self._channels = [open_aio_channel(s.control_address, channel) for s in plan.stages]
         self._stubs = [pb_grpc.StageWorkerServiceStub(c) for c in self._channels]
         self._client: Fnx2Client | None = None
@@ -95,7 +100,10 @@ class Route:
             self.plan.plan_id, self.plan.plan_hash, first.manifest_hash, "stage-0", self.plan.plan_generation_id
         )
         host, _, port = first.data_plane_address.rpartition(":")
-        self._client = await Fnx2Client.connect(host, int(port), SenderConfig(binding))
+        if self._tls is not None:
+            self._client = await self._tls.connect(host, int(port), SenderConfig(binding), first.data_plane_identity)
+        else:
+            self._client = await Fnx2Client.connect(host, int(port), SenderConfig(binding))
 
     async def close(self) -> None:
         if self._client is not None:

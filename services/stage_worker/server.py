@@ -6,6 +6,13 @@ from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 
+import datetime as dt
+import hashlib
+
+import structlog
+
+from libs.security.audit import AuditEvent, open_audit_log
+from libs.security.fnx2_tls import Fnx2Tls
 from libs.security.identity import Identity, IdentityError
 from libs.security.paths import confine
 from libs.service.errors import InvalidArgument
@@ -17,6 +24,9 @@ from services.stage_worker.dataplane import DataPlane
 from libs.service.host import backend_build, host_facts
 from services.stage_worker.runtime import StageRuntime
 
+log = structlog.get_logger()
+# What the audit log calls an FNX2 channel opening (it is no gRPC method).
+DATA_PLANE_HELLO = "fnx2:/hello"
 _BACKENDS = {"max": common_pb2.BACKEND_MAX, "numpy": common_pb2.BACKEND_NUMPY}
 # Operation names as the planner's model description requires them (services/planner/model.py).
 SUPPORTED_OPERATIONS = (
@@ -146,9 +156,26 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
         return pb.UnloadStageResponse(state=convert.STATE_TO_PB[self._runtime.lifecycle.state])
 
 
+def data_plane_tls(cfg: StageWorkerConfig) -> Fnx2Tls | None:
+    """The data plane serves TLS whenever the control plane does; refusals go to the audit log."""
+    if cfg.server.tls is None:
+        return None
+    audit = open_audit_log(cfg.server.audit_log) if cfg.server.audit_log else None
+
+    def refused(peer: str, why: str) -> None:
+        log.warning("data_plane_peer_refused", peer=peer, detail=why)
+        if audit is not None:
+            audit.append(AuditEvent(
+                time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"), caller=peer,
+                rpc=DATA_PLANE_HELLO, args_sha256=hashlib.sha256(why.encode()).hexdigest(),
+                result="PERMISSION_DENIED:PEER_REFUSED", service="stage_worker"))
+
+    return Fnx2Tls(cfg.server.tls, refused)
+
+
 async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
     runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes, cfg.compile_cache_dir)
-    dataplane = DataPlane(runtime, cfg.server.host, cfg.data_plane_port, cfg.advertise_host)
+    dataplane = DataPlane(runtime, cfg.server.host, cfg.data_plane_port, cfg.advertise_host, data_plane_tls(cfg))
     await dataplane.start()
     servicer = StageWorkerServicer(cfg, runtime, dataplane)
 

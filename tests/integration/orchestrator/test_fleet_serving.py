@@ -157,3 +157,58 @@ def test_32_concurrent_streams_through_the_fleet_then_kv_is_free(fleet):
             break
         assert time.monotonic() < deadline, [(h.live_sequences, h.kv_bytes_used) for h in health]
         time.sleep(0.1)
+
+
+def _data_plane_attempt(fleet, identity, target: str) -> str:
+    """Open an FNX2 channel to target's data plane with identity's certificate: what happened."""
+    import datetime as dt
+
+    from libs.fnx2.control import ChannelBinding
+    from libs.fnx2.errors import Fnx2Error
+    from libs.fnx2.sender import SenderConfig
+    from libs.security.fnx2_tls import Fnx2Tls
+    from libs.security.store import CertStore
+
+    paths = CertStore(fleet.state_dir).ensure(identity, dt.datetime.now(dt.timezone.utc))
+    host, _, port = fleet.entry(target).extra["data_plane"].rpartition(":")
+    binding = ChannelBinding("00000000-0000-4000-8000-000000000000", "sha256:" + "0" * 64,
+                             "sha256:" + "0" * 64, "stage-1", "probe")
+
+    async def attempt() -> str:
+        try:
+            client = await Fnx2Tls(paths).connect(host, int(port), SenderConfig(binding),
+                                                  f"spiffe://fornax/stage/{target.replace('stage_worker_', 'stage-')}")
+        except Fnx2Error as exc:
+            return exc.code.value
+        await client.close()
+        return "BOUND"
+
+    return asyncio.run(attempt())
+
+
+def test_the_data_plane_admits_only_the_planned_previous_hop(fleet):
+    import socket
+
+    from libs.security.audit import read_entries
+    from libs.security.identity import Identity, Role
+
+    wait_route_ready(fleet.api)
+    # Stage 1's previous hop is stage 0. Its own certificate, a client's, and the orchestrator's
+    # (the gateway of stage 0, not of stage 1) are refused before any hello.
+    for who in (Identity(Role.STAGE, "stage-1"), Identity(Role.CLIENT, "app"), Identity(Role.SERVICE, "orchestrator")):
+        assert _data_plane_attempt(fleet, who, "stage_worker_1") == "PEER_REFUSED", who
+    # The planned previous hop gets the hello; this probe's made-up binding then does not match.
+    assert _data_plane_attempt(fleet, Identity(Role.STAGE, "stage-0"), "stage_worker_1") == "STALE_PLAN"
+    # Plaintext gets no hello: the TLS listener answers a non-handshake with at most an alert
+    # record (content type 21) and closes.
+    host, _, port = fleet.entry("stage_worker_1").extra["data_plane"].rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        raw.sendall(b"FNX2" + bytes(36))
+        answer = b"".join(iter(lambda: raw.recv(4096), b""))
+    assert answer == b"" or answer[0] == 21, answer[:16]
+    refusals = [e.event for e in read_entries(fleet.state_dir / "audit" / "stage_worker_1.jsonl")
+                if e.event.rpc == "fnx2:/hello"]
+    assert [(e.caller, e.result) for e in refusals] == [
+        ("spiffe://fornax/stage/stage-1", "PERMISSION_DENIED:PEER_REFUSED"),
+        ("spiffe://fornax/client/app", "PERMISSION_DENIED:PEER_REFUSED"),
+        ("spiffe://fornax/service/orchestrator", "PERMISSION_DENIED:PEER_REFUSED")]
