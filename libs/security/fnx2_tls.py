@@ -10,6 +10,7 @@ next hop's certificate carries the identity the plan names for it before it send
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,17 @@ from libs.security.tls import ReloadingSslContext, TlsPaths, peer_uris
 # (who the peer said it was, why it was refused)
 RefusalSink = Callable[[str, str], None]
 
+# asyncio gives every TLS connection a read buffer of SSLProtocol.max_size (256 KiB) up front,
+# before the peer has authenticated: 100 idle peers pinned 30 MiB of a stage. FNX2's
+# buffered protocol never uses that buffer (TLS plaintext goes straight into its own frame
+# buffers); protocols that do (aiohttp's) then read one TLS record (at most 16 KiB) at a time.
+# The figure is read as each connection is made, so it is set before any listener exists.
+TLS_READ_BUFFER_BYTES = 16 * 1024
+
+
+def bound_tls_read_buffers() -> None:
+    asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER_BYTES
+
 
 def _describe(identity: PeerIdentity) -> str:
     return ",".join(identity.uris) or identity.common_name or "unnamed"
@@ -29,6 +41,7 @@ def _describe(identity: PeerIdentity) -> str:
 
 class Fnx2Tls:
     def __init__(self, paths: TlsPaths, on_refused: RefusalSink | None = None):
+        bound_tls_read_buffers()
         self.server = ReloadingSslContext(paths, server=True)
         self.client = ReloadingSslContext(paths, server=False)
         self._on_refused = on_refused
