@@ -7,7 +7,6 @@ builds are serialised, since they are disk-bound and share the artifact store.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import structlog
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as pb

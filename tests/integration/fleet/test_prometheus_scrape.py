@@ -12,7 +12,6 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import grpc
 import pytest
 from fornax.stage_worker.v1 import stage_worker_pb2, stage_worker_pb2_grpc
 

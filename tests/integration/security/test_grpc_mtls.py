@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import ssl
 import socket
+import ssl
 
 import grpc
 import pytest

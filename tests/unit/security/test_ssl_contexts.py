@@ -23,7 +23,7 @@ async def _handshake(server_ctx, client_ctx) -> tuple[str | None, tuple[str, ...
     server = await asyncio.start_server(on_client, "127.0.0.1", 0, ssl=server_ctx)
     port = server.sockets[0].getsockname()[1]
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_ctx, server_hostname="localhost")
+        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_ctx, server_hostname="localhost")
         client_saw = peer_uris(writer.get_extra_info("ssl_object"))
         server_saw = await asyncio.wait_for(seen, 5)
         writer.close()
