@@ -13,10 +13,10 @@ from apps.fleet.compose import start_fleet
 from apps.fleet.health import check_health
 from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
 from apps.fleet.route_wait import RouteFailed, wait_for_route
+from libs.common.kinds import Backend
 from libs.security.cli_credentials import operator_credentials
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
 
-BACKENDS = ("max", "numpy")
 BOUNDARY_DTYPES = ("bf16", "fp32")
 
 
@@ -25,7 +25,8 @@ def register(commands, benches) -> None:
     up.add_argument("--state-dir", default=".fornax", help="where fleet.json, logs and data live")
     up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the fleet")
     up.add_argument("--stages", type=int, default=2, help="number of stage workers (default 2)")
-    up.add_argument("--backend", choices=BACKENDS, default="numpy", help="stage execution backend")
+    up.add_argument("--backend", choices=[backend.value for backend in Backend], default=Backend.NUMPY.value,
+                    help="stage execution backend")
     up.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, default="bf16", help="stage boundary dtype")
     up.add_argument("--checkpoint", help="checkpoint directory to serve")
     up.add_argument("--http-port", type=int, help="OpenAI-compatible API port on the orchestrator")

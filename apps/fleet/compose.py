@@ -27,7 +27,6 @@ def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -
     workers = [entries[f"stage_worker_{i}"].grpc for i in range(options.stages)]
     env = {
         "FORNAX_PLANNER_ADDR": entries["planner"].grpc,
-        "FORNAX_REGISTRY_ADDR": entries["evidence_registry"].grpc,
         "FORNAX_ARTIFACT_BUILDER_ADDR": entries["artifact_builder"].grpc,
         "FORNAX_STAGE_WORKERS": ",".join(workers),
         "FORNAX_BOUNDARY_DTYPE": options.boundary_dtype,

@@ -34,6 +34,7 @@ class ErrorCode(StrEnum):
     ADMISSION = "ADMISSION"
     SEQUENCE_CONFLICT = "SEQUENCE_CONFLICT"
     CANCELLED = "CANCELLED"
+    FAILED = "FAILED"  # the stage (or a later one) could not execute the sequence
     STALE_KV = "STALE_KV"
     PHASE = "PHASE"
     POSITION = "POSITION"

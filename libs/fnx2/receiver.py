@@ -36,7 +36,7 @@ from libs.fnx2.control import (
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 from libs.fnx2.listener import ListenerLimits, PeerPolicy, server_options
 from libs.fnx2.messages import Batch, Timings
-from libs.fnx2.receiver_state import Admission, Outcome, ReceiverLimits, ReceiverState
+from libs.fnx2.receiver_state import BatchAdmission, Outcome, ReceiverLimits, ReceiverState
 from libs.fnx2.stage_io import (
     SequenceFailure,
     StageHandler,
@@ -296,7 +296,7 @@ class _Channel:
         await self.stream.send(ErrorMessage(exc.code.value, exc.message, batch.batch.batch_id),
                                self.credit())
 
-    async def _execute_guarded(self, admission: Admission, got: Received) -> None:
+    async def _execute_guarded(self, admission: BatchAdmission, got: Received) -> None:
         """A batch run as its own task: a defect ends the channel, never the task silently."""
         try:
             await self._execute(admission, got)
@@ -308,7 +308,7 @@ class _Channel:
                                              admission.batch.batch.batch_id))
             await self.stream.close()
 
-    async def _execute(self, admission: Admission, got: Received) -> None:
+    async def _execute(self, admission: BatchAdmission, got: Received) -> None:
         started = time.monotonic_ns()  # durations only; deadlines use the injected clock
         results = await self._run_handler(admission)
         executed = time.monotonic_ns()
@@ -320,7 +320,7 @@ class _Channel:
         self.busy -= 1
         await self.try_send(result, self.credit())
 
-    async def _run_handler(self, admission: Admission) -> dict[tuple[str, str], Outcome]:
+    async def _run_handler(self, admission: BatchAdmission) -> dict[tuple[str, str], Outcome]:
         if not admission.execute:
             return {}
         work = StageWork(admission.batch, admission.execute, admission.batch.traceparent)
@@ -328,7 +328,7 @@ class _Channel:
             output = await self.r.handler.execute(work)
         except Exception as exc:  # a backend failure fails its sequences, not the channel
             message = f"{type(exc).__name__}: {exc}"
-            return {s.identity: Outcome(False, None, "FAILED", message) for s in work.sequences}
+            return {s.identity: Outcome(False, None, ErrorCode.FAILED, message) for s in work.sequences}
         return outcomes(work, output, EXT_COMPACT_OUTPUT in self.extensions)
 
     async def _on_lease_control(self, message: Cancel | Release) -> None:

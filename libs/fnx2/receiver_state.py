@@ -130,7 +130,7 @@ class ReplayHit:
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
+class BatchAdmission:
     """What to do with each sequence of one batch; `execute` goes to the backend."""
 
     batch: Batch
@@ -146,7 +146,7 @@ class Outcome:
 
     ok: bool
     rows: np.ndarray | None = None
-    code: str | None = None
+    code: str | None = None  # an ErrorCode, or a later stage's code relayed as it was sent
     message: str | None = None
     kind: tuple | None = None  # (TensorKind, DType) of the rows
 
@@ -202,7 +202,7 @@ class ReceiverState:
         return None if lease is None else lease.epoch
 
     # -- admission -----------------------------------------------------------------------
-    def admit(self, batch: Batch, now_ns: int) -> Admission:
+    def admit(self, batch: Batch, now_ns: int) -> BatchAdmission:
         """Step 6: credit, then per sequence lease, replay, deadline, epoch; reserve atomically."""
         self._tombstones.evict(now_ns)
         credit = self.credit()
@@ -228,7 +228,7 @@ class ReceiverState:
             self._leases[item.request_id].inflight = True
         self._kv_used += kv_reserved
         self._reserve(1, need[1], need[2], need[3])
-        return Admission(batch, tuple(execute), tuple(replayed), tuple(rejected),
+        return BatchAdmission(batch, tuple(execute), tuple(replayed), tuple(rejected),
                          kv_reserved)
 
     def _reserve(self, frames: int, payload: int, rows: int, sequences: int) -> None:
@@ -318,7 +318,7 @@ class ReceiverState:
         return kv
 
     # -- completion ----------------------------------------------------------------------
-    def complete(self, admission: Admission, outcomes: dict[tuple[str, str], Outcome],
+    def complete(self, admission: BatchAdmission, outcomes: dict[tuple[str, str], Outcome],
                  timings: Timings) -> list[Entry]:
         """Apply the backend's outcomes; returns (result, output rows) in identity order."""
         d = admission.batch.tensor.descriptor
@@ -329,7 +329,7 @@ class ReceiverState:
         crcs = admission.batch.input_crcs
         index = {s.identity: i for i, s in enumerate(admission.batch.batch.sequences)} if crcs else {}
         for item in admission.execute:
-            outcome = outcomes.get(item.identity, Outcome(False, None, "FAILED", "no outcome"))
+            outcome = outcomes.get(item.identity, Outcome(False, None, ErrorCode.FAILED, "no outcome"))
             known = crcs[index[item.identity]] if crcs else None
             entries.append(self._apply(admission, item, outcome, timings, known))
         for hit in admission.replayed:
@@ -340,15 +340,15 @@ class ReceiverState:
         entries.sort(key=lambda entry: entry.result.identity)
         return entries
 
-    def _apply(self, admission: Admission, item: SequenceSlice, outcome: Outcome,
+    def _apply(self, admission: BatchAdmission, item: SequenceSlice, outcome: Outcome,
                timings: Timings, known_crc: int | None) -> Entry:
         lease = self._leases.get(item.request_id)
         if lease is None:  # expired or released while executing; nothing to update
-            return Entry(_failed(item, SequenceStatus.FAILED, "RELEASED", "lease ended", timings),
+            return Entry(_failed(item, SequenceStatus.FAILED, ErrorCode.RELEASED, "lease ended", timings),
                          None, None)
         lease.inflight = False
         if not outcome.ok or outcome.rows is None:
-            return Entry(_failed(item, SequenceStatus.FAILED, outcome.code or "FAILED",
+            return Entry(_failed(item, SequenceStatus.FAILED, outcome.code or ErrorCode.FAILED,
                                  outcome.message or "backend failure", timings), None, None)
         kv = item.input_row_count * self.limits.kv_bytes_per_row
         lease.kv_bytes += kv

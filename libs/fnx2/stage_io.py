@@ -8,8 +8,9 @@ from typing import Protocol
 
 import numpy as np
 
+from libs.fnx2.errors import ErrorCode
 from libs.fnx2.messages import Batch, Result, SequenceResult, SequenceSlice, Timings
-from libs.fnx2.receiver_state import Admission, Entry, Outcome
+from libs.fnx2.receiver_state import BatchAdmission, Entry, Outcome
 from libs.fnx2.tensor import Tensor, TensorDescriptor
 
 
@@ -33,7 +34,7 @@ class StageWork:
 @dataclass(frozen=True, slots=True)
 class SequenceFailure:
     request_id: str
-    code: str
+    code: str  # an ErrorCode, or a later stage's code relayed as it was sent
     message: str
 
 
@@ -71,18 +72,18 @@ def outcomes(work: StageWork, output: StageOutput,
             continue
         rows = item.input_row_count if output.rows_per_sequence is None else next(counts, 0)
         if rows != item.input_row_count and not compact_output:
-            outcomes[item.identity] = Outcome(False, None, "FAILED",
+            outcomes[item.identity] = Outcome(False, None, ErrorCode.FAILED,
                                               "compact output needs the compact_output extension")
             continue
         if rows < 1 or cursor + rows > rows_available:
-            outcomes[item.identity] = Outcome(False, None, "FAILED", "backend returned too few rows")
+            outcomes[item.identity] = Outcome(False, None, ErrorCode.FAILED, "backend returned too few rows")
             continue
         outcomes[item.identity] = Outcome(True, output.tensor.rows(cursor, rows), kind=kind)
         cursor += rows
     return outcomes
 
 
-def assemble(admission: Admission, entries: list[Entry], clock: Callable[[], int],
+def assemble(admission: BatchAdmission, entries: list[Entry], clock: Callable[[], int],
               timings: Timings) -> Result:
     """Compact ok rows in request-identity order; replayed results are remapped to this batch."""
     started = clock()

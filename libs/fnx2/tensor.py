@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from google_crc32c import _crc32c as _crc
 
+from libs.common.kinds import FLOAT_DTYPES as _FLOAT_DTYPES
+from libs.common.kinds import DType
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.fields import member
 
@@ -28,13 +30,6 @@ class TensorKind(StrEnum):
     TOKEN_IDS = "token_ids"
     ACTIVATION = "activation"
     LOGITS = "logits"
-
-
-class DType(StrEnum):
-    INT32 = "int32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP32 = "fp32"
 
 
 STORAGE: dict[DType, np.dtype] = {
@@ -51,7 +46,7 @@ _FINITE_LIMITS: dict[DType, tuple[np.dtype, int, np.dtype, int]] = {
     DType.FP16: (np.dtype("<i2"), 0x7C00, np.dtype("<u2"), 0xFC00),
     DType.FP32: (np.dtype("<i4"), 0x7F800000, np.dtype("<u4"), 0xFF800000),
 }
-FLOAT_DTYPES = frozenset({DType.BF16, DType.FP16, DType.FP32})
+FLOAT_DTYPES = frozenset(_FLOAT_DTYPES)
 
 
 def _tensor_error(message: str) -> Fnx2Error:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 
@@ -14,7 +15,8 @@ def register(commands, benches) -> None:  # noqa: ARG001  (no benches here)
     warm.add_argument("--checkpoint", required=True, type=Path, help="dir holding config.json")
     warm.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     warm.add_argument("--weight-dtype", default="float32", choices=("float32", "bfloat16"))
-    warm.add_argument("--cache-dir", type=Path, default=None, help="default: $FORNAX_MAX_CACHE_DIR or ~/.cache/fornax/max")
+    warm.add_argument("--cache-dir", type=Path, default=None,
+                      help="default: $FORNAX_COMPILE_CACHE_DIR or ~/.cache/fornax/max")
     warm.add_argument("--json", action="store_true")
     warm.set_defaults(func=_warmup)
 
@@ -22,18 +24,25 @@ def register(commands, benches) -> None:  # noqa: ARG001  (no benches here)
 def _warmup(args: argparse.Namespace) -> int:
     from libs.model.bench import host_description
     from libs.model.config import load_config
-    from libs.model.max_kernels import MaxOptions, default_cache_dir, max_build, warm_compile_cache
+    from libs.model.max_kernels import (
+        MaxOptions,
+        configure_max_process,
+        default_cache_dir,
+        max_build,
+        warm_compile_cache,
+    )
 
+    cache_dir = args.cache_dir or default_cache_dir(os.environ)
+    configure_max_process(os.environ, cache_dir)  # this command is its process's entry point
     cfg = load_config(args.checkpoint)
-    options = MaxOptions(device=args.device, weight_dtype=args.weight_dtype, cache_dir=args.cache_dir)
-    seconds = warm_compile_cache(cfg, options)
+    seconds = warm_compile_cache(cfg, MaxOptions(device=args.device, weight_dtype=args.weight_dtype))
     result = {
         "figure_class": "physical (wall seconds to compile or fetch each graph from the cache, this host)",
         "build": max_build(),
         "host": host_description(),
         "device": args.device,
         "weight_dtype": args.weight_dtype,
-        "cache_dir": str(args.cache_dir or default_cache_dir()),
+        "cache_dir": str(cache_dir),
         "checkpoint": str(args.checkpoint),
         "seconds_per_graph": seconds,
     }

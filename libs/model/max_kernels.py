@@ -3,7 +3,9 @@
 One graph is compiled per layer kind (embedding, dense decoder layer, MoE decoder layer,
 final norm + head, plus one routed-expert graph) and bound to every layer of that kind through
 a weights registry, so a stage of any depth pays at most five compiles. Compiled artifacts land in a fixed cache dir
-(`MODULAR_MAX_CACHE_DIR`), so later processes only pay a cache hit.
+(`MODULAR_MAX_CACHE_DIR`), so later processes only pay a cache hit. MAX reads that variable for the
+whole process, so each process entry point that may compile sets it, with `configure_max_process`,
+before the first compile; this module never writes the environment.
 
 The device is chosen explicitly: "cpu", or "gpu" (first accelerator) which is an error when
 no accelerator is present. Nothing falls back.
@@ -11,9 +13,9 @@ no accelerator is present. Nothing falls back.
 
 from __future__ import annotations
 
-import os
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -26,17 +28,26 @@ from libs.model.kernels import LayerInputs, LayerOutputs
 if TYPE_CHECKING:
     from libs.model.weights import StageWeights
 
-CACHE_DIR_ENV = "FORNAX_MAX_CACHE_DIR"
+# The one variable that moves the Fornax MAX compile cache (flags may override it).
+CACHE_DIR_ENV = "FORNAX_COMPILE_CACHE_DIR"
 DEVICES = ("cpu", "gpu")
 WEIGHT_DTYPES = ("float32", "bfloat16")
 
 ProgressFn = Callable[[str], None]
 
 
-def default_cache_dir() -> Path:
-    """`$FORNAX_MAX_CACHE_DIR`, else `~/.cache/fornax/max`."""
-    configured = os.environ.get(CACHE_DIR_ENV)
+def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """`$FORNAX_COMPILE_CACHE_DIR` in `env`, else `~/.cache/fornax/max`."""
+    configured = (env or {}).get(CACHE_DIR_ENV)
     return Path(configured) if configured else Path.home() / ".cache" / "fornax" / "max"
+
+
+def configure_max_process(env: MutableMapping[str, str], cache_dir: Path) -> None:
+    """For a process entry point, before MAX compiles anything: where MAX caches compiled
+    graphs, and telemetry off unless the operator turned it on."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    env["MODULAR_MAX_CACHE_DIR"] = str(cache_dir)
+    env.setdefault("MODULAR_TELEMETRY_ENABLED", "0")
 
 
 def stderr_progress(message: str) -> None:
@@ -48,15 +59,7 @@ class MaxOptions:
     device: str = "cpu"
     # "bfloat16": bf16 weights and bf16 linear products; norms, softmax, router stay float32
     weight_dtype: str = "float32"
-    cache_dir: Path | None = None  # None -> default_cache_dir(); process-wide (MAX reads an env var)
     progress: ProgressFn = field(default=stderr_progress, compare=False)
-
-
-def _prepare_environment(cache_dir: Path) -> None:
-    """MAX reads these at session / compile time; they must be set before any compile."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    os.environ["MODULAR_MAX_CACHE_DIR"] = str(cache_dir)
-    os.environ.setdefault("MODULAR_TELEMETRY_ENABLED", "0")
 
 
 def max_build() -> str:
@@ -74,7 +77,7 @@ def make_max_kernels(
     """Registry factory (`libs.model.kernels.BACKENDS["max"]`)."""
     opts = options or MaxOptions(device=device)
     if opts.device != device:
-        opts = MaxOptions(device, opts.weight_dtype, opts.cache_dir, opts.progress)
+        opts = replace(opts, device=device)
     return MaxKernels(cfg, weights, opts)
 
 
@@ -91,9 +94,7 @@ class MaxKernels:
         self.build = max_build()
         self.cfg = cfg
         self.options = options
-        self.cache_dir = options.cache_dir or default_cache_dir()
-        _prepare_environment(self.cache_dir)
-        from libs.model import max_runtime  # imports max; only after the environment is set
+        from libs.model import max_runtime  # imports max only when a MAX stage is built
 
         self._rt = max_runtime.shared_runtime(cfg, options.device, options.weight_dtype, options.progress)
         self.device_description = self._rt.device_description
@@ -158,7 +159,6 @@ def warm_compile_cache(cfg: DeepseekV2Config, options: MaxOptions) -> dict[str, 
         raise BackendUnavailableError(f"max device {options.device!r} not in {DEVICES}")
     if options.weight_dtype not in WEIGHT_DTYPES:
         raise BackendUnavailableError(f"max weight dtype {options.weight_dtype!r} not in {WEIGHT_DTYPES}")
-    _prepare_environment(options.cache_dir or default_cache_dir())
     from libs.model import max_runtime
 
     rt = max_runtime.shared_runtime(cfg, options.device, options.weight_dtype, options.progress)

@@ -15,11 +15,22 @@ from libs.model.errors import BatchError
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How a request picks its tokens, from the HTTP API down to the final stage.
+
+    temperature 0 means greedy (the default here; the OpenAI API defaults to 1).
+    """
+
     temperature: float = 0.0   # 0 selects greedy decoding
     top_k: int = 0             # 0 disables
     top_p: float = 1.0         # 1 disables
-    seed: int = 0
+    # None: the request named none. The serving engine draws one per request before any stage
+    # samples, so an unseeded request still gets its own stream; a stage reads None as 0.
+    seed: int | None = None
     return_logits: bool = False  # logits mode: the caller receives the logits row too
+
+    @property
+    def stream_seed(self) -> int:
+        return 0 if self.seed is None else self.seed
 
     def validate(self) -> None:
         if self.temperature < 0 or not np.isfinite(self.temperature):
@@ -28,7 +39,7 @@ class SamplingParams:
             raise BatchError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise BatchError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed < 0:
+        if self.seed is not None and self.seed < 0:
             raise BatchError(f"seed must be >= 0, got {self.seed}")
 
 
@@ -61,5 +72,5 @@ def sample_token(logits: np.ndarray, params: SamplingParams, position: int) -> i
     if params.temperature == 0.0:
         return int(np.argmax(logits))
     probs = candidate_probabilities(logits, params)
-    rng = np.random.default_rng(np.random.SeedSequence([params.seed, position]))
+    rng = np.random.default_rng(np.random.SeedSequence([params.stream_seed, position]))
     return int(rng.choice(probs.size, p=probs))

@@ -80,13 +80,10 @@ class Unauthenticated(FornaxError):
 
 
 class PermissionDenied(FornaxError):
+    """The caller is known but its role may not do this (or a path lies outside the roots)."""
+
     code = grpc.StatusCode.PERMISSION_DENIED
     default_reason = "PERMISSION_DENIED"
-
-
-class Unimplemented(FornaxError):
-    code = grpc.StatusCode.UNIMPLEMENTED
-    default_reason = "NOT_IMPLEMENTED"
 
 
 class DataLoss(FornaxError):

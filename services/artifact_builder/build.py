@@ -43,6 +43,8 @@ from libs.artifacts.manifest import (
 from libs.artifacts.safetensors_format import PlannedTensor, copy_range, encode_header, layout_tensors
 from libs.artifacts.errors import ARTIFACT_ERRORS
 from libs.artifacts.verify import sha256_file, verify_artifact
+from libs.common.kinds import FLOAT_DTYPES, DType
+from libs.common.proto import dtype_pb_name
 from libs.model.config import DeepseekV2Config
 from services.artifact_builder.errors import CheckpointChangedError, OutputDirError, PlanInvalidError
 from services.artifact_builder.snapshot import CheckpointSnapshot, Inspection, shard_stat
@@ -51,7 +53,6 @@ from services.artifact_builder.staging import StageContents, StagePlan, assign_t
 STORE_DIR = "artifacts"
 STAGE_LINK_PREFIX = "stage-"
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
-BOUNDARY_DTYPES = ("ELEMENT_TYPE_BF16", "ELEMENT_TYPE_FP16", "ELEMENT_TYPE_FP32")
 SAFETENSORS_METADATA = {"format": "pt"}
 
 
@@ -86,7 +87,7 @@ class BuildResult:
 @dataclass(frozen=True)
 class BuildOptions:
     out_dir: Path
-    boundary_dtype: str  # one of BOUNDARY_DTYPES
+    boundary_dtype: DType  # one of FLOAT_DTYPES
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
 
@@ -95,8 +96,9 @@ def build_stage_artifacts(
 ) -> Iterator[BuildProgress | BuildResult]:
     """Yield progress after every tensor, then one BuildResult."""
     inspection.require_valid()
-    if options.boundary_dtype not in BOUNDARY_DTYPES:
-        raise PlanInvalidError(f"boundary dtype {options.boundary_dtype!r} not in {BOUNDARY_DTYPES}", field="boundary_dtype")
+    if options.boundary_dtype not in FLOAT_DTYPES:
+        raise PlanInvalidError(f"boundary dtype '{options.boundary_dtype}' not one of {', '.join(FLOAT_DTYPES)}",
+                               field="boundary_dtype")
     if options.chunk_bytes <= 0:
         raise PlanInvalidError("chunk_bytes must be positive", field="chunk_bytes")
     contents = assign_tensors(inspection.config, plan, inspection.by_name())
@@ -191,7 +193,7 @@ def _manifest(
     stage: StageContents,
     tmp: Path,
     weights: FileRecord,
-    boundary_dtype: str,
+    boundary_dtype: DType,
 ) -> StageManifest:
     snapshot, config = inspection.snapshot, inspection.config
     shutil.copyfile(snapshot.checkpoint_dir / CONFIG_FILE, tmp / CONFIG_FILE)
@@ -215,8 +217,8 @@ def _manifest(
         tied_copies=stage.tied_copies,
         plan=PlanRef(plan.plan_id, plan.plan_hash),
         source=_lineage(snapshot),
-        boundary_input=_boundary_input(config, stage, boundary_dtype),
-        boundary_output=_boundary_output(config, stage, boundary_dtype),
+        boundary_input=_boundary_input(config, stage, dtype_pb_name(boundary_dtype)),
+        boundary_output=_boundary_output(config, stage, dtype_pb_name(boundary_dtype)),
         weight_bytes=stage.weight_bytes,
         files=files,
         tensors=tensors,

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from libs.artifacts.manifest import MANIFEST_FILE
+from libs.common.kinds import FLOAT_DTYPES, DType
 
-BOUNDARY_CHOICES = {"bf16": "ELEMENT_TYPE_BF16", "fp16": "ELEMENT_TYPE_FP16", "fp32": "ELEMENT_TYPE_FP32"}
 BAR_WIDTH = 30
 
 
@@ -29,7 +29,7 @@ def register(commands, benches) -> None:
     cut.add_argument("--stages", type=int, help="cut into N stages of near-equal layer counts")
     cut.add_argument("--plan", type=Path, help="a fornax.planner.v1.Plan as JSON")
     build.add_argument("--out", required=True, type=Path)
-    build.add_argument("--boundary-dtype", choices=sorted(BOUNDARY_CHOICES), default="fp32",
+    build.add_argument("--boundary-dtype", choices=sorted(FLOAT_DTYPES), default="fp32",
                        help="dtype of activations crossing stage boundaries (default fp32)")
     build.add_argument("--source", default="", help="lineage: where the checkpoint came from")
     build.add_argument("--revision", default="", help="lineage: the source revision")
@@ -75,7 +75,7 @@ def _build(args: argparse.Namespace) -> int:
         return 1
     try:
         plan = _load_plan(args, inspection.config.num_hidden_layers)
-        options = BuildOptions(args.out, BOUNDARY_CHOICES[args.boundary_dtype], args.chunk_bytes)
+        options = BuildOptions(args.out, DType(args.boundary_dtype), args.chunk_bytes)
         result = _run_build(inspection, plan, options, show_progress=not args.quiet)
         record_id = _register(args.registry, inspection)
     except FornaxError as exc:

@@ -11,7 +11,9 @@ from google.protobuf import json_format
 
 from libs.artifacts.manifest import FileRecord, canonical_hash
 from libs.artifacts.verify import VerifiedArtifact
-from services.artifact_builder.build import BOUNDARY_DTYPES, BuildProgress, BuildResult
+from libs.common.kinds import DType
+from libs.common.proto import dtype_from_pb
+from services.artifact_builder.build import BuildProgress, BuildResult
 from services.artifact_builder.errors import PlanInvalidError
 from services.artifact_builder.snapshot import CheckpointSnapshot, Inspection
 from services.artifact_builder.staging import StagePlan, StageRange, plan_from_ranges
@@ -52,14 +54,8 @@ def plan_from_request(request: pb.BuildStageArtifactsRequest) -> StagePlan:
     return plan_from_ranges(tuple((r.layer_start, r.layer_end_exclusive) for r in request.layer_ranges))
 
 
-def boundary_dtype_name(value: int) -> str:
-    try:
-        name = common_pb2.ElementType.Name(value)
-    except ValueError:
-        name = str(value)
-    if name not in BOUNDARY_DTYPES:
-        raise PlanInvalidError(f"boundary_dtype {name} is not one of {BOUNDARY_DTYPES}", field="boundary_dtype")
-    return name
+def boundary_dtype_from_pb(value: int) -> DType:
+    return dtype_from_pb(value, "boundary_dtype", reason=PlanInvalidError.default_reason, error=PlanInvalidError)
 
 
 def _digest(record: FileRecord) -> pb.FileDigest:

@@ -53,7 +53,7 @@ class ArtifactBuilderServicer(pb_grpc.ArtifactBuilderServiceServicer):
         plan = convert.plan_from_request(request)
         options = BuildOptions(
             out_dir=out_dir,
-            boundary_dtype=convert.boundary_dtype_name(request.boundary_dtype),
+            boundary_dtype=convert.boundary_dtype_from_pb(request.boundary_dtype),
             chunk_bytes=self._cfg.build_chunk_bytes,
         )
         async with self._build_lock:

@@ -11,12 +11,12 @@ import json
 import sys
 from datetime import datetime
 
+from libs.common.kinds import DType
 from libs.service.errors import FornaxError
 
 TYPES = ("model", "capability", "measurement", "calibration", "route", "qualification")
 CLASSES = ("contract", "reference", "physical")
 STATUSES = ("active", "revoked")
-DTYPES = ("bf16", "fp16", "fp32", "int32")
 PROVENANCE_HELP = ("provenance: a physical record needs hardware, backend build, model snapshot and command; "
                    "a physical measurement or calibration also --layers, --dtype and --shapes")
 
@@ -78,7 +78,7 @@ def _add_put(verbs) -> None:
     for name in ("hardware", "backend-build", "model-snapshot", "command", "shapes"):
         put.add_argument(f"--{name}", default="", help=PROVENANCE_HELP)
     put.add_argument("--layers", help="provenance layer range START:END (half-open)")
-    put.add_argument("--dtype", choices=DTYPES)
+    put.add_argument("--dtype", choices=[d.value for d in DType])
     put.add_argument("--sign-as", metavar="ROLE/NAME",
                      help="sign as this measuring identity (host/..., service/..., stage/...) with its "
                           "certificate under <state dir>/certs; physical records must be signed")
@@ -186,13 +186,13 @@ def _read_blob(path: str) -> bytes:
 
 def build_content(args):
     from services.evidence_registry.domain import (
-        ElementType, EvidenceClass, Provenance, RecordContent, RecordType, ValidityWindow)
+        EvidenceClass, Provenance, RecordContent, RecordType, ValidityWindow)
 
     provenance = Provenance(
         hardware=args.hardware, backend_build=args.backend_build, model_snapshot=args.model_snapshot,
         command=args.command, shapes=args.shapes,
         layer_range=parse_layers(args.layers) if args.layers else None,
-        dtype=ElementType(args.dtype) if args.dtype else None,
+        dtype=DType(args.dtype) if args.dtype else None,
     )
     window = ValidityWindow(parse_instant_ns(args.valid_from) if args.valid_from else 0,
                             parse_instant_ns(args.valid_until) if args.valid_until else 0)

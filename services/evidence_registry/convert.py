@@ -8,9 +8,9 @@ import binascii
 from fornax.common.v1 import common_pb2
 from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
 
+from libs.common.proto import DTYPE_FROM_PB, DTYPE_TO_PB
 from services.evidence_registry.domain import (
     BlobRef,
-    ElementType,
     EvidenceClass,
     Expectation,
     LayerRange,
@@ -45,19 +45,13 @@ CLASSES = {
     common_pb2.EVIDENCE_CLASS_REFERENCE: EvidenceClass.REFERENCE,
     common_pb2.EVIDENCE_CLASS_PHYSICAL: EvidenceClass.PHYSICAL,
 }
-DTYPES = {
-    common_pb2.ELEMENT_TYPE_BF16: ElementType.BF16,
-    common_pb2.ELEMENT_TYPE_FP16: ElementType.FP16,
-    common_pb2.ELEMENT_TYPE_FP32: ElementType.FP32,
-    common_pb2.ELEMENT_TYPE_INT32: ElementType.INT32,
-}
 
 
 def _inverse(mapping: dict) -> dict:
     return {value: key for key, value in mapping.items()}
 
 
-RECORD_TYPES_PB, STATUSES_PB, CLASSES_PB, DTYPES_PB = map(_inverse, (RECORD_TYPES, STATUSES, CLASSES, DTYPES))
+RECORD_TYPES_PB, STATUSES_PB, CLASSES_PB = map(_inverse, (RECORD_TYPES, STATUSES, CLASSES))
 
 
 def enum_value(field: str, number: int, mapping: dict, *, required: bool):
@@ -78,7 +72,7 @@ def _provenance_from_proto(message: pb.Provenance) -> Provenance:
     return Provenance(
         hardware=message.hardware, backend_build=message.backend_build,
         model_snapshot=message.model_snapshot, command=message.command, layer_range=layers,
-        dtype=enum_value("record.provenance.dtype", message.dtype, DTYPES, required=False),
+        dtype=enum_value("record.provenance.dtype", message.dtype, DTYPE_FROM_PB, required=False),
         shapes=message.shapes, measured_by=message.measured_by,
         signer_certificate_pem=message.signer_certificate_pem, signature=message.signature,
     )
@@ -123,7 +117,7 @@ def provenance_to_proto(provenance: Provenance) -> pb.Provenance:
         message.layer_range.layer_start = provenance.layer_range.layer_start
         message.layer_range.layer_end_exclusive = provenance.layer_range.layer_end_exclusive
     if provenance.dtype is not None:
-        message.dtype = DTYPES_PB[provenance.dtype]
+        message.dtype = DTYPE_TO_PB[provenance.dtype]
     return message
 
 

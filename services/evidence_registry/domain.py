@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from libs.common.kinds import DType
+
 SHA256_PREFIX = "sha256:"
 
 
@@ -31,13 +33,6 @@ class EvidenceClass(enum.Enum):
     CONTRACT = "contract"
     REFERENCE = "reference"
     PHYSICAL = "physical"
-
-
-class ElementType(enum.Enum):
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP32 = "fp32"
-    INT32 = "int32"
 
 
 class ResolutionReason(enum.Enum):
@@ -70,7 +65,7 @@ class Provenance:
     model_snapshot: str = ""
     command: str = ""
     layer_range: LayerRange | None = None
-    dtype: ElementType | None = None
+    dtype: DType | None = None
     shapes: str = ""
     # The fleet identity that measured a physical record (spiffe://fornax/<role>/<name>), its
     # certificate, and its signature over the record (see services/evidence_registry/signatures.py).

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from libs.common.kinds import DType
 from services.evidence_registry.domain import (
     BlobRef,
-    ElementType,
     EvidenceClass,
     LayerRange,
     ListPage,
@@ -101,7 +101,7 @@ def _from_row(row: sqlite3.Row) -> Record:
     provenance = Provenance(
         hardware=row["hardware"], backend_build=row["backend_build"],
         model_snapshot=row["model_snapshot"], command=row["command"], layer_range=layers,
-        dtype=None if row["dtype"] is None else ElementType(row["dtype"]), shapes=row["shapes"],
+        dtype=None if row["dtype"] is None else DType(row["dtype"]), shapes=row["shapes"],
         measured_by=row["measured_by"], signer_certificate_pem=row["signer_certificate_pem"],
         signature=bytes(row["signature"]),
     )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
+from libs.common.kinds import Backend
 from libs.service.server import run_service
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.server import make_spec
@@ -11,6 +14,11 @@ from services.orchestrator.server import make_spec
 
 def main(argv: list[str] | None = None) -> int:
     cfg = OrchestratorConfig.from_env(argv)
+    if cfg.inprocess_checkpoint and cfg.inprocess_backend is Backend.MAX:
+        from libs.model.max_kernels import configure_max_process, default_cache_dir
+
+        cache_dir = Path(cfg.compile_cache_dir) if cfg.compile_cache_dir else default_cache_dir()
+        configure_max_process(os.environ, cache_dir)
     return run_service(cfg.server, lambda: make_spec(cfg))
 
 

@@ -32,7 +32,7 @@ class AdmissionSnapshot:
     stage_kv_reserved_bytes: tuple[int, ...]
 
 
-class Admission:
+class AdmissionControl:
     def __init__(self, config: AdmissionConfig, stages: tuple[StageLayout, ...]) -> None:
         if len(config.stage_kv_budget_bytes) != len(stages):
             raise InvalidArgument(

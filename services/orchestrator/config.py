@@ -6,10 +6,15 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
+from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.service.config import ServerConfig, parse, pick, server_config
 from services.orchestrator.http_tls import HttpTlsFiles
+
+BACKENDS = tuple(backend.value for backend in Backend)
+BOUNDARY_DTYPES = tuple(dtype.value for dtype in FLOAT_DTYPES)
 
 
 def _addresses(raw: str | None) -> tuple[str, ...]:
@@ -22,7 +27,6 @@ class OrchestratorConfig:
     http_port: int = 0
     api_key: str | None = None
     planner_addr: str | None = None
-    registry_addr: str | None = None
     artifact_builder_addr: str | None = None
     # gRPC addresses of the stage workers, in stage order.
     stage_workers: tuple[str, ...] = ()
@@ -32,11 +36,13 @@ class OrchestratorConfig:
     # networked route is installed with InstallPlan instead.
     inprocess_checkpoint: str | None = None
     inprocess_stages: int = 1
-    inprocess_backend: str = "numpy"
+    inprocess_backend: Backend = Backend.NUMPY
+    # MAX compile cache of the in-process stages; None = the backend's default (~/.cache/fornax/max).
+    compile_cache_dir: str | None = None
     # Installed on the stage workers at startup when set (with stage_workers).
     checkpoint: str | None = None
-    backend: str = "numpy"
-    boundary_dtype: str = "bf16"
+    backend: Backend = Backend.NUMPY
+    boundary_dtype: DType = DType.BF16
     artifact_store: str = ".fornax/artifacts"
     # KV bytes each stage keeps for the route; 0 leaves the stage worker's default.
     stage_kv_limit_bytes: int = 0
@@ -61,16 +67,15 @@ class OrchestratorConfig:
         parser = argparse.ArgumentParser(prog="fornax-orchestrator", description="Fornax orchestrator")
         parser.add_argument("--http-port", type=int, help="OpenAI-compatible HTTP port (env FORNAX_HTTP_PORT)")
         parser.add_argument("--planner-addr", help="env FORNAX_PLANNER_ADDR")
-        parser.add_argument("--registry-addr", help="env FORNAX_REGISTRY_ADDR")
         parser.add_argument("--artifact-builder-addr", help="env FORNAX_ARTIFACT_BUILDER_ADDR")
         parser.add_argument("--stage-workers", help="comma-separated gRPC addresses in stage order (env FORNAX_STAGE_WORKERS)")
         parser.add_argument("--model-id", help="public model id (env FORNAX_MODEL_ID)")
         parser.add_argument("--inprocess-checkpoint", help="serve this checkpoint with in-process stages (env FORNAX_INPROCESS_CHECKPOINT)")
         parser.add_argument("--inprocess-stages", type=int, help="env FORNAX_INPROCESS_STAGES")
-        parser.add_argument("--inprocess-backend", choices=("numpy", "max"), help="env FORNAX_INPROCESS_BACKEND")
+        parser.add_argument("--inprocess-backend", choices=BACKENDS, help="env FORNAX_INPROCESS_BACKEND")
         parser.add_argument("--checkpoint", help="install this checkpoint on the stage workers at startup (env FORNAX_CHECKPOINT)")
-        parser.add_argument("--backend", choices=("numpy", "max"), help="stage backend for installs (env FORNAX_BACKEND)")
-        parser.add_argument("--boundary-dtype", choices=("bf16", "fp16", "fp32"), help="env FORNAX_BOUNDARY_DTYPE")
+        parser.add_argument("--backend", choices=BACKENDS, help="stage backend for installs (env FORNAX_BACKEND)")
+        parser.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, help="env FORNAX_BOUNDARY_DTYPE")
         parser.add_argument("--artifact-store", help="where stage artifacts are built (env FORNAX_ARTIFACT_STORE)")
         parser.add_argument("--stage-kv-limit-bytes", type=int, help="env FORNAX_STAGE_KV_LIMIT_BYTES")
         parser.add_argument("--max-live-requests", type=int, help="admission queue size (env FORNAX_MAX_LIVE_REQUESTS)")
@@ -93,23 +98,38 @@ class OrchestratorConfig:
             http_tls=HttpTlsFiles(Path(cert), Path(key)) if cert else None,
             http_insecure=(env.get("FORNAX_HTTP_INSECURE") or "").lower() in ("1", "true", "yes"),
             server=server_config(args, env, "orchestrator"),
-            http_port=pick(args.http_port, env, "FORNAX_HTTP_PORT", 0, int),
+            http_port=pick(args.http_port, env, "FORNAX_HTTP_PORT", cls.http_port, int),
             # The key never comes from a flag, so it stays out of process listings.
-            api_key=env.get("FORNAX_API_KEY") or None,
-            planner_addr=pick(args.planner_addr, env, "FORNAX_PLANNER_ADDR", None),
-            registry_addr=pick(args.registry_addr, env, "FORNAX_REGISTRY_ADDR", None),
-            artifact_builder_addr=pick(args.artifact_builder_addr, env, "FORNAX_ARTIFACT_BUILDER_ADDR", None),
+            api_key=env.get("FORNAX_API_KEY") or cls.api_key,
+            planner_addr=pick(args.planner_addr, env, "FORNAX_PLANNER_ADDR", cls.planner_addr),
+            artifact_builder_addr=pick(args.artifact_builder_addr, env, "FORNAX_ARTIFACT_BUILDER_ADDR",
+                                       cls.artifact_builder_addr),
             stage_workers=_addresses(pick(args.stage_workers, env, "FORNAX_STAGE_WORKERS", None)),
-            model_id=pick(args.model_id, env, "FORNAX_MODEL_ID", "fornax"),
-            inprocess_checkpoint=pick(args.inprocess_checkpoint, env, "FORNAX_INPROCESS_CHECKPOINT", None),
-            inprocess_stages=pick(args.inprocess_stages, env, "FORNAX_INPROCESS_STAGES", 1, int),
-            inprocess_backend=pick(args.inprocess_backend, env, "FORNAX_INPROCESS_BACKEND", "numpy"),
-            checkpoint=pick(args.checkpoint, env, "FORNAX_CHECKPOINT", None),
-            backend=pick(args.backend, env, "FORNAX_BACKEND", "numpy"),
-            boundary_dtype=pick(args.boundary_dtype, env, "FORNAX_BOUNDARY_DTYPE", "bf16"),
-            artifact_store=pick(args.artifact_store, env, "FORNAX_ARTIFACT_STORE", ".fornax/artifacts"),
-            stage_kv_limit_bytes=pick(args.stage_kv_limit_bytes, env, "FORNAX_STAGE_KV_LIMIT_BYTES", 0, int),
-            max_live_requests=pick(args.max_live_requests, env, "FORNAX_MAX_LIVE_REQUESTS", 256, int),
-            default_max_tokens=pick(args.default_max_tokens, env, "FORNAX_DEFAULT_MAX_TOKENS", 256, int),
-            default_deadline_s=pick(args.default_deadline_s, env, "FORNAX_DEFAULT_DEADLINE_S", 0.0, float),
+            model_id=pick(args.model_id, env, "FORNAX_MODEL_ID", cls.model_id),
+            inprocess_checkpoint=pick(args.inprocess_checkpoint, env, "FORNAX_INPROCESS_CHECKPOINT",
+                                      cls.inprocess_checkpoint),
+            inprocess_stages=pick(args.inprocess_stages, env, "FORNAX_INPROCESS_STAGES", cls.inprocess_stages, int),
+            inprocess_backend=_choice(pick(args.inprocess_backend, env, "FORNAX_INPROCESS_BACKEND",
+                                           cls.inprocess_backend), Backend, "FORNAX_INPROCESS_BACKEND"),
+            compile_cache_dir=pick(None, env, "FORNAX_COMPILE_CACHE_DIR", cls.compile_cache_dir),
+            checkpoint=pick(args.checkpoint, env, "FORNAX_CHECKPOINT", cls.checkpoint),
+            backend=_choice(pick(args.backend, env, "FORNAX_BACKEND", cls.backend), Backend, "FORNAX_BACKEND"),
+            boundary_dtype=_choice(pick(args.boundary_dtype, env, "FORNAX_BOUNDARY_DTYPE", cls.boundary_dtype),
+                                   DType, "FORNAX_BOUNDARY_DTYPE"),
+            artifact_store=pick(args.artifact_store, env, "FORNAX_ARTIFACT_STORE", cls.artifact_store),
+            stage_kv_limit_bytes=pick(args.stage_kv_limit_bytes, env, "FORNAX_STAGE_KV_LIMIT_BYTES",
+                                      cls.stage_kv_limit_bytes, int),
+            max_live_requests=pick(args.max_live_requests, env, "FORNAX_MAX_LIVE_REQUESTS", cls.max_live_requests, int),
+            default_max_tokens=pick(args.default_max_tokens, env, "FORNAX_DEFAULT_MAX_TOKENS",
+                                    cls.default_max_tokens, int),
+            default_deadline_s=pick(args.default_deadline_s, env, "FORNAX_DEFAULT_DEADLINE_S",
+                                    cls.default_deadline_s, float),
         )
+
+
+def _choice(value: str, kind: type[StrEnum], variable: str):
+    """An enum member from a flag or variable; a value outside the enum stops startup."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise SystemExit(f"invalid {variable} {value!r}; expected one of {', '.join(kind)}") from None

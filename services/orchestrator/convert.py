@@ -7,6 +7,7 @@ import uuid
 from fornax.common.v1 import common_pb2
 from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 
+from libs.common.proto import backend_from_pb, dtype_from_pb
 from libs.service.errors import InvalidArgument
 from libs.text.chat_template import ChatMessage
 from services.orchestrator.domain import FinishReason, GenerationRequest, RequestOutput
@@ -71,9 +72,6 @@ def output_to_pb(output: RequestOutput) -> pb.GenerateResponse:
 _STATE = {RouteState.EMPTY: pb.ROUTE_STATE_EMPTY, RouteState.INSTALLING: pb.ROUTE_STATE_INSTALLING,
           RouteState.SERVING: pb.ROUTE_STATE_SERVING, RouteState.DRAINING: pb.ROUTE_STATE_DRAINING,
           RouteState.DRAINED: pb.ROUTE_STATE_DRAINED, RouteState.FAILED: pb.ROUTE_STATE_FAILED}
-_BACKENDS = {common_pb2.BACKEND_NUMPY: "numpy", common_pb2.BACKEND_MAX: "max"}
-_DTYPES = {common_pb2.ELEMENT_TYPE_BF16: "bf16", common_pb2.ELEMENT_TYPE_FP16: "fp16",
-           common_pb2.ELEMENT_TYPE_FP32: "fp32"}
 
 
 def install_request_from_pb(request: pb.InstallPlanRequest) -> InstallRequest:
@@ -83,14 +81,9 @@ def install_request_from_pb(request: pb.InstallPlanRequest) -> InstallRequest:
     if request.stages < 1:
         raise InvalidArgument("stages must be at least 1", reason="INVALID_STAGES",
                               field="stages")
-    if request.backend not in _BACKENDS:
-        raise InvalidArgument("backend must be BACKEND_NUMPY or BACKEND_MAX",
-                              reason="INVALID_BACKEND", field="backend")
-    if request.boundary_dtype not in _DTYPES:
-        raise InvalidArgument("boundary_dtype must be bf16, fp16 or fp32",
-                              reason="INVALID_BOUNDARY_DTYPE", field="boundary_dtype")
-    return InstallRequest(request.checkpoint_dir, request.stages, _BACKENDS[request.backend],
-                          _DTYPES[request.boundary_dtype])
+    backend = backend_from_pb(request.backend, "backend")
+    boundary = dtype_from_pb(request.boundary_dtype, "boundary_dtype", reason="INVALID_BOUNDARY_DTYPE")
+    return InstallRequest(request.checkpoint_dir, request.stages, backend, boundary)
 
 
 def status_to_pb(status: RouteStatus) -> pb.PlanStatus:

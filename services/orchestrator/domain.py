@@ -5,10 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-
-class Phase(enum.Enum):
-    PREFILL = "prefill"
-    DECODE = "decode"
+from libs.fnx2.messages import Phase, SequenceStatus
+from libs.model.sampling import SamplingParams
 
 
 class FinishReason(enum.Enum):
@@ -18,27 +16,6 @@ class FinishReason(enum.Enum):
     DEADLINE = "deadline"
     REJECTED = "rejected"  # a stage refused the request (its KV reservation)
     ERROR = "error"
-
-
-class SequenceStatus(enum.Enum):
-    """Per-sequence outcome of one microbatch, as FNX2 RESULT reports it."""
-
-    OK = "ok"
-    CANCELLED = "cancelled"
-    DEADLINE = "deadline"
-    REJECTED = "rejected"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """temperature 0 means greedy (the default here; the OpenAI API defaults to 1); top_k 0
-    and top_p 1 disable those filters."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,8 +63,8 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
-class SequenceSlice:
-    """One request's rows in a microbatch (FNX2 sequence slice, in domain terms)."""
+class RequestSlice:
+    """One request's rows in a microbatch; the stage chain turns it into an FNX2 SequenceSlice."""
 
     request_id: str
     request_sequence_no: int
@@ -108,7 +85,7 @@ class Microbatch:
     batch_id: int
     slot: int
     phase: Phase
-    slices: tuple[SequenceSlice, ...]
+    slices: tuple[RequestSlice, ...]
 
     @property
     def row_count(self) -> int:
@@ -116,7 +93,7 @@ class Microbatch:
 
 
 @dataclass(frozen=True)
-class SequenceResult:
+class RequestSliceResult:
     request_id: str
     status: SequenceStatus
     sampled_token_id: int | None
@@ -129,7 +106,7 @@ class SequenceResult:
 @dataclass(frozen=True)
 class MicrobatchResult:
     batch_id: int
-    sequences: tuple[SequenceResult, ...]
+    sequences: tuple[RequestSliceResult, ...]
 
 
 @dataclass(frozen=True)

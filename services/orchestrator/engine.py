@@ -15,7 +15,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.service.errors import Internal
 from libs.text.chat_template import ChatMessage
 from libs.text.context import TextContext
 from services.orchestrator.domain import FinishReason, SamplingParams
@@ -23,7 +22,7 @@ from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProces
 from services.orchestrator.openai_request import CommonOptions
 from services.orchestrator.pipeline import Pipeline
 from services.orchestrator.prompting import generation_request
-from services.orchestrator.serving import ServingConfig, ServingEngine, terminal_error
+from services.orchestrator.serving import ServingConfig, ServingEngine
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ class Engine:
         ids = tuple(text.encode_chat([ChatMessage("user", prompt)]) if chat
                     else text.tokenizer.encode(prompt))
         options = CommonOptions(max_tokens=max_tokens, sampling=SamplingParams(
-            temperature, top_p, top_k, seed), stop=tuple(stop), stream=False,
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed), stop=tuple(stop), stream=False,
             include_usage=False)
         request = generation_request(str(uuid.uuid4()), ids, options, serving.served,
                                      serving.config.token_limits, "prompt")
@@ -105,21 +104,7 @@ class Engine:
 
 
 async def _run(serving: ServingEngine, request) -> Generation:
-    stream = serving.submit(request)
-    parts = []
-    try:
-        async for output in stream:
-            parts.append(output.text)
-            if output.finished:
-                return _final(output, "".join(parts))
-    finally:
-        if not stream.finished:
-            stream.cancel()
-    raise Internal("request stream ended without a final event")
-
-
-def _final(output, text: str) -> Generation:
-    error = terminal_error(output)
-    if error is not None:
-        raise error
-    return Generation(text, output.finish_reason, output.prompt_tokens, output.completion_tokens)
+    async with serving.submit(request) as stream:
+        done = await stream.collect()
+    final = done.final
+    return Generation(done.text, final.finish_reason, final.prompt_tokens, final.completion_tokens)

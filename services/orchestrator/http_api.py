@@ -19,7 +19,7 @@ import structlog
 from aiohttp import web
 from opentelemetry.trace import SpanKind
 
-from libs.service.errors import FornaxError, Internal, Unauthenticated, Unavailable
+from libs.service.errors import FornaxError, Unauthenticated, Unavailable
 from libs.service.trace_context import context_from
 from services.orchestrator import openai_response as fmt
 from services.orchestrator.domain import FinishReason, GenerationRequest, RequestOutput
@@ -203,28 +203,20 @@ _COMPLETION = _Format("cmpl", "text_completion", fmt.completion, _completion_chu
 
 async def _respond(request: web.Request, engine: ServingEngine, gen: GenerationRequest,
                    model: str, options: CommonOptions, form: _Format) -> web.StreamResponse:
-    stream = engine.submit(gen)  # raises a capacity error at once when there is no room
-    try:
+    # submit raises a capacity error at once when there is no room; leaving the block before
+    # the final event (the client went away, or the handler failed) cancels the request.
+    async with engine.submit(gen) as stream:
         if options.stream:
             return await _stream_sse(request, stream, model, options, form)
         return await _collect(stream, model, form)
-    finally:
-        if not stream.finished:
-            stream.cancel()  # the client went away, or the handler failed
 
 
 async def _collect(stream: RequestStream, model: str, form: _Format) -> web.Response:
-    text, created = [], int(time.time())
-    async for output in stream:
-        text.append(output.text)
-        if output.finished:
-            error = terminal_error(output)
-            if error is not None:
-                raise error
-            return web.json_response(form.full(
-                _public_id(form, stream), created, model, "".join(text), output.finish_reason,
-                output.prompt_tokens, output.completion_tokens))
-    raise Internal("request stream ended without a final event")
+    created = int(time.time())
+    done = await stream.collect()
+    return web.json_response(form.full(
+        _public_id(form, stream), created, model, done.text, done.final.finish_reason,
+        done.final.prompt_tokens, done.final.completion_tokens))
 
 
 async def _stream_sse(request: web.Request, stream: RequestStream, model: str,

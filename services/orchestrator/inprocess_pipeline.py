@@ -15,18 +15,18 @@ from pathlib import Path
 
 import numpy as np
 
+from libs.common.kinds import Backend
 from libs.model.config import load_config
 from libs.model.errors import ModelError, UnknownSequenceError
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
 from libs.model.kv_store import SliceIdentity
-from libs.model.sampling import SamplingParams as ModelSampling
 from libs.model.weights import load_stage_weights
 from services.orchestrator.domain import (
     Microbatch,
     MicrobatchResult,
     ReleaseReport,
-    SequenceResult,
+    RequestSliceResult,
     SequenceStatus,
     ServedModel,
 )
@@ -38,7 +38,7 @@ from services.orchestrator.model_card import served_model
 class InProcessRouteConfig:
     checkpoint_dir: Path
     stages: int
-    backend: str = "numpy"
+    backend: Backend = Backend.NUMPY
     kv_limit_bytes_per_stage: int = 256 << 20
     model_id: str = "fornax"
 
@@ -78,23 +78,26 @@ class InProcessPipeline:
                                      s.request_sequence_no, s.token_position_start, s.kv_epoch,
                                      len(s.token_ids)) for s in batch.slices)
         token_ids = np.fromiter((t for s in batch.slices for t in s.token_ids), dtype=np.int32)
-        sampling = tuple(ModelSampling(temperature=s.sampling.temperature,
-                                       top_k=s.sampling.top_k, top_p=s.sampling.top_p,
-                                       seed=s.sampling.seed or 0) for s in batch.slices)
+        sampling = tuple(s.sampling for s in batch.slices)
         loop = asyncio.get_running_loop()
-        hidden, epochs, tokens = None, [], None
+        hidden, pending, tokens = None, [], None
         for index, executor in enumerate(self._executors):
             last = index == len(self._executors) - 1
             stage_batch = StageBatch(slices=idents, token_ids=token_ids if index == 0 else None,
                                      hidden=hidden, sampling=sampling if last else ())
             try:
-                result = await loop.run_in_executor(self._threads[index], executor.execute,
-                                                    stage_batch)
+                result, new_kv = await loop.run_in_executor(self._threads[index], executor.run,
+                                                            stage_batch)
             except ModelError as exc:
                 return _failed(batch, f"stage {index}: {exc.reason}: {exc.message}")
             hidden, tokens = result.hidden, result.token_ids
-            epochs.append(result.kv_epochs_after)
+            pending.append(new_kv)
         assert tokens is not None
+        # As on the networked route, a stage commits its new KV only once every later stage
+        # has run the batch too: a failure anywhere leaves every stage's epoch unchanged.
+        epochs = await asyncio.gather(*(
+            loop.run_in_executor(thread, executor.commit, new_kv)
+            for thread, executor, new_kv in zip(self._threads, self._executors, pending)))
         return MicrobatchResult(batch.batch_id, tuple(
             _sequence_result(s, int(tokens[i]), [stage[i] for stage in epochs])
             for i, s in enumerate(batch.slices)))
@@ -126,14 +129,14 @@ class InProcessPipeline:
             thread.shutdown(wait=False, cancel_futures=True)
 
 
-def _sequence_result(piece, token: int, stage_epochs: list[int]) -> SequenceResult:
+def _sequence_result(piece, token: int, stage_epochs: list[int]) -> RequestSliceResult:
     if len(set(stage_epochs)) != 1:
-        return SequenceResult(piece.request_id, SequenceStatus.FAILED, None, piece.kv_epoch,
-                              f"stages disagree on the KV epoch: {stage_epochs}")
-    return SequenceResult(piece.request_id, SequenceStatus.OK, token, stage_epochs[0])
+        return RequestSliceResult(piece.request_id, SequenceStatus.FAILED, None, piece.kv_epoch,
+                                  f"stages disagree on the KV epoch: {stage_epochs}")
+    return RequestSliceResult(piece.request_id, SequenceStatus.OK, token, stage_epochs[0])
 
 
 def _failed(batch: Microbatch, error: str) -> MicrobatchResult:
     return MicrobatchResult(batch.batch_id, tuple(
-        SequenceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, error)
+        RequestSliceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, error)
         for s in batch.slices))

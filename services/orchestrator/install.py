@@ -19,20 +19,21 @@ from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 from google.protobuf import json_format
 
+from libs.common.kinds import Backend, DType
+from libs.common.proto import BACKEND_FROM_PB, BACKEND_TO_PB, DTYPE_FROM_PB, DTYPE_TO_PB
 from libs.fnx2.messages import Phase
-from services.orchestrator.stage_chain import Route, RoutePlan, RouteStage, Sampling, SliceInput, lease_id_for
 from libs.model.config import load_config
+from libs.model.sampling import GREEDY
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
 from libs.service.errors import FailedPrecondition, Unavailable
+from services.orchestrator.stage_chain import Route, RoutePlan, SliceInput, StageLoad, lease_id_for, load_route
 from services.planner import convert as planner_convert
 from services.planner.client import AsyncPlannerClient
 from services.planner.domain import Plan
 from services.planner.inventory import Inventory, Link, Node, Target
 from services.planner.model import describe_checkpoint
 
-DTYPE_PB = {"bf16": common_pb2.ELEMENT_TYPE_BF16, "fp16": common_pb2.ELEMENT_TYPE_FP16, "fp32": common_pb2.ELEMENT_TYPE_FP32}
-BACKEND_PB = {"max": common_pb2.BACKEND_MAX, "numpy": common_pb2.BACKEND_NUMPY}
 # Declared per-core figures for a CPU worker that has no measured capability record yet;
 # plans made from them are exploratory and say so.
 CPU_FLOPS_PER_CORE = 20e9
@@ -47,8 +48,8 @@ WARMUP_BUDGET_NS = 600 * 10**9
 class InstallSpec:
     checkpoint_dir: str
     stages: int
-    backend: str
-    boundary_dtype: str
+    backend: Backend
+    boundary_dtype: DType
     artifact_store: str
     kv_limit_bytes: int = 0
     context_tokens: int = 2048
@@ -99,11 +100,11 @@ def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> Invento
         nodes.append(
             Node(
                 name=_node_name(index),
-                backend="max" if cap.backend == common_pb2.BACKEND_MAX else "numpy",
+                backend=BACKEND_FROM_PB.get(cap.backend, Backend.NUMPY),
                 memory_bytes=cap.device.memory_available_bytes // share,
                 compute_flops=CPU_FLOPS_PER_CORE * cores,
                 memory_bandwidth_bytes_per_s=CPU_BANDWIDTH_BYTES_PER_S,
-                dtypes=tuple(common_pb2.ElementType.Name(d).removeprefix("ELEMENT_TYPE_").lower() for d in cap.supported_dtypes),
+                dtypes=tuple(DTYPE_FROM_PB[d] for d in cap.supported_dtypes),
                 operations=tuple(cap.supported_operations),
                 build=cap.backend_build,
             )
@@ -135,7 +136,7 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
     plan_json = json_format.MessageToJson(planner_convert.plan_to_proto(plan))
     request = ab_pb.BuildStageArtifactsRequest(
         request_id=str(uuid.uuid4()), checkpoint_dir=spec.checkpoint_dir, out_dir=spec.artifact_store,
-        plan_json=plan_json, boundary_dtype=DTYPE_PB[spec.boundary_dtype],
+        plan_json=plan_json, boundary_dtype=DTYPE_TO_PB[spec.boundary_dtype],
     )
     result = None
     async with open_aio_channel(fleet.artifact_builder, fleet.channel) as channel:
@@ -171,33 +172,23 @@ def _next_hop(plan: Plan, stage_index: int, identities: dict[str, str]) -> str:
 
 async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: list[ab_pb.StageArtifact],
                       generation: str, progress: Callable[[str], None]) -> RoutePlan:
-    """Load last to first, so each stage is told its next hop's FNX2 address and manifest."""
+    """One stage per planned stage, on the worker the plan names, as plan generation `generation`."""
     binding = common_pb2.PlanBinding(plan_id=fnx2_plan_id(plan), plan_hash=plan.plan_hash, plan_generation_id=generation)
     workers = {_node_name(i): address for i, address in enumerate(fleet.workers)}
     identities = await _worker_identities(fleet)
-    next_address, next_manifest, loaded = "", "", []
-    count = len(plan.stages)
-    for stage, artifact in reversed(list(zip(plan.stages, artifacts))):
-        address = workers[stage.node]
-        stage_spec = sw_pb.StageSpec(
-            stage_index=stage.stage_index, stage_count=count,
+    loads = []
+    for stage, artifact in zip(plan.stages, artifacts):
+        spec_pb = sw_pb.StageSpec(
+            stage_index=stage.stage_index, stage_count=len(plan.stages),
             layer_range=common_pb2.LayerRange(layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end),
             plan=binding, artifact_dir=artifact.artifact_dir, manifest_hash=artifact.manifest_hash,
-            backend=BACKEND_PB[spec.backend], boundary_dtype=DTYPE_PB[spec.boundary_dtype],
-            next_hop_address=next_address, next_hop_manifest_hash=next_manifest, kv_limit_bytes=spec.kv_limit_bytes,
-            output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
+            backend=BACKEND_TO_PB[spec.backend], boundary_dtype=DTYPE_TO_PB[spec.boundary_dtype],
+            kv_limit_bytes=spec.kv_limit_bytes, output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
             previous_hop_identity=_previous_hop(plan, stage.stage_index, identities, fleet.identity),
             next_hop_identity=_next_hop(plan, stage.stage_index, identities),
         )
-        async with open_aio_channel(address, fleet.channel) as channel:
-            stub = sw_grpc.StageWorkerServiceStub(channel)
-            await stub.UnloadStage(sw_pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=60)
-            progress(f"loading stage {stage.stage_index} (layers {stage.layer_start}-{stage.layer_end - 1}) on {address}")
-            reply = await stub.LoadStage(sw_pb.LoadStageRequest(request_id=str(uuid.uuid4()), spec=stage_spec), timeout=3600)
-        next_address, next_manifest = reply.data_plane_address, reply.manifest_hash
-        loaded.append(RouteStage(stage.stage_index, address, reply.data_plane_address, reply.manifest_hash,
-                                 identities.get(stage.node, "")))
-    return RoutePlan(binding.plan_id, binding.plan_hash, generation, tuple(reversed(loaded)))
+        loads.append(StageLoad(workers[stage.node], spec_pb, identities.get(stage.node, "")))
+    return await load_route(loads, progress=progress, channel=fleet.channel)
 
 
 def fnx2_plan_id(plan: Plan) -> str:
@@ -209,7 +200,7 @@ async def warm(route: Route, bos_token_id: int) -> None:
     """One prefill and one decode through every stage, then release; raises if any fails."""
     request_id = str(uuid.uuid4())
     lease = lease_id_for(route.plan, request_id)
-    await route.admit(request_id, 4, Sampling())
+    await route.admit(request_id, 4, GREEDY)
     try:
         first = (await route.run(Phase.PREFILL, [SliceInput(request_id, lease, 0, 0, 0, np.array([bos_token_id], np.int32), WARMUP_BUDGET_NS)]))[0]
         if not first.ok:

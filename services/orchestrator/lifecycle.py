@@ -13,6 +13,7 @@ import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from libs.common.kinds import Backend, DType
 from libs.service.errors import Aborted, FailedPrecondition
 from services.orchestrator.serving import RouteSlot, ServingEngine
 
@@ -30,8 +31,8 @@ class RouteState(enum.Enum):
 class InstallRequest:
     checkpoint_dir: str
     stages: int
-    backend: str  # "numpy" or "max"
-    boundary_dtype: str  # "bf16", "fp16" or "fp32"
+    backend: Backend
+    boundary_dtype: DType  # one of FLOAT_DTYPES
 
 
 @dataclass(frozen=True)

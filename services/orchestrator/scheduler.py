@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from libs.service.errors import Internal, InvalidArgument
 from libs.text.context import TextContext
 from libs.text.detokenizer import TextStream
-from services.orchestrator.admission import Admission
+from services.orchestrator.admission import AdmissionControl
 from services.orchestrator.domain import (
     FinishReason,
     GenerationRequest,
@@ -33,8 +33,8 @@ from services.orchestrator.domain import (
     ReleaseReport,
     RequestOutput,
     SchedulerConfig,
-    SequenceResult,
-    SequenceSlice,
+    RequestSlice,
+    RequestSliceResult,
     SequenceStatus,
 )
 
@@ -77,7 +77,7 @@ class RetiredRequest:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, num_stages: int, text: TextContext,
-                 admission: Admission) -> None:
+                 admission: AdmissionControl) -> None:
         self._config = config
         self._num_stages = num_stages
         self.slots = max(config.inflight_microbatches, num_stages)
@@ -193,11 +193,11 @@ class Scheduler:
         self._last_phase = phase
         return batch
 
-    def _slice(self, r: _Request, phase: Phase, rows: int, now_ns: int) -> SequenceSlice:
+    def _slice(self, r: _Request, phase: Phase, rows: int, now_ns: int) -> RequestSlice:
         tokens = (r.req.prompt_token_ids[r.prefilled:r.prefilled + rows]
                   if phase is Phase.PREFILL else (r.generated[-1],))
         budget = None if r.deadline_at_ns is None else max(r.deadline_at_ns - now_ns, 0)
-        return SequenceSlice(
+        return RequestSlice(
             request_id=r.req.request_id, request_sequence_no=r.sequence_no,
             token_ids=tuple(tokens), token_position_start=r.position, kv_epoch=r.kv_epoch,
             deadline_budget_ns=budget, sampling=r.req.sampling, sample_index=len(r.generated),
@@ -223,12 +223,12 @@ class Scheduler:
             r = self._requests[piece.request_id]
             r.inflight = False
             r.ready_seq = self._next_ready_seq()
-            seq = by_id.get(piece.request_id) or SequenceResult(
+            seq = by_id.get(piece.request_id) or RequestSliceResult(
                 piece.request_id, SequenceStatus.FAILED, None, piece.kv_epoch,
                 "no result for sequence")
             self._apply(r, piece, seq)
 
-    def _apply(self, r: _Request, piece: SequenceSlice, seq: SequenceResult) -> None:
+    def _apply(self, r: _Request, piece: RequestSlice, seq: RequestSliceResult) -> None:
         if r.abort_reason is not None:
             self._begin_release(r, r.abort_reason, emit_now=r.abort_reason is not
                                 FinishReason.CANCELLED)
@@ -345,7 +345,3 @@ class Scheduler:
     @property
     def live_requests(self) -> int:
         return len(self._requests)
-
-    def has_work(self) -> bool:
-        waiting, decodable = self._ready()
-        return bool(waiting or decodable) and len(self._busy_slots) < self.slots

@@ -40,16 +40,13 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
 
     async def Generate(self, request, context):
         engine = self._engine()
-        stream = engine.submit(convert.generation_from_pb(request, engine))
-        try:
+        # Leaving the block early (the caller went away or cancelled the RPC) cancels the request.
+        async with engine.submit(convert.generation_from_pb(request, engine)) as stream:
             async for output in stream:
                 error = terminal_error(output) if output.finished else None
                 if error is not None:
                     raise error
                 yield convert.output_to_pb(output)
-        finally:
-            if not stream.finished:
-                stream.cancel()  # the caller went away or cancelled the RPC
 
     async def Cancel(self, request, context) -> pb.CancelResponse:
         engine = self._route.engine

@@ -26,7 +26,7 @@ from libs.service.errors import (
 )
 from libs.text.context import TextContext
 from services.orchestrator import metrics
-from services.orchestrator.admission import Admission, AdmissionConfig
+from services.orchestrator.admission import AdmissionConfig, AdmissionControl
 from services.orchestrator.domain import (
     FinishReason,
     GenerationRequest,
@@ -34,7 +34,7 @@ from services.orchestrator.domain import (
     MicrobatchResult,
     RequestOutput,
     SchedulerConfig,
-    SequenceResult,
+    RequestSliceResult,
     SequenceStatus,
     ServedModel,
 )
@@ -109,6 +109,31 @@ class RequestStream:
     def cancel(self) -> bool:
         return self._engine.cancel(self.request_id)
 
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if not self.finished:
+            self.cancel()  # the consumer went away, or failed, before the final event
+
+    async def collect(self) -> Completion:
+        """The whole generated text and the final event; raises the error a failed request ended with."""
+        parts = []
+        async for output in self:
+            parts.append(output.text)
+            if output.finished:
+                error = terminal_error(output)
+                if error is not None:
+                    raise error
+                return Completion("".join(parts), output)
+        raise Internal("request stream ended without a final event")
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    final: RequestOutput
+
 
 class ServingEngine:
     def __init__(self, pipeline: Pipeline, served: ServedModel, text: TextContext,
@@ -116,7 +141,7 @@ class ServingEngine:
         budgets = config.stage_kv_budget_bytes or tuple(
             NO_KV_LIMIT_BYTES if s.kv_budget_bytes is None else s.kv_budget_bytes
             for s in served.stages)
-        admission = Admission(AdmissionConfig(config.max_live_requests, budgets), served.stages)
+        admission = AdmissionControl(AdmissionConfig(config.max_live_requests, budgets), served.stages)
         self.pipeline = pipeline
         self.served = served
         self.text = text
@@ -283,7 +308,7 @@ class ServingEngine:
         except Exception as exc:  # a failed microbatch fails its sequences, not the loop
             _log.exception("microbatch_failed", batch_id=batch.batch_id)
             result = MicrobatchResult(batch.batch_id, tuple(
-                SequenceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch,
+                RequestSliceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch,
                                f"pipeline error: {type(exc).__name__}: {exc}")
                 for s in batch.slices))
         self.scheduler.update_from_output(result)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,10 +22,12 @@ from libs.fnx2.control import ChannelBinding
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind
+from libs.model.sampling import SamplingParams
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
 
 GATEWAY = "gateway"
+UNLOAD_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -43,14 +46,6 @@ class RoutePlan:
     plan_hash: str
     plan_generation_id: str
     stages: tuple[RouteStage, ...]
-
-
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,6 +71,43 @@ class SliceOutput:
     error_message: str | None = None
     execute_ns: int = 0
     queue_ns: int = 0
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    """One stage to load: its worker's gRPC address and its spec, next hop not yet known."""
+
+    address: str
+    spec: pb.StageSpec
+    # The identity in the worker's certificate, which its previous hop checks; "" without TLS.
+    identity: str = ""
+
+
+async def load_route(loads: Sequence[StageLoad], load_timeout_s: float = 3600.0,
+                     progress: Callable[[str], None] = lambda message: None,
+                     channel: ChannelConfig = ChannelConfig()) -> RoutePlan:
+    """Load last to first, so each stage is told its next hop's FNX2 address and manifest hash.
+
+    Every spec carries the same plan binding; whatever a worker had loaded before is unloaded.
+    """
+    next_address, next_manifest, loaded = "", "", []
+    for load in reversed(loads):
+        spec = pb.StageSpec()
+        spec.CopyFrom(load.spec)
+        spec.next_hop_address, spec.next_hop_manifest_hash = next_address, next_manifest
+        layers = spec.layer_range
+        async with open_aio_channel(load.address, channel) as opened:
+            stub = pb_grpc.StageWorkerServiceStub(opened)
+            await stub.UnloadStage(pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=UNLOAD_TIMEOUT_S)
+            progress(f"loading stage {spec.stage_index} (layers {layers.layer_start}-"
+                     f"{layers.layer_end_exclusive - 1}) on {load.address}")
+            reply = await stub.LoadStage(pb.LoadStageRequest(request_id=str(uuid.uuid4()), spec=spec),
+                                         timeout=load_timeout_s)
+        next_address, next_manifest = reply.data_plane_address, reply.manifest_hash
+        loaded.append(RouteStage(spec.stage_index, load.address, reply.data_plane_address, reply.manifest_hash,
+                                 load.identity))
+    binding = loads[0].spec.plan
+    return RoutePlan(binding.plan_id, binding.plan_hash, binding.plan_generation_id, tuple(reversed(loaded)))
 
 
 def lease_id_for(plan: RoutePlan, request_id: str) -> str:
@@ -111,7 +143,8 @@ class Route:
         for channel in self._channels:
             await channel.close()
 
-    async def admit(self, request_id: str, reserve_tokens: int, sampling: Sampling, logits: bool = False) -> None:
+    async def admit(self, request_id: str, reserve_tokens: int, sampling: SamplingParams,
+                    logits: bool = False) -> None:
         """Reserve KV on every stage; on any refusal, undo the reservations that succeeded."""
         mode = pb.OUTPUT_MODE_LOGITS if logits else pb.OUTPUT_MODE_SAMPLED_TOKENS
         message = pb.AdmitSequenceRequest(
@@ -120,7 +153,8 @@ class Route:
             execution_lease_id=lease_id_for(self.plan, request_id),
             reserve_tokens=reserve_tokens,
             sampling=pb.SamplingSpec(
-                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed
+                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                seed=sampling.stream_seed,
             ),
             output_mode=mode,
         )

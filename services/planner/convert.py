@@ -6,16 +6,14 @@ from fornax.common.v1 import common_pb2 as common
 from fornax.evidence_registry.v1 import evidence_registry_pb2 as registry_pb
 from fornax.planner.v1 import planner_pb2 as pb
 
+from libs.common.kinds import DType
+from libs.common.proto import BACKEND_FROM_PB, BACKEND_TO_PB, DTYPE_TO_PB, backend_from_pb, dtype_from_pb
 from libs.service.errors import InvalidArgument
 from services.planner import domain as d
 from services.planner.inventory import (DEFAULT_MAX_STAGES, EvidenceRef, Inventory, Link, Node, Target,
                                         validate_target)
 from services.planner.model import LayerCost, ModelDescription
 
-DTYPES = {"bf16": common.ELEMENT_TYPE_BF16, "fp16": common.ELEMENT_TYPE_FP16, "fp32": common.ELEMENT_TYPE_FP32}
-DTYPES_BACK = {v: k for k, v in DTYPES.items()}
-BACKENDS = {"max": common.BACKEND_MAX, "numpy": common.BACKEND_NUMPY}
-BACKENDS_BACK = {v: k for k, v in BACKENDS.items()}
 OBJECTIVES = {"throughput": pb.OBJECTIVE_THROUGHPUT, "latency": pb.OBJECTIVE_LATENCY}
 OBJECTIVES_BACK = {v: k for k, v in OBJECTIVES.items()}
 MODES = {"exploratory": pb.PLAN_MODE_EXPLORATORY, "deployment": pb.PLAN_MODE_DEPLOYMENT}
@@ -28,9 +26,12 @@ RECORD_TYPES = {
 RECORD_TYPES_BACK = {v: k for k, v in RECORD_TYPES.items()}
 
 
+BAD_ENUM = "BAD_ENUM"
+
+
 def _enum(table: dict, value: int, field: str) -> str:
     if value not in table:
-        raise InvalidArgument(f"unsupported or unspecified value {value}", reason="BAD_ENUM", field=field)
+        raise InvalidArgument(f"unsupported or unspecified value {value}", reason=BAD_ENUM, field=field)
     return table[value]
 
 
@@ -76,7 +77,7 @@ def model_from_proto(m: pb.ModelDescription) -> ModelDescription:
         model_snapshot=m.model_snapshot, hidden_size=m.hidden_size, vocab_size=m.vocab_size, layers=layers,
         embedding_bytes=m.embedding_bytes, head_bytes=m.head_bytes, tied_embeddings=m.tied_embeddings,
         routed_experts=m.routed_experts, experts_per_token=m.experts_per_token, shared_experts=m.shared_experts,
-        expert_bytes=m.expert_bytes, weight_dtype=_enum(DTYPES_BACK, m.weight_dtype, "model.weight_dtype"),
+        expert_bytes=m.expert_bytes, weight_dtype=dtype_from_pb(m.weight_dtype, "model.weight_dtype", reason=BAD_ENUM),
         required_operations=tuple(m.required_operations),
     )
 
@@ -93,7 +94,7 @@ def model_to_proto(m: ModelDescription) -> pb.ModelDescription:
             scratch_bytes_per_row=x.scratch_bytes_per_row) for x in m.layers],
         embedding_bytes=m.embedding_bytes, head_bytes=m.head_bytes, routed_experts=m.routed_experts,
         experts_per_token=m.experts_per_token, shared_experts=m.shared_experts, expert_bytes=m.expert_bytes,
-        weight_dtype=DTYPES[m.weight_dtype], required_operations=list(m.required_operations),
+        weight_dtype=DTYPE_TO_PB[m.weight_dtype], required_operations=list(m.required_operations),
         tied_embeddings=m.tied_embeddings,
     )
 
@@ -107,9 +108,9 @@ def _node_from_proto(n: pb.Node, i: int) -> Node:
             raise InvalidArgument("must be positive", field=f"{at}.{name}")
     _refuse_untyped(n.evidence_record_ids, f"{at}.evidence_record_ids")
     return Node(
-        name=n.name, backend=_enum(BACKENDS_BACK, n.backend, f"{at}.backend"), memory_bytes=n.memory_bytes,
+        name=n.name, backend=backend_from_pb(n.backend, f"{at}.backend", reason=BAD_ENUM), memory_bytes=n.memory_bytes,
         compute_flops=n.compute_flops, memory_bandwidth_bytes_per_s=n.memory_bandwidth_bytes_per_s,
-        dtypes=tuple(_enum(DTYPES_BACK, x, f"{at}.dtypes") for x in n.dtypes), operations=tuple(n.operations),
+        dtypes=tuple(dtype_from_pb(x, f"{at}.dtypes", reason=BAD_ENUM) for x in n.dtypes), operations=tuple(n.operations),
         build=n.build, reserve_bytes=n.reserve_bytes, evidence=_evidence(n.evidence, f"{at}.evidence"),
     )
 
@@ -145,8 +146,8 @@ def inventory_from_request(request: pb.CreatePlanRequest) -> Inventory:
 def inventory_to_request(inventory: Inventory, request: pb.CreatePlanRequest) -> None:
     for n in inventory.nodes:
         request.inventory.nodes.append(pb.Node(
-            name=n.name, backend=BACKENDS[n.backend], memory_bytes=n.memory_bytes, compute_flops=n.compute_flops,
-            memory_bandwidth_bytes_per_s=n.memory_bandwidth_bytes_per_s, dtypes=[DTYPES[x] for x in n.dtypes],
+            name=n.name, backend=BACKEND_TO_PB[n.backend], memory_bytes=n.memory_bytes, compute_flops=n.compute_flops,
+            memory_bandwidth_bytes_per_s=n.memory_bandwidth_bytes_per_s, dtypes=[DTYPE_TO_PB[x] for x in n.dtypes],
             operations=list(n.operations), build=n.build, reserve_bytes=n.reserve_bytes,
             evidence=_evidence_to_proto(n.evidence)))
     for x in inventory.links:
@@ -163,7 +164,7 @@ def target_from_proto(t: pb.Target) -> Target:
         objective=_enum(OBJECTIVES_BACK, t.objective, "target.objective") if t.objective else "throughput",
         min_stages=t.min_stages or 1, max_stages=t.max_stages or DEFAULT_MAX_STAGES,
         mode=_enum(MODES_BACK, t.mode, "target.mode") if t.mode else "exploratory",
-        boundary_dtype=_enum(DTYPES_BACK, t.boundary_dtype, "target.boundary_dtype") if t.boundary_dtype else "bf16",
+        boundary_dtype=dtype_from_pb(t.boundary_dtype, "target.boundary_dtype", reason=BAD_ENUM) if t.boundary_dtype else DType.BF16,
         prefill_tokens=t.prefill_tokens or Target.prefill_tokens, decode_microbatch_rows=t.decode_microbatch_rows,
     )
     return validate_target(target)
@@ -172,7 +173,7 @@ def target_from_proto(t: pb.Target) -> Target:
 def target_to_proto(t: Target) -> pb.Target:
     return pb.Target(
         context_tokens=t.context_tokens, concurrency=t.concurrency, objective=OBJECTIVES[t.objective],
-        min_stages=t.min_stages, max_stages=t.max_stages, mode=MODES[t.mode], boundary_dtype=DTYPES[t.boundary_dtype],
+        min_stages=t.min_stages, max_stages=t.max_stages, mode=MODES[t.mode], boundary_dtype=DTYPE_TO_PB[t.boundary_dtype],
         prefill_tokens=t.prefill_tokens, decode_microbatch_rows=t.decode_microbatch_rows,
     )
 
@@ -191,7 +192,7 @@ def plan_to_proto(p: d.Plan) -> pb.Plan:
         plan_id=p.plan_id, plan_hash=p.plan_hash, mode=MODES[p.mode], method=p.method,
         objective=OBJECTIVES[p.objective], model_snapshot=p.model_snapshot, label=p.label,
         stages=[pb.PlannedStage(
-            stage_index=s.stage_index, node=s.node, backend=BACKENDS[s.backend], build=s.build,
+            stage_index=s.stage_index, node=s.node, backend=BACKEND_TO_PB[s.backend], build=s.build,
             layer_range=common.LayerRange(layer_start=s.layer_start, layer_end_exclusive=s.layer_end),
             owns_embeddings=s.owns_embeddings, owns_head=s.owns_head, weight_bytes=s.weight_bytes,
             kv_bytes=s.kv_bytes, activation_bytes=s.activation_bytes, memory_bytes=s.memory_bytes,
@@ -209,7 +210,7 @@ def plan_from_proto(p: pb.Plan) -> d.Plan:
         plan_id=p.plan_id, plan_hash=p.plan_hash, mode=MODES_BACK[p.mode], objective=OBJECTIVES_BACK[p.objective],
         model_snapshot=p.model_snapshot, method=p.method,
         stages=tuple(d.PlannedStage(
-            stage_index=s.stage_index, node=s.node, backend=BACKENDS_BACK[s.backend], build=s.build,
+            stage_index=s.stage_index, node=s.node, backend=BACKEND_FROM_PB[s.backend], build=s.build,
             layer_start=s.layer_range.layer_start, layer_end=s.layer_range.layer_end_exclusive,
             owns_embeddings=s.owns_embeddings, owns_head=s.owns_head, weight_bytes=s.weight_bytes,
             kv_bytes=s.kv_bytes, activation_bytes=s.activation_bytes, reserve_bytes=s.reserve_bytes,

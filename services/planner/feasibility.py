@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from libs.common.kinds import DType
 from services.planner import domain as d
 from services.planner.costs import CostTables, stage_memory
 from services.planner.inventory import Inventory, Link, Node, Target
@@ -33,13 +34,17 @@ def smallest_stage_bytes(tables: CostTables) -> int:
     return min(stage_memory(tables, a, a + 1).total_bytes for a in range(L))
 
 
+def _names(dtypes: tuple[DType, ...]) -> list[str]:
+    return [str(dtype) for dtype in dtypes]
+
+
 def node_rejection(node: Node, model: ModelDescription, target: Target, smallest: int) -> d.Rejection | None:
     """The first failing check; in deployment mode a node must also reference a capability record."""
     if model.weight_dtype not in node.dtypes:
-        return d.Rejection(node.name, d.MISSING_DTYPE, f"weights are {model.weight_dtype}; node offers {list(node.dtypes)}")
+        return d.Rejection(node.name, d.MISSING_DTYPE, f"weights are {model.weight_dtype}; node offers {_names(node.dtypes)}")
     if target.boundary_dtype not in node.dtypes:
         return d.Rejection(node.name, d.MISSING_BOUNDARY_DTYPE,
-                           f"boundary tensors are {target.boundary_dtype}; node offers {list(node.dtypes)}")
+                           f"boundary tensors are {target.boundary_dtype}; node offers {_names(node.dtypes)}")
     missing = [op for op in model.required_operations if op not in node.operations]
     if missing:
         return d.Rejection(node.name, d.MISSING_OPERATION, f"node lacks operations {missing}",

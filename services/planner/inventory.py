@@ -14,10 +14,11 @@ from typing import Any
 
 import yaml
 
+from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.service.errors import InvalidArgument
 
-BACKENDS = ("max", "numpy")
-DTYPES = ("bf16", "fp16", "fp32")
+BACKENDS = tuple(backend.value for backend in Backend)
+DTYPES = tuple(dtype.value for dtype in FLOAT_DTYPES)
 OBJECTIVES = ("throughput", "latency")
 MODES = ("exploratory", "deployment")
 RECORD_TYPES = ("model", "capability", "measurement", "calibration", "route", "qualification")
@@ -38,11 +39,11 @@ class EvidenceRef:
 @dataclass(frozen=True)
 class Node:
     name: str
-    backend: str
+    backend: Backend
     memory_bytes: int
     compute_flops: float
     memory_bandwidth_bytes_per_s: float
-    dtypes: tuple[str, ...]
+    dtypes: tuple[DType, ...]
     operations: tuple[str, ...]
     build: str = ""
     reserve_bytes: int = 0
@@ -92,7 +93,7 @@ class Target:
     min_stages: int = 1
     max_stages: int = DEFAULT_MAX_STAGES
     mode: str = "exploratory"
-    boundary_dtype: str = "bf16"
+    boundary_dtype: DType = DType.BF16
     prefill_tokens: int = 512
     decode_microbatch_rows: int = 0  # 0: floor(concurrency / (2 * max_stages - 1)), at least 1
 
@@ -186,10 +187,10 @@ def _node(raw: Any, where: str) -> Node:
     for key in required:
         if key not in raw:
             raise InventoryError(f"node {raw['name']!r} lacks {key!r}", field=f"{where}.{key}")
-    dtypes = tuple(_choice(d, DTYPES, f"{where}.dtypes") for d in raw["dtypes"] or ())
+    dtypes = tuple(DType(_choice(d, DTYPES, f"{where}.dtypes")) for d in raw["dtypes"] or ())
     return Node(
         name=str(raw["name"]),
-        backend=_choice(raw["backend"], BACKENDS, f"{where}.backend"),
+        backend=Backend(_choice(raw["backend"], BACKENDS, f"{where}.backend")),
         memory_bytes=int(_positive(raw["memory"], "bytes", f"{where}.memory")),
         compute_flops=_positive(raw["compute"], "flops", f"{where}.compute"),
         memory_bandwidth_bytes_per_s=_positive(raw["memory_bandwidth"], "rate", f"{where}.memory_bandwidth"),

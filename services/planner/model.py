@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from libs.common.kinds import DType
 from libs.model.config import DeepseekV2Config, parse_config
 from libs.model.errors import ConfigError
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-_TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+DTYPE_BYTES = {DType.BF16: 2, DType.FP16: 2, DType.FP32: 4}
+_TORCH_DTYPES = {"bfloat16": DType.BF16, "float16": DType.FP16, "float32": DType.FP32}
 
 # Operation names a node must list to host a stage of this model family.
 BASE_OPERATIONS = ("embedding", "rmsnorm", "mla_attention", "rope", "swiglu", "lm_head")
@@ -60,7 +61,7 @@ class ModelDescription:
     experts_per_token: int
     shared_experts: int
     expert_bytes: int  # one routed expert (gate, up, down)
-    weight_dtype: str  # "bf16" | "fp16" | "fp32"
+    weight_dtype: DType  # one of FLOAT_DTYPES
     required_operations: tuple[str, ...]
 
     @property
@@ -129,7 +130,7 @@ def describe_config(raw: dict[str, Any], snapshot: str) -> ModelDescription:
     )
 
 
-def weight_dtype_of(raw: dict[str, Any]) -> str:
+def weight_dtype_of(raw: dict[str, Any]) -> DType:
     name = raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
     dtype = _TORCH_DTYPES.get(str(name).removeprefix("torch."))
     if dtype is None:

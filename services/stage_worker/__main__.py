@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
+from libs.common.kinds import Backend
 from libs.service.server import run_service
 from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.server import make_spec
@@ -14,6 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = StageWorkerConfig.from_env(argv)
     if cfg.cpu_affinity:
         os.sched_setaffinity(0, cfg.cpu_affinity)
+    if cfg.backend is Backend.MAX:
+        from libs.model.max_kernels import configure_max_process, default_cache_dir
+
+        cache_dir = Path(cfg.compile_cache_dir) if cfg.compile_cache_dir else default_cache_dir()
+        configure_max_process(os.environ, cache_dir)
     return run_service(cfg.server, lambda: make_spec(cfg))
 
 

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.security.paths import parse_roots
+from libs.common.kinds import Backend
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 
-BACKENDS = ("max", "numpy")
+BACKENDS = tuple(backend.value for backend in Backend)
 DEVICES = ("cpu", "gpu")
 
 
@@ -22,7 +23,7 @@ class StageWorkerConfig:
     server: ServerConfig
     stage_index: int = 0
     data_plane_port: int = 0
-    backend: str = "numpy"
+    backend: Backend = Backend.NUMPY
     device: str = "cpu"
     # MAX compile cache; None = the backend's default (~/.cache/fornax/max).
     compile_cache_dir: str | None = None
@@ -60,7 +61,7 @@ class StageWorkerConfig:
             server=server_config(args, env, "stage_worker", instance=f"stage-{stage_index}"),
             stage_index=stage_index,
             data_plane_port=pick(args.data_plane_port, env, "FORNAX_DATA_PLANE_PORT", 0, int),
-            backend=backend,
+            backend=Backend(backend),
             device=device,
             compile_cache_dir=pick(args.compile_cache_dir, env, "FORNAX_COMPILE_CACHE_DIR", cls.compile_cache_dir),
             kv_limit_bytes=pick(args.kv_limit_bytes, env, "FORNAX_KV_LIMIT_BYTES", cls.kv_limit_bytes, int),

@@ -5,13 +5,12 @@ from __future__ import annotations
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 
+from libs.common.proto import backend_from_pb, dtype_from_pb
 from libs.model.sampling import SamplingParams
 from libs.service.errors import InvalidArgument
 from services.stage_worker.lifecycle import StageState
-from services.stage_worker.runtime import Admission, HealthSnapshot, LoadSpec, PlanBinding
+from services.stage_worker.runtime import HealthSnapshot, LoadSpec, PlanBinding, SequenceAdmission
 
-BACKEND_NAMES = {common_pb2.BACKEND_MAX: "max", common_pb2.BACKEND_NUMPY: "numpy"}
-DTYPE_NAMES = {common_pb2.ELEMENT_TYPE_BF16: "bf16", common_pb2.ELEMENT_TYPE_FP16: "fp16", common_pb2.ELEMENT_TYPE_FP32: "fp32"}
 STATE_TO_PB = {
     StageState.UNLOADED: pb.STAGE_STATE_UNLOADED,
     StageState.LOADING: pb.STAGE_STATE_LOADING,
@@ -32,10 +31,8 @@ def load_spec_from_pb(request: pb.LoadStageRequest) -> LoadSpec:
     if not request.HasField("spec"):
         raise InvalidArgument("spec is required", field="spec")
     spec = request.spec
-    if spec.backend not in BACKEND_NAMES:
-        raise InvalidArgument("backend must be BACKEND_MAX or BACKEND_NUMPY", field="spec.backend")
-    if spec.boundary_dtype not in DTYPE_NAMES:
-        raise InvalidArgument("boundary_dtype must be BF16, FP16 or FP32", field="spec.boundary_dtype")
+    backend = backend_from_pb(spec.backend, "spec.backend")
+    boundary_dtype = dtype_from_pb(spec.boundary_dtype, "spec.boundary_dtype")
     if spec.output_mode == pb.OUTPUT_MODE_UNSPECIFIED and spec.stage_index == spec.stage_count - 1:
         raise InvalidArgument("the final stage needs an output_mode", field="spec.output_mode")
     if spec.device not in ("cpu", "gpu"):
@@ -51,8 +48,8 @@ def load_spec_from_pb(request: pb.LoadStageRequest) -> LoadSpec:
             plan_hash=_required(plan.plan_hash, "spec.plan.plan_hash"),
             plan_generation_id=_required(plan.plan_generation_id, "spec.plan.plan_generation_id"),
         ),
-        backend=BACKEND_NAMES[spec.backend],
-        boundary_dtype=DTYPE_NAMES[spec.boundary_dtype],
+        backend=backend,
+        boundary_dtype=boundary_dtype,
         device=spec.device,
         checkpoint_dir=spec.checkpoint_dir or None,
         artifact_dir=spec.artifact_dir or None,
@@ -66,7 +63,7 @@ def load_spec_from_pb(request: pb.LoadStageRequest) -> LoadSpec:
     )
 
 
-def admission_from_pb(request: pb.AdmitSequenceRequest, bytes_per_token: int) -> Admission:
+def admission_from_pb(request: pb.AdmitSequenceRequest, bytes_per_token: int) -> SequenceAdmission:
     request_id = _required(request.target_request_id, "target_request_id")
     lease_id = _required(request.execution_lease_id, "execution_lease_id")
     if request.reserve_tokens == 0:
@@ -79,7 +76,7 @@ def admission_from_pb(request: pb.AdmitSequenceRequest, bytes_per_token: int) ->
         seed=s.seed,
         return_logits=request.output_mode == pb.OUTPUT_MODE_LOGITS,
     )
-    return Admission(request_id, lease_id, request.reserve_tokens * bytes_per_token, sampling)
+    return SequenceAdmission(request_id, lease_id, request.reserve_tokens * bytes_per_token, sampling)
 
 
 def health_to_pb(snapshot: HealthSnapshot) -> pb.GetHealthResponse:

@@ -18,7 +18,7 @@ import structlog
 from opentelemetry import trace
 
 from libs.fnx2.control import ChannelBinding
-from libs.fnx2.errors import Fnx2Error
+from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.listener import ListenerLimits
 from libs.fnx2.messages import Batch, BatchDescriptor, SequenceStatus
 from libs.fnx2.receiver import (
@@ -27,7 +27,7 @@ from libs.fnx2.receiver import (
 from libs.fnx2.receiver_state import ReceiverLimits
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind, float32_to_bf16
-from libs.model.errors import ModelError
+from libs.model.errors import KvLimitExceededError, ModelError
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.model.executor import StageBatch, StageResult
 from libs.model.kv_store import SliceIdentity
@@ -202,7 +202,7 @@ class DataPlane:
         live, failures = [], []
         for item in work.sequences:
             if self._runtime.is_cancelled(item.request_id):
-                failures.append(SequenceFailure(item.request_id, "CANCELLED", "request was cancelled"))
+                failures.append(SequenceFailure(item.request_id, ErrorCode.CANCELLED, "request was cancelled"))
             else:
                 live.append(item)
         return live, failures
@@ -253,9 +253,9 @@ class DataPlane:
         for item in live:
             downstream = by_id.get(item.request_id)
             if downstream is None or downstream.status is not SequenceStatus.OK:
-                code = downstream.error_code if downstream else "FAILED"
+                code = (downstream.error_code if downstream else None) or ErrorCode.FAILED
                 message = downstream.error_message if downstream else "next stage did not answer this sequence"
-                failures.append(SequenceFailure(item.request_id, code or "FAILED", message or code or "FAILED"))
+                failures.append(SequenceFailure(item.request_id, code, message or code))
                 continue
             parts.append(reply.rows_for(downstream))
             counts.append(downstream.output_row_count)
@@ -304,11 +304,15 @@ def _record_phase_spans(queue_s: float, compute_s: float) -> None:
     _TRACER.start_span("compute", start_time=compute_start).end(end_time=end)
 
 
-def _fnx2_code(exc: ModelError) -> str:
-    fnx2_codes = {"STALE_KV", "UNKNOWN_LEASE", "RELEASED", "SEQUENCE", "POSITION", "PHASE"}
-    if exc.reason == "KV_LIMIT":
-        return "ADMISSION"
-    return exc.reason if exc.reason in fnx2_codes else "FAILED"
+# Model failures that FNX2 names with the same code; any other failure is FAILED.
+_SHARED_CODES = frozenset({ErrorCode.STALE_KV, ErrorCode.UNKNOWN_LEASE, ErrorCode.RELEASED, ErrorCode.SEQUENCE,
+                           ErrorCode.POSITION, ErrorCode.PHASE})
+
+
+def _fnx2_code(exc: ModelError) -> ErrorCode:
+    if exc.reason == KvLimitExceededError.default_reason:
+        return ErrorCode.ADMISSION
+    return ErrorCode(exc.reason) if exc.reason in _SHARED_CODES else ErrorCode.FAILED
 
 
 class _Refuse(asyncio.Protocol):

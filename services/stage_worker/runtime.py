@@ -16,6 +16,7 @@ from pathlib import Path
 
 import structlog
 
+from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import ModelError
 from libs.model.executor import PendingKv, StageBatch, StageExecutor, StageResult
@@ -41,8 +42,8 @@ class LoadSpec:
     layer_start: int
     layer_end: int  # exclusive
     plan: PlanBinding
-    backend: str
-    boundary_dtype: str  # "bf16" | "fp16" | "fp32"
+    backend: Backend
+    boundary_dtype: DType  # one of FLOAT_DTYPES
     device: str = "cpu"
     checkpoint_dir: str | None = None
     artifact_dir: str | None = None
@@ -65,7 +66,7 @@ class LoadSpec:
 
 
 @dataclass(frozen=True)
-class Admission:
+class SequenceAdmission:
     request_id: str
     lease_id: str
     reserve_bytes: int
@@ -101,7 +102,7 @@ class LoadedStage:
     manifest_hash: str
     weight_bytes: int
     load_seconds: float
-    admissions: dict[str, Admission] = field(default_factory=dict)
+    admissions: dict[str, SequenceAdmission] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)
 
 
@@ -134,10 +135,9 @@ def checkpoint_stage_hash(spec: LoadSpec) -> str:
 
 
 class StageRuntime:
-    def __init__(self, backend: str, device: str, default_kv_limit_bytes: int, compile_cache_dir: str | None = None):
+    def __init__(self, backend: Backend, device: str, default_kv_limit_bytes: int):
         self.backend = backend
         self.device = device
-        self.compile_cache_dir = compile_cache_dir
         self.default_kv_limit_bytes = default_kv_limit_bytes
         self.lifecycle = Lifecycle()
         self.stage: LoadedStage | None = None
@@ -167,7 +167,7 @@ class StageRuntime:
     def _check_spec(self, spec: LoadSpec) -> None:
         if spec.backend != self.backend:
             raise FailedPrecondition(
-                f"this worker runs backend {self.backend!r}; the stage asks for {spec.backend!r}",
+                f"this worker runs backend '{self.backend}'; the stage asks for '{spec.backend}'",
                 reason="BACKEND_MISMATCH",
                 field="spec.backend",
             )
@@ -188,8 +188,9 @@ class StageRuntime:
                 "every stage but the last needs next_hop_address and next_hop_manifest_hash",
                 field="spec.next_hop_address",
             )
-        if spec.boundary_dtype not in ("bf16", "fp16", "fp32"):
-            raise InvalidArgument("boundary dtype must be bf16, fp16 or fp32", field="spec.boundary_dtype")
+        if spec.boundary_dtype not in FLOAT_DTYPES:
+            raise InvalidArgument(f"boundary dtype must be one of {', '.join(FLOAT_DTYPES)}",
+                                  field="spec.boundary_dtype")
 
     def _load_blocking(self, spec: LoadSpec) -> LoadedStage:
         started = time.perf_counter()
@@ -205,12 +206,11 @@ class StageRuntime:
         return LoadedStage(spec, config, executor, manifest_hash, weight_bytes, time.perf_counter() - started)
 
     def _backend_options(self, spec: LoadSpec) -> object | None:
-        if spec.backend != "max":
+        if spec.backend != Backend.MAX:
             return None
         from libs.model.max_kernels import MaxOptions
 
-        cache = Path(self.compile_cache_dir) if self.compile_cache_dir else None
-        return MaxOptions(device=spec.device, cache_dir=cache, progress=_compile_progress)
+        return MaxOptions(device=spec.device, progress=_compile_progress)
 
     def _resolve_source(self, spec: LoadSpec) -> tuple[str, str]:
         if spec.checkpoint_dir:
@@ -242,7 +242,7 @@ class StageRuntime:
             raise FailedPrecondition(f"no stage is loaded (state {self.lifecycle.state.value})", reason="STAGE_NOT_LOADED")
         return self.stage
 
-    def admit(self, admission: Admission) -> int:
+    def admit(self, admission: SequenceAdmission) -> int:
         """Reserve KV for a request; returns the bytes still free after the reservation."""
         stage = self.loaded()
         if self.lifecycle.state == StageState.DRAINING:

@@ -11,12 +11,14 @@ import hashlib
 
 import structlog
 
+from libs.common.kinds import FLOAT_DTYPES
+from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
 from libs.security.audit import AuditEvent, open_audit_log
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.security.identity import Identity, IdentityError
 from libs.security.paths import confine
-from libs.service.errors import InvalidArgument
 from libs.security.tls import own_identity_uri
+from libs.service.errors import InvalidArgument
 from libs.service.server import ServiceSpec
 from services.stage_worker import convert
 from services.stage_worker.config import StageWorkerConfig
@@ -27,7 +29,6 @@ from services.stage_worker.runtime import StageRuntime
 log = structlog.get_logger()
 # What the audit log calls an FNX2 channel opening (it is no gRPC method).
 DATA_PLANE_HELLO = "fnx2:/hello"
-_BACKENDS = {"max": common_pb2.BACKEND_MAX, "numpy": common_pb2.BACKEND_NUMPY}
 # Operation names as the planner's model description requires them (services/planner/model.py).
 SUPPORTED_OPERATIONS = (
     "embedding",
@@ -69,7 +70,7 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
         facts = host_facts()
         build = backend_build(self._cfg.backend)
         return pb.GetCapabilitiesResponse(
-            backend=_BACKENDS[self._cfg.backend],
+            backend=BACKEND_TO_PB[self._cfg.backend],
             backend_build=build or f"{self._cfg.backend} (not installed)",
             device=pb.DeviceInfo(
                 kind=self._cfg.device,
@@ -78,7 +79,7 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
                 memory_available_bytes=facts.memory_available_bytes,
                 cpu_count=facts.cpu_count,
             ),
-            supported_dtypes=[common_pb2.ELEMENT_TYPE_BF16, common_pb2.ELEMENT_TYPE_FP16, common_pb2.ELEMENT_TYPE_FP32],
+            supported_dtypes=[DTYPE_TO_PB[dtype] for dtype in FLOAT_DTYPES],
             supported_operations=list(SUPPORTED_OPERATIONS) if build else [],
             fnx2_versions=["2.0"],
             data_plane_address=self._dataplane.address,
@@ -174,7 +175,7 @@ def data_plane_tls(cfg: StageWorkerConfig) -> Fnx2Tls | None:
 
 
 async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
-    runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes, cfg.compile_cache_dir)
+    runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes)
     dataplane = DataPlane(runtime, cfg.server.host, cfg.data_plane_port, cfg.advertise_host, data_plane_tls(cfg))
     await dataplane.start()
     servicer = StageWorkerServicer(cfg, runtime, dataplane)

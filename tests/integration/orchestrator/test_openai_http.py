@@ -225,13 +225,13 @@ def test_client_disconnect_cancels_and_frees_kv_on_every_stage(checkpoint):
 
 def test_a_stream_that_fails_before_its_first_token_gets_a_status(checkpoint):
     """A stage refusing the KV reservation at prefill: 429 before any SSE byte is sent."""
-    from services.orchestrator.domain import MicrobatchResult, SequenceResult, SequenceStatus
+    from services.orchestrator.domain import MicrobatchResult, RequestSliceResult, SequenceStatus
 
     async def main():
         async with serve(checkpoint, stages=1) as served:
             async def refuse(batch):
                 return MicrobatchResult(batch.batch_id, tuple(
-                    SequenceResult(s.request_id, SequenceStatus.REJECTED, None, 0,
+                    RequestSliceResult(s.request_id, SequenceStatus.REJECTED, None, 0,
                                    "stage 0: KV full") for s in batch.slices))
 
             served.pipeline.submit = refuse

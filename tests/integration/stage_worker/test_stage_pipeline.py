@@ -13,7 +13,8 @@ from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 
 from libs.fnx2.messages import Phase
-from services.orchestrator.stage_chain import Route, Sampling, SliceInput, lease_id_for
+from libs.model.sampling import SamplingParams
+from services.orchestrator.stage_chain import Route, SliceInput, lease_id_for
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
@@ -60,7 +61,7 @@ def local_greedy(checkpoint, prompts, steps):
     return outputs, executor, cfg
 
 
-async def generate(route, prompts, steps, sampling=Sampling()):
+async def generate(route, prompts, steps, sampling=SamplingParams()):
     request_ids = [str(uuid.uuid4()) for _ in prompts]
     for rid, prompt in zip(request_ids, prompts):
         await route.admit(rid, len(prompt) + steps + 1, sampling)
@@ -138,8 +139,8 @@ def test_admission_beyond_kv_capacity_is_refused_and_reserves_nothing(checkpoint
         route = Route(plan)
         try:
             with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await route.admit(str(uuid.uuid4()), 10**9, Sampling())
-            await route.admit(str(uuid.uuid4()), 16, Sampling())  # room is still there
+                await route.admit(str(uuid.uuid4()), 10**9, SamplingParams())
+            await route.admit(str(uuid.uuid4()), 16, SamplingParams())  # room is still there
             return caught.value
         finally:
             await route.close()
@@ -186,7 +187,7 @@ def test_three_stage_logits_match_the_single_process_model(checkpoint, tmp_path)
             await route.open()
             try:
                 rid = str(uuid.uuid4())
-                await route.admit(rid, 8, Sampling(), logits=True)
+                await route.admit(rid, 8, SamplingParams(), logits=True)
                 inputs = [SliceInput(rid, lease_id_for(plan, rid), 0, 0, 0, PROMPTS[1], BUDGET_NS)]
                 return (await route.run(Phase.PREFILL, inputs))[0]
             finally:
@@ -216,7 +217,7 @@ def test_a_cancelled_sequence_between_others_leaves_their_rows_intact(checkpoint
         try:
             ids = [str(uuid.uuid4()) for _ in prompts]
             for rid, prompt in zip(ids, prompts):
-                await route.admit(rid, 8, Sampling())
+                await route.admit(rid, 8, SamplingParams())
             leases = [lease_id_for(plan, rid) for rid in ids]
             first = await route.run(Phase.PREFILL, [SliceInput(r, l, 0, 0, 0, p, BUDGET_NS) for r, l, p in zip(ids, leases, prompts)])
             await route.cancel(ids[1])
@@ -245,7 +246,7 @@ def test_a_failure_further_on_leaves_the_earlier_stage_kv_untouched(checkpoint, 
         try:
             rid = str(uuid.uuid4())
             lease = lease_id_for(plan, rid)
-            await route.admit(rid, 8, Sampling())
+            await route.admit(rid, 8, SamplingParams())
             first = (await route.run(Phase.PREFILL, [SliceInput(rid, lease, 0, 0, 0, PROMPTS[0], BUDGET_NS)]))[0]
             before = (await route.health())[0].kv_bytes_used
             # Only the final stage drops the request: stage 0 runs the step, stage 1 refuses it.

@@ -12,7 +12,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
 from libs.fnx2.messages import Phase
-from services.orchestrator.stage_chain import Route, Sampling, SliceInput, lease_id_for
+from libs.model.sampling import SamplingParams
+from services.orchestrator.stage_chain import Route, SliceInput, lease_id_for
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
 from libs.service.trace_context import current_traceparent
@@ -42,7 +43,7 @@ def test_stage_hops_join_the_callers_trace(tmp_path):
                 await route.open()
                 try:
                     rid = str(uuid.uuid4())
-                    await route.admit(rid, 8, Sampling())
+                    await route.admit(rid, 8, SamplingParams())
                     with tracer.start_as_current_span("gateway") as root:
                         inputs = [SliceInput(rid, lease_id_for(plan, rid), 0, 0, 0, np.array([3, 4], np.int32), 10**10)]
                         await route.run(Phase.PREFILL, inputs, current_traceparent())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from libs.common.kinds import DType
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
 from libs.model.weights import load_stage_weights
@@ -18,7 +19,7 @@ def test_the_last_stage_of_a_tied_model_loads_from_its_artifact(tmp_path):
     assert cfg.tie_word_embeddings
     layers = cfg.num_hidden_layers
     events = list(build_stage_artifacts(inspect_checkpoint(checkpoint), plan_from_ranges(((0, 2), (2, layers))),
-                                        BuildOptions(out_dir=tmp_path / "out", boundary_dtype="ELEMENT_TYPE_FP32")))
+                                        BuildOptions(out_dir=tmp_path / "out", boundary_dtype=DType.FP32)))
     result = events[-1]
     last = next(s for s in result.stages if s.stage_index == 1)
     from_artifact = load_stage_weights(last.artifact_dir, cfg, 2, layers, first=False, last=True)

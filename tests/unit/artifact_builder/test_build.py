@@ -13,13 +13,14 @@ from safetensors.numpy import load_file
 
 from libs.artifacts.manifest import LAYER_RANGE_CONVENTION, decode_manifest, manifest_hash
 from libs.artifacts.verify import verify_artifact
+from libs.common.kinds import DType
 from services.artifact_builder.build import BuildOptions, BuildProgress, BuildResult, build_stage_artifacts
 from services.artifact_builder.errors import CheckpointChangedError, OutputDirError, PlanInvalidError, TensorLayoutError
 from services.artifact_builder.snapshot import inspect_checkpoint
 from services.artifact_builder.staging import even_layer_ranges, plan_from_ranges
 from tests.unit.artifact_builder.fixtures import write_checkpoint
 
-FP32 = "ELEMENT_TYPE_FP32"
+FP32 = DType.FP32
 
 
 def build(checkpoint: Path, out: Path, stages: int = 2, dtype: str = FP32, chunk_bytes: int = 1000):
@@ -55,7 +56,7 @@ def test_artifacts_hold_exact_source_bytes(tmp_path, tied):
 
 def test_manifest_records_lineage_layers_boundaries_and_files(tmp_path):
     root = write_checkpoint(tmp_path / "ck", tied=True, shards=2)
-    result, _ = build(root, tmp_path / "out", stages=2, dtype="ELEMENT_TYPE_BF16")
+    result, _ = build(root, tmp_path / "out", stages=2, dtype=DType.BF16)
     snapshot = inspect_checkpoint(root).snapshot
     first, last = (verify_artifact(s.artifact_dir).manifest for s in result.stages)
     for m in (first, last):
@@ -142,7 +143,7 @@ def test_invalid_checkpoint_and_options_are_refused_before_writing(tmp_path):
     assert not (tmp_path / "o1").exists()
     good = inspect_checkpoint(write_checkpoint(tmp_path / "good"))
     with pytest.raises(PlanInvalidError):
-        list(build_stage_artifacts(good, plan, BuildOptions(tmp_path / "o2", "ELEMENT_TYPE_INT32")))
+        list(build_stage_artifacts(good, plan, BuildOptions(tmp_path / "o2", DType.INT32)))
     blocked = tmp_path / "o3"
     (blocked / "stage-0").mkdir(parents=True)
     with pytest.raises(OutputDirError):

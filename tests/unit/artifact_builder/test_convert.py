@@ -9,7 +9,8 @@ from fornax.artifact_builder.v1 import artifact_builder_pb2 as pb
 from fornax.common.v1 import common_pb2
 
 from libs.artifacts.manifest import canonical_hash
-from services.artifact_builder.convert import boundary_dtype_name, plan_from_json, plan_from_request
+from libs.common.kinds import DType
+from services.artifact_builder.convert import boundary_dtype_from_pb, plan_from_json, plan_from_request
 from services.artifact_builder.errors import PlanInvalidError
 from services.artifact_builder.staging import StageRange
 
@@ -51,7 +52,7 @@ def test_request_needs_exactly_one_plan_source_and_a_boundary_dtype():
     with pytest.raises(PlanInvalidError):
         plan_from_request(pb.BuildStageArtifactsRequest(plan_json=json.dumps(PLAN), layer_ranges=ranges))
     assert plan_from_request(pb.BuildStageArtifactsRequest(layer_ranges=ranges)).stages == (StageRange(0, 0, 4),)
-    assert boundary_dtype_name(common_pb2.ELEMENT_TYPE_BF16) == "ELEMENT_TYPE_BF16"
+    assert boundary_dtype_from_pb(common_pb2.ELEMENT_TYPE_BF16) is DType.BF16
     for bad in (common_pb2.ELEMENT_TYPE_UNSPECIFIED, common_pb2.ELEMENT_TYPE_INT32, 99):
         with pytest.raises(PlanInvalidError):
-            boundary_dtype_name(bad)
+            boundary_dtype_from_pb(bad)

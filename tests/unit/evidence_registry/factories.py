@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from libs.common.kinds import DType
 from services.evidence_registry.domain import (
-    ElementType,
     EvidenceClass,
     LayerRange,
     Provenance,
@@ -23,7 +23,7 @@ PHYSICAL_PROVENANCE = Provenance(
     model_snapshot="sha256:" + "ab" * 32,
     command="fornax bench stage --layers 0:4",
     layer_range=LayerRange(0, 4),
-    dtype=ElementType.BF16,
+    dtype=DType.BF16,
     shapes="[8, 2048]",
 )
 

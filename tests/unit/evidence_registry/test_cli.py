@@ -6,7 +6,8 @@ import pytest
 
 from apps.cli.main import build_parser
 from services.evidence_registry.cli import UsageError, build_content, parse_instant_ns, parse_labels, parse_layers
-from services.evidence_registry.domain import ElementType, EvidenceClass, LayerRange, RecordType
+from libs.common.kinds import DType
+from services.evidence_registry.domain import EvidenceClass, LayerRange, RecordType
 
 
 def test_instants_parse_from_ns_and_iso8601():
@@ -38,6 +39,6 @@ def test_put_arguments_build_a_physical_record():
     content = build_content(args)
     assert (content.type, content.evidence_class) == (RecordType.MEASUREMENT, EvidenceClass.PHYSICAL)
     assert content.provenance.layer_range == LayerRange(0, 4)
-    assert content.provenance.dtype is ElementType.BF16
+    assert content.provenance.dtype is DType.BF16
     assert content.labels == (("node", "a"),)
     assert content.validity.valid_until_unix_ns == 1_893_456_000_000_000_000

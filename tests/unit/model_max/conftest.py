@@ -3,6 +3,8 @@ compiled graphs (cached in the fixed MAX cache dir) serves the whole area."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("max")
@@ -10,7 +12,11 @@ pytest.importorskip("max")
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint  # noqa: E402
 from libs.model.config import load_config  # noqa: E402
 from libs.model.kernels import make_kernels  # noqa: E402
+from libs.model.max_kernels import configure_max_process, default_cache_dir  # noqa: E402
 from libs.model.weights import load_stage_weights  # noqa: E402
+
+# A test run is a MAX process entry point: its compiled graphs go to the one Fornax cache.
+configure_max_process(os.environ, default_cache_dir(os.environ))
 
 PRESET = "tiny-lora-yarn"
 SEED = 2  # the same checkpoint the model parity tests use; graphs depend only on the config

@@ -11,7 +11,7 @@ from services.orchestrator.domain import (
     MicrobatchResult,
     Phase,
     ReleaseReport,
-    SequenceResult,
+    RequestSliceResult,
     SequenceStatus,
 )
 
@@ -62,7 +62,7 @@ class FakeStages:
                 epochs.append(lease.epoch)
             token = self.script(piece.request_id, piece.sample_index)
             assert len(set(epochs)) == 1
-            results.append(SequenceResult(piece.request_id, SequenceStatus.OK, token, epochs[0]))
+            results.append(RequestSliceResult(piece.request_id, SequenceStatus.OK, token, epochs[0]))
         return MicrobatchResult(batch.batch_id, tuple(results))
 
     @staticmethod

@@ -27,7 +27,7 @@ def test_full_chat_body_parses():
         **CHAT, "max_tokens": 5, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": -1,
         "stop": "x", "stream": True, "stream_options": {"include_usage": True}, "n": 1,
         "presence_penalty": 0, "user": "u1"})
-    assert body.options.sampling == SamplingParams(0.5, 0.9, 40, 2**64 - 1)
+    assert body.options.sampling == SamplingParams(temperature=0.5, top_p=0.9, top_k=40, seed=2**64 - 1)
     assert body.options.stop == ("x",)
     assert body.options.stream and body.options.include_usage
     assert body.options.max_tokens == 5

@@ -7,14 +7,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from libs.fnx2.messages import Phase as Fnx2Phase
 from services.orchestrator.stage_chain import RoutePlan, RouteStage, SliceOutput
 from libs.service.errors import ResourceExhausted
 from services.orchestrator.domain import (
     Microbatch,
     Phase,
     SamplingParams,
-    SequenceSlice,
+    RequestSlice,
     SequenceStatus,
     ServedModel,
     StageLayout,
@@ -32,7 +31,7 @@ class ScriptedRoute:
     plan: RoutePlan = PLAN
     refuse: set[str] = field(default_factory=set)
     admitted: list[tuple[str, int, float]] = field(default_factory=list)
-    runs: list[tuple[Fnx2Phase, list]] = field(default_factory=list)
+    runs: list[tuple[Phase, list]] = field(default_factory=list)
     outputs: dict[str, SliceOutput] = field(default_factory=dict)
     traceparents: list = field(default_factory=list)
 
@@ -54,8 +53,8 @@ class ScriptedRoute:
         pass
 
 
-def piece(rid: str, rows: int = 3, deadline=None, epoch: int = 0) -> SequenceSlice:
-    return SequenceSlice(rid, 0, tuple(range(1, rows + 1)), 0, epoch, deadline,
+def piece(rid: str, rows: int = 3, deadline=None, epoch: int = 0) -> RequestSlice:
+    return RequestSlice(rid, 0, tuple(range(1, rows + 1)), 0, epoch, deadline,
                          SamplingParams(temperature=0.5, seed=9), 0, rows + 10)
 
 
@@ -72,7 +71,7 @@ def test_prefill_admits_then_runs_and_maps_results():
     assert "stage 1 KV full" in result.sequences[1].error
     assert route.admitted == [("a", 13, 0.5), ("c", 13, 0.5)]
     ((phase, inputs),) = route.runs
-    assert phase is Fnx2Phase.PREFILL
+    assert phase is Phase.PREFILL
     assert [i.request_id for i in inputs] == ["a", "c"]  # the refused one never travels
     assert inputs[0].deadline_budget_ns == 500
     assert inputs[1].deadline_budget_ns == NO_DEADLINE_BUDGET_NS
@@ -84,7 +83,7 @@ def test_decode_does_not_admit_and_release_reports_every_stage():
     pipeline = RoutePipeline(route, SERVED)
     result = asyncio.run(pipeline.submit(Microbatch(5, 1, Phase.DECODE, (piece("a", 1, epoch=4),))))
     assert route.admitted == []
-    assert route.runs[0][0] is Fnx2Phase.DECODE
+    assert route.runs[0][0] is Phase.DECODE
     assert result.sequences[0].kv_epoch_after == 5
     assert asyncio.run(pipeline.release("a")).stage_epochs == (3, 3)
 

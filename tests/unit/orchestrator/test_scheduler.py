@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from libs.service.errors import ResourceExhausted
 from libs.text.context import TextContext
-from services.orchestrator.admission import Admission, AdmissionConfig
+from services.orchestrator.admission import AdmissionConfig, AdmissionControl
 from services.orchestrator.domain import (
     FinishReason,
     GenerationRequest,
@@ -22,7 +22,7 @@ STAGES = (StageLayout(0, 2, 100), StageLayout(2, 4, 100))
 
 def make_scheduler(text: TextContext, *, slots: int = 0, max_live: int = 64,
                    budget: int = 10**9, stages=STAGES) -> Scheduler:
-    admission = Admission(AdmissionConfig(max_live, (budget,) * len(stages)), stages)
+    admission = AdmissionControl(AdmissionConfig(max_live, (budget,) * len(stages)), stages)
     return Scheduler(SchedulerConfig(inflight_microbatches=slots), len(stages), text, admission)
 
 
@@ -214,13 +214,13 @@ def test_random_interleavings_keep_invariants(text_context, n, max_tokens, order
 
 
 def test_a_result_with_the_wrong_kv_epoch_fails_the_request(text_context):
-    from services.orchestrator.domain import MicrobatchResult, SequenceResult, SequenceStatus
+    from services.orchestrator.domain import MicrobatchResult, RequestSliceResult, SequenceStatus
 
     sched = make_scheduler(text_context)
     sched.admit(req("a"), now_ns=0)
     (batch,) = sched.schedule(0)
     sched.update_from_output(MicrobatchResult(batch.batch_id, (
-        SequenceResult("a", SequenceStatus.OK, 42, kv_epoch_after=2),)))
+        RequestSliceResult("a", SequenceStatus.OK, 42, kv_epoch_after=2),)))
     (final,) = sched.take_outputs()
     assert final.finish_reason is FinishReason.ERROR
     assert "expected 1" in final.error
@@ -228,7 +228,7 @@ def test_a_result_with_the_wrong_kv_epoch_fails_the_request(text_context):
 
 
 def test_full_microbatches_do_not_starve_anyone(text_context):
-    admission = Admission(AdmissionConfig(64, (10**9, 10**9)), STAGES)
+    admission = AdmissionControl(AdmissionConfig(64, (10**9, 10**9)), STAGES)
     sched = Scheduler(SchedulerConfig(max_sequences_per_microbatch=2), 2, text_context, admission)
     stages = FakeStages(2)
     for i in range(7):
@@ -246,7 +246,7 @@ def test_full_microbatches_do_not_starve_anyone(text_context):
 
 
 def test_long_prompts_are_prefilled_in_chunks_within_the_row_budget(text_context):
-    admission = Admission(AdmissionConfig(64, (10**9, 10**9)), STAGES)
+    admission = AdmissionControl(AdmissionConfig(64, (10**9, 10**9)), STAGES)
     sched = Scheduler(SchedulerConfig(max_prefill_rows_per_microbatch=4), 2, text_context,
                       admission)
     stages = FakeStages(2)

@@ -179,13 +179,13 @@ def test_close_gives_up_on_releases_that_cannot_complete(text_context):
 
 
 def test_a_stage_refusal_is_a_capacity_error(text_context):
-    from services.orchestrator.domain import MicrobatchResult, SequenceResult, SequenceStatus
+    from services.orchestrator.domain import MicrobatchResult, RequestSliceResult, SequenceStatus
     from services.orchestrator.serving import terminal_error
 
     class Refusing(FakePipeline):
         async def submit(self, batch):
             return MicrobatchResult(batch.batch_id, tuple(
-                SequenceResult(s.request_id, SequenceStatus.REJECTED, None, 0, "KV full")
+                RequestSliceResult(s.request_id, SequenceStatus.REJECTED, None, 0, "KV full")
                 for s in batch.slices))
 
     async def main():

@@ -1,0 +1,1 @@
+"""Vocabulary shared by every layer: the enums that name backends and element types."""
