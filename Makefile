@@ -25,9 +25,17 @@ PORT ?= 8000
 $(MODEL_DIR)/config.json: | setup
 	$(VENV)/bin/fornax model make-test-checkpoint --preset tiny --out $(MODEL_DIR)
 
+# FLEET=fleets/two-unlike-hosts.yaml runs each host in its own namespace and cgroup (root).
+FLEET ?=
+ifeq ($(FLEET),)
+FLEET_ARGS := --stages $(STAGES) --backend $(BACKEND) --boundary-dtype $(BOUNDARY_DTYPE)
+else
+FLEET_ARGS := --fleet $(FLEET)
+endif
+
 run: setup $(MODEL_DIR)/config.json
 	MODULAR_TELEMETRY_ENABLED=0 $(VENV)/bin/fornax up --foreground --checkpoint $(MODEL_DIR) \
-		--stages $(STAGES) --backend $(BACKEND) --boundary-dtype $(BOUNDARY_DTYPE) --http-port $(PORT)
+		$(FLEET_ARGS) --http-port $(PORT)
 
 down:
 	$(VENV)/bin/fornax down

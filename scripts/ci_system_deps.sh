@@ -5,6 +5,9 @@ need_apt=()
 for tool in make prometheus buildah podman debootstrap runc; do
   command -v "$tool" >/dev/null || need_apt+=("$tool")
 done
+# Netns fleets: ip and tc (iproute2), nsenter and unshare (util-linux).
+command -v ip >/dev/null && command -v tc >/dev/null || need_apt+=(iproute2)
+command -v nsenter >/dev/null && command -v unshare >/dev/null || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}"

@@ -18,6 +18,7 @@ def register(commands, benches) -> None:
     serve.add_argument("--max-tokens", type=int, default=16)
     serve.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
     serve.add_argument("--repeats", type=int, default=2, help="interleaved repetitions per level (best kept)")
+    serve.add_argument("--fleet", help="measure a netns fleet from this fleet file instead (needs root)")
     serve.add_argument("--json", action="store_true")
     serve.set_defaults(func=cmd_serve)
 
@@ -51,6 +52,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _quiet_logs()
 
     levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
+    if args.fleet:
+        return _serve_fleet(args, levels)
     options = BenchOptions(_checkpoint(args.checkpoint), args.prompt_tokens, args.max_tokens, args.backend, levels,
                            args.repeats)
     report = run(options, "fornax " + " ".join(sys.argv[1:]))
@@ -67,4 +70,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   f"{f['ttft_p99_s']:>10.3f}{f['itl_p50_s']:>10.3f}{f['itl_p99_s']:>10.3f}")
     for key in sorted(k for k in report if k.startswith(("two_vs", "pipeline_vs"))):
         print(f"{key} = {report[key]:.2f}")
+    return 0
+
+
+def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
+    from apps.bench.fleet_serve import FleetBenchOptions, run_fleet_bench
+    from apps.fleet.netns import IsolationFailed, IsolationUnavailable
+    from apps.fleet.spec import FleetFileError, load_fleet_spec
+
+    try:
+        spec = load_fleet_spec(args.fleet)
+        options = FleetBenchOptions(args.fleet, spec, _checkpoint(args.checkpoint), args.prompt_tokens,
+                                    args.max_tokens, levels)
+        report = run_fleet_bench(options, "fornax " + " ".join(sys.argv[1:]))
+    except (FleetFileError, IsolationUnavailable, IsolationFailed) as exc:
+        print(f"fornax: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    prov = report["provenance"]
+    print(f"# {prov['label']}; fleet {prov['fleet_file']} sha256:{prov['fleet_file_sha256']}; {prov['hardware']}")
+    print(f"{'conc':>5}{'tok/s':>10}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>10}{'ITL p99':>10}  hop bytes/token")
+    for level, f in report["levels"].items():
+        hops = ", ".join(f"{h['boundary_payload_bytes_per_token']:.0f}" for h in f["hops"].values())
+        print(f"{level[1:]:>5}{f['output_tokens_per_s']:>10.1f}{f['ttft_p50_s']:>10.3f}{f['ttft_p99_s']:>10.3f}"
+              f"{f['itl_p50_s']:>10.3f}{f['itl_p99_s']:>10.3f}  {hops}")
+    agreement = report["agreement"]
+    print(f"top-1 agreement with transformers fp32 at hops {agreement['hop_boundary_dtypes']}: "
+          f"{agreement['top1_agreement']:.4f} over {agreement['positions']} positions")
     return 0

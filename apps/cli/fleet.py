@@ -1,4 +1,5 @@
-"""`fornax up`, `fornax status`, `fornax down`: a local fleet on 127.0.0.1."""
+"""`fornax up`, `fornax status`, `fornax down`: a local fleet on 127.0.0.1, or with `--fleet FILE`
+one host per network namespace and cgroup."""
 
 from __future__ import annotations
 
@@ -7,13 +8,17 @@ import os
 import signal
 import sys
 import threading
+from functools import partial
 from pathlib import Path
 
 from apps.fleet.compose import start_fleet
+from apps.fleet.isolated import start_isolated_fleet
+from apps.fleet.netns import IsolationFailed, IsolationUnavailable, read_record, tear_down
+from apps.fleet.spec import FleetFileError, load_fleet_spec
+from libs.common.kinds import Backend, DType
 from apps.fleet.health import check_health
 from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
 from apps.fleet.route_wait import RouteFailed, wait_for_route
-from libs.common.kinds import Backend
 from libs.security.cli_credentials import operator_credentials
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
 
@@ -24,10 +29,12 @@ def register(commands, benches) -> None:
     up = commands.add_parser("up", help="start the local fleet and wait until every service is SERVING")
     up.add_argument("--state-dir", default=".fornax", help="where fleet.json, logs and data live")
     up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the fleet")
-    up.add_argument("--stages", type=int, default=2, help="number of stage workers (default 2)")
-    up.add_argument("--backend", choices=[backend.value for backend in Backend], default=Backend.NUMPY.value,
-                    help="stage execution backend")
-    up.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, default="bf16", help="stage boundary dtype")
+    up.add_argument("--stages", type=int, help="number of stage workers (default 2; a fleet file declares its own)")
+    up.add_argument("--backend", choices=[backend.value for backend in Backend],
+                    help="stage execution backend (default numpy; a fleet file declares one per host)")
+    up.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, default=None,
+                    help="stage boundary dtype (default bf16; with --fleet, every hop the file does not set)")
+    up.add_argument("--fleet", help="fleet file: each host its own network namespace, cgroup and link (needs root)")
     up.add_argument("--checkpoint", help="checkpoint directory to serve")
     up.add_argument("--http-port", type=int, help="OpenAI-compatible API port on the orchestrator")
     up.add_argument("--read-root", action="append", default=[],
@@ -55,7 +62,9 @@ def _fail(message: str) -> int:
 
 
 def _validate_up(args: argparse.Namespace) -> str | None:
-    if not 1 <= args.stages <= 16:
+    if args.fleet and (args.stages is not None or args.backend is not None):
+        return "--fleet declares every host's backend and the stages; drop --stages and --backend"
+    if args.stages is not None and not 1 <= args.stages <= 16:
         return f"--stages must be between 1 and 16, got {args.stages}"
     if args.checkpoint and not Path(args.checkpoint, "config.json").is_file():
         return f"--checkpoint {args.checkpoint!r} has no config.json"
@@ -85,11 +94,32 @@ def cmd_up(args: argparse.Namespace) -> int:
         return _fail(problem)
     if _running_fleet(args.state_dir):
         return _fail(f"a fleet is already running from {fleet_path(args.state_dir)}; run `fornax down` first")
-    options = FleetOptions(
+    options = _options(args)
+    if args.fleet:
+        try:
+            spec = load_fleet_spec(args.fleet, DType(args.boundary_dtype) if args.boundary_dtype else None)
+        except FleetFileError as exc:
+            return _fail(f"fleet file {args.fleet}: {exc}")
+        print(f"starting fleet {args.fleet}: " + ", ".join(
+            f"{h.name} ({h.backend.value}, {h.cpu_cores:g} cores)" for h in spec.hosts), file=sys.stderr)
+        start = partial(start_isolated_fleet, options, spec)
+    else:
+        transport = "INSECURE plaintext gRPC" if args.insecure else f"mTLS, certificates in {Path(args.state_dir, 'certs')}"
+        print(f"starting fleet: {options.stages} stage workers, backend {options.backend}, {transport}", file=sys.stderr)
+        start = partial(start_fleet, options)
+    try:
+        state, launcher = start()
+    except (LaunchError, IsolationUnavailable, IsolationFailed) as exc:
+        return _fail(f"fleet failed to start: {exc}")
+    return _serve(args, state, launcher)
+
+
+def _options(args: argparse.Namespace) -> FleetOptions:
+    return FleetOptions(
         state_dir=Path(args.state_dir).resolve(),
-        stages=args.stages,
-        backend=args.backend,
-        boundary_dtype=args.boundary_dtype,
+        stages=args.stages or 2,
+        backend=args.backend or "numpy",
+        boundary_dtype=args.boundary_dtype or "bf16",
         checkpoint=args.checkpoint,
         http_port=args.http_port,
         api_key=os.environ.get("FORNAX_API_KEY") or None,
@@ -97,12 +127,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         insecure=args.insecure,
         read_roots=tuple(args.read_root),
     )
-    transport = "INSECURE plaintext gRPC" if args.insecure else f"mTLS, certificates in {Path(args.state_dir, 'certs')}"
-    print(f"starting fleet: {args.stages} stage workers, backend {args.backend}, {transport}", file=sys.stderr)
-    try:
-        state, launcher = start_fleet(options)
-    except LaunchError as exc:
-        return _fail(f"fleet failed to start: {exc}")
+
+
+def _serve(args: argparse.Namespace, state: FleetState, launcher) -> int:
     path = write_fleet(args.state_dir, state)
     print(render_table(state, {s.name: "SERVING" for s in state.services}))
     print(f"fleet file: {path}")
@@ -111,6 +138,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             wait_for_route(state, args.install_timeout_s, lambda message: print(f"  {message}", file=sys.stderr))
         except (RouteFailed, TimeoutError) as exc:
             launcher.stop_all()
+            tear_down(Path(args.state_dir))
             fleet_path(args.state_dir).unlink(missing_ok=True)
             return _fail(f"the route did not come up: {exc}")
         print(curl_example(state))
@@ -140,8 +168,9 @@ def _stay_attached(state_dir: str, launcher) -> int:
             print(f"fornax: {exited.spec.name} exited with {exited.process.returncode}; stopping", file=sys.stderr)
             break
     launcher.stop_all()
+    left = tear_down(Path(state_dir))
     fleet_path(state_dir).unlink(missing_ok=True)
-    print("fleet stopped", file=sys.stderr)
+    print("fleet stopped" + (f"; left behind: {', '.join(left)}" if left else ""), file=sys.stderr)
     return 1 if exited else 0
 
 
@@ -167,14 +196,21 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     state = read_fleet(args.state_dir)
-    if state is None:
+    isolated = read_record(Path(args.state_dir)) is not None
+    if state is None and not isolated:
         return _fail(f"no fleet file at {fleet_path(args.state_dir)}; nothing to stop")
-    # Front door first, so no new work arrives while the rest drains.
-    ordered = sorted(state.services, key=lambda s: s.kind != "orchestrator")
-    killed = stop_processes([(s.name, s.pid) for s in ordered], args.grace_period_s)
-    fleet_path(args.state_dir).unlink(missing_ok=True)
+    killed: list[str] = []
+    if state is not None:
+        # Front door first, so no new work arrives while the rest drains.
+        ordered = sorted(state.services, key=lambda s: s.kind != "orchestrator")
+        killed = stop_processes([(s.name, s.pid) for s in ordered], args.grace_period_s)
+        fleet_path(args.state_dir).unlink(missing_ok=True)
+    left = tear_down(Path(args.state_dir)) if isolated else []
     if killed:
         print(f"fornax: forced SIGKILL after the grace period: {', '.join(killed)}", file=sys.stderr)
+    if left:
+        print(f"fornax: could not remove: {', '.join(left)}", file=sys.stderr)
+    if killed or left:
         return 1
-    print(f"stopped {len(state.services)} services")
+    print(f"stopped {len(state.services) if state else 0} services" + ("; hosts removed" if isolated else ""))
     return 0

@@ -31,7 +31,7 @@ def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -
         "FORNAX_STAGE_WORKERS": ",".join(workers),
         "FORNAX_BOUNDARY_DTYPE": options.boundary_dtype,
         "FORNAX_BACKEND": options.backend,
-        "FORNAX_ARTIFACT_STORE": str(options.state_dir / "artifacts"),
+        "FORNAX_STATE_DIR": str(options.state_dir / "orchestrator"),
     }
     if options.http_port is not None:
         env["FORNAX_HTTP_PORT"] = str(options.http_port)
@@ -74,6 +74,7 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
                 **affinity_env(cpu_sets[index]),
                 "FORNAX_STAGE_INDEX": str(index),
                 "FORNAX_BACKEND": options.backend,
+                "FORNAX_STATE_DIR": str(options.state_dir / f"stage_worker_{index}"),
                 # Stages load only the artifacts the builder wrote.
                 "FORNAX_READ_ROOTS": str(options.state_dir / "artifacts"),
             }

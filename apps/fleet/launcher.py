@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,14 @@ class ServiceProcess:
     kind: str
     module: str
     env: dict[str, str]
+    # Address the service binds and is reached at; a fleet host's namespace address.
+    host: str = HOST
+    # Wraps the interpreter's argv, e.g. to enter a fleet host's cgroups and namespaces.
+    wrap: Callable[[list[str]], list[str]] | None = None
+    # Address the service binds when it differs from `host` (a relay fronts it there).
+    bind_host: str | None = None
+    # Called with the bound ports once the ready file appears, before the health check.
+    on_ready: Callable[[dict[str, int]], None] | None = None
 
 
 @dataclass
@@ -62,12 +71,13 @@ class Started:
     ports: dict[str, int] = field(default_factory=dict)
 
     def entry(self) -> ServiceEntry:
-        extra = {key: f"{HOST}:{port}" for key, port in self.ports.items() if key not in ("grpc", "metrics", "pid")}
+        host = self.spec.host
+        extra = {key: f"{host}:{port}" for key, port in self.ports.items() if key not in ("grpc", "metrics", "pid")}
         return ServiceEntry(
             name=self.spec.name,
             kind=self.spec.kind,
-            grpc=f"{HOST}:{self.ports['grpc']}",
-            metrics=f"{HOST}:{self.ports['metrics']}",
+            grpc=f"{host}:{self.ports['grpc']}",
+            metrics=f"{host}:{self.ports['metrics']}",
             pid=self.process.pid,
             log=str(self.log_file),
             extra=extra,
@@ -99,15 +109,16 @@ class Launcher:
             **os.environ,
             **self.options.env,
             **spec.env,
-            **self.trust.service_env(spec.name, spec.kind),
-            "FORNAX_HOST": HOST,
+            **self.trust.service_env(spec.name, spec.kind, spec.host),
+            "FORNAX_HOST": spec.bind_host or spec.host,
             "FORNAX_READY_FILE": str(ready),
             "FORNAX_GRACE_PERIOD_S": str(self.options.grace_period_s),
             "PYTHONUNBUFFERED": "1",
         }
+        argv = [sys.executable, "-m", spec.module]
         with open(log_file, "ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", spec.module],
+                spec.wrap(argv) if spec.wrap else argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -122,6 +133,8 @@ class Launcher:
         deadline = time.monotonic() + self.options.startup_timeout_s
         for started in group:
             started.ports = self._await_ready_file(started, deadline)
+            if started.spec.on_ready:
+                started.spec.on_ready(started.ports)
             self._await_serving(started, deadline)
 
     def _await_ready_file(self, started: Started, deadline: float) -> dict[str, int]:
@@ -137,7 +150,7 @@ class Launcher:
         raise LaunchError(f"{started.spec.name} did not report ready within {self.options.startup_timeout_s:.0f} s")
 
     def _await_serving(self, started: Started, deadline: float) -> None:
-        address = f"{HOST}:{started.ports['grpc']}"
+        address = f"{started.spec.host}:{started.ports['grpc']}"
         status = "UNREACHABLE"
         while time.monotonic() < deadline:
             status = check_health(address, credentials=self.trust.operator_credentials())

@@ -33,11 +33,12 @@ class FleetTrust:
     def insecure(self) -> bool:
         return self.store is None
 
-    def service_env(self, name: str, kind: str) -> dict[str, str]:
+    def service_env(self, name: str, kind: str, host: str = "127.0.0.1") -> dict[str, str]:
         env = {"FORNAX_AUDIT_LOG": str(self.state_dir / "audit" / f"{name}.jsonl")}
         if self.store is None:
             return {**env, ENV_INSECURE: "1"}
-        paths = self.store.ensure(identity_for(name, kind), _now(), LOOPBACK_HOSTS)
+        hosts = tuple(dict.fromkeys((*LOOPBACK_HOSTS, host)))  # a fleet host's namespace address too
+        paths = self.store.ensure(identity_for(name, kind), _now(), hosts)
         return {**env, ENV_CA: str(paths.ca), ENV_CERT: str(paths.cert), ENV_KEY: str(paths.key)}
 
     def operator_credentials(self) -> ClientCredentials | None:

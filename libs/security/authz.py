@@ -27,6 +27,8 @@ class Access(enum.Enum):
     CONTROL = "control"
     # Operator role, or the artifact builder registering the model records it inspects.
     EVIDENCE_PUT = "evidence_put"
+    # Model bytes: operators, services (the orchestrator's model files) and stages (artifacts).
+    MODEL_BYTES = "model_bytes"
 
 
 class RefusalKind(enum.Enum):
@@ -77,6 +79,8 @@ POLICY: dict[str, Access] = {
     _BUILDER + "BuildStageArtifacts": Access.CONTROL,
     _BUILDER + "InspectCheckpoint": Access.FLEET,
     _BUILDER + "VerifyArtifact": Access.FLEET,
+    _BUILDER + "FetchArtifact": Access.MODEL_BYTES,
+    _BUILDER + "GetModelFiles": Access.MODEL_BYTES,
     _PLANNER + "CreatePlan": Access.FLEET,
     _PLANNER + "GetPlan": Access.FLEET,
 }
@@ -105,6 +109,8 @@ def _allowed(access: Access, identity: Identity, api_key_ok: bool) -> bool:
         return identity.role in (Role.CLIENT, Role.OPERATOR) or api_key_ok
     if access is Access.OPERATOR:
         return identity.role is Role.OPERATOR
+    if access is Access.MODEL_BYTES:
+        return identity.role in (Role.OPERATOR, Role.SERVICE, Role.STAGE)
     if access is Access.EVIDENCE_PUT:
         return identity.role is Role.OPERATOR or identity == ARTIFACT_BUILDER
     return identity.role is Role.OPERATOR or identity == ORCHESTRATOR

@@ -92,11 +92,13 @@ class CertStore:
         return IssuedIdentity(identity, paths, leaf.certificate.not_valid_after_utc)
 
     def ensure(self, identity: Identity, now: dt.datetime, hosts: Sequence[str] = DEFAULT_HOSTS) -> TlsPaths:
-        """The identity's paths, issuing a certificate when there is none or it expires within a day."""
+        """The identity's paths, issuing a certificate when there is none, it expires within a
+        day, or it does not name every one of hosts."""
         paths = self.paths_for(identity)
         if paths.cert.is_file() and paths.key.is_file():
             cert = x509.load_pem_x509_certificate(paths.cert.read_bytes())
-            if cert.not_valid_after_utc - now > dt.timedelta(days=1):
+            fresh = cert.not_valid_after_utc - now > dt.timedelta(days=1)
+            if fresh and set(hosts) <= set(self.hosts_of(identity)):
                 return paths
         return self.issue(identity, now, hosts).paths
 

@@ -89,6 +89,17 @@ class BuildOptions:
     out_dir: Path
     boundary_dtype: DType  # one of FLOAT_DTYPES
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    # Per hop (hop i carries stage i's output to stage i+1); empty = boundary_dtype everywhere.
+    hop_dtypes: tuple[DType, ...] = ()
+
+    def stage_dtypes(self, stage_index: int) -> tuple[DType, DType]:
+        """(input, output) boundary dtypes of a stage; the ends of the route ignore theirs."""
+        if not self.hop_dtypes:
+            return self.boundary_dtype, self.boundary_dtype
+        hops = self.hop_dtypes
+        incoming = hops[stage_index - 1] if stage_index > 0 else hops[0]
+        outgoing = hops[stage_index] if stage_index < len(hops) else hops[-1]
+        return incoming, outgoing
 
 
 def build_stage_artifacts(
@@ -101,6 +112,11 @@ def build_stage_artifacts(
                                field="boundary_dtype")
     if options.chunk_bytes <= 0:
         raise PlanInvalidError("chunk_bytes must be positive", field="chunk_bytes")
+    if options.hop_dtypes and (len(options.hop_dtypes) != len(plan.stages) - 1
+                               or not set(options.hop_dtypes) <= set(FLOAT_DTYPES)):
+        raise PlanInvalidError(f"{len(plan.stages)} stages need {len(plan.stages) - 1} hop dtypes from "
+                               f"{', '.join(FLOAT_DTYPES)}, got {', '.join(options.hop_dtypes)}",
+                               field="hop_boundary_dtypes")
     contents = assign_tensors(inspection.config, plan, inspection.by_name())
     store = _prepare_store(options.out_dir)
     counter = _Counter(
@@ -113,7 +129,7 @@ def build_stage_artifacts(
         try:
             weights = yield from _write_weights(inspection.snapshot, stage, tmp / WEIGHTS_FILE, options.chunk_bytes, counter)
             _require_unchanged(inspection)
-            manifest = _manifest(inspection, plan, stage, tmp, weights, options.boundary_dtype)
+            manifest = _manifest(inspection, plan, stage, tmp, weights, options.stage_dtypes(stage.stage.stage_index))
             built.append(_commit(store, tmp, manifest, stage))
         finally:
             # Also runs when the consumer abandons the build (generator closed mid-stage).
@@ -193,7 +209,7 @@ def _manifest(
     stage: StageContents,
     tmp: Path,
     weights: FileRecord,
-    boundary_dtype: DType,
+    boundary_dtypes: tuple[DType, DType],
 ) -> StageManifest:
     snapshot, config = inspection.snapshot, inspection.config
     shutil.copyfile(snapshot.checkpoint_dir / CONFIG_FILE, tmp / CONFIG_FILE)
@@ -217,8 +233,8 @@ def _manifest(
         tied_copies=stage.tied_copies,
         plan=PlanRef(plan.plan_id, plan.plan_hash),
         source=_lineage(snapshot),
-        boundary_input=_boundary_input(config, stage, dtype_pb_name(boundary_dtype)),
-        boundary_output=_boundary_output(config, stage, dtype_pb_name(boundary_dtype)),
+        boundary_input=_boundary_input(config, stage, dtype_pb_name(boundary_dtypes[0])),
+        boundary_output=_boundary_output(config, stage, dtype_pb_name(boundary_dtypes[1])),
         weight_bytes=stage.weight_bytes,
         files=files,
         tensors=tensors,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as pb
@@ -46,9 +47,24 @@ def plan_from_json(text: str) -> StagePlan:
     return StagePlan(plan_id=plan.plan_id or plan_hash, plan_hash=plan_hash, stages=stages)
 
 
+def plan_from_message(plan: planner_pb2.Plan) -> StagePlan:
+    if not plan.stages:
+        raise PlanInvalidError("plan has no stages", field="plan")
+    if not plan.plan_hash:
+        raise PlanInvalidError("a typed plan must carry its plan_hash", field="plan.plan_hash")
+    stages = tuple(
+        StageRange(s.stage_index, s.layer_range.layer_start, s.layer_range.layer_end_exclusive)
+        for s in sorted(plan.stages, key=lambda s: s.stage_index)
+    )
+    return StagePlan(plan_id=plan.plan_id or plan.plan_hash, plan_hash=plan.plan_hash, stages=stages)
+
+
 def plan_from_request(request: pb.BuildStageArtifactsRequest) -> StagePlan:
-    if bool(request.plan_json) == bool(request.layer_ranges):
-        raise PlanInvalidError("give exactly one of plan_json or layer_ranges", field="plan_json")
+    given = [bool(request.plan_json), bool(request.layer_ranges), request.HasField("plan")]
+    if sum(given) != 1:
+        raise PlanInvalidError("give exactly one of plan, plan_json or layer_ranges", field="plan")
+    if request.HasField("plan"):
+        return plan_from_message(request.plan)
     if request.plan_json:
         return plan_from_json(request.plan_json)
     return plan_from_ranges(tuple((r.layer_start, r.layer_end_exclusive) for r in request.layer_ranges))
@@ -125,3 +141,10 @@ def verified_to_pb(verified: VerifiedArtifact) -> pb.VerifyArtifactResponse:
 
 def refused_to_pb(reason: str, detail: str) -> pb.VerifyArtifactResponse:
     return pb.VerifyArtifactResponse(ok=False, reason=reason, detail=detail)
+
+
+def model_files_to_pb(files: list[tuple[str, bytes]], inspection: Inspection) -> pb.GetModelFilesResponse:
+    return pb.GetModelFilesResponse(
+        files=[pb.ModelFile(path=name, content=data, sha256=hashlib.sha256(data).hexdigest()) for name, data in files],
+        snapshot=snapshot_to_pb(inspection.snapshot),
+    )

@@ -7,21 +7,23 @@ builds are serialised, since they are disk-bound and share the artifact store.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import structlog
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as pb
 from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as pb_grpc
 
 from libs.artifacts.errors import ARTIFACT_ERRORS
+from libs.artifacts.transfer import artifact_file, read_chunks
 from libs.artifacts.verify import verify_artifact
 from libs.security.paths import confine
 from libs.service.errors import InvalidArgument
 from libs.service.server import ServiceSpec
 from services.artifact_builder import convert
-from services.artifact_builder.build import BuildOptions, BuildResult, build_stage_artifacts
+from services.artifact_builder.build import STORE_DIR, BuildOptions, BuildResult, build_stage_artifacts
 from services.artifact_builder.config import BuilderConfig
 from services.artifact_builder.evidence import register_snapshot
-from services.artifact_builder.snapshot import Inspection, inspect_checkpoint
+from services.artifact_builder.snapshot import Inspection, inspect_checkpoint, model_files
 
 log = structlog.get_logger()
 
@@ -52,9 +54,11 @@ class ArtifactBuilderServicer(pb_grpc.ArtifactBuilderServiceServicer):
         out_dir = confine(request.out_dir or self._cfg.artifact_store, self._cfg.write_roots, "out_dir")
         plan = convert.plan_from_request(request)
         options = BuildOptions(
+            # A caller-chosen out_dir is served by no FetchArtifact; workers fetch from the store.
             out_dir=out_dir,
             boundary_dtype=convert.boundary_dtype_from_pb(request.boundary_dtype),
             chunk_bytes=self._cfg.build_chunk_bytes,
+            hop_dtypes=tuple(convert.boundary_dtype_from_pb(d) for d in request.hop_boundary_dtypes),
         )
         async with self._build_lock:
             inspection = await self._inspect(request.checkpoint_dir, request.source, request.revision)
@@ -83,6 +87,23 @@ class ArtifactBuilderServicer(pb_grpc.ArtifactBuilderServiceServicer):
             log.warning("artifact_refused", artifact_dir=request.artifact_dir, reason=exc.reason)
             return convert.refused_to_pb(exc.reason, exc.message)
         return convert.verified_to_pb(verified)
+
+    async def FetchArtifact(self, request, context):
+        path = await asyncio.to_thread(artifact_file, Path(self._cfg.artifact_store) / STORE_DIR,
+                                       request.manifest_hash, request.path)
+        chunks = read_chunks(path, request.offset_bytes, request.max_chunk_bytes)
+        sent = 0
+        while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+            offset, data, size = chunk
+            sent += len(data)
+            yield pb.FetchArtifactResponse(offset_bytes=offset, data=data, file_size_bytes=size)
+        log.info("artifact_file_sent", manifest_hash=request.manifest_hash, path=request.path,
+                 offset_bytes=request.offset_bytes, bytes_sent=sent)
+
+    async def GetModelFiles(self, request, context) -> pb.GetModelFilesResponse:
+        inspection = await self._inspect(request.checkpoint_dir, "", "")
+        files = await asyncio.to_thread(model_files, request.checkpoint_dir)
+        return convert.model_files_to_pb(files, inspection)
 
 
 async def make_spec(cfg: BuilderConfig) -> ServiceSpec:

@@ -286,3 +286,12 @@ def _weight_dtype(raw_config: dict, tensors: tuple[SourceTensor, ...]) -> str:
     if embed is None:
         raise CheckpointConfigError(f"config names no dtype and the checkpoint has no {EMBED}")
     return embed.dtype
+
+
+# The small files other services need (text, config, weight index); never the weights.
+MODEL_FILES = (CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, CHAT_TEMPLATE_FILE, INDEX_FILE)
+
+
+def model_files(checkpoint_dir: str | Path) -> list[tuple[str, bytes]]:
+    root = Path(checkpoint_dir)
+    return [(name, (root / name).read_bytes()) for name in MODEL_FILES if (root / name).is_file()]

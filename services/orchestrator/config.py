@@ -15,6 +15,8 @@ from services.orchestrator.http_tls import HttpTlsFiles
 
 BACKENDS = tuple(backend.value for backend in Backend)
 BOUNDARY_DTYPES = tuple(dtype.value for dtype in FLOAT_DTYPES)
+# FORNAX_BACKEND value for an unlike fleet: each stage runs its own worker's backend.
+BACKEND_OF_WORKER = "worker"
 
 
 def _addresses(raw: str | None) -> tuple[str, ...]:
@@ -41,9 +43,13 @@ class OrchestratorConfig:
     compile_cache_dir: str | None = None
     # Installed on the stage workers at startup when set (with stage_workers).
     checkpoint: str | None = None
-    backend: Backend = Backend.NUMPY
+    # None: each stage runs its own worker's backend (FORNAX_BACKEND=worker; unlike fleets).
+    backend: Backend | None = Backend.NUMPY
     boundary_dtype: DType = DType.BF16
-    artifact_store: str = ".fornax/artifacts"
+    # Per hop of the installed route; empty = boundary_dtype on every hop.
+    hop_boundary_dtypes: tuple[DType, ...] = ()
+    # The orchestrator's own state (model files fetched from the artifact builder).
+    state_dir: str = ".fornax/orchestrator"
     # KV bytes each stage keeps for the route; 0 leaves the stage worker's default.
     stage_kv_limit_bytes: int = 0
     drain_timeout_s: float = 60.0
@@ -74,9 +80,11 @@ class OrchestratorConfig:
         parser.add_argument("--inprocess-stages", type=int, help="env FORNAX_INPROCESS_STAGES")
         parser.add_argument("--inprocess-backend", choices=BACKENDS, help="env FORNAX_INPROCESS_BACKEND")
         parser.add_argument("--checkpoint", help="install this checkpoint on the stage workers at startup (env FORNAX_CHECKPOINT)")
-        parser.add_argument("--backend", choices=BACKENDS, help="stage backend for installs (env FORNAX_BACKEND)")
+        parser.add_argument("--backend", choices=(*BACKENDS, BACKEND_OF_WORKER),
+                            help="stage backend for installs; worker = each worker's own (env FORNAX_BACKEND)")
         parser.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, help="env FORNAX_BOUNDARY_DTYPE")
-        parser.add_argument("--artifact-store", help="where stage artifacts are built (env FORNAX_ARTIFACT_STORE)")
+        parser.add_argument("--hop-boundary-dtypes", help="comma-separated, one per hop (env FORNAX_HOP_BOUNDARY_DTYPES)")
+        parser.add_argument("--state-dir", help="private state directory (env FORNAX_STATE_DIR)")
         parser.add_argument("--stage-kv-limit-bytes", type=int, help="env FORNAX_STAGE_KV_LIMIT_BYTES")
         parser.add_argument("--max-live-requests", type=int, help="admission queue size (env FORNAX_MAX_LIVE_REQUESTS)")
         parser.add_argument("--default-max-tokens", type=int, help="env FORNAX_DEFAULT_MAX_TOKENS")
@@ -113,10 +121,12 @@ class OrchestratorConfig:
                                            cls.inprocess_backend), Backend, "FORNAX_INPROCESS_BACKEND"),
             compile_cache_dir=pick(None, env, "FORNAX_COMPILE_CACHE_DIR", cls.compile_cache_dir),
             checkpoint=pick(args.checkpoint, env, "FORNAX_CHECKPOINT", cls.checkpoint),
-            backend=_choice(pick(args.backend, env, "FORNAX_BACKEND", cls.backend), Backend, "FORNAX_BACKEND"),
+            backend=_install_backend(pick(args.backend, env, "FORNAX_BACKEND", cls.backend)),
             boundary_dtype=_choice(pick(args.boundary_dtype, env, "FORNAX_BOUNDARY_DTYPE", cls.boundary_dtype),
                                    DType, "FORNAX_BOUNDARY_DTYPE"),
-            artifact_store=pick(args.artifact_store, env, "FORNAX_ARTIFACT_STORE", cls.artifact_store),
+            hop_boundary_dtypes=tuple(_choice(d, DType, "FORNAX_HOP_BOUNDARY_DTYPES") for d in _addresses(
+                pick(args.hop_boundary_dtypes, env, "FORNAX_HOP_BOUNDARY_DTYPES", None))),
+            state_dir=pick(args.state_dir, env, "FORNAX_STATE_DIR", cls.state_dir),
             stage_kv_limit_bytes=pick(args.stage_kv_limit_bytes, env, "FORNAX_STAGE_KV_LIMIT_BYTES",
                                       cls.stage_kv_limit_bytes, int),
             max_live_requests=pick(args.max_live_requests, env, "FORNAX_MAX_LIVE_REQUESTS", cls.max_live_requests, int),
@@ -133,3 +143,7 @@ def _choice(value: str, kind: type[StrEnum], variable: str):
         return kind(value)
     except ValueError:
         raise SystemExit(f"invalid {variable} {value!r}; expected one of {', '.join(kind)}") from None
+
+
+def _install_backend(value: str) -> Backend | None:
+    return None if value == BACKEND_OF_WORKER else _choice(value, Backend, "FORNAX_BACKEND")

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from libs.artifacts.manifest import (
-    MANIFEST_FILE,
-    artifact_dir_name,
-    decode_manifest,
-    manifest_hash,
-)
-from services.orchestrator.stage_chain import RoutePlan
+from libs.common.kinds import DType
 from libs.model.config import load_config
-from libs.service.errors import FailedPrecondition
-from libs.text.context import TextContext, TextPins
+from libs.text.context import TextContext
 from services.orchestrator.install import Fleet, InstallSpec, install
 from services.orchestrator.lifecycle import (
     InstalledRoute,
@@ -24,24 +18,29 @@ from services.orchestrator.lifecycle import (
     StageInfo,
 )
 from services.orchestrator.model_card import served_model
+from services.orchestrator.remote_files import check_text_pins, fetch_manifest
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.serving import ServingConfig, ServingEngine
 
 
-def fleet_installer(fleet: Fleet, artifact_store: str, model_id: str, kv_limit_bytes: int,
-                    serving: ServingConfig, progress: Callable[[str], None]) -> Installer:
+def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes: int,
+                    serving: ServingConfig, progress: Callable[[str], None],
+                    hop_dtypes: tuple[DType, ...] = ()) -> Installer:
     async def installer(request: InstallRequest) -> InstalledRoute:
         spec = InstallSpec(request.checkpoint_dir, request.stages, request.backend,
-                           request.boundary_dtype, artifact_store, kv_limit_bytes=kv_limit_bytes)
+                           request.boundary_dtype, Path(state_dir), kv_limit_bytes=kv_limit_bytes,
+                           hop_dtypes=hop_dtypes)
         installed, route = await install(spec, fleet, progress)
         try:
             # Tokenize with exactly what the artifacts were built from, or refuse to serve.
-            text = TextContext.from_checkpoint(request.checkpoint_dir,
-                                               manifest_text_pins(artifact_store, route.plan))
+            manifests = await asyncio.gather(*(fetch_manifest(fleet.artifact_builder, s.manifest_hash, fleet.channel)
+                                               for s in route.plan.stages))
+            check_text_pins(list(manifests), installed.text_pins)
+            text = TextContext.from_checkpoint(installed.model_dir, installed.text_pins)
             # Admission counts against each stage's own KV limit, so an overflow is refused
             # here at once rather than by a stage at prefill.
             limits = tuple(h.kv_bytes_limit for h in await route.health())
-            served = served_model(load_config(request.checkpoint_dir),
+            served = served_model(load_config(installed.model_dir),
                                   list(installed.layer_ranges), model_id,
                                   stage_kv_budgets=limits if all(limits) else None)
         except BaseException:
@@ -55,22 +54,3 @@ def fleet_installer(fleet: Fleet, artifact_store: str, model_id: str, kv_limit_b
                                                     plan.plan_generation_id), stages, engine)
 
     return installer
-
-
-def manifest_text_pins(artifact_store: str, plan: RoutePlan) -> TextPins:
-    """The tokenizer and template hashes every loaded stage's manifest records."""
-    seen = set()
-    for stage in plan.stages:
-        path = (Path(artifact_store) / "artifacts" / artifact_dir_name(stage.manifest_hash)
-                / MANIFEST_FILE)
-        manifest = decode_manifest(path.read_bytes())
-        if manifest_hash(manifest) != stage.manifest_hash:
-            raise FailedPrecondition(f"{path} does not hash to {stage.manifest_hash}",
-                                     reason="ARTIFACT_MANIFEST_HASH_MISMATCH")
-        seen.add((manifest.source.tokenizer_sha256, manifest.source.chat_template_sha256))
-    if len(seen) != 1:
-        raise FailedPrecondition(f"stages were built from different tokenizers or templates: "
-                                 f"{sorted(seen)}", reason="TEXT_IDENTITY_MISMATCH")
-    tokenizer_sha256, template_sha256 = seen.pop()
-    return TextPins(tokenizer_sha256=tokenizer_sha256, template_sha256=template_sha256)
-

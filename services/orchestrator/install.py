@@ -10,6 +10,7 @@ import asyncio
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as ab_pb
@@ -17,30 +18,25 @@ from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as ab_grpc
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
-from google.protobuf import json_format
 
 from libs.common.kinds import Backend, DType
-from libs.common.proto import BACKEND_FROM_PB, BACKEND_TO_PB, DTYPE_FROM_PB, DTYPE_TO_PB
+from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
 from libs.fnx2.messages import Phase
 from libs.model.config import load_config
 from libs.model.sampling import GREEDY
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
 from libs.service.errors import FailedPrecondition, Unavailable
+from libs.text.context import TextPins
+from services.orchestrator.inventory_facts import describe_facts, inventory_from, node_name
+from services.orchestrator.remote_files import fetch_model_files
 from services.orchestrator.stage_chain import Route, RoutePlan, SliceInput, StageLoad, lease_id_for, load_route
 from services.planner import convert as planner_convert
 from services.planner.client import AsyncPlannerClient
 from services.planner.domain import Plan
-from services.planner.inventory import Inventory, Link, Node, Target
+from services.planner.inventory import Target
 from services.planner.model import describe_checkpoint
 
-# Declared per-core figures for a CPU worker that has no measured capability record yet;
-# plans made from them are exploratory and say so.
-CPU_FLOPS_PER_CORE = 20e9
-CPU_BANDWIDTH_BYTES_PER_S = 10e9
-# Declared loopback link between workers on one host (about what a raw loopback socket moves).
-LOOPBACK_BYTES_PER_S = 4e9
-LOOPBACK_LATENCY_NS = 50_000
 WARMUP_BUDGET_NS = 600 * 10**9
 
 
@@ -48,10 +44,14 @@ WARMUP_BUDGET_NS = 600 * 10**9
 class InstallSpec:
     checkpoint_dir: str
     stages: int
-    backend: Backend
+    # None: each stage runs the backend its own worker reports (an unlike fleet).
+    backend: Backend | None
     boundary_dtype: DType
-    artifact_store: str
+    # The orchestrator's own state: model files fetched from the builder live here.
+    state_dir: Path
     kv_limit_bytes: int = 0
+    # Per hop, hop i from stage i to i+1; empty = boundary_dtype on every hop.
+    hop_dtypes: tuple[DType, ...] = ()
     context_tokens: int = 2048
     concurrency: int = 32
 
@@ -74,10 +74,9 @@ class InstalledPlan:
     plan: Plan
     route_plan: RoutePlan
     layer_ranges: tuple[tuple[int, int], ...]
-
-
-def _node_name(index: int) -> str:
-    return f"stage_worker_{index}"
+    # The model files as fetched from the builder, and their tokenizer/template hashes.
+    model_dir: Path
+    text_pins: TextPins
 
 
 async def _capabilities(workers: tuple[str, ...], config: ChannelConfig) -> list[sw_pb.GetCapabilitiesResponse]:
@@ -88,37 +87,11 @@ async def _capabilities(workers: tuple[str, ...], config: ChannelConfig) -> list
     return list(await asyncio.gather(*(one(a) for a in workers)))
 
 
-def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> Inventory:
-    """One node per worker. Workers on one host split its memory; figures are declared."""
-    sharing: dict[str, int] = {}
-    for cap in capabilities:
-        sharing[cap.device.name] = sharing.get(cap.device.name, 0) + 1
-    nodes = []
-    for index, cap in enumerate(capabilities):
-        share = sharing[cap.device.name]
-        cores = max(1, cap.device.cpu_count // share)
-        nodes.append(
-            Node(
-                name=_node_name(index),
-                backend=BACKEND_FROM_PB.get(cap.backend, Backend.NUMPY),
-                memory_bytes=cap.device.memory_available_bytes // share,
-                compute_flops=CPU_FLOPS_PER_CORE * cores,
-                memory_bandwidth_bytes_per_s=CPU_BANDWIDTH_BYTES_PER_S,
-                dtypes=tuple(DTYPE_FROM_PB[d] for d in cap.supported_dtypes),
-                operations=tuple(cap.supported_operations),
-                build=cap.backend_build,
-            )
-        )
-    links = tuple(
-        Link(a.name, b.name, LOOPBACK_BYTES_PER_S, LOOPBACK_LATENCY_NS)
-        for i, a in enumerate(nodes) for b in nodes[i + 1:]
-    )
-    return Inventory(nodes=tuple(nodes), links=links)
-
-
-async def create_plan(spec: InstallSpec, fleet: Fleet) -> Plan:
+async def create_plan(spec: InstallSpec, fleet: Fleet, model_dir: Path,
+                      progress: Callable[[str], None] = lambda _: None) -> Plan:
     capabilities = await _capabilities(fleet.workers, fleet.channel)
-    model = describe_checkpoint(spec.checkpoint_dir)
+    progress(f"inventory: {describe_facts(capabilities)}")
+    model = describe_checkpoint(model_dir)
     target = Target(
         context_tokens=spec.context_tokens, concurrency=spec.concurrency, min_stages=spec.stages,
         max_stages=spec.stages, boundary_dtype=spec.boundary_dtype,
@@ -133,17 +106,18 @@ async def create_plan(spec: InstallSpec, fleet: Fleet) -> Plan:
 
 async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
                           progress: Callable[[str], None]) -> list[ab_pb.StageArtifact]:
-    plan_json = json_format.MessageToJson(planner_convert.plan_to_proto(plan))
+    # No out_dir: artifacts stay in the builder's own store, and workers fetch them from it.
     request = ab_pb.BuildStageArtifactsRequest(
-        request_id=str(uuid.uuid4()), checkpoint_dir=spec.checkpoint_dir, out_dir=spec.artifact_store,
-        plan_json=plan_json, boundary_dtype=DTYPE_TO_PB[spec.boundary_dtype],
+        request_id=str(uuid.uuid4()), checkpoint_dir=spec.checkpoint_dir,
+        plan=planner_convert.plan_to_proto(plan), boundary_dtype=DTYPE_TO_PB[spec.boundary_dtype],
+        hop_boundary_dtypes=[DTYPE_TO_PB[d] for d in spec.hop_dtypes],
     )
     result = None
     async with open_aio_channel(fleet.artifact_builder, fleet.channel) as channel:
         async for event in ab_grpc.ArtifactBuilderServiceStub(channel).BuildStageArtifacts(request, timeout=3600):
             if event.HasField("result"):
                 result = event.result
-    progress(f"built {len(result.stages) if result else 0} stage artifacts in {spec.artifact_store}")
+    progress(f"built {len(result.stages) if result else 0} stage artifacts on {fleet.artifact_builder}")
     if result is None:
         raise Unavailable("the artifact builder ended without a result", reason="BUILD_INCOMPLETE")
     return sorted(result.stages, key=lambda s: s.stage_index)
@@ -154,7 +128,7 @@ async def _worker_identities(fleet: Fleet) -> dict[str, str]:
     if not fleet.identity:
         return {}
     capabilities = await _capabilities(fleet.workers, fleet.channel)
-    return {_node_name(i): c.identity for i, c in enumerate(capabilities)}
+    return {node_name(i): c.identity for i, c in enumerate(capabilities)}
 
 
 def _previous_hop(plan: Plan, stage_index: int, identities: dict[str, str], gateway: str) -> str:
@@ -174,21 +148,32 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
                       generation: str, progress: Callable[[str], None]) -> RoutePlan:
     """One stage per planned stage, on the worker the plan names, as plan generation `generation`."""
     binding = common_pb2.PlanBinding(plan_id=fnx2_plan_id(plan), plan_hash=plan.plan_hash, plan_generation_id=generation)
-    workers = {_node_name(i): address for i, address in enumerate(fleet.workers)}
+    workers = {node_name(i): address for i, address in enumerate(fleet.workers)}
     identities = await _worker_identities(fleet)
-    loads = []
-    for stage, artifact in zip(plan.stages, artifacts):
-        spec_pb = sw_pb.StageSpec(
-            stage_index=stage.stage_index, stage_count=len(plan.stages),
-            layer_range=common_pb2.LayerRange(layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end),
-            plan=binding, artifact_dir=artifact.artifact_dir, manifest_hash=artifact.manifest_hash,
-            backend=BACKEND_TO_PB[spec.backend], boundary_dtype=DTYPE_TO_PB[spec.boundary_dtype],
-            kv_limit_bytes=spec.kv_limit_bytes, output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
-            previous_hop_identity=_previous_hop(plan, stage.stage_index, identities, fleet.identity),
-            next_hop_identity=_next_hop(plan, stage.stage_index, identities),
-        )
-        loads.append(StageLoad(workers[stage.node], spec_pb, identities.get(stage.node, "")))
+    count = len(plan.stages)
+    loads = [StageLoad(workers[stage.node], sw_pb.StageSpec(
+        stage_index=stage.stage_index, stage_count=count,
+        layer_range=common_pb2.LayerRange(layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end),
+        plan=binding, artifact_source_address=fleet.artifact_builder, manifest_hash=artifact.manifest_hash,
+        backend=BACKEND_TO_PB[spec.backend or Backend(stage.backend)],
+        boundary_dtype=DTYPE_TO_PB[stage_dtypes(spec, stage.stage_index, count)[1]],
+        input_boundary_dtype=DTYPE_TO_PB[stage_dtypes(spec, stage.stage_index, count)[0]],
+        kv_limit_bytes=spec.kv_limit_bytes, output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
+        previous_hop_identity=_previous_hop(plan, stage.stage_index, identities, fleet.identity),
+        next_hop_identity=_next_hop(plan, stage.stage_index, identities),
+    ), identities.get(stage.node, "")) for stage, artifact in zip(plan.stages, artifacts)]
     return await load_route(loads, progress=progress, channel=fleet.channel)
+
+
+def stage_dtypes(spec: InstallSpec, stage_index: int, stage_count: int) -> tuple[DType, DType]:
+    """(into, out of) a stage: the hops around it; the route's ends take their one hop's."""
+    if not spec.hop_dtypes:
+        return spec.boundary_dtype, spec.boundary_dtype
+    if len(spec.hop_dtypes) != stage_count - 1:
+        raise FailedPrecondition(f"{stage_count} stages need {stage_count - 1} hop dtypes, got {len(spec.hop_dtypes)}",
+                                 reason="HOP_DTYPES_MISMATCH")
+    hops = spec.hop_dtypes
+    return hops[max(stage_index - 1, 0)], hops[min(stage_index, len(hops) - 1)]
 
 
 def fnx2_plan_id(plan: Plan) -> str:
@@ -219,8 +204,9 @@ async def warm(route: Route, bos_token_id: int) -> None:
 async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], None]) -> tuple[InstalledPlan, Route]:
     if len(fleet.workers) < spec.stages:
         raise FailedPrecondition(f"{spec.stages} stages need {spec.stages} workers; the fleet has {len(fleet.workers)}", reason="NOT_ENOUGH_WORKERS")
+    model_dir, pins = await fetch_model_files(fleet.artifact_builder, spec.checkpoint_dir, spec.state_dir, fleet.channel)
     progress("planning")
-    plan = await create_plan(spec, fleet)
+    plan = await create_plan(spec, fleet, model_dir, progress)
     progress(f"plan {plan.plan_id}: " + ", ".join(f"{s.node} layers [{s.layer_start},{s.layer_end})" for s in plan.stages))
     artifacts = await build_artifacts(spec, fleet, plan, progress)
     route_plan = await load_stages(spec, fleet, plan, artifacts, str(uuid.uuid4()), progress)
@@ -228,9 +214,9 @@ async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], Non
     await route.open()
     try:
         progress("warming the route")
-        await warm(route, load_config(spec.checkpoint_dir).bos_token_id or 0)
+        await warm(route, load_config(model_dir).bos_token_id or 0)
     except BaseException:
         await route.close()
         raise
     ranges = tuple((s.layer_start, s.layer_end) for s in plan.stages)
-    return InstalledPlan(plan, route_plan, ranges), route
+    return InstalledPlan(plan, route_plan, ranges, model_dir, pins), route

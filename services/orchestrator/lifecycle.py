@@ -31,7 +31,7 @@ class RouteState(enum.Enum):
 class InstallRequest:
     checkpoint_dir: str
     stages: int
-    backend: Backend
+    backend: Backend | None  # None: each stage runs its own worker's backend
     boundary_dtype: DType  # one of FLOAT_DTYPES
 
 

@@ -111,9 +111,10 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
 
         fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers, cfg.server.client_channel(),
                       own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None)
-        return fleet_installer(fleet, cfg.artifact_store, cfg.model_id, cfg.stage_kv_limit_bytes,
+        return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
                                serving_config(cfg),
-                               lambda message: _log.info("install_progress", message=message))
+                               lambda message: _log.info("install_progress", message=message),
+                               hop_dtypes=cfg.hop_boundary_dtypes)
 
     async def no_fleet(request: InstallRequest) -> InstalledRoute:
         raise FailedPrecondition("no stage workers, planner or artifact builder configured",

@@ -33,6 +33,8 @@ class StageWorkerConfig:
     advertise_host: str = ""
     # CPUs this worker pins itself to; empty = whatever it inherited.
     cpu_affinity: tuple[int, ...] = ()
+    # This worker's own state (the artifact cache); no other service reads it.
+    state_dir: str = ""
     # Where LoadStage may read artifacts or checkpoints from; empty refuses every load.
     read_roots: tuple[Path, ...] = ()
 
@@ -47,10 +49,13 @@ class StageWorkerConfig:
         parser.add_argument("--compile-cache-dir", help="MAX compile cache (env FORNAX_COMPILE_CACHE_DIR)")
         parser.add_argument("--kv-limit-bytes", type=int, help="env FORNAX_KV_LIMIT_BYTES")
         parser.add_argument("--advertise-host", help="host peers dial for FNX2 (env FORNAX_ADVERTISE_HOST)")
+        parser.add_argument("--state-dir", help="private state: fetched artifacts (env FORNAX_STATE_DIR)")
         parser.add_argument("--cpu-affinity", type=parse_cpu_set, help="CPU set to pin to, e.g. 0-3 (env FORNAX_CPU_AFFINITY)")
         parser.add_argument("--read-roots", help=f"directories loads may read, {os.pathsep!r}-separated (env FORNAX_READ_ROOTS)")
         args = parse(parser, argv)
-        stage_index = pick(args.stage_index, env, "FORNAX_STAGE_INDEX", 0, int)
+        # A pool's pods count from 0; the pool's offset places them in the route (Helm pools).
+        stage_index = (pick(args.stage_index, env, "FORNAX_STAGE_INDEX", 0, int)
+                       + pick(None, env, "FORNAX_STAGE_INDEX_OFFSET", 0, int))
         backend = pick(args.backend, env, "FORNAX_BACKEND", cls.backend)
         device = pick(args.device, env, "FORNAX_DEVICE", cls.device)
         if backend not in BACKENDS:
@@ -66,6 +71,7 @@ class StageWorkerConfig:
             compile_cache_dir=pick(args.compile_cache_dir, env, "FORNAX_COMPILE_CACHE_DIR", cls.compile_cache_dir),
             kv_limit_bytes=pick(args.kv_limit_bytes, env, "FORNAX_KV_LIMIT_BYTES", cls.kv_limit_bytes, int),
             advertise_host=pick(args.advertise_host, env, "FORNAX_ADVERTISE_HOST", ""),
+            state_dir=pick(args.state_dir, env, "FORNAX_STATE_DIR", f".fornax/stage_worker_{stage_index}"),
             cpu_affinity=pick(args.cpu_affinity, env, "FORNAX_CPU_AFFINITY", (), parse_cpu_set),
             read_roots=parse_roots(pick(args.read_roots, env, "FORNAX_READ_ROOTS", "")),
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 
+from libs.common.kinds import DType
 from libs.common.proto import backend_from_pb, dtype_from_pb
 from libs.model.sampling import SamplingParams
 from libs.service.errors import InvalidArgument
@@ -25,6 +26,13 @@ def _required(value: str, field: str) -> str:
     if not value:
         raise InvalidArgument(f"{field} is required", field=field)
     return value
+
+
+def _input_dtype(spec: pb.StageSpec) -> DType | None:
+    """The hop into the stage; unspecified = the same dtype as the hop out of it."""
+    if spec.input_boundary_dtype == common_pb2.ELEMENT_TYPE_UNSPECIFIED:
+        return None
+    return dtype_from_pb(spec.input_boundary_dtype, "spec.input_boundary_dtype")
 
 
 def load_spec_from_pb(request: pb.LoadStageRequest) -> LoadSpec:
@@ -50,9 +58,11 @@ def load_spec_from_pb(request: pb.LoadStageRequest) -> LoadSpec:
         ),
         backend=backend,
         boundary_dtype=boundary_dtype,
+        input_boundary_dtype=_input_dtype(spec),
         device=spec.device,
         checkpoint_dir=spec.checkpoint_dir or None,
         artifact_dir=spec.artifact_dir or None,
+        artifact_source=spec.artifact_source_address or None,
         manifest_hash=spec.manifest_hash or None,
         next_hop=spec.next_hop_address or None,
         next_hop_manifest_hash=spec.next_hop_manifest_hash or None,

@@ -69,6 +69,10 @@ class DataPlane:
         self.port = 0
 
     @property
+    def advertised_host(self) -> str:
+        return self._advertise_host
+
+    @property
     def address(self) -> str:
         return f"{self._advertise_host}:{self.port}" if self.port else ""
 
@@ -108,7 +112,7 @@ class DataPlane:
                 limits=limits,
                 source_stage="gateway" if first else stage_id(spec.stage_index - 1),
                 input_kind=TensorKind.TOKEN_IDS if first else TensorKind.ACTIVATION,
-                input_dtype=DType.INT32 if first else DType(spec.boundary_dtype),
+                input_dtype=DType.INT32 if first else DType(spec.input_dtype),
                 input_width=None if first else stage.config.hidden_size,
                 peer_policy=self._tls.admit_only(spec.previous_hop_identity) if self._tls else None,
             ),
@@ -240,6 +244,7 @@ class DataPlane:
             payload = _boundary_payload(result.hidden, dtype)
             outgoing = _next_batch(work.batch, live, stage, Tensor.from_array(TensorKind.ACTIVATION, dtype, payload))
             metrics.PACK.labels(label).observe(time.perf_counter() - started)
+        metrics.BOUNDARY_BYTES.labels(label).inc(payload.nbytes)
         client = await self.next_hop(stage)
         with _TRACER.start_as_current_span(f"transfer to {stage_id(stage.spec.stage_index + 1)}"):
             outgoing = replace(outgoing, traceparent=current_traceparent())

@@ -14,6 +14,10 @@ TRANSFER = Histogram(
     "fornax_fnx2_transfer_seconds", "Next-hop round trip minus the next hop's own queue and execute time",
     ["stage"], buckets=_TIME_BUCKETS,
 )
+BOUNDARY_BYTES = Counter(
+    "fornax_fnx2_boundary_bytes_total", "Boundary tensor payload bytes sent to the next hop (frame headers excluded)",
+    ["stage"],
+)
 KV_BYTES = Gauge("fornax_stage_kv_bytes", "KV cache bytes in use", ["stage"])
 KV_SEQUENCES = Gauge("fornax_stage_kv_sequences", "Sequences holding KV", ["stage"])
 KV_EPOCH_CHANGES = Counter("fornax_stage_kv_epoch_changes_total", "Successful sequence executions (KV epoch +1)", ["stage"])

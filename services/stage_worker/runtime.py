@@ -11,12 +11,15 @@ import hashlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
 
+from libs.artifacts.transfer import ArtifactCache
 from libs.common.kinds import FLOAT_DTYPES, Backend, DType
+from libs.common.proto import dtype_pb_name
+from libs.service.channels import ChannelConfig
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import ModelError
 from libs.model.executor import PendingKv, StageBatch, StageExecutor, StageResult
@@ -25,6 +28,7 @@ from libs.model.kernels import make_kernels
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from services.stage_worker.fetch import fetch_artifact
 from services.stage_worker.lifecycle import Lifecycle, StageState
 
 
@@ -43,10 +47,14 @@ class LoadSpec:
     layer_end: int  # exclusive
     plan: PlanBinding
     backend: Backend
-    boundary_dtype: DType  # one of FLOAT_DTYPES
+    boundary_dtype: DType  # one of FLOAT_DTYPES: the hop out of this stage
     device: str = "cpu"
+    # The hop into this stage; None = boundary_dtype.
+    input_boundary_dtype: DType | None = None
     checkpoint_dir: str | None = None
     artifact_dir: str | None = None
+    # gRPC address of the artifact builder to fetch artifact `manifest_hash` from.
+    artifact_source: str | None = None
     manifest_hash: str | None = None
     next_hop: str | None = None
     next_hop_manifest_hash: str | None = None
@@ -55,6 +63,10 @@ class LoadSpec:
     # Fleet identities (spiffe URIs) of the peers on the data plane; None without TLS.
     previous_hop_identity: str | None = None
     next_hop_identity: str | None = None
+
+    @property
+    def input_dtype(self) -> DType:
+        return self.input_boundary_dtype or self.boundary_dtype
 
     @property
     def first(self) -> bool:
@@ -134,9 +146,24 @@ def checkpoint_stage_hash(spec: LoadSpec) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _check_boundary_contract(spec: LoadSpec, manifest) -> None:
+    """The hops' dtypes are part of the stage contract the artifact was built for."""
+    expected = [(manifest.boundary_input, spec.input_dtype, not spec.first),
+                (manifest.boundary_output, spec.boundary_dtype, not spec.last)]
+    for side, dtype, is_activation in expected:
+        if is_activation and side.dtype != dtype_pb_name(dtype):
+            raise FailedPrecondition(
+                f"the artifact's boundary is {side.dtype}, the stage spec asks for {dtype}",
+                reason="BOUNDARY_CONTRACT_MISMATCH", field="spec.boundary_dtype")
+
+
 class StageRuntime:
-    def __init__(self, backend: Backend, device: str, default_kv_limit_bytes: int):
+    def __init__(self, backend: Backend, device: str, default_kv_limit_bytes: int,
+                 artifact_cache_dir: str | None = None, fetch_channel: ChannelConfig = ChannelConfig()):
         self.backend = backend
+        # How artifacts are fetched from the builder (this worker's certificate, under mTLS).
+        self.fetch_channel = fetch_channel
+        self.artifact_cache = ArtifactCache(Path(artifact_cache_dir)) if artifact_cache_dir else None
         self.device = device
         self.default_kv_limit_bytes = default_kv_limit_bytes
         self.lifecycle = Lifecycle()
@@ -154,6 +181,7 @@ class StageRuntime:
         self.lifecycle.move(StageState.LOADING)
         loop = asyncio.get_running_loop()
         try:
+            spec = await self._fetched(spec)
             self.stage = await loop.run_in_executor(self._device_thread, self._load_blocking, spec)
         except ModelError as exc:
             self.lifecycle.fail(f"{exc.reason}: {exc.message}")
@@ -163,6 +191,14 @@ class StageRuntime:
             raise
         self.lifecycle.move(StageState.READY)
         return self.stage
+
+    async def _fetched(self, spec: LoadSpec) -> LoadSpec:
+        """A spec naming an artifact source loads from this worker's own fetched copy."""
+        if not spec.artifact_source:
+            return spec
+        local = await fetch_artifact(spec.artifact_source, spec.manifest_hash or "", self.artifact_cache,
+                                     config=self.fetch_channel)
+        return replace(spec, artifact_dir=str(local), artifact_source=None)
 
     def _check_spec(self, spec: LoadSpec) -> None:
         if spec.backend != self.backend:
@@ -177,8 +213,14 @@ class StageRuntime:
                 reason="DEVICE_MISMATCH",
                 field="spec.device",
             )
-        if bool(spec.checkpoint_dir) == bool(spec.artifact_dir):
-            raise InvalidArgument("give exactly one of checkpoint_dir or artifact_dir", field="spec")
+        if sum(map(bool, (spec.checkpoint_dir, spec.artifact_dir, spec.artifact_source))) != 1:
+            raise InvalidArgument("give exactly one of checkpoint_dir, artifact_dir or artifact_source_address",
+                                  field="spec")
+        if spec.artifact_source and not spec.manifest_hash:
+            raise InvalidArgument("artifact_source_address needs the manifest_hash to fetch", field="spec.manifest_hash")
+        if spec.artifact_source and self.artifact_cache is None:
+            raise FailedPrecondition("this worker has no state directory to fetch artifacts into",
+                                     reason="NO_ARTIFACT_CACHE", field="spec.artifact_source_address")
         if not 0 <= spec.stage_index < spec.stage_count:
             raise InvalidArgument("stage_index must be below stage_count", field="spec.stage_index")
         if spec.layer_end <= spec.layer_start:
@@ -188,8 +230,8 @@ class StageRuntime:
                 "every stage but the last needs next_hop_address and next_hop_manifest_hash",
                 field="spec.next_hop_address",
             )
-        if spec.boundary_dtype not in FLOAT_DTYPES:
-            raise InvalidArgument(f"boundary dtype must be one of {', '.join(FLOAT_DTYPES)}",
+        if spec.boundary_dtype not in FLOAT_DTYPES or spec.input_dtype not in FLOAT_DTYPES:
+            raise InvalidArgument(f"boundary dtypes must be one of {', '.join(FLOAT_DTYPES)}",
                                   field="spec.boundary_dtype")
 
     def _load_blocking(self, spec: LoadSpec) -> LoadedStage:
@@ -219,6 +261,7 @@ class StageRuntime:
 
         verified = verify_artifact(spec.artifact_dir, expected_manifest_hash=spec.manifest_hash or None,
                                    expected_plan_hash=spec.plan.plan_hash or None)
+        _check_boundary_contract(spec, verified.manifest)
         return str(spec.artifact_dir), verified.manifest_hash
 
     async def unload(self) -> None:

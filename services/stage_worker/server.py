@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
@@ -23,6 +25,7 @@ from libs.service.server import ServiceSpec
 from services.stage_worker import convert
 from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.dataplane import DataPlane
+from libs.service.cgroup_facts import cgroup_facts
 from libs.service.host import backend_build, host_facts
 from services.stage_worker.runtime import StageRuntime
 
@@ -68,6 +71,7 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
 
     async def GetCapabilities(self, request, context) -> pb.GetCapabilitiesResponse:
         facts = host_facts()
+        limits = cgroup_facts()
         build = backend_build(self._cfg.backend)
         return pb.GetCapabilitiesResponse(
             backend=BACKEND_TO_PB[self._cfg.backend],
@@ -78,12 +82,16 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
                 memory_total_bytes=facts.memory_total_bytes,
                 memory_available_bytes=facts.memory_available_bytes,
                 cpu_count=facts.cpu_count,
+                cpu_quota_cores=limits.cpu_quota_cores,
+                cpuset=limits.cpuset,
+                memory_limit_bytes=limits.memory_limit_bytes,
             ),
             supported_dtypes=[DTYPE_TO_PB[dtype] for dtype in FLOAT_DTYPES],
             supported_operations=list(SUPPORTED_OPERATIONS) if build else [],
             fnx2_versions=["2.0"],
             data_plane_address=self._dataplane.address,
             stage_index=self._cfg.stage_index,
+            data_plane_host=self._dataplane.advertised_host,
             identity=own_identity_uri(self._cfg.server.tls),
         )
 
@@ -97,9 +105,9 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
         stage = await self._runtime.load(spec)
         await self._dataplane.bind(stage)
         cfg = stage.config
-        hidden_contract = common_pb2.BoundaryContract(
-            kind=common_pb2.TENSOR_KIND_ACTIVATION, dtype=request.spec.boundary_dtype, width=cfg.hidden_size
-        )
+        hidden_in, hidden_out = (common_pb2.BoundaryContract(
+            kind=common_pb2.TENSOR_KIND_ACTIVATION, dtype=DTYPE_TO_PB[dtype], width=cfg.hidden_size
+        ) for dtype in (spec.input_dtype, spec.boundary_dtype))
         first_input = common_pb2.BoundaryContract(kind=common_pb2.TENSOR_KIND_TOKEN_IDS, dtype=common_pb2.ELEMENT_TYPE_INT32, width=1)
         last_output = common_pb2.BoundaryContract(
             kind=common_pb2.TENSOR_KIND_LOGITS if spec.return_logits else common_pb2.TENSOR_KIND_SAMPLED_TOKEN_IDS,
@@ -110,8 +118,8 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
             state=convert.STATE_TO_PB[self._runtime.lifecycle.state],
             manifest_hash=stage.manifest_hash,
             data_plane_address=self._dataplane.address,
-            input=first_input if spec.first else hidden_contract,
-            output=last_output if spec.last else hidden_contract,
+            input=first_input if spec.first else hidden_in,
+            output=last_output if spec.last else hidden_out,
             weight_bytes=stage.weight_bytes,
             load_time=common_pb2.Figure(
                 name="stage_load_time",
@@ -175,7 +183,9 @@ def data_plane_tls(cfg: StageWorkerConfig) -> Fnx2Tls | None:
 
 
 async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
-    runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes)
+    runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes,
+                           artifact_cache_dir=str(Path(cfg.state_dir) / "artifact_cache"),
+                           fetch_channel=cfg.server.client_channel())
     dataplane = DataPlane(runtime, cfg.server.host, cfg.data_plane_port, cfg.advertise_host, data_plane_tls(cfg))
     await dataplane.start()
     servicer = StageWorkerServicer(cfg, runtime, dataplane)

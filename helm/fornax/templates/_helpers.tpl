@@ -70,18 +70,35 @@ app.kubernetes.io/part-of: fornax
 {{- printf "%s:%d" (include "fornax.componentName" .) (int .root.Values.ports.grpc) -}}
 {{- end -}}
 
-{{/* Stable per-pod DNS name of stage <index> behind the headless Service. */}}
-{{- define "fornax.stageHost" -}}
-{{- $sts := include "fornax.componentName" (dict "root" .root "component" "stage-worker") -}}
-{{- printf "%s-%d.%s" $sts (int .index) $sts -}}
+{{/* Stage-worker pools in stage order, as a YAML list: each pool is one StatefulSet behind its
+own headless Service. With no `stageWorker.pools`, one unnamed pool of `stageWorker.stages`
+replicas keeps the chart's original names. A pool's own keys win over `stageWorker`'s. */}}
+{{- define "fornax.stagePools" -}}
+{{- $v := .Values.stageWorker -}}
+{{- $defaults := dict "backend" $v.backend "device" $v.device "resources" $v.resources "nodeSelector" $v.nodeSelector "tolerations" $v.tolerations "affinity" $v.affinity "podAnnotations" $v.podAnnotations -}}
+{{- $given := $v.pools | default (list (dict "name" "" "replicas" $v.stages)) -}}
+{{- $pools := list -}}
+{{- $offset := 0 -}}
+{{- range $given -}}
+{{- $pool := merge (deepCopy .) $defaults -}}
+{{- $component := ternary "stage-worker" (printf "stage-worker-%s" .name) (eq .name "") -}}
+{{- $_ := set $pool "component" $component -}}
+{{- $_ := set $pool "offset" $offset -}}
+{{- $pools = append $pools $pool -}}
+{{- $offset = add $offset (int .replicas) -}}
+{{- end -}}
+{{- toYaml $pools -}}
 {{- end -}}
 
-{{/* Comma-separated gRPC addresses of the stage workers, in stage order: the in-cluster
-StatefulSet pods first, then the external workers (outside Kubernetes) in the order listed. */}}
+{{/* Comma-separated gRPC addresses of the stage workers, in stage order: every pool's pods by
+their stable DNS names, then the external workers (outside Kubernetes) in the order listed. */}}
 {{- define "fornax.stageWorkerAddrs" -}}
 {{- $addrs := list -}}
-{{- range $i := until (int .Values.stageWorker.stages) -}}
-{{- $addrs = append $addrs (printf "%s:%d" (include "fornax.stageHost" (dict "root" $ "index" $i)) (int $.Values.ports.grpc)) -}}
+{{- range (include "fornax.stagePools" . | fromYamlArray) -}}
+{{- $sts := include "fornax.componentName" (dict "root" $ "component" .component) -}}
+{{- range $i := until (int .replicas) -}}
+{{- $addrs = append $addrs (printf "%s-%d.%s:%d" $sts $i $sts (int $.Values.ports.grpc)) -}}
+{{- end -}}
 {{- end -}}
 {{- range .Values.stageWorker.external -}}
 {{- $addrs = append $addrs .grpcAddress -}}
@@ -194,8 +211,10 @@ $(FORNAX_STAGE_INDEX)). Usage: include "fornax.securityEnv" (dict "root" $ "stag
 {{- $tls := .root.Values.tls -}}
 - name: FORNAX_HEALTH_PORT
   value: {{ .root.Values.ports.health | quote }}
+{{- if .stateDir }}
 - name: FORNAX_STATE_DIR
   value: {{ .stateDir | quote }}
+{{- end }}
 {{- if $tls.enabled }}
 {{- $dir := ternary (printf "%s/stage-$(FORNAX_STAGE_INDEX)" $tls.mountPath) $tls.mountPath .stage }}
 - name: FORNAX_TLS_CA
@@ -228,7 +247,9 @@ Usage: include "fornax.baseVolumeMounts" (dict "root" $ "stateVolume" true) */}}
 {{- end }}
 {{- end -}}
 
-{{/* Usage: include "fornax.baseVolumes" (dict "root" $ "identity" "planner" "stateVolume" true "stages" 0) */}}
+{{/* Usage: include "fornax.baseVolumes" (dict "root" $ "identity" "planner" "stateVolume" true "stages" 0).
+A stage pool passes "stages" (its replicas) and "stageOffset": pod <i> finds the Secret of
+stage <offset+i> under stage-<i>/, since its FORNAX_STAGE_INDEX is its pod index. */}}
 {{- define "fornax.baseVolumes" -}}
 {{- $root := .root -}}
 - name: tmp
@@ -245,9 +266,10 @@ Usage: include "fornax.baseVolumeMounts" (dict "root" $ "stateVolume" true) */}}
   projected:
     defaultMode: 0440
     sources:
+      {{- $offset := int (.stageOffset | default 0) }}
       {{- range $i := until (int .stages) }}
       - secret:
-          name: {{ include "fornax.tlsSecretName" (dict "root" $root "identity" (printf "stage-%d" $i)) }}
+          name: {{ include "fornax.tlsSecretName" (dict "root" $root "identity" (printf "stage-%d" (add $offset $i))) }}
           items:
             {{- range $key := list "ca.crt" "tls.crt" "tls.key" }}
             - key: {{ $key }}
@@ -346,7 +368,8 @@ spec:
 {{/* Deployment of one stateless-shell service. Keys: root, component, values, replicas,
 env / mounts / volumes (rendered YAML lists, may be empty), http (bool), recreate (bool: the
 pod holds a ReadWriteOnce claim, so the old pod must go before the new one starts), stateDir
-(where the audit log lives when it is on one of the pod's claims; empty = an emptyDir). */}}
+(where the audit log lives when it is on one of the pod's claims; empty = an emptyDir), ownState
+(the template mounts and names its own state dir). */}}
 {{- define "fornax.deployment" -}}
 {{- $c := dict "root" .root "component" .component -}}
 {{- $root := .root -}}
@@ -384,7 +407,7 @@ spec:
             {{- with .env }}
             {{- . | nindent 12 }}
             {{- end }}
-            {{- include "fornax.securityEnv" (dict "root" $root "stage" false "stateDir" (.stateDir | default "/var/lib/fornax/state")) | nindent 12 }}
+            {{- include "fornax.securityEnv" (dict "root" $root "stage" false "stateDir" (ternary "" (.stateDir | default "/var/lib/fornax/state") (.ownState | default false))) | nindent 12 }}
           ports:
             {{- include "fornax.containerPorts" $root | nindent 12 }}
             {{- if .http }}
@@ -398,12 +421,12 @@ spec:
           securityContext:
             {{- include "fornax.containerSecurityContext" $root | nindent 12 }}
           volumeMounts:
-            {{- include "fornax.baseVolumeMounts" (dict "root" $root "stateVolume" (not .stateDir)) | nindent 12 }}
+            {{- include "fornax.baseVolumeMounts" (dict "root" $root "stateVolume" (not (or .stateDir .ownState))) | nindent 12 }}
             {{- with .mounts }}
             {{- . | nindent 12 }}
             {{- end }}
       volumes:
-        {{- include "fornax.baseVolumes" (dict "root" $root "identity" .component "stateVolume" (not .stateDir) "stages" 0) | nindent 8 }}
+        {{- include "fornax.baseVolumes" (dict "root" $root "identity" .component "stateVolume" (not (or .stateDir .ownState)) "stages" 0) | nindent 8 }}
         {{- with .volumes }}
         {{- . | nindent 8 }}
         {{- end }}

@@ -22,7 +22,8 @@ COMMON_ENV = {"FORNAX_HOST", "FORNAX_GRPC_PORT", "FORNAX_METRICS_PORT", "FORNAX_
 # The service configuration contract: the only variables each service reads.
 CONTRACT_ENV = {
     "orchestrator": {"FORNAX_HTTP_PORT", "FORNAX_API_KEY", "FORNAX_PLANNER_ADDR",
-                     "FORNAX_ARTIFACT_BUILDER_ADDR", "FORNAX_STAGE_WORKERS", "FORNAX_HTTP_TLS_CERT",
+                     "FORNAX_ARTIFACT_BUILDER_ADDR", "FORNAX_STAGE_WORKERS", "FORNAX_STATE_DIR",
+                     "FORNAX_CHECKPOINT", "FORNAX_BACKEND", "FORNAX_BOUNDARY_DTYPE", "FORNAX_HTTP_TLS_CERT",
                      "FORNAX_HTTP_TLS_KEY", "FORNAX_HTTP_INSECURE", "FORNAX_HTTP_MAX_BODY_BYTES",
                      "FORNAX_MAX_PROMPT_TOKENS", "FORNAX_MAX_TOKENS_CAP"},
     "planner": {"FORNAX_REGISTRY_ADDR"},
@@ -30,7 +31,7 @@ CONTRACT_ENV = {
     "artifact-builder": {"FORNAX_ARTIFACT_STORE", "FORNAX_REGISTRY_ADDR", "FORNAX_READ_ROOTS"},
     "stage-worker": {"FORNAX_STAGE_INDEX", "FORNAX_DATA_PLANE_PORT", "FORNAX_BACKEND", "FORNAX_DEVICE",
                      "FORNAX_COMPILE_CACHE_DIR", "FORNAX_KV_LIMIT_BYTES", "MODULAR_TELEMETRY_ENABLED",
-                     "POD_NAME", "FORNAX_ADVERTISE_HOST", "FORNAX_READ_ROOTS"},
+                     "POD_NAME", "FORNAX_ADVERTISE_HOST", "FORNAX_STATE_DIR", "FORNAX_STAGE_INDEX_OFFSET"},
 }
 
 
@@ -283,10 +284,11 @@ def test_state_lives_on_persistent_volume_claims(renderings):
     assert mounts_by_name(r, "artifact-builder")["artifacts"]["mountPath"] == store
     claim = volumes_by_name(r, "artifact-builder")["artifacts"]["persistentVolumeClaim"]["claimName"]
     r.get("PersistentVolumeClaim", claim)
-    # Stage workers read the artifacts at the very path the builder wrote them.
-    worker_mount = mounts_by_name(r, "stage-worker")["artifacts"]
-    assert worker_mount["mountPath"] == store and worker_mount["readOnly"] is True
-    assert volumes_by_name(r, "stage-worker")["artifacts"]["persistentVolumeClaim"]["claimName"] == claim
+    # Stage workers fetch artifacts over gRPC into their own emptyDir; they mount no claim.
+    worker_volumes = volumes_by_name(r, "stage-worker")
+    assert not [v for v in worker_volumes.values() if "persistentVolumeClaim" in v]
+    state = env_values(container(r, "stage-worker"))["FORNAX_STATE_DIR"]
+    assert mounts_by_name(r, "stage-worker")["state"]["mountPath"] == state and "emptyDir" in worker_volumes["state"]
     for component in ("evidence-registry", "artifact-builder"):
         assert workload(r, component)["spec"]["strategy"] == {"type": "Recreate"}
         assert workload(r, component)["spec"]["replicas"] == 1

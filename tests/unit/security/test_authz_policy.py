@@ -50,3 +50,10 @@ def test_evidence_put_is_for_operators_and_the_artifact_builder_revoke_for_opera
     assert decide(registry + "PutRecord", CLIENT).reason is Reason.ROLE_NOT_ALLOWED
     assert decide(registry + "PutRecord", Identity(Role.HOST, "gpu-box")).reason is Reason.ROLE_NOT_ALLOWED
     assert decide(registry + "RevokeRecord", builder).reason is Reason.ROLE_NOT_ALLOWED
+
+
+def test_model_bytes_go_to_fleet_services_and_stages_not_to_clients():
+    builder = "/fornax.artifact_builder.v1.ArtifactBuilderService/"
+    assert decide(builder + "FetchArtifact", Identity(Role.STAGE, "stage-1")) is None
+    assert decide(builder + "GetModelFiles", ORCHESTRATOR) is None
+    assert decide(builder + "FetchArtifact", CLIENT).reason is Reason.ROLE_NOT_ALLOWED

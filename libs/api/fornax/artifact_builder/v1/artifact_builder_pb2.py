@@ -23,39 +23,50 @@ _sym_db = _symbol_database.Default()
 
 
 from fornax.common.v1 import common_pb2 as fornax_dot_common_dot_v1_dot_common__pb2
+from fornax.planner.v1 import planner_pb2 as fornax_dot_planner_dot_v1_dot_planner__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n1fornax/artifact_builder/v1/artifact_builder.proto\x12\x1a\x66ornax.artifact_builder.v1\x1a\x1d\x66ornax/common/v1/common.proto\">\n\nFileDigest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\"O\n\rTensorProblem\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07problem\x18\x02 \x01(\t\x12\x10\n\x08\x65xpected\x18\x03 \x01(\t\x12\r\n\x05\x66ound\x18\x04 \x01(\t\"\xfc\x02\n\x12\x43heckpointSnapshot\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x10\n\x08revision\x18\x04 \x01(\t\x12\x15\n\rconfig_sha256\x18\x05 \x01(\t\x12\x18\n\x10tokenizer_sha256\x18\x06 \x01(\t\x12\x1c\n\x14\x63hat_template_sha256\x18\x07 \x01(\t\x12\x1b\n\x13weight_index_sha256\x18\x08 \x01(\t\x12\x36\n\x06shards\x18\t \x03(\x0b\x32&.fornax.artifact_builder.v1.FileDigest\x12\x12\n\nnum_layers\x18\n \x01(\r\x12\x14\n\x0ctensor_count\x18\x0b \x01(\x04\x12\x1a\n\x12total_tensor_bytes\x18\x0c \x01(\x04\x12\x17\n\x0ftied_embeddings\x18\r \x01(\x08\x12\x14\n\x0cweight_dtype\x18\x0e \x01(\t\"T\n\x18InspectCheckpointRequest\x12\x16\n\x0e\x63heckpoint_dir\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x10\n\x08revision\x18\x03 \x01(\t\"\xc2\x01\n\x19InspectCheckpointResponse\x12@\n\x08snapshot\x18\x01 \x01(\x0b\x32..fornax.artifact_builder.v1.CheckpointSnapshot\x12\r\n\x05valid\x18\x02 \x01(\x08\x12;\n\x08problems\x18\x03 \x03(\x0b\x32).fornax.artifact_builder.v1.TensorProblem\x12\x17\n\x0fmodel_record_id\x18\x04 \x01(\t\"\xf9\x01\n\x1a\x42uildStageArtifactsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x02 \x01(\t\x12\x0f\n\x07out_dir\x18\x03 \x01(\t\x12\x11\n\tplan_json\x18\x04 \x01(\t\x12\x32\n\x0clayer_ranges\x18\x05 \x03(\x0b\x32\x1c.fornax.common.v1.LayerRange\x12\x35\n\x0e\x62oundary_dtype\x18\x06 \x01(\x0e\x32\x1d.fornax.common.v1.ElementType\x12\x0e\n\x06source\x18\x07 \x01(\t\x12\x10\n\x08revision\x18\x08 \x01(\t\"\x9a\x01\n\rStageArtifact\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x14\n\x0c\x61rtifact_dir\x18\x02 \x01(\t\x12\x15\n\rmanifest_hash\x18\x03 \x01(\t\x12\x31\n\x0blayer_range\x18\x04 \x01(\x0b\x32\x1c.fornax.common.v1.LayerRange\x12\x14\n\x0cweight_bytes\x18\x05 \x01(\x04\"z\n\rBuildProgress\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x14\n\x0ctensors_done\x18\x02 \x01(\x04\x12\x15\n\rtensors_total\x18\x03 \x01(\x04\x12\x12\n\nbytes_done\x18\x04 \x01(\x04\x12\x13\n\x0b\x62ytes_total\x18\x05 \x01(\x04\"l\n\x0b\x42uildResult\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12\x11\n\tplan_hash\x18\x02 \x01(\t\x12\x39\n\x06stages\x18\x03 \x03(\x0b\x32).fornax.artifact_builder.v1.StageArtifact\"\xa0\x01\n\x1b\x42uildStageArtifactsResponse\x12=\n\x08progress\x18\x01 \x01(\x0b\x32).fornax.artifact_builder.v1.BuildProgressH\x00\x12\x39\n\x06result\x18\x02 \x01(\x0b\x32\'.fornax.artifact_builder.v1.BuildResultH\x00\x42\x07\n\x05\x65vent\"i\n\x15VerifyArtifactRequest\x12\x14\n\x0c\x61rtifact_dir\x18\x01 \x01(\t\x12\x1e\n\x16\x65xpected_manifest_hash\x18\x02 \x01(\t\x12\x1a\n\x12\x65xpected_plan_hash\x18\x03 \x01(\t\"[\n\x16VerifyArtifactResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x15\n\rmanifest_hash\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t2\x9f\x03\n\x16\x41rtifactBuilderService\x12\x80\x01\n\x11InspectCheckpoint\x12\x34.fornax.artifact_builder.v1.InspectCheckpointRequest\x1a\x35.fornax.artifact_builder.v1.InspectCheckpointResponse\x12\x88\x01\n\x13\x42uildStageArtifacts\x12\x36.fornax.artifact_builder.v1.BuildStageArtifactsRequest\x1a\x37.fornax.artifact_builder.v1.BuildStageArtifactsResponse0\x01\x12w\n\x0eVerifyArtifact\x12\x31.fornax.artifact_builder.v1.VerifyArtifactRequest\x1a\x32.fornax.artifact_builder.v1.VerifyArtifactResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n1fornax/artifact_builder/v1/artifact_builder.proto\x12\x1a\x66ornax.artifact_builder.v1\x1a\x1d\x66ornax/common/v1/common.proto\x1a\x1f\x66ornax/planner/v1/planner.proto\">\n\nFileDigest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\"O\n\rTensorProblem\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07problem\x18\x02 \x01(\t\x12\x10\n\x08\x65xpected\x18\x03 \x01(\t\x12\r\n\x05\x66ound\x18\x04 \x01(\t\"\xfc\x02\n\x12\x43heckpointSnapshot\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x10\n\x08revision\x18\x04 \x01(\t\x12\x15\n\rconfig_sha256\x18\x05 \x01(\t\x12\x18\n\x10tokenizer_sha256\x18\x06 \x01(\t\x12\x1c\n\x14\x63hat_template_sha256\x18\x07 \x01(\t\x12\x1b\n\x13weight_index_sha256\x18\x08 \x01(\t\x12\x36\n\x06shards\x18\t \x03(\x0b\x32&.fornax.artifact_builder.v1.FileDigest\x12\x12\n\nnum_layers\x18\n \x01(\r\x12\x14\n\x0ctensor_count\x18\x0b \x01(\x04\x12\x1a\n\x12total_tensor_bytes\x18\x0c \x01(\x04\x12\x17\n\x0ftied_embeddings\x18\r \x01(\x08\x12\x14\n\x0cweight_dtype\x18\x0e \x01(\t\"T\n\x18InspectCheckpointRequest\x12\x16\n\x0e\x63heckpoint_dir\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x10\n\x08revision\x18\x03 \x01(\t\"\xc2\x01\n\x19InspectCheckpointResponse\x12@\n\x08snapshot\x18\x01 \x01(\x0b\x32..fornax.artifact_builder.v1.CheckpointSnapshot\x12\r\n\x05valid\x18\x02 \x01(\x08\x12;\n\x08problems\x18\x03 \x03(\x0b\x32).fornax.artifact_builder.v1.TensorProblem\x12\x17\n\x0fmodel_record_id\x18\x04 \x01(\t\"\xdc\x02\n\x1a\x42uildStageArtifactsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x02 \x01(\t\x12\x0f\n\x07out_dir\x18\x03 \x01(\t\x12\x11\n\tplan_json\x18\x04 \x01(\t\x12\x32\n\x0clayer_ranges\x18\x05 \x03(\x0b\x32\x1c.fornax.common.v1.LayerRange\x12\x35\n\x0e\x62oundary_dtype\x18\x06 \x01(\x0e\x32\x1d.fornax.common.v1.ElementType\x12\x0e\n\x06source\x18\x07 \x01(\t\x12\x10\n\x08revision\x18\x08 \x01(\t\x12%\n\x04plan\x18\t \x01(\x0b\x32\x17.fornax.planner.v1.Plan\x12:\n\x13hop_boundary_dtypes\x18\n \x03(\x0e\x32\x1d.fornax.common.v1.ElementType\"\x9a\x01\n\rStageArtifact\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x14\n\x0c\x61rtifact_dir\x18\x02 \x01(\t\x12\x15\n\rmanifest_hash\x18\x03 \x01(\t\x12\x31\n\x0blayer_range\x18\x04 \x01(\x0b\x32\x1c.fornax.common.v1.LayerRange\x12\x14\n\x0cweight_bytes\x18\x05 \x01(\x04\"z\n\rBuildProgress\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x14\n\x0ctensors_done\x18\x02 \x01(\x04\x12\x15\n\rtensors_total\x18\x03 \x01(\x04\x12\x12\n\nbytes_done\x18\x04 \x01(\x04\x12\x13\n\x0b\x62ytes_total\x18\x05 \x01(\x04\"l\n\x0b\x42uildResult\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12\x11\n\tplan_hash\x18\x02 \x01(\t\x12\x39\n\x06stages\x18\x03 \x03(\x0b\x32).fornax.artifact_builder.v1.StageArtifact\"\xa0\x01\n\x1b\x42uildStageArtifactsResponse\x12=\n\x08progress\x18\x01 \x01(\x0b\x32).fornax.artifact_builder.v1.BuildProgressH\x00\x12\x39\n\x06result\x18\x02 \x01(\x0b\x32\'.fornax.artifact_builder.v1.BuildResultH\x00\x42\x07\n\x05\x65vent\"i\n\x15VerifyArtifactRequest\x12\x14\n\x0c\x61rtifact_dir\x18\x01 \x01(\t\x12\x1e\n\x16\x65xpected_manifest_hash\x18\x02 \x01(\t\x12\x1a\n\x12\x65xpected_plan_hash\x18\x03 \x01(\t\"[\n\x16VerifyArtifactResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x15\n\rmanifest_hash\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"j\n\x14\x46\x65tchArtifactRequest\x12\x15\n\rmanifest_hash\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x14\n\x0coffset_bytes\x18\x03 \x01(\x04\x12\x17\n\x0fmax_chunk_bytes\x18\x04 \x01(\r\"T\n\x15\x46\x65tchArtifactResponse\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x17\n\x0f\x66ile_size_bytes\x18\x03 \x01(\x04\".\n\x14GetModelFilesRequest\x12\x16\n\x0e\x63heckpoint_dir\x18\x01 \x01(\t\":\n\tModelFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"\x8f\x01\n\x15GetModelFilesResponse\x12\x34\n\x05\x66iles\x18\x01 \x03(\x0b\x32%.fornax.artifact_builder.v1.ModelFile\x12@\n\x08snapshot\x18\x02 \x01(\x0b\x32..fornax.artifact_builder.v1.CheckpointSnapshot2\x8d\x05\n\x16\x41rtifactBuilderService\x12\x80\x01\n\x11InspectCheckpoint\x12\x34.fornax.artifact_builder.v1.InspectCheckpointRequest\x1a\x35.fornax.artifact_builder.v1.InspectCheckpointResponse\x12\x88\x01\n\x13\x42uildStageArtifacts\x12\x36.fornax.artifact_builder.v1.BuildStageArtifactsRequest\x1a\x37.fornax.artifact_builder.v1.BuildStageArtifactsResponse0\x01\x12w\n\x0eVerifyArtifact\x12\x31.fornax.artifact_builder.v1.VerifyArtifactRequest\x1a\x32.fornax.artifact_builder.v1.VerifyArtifactResponse\x12v\n\rFetchArtifact\x12\x30.fornax.artifact_builder.v1.FetchArtifactRequest\x1a\x31.fornax.artifact_builder.v1.FetchArtifactResponse0\x01\x12t\n\rGetModelFiles\x12\x30.fornax.artifact_builder.v1.GetModelFilesRequest\x1a\x31.fornax.artifact_builder.v1.GetModelFilesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fornax.artifact_builder.v1.artifact_builder_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FILEDIGEST']._serialized_start=112
-  _globals['_FILEDIGEST']._serialized_end=174
-  _globals['_TENSORPROBLEM']._serialized_start=176
-  _globals['_TENSORPROBLEM']._serialized_end=255
-  _globals['_CHECKPOINTSNAPSHOT']._serialized_start=258
-  _globals['_CHECKPOINTSNAPSHOT']._serialized_end=638
-  _globals['_INSPECTCHECKPOINTREQUEST']._serialized_start=640
-  _globals['_INSPECTCHECKPOINTREQUEST']._serialized_end=724
-  _globals['_INSPECTCHECKPOINTRESPONSE']._serialized_start=727
-  _globals['_INSPECTCHECKPOINTRESPONSE']._serialized_end=921
-  _globals['_BUILDSTAGEARTIFACTSREQUEST']._serialized_start=924
-  _globals['_BUILDSTAGEARTIFACTSREQUEST']._serialized_end=1173
-  _globals['_STAGEARTIFACT']._serialized_start=1176
-  _globals['_STAGEARTIFACT']._serialized_end=1330
-  _globals['_BUILDPROGRESS']._serialized_start=1332
-  _globals['_BUILDPROGRESS']._serialized_end=1454
-  _globals['_BUILDRESULT']._serialized_start=1456
-  _globals['_BUILDRESULT']._serialized_end=1564
-  _globals['_BUILDSTAGEARTIFACTSRESPONSE']._serialized_start=1567
-  _globals['_BUILDSTAGEARTIFACTSRESPONSE']._serialized_end=1727
-  _globals['_VERIFYARTIFACTREQUEST']._serialized_start=1729
-  _globals['_VERIFYARTIFACTREQUEST']._serialized_end=1834
-  _globals['_VERIFYARTIFACTRESPONSE']._serialized_start=1836
-  _globals['_VERIFYARTIFACTRESPONSE']._serialized_end=1927
-  _globals['_ARTIFACTBUILDERSERVICE']._serialized_start=1930
-  _globals['_ARTIFACTBUILDERSERVICE']._serialized_end=2345
+  _globals['_FILEDIGEST']._serialized_start=145
+  _globals['_FILEDIGEST']._serialized_end=207
+  _globals['_TENSORPROBLEM']._serialized_start=209
+  _globals['_TENSORPROBLEM']._serialized_end=288
+  _globals['_CHECKPOINTSNAPSHOT']._serialized_start=291
+  _globals['_CHECKPOINTSNAPSHOT']._serialized_end=671
+  _globals['_INSPECTCHECKPOINTREQUEST']._serialized_start=673
+  _globals['_INSPECTCHECKPOINTREQUEST']._serialized_end=757
+  _globals['_INSPECTCHECKPOINTRESPONSE']._serialized_start=760
+  _globals['_INSPECTCHECKPOINTRESPONSE']._serialized_end=954
+  _globals['_BUILDSTAGEARTIFACTSREQUEST']._serialized_start=957
+  _globals['_BUILDSTAGEARTIFACTSREQUEST']._serialized_end=1305
+  _globals['_STAGEARTIFACT']._serialized_start=1308
+  _globals['_STAGEARTIFACT']._serialized_end=1462
+  _globals['_BUILDPROGRESS']._serialized_start=1464
+  _globals['_BUILDPROGRESS']._serialized_end=1586
+  _globals['_BUILDRESULT']._serialized_start=1588
+  _globals['_BUILDRESULT']._serialized_end=1696
+  _globals['_BUILDSTAGEARTIFACTSRESPONSE']._serialized_start=1699
+  _globals['_BUILDSTAGEARTIFACTSRESPONSE']._serialized_end=1859
+  _globals['_VERIFYARTIFACTREQUEST']._serialized_start=1861
+  _globals['_VERIFYARTIFACTREQUEST']._serialized_end=1966
+  _globals['_VERIFYARTIFACTRESPONSE']._serialized_start=1968
+  _globals['_VERIFYARTIFACTRESPONSE']._serialized_end=2059
+  _globals['_FETCHARTIFACTREQUEST']._serialized_start=2061
+  _globals['_FETCHARTIFACTREQUEST']._serialized_end=2167
+  _globals['_FETCHARTIFACTRESPONSE']._serialized_start=2169
+  _globals['_FETCHARTIFACTRESPONSE']._serialized_end=2253
+  _globals['_GETMODELFILESREQUEST']._serialized_start=2255
+  _globals['_GETMODELFILESREQUEST']._serialized_end=2301
+  _globals['_MODELFILE']._serialized_start=2303
+  _globals['_MODELFILE']._serialized_end=2361
+  _globals['_GETMODELFILESRESPONSE']._serialized_start=2364
+  _globals['_GETMODELFILESRESPONSE']._serialized_end=2507
+  _globals['_ARTIFACTBUILDERSERVICE']._serialized_start=2510
+  _globals['_ARTIFACTBUILDERSERVICE']._serialized_end=3163
 # @@protoc_insertion_point(module_scope)

@@ -1,4 +1,5 @@
 from fornax.common.v1 import common_pb2 as _common_pb2
+from fornax.planner.v1 import planner_pb2 as _planner_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -84,7 +85,7 @@ class InspectCheckpointResponse(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[CheckpointSnapshot, _Mapping]] = ..., valid: _Optional[bool] = ..., problems: _Optional[_Iterable[_Union[TensorProblem, _Mapping]]] = ..., model_record_id: _Optional[str] = ...) -> None: ...
 
 class BuildStageArtifactsRequest(_message.Message):
-    __slots__ = ("request_id", "checkpoint_dir", "out_dir", "plan_json", "layer_ranges", "boundary_dtype", "source", "revision")
+    __slots__ = ("request_id", "checkpoint_dir", "out_dir", "plan_json", "layer_ranges", "boundary_dtype", "source", "revision", "plan", "hop_boundary_dtypes")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     OUT_DIR_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +94,8 @@ class BuildStageArtifactsRequest(_message.Message):
     BOUNDARY_DTYPE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    HOP_BOUNDARY_DTYPES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     checkpoint_dir: str
     out_dir: str
@@ -101,7 +104,9 @@ class BuildStageArtifactsRequest(_message.Message):
     boundary_dtype: _common_pb2.ElementType
     source: str
     revision: str
-    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., out_dir: _Optional[str] = ..., plan_json: _Optional[str] = ..., layer_ranges: _Optional[_Iterable[_Union[_common_pb2.LayerRange, _Mapping]]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., source: _Optional[str] = ..., revision: _Optional[str] = ...) -> None: ...
+    plan: _planner_pb2.Plan
+    hop_boundary_dtypes: _containers.RepeatedScalarFieldContainer[_common_pb2.ElementType]
+    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., out_dir: _Optional[str] = ..., plan_json: _Optional[str] = ..., layer_ranges: _Optional[_Iterable[_Union[_common_pb2.LayerRange, _Mapping]]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., source: _Optional[str] = ..., revision: _Optional[str] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., hop_boundary_dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ...) -> None: ...
 
 class StageArtifact(_message.Message):
     __slots__ = ("stage_index", "artifact_dir", "manifest_hash", "layer_range", "weight_bytes")
@@ -170,3 +175,49 @@ class VerifyArtifactResponse(_message.Message):
     reason: str
     detail: str
     def __init__(self, ok: _Optional[bool] = ..., manifest_hash: _Optional[str] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class FetchArtifactRequest(_message.Message):
+    __slots__ = ("manifest_hash", "path", "offset_bytes", "max_chunk_bytes")
+    MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    manifest_hash: str
+    path: str
+    offset_bytes: int
+    max_chunk_bytes: int
+    def __init__(self, manifest_hash: _Optional[str] = ..., path: _Optional[str] = ..., offset_bytes: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class FetchArtifactResponse(_message.Message):
+    __slots__ = ("offset_bytes", "data", "file_size_bytes")
+    OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    FILE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    offset_bytes: int
+    data: bytes
+    file_size_bytes: int
+    def __init__(self, offset_bytes: _Optional[int] = ..., data: _Optional[bytes] = ..., file_size_bytes: _Optional[int] = ...) -> None: ...
+
+class GetModelFilesRequest(_message.Message):
+    __slots__ = ("checkpoint_dir",)
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_dir: str
+    def __init__(self, checkpoint_dir: _Optional[str] = ...) -> None: ...
+
+class ModelFile(_message.Message):
+    __slots__ = ("path", "content", "sha256")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    content: bytes
+    sha256: str
+    def __init__(self, path: _Optional[str] = ..., content: _Optional[bytes] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class GetModelFilesResponse(_message.Message):
+    __slots__ = ("files", "snapshot")
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    files: _containers.RepeatedCompositeFieldContainer[ModelFile]
+    snapshot: CheckpointSnapshot
+    def __init__(self, files: _Optional[_Iterable[_Union[ModelFile, _Mapping]]] = ..., snapshot: _Optional[_Union[CheckpointSnapshot, _Mapping]] = ...) -> None: ...

@@ -50,6 +50,16 @@ class ArtifactBuilderServiceStub:
                 request_serializer=fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.VerifyArtifactRequest.SerializeToString,
                 response_deserializer=fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.VerifyArtifactResponse.FromString,
                 _registered_method=True)
+        self.FetchArtifact = channel.unary_stream(
+                '/fornax.artifact_builder.v1.ArtifactBuilderService/FetchArtifact',
+                request_serializer=fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.FetchArtifactRequest.SerializeToString,
+                response_deserializer=fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.FetchArtifactResponse.FromString,
+                _registered_method=True)
+        self.GetModelFiles = channel.unary_unary(
+                '/fornax.artifact_builder.v1.ArtifactBuilderService/GetModelFiles',
+                request_serializer=fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.GetModelFilesRequest.SerializeToString,
+                response_deserializer=fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.GetModelFilesResponse.FromString,
+                _registered_method=True)
 
 
 class ArtifactBuilderServiceServicer:
@@ -75,6 +85,23 @@ class ArtifactBuilderServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchArtifact(self, request, context):
+        """Streams one file of a built stage artifact in chunks, starting at offset_bytes, so an
+        interrupted transfer resumes where it stopped. The manifest is the file "manifest.json".
+        Stage workers fetch their artifact this way; no service shares the builder's disk.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetModelFiles(self, request, context):
+        """The checkpoint's small files (config, tokenizer, tokenizer config with the chat template)
+        and their sha256, so the builder stays the only service that reads the checkpoint.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ArtifactBuilderServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +119,16 @@ def add_ArtifactBuilderServiceServicer_to_server(servicer, server):
                     servicer.VerifyArtifact,
                     request_deserializer=fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.VerifyArtifactRequest.FromString,
                     response_serializer=fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.VerifyArtifactResponse.SerializeToString,
+            ),
+            'FetchArtifact': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchArtifact,
+                    request_deserializer=fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.FetchArtifactRequest.FromString,
+                    response_serializer=fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.FetchArtifactResponse.SerializeToString,
+            ),
+            'GetModelFiles': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetModelFiles,
+                    request_deserializer=fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.GetModelFilesRequest.FromString,
+                    response_serializer=fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.GetModelFilesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +213,60 @@ class ArtifactBuilderService:
             '/fornax.artifact_builder.v1.ArtifactBuilderService/VerifyArtifact',
             fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.VerifyArtifactRequest.SerializeToString,
             fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.VerifyArtifactResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchArtifact(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fornax.artifact_builder.v1.ArtifactBuilderService/FetchArtifact',
+            fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.FetchArtifactRequest.SerializeToString,
+            fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.FetchArtifactResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetModelFiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fornax.artifact_builder.v1.ArtifactBuilderService/GetModelFiles',
+            fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.GetModelFilesRequest.SerializeToString,
+            fornax_dot_artifact__builder_dot_v1_dot_artifact__builder__pb2.GetModelFilesResponse.FromString,
             options,
             channel_credentials,
             insecure,

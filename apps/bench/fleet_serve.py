@@ -1,0 +1,185 @@
+"""`fornax bench serve --fleet FILE`: the served route of a netns fleet, measured from outside.
+
+The fleet comes up exactly as `fornax up --fleet` brings it up (namespaces, cgroup quotas,
+shaped links), and a client in the root namespace streams completions over HTTP at each
+concurrency level. Per level it reports tokens/s, TTFT and ITL p50/p99; per hop the boundary
+payload bytes per token (each stage's FNX2 counter) and the bytes per token on each host's link
+(its veth counters: every flow on that link); per stage the compute, device-queue and exposed
+wait (wall time the stage spent with no batch to run). Every figure is a physical measurement
+of this host, tagged with the fleet file's sha256.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from apps.bench.agreement import top1_agreement
+from apps.bench.serve import RunFigures, prompts
+from apps.fleet.isolated import start_isolated_fleet
+from apps.fleet.launcher import FleetOptions
+from apps.fleet.netns import read_record, tear_down
+from apps.fleet.route_wait import wait_for_route
+from apps.fleet.spec import FleetSpec
+from libs.model.config import load_config
+from libs.service.fleet_state import FleetState
+
+# Prometheus samples (histogram sums, counter totals) read from each stage worker.
+STAGE_COUNTERS = {"fornax_stage_compute_seconds_sum": "compute_s", "fornax_stage_queue_seconds_sum": "queue_s",
+                  "fornax_fnx2_boundary_bytes_total": "boundary_bytes"}
+
+
+@dataclass(frozen=True)
+class FleetBenchOptions:
+    fleet_file: str
+    spec: FleetSpec
+    checkpoint: str
+    prompt_tokens: int = 32
+    max_tokens: int = 16
+    concurrency: tuple[int, ...] = (1, 8, 32)
+    install_timeout_s: float = 3600.0
+    agreement_prompts: int = 4
+
+
+async def _stream_one(session: aiohttp.ClientSession, api: str, ids: tuple[int, ...],
+                      max_tokens: int) -> tuple[int, float, list[float]]:
+    body = {"model": "fornax", "prompt": list(ids), "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    started, stamps = time.perf_counter(), []
+    async with session.post(f"{api}/completions", json=body) as response:
+        response.raise_for_status()
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if line.startswith("data: {") and json.loads(line[6:]).get("choices"):
+                stamps.append(time.perf_counter())
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return len(stamps), (stamps[0] - started) if stamps else float("nan"), gaps
+
+
+async def _drive(api: str, batch: list[tuple[int, ...]], max_tokens: int) -> RunFigures:
+    timeout = aiohttp.ClientTimeout(total=3600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        started = time.perf_counter()
+        results = await asyncio.gather(*(_stream_one(session, api, ids, max_tokens) for ids in batch))
+        wall = time.perf_counter() - started
+    return RunFigures(sum(r[0] for r in results), wall, [r[1] for r in results], [g for r in results for g in r[2]])
+
+
+async def _stage_counters(state: FleetState) -> dict[str, dict[str, float]]:
+    """Per route stage ("stage-0", ...: the label every stage worker puts on its data-plane
+    metrics), the summed counters of STAGE_COUNTERS and the worker serving it."""
+    out: dict[str, dict[str, float]] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        for service in (s for s in state.services if s.kind == "stage_worker"):
+            async with session.get(f"http://{service.metrics}/metrics") as response:
+                text = await response.text()
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    name, stage = STAGE_COUNTERS.get(sample.name), sample.labels.get("stage")
+                    if name and stage:
+                        values = out.setdefault(stage, {**dict.fromkeys(STAGE_COUNTERS.values(), 0.0),
+                                                        "worker": service.name})
+                        values[name] += sample.value
+    return out
+
+
+def _link_counters(links: list[str]) -> dict[str, tuple[int, int]]:
+    """(bytes out of the host, bytes into it) per root-side veth."""
+    def read(link: str, name: str) -> int:
+        return int(Path(f"/sys/class/net/{link}/statistics/{name}").read_text())
+
+    return {link: (read(link, "rx_bytes"), read(link, "tx_bytes")) for link in links}
+
+
+def _level_report(figures: RunFigures, stages_before, stages_after,
+                  links_before, links_after, host_links: dict[str, str]) -> dict:
+    tokens = max(1, figures.output_tokens)
+    stage_names = sorted(stages_after, key=lambda name: int(name.rsplit("-", 1)[1]))
+    stages = {}
+    for name in stage_names:
+        delta = {k: stages_after[name][k] - stages_before.get(name, {}).get(k, 0.0) for k in STAGE_COUNTERS.values()}
+        stages[name] = {"worker": stages_after[name]["worker"], "compute_s": delta["compute_s"],
+                        "device_queue_s": delta["queue_s"],
+                        "exposed_wait_s": max(0.0, figures.wall_s - delta["compute_s"]),
+                        "exposed_wait_fraction": max(0.0, 1 - delta["compute_s"] / figures.wall_s),
+                        "boundary_bytes": delta["boundary_bytes"]}
+    hops = {f"hop_{i}": {"from": stage_names[i], "to": stage_names[i + 1],
+                         "boundary_payload_bytes_per_token": stages[stage_names[i]]["boundary_bytes"] / tokens}
+            for i in range(len(stage_names) - 1)}
+    links = {host: {"bytes_out_per_token": (links_after[link][0] - links_before[link][0]) / tokens,
+                    "bytes_in_per_token": (links_after[link][1] - links_before[link][1]) / tokens}
+             for host, link in host_links.items()}
+    return {**figures.summary(), "stages": stages, "hops": hops, "host_links": links}
+
+
+async def _measure(options: FleetBenchOptions, state: FleetState, host_links: dict[str, str]) -> dict:
+    vocab = load_config(options.checkpoint).vocab_size  # the harness's own copy, for prompt ids only
+    await _drive(state.api, prompts(vocab, 1, options.prompt_tokens, seed=99), 2)  # warm
+    report = {}
+    for c in options.concurrency:
+        batch = prompts(vocab, c, options.prompt_tokens, seed=c)
+        stages_before, links_before = await _stage_counters(state), _link_counters(list(host_links.values()))
+        figures = await _drive(state.api, batch, options.max_tokens)
+        stages_after, links_after = await _stage_counters(state), _link_counters(list(host_links.values()))
+        report[f"c{c}"] = _level_report(figures, stages_before, stages_after, links_before, links_after,
+                                        host_links)
+    return report
+
+
+def run_fleet_bench(options: FleetBenchOptions, command: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="fornax-fleet-bench-") as scratch:
+        state_dir = Path(scratch) / ".fornax"
+        fleet = FleetOptions(state_dir=state_dir, checkpoint=options.checkpoint, startup_timeout_s=600)
+        state, launcher = start_isolated_fleet(fleet, options.spec)
+        try:
+            wait_for_route(state, options.install_timeout_s, lambda m: print(f"  {m}", file=sys.stderr))
+            record = read_record(state_dir)
+            host_links = {host.name: link for host, link in zip(options.spec.hosts, record.links[1:])}
+            levels = asyncio.run(_measure(options, state, host_links))
+            agreement = _agreement(options, state)
+        finally:
+            launcher.stop_all()
+            tear_down(state_dir)
+    return {"levels": levels, "agreement": agreement, "provenance": _provenance(options, command)}
+
+
+def _agreement(options: FleetBenchOptions, state: FleetState) -> dict:
+    """Teacher-forced top-1 agreement with transformers fp32, at this fleet's hop dtypes."""
+    vocab = load_config(options.checkpoint).vocab_size
+    batch = [list(p) for p in prompts(vocab, options.agreement_prompts, 8, seed=7)]
+    figure = top1_agreement(options.checkpoint, state.entry("orchestrator").grpc, batch, options.max_tokens)
+    return {**figure, "hop_boundary_dtypes": [d.value for d in options.spec.hop_dtypes]}
+
+
+def _provenance(options: FleetBenchOptions, command: str) -> dict:
+    from libs.service.host import cpu_name
+
+    return {
+        "evidence_class": "physical",
+        "label": "measurements on this host of a netns fleet (real namespaces, cgroup quotas, tbf-shaped links); "
+                 "not predictions",
+        "fleet_file": options.fleet_file,
+        "fleet_file_sha256": options.spec.file_sha256,
+        "hosts": {h.name: {"backend": h.backend.value, "cpu_cores": h.cpu_cores, "link_bits_per_s":
+                           h.link.rate_bits_per_s, "clock_offset_s": h.clock_offset_s} for h in options.spec.hosts},
+        "hardware": cpu_name(),
+        "model_snapshot": _snapshot(options.checkpoint),
+        "setup": {"prompt_tokens": options.prompt_tokens, "max_tokens": options.max_tokens,
+                  "host_links": "root-side veth counters: every flow on the host's link (FNX2, gRPC, HTTP)",
+                  "hops": "boundary tensor payload bytes from each stage's FNX2 counter",
+                  "exposed_wait": "level wall time minus the stage's compute time"},
+        "command": command,
+    }
+
+
+def _snapshot(checkpoint: str) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(Path(checkpoint, "config.json").read_bytes()).hexdigest()

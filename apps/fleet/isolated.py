@@ -1,0 +1,20 @@
+"""`fornax up --fleet`: build the hosts, start their services, remove the hosts on failure."""
+
+from __future__ import annotations
+
+from apps.fleet.launcher import FleetOptions, Launcher, LaunchError
+from apps.fleet.netns import IsolationFailed, set_up, tear_down
+from apps.fleet.netns_compose import start_netns_fleet
+from apps.fleet.spec import FleetSpec
+from libs.service.fleet_state import FleetState
+
+
+def start_isolated_fleet(options: FleetOptions, spec: FleetSpec) -> tuple[FleetState, Launcher]:
+    plan = set_up(spec, options.state_dir)
+    try:
+        return start_netns_fleet(options, spec, plan)
+    except (LaunchError, OSError, KeyboardInterrupt) as exc:
+        left = tear_down(options.state_dir)
+        if left:
+            raise IsolationFailed(f"{exc}; and teardown left {', '.join(left)}") from exc
+        raise

@@ -1,0 +1,127 @@
+"""A fleet file's services, each started inside its host: cgroups, network namespace, clock.
+
+The control host runs the evidence registry, planner, artifact builder and orchestrator; every
+stage host runs one stage worker with its own backend. Each service gets a private state
+directory under `<state>/hosts/<host>/<service>`; the harness keeps only logs and ready files.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+from apps.fleet.launcher import FleetOptions, Launcher, LaunchError, ServiceProcess
+from apps.fleet.netns_plan import HostPlan, NetnsPlan, host_command
+from apps.fleet.spec import FleetSpec
+from libs.common.kinds import DType
+from libs.service.affinity import THREAD_VARIABLES
+from libs.service.fleet_state import FleetState, ServiceEntry
+from services.orchestrator.config import BACKEND_OF_WORKER
+
+LOOPBACK = "127.0.0.1"
+
+
+
+def _private_dir(options: FleetOptions, host: HostPlan, service: str) -> Path:
+    path = options.state_dir / "hosts" / host.spec.name / service
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _process(host: HostPlan, name: str, kind: str, env: dict[str, str]) -> ServiceProcess:
+    wrap = partial(host_command, host)
+    if not host.spec.link.delay_ns:
+        return ServiceProcess(name, kind, f"services.{kind}", env, host=host.address, wrap=wrap)
+    # A delayed host serves on loopback; a relay on its fabric address adds the delay inbound.
+    env = {**env, "FORNAX_ADVERTISE_HOST": host.address} if kind == "stage_worker" else env
+    return ServiceProcess(name, kind, f"services.{kind}", env, host=host.address, wrap=wrap,
+                          bind_host=LOOPBACK, on_ready=partial(start_relay, host))
+
+
+def start_relay(host: HostPlan, ports: dict[str, int]) -> subprocess.Popen:
+    """One relay per service, inside the host (its namespace and cgroup): `fornax down` removes
+    it with the host."""
+    pairs = [f"{host.address}:{port}={LOOPBACK}:{port}" for key, port in ports.items() if key != "pid"]
+    argv = [sys.executable, "-m", "apps.fleet.relay", "--delay-ms", str(host.spec.link.delay_ns / 1e6), *pairs]
+    return subprocess.Popen(host_command(host, argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _control_env(options: FleetOptions, host: HostPlan) -> dict[str, str]:
+    # Math pools sized to the host's quota, so a half-core host does not run two BLAS threads.
+    return {name: str(host.thread_count) for name in THREAD_VARIABLES}
+
+
+def _worker_process(options: FleetOptions, host: HostPlan, index: int) -> ServiceProcess:
+    device = host.spec.device
+    env = {
+        **_control_env(options, host),
+        "FORNAX_STAGE_INDEX": str(index),
+        "FORNAX_BACKEND": host.spec.backend.value,
+        "FORNAX_DEVICE": "cpu" if device == "cpu" else "gpu",
+        # gpu:N is that one GPU, and only it, for this host's worker.
+        **({"CUDA_VISIBLE_DEVICES": device.split(":", 1)[1]} if device.startswith("gpu:") else {}),
+        "FORNAX_STATE_DIR": str(_private_dir(options, host, f"stage_worker_{index}")),
+    }
+    return _process(host, f"stage_worker_{index}", "stage_worker", env)
+
+
+def _orchestrator_env(options: FleetOptions, spec: FleetSpec, entries: dict[str, ServiceEntry],
+                      workers: list[str], control: HostPlan) -> dict[str, str]:
+    env = {
+        **_control_env(options, control),
+        "FORNAX_PLANNER_ADDR": entries["planner"].grpc,
+        "FORNAX_REGISTRY_ADDR": entries["evidence_registry"].grpc,
+        "FORNAX_ARTIFACT_BUILDER_ADDR": entries["artifact_builder"].grpc,
+        "FORNAX_STAGE_WORKERS": ",".join(workers),
+        "FORNAX_BOUNDARY_DTYPE": (spec.hop_dtypes or (DType.FP32,))[0].value,
+        "FORNAX_HOP_BOUNDARY_DTYPES": ",".join(d.value for d in spec.hop_dtypes),
+        "FORNAX_BACKEND": BACKEND_OF_WORKER,
+        "FORNAX_STATE_DIR": str(_private_dir(options, control, "orchestrator")),
+    }
+    if options.http_port is not None:
+        env["FORNAX_HTTP_PORT"] = str(options.http_port)
+    if options.api_key:
+        env["FORNAX_API_KEY"] = options.api_key
+    if options.checkpoint:
+        env["FORNAX_CHECKPOINT"] = options.checkpoint
+    return env
+
+
+def start_netns_fleet(options: FleetOptions, spec: FleetSpec, plan: NetnsPlan) -> tuple[FleetState, Launcher]:
+    """Start every service in its host and wait until each is SERVING; stops them on failure."""
+    launcher = Launcher(options)
+    control = plan.host(spec.control_host)
+    try:
+        registry_dir = _private_dir(options, control, "evidence_registry")
+        registry = launcher.spawn(_process(control, "evidence_registry", "evidence_registry", {
+            **_control_env(options, control),
+            "FORNAX_REGISTRY_DB": str(registry_dir / "registry.db"),
+            "FORNAX_REGISTRY_BLOB_DIR": str(registry_dir / "blobs"),
+        }))
+        launcher.wait_ready([registry])
+        registry_addr = registry.entry().grpc
+        middle = [
+            launcher.spawn(_process(control, "planner", "planner",
+                                    {**_control_env(options, control), "FORNAX_REGISTRY_ADDR": registry_addr})),
+            launcher.spawn(_process(control, "artifact_builder", "artifact_builder", {
+                **_control_env(options, control), "FORNAX_REGISTRY_ADDR": registry_addr,
+                "FORNAX_ARTIFACT_STORE": str(_private_dir(options, control, "artifact_builder")),
+            })),
+        ]
+        stage_hosts = [h for h in plan.hosts if h.spec.stage_worker]
+        middle += [launcher.spawn(_worker_process(options, host, i)) for i, host in enumerate(stage_hosts)]
+        launcher.wait_ready(middle)
+        entries = {s.spec.name: s.entry() for s in launcher.started}
+        workers = [entries[f"stage_worker_{i}"].grpc for i in range(len(stage_hosts))]
+        orchestrator = launcher.spawn(_process(control, "orchestrator", "orchestrator",
+                                               _orchestrator_env(options, spec, entries, workers, control)))
+        launcher.wait_ready([orchestrator])
+    except (LaunchError, OSError, KeyboardInterrupt):
+        launcher.stop_all()
+        raise
+    http = orchestrator.ports.get("http")
+    api = f"http://{control.address}:{http}/v1" if http else None
+    return FleetState(services=tuple(s.entry() for s in launcher.started), api=api, api_key=options.api_key), launcher

@@ -1,0 +1,79 @@
+"""The planner's inventory, built from what each stage worker reports about itself.
+
+Memory and CPU come from what the worker's cgroup enforces (its quota in cores, its memory
+limit); a worker without such limits shares its host's figures with the other workers that
+advertise the same data-plane host. What no worker can report yet (FLOP/s and bandwidth per
+core, link speeds) is a declared constant: a plan built on it is exploratory and labelled so.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
+
+from libs.common.proto import BACKEND_FROM_PB, DTYPE_FROM_PB
+from services.planner.inventory import Inventory, Link, Node
+
+# Declared per-core figures for a CPU worker that has no measured capability record yet.
+CPU_FLOPS_PER_CORE = 20e9
+CPU_BANDWIDTH_BYTES_PER_S = 10e9
+# Declared link between workers (about what a raw loopback socket moves).
+DECLARED_LINK_BYTES_PER_S = 4e9
+DECLARED_LINK_LATENCY_NS = 50_000
+DECLARED_LABEL = "declared per-core constants (exploratory fallback)"
+
+
+def node_name(index: int) -> str:
+    return f"stage_worker_{index}"
+
+
+def _host_of(cap: sw_pb.GetCapabilitiesResponse) -> str:
+    return cap.data_plane_host or cap.device.name
+
+
+def _cores(cap: sw_pb.GetCapabilitiesResponse, share: int) -> float:
+    if cap.device.cpu_quota_cores > 0:
+        return cap.device.cpu_quota_cores
+    return max(1.0, cap.device.cpu_count / share)
+
+
+def _memory(cap: sw_pb.GetCapabilitiesResponse, share: int) -> int:
+    available = cap.device.memory_available_bytes // share
+    limit = cap.device.memory_limit_bytes
+    return min(limit, available) if limit and available else (limit or available)
+
+
+def _dtypes(cap: sw_pb.GetCapabilitiesResponse) -> tuple:
+    return tuple(DTYPE_FROM_PB[d] for d in cap.supported_dtypes if d in DTYPE_FROM_PB)
+
+
+def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> Inventory:
+    """One node per worker, in stage-worker order."""
+    sharing = Counter(_host_of(cap) for cap in capabilities)
+    nodes = tuple(
+        Node(
+            name=node_name(index),
+            backend=BACKEND_FROM_PB[cap.backend],
+            memory_bytes=_memory(cap, 1 if cap.device.memory_limit_bytes else sharing[_host_of(cap)]),
+            compute_flops=CPU_FLOPS_PER_CORE * _cores(cap, sharing[_host_of(cap)]),
+            memory_bandwidth_bytes_per_s=CPU_BANDWIDTH_BYTES_PER_S,
+            dtypes=_dtypes(cap),
+            operations=tuple(cap.supported_operations),
+            build=cap.backend_build,
+        )
+        for index, cap in enumerate(capabilities)
+    )
+    links = tuple(Link(a.name, b.name, DECLARED_LINK_BYTES_PER_S, DECLARED_LINK_LATENCY_NS)
+                  for i, a in enumerate(nodes) for b in nodes[i + 1:])
+    return Inventory(nodes=nodes, links=links)
+
+
+def describe_facts(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> str:
+    """One line per worker of the facts the inventory used, for the install log."""
+    return "; ".join(
+        f"{node_name(i)}@{_host_of(c)} {BACKEND_FROM_PB.get(c.backend, 'unknown')} "
+        f"({c.backend_build}) quota {c.device.cpu_quota_cores:g} cores cpuset {c.device.cpuset or '?'} "
+        f"memory limit {c.device.memory_limit_bytes or 'none'}"
+        for i, c in enumerate(capabilities)
+    ) + f"; compute from {DECLARED_LABEL}"
