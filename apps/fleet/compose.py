@@ -6,12 +6,10 @@ together, then the orchestrator, which is told every other address.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 from libs.service.affinity import usable_cpus, worker_cpu_sets
 from libs.service.affinity import worker_env as affinity_env
-from apps.fleet.launcher import HOST, FleetOptions, Launcher, LaunchError, ServiceProcess
+from apps.fleet.launcher import builder_read_roots, HOST, FleetOptions, Launcher, LaunchError, ServiceProcess
 from libs.service.fleet_state import FleetState, ServiceEntry
 
 
@@ -42,11 +40,6 @@ def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -
     return env
 
 
-def _builder_roots(options: FleetOptions) -> str:
-    roots = [*options.read_roots, *([options.checkpoint] if options.checkpoint else [])]
-    return os.pathsep.join(str(Path(root).resolve()) for root in roots)
-
-
 def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
     """Start every service and wait until each is SERVING. Stops what it started on failure."""
     launcher = Launcher(options)
@@ -64,7 +57,7 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
                     "artifact_builder",
                     "services.artifact_builder",
                     {"FORNAX_REGISTRY_ADDR": registry_addr, "FORNAX_ARTIFACT_STORE": str(options.state_dir / "artifacts"),
-                     "FORNAX_READ_ROOTS": _builder_roots(options)},
+                     "FORNAX_READ_ROOTS": builder_read_roots(options)},
                 )
             ),
         ]

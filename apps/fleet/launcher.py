@@ -46,6 +46,12 @@ class FleetOptions:
     env: dict[str, str] = field(default_factory=dict)
 
 
+def builder_read_roots(options: FleetOptions) -> str:
+    """FORNAX_READ_ROOTS of the artifact builder: --read-root directories and the checkpoint."""
+    roots = [*options.read_roots, *([options.checkpoint] if options.checkpoint else [])]
+    return os.pathsep.join(str(Path(root).resolve()) for root in roots)
+
+
 @dataclass(frozen=True)
 class ServiceProcess:
     name: str

@@ -12,7 +12,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from apps.fleet.launcher import FleetOptions, Launcher, LaunchError, ServiceProcess
+from apps.fleet.launcher import FleetOptions, Launcher, LaunchError, ServiceProcess, builder_read_roots
 from apps.fleet.netns_plan import HostPlan, NetnsPlan, host_command
 from apps.fleet.spec import FleetSpec
 from libs.common.kinds import DType
@@ -109,6 +109,7 @@ def start_netns_fleet(options: FleetOptions, spec: FleetSpec, plan: NetnsPlan) -
             launcher.spawn(_process(control, "artifact_builder", "artifact_builder", {
                 **_control_env(options, control), "FORNAX_REGISTRY_ADDR": registry_addr,
                 "FORNAX_ARTIFACT_STORE": str(_private_dir(options, control, "artifact_builder")),
+                "FORNAX_READ_ROOTS": builder_read_roots(options),
             })),
         ]
         stage_hosts = [h for h in plan.hosts if h.spec.stage_worker]
