@@ -80,6 +80,10 @@ def _orchestrator_env(options: FleetOptions, spec: FleetSpec, entries: dict[str,
         "FORNAX_HOP_BOUNDARY_DTYPES": ",".join(d.value for d in spec.hop_dtypes),
         "FORNAX_BACKEND": BACKEND_OF_WORKER,
         "FORNAX_STATE_DIR": str(_private_dir(options, control, "orchestrator")),
+        # The API listens on a fabric address (a private bridge on this machine, 198.18.0.0/15)
+        # and fleet.json, route_wait and `fornax chat` speak plain HTTP to it: chosen here, and
+        # logged by the orchestrator as http_plaintext_beyond_loopback. gRPC and FNX2 stay mTLS.
+        "FORNAX_HTTP_INSECURE": "1",
     }
     if options.http_port is not None:
         env["FORNAX_HTTP_PORT"] = str(options.http_port)
