@@ -69,6 +69,8 @@ clean:
 # One container image per service (buildah, debootstrap base, host-built wheelhouse).
 # Needs root with buildah and debootstrap; IMAGE_SERVICES picks a subset, e.g. "planner".
 IMAGE_SERVICES ?= planner evidence_registry artifact_builder orchestrator stage_worker
+# A checkpoint dir whose MAX graphs the stage worker image carries precompiled (empty: none).
+COMPILE_CACHE_CHECKPOINT ?=
 .PHONY: images
 images: setup
-	PY=$(PY) bash scripts/images/build.sh $(IMAGE_SERVICES)
+	PY=$(PY) COMPILE_CACHE_CHECKPOINT=$(COMPILE_CACHE_CHECKPOINT) bash scripts/images/build.sh $(IMAGE_SERVICES)

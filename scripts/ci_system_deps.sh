@@ -2,7 +2,7 @@
 # System tools the test suite needs beyond Python; idempotent.
 set -euo pipefail
 need_apt=()
-for tool in make prometheus buildah podman debootstrap runc; do
+for tool in make prometheus buildah podman debootstrap runc chromium; do
   command -v "$tool" >/dev/null || need_apt+=("$tool")
 done
 # Netns fleets: ip and tc (iproute2), nsenter and unshare (util-linux).

@@ -1,4 +1,4 @@
-"""`fornax bench serve [--json]`."""
+"""`fornax bench serve [--json]`, `fornax bench grammar` and `fornax bench coldstart [--json]`."""
 
 from __future__ import annotations
 
@@ -20,18 +20,49 @@ def register(commands, benches) -> None:
     serve.add_argument("--repeats", type=int, default=2, help="interleaved repetitions per level (best kept)")
     serve.add_argument("--fleet", help="measure a netns fleet from this fleet file instead (needs root)")
     serve.add_argument("--json", action="store_true")
+    serve.add_argument("--mixed", action="store_true",
+                       help="ITL p99 of 32 decoding streams while 512-token prompts arrive, "
+                            "with and without chunked prefill")
+    serve.add_argument("--preset", choices=("tiny", "small"), default="small",
+                       help="generated checkpoint preset when --checkpoint is not given")
+    serve.add_argument("--tokens-per-step", type=int, default=48,
+                       help="--mixed: the chunked setting's token budget per step")
     serve.set_defaults(func=cmd_serve)
+    cold = benches.add_parser("coldstart", help="cold `fornax up` with empty caches: first token, MAX switch, losses")
+    cold.add_argument("--stages", type=int, default=2)
+    cold.add_argument("--trickle-interval-s", type=float, default=0.5, help="one request started per interval")
+    cold.add_argument("--timeout-s", type=float, default=1800.0)
+    cold.add_argument("--keep-dir", action="store_true", help="keep the temporary HOME, caches and logs")
+    cold.add_argument("--json", action="store_true")
+    cold.set_defaults(func=cmd_coldstart)
+    grammar = benches.add_parser("grammar", help="per-token mask cost of the structured-output grammar engines")
+    grammar.add_argument("--checkpoint", help=f"checkpoint dir (default: the small preset in {DEFAULT_CHECKPOINT})")
+    grammar.add_argument("--walks", type=int, default=20, help="seeded random walks per engine")
+    grammar.add_argument("--max-steps", type=int, default=200, help="tokens per walk at most")
+    grammar.set_defaults(func=cmd_grammar)
+
+    load = benches.add_parser("load", help="many small streaming requests against a running fleet: lost and p99")
+    load.add_argument("--state-dir", default=".fornax", help="the running fleet's state directory")
+    load.add_argument("--api", help="API base URL (default: the fleet file's)")
+    load.add_argument("--requests", type=int, help="default 1000 (200000 with --long)")
+    load.add_argument("--concurrency", type=int, default=64)
+    load.add_argument("--prompt-tokens", type=int, help="default 8 (2 with --long)")
+    load.add_argument("--max-tokens", type=int, help="default 8 (1 with --long)")
+    load.add_argument("--long", action="store_true", help="200,000 tiny requests (no capacity cliff, no leak)")
+    load.add_argument("--json", action="store_true")
+    load.set_defaults(func=cmd_load)
 
 
-def _checkpoint(path: str | None) -> str:
+def _checkpoint(path: str | None, preset: str = "small") -> str:
     if path:
         return path
-    if not (DEFAULT_CHECKPOINT / "config.json").exists():
+    target = DEFAULT_CHECKPOINT.parent / preset
+    if not (target / "config.json").exists():
         from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 
-        print(f"generating the small preset into {DEFAULT_CHECKPOINT}", file=sys.stderr)
-        write_checkpoint(CheckpointRequest("small", DEFAULT_CHECKPOINT, seed=0))
-    return str(DEFAULT_CHECKPOINT)
+        print(f"generating the {preset} preset into {target}", file=sys.stderr)
+        write_checkpoint(CheckpointRequest(preset, target, seed=0))
+    return str(target)
 
 
 def _quiet_logs() -> None:
@@ -50,11 +81,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from apps.bench.serve import BenchOptions, run
 
     _quiet_logs()
+    if args.mixed:
+        return _mixed(args)
 
     levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
     if args.fleet:
         return _serve_fleet(args, levels)
-    options = BenchOptions(_checkpoint(args.checkpoint), args.prompt_tokens, args.max_tokens, args.backend, levels,
+    options = BenchOptions(_checkpoint(args.checkpoint, args.preset), args.prompt_tokens, args.max_tokens, args.backend, levels,
                            args.repeats)
     report = run(options, "fornax " + " ".join(sys.argv[1:]))
     if args.json:
@@ -100,3 +133,82 @@ def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
     print(f"top-1 agreement with transformers fp32 at hops {agreement['hop_boundary_dtypes']}: "
           f"{agreement['top1_agreement']:.4f} over {agreement['positions']} positions")
     return 0
+
+
+def _mixed(args: argparse.Namespace) -> int:
+    from apps.bench.mixed import MixedOptions, measure_mixed
+    from apps.bench.serve import BenchOptions, provenance
+
+    if args.tokens_per_step < 1:
+        print("serve --mixed: --tokens-per-step must be >= 1", file=sys.stderr)
+        return 2
+    checkpoint = _checkpoint(args.checkpoint, args.preset)
+    options = MixedOptions(checkpoint, args.backend, tokens_per_step=args.tokens_per_step)
+    report = measure_mixed(options)
+    report["provenance"] = provenance(BenchOptions(checkpoint, backend=args.backend),
+                                      "fornax " + " ".join(sys.argv[1:]))
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    prov = report["provenance"]
+    print(f"# {prov['label']}: {prov['hardware']}; {prov['backend_build']}; model {prov['model_snapshot']}")
+    for prefix, name in (("", "chunked"), ("unchunked_", "unchunked")):
+        print(f"{name:<10} ITL p99 plain {report[prefix + 'itl_p99_plain_s']:.4f}s  "
+              f"mixed {report[prefix + 'itl_p99_mixed_s']:.4f}s  "
+              f"mixed/plain {report[prefix + 'itl_p99_mixed_vs_plain']:.2f}")
+    return 0
+
+
+def cmd_grammar(args: argparse.Namespace) -> int:
+    from apps.bench.grammar import run
+
+    report = run(_checkpoint(args.checkpoint), args.walks, args.max_steps,
+                 "fornax " + " ".join(sys.argv[1:]))
+    print(json.dumps(report, indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from apps.bench.load import LONG_REQUESTS, LoadOptions, report, run_load
+    from libs.service.fleet_state import read_fleet
+
+    state = read_fleet(args.state_dir)
+    api = args.api or (state.api if state else None)
+    if not api:
+        print(f"fornax: no --api and no running fleet in {args.state_dir}", file=sys.stderr)
+        return 2
+    options = LoadOptions(
+        api=api.rstrip("/"), api_key=state.api_key if state else None,
+        requests=args.requests or (LONG_REQUESTS if args.long else 1000),
+        concurrency=args.concurrency,
+        prompt_tokens=args.prompt_tokens or (2 if args.long else 8),
+        max_tokens=args.max_tokens or (1 if args.long else 8))
+    outcomes, wall_s = asyncio.run(run_load(
+        options, lambda done: print(f"  {done} requests done", file=sys.stderr)))
+    figures = report(options, outcomes, wall_s, "fornax " + " ".join(sys.argv[1:]))
+    if args.json:
+        print(json.dumps(figures, indent=2, sort_keys=True))
+    else:
+        print(f"# {figures['provenance']['label']}: {figures['provenance']['hardware']}")
+        print(f"requests {figures['requests']}  lost {figures['lost']}  p50 {figures['p50_s']}  "
+              f"p99 {figures['p99_s']}  req/s {figures['requests_per_s']}")
+    return 0 if figures["lost"] == 0 else 1
+
+
+def cmd_coldstart(args: argparse.Namespace) -> int:
+    from apps.bench.coldstart import ColdstartOptions, run
+
+    report = run(ColdstartOptions(args.stages, trickle_interval_s=args.trickle_interval_s,
+                                  timeout_s=args.timeout_s, keep_dir=args.keep_dir),
+                 "fornax " + " ".join(sys.argv[1:]))
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print(f"# {report['figure_class']}; {report['host']}")
+        for key in ("seconds_to_first_token", "seconds_to_final_backend", "requests_lost_during_switch",
+                    "requests_sent", "final_backend", "failure"):
+            print(f"{key} = {report[key]}")
+    ok = report["final_backend"] == "max" and report["requests_lost_during_switch"] == 0
+    return 0 if ok else 1

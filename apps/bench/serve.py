@@ -21,6 +21,7 @@ import numpy as np
 
 from libs.service.affinity import usable_cpus, worker_cpu_sets, worker_env
 from libs.service.host import cpu_name
+from libs.service.host_quota import quota_label
 from apps.fleet.launcher import FleetOptions, Launcher, ServiceProcess
 from libs.model.layout import even_layer_split
 from services.orchestrator.direct_load import load_checkpoint_route
@@ -191,6 +192,7 @@ def provenance(options: BenchOptions, command: str) -> dict[str, str]:
         "backend_build": f"{options.backend} {metadata.version('max' if options.backend == 'max' else 'numpy')}",
         "transformers_build": f"transformers {metadata.version('transformers')}, torch {metadata.version('torch')}",
         "model_snapshot": "sha256:" + hashlib.sha256(config).hexdigest(),
+        "quota": quota_label(),
         "command": command,
     }
 

@@ -4,6 +4,7 @@ one host per network namespace and cgroup."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -11,6 +12,7 @@ import threading
 from functools import partial
 from pathlib import Path
 
+from apps.fleet.backend_report import fetch_board, render_board
 from apps.fleet.compose import start_fleet
 from apps.fleet.isolated import start_isolated_fleet
 from apps.fleet.netns import IsolationFailed, IsolationUnavailable, read_record, tear_down
@@ -18,9 +20,12 @@ from apps.fleet.spec import FleetFileError, load_fleet_spec
 from libs.common.kinds import Backend, DType
 from apps.fleet.health import check_health
 from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
+from apps.fleet.route_status import route_report
+from apps.fleet.supervisor import FleetSupervisor
 from apps.fleet.route_wait import RouteFailed, wait_for_route
 from libs.security.cli_credentials import operator_credentials
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
+from libs.service.progress import Progress
 
 BOUNDARY_DTYPES = ("bf16", "fp32")
 
@@ -41,6 +46,8 @@ def register(commands, benches) -> None:
                     help="another directory InstallPlan may name checkpoints under (repeatable)")
     up.add_argument("--insecure", action="store_true",
                     help="plaintext gRPC with no certificates, authentication or audit identity (every service warns)")
+    up.add_argument("--no-serve-while-compiling", dest="serve_while_compiling", action="store_false",
+                    help="with --backend max: wait for MAX compiles instead of serving on numpy meanwhile")
     up.add_argument("--startup-timeout-s", type=float, default=180.0)
     up.add_argument("--install-timeout-s", type=float, default=3600.0,
                     help="how long to wait for the route (first MAX compiles take minutes)")
@@ -126,6 +133,7 @@ def _options(args: argparse.Namespace) -> FleetOptions:
         startup_timeout_s=args.startup_timeout_s,
         insecure=args.insecure,
         read_roots=tuple(args.read_root),
+        serve_while_compiling=args.serve_while_compiling,
     )
 
 
@@ -135,13 +143,19 @@ def _serve(args: argparse.Namespace, state: FleetState, launcher) -> int:
     print(f"fleet file: {path}")
     if args.checkpoint:
         try:
-            wait_for_route(state, args.install_timeout_s, lambda message: print(f"  {message}", file=sys.stderr))
+            # planning, plan, artifacts, one load per stage, warming: an estimate (compile
+            # lines of a cold MAX cache are steps too), so the bar ends only when ready.
+            stages = sum(1 for s in state.services if s.kind == "stage_worker")
+            with Progress("installing route", stages + 5, "steps") as bar:
+                wait_for_route(state, args.install_timeout_s, bar.step)
+                bar.finish("route ready")
         except (RouteFailed, TimeoutError) as exc:
             launcher.stop_all()
             tear_down(Path(args.state_dir))
             fleet_path(args.state_dir).unlink(missing_ok=True)
             return _fail(f"the route did not come up: {exc}")
         print(curl_example(state))
+        print("\n".join(render_board(fetch_board(state))), file=sys.stderr)
     if not args.foreground:
         return 0
     return _stay_attached(args.state_dir, launcher)
@@ -160,13 +174,24 @@ def _stay_attached(state_dir: str, launcher) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    print("fleet running in the foreground; Ctrl-C stops it", file=sys.stderr)
+    print("fleet running in the foreground (stage workers are restarted if they die); Ctrl-C stops it",
+          file=sys.stderr)
+    def record_pids() -> None:
+        state = read_fleet(state_dir)
+        if state is not None:
+            order = [s.name for s in state.services]
+            entries = sorted((s.entry() for s in launcher.started), key=lambda e: order.index(e.name))
+            write_fleet(state_dir, dataclasses.replace(state, services=tuple(entries)))
+
+    supervisor = FleetSupervisor(launcher, on_restart=record_pids).start()
     exited = None
     while not stop.wait(0.5):
-        exited = next((s for s in launcher.started if s.process.poll() is not None), None)
+        exited = next((s for s in launcher.started
+                       if s.spec.kind != "stage_worker" and s.process.poll() is not None), None)
         if exited:
             print(f"fornax: {exited.spec.name} exited with {exited.process.returncode}; stopping", file=sys.stderr)
             break
+    supervisor.stop()
     launcher.stop_all()
     left = tear_down(Path(state_dir))
     fleet_path(state_dir).unlink(missing_ok=True)
@@ -191,7 +216,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     credentials = operator_credentials(args.state_dir) if state.tls else None
     health = {s.name: check_health(s.grpc, credentials=credentials) for s in state.services}
     print(render_table(state, health))
-    return 0 if all(status == "SERVING" for status in health.values()) else 1
+    route = route_report(state)
+    if route is not None:
+        print(route.render())
+    print("\n".join(render_board(fetch_board(state))))
+    route_ok = route is None or route.healthy
+    return 0 if route_ok and all(status == "SERVING" for status in health.values()) else 1
 
 
 def cmd_down(args: argparse.Namespace) -> int:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from libs.service.affinity import usable_cpus, worker_cpu_sets
 from libs.service.affinity import worker_env as affinity_env
-from apps.fleet.launcher import builder_read_roots, HOST, FleetOptions, Launcher, LaunchError, ServiceProcess
+from apps.fleet.launcher import HOST, FleetOptions, Launcher, LaunchError, ServiceProcess, builder_read_roots
+from apps.fleet.reference import orchestrator_reference_env, reference_workers, wants_reference_workers
 from libs.service.fleet_state import FleetState, ServiceEntry
 
 
@@ -74,10 +75,14 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
             middle.append(
                 launcher.spawn(ServiceProcess(f"stage_worker_{index}", "stage_worker", "services.stage_worker", worker_env))
             )
+        if wants_reference_workers(options):
+            middle += [launcher.spawn(spec) for spec in reference_workers(options, cpu_sets)]
         launcher.wait_ready(middle)
         entries = {s.spec.name: s.entry() for s in launcher.started}
+        orchestrator_env = {**_orchestrator_env(options, entries),
+                            **orchestrator_reference_env(options, entries, cpu_sets)}
         orchestrator = launcher.spawn(
-            ServiceProcess("orchestrator", "orchestrator", "services.orchestrator", _orchestrator_env(options, entries))
+            ServiceProcess("orchestrator", "orchestrator", "services.orchestrator", orchestrator_env)
         )
         launcher.wait_ready([orchestrator])
     except (LaunchError, OSError, KeyboardInterrupt):

@@ -36,6 +36,8 @@ class FleetOptions:
     checkpoint: str | None = None
     http_port: int | None = None
     api_key: str | None = None
+    # With a MAX backend: serve on numpy workers at once while MAX graphs compile.
+    serve_while_compiling: bool = True
     startup_timeout_s: float = 120.0
     grace_period_s: float = 10.0
     # Plaintext gRPC with no authentication: only when asked for explicitly.

@@ -26,6 +26,8 @@ from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import Tensor
 from libs.service.channels import ChannelConfig, open_aio_channel
+from libs.service.event_loop import EventLoopKind, describe, run
+from libs.service.host_quota import quota_label
 
 MIB = 1 << 20
 PREFILL_SHAPE = (4096, 2048)
@@ -41,6 +43,8 @@ class BenchConfig:
     frames_per_run: int = 12
     runs: int = 5
     rtt_iters: int = 300
+    # Both ends of the FNX2 and raw-socket setups run on this loop (gRPC keeps asyncio).
+    loop: EventLoopKind = EventLoopKind.ASYNCIO
 
 
 def _batch(phase: Phase, rows_per_seq: int, requests: list[str], step: int, values: np.ndarray,
@@ -115,8 +119,9 @@ def bench_codec(cfg: BenchConfig) -> dict[str, float]:
 
 
 class _Peer:
-    def __init__(self, mode: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "libs.fnx2.bench_peer", mode],
+    def __init__(self, mode: str, loop: EventLoopKind = EventLoopKind.ASYNCIO) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "libs.fnx2.bench_peer", mode,
+                                      loop.value],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())
 
@@ -202,11 +207,12 @@ def bench_throughput(cfg: BenchConfig) -> dict[str, float]:
         "grpc": lambda port: _grpc_throughput(port, cfg.frames_per_run, size),
     }
     rates: dict[str, list[float]] = {name: [] for name in runners}
-    peers = {name: _Peer(name) for name in runners}
+    peers = {name: _Peer(name, cfg.loop) for name in runners}
     try:
         for _ in range(cfg.runs):  # interleaved, so host noise hits all three alike
             for name, runner in runners.items():
-                elapsed = asyncio.run(runner(peers[name].port))
+                loop = EventLoopKind.ASYNCIO if name == "grpc" else cfg.loop
+                elapsed = run(runner(peers[name].port), loop)
                 rates[name].append(size * cfg.frames_per_run / elapsed)
     finally:
         for peer in peers.values():
@@ -256,12 +262,12 @@ async def _raw_rtt(port: int, iters: int) -> float:
 
 
 def bench_rtt(cfg: BenchConfig) -> dict[str, float]:
-    fnx2_peer, raw_peer = _Peer("fnx2"), _Peer("raw")
+    fnx2_peer, raw_peer = _Peer("fnx2", cfg.loop), _Peer("raw", cfg.loop)
     fnx2, raw = [], []
     try:
         for _ in range(cfg.runs):
-            fnx2.append(asyncio.run(_fnx2_rtt(fnx2_peer.port, cfg.rtt_iters)))
-            raw.append(asyncio.run(_raw_rtt(raw_peer.port, cfg.rtt_iters)))
+            fnx2.append(run(_fnx2_rtt(fnx2_peer.port, cfg.rtt_iters), cfg.loop))
+            raw.append(run(_raw_rtt(raw_peer.port, cfg.rtt_iters), cfg.loop))
     finally:
         fnx2_peer.close()
         raw_peer.close()
@@ -269,7 +275,7 @@ def bench_rtt(cfg: BenchConfig) -> dict[str, float]:
     return {"rtt_vs_raw_32kib": f / r, "channel_rtt_us": f * 1e6, "raw_rtt_us": r * 1e6}
 
 
-def host_labels(command: str) -> dict[str, str]:
+def host_labels(command: str, loop: EventLoopKind = EventLoopKind.ASYNCIO) -> dict[str, str]:
     import google_crc32c
 
     cpu = platform.processor() or platform.machine()
@@ -282,7 +288,9 @@ def host_labels(command: str) -> dict[str, str]:
         "evidence_class": "physical",
         "hardware": f"{cpu}; {os.cpu_count()} logical CPUs visible; loopback TCP",
         "build": (f"python {platform.python_version()}, numpy {np.__version__}, "
-                  f"google-crc32c implementation={google_crc32c.implementation}"),
+                  f"google-crc32c implementation={google_crc32c.implementation}, "
+                  f"event loop {describe(loop)} (gRPC baseline: asyncio)"),
+        "quota": quota_label(),
         "command": command,
         "note": ("physical figures for this host only (2 shared cores, other work running); "
                  "best of interleaved repetitions; RTTs are per-run medians"),
@@ -294,7 +302,7 @@ def run_all(cfg: BenchConfig, command: str) -> dict[str, object]:
     figures.update(bench_codec(cfg))
     figures.update(bench_throughput(cfg))
     figures.update(bench_rtt(cfg))
-    figures.update(host_labels(command))
+    figures.update(host_labels(command, cfg.loop))
     return figures
 
 

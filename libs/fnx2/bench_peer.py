@@ -1,7 +1,8 @@
 """The receiving process of `fornax bench fnx2`: an FNX2, raw-socket or gRPC sink on loopback.
 
-Run as `python -m libs.fnx2.bench_peer MODE`; it prints its port, then serves until its
-stdin closes. A separate process, so sender and receiver each get their own core.
+Run as `python -m libs.fnx2.bench_peer MODE [LOOP]` (LOOP: asyncio or uvloop; gRPC keeps
+its own asyncio loop); it prints its port, then serves until its stdin closes. A separate
+process, so sender and receiver each get their own core.
 """
 
 from __future__ import annotations
@@ -105,4 +106,7 @@ async def main(mode: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    from libs.service.event_loop import EventLoopKind, run
+
+    kind = EventLoopKind(sys.argv[2]) if len(sys.argv) > 2 else EventLoopKind.ASYNCIO
+    run(main(sys.argv[1]), EventLoopKind.ASYNCIO if sys.argv[1] == "grpc" else kind)

@@ -15,6 +15,8 @@ def register(commands, benches) -> None:
     bench = benches.add_parser("fnx2", help="FNX2 codec and channel vs memcpy, raw TCP, gRPC")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions")
+    bench.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                       help="event loop of both ends of the FNX2 and raw-socket setups")
     bench.set_defaults(func=_bench)
     fuzz = commands.add_parser("fuzz", help="fuzz Fornax protocols against live receivers")
     targets = fuzz.add_subparsers(dest="fuzz_target", metavar="TARGET", required=True)
@@ -71,8 +73,13 @@ def _golden(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from libs.fnx2.bench import BenchConfig, run_all
 
-    cfg = BenchConfig(codec_reps=5, frames_per_run=6, runs=1, rtt_iters=100) if args.quick else BenchConfig()
-    command = "fornax bench fnx2" + (" --json" if args.json else "") + (" --quick" if args.quick else "")
+    from libs.service.event_loop import EventLoopKind
+
+    loop = EventLoopKind(args.loop)
+    cfg = (BenchConfig(codec_reps=5, frames_per_run=6, runs=1, rtt_iters=100, loop=loop)
+           if args.quick else BenchConfig(loop=loop))
+    command = ("fornax bench fnx2" + (" --json" if args.json else "")
+               + (" --quick" if args.quick else "") + f" --loop {args.loop}")
     figures = run_all(cfg, command)
     if args.json:
         print(json.dumps(figures, indent=2, sort_keys=True))

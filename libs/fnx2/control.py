@@ -23,7 +23,12 @@ EXT_TIMINGS = "timings"
 # An ok sequence may answer with fewer output rows than input rows (a final stage returning
 # one sampled token per sequence instead of one row per input token).
 EXT_COMPACT_OUTPUT = "compact_output"
-KNOWN_EXTENSIONS = frozenset({EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, EXT_TIMINGS, EXT_COMPACT_OUTPUT})
+# A final stage in sampled-token mode may answer an ok sequence with one fp32 LOGITS-kind
+# "sample record" row (token id, its logprob, top (id, logprob) pairs; libs.model.logprobs)
+# instead of one int32 token id. Stages in between relay the rows unchanged.
+EXT_SAMPLE_LOGPROBS = "sample_logprobs"
+KNOWN_EXTENSIONS = frozenset({EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, EXT_TIMINGS, EXT_COMPACT_OUTPUT,
+                              EXT_SAMPLE_LOGPROBS})
 
 CREDIT_FIELDS = ("frames", "payload_bytes", "rows", "sequences",
                  "live_requests", "kv_bytes", "replay_bytes")

@@ -323,7 +323,8 @@ class _Channel:
     async def _run_handler(self, admission: BatchAdmission) -> dict[tuple[str, str], Outcome]:
         if not admission.execute:
             return {}
-        work = StageWork(admission.batch, admission.execute, admission.batch.traceparent)
+        work = StageWork(admission.batch, admission.execute, admission.batch.traceparent,
+                         self.extensions)
         try:
             output = await self.r.handler.execute(work)
         except Exception as exc:  # a backend failure fails its sequences, not the channel

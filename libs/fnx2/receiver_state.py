@@ -189,6 +189,9 @@ class ReceiverState:
             replay_bytes=max(0, lim.replay_bytes - self._replay_used),
         )
 
+    def _kv_free(self) -> int:
+        return max(0, self.limits.kv_bytes - self._kv_used)
+
     @property
     def live_requests(self) -> int:
         return len(self._leases)
@@ -291,7 +294,7 @@ class ReceiverState:
         if item.token_position_start != lease.next_position:
             return reject(ErrorCode.POSITION, f"expected token position {lease.next_position}")
         kv = item.input_row_count * self.limits.kv_bytes_per_row
-        if kv > self.credit().kv_bytes - kv_reserved:
+        if kv > self._kv_free() - kv_reserved:  # per decode row: no whole Credit vector
             return reject(ErrorCode.ADMISSION, "no KV credit")
         return kv
 

@@ -21,6 +21,8 @@ class StageWork:
     batch: Batch
     sequences: tuple[SequenceSlice, ...]
     traceparent: str | None
+    # Extensions negotiated on the channel this batch arrived on.
+    extensions: frozenset[str] = frozenset()
 
     @property
     def inputs(self) -> np.ndarray:

@@ -17,7 +17,7 @@ from libs.model.errors import BatchError
 from libs.model.kernels import MASK_NEG, LayerInputs, StageKernels
 from libs.model.kv_store import KvLayout, KvStore, KvUsage, SliceIdentity
 from libs.model.rope import rope_tables
-from libs.model.sampling import SamplingParams, sample_token
+from libs.model.sampling import SamplingParams, TokenFilter, sample_token
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class StageBatch:
     token_ids: np.ndarray | None = None          # int32 [R], first stage
     hidden: np.ndarray | None = None             # float32 [R, hidden], later stages
     sampling: tuple[SamplingParams, ...] = ()    # one per slice, last stage; empty = no sampling
+    # One per slice when given (grammar masks, bias, penalties); None entries sample plainly.
+    token_filters: tuple[TokenFilter | None, ...] = ()
     all_logits: bool = False                     # last stage: logits for every row, not just the last
 
     @property
@@ -189,8 +191,12 @@ class StageExecutor:
             if len(batch.sampling) != len(batch.slices):
                 raise BatchError("sampling needs one parameter set per slice")
             positions = layout.positions[last_rows]
+            filters = batch.token_filters or (None,) * len(batch.slices)
+            if len(filters) != len(batch.slices):
+                raise BatchError("token filters need one entry per slice")
             tokens = np.array(
-                [sample_token(row, p, int(pos)) for row, p, pos in zip(last_logits, batch.sampling, positions)],
+                [sample_token(row, p, int(pos), f)
+                 for row, p, pos, f in zip(last_logits, batch.sampling, positions, filters)],
                 dtype=np.int32,
             )
         return logits, tokens

@@ -32,10 +32,24 @@ def _warmup(args: argparse.Namespace) -> int:
         warm_compile_cache,
     )
 
+    from libs.service.progress import Progress
+
     cache_dir = args.cache_dir or default_cache_dir(os.environ)
     configure_max_process(os.environ, cache_dir)  # this command is its process's entry point
     cfg = load_config(args.checkpoint)
-    seconds = warm_compile_cache(cfg, MaxOptions(device=args.device, weight_dtype=args.weight_dtype))
+    bars: list[Progress] = []
+
+    def on_graph(kind: str, done: int, total: int) -> None:
+        if not bars:
+            bars.append(Progress("max warmup", total, "graphs"))
+        bars[0].update(done, f"compiling {kind}" if kind else "done")
+
+    try:
+        seconds = warm_compile_cache(cfg, MaxOptions(device=args.device, weight_dtype=args.weight_dtype),
+                                     on_graph)
+    finally:
+        for bar in bars:
+            bar.close()
     result = {
         "figure_class": "physical (wall seconds to compile or fetch each graph from the cache, this host)",
         "build": max_build(),

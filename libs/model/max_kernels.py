@@ -152,9 +152,12 @@ class MaxKernels:
 
 
 
-def warm_compile_cache(cfg: DeepseekV2Config, options: MaxOptions) -> dict[str, float]:
+def warm_compile_cache(cfg: DeepseekV2Config, options: MaxOptions,
+                       on_graph: Callable[[str, int, int], None] | None = None) -> dict[str, float]:
     """Compile (or fetch from the cache) every graph kind `cfg` needs, without weights, so a
-    later stage load only pays cache hits. Returns wall seconds per graph kind."""
+    later stage load only pays cache hits. Returns wall seconds per graph kind; `on_graph`
+    hears (kind about to compile, graphs done, graphs in all) before each, and ("", all, all)
+    at the end."""
     if options.device not in DEVICES:
         raise BackendUnavailableError(f"max device {options.device!r} not in {DEVICES}")
     if options.weight_dtype not in WEIGHT_DTYPES:
@@ -162,6 +165,10 @@ def warm_compile_cache(cfg: DeepseekV2Config, options: MaxOptions) -> dict[str, 
     from libs.model import max_runtime
 
     rt = max_runtime.shared_runtime(cfg, options.device, options.weight_dtype, options.progress)
-    for kind in max_runtime.graph_kinds_for(cfg):
+    kinds = list(max_runtime.graph_kinds_for(cfg))
+    report = on_graph or (lambda kind, done, total: None)
+    for done, kind in enumerate(kinds):
+        report(kind.value, done, len(kinds))
         rt.compiled(kind)
+    report("", len(kinds), len(kinds))
     return dict(rt.compile_seconds)

@@ -17,9 +17,31 @@ TARGET_VOCAB = 512
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 BOS_TOKEN = "<|endoftext|>"
 EOS_TOKEN = "<|im_end|>"
+# ChatML with Hermes-style tools: definitions in the system turn, calls as <tool_call> JSON,
+# results as <tool_response> in a user turn (the shape Qwen2.5 and Hermes checkpoints use).
 CHATML_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{% endif %}"
+    "{{ '# Tools\\n\\nYou may call functions. Function signatures are within <tools></tools>:\\n<tools>' }}"
+    "{% for tool in tools %}{{ '\\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\\n</tools>\\n\\nFor each call, return a JSON object with the function name and arguments'"
+    " + ' within <tool_call></tool_call> tags:\\n<tool_call>\\n{\"name\": <function-name>,'"
+    " + ' \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{ '<|im_start|>assistant\\n' + message['content'] }}"
+    "{% for call in message['tool_calls'] %}"
+    "{{ '<tool_call>\\n{\"name\":' + (call['function']['name'] | tojson) + ',\"arguments\":'"
+    " + call['function']['arguments'] + '}\\n</tool_call>' }}"
+    "{% endfor %}{{ '<|im_end|>\\n' }}"
+    "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )

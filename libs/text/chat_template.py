@@ -12,15 +12,39 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from libs.text.errors import TemplateError, TemplateHashMismatch
 from libs.text.tokenizer import sha256_hex
 
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 # Newer Hugging Face checkpoints keep the template in its own file, which then wins.
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call an assistant made; arguments are JSON text, as OpenAI carries them."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+    def as_template_value(self) -> dict:
+        return {"id": self.call_id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
 
 
 @dataclass(frozen=True)
 class ChatMessage:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None  # role "tool": the call this message answers
+
+    def as_template_value(self) -> dict:
+        """What the template sees: transformers' message dict shape."""
+        value: dict = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            value["tool_calls"] = [c.as_template_value() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            value["tool_call_id"] = self.tool_call_id
+        return value
 
 
 @dataclass(frozen=True)
@@ -86,12 +110,15 @@ class ChatTemplate:
         return cls(source_text, TemplateIdentity(source=str(path), sha256=digest),
                    _special_tokens(config))
 
-    def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
-        """Renders the conversation as the model's prompt text."""
+    def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> str:
+        """Renders the conversation (and the tool definitions, when given) as prompt text."""
         if not messages:
             raise TemplateError("a conversation needs at least one message")
-        context = {"messages": [{"role": m.role, "content": m.content} for m in messages],
+        context = {"messages": [m.as_template_value() for m in messages],
                    "add_generation_prompt": add_generation_prompt}
+        if tools:
+            context["tools"] = tools
         context.update({k: v for k, v in self._special_tokens.items()})
         context.setdefault("bos_token", "")
         context.setdefault("eos_token", "")

@@ -45,8 +45,8 @@ class TextContext:
         template = ChatTemplate.from_checkpoint(root, pins.template_sha256)
         return cls(tokenizer, template, _eos_token_ids(root, tokenizer))
 
-    def encode_chat(self, messages: list[ChatMessage]) -> list[int]:
-        return self.tokenizer.encode(self.template.render(messages))
+    def encode_chat(self, messages: list[ChatMessage], tools: list[dict] | None = None) -> list[int]:
+        return self.tokenizer.encode(self.template.render(messages, tools=tools))
 
     def stream(self, stop: tuple[str, ...] = ()) -> TextStream:
         return TextStream(self.tokenizer.token_bytes, self.tokenizer.special_ids, stop)

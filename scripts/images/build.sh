@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds one image per service: localhost/fornax-<service>:<version>.
 #   scripts/images/build.sh [service ...]     (default: all five)
+#   COMPILE_CACHE_CHECKPOINT=DIR bakes that checkpoint's MAX graphs into the stage worker image.
 # The base comes from debootstrap (build_base.sh). Wheels are fetched on the host into a
 # per-service wheelhouse; inside the build, RUN steps have no network at all.
 set -euo pipefail
@@ -39,6 +40,15 @@ for svc in "${SERVICES[@]}"; do
   # Flatten the -r includes: inside the image only the wheelhouse exists.
   grep -h -v -e '^-r' -e '^#' -e '^$' images/requirements/common.txt "$reqs" | sort -u >"$ctx/wheels/requirements.txt"
   echo "/wheels/$(basename "$project_wheel")" >"$ctx/wheels/project.txt"
+  if [[ $svc == stage_worker ]]; then
+    # The image layer can carry the MAX compile cache for one checkpoint's graph shapes,
+    # compiled here by the same MAX build the wheelhouse pins (requirements.lock).
+    mkdir -p "$ctx/compile-cache"
+    if [[ -n ${COMPILE_CACHE_CHECKPOINT:-} ]]; then
+      MODULAR_TELEMETRY_ENABLED=0 "$PY" -m apps.cli.main max warmup --checkpoint "$COMPILE_CACHE_CHECKPOINT" \
+        --cache-dir "$ctx/compile-cache"
+    fi
+  fi
   name=fornax-${svc//_/-}
   previous=$(buildah images --quiet --no-trunc "localhost/$name:$VERSION" 2>/dev/null || true)
   # chroot isolation shares the caller's network namespace, so the build runs in a fresh one

@@ -5,6 +5,7 @@ Store layout under `out_dir` (stated once, relied on by `fornax artifacts verify
     out_dir/artifacts/sha256-<manifest hex>/   one immutable artifact, named by its manifest hash
         model.safetensors                      only this stage's tensors, sorted by name
         config.json                            byte copy of the checkpoint's config
+        tokenizer.json                         final stage only: byte copy of the tokenizer
         manifest.json                          the stage manifest
     out_dir/stage-<i> -> artifacts/sha256-<hex>   relative symlink per stage of the latest build
 
@@ -46,8 +47,9 @@ from libs.artifacts.verify import sha256_file, verify_artifact
 from libs.common.kinds import FLOAT_DTYPES, DType
 from libs.common.proto import dtype_pb_name
 from libs.model.config import DeepseekV2Config
+from services.artifact_builder.durable import durable_rename, fsync_dir, sweep_stale_temps, temp_stage_prefix
 from services.artifact_builder.errors import CheckpointChangedError, OutputDirError, PlanInvalidError
-from services.artifact_builder.snapshot import CheckpointSnapshot, Inspection, shard_stat
+from services.artifact_builder.snapshot import TOKENIZER_FILE, CheckpointSnapshot, Inspection, shard_stat
 from services.artifact_builder.staging import StageContents, StagePlan, assign_tensors
 
 STORE_DIR = "artifacts"
@@ -125,7 +127,7 @@ def build_stage_artifacts(
     )
     built = []
     for stage in contents:
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-stage-{stage.stage.stage_index}-", dir=store))
+        tmp = Path(tempfile.mkdtemp(prefix=temp_stage_prefix(stage.stage.stage_index), dir=store))
         try:
             weights = yield from _write_weights(inspection.snapshot, stage, tmp / WEIGHTS_FILE, options.chunk_bytes, counter)
             _require_unchanged(inspection)
@@ -163,6 +165,7 @@ def _prepare_store(out_dir: Path) -> Path:
         raise OutputDirError(f"{out_dir} exists and is not a directory", field="out_dir")
     store = out_dir / STORE_DIR
     store.mkdir(parents=True, exist_ok=True)
+    sweep_stale_temps(store, out_dir)
     for entry in stage_links(out_dir):
         if not entry.is_symlink():
             raise OutputDirError(f"{entry} exists and is not a stage link", field="out_dir")
@@ -216,7 +219,10 @@ def _manifest(
     config_record = FileRecord(CONFIG_FILE, (tmp / CONFIG_FILE).stat().st_size, sha256_file(tmp / CONFIG_FILE))
     if config_record.sha256 != snapshot.config_sha256:
         raise OutputDirError(f"{snapshot.checkpoint_dir / CONFIG_FILE} changed since inspection")
-    files = tuple(sorted((weights, config_record), key=lambda r: r.path))
+    records = [weights, config_record]
+    if stage.owns_head:
+        records.append(_tokenizer_copy(snapshot, tmp))
+    files = tuple(sorted(records, key=lambda r: r.path))
     entries = layout_tensors(PlannedTensor(t.name, t.source.dtype, t.source.shape) for t in stage.tensors)
     tensors = tuple(
         ManifestTensor(e.name, e.dtype, e.shape, WEIGHTS_FILE, e.data_begin, e.data_end, t.source.name, t.source.shard)
@@ -239,6 +245,16 @@ def _manifest(
         files=files,
         tensors=tensors,
     )
+
+
+def _tokenizer_copy(snapshot: CheckpointSnapshot, tmp: Path) -> FileRecord:
+    """The final stage samples, and constrains samples to grammars, so it carries the tokenizer
+    (the same bytes the lineage's tokenizer_sha256 names)."""
+    shutil.copyfile(snapshot.checkpoint_dir / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
+    record = FileRecord(TOKENIZER_FILE, (tmp / TOKENIZER_FILE).stat().st_size, sha256_file(tmp / TOKENIZER_FILE))
+    if record.sha256 != snapshot.tokenizer_sha256:
+        raise OutputDirError(f"{snapshot.checkpoint_dir / TOKENIZER_FILE} changed since inspection")
+    return record
 
 
 def _lineage(snapshot: CheckpointSnapshot) -> SourceLineage:
@@ -281,7 +297,7 @@ def _commit(store: Path, tmp: Path, manifest: StageManifest, stage: StageContent
     else:
         shutil.rmtree(final, ignore_errors=True)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; artifacts are read by other processes
-        os.rename(tmp, final)
+        durable_rename(tmp, final)
     return BuiltStage(
         stage_index=stage.stage.stage_index,
         artifact_dir=final,
@@ -317,3 +333,4 @@ def _link_stages(out_dir: Path, built: list[BuiltStage]) -> None:
         tmp_link = out_dir / f".{name}.tmp-{uuid.uuid4().hex}"
         os.symlink(Path(STORE_DIR) / stage.artifact_dir.name, tmp_link)
         os.replace(tmp_link, link)
+    fsync_dir(out_dir)

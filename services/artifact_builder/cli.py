@@ -15,8 +15,7 @@ from pathlib import Path
 
 from libs.artifacts.manifest import MANIFEST_FILE
 from libs.common.kinds import FLOAT_DTYPES, DType
-
-BAR_WIDTH = 30
+from libs.service.progress import Progress
 
 
 def register(commands, benches) -> None:
@@ -36,7 +35,7 @@ def register(commands, benches) -> None:
     build.add_argument("--chunk-bytes", type=int, default=8 * 1024 * 1024, help="streaming copy chunk")
     build.add_argument("--registry", default=None, help="evidence registry address: register the snapshot")
     build.add_argument("--json", action="store_true", help="print the result as JSON")
-    build.add_argument("--quiet", action="store_true", help="no progress bar")
+    build.add_argument("--quiet", action="store_true", help="no progress (a bar on a terminal, lines otherwise)")
     build.set_defaults(func=_build)
 
     verify = sub.add_parser("verify", help="re-hash an artifact (or every stage of a build); non-zero on mismatch")
@@ -89,18 +88,19 @@ def _build(args: argparse.Namespace) -> int:
 def _run_build(inspection, plan, options, show_progress: bool):
     from services.artifact_builder.build import BuildProgress, build_stage_artifacts
 
-    result, shown = None, None
-    for event in build_stage_artifacts(inspection, plan, options):
-        if not isinstance(event, BuildProgress):
-            result = event
-            continue
-        # Redraw only when the stage or the whole percentage changes.
-        key = (event.stage_index, event.bytes_done * 100 // max(event.bytes_total, 1))
-        if show_progress and key != shown:
-            _draw_bar(event)
-            shown = key
-    if show_progress:
-        print(file=sys.stderr)
+    result, bar = None, None
+    try:
+        for event in build_stage_artifacts(inspection, plan, options):
+            if not isinstance(event, BuildProgress):
+                result = event
+                continue
+            if show_progress:
+                bar = bar or Progress("building artifacts", event.bytes_total, "MiB", scale=2**20)
+                bar.update(event.bytes_done, f"stage {event.stage_index} tensors "
+                                             f"{event.tensors_done}/{event.tensors_total}")
+    finally:
+        if bar is not None:
+            bar.close()
     return result
 
 
@@ -111,18 +111,6 @@ def _register(address: str | None, inspection) -> str:
     from services.artifact_builder.evidence import register_snapshot
 
     return register_snapshot(address, inspection.snapshot, cli_channel())
-
-
-def _draw_bar(event) -> None:
-    fraction = event.bytes_done / event.bytes_total if event.bytes_total else 1.0
-    filled = int(fraction * BAR_WIDTH)
-    bar = "#" * filled + "." * (BAR_WIDTH - filled)
-    sys.stderr.write(
-        f"\r[{bar}] {fraction:6.1%}  stage {event.stage_index}  "
-        f"tensors {event.tensors_done}/{event.tensors_total}  "
-        f"{event.bytes_done / 2**20:,.1f}/{event.bytes_total / 2**20:,.1f} MiB"
-    )
-    sys.stderr.flush()
 
 
 def _print_build(result, snapshot, record_id: str, out: Path, as_json: bool) -> None:

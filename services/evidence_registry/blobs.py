@@ -6,6 +6,7 @@ import hashlib
 import os
 import threading
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -57,12 +58,35 @@ class MemoryBlobStore:
                 self._blobs[sha256_hex] = data
 
 
+@dataclass(frozen=True)
+class SweepReport:
+    temp_files_removed: int
+    unreferenced_blobs_removed: int
+
+
+TEMP_PREFIX = ".tmp-"
+
+
 class DiskBlobStore:
     """Blobs at `<root>/<first two hex>/<hex>`, written via temp file + fsync + rename."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+
+    def sweep(self, referenced: set[str]) -> SweepReport:
+        """Removes what a crash can leave behind: half-written temp files, and blobs written
+        before their record committed (a put is acknowledged only after the commit, so no
+        acknowledged record loses its blob). Run before serving, never during puts."""
+        temps = orphans = 0
+        for path in self.root.glob("*/*"):
+            if path.name.startswith(TEMP_PREFIX):
+                path.unlink(missing_ok=True)
+                temps += 1
+            elif path.is_file() and path.name not in referenced:
+                path.unlink(missing_ok=True)
+                orphans += 1
+        return SweepReport(temps, orphans)
 
     def path_of(self, sha256_hex: str) -> Path:
         return self.root / sha256_hex[:2] / sha256_hex
@@ -92,7 +116,7 @@ class DiskBlobStore:
     @staticmethod
     def _write_atomically(target: Path, data: bytes) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
-        temp = target.parent / f".tmp-{uuid.uuid4().hex}"
+        temp = target.parent / f"{TEMP_PREFIX}{uuid.uuid4().hex}"
         try:
             with open(temp, "wb") as handle:
                 handle.write(data)

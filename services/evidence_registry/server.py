@@ -70,8 +70,12 @@ class EvidenceRegistryServicer(pb_grpc.EvidenceRegistryServiceServicer):
 def open_registry(cfg: RegistryConfig) -> EvidenceRegistry:
     records = SqliteRecordStore(Path(cfg.db_path), busy_timeout_ms=cfg.sqlite_busy_timeout_ms)
     limits = RegistryLimits(max_blob_bytes=cfg.max_blob_bytes)
+    blobs = DiskBlobStore(Path(cfg.blob_dir))
+    swept = blobs.sweep(records.referenced_blobs())
+    log.info("blob_store_swept", temp_files_removed=swept.temp_files_removed,
+             unreferenced_blobs_removed=swept.unreferenced_blobs_removed)
     ca_pem = Path(cfg.evidence_ca).read_bytes() if cfg.evidence_ca else None
-    return EvidenceRegistry(records, DiskBlobStore(Path(cfg.blob_dir)), limits, SignaturePolicy(ca_pem))
+    return EvidenceRegistry(records, blobs, limits, SignaturePolicy(ca_pem))
 
 
 async def make_spec(cfg: RegistryConfig, registry: EvidenceRegistry | None = None) -> ServiceSpec:

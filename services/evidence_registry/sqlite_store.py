@@ -217,6 +217,10 @@ class SqliteRecordStore:
                              (updated.status.value, updated.revocation_reason, record_id))
             return updated
 
+    def referenced_blobs(self) -> set[str]:
+        rows = self._conn().execute("SELECT DISTINCT blob_sha256_hex FROM records").fetchall()
+        return {row[0] for row in rows}
+
     def close(self) -> None:
         with self._lock:
             connections, self._connections = self._connections, []

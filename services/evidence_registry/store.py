@@ -29,6 +29,9 @@ class RecordStore(Protocol):
     def revoke(self, record_id: str, reason: str) -> Record:
         """Marks a record revoked (idempotent: a revoked record is returned unchanged)."""
 
+    def referenced_blobs(self) -> set[str]:
+        """The sha256 hex of every blob some record names (revoked records included)."""
+
     def close(self) -> None: ...
 
 
@@ -117,6 +120,10 @@ class MemoryRecordStore:
             updated = revoked(record, reason)
             self._records[record_id] = (seq, updated)
             return updated
+
+    def referenced_blobs(self) -> set[str]:
+        with self._lock:
+            return {record.blob.sha256_hex for _, record in self._records.values()}
 
     def close(self) -> None:
         pass

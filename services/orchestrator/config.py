@@ -10,6 +10,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from libs.common.kinds import FLOAT_DTYPES, Backend, DType
+from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 from services.orchestrator.http_tls import HttpTlsFiles
 
@@ -21,6 +22,10 @@ BACKEND_OF_WORKER = "worker"
 
 def _addresses(raw: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in (raw or "").split(",") if part.strip())
+
+
+def _cpu_sets(raw: str | None) -> tuple[tuple[int, ...], ...]:
+    return tuple(parse_cpu_set(part) for part in (raw or "").split(";") if part.strip())
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,12 @@ class OrchestratorConfig:
     inprocess_checkpoint: str | None = None
     inprocess_stages: int = 1
     inprocess_backend: Backend = Backend.NUMPY
-    # MAX compile cache of the in-process stages; None = the backend's default (~/.cache/fornax/max).
+    # numpy stage workers (stage order) that serve while MAX graphs compile; empty = none.
+    reference_stage_workers: tuple[str, ...] = ()
+    # CPU share of each stage (stage order) for background compiles; empty = inherited.
+    stage_cpu_sets: tuple[tuple[int, ...], ...] = ()
+    # MAX compile cache of the in-process stages and of background compiles (the stage
+    # workers' own); None = the backend's default (~/.cache/fornax/max).
     compile_cache_dir: str | None = None
     # Installed on the stage workers at startup when set (with stage_workers).
     checkpoint: str | None = None
@@ -57,7 +67,16 @@ class OrchestratorConfig:
     default_max_tokens: int = 256
     output_queue_capacity: int = 16
     # Deadline budget of a request that brings none; 0 means no deadline.
-    default_deadline_s: float = 0.0
+    default_deadline_s: float = 600.0
+    # A client that takes no output for this long loses its request (and frees its slot).
+    idle_write_timeout_s: float = 30.0
+    # Kernel send buffer per HTTP client connection; 0 leaves the kernel's autotuning.
+    http_send_buffer_bytes: int = 0
+    # Release of a finished request gives up after this long; stage leases expire anyway.
+    release_budget_s: float = 10.0
+    # How long greedy requests wait for a lost stage to come back (then replay on the
+    # reloaded route); 0 ends them at once with ROUTE_UNAVAILABLE.
+    recovery_timeout_s: float = 30.0
     # Request limits checked before any work; 0 = only the context window bounds tokens.
     http_max_body_bytes: int = 4 << 20
     max_tokens_cap: int = 0
@@ -75,6 +94,8 @@ class OrchestratorConfig:
         parser.add_argument("--planner-addr", help="env FORNAX_PLANNER_ADDR")
         parser.add_argument("--artifact-builder-addr", help="env FORNAX_ARTIFACT_BUILDER_ADDR")
         parser.add_argument("--stage-workers", help="comma-separated gRPC addresses in stage order (env FORNAX_STAGE_WORKERS)")
+        parser.add_argument("--reference-stage-workers", help="numpy workers serving while MAX compiles (env FORNAX_REFERENCE_STAGE_WORKERS)")
+        parser.add_argument("--stage-cpu-sets", help="';'-separated CPU set per stage, e.g. 0;1 (env FORNAX_STAGE_CPU_SETS)")
         parser.add_argument("--model-id", help="public model id (env FORNAX_MODEL_ID)")
         parser.add_argument("--inprocess-checkpoint", help="serve this checkpoint with in-process stages (env FORNAX_INPROCESS_CHECKPOINT)")
         parser.add_argument("--inprocess-stages", type=int, help="env FORNAX_INPROCESS_STAGES")
@@ -89,6 +110,10 @@ class OrchestratorConfig:
         parser.add_argument("--max-live-requests", type=int, help="admission queue size (env FORNAX_MAX_LIVE_REQUESTS)")
         parser.add_argument("--default-max-tokens", type=int, help="env FORNAX_DEFAULT_MAX_TOKENS")
         parser.add_argument("--default-deadline-s", type=float, help="request deadline budget when none is given, 0 = none (env FORNAX_DEFAULT_DEADLINE_S)")
+        parser.add_argument("--idle-write-timeout-s", type=float, help="cancel a request whose client reads nothing for this long, 0 = never (env FORNAX_IDLE_WRITE_TIMEOUT_S)")
+        parser.add_argument("--http-send-buffer-bytes", type=int, help="kernel send buffer per HTTP connection, 0 = kernel default (env FORNAX_HTTP_SEND_BUFFER_BYTES)")
+        parser.add_argument("--recovery-timeout-s", type=float, help="wait this long for a lost stage before ending its requests, 0 = end at once (env FORNAX_RECOVERY_TIMEOUT_S)")
+        parser.add_argument("--release-budget-s", type=float, help="give up releasing a request's KV after this long (env FORNAX_RELEASE_BUDGET_S)")
         parser.add_argument("--http-max-body-bytes", type=int, help="env FORNAX_HTTP_MAX_BODY_BYTES")
         parser.add_argument("--max-tokens-cap", type=int, help="largest max_tokens accepted, 0 = context only (env FORNAX_MAX_TOKENS_CAP)")
         parser.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted, 0 = context only (env FORNAX_MAX_PROMPT_TOKENS)")
@@ -113,6 +138,9 @@ class OrchestratorConfig:
             artifact_builder_addr=pick(args.artifact_builder_addr, env, "FORNAX_ARTIFACT_BUILDER_ADDR",
                                        cls.artifact_builder_addr),
             stage_workers=_addresses(pick(args.stage_workers, env, "FORNAX_STAGE_WORKERS", None)),
+            reference_stage_workers=_addresses(pick(args.reference_stage_workers, env,
+                                                    "FORNAX_REFERENCE_STAGE_WORKERS", None)),
+            stage_cpu_sets=_cpu_sets(pick(args.stage_cpu_sets, env, "FORNAX_STAGE_CPU_SETS", None)),
             model_id=pick(args.model_id, env, "FORNAX_MODEL_ID", cls.model_id),
             inprocess_checkpoint=pick(args.inprocess_checkpoint, env, "FORNAX_INPROCESS_CHECKPOINT",
                                       cls.inprocess_checkpoint),
@@ -134,6 +162,14 @@ class OrchestratorConfig:
                                     cls.default_max_tokens, int),
             default_deadline_s=pick(args.default_deadline_s, env, "FORNAX_DEFAULT_DEADLINE_S",
                                     cls.default_deadline_s, float),
+            idle_write_timeout_s=pick(args.idle_write_timeout_s, env, "FORNAX_IDLE_WRITE_TIMEOUT_S",
+                                      cls.idle_write_timeout_s, float),
+            http_send_buffer_bytes=pick(args.http_send_buffer_bytes, env, "FORNAX_HTTP_SEND_BUFFER_BYTES",
+                                        cls.http_send_buffer_bytes, int),
+            recovery_timeout_s=pick(args.recovery_timeout_s, env, "FORNAX_RECOVERY_TIMEOUT_S",
+                                    cls.recovery_timeout_s, float),
+            release_budget_s=pick(args.release_budget_s, env, "FORNAX_RELEASE_BUDGET_S",
+                                  cls.release_budget_s, float),
         )
 
 

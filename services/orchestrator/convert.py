@@ -20,6 +20,7 @@ _FINISH = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FIN
            FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
            FinishReason.DEADLINE: pb.FINISH_REASON_ERROR,
            FinishReason.REJECTED: pb.FINISH_REASON_ERROR,
+           FinishReason.UNAVAILABLE: pb.FINISH_REASON_ERROR,
            FinishReason.ERROR: pb.FINISH_REASON_ERROR}
 
 
@@ -71,7 +72,8 @@ def output_to_pb(output: RequestOutput) -> pb.GenerateResponse:
 
 _STATE = {RouteState.EMPTY: pb.ROUTE_STATE_EMPTY, RouteState.INSTALLING: pb.ROUTE_STATE_INSTALLING,
           RouteState.SERVING: pb.ROUTE_STATE_SERVING, RouteState.DRAINING: pb.ROUTE_STATE_DRAINING,
-          RouteState.DRAINED: pb.ROUTE_STATE_DRAINED, RouteState.FAILED: pb.ROUTE_STATE_FAILED}
+          RouteState.DRAINED: pb.ROUTE_STATE_DRAINED, RouteState.FAILED: pb.ROUTE_STATE_FAILED,
+          RouteState.DEGRADED: pb.ROUTE_STATE_DEGRADED}
 
 
 def install_request_from_pb(request: pb.InstallPlanRequest) -> InstallRequest:
@@ -88,16 +90,19 @@ def install_request_from_pb(request: pb.InstallPlanRequest) -> InstallRequest:
 
 def status_to_pb(status: RouteStatus) -> pb.PlanStatus:
     message = pb.PlanStatus(state=_STATE[status.state],
-                            inflight_requests=status.inflight_requests)
+                            inflight_requests=status.inflight_requests, reason=status.failure)
     if status.plan is not None:
         message.plan.CopyFrom(common_pb2.PlanBinding(
             plan_id=status.plan.plan_id, plan_hash=status.plan.plan_hash,
             plan_generation_id=status.plan.plan_generation_id))
-    healthy = status.state in (RouteState.SERVING, RouteState.DRAINING, RouteState.DRAINED)
-    for stage in status.stages:
+    route_ok = status.state in (RouteState.SERVING, RouteState.DRAINING, RouteState.DRAINED,
+                                RouteState.DEGRADED)
+    for index, stage in enumerate(status.stages):
+        condition = status.stage_conditions[index] if index < len(status.stage_conditions) else ""
         message.stages.append(pb.StageStatus(
             stage_index=stage.index, worker_address=stage.worker_address,
             layer_range=common_pb2.LayerRange(layer_start=stage.layer_start,
                                               layer_end_exclusive=stage.layer_end_exclusive),
-            manifest_hash=stage.manifest_hash, healthy=healthy))
+            manifest_hash=stage.manifest_hash, healthy=route_ok and not condition,
+            condition=condition))
     return message

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from libs.fnx2.messages import Phase, SequenceStatus
+from libs.model.logprobs import TokenLogprobs
 from libs.model.sampling import SamplingParams
 
 
@@ -15,6 +16,7 @@ class FinishReason(enum.Enum):
     CANCELLED = "cancelled"
     DEADLINE = "deadline"
     REJECTED = "rejected"  # a stage refused the request (its KV reservation)
+    UNAVAILABLE = "unavailable"  # the route lost a stage or its data plane mid-request
     ERROR = "error"
 
 
@@ -29,6 +31,30 @@ class StageLayout:
     kv_budget_bytes: int | None = None
 
 
+class EvidenceClass(enum.Enum):
+    """How far a figure or a route's outputs can be trusted (the seed's classes)."""
+
+    CONTRACT = "contract"
+    REFERENCE = "reference"   # the float32 numpy reference backend
+    PHYSICAL = "physical"     # a production backend on named hardware
+    PREDICTION = "prediction"  # a cost-model figure
+
+
+@dataclass(frozen=True)
+class RouteCard:
+    """Provenance of what is served: model snapshot, plan, and the evidence behind them."""
+
+    model_snapshot: str = ""
+    plan_id: str = ""
+    plan_mode: str = ""  # the planner's mode, or "in-process" without a planner
+    backend: str = ""
+    boundary_dtype: str = ""
+    # The execution's class: reference for the numpy backend, physical for MAX.
+    execution_evidence: EvidenceClass = EvidenceClass.REFERENCE
+    # The plan's time figures: cost-model predictions until a route is qualified.
+    plan_evidence: EvidenceClass = EvidenceClass.PREDICTION
+
+
 @dataclass(frozen=True)
 class ServedModel:
     """What the route serves: the public model id, its limits and its stage layout."""
@@ -38,6 +64,7 @@ class ServedModel:
     vocab_size: int
     stages: tuple[StageLayout, ...]
     created_unix_s: int = 0
+    card: RouteCard = RouteCard()
 
     @property
     def num_stages(self) -> int:
@@ -57,6 +84,8 @@ class GenerationRequest:
     max_tokens: int
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
+    # Ids that end the output like an end-of-sequence token (not part of the text).
+    stop_token_ids: tuple[int, ...] = ()
     deadline_budget_ns: int | None = None  # None: no deadline
     # W3C traceparent of the request's span; its microbatches' hops join that trace.
     traceparent: str | None = None
@@ -101,6 +130,10 @@ class RequestSliceResult:
     # disagree reports the sequence as failed instead.
     kv_epoch_after: int
     error: str = ""
+    logprobs: TokenLogprobs | None = None  # when the request asked for them
+    # The route failed (a stage died, stopped or lost its next hop), not the sequence: its
+    # status is FAILED, and it may be replayed on a reloaded route.
+    route_lost: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +161,7 @@ class RequestOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str = ""
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per token id, when asked for
 
     @property
     def finished(self) -> bool:
@@ -144,3 +178,26 @@ class SchedulerConfig:
     # Prefill rows per microbatch; a longer prompt is prefilled in chunks of at most this.
     max_prefill_rows_per_microbatch: int = 2048
     output_queue_capacity: int = 16
+    # Chunked prefill mixed with decode (0: off): each scheduling step carries every ready
+    # decode row, and prompt chunks fill the rest of this many tokens, never less than
+    # `min_prefill_chunk_tokens` (see step_budget.py).
+    max_tokens_per_step: int = 0
+    min_prefill_chunk_tokens: int = 32
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """One stage as the dashboard sees it: where it runs, its KV, and cumulative phase times
+    (physical figures from the stage's own clock; 0 where a phase does not exist)."""
+
+    index: int
+    host: str
+    kv_bytes_used: int
+    kv_bytes_limit: int
+    live_sequences: int
+    batches: int
+    queue_ns: int = 0
+    compute_ns: int = 0
+    pack_ns: int = 0
+    transfer_ns: int = 0
+    unpack_ns: int = 0

@@ -1,36 +1,65 @@
-"""Installs a route on the fleet's stage workers and wraps it as a serving engine."""
+"""Installs a route on the fleet's stage workers and wraps it as a serving engine.
+
+The engine gets a supervisor that watches its stages (DEGRADED on a lost stage) and, when a
+stage comes back without the route, reloads the exact stored plan as a new generation so the
+engine can replay its suspended requests.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from libs.common.kinds import DType
 from libs.model.config import load_config
 from libs.text.context import TextContext
-from services.orchestrator.install import Fleet, InstallSpec, install
+from services.orchestrator.install import Fleet, InstallSpec, StoredPlan, install, prepare
 from services.orchestrator.lifecycle import (
     InstalledRoute,
     Installer,
     InstallRequest,
     PlanIdentity,
+    Preparer,
     StageInfo,
 )
-from services.orchestrator.model_card import served_model
+from services.orchestrator.model_card import route_card, served_model
 from services.orchestrator.remote_files import check_text_pins, fetch_manifest
+from services.orchestrator.route_health import HealthPolicy
 from services.orchestrator.route_pipeline import RoutePipeline
+from services.orchestrator.route_supervisor import RouteSupervisor
 from services.orchestrator.serving import ServingConfig, ServingEngine
+from services.orchestrator.stage_chain import Route
+
+
+def fleet_preparer(fleet: Fleet, state_dir: str, kv_limit_bytes: int,
+                   progress: Callable[[str], None],
+                   hop_dtypes: tuple[DType, ...] = ()) -> Preparer:
+    async def preparer(request: InstallRequest) -> InstallRequest:
+        spec = _spec(request, state_dir, kv_limit_bytes, hop_dtypes)
+        return replace(request, stored=await prepare(spec, fleet, progress))
+
+    return preparer
+
+
+def _spec(request: InstallRequest, state_dir: str, kv_limit_bytes: int,
+          hop_dtypes: tuple[DType, ...]) -> InstallSpec:
+    return InstallSpec(request.checkpoint_dir, request.stages, request.backend,
+                       request.boundary_dtype, Path(state_dir), kv_limit_bytes=kv_limit_bytes,
+                       hop_dtypes=hop_dtypes)
 
 
 def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes: int,
                     serving: ServingConfig, progress: Callable[[str], None],
-                    hop_dtypes: tuple[DType, ...] = ()) -> Installer:
+                    hop_dtypes: tuple[DType, ...] = (),
+                    health: HealthPolicy = HealthPolicy()) -> Installer:
     async def installer(request: InstallRequest) -> InstalledRoute:
-        spec = InstallSpec(request.checkpoint_dir, request.stages, request.backend,
-                           request.boundary_dtype, Path(state_dir), kv_limit_bytes=kv_limit_bytes,
-                           hop_dtypes=hop_dtypes)
-        installed, route = await install(spec, fleet, progress)
+        spec = _spec(request, state_dir, kv_limit_bytes, hop_dtypes)
+        stored = request.stored if isinstance(request.stored, StoredPlan) else None
+        if stored is not None:
+            progress(f"loading the stored plan {stored.plan.plan_id} (no re-planning)")
+        installed, route = await install(spec, fleet, progress, stored)
         try:
             # Tokenize with exactly what the artifacts were built from, or refuse to serve.
             manifests = await asyncio.gather(*(fetch_manifest(fleet.artifact_builder, s.manifest_hash, fleet.channel)
@@ -43,6 +72,9 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
             served = served_model(load_config(installed.model_dir),
                                   list(installed.layer_ranges), model_id,
                                   stage_kv_budgets=limits if all(limits) else None)
+            served = replace(served, card=route_card(
+                installed.plan.model_snapshot, request.backend, request.boundary_dtype,
+                installed.plan.plan_id, installed.plan.mode))
         except BaseException:
             await route.close()
             raise
@@ -50,7 +82,20 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
         stages = tuple(StageInfo(s.index, s.control_address, a, b, s.manifest_hash)
                        for s, (a, b) in zip(plan.stages, installed.layer_ranges))
         engine = ServingEngine(RoutePipeline(route, served), served, text, serving)
-        return InstalledRoute(request, PlanIdentity(plan.plan_id, plan.plan_hash,
-                                                    plan.plan_generation_id), stages, engine)
+
+        async def reload() -> Route:  # the exact stored plan, as a new generation
+            return (await install(spec, fleet, progress, installed.stored))[1]
+
+        def reloaded(new_route: Route) -> None:
+            p = new_route.plan
+            result.plan = PlanIdentity(p.plan_id, p.plan_hash, p.plan_generation_id)
+
+        supervisor = RouteSupervisor(engine, route, health, reload,
+                                     lambda r: RoutePipeline(r, served), reloaded)
+        result = InstalledRoute(replace(request, stored=installed.stored),
+                                PlanIdentity(plan.plan_id, plan.plan_hash, plan.plan_generation_id),
+                                stages, engine, lambda: supervisor.stage_conditions)
+        supervisor.start()
+        return result
 
     return installer

@@ -7,10 +7,10 @@ stage (the runner is built with handler cancellation on).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-import json
+import socket
 import ssl
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanKind
 from libs.service.errors import FornaxError, Unauthenticated, Unavailable
 from libs.service.trace_context import context_from
 from services.orchestrator import openai_response as fmt
-from services.orchestrator.domain import FinishReason, GenerationRequest, RequestOutput
+from services.orchestrator.domain import GenerationRequest
 from services.orchestrator.openai_request import (
     CommonOptions,
     parse_chat_completion,
@@ -30,27 +30,43 @@ from services.orchestrator.openai_request import (
     parse_json_object,
 )
 from services.orchestrator.prompting import (
+    chat_options,
     chat_prompt_ids,
     check_model,
+    choice_requests,
     completion_prompt_ids,
     generation_request,
 )
-from services.orchestrator.serving import RequestStream, RouteSlot, ServingEngine, terminal_error
+from services.orchestrator.dashboard import STATE_PATH, add_dashboard, record_error
+from services.orchestrator.openai_stream import ApiKind, ResponseForm, collect, stream_sse
+from services.orchestrator.route_health import route_unavailable
+from services.orchestrator.serving import RequestStream, RouteSlot, ServingEngine
 from services.orchestrator.tracing import TRACER
 
 _log = structlog.get_logger()
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-               "X-Accel-Buffering": "no"}
+
+# Bodies larger than this are tokenized on a worker thread, so one huge prompt cannot stall
+# every other stream on the event loop.
+TOKENIZE_INLINE_MAX_BYTES = 16 << 10
 
 
 @dataclass(frozen=True)
 class HttpConfig:
     api_key: str | None = None
     max_body_bytes: int = 4 << 20
+    # A streaming client that accepts no bytes for this long is dropped and its request
+    # cancelled; None waits forever.
+    idle_write_timeout_s: float | None = 30.0
+    # Kernel send buffer of each client connection; None leaves the kernel's autotuning
+    # (up to several MiB per connection). Bounding it bounds what a client that stops
+    # reading can pin, and lets the idle-write timeout notice it sooner.
+    send_buffer_bytes: int | None = None
 
 
 ROUTE_KEY = web.AppKey("route", RouteSlot)
 CONFIG_KEY = web.AppKey("http_config", HttpConfig)
+# What each stage runs now and what is compiling (services.orchestrator.coldstart); optional.
+BOARD_KEY = web.AppKey("backend_board", object)
 
 
 def build_http_app(route: RouteSlot, config: HttpConfig = HttpConfig()) -> web.Application:
@@ -62,6 +78,7 @@ def build_http_app(route: RouteSlot, config: HttpConfig = HttpConfig()) -> web.A
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_post("/v1/completions", _completions)
+    add_dashboard(app, route)
     return app
 
 
@@ -70,10 +87,14 @@ async def start_http(app: web.Application, host: str, port: int,
     """Serves the app (HTTPS with ssl_context); returns the runner and the bound port (0 works)."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    listener = socket.create_server((host, port), reuse_port=False)
+    send_buffer = app[CONFIG_KEY].send_buffer_bytes
+    if send_buffer:  # accepted connections inherit the listener's buffer size
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    listener.setblocking(False)
+    site = web.SockSite(runner, listener, ssl_context=ssl_context)
     await site.start()
-    sockets = site._server.sockets if site._server else ()  # aiohttp exposes no public getter
-    return runner, sockets[0].getsockname()[1]
+    return runner, listener.getsockname()[1]
 
 
 def _json_error(status: int, body: dict) -> web.Response:
@@ -98,16 +119,22 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except FornaxError as exc:
+        record_error(request.app, exc.reason.lower())
         return _json_error(*fmt.error_from_exception(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = exc.reason.lower().replace(" ", "_")
+        record_error(request.app, code)
         return _json_error(exc.status, fmt.error_envelope(
             f"{request.method} {request.path}: {exc.reason}", "invalid_request_error", code,
             None))
+    except ConnectionResetError:  # the client went away or stopped reading: not our fault
+        _log.info("http_client_gone", path=request.path)
+        raise
     except Exception:
         _log.exception("http_handler_failed", path=request.path)
+        record_error(request.app, "internal")
         return _json_error(500, fmt.error_envelope("internal error", "server_error",
                                                    "internal", None))
 
@@ -115,7 +142,7 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
 @web.middleware
 async def _auth(request: web.Request, handler) -> web.StreamResponse:
     key = request.app[CONFIG_KEY].api_key
-    if key and request.path.startswith("/v1/"):
+    if key and (request.path.startswith("/v1/") or request.path == STATE_PATH):
         header = request.headers.get("Authorization", "")
         if not header:
             raise Unauthenticated("missing bearer token in the Authorization header",
@@ -135,6 +162,8 @@ def _engine(request: web.Request) -> ServingEngine:
 
 async def _health(request: web.Request) -> web.Response:
     engine = _engine(request)
+    if engine.degraded_reason is not None:
+        raise route_unavailable(engine.degraded_reason)
     if engine.admission.closed_reason is not None:
         raise Unavailable(f"route is not admitting: {engine.admission.closed_reason}",
                           reason="NOT_ADMITTING")
@@ -146,116 +175,68 @@ async def _health(request: web.Request) -> web.Response:
 async def _models(request: web.Request) -> web.Response:
     engine = request.app[ROUTE_KEY].engine
     if engine is None:
-        return web.json_response(fmt.model_list(None, 0))
-    return web.json_response(fmt.model_list(engine.served.model_id,
-                                            engine.served.created_unix_s))
+        return web.json_response(fmt.model_list(None))
+    listing = fmt.model_list(engine.served, engine.text.identity)
+    board = request.app.get(BOARD_KEY)
+    if board is not None:
+        for entry in listing["data"]:
+            entry["fornax_backend"] = board.snapshot()
+    return web.json_response(listing)
 
 
 async def _model(request: web.Request) -> web.Response:
     engine = _engine(request)
     check_model(request.match_info["model"], engine.served)
-    return web.json_response(fmt.model_list(engine.served.model_id,
-                                            engine.served.created_unix_s)["data"][0])
+    return web.json_response(fmt.model_object(engine.served, engine.text.identity))
 
 
 async def _chat_completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
-    body = parse_chat_completion(parse_json_object(await request.read()))
+    raw = await request.read()
+    body = parse_chat_completion(parse_json_object(raw))
     check_model(body.model, engine.served)
-    gen = generation_request(str(uuid.uuid4()), chat_prompt_ids(body, engine.text),
-                             body.options, engine.served, engine.config.token_limits,
+    options = chat_options(body, engine.text, engine.served)
+    ids = await _tokenize(len(raw), chat_prompt_ids, body, engine.text)
+    gen = generation_request(str(uuid.uuid4()), ids,
+                             options, engine.served, engine.config.token_limits,
                              "messages")
-    return await _respond(request, engine, gen, body.model, body.options, _CHAT)
+    form = ResponseForm(ApiKind.CHAT, body.tools if body.tools.active else None,
+                        options.sampling.top_logprobs is not None)
+    return await _respond(request, engine, gen, body.model, options, form)
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
-    body = parse_completion(parse_json_object(await request.read()))
+    raw = await request.read()
+    body = parse_completion(parse_json_object(raw))
     check_model(body.model, engine.served)
-    gen = generation_request(str(uuid.uuid4()),
-                             completion_prompt_ids(body, engine.text, engine.served),
+    ids = await _tokenize(len(raw), completion_prompt_ids, body, engine.text, engine.served)
+    gen = generation_request(str(uuid.uuid4()), ids,
                              body.options, engine.served, engine.config.token_limits,
                              "prompt")
-    return await _respond(request, engine, gen, body.model, body.options, _COMPLETION)
+    form = ResponseForm(ApiKind.COMPLETION, None, body.options.sampling.top_logprobs is not None)
+    return await _respond(request, engine, gen, body.model, body.options, form)
 
 
-@dataclass(frozen=True)
-class _Format:
-    id_prefix: str
-    object_name: str
-    full: Callable[..., dict]
-    chunk: Callable[[str, int, str, str, FinishReason | None, bool, bool], dict]
-
-
-def _chat_chunk(rid, created, model, text, finish, first, usage_field) -> dict:
-    delta = {"role": "assistant", "content": text} if first else (
-        {"content": text} if text else {})
-    return fmt.chat_chunk(rid, created, model, delta, finish, usage_field)
-
-
-def _completion_chunk(rid, created, model, text, finish, first, usage_field) -> dict:
-    return fmt.completion_chunk(rid, created, model, text, finish, usage_field)
-
-
-_CHAT = _Format("chatcmpl", "chat.completion.chunk", fmt.chat_completion, _chat_chunk)
-_COMPLETION = _Format("cmpl", "text_completion", fmt.completion, _completion_chunk)
+async def _tokenize(body_bytes: int, encode: Callable[..., tuple[int, ...]],
+                    *args) -> tuple[int, ...]:
+    if body_bytes <= TOKENIZE_INLINE_MAX_BYTES:
+        return encode(*args)
+    return await asyncio.to_thread(encode, *args)
 
 
 async def _respond(request: web.Request, engine: ServingEngine, gen: GenerationRequest,
-                   model: str, options: CommonOptions, form: _Format) -> web.StreamResponse:
-    # submit raises a capacity error at once when there is no room; leaving the block before
-    # the final event (the client went away, or the handler failed) cancels the request.
-    async with engine.submit(gen) as stream:
+                   model: str, options: CommonOptions, form: ResponseForm) -> web.StreamResponse:
+    streams: list[RequestStream] = []
+    try:
+        for choice in choice_requests(gen, options.n):
+            streams.append(engine.submit(choice))  # a capacity error at once when no room
+        token_bytes = engine.text.tokenizer.token_bytes
         if options.stream:
-            return await _stream_sse(request, stream, model, options, form)
-        return await _collect(stream, model, form)
-
-
-async def _collect(stream: RequestStream, model: str, form: _Format) -> web.Response:
-    created = int(time.time())
-    done = await stream.collect()
-    return web.json_response(form.full(
-        _public_id(form, stream), created, model, done.text, done.final.finish_reason,
-        done.final.prompt_tokens, done.final.completion_tokens))
-
-
-async def _stream_sse(request: web.Request, stream: RequestStream, model: str,
-                      options: CommonOptions, form: _Format) -> web.StreamResponse:
-    head = await stream.next()
-    if head.finished and terminal_error(head) is not None:
-        raise terminal_error(head)  # nothing sent yet: a proper status (429, 504, ...)
-    response = web.StreamResponse(headers=SSE_HEADERS)
-    await response.prepare(request)
-    rid, created, first = _public_id(form, stream), int(time.time()), True
-    async for output in _prepend(head, stream):
-        error = terminal_error(output) if output.finished else None
-        if output.text or first or (output.finished and error is None):
-            await _send(response, form.chunk(rid, created, model, output.text,
-                                             None if error else output.finish_reason, first,
-                                             options.include_usage))
-            first = False
-        if error is not None:
-            await _send(response, fmt.error_from_exception(error)[1])
-        if output.finished and options.include_usage:
-            await _send(response, fmt.usage_chunk(rid, created, model, form.object_name,
-                                                  output.prompt_tokens,
-                                                  output.completion_tokens))
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
-
-
-async def _prepend(head: RequestOutput, stream: RequestStream):
-    yield head
-    async for output in stream:
-        yield output
-
-
-def _public_id(form: _Format, stream: RequestStream) -> str:
-    """OpenAI-style id; the internal request id is the UUID FNX2 requires."""
-    return f"{form.id_prefix}-{uuid.UUID(stream.request_id).hex}"
-
-
-async def _send(response: web.StreamResponse, payload: dict) -> None:
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    await response.write(b"data: " + data.encode("utf-8") + b"\n\n")
+            return await stream_sse(request, streams, model, options, form, token_bytes,
+                                    request.app[CONFIG_KEY].idle_write_timeout_s)
+        return await collect(streams, model, form, token_bytes)
+    finally:
+        for stream in streams:
+            if not stream.finished:
+                stream.cancel()  # the client went away, the handler failed, or a sibling did

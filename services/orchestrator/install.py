@@ -77,6 +77,7 @@ class InstalledPlan:
     # The model files as fetched from the builder, and their tokenizer/template hashes.
     model_dir: Path
     text_pins: TextPins
+    stored: StoredPlan
 
 
 async def _capabilities(workers: tuple[str, ...], config: ChannelConfig) -> list[sw_pb.GetCapabilitiesResponse]:
@@ -201,22 +202,41 @@ async def warm(route: Route, bos_token_id: int) -> None:
             raise FailedPrecondition(f"stage {index} is {sw_pb.StageState.Name(health.state)} after warm-up", reason="STAGE_UNHEALTHY")
 
 
-async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], None]) -> tuple[InstalledPlan, Route]:
+@dataclass(frozen=True)
+class StoredPlan:
+    """A planned and built install: what rollback reloads exactly, without re-planning."""
+
+    plan: Plan
+    artifacts: tuple[ab_pb.StageArtifact, ...]
+    model_dir: Path
+    text_pins: TextPins
+
+
+async def prepare(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], None]) -> StoredPlan:
+    """Plans and builds; touches no stage worker, so the current route keeps serving."""
     if len(fleet.workers) < spec.stages:
         raise FailedPrecondition(f"{spec.stages} stages need {spec.stages} workers; the fleet has {len(fleet.workers)}", reason="NOT_ENOUGH_WORKERS")
     model_dir, pins = await fetch_model_files(fleet.artifact_builder, spec.checkpoint_dir, spec.state_dir, fleet.channel)
     progress("planning")
     plan = await create_plan(spec, fleet, model_dir, progress)
     progress(f"plan {plan.plan_id}: " + ", ".join(f"{s.node} layers [{s.layer_start},{s.layer_end})" for s in plan.stages))
-    artifacts = await build_artifacts(spec, fleet, plan, progress)
-    route_plan = await load_stages(spec, fleet, plan, artifacts, str(uuid.uuid4()), progress)
-    route = Route(route_plan, fleet.channel, fleet.data_plane_tls)
+    artifacts = tuple(await build_artifacts(spec, fleet, plan, progress))
+    return StoredPlan(plan, artifacts, model_dir, pins)
+
+
+async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], None],
+                  stored: StoredPlan | None = None) -> tuple[InstalledPlan, Route]:
+    """Loads and warms `stored` (prepared now when None) as a new plan generation."""
+    stored = stored or await prepare(spec, fleet, progress)
+    plan = stored.plan
+    route_plan = await load_stages(spec, fleet, plan, list(stored.artifacts), str(uuid.uuid4()), progress)
+    route = Route(route_plan, channel=fleet.channel, data_plane_tls=fleet.data_plane_tls)
     await route.open()
     try:
         progress("warming the route")
-        await warm(route, load_config(model_dir).bos_token_id or 0)
+        await warm(route, load_config(stored.model_dir).bos_token_id or 0)
     except BaseException:
         await route.close()
         raise
     ranges = tuple((s.layer_start, s.layer_end) for s in plan.stages)
-    return InstalledPlan(plan, route_plan, ranges, model_dir, pins), route
+    return InstalledPlan(plan, route_plan, ranges, stored.model_dir, stored.text_pins, stored), route

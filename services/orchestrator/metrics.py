@@ -25,3 +25,14 @@ INFLIGHT_MICROBATCHES = Gauge("fornax_orchestrator_inflight_microbatches",
                               "Microbatches submitted to the pipeline and not yet answered")
 STALLED_REQUESTS = Gauge("fornax_orchestrator_stalled_requests",
                          "Requests whose reader is behind (decode paused)")
+ROUTE_DEGRADED = Gauge("fornax_orchestrator_route_degraded",
+                       "1 while the installed route has a dead, stopped or unloaded stage")
+DEGRADATIONS = Counter("fornax_orchestrator_route_degradations_total",
+                       "Times the installed route became degraded")
+RELEASES_ABANDONED = Counter("fornax_orchestrator_releases_abandoned_total",
+                             "Releases given up after their time budget (lease expiry frees the KV)")
+IDLE_READER_CANCELLATIONS = Counter("fornax_orchestrator_idle_reader_cancellations_total",
+                                    "Requests cancelled because their reader stopped reading")
+RECOVERY_SECONDS = Histogram("fornax_orchestrator_route_recovery_seconds",
+                             "From a route degrading to serving again (requests replayed)",
+                             buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120))

@@ -2,8 +2,30 @@
 
 from __future__ import annotations
 
+from libs.common.kinds import Backend
 from libs.model.config import DeepseekV2Config
-from services.orchestrator.domain import ServedModel, StageLayout, mla_kv_bytes_per_token
+from services.orchestrator.domain import (
+    EvidenceClass,
+    RouteCard,
+    ServedModel,
+    StageLayout,
+    mla_kv_bytes_per_token,
+)
+from services.planner.model import describe_checkpoint
+
+
+def route_card(model_snapshot: str, backend: Backend | None, boundary_dtype: str, plan_id: str,
+               plan_mode: str) -> RouteCard:
+    """`backend` None: each stage runs its own worker's backend; the card then claims only the
+    weaker class (reference), never physical, and says the backend is mixed."""
+    execution = EvidenceClass.PHYSICAL if backend is Backend.MAX else EvidenceClass.REFERENCE
+    return RouteCard(model_snapshot=model_snapshot, plan_id=plan_id, plan_mode=plan_mode,
+                     backend=str(backend) if backend is not None else "mixed",
+                     boundary_dtype=str(boundary_dtype), execution_evidence=execution)
+
+
+def checkpoint_snapshot(checkpoint_dir: str) -> str:
+    return describe_checkpoint(checkpoint_dir).model_snapshot
 
 
 def served_model(cfg: DeepseekV2Config, ranges: list[tuple[int, int]], model_id: str,

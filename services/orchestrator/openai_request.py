@@ -7,25 +7,22 @@ Every violation raises a FornaxError whose reason (lower-cased) becomes the Open
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from libs.service.errors import InvalidArgument
-from libs.text.chat_template import CHAT_ROLES, ChatMessage
+from libs.text.chat_template import CHAT_ROLES, ChatMessage, ToolCall
+from services.orchestrator.compat import CHAT_POLICY, COMPLETION_POLICY, FieldPolicy, unsupported
 from services.orchestrator.domain import SamplingParams
+from services.orchestrator.openai_tools import ToolRequest, parse_tools
+from services.orchestrator.structured import TEXT_FORMAT, ResponseFormat, parse_response_format
 
 MAX_STOP_STRINGS = 4
 _U64 = 2**64
 
-# Parameters accepted only at their neutral value: anything else is unsupported, not ignored.
-_NEUTRAL = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None),
-            "logprobs": (False, None), "top_logprobs": (None, 0), "logit_bias": (None,),
-            "echo": (False, None), "best_of": (1, None), "suffix": (None,),
-            "user": None}  # user: any string, an opaque end-user id
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-           "stream_options", "n", *_NEUTRAL}
-CHAT_KEYS = frozenset(_COMMON | {"messages", "max_completion_tokens"})
-COMPLETION_KEYS = frozenset(_COMMON | {"prompt"})
+MAX_LOGIT_BIAS_ENTRIES = 300
+MAX_TOP_LOGPROBS = 20
+MAX_N = 16
 
 
 @dataclass(frozen=True)
@@ -35,6 +32,8 @@ class CommonOptions:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    n: int = 1
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -42,6 +41,8 @@ class ChatCompletionBody:
     model: str
     messages: tuple[ChatMessage, ...]
     options: CommonOptions
+    response_format: ResponseFormat = TEXT_FORMAT
+    tools: ToolRequest = ToolRequest()
 
 
 @dataclass(frozen=True)
@@ -67,37 +68,51 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 
 
 def parse_chat_completion(body: dict[str, Any]) -> ChatCompletionBody:
-    _check_keys(body, CHAT_KEYS)
+    _check_keys(body, CHAT_POLICY)
     if "max_completion_tokens" in body and "max_tokens" in body:
         raise bad("max_completion_tokens", "INVALID_MAX_TOKENS",
                   "give max_tokens or max_completion_tokens, not both")
     if body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": body["max_completion_tokens"]}
+    options = parse_options(body)
+    logprobs = _opt_bool(body, "logprobs", False)
+    top = body.get("top_logprobs")
+    if top is not None and (not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS or not logprobs):
+        raise bad("top_logprobs", "INVALID_LOGPROBS",
+                  f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] with logprobs true")
+    if logprobs:
+        options = replace(options, sampling=replace(options.sampling, top_logprobs=top or 0))
     return ChatCompletionBody(model=_model(body), messages=_messages(body.get("messages")),
-                              options=parse_options(body))
+                              options=options,
+                              response_format=parse_response_format(body.get("response_format")),
+                              tools=parse_tools(body))
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionBody:
-    _check_keys(body, COMPLETION_KEYS)
+    _check_keys(body, COMPLETION_POLICY)
+    options = parse_options(body)
+    top = body.get("logprobs")
+    if top is not None:
+        if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise bad("logprobs", "INVALID_LOGPROBS",
+                      f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]")
+        options = replace(options, sampling=replace(options.sampling, top_logprobs=top))
     return CompletionBody(model=_model(body), prompt=_prompt(body.get("prompt")),
-                          options=parse_options(body))
+                          options=options)
 
 
-def _check_keys(body: dict[str, Any], allowed: frozenset[str]) -> None:
-    for key in sorted(body):
-        if key not in allowed:
-            raise bad(key, "UNSUPPORTED_PARAMETER", f"unrecognized request argument: {key}")
-    for key, neutral in _NEUTRAL.items():
-        if key not in body:
-            continue
-        value = body[key]
-        if neutral is None:
-            if value is not None and not isinstance(value, str):
-                raise bad(key, "INVALID_TYPE", f"{key} must be a string")
-        elif not any(value == n and type(value) is type(n) for n in neutral) and not (
-                value == {} and key == "logit_bias"):
-            raise bad(key, "UNSUPPORTED_PARAMETER",
-                      f"{key}={value!r} is not supported (only {neutral[0]!r})")
+_STRING_FIELDS = ("user", "safety_identifier", "prompt_cache_key", "service_tier")
+
+
+def _check_keys(body: dict[str, Any], table: dict[str, FieldPolicy]) -> None:
+    refused = unsupported(body, table)
+    if refused is not None:
+        raise bad(refused[0], "UNSUPPORTED_PARAMETER", refused[1])
+    for key in _STRING_FIELDS:
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise bad(key, "INVALID_TYPE", f"{key} must be a string")
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise bad("metadata", "INVALID_TYPE", "metadata must be an object")
 
 
 def _model(body: dict[str, Any]) -> str:
@@ -121,12 +136,16 @@ def parse_options(body: dict[str, Any]) -> CommonOptions:
                       "stream_options accepts only include_usage")
         include_usage = _opt_bool(stream_options, "include_usage", False,
                                   "stream_options.include_usage")
-    n = body.get("n")
-    if n is not None and (not _is_int(n) or n != 1):
-        raise bad("n", "INVALID_N", f"only n=1 is supported, got {n!r}")
+    n = body.get("n", 1) if body.get("n") is not None else 1
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise bad("n", "INVALID_N", f"n must be an integer in [1, {MAX_N}], got {n!r}")
+    stop_ids = body.get("stop_token_ids") or []
+    if not isinstance(stop_ids, list) or not all(_is_int(t) and t >= 0 for t in stop_ids):
+        raise bad("stop_token_ids", "INVALID_STOP", "stop_token_ids must be a list of token ids")
     return CommonOptions(max_tokens=_max_tokens(body.get("max_tokens")),
                          sampling=_sampling(body), stop=_stop(body.get("stop")),
-                         stream=stream, include_usage=include_usage)
+                         stream=stream, include_usage=include_usage, n=n,
+                         stop_token_ids=tuple(stop_ids))
 
 
 def _sampling(body: dict[str, Any]) -> SamplingParams:
@@ -145,7 +164,35 @@ def _sampling(body: dict[str, Any]) -> SamplingParams:
     if seed is not None and (not _is_int(seed) or not -(2**63) <= seed < _U64):
         raise bad("seed", "INVALID_SEED", f"seed must be a 64-bit integer, got {seed!r}")
     return SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k or 0, 0),
-                          seed=None if seed is None else seed % _U64)
+                          seed=None if seed is None else seed % _U64,
+                          presence_penalty=_penalty(body, "presence_penalty"),
+                          frequency_penalty=_penalty(body, "frequency_penalty"),
+                          logit_bias=_logit_bias(body.get("logit_bias")))
+
+
+def _penalty(body: dict[str, Any], key: str) -> float:
+    value = _opt_number(body, key, 0.0)
+    if not -2.0 <= value <= 2.0:
+        raise bad(key, "INVALID_PENALTY", f"{key} must be between -2 and 2, got {value}")
+    return value
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI spells the map with token ids as string keys; bounds checked against the vocab later."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise bad("logit_bias", "INVALID_LOGIT_BIAS",
+                  f"logit_bias must be an object of at most {MAX_LOGIT_BIAS_ENTRIES} entries")
+    pairs = []
+    for key, bias in value.items():
+        if not isinstance(key, str) or not key.isdigit():
+            raise bad("logit_bias", "INVALID_LOGIT_BIAS", f"logit_bias key {key!r} is not a token id")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise bad("logit_bias", "INVALID_LOGIT_BIAS",
+                      f"logit_bias[{key}] must be a number in [-100, 100], got {bias!r}")
+        pairs.append((int(key), float(bias)))
+    return tuple(sorted(pairs))
 
 
 def _max_tokens(value: Any) -> int | None:
@@ -178,15 +225,49 @@ def _messages(value: Any) -> tuple[ChatMessage, ...]:
     return tuple(_message(m, f"messages[{i}]") for i, m in enumerate(value))
 
 
+_MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
+
+
 def _message(value: Any, where: str) -> ChatMessage:
-    if not isinstance(value, dict) or set(value) - {"role", "content", "name"}:
+    if not isinstance(value, dict) or set(value) - _MESSAGE_KEYS:
         raise bad(where, "INVALID_MESSAGES",
-                  f"{where} must be an object with role and content (and optionally name)")
+                  f"{where} must be an object with role and content (and optionally name, "
+                  "tool_calls on an assistant message, tool_call_id on a tool message)")
     role = value.get("role")
     if role not in CHAT_ROLES:
         raise bad(f"{where}.role", "INVALID_MESSAGES",
                   f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
-    return ChatMessage(role=role, content=_content(value.get("content"), f"{where}.content"))
+    calls = _tool_calls(value.get("tool_calls"), role, f"{where}.tool_calls")
+    call_id = value.get("tool_call_id")
+    if (role == "tool") != isinstance(call_id, str):
+        raise bad(f"{where}.tool_call_id", "INVALID_MESSAGES",
+                  "a tool message needs a string tool_call_id, and only a tool message has one")
+    content = value.get("content")
+    text = "" if content is None and calls else _content(content, f"{where}.content")
+    return ChatMessage(role=role, content=text, tool_calls=calls, tool_call_id=call_id)
+
+
+def _tool_calls(value: Any, role: str, where: str) -> tuple[ToolCall, ...]:
+    if value is None:
+        return ()
+    if role != "assistant" or not isinstance(value, list) or not value:
+        raise bad(where, "INVALID_MESSAGES", "tool_calls is a non-empty list on assistant messages")
+    calls = []
+    for i, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(function, dict) or call.get("type", "function") != "function"
+                or not isinstance(call.get("id"), str) or not isinstance(function.get("name"), str)
+                or not isinstance(function.get("arguments"), str)):
+            raise bad(f"{where}[{i}]", "INVALID_MESSAGES",
+                      "a tool call needs id, type function, and function.name and "
+                      "function.arguments strings")
+        try:
+            json.loads(function["arguments"])
+        except json.JSONDecodeError:
+            raise bad(f"{where}[{i}].function.arguments", "INVALID_MESSAGES",
+                      "function.arguments must be JSON text") from None
+        calls.append(ToolCall(call["id"], function["name"], function["arguments"]))
+    return tuple(calls)
 
 
 def _content(value: Any, where: str) -> str:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import grpc
 
 from libs.service.errors import FornaxError
-from services.orchestrator.domain import FinishReason
+from libs.text.chat_template import ToolCall
+from libs.text.context import TextIdentity
+from services.orchestrator.domain import FinishReason, ServedModel
 
 # gRPC status -> (HTTP status, OpenAI error type)
 _HTTP_BY_CODE: dict[grpc.StatusCode, tuple[int, str]] = {
@@ -46,42 +48,83 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def model_list(model_id: str | None, created: int) -> dict:
-    data = [] if model_id is None else [
-        {"id": model_id, "object": "model", "created": created, "owned_by": "fornax"}]
-    return {"object": "list", "data": data}
+def model_list(served: ServedModel | None, text: TextIdentity | None = None) -> dict:
+    return {"object": "list", "data": [] if served is None else [model_object(served, text)]}
 
 
-def chat_completion(rid: str, created: int, model: str, text: str, finish: FinishReason | None,
+def model_object(served: ServedModel, text: TextIdentity | None) -> dict:
+    """OpenAI's model object plus what a client needs to trust and size its requests."""
+    card = served.card
+    return {"id": served.model_id, "object": "model", "created": served.created_unix_s,
+            "owned_by": "fornax", "max_model_len": served.context_length,
+            "fornax": {
+                "model_snapshot": card.model_snapshot,
+                "tokenizer_sha256": text.tokenizer_sha256 if text else None,
+                "chat_template_sha256": text.template_sha256 if text else None,
+                "context_length": served.context_length,
+                "vocab_size": served.vocab_size,
+                "plan": {"plan_id": card.plan_id, "mode": card.plan_mode,
+                         "evidence_class": card.plan_evidence.value},
+                "execution": {"backend": card.backend, "boundary_dtype": card.boundary_dtype,
+                              "stages": served.num_stages,
+                              "evidence_class": card.execution_evidence.value}}}
+
+
+def tool_call_value(call: ToolCall) -> dict:
+    return {"id": call.call_id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def tool_call_delta(index: int, call: ToolCall) -> dict:
+    return {"index": index, **tool_call_value(call)}
+
+
+def chat_choice(index: int, text: str, finish: FinishReason | None,
+                tool_calls: tuple[ToolCall, ...] = (), logprobs: dict | None = None) -> dict:
+    message: dict = {"role": "assistant", "content": text}
+    finish_text = finish_reason_text(finish)
+    if tool_calls:
+        message = {"role": "assistant", "content": text or None,
+                   "tool_calls": [tool_call_value(c) for c in tool_calls]}
+        finish_text = "tool_calls"
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_text}
+
+
+def completion_choice(index: int, text: str, finish: FinishReason | None,
+                      tool_calls: tuple = (), logprobs: dict | None = None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs,
+            "finish_reason": finish_reason_text(finish)}
+
+
+def chat_completion(rid: str, created: int, model: str, choices: list[dict],
                     prompt_tokens: int, completion_tokens: int) -> dict:
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish_reason_text(finish)}],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
 
 
-def completion(rid: str, created: int, model: str, text: str, finish: FinishReason | None,
+def completion(rid: str, created: int, model: str, choices: list[dict],
                prompt_tokens: int, completion_tokens: int) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None,
-                         "finish_reason": finish_reason_text(finish)}],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict,
-               finish: FinishReason | None, with_usage_field: bool) -> dict:
+               finish: FinishReason | None, with_usage_field: bool,
+               tool_calls: bool = False, index: int = 0, logprobs: dict | None = None) -> dict:
+    finish_text = "tool_calls" if tool_calls else finish_reason_text(finish)
     chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                          "finish_reason": finish_reason_text(finish)}]}
+             "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                          "finish_reason": finish_text}]}
     if with_usage_field:
         chunk["usage"] = None
     return chunk
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str,
-                     finish: FinishReason | None, with_usage_field: bool) -> dict:
+                     finish: FinishReason | None, with_usage_field: bool, index: int = 0,
+                     logprobs: dict | None = None) -> dict:
     chunk = {"id": rid, "object": "text_completion", "created": created, "model": model,
-             "choices": [{"index": 0, "text": text, "logprobs": None,
+             "choices": [{"index": index, "text": text, "logprobs": logprobs,
                           "finish_reason": finish_reason_text(finish)}]}
     if with_usage_field:
         chunk["usage"] = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from services.orchestrator.domain import Microbatch, MicrobatchResult, ReleaseReport
+from services.orchestrator.domain import Microbatch, MicrobatchResult, ReleaseReport, StageStats
 
 
 class Pipeline(Protocol):
@@ -30,6 +30,10 @@ class Pipeline(Protocol):
 
     async def release(self, request_id: str) -> ReleaseReport:
         """Frees the request's KV on every stage and reports each stage's epoch."""
+        ...
+
+    async def stage_stats(self) -> list[StageStats]:
+        """Where each stage runs, its KV occupancy and its cumulative phase times."""
         ...
 
     async def close(self) -> None: ...

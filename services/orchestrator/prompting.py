@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from libs.service.errors import InvalidArgument, NotFound
 from libs.text.context import TextContext
 from services.orchestrator.domain import GenerationRequest, ServedModel
 from services.orchestrator.openai_request import ChatCompletionBody, CommonOptions, CompletionBody
+from services.orchestrator.openai_tools import output_lark
+from services.orchestrator.structured import grammar_checker, response_format_lark
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,18 @@ def check_model(model: str, served: ServedModel) -> None:
 
 
 def chat_prompt_ids(body: ChatCompletionBody, text: TextContext) -> tuple[int, ...]:
-    return tuple(text.encode_chat(list(body.messages)))
+    # Tools are rendered even with tool_choice none: the model sees them, it just cannot call.
+    return tuple(text.encode_chat(list(body.messages), tools=body.tools.template_tools()))
+
+
+def chat_options(body: ChatCompletionBody, text: TextContext, served: ServedModel) -> CommonOptions:
+    """The body's options with its output grammar (response_format, forced tool calls)."""
+    lark = output_lark(body.tools, response_format_lark(body.response_format))
+    if lark is None:
+        return body.options
+    param = "tool_choice" if body.tools.forced else "response_format"
+    spec = grammar_checker(text, served.vocab_size).spec(lark, param)
+    return replace(body.options, sampling=replace(body.options.sampling, grammar=spec))
 
 
 def completion_prompt_ids(body: CompletionBody, text: TextContext,
@@ -78,6 +94,35 @@ def generation_request(request_id: str, prompt_ids: tuple[int, ...], options: Co
             f"this model's maximum context length is {context} tokens; the prompt has "
             f"{len(prompt_ids)} tokens and max_tokens asks for {max_tokens} more",
             reason="CONTEXT_LENGTH_EXCEEDED", field="max_tokens")
+    for token_id, _ in options.sampling.logit_bias:
+        if token_id >= served.vocab_size:
+            raise InvalidArgument(f"logit_bias token id {token_id} is outside the vocabulary "
+                                  f"[0, {served.vocab_size})", reason="INVALID_LOGIT_BIAS",
+                                  field="logit_bias")
+    # The sample after the prompt's last row is the first generated token.
+    sampling = replace(options.sampling, first_sample_position=len(prompt_ids) - 1)
+    for token_id in options.stop_token_ids:
+        if token_id >= served.vocab_size:
+            raise InvalidArgument(f"stop token id {token_id} is outside the vocabulary",
+                                  reason="INVALID_STOP", field="stop_token_ids")
     return GenerationRequest(request_id=request_id, prompt_token_ids=prompt_ids,
-                             max_tokens=max_tokens, sampling=options.sampling,
-                             stop=options.stop, deadline_budget_ns=deadline_budget_ns)
+                             max_tokens=max_tokens, sampling=sampling,
+                             stop=options.stop, stop_token_ids=options.stop_token_ids,
+                             deadline_budget_ns=deadline_budget_ns)
+
+
+def choice_requests(request: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """`n` independent generations: their own request ids and random streams. A seeded
+    request gives choice i the seed derived from (seed, i), so each choice is reproducible
+    and no two share a stream; choice 0 keeps the seed itself."""
+    if n == 1:
+        return [request]
+    out = [request]
+    for index in range(1, n):
+        seed = request.sampling.seed
+        if seed is not None:
+            words = np.random.SeedSequence([seed, index]).generate_state(2, dtype=np.uint32)
+            seed = (int(words[0]) << 32) | int(words[1])
+        out.append(replace(request, request_id=str(uuid.uuid4()),
+                           sampling=replace(request.sampling, seed=seed)))
+    return out

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import numpy as np
+import structlog
 
 from libs.fnx2.errors import ErrorCode
+from libs.model.logprobs import decode_record, is_record_row
+from libs.service.errors import FornaxError
+from libs.service.log_limit import LogLimiter
 from services.orchestrator.stage_chain import Route, SliceInput, SliceOutput, lease_id_for
 from libs.service.trace_context import current_traceparent
 from services.orchestrator.domain import (
@@ -23,12 +28,18 @@ from services.orchestrator.domain import (
     RequestSliceResult,
     SequenceStatus,
     ServedModel,
+    StageStats,
 )
+from services.orchestrator.route_health import ROUTE_UNAVAILABLE
 from services.orchestrator.tracing import microbatch_span
 
 # FNX2 carries a deadline as a remaining budget and 0 means expired, so a request without a
 # deadline travels with a day-long budget.
 NO_DEADLINE_BUDGET_NS = 24 * 3600 * 10**9
+# The per-sequence code a stage reports when its runtime or its next hop failed.
+STAGE_RUNTIME_FAILURE = ErrorCode.FAILED
+_LOGS = LogLimiter()
+_log = structlog.get_logger()
 _STATUS_BY_CODE = {ErrorCode.DEADLINE: SequenceStatus.DEADLINE, ErrorCode.CANCELLED: SequenceStatus.CANCELLED,
                    ErrorCode.ADMISSION: SequenceStatus.REJECTED}
 
@@ -70,9 +81,8 @@ class RoutePipeline:
         outcomes = await asyncio.gather(*(self._route.admit(
             s.request_id, s.kv_reserve_tokens, s.sampling)
             for s in slices), return_exceptions=True)
-        return {s.request_id: RequestSliceResult(s.request_id, SequenceStatus.REJECTED, None,
-                                             s.kv_epoch, f"stage admission refused: {o}")
-                for s, o in zip(slices, outcomes) if isinstance(o, Exception)}
+        return {s.request_id: _refused(s, o) for s, o in zip(slices, outcomes)
+                if isinstance(o, Exception)}
 
     def _input(self, piece: RequestSlice) -> SliceInput:
         budget = (NO_DEADLINE_BUDGET_NS if piece.deadline_budget_ns is None
@@ -87,14 +97,55 @@ class RoutePipeline:
     async def release(self, request_id: str) -> ReleaseReport:
         return ReleaseReport(request_id, tuple(await self._route.release(request_id)))
 
+    async def stage_stats(self) -> list[StageStats]:
+        healths = await self._route.health()
+        return [_stage_stats(stage.index, stage.control_address, h)
+                for stage, h in zip(self._route.plan.stages, healths, strict=True)]
+
     async def close(self) -> None:
         await self._route.close()
 
+    @property
+    def route(self) -> Route:
+        return self._route
+
+
+def _refused(piece: RequestSlice, error: Exception) -> RequestSliceResult:
+    """A stage that is down makes the route unavailable; a stage that answered refused."""
+    if isinstance(error, FornaxError) and error.reason == ROUTE_UNAVAILABLE:
+        return RequestSliceResult(piece.request_id, SequenceStatus.FAILED, None,
+                                  piece.kv_epoch, error.message, route_lost=True)
+    detail = error.details() if isinstance(error, grpc.aio.AioRpcError) else str(error)
+    return RequestSliceResult(piece.request_id, SequenceStatus.REJECTED, None, piece.kv_epoch,
+                              f"stage admission refused: {detail}")
+
+
+def _stage_stats(index: int, host: str, health) -> StageStats:
+    t = health.phase_totals
+    return StageStats(index, host, health.kv_bytes_used, health.kv_bytes_limit,
+                      health.live_sequences, t.batches, t.queue_ns, t.compute_ns, t.pack_ns,
+                      t.transfer_ns, t.unpack_ns)
+
 
 def _result(piece: RequestSlice, output: SliceOutput) -> RequestSliceResult:
+    if output.ok and output.rows is not None and is_record_row(output.rows):
+        record = decode_record(output.rows[0], piece.sampling.top_logprobs or 0)
+        wanted = record if piece.sampling.top_logprobs is not None else None
+        return RequestSliceResult(piece.request_id, SequenceStatus.OK, record.token_id,
+                              output.kv_epoch_after, logprobs=wanted)
     if output.ok and output.rows is not None and output.rows.size == 1:
         return RequestSliceResult(piece.request_id, SequenceStatus.OK, int(output.rows.reshape(-1)[0]),
                               output.kv_epoch_after)
+    if output.error_code == STAGE_RUNTIME_FAILURE:
+        # A stage could not run the batch or reach its next hop: the route failed, not the
+        # sequence. Its own words (which may name peers) go to the log, not to the client.
+        if _LOGS.allow("stage_runtime_failure") is not None:
+            _log.warning("stage_runtime_failure", request_id=piece.request_id,
+                         error=output.error_message)
+        return RequestSliceResult(piece.request_id, SequenceStatus.FAILED, None,
+                                  output.kv_epoch_after,
+                                  "the route is unavailable: a stage failed while running the batch",
+                                  route_lost=True)
     status = _STATUS_BY_CODE.get(output.error_code or "", SequenceStatus.FAILED)
     error = f"{output.error_code}: {output.error_message}" if output.error_code else \
         "the final stage returned no sampled token"

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from libs.model.sampling import SamplingParams
 from libs.service.errors import Internal, InvalidArgument
+from libs.model.logprobs import TokenLogprobs
 from libs.text.context import TextContext
 from libs.text.detokenizer import TextStream
 from services.orchestrator.admission import AdmissionControl
+from services.orchestrator.step_budget import SlotView, StepBudget, plan_step
 from services.orchestrator.domain import (
     FinishReason,
     GenerationRequest,
@@ -43,6 +46,7 @@ class _State(enum.Enum):
     WAITING = "waiting"  # admitted, prompt not yet (fully) prefilled
     RUNNING = "running"  # has KV on every stage, decodes
     RELEASING = "releasing"  # finished or cancelled; waiting for every stage's release
+    SUSPENDED = "suspended"  # its route lost a stage; waits to be replayed on the new route
 
 
 @dataclass
@@ -56,6 +60,9 @@ class _Request:
     kv_epoch: int = 0
     prefilled: int = 0  # prompt tokens already in every stage's KV
     generated: list[int] = field(default_factory=list)
+    # Tokens prefilled after the prompt on a replay: exactly the ones already emitted.
+    replayed: tuple[int, ...] = ()
+    replays: int = 0
     inflight: bool = False
     stalled: bool = False
     reached_stage: bool = False
@@ -66,6 +73,10 @@ class _Request:
     # decodes are served round-robin and nobody starves behind full microbatches.
     ready_seq: int = 0
 
+    @property
+    def prefill_ids(self) -> tuple[int, ...]:
+        return self.req.prompt_token_ids + self.replayed
+
 
 @dataclass(frozen=True)
 class RetiredRequest:
@@ -75,12 +86,23 @@ class RetiredRequest:
     released_stage_epochs: tuple[int, ...]
 
 
+def _step_budget(config: SchedulerConfig) -> StepBudget | None:
+    if config.max_tokens_per_step < 0 or config.min_prefill_chunk_tokens < 1:
+        raise InvalidArgument("max_tokens_per_step must be >= 0 and min_prefill_chunk_tokens >= 1",
+                              reason="INVALID_STEP_BUDGET", field="max_tokens_per_step")
+    if config.max_tokens_per_step == 0:
+        return None
+    return StepBudget(config.max_tokens_per_step, config.min_prefill_chunk_tokens,
+                      config.max_sequences_per_microbatch)
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, num_stages: int, text: TextContext,
                  admission: AdmissionControl) -> None:
         self._config = config
         self._num_stages = num_stages
         self.slots = max(config.inflight_microbatches, num_stages)
+        self._step_budget = _step_budget(config)
         self._text = text
         self._admission = admission
         self._requests: dict[str, _Request] = {}
@@ -92,6 +114,10 @@ class Scheduler:
         self._outputs: list[RequestOutput] = []
         self._releases: list[str] = []
         self._retired: list[RetiredRequest] = []
+        # While the route is down nothing is scheduled; with `replay`, greedy requests the
+        # failure hit are suspended (not ended) and replayed once the route is back.
+        self.paused = False
+        self.replay = False
 
     def _next_ready_seq(self) -> int:
         self._ready_counter += 1
@@ -135,12 +161,16 @@ class Scheduler:
 
     def schedule(self, now_ns: int) -> list[Microbatch]:
         self._expire(now_ns)
+        if self.paused:
+            return []
         free = [s for s in range(self.slots) if s not in self._busy_slots]
         batches: list[Microbatch] = []
         # A slot takes no more than its fair share of the active requests, so that slots
         # coming back one at a time converge to a balanced partition.
         fair = math.ceil(sum(1 for r in self._requests.values()
                              if r.state is not _State.RELEASING) / self.slots)
+        if self._step_budget is not None:
+            return self._schedule_budgeted(free, now_ns)
         for index, slot in enumerate(free):
             waiting, decodable = self._ready()
             if not waiting and not decodable:
@@ -151,6 +181,18 @@ class Scheduler:
             picked = self._pick(waiting if phase is Phase.PREFILL else decodable, share, phase)
             batches.append(self._issue(slot, phase, picked, now_ns))
         return batches
+
+    def _schedule_budgeted(self, free: list[int], now_ns: int) -> list[Microbatch]:
+        waiting, decodable = self._ready()
+        # One slot is kept for prompt chunks while prompts wait; running requests share the rest.
+        running = sum(1 for r in self._requests.values() if r.state is _State.RUNNING)
+        fair = math.ceil(running / max(1, self.slots - (1 if waiting else 0)))
+        remaining = [len(r.req.prompt_token_ids) - r.prefilled for r in waiting]
+        slots = SlotView(len(free), self.slots, any(
+            b.phase is Phase.PREFILL for b in self._inflight.values()), self._last_phase, running)
+        plan = plan_step(self._step_budget, waiting, remaining, decodable, slots, fair)
+        return [self._issue(slot, step.phase, list(step.picked), now_ns)
+                for slot, step in zip(free, plan)]
 
     def _ready(self) -> tuple[list[_Request], list[_Request]]:
         waiting, decodable = [], []
@@ -172,7 +214,7 @@ class Scheduler:
             return [(r, 1) for r in candidates[:limit]]
         picked, budget = [], self._config.max_prefill_rows_per_microbatch
         for r in candidates[:limit]:
-            rows = min(len(r.req.prompt_token_ids) - r.prefilled, budget)
+            rows = min(len(r.prefill_ids) - r.prefilled, budget)
             if rows <= 0:
                 break
             picked.append((r, rows))
@@ -194,21 +236,30 @@ class Scheduler:
         return batch
 
     def _slice(self, r: _Request, phase: Phase, rows: int, now_ns: int) -> RequestSlice:
-        tokens = (r.req.prompt_token_ids[r.prefilled:r.prefilled + rows]
+        tokens = (r.prefill_ids[r.prefilled:r.prefilled + rows]
                   if phase is Phase.PREFILL else (r.generated[-1],))
         budget = None if r.deadline_at_ns is None else max(r.deadline_at_ns - now_ns, 0)
         return RequestSlice(
             request_id=r.req.request_id, request_sequence_no=r.sequence_no,
             token_ids=tuple(tokens), token_position_start=r.position, kv_epoch=r.kv_epoch,
-            deadline_budget_ns=budget, sampling=r.req.sampling, sample_index=len(r.generated),
+            deadline_budget_ns=budget, sampling=_sampling(r), sample_index=len(r.generated),
             kv_reserve_tokens=len(r.req.prompt_token_ids) + r.req.max_tokens,
             traceparent=r.req.traceparent)
 
     def _expire(self, now_ns: int) -> None:
+        """A request past its deadline ends now, in flight or not: its reader gets the final
+        DEADLINE event at once; an in-flight one is released when its batch comes back."""
         for r in list(self._requests.values()):
-            if (r.deadline_at_ns is not None and now_ns >= r.deadline_at_ns
-                    and r.state is not _State.RELEASING and not r.inflight):
+            if (r.deadline_at_ns is None or now_ns < r.deadline_at_ns
+                    or r.state is _State.RELEASING):
+                continue
+            if not r.inflight:
                 self._begin_release(r, FinishReason.DEADLINE, emit_now=True)
+            elif r.abort_reason is None:
+                r.abort_reason = FinishReason.DEADLINE
+                if not r.final_emitted:
+                    self._emit(r, "", (), FinishReason.DEADLINE)
+                    r.final_emitted = True
 
     # ----- results -----
 
@@ -233,11 +284,14 @@ class Scheduler:
             self._begin_release(r, r.abort_reason, emit_now=r.abort_reason is not
                                 FinishReason.CANCELLED)
             return
+        if seq.route_lost and self.replay and _replayable(r):
+            r.state = _State.SUSPENDED
+            return
         if seq.status is not SequenceStatus.OK:
-            reason = {SequenceStatus.DEADLINE: FinishReason.DEADLINE,
-                      SequenceStatus.CANCELLED: FinishReason.CANCELLED,
-                      SequenceStatus.REJECTED: FinishReason.REJECTED}.get(seq.status,
-                                                                          FinishReason.ERROR)
+            reason = FinishReason.UNAVAILABLE if seq.route_lost else {
+                SequenceStatus.DEADLINE: FinishReason.DEADLINE,
+                SequenceStatus.CANCELLED: FinishReason.CANCELLED,
+                SequenceStatus.REJECTED: FinishReason.REJECTED}.get(seq.status, FinishReason.ERROR)
             self._begin_release(r, reason, emit_now=True, error=seq.error or seq.status.value)
             return
         expected = r.kv_epoch + 1
@@ -251,31 +305,32 @@ class Scheduler:
         r.position += len(piece.token_ids)
         if r.state is _State.WAITING:
             r.prefilled += len(piece.token_ids)
-            if r.prefilled < len(r.req.prompt_token_ids):
+            if r.prefilled < len(r.prefill_ids):
                 return  # a middle chunk: its sampled token is not the next token
         r.state = _State.RUNNING
-        self._on_token(r, seq.sampled_token_id)
+        self._on_token(r, seq.sampled_token_id, () if seq.logprobs is None else (seq.logprobs,))
 
-    def _on_token(self, r: _Request, token_id: int) -> None:
+    def _on_token(self, r: _Request, token_id: int, logprobs: tuple[TokenLogprobs, ...]) -> None:
         r.generated.append(token_id)
-        if token_id in self._text.eos_token_ids:
-            self._finish(r, FinishReason.STOP, (token_id,), self._flush(r))
+        if token_id in self._text.eos_token_ids or token_id in r.req.stop_token_ids:
+            self._finish(r, FinishReason.STOP, (token_id,), self._flush(r), logprobs)
             return
         delta = r.text.push(token_id)
         if delta.stopped:
-            self._finish(r, FinishReason.STOP, (token_id,), delta.text)
+            self._finish(r, FinishReason.STOP, (token_id,), delta.text, logprobs)
         elif len(r.generated) >= r.req.max_tokens:
-            self._finish(r, FinishReason.LENGTH, (token_id,), delta.text + self._flush(r))
+            self._finish(r, FinishReason.LENGTH, (token_id,), delta.text + self._flush(r),
+                         logprobs)
         else:
-            self._emit(r, delta.text, (token_id,), None)
+            self._emit(r, delta.text, (token_id,), None, logprobs=logprobs)
 
     @staticmethod
     def _flush(r: _Request) -> str:
         return r.text.finish().text
 
     def _finish(self, r: _Request, reason: FinishReason, token_ids: tuple[int, ...],
-                text: str) -> None:
-        self._emit(r, text, token_ids, reason)
+                text: str, logprobs: tuple[TokenLogprobs, ...] = ()) -> None:
+        self._emit(r, text, token_ids, reason, logprobs=logprobs)
         r.final_emitted = True
         self._begin_release(r, reason, emit_now=False)
 
@@ -283,6 +338,8 @@ class Scheduler:
 
     def _begin_release(self, r: _Request, reason: FinishReason, emit_now: bool,
                        error: str = "") -> None:
+        if r.state is _State.SUSPENDED:
+            r.reached_stage = False  # its leases belong to a generation that is gone
         r.finish_reason = reason
         if emit_now and not r.final_emitted:
             self._emit(r, "", (), reason, error)
@@ -304,6 +361,54 @@ class Scheduler:
                            f" of {self._num_stages} stages", reason="RELEASE")
         self._retire(r, report.stage_epochs)
 
+    def suspend_live(self, error: str) -> None:
+        """The route failed: greedy requests not in flight are suspended for replay (those in
+        flight follow when their batch fails); any other ends now with `error`."""
+        for r in list(self._requests.values()):
+            if r.inflight or r.state not in (_State.WAITING, _State.RUNNING):
+                continue
+            if _replayable(r):
+                r.state = _State.SUSPENDED
+            else:
+                r.state = _State.SUSPENDED  # so its fenced leases are not released
+                self._begin_release(r, FinishReason.UNAVAILABLE, emit_now=True, error=error)
+
+    def replay_suspended(self) -> int:
+        """The route is back under a new generation, with no KV anywhere: each suspended
+        request prefills its prompt plus every token it already emitted (nothing past what
+        the client saw), so its next sampled token is the next new one. Returns how many."""
+        count = 0
+        for r in self._requests.values():
+            if r.state is _State.SUSPENDED:
+                r.state, r.replayed = _State.WAITING, tuple(r.generated)
+                r.replays += 1
+                r.sequence_no = r.position = r.kv_epoch = r.prefilled = 0
+                r.reached_stage = False  # the old leases are fenced by the new generation
+                r.ready_seq = self._next_ready_seq()
+                count += 1
+        return count
+
+    def end_suspended(self, error: str) -> int:
+        """Recovery did not come in time: every suspended request ends with `error`."""
+        suspended = [r for r in self._requests.values() if r.state is _State.SUSPENDED]
+        for r in suspended:
+            r.reached_stage = False  # nothing to release: the route is gone or fenced
+            self._begin_release(r, FinishReason.UNAVAILABLE, emit_now=True, error=error)
+        return len(suspended)
+
+    @property
+    def suspended_requests(self) -> int:
+        return sum(1 for r in self._requests.values() if r.state is _State.SUSPENDED)
+
+    def abandon_release(self, request_id: str) -> None:
+        """Release could not reach every stage in its time budget: retire the request and
+        return its admission slot anyway; the stages' lease expiry frees the KV."""
+        r = self._requests.get(request_id)
+        if r is None or r.state is not _State.RELEASING:
+            raise Internal(f"abandoned release of {request_id}, which is not releasing",
+                           reason="RELEASE")
+        self._retire(r, ())
+
     def _retire(self, r: _Request, epochs: tuple[int, ...]) -> None:
         assert r.finish_reason is not None
         if not r.final_emitted:
@@ -314,11 +419,12 @@ class Scheduler:
         self._retired.append(RetiredRequest(r.req.request_id, r.finish_reason, epochs))
 
     def _emit(self, r: _Request, text: str, token_ids: tuple[int, ...],
-              reason: FinishReason | None, error: str = "") -> None:
+              reason: FinishReason | None, error: str = "",
+              logprobs: tuple[TokenLogprobs, ...] = ()) -> None:
         self._outputs.append(RequestOutput(
             request_id=r.req.request_id, text=text, token_ids=token_ids, finish_reason=reason,
             prompt_tokens=len(r.req.prompt_token_ids), completion_tokens=len(r.generated),
-            error=error))
+            error=error, logprobs=logprobs))
 
     # ----- hand-off to the shell -----
 
@@ -345,3 +451,22 @@ class Scheduler:
     @property
     def live_requests(self) -> int:
         return len(self._requests)
+
+
+# A request that fails its route again after this many replays is ended: it may be what
+# breaks the route, and replaying it forever would take the route down with it.
+MAX_REPLAYS = 2
+
+
+def _sampling(r: _Request) -> SamplingParams:
+    """A replayed request tells the final stage what it already emitted, so grammar state and
+    penalties resume where the lost route left them instead of starting over."""
+    if not r.replayed:
+        return r.req.sampling
+    return replace(r.req.sampling, generated_token_ids=r.replayed)
+
+
+def _replayable(r: _Request) -> bool:
+    """Only greedy decoding replays to the same tokens; anything else would be ambiguous."""
+    return (r.req.sampling.temperature == 0 and r.abort_reason is None
+            and r.replays < MAX_REPLAYS)

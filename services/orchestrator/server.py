@@ -17,11 +17,25 @@ from libs.security.tls import own_identity_uri
 from libs.service.errors import FailedPrecondition, FornaxError, Unavailable
 from libs.service.server import ServiceSpec
 from services.orchestrator import convert
+from services.orchestrator.coldstart import BackendBoard, serve_then_upgrade
+from services.orchestrator.coldstart_setup import compiler_factory, unload_reference
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.domain import SchedulerConfig
-from services.orchestrator.http_api import HttpConfig, build_http_app, start_http
+from services.orchestrator.http_api import (
+    BOARD_KEY,
+    TOKENIZE_INLINE_MAX_BYTES,
+    HttpConfig,
+    build_http_app,
+    start_http,
+)
+from services.orchestrator.lifecycle import (
+    InstalledRoute,
+    Installer,
+    InstallRequest,
+    Preparer,
+    RouteManager,
+)
 from services.orchestrator.http_tls import choose_http_tls, is_loopback, server_ssl_context
-from services.orchestrator.lifecycle import InstalledRoute, Installer, InstallRequest, RouteManager
 from services.orchestrator.serving import RouteSlot, ServingConfig, ServingEngine, terminal_error
 
 _log = structlog.get_logger()
@@ -40,8 +54,12 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
 
     async def Generate(self, request, context):
         engine = self._engine()
+        if len(request.text) > TOKENIZE_INLINE_MAX_BYTES:  # keep the loop free for streams
+            generation = await asyncio.to_thread(convert.generation_from_pb, request, engine)
+        else:
+            generation = convert.generation_from_pb(request, engine)
         # Leaving the block early (the caller went away or cancelled the RPC) cancels the request.
-        async with engine.submit(convert.generation_from_pb(request, engine)) as stream:
+        async with engine.submit(generation) as stream:
             async for output in stream:
                 error = terminal_error(output) if output.finished else None
                 if error is not None:
@@ -75,6 +93,9 @@ def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
                          max_live_requests=cfg.max_live_requests,
                          default_max_tokens=cfg.default_max_tokens,
                          default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None,
+                         release_budget_s=cfg.release_budget_s,
+                         recovery_timeout_s=cfg.recovery_timeout_s,
+                         stall_timeout_s=cfg.idle_write_timeout_s or None,
                          max_tokens_cap=cfg.max_tokens_cap, max_prompt_tokens=cfg.max_prompt_tokens)
 
 
@@ -109,12 +130,19 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
         from services.orchestrator.fleet_route import fleet_installer
         from services.orchestrator.install import Fleet
 
-        fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, cfg.stage_workers, cfg.server.client_channel(),
-                      own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None)
-        return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
-                               serving_config(cfg),
-                               lambda message: _log.info("install_progress", message=message),
-                               hop_dtypes=cfg.hop_boundary_dtypes)
+        def on(workers: tuple[str, ...]) -> Installer:
+            fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, workers, cfg.server.client_channel(),
+                          own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None)
+            return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
+                                   serving_config(cfg),
+                                   lambda message: _log.info("install_progress", message=message),
+                                   hop_dtypes=cfg.hop_boundary_dtypes)
+
+        if cfg.reference_stage_workers:
+            from services.orchestrator.coldstart_setup import by_backend
+
+            return by_backend(on(cfg.stage_workers), on(cfg.reference_stage_workers))
+        return on(cfg.stage_workers)
 
     async def no_fleet(request: InstallRequest) -> InstalledRoute:
         raise FailedPrecondition("no stage workers, planner or artifact builder configured",
@@ -123,11 +151,34 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
     return no_fleet
 
 
-async def _install_at_startup(manager: RouteManager, request: InstallRequest) -> None:
+def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
+    """Fleet installs plan and build while the current route still serves."""
+    if cfg.inprocess_checkpoint or not (cfg.stage_workers and cfg.planner_addr
+                                        and cfg.artifact_builder_addr):
+        return None
+    from services.orchestrator.fleet_route import fleet_preparer
+    from services.orchestrator.install import Fleet
+
+    def on(workers: tuple[str, ...]) -> Preparer:
+        fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, workers)
+        return fleet_preparer(fleet, cfg.state_dir, cfg.stage_kv_limit_bytes,
+                              lambda message: _log.info("install_progress", message=message),
+                              hop_dtypes=cfg.hop_boundary_dtypes)
+
+    if cfg.reference_stage_workers:  # each backend plans on the workers that will run it
+        from services.orchestrator.coldstart_setup import by_backend
+
+        return by_backend(on(cfg.stage_workers), on(cfg.reference_stage_workers))
+    return on(cfg.stage_workers)
+
+
+async def _install_at_startup(manager: RouteManager, request: InstallRequest, board: BackendBoard,
+                              cfg: OrchestratorConfig) -> None:
     try:
-        status = await manager.install(request)
+        await serve_then_upgrade(manager, request, board, compiler_factory(cfg), unload_reference(cfg))
+        status = manager.status()
         _log.info("route_installed", plan_id=status.plan.plan_id if status.plan else "",
-                  stages=request.stages, backend=request.backend)
+                  stages=request.stages, backend=board.running_backend, phase=board.phase.value)
     except FornaxError as exc:
         _log.error("route_install_failed", reason=exc.reason, error=exc.message)
     except Exception:
@@ -136,21 +187,26 @@ async def _install_at_startup(manager: RouteManager, request: InstallRequest) ->
 
 async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
     route = RouteSlot()
-    manager = RouteManager(route, choose_installer(cfg), cfg.drain_timeout_s)
+    manager = RouteManager(route, choose_installer(cfg), cfg.drain_timeout_s,
+                           choose_preparer(cfg))
     startup: asyncio.Task | None = None
+    board = BackendBoard(cfg.inprocess_backend if cfg.inprocess_checkpoint else cfg.backend)
     if cfg.inprocess_checkpoint:
-        await manager.install(InstallRequest(cfg.inprocess_checkpoint, cfg.inprocess_stages,
-                                             cfg.inprocess_backend, "fp32"))
+        await serve_then_upgrade(manager, InstallRequest(cfg.inprocess_checkpoint, cfg.inprocess_stages,
+                                                         cfg.inprocess_backend, "fp32"), board, None)
     elif cfg.checkpoint:
         # Planning, building and loading take a while: serve (not ready) meanwhile.
         startup = asyncio.get_running_loop().create_task(_install_at_startup(
             manager, InstallRequest(cfg.checkpoint, len(cfg.stage_workers), cfg.backend,
-                                    cfg.boundary_dtype)))
+                                    cfg.boundary_dtype), board, cfg))
     servicer = OrchestratorServicer(cfg, route, manager)
     http_tls = choose_http_tls(cfg.server.host, cfg.http_tls, cfg.server.tls, cfg.http_insecure)
     if http_tls is None and not is_loopback(cfg.server.host):
         _log.warning("http_plaintext_beyond_loopback", host=cfg.server.host)
-    app = build_http_app(route, HttpConfig(api_key=cfg.api_key, max_body_bytes=cfg.http_max_body_bytes))
+    app = build_http_app(route, HttpConfig(
+        api_key=cfg.api_key, idle_write_timeout_s=cfg.idle_write_timeout_s or None,
+        send_buffer_bytes=cfg.http_send_buffer_bytes or None, max_body_bytes=cfg.http_max_body_bytes))
+    app[BOARD_KEY] = board
     runner, http_port = await start_http(app, cfg.server.host, cfg.http_port,
                                          server_ssl_context(http_tls) if http_tls else None)
     _log.info("http_api_serving", port=http_port, scheme="https" if http_tls else "http")

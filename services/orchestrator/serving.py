@@ -12,23 +12,17 @@ import asyncio
 import collections
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 import structlog
 
-from libs.service.errors import (
-    Cancelled,
-    DeadlineExceeded,
-    FornaxError,
-    Internal,
-    ResourceExhausted,
-    Unavailable,
-)
+from libs.service.errors import FornaxError, Unavailable
+from libs.service.log_limit import LogLimiter
 from libs.text.context import TextContext
 from services.orchestrator import metrics
 from services.orchestrator.admission import AdmissionConfig, AdmissionControl
 from services.orchestrator.domain import (
-    FinishReason,
     GenerationRequest,
     Microbatch,
     MicrobatchResult,
@@ -40,12 +34,20 @@ from services.orchestrator.domain import (
 )
 from services.orchestrator.prompting import TokenLimits
 from services.orchestrator.pipeline import Pipeline
+# Re-exported: the front ends take a request's stream and its ending from here.
+from services.orchestrator.request_stream import (  # noqa: F401
+    Completion,
+    RequestStream,
+    terminal_error,
+)
+from services.orchestrator.route_health import ROUTE_UNAVAILABLE, route_unavailable
 from services.orchestrator.scheduler import RetiredRequest, Scheduler
 from services.orchestrator.tracing import RequestSpans
 
 _log = structlog.get_logger()
 RELEASE_RETRY_S = 0.05
 NO_KV_LIMIT_BYTES = 1 << 62
+_LOGS = LogLimiter()
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,15 @@ class ServingConfig:
     stage_kv_budget_bytes: tuple[int, ...] | None = None
     default_max_tokens: int = 256
     default_deadline_budget_ns: int | None = None
+    # Release retries stop after this long and return the admission slot anyway; stages
+    # free the lease's KV when it expires.
+    release_budget_s: float = 10.0
+    # A request whose reader has taken nothing for this long (its stream full) is cancelled,
+    # so a client that stops reading frees its slot. None: wait forever.
+    stall_timeout_s: float | None = 60.0
+    # When the route loses a stage, greedy requests wait this long for the route to be
+    # reloaded and are then replayed; 0 ends them at once with ROUTE_UNAVAILABLE.
+    recovery_timeout_s: float = 0.0
     # 0 = only the context window bounds them.
     max_tokens_cap: int = 0
     max_prompt_tokens: int = 0
@@ -63,76 +74,6 @@ class ServingConfig:
     @property
     def token_limits(self) -> TokenLimits:
         return TokenLimits(self.default_max_tokens, self.max_tokens_cap, self.max_prompt_tokens)
-
-
-class RequestStream:
-    """One request's events, bounded: a full stream stalls the request's decode."""
-
-    def __init__(self, engine: ServingEngine, request_id: str, prompt_tokens: int,
-                 capacity: int) -> None:
-        self._engine = engine
-        self.request_id = request_id
-        self.prompt_tokens = prompt_tokens
-        self._capacity = capacity
-        self._events: collections.deque[RequestOutput] = collections.deque()
-        self._ready = asyncio.Event()
-        self._stalled = False
-        self.finished = False
-
-    def _push(self, output: RequestOutput) -> None:
-        self._events.append(output)
-        self._ready.set()
-        if len(self._events) >= self._capacity and not output.finished:
-            self._stalled = True
-            self._engine._stall(self.request_id, True)
-
-    async def next(self) -> RequestOutput:
-        while not self._events:
-            self._ready.clear()
-            await self._ready.wait()
-        output = self._events.popleft()
-        if self._stalled and len(self._events) < self._capacity:
-            self._stalled = False
-            self._engine._stall(self.request_id, False)
-        if output.finished:
-            self.finished = True
-        return output
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished:
-            raise StopAsyncIteration
-        return await self.next()
-
-    def cancel(self) -> bool:
-        return self._engine.cancel(self.request_id)
-
-    async def __aenter__(self) -> RequestStream:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        if not self.finished:
-            self.cancel()  # the consumer went away, or failed, before the final event
-
-    async def collect(self) -> Completion:
-        """The whole generated text and the final event; raises the error a failed request ended with."""
-        parts = []
-        async for output in self:
-            parts.append(output.text)
-            if output.finished:
-                error = terminal_error(output)
-                if error is not None:
-                    raise error
-                return Completion("".join(parts), output)
-        raise Internal("request stream ended without a final event")
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    final: RequestOutput
 
 
 class ServingEngine:
@@ -148,6 +89,9 @@ class ServingEngine:
         self.config = config
         self.admission = admission
         self.scheduler = Scheduler(config.scheduler, served.num_stages, text, admission)
+        self.scheduler.replay = config.recovery_timeout_s > 0
+        self._recovery_timer: asyncio.TimerHandle | None = None
+        self._degraded_at: float | None = None
         self._streams: dict[str, RequestStream] = {}
         self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
@@ -158,6 +102,13 @@ class ServingEngine:
         self.retired: collections.deque[RetiredRequest] = collections.deque(maxlen=1024)
         self._spans = RequestSpans()
         self._closed = False
+        self._stalled_since_ns: dict[str, int] = {}
+        # Why the route cannot serve (a stage is down); None while it can.
+        self.degraded_reason: str | None = None
+        # Called with a reason when a batch fails because the route, not a sequence, failed.
+        self.on_route_failure: Callable[[str], Awaitable[None]] | None = None
+        # Stops what watches the route (its health monitor) before the pipeline closes.
+        self.on_close: Callable[[], Awaitable[None]] | None = None
 
     # ----- public -----
 
@@ -165,6 +116,9 @@ class ServingEngine:
         """Admits the request or raises at once (capacity, draining); never waits."""
         if self._closed:
             raise Unavailable("the serving engine is closed", reason="NOT_ADMITTING")
+        if self.degraded_reason is not None:
+            metrics.REJECTED.labels(ROUTE_UNAVAILABLE).inc()
+            raise route_unavailable(self.degraded_reason)
         if request.sampling.seed is None:
             # Each unseeded request gets its own random stream; a seeded one is reproducible.
             request = replace(request, sampling=replace(request.sampling,
@@ -205,6 +159,50 @@ class ServingEngine:
     def stop_admitting(self, reason: str) -> None:
         self.admission.close(reason)
 
+    def degrade(self, reason: str) -> None:
+        """The route lost a stage: refuse new requests (503) and schedule nothing until it
+        recovers; requests hit by the failure are suspended for replay or ended."""
+        if self.degraded_reason is None:
+            _log.warning("route_degraded", reason=reason)
+            metrics.DEGRADATIONS.inc()
+            self._degraded_at = time.monotonic()
+            if self.scheduler.replay:
+                self._recovery_timer = asyncio.get_running_loop().call_later(
+                    self.config.recovery_timeout_s, self._give_up_recovery)
+        self.degraded_reason = reason
+        metrics.ROUTE_DEGRADED.set(1)
+        if self.scheduler.replay:  # without replay, what is queued fails fast instead
+            self.scheduler.paused = True
+            self.scheduler.suspend_live(route_unavailable(reason).message)
+            self._pump()
+
+    def recover(self, pipeline: Pipeline | None = None) -> None:
+        """The route serves again; with a new `pipeline` (the stages were reloaded under a
+        new generation), every suspended request is replayed on it."""
+        if self._recovery_timer is not None:
+            self._recovery_timer.cancel()
+            self._recovery_timer = None
+        replayed = 0
+        if pipeline is not None:
+            self.pipeline = pipeline
+            replayed = self.scheduler.replay_suspended()
+        if self.degraded_reason is not None:
+            took = time.monotonic() - (self._degraded_at or time.monotonic())
+            metrics.RECOVERY_SECONDS.observe(took)
+            _log.info("route_recovered", reason=self.degraded_reason, replayed=replayed,
+                      recovery_s=round(took, 3))
+        self.degraded_reason, self._degraded_at = None, None
+        self.scheduler.paused = False
+        metrics.ROUTE_DEGRADED.set(0)
+        self._pump()
+
+    def _give_up_recovery(self) -> None:
+        self._recovery_timer = None
+        ended = self.scheduler.end_suspended(route_unavailable(
+            self.degraded_reason or "the route did not recover in time").message)
+        _log.warning("recovery_timed_out", ended=ended)
+        self._pump()
+
     async def wait_idle(self) -> None:
         """Returns once every admitted request has retired (drain)."""
         await self._idle.wait()
@@ -228,6 +226,8 @@ class ServingEngine:
                 task.cancel()
         if self._timer is not None:
             self._timer.cancel()
+        if self.on_close is not None:
+            await self.on_close()
         await self.pipeline.close()
 
     @property
@@ -238,10 +238,25 @@ class ServingEngine:
 
     def _stall(self, request_id: str, stalled: bool) -> None:
         self.scheduler.set_stalled(request_id, stalled)
-        if not stalled:
+        if stalled:
+            self._stalled_since_ns[request_id] = time.monotonic_ns()
+        else:
+            self._stalled_since_ns.pop(request_id, None)
             self._pump()
 
+    def _cancel_idle_readers(self, now_ns: int) -> None:
+        if self.config.stall_timeout_s is None:
+            return
+        limit_ns = int(self.config.stall_timeout_s * 1e9)
+        for request_id, since in list(self._stalled_since_ns.items()):
+            if now_ns - since >= limit_ns:
+                del self._stalled_since_ns[request_id]
+                _log.info("reader_idle_cancelled", request_id=request_id)
+                metrics.IDLE_READER_CANCELLATIONS.inc()
+                self.cancel(request_id)
+
     def _pump(self) -> None:
+        self._cancel_idle_readers(time.monotonic_ns())
         self._dispatch()  # first, so a reader's stall is known before scheduling
         for batch in self.scheduler.schedule(time.monotonic_ns()):
             metrics.MICROBATCH_ROWS.labels(batch.phase.value).observe(batch.row_count)
@@ -267,6 +282,7 @@ class ServingEngine:
             self.retired.append(retired)
             self._deadlines.pop(retired.request_id, None)
             self._last_token_ns.pop(retired.request_id, None)
+            self._stalled_since_ns.pop(retired.request_id, None)
             metrics.FINISHED.labels(retired.finish_reason.value).inc()
             self._spans.finish(retired.request_id, retired.finish_reason.value)
             _log.info("request_retired", request_id=retired.request_id,
@@ -293,6 +309,9 @@ class ServingEngine:
         # the request's in-flight result or release triggers anyway.
         now = time.monotonic_ns()
         upcoming = [d for d in self._deadlines.values() if d > now]
+        if self.config.stall_timeout_s is not None:
+            upcoming += [since + int(self.config.stall_timeout_s * 1e9)
+                         for since in self._stalled_since_ns.values()]
         if upcoming:
             delay_s = (min(upcoming) - now) / 1e9
             self._timer = asyncio.get_running_loop().call_later(delay_s + 1e-4, self._pump)
@@ -306,33 +325,71 @@ class ServingEngine:
         try:
             result = await self.pipeline.submit(batch)
         except Exception as exc:  # a failed microbatch fails its sequences, not the loop
-            _log.exception("microbatch_failed", batch_id=batch.batch_id)
-            result = MicrobatchResult(batch.batch_id, tuple(
-                RequestSliceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch,
-                               f"pipeline error: {type(exc).__name__}: {exc}")
-                for s in batch.slices))
+            result = await self._failed_batch(batch, exc)
+        else:
+            lost = next((s for s in result.sequences if s.route_lost), None)
+            if lost is not None and self.on_route_failure is not None:
+                await self.on_route_failure(lost.error)
         self.scheduler.update_from_output(result)
         self._pump()
+
+    async def _failed_batch(self, batch: Microbatch, exc: Exception) -> MicrobatchResult:
+        """Every sequence of the batch fails with a clean message (no peer addresses)."""
+        route_lost = isinstance(exc, FornaxError) and exc.reason == ROUTE_UNAVAILABLE
+        if route_lost:
+            error = exc.message
+            if _LOGS.allow("microbatch_route_unavailable") is not None:
+                _log.warning("microbatch_failed", batch_id=batch.batch_id, error=exc.message)
+            if self.on_route_failure is not None:
+                await self.on_route_failure(exc.message)
+        else:
+            error = f"the pipeline failed ({type(exc).__name__})"
+            if _LOGS.allow("microbatch_failed") is not None:
+                _log.error("microbatch_failed", batch_id=batch.batch_id, exc_info=exc)
+        return MicrobatchResult(batch.batch_id, tuple(
+            RequestSliceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, error,
+                               route_lost=route_lost)
+            for s in batch.slices))
 
     async def _cancel_inflight(self, request_id: str) -> None:
         """Best effort: stages drop the rows early; the release that follows is what counts."""
         try:
             await self.pipeline.cancel(request_id)
-        except Exception:
-            _log.exception("cancel_failed", request_id=request_id)
+        except Exception as exc:
+            if _LOGS.allow("cancel_failed") is not None:
+                _log.warning("cancel_failed", request_id=request_id, error=_brief(exc))
 
     async def _release(self, request_id: str) -> None:
-        attempt = 0
-        while True:
+        """Retries within `release_budget_s`, then gives up and frees the slot regardless."""
+        give_up_at = time.monotonic() + self.config.release_budget_s
+        attempt, report = 0, None
+        while report is None:
             try:
                 report = await self.pipeline.release(request_id)
-                break
-            except Exception:  # KV must be freed everywhere: keep trying until it is
+            except Exception as exc:
                 attempt += 1
-                _log.exception("release_failed", request_id=request_id, attempt=attempt)
+                if time.monotonic() >= give_up_at or self._closed:
+                    break
+                suppressed = _LOGS.allow("release_failed")
+                if suppressed is not None:
+                    _log.warning("release_failed", request_id=request_id, attempt=attempt,
+                                 error=_brief(exc), suppressed=suppressed)
                 await asyncio.sleep(RELEASE_RETRY_S * min(attempt, 20))
-        self.scheduler.on_released(report)
+        if report is None:
+            metrics.RELEASES_ABANDONED.inc()
+            if _LOGS.allow("release_abandoned") is not None:
+                _log.warning("release_abandoned", request_id=request_id, attempts=attempt)
+            self.scheduler.abandon_release(request_id)
+        else:
+            self.scheduler.on_released(report)
         self._pump()
+
+
+def _brief(exc: BaseException) -> str:
+    """One line about a failure, without a peer's address or a traceback."""
+    if isinstance(exc, FornaxError):
+        return f"{exc.reason}: {exc.message}"
+    return type(exc).__name__
 
 
 class RouteSlot:
@@ -340,18 +397,3 @@ class RouteSlot:
 
     def __init__(self, engine: ServingEngine | None = None) -> None:
         self.engine = engine
-
-
-def terminal_error(output: RequestOutput) -> FornaxError | None:
-    """The error a final event stands for; None when it ended with stop or length."""
-    if output.finish_reason is FinishReason.DEADLINE:
-        return DeadlineExceeded("the request's deadline budget ran out",
-                                reason="DEADLINE_EXCEEDED")
-    if output.finish_reason is FinishReason.CANCELLED:
-        return Cancelled("the request was cancelled")
-    if output.finish_reason is FinishReason.REJECTED:
-        return ResourceExhausted(f"a stage refused the request: {output.error}")
-    if output.finish_reason is FinishReason.ERROR:
-        return Internal(f"generation failed: {output.error}", reason="GENERATION_FAILED")
-    return None
-

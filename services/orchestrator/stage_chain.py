@@ -14,20 +14,41 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import grpc
 import numpy as np
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 
 from libs.fnx2.control import ChannelBinding
+from libs.fnx2.errors import ChannelClosedError, Fnx2Error
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind
 from libs.model.sampling import SamplingParams
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
+from services.orchestrator.route_health import (
+    StageCondition,
+    StageProbe,
+    condition_of_rpc_error,
+    route_unavailable,
+)
 
 GATEWAY = "gateway"
 UNLOAD_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class RouteTimeouts:
+    """Every call on the request path has a deadline, so a dead or stopped stage costs a
+    bounded wait, never a hang."""
+
+    admit_s: float = 5.0
+    cancel_s: float = 2.0
+    release_s: float = 2.0
+    health_s: float = 1.0
+    # Added to a batch's largest deadline budget: the RESULT may trail the deadline a little.
+    batch_grace_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +67,20 @@ class RoutePlan:
     plan_hash: str
     plan_generation_id: str
     stages: tuple[RouteStage, ...]
+
+
+def sampling_to_pb(sampling: SamplingParams) -> pb.SamplingSpec:
+    spec = pb.SamplingSpec(
+        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.stream_seed,
+        presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
+        logit_bias=dict(sampling.logit_bias), first_sample_position=sampling.first_sample_position,
+        generated_token_ids=sampling.generated_token_ids,
+        logprobs=sampling.top_logprobs is not None, top_logprobs=sampling.top_logprobs or 0,
+    )
+    if sampling.grammar is not None:
+        spec.grammar.CopyFrom(pb.GrammarConstraint(lark_grammar=sampling.grammar.lark,
+                                                   end_token_ids=sampling.grammar.end_token_ids))
+    return spec
 
 
 @dataclass(frozen=True)
@@ -117,9 +152,10 @@ def lease_id_for(plan: RoutePlan, request_id: str) -> str:
 
 
 class Route:
-    def __init__(self, plan: RoutePlan, channel: ChannelConfig = ChannelConfig(),
-                 data_plane_tls: Fnx2Tls | None = None):
+    def __init__(self, plan: RoutePlan, timeouts: RouteTimeouts = RouteTimeouts(),
+                 channel: ChannelConfig = ChannelConfig(), data_plane_tls: Fnx2Tls | None = None):
         self.plan = plan
+        self.timeouts = timeouts
         self._tls = data_plane_tls
         self._channels = [open_aio_channel(s.control_address, channel) for s in plan.stages]
         self._stubs = [pb_grpc.StageWorkerServiceStub(c) for c in self._channels]
@@ -127,6 +163,7 @@ class Route:
         self._batch_numbers = itertools.count()
 
     async def open(self) -> None:
+        """Opens (or reopens, after `abort`) the FNX2 channel to stage 0."""
         first = self.plan.stages[0]
         binding = ChannelBinding(
             self.plan.plan_id, self.plan.plan_hash, first.manifest_hash, "stage-0", self.plan.plan_generation_id
@@ -137,9 +174,14 @@ class Route:
         else:
             self._client = await Fnx2Client.connect(host, int(port), SenderConfig(binding))
 
+    async def abort(self) -> None:
+        """Closes the FNX2 channel: every batch still waiting fails at once."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
+        await self.abort()
         for channel in self._channels:
             await channel.close()
 
@@ -152,22 +194,36 @@ class Route:
             target_request_id=request_id,
             execution_lease_id=lease_id_for(self.plan, request_id),
             reserve_tokens=reserve_tokens,
-            sampling=pb.SamplingSpec(
-                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                seed=sampling.stream_seed,
-            ),
+            sampling=sampling_to_pb(sampling),
             output_mode=mode,
         )
-        outcomes = await asyncio.gather(*(stub.AdmitSequence(message) for stub in self._stubs), return_exceptions=True)
-        failure = next((o for o in outcomes if isinstance(o, BaseException)), None)
-        if failure is not None:
-            await self.release(request_id)
-            raise failure
+        outcomes = await asyncio.gather(*(stub.AdmitSequence(message, timeout=self.timeouts.admit_s)
+                                           for stub in self._stubs), return_exceptions=True)
+        failures = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
+        if failures:
+            try:
+                await self.release(request_id)
+            except Exception:  # the lease expires on the stages that did admit it
+                pass
+            raise _clean(*failures[0])
 
     async def run(self, phase: Phase, inputs: list[SliceInput], traceparent: str | None = None) -> list[SliceOutput]:
         """One ragged batch through every stage; outputs in input order."""
+        if self._client is None:
+            raise route_unavailable("the route's data plane is closed")
         batch = self._batch(phase, inputs, traceparent)
-        result = await self._client.submit(batch)
+        budget_s = max(i.deadline_budget_ns for i in inputs) / 1e9
+        try:
+            result = await asyncio.wait_for(self._client.submit(batch),
+                                            budget_s + self.timeouts.batch_grace_s)
+        except asyncio.TimeoutError:
+            raise route_unavailable("stage 0 did not answer a batch before its deadline") from None
+        except (ChannelClosedError, ConnectionError, OSError) as exc:
+            raise route_unavailable("the data plane connection to stage 0 was lost") from exc
+        except Fnx2Error as exc:
+            if exc.terminal:
+                raise route_unavailable(f"the data plane failed ({exc.code.value})") from exc
+            raise
         by_id = {r.request_id: r for r in result.results}
         outputs = []
         for item in inputs:
@@ -201,17 +257,59 @@ class Route:
 
     async def cancel(self, request_id: str) -> list[int]:
         message = pb.CancelRequestRequest(request_id=str(uuid.uuid4()), target_request_id=request_id)
-        replies = await asyncio.gather(*(stub.CancelRequest(message) for stub in self._stubs))
+        replies = await asyncio.gather(*(stub.CancelRequest(message, timeout=self.timeouts.cancel_s)
+                                         for stub in self._stubs), return_exceptions=True)
+        for index, reply in enumerate(replies):
+            if isinstance(reply, BaseException):
+                raise _clean(index, reply)
         return [reply.kv_epoch for reply in replies]
 
     async def release(self, request_id: str) -> list[int]:
         """Free the request's KV on every stage; returns each stage's final KV epoch."""
         message = pb.ReleaseRequestRequest(request_id=str(uuid.uuid4()), target_request_id=request_id)
-        replies = await asyncio.gather(*(stub.ReleaseRequest(message) for stub in self._stubs), return_exceptions=True)
-        failure = next((r for r in replies if isinstance(r, BaseException)), None)
-        if failure is not None:
-            raise failure
+        replies = await asyncio.gather(*(stub.ReleaseRequest(message, timeout=self.timeouts.release_s)
+                                         for stub in self._stubs), return_exceptions=True)
+        for index, reply in enumerate(replies):
+            if isinstance(reply, BaseException):
+                raise _clean(index, reply)
         return [reply.kv_epoch for reply in replies]
 
     async def health(self) -> list[pb.GetHealthResponse]:
-        return list(await asyncio.gather(*(stub.GetHealth(pb.GetHealthRequest()) for stub in self._stubs)))
+        return list(await asyncio.gather(*(stub.GetHealth(pb.GetHealthRequest(), timeout=self.timeouts.health_s)
+                                           for stub in self._stubs)))
+
+    async def probe(self) -> list[StageProbe]:
+        """Each stage's condition, from one bounded GetHealth call per stage."""
+        replies = await asyncio.gather(*(stub.GetHealth(pb.GetHealthRequest(), timeout=self.timeouts.health_s)
+                                         for stub in self._stubs), return_exceptions=True)
+        probes = []
+        for index, reply in enumerate(replies):
+            if isinstance(reply, grpc.aio.AioRpcError):
+                probes.append(StageProbe(index, condition_of_rpc_error(reply.code())))
+            elif isinstance(reply, BaseException):
+                probes.append(StageProbe(index, StageCondition.UNREACHABLE))
+            elif reply.plan.plan_generation_id != self.plan.plan_generation_id:
+                probes.append(StageProbe(index, StageCondition.NOT_LOADED))  # restarted or reloaded
+            else:
+                probes.append(StageProbe(index, _condition_of_state(reply.state)))
+        return probes
+
+
+def _condition_of_state(state: int) -> StageCondition:
+    if state in (pb.STAGE_STATE_READY, pb.STAGE_STATE_EXECUTING):
+        return StageCondition.READY
+    if state == pb.STAGE_STATE_DRAINING:
+        return StageCondition.DRAINING
+    if state == pb.STAGE_STATE_FAILED:
+        return StageCondition.FAILED
+    return StageCondition.NOT_LOADED
+
+
+def _clean(index: int, error: BaseException) -> BaseException:
+    """A stage's transport failure as a clean UNAVAILABLE that names the stage, never its
+    address; a stage's own refusal (capacity, a bad lease) passes through unchanged."""
+    if isinstance(error, grpc.aio.AioRpcError):
+        condition = condition_of_rpc_error(error.code())
+        if condition is not StageCondition.READY:
+            return route_unavailable(f"stage {index} is {condition.value}")
+    return error

@@ -9,7 +9,9 @@ from libs.common.kinds import DType
 from libs.common.proto import backend_from_pb, dtype_from_pb
 from libs.model.sampling import SamplingParams
 from libs.service.errors import InvalidArgument
+from libs.structured.spec import GrammarSpec
 from services.stage_worker.lifecycle import StageState
+from services.stage_worker.phase_totals import Phase, PhaseTotals
 from services.stage_worker.runtime import HealthSnapshot, LoadSpec, PlanBinding, SequenceAdmission
 
 STATE_TO_PB = {
@@ -85,8 +87,22 @@ def admission_from_pb(request: pb.AdmitSequenceRequest, bytes_per_token: int) ->
         top_p=s.top_p if s.top_p > 0 else 1.0,
         seed=s.seed,
         return_logits=request.output_mode == pb.OUTPUT_MODE_LOGITS,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        logit_bias=tuple(sorted(s.logit_bias.items())),
+        grammar=_grammar_from_pb(s.grammar) if s.HasField("grammar") else None,
+        first_sample_position=s.first_sample_position,
+        generated_token_ids=tuple(s.generated_token_ids),
+        top_logprobs=s.top_logprobs if s.logprobs else None,
     )
     return SequenceAdmission(request_id, lease_id, request.reserve_tokens * bytes_per_token, sampling)
+
+
+def _grammar_from_pb(grammar: pb.GrammarConstraint) -> GrammarSpec:
+    if not grammar.lark_grammar or not grammar.end_token_ids:
+        raise InvalidArgument("a grammar needs lark_grammar and end_token_ids", reason="INVALID_GRAMMAR",
+                              field="sampling.grammar")
+    return GrammarSpec(grammar.lark_grammar, tuple(grammar.end_token_ids))
 
 
 def health_to_pb(snapshot: HealthSnapshot) -> pb.GetHealthResponse:
@@ -101,9 +117,19 @@ def health_to_pb(snapshot: HealthSnapshot) -> pb.GetHealthResponse:
         inflight_batches_high_water=snapshot.inflight_high_water,
         batches_executed=snapshot.batches_executed,
         failure_reason=snapshot.failure_reason,
+        phase_totals=_totals_to_pb(snapshot.phase_totals),
         plan=common_pb2.PlanBinding(
             plan_id=plan.plan_id, plan_hash=plan.plan_hash, plan_generation_id=plan.plan_generation_id
         )
         if plan
         else None,
     )
+
+
+def _totals_to_pb(totals: PhaseTotals | None) -> pb.PhaseTotals | None:
+    if totals is None:
+        return None
+    t = totals.total_ns
+    return pb.PhaseTotals(queue_ns=t[Phase.QUEUE], compute_ns=t[Phase.COMPUTE], pack_ns=t[Phase.PACK],
+                          transfer_ns=t[Phase.TRANSFER], unpack_ns=t[Phase.UNPACK],
+                          batches=totals.count[Phase.COMPUTE])

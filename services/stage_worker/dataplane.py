@@ -17,7 +17,7 @@ import numpy as np
 import structlog
 from opentelemetry import trace
 
-from libs.fnx2.control import ChannelBinding
+from libs.fnx2.control import EXT_SAMPLE_LOGPROBS, ChannelBinding
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.listener import ListenerLimits
 from libs.fnx2.messages import Batch, BatchDescriptor, SequenceStatus
@@ -31,9 +31,11 @@ from libs.model.errors import KvLimitExceededError, ModelError
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.model.executor import StageBatch, StageResult
 from libs.model.kv_store import SliceIdentity
+from libs.model.logprobs import RECORD_WIDTH, sample_records
 from libs.service.errors import FailedPrecondition
 from libs.service.trace_context import context_from, current_traceparent
 from services.stage_worker import metrics
+from services.stage_worker.phase_totals import Phase
 from services.stage_worker.runtime import LoadedStage, StageRuntime
 
 log = structlog.get_logger()
@@ -182,17 +184,17 @@ class DataPlane:
         with _TRACER.start_as_current_span("unpack"):
             started = time.perf_counter()
             batch = self._stage_batch(stage, work, live)
-            metrics.UNPACK.labels(label).observe(time.perf_counter() - started)
+            self._runtime.phase_totals.observe(Phase.UNPACK, time.perf_counter() - started, label)
         try:
             result, pending, queue_s, compute_s = await self._runtime.execute(batch)
         except ModelError as exc:
             failed = [SequenceFailure(s.request_id, _fnx2_code(exc), exc.message) for s in live]
             return StageOutput(None, tuple(failures + failed))
         _record_phase_spans(queue_s, compute_s)
-        metrics.QUEUE.labels(label, phase).observe(queue_s)
-        metrics.COMPUTE.labels(label, phase).observe(compute_s)
+        self._runtime.phase_totals.observe(Phase.QUEUE, queue_s, label, phase)
+        self._runtime.phase_totals.observe(Phase.COMPUTE, compute_s, label, phase)
         if stage.spec.last:
-            output = self._final_output(stage, live, result, failures)
+            output = self._final_output(stage, work, live, result, failures)
         else:
             output = await self._forward(stage, work, live, result, failures)
         # KV advances only for sequences the whole rest of the pipeline completed too.
@@ -218,21 +220,31 @@ class DataPlane:
         )
         stacked = _input_rows(work, live)
         sampling = tuple(self._runtime.sampling_for(s.request_id) for s in live) if stage.spec.last and not stage.spec.return_logits else ()
+        filters = _token_filters(stage, slices) if sampling else ()
         # Logits mode answers every input row, as a plain FNX2 2.0 final stage does.
         all_logits = stage.spec.last and stage.spec.return_logits
         if stage.spec.first:
             ids = np.ascontiguousarray(stacked, dtype=np.int32)
-            return StageBatch(slices, token_ids=ids, sampling=sampling, all_logits=all_logits)
+            return StageBatch(slices, token_ids=ids, sampling=sampling, token_filters=filters, all_logits=all_logits)
         tensor = work.batch.tensor
         hidden = Tensor(tensor.descriptor.with_rows(stacked.shape[0]), stacked).to_float32()
-        return StageBatch(slices, hidden=hidden, sampling=sampling, all_logits=all_logits)
+        return StageBatch(slices, hidden=hidden, sampling=sampling, token_filters=filters, all_logits=all_logits)
 
-    @staticmethod
-    def _final_output(stage: LoadedStage, live, result: StageResult, failures) -> StageOutput:
+    def _final_output(self, stage: LoadedStage, work: StageWork, live, result: StageResult, failures) -> StageOutput:
         if stage.spec.return_logits:
             logits = np.ascontiguousarray(result.logits, dtype=np.float32)
             return StageOutput(Tensor.from_array(TensorKind.LOGITS, DType.FP32, logits), tuple(failures))
         tokens = np.ascontiguousarray(result.token_ids, dtype=np.int32)
+        if stage.decoding is not None:  # grammar and penalty state advance with each accepted token
+            stage.decoding.accept([s.request_id for s in live], _sample_positions(live), tokens.tolist())
+        if any(self._runtime.sampling_for(s.request_id).top_logprobs is not None for s in live):
+            if EXT_SAMPLE_LOGPROBS not in work.extensions:
+                failed = [SequenceFailure(s.request_id, "FAILED", "logprobs need the sample_logprobs extension")
+                          for s in live]
+                return StageOutput(None, tuple(failures + failed))
+            records = sample_records(np.asarray(result.logits, dtype=np.float32), tokens)
+            tensor = Tensor.from_array(TensorKind.LOGITS, DType.FP32, records)
+            return StageOutput(tensor, tuple(failures), rows_per_sequence=tuple(1 for _ in live))
         tensor = Tensor.from_array(TensorKind.TOKEN_IDS, DType.INT32, tokens)
         return StageOutput(tensor, tuple(failures), rows_per_sequence=tuple(1 for _ in live))
 
@@ -243,7 +255,7 @@ class DataPlane:
             started = time.perf_counter()
             payload = _boundary_payload(result.hidden, dtype)
             outgoing = _next_batch(work.batch, live, stage, Tensor.from_array(TensorKind.ACTIVATION, dtype, payload))
-            metrics.PACK.labels(label).observe(time.perf_counter() - started)
+            self._runtime.phase_totals.observe(Phase.PACK, time.perf_counter() - started, label)
         metrics.BOUNDARY_BYTES.labels(label).inc(payload.nbytes)
         client = await self.next_hop(stage)
         with _TRACER.start_as_current_span(f"transfer to {stage_id(stage.spec.stage_index + 1)}"):
@@ -252,7 +264,7 @@ class DataPlane:
             reply = await client.submit(outgoing)
             round_trip = time.perf_counter() - started
         downstream_ns = max((r.timings.queue_ns + r.timings.execute_ns for r in reply.results), default=0)
-        metrics.TRANSFER.labels(label).observe(max(0.0, round_trip - downstream_ns / 1e9))
+        self._runtime.phase_totals.observe(Phase.TRANSFER, max(0.0, round_trip - downstream_ns / 1e9), label)
         by_id = {r.request_id: r for r in reply.results}
         parts, counts = [], []
         for item in live:
@@ -268,6 +280,11 @@ class DataPlane:
             return StageOutput(None, tuple(failures))
         descriptor = reply.tensor.descriptor
         array = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts))
+        if _is_sample_records(reply.tensor) and EXT_SAMPLE_LOGPROBS not in work.extensions:
+            # The hop before this one speaks plain token ids: keep the tokens, drop the logprobs.
+            array, descriptor = np.ascontiguousarray(array[:, 0], dtype=np.int32), None
+            return StageOutput(Tensor.from_array(TensorKind.TOKEN_IDS, DType.INT32, array), tuple(failures),
+                               rows_per_sequence=tuple(counts))
         return StageOutput(Tensor(descriptor.with_rows(array.shape[0]), array), tuple(failures), rows_per_sequence=tuple(counts))
 
 
@@ -283,6 +300,23 @@ def _next_batch(batch: Batch, live, stage: LoadedStage, tensor: Tensor) -> Batch
         batch.plan_id, batch.plan_hash, stage.spec.next_hop_manifest_hash, stage_id(stage.spec.stage_index),
         stage_id(stage.spec.stage_index + 1), descriptor, tensor, batch.traceparent,
     )
+
+
+def _is_sample_records(tensor: Tensor) -> bool:
+    d = tensor.descriptor
+    return d.kind is TensorKind.LOGITS and d.dtype is DType.FP32 and d.shape[1:] == (RECORD_WIDTH,)
+
+
+def _sample_positions(live) -> list[int]:
+    """Position of each sequence's last row: the row its sampled token follows."""
+    return [s.token_position_start + s.input_row_count - 1 for s in live]
+
+
+def _token_filters(stage: LoadedStage, slices) -> tuple:
+    if stage.decoding is None or not len(stage.decoding):
+        return ()
+    return stage.decoding.filters([s.request_id for s in slices],
+                                  [s.position_start + s.row_count - 1 for s in slices])
 
 
 def _input_rows(work: StageWork, live) -> np.ndarray:

@@ -27,9 +27,12 @@ from libs.model.executor import StageSpec as ExecutorSpec
 from libs.model.kernels import make_kernels
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
-from libs.service.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument, NotFound, ResourceExhausted
+from libs.structured.decoding import DecodingTable
+from libs.structured.grammar import GrammarVocabulary
 from services.stage_worker.fetch import fetch_artifact
 from services.stage_worker.lifecycle import Lifecycle, StageState
+from services.stage_worker.phase_totals import PhaseTotals
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class HealthSnapshot:
     batches_executed: int
     failure_reason: str
     plan: PlanBinding | None
+    phase_totals: PhaseTotals | None = None
 
 
 @dataclass
@@ -116,6 +120,8 @@ class LoadedStage:
     load_seconds: float
     admissions: dict[str, SequenceAdmission] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)
+    # Final stage: per-request grammar and penalty state (empty on other stages).
+    decoding: DecodingTable | None = None
 
 
 def _compile_progress(message: str) -> None:
@@ -146,6 +152,15 @@ def checkpoint_stage_hash(spec: LoadSpec) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _grammar_vocabulary(source: str, config: DeepseekV2Config) -> GrammarVocabulary | None:
+    """The final stage constrains sampling with the tokenizer its artifact carries (verified
+    with the artifact); without one, constrained requests are refused at admission."""
+    path = Path(source, "tokenizer.json")
+    if not path.exists():
+        return None
+    return GrammarVocabulary(path.read_text(encoding="utf-8"), config.vocab_size)
+
+
 def _check_boundary_contract(spec: LoadSpec, manifest) -> None:
     """The hops' dtypes are part of the stage contract the artifact was built for."""
     expected = [(manifest.boundary_input, spec.input_dtype, not spec.first),
@@ -169,6 +184,7 @@ class StageRuntime:
         self.lifecycle = Lifecycle()
         self.stage: LoadedStage | None = None
         self._counters = _Counters()
+        self.phase_totals = PhaseTotals()
         self._device_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{device}")
         self._idle = asyncio.Event()
         self._idle.set()
@@ -245,7 +261,9 @@ class StageRuntime:
             config, ExecutorSpec(spec.layer_start, spec.layer_end, spec.first, spec.last, limit), kernels
         )
         weight_bytes = sum(p.stat().st_size for p in Path(source).glob("*.safetensors"))
-        return LoadedStage(spec, config, executor, manifest_hash, weight_bytes, time.perf_counter() - started)
+        decoding = DecodingTable(config.vocab_size, _grammar_vocabulary(source, config)) if spec.last else None
+        return LoadedStage(spec, config, executor, manifest_hash, weight_bytes, time.perf_counter() - started,
+                           decoding=decoding)
 
     def _backend_options(self, spec: LoadSpec) -> object | None:
         if spec.backend != Backend.MAX:
@@ -302,6 +320,11 @@ class StageRuntime:
                 f"stage {stage.spec.stage_index} has {free} KV bytes free, the request needs {admission.reserve_bytes}",
                 reason="KV_CAPACITY",
             )
+        if stage.decoding is not None:
+            try:
+                stage.decoding.open(admission.request_id, admission.sampling)
+            except FornaxError as exc:
+                raise InvalidArgument(exc.message, reason=exc.reason, field="sampling") from exc
         stage.admissions[admission.request_id] = admission
         stage.cancelled.discard(admission.request_id)
         return free - admission.reserve_bytes
@@ -332,6 +355,8 @@ class StageRuntime:
             stage.executor.release(request_id, admission.lease_id)
         stage.executor.kv.release_request(request_id)
         stage.cancelled.discard(request_id)
+        if stage.decoding is not None:
+            stage.decoding.close(request_id)
         return admission is not None, epoch, before - stage.executor.kv.bytes_used()
 
     @staticmethod
@@ -404,4 +429,5 @@ class StageRuntime:
             batches_executed=self._counters.executed,
             failure_reason=self.lifecycle.failure_reason,
             plan=stage.spec.plan if stage else None,
+            phase_totals=self.phase_totals,
         )

@@ -34,6 +34,12 @@ def test_up_with_a_checkpoint_serves_completions_until_down(tmp_path):
             reply = json.load(response)
         assert reply["usage"]["prompt_tokens"] == 3
         assert 1 <= reply["usage"]["completion_tokens"] <= 4
+        with urllib.request.urlopen(f"{state.api}/models", timeout=30) as response:
+            board = json.load(response)["data"][0]["fornax_backend"]
+        assert (board["running_backend"], board["phase"]) == ("numpy", "serving_requested_backend")
+        status = _fornax("status", cwd=tmp_path, timeout=60)
+        assert "backend: running numpy, requested numpy" in status.stdout, status.stdout
+        assert "reference" not in status.stdout  # numpy fleets need no reference workers
     finally:
         down = _fornax("down", cwd=tmp_path, timeout=120)
     assert down.returncode == 0, down.stderr

@@ -136,7 +136,7 @@ def test_kv_budget_overflow_is_429_naming_the_stage(checkpoint):
     ({"model": "nope", "messages": MESSAGES}, 404, "model_not_found", "model"),
     ({"model": MODEL_ID, "messages": MESSAGES, "max_tokens": -3}, 400, "invalid_max_tokens",
      "max_tokens"),
-    ({"model": MODEL_ID, "messages": MESSAGES, "n": 2}, 400, "invalid_n", "n"),
+    ({"model": MODEL_ID, "messages": MESSAGES, "n": 17}, 400, "invalid_n", "n"),
     ({"model": MODEL_ID, "messages": MESSAGES, "max_tokens": 5000}, 400,
      "context_length_exceeded", "max_tokens"),
 ])

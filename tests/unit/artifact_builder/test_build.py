@@ -67,8 +67,12 @@ def test_manifest_records_lineage_layers_boundaries_and_files(tmp_path):
         assert (m.source.source, m.source.revision) == ("test:tiny", "r1")
         assert (m.plan.plan_id, m.plan.plan_hash) == (result.plan_id, result.plan_hash)
         assert m.layers.convention == LAYER_RANGE_CONVENTION and m.stage_count == 2
-        assert [f.path for f in m.files] == ["config.json", "model.safetensors"]
         assert m.tied_embeddings
+    # Only the final stage samples, so only it carries the tokenizer (grammar masks need it).
+    assert [f.path for f in first.files] == ["config.json", "model.safetensors"]
+    assert [f.path for f in last.files] == ["config.json", "model.safetensors", "tokenizer.json"]
+    tokenizer = next(f for f in last.files if f.path == "tokenizer.json")
+    assert tokenizer.sha256 == snapshot.tokenizer_sha256
     assert (first.layers.layer_start, first.layers.layer_end_exclusive) == (0, 2)
     assert (first.boundary_input.kind, first.boundary_input.dtype, first.boundary_input.width) == (
         "TENSOR_KIND_TOKEN_IDS", "ELEMENT_TYPE_INT32", 1)

@@ -364,3 +364,19 @@ def test_stage_workers_advertise_their_stable_dns_name(renderings):
     advertised = env["FORNAX_ADVERTISE_HOST"]["value"]
     assert advertised.startswith("$(POD_NAME).") and advertised.endswith(".svc")
     assert f".{FULL}-stage-worker." in advertised
+
+
+def test_compile_cache_is_seeded_from_the_image_without_overwriting(renderings):
+    for scenario in ("default", "production"):
+        pod = workload(renderings[scenario], "stage-worker")["spec"]["template"]["spec"]
+        (init,) = pod["initContainers"]
+        assert init["name"] == "seed-compile-cache" and init["image"] == container(renderings[scenario], "stage-worker")["image"]
+        script = init["command"][-1]
+        assert "cp -Rn /opt/fornax/compile-cache-seed/. /var/cache/fornax/compile/" in script
+        assert init["volumeMounts"] == [{"name": "compile-cache", "mountPath": "/var/cache/fornax/compile"}]
+        assert env_values(container(renderings[scenario], "stage-worker"))["FORNAX_COMPILE_CACHE_DIR"] == "/var/cache/fornax/compile"
+        sc = init["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True
+    # with persistence the seeded cache lives on the claim, so a pod restart keeps every graph
+    templates = workload(renderings["production"], "stage-worker")["spec"]["volumeClaimTemplates"]
+    assert [t["metadata"]["name"] for t in templates] == ["compile-cache"]

@@ -16,5 +16,34 @@ def test_environment_and_flags_reach_the_serving_config():
     assert (serving.max_live_requests, serving.default_max_tokens) == (8, 32)
 
 
-def test_no_default_deadline_unless_asked():
-    assert serving_config(OrchestratorConfig.from_env([], {})).default_deadline_budget_ns is None
+def test_every_request_has_a_deadline_unless_disabled():
+    default = serving_config(OrchestratorConfig.from_env([], {}))
+    assert default.default_deadline_budget_ns == 600 * 10**9
+    assert default.stall_timeout_s == 30.0 and default.release_budget_s == 10.0
+    off = serving_config(OrchestratorConfig.from_env([], {"FORNAX_DEFAULT_DEADLINE_S": "0"}))
+    assert off.default_deadline_budget_ns is None
+
+
+def test_reference_workers_cpu_shares_and_cache_dir():
+    env = {"FORNAX_STAGE_WORKERS": "127.0.0.1:1,127.0.0.1:2",
+           "FORNAX_REFERENCE_STAGE_WORKERS": "127.0.0.1:3, 127.0.0.1:4",
+           "FORNAX_STAGE_CPU_SETS": "0-1;2,5", "FORNAX_COMPILE_CACHE_DIR": "/cache"}
+    cfg = OrchestratorConfig.from_env([], env)
+    assert cfg.reference_stage_workers == ("127.0.0.1:3", "127.0.0.1:4")
+    assert cfg.stage_cpu_sets == ((0, 1), (2, 5))
+    assert cfg.compile_cache_dir == "/cache"
+    plain = OrchestratorConfig.from_env([], {})
+    assert (plain.reference_stage_workers, plain.stage_cpu_sets, plain.compile_cache_dir) == ((), (), None)
+
+
+def test_reference_workers_must_match_the_stages():
+    import pytest
+
+    from libs.service.errors import FailedPrecondition
+    from services.orchestrator.coldstart_setup import compiler_factory
+
+    cfg = OrchestratorConfig.from_env([], {"FORNAX_STAGE_WORKERS": "a:1,b:2", "FORNAX_REFERENCE_STAGE_WORKERS": "c:3"})
+    with pytest.raises(FailedPrecondition) as info:
+        compiler_factory(cfg)
+    assert info.value.reason == "REFERENCE_WORKERS_MISMATCH"
+    assert compiler_factory(OrchestratorConfig.from_env([], {"FORNAX_STAGE_WORKERS": "a:1"})) is None

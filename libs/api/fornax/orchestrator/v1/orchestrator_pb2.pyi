@@ -25,6 +25,7 @@ class RouteState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUTE_STATE_DRAINING: _ClassVar[RouteState]
     ROUTE_STATE_DRAINED: _ClassVar[RouteState]
     ROUTE_STATE_FAILED: _ClassVar[RouteState]
+    ROUTE_STATE_DEGRADED: _ClassVar[RouteState]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -37,6 +38,7 @@ ROUTE_STATE_SERVING: RouteState
 ROUTE_STATE_DRAINING: RouteState
 ROUTE_STATE_DRAINED: RouteState
 ROUTE_STATE_FAILED: RouteState
+ROUTE_STATE_DEGRADED: RouteState
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed", "max_tokens", "stop")
@@ -127,30 +129,34 @@ class InstallPlanRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., stages: _Optional[int] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ...) -> None: ...
 
 class StageStatus(_message.Message):
-    __slots__ = ("stage_index", "worker_address", "layer_range", "manifest_hash", "healthy")
+    __slots__ = ("stage_index", "worker_address", "layer_range", "manifest_hash", "healthy", "condition")
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LAYER_RANGE_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    CONDITION_FIELD_NUMBER: _ClassVar[int]
     stage_index: int
     worker_address: str
     layer_range: _common_pb2.LayerRange
     manifest_hash: str
     healthy: bool
-    def __init__(self, stage_index: _Optional[int] = ..., worker_address: _Optional[str] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., manifest_hash: _Optional[str] = ..., healthy: _Optional[bool] = ...) -> None: ...
+    condition: str
+    def __init__(self, stage_index: _Optional[int] = ..., worker_address: _Optional[str] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., manifest_hash: _Optional[str] = ..., healthy: _Optional[bool] = ..., condition: _Optional[str] = ...) -> None: ...
 
 class PlanStatus(_message.Message):
-    __slots__ = ("plan", "state", "stages", "inflight_requests")
+    __slots__ = ("plan", "state", "stages", "inflight_requests", "reason")
     PLAN_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     plan: _common_pb2.PlanBinding
     state: RouteState
     stages: _containers.RepeatedCompositeFieldContainer[StageStatus]
     inflight_requests: int
-    def __init__(self, plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., state: _Optional[_Union[RouteState, str]] = ..., stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., inflight_requests: _Optional[int] = ...) -> None: ...
+    reason: str
+    def __init__(self, plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., state: _Optional[_Union[RouteState, str]] = ..., stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., inflight_requests: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class InstallPlanResponse(_message.Message):
     __slots__ = ("status",)

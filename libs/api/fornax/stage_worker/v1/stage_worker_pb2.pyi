@@ -155,7 +155,7 @@ class GetHealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetHealthResponse(_message.Message):
-    __slots__ = ("state", "inflight_batches", "live_sequences", "kv_bytes_used", "kv_bytes_limit", "kv_bytes_high_water", "inflight_batches_high_water", "batches_executed", "failure_reason", "plan")
+    __slots__ = ("state", "inflight_batches", "live_sequences", "kv_bytes_used", "kv_bytes_limit", "kv_bytes_high_water", "inflight_batches_high_water", "batches_executed", "failure_reason", "plan", "phase_totals")
     STATE_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     LIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +166,7 @@ class GetHealthResponse(_message.Message):
     BATCHES_EXECUTED_FIELD_NUMBER: _ClassVar[int]
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    PHASE_TOTALS_FIELD_NUMBER: _ClassVar[int]
     state: StageState
     inflight_batches: int
     live_sequences: int
@@ -176,7 +177,24 @@ class GetHealthResponse(_message.Message):
     batches_executed: int
     failure_reason: str
     plan: _common_pb2.PlanBinding
-    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ..., live_sequences: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., kv_bytes_limit: _Optional[int] = ..., kv_bytes_high_water: _Optional[int] = ..., inflight_batches_high_water: _Optional[int] = ..., batches_executed: _Optional[int] = ..., failure_reason: _Optional[str] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ...) -> None: ...
+    phase_totals: PhaseTotals
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ..., live_sequences: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., kv_bytes_limit: _Optional[int] = ..., kv_bytes_high_water: _Optional[int] = ..., inflight_batches_high_water: _Optional[int] = ..., batches_executed: _Optional[int] = ..., failure_reason: _Optional[str] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., phase_totals: _Optional[_Union[PhaseTotals, _Mapping]] = ...) -> None: ...
+
+class PhaseTotals(_message.Message):
+    __slots__ = ("queue_ns", "compute_ns", "pack_ns", "transfer_ns", "unpack_ns", "batches")
+    QUEUE_NS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_NS_FIELD_NUMBER: _ClassVar[int]
+    PACK_NS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_NS_FIELD_NUMBER: _ClassVar[int]
+    UNPACK_NS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    queue_ns: int
+    compute_ns: int
+    pack_ns: int
+    transfer_ns: int
+    unpack_ns: int
+    batches: int
+    def __init__(self, queue_ns: _Optional[int] = ..., compute_ns: _Optional[int] = ..., pack_ns: _Optional[int] = ..., transfer_ns: _Optional[int] = ..., unpack_ns: _Optional[int] = ..., batches: _Optional[int] = ...) -> None: ...
 
 class CancelRequestRequest(_message.Message):
     __slots__ = ("request_id", "target_request_id")
@@ -241,16 +259,47 @@ class UnloadStageResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[StageState, str]] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "seed")
+    __slots__ = ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "grammar", "first_sample_position", "generated_token_ids", "logprobs", "top_logprobs")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SAMPLE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
     seed: int
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    presence_penalty: float
+    frequency_penalty: float
+    logit_bias: _containers.ScalarMap[int, float]
+    grammar: GrammarConstraint
+    first_sample_position: int
+    generated_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: bool
+    top_logprobs: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., grammar: _Optional[_Union[GrammarConstraint, _Mapping]] = ..., first_sample_position: _Optional[int] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+
+class GrammarConstraint(_message.Message):
+    __slots__ = ("lark_grammar", "end_token_ids")
+    LARK_GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    END_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    lark_grammar: str
+    end_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, lark_grammar: _Optional[str] = ..., end_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AdmitSequenceRequest(_message.Message):
     __slots__ = ("request_id", "target_request_id", "execution_lease_id", "reserve_tokens", "sampling", "output_mode")

@@ -1,0 +1,42 @@
+"""`fornax status` lines on what each stage runs now and what is compiling, read from the
+orchestrator's `/v1/models` (`fornax_backend`)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+from libs.service.fleet_state import FleetState
+
+
+def fetch_board(state: FleetState) -> dict | None:
+    if not state.api:
+        return None
+    request = urllib.request.Request(f"{state.api}/models")
+    if state.api_key:
+        request.add_header("Authorization", f"Bearer {state.api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            listing = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    data = listing.get("data") or [{}]
+    return data[0].get("fornax_backend")
+
+
+def render_board(board: dict | None) -> list[str]:
+    if board is None:
+        return ["backend: no route is serving yet"]
+    running, wanted = board.get("running_backend") or "none", board.get("requested_backend")
+    lines = [f"backend: running {running}, requested {wanted} ({board.get('phase')})"]
+    if board.get("failure"):
+        lines.append(f"  NOT ON {str(wanted).upper()}: {board['failure']}")
+    for stage in board.get("stages", []):
+        graphs = ", ".join(f"{name} {state}" for name, state in stage.get("graphs", {}).items())
+        lines.append(f"  stage {stage['index']}: {stage['backend']}; max graphs: {graphs}")
+    for graph in board.get("graphs", []):
+        if graph.get("compile_seconds") is not None:
+            lines.append(f"  compiled {graph['graph']} in {graph['compile_seconds']:.1f} s "
+                         f"(physical, this host, low priority)")
+    return lines

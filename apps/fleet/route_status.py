@@ -1,0 +1,67 @@
+"""The route as `fornax status` reports it: the orchestrator's plan state and each stage's.
+
+Service health alone says a process answers; this says whether the route can serve: a
+stage that is dead, stopped or unloaded, or a drained route, shows here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+from fornax.orchestrator.v1 import orchestrator_pb2 as orch_pb
+from fornax.orchestrator.v1 import orchestrator_pb2_grpc as orch_grpc
+from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
+from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
+
+from libs.service.channels import open_channel
+from libs.service.fleet_state import FleetState
+
+CALL_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class RouteReport:
+    state: str  # SERVING, DEGRADED, DRAINED, ... or UNREACHABLE
+    reason: str
+    stage_states: dict[str, str]  # stage worker name -> LOADED state or UNREACHABLE
+
+    @property
+    def healthy(self) -> bool:
+        """No route yet (or one installing) is not a fault; a serving route needs every
+        stage loaded; anything else (degraded, drained, failed, unreachable) is a fault."""
+        if self.state in ("EMPTY", "INSTALLING"):
+            return True
+        return self.state == "SERVING" and all(s in ("READY", "EXECUTING")
+                                               for s in self.stage_states.values())
+
+    def render(self) -> str:
+        line = f"route: {self.state}" + (f" ({self.reason})" if self.reason else "")
+        stages = ", ".join(f"{name} {state}" for name, state in self.stage_states.items())
+        return line + (f"\nstages: {stages}" if stages else "")
+
+
+def route_report(state: FleetState) -> RouteReport | None:
+    orchestrator = next((s for s in state.services if s.kind == "orchestrator"), None)
+    if orchestrator is None:
+        return None
+    stages = {s.name: _stage_state(s.grpc) for s in state.services if s.kind == "stage_worker"}
+    try:
+        with open_channel(orchestrator.grpc) as channel:
+            reply = orch_grpc.OrchestratorServiceStub(channel).GetPlanStatus(
+                orch_pb.GetPlanStatusRequest(), timeout=CALL_TIMEOUT_S)
+    except grpc.RpcError as exc:
+        return RouteReport("UNREACHABLE", exc.code().name, stages)
+    status = reply.current
+    return RouteReport(orch_pb.RouteState.Name(status.state).removeprefix("ROUTE_STATE_"),
+                       status.reason, stages)
+
+
+def _stage_state(address: str) -> str:
+    try:
+        with open_channel(address) as channel:
+            reply = sw_grpc.StageWorkerServiceStub(channel).GetHealth(
+                sw_pb.GetHealthRequest(), timeout=CALL_TIMEOUT_S)
+    except grpc.RpcError as exc:
+        return "UNRESPONSIVE" if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED else "UNREACHABLE"
+    return sw_pb.StageState.Name(reply.state).removeprefix("STAGE_STATE_")

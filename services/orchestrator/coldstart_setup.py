@@ -1,0 +1,75 @@
+"""Wiring for serve-at-once: which workers run which backend, and the background compiler."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from libs.model.layout import even_layer_split
+from libs.service.errors import FailedPrecondition
+from services.orchestrator.background_compile import BackgroundCompiler, CompileSettings
+from services.orchestrator.coldstart import REFERENCE_BACKEND, AfterSwitch, CompilerFactory
+from services.orchestrator.config import OrchestratorConfig
+from services.orchestrator.lifecycle import InstallRequest
+
+
+Step = TypeVar("Step")
+
+
+def by_backend(requested: Callable[[InstallRequest], Awaitable[Step]],
+               reference: Callable[[InstallRequest], Awaitable[Step]]) -> Callable[[InstallRequest], Awaitable[Step]]:
+    """numpy installs (and their planning) go to the reference workers, every other backend to
+    the main ones, so both routes can be up at once during a switch."""
+
+    async def step(request: InstallRequest) -> Step:
+        return await (reference if request.backend == REFERENCE_BACKEND else requested)(request)
+
+    return step
+
+
+def unload_reference(cfg: OrchestratorConfig) -> AfterSwitch | None:
+    """Once the route runs on the main workers, the reference workers give their stages back."""
+    if not cfg.reference_stage_workers:
+        return None
+
+    async def unload() -> None:
+        from fornax.stage_worker.v1 import stage_worker_pb2 as pb
+        from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
+
+        from libs.service.channels import open_aio_channel
+        from services.orchestrator.stage_chain import UNLOAD_TIMEOUT_S
+
+        for address in cfg.reference_stage_workers:
+            async with open_aio_channel(address) as channel:
+                await pb_grpc.StageWorkerServiceStub(channel).UnloadStage(
+                    pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=UNLOAD_TIMEOUT_S)
+
+    return unload
+
+
+def compiler_factory(cfg: OrchestratorConfig) -> CompilerFactory | None:
+    """None when there are no reference workers to serve on while compiling."""
+    if not cfg.reference_stage_workers:
+        return None
+    if len(cfg.reference_stage_workers) != len(cfg.stage_workers):
+        raise FailedPrecondition(
+            f"{len(cfg.reference_stage_workers)} reference workers for {len(cfg.stage_workers)} stages",
+            reason="REFERENCE_WORKERS_MISMATCH", field="reference_stage_workers")
+    from libs.model.max_kernels import default_cache_dir, max_build
+
+    cache_dir = Path(cfg.compile_cache_dir) if cfg.compile_cache_dir else default_cache_dir()
+
+    def make(request: InstallRequest) -> BackgroundCompiler:
+        from libs.model.config import load_config
+
+        layers = load_config(request.checkpoint_dir).num_hidden_layers
+        # The planner places layers later; graph kinds only differ at the ends (embed, final),
+        # so compiles start from an even split at once instead of waiting for the plan.
+        ranges = tuple(even_layer_split(layers, request.stages))
+        settings = CompileSettings(request.checkpoint_dir, cache_dir, max_build(),
+                                   stage_cpus=cfg.stage_cpu_sets)
+        return BackgroundCompiler(settings, ranges)
+
+    return make

@@ -1,0 +1,54 @@
+"""The FNX2 channel over uvloop: handshake, extension offer, decode round trips, echoed
+activations, against a receiver process that runs uvloop too (real loopback sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import numpy as np
+import pytest
+
+from libs.fnx2.bench import DECODE_SEQUENCES, HIDDEN, _batch, _Peer
+from libs.fnx2.bench_peer import BENCH_BINDING
+from libs.fnx2.messages import Phase
+from libs.fnx2.sender import Fnx2Client, SenderConfig
+from libs.service.event_loop import EventLoopKind, run
+
+
+def test_run_uses_the_chosen_loop_implementation():
+    async def loop_module() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    assert run(loop_module(), EventLoopKind.UVLOOP).startswith("uvloop")
+    assert run(loop_module(), EventLoopKind.ASYNCIO).startswith("asyncio")
+
+
+@pytest.mark.parametrize("kind", list(EventLoopKind))
+def test_decode_round_trips_echo_the_activation(kind):
+    peer = _Peer("fnx2", kind)
+
+    async def exchange() -> list[np.ndarray]:
+        client = await Fnx2Client.connect("127.0.0.1", peer.port, SenderConfig(BENCH_BINDING))
+        requests = [str(uuid.uuid4()) for _ in range(DECODE_SEQUENCES)]
+        rows = []
+        try:
+            start = np.full((DECODE_SEQUENCES, HIDDEN), 0x3F80, dtype=np.uint16)
+            await client.submit(_batch(Phase.PREFILL, 1, requests, 0, start))
+            for step in range(1, 6):
+                values = np.full((DECODE_SEQUENCES, HIDDEN), 0x3F80 + step, dtype=np.uint16)
+                result = await client.submit(_batch(Phase.DECODE, 1, requests, step, values))
+                assert all(item.status.value == "ok" for item in result.results)
+                assert [item.kv_epoch_after for item in result.results] == [step + 1] * DECODE_SEQUENCES
+                rows.append(np.asarray(result.tensor.array).copy())
+            return rows
+        finally:
+            await client.close()
+
+    try:
+        echoed = run(exchange(), kind)
+    finally:
+        peer.close()
+    for step, rows in enumerate(echoed, start=1):
+        assert rows.shape == (DECODE_SEQUENCES, HIDDEN)
+        assert (rows.view(np.uint16) == 0x3F80 + step).all()

@@ -1,0 +1,80 @@
+"""FNX2 extension `sample_logprobs` across two stage-worker processes: a peer that negotiated
+it gets fp32 sample records (token, logprob, top pairs) relayed through the middle stage; a
+plain peer gets int32 token ids for the same request, the middle stage dropping the records."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import numpy as np
+import pytest
+
+from libs.fnx2.control import EXT_SAMPLE_LOGPROBS, KNOWN_EXTENSIONS, ChannelBinding
+from libs.fnx2.messages import Phase
+from libs.fnx2.sender import Fnx2Client, SenderConfig
+from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
+from libs.model.config import load_config
+from libs.model.logprobs import RECORD_WIDTH, decode_record
+from libs.model.sampling import SamplingParams
+from services.orchestrator.stage_chain import Route, SliceInput, lease_id_for
+from tests.integration.stage_worker.test_stage_pipeline import BUDGET_NS, local_greedy
+from tests.support.stages import load_pipeline, start_workers
+
+pytestmark = pytest.mark.integration
+PROMPT = np.array([5, 17, 42, 9], np.int32)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_checkpoint(CheckpointRequest("tiny", tmp_path_factory.mktemp("ckpt"), seed=3)).out_dir
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    fleet = start_workers(2, tmp_path_factory.mktemp("two"))
+    yield fleet
+    fleet.stop()
+
+
+async def _prefill(route: Route, plain_peer: bool) -> np.ndarray:
+    if plain_peer:  # reconnect stage 0 offering every extension but sample_logprobs
+        await route._client.close()
+        first = route.plan.stages[0]
+        binding = ChannelBinding(route.plan.plan_id, route.plan.plan_hash, first.manifest_hash,
+                                 "stage-0", route.plan.plan_generation_id)
+        host, _, port = first.data_plane_address.rpartition(":")
+        route._client = await Fnx2Client.connect(host, int(port), SenderConfig(
+            binding, offer_extensions=KNOWN_EXTENSIONS - {EXT_SAMPLE_LOGPROBS}))
+    rid = str(uuid.uuid4())
+    await route.admit(rid, 16, SamplingParams(top_logprobs=3))
+    (out,) = await route.run(Phase.PREFILL, [SliceInput(rid, lease_id_for(route.plan, rid), 0, 0, 0,
+                                                          PROMPT, BUDGET_NS)])
+    await route.release(rid)
+    assert out.ok, (out.error_code, out.error_message)
+    return out.rows
+
+
+def test_records_for_a_negotiating_peer_token_ids_for_a_plain_one(checkpoint, two_workers):
+    cfg = load_config(checkpoint)
+    plan = load_pipeline(two_workers, checkpoint, cfg.num_hidden_layers, boundary="fp32")
+    (expected,), _, _ = local_greedy(checkpoint, [PROMPT], steps=0)
+
+    async def scenario():
+        results = []
+        for plain in (False, True):
+            route = Route(plan)
+            await route.open()
+            try:
+                results.append(await _prefill(route, plain))
+            finally:
+                await route.close()
+        return results
+
+    records, plain = asyncio.run(scenario())
+    assert records.dtype == np.float32 and records.shape == (1, RECORD_WIDTH)
+    record = decode_record(records[0], 3)
+    assert record.token_id == expected[0] and len(record.top) == 3
+    assert record.top[0][0] == record.token_id  # greedy: the sampled token is the likeliest
+    assert record.logprob == pytest.approx(record.top[0][1]) and record.logprob < 0
+    assert plain.dtype == np.int32 and plain.tolist() == [expected[0]]

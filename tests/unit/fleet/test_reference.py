@@ -1,0 +1,47 @@
+"""`fornax up --backend max` adds numpy reference workers on each stage's CPU share, and the
+orchestrator is told them and the shares; `fornax status` renders what the route runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from apps.fleet.backend_report import render_board
+from apps.fleet.launcher import FleetOptions
+from apps.fleet.reference import orchestrator_reference_env, reference_name, reference_workers, wants_reference_workers
+from libs.service.fleet_state import ServiceEntry
+
+
+def _options(**kw) -> FleetOptions:
+    return FleetOptions(state_dir=Path("/tmp/x"), stages=2, checkpoint="/ckpt", **kw)
+
+
+def test_only_a_max_fleet_with_a_checkpoint_gets_reference_workers():
+    assert wants_reference_workers(_options(backend="max"))
+    assert not wants_reference_workers(_options(backend="numpy"))
+    assert not wants_reference_workers(_options(backend="max", serve_while_compiling=False))
+    assert not wants_reference_workers(FleetOptions(state_dir=Path("/tmp/x"), backend="max"))
+
+
+def test_reference_workers_share_their_stage_cpus_and_reach_the_orchestrator():
+    options, shares = _options(backend="max"), [(0,), (1, 2)]
+    workers = reference_workers(options, shares)
+    assert [w.name for w in workers] == ["stage_worker_0_reference", "stage_worker_1_reference"]
+    assert [w.env["FORNAX_CPU_AFFINITY"] for w in workers] == ["0", "1,2"]
+    assert {w.env["FORNAX_BACKEND"] for w in workers} == {"numpy"}
+    entries = {reference_name(i): ServiceEntry(reference_name(i), "stage_worker", f"127.0.0.1:{9 + i}",
+                                               "127.0.0.1:1", 1, "log") for i in range(2)}
+    env = orchestrator_reference_env(options, entries, shares)
+    assert env == {"FORNAX_STAGE_CPU_SETS": "0;1,2", "FORNAX_REFERENCE_STAGE_WORKERS": "127.0.0.1:9,127.0.0.1:10"}
+
+
+def test_status_says_loudly_when_the_route_is_not_on_the_requested_backend():
+    board = {"requested_backend": "max", "running_backend": "numpy", "phase": "compile_failed",
+             "failure": "MAX compile of the final graph failed: boom",
+             "stages": [{"index": 0, "backend": "numpy", "graphs": {"embed": "done", "final": "failed"}}],
+             "graphs": [{"graph": "embed", "compile_seconds": 3.25}, {"graph": "final", "compile_seconds": None}]}
+    lines = render_board(board)
+    assert lines[0] == "backend: running numpy, requested max (compile_failed)"
+    assert lines[1] == "  NOT ON MAX: MAX compile of the final graph failed: boom"
+    assert "stage 0: numpy; max graphs: embed done, final failed" in lines[2]
+    assert lines[3].startswith("  compiled embed in 3.2 s (physical")
+    assert render_board(None) == ["backend: no route is serving yet"]

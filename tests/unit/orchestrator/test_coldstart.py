@@ -1,0 +1,188 @@
+"""Serve at once, upgrade live: the reference route serves while graphs compile, the switch is
+make-before-break, and a failed compile or switch leaves the reference route serving, loudly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from libs.model.compile_cache import GraphName, GraphTarget, config_sha256, record_compiled
+from libs.model.config import parse_config
+from libs.model.presets import preset_config
+from services.orchestrator.background_compile import BackgroundCompiler, CompileSettings, GraphState
+from services.orchestrator.coldstart import BackendBoard, UpgradePhase, serve_then_upgrade
+from services.orchestrator.lifecycle import InstallRequest, RouteManager, RouteState
+from services.orchestrator.serving import RouteSlot
+from tests.unit.orchestrator.test_lifecycle import FakeInstaller, req
+
+MAX_REQUEST = InstallRequest("", 2, "max", "fp32")
+BUILD = "max test-build"
+
+
+class ScriptedCompiler(BackgroundCompiler):
+    """The real scheduling, with each compile process replaced by a scripted answer."""
+
+    def __init__(self, settings, ranges, fail: set[GraphName] = frozenset()):
+        super().__init__(settings, ranges)
+        self.fail = fail
+        self.release = asyncio.Event()
+        self.running: dict[int, int] = {}
+        self.peak: dict[int, int] = {}
+        self.spawned: list[tuple[GraphName, tuple[int, ...]]] = []
+
+    async def _spawn(self, name, cpus):
+        stage = self.graphs[name].stage_index
+        self.spawned.append((name, cpus))
+        self.running[stage] = self.running.get(stage, 0) + 1
+        self.peak[stage] = max(self.peak.get(stage, 0), self.running[stage])
+        await self.release.wait()
+        self.running[stage] -= 1
+        if name in self.fail:
+            return {"state": "failed", "error": "mojo: out of memory"}
+        return {"state": "done", "seconds": 1.5}
+
+
+@pytest.fixture()
+def checkpoint(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps(preset_config("tiny", 0, 1)))
+    return tmp_path
+
+
+def _settings(checkpoint: Path, cpus=((0, 1), (2,))) -> CompileSettings:
+    return CompileSettings(str(checkpoint), checkpoint / "cache", BUILD, stage_cpus=cpus)
+
+
+def _run(checkpoint: Path, text_context, compiler: ScriptedCompiler):
+    request = InstallRequest(str(checkpoint), 2, "max", "fp32")
+
+    async def main():
+        slot, installer = RouteSlot(), FakeInstaller(text_context)
+        manager = RouteManager(slot, installer, drain_timeout_s=30)
+        board = BackendBoard("max")
+        released = []
+
+        async def release_reference():
+            released.append(manager.status().plan.plan_generation_id)
+
+        upgrade = asyncio.ensure_future(serve_then_upgrade(manager, request, board, lambda _: compiler,
+                                                           release_reference))
+        while manager.status().state is not RouteState.SERVING:
+            await asyncio.sleep(0)
+        during = (board.running_backend, board.phase, slot.engine)
+        stream = slot.engine.submit(req("through-switch", 40))  # admitted on the reference route
+        await stream.next()
+        compiler.release.set()
+        events = [o async for o in stream]
+        await upgrade
+        after = [o async for o in slot.engine.submit(req("after", 3))]
+        snapshot = board.snapshot()
+        await manager.close()
+        return during, events, after, board, installer, snapshot, released
+
+    return asyncio.run(main())
+
+
+def test_serves_on_reference_then_switches_without_losing_a_stream(checkpoint, text_context):
+    compiler = ScriptedCompiler(_settings(checkpoint), ((0, 2), (2, 4)))
+    during, events, after, board, installer, snapshot, released = _run(checkpoint, text_context, compiler)
+    assert during[0] == "numpy" and during[1] is UpgradePhase.SERVING_REFERENCE_WHILE_COMPILING
+    assert [r.request.backend for r in installer.installed] == ["numpy", "max"]
+    assert events[-1].completion_tokens == 40 and events[-1].error in (None, "")
+    assert after[-1].completion_tokens == 3
+    assert board.running_backend == "max" and board.phase is UpgradePhase.SERVING_REQUESTED_BACKEND
+    assert released == ["gen-1"]  # the reference workers are released only after the switch
+    assert all(s["backend"] == "max" for s in snapshot["stages"])
+    assert all(g["state"] == "done" and g["compile_seconds"] == 1.5 for g in snapshot["graphs"])
+    # every kind once; a 2-CPU stage compiles two at once, a 1-CPU stage one at a time
+    assert sorted(n.value for n, _ in compiler.spawned) == sorted(n.value for n in GraphName)
+    assert compiler.peak == {0: 2, 1: 1}
+    assert {cpus for _, cpus in compiler.spawned} == {(0, 1), (2,)}
+
+
+def test_failed_compile_keeps_the_reference_route_and_says_why(checkpoint, text_context):
+    compiler = ScriptedCompiler(_settings(checkpoint), ((0, 2), (2, 4)), fail={GraphName.FINAL})
+    _, events, after, board, installer, snapshot, released = _run(checkpoint, text_context, compiler)
+    assert [r.request.backend for r in installer.installed] == ["numpy"]
+    assert board.running_backend == "numpy" and board.phase is UpgradePhase.COMPILE_FAILED
+    assert "final graph failed: mojo: out of memory" in board.failure
+    assert released == []  # still serving on them
+    assert snapshot["running_backend"] == "numpy" and snapshot["failure"] == board.failure
+    assert after[-1].completion_tokens == 3 and events[-1].completion_tokens == 40
+
+
+class StageCrashed(Exception):
+    """Something no FornaxError names, such as a raw RPC error from a stage."""
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_failed_switch_keeps_the_reference_route(checkpoint, text_context, crash):
+    compiler = ScriptedCompiler(_settings(checkpoint), ((0, 2), (2, 4)))
+
+    async def main():
+        slot, installer = RouteSlot(), FakeInstaller(text_context)
+        manager = RouteManager(slot, installer)
+        board = BackendBoard("max")
+        compiler.release.set()
+        original = installer.__call__
+
+        async def fail_max(request):
+            if request.backend == "max" and crash:
+                raise StageCrashed("INTERNAL: unexpected TypeError in LoadStage")
+            if request.backend == "max":
+                installer.fail_next = True
+            return await original(request)
+
+        manager._installer = fail_max
+        await serve_then_upgrade(manager, InstallRequest(str(checkpoint), 2, "max", "fp32"), board,
+                                 lambda _: compiler)
+        served = [o async for o in slot.engine.submit(req("still", 2))]
+        state = manager.status().state
+        await manager.close()
+        return board, served, state
+
+    board, served, state = asyncio.run(main())
+    assert board.phase is UpgradePhase.SWITCH_FAILED and board.running_backend == "numpy"
+    assert board.failure == ("StageCrashed: INTERNAL: unexpected TypeError in LoadStage" if crash
+                             else "STAGE_LOAD: stage 1 failed to load")
+    assert state is RouteState.SERVING and served[-1].completion_tokens == 2
+
+
+def test_cached_graphs_install_the_requested_backend_directly(checkpoint, text_context):
+    settings = _settings(checkpoint)
+    cfg_hash = config_sha256(parse_config(preset_config("tiny", 0, 1)))
+    for name in GraphName:
+        record_compiled(settings.cache_dir, GraphTarget(name, BUILD, "cpu", "float32", cfg_hash), 1.0)
+    compiler = ScriptedCompiler(settings, ((0, 2), (2, 4)))
+    assert compiler.all_cached()
+    assert {g.state for g in compiler.graphs.values()} == {GraphState.CACHED}
+
+    async def main():
+        slot, installer = RouteSlot(), FakeInstaller(text_context)
+        manager = RouteManager(slot, installer)
+        board = BackendBoard("max")
+        await serve_then_upgrade(manager, InstallRequest(str(checkpoint), 2, "max", "fp32"), board,
+                                 lambda _: compiler)
+        await manager.close()
+        return board, installer
+
+    board, installer = asyncio.run(main())
+    assert [r.request.backend for r in installer.installed] == ["max"]
+    assert board.running_backend == "max" and not compiler.spawned
+
+
+class UnstartableCompiler(ScriptedCompiler):
+    async def _spawn(self, name, cpus):
+        await self.release.wait()
+        raise FileNotFoundError("python: not found")
+
+
+def test_a_compile_that_cannot_start_keeps_the_reference_route(checkpoint, text_context):
+    compiler = UnstartableCompiler(_settings(checkpoint), ((0, 2), (2, 4)))
+    _, events, after, board, installer, snapshot, released = _run(checkpoint, text_context, compiler)
+    assert [r.request.backend for r in installer.installed] == ["numpy"]
+    assert board.phase is UpgradePhase.COMPILE_FAILED and board.running_backend == "numpy"
+    assert board.failure == "FileNotFoundError: python: not found"
+    assert after[-1].completion_tokens == 3 and events[-1].completion_tokens == 40

@@ -1,0 +1,151 @@
+"""Liveness of the serving core: in-flight work expires at its deadline, a reader that stops
+reading loses its request, release gives up in bounded time, a degraded route refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from libs.service.errors import Unavailable
+from libs.service.log_limit import LogLimiter
+from services.orchestrator.domain import (
+    FinishReason,
+    GenerationRequest,
+    SchedulerConfig,
+)
+from services.orchestrator.route_health import (
+    HealthPolicy,
+    HealthTracker,
+    StageCondition,
+    StageProbe,
+    route_unavailable,
+)
+from services.orchestrator.serving import ServingConfig, ServingEngine, terminal_error
+from tests.unit.orchestrator.fakes import FakePipeline
+from tests.unit.orchestrator.test_serving import SERVED
+
+
+def _engine(text_context, pipeline, **changes) -> ServingEngine:
+    config = ServingConfig(scheduler=SchedulerConfig(output_queue_capacity=2), **changes)
+    return ServingEngine(pipeline, SERVED, text_context, config)
+
+
+def test_an_inflight_request_ends_at_its_deadline_even_if_its_batch_never_returns(text_context):
+    async def main():
+        pipeline = FakePipeline(2)
+        eng = _engine(text_context, pipeline)
+        stream = eng.submit(GenerationRequest("a", (5, 6, 7), 50))
+        await stream.next()
+        pipeline.gate.clear()  # the next batch hangs, as on a stopped stage
+        stream2 = eng.submit(GenerationRequest("b", (5, 6, 7), 50, deadline_budget_ns=50_000_000))
+        started = time.monotonic()
+        final = [o async for o in stream2][-1]
+        waited = time.monotonic() - started
+        admitted_while_hung = eng.admission.holds("b")
+        pipeline.gate.set()
+        stream.cancel()
+        await eng.wait_idle()
+        return final, waited, admitted_while_hung, eng.admission.holds("b")
+
+    final, waited, held_while_hung, held_after = asyncio.run(main())
+    assert final.finish_reason is FinishReason.DEADLINE
+    assert waited < 1.0
+    assert held_while_hung and not held_after  # the slot returns once the batch comes back
+
+
+def test_a_reader_that_stops_reading_loses_its_request(text_context):
+    async def main():
+        pipeline = FakePipeline(2)
+        eng = _engine(text_context, pipeline, stall_timeout_s=0.1)
+        stream = eng.submit(GenerationRequest("quiet", (5, 6, 7), 500))
+        await stream.next()  # then never again
+        await asyncio.wait_for(eng.wait_idle(), 5)
+        return list(eng.retired), pipeline.stages.live_kv()
+
+    retired, live_kv = asyncio.run(main())
+    assert [(r.request_id, r.finish_reason) for r in retired] == [("quiet", FinishReason.CANCELLED)]
+    assert live_kv == [0, 0]
+
+
+def test_release_gives_up_after_its_budget_and_frees_the_slot(text_context):
+    class Unreleasable(FakePipeline):
+        async def release(self, request_id):
+            raise route_unavailable("stage 1 is unreachable")
+
+    async def main():
+        eng = _engine(text_context, Unreleasable(2), release_budget_s=0.2)
+        started = time.monotonic()
+        events = [o async for o in eng.submit(GenerationRequest("r", (5, 6, 7), 3))]
+        await asyncio.wait_for(eng.wait_idle(), 5)
+        return events, time.monotonic() - started, eng.admission.snapshot().live_requests
+
+    events, took, live = asyncio.run(main())
+    assert events[-1].finish_reason is FinishReason.LENGTH
+    assert 0.2 <= took < 2.0 and live == 0
+
+
+def test_a_degraded_route_refuses_with_route_unavailable_and_recovers(text_context):
+    async def main():
+        eng = _engine(text_context, FakePipeline(2))
+        eng.degrade("stage 1 is unresponsive")
+        with pytest.raises(Unavailable) as refused:
+            eng.submit(GenerationRequest("x", (5, 6, 7), 2))
+        eng.recover()
+        events = [o async for o in eng.submit(GenerationRequest("y", (5, 6, 7), 2))]
+        await eng.close()
+        return refused.value, events
+
+    refused, events = asyncio.run(main())
+    assert refused.reason == "ROUTE_UNAVAILABLE"
+    assert refused.message == "the route is unavailable: stage 1 is unresponsive"
+    assert events[-1].finish_reason is FinishReason.LENGTH
+
+
+def test_a_route_failure_mid_request_is_a_clean_503_not_a_500(text_context):
+    class LostRoute(FakePipeline):
+        async def submit(self, batch):
+            if batch.phase.value == "decode":
+                raise route_unavailable("the data plane connection to stage 0 was lost")
+            return await super().submit(batch)
+
+    reported = []
+
+    async def main():
+        eng = _engine(text_context, LostRoute(2))
+
+        async def on_failure(reason):
+            reported.append(reason)
+        eng.on_route_failure = on_failure
+        events = [o async for o in eng.submit(GenerationRequest("z", (5, 6, 7), 5))]
+        await eng.wait_idle()
+        return events
+
+    final = asyncio.run(main())[-1]
+    error = terminal_error(final)
+    assert final.finish_reason is FinishReason.UNAVAILABLE
+    assert (error.code.name, error.reason) == ("UNAVAILABLE", "ROUTE_UNAVAILABLE")
+    assert reported == ["the route is unavailable: the data plane connection to stage 0 was lost"]
+
+
+def test_health_tracker_needs_consecutive_misses_to_degrade_and_hits_to_recover():
+    tracker = HealthTracker(2, HealthPolicy(failures_to_degrade=2, successes_to_recover=2))
+    ready = [StageProbe(0, StageCondition.READY), StageProbe(1, StageCondition.READY)]
+    stopped = [StageProbe(0, StageCondition.READY), StageProbe(1, StageCondition.UNRESPONSIVE)]
+    assert not tracker.observe(stopped).degraded  # one slow probe is not a fault
+    verdict = tracker.observe(stopped)
+    assert verdict.degraded and verdict.reason == "stage 1 is unresponsive"
+    assert tracker.observe(ready).degraded
+    assert not tracker.observe(ready).degraded
+    assert tracker.force("the data plane failed").degraded
+    assert tracker.observe(ready).degraded and not tracker.observe(ready).degraded
+
+
+def test_log_limiter_allows_a_burst_per_window_and_counts_the_rest():
+    now = [0.0]
+    limiter = LogLimiter(window_s=10, burst=2, clock=lambda: now[0])
+    assert [limiter.allow("k") for _ in range(5)] == [0, 0, None, None, None]
+    assert limiter.allow("other") == 0
+    now[0] = 10.0
+    assert limiter.allow("k") == 3  # the three it dropped are reported with the next line
