@@ -24,6 +24,7 @@ from apps.fleet.route_status import route_report
 from apps.fleet.supervisor import FleetSupervisor
 from apps.fleet.route_wait import RouteFailed, wait_for_route
 from libs.security.cli_credentials import operator_credentials
+from libs.service.channels import ChannelConfig
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
 from libs.service.progress import Progress
 
@@ -216,7 +217,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     credentials = operator_credentials(args.state_dir) if state.tls else None
     health = {s.name: check_health(s.grpc, credentials=credentials) for s in state.services}
     print(render_table(state, health))
-    route = route_report(state)
+    route = route_report(state, ChannelConfig(credentials=credentials))
     if route is not None:
         print(route.render())
     print("\n".join(render_board(fetch_board(state))))

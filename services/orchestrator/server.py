@@ -160,7 +160,8 @@ def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
     from services.orchestrator.install import Fleet
 
     def on(workers: tuple[str, ...]) -> Preparer:
-        fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, workers)
+        fleet = Fleet(cfg.planner_addr, cfg.artifact_builder_addr, workers, cfg.server.client_channel(),
+                      own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None)
         return fleet_preparer(fleet, cfg.state_dir, cfg.stage_kv_limit_bytes,
                               lambda message: _log.info("install_progress", message=message),
                               hop_dtypes=cfg.hop_boundary_dtypes)
