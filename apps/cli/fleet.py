@@ -23,6 +23,8 @@ from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
 from apps.fleet.route_status import route_report
 from apps.fleet.supervisor import FleetSupervisor
 from apps.fleet.route_wait import RouteFailed, wait_for_route
+from libs.security.cli_credentials import operator_credentials
+from libs.service.channels import ChannelConfig
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
 from libs.service.progress import Progress
 
@@ -41,6 +43,10 @@ def register(commands, benches) -> None:
     up.add_argument("--fleet", help="fleet file: each host its own network namespace, cgroup and link (needs root)")
     up.add_argument("--checkpoint", help="checkpoint directory to serve")
     up.add_argument("--http-port", type=int, help="OpenAI-compatible API port on the orchestrator")
+    up.add_argument("--read-root", action="append", default=[],
+                    help="another directory InstallPlan may name checkpoints under (repeatable)")
+    up.add_argument("--insecure", action="store_true",
+                    help="plaintext gRPC with no certificates, authentication or audit identity (every service warns)")
     up.add_argument("--no-serve-while-compiling", dest="serve_while_compiling", action="store_false",
                     help="with --backend max: wait for MAX compiles instead of serving on numpy meanwhile")
     up.add_argument("--startup-timeout-s", type=float, default=180.0)
@@ -106,7 +112,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             f"{h.name} ({h.backend.value}, {h.cpu_cores:g} cores)" for h in spec.hosts), file=sys.stderr)
         start = partial(start_isolated_fleet, options, spec)
     else:
-        print(f"starting fleet: {options.stages} stage workers, backend {options.backend}", file=sys.stderr)
+        transport = (
+            "INSECURE plaintext gRPC" if args.insecure else f"mTLS, certificates in {Path(args.state_dir, 'certs')}"
+        )
+        print(
+            f"starting fleet: {options.stages} stage workers, backend {options.backend}, {transport}", file=sys.stderr
+        )
         start = partial(start_fleet, options)
     try:
         state, launcher = start()
@@ -125,6 +136,8 @@ def _options(args: argparse.Namespace) -> FleetOptions:
         http_port=args.http_port,
         api_key=os.environ.get("FORNAX_API_KEY") or None,
         startup_timeout_s=args.startup_timeout_s,
+        insecure=args.insecure,
+        read_roots=tuple(args.read_root),
         serve_while_compiling=args.serve_while_compiling,
     )
 
@@ -205,9 +218,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     state = read_fleet(args.state_dir)
     if state is None:
         return _fail(f"no fleet file at {fleet_path(args.state_dir)}; is a fleet running?")
-    health = {s.name: check_health(s.grpc) for s in state.services}
+    credentials = operator_credentials(args.state_dir) if state.tls else None
+    health = {s.name: check_health(s.grpc, credentials=credentials) for s in state.services}
     print(render_table(state, health))
-    route = route_report(state)
+    route = route_report(state, ChannelConfig(credentials=credentials))
     if route is not None:
         print(route.render())
     print("\n".join(render_board(fetch_board(state))))

@@ -6,9 +6,10 @@ together, then the orchestrator, which is told every other address.
 
 from __future__ import annotations
 
+
 from libs.service.affinity import usable_cpus, worker_cpu_sets
 from libs.service.affinity import worker_env as affinity_env
-from apps.fleet.launcher import HOST, FleetOptions, Launcher, LaunchError, ServiceProcess
+from apps.fleet.launcher import HOST, FleetOptions, Launcher, LaunchError, ServiceProcess, builder_read_roots
 from apps.fleet.reference import orchestrator_reference_env, reference_workers, wants_reference_workers
 from libs.service.fleet_state import FleetState, ServiceEntry
 
@@ -63,6 +64,7 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
                     {
                         "FORNAX_REGISTRY_ADDR": registry_addr,
                         "FORNAX_ARTIFACT_STORE": str(options.state_dir / "artifacts"),
+                        "FORNAX_READ_ROOTS": builder_read_roots(options),
                     },
                 )
             ),
@@ -74,6 +76,8 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
                 "FORNAX_STAGE_INDEX": str(index),
                 "FORNAX_BACKEND": options.backend,
                 "FORNAX_STATE_DIR": str(options.state_dir / f"stage_worker_{index}"),
+                # Stages load only the artifacts the builder wrote.
+                "FORNAX_READ_ROOTS": str(options.state_dir / "artifacts"),
             }
             middle.append(
                 launcher.spawn(
@@ -96,4 +100,5 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
     entries_in_order = tuple(s.entry() for s in launcher.started)
     http = orchestrator.ports.get("http")
     api = f"http://{HOST}:{http}/v1" if http else None
-    return FleetState(services=entries_in_order, api=api, api_key=options.api_key), launcher
+    state = FleetState(services=entries_in_order, api=api, api_key=options.api_key, tls=not options.insecure)
+    return state, launcher

@@ -5,12 +5,13 @@ from __future__ import annotations
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from libs.service.channels import open_channel
+from libs.service.channels import ChannelConfig, ClientCredentials, open_channel
 
 
-def check_health(address: str, service: str = "", timeout_s: float = 2.0) -> str:
-    """Health status name (SERVING, NOT_SERVING, ...) or UNREACHABLE."""
-    with open_channel(address) as channel:
+def check_health(address: str, service: str = "", timeout_s: float = 2.0,
+                 credentials: ClientCredentials | None = None) -> str:
+    """Health status name (SERVING, NOT_SERVING, ...) or UNREACHABLE; mTLS when credentials are given."""
+    with open_channel(address, ChannelConfig(credentials=credentials)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)

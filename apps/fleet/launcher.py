@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from apps.fleet.health import check_health
+from apps.fleet.trust import FleetTrust, prepare_trust
 from libs.service.fleet_state import ServiceEntry
 
 HOST = "127.0.0.1"
@@ -39,8 +40,18 @@ class FleetOptions:
     serve_while_compiling: bool = True
     startup_timeout_s: float = 120.0
     grace_period_s: float = 10.0
+    # Plaintext gRPC with no authentication: only when asked for explicitly.
+    insecure: bool = False
+    # Directories the artifact builder may read checkpoints from, besides --checkpoint.
+    read_roots: tuple[str, ...] = ()
     # Extra environment for every service (e.g. OTEL_EXPORTER_OTLP_ENDPOINT).
     env: dict[str, str] = field(default_factory=dict)
+
+
+def builder_read_roots(options: FleetOptions) -> str:
+    """FORNAX_READ_ROOTS of the artifact builder: --read-root directories and the checkpoint."""
+    roots = [*options.read_roots, *([options.checkpoint] if options.checkpoint else [])]
+    return os.pathsep.join(str(Path(root).resolve()) for root in roots)
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,7 @@ class Launcher:
         self.started: list[Started] = []
         self._run_dir = options.state_dir / "run"
         self._log_dir = options.state_dir / "logs"
+        self.trust: FleetTrust = prepare_trust(options.state_dir, options.insecure)
 
     def spawn(self, spec: ServiceProcess) -> Started:
         self._run_dir.mkdir(parents=True, exist_ok=True)
@@ -105,6 +117,7 @@ class Launcher:
             **os.environ,
             **self.options.env,
             **spec.env,
+            **self.trust.service_env(spec.name, spec.kind, spec.host),
             "FORNAX_HOST": spec.bind_host or spec.host,
             "FORNAX_READY_FILE": str(ready),
             "FORNAX_GRACE_PERIOD_S": str(self.options.grace_period_s),
@@ -148,7 +161,7 @@ class Launcher:
         address = f"{started.spec.host}:{started.ports['grpc']}"
         status = "UNREACHABLE"
         while time.monotonic() < deadline:
-            status = check_health(address)
+            status = check_health(address, credentials=self.trust.operator_credentials())
             if status == "SERVING":
                 return
             time.sleep(0.1)

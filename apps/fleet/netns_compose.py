@@ -12,7 +12,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from apps.fleet.launcher import FleetOptions, Launcher, LaunchError, ServiceProcess
+from apps.fleet.launcher import FleetOptions, Launcher, LaunchError, ServiceProcess, builder_read_roots
 from apps.fleet.netns_plan import HostPlan, NetnsPlan, host_command
 from apps.fleet.spec import FleetSpec
 from libs.common.kinds import DType
@@ -80,6 +80,10 @@ def _orchestrator_env(options: FleetOptions, spec: FleetSpec, entries: dict[str,
         "FORNAX_HOP_BOUNDARY_DTYPES": ",".join(d.value for d in spec.hop_dtypes),
         "FORNAX_BACKEND": BACKEND_OF_WORKER,
         "FORNAX_STATE_DIR": str(_private_dir(options, control, "orchestrator")),
+        # The API listens on a fabric address (a private bridge on this machine, 198.18.0.0/15)
+        # and fleet.json, route_wait and `fornax chat` speak plain HTTP to it: chosen here, and
+        # logged by the orchestrator as http_plaintext_beyond_loopback. gRPC and FNX2 stay mTLS.
+        "FORNAX_HTTP_INSECURE": "1",
     }
     if options.http_port is not None:
         env["FORNAX_HTTP_PORT"] = str(options.http_port)
@@ -109,6 +113,7 @@ def start_netns_fleet(options: FleetOptions, spec: FleetSpec, plan: NetnsPlan) -
             launcher.spawn(_process(control, "artifact_builder", "artifact_builder", {
                 **_control_env(options, control), "FORNAX_REGISTRY_ADDR": registry_addr,
                 "FORNAX_ARTIFACT_STORE": str(_private_dir(options, control, "artifact_builder")),
+                "FORNAX_READ_ROOTS": builder_read_roots(options),
             })),
         ]
         stage_hosts = [h for h in plan.hosts if h.spec.stage_worker]

@@ -14,7 +14,7 @@ from fornax.orchestrator.v1 import orchestrator_pb2_grpc as orch_grpc
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 
-from libs.service.channels import open_channel
+from libs.service.channels import ChannelConfig, open_channel
 from libs.service.fleet_state import FleetState
 
 CALL_TIMEOUT_S = 2.0
@@ -41,14 +41,14 @@ class RouteReport:
         return line + (f"\nstages: {stages}" if stages else "")
 
 
-def route_report(state: FleetState) -> RouteReport | None:
+def route_report(state: FleetState, channel: ChannelConfig = ChannelConfig()) -> RouteReport | None:
     orchestrator = next((s for s in state.services if s.kind == "orchestrator"), None)
     if orchestrator is None:
         return None
-    stages = {s.name: _stage_state(s.grpc) for s in state.services if s.kind == "stage_worker"}
+    stages = {s.name: _stage_state(s.grpc, channel) for s in state.services if s.kind == "stage_worker"}
     try:
-        with open_channel(orchestrator.grpc) as channel:
-            reply = orch_grpc.OrchestratorServiceStub(channel).GetPlanStatus(
+        with open_channel(orchestrator.grpc, channel) as opened:
+            reply = orch_grpc.OrchestratorServiceStub(opened).GetPlanStatus(
                 orch_pb.GetPlanStatusRequest(), timeout=CALL_TIMEOUT_S)
     except grpc.RpcError as exc:
         return RouteReport("UNREACHABLE", exc.code().name, stages)
@@ -57,10 +57,10 @@ def route_report(state: FleetState) -> RouteReport | None:
                        status.reason, stages)
 
 
-def _stage_state(address: str) -> str:
+def _stage_state(address: str, channel: ChannelConfig) -> str:
     try:
-        with open_channel(address) as channel:
-            reply = sw_grpc.StageWorkerServiceStub(channel).GetHealth(
+        with open_channel(address, channel) as opened:
+            reply = sw_grpc.StageWorkerServiceStub(opened).GetHealth(
                 sw_pb.GetHealthRequest(), timeout=CALL_TIMEOUT_S)
     except grpc.RpcError as exc:
         return "UNRESPONSIVE" if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED else "UNREACHABLE"

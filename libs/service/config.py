@@ -9,6 +9,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+from libs.security.tls import TlsConfigError, TlsPaths, insecure_from_env, tls_from_env
+from libs.service.channels import ChannelConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -25,6 +29,19 @@ class ServerConfig:
     otlp_endpoint: str | None = None
     # Distinguishes instances of one kind, e.g. "stage-1"; part of service.name when set.
     instance: str = ""
+    # mTLS material; None serves plaintext, which needs insecure=True said explicitly.
+    tls: TlsPaths | None = None
+    insecure: bool = False
+    # Hash-chained audit log of mutating and refused RPCs; None keeps no log.
+    audit_log: str | None = None
+    # A plaintext listener serving only grpc.health.v1 (for probes that hold no certificate).
+    health_port: int | None = None
+
+    def client_channel(self) -> ChannelConfig:
+        """How this service reaches its peers: with its own certificate when it serves mTLS.
+
+        Read at each call, so a rotated certificate is presented on the next channel."""
+        return ChannelConfig(credentials=self.tls.read() if self.tls is not None else None)
 
     @property
     def service_name(self) -> str:
@@ -39,6 +56,15 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", choices=LOG_LEVELS, help="env FORNAX_LOG_LEVEL")
     parser.add_argument("--grace-period-s", type=float, help="SIGTERM drain grace (env FORNAX_GRACE_PERIOD_S)")
     parser.add_argument("--ready-file", help="write bound ports here once serving (env FORNAX_READY_FILE)")
+    parser.add_argument("--tls-ca", help="fleet CA bundle (env FORNAX_TLS_CA)")
+    parser.add_argument("--tls-cert", help="this service's certificate (env FORNAX_TLS_CERT)")
+    parser.add_argument("--tls-key", help="this service's private key (env FORNAX_TLS_KEY)")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="serve plaintext gRPC without authentication (env FORNAX_INSECURE=1)")
+    parser.add_argument(
+        "--audit-log", help="audit log file (env FORNAX_AUDIT_LOG; default <state dir>/audit/<service>.jsonl)"
+    )
+    parser.add_argument("--health-port", type=int, help="plaintext health-only gRPC port (env FORNAX_HEALTH_PORT)")
 
 
 def pick(flag_value: object, env: Mapping[str, str], key: str, default: object, cast=str):
@@ -52,6 +78,17 @@ def pick(flag_value: object, env: Mapping[str, str], key: str, default: object, 
         return cast(raw)
     except ValueError as exc:
         raise SystemExit(f"invalid value for {key}: {raw!r} ({exc})") from exc
+
+
+def _tls(args: argparse.Namespace, env: Mapping[str, str]) -> TlsPaths | None:
+    merged = {**env}
+    for flag, key in (("tls_ca", "FORNAX_TLS_CA"), ("tls_cert", "FORNAX_TLS_CERT"), ("tls_key", "FORNAX_TLS_KEY")):
+        if getattr(args, flag, None):
+            merged[key] = getattr(args, flag)
+    try:
+        return tls_from_env(merged)
+    except TlsConfigError as exc:
+        raise SystemExit(str(exc)) from exc
 
 
 def server_config(args: argparse.Namespace, env: Mapping[str, str], kind: str, instance: str = "") -> ServerConfig:
@@ -68,7 +105,16 @@ def server_config(args: argparse.Namespace, env: Mapping[str, str], kind: str, i
         ready_file=pick(args.ready_file, env, "FORNAX_READY_FILE", None),
         otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
         instance=instance,
+        tls=_tls(args, env),
+        insecure=bool(getattr(args, "insecure", None)) or insecure_from_env(env),
+        audit_log=pick(getattr(args, "audit_log", None), env, "FORNAX_AUDIT_LOG", None)
+        or str(Path(env.get("FORNAX_STATE_DIR") or ".fornax") / "audit" / f"{_service_name(kind, instance)}.jsonl"),
+        health_port=pick(getattr(args, "health_port", None), env, "FORNAX_HEALTH_PORT", None, int),
     )
+
+
+def _service_name(kind: str, instance: str) -> str:
+    return ServerConfig(service_kind=kind, instance=instance).service_name
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:

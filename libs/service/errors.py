@@ -79,6 +79,13 @@ class Unauthenticated(FornaxError):
     default_reason = "UNAUTHENTICATED"
 
 
+class PermissionDenied(FornaxError):
+    """The caller is known but its role may not do this (or a path lies outside the roots)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+    default_reason = "PERMISSION_DENIED"
+
+
 class DataLoss(FornaxError):
     code = grpc.StatusCode.DATA_LOSS
     default_reason = "DATA_LOSS"

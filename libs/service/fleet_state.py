@@ -1,4 +1,6 @@
-"""`.fornax/fleet.json`: where each service of a local fleet listens, and its pid."""
+"""`.fornax/fleet.json`: where each service of a local fleet listens, and its pid.
+
+It can hold the API key, so it is written with mode 600 like every other secret file."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from libs.security.store import write_secret
 
 FLEET_FILE_VERSION = 1
 
@@ -27,6 +31,8 @@ class FleetState:
     services: tuple[ServiceEntry, ...]
     api: str | None = None
     api_key: str | None = None
+    # Whether the fleet serves mTLS (certificates under <state dir>/certs).
+    tls: bool = False
 
     def entry(self, name: str) -> ServiceEntry:
         for service in self.services:
@@ -39,6 +45,7 @@ class FleetState:
             "version": FLEET_FILE_VERSION,
             "services": [asdict(service) for service in self.services],
             "api": self.api,
+            "tls": self.tls,
         }
         if self.api_key:
             body["api_key"] = self.api_key
@@ -50,7 +57,8 @@ class FleetState:
         if body.get("version") != FLEET_FILE_VERSION:
             raise ValueError(f"unsupported fleet file version {body.get('version')!r}")
         services = tuple(ServiceEntry(**service) for service in body["services"])
-        return cls(services=services, api=body.get("api"), api_key=body.get("api_key"))
+        return cls(services=services, api=body.get("api"), api_key=body.get("api_key"),
+                   tls=bool(body.get("tls", False)))
 
 
 def fleet_path(state_dir: str | os.PathLike) -> Path:
@@ -60,9 +68,7 @@ def fleet_path(state_dir: str | os.PathLike) -> Path:
 def write_fleet(state_dir: str | os.PathLike, state: FleetState) -> Path:
     path = fleet_path(state_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(state.to_json(), encoding="utf-8")
-    os.replace(tmp, path)
+    write_secret(path, state.to_json().encode())
     return path
 
 

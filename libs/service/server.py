@@ -1,5 +1,10 @@
-"""Server bootstrap shared by every service: one grpc.aio server with the error and tracing
-interceptors, gRPC health, reflection, a Prometheus /metrics endpoint, and a graceful SIGTERM.
+"""Server bootstrap shared by every service: one grpc.aio server with the error, tracing and
+authorization interceptors, gRPC health, reflection, a Prometheus /metrics endpoint, and a
+graceful SIGTERM.
+
+The port serves mTLS (a fleet client certificate is required) unless the configuration says
+insecure explicitly; with neither, the server refuses to start. SIGHUP, or a change of the
+certificate files, reloads the certificate for new connections.
 
 A service describes itself with a `ServiceSpec`; `run_service` owns the process lifecycle.
 """
@@ -19,6 +24,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from libs.security.audit import AuditLogBroken, open_audit_log
+from libs.security.tls import ReloadingServerCredentials
+from libs.service.authz_interceptor import AuthzInterceptor
 from libs.service.channels import MAX_MESSAGE_BYTES
 from libs.service.config import ServerConfig
 from libs.service.interceptors import ErrorInterceptor
@@ -40,6 +48,12 @@ class ServiceSpec:
     on_stop: Callable[[], Awaitable[None]] | None = None
     # Extra ports reported in the ready file, e.g. {"http": 8000, "data_plane": 7070}.
     extra_ports: dict[str, int] = field(default_factory=dict)
+    # Bearer token that grants serving access (Generate, Cancel) besides a client certificate.
+    api_key: str | None = None
+
+
+class InsecureNotChosen(RuntimeError):
+    """Neither TLS material nor an explicit insecure choice: the server will not start."""
 
 
 @dataclass
@@ -48,6 +62,9 @@ class RunningServer:
     port: int
     health: health.aio.HealthServicer
     spec: ServiceSpec
+    credentials: ReloadingServerCredentials | None = None
+    health_server: grpc.aio.Server | None = None
+    health_port: int | None = None
 
     async def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -55,10 +72,41 @@ class RunningServer:
             await self.health.set(name, status)
 
 
+def _interceptors(cfg: ServerConfig, spec: ServiceSpec) -> list:
+    audit = open_audit_log(cfg.audit_log) if cfg.audit_log else None
+    enforce = cfg.tls is not None
+    return [*server_interceptors(), ErrorInterceptor(cfg.service_kind),
+            AuthzInterceptor(cfg.service_kind, audit, spec.api_key, enforce=enforce)]
+
+
+def _bind(server: grpc.aio.Server, cfg: ServerConfig) -> tuple[int, ReloadingServerCredentials | None]:
+    address = f"{cfg.host}:{cfg.grpc_port}"
+    if cfg.tls is not None:
+        credentials = ReloadingServerCredentials(cfg.tls)
+        return server.add_secure_port(address, credentials.credentials), credentials
+    if not cfg.insecure:
+        raise InsecureNotChosen(
+            "TLS is on by default: set FORNAX_TLS_CA, FORNAX_TLS_CERT and FORNAX_TLS_KEY "
+            "(see `fornax certs`), or choose plaintext with --insecure / FORNAX_INSECURE=1")
+    structlog.get_logger().warning(
+        "insecure_plaintext", detail="gRPC serves plaintext with no authentication or authorization")
+    return server.add_insecure_port(address), None
+
+
+async def _health_only_server(cfg: ServerConfig, servicer) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port(f"{cfg.host}:{cfg.health_port}")
+    if port == 0:
+        raise OSError(f"could not bind the health port on {cfg.host}:{cfg.health_port}")
+    await server.start()
+    return server, port
+
+
 async def build_server(cfg: ServerConfig, spec: ServiceSpec) -> RunningServer:
     """Build and start a server bound to cfg.host:cfg.grpc_port (0 = OS chooses)."""
     server = grpc.aio.server(
-        interceptors=[*server_interceptors(), ErrorInterceptor(cfg.service_kind)],
+        interceptors=_interceptors(cfg, spec),
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -71,13 +119,23 @@ async def build_server(cfg: ServerConfig, spec: ServiceSpec) -> RunningServer:
     reflection.enable_server_reflection(
         (*spec.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+    port, credentials = _bind(server, cfg)
     if port == 0:
         raise OSError(f"could not bind gRPC on {cfg.host}:{cfg.grpc_port}")
     await server.start()
-    running = RunningServer(server, port, health_servicer, spec)
+    running = RunningServer(server, port, health_servicer, spec, credentials)
+    if cfg.health_port is not None:
+        running.health_server, running.health_port = await _health_only_server(cfg, health_servicer)
     await running.set_serving(True)
     return running
+
+
+def _reload_on_hup(credentials: ReloadingServerCredentials) -> Callable[[], None]:
+    def reload() -> None:
+        credentials.request_reload()
+        structlog.get_logger().info("certificate_reload_requested", signal="SIGHUP")
+
+    return reload
 
 
 def _write_ready_file(path: str, ports: dict[str, int]) -> None:
@@ -98,7 +156,11 @@ async def serve(cfg: ServerConfig, make_spec: Callable[[], Awaitable[ServiceSpec
     spec = await make_spec()
     running = await build_server(cfg, spec)
     ports = {"grpc": running.port, "metrics": metrics_server.server_port, **spec.extra_ports}
-    log.info("service_serving", host=cfg.host, **ports)
+    if running.health_port is not None:
+        ports["health"] = running.health_port
+    if running.credentials is not None:
+        loop.add_signal_handler(signal.SIGHUP, _reload_on_hup(running.credentials))
+    log.info("service_serving", host=cfg.host, tls=cfg.tls is not None, **ports)
     if cfg.ready_file:
         _write_ready_file(cfg.ready_file, ports)
     await stop.wait()
@@ -110,6 +172,8 @@ async def serve(cfg: ServerConfig, make_spec: Callable[[], Awaitable[ServiceSpec
     except TimeoutError:
         log.warning("drain_timed_out", grace_period_s=cfg.grace_period_s)
     await running.server.stop(grace=cfg.grace_period_s)
+    if running.health_server is not None:
+        await running.health_server.stop(grace=None)
     if spec.on_stop:
         await spec.on_stop()
     metrics_server.shutdown()
@@ -122,6 +186,12 @@ def run_service(cfg: ServerConfig, make_spec: Callable[[], Awaitable[ServiceSpec
     provider = configure_tracing(cfg.service_name, cfg.otlp_endpoint, cfg.instance)
     try:
         asyncio.run(serve(cfg, make_spec))
+    except InsecureNotChosen as exc:
+        structlog.get_logger().error("tls_not_configured", detail=str(exc))
+        return 2
+    except AuditLogBroken as exc:
+        structlog.get_logger().error("audit_log_broken", detail=str(exc))
+        return 2
     finally:
         provider.shutdown()
     return 0

@@ -107,9 +107,10 @@ def _run_build(inspection, plan, options, show_progress: bool):
 def _register(address: str | None, inspection) -> str:
     if not address:
         return ""
+    from libs.security.cli_credentials import cli_channel
     from services.artifact_builder.evidence import register_snapshot
 
-    return register_snapshot(address, inspection.snapshot)
+    return register_snapshot(address, inspection.snapshot, cli_channel())
 
 
 def _print_build(result, snapshot, record_id: str, out: Path, as_json: bool) -> None:

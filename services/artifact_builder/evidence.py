@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from libs.artifacts.manifest import canonical_json
+from libs.service.channels import ChannelConfig
 from services.artifact_builder.snapshot import CheckpointSnapshot
 from services.evidence_registry.domain import EvidenceClass, Provenance, RecordContent, RecordType
 
@@ -35,10 +36,10 @@ def snapshot_record(snapshot: CheckpointSnapshot) -> tuple[RecordContent, bytes]
     return content, snapshot_blob(snapshot)
 
 
-def register_snapshot(address: str, snapshot: CheckpointSnapshot) -> str:
+def register_snapshot(address: str, snapshot: CheckpointSnapshot, channel: ChannelConfig = ChannelConfig()) -> str:
     """Put the snapshot's model record; returns its record id (idempotent for one snapshot)."""
-    from services.evidence_registry.client import RegistryClient
+    from services.evidence_registry.client import ClientOptions, RegistryClient
 
     content, blob = snapshot_record(snapshot)
-    with RegistryClient(address) as registry:
+    with RegistryClient(address, ClientOptions(channel=channel)) as registry:
         return registry.put_record(content, blob).record_id

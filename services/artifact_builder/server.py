@@ -16,6 +16,7 @@ from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as pb_grpc
 from libs.artifacts.errors import ARTIFACT_ERRORS
 from libs.artifacts.transfer import artifact_file, read_chunks
 from libs.artifacts.verify import verify_artifact
+from libs.security.paths import confine
 from libs.service.errors import InvalidArgument
 from libs.service.server import ServiceSpec
 from services.artifact_builder import convert
@@ -35,22 +36,26 @@ class ArtifactBuilderServicer(pb_grpc.ArtifactBuilderServiceServicer):
     async def _inspect(self, checkpoint_dir: str, source: str, revision: str) -> Inspection:
         if not checkpoint_dir:
             raise InvalidArgument("checkpoint_dir is required", field="checkpoint_dir")
+        confine(checkpoint_dir, self._cfg.read_roots, "checkpoint_dir")
         return await asyncio.to_thread(inspect_checkpoint, checkpoint_dir, source, revision)
 
     async def InspectCheckpoint(self, request, context) -> pb.InspectCheckpointResponse:
         inspection = await self._inspect(request.checkpoint_dir, request.source, request.revision)
         record_id = ""
         if self._cfg.registry_addr and inspection.valid:
-            record_id = await asyncio.to_thread(register_snapshot, self._cfg.registry_addr, inspection.snapshot)
+            record_id = await asyncio.to_thread(register_snapshot, self._cfg.registry_addr, inspection.snapshot,
+                                                self._cfg.server.client_channel())
         log.info("checkpoint_inspected", snapshot_id=inspection.snapshot.snapshot_id,
                  valid=inspection.valid, problems=len(inspection.problems), model_record_id=record_id)
         return convert.inspection_to_pb(inspection, record_id)
 
     async def BuildStageArtifacts(self, request, context):
+        # Paths before anything else: a refused destination is refused whatever the plan says.
+        out_dir = confine(request.out_dir or self._cfg.artifact_store, self._cfg.write_roots, "out_dir")
         plan = convert.plan_from_request(request)
         options = BuildOptions(
             # A caller-chosen out_dir is served by no FetchArtifact; workers fetch from the store.
-            out_dir=Path(request.out_dir or self._cfg.artifact_store),
+            out_dir=out_dir,
             boundary_dtype=convert.boundary_dtype_from_pb(request.boundary_dtype),
             chunk_bytes=self._cfg.build_chunk_bytes,
             hop_dtypes=tuple(convert.boundary_dtype_from_pb(d) for d in request.hop_boundary_dtypes),
@@ -73,6 +78,7 @@ class ArtifactBuilderServicer(pb_grpc.ArtifactBuilderServiceServicer):
     async def VerifyArtifact(self, request, context) -> pb.VerifyArtifactResponse:
         if not request.artifact_dir:
             raise InvalidArgument("artifact_dir is required", field="artifact_dir")
+        confine(request.artifact_dir, (*self._cfg.write_roots, *self._cfg.read_roots), "artifact_dir")
         try:
             verified = await asyncio.to_thread(
                 verify_artifact, request.artifact_dir, request.expected_manifest_hash, request.expected_plan_hash

@@ -1,4 +1,4 @@
-"""`fornax evidence put|get|list|revoke|resolve`: talk to an evidence registry over gRPC.
+"""`fornax evidence put|get|list|revoke|resolve|verify`: talk to an evidence registry over gRPC.
 
 The address comes from `--registry`, else from the local fleet's fleet.json. `resolve` exits 1
 when any record fails to resolve (fail closed), 0 when every record resolves; errors exit 2.
@@ -79,6 +79,9 @@ def _add_put(verbs) -> None:
         put.add_argument(f"--{name}", default="", help=PROVENANCE_HELP)
     put.add_argument("--layers", help="provenance layer range START:END (half-open)")
     put.add_argument("--dtype", choices=[d.value for d in DType])
+    put.add_argument("--sign-as", metavar="ROLE/NAME",
+                     help="sign as this measuring identity (host/..., service/..., stage/...) with its "
+                          "certificate under <state dir>/certs; physical records must be signed")
     put.set_defaults(func=cmd_put)
 
 
@@ -110,15 +113,21 @@ def register(commands, benches) -> None:
     resolve.add_argument("--sha256", default="", help="expected sha256:<hex> (only with one RECORD_ID)")
     resolve.add_argument("--at", help="evaluation instant, Unix ns or ISO 8601 (default: now)")
     resolve.set_defaults(func=cmd_resolve)
+    verify = verbs.add_parser("verify", help="re-check a physical record's signature against the fleet CA")
+    _add_common(verify)
+    verify.add_argument("record_ids", nargs="+", metavar="RECORD_ID")
+    verify.add_argument("--ca", help="fleet CA certificate (default <state dir>/certs/ca.pem)")
+    verify.set_defaults(func=cmd_verify)
 
 
 def _client(args):
-    from services.evidence_registry.client import RegistryClient, address_from_fleet
+    from libs.security.cli_credentials import cli_channel
+    from services.evidence_registry.client import ClientOptions, RegistryClient, address_from_fleet
 
     address = args.registry or address_from_fleet(args.state_dir)
     if not address:
         raise UsageError(f"no --registry given and no evidence_registry in {args.state_dir}/fleet.json")
-    return RegistryClient(address)
+    return RegistryClient(address, ClientOptions(channel=cli_channel(args.state_dir)))
 
 
 def _run(args, action) -> int:
@@ -150,6 +159,7 @@ def record_summary(record) -> dict:
             "model_snapshot": provenance.model_snapshot, "command": provenance.command,
             "layer_range": None if layers is None else [layers.layer_start, layers.layer_end_exclusive],
             "dtype": None if provenance.dtype is None else provenance.dtype.value, "shapes": provenance.shapes,
+            "measured_by": provenance.measured_by, "signed": bool(provenance.signature),
         },
     }
 
@@ -191,10 +201,29 @@ def build_content(args):
                          subject=args.subject)
 
 
+def _signed(args, content, blob: bytes):
+    from libs.security.identity import Identity, IdentityError
+    from libs.security.store import CertStore
+    from libs.security.tls import TlsConfigError
+    from services.evidence_registry.blobs import sha256_hex
+    from services.evidence_registry.signatures import sign_content
+
+    try:
+        signer = Identity.parse(args.sign_as)
+        material = CertStore(args.state_dir).paths_for(signer).read()
+    except (IdentityError, TlsConfigError) as exc:
+        raise UsageError(f"--sign-as {args.sign_as!r}: {exc}") from None
+    if material.cert_pem is None or material.key_pem is None:
+        raise UsageError(f"--sign-as {args.sign_as!r}: no certificate and key in {args.state_dir}")
+    return sign_content(content, sha256_hex(blob), signer, material.cert_pem, material.key_pem)
+
+
 def cmd_put(args) -> int:
     def action(client) -> int:
-        record = client.put_record(build_content(args), _read_blob(args.blob),
-                                   record_id=args.record_id, request_id=args.request_id)
+        blob, content = _read_blob(args.blob), build_content(args)
+        if args.sign_as:
+            content = _signed(args, content, blob)
+        record = client.put_record(content, blob, record_id=args.record_id, request_id=args.request_id)
         _print_records([record], args.json)
         return 0
     return _run(args, action)
@@ -248,4 +277,53 @@ def cmd_resolve(args) -> int:
             for row in rows:
                 print(f"{row['record_id']:<44} {'OK' if row['ok'] else row['reason']:<14} {row['detail']}")
         return 0 if outcome.all_ok else 1
+    return _run(args, action)
+
+
+def _verify_one(client, record_id: str, ca_pem: bytes) -> dict:
+    import datetime as dt
+
+    from services.evidence_registry.blobs import sha256_hex
+    from services.evidence_registry.domain import EvidenceClass
+    from services.evidence_registry.signatures import verify_content
+
+    record, blob = client.get_record(record_id, include_blob=True)
+    if record.content.evidence_class is not EvidenceClass.PHYSICAL:
+        return {
+            "record_id": record_id,
+            "ok": True,
+            "reason": "",
+            "detail": f"{record.content.evidence_class.value}: not signed",
+        }
+    if sha256_hex(blob or b"") != record.blob.sha256_hex:
+        return {
+            "record_id": record_id,
+            "ok": False,
+            "reason": "BLOB_MISMATCH",
+            "detail": "blob does not hash to the record",
+        }
+    try:
+        signer = verify_content(record.content, record.blob.sha256_hex, ca_pem, dt.datetime.now(dt.UTC))
+    except FornaxError as exc:
+        return {"record_id": record_id, "ok": False, "reason": exc.reason, "detail": exc.message}
+    return {"record_id": record_id, "ok": True, "reason": "", "detail": f"signed by {signer.uri}"}
+
+
+def cmd_verify(args) -> int:
+    from pathlib import Path
+
+    ca_path = Path(args.ca) if args.ca else Path(args.state_dir) / "certs" / "ca.pem"
+
+    def action(client) -> int:
+        try:
+            ca_pem = ca_path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"fleet CA {ca_path}: {exc.strerror}") from None
+        rows = [_verify_one(client, record_id, ca_pem) for record_id in args.record_ids]
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            for row in rows:
+                print(f"{row['record_id']:<44} {'OK' if row['ok'] else row['reason']:<28} {row['detail']}")
+        return 0 if all(row["ok"] for row in rows) else 1
     return _run(args, action)

@@ -81,7 +81,8 @@ def _provenance_from_proto(message: pb.Provenance) -> Provenance:
         hardware=message.hardware, backend_build=message.backend_build,
         model_snapshot=message.model_snapshot, command=message.command, layer_range=layers,
         dtype=enum_value("record.provenance.dtype", message.dtype, DTYPE_FROM_PB, required=False),
-        shapes=message.shapes,
+        shapes=message.shapes, measured_by=message.measured_by,
+        signer_certificate_pem=message.signer_certificate_pem, signature=message.signature,
     )
 
 
@@ -117,6 +118,8 @@ def provenance_to_proto(provenance: Provenance) -> pb.Provenance:
     message = pb.Provenance(
         hardware=provenance.hardware, backend_build=provenance.backend_build,
         model_snapshot=provenance.model_snapshot, command=provenance.command, shapes=provenance.shapes,
+        measured_by=provenance.measured_by, signer_certificate_pem=provenance.signer_certificate_pem,
+        signature=provenance.signature,
     )
     if provenance.layer_range is not None:
         message.layer_range.layer_start = provenance.layer_range.layer_start

@@ -67,6 +67,11 @@ class Provenance:
     layer_range: LayerRange | None = None
     dtype: DType | None = None
     shapes: str = ""
+    # The fleet identity that measured a physical record (spiffe://fornax/<role>/<name>), its
+    # certificate, and its signature over the record (see services/evidence_registry/signatures.py).
+    measured_by: str = ""
+    signer_certificate_pem: str = ""
+    signature: bytes = b""
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.evidence_registry.blobs import BlobStore, sha256_hex
@@ -32,9 +33,21 @@ class RegistryLimits:
     max_page_size: int = 1000
 
 
+_SIGNATURE_FIELDS = ("measured_by", "signer_certificate_pem", "signature")
+
+
+def canonical_content(content: RecordContent, *, with_signature: bool = True) -> bytes:
+    """Stable JSON of content; unsigned content hashes as it did before records were signed."""
+    body = dataclasses.asdict(content)
+    for name in _SIGNATURE_FIELDS:
+        if not with_signature or not body["provenance"][name]:
+            body["provenance"].pop(name)
+    return json.dumps(body, sort_keys=True, separators=(",", ":"),
+                      default=lambda value: value.hex() if isinstance(value, bytes) else value.value).encode()
+
+
 def _canonical(content: RecordContent) -> bytes:
-    return json.dumps(dataclasses.asdict(content), sort_keys=True, separators=(",", ":"),
-                      default=lambda value: value.value).encode()
+    return canonical_content(content)
 
 
 def derive_record_id(content: RecordContent, blob_sha256_hex: str) -> str:
@@ -45,10 +58,13 @@ def derive_record_id(content: RecordContent, blob_sha256_hex: str) -> str:
 
 class EvidenceRegistry:
     def __init__(self, records: RecordStore, blobs: BlobStore,
-                 limits: RegistryLimits = RegistryLimits()) -> None:
+                 limits: RegistryLimits = RegistryLimits(),
+                 check_signature: Callable[[RecordContent, str], None] | None = None) -> None:
         self.records = records
         self.blobs = blobs
         self.limits = limits
+        # Raises when a physical record's signature does not hold (see signatures.py).
+        self.check_signature = check_signature
 
     def put(self, command: PutCommand, now_unix_ns: int) -> Record:
         check_put(command, self.limits.max_blob_bytes)
@@ -59,6 +75,8 @@ class EvidenceRegistry:
         if command.stated_size_bytes and command.stated_size_bytes != len(command.blob):
             raise InvalidField("record.blob_size_bytes", "BLOB_SIZE_MISMATCH",
                                f"stated {command.stated_size_bytes} bytes, blob is {len(command.blob)}")
+        if self.check_signature is not None:
+            self.check_signature(command.content, blob_hex)
         record_id = command.record_id or derive_record_id(command.content, blob_hex)
         # Blob first: a record row never names bytes that are not yet on disk.
         blob = self.blobs.put(command.blob)

@@ -20,6 +20,7 @@ from services.evidence_registry import convert
 from services.evidence_registry.blobs import DiskBlobStore
 from services.evidence_registry.config import RegistryConfig
 from services.evidence_registry.registry import EvidenceRegistry, RegistryLimits
+from services.evidence_registry.signatures import SignaturePolicy
 from services.evidence_registry.sqlite_store import SqliteRecordStore
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EvidenceRegistryService"].full_name
@@ -73,7 +74,8 @@ def open_registry(cfg: RegistryConfig) -> EvidenceRegistry:
     swept = blobs.sweep(records.referenced_blobs())
     log.info("blob_store_swept", temp_files_removed=swept.temp_files_removed,
              unreferenced_blobs_removed=swept.unreferenced_blobs_removed)
-    return EvidenceRegistry(records, blobs, limits)
+    ca_pem = Path(cfg.evidence_ca).read_bytes() if cfg.evidence_ca else None
+    return EvidenceRegistry(records, blobs, limits, SignaturePolicy(ca_pem))
 
 
 async def make_spec(cfg: RegistryConfig, registry: EvidenceRegistry | None = None) -> ServiceSpec:

@@ -30,7 +30,7 @@ from services.evidence_registry.domain import (
 )
 from services.evidence_registry.store import decide_put, not_found, revoked
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -53,7 +53,10 @@ CREATE TABLE IF NOT EXISTS records (
     layer_end_exclusive INTEGER,
     dtype TEXT,
     shapes TEXT NOT NULL,
-    labels_json TEXT NOT NULL
+    labels_json TEXT NOT NULL,
+    measured_by TEXT NOT NULL DEFAULT '',
+    signer_certificate_pem TEXT NOT NULL DEFAULT '',
+    signature BLOB NOT NULL DEFAULT x''
 );
 CREATE INDEX IF NOT EXISTS records_filter ON records (type, evidence_class, status, seq);
 CREATE TABLE IF NOT EXISTS requests (
@@ -65,7 +68,13 @@ _COLUMNS = (
     "record_id", "type", "evidence_class", "status", "blob_sha256_hex", "blob_size_bytes",
     "valid_from_unix_ns", "valid_until_unix_ns", "created_unix_ns", "revocation_reason", "subject",
     "hardware", "backend_build", "model_snapshot", "command", "layer_start", "layer_end_exclusive",
-    "dtype", "shapes", "labels_json",
+    "dtype", "shapes", "labels_json", "measured_by", "signer_certificate_pem", "signature",
+)
+# Version 1 databases gain the signature columns in place.
+_MIGRATE_1_TO_2 = (
+    "ALTER TABLE records ADD COLUMN measured_by TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE records ADD COLUMN signer_certificate_pem TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE records ADD COLUMN signature BLOB NOT NULL DEFAULT x''",
 )
 _SELECT = f"SELECT seq, {', '.join(_COLUMNS)} FROM records"
 
@@ -83,6 +92,7 @@ def _to_row(record: Record) -> tuple:
         None if layers is None else layers.layer_end_exclusive,
         None if prov.dtype is None else prov.dtype.value, prov.shapes,
         json.dumps([list(pair) for pair in content.labels]),
+        prov.measured_by, prov.signer_certificate_pem, prov.signature,
     )
 
 
@@ -92,6 +102,8 @@ def _from_row(row: sqlite3.Row) -> Record:
         hardware=row["hardware"], backend_build=row["backend_build"],
         model_snapshot=row["model_snapshot"], command=row["command"], layer_range=layers,
         dtype=None if row["dtype"] is None else DType(row["dtype"]), shapes=row["shapes"],
+        measured_by=row["measured_by"], signer_certificate_pem=row["signer_certificate_pem"],
+        signature=bytes(row["signature"]),
     )
     content = RecordContent(
         type=RecordType(row["type"]), evidence_class=EvidenceClass(row["evidence_class"]),
@@ -120,6 +132,9 @@ class SqliteRecordStore:
             found = conn.execute("PRAGMA user_version").fetchone()[0]
             if found > SCHEMA_VERSION:
                 raise RuntimeError(f"{self.path} has schema version {found}; this build reads up to {SCHEMA_VERSION}")
+            if found == 1:
+                for statement in _MIGRATE_1_TO_2:
+                    conn.execute(statement)
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -42,7 +42,7 @@ def unload_reference(cfg: OrchestratorConfig) -> AfterSwitch | None:
         from services.orchestrator.stage_chain import UNLOAD_TIMEOUT_S
 
         for address in cfg.reference_stage_workers:
-            async with open_aio_channel(address) as channel:
+            async with open_aio_channel(address, cfg.server.client_channel()) as channel:
                 await pb_grpc.StageWorkerServiceStub(channel).UnloadStage(
                     pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=UNLOAD_TIMEOUT_S)
 

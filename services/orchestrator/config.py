@@ -7,10 +7,12 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 
 from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
+from services.orchestrator.http_tls import HttpTlsFiles
 
 BACKENDS = tuple(backend.value for backend in Backend)
 BOUNDARY_DTYPES = tuple(dtype.value for dtype in FLOAT_DTYPES)
@@ -75,6 +77,14 @@ class OrchestratorConfig:
     # How long greedy requests wait for a lost stage to come back (then replay on the
     # reloaded route); 0 ends them at once with ROUTE_UNAVAILABLE.
     recovery_timeout_s: float = 30.0
+    # Request limits checked before any work; 0 = only the context window bounds tokens.
+    http_max_body_bytes: int = 4 << 20
+    max_tokens_cap: int = 0
+    max_prompt_tokens: int = 0
+    # Operator-supplied HTTP certificate; otherwise the fleet certificate beyond loopback.
+    http_tls: HttpTlsFiles | None = None
+    # Plain HTTP beyond loopback, said explicitly (TLS terminated in front of the pod, say).
+    http_insecure: bool = False
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> OrchestratorConfig:
@@ -140,8 +150,30 @@ class OrchestratorConfig:
             type=float,
             help="give up releasing a request's KV after this long (env FORNAX_RELEASE_BUDGET_S)",
         )
+        parser.add_argument("--http-max-body-bytes", type=int, help="env FORNAX_HTTP_MAX_BODY_BYTES")
+        parser.add_argument(
+            "--max-tokens-cap",
+            type=int,
+            help="largest max_tokens accepted, 0 = context only (env FORNAX_MAX_TOKENS_CAP)",
+        )
+        parser.add_argument(
+            "--max-prompt-tokens",
+            type=int,
+            help="longest prompt accepted, 0 = context only (env FORNAX_MAX_PROMPT_TOKENS)",
+        )
+        parser.add_argument("--http-tls-cert", help="HTTP API certificate (env FORNAX_HTTP_TLS_CERT)")
+        parser.add_argument("--http-tls-key", help="HTTP API private key (env FORNAX_HTTP_TLS_KEY)")
         args = parse(parser, argv)
+        cert = pick(args.http_tls_cert, env, "FORNAX_HTTP_TLS_CERT", None)
+        key = pick(args.http_tls_key, env, "FORNAX_HTTP_TLS_KEY", None)
+        if bool(cert) != bool(key):
+            raise SystemExit("set both FORNAX_HTTP_TLS_CERT and FORNAX_HTTP_TLS_KEY, or neither")
         return cls(
+            http_max_body_bytes=pick(args.http_max_body_bytes, env, "FORNAX_HTTP_MAX_BODY_BYTES", 4 << 20, int),
+            max_tokens_cap=pick(args.max_tokens_cap, env, "FORNAX_MAX_TOKENS_CAP", 0, int),
+            max_prompt_tokens=pick(args.max_prompt_tokens, env, "FORNAX_MAX_PROMPT_TOKENS", 0, int),
+            http_tls=HttpTlsFiles(Path(cert), Path(key)) if cert else None,
+            http_insecure=(env.get("FORNAX_HTTP_INSECURE") or "").lower() in ("1", "true", "yes"),
             server=server_config(args, env, "orchestrator"),
             http_port=pick(args.http_port, env, "FORNAX_HTTP_PORT", cls.http_port, int),
             # The key never comes from a flag, so it stays out of process listings.

@@ -43,7 +43,7 @@ def generation_from_pb(request: pb.GenerateRequest, engine: ServingEngine) -> Ge
         ids = tuple(text.tokenizer.encode(request.text))
     return generation_request(
         _request_id(request.request_id), ids, options, engine.served,
-        engine.config.default_max_tokens, "token_ids" if which == "token_ids" else "text",
+        engine.config.token_limits, "token_ids" if which == "token_ids" else "text",
         request.deadline_budget_ns or None)
 
 

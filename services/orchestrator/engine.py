@@ -86,7 +86,7 @@ class Engine:
             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed), stop=tuple(stop), stream=False,
             include_usage=False)
         request = generation_request(str(uuid.uuid4()), ids, options, serving.served,
-                                     serving.config.default_max_tokens, "prompt")
+                                     serving.config.token_limits, "prompt")
         return self._call(_run(serving, request))
 
     def close(self) -> None:

@@ -62,7 +62,7 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
         installed, route = await install(spec, fleet, progress, stored)
         try:
             # Tokenize with exactly what the artifacts were built from, or refuse to serve.
-            manifests = await asyncio.gather(*(fetch_manifest(fleet.artifact_builder, s.manifest_hash)
+            manifests = await asyncio.gather(*(fetch_manifest(fleet.artifact_builder, s.manifest_hash, fleet.channel)
                                                for s in route.plan.stages))
             check_text_pins(list(manifests), installed.text_pins)
             text = TextContext.from_checkpoint(installed.model_dir, installed.text_pins)

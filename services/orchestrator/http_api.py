@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import socket
+import ssl
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,8 +89,9 @@ def build_http_app(route: RouteSlot, config: HttpConfig = HttpConfig()) -> web.A
     return app
 
 
-async def start_http(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serves the app; returns the runner (to clean up) and the bound port (port 0 works)."""
+async def start_http(app: web.Application, host: str, port: int,
+                     ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
+    """Serves the app (HTTPS with ssl_context); returns the runner and the bound port (0 works)."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     listener = socket.create_server((host, port), reuse_port=False)
@@ -97,7 +99,7 @@ async def start_http(app: web.Application, host: str, port: int) -> tuple[web.Ap
     if send_buffer:  # accepted connections inherit the listener's buffer size
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     listener.setblocking(False)
-    site = web.SockSite(runner, listener)
+    site = web.SockSite(runner, listener, ssl_context=ssl_context)
     await site.start()
     return runner, listener.getsockname()[1]
 
@@ -203,7 +205,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     options = chat_options(body, engine.text, engine.served)
     ids = await _tokenize(len(raw), chat_prompt_ids, body, engine.text)
     gen = generation_request(str(uuid.uuid4()), ids,
-                             options, engine.served, engine.config.default_max_tokens,
+                             options, engine.served, engine.config.token_limits,
                              "messages")
     form = ResponseForm(ApiKind.CHAT, body.tools if body.tools.active else None,
                         options.sampling.top_logprobs is not None)
@@ -217,7 +219,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     check_model(body.model, engine.served)
     ids = await _tokenize(len(raw), completion_prompt_ids, body, engine.text, engine.served)
     gen = generation_request(str(uuid.uuid4()), ids,
-                             body.options, engine.served, engine.config.default_max_tokens,
+                             body.options, engine.served, engine.config.token_limits,
                              "prompt")
     form = ResponseForm(ApiKind.COMPLETION, None, body.options.sampling.top_logprobs is not None)
     return await _respond(request, engine, gen, body.model, body.options, form)

@@ -24,7 +24,8 @@ from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
 from libs.fnx2.messages import Phase
 from libs.model.config import load_config
 from libs.model.sampling import GREEDY
-from libs.service.channels import open_aio_channel
+from libs.security.fnx2_tls import Fnx2Tls
+from libs.service.channels import ChannelConfig, open_aio_channel
 from libs.service.errors import FailedPrecondition, Unavailable
 from libs.text.context import TextPins
 from services.orchestrator.inventory_facts import describe_facts, inventory_from, node_name
@@ -60,6 +61,12 @@ class Fleet:
     planner: str
     artifact_builder: str
     workers: tuple[str, ...]  # gRPC addresses in stage order
+    # How the orchestrator reaches them (its certificate, under mTLS).
+    channel: ChannelConfig = ChannelConfig()
+    # The orchestrator's own fleet identity URI, which stage 0 admits as its gateway; "" without TLS.
+    identity: str = ""
+    # TLS for the gateway's FNX2 channel to stage 0; None without TLS.
+    data_plane_tls: Fnx2Tls | None = None
 
 
 @dataclass(frozen=True)
@@ -73,9 +80,9 @@ class InstalledPlan:
     stored: StoredPlan
 
 
-async def _capabilities(workers: tuple[str, ...]) -> list[sw_pb.GetCapabilitiesResponse]:
+async def _capabilities(workers: tuple[str, ...], config: ChannelConfig) -> list[sw_pb.GetCapabilitiesResponse]:
     async def one(address: str) -> sw_pb.GetCapabilitiesResponse:
-        async with open_aio_channel(address) as channel:
+        async with open_aio_channel(address, config) as channel:
             return await sw_grpc.StageWorkerServiceStub(channel).GetCapabilities(
                 sw_pb.GetCapabilitiesRequest(), timeout=30
             )
@@ -85,14 +92,14 @@ async def _capabilities(workers: tuple[str, ...]) -> list[sw_pb.GetCapabilitiesR
 
 async def create_plan(spec: InstallSpec, fleet: Fleet, model_dir: Path,
                       progress: Callable[[str], None] = lambda _: None) -> Plan:
-    capabilities = await _capabilities(fleet.workers)
+    capabilities = await _capabilities(fleet.workers, fleet.channel)
     progress(f"inventory: {describe_facts(capabilities)}")
     model = describe_checkpoint(model_dir)
     target = Target(
         context_tokens=spec.context_tokens, concurrency=spec.concurrency, min_stages=spec.stages,
         max_stages=spec.stages, boundary_dtype=spec.boundary_dtype,
     )
-    async with AsyncPlannerClient(fleet.planner) as planner:
+    async with AsyncPlannerClient(fleet.planner, channel=fleet.channel) as planner:
         result = await planner.create_plan(model, inventory_from(capabilities), target)
     if not result.feasible or result.plan is None:
         reasons = "; ".join(f"{r.subject}: {r.reason} {r.detail}" for r in result.rejections)
@@ -111,7 +118,7 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
         hop_boundary_dtypes=[DTYPE_TO_PB[d] for d in spec.hop_dtypes],
     )
     result = None
-    async with open_aio_channel(fleet.artifact_builder) as channel:
+    async with open_aio_channel(fleet.artifact_builder, fleet.channel) as channel:
         async for event in ab_grpc.ArtifactBuilderServiceStub(channel).BuildStageArtifacts(request, timeout=3600):
             if event.HasField("result"):
                 result = event.result
@@ -121,6 +128,27 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
     return sorted(result.stages, key=lambda s: s.stage_index)
 
 
+async def _worker_identities(fleet: Fleet) -> dict[str, str]:
+    """Node name to the identity in that worker's certificate (empty without TLS)."""
+    if not fleet.identity:
+        return {}
+    capabilities = await _capabilities(fleet.workers, fleet.channel)
+    return {node_name(i): c.identity for i, c in enumerate(capabilities)}
+
+
+def _previous_hop(plan: Plan, stage_index: int, identities: dict[str, str], gateway: str) -> str:
+    """Who may open a stage's FNX2 channel: the stage before it, or the orchestrator's gateway."""
+    if stage_index == 0:
+        return gateway
+    return identities.get(plan.stages[stage_index - 1].node, "")
+
+
+def _next_hop(plan: Plan, stage_index: int, identities: dict[str, str]) -> str:
+    if stage_index + 1 >= len(plan.stages):
+        return ""
+    return identities.get(plan.stages[stage_index + 1].node, "")
+
+
 async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: list[ab_pb.StageArtifact],
                       generation: str, progress: Callable[[str], None]) -> RoutePlan:
     """One stage per planned stage, on the worker the plan names, as plan generation `generation`."""
@@ -128,6 +156,7 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
         plan_id=fnx2_plan_id(plan), plan_hash=plan.plan_hash, plan_generation_id=generation
     )
     workers = {node_name(i): address for i, address in enumerate(fleet.workers)}
+    identities = await _worker_identities(fleet)
     count = len(plan.stages)
     loads = [StageLoad(workers[stage.node], sw_pb.StageSpec(
         stage_index=stage.stage_index, stage_count=count,
@@ -137,8 +166,10 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
         boundary_dtype=DTYPE_TO_PB[stage_dtypes(spec, stage.stage_index, count)[1]],
         input_boundary_dtype=DTYPE_TO_PB[stage_dtypes(spec, stage.stage_index, count)[0]],
         kv_limit_bytes=spec.kv_limit_bytes, output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
-    )) for stage, artifact in zip(plan.stages, artifacts, strict=True)]
-    return await load_route(loads, progress=progress)
+        previous_hop_identity=_previous_hop(plan, stage.stage_index, identities, fleet.identity),
+        next_hop_identity=_next_hop(plan, stage.stage_index, identities),
+    ), identities.get(stage.node, "")) for stage, artifact in zip(plan.stages, artifacts, strict=True)]
+    return await load_route(loads, progress=progress, channel=fleet.channel)
 
 
 def stage_dtypes(spec: InstallSpec, stage_index: int, stage_count: int) -> tuple[DType, DType]:
@@ -209,7 +240,9 @@ async def prepare(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], Non
             f"{spec.stages} stages need {spec.stages} workers; the fleet has {len(fleet.workers)}",
             reason="NOT_ENOUGH_WORKERS",
         )
-    model_dir, pins = await fetch_model_files(fleet.artifact_builder, spec.checkpoint_dir, spec.state_dir)
+    model_dir, pins = await fetch_model_files(
+        fleet.artifact_builder, spec.checkpoint_dir, spec.state_dir, fleet.channel
+    )
     progress("planning")
     plan = await create_plan(spec, fleet, model_dir, progress)
     progress(
@@ -225,7 +258,7 @@ async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], Non
     stored = stored or await prepare(spec, fleet, progress)
     plan = stored.plan
     route_plan = await load_stages(spec, fleet, plan, list(stored.artifacts), str(uuid.uuid4()), progress)
-    route = Route(route_plan)
+    route = Route(route_plan, channel=fleet.channel, data_plane_tls=fleet.data_plane_tls)
     await route.open()
     try:
         progress("warming the route")

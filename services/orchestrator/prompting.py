@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -13,6 +13,24 @@ from services.orchestrator.domain import GenerationRequest, ServedModel
 from services.orchestrator.openai_request import ChatCompletionBody, CommonOptions, CompletionBody
 from services.orchestrator.openai_tools import output_lark
 from services.orchestrator.structured import grammar_checker, response_format_lark
+
+
+@dataclass(frozen=True)
+class TokenLimits:
+    """Per-request token limits besides the context window; 0 means only the window bounds it."""
+
+    default_max_tokens: int = 256
+    max_tokens_cap: int = 0
+    max_prompt_tokens: int = 0
+
+
+def _check_caps(prompt_tokens: int, max_tokens: int | None, limits: TokenLimits, prompt_param: str) -> None:
+    if limits.max_prompt_tokens and prompt_tokens > limits.max_prompt_tokens:
+        raise InvalidArgument(f"the prompt has {prompt_tokens} tokens; this server accepts at most "
+                              f"{limits.max_prompt_tokens}", reason="PROMPT_TOO_LONG", field=prompt_param)
+    if limits.max_tokens_cap and max_tokens is not None and max_tokens > limits.max_tokens_cap:
+        raise InvalidArgument(f"max_tokens {max_tokens} exceeds this server's cap of {limits.max_tokens_cap}",
+                              reason="MAX_TOKENS_TOO_LARGE", field="max_tokens")
 
 
 def check_model(model: str, served: ServedModel) -> None:
@@ -53,10 +71,11 @@ def check_token_ids(ids: tuple[int, ...], served: ServedModel, param: str) -> tu
 
 
 def generation_request(request_id: str, prompt_ids: tuple[int, ...], options: CommonOptions,
-                       served: ServedModel, default_max_tokens: int, prompt_param: str,
+                       served: ServedModel, limits: TokenLimits, prompt_param: str,
                        deadline_budget_ns: int | None = None) -> GenerationRequest:
     """Applies the context window: the prompt plus max_tokens must fit in it."""
     context = served.context_length
+    _check_caps(len(prompt_ids), options.max_tokens, limits, prompt_param)
     if not prompt_ids:
         raise InvalidArgument("the prompt encodes to zero tokens", reason="INVALID_PROMPT",
                               field=prompt_param)
@@ -68,7 +87,8 @@ def generation_request(request_id: str, prompt_ids: tuple[int, ...], options: Co
     room = context - len(prompt_ids)
     max_tokens = options.max_tokens
     if max_tokens is None:
-        max_tokens = min(default_max_tokens, room)
+        default = min(limits.default_max_tokens, limits.max_tokens_cap or limits.default_max_tokens)
+        max_tokens = min(default, room)
     elif max_tokens > room:
         raise InvalidArgument(
             f"this model's maximum context length is {context} tokens; the prompt has "

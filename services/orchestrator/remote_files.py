@@ -17,7 +17,7 @@ from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as ab_grpc
 
 from libs.artifacts.manifest import MANIFEST_FILE, StageManifest
 from libs.artifacts.transfer import accept_manifest
-from libs.service.channels import open_aio_channel
+from libs.service.channels import ChannelConfig, open_aio_channel
 from libs.service.errors import DataLoss, FailedPrecondition
 from libs.text.context import TextPins
 
@@ -62,8 +62,9 @@ def write_model_files(reply: ab_pb.GetModelFilesResponse, state_dir: Path) -> Pa
     return target
 
 
-async def fetch_model_files(builder: str, checkpoint_dir: str, state_dir: Path) -> tuple[Path, TextPins]:
-    async with open_aio_channel(builder, idempotent=READS) as channel:
+async def fetch_model_files(builder: str, checkpoint_dir: str, state_dir: Path,
+                            config: ChannelConfig = ChannelConfig()) -> tuple[Path, TextPins]:
+    async with open_aio_channel(builder, config, idempotent=READS) as channel:
         reply = await ab_grpc.ArtifactBuilderServiceStub(channel).GetModelFiles(
             ab_pb.GetModelFilesRequest(checkpoint_dir=checkpoint_dir), timeout=MODEL_FILES_TIMEOUT_S)
     local = write_model_files(reply, state_dir)
@@ -71,8 +72,8 @@ async def fetch_model_files(builder: str, checkpoint_dir: str, state_dir: Path) 
                            template_sha256=reply.snapshot.chat_template_sha256)
 
 
-async def fetch_manifest(builder: str, manifest_hash: str) -> StageManifest:
-    async with open_aio_channel(builder, idempotent=READS) as channel:
+async def fetch_manifest(builder: str, manifest_hash: str, config: ChannelConfig = ChannelConfig()) -> StageManifest:
+    async with open_aio_channel(builder, config, idempotent=READS) as channel:
         stream = ab_grpc.ArtifactBuilderServiceStub(channel).FetchArtifact(
             ab_pb.FetchArtifactRequest(manifest_hash=manifest_hash, path=MANIFEST_FILE), timeout=MODEL_FILES_TIMEOUT_S)
         raw = b"".join([chunk.data async for chunk in stream])

@@ -13,6 +13,8 @@ from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 
 from libs.common.kinds import DType
+from libs.security.fnx2_tls import Fnx2Tls
+from libs.security.tls import own_identity_uri
 from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument, Unavailable
 from libs.service.server import ServiceSpec
 from services.orchestrator import convert
@@ -34,6 +36,7 @@ from services.orchestrator.lifecycle import (
     Preparer,
     RouteManager,
 )
+from services.orchestrator.http_tls import choose_http_tls, is_loopback, server_ssl_context
 from services.orchestrator.serving import RouteSlot, ServingConfig, ServingEngine, terminal_error
 
 _log = structlog.get_logger()
@@ -93,7 +96,8 @@ def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
                          default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None,
                          release_budget_s=cfg.release_budget_s,
                          recovery_timeout_s=cfg.recovery_timeout_s,
-                         stall_timeout_s=cfg.idle_write_timeout_s or None)
+                         stall_timeout_s=cfg.idle_write_timeout_s or None,
+                         max_tokens_cap=cfg.max_tokens_cap, max_prompt_tokens=cfg.max_prompt_tokens)
 
 
 def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
@@ -132,7 +136,8 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
         from services.orchestrator.install import Fleet
 
         def on(workers: tuple[str, ...]) -> Installer:
-            fleet = Fleet(planner, builder, workers)
+            fleet = Fleet(planner, builder, workers, cfg.server.client_channel(),
+                          own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None)
             return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
                                    serving_config(cfg),
                                    lambda message: _log.info("install_progress", message=message),
@@ -160,7 +165,8 @@ def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
     from services.orchestrator.install import Fleet
 
     def on(workers: tuple[str, ...]) -> Preparer:
-        fleet = Fleet(planner, builder, workers)
+        fleet = Fleet(planner, builder, workers, cfg.server.client_channel(),
+                      own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None)
         return fleet_preparer(fleet, cfg.state_dir, cfg.stage_kv_limit_bytes,
                               lambda message: _log.info("install_progress", message=message),
                               hop_dtypes=cfg.hop_boundary_dtypes)
@@ -200,12 +206,16 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
             manager, InstallRequest(cfg.checkpoint, len(cfg.stage_workers), cfg.backend,
                                     cfg.boundary_dtype), board, cfg))
     servicer = OrchestratorServicer(cfg, route, manager)
+    http_tls = choose_http_tls(cfg.server.host, cfg.http_tls, cfg.server.tls, cfg.http_insecure)
+    if http_tls is None and not is_loopback(cfg.server.host):
+        _log.warning("http_plaintext_beyond_loopback", host=cfg.server.host)
     app = build_http_app(route, HttpConfig(
         api_key=cfg.api_key, idle_write_timeout_s=cfg.idle_write_timeout_s or None,
-        send_buffer_bytes=cfg.http_send_buffer_bytes or None))
+        send_buffer_bytes=cfg.http_send_buffer_bytes or None, max_body_bytes=cfg.http_max_body_bytes))
     app[BOARD_KEY] = board
-    runner, http_port = await start_http(app,
-                                         cfg.server.host, cfg.http_port)
+    runner, http_port = await start_http(app, cfg.server.host, cfg.http_port,
+                                         server_ssl_context(http_tls) if http_tls else None)
+    _log.info("http_api_serving", port=http_port, scheme="https" if http_tls else "http")
 
     async def on_drain() -> None:
         try:
@@ -222,5 +232,5 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
     return ServiceSpec(
         service_names=(pb.DESCRIPTOR.services_by_name["OrchestratorService"].full_name,),
         register=lambda server: pb_grpc.add_OrchestratorServiceServicer_to_server(servicer, server),
-        on_drain=on_drain, on_stop=on_stop, extra_ports={"http": http_port},
+        on_drain=on_drain, on_stop=on_stop, extra_ports={"http": http_port}, api_key=cfg.api_key,
     )

@@ -32,6 +32,7 @@ from services.orchestrator.domain import (
     SequenceStatus,
     ServedModel,
 )
+from services.orchestrator.prompting import TokenLimits
 from services.orchestrator.pipeline import Pipeline
 # Re-exported: the front ends take a request's stream and its ending from here.
 from services.orchestrator.request_stream import (  # noqa: F401
@@ -66,6 +67,13 @@ class ServingConfig:
     # When the route loses a stage, greedy requests wait this long for the route to be
     # reloaded and are then replayed; 0 ends them at once with ROUTE_UNAVAILABLE.
     recovery_timeout_s: float = 0.0
+    # 0 = only the context window bounds them.
+    max_tokens_cap: int = 0
+    max_prompt_tokens: int = 0
+
+    @property
+    def token_limits(self) -> TokenLimits:
+        return TokenLimits(self.default_max_tokens, self.max_tokens_cap, self.max_prompt_tokens)
 
 
 class ServingEngine:

@@ -25,7 +25,8 @@ from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, Seq
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind
 from libs.model.sampling import SamplingParams
-from libs.service.channels import open_aio_channel
+from libs.security.fnx2_tls import Fnx2Tls
+from libs.service.channels import ChannelConfig, open_aio_channel
 from services.orchestrator.route_health import (
     StageCondition,
     StageProbe,
@@ -56,6 +57,8 @@ class RouteStage:
     control_address: str  # gRPC host:port
     data_plane_address: str  # FNX2 host:port
     manifest_hash: str
+    # The identity in that worker's certificate, which the previous hop checks; "" without TLS.
+    data_plane_identity: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,10 +114,13 @@ class StageLoad:
 
     address: str
     spec: pb.StageSpec
+    # The identity in the worker's certificate, which its previous hop checks; "" without TLS.
+    identity: str = ""
 
 
 async def load_route(loads: Sequence[StageLoad], load_timeout_s: float = 3600.0,
-                     progress: Callable[[str], None] = lambda message: None) -> RoutePlan:
+                     progress: Callable[[str], None] = lambda message: None,
+                     channel: ChannelConfig = ChannelConfig()) -> RoutePlan:
     """Load last to first, so each stage is told its next hop's FNX2 address and manifest hash.
 
     Every spec carries the same plan binding; whatever a worker had loaded before is unloaded.
@@ -125,15 +131,16 @@ async def load_route(loads: Sequence[StageLoad], load_timeout_s: float = 3600.0,
         spec.CopyFrom(load.spec)
         spec.next_hop_address, spec.next_hop_manifest_hash = next_address, next_manifest
         layers = spec.layer_range
-        async with open_aio_channel(load.address) as channel:
-            stub = pb_grpc.StageWorkerServiceStub(channel)
+        async with open_aio_channel(load.address, channel) as opened:
+            stub = pb_grpc.StageWorkerServiceStub(opened)
             await stub.UnloadStage(pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=UNLOAD_TIMEOUT_S)
             progress(f"loading stage {spec.stage_index} (layers {layers.layer_start}-"
                      f"{layers.layer_end_exclusive - 1}) on {load.address}")
             reply = await stub.LoadStage(pb.LoadStageRequest(request_id=str(uuid.uuid4()), spec=spec),
                                          timeout=load_timeout_s)
         next_address, next_manifest = reply.data_plane_address, reply.manifest_hash
-        loaded.append(RouteStage(spec.stage_index, load.address, reply.data_plane_address, reply.manifest_hash))
+        loaded.append(RouteStage(spec.stage_index, load.address, reply.data_plane_address, reply.manifest_hash,
+                                 load.identity))
     binding = loads[0].spec.plan
     return RoutePlan(binding.plan_id, binding.plan_hash, binding.plan_generation_id, tuple(reversed(loaded)))
 
@@ -145,10 +152,12 @@ def lease_id_for(plan: RoutePlan, request_id: str) -> str:
 
 
 class Route:
-    def __init__(self, plan: RoutePlan, timeouts: RouteTimeouts = RouteTimeouts()):
+    def __init__(self, plan: RoutePlan, timeouts: RouteTimeouts = RouteTimeouts(),
+                 channel: ChannelConfig = ChannelConfig(), data_plane_tls: Fnx2Tls | None = None):
         self.plan = plan
         self.timeouts = timeouts
-        self._channels = [open_aio_channel(s.control_address) for s in plan.stages]
+        self._tls = data_plane_tls
+        self._channels = [open_aio_channel(s.control_address, channel) for s in plan.stages]
         self._stubs = [pb_grpc.StageWorkerServiceStub(c) for c in self._channels]
         self._client: Fnx2Client | None = None
         self._batch_numbers = itertools.count()
@@ -160,7 +169,10 @@ class Route:
             self.plan.plan_id, self.plan.plan_hash, first.manifest_hash, "stage-0", self.plan.plan_generation_id
         )
         host, _, port = first.data_plane_address.rpartition(":")
-        self._client = await Fnx2Client.connect(host, int(port), SenderConfig(binding))
+        if self._tls is not None:
+            self._client = await self._tls.connect(host, int(port), SenderConfig(binding), first.data_plane_identity)
+        else:
+            self._client = await Fnx2Client.connect(host, int(port), SenderConfig(binding))
 
     async def abort(self) -> None:
         """Closes the FNX2 channel: every batch still waiting fails at once."""

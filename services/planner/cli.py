@@ -33,11 +33,12 @@ def register(commands, benches) -> None:
 def _resolver(args, mode: str):
     if mode != "deployment":
         return None
-    from services.evidence_registry.client import address_from_fleet
+    from libs.security.cli_credentials import cli_channel
+    from services.evidence_registry.client import ClientOptions, address_from_fleet
     from services.planner.registry import RegistryResolver
 
     address = args.registry or address_from_fleet()
-    return RegistryResolver(address) if address else None
+    return RegistryResolver(address, ClientOptions(channel=cli_channel())) if address else None
 
 
 def run_plan(args) -> int:

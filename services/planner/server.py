@@ -17,6 +17,7 @@ from libs.service.errors import InvalidArgument, NotFound
 from libs.service.server import ServiceSpec
 from services.planner import convert, domain
 from services.planner.config import PlannerConfig
+from services.evidence_registry.client import ClientOptions
 from services.planner.evidence import Resolver
 from services.planner.planner import plan
 from services.planner.registry import RegistryResolver
@@ -84,7 +85,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
 async def make_spec(cfg: PlannerConfig, resolver: Resolver | None = None) -> ServiceSpec:
     """`resolver` lets tests inject one; by default the configured registry address is used."""
     if resolver is None and cfg.registry_addr:
-        resolver = RegistryResolver(cfg.registry_addr)
+        resolver = RegistryResolver(cfg.registry_addr, ClientOptions(channel=cfg.server.client_channel()))
     servicer = PlannerServicer(resolver, PlanStore(cfg.plan_store_capacity))
     return ServiceSpec(
         service_names=(SERVICE_NAME,),

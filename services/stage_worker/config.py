@@ -7,6 +7,9 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pathlib import Path
+
+from libs.security.paths import parse_roots
 from libs.common.kinds import Backend
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
@@ -32,6 +35,8 @@ class StageWorkerConfig:
     cpu_affinity: tuple[int, ...] = ()
     # This worker's own state (the artifact cache); no other service reads it.
     state_dir: str = ""
+    # Where LoadStage may read artifacts or checkpoints from; empty refuses every load.
+    read_roots: tuple[Path, ...] = ()
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> StageWorkerConfig:
@@ -47,6 +52,9 @@ class StageWorkerConfig:
         parser.add_argument("--state-dir", help="private state: fetched artifacts (env FORNAX_STATE_DIR)")
         parser.add_argument(
             "--cpu-affinity", type=parse_cpu_set, help="CPU set to pin to, e.g. 0-3 (env FORNAX_CPU_AFFINITY)"
+        )
+        parser.add_argument(
+            "--read-roots", help=f"directories loads may read, {os.pathsep!r}-separated (env FORNAX_READ_ROOTS)"
         )
         args = parse(parser, argv)
         # A pool's pods count from 0; the pool's offset places them in the route (Helm pools).
@@ -69,4 +77,5 @@ class StageWorkerConfig:
             advertise_host=pick(args.advertise_host, env, "FORNAX_ADVERTISE_HOST", ""),
             state_dir=pick(args.state_dir, env, "FORNAX_STATE_DIR", f".fornax/stage_worker_{stage_index}"),
             cpu_affinity=pick(args.cpu_affinity, env, "FORNAX_CPU_AFFINITY", (), parse_cpu_set),
+            read_roots=parse_roots(pick(args.read_roots, env, "FORNAX_READ_ROOTS", "")),
         )

@@ -70,6 +70,8 @@ def load_spec_from_pb(request: pb.LoadStageRequest) -> LoadSpec:
         next_hop_manifest_hash=spec.next_hop_manifest_hash or None,
         kv_limit_bytes=spec.kv_limit_bytes,
         return_logits=spec.output_mode == pb.OUTPUT_MODE_LOGITS,
+        previous_hop_identity=spec.previous_hop_identity or None,
+        next_hop_identity=spec.next_hop_identity or None,
     )
 
 

@@ -19,6 +19,7 @@ from opentelemetry import trace
 
 from libs.fnx2.control import EXT_SAMPLE_LOGPROBS, ChannelBinding
 from libs.fnx2.errors import ErrorCode, Fnx2Error
+from libs.fnx2.listener import ListenerLimits
 from libs.fnx2.messages import Batch, BatchDescriptor, SequenceStatus
 from libs.fnx2.receiver import (
     Fnx2Receiver, ReceiverConfig, SequenceFailure, StageOutput, StageWork,
@@ -27,6 +28,7 @@ from libs.fnx2.receiver_state import ReceiverLimits
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind, float32_to_bf16
 from libs.model.errors import KvLimitExceededError, ModelError
+from libs.security.fnx2_tls import Fnx2Tls
 from libs.model.executor import StageBatch, StageResult
 from libs.model.kv_store import SliceIdentity
 from libs.model.logprobs import RECORD_WIDTH, sample_records
@@ -53,8 +55,12 @@ def binding_for(stage: LoadedStage, index: int) -> ChannelBinding:
 
 
 class DataPlane:
-    def __init__(self, runtime: StageRuntime, host: str, port: int, advertise_host: str = ""):
+    def __init__(self, runtime: StageRuntime, host: str, port: int, advertise_host: str = "",
+                 tls: Fnx2Tls | None = None):
         self._runtime = runtime
+        # With TLS the listener requires fleet certificates and each bound stage admits only
+        # its planned previous hop; without it (explicitly insecure) anyone may connect.
+        self._tls = tls
         self._host, self._requested_port = host, port
         self._advertise_host = advertise_host or host
         self._server: asyncio.AbstractServer | None = None
@@ -74,7 +80,8 @@ class DataPlane:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._protocol, self._host, self._requested_port)
+        options = self._tls.listener_options(ListenerLimits()) if self._tls else {}
+        self._server = await loop.create_server(self._protocol, self._host, self._requested_port, **options)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -86,6 +93,8 @@ class DataPlane:
     def _protocol(self) -> asyncio.BaseProtocol:
         """New channels go to the bound stage's receiver; with no stage bound they are closed."""
         receiver = self._receiver
+        if self._tls is not None:
+            self._tls.reload()  # a rotated certificate serves this connection's handshake
         return receiver.protocol() if receiver is not None else _Refuse()
 
     async def bind(self, stage: LoadedStage) -> None:
@@ -107,6 +116,8 @@ class DataPlane:
                 input_kind=TensorKind.TOKEN_IDS if first else TensorKind.ACTIVATION,
                 input_dtype=DType.INT32 if first else DType(spec.input_dtype),
                 input_width=None if first else stage.config.hidden_size,
+                # No named previous hop admits nobody: "" is in no certificate.
+                peer_policy=self._tls.admit_only(spec.previous_hop_identity or "") if self._tls else None,
             ),
             _Handler(self),
         )
@@ -141,7 +152,11 @@ class DataPlane:
                     stage_id(stage.spec.stage_index + 1),
                     plan.plan_generation_id,
                 )
-                self._next_hop = await Fnx2Client.connect(host, int(port), SenderConfig(binding))
+                if self._tls is not None:
+                    self._next_hop = await self._tls.connect(host, int(port), SenderConfig(binding),
+                                                             stage.spec.next_hop_identity or "")
+                else:
+                    self._next_hop = await Fnx2Client.connect(host, int(port), SenderConfig(binding))
             return self._next_hop
 
     # ---- execution -------------------------------------------------------------------------

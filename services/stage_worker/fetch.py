@@ -28,7 +28,7 @@ from libs.artifacts.transfer import (
     seal_blob,
 )
 from libs.artifacts.verify import verify_artifact
-from libs.service.channels import open_aio_channel
+from libs.service.channels import ChannelConfig, open_aio_channel
 
 log = structlog.get_logger()
 READS = ("fornax.artifact_builder.v1.ArtifactBuilderService/FetchArtifact",)
@@ -111,14 +111,14 @@ def _verified(directory: Path, hash_value: str) -> bool:
 
 
 async def fetch_artifact(address: str, hash_value: str, cache: ArtifactCache,
-                         attempts: int = FETCH_ATTEMPTS) -> Path:
+                         attempts: int = FETCH_ATTEMPTS, config: ChannelConfig = ChannelConfig()) -> Path:
     """The verified local directory of artifact `hash_value`, fetched from `address` if needed."""
     require_manifest_hash(hash_value, "spec.manifest_hash")
     final = cache.artifact_dir(hash_value)
     if final.exists() and await asyncio.to_thread(_verified, final, hash_value):
         log.info("artifact_cache_hit", manifest_hash=hash_value)
         return final
-    async with open_aio_channel(address, idempotent=READS) as channel:
+    async with open_aio_channel(address, config, idempotent=READS) as channel:
         stub = ab_grpc.ArtifactBuilderServiceStub(channel)
         raw = await _fetch_manifest(stub, hash_value, attempts)
         manifest = accept_manifest(raw, hash_value)

@@ -19,6 +19,7 @@ import structlog
 from libs.artifacts.transfer import ArtifactCache
 from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.common.proto import dtype_pb_name
+from libs.service.channels import ChannelConfig
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import ModelError
 from libs.model.executor import PendingKv, StageBatch, StageExecutor, StageResult
@@ -62,6 +63,9 @@ class LoadSpec:
     next_hop_manifest_hash: str | None = None
     kv_limit_bytes: int = 0
     return_logits: bool = False
+    # Fleet identities (spiffe URIs) of the peers on the data plane; None without TLS.
+    previous_hop_identity: str | None = None
+    next_hop_identity: str | None = None
 
     @property
     def input_dtype(self) -> DType:
@@ -178,8 +182,10 @@ def _check_boundary_contract(spec: LoadSpec, manifest) -> None:
 
 class StageRuntime:
     def __init__(self, backend: Backend, device: str, default_kv_limit_bytes: int,
-                 artifact_cache_dir: str | None = None):
+                 artifact_cache_dir: str | None = None, fetch_channel: ChannelConfig = ChannelConfig()):
         self.backend = backend
+        # How artifacts are fetched from the builder (this worker's certificate, under mTLS).
+        self.fetch_channel = fetch_channel
         self.artifact_cache = ArtifactCache(Path(artifact_cache_dir)) if artifact_cache_dir else None
         self.device = device
         self.default_kv_limit_bytes = default_kv_limit_bytes
@@ -217,7 +223,8 @@ class StageRuntime:
         if self.artifact_cache is None:
             raise FailedPrecondition("this worker has no state directory to fetch artifacts into",
                                      reason="NO_ARTIFACT_CACHE", field="spec.artifact_source_address")
-        local = await fetch_artifact(spec.artifact_source, spec.manifest_hash or "", self.artifact_cache)
+        local = await fetch_artifact(spec.artifact_source, spec.manifest_hash or "", self.artifact_cache,
+                                     config=self.fetch_channel)
         return replace(spec, artifact_dir=str(local), artifact_source=None)
 
     def _check_spec(self, spec: LoadSpec) -> None:

@@ -8,8 +8,19 @@ from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 
+import datetime as dt
+import hashlib
+
+import structlog
+
 from libs.common.kinds import FLOAT_DTYPES
 from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
+from libs.security.audit import AuditEvent, open_audit_log
+from libs.security.fnx2_tls import Fnx2Tls
+from libs.security.identity import Identity, IdentityError
+from libs.security.paths import confine
+from libs.security.tls import own_identity_uri
+from libs.service.errors import InvalidArgument
 from libs.service.server import ServiceSpec
 from services.stage_worker import convert
 from services.stage_worker.config import StageWorkerConfig
@@ -18,6 +29,9 @@ from libs.service.cgroup_facts import cgroup_facts
 from libs.service.host import backend_build, host_facts
 from services.stage_worker.runtime import StageRuntime
 
+log = structlog.get_logger()
+# What the audit log calls an FNX2 channel opening (it is no gRPC method).
+DATA_PLANE_HELLO = "fnx2:/hello"
 # Operation names as the planner's model description requires them (services/planner/model.py).
 SUPPORTED_OPERATIONS = (
     "embedding",
@@ -32,6 +46,21 @@ SUPPORTED_OPERATIONS = (
     "shared_experts",
     "sampling",
 )
+
+
+def require_peer_identities(spec) -> None:
+    """Under TLS the data plane admits one named peer and sends to one named peer: both must be given."""
+    wanted = [("spec.previous_hop_identity", spec.previous_hop_identity)]
+    if not spec.last:
+        wanted.append(("spec.next_hop_identity", spec.next_hop_identity))
+    for field, uri in wanted:
+        if not uri:
+            raise InvalidArgument("a TLS stage needs the fleet identity of its data-plane peer",
+                                  reason="MISSING_PEER_IDENTITY", field=field)
+        try:
+            Identity.from_uri(uri)
+        except IdentityError as exc:
+            raise InvalidArgument(str(exc), reason="INVALID_PEER_IDENTITY", field=field) from exc
 
 
 class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
@@ -63,10 +92,16 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
             data_plane_address=self._dataplane.address,
             stage_index=self._cfg.stage_index,
             data_plane_host=self._dataplane.advertised_host,
+            identity=own_identity_uri(self._cfg.server.tls),
         )
 
     async def LoadStage(self, request, context) -> pb.LoadStageResponse:
         spec = convert.load_spec_from_pb(request)
+        for field, path in (("spec.checkpoint_dir", spec.checkpoint_dir), ("spec.artifact_dir", spec.artifact_dir)):
+            if path:
+                confine(path, self._cfg.read_roots, field)
+        if self._cfg.server.tls is not None:
+            require_peer_identities(spec)
         stage = await self._runtime.load(spec)
         await self._dataplane.bind(stage)
         cfg = stage.config
@@ -132,10 +167,28 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
         return pb.UnloadStageResponse(state=convert.STATE_TO_PB[self._runtime.lifecycle.state])
 
 
+def data_plane_tls(cfg: StageWorkerConfig) -> Fnx2Tls | None:
+    """The data plane serves TLS whenever the control plane does; refusals go to the audit log."""
+    if cfg.server.tls is None:
+        return None
+    audit = open_audit_log(cfg.server.audit_log) if cfg.server.audit_log else None
+
+    def refused(peer: str, why: str) -> None:
+        log.warning("data_plane_peer_refused", peer=peer, detail=why)
+        if audit is not None:
+            audit.append(AuditEvent(
+                time=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"), caller=peer,
+                rpc=DATA_PLANE_HELLO, args_sha256=hashlib.sha256(why.encode()).hexdigest(),
+                result="PERMISSION_DENIED:PEER_REFUSED", service="stage_worker"))
+
+    return Fnx2Tls(cfg.server.tls, refused)
+
+
 async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
     runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes,
-                           artifact_cache_dir=str(Path(cfg.state_dir) / "artifact_cache"))
-    dataplane = DataPlane(runtime, cfg.server.host, cfg.data_plane_port, cfg.advertise_host)
+                           artifact_cache_dir=str(Path(cfg.state_dir) / "artifact_cache"),
+                           fetch_channel=cfg.server.client_channel())
+    dataplane = DataPlane(runtime, cfg.server.host, cfg.data_plane_port, cfg.advertise_host, data_plane_tls(cfg))
     await dataplane.start()
     servicer = StageWorkerServicer(cfg, runtime, dataplane)
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,7 +17,12 @@ class ServiceProc:
     def __init__(self, module: str, workdir: Path, env: dict[str, str] | None = None, args: list[str] | None = None):
         self.ready_file = workdir / f"{module}.ready.json"
         self.log_file = workdir / f"{module}.log"
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "FORNAX_READY_FILE": str(self.ready_file), **(env or {})}
+        # Component tests exercise one service's behaviour in plaintext, chosen explicitly;
+        # the fleet launcher and tests/integration/security run with mTLS.
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "FORNAX_READY_FILE": str(self.ready_file),
+                    "FORNAX_INSECURE": "1", "FORNAX_STATE_DIR": str(workdir),
+                    # Test checkpoints and artifacts live under the system temporary directory.
+                    "FORNAX_READ_ROOTS": tempfile.gettempdir(), **(env or {})}
         self._log = open(self.log_file, "wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", module, *(args or [])], stdout=self._log, stderr=subprocess.STDOUT, env=full_env

@@ -177,59 +177,110 @@ seccompProfile:
 - name: metrics
   containerPort: {{ .Values.ports.metrics }}
   protocol: TCP
+- name: health
+  containerPort: {{ .Values.ports.health }}
+  protocol: TCP
 {{- end -}}
 
-{{/* Native gRPC probes against grpc.health.v1.Health (overall server status). */}}
+{{/* Native gRPC probes against grpc.health.v1.Health on the plaintext health-only port: the
+kubelet holds no client certificate, and the mTLS port refuses callers without one. */}}
 {{- define "fornax.probes" -}}
 livenessProbe:
   grpc:
-    port: {{ .Values.ports.grpc }}
+    port: {{ .Values.ports.health }}
   periodSeconds: {{ .Values.probes.periodSeconds }}
   timeoutSeconds: {{ .Values.probes.timeoutSeconds }}
   failureThreshold: {{ .Values.probes.failureThreshold }}
 readinessProbe:
   grpc:
-    port: {{ .Values.ports.grpc }}
+    port: {{ .Values.ports.health }}
   periodSeconds: {{ .Values.probes.periodSeconds }}
   timeoutSeconds: {{ .Values.probes.timeoutSeconds }}
   failureThreshold: {{ .Values.probes.failureThreshold }}
 {{- end -}}
 
-{{/* Writable scratch plus the optional TLS mounts; the root filesystem is read-only.
-Usage: include "fornax.baseVolumeMounts" (dict "root" $ "dataPlane" false). Only stage workers
-speak FNX2, so only they get the data-plane secret. */}}
-{{- define "fornax.baseVolumeMounts" -}}
+{{/* Secret holding one identity's kubernetes.io/tls material (ca.crt, tls.crt, tls.key).
+Usage: include "fornax.tlsSecretName" (dict "root" $ "identity" "planner") */}}
+{{- define "fornax.tlsSecretName" -}}
+{{- printf "%s-%s-tls" (default (include "fornax.fullname" .root) .root.Values.tls.secretPrefix) .identity -}}
+{{- end -}}
+
+{{/* Trust and audit environment, after the component's own (a stage's paths use
+$(FORNAX_STAGE_INDEX)). Usage: include "fornax.securityEnv" (dict "root" $ "stage" false "stateDir" "/var/lib/fornax/state") */}}
+{{- define "fornax.securityEnv" -}}
 {{- $tls := .root.Values.tls -}}
+- name: FORNAX_HEALTH_PORT
+  value: {{ .root.Values.ports.health | quote }}
+{{- if .stateDir }}
+- name: FORNAX_STATE_DIR
+  value: {{ .stateDir | quote }}
+{{- end }}
+{{- if $tls.enabled }}
+{{- $dir := ternary (printf "%s/stage-$(FORNAX_STAGE_INDEX)" $tls.mountPath) $tls.mountPath .stage }}
+- name: FORNAX_TLS_CA
+  value: {{ printf "%s/ca.crt" $dir | quote }}
+- name: FORNAX_TLS_CERT
+  value: {{ printf "%s/tls.crt" $dir | quote }}
+- name: FORNAX_TLS_KEY
+  value: {{ printf "%s/tls.key" $dir | quote }}
+{{- else }}
+- name: FORNAX_INSECURE
+  value: "1"
+{{- end }}
+{{- end -}}
+
+{{/* Writable scratch, the state dir (audit log) unless it lives on a claim, and the identity's
+TLS Secret. Stage workers get every stage's Secret, each under stage-<i>/, and pick theirs by
+index: pods of one StatefulSet cannot mount different Secrets.
+Usage: include "fornax.baseVolumeMounts" (dict "root" $ "stateVolume" true) */}}
+{{- define "fornax.baseVolumeMounts" -}}
 - name: tmp
   mountPath: /tmp
-{{- if $tls.grpc.enabled }}
-- name: tls-grpc
-  mountPath: {{ $tls.grpc.mountPath }}
-  readOnly: true
+{{- if .stateVolume }}
+- name: state
+  mountPath: /var/lib/fornax/state
 {{- end }}
-{{- if and .dataPlane $tls.dataPlane.enabled }}
-- name: tls-data-plane
-  mountPath: {{ $tls.dataPlane.mountPath }}
+{{- if .root.Values.tls.enabled }}
+- name: tls
+  mountPath: {{ .root.Values.tls.mountPath }}
   readOnly: true
 {{- end }}
 {{- end -}}
 
+{{/* Usage: include "fornax.baseVolumes" (dict "root" $ "identity" "planner" "stateVolume" true "stages" 0).
+A stage pool passes "stages" (its replicas) and "stageOffset": pod <i> finds the Secret of
+stage <offset+i> under stage-<i>/, since its FORNAX_STAGE_INDEX is its pod index. */}}
 {{- define "fornax.baseVolumes" -}}
-{{- $tls := .root.Values.tls -}}
+{{- $root := .root -}}
 - name: tmp
   emptyDir:
     sizeLimit: 1Gi
-{{- if $tls.grpc.enabled }}
-- name: tls-grpc
+{{- if .stateVolume }}
+- name: state
+  emptyDir:
+    sizeLimit: 1Gi
+{{- end }}
+{{- if $root.Values.tls.enabled }}
+- name: tls
+{{- if .stages }}
+  projected:
+    defaultMode: 0440
+    sources:
+      {{- $offset := int (.stageOffset | default 0) }}
+      {{- range $i := until (int .stages) }}
+      - secret:
+          name: {{ include "fornax.tlsSecretName" (dict "root" $root "identity" (printf "stage-%d" (add $offset $i))) }}
+          items:
+            {{- range $key := list "ca.crt" "tls.crt" "tls.key" }}
+            - key: {{ $key }}
+              path: {{ printf "stage-%d/%s" $i $key }}
+            {{- end }}
+      {{- end }}
+{{- else }}
   secret:
-    secretName: {{ required "tls.grpc.secretName is required when tls.grpc.enabled" $tls.grpc.secretName }}
+    secretName: {{ include "fornax.tlsSecretName" (dict "root" $root "identity" .identity) }}
     defaultMode: 0440
 {{- end }}
-{{- if and .dataPlane $tls.dataPlane.enabled }}
-- name: tls-data-plane
-  secret:
-    secretName: {{ required "tls.dataPlane.secretName is required when tls.dataPlane.enabled" $tls.dataPlane.secretName }}
-    defaultMode: 0440
 {{- end }}
 {{- end -}}
 
@@ -273,6 +324,11 @@ spec:
       port: {{ .root.Values.ports.metrics }}
       targetPort: metrics
       protocol: TCP
+    - name: health
+      port: {{ .root.Values.ports.health }}
+      targetPort: health
+      protocol: TCP
+      appProtocol: grpc
     {{- if .http }}
     - name: http
       port: {{ .root.Values.ports.http }}
@@ -311,7 +367,9 @@ spec:
 
 {{/* Deployment of one stateless-shell service. Keys: root, component, values, replicas,
 env / mounts / volumes (rendered YAML lists, may be empty), http (bool), recreate (bool: the
-pod holds a ReadWriteOnce claim, so the old pod must go before the new one starts). */}}
+pod holds a ReadWriteOnce claim, so the old pod must go before the new one starts), stateDir
+(where the audit log lives when it is on one of the pod's claims; empty = an emptyDir), ownState
+(the template mounts and names its own state dir). */}}
 {{- define "fornax.deployment" -}}
 {{- $c := dict "root" .root "component" .component -}}
 {{- $root := .root -}}
@@ -349,6 +407,7 @@ spec:
             {{- with .env }}
             {{- . | nindent 12 }}
             {{- end }}
+            {{- include "fornax.securityEnv" (dict "root" $root "stage" false "stateDir" (ternary "" (.stateDir | default "/var/lib/fornax/state") (.ownState | default false))) | nindent 12 }}
           ports:
             {{- include "fornax.containerPorts" $root | nindent 12 }}
             {{- if .http }}
@@ -362,12 +421,12 @@ spec:
           securityContext:
             {{- include "fornax.containerSecurityContext" $root | nindent 12 }}
           volumeMounts:
-            {{- include "fornax.baseVolumeMounts" (dict "root" $root "dataPlane" false) | nindent 12 }}
+            {{- include "fornax.baseVolumeMounts" (dict "root" $root "stateVolume" (not (or .stateDir .ownState))) | nindent 12 }}
             {{- with .mounts }}
             {{- . | nindent 12 }}
             {{- end }}
       volumes:
-        {{- include "fornax.baseVolumes" (dict "root" $root "dataPlane" false) | nindent 8 }}
+        {{- include "fornax.baseVolumes" (dict "root" $root "identity" .component "stateVolume" (not (or .stateDir .ownState)) "stages" 0) | nindent 8 }}
         {{- with .volumes }}
         {{- . | nindent 8 }}
         {{- end }}

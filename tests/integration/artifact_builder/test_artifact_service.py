@@ -76,7 +76,7 @@ def test_inspect_registers_the_snapshot_as_a_model_record(fleet):
 
 def test_streamed_build_then_verify_and_refuse_tampering(fleet):
     stub, _, checkpoint, root = fleet
-    out = root / "out-ranges"
+    out = root / "store" / "out-ranges"
     ranges = [common_pb2.LayerRange(layer_start=0, layer_end_exclusive=1),
               common_pb2.LayerRange(layer_start=1, layer_end_exclusive=4)]
     result, progress = _build(stub, pb.BuildStageArtifactsRequest(
@@ -132,3 +132,22 @@ def test_bad_requests_get_specific_errors(fleet):
     assert (missing.code(), reason_of(missing)) == (grpc.StatusCode.NOT_FOUND, "CHECKPOINT_NOT_FOUND")
     refused = stub.VerifyArtifact(pb.VerifyArtifactRequest(artifact_dir=str(root)), timeout=30)
     assert (refused.ok, refused.reason) == (False, "ARTIFACT_MANIFEST_MISSING")
+
+
+def test_paths_outside_the_roots_are_refused_with_a_reason(fleet, tmp_path):
+    from libs.service.interceptors import reason_of
+
+    stub, _, checkpoint, root = fleet
+    refused = {}
+    calls = {
+        "checkpoint_dir": lambda: stub.InspectCheckpoint(pb.InspectCheckpointRequest(checkpoint_dir="/etc"), timeout=30),
+        "artifact_dir": lambda: stub.VerifyArtifact(pb.VerifyArtifactRequest(artifact_dir="/etc"), timeout=30),
+        "out_dir": lambda: list(stub.BuildStageArtifacts(pb.BuildStageArtifactsRequest(
+            request_id="escape", checkpoint_dir=str(checkpoint), out_dir=str(root / "not-the-store")), timeout=30)),
+    }
+    for field, call in calls.items():
+        with pytest.raises(grpc.RpcError) as caught:
+            call()
+        refused[field] = (caught.value.code(), reason_of(caught.value))
+    assert refused == {field: (grpc.StatusCode.PERMISSION_DENIED, "PATH_OUTSIDE_ROOTS") for field in calls}
+    assert not (root / "not-the-store").exists()

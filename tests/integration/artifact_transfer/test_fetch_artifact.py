@@ -65,7 +65,7 @@ def built(tmp_path_factory):
 def _serve_and(built, servicer_factory, body):
     root, checkpoint = built
     cfg = BuilderConfig(server=ServerConfig("artifact_builder"), artifact_store=str(root / "store"),
-                        build_chunk_bytes=1 << 16)
+                        build_chunk_bytes=1 << 16, read_roots=(root.resolve(),))
 
     async def main():
         servicer = servicer_factory(cfg)

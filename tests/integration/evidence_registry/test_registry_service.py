@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +13,9 @@ import pytest
 from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
 from fornax.evidence_registry.v1 import evidence_registry_pb2_grpc as pb_grpc
 
+from libs.security.audit import read_entries, verify_file
+from libs.security.identity import Identity, Role
+from libs.security.store import CertStore
 from services.evidence_registry.blobs import sha256_hex
 from services.evidence_registry.config import DEFAULT_MAX_BLOB_BYTES
 from services.evidence_registry.client import (
@@ -28,7 +32,8 @@ from services.evidence_registry.domain import (
     ResolutionReason,
     ValidityWindow,
 )
-from tests.integration.evidence_registry.harness import start_registry
+from services.evidence_registry.signatures import sign_content
+from tests.integration.evidence_registry.harness import MEASURING_HOST, evidence_pki, signed, start_registry
 from tests.unit.evidence_registry.factories import PHYSICAL_PROVENANCE, T0, content, physical
 
 pytestmark = pytest.mark.integration
@@ -50,14 +55,16 @@ def failure(call) -> RegistryCallFailed:
 
 
 def test_put_get_list_over_grpc(service):
-    client, _ = service
-    record = client.put_record(physical(), b"tokens_per_s=17.0")
+    client, data = service
+    measured = signed(data, physical(), b"tokens_per_s=17.0")
+    record = client.put_record(measured, b"tokens_per_s=17.0")
     assert record.blob.sha256_hex == sha256_hex(b"tokens_per_s=17.0")
-    assert record.content.provenance == PHYSICAL_PROVENANCE
+    assert record.content.provenance == measured.provenance
+    assert record.content.provenance.measured_by == "spiffe://fornax/host/bench-host"
     assert record.created_unix_ns > 0
     fetched, blob = client.get_record(record.record_id, include_blob=True)
     assert (fetched, blob) == (record, b"tokens_per_s=17.0")
-    assert client.put_record(physical(), b"tokens_per_s=17.0") == record
+    assert client.put_record(measured, b"tokens_per_s=17.0") == record
     listed = list(client.iter_records(evidence_class=EvidenceClass.PHYSICAL, page_size=1))
     assert record in listed
     assert all(r.content.evidence_class is EvidenceClass.PHYSICAL for r in listed)
@@ -154,7 +161,8 @@ def test_records_survive_a_restart_and_two_processes_share_one_database(tmp_path
     data = tmp_path / "data"
     proc, address = start_registry(data, tmp_path / "first")
     with RegistryClient(address) as client:
-        kept = client.put_record(physical(type=RecordType.CALIBRATION), b"calibration", request_id="restart-req")
+        calibration = signed(data, physical(type=RecordType.CALIBRATION), b"calibration")
+        kept = client.put_record(calibration, b"calibration", request_id="restart-req")
         gone = client.put_record(content(), b"to revoke")
         client.revoke_record(gone.record_id, "bad run")
     assert proc.stop() == 0
@@ -164,8 +172,7 @@ def test_records_survive_a_restart_and_two_processes_share_one_database(tmp_path
     try:
         with RegistryClient(first_addr) as a, RegistryClient(second_addr) as b:
             assert a.get_record(kept.record_id)[0] == kept
-            assert a.put_record(physical(type=RecordType.CALIBRATION), b"calibration",
-                                request_id="restart-req") == kept
+            assert a.put_record(calibration, b"calibration", request_id="restart-req") == kept
             outcome = b.resolve_records([Expectation(kept.record_id, RecordType.CALIBRATION),
                                          Expectation(gone.record_id, RecordType.MEASUREMENT)])
             assert [r.reason for r in outcome.resolutions] == [None, ResolutionReason.REVOKED]
@@ -254,3 +261,73 @@ def test_unreachable_registry_is_unavailable_not_a_hang():
     with RegistryClient(address, ClientOptions(timeout_s=2.0, channel=ChannelConfig(retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.01)))) as client:
         error = failure(lambda: client.resolve_records([expectation("a", "model")]))
     assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "REGISTRY_UNAVAILABLE")
+
+
+def _forgeries(data, blob: bytes):
+    now = dt.datetime.now(dt.timezone.utc)
+    genuine = signed(data, physical(), blob)
+    edited = dataclasses.replace(genuine, provenance=dataclasses.replace(genuine.provenance, hardware="8x H100"))
+    renamed = dataclasses.replace(genuine, provenance=dataclasses.replace(
+        genuine.provenance, measured_by="spiffe://fornax/host/another-host"))
+    stranger = CertStore(data.parent / "stranger-pki")
+    stranger.init(now)
+    foreign = stranger.ensure(MEASURING_HOST, now).read()
+    foreign_signed = sign_content(physical(), sha256_hex(blob), MEASURING_HOST, foreign.cert_pem, foreign.key_pem)
+    operator = Identity(Role.OPERATOR, "admin")
+    own = evidence_pki(data).ensure(operator, now).read()
+    by_operator = sign_content(physical(), sha256_hex(blob), operator, own.cert_pem, own.key_pem)
+    return {
+        "UNSIGNED_PHYSICAL_RECORD": physical(),
+        "EVIDENCE_SIGNATURE_INVALID": edited,
+        "EVIDENCE_SIGNER_MISMATCH": renamed,
+        "EVIDENCE_UNTRUSTED_CERTIFICATE": foreign_signed,
+        "EVIDENCE_SIGNER_ROLE_NOT_ALLOWED": by_operator,
+    }
+
+
+def test_forged_physical_records_are_refused_and_audited(tmp_path):
+    data, run = tmp_path / "data", tmp_path / "run"
+    proc, address = start_registry(data, run)
+    blob = b"tokens_per_s=99.0"
+    try:
+        with RegistryClient(address) as client:
+            refused = {}
+            for expected, forged in _forgeries(data, blob).items():
+                error = failure(lambda forged=forged: client.put_record(forged, blob))
+                refused[expected] = (error.code, error.reason)
+            assert list(client.iter_records(evidence_class=EvidenceClass.PHYSICAL)) == []
+    finally:
+        proc.stop()
+    assert refused == {reason: (grpc.StatusCode.PERMISSION_DENIED, reason) for reason in refused}
+    audit = run / "audit" / "fornax-evidence-registry.jsonl"
+    assert verify_file(audit).ok
+    results = [entry.event.result for entry in read_entries(audit)]
+    assert results == [f"PERMISSION_DENIED:{reason}" for reason in refused]
+
+
+def test_cli_signs_on_put_and_verify_rechecks_the_signature(tmp_path, capsys):
+    from apps.cli.main import main
+
+    data, run = tmp_path / "data", tmp_path / "run"
+    pki = evidence_pki(data)
+    pki.ensure(Identity(Role.HOST, "gpu-box"), dt.datetime.now(dt.timezone.utc))
+    blob = tmp_path / "m.json"
+    blob.write_bytes(b'{"decode_tokens_per_s": 31.0}')
+    proc, address = start_registry(data, run)
+    common = ["--registry", address, "--state-dir", str(pki.root.parent), "--json"]
+    physical_args = ["--type", "capability", "--class", "physical", "--blob", str(blob), "--hardware", "1x H200",
+                     "--backend-build", "max 26.7", "--model-snapshot", "sha256:" + "cd" * 32, "--command", "fornax bench"]
+    try:
+        assert main(["evidence", "put", *common, *physical_args]) == 2
+        assert "UNSIGNED_PHYSICAL_RECORD" in capsys.readouterr().err
+        assert main(["evidence", "put", *common, *physical_args, "--sign-as", "host/gpu-box"]) == 0
+        put_out = json.loads(capsys.readouterr().out)[0]
+        assert put_out["provenance"]["measured_by"] == "spiffe://fornax/host/gpu-box"
+        assert main(["evidence", "verify", *common, put_out["record_id"]]) == 0
+        assert json.loads(capsys.readouterr().out)[0]["detail"] == "signed by spiffe://fornax/host/gpu-box"
+        stranger = CertStore(tmp_path / "other")
+        stranger.init(dt.datetime.now(dt.timezone.utc))
+        assert main(["evidence", "verify", *common, "--ca", str(stranger.ca_cert), put_out["record_id"]]) == 1
+        assert json.loads(capsys.readouterr().out)[0]["reason"] == "EVIDENCE_UNTRUSTED_CERTIFICATE"
+    finally:
+        proc.stop()

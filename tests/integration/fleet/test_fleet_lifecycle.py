@@ -1,4 +1,5 @@
-"""The local fleet through the real launcher: health, reflection via grpcurl, errors, logs, down."""
+"""The local fleet through the real launcher, over mTLS: health, reflection via grpcurl with the
+operator certificate, errors, logs, down."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
+from libs.security.cli_credentials import operator_credentials
 from libs.service.fleet_state import read_fleet
 
 pytestmark = pytest.mark.integration
@@ -63,10 +65,21 @@ def test_fleet_file_has_one_entry_per_service(fleet):
         assert service.pid > 0 and service.name in table
 
 
+def _operator_channel(workdir: Path, address: str) -> grpc.Channel:
+    return grpc.secure_channel(address, operator_credentials(workdir / ".fornax", env={}).channel_credentials())
+
+
+def _grpcurl_tls(workdir: Path) -> list[str]:
+    certs = workdir / ".fornax" / "certs"
+    return ["-cacert", str(certs / "ca.pem"), "-cert", str(certs / "operator-admin.pem"),
+            "-key", str(certs / "operator-admin.key")]
+
+
 def test_every_service_is_serving_over_grpc_health(fleet):
-    _, state, _ = fleet
+    workdir, state, _ = fleet
+    assert state.tls
     for service in state.services:
-        with grpc.insecure_channel(service.grpc) as channel:
+        with _operator_channel(workdir, service.grpc) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             overall = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
             own = stub.Check(health_pb2.HealthCheckRequest(service=EXPECTED_SERVICE[service.kind]), timeout=5)
@@ -75,10 +88,10 @@ def test_every_service_is_serving_over_grpc_health(fleet):
 
 
 def test_grpcurl_lists_services_through_reflection(fleet):
-    _, state, _ = fleet
+    workdir, state, _ = fleet
     for service in state.services:
         listed = subprocess.run(
-            [_grpcurl(), "-plaintext", service.grpc, "list"], capture_output=True, text=True, timeout=30
+            [_grpcurl(), *_grpcurl_tls(workdir), service.grpc, "list"], capture_output=True, text=True, timeout=30
         )
         assert listed.returncode == 0, listed.stderr
         names = set(listed.stdout.split())
@@ -94,8 +107,8 @@ def test_status_command_reads_fleet_file(fleet):
 
 
 def test_error_carries_status_and_reason_code(fleet):
-    _, state, _ = fleet
-    with grpc.insecure_channel(state.entry("planner").grpc) as channel:
+    workdir, state, _ = fleet
+    with _operator_channel(workdir, state.entry("planner").grpc) as channel:
         stub = planner_pb2_grpc.PlannerServiceStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
             stub.GetPlan(planner_pb2.GetPlanRequest(plan_id="no-such-plan"), timeout=10)
@@ -145,3 +158,54 @@ def test_unsupported_flag_values_are_refused_clearly(tmp_path):
     bad_backend = _fornax("up", "--backend", "cuda", cwd=tmp_path, timeout=60)
     assert bad_backend.returncode == 2 and "invalid choice" in bad_backend.stderr
     assert not (tmp_path / ".fornax" / "fleet.json").exists()
+
+
+def test_plaintext_and_certificate_less_grpcurl_are_refused(fleet):
+    workdir, state, _ = fleet
+    address = state.entry("stage_worker_0").grpc
+    certs = workdir / ".fornax" / "certs"
+    for flags in (["-plaintext"], ["-cacert", str(certs / "ca.pem")]):
+        refused = subprocess.run([_grpcurl(), *flags, address, "list"], capture_output=True, text=True, timeout=30)
+        assert refused.returncode != 0, flags
+    health = subprocess.run([_grpcurl(), *_grpcurl_tls(workdir), address, "grpc.health.v1.Health/Check"],
+                            capture_output=True, text=True, timeout=30)
+    assert health.returncode == 0 and '"SERVING"' in health.stdout
+
+
+def test_secrets_are_private_files(fleet):
+    workdir, _, _ = fleet
+    state_dir = workdir / ".fornax"
+    secret_files = [state_dir / "fleet.json", *sorted((state_dir / "certs").iterdir())]
+    assert len(secret_files) > 8
+    for path in secret_files:
+        assert path.stat().st_mode & 0o077 == 0, f"{path} is readable by others"
+
+
+def test_grpcurl_operator_unload_is_audited_and_the_chain_verifies(fleet):
+    workdir, state, _ = fleet
+    address = state.entry("stage_worker_1").grpc
+    unloaded = subprocess.run([_grpcurl(), *_grpcurl_tls(workdir), "-d", '{"request_id": "audit-probe"}', address,
+                               "fornax.stage_worker.v1.StageWorkerService/UnloadStage"],
+                              capture_output=True, text=True, timeout=30)
+    assert unloaded.returncode == 0, unloaded.stderr
+    shown = _fornax("audit", "show", "--state-dir", ".fornax", "--json", cwd=workdir, timeout=60)
+    entries = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert any(e["rpc"].endswith("/UnloadStage") and e["caller"] == "operator/admin" and e["result"] == "OK"
+               for e in entries)
+    verified = _fornax("audit", "verify", "--state-dir", ".fornax", cwd=workdir, timeout=60)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_insecure_is_explicit_and_every_service_warns(tmp_path):
+    up = _fornax("up", "--state-dir", ".fornax", "--stages", "1", "--insecure", cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    state = read_fleet(tmp_path / ".fornax")
+    try:
+        assert not state.tls and not (tmp_path / ".fornax" / "certs").exists()
+        for service in state.services:
+            events = [json.loads(line) for line in Path(service.log).read_text().splitlines() if line.strip()]
+            assert any(e["event"] == "insecure_plaintext" and e["level"] == "warning" for e in events), service.name
+        status = _fornax("status", "--state-dir", ".fornax", cwd=tmp_path, timeout=60)
+        assert status.returncode == 0, status.stdout + status.stderr
+    finally:
+        _fornax("down", "--state-dir", ".fornax", cwd=tmp_path)

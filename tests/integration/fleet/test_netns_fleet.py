@@ -71,13 +71,14 @@ def reference(checkpoint) -> list[str]:
     return [tokenizer.decode(ids) for ids in reference_greedy(checkpoint, [list(p) for p in PROMPTS])]
 
 
-def _capabilities(address: str):
+def _capabilities(address: str, state_dir):
     from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
     from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 
+    from libs.security.cli_credentials import cli_channel
     from libs.service.channels import open_channel
 
-    with open_channel(address) as channel:
+    with open_channel(address, cli_channel(state_dir, env={})) as channel:
         return sw_grpc.StageWorkerServiceStub(channel).GetCapabilities(sw_pb.GetCapabilitiesRequest(), timeout=30)
 
 
@@ -110,7 +111,7 @@ def test_two_unlike_hosts_serve_greedy_text_and_leave_nothing(tmp_path, checkpoi
         offsets = {line.split()[0]: int(line.split()[1])
                    for line in Path(f"/proc/{worker1.pid}/timens_offsets").read_text().splitlines()}
         assert offsets["monotonic"] == SKEW_S
-        caps = _capabilities(worker1.grpc)
+        caps = _capabilities(worker1.grpc, tmp_path / ".fornax")
         assert (caps.device.cpu_quota_cores, caps.device.memory_limit_bytes) == (0.5, 2 << 30)
         assert caps.data_plane_host == worker1.grpc.split(":")[0] and caps.device.cpuset
         assert _greedy_through_openai(state.api) == reference

@@ -12,11 +12,11 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import grpc
 import pytest
 from fornax.stage_worker.v1 import stage_worker_pb2, stage_worker_pb2_grpc
 
 from libs.service.fleet_state import read_fleet
+from tests.support.fleet_tls import operator_channel
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +78,7 @@ def test_prometheus_scrapes_every_service_and_computes_a_rate(fleet, tmp_path):
         up = _wait_for(base, "up", lambda r: len(r) == len(targets) and all(x["value"][1] == "1" for x in r))
         assert {x["metric"]["instance"] for x in up} == set(targets)
         worker = fleet.entry("stage_worker_0").grpc
-        with grpc.insecure_channel(worker) as channel:
+        with operator_channel(tmp_path / ".fornax", worker) as channel:
             stub = stage_worker_pb2_grpc.StageWorkerServiceStub(channel)
             for _ in range(40):
                 stub.GetHealth(stage_worker_pb2.GetHealthRequest(), timeout=5)

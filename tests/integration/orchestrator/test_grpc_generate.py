@@ -19,7 +19,7 @@ LONG = "0b7a3c4e-8f51-4d2a-9c6e-1f2a3b4c5d6e"
 
 
 async def _serve(checkpoint):
-    cfg = OrchestratorConfig(server=ServerConfig("orchestrator"), model_id="tiny",
+    cfg = OrchestratorConfig(server=ServerConfig("orchestrator", insecure=True), model_id="tiny",
                              inprocess_checkpoint=str(checkpoint), inprocess_stages=2)
     spec = await make_spec(cfg)
     running = await build_server(cfg.server, spec)
@@ -72,7 +72,7 @@ def test_generate_streams_and_cancel_releases(checkpoint):
 
 def test_generate_without_route_is_unavailable(checkpoint):
     async def main():
-        cfg = OrchestratorConfig(server=ServerConfig("orchestrator"))
+        cfg = OrchestratorConfig(server=ServerConfig("orchestrator", insecure=True))
         spec = await make_spec(dataclasses.replace(cfg))
         running = await build_server(cfg.server, spec)
         try:

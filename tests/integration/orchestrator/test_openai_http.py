@@ -242,3 +242,14 @@ def test_a_stream_that_fails_before_its_first_token_gets_a_status(checkpoint):
 
     error = asyncio.run(main())
     assert error.body["code"] == "capacity" and "KV full" in error.body["message"]
+
+
+def test_body_cap_is_enforced_before_parsing(checkpoint):
+    async def main():
+        async with serve(checkpoint, stages=1, http=HttpConfig(max_body_bytes=1024)) as served, \
+                aiohttp.ClientSession() as http:
+            body = {"model": "fornax", "prompt": "x" * 4096, "max_tokens": 1}
+            async with http.post(f"{served.base_url}/completions", json=body) as resp:
+                return resp.status, (await resp.json())["error"]["code"]
+
+    assert asyncio.run(main()) == (413, "request_entity_too_large")

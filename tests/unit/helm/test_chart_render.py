@@ -11,21 +11,24 @@ from tests.unit.helm.conftest import NAMESPACE, RELEASE, Rendering
 from tests.unit.helm.tools import kubernetes_validate_module
 
 KUBERNETES_VERSION = "1.30.0"
-CRD_KINDS = {"ServiceMonitor"}
+CRD_KINDS = {"ServiceMonitor", "Certificate"}
 FULL = f"{RELEASE}-fornax"
 DEPLOYMENTS = ("orchestrator", "planner", "evidence-registry", "artifact-builder")
 SCENARIOS = ("default", "production", "three-stages", "external-worker")
 
 COMMON_ENV = {"FORNAX_HOST", "FORNAX_GRPC_PORT", "FORNAX_METRICS_PORT", "FORNAX_LOG_LEVEL",
-              "FORNAX_GRACE_PERIOD_S", "OTEL_EXPORTER_OTLP_ENDPOINT"}
+              "FORNAX_GRACE_PERIOD_S", "OTEL_EXPORTER_OTLP_ENDPOINT", "FORNAX_HEALTH_PORT", "FORNAX_STATE_DIR",
+              "FORNAX_TLS_CA", "FORNAX_TLS_CERT", "FORNAX_TLS_KEY", "FORNAX_INSECURE"}
 # The service configuration contract: the only variables each service reads.
 CONTRACT_ENV = {
     "orchestrator": {"FORNAX_HTTP_PORT", "FORNAX_API_KEY", "FORNAX_PLANNER_ADDR",
                      "FORNAX_ARTIFACT_BUILDER_ADDR", "FORNAX_STAGE_WORKERS", "FORNAX_STATE_DIR",
-                     "FORNAX_CHECKPOINT", "FORNAX_BACKEND", "FORNAX_BOUNDARY_DTYPE"},
+                     "FORNAX_CHECKPOINT", "FORNAX_BACKEND", "FORNAX_BOUNDARY_DTYPE", "FORNAX_HTTP_TLS_CERT",
+                     "FORNAX_HTTP_TLS_KEY", "FORNAX_HTTP_INSECURE", "FORNAX_HTTP_MAX_BODY_BYTES",
+                     "FORNAX_MAX_PROMPT_TOKENS", "FORNAX_MAX_TOKENS_CAP"},
     "planner": {"FORNAX_REGISTRY_ADDR"},
     "evidence-registry": {"FORNAX_REGISTRY_DB", "FORNAX_REGISTRY_BLOB_DIR"},
-    "artifact-builder": {"FORNAX_ARTIFACT_STORE", "FORNAX_REGISTRY_ADDR"},
+    "artifact-builder": {"FORNAX_ARTIFACT_STORE", "FORNAX_REGISTRY_ADDR", "FORNAX_READ_ROOTS"},
     "stage-worker": {"FORNAX_STAGE_INDEX", "FORNAX_DATA_PLANE_PORT", "FORNAX_BACKEND", "FORNAX_DEVICE",
                      "FORNAX_COMPILE_CACHE_DIR", "FORNAX_KV_LIMIT_BYTES", "MODULAR_TELEMETRY_ENABLED",
                      "POD_NAME", "FORNAX_ADVERTISE_HOST", "FORNAX_STATE_DIR", "FORNAX_STAGE_INDEX_OFFSET"},
@@ -83,6 +86,7 @@ def test_default_rendering_has_the_expected_objects(renderings):
                  ("PersistentVolumeClaim", f"{FULL}-evidence-registry"),
                  ("PersistentVolumeClaim", f"{FULL}-artifact-builder"),
                  ("ConfigMap", f"{FULL}-dashboards")}
+    expected |= {("NetworkPolicy", f"{FULL}-{c}") for c in ALL_COMPONENTS}
     assert names == expected
 
 
@@ -92,16 +96,17 @@ def test_ports_and_native_grpc_probes(renderings, scenario):
     for component in ALL_COMPONENTS:
         c = container(r, component)
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-        assert ports["grpc"] == 50051 and ports["metrics"] == 9464
+        assert ports["grpc"] == 50051 and ports["metrics"] == 9464 and ports["health"] == 50052
+        # Probes use the plaintext health-only port: the gRPC port wants a client certificate.
         for probe in ("livenessProbe", "readinessProbe"):
-            assert c[probe]["grpc"] == {"port": 50051}
+            assert c[probe]["grpc"] == {"port": 50052}
         env = env_values(c)
         assert env["FORNAX_HOST"] == "0.0.0.0"
         assert env["FORNAX_GRPC_PORT"] == "50051" and env["FORNAX_METRICS_PORT"] == "9464"
     assert {p["name"]: p["containerPort"] for p in container(r, "orchestrator")["ports"]}["http"] == 8000
     worker = container(r, "stage-worker")
     assert {p["name"]: p["containerPort"] for p in worker["ports"]}["fnx2"] == 7070
-    assert worker["startupProbe"]["grpc"] == {"port": 50051}
+    assert worker["startupProbe"]["grpc"] == {"port": 50052}
     assert env_values(worker)["FORNAX_DATA_PLANE_PORT"] == "7070"
 
 
@@ -128,7 +133,7 @@ def test_stage_workers_have_stable_ordered_addresses(renderings):
     assert sts["spec"]["serviceName"] == headless["metadata"]["name"]
     assert headless["spec"]["clusterIP"] == "None"
     assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == {"grpc": 50051, "fnx2": 7070,
-                                                                         "metrics": 9464}
+                                                                         "metrics": 9464, "health": 50052}
     workers = env_values(container(r, "orchestrator"))["FORNAX_STAGE_WORKERS"].split(",")
     sts_name = f"{FULL}-stage-worker"
     assert workers == [f"{sts_name}-{i}.{sts_name}:50051" for i in range(3)]
@@ -164,14 +169,16 @@ def test_production_values_reach_the_pods(renderings):
     assert [t["metadata"]["name"] for t in templates] == ["compile-cache"]
 
 
-def test_default_has_no_api_key_otel_or_tls(renderings):
+def test_default_has_tls_on_and_no_api_key_or_otel(renderings):
     r = renderings["default"]
     for component in ALL_COMPONENTS:
         c = container(r, component)
         assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env_of(c)
         assert "FORNAX_API_KEY" not in env_of(c)
-        assert not [m for m in c["volumeMounts"] if m["name"].startswith("tls-")]
+        assert "FORNAX_INSECURE" not in env_of(c)
+        assert env_values(c)["FORNAX_TLS_CERT"].startswith("/etc/fornax/tls/")
         assert c["image"] == f"localhost/fornax-{component}:0.1.0"
+    assert r.kinds("Certificate") == []
 
 
 def volumes_by_name(r: Rendering, component: str) -> dict[str, dict]:
@@ -182,17 +189,87 @@ def mounts_by_name(r: Rendering, component: str) -> dict[str, dict]:
     return {m["name"]: m for m in container(r, component)["volumeMounts"]}
 
 
-def test_tls_secrets_are_mounted_read_only(renderings):
-    r = renderings["production"]
-    for component in ALL_COMPONENTS:
+def test_every_identity_gets_its_own_tls_secret_read_only(renderings):
+    r = renderings["default"]
+    for component in DEPLOYMENTS:
         vols, mounts = volumes_by_name(r, component), mounts_by_name(r, component)
-        assert vols["tls-grpc"]["secret"]["secretName"] == "fornax-grpc-tls"
-        assert mounts["tls-grpc"] == {"name": "tls-grpc", "mountPath": "/etc/fornax/tls/grpc", "readOnly": True}
-        # Only stage workers speak FNX2.
-        assert ("tls-data-plane" in vols) == (component == "stage-worker")
-    mount = mounts_by_name(r, "stage-worker")["tls-data-plane"]
-    assert mount["mountPath"] == "/etc/fornax/tls/fnx2" and mount["readOnly"] is True
-    assert volumes_by_name(r, "stage-worker")["tls-data-plane"]["secret"]["secretName"] == "fornax-fnx2-tls"
+        assert vols["tls"]["secret"]["secretName"] == f"{FULL}-{component}-tls"
+        assert mounts["tls"] == {"name": "tls", "mountPath": "/etc/fornax/tls", "readOnly": True}
+        env = env_values(container(r, component))
+        assert (env["FORNAX_TLS_CA"], env["FORNAX_TLS_CERT"], env["FORNAX_TLS_KEY"]) == (
+            "/etc/fornax/tls/ca.crt", "/etc/fornax/tls/tls.crt", "/etc/fornax/tls/tls.key")
+    # A StatefulSet cannot mount a Secret per pod: every stage Secret is projected under
+    # stage-<i>/ and each worker picks its own by index.
+    sources = volumes_by_name(r, "stage-worker")["tls"]["projected"]["sources"]
+    assert [src["secret"]["name"] for src in sources] == [f"{FULL}-stage-{i}-tls" for i in range(2)]
+    assert {item["path"] for item in sources[1]["secret"]["items"]} == {
+        "stage-1/ca.crt", "stage-1/tls.crt", "stage-1/tls.key"}
+    names = [e["name"] for e in container(r, "stage-worker")["env"]]
+    assert names.index("FORNAX_STAGE_INDEX") < names.index("FORNAX_TLS_CERT")
+    assert env_values(container(r, "stage-worker"))["FORNAX_TLS_CERT"] == "/etc/fornax/tls/stage-$(FORNAX_STAGE_INDEX)/tls.crt"
+
+
+def test_cert_manager_issues_one_certificate_per_identity_with_its_role(renderings):
+    r = renderings["production"]
+    certs = {c["metadata"]["name"]: c["spec"] for c in r.kinds("Certificate")}
+    expected = {f"fornax-{c}-tls" for c in DEPLOYMENTS} | {f"fornax-stage-{i}-tls" for i in range(4)}
+    assert set(certs) == expected | {"fornax-operator-tls"}
+    assert certs["fornax-planner-tls"]["uris"] == ["spiffe://fornax/service/planner"]
+    assert certs["fornax-stage-3-tls"]["uris"] == ["spiffe://fornax/stage/stage-3"]
+    assert f"{FULL}-stage-worker-3.{FULL}-stage-worker.{NAMESPACE}.svc" in certs["fornax-stage-3-tls"]["dnsNames"]
+    assert certs["fornax-operator-tls"]["uris"] == ["spiffe://fornax/operator/admin"]
+    assert "server auth" not in certs["fornax-operator-tls"]["usages"]
+    for spec in certs.values():
+        assert spec["secretName"] in certs and spec["issuerRef"]["name"] == "fornax-ca"
+        assert spec["privateKey"]["rotationPolicy"] == "Always"
+    orchestrator = env_values(container(r, "orchestrator"))
+    assert orchestrator["FORNAX_HTTP_TLS_CERT"] == "/etc/fornax/http-tls/tls.crt"
+    assert volumes_by_name(r, "orchestrator")["http-tls"]["secret"]["secretName"] == "fornax-api-tls"
+    assert (orchestrator["FORNAX_MAX_PROMPT_TOKENS"], orchestrator["FORNAX_MAX_TOKENS_CAP"]) == ("8192", "2048")
+
+
+def _ingress_rules(r: Rendering, component: str) -> dict[str, list]:
+    policy = r.get("NetworkPolicy", f"{FULL}-{component}")
+    rules = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in rule["ports"]:
+            rules[port["port"]] = rule.get("from")
+    return rules
+
+
+def _components(peers: list) -> set[str]:
+    return {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in peers if "podSelector" in p}
+
+
+def test_network_policies_admit_only_the_planned_callers(renderings):
+    r = renderings["production"]
+    stage = _ingress_rules(r, "stage-worker")
+    assert _components(stage["grpc"]) == {"orchestrator"}
+    assert _components(stage["fnx2"]) == {"stage-worker", "orchestrator"}
+    assert {"ipBlock": {"cidr": "192.168.50.0/24"}} in stage["fnx2"]
+    assert stage["health"] is None and stage["metrics"] is None
+    assert _components(_ingress_rules(r, "planner")["grpc"]) == {"orchestrator"}
+    assert _components(_ingress_rules(r, "artifact-builder")["grpc"]) == {"orchestrator"}
+    assert _components(_ingress_rules(r, "evidence-registry")["grpc"]) == {
+        "orchestrator", "planner", "artifact-builder", "stage-worker"}
+    ops = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "fornax-ops"}}}
+    assert ops in _ingress_rules(r, "planner")["grpc"]
+    assert _ingress_rules(r, "orchestrator")["http"] is None
+
+
+def test_tls_off_is_explicit_in_every_pod(helm, tmp_path):
+    from tests.unit.helm.conftest import render
+
+    values = tmp_path / "insecure.yaml"
+    values.write_text("tls:\n  enabled: false\n  mountPath: /etc/fornax/tls\n  secretPrefix: ''\n"
+                      "  certManager: {enabled: false, issuerRef: {name: '', kind: Issuer, group: cert-manager.io},"
+                      " duration: 2160h, renewBefore: 360h, operatorCertificate: false}\n")
+    r = render(helm, [values])
+    for component in ALL_COMPONENTS:
+        env = env_values(container(r, component))
+        assert env["FORNAX_INSECURE"] == "1" and "FORNAX_TLS_CERT" not in env
+        assert "tls" not in volumes_by_name(r, component)
+    assert env_values(container(r, "orchestrator"))["FORNAX_HTTP_INSECURE"] == "1"
 
 
 def test_state_lives_on_persistent_volume_claims(renderings):

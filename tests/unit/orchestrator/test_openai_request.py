@@ -10,6 +10,7 @@ from services.orchestrator.openai_request import (
     parse_json_object,
 )
 from services.orchestrator.prompting import (
+    TokenLimits,
     chat_prompt_ids,
     check_model,
     completion_prompt_ids,
@@ -119,14 +120,14 @@ def test_context_limits(text_context):
     opts = parse_chat_completion(CHAT).options
     ids = tuple(range(10, 74))  # 64 tokens: fills the context
     with pytest.raises(InvalidArgument) as info:
-        generation_request("r", ids, opts, SERVED, 16, "messages")
+        generation_request("r", ids, opts, SERVED, TokenLimits(16), "messages")
     assert (info.value.reason, info.value.field) == ("CONTEXT_LENGTH_EXCEEDED", "messages")
     with pytest.raises(FornaxError) as info:
         generation_request("r", ids[:60], parse_chat_completion({**CHAT, "max_tokens": 5})
-                           .options, SERVED, 16, "messages")
+                           .options, SERVED, TokenLimits(16), "messages")
     assert (info.value.reason, info.value.field) == ("CONTEXT_LENGTH_EXCEEDED", "max_tokens")
-    assert generation_request("r", ids[:60], opts, SERVED, 16, "messages").max_tokens == 4
-    assert generation_request("r", ids[:10], opts, SERVED, 16, "messages").max_tokens == 16
+    assert generation_request("r", ids[:60], opts, SERVED, TokenLimits(16), "messages").max_tokens == 4
+    assert generation_request("r", ids[:10], opts, SERVED, TokenLimits(16), "messages").max_tokens == 16
 
 
 def test_prompt_tokenization(text_context):
@@ -137,3 +138,17 @@ def test_prompt_tokenization(text_context):
     with pytest.raises(InvalidArgument, match="outside the vocabulary"):
         completion_prompt_ids(parse_completion({"model": "tiny", "prompt": [420]}),
                               text_context, SERVED)
+
+
+def test_configured_caps_refuse_long_prompts_and_large_max_tokens(text_context):
+    opts = parse_chat_completion(CHAT).options
+    limits = TokenLimits(default_max_tokens=16, max_tokens_cap=8, max_prompt_tokens=20)
+    with pytest.raises(InvalidArgument) as info:
+        generation_request("r", tuple(range(10, 31)), opts, SERVED, limits, "messages")
+    assert (info.value.reason, info.value.field) == ("PROMPT_TOO_LONG", "messages")
+    asks = parse_chat_completion({**CHAT, "max_tokens": 9}).options
+    with pytest.raises(InvalidArgument) as info:
+        generation_request("r", tuple(range(10, 20)), asks, SERVED, limits, "messages")
+    assert (info.value.reason, info.value.field) == ("MAX_TOKENS_TOO_LARGE", "max_tokens")
+    # With no max_tokens asked, the default is held to the cap.
+    assert generation_request("r", tuple(range(10, 20)), opts, SERVED, limits, "messages").max_tokens == 8

@@ -52,7 +52,7 @@ class Probe:
 
 async def _serve(probe: Probe):
     spec = ServiceSpec((SERVICE,), lambda server: server.add_generic_rpc_handlers((probe.handler(),)))
-    running = await build_server(ServerConfig("test"), spec)
+    running = await build_server(ServerConfig("test", insecure=True), spec)
     return running, f"127.0.0.1:{running.port}"
 
 

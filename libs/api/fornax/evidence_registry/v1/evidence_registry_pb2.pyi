@@ -35,7 +35,7 @@ RECORD_STATUS_ACTIVE: RecordStatus
 RECORD_STATUS_REVOKED: RecordStatus
 
 class Provenance(_message.Message):
-    __slots__ = ("hardware", "backend_build", "model_snapshot", "command", "layer_range", "dtype", "shapes")
+    __slots__ = ("hardware", "backend_build", "model_snapshot", "command", "layer_range", "dtype", "shapes", "measured_by", "signer_certificate_pem", "signature")
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_BUILD_FIELD_NUMBER: _ClassVar[int]
     MODEL_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,9 @@ class Provenance(_message.Message):
     LAYER_RANGE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPES_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_BY_FIELD_NUMBER: _ClassVar[int]
+    SIGNER_CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     hardware: str
     backend_build: str
     model_snapshot: str
@@ -50,7 +53,10 @@ class Provenance(_message.Message):
     layer_range: _common_pb2.LayerRange
     dtype: _common_pb2.ElementType
     shapes: str
-    def __init__(self, hardware: _Optional[str] = ..., backend_build: _Optional[str] = ..., model_snapshot: _Optional[str] = ..., command: _Optional[str] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., shapes: _Optional[str] = ...) -> None: ...
+    measured_by: str
+    signer_certificate_pem: str
+    signature: bytes
+    def __init__(self, hardware: _Optional[str] = ..., backend_build: _Optional[str] = ..., model_snapshot: _Optional[str] = ..., command: _Optional[str] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., shapes: _Optional[str] = ..., measured_by: _Optional[str] = ..., signer_certificate_pem: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class Record(_message.Message):
     __slots__ = ("record_id", "type", "status", "evidence_class", "blob_sha256", "blob_size_bytes", "valid_from_unix_ns", "valid_until_unix_ns", "created_unix_ns", "provenance", "labels", "revocation_reason", "subject")

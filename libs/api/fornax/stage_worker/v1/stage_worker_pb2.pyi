@@ -59,7 +59,7 @@ class DeviceInfo(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., cpu_count: _Optional[int] = ..., cpu_quota_cores: _Optional[float] = ..., cpuset: _Optional[str] = ..., memory_limit_bytes: _Optional[int] = ...) -> None: ...
 
 class GetCapabilitiesResponse(_message.Message):
-    __slots__ = ("backend", "backend_build", "device", "supported_dtypes", "supported_operations", "fnx2_versions", "data_plane_address", "stage_index", "worker_build", "data_plane_host")
+    __slots__ = ("backend", "backend_build", "device", "supported_dtypes", "supported_operations", "fnx2_versions", "data_plane_address", "stage_index", "worker_build", "data_plane_host", "identity")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     BACKEND_BUILD_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class GetCapabilitiesResponse(_message.Message):
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     WORKER_BUILD_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_HOST_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
     backend: _common_pb2.Backend
     backend_build: str
     device: DeviceInfo
@@ -80,10 +81,11 @@ class GetCapabilitiesResponse(_message.Message):
     stage_index: int
     worker_build: str
     data_plane_host: str
-    def __init__(self, backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., backend_build: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., supported_dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., supported_operations: _Optional[_Iterable[str]] = ..., fnx2_versions: _Optional[_Iterable[str]] = ..., data_plane_address: _Optional[str] = ..., stage_index: _Optional[int] = ..., worker_build: _Optional[str] = ..., data_plane_host: _Optional[str] = ...) -> None: ...
+    identity: str
+    def __init__(self, backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., backend_build: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., supported_dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., supported_operations: _Optional[_Iterable[str]] = ..., fnx2_versions: _Optional[_Iterable[str]] = ..., data_plane_address: _Optional[str] = ..., stage_index: _Optional[int] = ..., worker_build: _Optional[str] = ..., data_plane_host: _Optional[str] = ..., identity: _Optional[str] = ...) -> None: ...
 
 class StageSpec(_message.Message):
-    __slots__ = ("stage_index", "stage_count", "layer_range", "plan", "checkpoint_dir", "artifact_dir", "manifest_hash", "backend", "boundary_dtype", "next_hop_address", "kv_limit_bytes", "output_mode", "device", "next_hop_manifest_hash", "artifact_source_address", "input_boundary_dtype")
+    __slots__ = ("stage_index", "stage_count", "layer_range", "plan", "checkpoint_dir", "artifact_dir", "manifest_hash", "backend", "boundary_dtype", "next_hop_address", "kv_limit_bytes", "output_mode", "device", "next_hop_manifest_hash", "artifact_source_address", "input_boundary_dtype", "previous_hop_identity", "next_hop_identity")
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     STAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
     LAYER_RANGE_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +102,8 @@ class StageSpec(_message.Message):
     NEXT_HOP_MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_SOURCE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INPUT_BOUNDARY_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_HOP_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    NEXT_HOP_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     stage_index: int
     stage_count: int
     layer_range: _common_pb2.LayerRange
@@ -116,7 +120,9 @@ class StageSpec(_message.Message):
     next_hop_manifest_hash: str
     artifact_source_address: str
     input_boundary_dtype: _common_pb2.ElementType
-    def __init__(self, stage_index: _Optional[int] = ..., stage_count: _Optional[int] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., artifact_dir: _Optional[str] = ..., manifest_hash: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., next_hop_address: _Optional[str] = ..., kv_limit_bytes: _Optional[int] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., device: _Optional[str] = ..., next_hop_manifest_hash: _Optional[str] = ..., artifact_source_address: _Optional[str] = ..., input_boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ...) -> None: ...
+    previous_hop_identity: str
+    next_hop_identity: str
+    def __init__(self, stage_index: _Optional[int] = ..., stage_count: _Optional[int] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., artifact_dir: _Optional[str] = ..., manifest_hash: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., next_hop_address: _Optional[str] = ..., kv_limit_bytes: _Optional[int] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., device: _Optional[str] = ..., next_hop_manifest_hash: _Optional[str] = ..., artifact_source_address: _Optional[str] = ..., input_boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., previous_hop_identity: _Optional[str] = ..., next_hop_identity: _Optional[str] = ...) -> None: ...
 
 class LoadStageRequest(_message.Message):
     __slots__ = ("request_id", "spec")
