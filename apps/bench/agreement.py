@@ -26,7 +26,6 @@ def reference_sequences(checkpoint: str, prompt_ids: list[list[int]], new_tokens
 async def _served_next_tokens(orchestrator: str, prefixes: list[list[int]], concurrency: int = 8) -> list[int]:
     from fornax.orchestrator.v1 import orchestrator_pb2 as pb
     from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
-
     from libs.service.channels import open_aio_channel
 
     gate = asyncio.Semaphore(concurrency)

@@ -14,9 +14,9 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 

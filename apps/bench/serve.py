@@ -19,19 +19,19 @@ from pathlib import Path
 
 import numpy as np
 
+from apps.fleet.launcher import FleetOptions, Launcher, ServiceProcess
+from libs.model.config import load_config
+from libs.model.layout import even_layer_split
 from libs.service.affinity import usable_cpus, worker_cpu_sets, worker_env
 from libs.service.host import cpu_name
 from libs.service.host_quota import quota_label
-from apps.fleet.launcher import FleetOptions, Launcher, ServiceProcess
-from libs.model.layout import even_layer_split
-from services.orchestrator.direct_load import load_checkpoint_route
-from services.orchestrator.stage_chain import Route
-from libs.model.config import load_config
 from libs.text.context import TextContext
+from services.orchestrator.direct_load import load_checkpoint_route
 from services.orchestrator.domain import GenerationRequest, SamplingParams
 from services.orchestrator.model_card import served_model
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.serving import ServingConfig, ServingEngine
+from services.orchestrator.stage_chain import Route
 
 CONCURRENCY = (1, 8, 32)
 

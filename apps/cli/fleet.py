@@ -14,15 +14,15 @@ from pathlib import Path
 
 from apps.fleet.backend_report import fetch_board, render_board
 from apps.fleet.compose import start_fleet
-from apps.fleet.isolated import start_isolated_fleet
-from apps.fleet.netns import IsolationFailed, IsolationUnavailable, read_record, tear_down
-from apps.fleet.spec import FleetFileError, load_fleet_spec
-from libs.common.kinds import Backend, DType
 from apps.fleet.health import check_health
+from apps.fleet.isolated import start_isolated_fleet
 from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
+from apps.fleet.netns import IsolationFailed, IsolationUnavailable, read_record, tear_down
 from apps.fleet.route_status import route_report
-from apps.fleet.supervisor import FleetSupervisor
 from apps.fleet.route_wait import RouteFailed, wait_for_route
+from apps.fleet.spec import FleetFileError, load_fleet_spec
+from apps.fleet.supervisor import FleetSupervisor
+from libs.common.kinds import Backend, DType
 from libs.security.cli_credentials import operator_credentials
 from libs.service.channels import ChannelConfig
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet

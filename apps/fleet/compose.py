@@ -6,11 +6,10 @@ together, then the orchestrator, which is told every other address.
 
 from __future__ import annotations
 
-
-from libs.service.affinity import usable_cpus, worker_cpu_sets
-from libs.service.affinity import worker_env as affinity_env
 from apps.fleet.launcher import HOST, FleetOptions, Launcher, LaunchError, ServiceProcess, builder_read_roots
 from apps.fleet.reference import orchestrator_reference_env, reference_workers, wants_reference_workers
+from libs.service.affinity import usable_cpus, worker_cpu_sets
+from libs.service.affinity import worker_env as affinity_env
 from libs.service.fleet_state import FleetState, ServiceEntry
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import grpc
+
 from fornax.orchestrator.v1 import orchestrator_pb2 as orch_pb
 from fornax.orchestrator.v1 import orchestrator_pb2_grpc as orch_grpc
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
-
 from libs.service.channels import ChannelConfig, open_channel
 from libs.service.fleet_state import FleetState
 

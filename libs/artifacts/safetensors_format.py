@@ -12,9 +12,9 @@ import json
 import math
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
-from collections.abc import Iterable
 
 from libs.artifacts.errors import SafetensorsHeaderError, SafetensorsTruncatedError
 

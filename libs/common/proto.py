@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from fornax.common.v1 import common_pb2
-
 from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.service.errors import InvalidArgument
 

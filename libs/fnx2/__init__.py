@@ -63,11 +63,24 @@ from libs.fnx2.golden import check_golden
 from libs.fnx2.leases import budget_from_deadline, derive_execution_lease_id
 from libs.fnx2.listener import ListenerLimits, PeerIdentity, PeerPolicy, server_options
 from libs.fnx2.messages import (
-    Batch, BatchDescriptor, Phase, Result, SequenceResult, SequenceSlice, SequenceStatus, Timings,
+    Batch,
+    BatchDescriptor,
+    Phase,
+    Result,
+    SequenceResult,
+    SequenceSlice,
+    SequenceStatus,
+    Timings,
 )
 from libs.fnx2.receiver import (
-    Fnx2Receiver, ReceiverConfig, SequenceFailure, StageHandler, StageOutput, StageWork,
-    serve_channel, start_server,
+    Fnx2Receiver,
+    ReceiverConfig,
+    SequenceFailure,
+    StageHandler,
+    StageOutput,
+    StageWork,
+    serve_channel,
+    start_server,
 )
 from libs.fnx2.receiver_state import ReceiverLimits, ReceiverState
 from libs.fnx2.sender import Fnx2Client, SenderConfig

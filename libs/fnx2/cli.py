@@ -72,7 +72,6 @@ def _golden(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from libs.fnx2.bench import BenchConfig, run_all
-
     from libs.service.event_loop import EventLoopKind
 
     loop = EventLoopKind(args.loop)

@@ -15,19 +15,44 @@ from dataclasses import dataclass
 from typing import Any
 
 from libs.fnx2.control import (
-    EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, KNOWN_EXTENSIONS, Ack, Cancel, ChannelBinding, Control,
-    Credit, ErrorMessage, Release,
+    EXT_MULTI_INFLIGHT,
+    EXT_TRACEPARENT,
+    KNOWN_EXTENSIONS,
+    Ack,
+    Cancel,
+    ChannelBinding,
+    Control,
+    Credit,
+    ErrorMessage,
+    Release,
 )
 from libs.fnx2.crc import crc32c_combine
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.fields import (
-    UINT64_MAX, canonical_json, is_hash, is_uuid, member, parse_json_noting_floats,
+    UINT64_MAX,
+    canonical_json,
+    is_hash,
+    is_uuid,
+    member,
+    parse_json_noting_floats,
 )
 from libs.fnx2.messages import (
-    MAX_ID_CHARS, TRACEPARENT_CHARS, Batch, BatchDescriptor, Kind, Result, SequenceResult,
+    MAX_ID_CHARS,
+    TRACEPARENT_CHARS,
+    Batch,
+    BatchDescriptor,
+    Kind,
+    Result,
+    SequenceResult,
 )
 from libs.fnx2.tensor import (
-    DType, Tensor, TensorDescriptor, TensorKind, crc_and_finite, payload_is_finite, view_payload,
+    DType,
+    Tensor,
+    TensorDescriptor,
+    TensorKind,
+    crc_and_finite,
+    payload_is_finite,
+    view_payload,
 )
 
 MAGIC = b"FNX2"

@@ -7,8 +7,8 @@ offer with a recoverable METADATA ERROR, which the sender reads as "no extension
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, ErrorCode

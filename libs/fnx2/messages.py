@@ -9,7 +9,13 @@ from typing import Any, ClassVar
 
 from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, MAX_ERROR_MESSAGE_CHARS, ErrorCode, Fnx2Error
 from libs.fnx2.fields import (
-    UINT32_MAX, UINT64_MAX, Fields, canonical_json, canonical_sha256, is_uuid, member,
+    UINT32_MAX,
+    UINT64_MAX,
+    Fields,
+    canonical_json,
+    canonical_sha256,
+    is_uuid,
+    member,
 )
 from libs.fnx2.tensor import Tensor
 

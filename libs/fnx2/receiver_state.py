@@ -18,8 +18,8 @@ import numpy as np
 from libs.fnx2.control import AckCancel, AckRelease, ChannelBinding, Credit
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.leases import derive_execution_lease_id, local_deadline
-from libs.fnx2.tensor import crc32c
 from libs.fnx2.messages import Batch, Phase, SequenceResult, SequenceSlice, SequenceStatus, Timings
+from libs.fnx2.tensor import crc32c
 from libs.fnx2.tombstones import Tombstone, TombstoneTable
 
 

@@ -20,14 +20,26 @@ from prometheus_client import Counter
 
 from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits
 from libs.fnx2.control import (
-    EXT_COMPACT_OUTPUT, EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, KNOWN_EXTENSIONS, Ack, AckCancel, AckHello, AckRelease,
-    AckStage, Cancel, ChannelBinding, Control, Credit, ErrorMessage, Release,
+    EXT_COMPACT_OUTPUT,
+    EXT_MULTI_INFLIGHT,
+    EXT_TRACEPARENT,
+    KNOWN_EXTENSIONS,
+    Ack,
+    AckCancel,
+    AckHello,
+    AckRelease,
+    AckStage,
+    Cancel,
+    ChannelBinding,
+    Control,
+    Credit,
+    ErrorMessage,
+    Release,
 )
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error, RemoteError
 from libs.fnx2.messages import Batch, Result
 from libs.fnx2.stream import FrameStream
 from libs.fnx2.transport import FrameProtocol
-
 
 # A sender that had to wait for the receiver's credit before it could send a batch.
 CREDIT_EXHAUSTED = Counter(

@@ -14,8 +14,17 @@ import time
 from dataclasses import dataclass
 
 from libs.fnx2.codec import (
-    DEFAULT_LIMITS, PRELUDE_BYTES, CodecLimits, ExpectedBinding, Frame, Message, Prelude,
-    decode_body, encode_frame, parse_prelude, payload_crc,
+    DEFAULT_LIMITS,
+    PRELUDE_BYTES,
+    CodecLimits,
+    ExpectedBinding,
+    Frame,
+    Message,
+    Prelude,
+    decode_body,
+    encode_frame,
+    parse_prelude,
+    payload_crc,
 )
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 from libs.fnx2.transport import ReceivedBody, check_admitted

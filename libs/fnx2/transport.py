@@ -21,9 +21,9 @@ from google_crc32c import _crc32c as _crc
 
 from libs.fnx2.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
 from libs.fnx2.crc import crc32c_combine
+from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 from libs.fnx2.messages import Kind
 from libs.fnx2.tensor import STORAGE, DType, _finite_bytes
-from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 
 _MAX_QUEUED_FRAMES = 4
 _CRC_STEP = 512 * 1024

@@ -7,9 +7,9 @@ batching, positions, RoPE tables, masks and the KV store; kernels only compute.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
-from collections.abc import Callable
 
 import numpy as np
 

@@ -31,7 +31,6 @@ def _warmup(args: argparse.Namespace) -> int:
         max_build,
         warm_compile_cache,
     )
-
     from libs.service.progress import Progress
 
     cache_dir = args.cache_dir or default_cache_dir(os.environ)

@@ -14,11 +14,10 @@ no accelerator is present. Nothing falls back.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from collections.abc import Callable
 
 import numpy as np
 

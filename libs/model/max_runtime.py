@@ -4,9 +4,9 @@ so it is imported only after `max_kernels` has set the compile-cache environment
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable
 
 import numpy as np
 from max.driver import CPU, Accelerator, Buffer, accelerator_count

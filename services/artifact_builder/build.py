@@ -21,11 +21,12 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
-from collections.abc import Generator, Iterator
 
+from libs.artifacts.errors import ARTIFACT_ERRORS
 from libs.artifacts.manifest import (
     CONFIG_FILE,
     MANIFEST_FILE,
@@ -43,7 +44,6 @@ from libs.artifacts.manifest import (
     manifest_hash,
 )
 from libs.artifacts.safetensors_format import PlannedTensor, copy_range, encode_header, layout_tensors
-from libs.artifacts.errors import ARTIFACT_ERRORS
 from libs.artifacts.verify import sha256_file, verify_artifact
 from libs.common.kinds import FLOAT_DTYPES, DType
 from libs.common.proto import dtype_pb_name

@@ -6,7 +6,6 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-
 from pathlib import Path
 
 from libs.security.paths import parse_roots

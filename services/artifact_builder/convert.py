@@ -5,11 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 
+from google.protobuf import json_format
+
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as pb
 from fornax.common.v1 import common_pb2
 from fornax.planner.v1 import planner_pb2
-from google.protobuf import json_format
-
 from libs.artifacts.manifest import FileRecord, canonical_hash
 from libs.artifacts.verify import VerifiedArtifact
 from libs.common.kinds import DType

@@ -10,9 +10,9 @@ import asyncio
 from pathlib import Path
 
 import structlog
+
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as pb
 from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as pb_grpc
-
 from libs.artifacts.errors import ARTIFACT_ERRORS
 from libs.artifacts.transfer import artifact_file, read_chunks
 from libs.artifacts.verify import verify_artifact

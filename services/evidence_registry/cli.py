@@ -185,8 +185,7 @@ def _read_blob(path: str) -> bytes:
 
 
 def build_content(args):
-    from services.evidence_registry.domain import (
-        EvidenceClass, Provenance, RecordContent, RecordType, ValidityWindow)
+    from services.evidence_registry.domain import EvidenceClass, Provenance, RecordContent, RecordType, ValidityWindow
 
     provenance = Provenance(
         hardware=args.hardware, backend_build=args.backend_build, model_snapshot=args.model_snapshot,

@@ -20,11 +20,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import grpc
+from google.rpc import error_details_pb2, status_pb2
+
 from fornax.common.v1 import common_pb2
 from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
 from fornax.evidence_registry.v1 import evidence_registry_pb2_grpc as pb_grpc
-from google.rpc import error_details_pb2, status_pb2
-
 from libs.service.channels import ChannelConfig, open_aio_channel, open_channel, rpc_errors_as
 from libs.service.errors import FailedPrecondition, FornaxError
 from services.evidence_registry import convert

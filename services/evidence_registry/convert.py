@@ -9,7 +9,6 @@ from typing import TypeVar
 
 from fornax.common.v1 import common_pb2
 from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
-
 from libs.common.proto import DTYPE_FROM_PB, DTYPE_TO_PB
 from services.evidence_registry.domain import (
     BlobRef,

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import structlog
-from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
-from fornax.evidence_registry.v1 import evidence_registry_pb2_grpc as pb_grpc
 from prometheus_client import Counter
 
+from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
+from fornax.evidence_registry.v1 import evidence_registry_pb2_grpc as pb_grpc
 from libs.service.server import ServiceSpec
 from services.evidence_registry import convert
 from services.evidence_registry.blobs import DiskBlobStore

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from collections.abc import Iterator
 
 from libs.common.kinds import DType
 from services.evidence_registry.domain import (

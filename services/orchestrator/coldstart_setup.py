@@ -14,7 +14,6 @@ from services.orchestrator.coldstart import REFERENCE_BACKEND, AfterSwitch, Comp
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.lifecycle import InstallRequest
 
-
 Step = TypeVar("Step")
 
 
@@ -37,7 +36,6 @@ def unload_reference(cfg: OrchestratorConfig) -> AfterSwitch | None:
     async def unload() -> None:
         from fornax.stage_worker.v1 import stage_worker_pb2 as pb
         from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
-
         from libs.service.channels import open_aio_channel
         from services.orchestrator.stage_chain import UNLOAD_TIMEOUT_S
 

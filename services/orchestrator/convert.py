@@ -6,7 +6,6 @@ import uuid
 
 from fornax.common.v1 import common_pb2
 from fornax.orchestrator.v1 import orchestrator_pb2 as pb
-
 from libs.common.proto import backend_from_pb, dtype_from_pb
 from libs.service.errors import InvalidArgument
 from libs.text.chat_template import ChatMessage

@@ -11,7 +11,6 @@ import uuid
 
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
-
 from libs.common.kinds import Backend, DType
 from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
 from libs.model.layout import even_layer_split

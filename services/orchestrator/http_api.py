@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind
 from libs.service.errors import FornaxError, Unauthenticated, Unavailable
 from libs.service.trace_context import context_from
 from services.orchestrator import openai_response as fmt
+from services.orchestrator.dashboard import STATE_PATH, add_dashboard, record_error
 from services.orchestrator.domain import GenerationRequest
 from services.orchestrator.openai_request import (
     CommonOptions,
@@ -30,6 +31,7 @@ from services.orchestrator.openai_request import (
     parse_completion,
     parse_json_object,
 )
+from services.orchestrator.openai_stream import ApiKind, ResponseForm, collect, stream_sse
 from services.orchestrator.prompting import (
     chat_options,
     chat_prompt_ids,
@@ -38,8 +40,6 @@ from services.orchestrator.prompting import (
     completion_prompt_ids,
     generation_request,
 )
-from services.orchestrator.dashboard import STATE_PATH, add_dashboard, record_error
-from services.orchestrator.openai_stream import ApiKind, ResponseForm, collect, stream_sse
 from services.orchestrator.route_health import route_unavailable
 from services.orchestrator.serving import RequestStream, RouteSlot, ServingEngine
 from services.orchestrator.tracing import TRACER

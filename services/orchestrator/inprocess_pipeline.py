@@ -22,11 +22,12 @@ from libs.model.errors import ModelError, UnknownSequenceError
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
 from libs.model.kv_store import SliceIdentity
+from libs.model.layout import even_layer_split
 from libs.model.logprobs import TokenLogprobs, decode_record, sample_records
+from libs.model.weights import load_stage_weights
 from libs.service.errors import FornaxError
 from libs.structured.decoding import DecodingTable
 from libs.structured.grammar import GrammarVocabulary
-from libs.model.weights import load_stage_weights
 from services.orchestrator.domain import (
     Microbatch,
     MicrobatchResult,
@@ -36,7 +37,6 @@ from services.orchestrator.domain import (
     ServedModel,
     StageStats,
 )
-from libs.model.layout import even_layer_split
 from services.orchestrator.model_card import checkpoint_snapshot, route_card, served_model
 
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as ab_pb
 from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as ab_grpc
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
-
 from libs.common.kinds import Backend, DType
 from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
 from libs.fnx2.messages import Phase

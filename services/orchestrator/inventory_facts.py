@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
-
 from libs.common.proto import BACKEND_FROM_PB, DTYPE_FROM_PB
 from services.planner.inventory import Inventory, Link, Node
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as ab_pb
 from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as ab_grpc
-
 from libs.artifacts.manifest import MANIFEST_FILE, StageManifest
 from libs.artifacts.transfer import accept_manifest
 from libs.service.channels import ChannelConfig, open_aio_channel

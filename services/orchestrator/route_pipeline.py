@@ -17,7 +17,6 @@ from libs.fnx2.errors import ErrorCode
 from libs.model.logprobs import decode_record, is_record_row
 from libs.service.errors import FornaxError
 from libs.service.log_limit import LogLimiter
-from services.orchestrator.stage_chain import Route, SliceInput, SliceOutput, lease_id_for
 from libs.service.trace_context import current_traceparent
 from services.orchestrator.domain import (
     Microbatch,
@@ -31,6 +30,7 @@ from services.orchestrator.domain import (
     StageStats,
 )
 from services.orchestrator.route_health import ROUTE_UNAVAILABLE
+from services.orchestrator.stage_chain import Route, SliceInput, SliceOutput, lease_id_for
 from services.orchestrator.tracing import microbatch_span
 
 # FNX2 carries a deadline as a remaining budget and 0 means expired, so a request without a

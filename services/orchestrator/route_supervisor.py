@@ -17,13 +17,13 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
+from services.orchestrator.pipeline import Pipeline
 from services.orchestrator.route_health import (
     HealthPolicy,
     RouteHealthMonitor,
     RouteVerdict,
     StageCondition,
 )
-from services.orchestrator.pipeline import Pipeline
 from services.orchestrator.serving import ServingEngine
 from services.orchestrator.stage_chain import Route
 

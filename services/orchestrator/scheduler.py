@@ -20,13 +20,12 @@ import enum
 import math
 from dataclasses import dataclass, field, replace
 
+from libs.model.logprobs import TokenLogprobs
 from libs.model.sampling import SamplingParams
 from libs.service.errors import Internal, InvalidArgument
-from libs.model.logprobs import TokenLogprobs
 from libs.text.context import TextContext
 from libs.text.detokenizer import TextStream
 from services.orchestrator.admission import AdmissionControl
-from services.orchestrator.step_budget import SlotView, StepBudget, plan_step
 from services.orchestrator.domain import (
     FinishReason,
     GenerationRequest,
@@ -35,11 +34,12 @@ from services.orchestrator.domain import (
     Phase,
     ReleaseReport,
     RequestOutput,
-    SchedulerConfig,
     RequestSlice,
     RequestSliceResult,
+    SchedulerConfig,
     SequenceStatus,
 )
+from services.orchestrator.step_budget import SlotView, StepBudget, plan_step
 
 
 class _State(enum.Enum):

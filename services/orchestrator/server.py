@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 
 import structlog
+
 from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
-
 from libs.common.kinds import DType
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.security.tls import own_identity_uri
@@ -29,6 +29,7 @@ from services.orchestrator.http_api import (
     build_http_app,
     start_http,
 )
+from services.orchestrator.http_tls import choose_http_tls, is_loopback, server_ssl_context
 from services.orchestrator.lifecycle import (
     InstalledRoute,
     Installer,
@@ -36,7 +37,6 @@ from services.orchestrator.lifecycle import (
     Preparer,
     RouteManager,
 )
-from services.orchestrator.http_tls import choose_http_tls, is_loopback, server_ssl_context
 from services.orchestrator.serving import RouteSlot, ServingConfig, ServingEngine, terminal_error
 
 _log = structlog.get_logger()

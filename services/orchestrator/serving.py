@@ -27,13 +27,14 @@ from services.orchestrator.domain import (
     Microbatch,
     MicrobatchResult,
     RequestOutput,
-    SchedulerConfig,
     RequestSliceResult,
+    SchedulerConfig,
     SequenceStatus,
     ServedModel,
 )
-from services.orchestrator.prompting import TokenLimits
 from services.orchestrator.pipeline import Pipeline
+from services.orchestrator.prompting import TokenLimits
+
 # Re-exported: the front ends take a request's stream and its ending from here.
 from services.orchestrator.request_stream import (  # noqa: F401
     Completion,

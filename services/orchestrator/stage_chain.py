@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import grpc
 import numpy as np
+
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
-
 from libs.fnx2.control import ChannelBinding
 from libs.fnx2.errors import ChannelClosedError, Fnx2Error
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus

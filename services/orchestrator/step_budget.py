@@ -19,9 +19,9 @@ a single slot the step alternates between a decode microbatch and one budgeted c
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
-from collections.abc import Sequence
 
 from services.orchestrator.domain import Phase
 

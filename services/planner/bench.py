@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from libs.common.kinds import Backend, DType
-
 from services.planner.bruteforce import brute_force_bottleneck
 from services.planner.costs import build_tables
 from services.planner.inventory import Inventory, Link, Node, Target

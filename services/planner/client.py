@@ -15,9 +15,9 @@ from __future__ import annotations
 import uuid
 
 import grpc
+
 from fornax.planner.v1 import planner_pb2 as pb
 from fornax.planner.v1 import planner_pb2_grpc as pb_grpc
-
 from libs.service.channels import ChannelConfig, open_aio_channel, rpc_errors_as
 from libs.service.errors import FornaxError
 from libs.service.interceptors import reason_of

@@ -5,13 +5,11 @@ from __future__ import annotations
 from fornax.common.v1 import common_pb2 as common
 from fornax.evidence_registry.v1 import evidence_registry_pb2 as registry_pb
 from fornax.planner.v1 import planner_pb2 as pb
-
 from libs.common.kinds import Backend, DType
 from libs.common.proto import BACKEND_FROM_PB, BACKEND_TO_PB, DTYPE_TO_PB, backend_from_pb, dtype_from_pb
 from libs.service.errors import InvalidArgument
 from services.planner import domain as d
-from services.planner.inventory import (DEFAULT_MAX_STAGES, EvidenceRef, Inventory, Link, Node, Target,
-                                        validate_target)
+from services.planner.inventory import DEFAULT_MAX_STAGES, EvidenceRef, Inventory, Link, Node, Target, validate_target
 from services.planner.model import LayerCost, ModelDescription
 
 OBJECTIVES = {"throughput": pb.OBJECTIVE_THROUGHPUT, "latency": pb.OBJECTIVE_LATENCY}

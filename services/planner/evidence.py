@@ -7,9 +7,9 @@ record, a capability record for every node it uses, and a route record for every
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
-from collections.abc import Sequence
 
 from services.planner import domain as d
 from services.planner.inventory import EvidenceRef, Inventory, Link

@@ -25,8 +25,13 @@ from libs.service.errors import FailedPrecondition
 from services.planner import domain as d
 from services.planner import evidence
 from services.planner.costs import CostTables, build_tables, decode_service_matrix, stage_memory, stage_time
-from services.planner.feasibility import (explain_infeasible, node_rejection, route_rejections, smallest_stage_bytes,
-                                         unevidenced_route_rejections)
+from services.planner.feasibility import (
+    explain_infeasible,
+    node_rejection,
+    route_rejections,
+    smallest_stage_bytes,
+    unevidenced_route_rejections,
+)
 from services.planner.inventory import Inventory, Node, Target, validate_target
 from services.planner.model import ModelDescription
 from services.planner.search import Placement, Problem, method_name, solve

@@ -11,13 +11,13 @@ from collections import OrderedDict
 
 import structlog
 from prometheus_client import Counter
-from fornax.planner.v1 import planner_pb2, planner_pb2_grpc
 
+from fornax.planner.v1 import planner_pb2, planner_pb2_grpc
 from libs.service.errors import InvalidArgument, NotFound
 from libs.service.server import ServiceSpec
+from services.evidence_registry.client import ClientOptions
 from services.planner import convert, domain
 from services.planner.config import PlannerConfig
-from services.evidence_registry.client import ClientOptions
 from services.planner.evidence import Resolver
 from services.planner.planner import plan
 from services.planner.registry import RegistryResolver

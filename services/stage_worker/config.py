@@ -6,11 +6,10 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-
 from pathlib import Path
 
-from libs.security.paths import parse_roots
 from libs.common.kinds import Backend
+from libs.security.paths import parse_roots
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 

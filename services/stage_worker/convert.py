@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
-
 from libs.common.kinds import DType
 from libs.common.proto import backend_from_pb, dtype_from_pb
 from libs.model.sampling import SamplingParams

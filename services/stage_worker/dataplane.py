@@ -22,16 +22,20 @@ from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.listener import ListenerLimits
 from libs.fnx2.messages import Batch, BatchDescriptor, SequenceStatus
 from libs.fnx2.receiver import (
-    Fnx2Receiver, ReceiverConfig, SequenceFailure, StageOutput, StageWork,
+    Fnx2Receiver,
+    ReceiverConfig,
+    SequenceFailure,
+    StageOutput,
+    StageWork,
 )
 from libs.fnx2.receiver_state import ReceiverLimits
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind, float32_to_bf16
 from libs.model.errors import KvLimitExceededError, ModelError
-from libs.security.fnx2_tls import Fnx2Tls
 from libs.model.executor import StageBatch, StageResult
 from libs.model.kv_store import SliceIdentity
 from libs.model.logprobs import RECORD_WIDTH, sample_records
+from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.errors import FailedPrecondition
 from libs.service.trace_context import context_from, current_traceparent
 from services.stage_worker import metrics

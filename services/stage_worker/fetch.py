@@ -13,9 +13,9 @@ from pathlib import Path
 
 import grpc
 import structlog
+
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as ab_pb
 from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as ab_grpc
-
 from libs.artifacts.errors import ARTIFACT_ERRORS
 from libs.artifacts.manifest import MANIFEST_FILE, FileRecord
 from libs.artifacts.transfer import (

@@ -19,7 +19,6 @@ import structlog
 from libs.artifacts.transfer import ArtifactCache
 from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.common.proto import dtype_pb_name
-from libs.service.channels import ChannelConfig
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import ModelError
 from libs.model.executor import PendingKv, StageBatch, StageExecutor, StageResult
@@ -27,6 +26,7 @@ from libs.model.executor import StageSpec as ExecutorSpec
 from libs.model.kernels import make_kernels
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
+from libs.service.channels import ChannelConfig
 from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument, NotFound, ResourceExhausted
 from libs.structured.decoding import DecodingTable
 from libs.structured.grammar import GrammarVocabulary

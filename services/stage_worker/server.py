@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 from pathlib import Path
+
+import structlog
 
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
-
-import datetime as dt
-import hashlib
-
-import structlog
-
 from libs.common.kinds import FLOAT_DTYPES
 from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
 from libs.security.audit import AuditEvent, open_audit_log
@@ -20,13 +18,13 @@ from libs.security.fnx2_tls import Fnx2Tls
 from libs.security.identity import Identity, IdentityError
 from libs.security.paths import confine
 from libs.security.tls import own_identity_uri
+from libs.service.cgroup_facts import cgroup_facts
 from libs.service.errors import InvalidArgument
+from libs.service.host import backend_build, host_facts
 from libs.service.server import ServiceSpec
 from services.stage_worker import convert
 from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.dataplane import DataPlane
-from libs.service.cgroup_facts import cgroup_facts
-from libs.service.host import backend_build, host_facts
 from services.stage_worker.runtime import StageRuntime
 
 log = structlog.get_logger()
