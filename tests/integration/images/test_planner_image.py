@@ -75,7 +75,10 @@ def planner_container(planner_image):
     cmd = [podman, "run", "--detach", *_runtime_args(), "--network", "host", "--read-only",
            "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
            "-e", f"FORNAX_GRPC_PORT={grpc_port}", "-e", f"FORNAX_METRICS_PORT={metrics_port}",
-           "-e", "FORNAX_HOST=127.0.0.1", planner_image]
+           "-e", "FORNAX_HOST=127.0.0.1",
+           # TLS is on by default and needs mounted certificates; this smoke test checks the
+           # image itself, so it opts into plaintext explicitly (the service warns about it).
+           "-e", "FORNAX_INSECURE=1", planner_image]
     started = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert started.returncode == 0, started.stderr
     container_id = started.stdout.strip()
@@ -107,6 +110,9 @@ def test_planner_image_serves_health_and_reflection(planner_container):
     assert health == {"status": "SERVING"}
     services = set(_grpcurl(port, "list").split())
     assert {"fornax.planner.v1.PlannerService", "grpc.health.v1.Health"} <= services
+    logs = subprocess.run([_tool("podman"), "logs", container_id], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert '"insecure_plaintext"' in logs.stdout + logs.stderr  # plaintext is never silent
 
 
 def test_planner_image_runs_as_the_service_user_and_stops_cleanly(planner_container):
