@@ -4,6 +4,7 @@ service, plus the operator identity the command line uses. `--insecure` skips al
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,10 +18,17 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1")
 
 
 def identity_for(name: str, kind: str) -> Identity:
-    """stage_worker_<i> is stage/stage-<i>; every other service is service/<kind>."""
+    """stage_worker_<i> (and its numpy stand-in stage_worker_<i>_reference, which serves the
+    same stage while MAX compiles) is stage/stage-<i>; every other service is service/<kind>."""
     if kind == "stage_worker":
-        return stage_identity(int(name.rsplit("_", 1)[-1]))
+        match = _STAGE_WORKER.fullmatch(name)
+        if match is None:
+            raise ValueError(f"a stage worker's name must be stage_worker_<index>[_reference], got {name!r}")
+        return stage_identity(int(match.group(1)))
     return service_identity(kind)
+
+
+_STAGE_WORKER = re.compile(r"stage_worker_(\d+)(?:_reference)?")
 
 
 @dataclass(frozen=True)

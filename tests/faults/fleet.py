@@ -85,7 +85,10 @@ class LiveFleet:
 def live_fleet(root: Path, checkpoint: Path, env: dict[str, str] | None = None) -> Iterator[LiveFleet]:
     options = FleetOptions(state_dir=root / ".fornax", stages=2, backend="numpy",
                            boundary_dtype="fp32", checkpoint=str(checkpoint),
-                           startup_timeout_s=120, grace_period_s=5.0, env=env or {})
+                           startup_timeout_s=120, grace_period_s=5.0, env=env or {},
+                           # The faults here are crashes and stalls, not strangers: the suite
+                           # drives the control plane in plaintext (mTLS has its own tests).
+                           insecure=True)
     state, launcher = start_fleet(options)
     write_fleet(options.state_dir, state)  # what `fornax status` reads
     fleet = LiveFleet(state, launcher)
