@@ -31,6 +31,12 @@ def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -
         "FORNAX_BACKEND": options.backend,
         "FORNAX_STATE_DIR": str(options.state_dir / "orchestrator"),
     }
+    return env | orchestrator_options_env(options)
+
+
+def orchestrator_options_env(options: FleetOptions) -> dict[str, str]:
+    """The orchestrator settings that come straight from `fornax up`'s options, on any fleet."""
+    env = {}
     if options.http_port is not None:
         env["FORNAX_HTTP_PORT"] = str(options.http_port)
     if options.api_key:

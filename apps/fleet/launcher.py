@@ -19,6 +19,7 @@ from pathlib import Path
 from apps.fleet.health import check_health
 from apps.fleet.trust import FleetTrust, prepare_trust
 from libs.service.fleet_state import ServiceEntry
+from libs.service.host import pid_alive
 
 HOST = "127.0.0.1"
 
@@ -180,12 +181,8 @@ def _is_fleet_process(pid: int) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     # A zombie child still answers kill(0); reap it if it is ours.
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)

@@ -12,6 +12,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
+from apps.fleet.compose import orchestrator_options_env
 from apps.fleet.launcher import FleetOptions, Launcher, LaunchError, ServiceProcess, builder_read_roots
 from apps.fleet.netns_plan import HostPlan, NetnsPlan, host_command
 from apps.fleet.spec import FleetSpec
@@ -85,13 +86,7 @@ def _orchestrator_env(options: FleetOptions, spec: FleetSpec, entries: dict[str,
         # logged by the orchestrator as http_plaintext_beyond_loopback. gRPC and FNX2 stay mTLS.
         "FORNAX_HTTP_INSECURE": "1",
     }
-    if options.http_port is not None:
-        env["FORNAX_HTTP_PORT"] = str(options.http_port)
-    if options.api_key:
-        env["FORNAX_API_KEY"] = options.api_key
-    if options.checkpoint:
-        env["FORNAX_CHECKPOINT"] = options.checkpoint
-    return env
+    return env | orchestrator_options_env(options)
 
 
 def start_netns_fleet(options: FleetOptions, spec: FleetSpec, plan: NetnsPlan) -> tuple[FleetState, Launcher]:

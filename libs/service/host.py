@@ -59,3 +59,14 @@ def backend_build(backend: str) -> str | None:
         return f"{backend} {metadata.version(dist)}"
     except metadata.PackageNotFoundError:
         return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one owned by another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

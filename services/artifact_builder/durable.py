@@ -12,6 +12,8 @@ import re
 import shutil
 from pathlib import Path
 
+from libs.service.host import pid_alive
+
 TEMP_STAGE_PREFIX = ".tmp-stage-"
 # `.tmp-stage-<index>-<pid>-<random>`: the pid says whether its builder may still be running.
 _TEMP_STAGE = re.compile(rf"^{re.escape(TEMP_STAGE_PREFIX)}\d+-(\d+)-")
@@ -51,23 +53,13 @@ def durable_rename(source: Path, target: Path) -> None:
     fsync_dir(target.parent)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale_temps(store: Path, out_dir: Path) -> list[Path]:
     """Removes temp stage directories whose builder process is gone (or that predate the
     pid in their name) and half-made stage links; returns what it removed."""
     removed = []
     for path in store.glob(f"{TEMP_STAGE_PREFIX}*"):
         match = _TEMP_STAGE.match(path.name)
-        if match is None or not _pid_alive(int(match.group(1))):
+        if match is None or not pid_alive(int(match.group(1))):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     for path in out_dir.glob(".stage-*.tmp-*"):
