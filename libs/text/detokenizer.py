@@ -52,20 +52,29 @@ class StopMatcher:
         if not self._stop:
             out, self._pending = self._pending, ""
             return out
-        hit = min((i for i in (self._pending.find(s) for s in self._stop) if i >= 0),
-                  default=-1)
-        if hit >= 0:
+        hit = self._first_hit()
+        # Text from here on could still begin a stop string that completes later; a longer
+        # stop string that starts before a complete one wins, however the text was split.
+        undecided = len(self._pending) - self._longest_stop_prefix_suffix()
+        if hit >= 0 and hit <= undecided:
             self.stopped = True
             out, self._pending = self._pending[:hit], ""
             return out
-        keep = self._longest_stop_prefix_suffix()
-        cut = len(self._pending) - keep
-        out, self._pending = self._pending[:cut], self._pending[cut:]
+        out, self._pending = self._pending[:undecided], self._pending[undecided:]
         return out
 
     def flush(self) -> str:
-        out, self._pending = ("" if self.stopped else self._pending), ""
+        if self.stopped:
+            out = ""
+        else:
+            hit = self._first_hit()
+            self.stopped = hit >= 0
+            out = self._pending[:hit] if self.stopped else self._pending
+        self._pending = ""
         return out
+
+    def _first_hit(self) -> int:
+        return min((i for i in (self._pending.find(s) for s in self._stop) if i >= 0), default=-1)
 
     def _longest_stop_prefix_suffix(self) -> int:
         pending = self._pending
