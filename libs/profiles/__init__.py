@@ -1,0 +1,1 @@
+"""Measured profiles and route calibrations (see schema.py)."""

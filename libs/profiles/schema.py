@@ -1,0 +1,285 @@
+"""Measured stage and link profiles, and route calibrations: the physical evidence placement rests on.
+
+Pure values with one canonical JSON form each (the blob of a registry record). Every time here
+is a physical measurement, repeated: a `Figure` keeps the median, the spread and the number of
+runs, so a figure is never printed without its spread.
+
+Registry conventions (the record's labels say what its blob is):
+- a stage profile: type `measurement`, class `physical`, labels `profile=stage`, `host=<name>`,
+  `backend=<backend>`; subject `stage-profile:<host>`;
+- a link profile: type `measurement`, class `physical`, labels `profile=link`, `from_host`,
+  `to_host`; subject `link-profile:<from>-><to>`;
+- a route calibration: type `calibration`, class `physical`, labels `route_key=<key>`,
+  `passed=true|false`; subject `calibration:<route key>`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+STAGE_PROFILE_SCHEMA = "fornax.stage-profile/1"
+LINK_PROFILE_SCHEMA = "fornax.link-profile/1"
+CALIBRATION_SCHEMA = "fornax.calibration/1"
+
+# Layer kinds a stage profile measures. `embed` and `head` are the end stages' extra work.
+LAYER_KINDS = ("dense", "moe", "embed", "head")
+PREFILL_LENGTHS = (16, 128, 512)
+DECODE_BATCHES = (1, 8, 32)
+LINK_RTT_BYTES = 32 * 1024
+LINK_THROUGHPUT_BYTES = 16 * 1024 * 1024
+
+LABEL_PROFILE = "profile"
+LABEL_HOST = "host"
+LABEL_BACKEND = "backend"
+LABEL_FROM_HOST = "from_host"
+LABEL_TO_HOST = "to_host"
+LABEL_ROUTE_KEY = "route_key"
+LABEL_PASSED = "passed"
+
+
+class ProfileFormatError(ValueError):
+    """A profile blob that is not what its schema says."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A repeated physical measurement: median, smallest and largest run, and the run count."""
+
+    median: float
+    low: float
+    high: float
+    runs: int
+    unit: str
+
+    @classmethod
+    def of(cls, samples: Sequence[float], unit: str) -> Figure:
+        if not samples:
+            raise ProfileFormatError("a figure needs at least one run")
+        return cls(float(statistics.median(samples)), float(min(samples)), float(max(samples)), len(samples), unit)
+
+    @property
+    def spread(self) -> float:
+        """(high - low) / median: 0 for perfectly repeatable runs."""
+        return (self.high - self.low) / self.median if self.median else 0.0
+
+    def describe(self) -> str:
+        return f"{self.median:.6g} {self.unit} (runs {self.runs}, spread {self.spread:.1%})"
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """The host a profile was measured on, as its cgroup enforced it."""
+
+    host: str
+    cpu_model: str
+    cpu_quota_cores: float  # 0: no quota
+    cpuset: str
+    memory_limit_bytes: int  # 0: no limit
+
+    def describe(self) -> str:
+        quota = f"{self.cpu_quota_cores:g} cores" if self.cpu_quota_cores else "no quota"
+        memory = f"{self.memory_limit_bytes / 2**30:.1f} GiB" if self.memory_limit_bytes else "no limit"
+        return f"{self.host}: {self.cpu_model}, {quota}, cpuset {self.cpuset or '?'}, memory {memory}"
+
+
+@dataclass(frozen=True)
+class LayerKindProfile:
+    """One layer kind on one host. Prefill: seconds per token at each prompt length S.
+    Decode: seconds per microbatch (one token for each of `batch` rows) at each batch size."""
+
+    kind: str  # one of LAYER_KINDS
+    prefill_s_per_token: dict[int, Figure]
+    decode_s_per_microbatch: dict[int, Figure]
+    resident_bytes: int  # weights of one layer of this kind as the backend holds them
+    kv_bytes_per_token: int  # 0 for embed and head
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    host: HostFacts
+    worker: str  # the stage worker's fleet identity (spiffe://fornax/stage/<name>)
+    backend: str
+    backend_build: str
+    device: str
+    model_snapshot: str  # sha256:<hex> of the checkpoint
+    dtype: str
+    context_tokens: int
+    concurrency: int
+    kinds: tuple[LayerKindProfile, ...]
+    command: str
+    measured_unix_ns: int
+    valid_for_s: int
+    schema: str = STAGE_PROFILE_SCHEMA
+
+    def kind(self, name: str) -> LayerKindProfile | None:
+        return next((k for k in self.kinds if k.kind == name), None)
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """Real FNX2 frames over the real link from one host's stage worker to another's."""
+
+    from_host: str
+    to_host: str
+    rtt_32kib_s: Figure  # round trip of a 32 KiB frame and its answer
+    throughput_bytes_per_s: Figure  # of 16 MiB moved in frames
+    transport: str  # e.g. "fnx2+tls"
+    command: str
+    measured_unix_ns: int
+    valid_for_s: int
+    schema: str = LINK_PROFILE_SCHEMA
+
+    def seconds_for(self, frame_bytes: int) -> float:
+        """One-way time of a frame: half the small round trip plus its serialisation."""
+        return self.rtt_32kib_s.median / 2 + frame_bytes / self.throughput_bytes_per_s.median
+
+
+@dataclass(frozen=True)
+class StageCalibration:
+    """Predicted against measured seconds per decode microbatch on one stage of a route."""
+
+    stage_index: int
+    host: str
+    layer_start: int
+    layer_end: int
+    predicted_s: float
+    measured_s: Figure
+
+    @property
+    def relative_error(self) -> float:
+        measured = self.measured_s.median
+        return abs(measured - self.predicted_s) / measured if measured else 0.0
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A route's qualification verdict: its plan's predictions checked against measurement."""
+
+    route_key: str
+    plan_hash: str
+    evidence_ids: tuple[str, ...]  # the profile records the plan's terms came from
+    stages: tuple[StageCalibration, ...]
+    predicted_bottleneck_s: float
+    measured_bottleneck_s: Figure
+    tolerance: float  # the largest bottleneck prediction error that passes
+    runs: int
+    failures: tuple[str, ...] = ()  # "run 2: cancellation: ..." per failed check
+    command: str = ""
+    measured_unix_ns: int = 0
+    valid_for_s: int = 0
+    schema: str = CALIBRATION_SCHEMA
+
+    @property
+    def bottleneck_prediction_error(self) -> float:
+        m = self.measured_bottleneck_s.median
+        return abs(m - self.predicted_bottleneck_s) / m if m else float("inf")
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures and self.bottleneck_prediction_error <= self.tolerance
+
+
+@dataclass(frozen=True)
+class RouteStage:
+    host: str
+    backend: str
+    layer_start: int
+    layer_end: int
+
+
+def route_key(model_snapshot: str, stages: Iterable[RouteStage]) -> str:
+    """Names a placement: the model, and each stage's host, backend and layer range in order."""
+    hops = ">".join(f"{s.host}:{s.backend}[{s.layer_start}:{s.layer_end}]" for s in stages)
+    return f"{model_snapshot}|{hops}"
+
+
+# --- canonical JSON ---------------------------------------------------------------------------
+
+def to_json(value: StageProfile | LinkProfile | Calibration) -> bytes:
+    return json.dumps(_plain(asdict(value)), sort_keys=True, separators=(",", ":")).encode()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _load(blob: bytes, schema: str) -> dict[str, Any]:
+    try:
+        data = json.loads(blob)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProfileFormatError(f"not JSON: {exc}") from exc
+    if not isinstance(data, dict) or data.get("schema") != schema:
+        got = data.get("schema") if isinstance(data, dict) else data
+        raise ProfileFormatError(f"expected schema {schema!r}, got {got!r}")
+    return data
+
+
+def _figure(data: Any) -> Figure:
+    try:
+        return Figure(float(data["median"]), float(data["low"]), float(data["high"]), int(data["runs"]),
+                      str(data["unit"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProfileFormatError(f"bad figure {data!r}: {exc}") from exc
+
+
+def _figures(data: Any) -> dict[int, Figure]:
+    if not isinstance(data, dict):
+        raise ProfileFormatError(f"expected a table of figures, got {data!r}")
+    return {int(k): _figure(v) for k, v in data.items()}
+
+
+def stage_profile_from_json(blob: bytes) -> StageProfile:
+    data = _load(blob, STAGE_PROFILE_SCHEMA)
+    try:
+        kinds = tuple(
+            LayerKindProfile(str(k["kind"]), _figures(k["prefill_s_per_token"]), _figures(k["decode_s_per_microbatch"]),
+                             int(k["resident_bytes"]), int(k["kv_bytes_per_token"]))
+            for k in data["kinds"])
+        return StageProfile(
+            host=HostFacts(**data["host"]), worker=str(data["worker"]), backend=str(data["backend"]),
+            backend_build=str(data["backend_build"]), device=str(data["device"]),
+            model_snapshot=str(data["model_snapshot"]), dtype=str(data["dtype"]),
+            context_tokens=int(data["context_tokens"]), concurrency=int(data["concurrency"]), kinds=kinds,
+            command=str(data["command"]), measured_unix_ns=int(data["measured_unix_ns"]),
+            valid_for_s=int(data["valid_for_s"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProfileFormatError(f"bad stage profile: {exc}") from exc
+
+
+def link_profile_from_json(blob: bytes) -> LinkProfile:
+    data = _load(blob, LINK_PROFILE_SCHEMA)
+    try:
+        return LinkProfile(
+            from_host=str(data["from_host"]), to_host=str(data["to_host"]), rtt_32kib_s=_figure(data["rtt_32kib_s"]),
+            throughput_bytes_per_s=_figure(data["throughput_bytes_per_s"]), transport=str(data["transport"]),
+            command=str(data["command"]), measured_unix_ns=int(data["measured_unix_ns"]),
+            valid_for_s=int(data["valid_for_s"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProfileFormatError(f"bad link profile: {exc}") from exc
+
+
+def calibration_from_json(blob: bytes) -> Calibration:
+    data = _load(blob, CALIBRATION_SCHEMA)
+    try:
+        stages = tuple(
+            StageCalibration(int(s["stage_index"]), str(s["host"]), int(s["layer_start"]), int(s["layer_end"]),
+                             float(s["predicted_s"]), _figure(s["measured_s"]))
+            for s in data["stages"])
+        return Calibration(
+            route_key=str(data["route_key"]), plan_hash=str(data["plan_hash"]),
+            evidence_ids=tuple(str(x) for x in data["evidence_ids"]), stages=stages,
+            predicted_bottleneck_s=float(data["predicted_bottleneck_s"]),
+            measured_bottleneck_s=_figure(data["measured_bottleneck_s"]), tolerance=float(data["tolerance"]),
+            runs=int(data["runs"]), failures=tuple(str(x) for x in data["failures"]), command=str(data["command"]),
+            measured_unix_ns=int(data["measured_unix_ns"]), valid_for_s=int(data["valid_for_s"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProfileFormatError(f"bad calibration: {exc}") from exc
+
