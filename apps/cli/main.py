@@ -15,6 +15,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "apps.cli.fleet",
     "apps.cli.security",
     "apps.bench.cli",
+    "apps.qualify.cli",
     "libs.fnx2.cli",
     "libs.model.cli",
     "libs.model.max_cli",
