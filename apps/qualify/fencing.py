@@ -82,18 +82,18 @@ async def reconnect_fencing(gen: Generator, work: Workload, run: int, pid_of: Ca
     killed_at = time.monotonic()
     outs = await asyncio.gather(*tasks)
     problems = [m for i, o in enumerate(outs)
-                if (m := (f"{o.request_id}: ended {o.code}" if o.code else
+                if (m := (f"{o.request_id}: ended {o.code} {o.error}" if o.code else
                           reference_mismatch(o, work.reference[i][: work.decode_tokens], complete=True)))]
     try:
         await _until(lambda: restarted(victim), recovery_timeout_s, "the killed worker is restarted")
     except TimeoutError as exc:
-        return Check("reconnect_fencing", False, str(exc))
+        return Check("reconnect_fencing", False, "; ".join([*problems, str(exc)]))
     recovered = time.monotonic() - killed_at
     new = await asyncio.to_thread(health0)
     if new.plan_generation_id == old.plan_generation_id:
         problems.append(f"the route still runs generation {old.plan_generation_id} after the restart")
     stale_code, lease_outcome = await probe_old_generation(await asyncio.to_thread(first_stage), old, new, tls_paths,
-                                                           ids[0])
+                                                           outs[0].wire_id)
     if stale_code != "STALE_PLAN":
         problems.append(f"a control frame of the old generation got {stale_code}, not STALE_PLAN")
     if lease_outcome == "released":

@@ -4,6 +4,7 @@ totals, capabilities, the installed plan and its predictions, and generations.""
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import grpc
@@ -84,10 +85,12 @@ def predicted_stages(plan: plan_pb.Plan, hosts: list[str], backends: list[str]) 
 
 @dataclass
 class Generated:
-    request_id: str
+    request_id: str  # qualify's label, e.g. qualify-r1-decode-0
     prompt: tuple[int, ...]
+    wire_id: str = ""  # the request's id on the route (a UUID, as FNX2 requires)
     token_ids: list[int] = field(default_factory=list)
     code: str | None = None  # the gRPC status name when the stream ended with an error
+    error: str = ""
     started: float = 0.0  # time.monotonic() of the call
     first_token_at: float | None = None
     ended: float = 0.0
@@ -96,18 +99,23 @@ class Generated:
 class Generator:
     """Greedy generations through the orchestrator's Generate RPC, one aio channel."""
 
-    def __init__(self, orchestrator: str, channel: ChannelConfig) -> None:
+    def __init__(self, orchestrator: str, channel: ChannelConfig, model: str = "fornax") -> None:
         self._channel = open_aio_channel(orchestrator, channel)
         self._stub = orch_grpc.OrchestratorServiceStub(self._channel)
+        self._model = model
+        self._wire_ids: dict[str, str] = {}
+
+    def wire_id(self, label: str) -> str:
+        return self._wire_ids.setdefault(label, str(uuid.uuid4()))
 
     async def close(self) -> None:
         await self._channel.close()
 
     async def generate(self, request_id: str, prompt: tuple[int, ...], max_tokens: int, budget_s: float = 0.0,
                        progress=None) -> Generated:
-        out = Generated(request_id, prompt, started=time.monotonic())
+        out = Generated(request_id, prompt, self.wire_id(request_id), started=time.monotonic())
         request = orch_pb.GenerateRequest(
-            request_id=request_id, model="fornax", token_ids=orch_pb.TokenIds(ids=list(prompt)),
+            request_id=out.wire_id, model=self._model, token_ids=orch_pb.TokenIds(ids=list(prompt)),
             sampling=orch_pb.SamplingParams(temperature=0.0, max_tokens=max_tokens),
             deadline_budget_ns=int(budget_s * 1e9))
         try:
@@ -119,11 +127,12 @@ class Generator:
                     progress(out)
         except grpc.aio.AioRpcError as exc:
             out.code = exc.code().name
+            out.error = exc.details() or ""
         out.ended = time.monotonic()
         return out
 
     async def cancel(self, request_id: str) -> bool:
-        reply = await self._stub.Cancel(orch_pb.CancelRequest(request_id=f"cancel-{request_id}",
-                                                              target_request_id=request_id),
+        reply = await self._stub.Cancel(orch_pb.CancelRequest(request_id=str(uuid.uuid4()),
+                                                              target_request_id=self.wire_id(request_id)),
                                         timeout=RPC_TIMEOUT_S)
         return reply.found

@@ -58,12 +58,17 @@ def _json(value: object) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
+def _labels(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """Sorted by key, as the registry stores them: the signature covers this order."""
+    return tuple(sorted(labels.items()))
+
+
 def run_measurement(outcome: RunOutcome, route_key: str, on: MeasuredOn) -> tuple[RecordContent, bytes]:
     blob = _json({"schema": RUN_MEASUREMENT_SCHEMA, "route_key": route_key, **asdict(outcome)})
     content = RecordContent(
         type=RecordType.MEASUREMENT, evidence_class=EvidenceClass.PHYSICAL, validity=on.validity(),
         provenance=on.provenance(),
-        labels=((LABEL_QUALIFY_RUN, str(outcome.run)), (schema.LABEL_ROUTE_KEY, route_key)),
+        labels=_labels({LABEL_QUALIFY_RUN: str(outcome.run), schema.LABEL_ROUTE_KEY: route_key}),
         subject=f"qualify-run:{route_key}#{outcome.run}")
     return content, blob
 
@@ -73,7 +78,7 @@ def calibration_record(verdict: Verdict, on: MeasuredOn) -> tuple[RecordContent,
     content = RecordContent(
         type=RecordType.CALIBRATION, evidence_class=EvidenceClass.PHYSICAL, validity=on.validity(),
         provenance=on.provenance(),
-        labels=((schema.LABEL_ROUTE_KEY, c.route_key), (schema.LABEL_PASSED, str(c.passed).lower())),
+        labels=_labels({schema.LABEL_ROUTE_KEY: c.route_key, schema.LABEL_PASSED: str(c.passed).lower()}),
         subject=f"calibration:{c.route_key}")
     return content, schema.to_json(c)
 
@@ -84,7 +89,7 @@ def qualification_record(artifact: dict, verdict: Verdict, on: MeasuredOn) -> tu
     content = RecordContent(
         type=RecordType.QUALIFICATION, evidence_class=EvidenceClass.PHYSICAL, validity=on.validity(),
         provenance=on.provenance(),
-        labels=((schema.LABEL_ROUTE_KEY, c.route_key), (schema.LABEL_PASSED, str(c.passed).lower())),
+        labels=_labels({schema.LABEL_ROUTE_KEY: c.route_key, schema.LABEL_PASSED: str(c.passed).lower()}),
         subject=f"qualification:{c.route_key}")
     return content, blob
 

@@ -176,7 +176,10 @@ high {_ms(c.measured_bottleneck_s.high)}, spread {c.measured_bottleneck_s.spread
 <h2>Per-stage time of one decode microbatch</h2>{stacked_breakdown_svg(runs, predicted)}
 <h2>Predicted against measured stage service time (compute + pack + wire + unpack)</h2>
 {predicted_vs_measured_svg(verdict)}
-<h2>Activation parity per boundary (max |fleet stage - single-process reference|)</h2>{parity_svg(runs)}
+<h2>Activation parity per boundary</h2>
+<p>max |staged - reference| after each stage and on the final logits: the plan's layer ranges run as stages in
+qualify's process, each on its stage host's backend, against single-process transformers (fp32); the fleet's own
+streams are checked token by token against the same reference (token_parity).</p>{parity_svg(runs)}
 <h2>Checks</h2>{_checks_table(runs)}
 <h2>Phase times per run (physical)</h2>{_stage_table(runs)}
 </body></html>

@@ -180,7 +180,7 @@ async def _guarded(name: str, scenario) -> list[Check]:
     try:
         result = await scenario
     except Exception as exc:  # the gate reports every failure as a failed check
-        return [Check(name, False, f"{type(exc).__name__}: {exc}")]
+        return [Check(name, False, f"{type(exc).__name__}: {exc or repr(exc)}")]
     return result if isinstance(result, list) else [result]
 
 

@@ -102,7 +102,7 @@ async def measured_decode(gen: Generator, work: Workload, run: int, stages: Sequ
                         f"prefilled together; first tokens {'match' if not prefill else 'DIFFER from'} the reference; "
                         f"slowest time to first token {ttft * 1e3:.1f} ms (physical)"))
     bad = [m for i, o in enumerate(outs)
-           if (m := (f"{o.request_id}: ended {o.code}" if o.code else
+           if (m := (f"{o.request_id}: ended {o.code} {o.error}" if o.code else
                      reference_mismatch(o, _expected(work, i, work.decode_tokens), complete=True)))]
     times = []
     try:
@@ -145,7 +145,7 @@ async def changing_subset(gen: Generator, work: Workload, run: int) -> list[Chec
     bad = []
     for out, index, tokens in ((outs[0], 0, long_tokens), (outs[1], 1 % n, short_tokens),
                                (outs[2], 2 % n, short_tokens * 2)):
-        problem = (f"{out.request_id}: ended {out.code}" if out.code
+        problem = (f"{out.request_id}: ended {out.code} {out.error}" if out.code
                    else reference_mismatch(out, _expected(work, index, tokens), complete=True))
         if problem:
             bad.append(problem)

@@ -180,3 +180,11 @@ def test_records_follow_the_shared_schema_labels():
     assert "profile" not in dict(measurement.labels)  # not a stage or link profile
     qualification, _ = qualification_record({"verdict": {}}, verdict, on)
     assert qualification.type is RecordType.QUALIFICATION and dict(qualification.labels)["passed"] == "true"
+
+
+def test_record_labels_are_in_the_registrys_order_so_signatures_survive_the_wire():
+    verdict = calibrate([_all_pass(1)], _predicted(0.004, 0.0105), model_snapshot=SNAPSHOT, plan_hash="h")
+    on = MeasuredOn("alpha: cpu", "numpy 2", SNAPSHOT, "fornax qualify", 1, 60, LayerRange(0, 4), DType.FP32, "s")
+    for content, _ in (calibration_record(verdict, on), run_measurement(_all_pass(1), "k", on),
+                       qualification_record({}, verdict, on)):
+        assert list(content.labels) == sorted(content.labels)
