@@ -169,7 +169,8 @@ async def build_server(cfg: ServerConfig, spec: ServiceSpec) -> RunningServer:
     if peers is not None:
         assert cfg.tls is not None
         front = TlsFront(cfg.host, cfg.grpc_port, port, FrontSslContext(cfg.tls), peers,
-                         _audit_refusal(audit, cfg.service_kind), handshake_timeout_s=cfg.handshake_timeout_s)
+                         _audit_refusal(audit, cfg.service_kind), handshake_timeout_s=cfg.handshake_timeout_s,
+                         loop_kind=cfg.tls_front_loop)
         running.front, running.inner_port = front, port
         running.port = await front.start()
     if cfg.health_port is not None:

@@ -36,6 +36,7 @@ from libs.security.certs import CertificateError, identity_of
 from libs.security.handshake import HandshakeRefusal, classify, is_tls_hello
 from libs.security.identity import Identity
 from libs.security.tls import TlsPaths, key_matches_cert
+from libs.service.event_loop import EventLoopKind
 from libs.service.plaintext_refusal import PlaintextRefusal
 
 log = structlog.get_logger()
@@ -190,7 +191,8 @@ class _Half(asyncio.Protocol):
 class TlsFront:
     def __init__(self, host: str, port: int, upstream_port: int, contexts: FrontSslContext,
                  peers: PeerTable, on_refusal: RefusalSink, *,
-                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS):
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
+                 loop_kind: EventLoopKind = EventLoopKind.ASYNCIO):
         self._address = (host, port)
         self._upstream_port = upstream_port
         self._contexts = contexts
@@ -203,8 +205,55 @@ class TlsFront:
         self._tasks: set[asyncio.Task] = set()
         self._transports: set[asyncio.BaseTransport] = set()
         self.port = 0
+        # The front runs on its own thread and loop, so a busy service loop does not stall the
+        # bytes of every call, and the refusal sink (an fsynced audit append) never blocks it.
+        self._loop_kind = loop_kind
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     async def start(self) -> int:
+        """Bind and serve on the front's own thread and event loop; the bound port."""
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run_loop, args=(ready,), name="tls-front", daemon=True)
+        self._thread.start()
+        ready.wait()
+        return await self._on_front_loop(self._start())
+
+    def _run_loop(self, ready: threading.Event) -> None:
+        loop = self._loop_kind_new()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    def _loop_kind_new(self) -> asyncio.AbstractEventLoop:
+        if self._loop_kind is EventLoopKind.UVLOOP:
+            import uvloop  # a declared dependency
+
+            return uvloop.new_event_loop()
+        return asyncio.new_event_loop()
+
+    async def _on_front_loop(self, coro):
+        assert self._loop is not None
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    async def stop_accepting(self) -> None:
+        if self._loop is not None:
+            await self._on_front_loop(self._stop_accepting())
+
+    async def close(self) -> None:
+        if self._loop is None:
+            return
+        await self._on_front_loop(self._close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        self._loop = self._thread = None
+
+    async def _start(self) -> int:
         family = socket.AF_INET6 if ":" in self._address[0] else socket.AF_INET
         listener = socket.create_server(self._address, family=family, backlog=1024)
         listener.setblocking(False)
@@ -216,7 +265,7 @@ class TlsFront:
     def request_reload(self) -> None:
         self._contexts.request_reload()
 
-    async def stop_accepting(self) -> None:
+    async def _stop_accepting(self) -> None:
         if self._accepting is not None:
             self._accepting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -226,8 +275,8 @@ class TlsFront:
             self._listener.close()
             self._listener = None
 
-    async def close(self) -> None:
-        await self.stop_accepting()
+    async def _close(self) -> None:
+        await self._stop_accepting()
         for task in list(self._tasks):
             task.cancel()
         for transport in list(self._transports):
@@ -244,6 +293,9 @@ class TlsFront:
                 log.warning("front_connection_refused", peer=str(address), detail="connection cap reached")
                 sock.close()
                 continue
+            # asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP, which an
+            # accepted socket's is not; without it each small HTTP/2 write waits for an ACK.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             task = asyncio.create_task(self._handle(sock, f"{address[0]}:{address[1]}"))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
