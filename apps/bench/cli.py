@@ -59,6 +59,7 @@ def register(commands, benches) -> None:
     load.add_argument("--prompt-tokens", type=int, help="default 8 (2 with --long)")
     load.add_argument("--max-tokens", type=int, help="default 8 (1 with --long)")
     load.add_argument("--long", action="store_true", help="200,000 tiny requests (no capacity cliff, no leak)")
+    load.add_argument("--cacert", help="CA bundle verifying an https API (default: the fleet file's fleet CA)")
     load.add_argument("--json", action="store_true")
     load.set_defaults(func=cmd_load)
 
@@ -208,6 +209,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         return 2
     options = LoadOptions(
         api=api.rstrip("/"), api_key=state.api_key if state else None,
+        ca_file=args.cacert or (state.api_ca if state and not args.api else None),
         requests=args.requests or (LONG_REQUESTS if args.long else 1000),
         concurrency=args.concurrency,
         prompt_tokens=args.prompt_tokens or (2 if args.long else 8),
