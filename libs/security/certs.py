@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -124,19 +125,23 @@ def identity_of(cert: x509.Certificate) -> Identity:
         raise CertificateError(str(exc), "NO_IDENTITY") from exc
 
 
+def issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
 def verify_leaf(cert_pem: bytes, ca_pem: bytes, now: dt.datetime) -> Identity:
-    """Identity of cert_pem if ca_pem signed it and it is valid at now; else CertificateError."""
+    """Identity of cert_pem if a CA in the bundle ca_pem signed it and it is valid at now; else
+    CertificateError. The bundle holds two CAs while the fleet CA is being rotated."""
     try:
         cert = x509.load_pem_x509_certificate(cert_pem)
     except ValueError as exc:
         raise CertificateError(f"unreadable certificate: {exc}", "BAD_CERTIFICATE") from exc
-    ca = x509.load_pem_x509_certificate(ca_pem)
-    try:
-        cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError) as exc:
-        raise CertificateError("certificate was not issued by the fleet CA", "UNTRUSTED_CERTIFICATE") from exc
-    except Exception as exc:  # InvalidSignature
-        raise CertificateError("certificate signature does not verify", "UNTRUSTED_CERTIFICATE") from exc
+    if not any(issued_by(cert, ca) for ca in x509.load_pem_x509_certificates(ca_pem)):
+        raise CertificateError("certificate was not issued by the fleet CA", "UNTRUSTED_CERTIFICATE")
     if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
         raise CertificateError(
             f"certificate valid {cert.not_valid_before_utc}..{cert.not_valid_after_utc}, not at {now}",
