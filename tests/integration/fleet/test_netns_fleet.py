@@ -79,7 +79,6 @@ def reference(checkpoint) -> list[str]:
 def _capabilities(address: str, state_dir):
     from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
     from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
-
     from libs.security.cli_credentials import cli_channel
     from libs.service.channels import open_channel
 

@@ -12,9 +12,9 @@ import sys
 import time
 
 import grpc
+
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
-
 from libs.security.audit import read_entries
 from libs.security.identity import stage_identity
 from libs.service.channels import ClientCredentials
