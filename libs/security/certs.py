@@ -46,7 +46,22 @@ class CertKeyPair:
 
     @property
     def private_key(self) -> ec.EllipticCurvePrivateKey:
-        return serialization.load_pem_private_key(self.key_pem, password=None)
+        return load_ec_private_key(self.key_pem)
+
+
+def load_ec_private_key(key_pem: bytes) -> ec.EllipticCurvePrivateKey:
+    """The fleet's keys are ECDSA P-256; any other kind of key is refused."""
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise CertificateError(f"expected an EC private key, got {type(key).__name__}", "UNSUPPORTED_KEY")
+    return key
+
+
+def ec_public_key(cert: x509.Certificate) -> ec.EllipticCurvePublicKey:
+    key = cert.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise CertificateError(f"expected an EC public key, got {type(key).__name__}", "UNSUPPORTED_KEY")
+    return key
 
 
 def _new_key() -> ec.EllipticCurvePrivateKey:
@@ -103,7 +118,7 @@ def issue(ca: CertKeyPair, identity: Identity, now: dt.datetime, hosts: Sequence
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                               ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ec_public_key(ca_cert)),
                        critical=False)
         .sign(ca.private_key, hashes.SHA256())
     )

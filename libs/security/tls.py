@@ -107,7 +107,8 @@ class ReloadingServerCredentials:
                 return None
             try:
                 material = self._paths.read()
-                if not key_matches_cert(material.key_pem, material.cert_pem):
+                if not (material.key_pem and material.cert_pem
+                        and key_matches_cert(material.key_pem, material.cert_pem)):
                     return None  # mid-rotation: the other file has not landed yet
                 config = self._config(material)
             except (TlsConfigError, ValueError):
