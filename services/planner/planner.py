@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -34,10 +35,10 @@ from services.planner.feasibility import (
     smallest_stage_bytes,
     unevidenced_route_rejections,
 )
-from services.planner.inventory import Inventory, Node, Target, validate_target
+from services.planner.inventory import EvidenceRef, Inventory, Node, Target, validate_target
 from services.planner.model import ModelDescription
 from services.planner.profiles import Problem as ProfileProblem
-from services.planner.profiles import ProfileBook
+from services.planner.profiles import ProfileBook, ProfileRecordInput, Standing, book_from_records
 from services.planner.search import Placement, Problem, method_name, solve
 
 
@@ -154,6 +155,23 @@ def _predictions(stages: list[d.PlannedStage], target: Target, bottleneck: float
 def build_plan(tables: CostTables, target: Target, placement: Placement) -> d.Plan:
     stages = [_stage(tables, placement, i) for i in range(len(placement.nodes))]
     return _assemble(tables.model, target, stages, method_name(len(tables.nodes)))
+
+
+def plan_with_records(model: ModelDescription, inventory: Inventory, target: Target,
+                      resolver: evidence.Resolver | None, records: Sequence[ProfileRecordInput],
+                      now_unix_ns: int | None = None) -> d.PlanResult:
+    """Plans from registry records as fetched. With a resolver every record is re-resolved with
+    its blob's sha256 first, so only what the registry vouches for now counts; deployment mode
+    without one fails closed."""
+    validate_target(target)
+    if target.mode == "deployment" and resolver is None:
+        raise EvidenceUnavailable("deployment mode needs an evidence registry to resolve records", field="target.mode")
+    book = book_from_records(records)
+    if resolver is not None and records:
+        resolutions = resolver.resolve([EvidenceRef(r.record_id, r.record_type, r.blob_sha256) for r in records])
+        book = book.with_standings({x.record_id: Standing(x.ok, x.reason, x.detail, x.evidence_class)
+                                    for x in resolutions})
+    return plan(model, inventory, target, profiles=book, now_unix_ns=now_unix_ns)
 
 
 def plan_from_profiles(model: ModelDescription, inventory: Inventory, target: Target, book: ProfileBook,
