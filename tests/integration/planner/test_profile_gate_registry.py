@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from dataclasses import replace
 
 import pytest
 
+from apps.cli.main import main
 from libs.profiles.schema import LABEL_PASSED, LABEL_ROUTE_KEY, to_json
 from services.evidence_registry.client import RegistryClient
 from services.evidence_registry.domain import RecordType, ValidityWindow
 from services.planner import domain as d
+from services.planner.bench import ALL_OPERATIONS, synthetic_config
 from services.planner.inventory import Target
+from services.planner.model import describe_checkpoint
 from services.planner.planner import DeploymentRefused, plan_with_records
 from services.planner.profile_source import fetch_profile_records
 from services.planner.registry import RegistryResolver
@@ -89,5 +93,50 @@ def test_deployment_gate_on_signed_registry_records(tmp_path):
             with pytest.raises(DeploymentRefused) as gone:
                 plan_with_records(MODEL, INVENTORY, DEPLOY, resolver, fetch_profile_records(address))
             assert gone.value.reason == d.MISSING_PROFILE and "host b" in gone.value.message
+    finally:
+        proc.stop()
+
+
+def _inventory_yaml(path) -> str:
+    path.write_text(
+        "nodes:\n" + "".join(
+            f"  - {{name: {n}, host: {n}, backend: max, memory: 64GiB, compute: 100TFLOP/s, "
+            f"memory_bandwidth: 1TB/s, dtypes: [bf16, fp32], operations: [{', '.join(ALL_OPERATIONS)}]}}\n"
+            for n in ("a", "b"))
+        + "links:\n  - {between: [a, b], bandwidth: 10Gbit/s, latency: 10us}\n"
+        + "target: {context_tokens: 512, concurrency: 4, min_stages: 2, max_stages: 2, prefill_tokens: 64}\n")
+    return str(path)
+
+
+def test_plan_explain_prints_each_term_with_its_evidence(tmp_path, capsys):
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps(synthetic_config(12, 8, 2, hidden=256, moe_intermediate=128,
+                                                                        vocab=1024)))
+    snapshot = describe_checkpoint(checkpoint).model_snapshot
+    inventory = _inventory_yaml(tmp_path / "inventory.yaml")
+    data = tmp_path / "data"
+    proc, address = start_registry(data, tmp_path / "run")
+    try:
+        now = time.time_ns()
+        with RegistryClient(address) as client:
+            a_id = _put(client, data, stage_record(stage_profile("a", snapshot, measured=now - HOUR_NS)))
+            b_id = _put(client, data, stage_record(stage_profile("b", snapshot, layer_s=3e-3, measured=now - HOUR_NS)))
+        argv = ["plan", "--checkpoint", str(checkpoint), "--inventory", inventory, "--profiles", "--registry",
+                address, "--state-dir", str(tmp_path / "no-fleet"), "--explain"]
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert f"physical (prediction from measurement records {a_id})" in out
+        assert f"physical (prediction from measurement records {b_id})" in out
+        for term in ("compute", "pack", "wire", "unpack", "memory"):
+            assert f"  {term} " in out
+        assert "declared, exploratory" in out  # no link profile yet: the wire term is declared
+        assert "decode_tokens_per_s" in out and "(prediction)" in out
+        assert " on a@a (max)" in out and " on b@b (max)" in out
+
+        assert main([*argv[:-1], "--mode", "deployment"]) == 2
+        err = capsys.readouterr().err
+        assert "error MISSING_PROFILE" in err and ("link a->b" in err or "link b->a" in err)
+        assert "MISSING_CALIBRATION route " in err
     finally:
         proc.stop()
