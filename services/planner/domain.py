@@ -30,6 +30,7 @@ MISSING_CALIBRATION = "MISSING_CALIBRATION"
 CALIBRATION_FAILED = "CALIBRATION_FAILED"
 CALIBRATION_EXPIRED = "CALIBRATION_EXPIRED"
 CALIBRATION_UNRESOLVED = "CALIBRATION_UNRESOLVED"
+CALIBRATION_STALE = "CALIBRATION_STALE"  # qualified on other profile records than the plan rests on
 
 # Evidence classes of a plan term.
 TERM_PHYSICAL = "physical"  # a prediction computed from physical measurement records

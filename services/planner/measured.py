@@ -281,7 +281,7 @@ def deployment_problems(t: MeasuredTables, book: ProfileBook, placement_nodes: t
         problem = book.link_problem(host_of(t.nodes[u]), host_of(t.nodes[v]), now_ns)
         if problem is not None:
             out.append(problem)
-    problem = book.calibration_problem(route_key, now_ns)
-    if problem is not None:
-        out.append(problem)
-    return out
+    used = [rid for v in placement_nodes for rid in t.costs[v].sources.values() if rid != DECLARED]
+    used += [t.link_sources[(u, v)] for u, v in zip(placement_nodes, placement_nodes[1:], strict=False)]
+    problem = book.calibration_problem(route_key, now_ns, tuple(rid for rid in dict.fromkeys(used) if rid))
+    return out + ([problem] if problem is not None else [])

@@ -119,7 +119,8 @@ class ProfileBook:
 
     @property
     def record_ids(self) -> tuple[str, ...]:
-        return tuple(r.record_id for r in (*self.stages, *self.links, *self.calibrations))
+        return (tuple(r.record_id for r in self.stages) + tuple(r.record_id for r in self.links)
+                + tuple(r.record_id for r in self.calibrations))
 
     def stage_record(self, host: str) -> StageRecord | None:
         found = [r for r in self.stages if r.profile.host.host == host]
@@ -164,7 +165,9 @@ class ProfileBook:
         return _standing_problem(record.record_id, subject, record.standing,
                                  _expired_at(p.measured_unix_ns, p.valid_for_s), now_ns)
 
-    def calibration_problem(self, route_key: str, now_ns: int) -> Problem | None:
+    def calibration_problem(self, route_key: str, now_ns: int, profile_ids: Sequence[str] = ()) -> Problem | None:
+        """`profile_ids`: the profile records the plan rests on; a calibration that names the
+        records it qualified must cover them (newer profiles need a new qualification)."""
         record = self.calibration_record(route_key)
         subject = f"route {route_key}"
         if record is None:
@@ -179,6 +182,11 @@ class ProfileBook:
             why = "; ".join(c.failures) or (f"bottleneck prediction error {c.bottleneck_prediction_error:.1%} "
                                             f"over the {c.tolerance:.0%} bound")
             return Problem(d.CALIBRATION_FAILED, subject, record.record_id, f"the gate did not pass: {why}")
+        uncovered = [x for x in profile_ids if c.evidence_ids and x not in c.evidence_ids]
+        if uncovered:
+            return Problem(d.CALIBRATION_STALE, subject, record.record_id,
+                           f"qualified on profiles {', '.join(c.evidence_ids)}; the plan now rests on "
+                           f"{', '.join(uncovered)} too (run `fornax qualify` again)")
         return None
 
     def with_standings(self, standings: dict[str, Standing]) -> ProfileBook:

@@ -196,3 +196,14 @@ def test_a_profile_for_another_model_snapshot_does_not_count():
     assert a_terms["compute"].evidence_class == d.TERM_DECLARED
     refused = _refusal(_calibrated(other))
     assert refused.reason == d.PROFILE_MISMATCH and "host a" in refused.message
+
+
+def test_a_calibration_qualified_on_other_profiles_is_stale():
+    recs = records()
+    key = run(recs).plan.route_key
+    old = replace(calibration(key), evidence_ids=("stage-a", "stage-b-old", "link-a-b"))
+    refused = _refusal([*recs, calibration_record(old)])
+    assert refused.reason == d.CALIBRATION_STALE and "stage-b" in refused.message
+    covering = replace(calibration(key), evidence_ids=("stage-a", "stage-b", "link-a-b"))
+    result = run([*recs, calibration_record(covering)], target=replace(TWO, mode="deployment"))
+    assert result.plan.calibration_id == "calibration-1"
