@@ -15,6 +15,7 @@ from collections import Counter
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from libs.common.proto import BACKEND_FROM_PB, DTYPE_FROM_PB
 from libs.profiles import schema
+from libs.security.identity import stage_identity
 from services.planner.inventory import Inventory, Link, Node
 from services.planner.profiles import ProfileRecordInput
 
@@ -54,7 +55,8 @@ def _dtypes(cap: sw_pb.GetCapabilitiesResponse) -> tuple:
 def hosts_from_profiles(capabilities: list[sw_pb.GetCapabilitiesResponse],
                         records: list[ProfileRecordInput]) -> tuple[str, ...]:
     """The fleet host of each worker (stage order): the host of the stage profile that worker
-    measured (matched by its fleet identity), else its node name."""
+    measured, matched by its fleet identity (a plaintext worker reports none: the identity of its
+    stage index stands in), else its node name."""
     by_worker: dict[str, str] = {}
     for record in records:
         if record.record_type != "measurement" or record.label(schema.LABEL_PROFILE) != "stage":
@@ -64,7 +66,7 @@ def hosts_from_profiles(capabilities: list[sw_pb.GetCapabilitiesResponse],
         except schema.ProfileFormatError:
             continue  # the planner names a malformed record when it parses the set
         by_worker.setdefault(profile.worker, profile.host.host)
-    return tuple(by_worker.get(cap.identity, node_name(i)) if cap.identity else node_name(i)
+    return tuple(by_worker.get(cap.identity or stage_identity(i).uri, node_name(i))
                  for i, cap in enumerate(capabilities))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 
@@ -54,3 +56,6 @@ def test_each_worker_takes_the_host_of_the_stage_profile_it_measured():
     hosts = hosts_from_profiles([alpha, beta], records)
     assert hosts == ("alpha", "stage_worker_1")  # beta measured nothing under its identity
     assert [n.host for n in inventory_from([alpha, beta], hosts).nodes] == ["alpha", "stage_worker_1"]
+    plaintext = _cap("198.18.0.12")  # no identity: the one of its stage index (spiffe://fornax/stage/stage-0)
+    gamma = stage_record(replace(stage_profile("gamma", "sha256:m"), worker="spiffe://fornax/stage/stage-0"))
+    assert hosts_from_profiles([plaintext], [gamma]) == ("gamma",)
