@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 EXIT_INFEASIBLE = 3
@@ -85,7 +85,7 @@ def _plan_running_fleet(args, model):
     from services.evidence_registry.client import ClientOptions
     from services.planner.fleet_view import installed_stages, read_view
     from services.planner.inventory import Target
-    from services.planner.planner import plan_with_records
+    from services.planner.planner import plan_with_records, predict_placement, resolved_book
     from services.planner.registry import RegistryResolver
 
     channel = cli_channel(args.state_dir)
@@ -95,7 +95,13 @@ def _plan_running_fleet(args, model):
     target = Target(context_tokens=args.context_tokens, concurrency=args.concurrency, min_stages=stages,
                     max_stages=stages, boundary_dtype=DType(args.boundary_dtype), mode=args.mode or "exploratory")
     resolver = RegistryResolver(view.registry, ClientOptions(channel=channel))
-    return plan_with_records(model, view.inventory, target, resolver, view.records), installed
+    result = plan_with_records(model, view.inventory, target, resolver, view.records)
+    if installed is None:
+        return result, None
+    placement = [(s.node, s.layer_start, s.layer_end) for s in installed]
+    current = predict_placement(model, view.inventory, replace(target, mode="exploratory"),
+                                resolved_book(resolver, view.records), placement)
+    return result, (installed, current)
 
 
 def run_plan(args) -> int:
@@ -139,7 +145,7 @@ def run_plan(args) -> int:
         else:
             print("\n".join(format_result(result)))
         if installed is not None and result.plan is not None:
-            print("\n".join(diff_lines(installed, result.plan)))
+            print("\n".join(diff_lines(installed[0], result.plan, installed[1])))
     return 0 if result.feasible else EXIT_INFEASIBLE
 
 

@@ -60,13 +60,21 @@ class InstalledStage:
     layer_end: int
 
 
-def diff_lines(installed: Sequence[InstalledStage], proposed: d.Plan) -> list[str]:
-    """Stage by stage: what moves from the installed placement to the proposed one."""
+def _tokens_per_s(plan: d.Plan) -> str:
+    return f"{plan.prediction('decode_tokens_per_s'):.4g} tokens/s"
+
+
+def diff_lines(installed: Sequence[InstalledStage], proposed: d.Plan, current: d.Plan | None = None) -> list[str]:
+    """Stage by stage: what moves from the installed placement to the proposed one; with
+    `current` (the installed placement evaluated on the same evidence) both predictions."""
     before = [(s.host, s.layer_start, s.layer_end) for s in installed]
     after = [(s.host or s.node, s.layer_start, s.layer_end) for s in proposed.stages]
     if before == after:
         return ["replan: the proposed placement equals the installed one; nothing to move"]
     lines = ["replan: proposed placement differs from the installed one"]
+    if current is not None:
+        lines.append(f"  predicted decode throughput (predictions on the same evidence): installed "
+                     f"{_tokens_per_s(current)} -> proposed {_tokens_per_s(proposed)}")
     for i in range(max(len(before), len(after))):
         old = before[i] if i < len(before) else None
         new = after[i] if i < len(after) else None

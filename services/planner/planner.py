@@ -157,21 +157,41 @@ def build_plan(tables: CostTables, target: Target, placement: Placement) -> d.Pl
     return _assemble(tables.model, target, stages, method_name(len(tables.nodes)))
 
 
+def resolved_book(resolver: evidence.Resolver | None, records: Sequence[ProfileRecordInput]) -> ProfileBook:
+    """The records as a book; with a resolver each is re-resolved with its blob's sha256 first,
+    so only what the registry vouches for now counts."""
+    book = book_from_records(records)
+    if resolver is None or not records:
+        return book
+    resolutions = resolver.resolve([EvidenceRef(r.record_id, r.record_type, r.blob_sha256) for r in records])
+    return book.with_standings({x.record_id: Standing(x.ok, x.reason, x.detail, x.evidence_class)
+                                for x in resolutions})
+
+
 def plan_with_records(model: ModelDescription, inventory: Inventory, target: Target,
                       resolver: evidence.Resolver | None, records: Sequence[ProfileRecordInput],
                       now_unix_ns: int | None = None) -> d.PlanResult:
-    """Plans from registry records as fetched. With a resolver every record is re-resolved with
-    its blob's sha256 first, so only what the registry vouches for now counts; deployment mode
-    without one fails closed."""
+    """Plans from registry records as fetched; deployment mode without a resolver fails closed."""
     validate_target(target)
     if target.mode == "deployment" and resolver is None:
         raise EvidenceUnavailable("deployment mode needs an evidence registry to resolve records", field="target.mode")
-    book = book_from_records(records)
-    if resolver is not None and records:
-        resolutions = resolver.resolve([EvidenceRef(r.record_id, r.record_type, r.blob_sha256) for r in records])
-        book = book.with_standings({x.record_id: Standing(x.ok, x.reason, x.detail, x.evidence_class)
-                                    for x in resolutions})
-    return plan(model, inventory, target, profiles=book, now_unix_ns=now_unix_ns)
+    return plan(model, inventory, target, profiles=resolved_book(resolver, records), now_unix_ns=now_unix_ns)
+
+
+def predict_placement(model: ModelDescription, inventory: Inventory, target: Target, book: ProfileBook,
+                      stages: Sequence[tuple[str, int, int]], now_unix_ns: int | None = None) -> d.Plan:
+    """The same terms and predictions for a given placement ((node, start, end) per stage), e.g.
+    the installed one, so a proposed placement can be compared with it on the same evidence."""
+    now = time.time_ns() if now_unix_ns is None else now_unix_ns
+    tables = measured.build_measured(model, inventory, inventory.nodes, target, book, now)
+    index = {n.name: i for i, n in enumerate(tables.nodes)}
+    unknown = [name for name, _, _ in stages if name not in index]
+    if unknown:
+        raise FailedPrecondition(f"placement names nodes {unknown} the inventory lacks", reason="UNKNOWN_NODE")
+    placement = Placement(tuple(index[n] for n, _, _ in stages), (0, *(end for _, _, end in stages)), 0.0)
+    planned = [_measured_stage(tables, placement, i) for i in range(len(stages))]
+    key = make_route_key(model.model_snapshot, measured.route_stages(tables, placement.nodes, placement.cuts))
+    return _assemble(model, target, planned, "given placement (evaluated, not searched)", key)
 
 
 def plan_from_profiles(model: ModelDescription, inventory: Inventory, target: Target, book: ProfileBook,

@@ -50,3 +50,18 @@ def test_profile_records_and_term_evidence_cross_the_wire_unchanged():
     assert [s.terms for s in again.stages] == [s.terms for s in plan.stages]
     assert [s.host for s in again.stages] == ["a", "b"]
     assert book_from_records(back).record_ids == book_from_records(recs).record_ids
+
+
+def test_replan_predicts_the_installed_placement_on_the_same_evidence():
+    from services.planner.planner import predict_placement
+    from tests.unit.planner.profile_factories import NOW
+
+    recs = records(1e-3, 3e-3)
+    proposed = run(recs).plan
+    even = predict_placement(MODEL, inventory("a", "b"), TWO, book_from_records(recs), [("a", 0, 6), ("b", 6, 12)],
+                             now_unix_ns=NOW)
+    assert [(s.layer_start, s.layer_end) for s in even.stages] == [(0, 6), (6, 12)]
+    assert even.prediction("decode_tokens_per_s") < proposed.prediction("decode_tokens_per_s")
+    installed = [InstalledStage(0, "a", "a", 0, 6), InstalledStage(1, "b", "b", 6, 12)]
+    text = "\n".join(diff_lines(installed, proposed, even))
+    assert "installed " in text and " -> proposed " in text and "tokens/s" in text
