@@ -40,9 +40,7 @@ async def _serve(pki: FleetPki, tmp_path, **server_overrides):
 
 
 async def _stop(running, spec):
-    await running.server.stop(0)
-    if running.health_server:
-        await running.health_server.stop(0)
+    await running.stop(0)  # the TLS front, the gRPC server and the health port
     await spec.on_stop()
 
 
