@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -50,7 +51,8 @@ class Grid:
             raise ValueError(f"context must not be negative, got {self.context_tokens}")
 
 
-def timed_runs(call: Callable[[], object], runs: int, min_run_s: float, clock: Clock = time.perf_counter) -> list[float]:
+def timed_runs(call: Callable[[], object], runs: int, min_run_s: float,
+               clock: Clock = time.perf_counter) -> list[float]:
     """Seconds per call, one sample per run. The first (warm-up) call also sizes the runs."""
     start = clock()
     call()
@@ -127,19 +129,29 @@ class InputMaker:
         return self.rng.integers(0, self.cfg.vocab_size, rows, dtype=np.int32)
 
 
+def _figures(grid: Grid, clock: Clock, sizes: tuple[int, ...], call: Callable[[np.ndarray], object],
+             make_input: Callable[[int], np.ndarray], per: Callable[[int], int], unit: str) -> dict[int, Figure]:
+    """One figure per size: `call(make_input(size))` timed, divided by `per(size)`."""
+    figures = {}
+    for size in sizes:
+        value = make_input(size)
+        figures[size] = per_unit(timed_runs(partial(call, value), grid.runs, grid.min_run_s, clock), per(size), unit)
+    return figures
+
+
 def measure_layer(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWeights, layer_index: int,
                   grid: Grid, clock: Clock = time.perf_counter) -> LayerKindProfile:
     """One decoder layer, timed alone through the stage's kernels."""
     make = InputMaker(cfg, seed=layer_index)
-    prefill = {}
+    prefill: dict[int, Figure] = {}
+    decode: dict[int, Figure] = {}
     for length in grid.prefill_lengths:
         inputs = make.prefill(length)
-        samples = timed_runs(lambda i=inputs: kernels.decoder_layer(layer_index, i), grid.runs, grid.min_run_s, clock)
+        samples = timed_runs(partial(kernels.decoder_layer, layer_index, inputs), grid.runs, grid.min_run_s, clock)
         prefill[length] = per_unit(samples, length, "s/token")
-    decode = {}
     for batch in grid.decode_batches:
         inputs = make.decode(batch, grid.context_tokens)
-        samples = timed_runs(lambda i=inputs: kernels.decoder_layer(layer_index, i), grid.runs, grid.min_run_s, clock)
+        samples = timed_runs(partial(kernels.decoder_layer, layer_index, inputs), grid.runs, grid.min_run_s, clock)
         decode[batch] = per_unit(samples, 1, "s/microbatch")
     return LayerKindProfile(layer_kind(cfg, layer_index), prefill, decode,
                             layer_resident_bytes(weights.layer(layer_index)), kv_bytes_per_token(cfg))
@@ -150,10 +162,8 @@ def measure_embed(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWe
     if weights.embed is None:
         raise ValueError("this stage holds no embeddings")
     make = InputMaker(cfg, seed=1000)
-    prefill = {n: per_unit(timed_runs(lambda ids=make.token_ids(n): kernels.embed(ids), grid.runs, grid.min_run_s,
-                                      clock), n, "s/token") for n in grid.prefill_lengths}
-    decode = {b: per_unit(timed_runs(lambda ids=make.token_ids(b): kernels.embed(ids), grid.runs, grid.min_run_s,
-                                     clock), 1, "s/microbatch") for b in grid.decode_batches}
+    prefill = _figures(grid, clock, grid.prefill_lengths, kernels.embed, make.token_ids, lambda n: n, "s/token")
+    decode = _figures(grid, clock, grid.decode_batches, kernels.embed, make.token_ids, lambda _: 1, "s/microbatch")
     return LayerKindProfile("embed", prefill, decode, int(weights.embed.nbytes), 0)
 
 
@@ -164,10 +174,10 @@ def measure_head(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWei
     if weights.lm_head is None or weights.final_norm is None:
         raise ValueError("this stage holds no head")
     make = InputMaker(cfg, seed=2000)
-    one_row = timed_runs(lambda h=make.hidden(1): kernels.final(h), grid.runs, grid.min_run_s, clock)
+    row = make.hidden(1)
+    one_row = timed_runs(lambda: kernels.final(row), grid.runs, grid.min_run_s, clock)
     prefill = {n: per_unit(one_row, n, "s/token") for n in grid.prefill_lengths}
-    decode = {b: per_unit(timed_runs(lambda h=make.hidden(b): kernels.final(h), grid.runs, grid.min_run_s, clock),
-                          1, "s/microbatch") for b in grid.decode_batches}
+    decode = _figures(grid, clock, grid.decode_batches, kernels.final, make.hidden, lambda _: 1, "s/microbatch")
     return LayerKindProfile("head", prefill, decode, int(weights.lm_head.nbytes + weights.final_norm.nbytes), 0)
 
 

@@ -47,7 +47,8 @@ def stage_shapes(profile: StageProfile, shapes: str) -> str:
             f"concurrency {profile.concurrency}; {shapes}")
 
 
-def stage_profile_record(profile: StageProfile, layer_range: tuple[int, int], shapes: str) -> tuple[RecordContent, bytes]:
+def stage_profile_record(profile: StageProfile, layer_range: tuple[int, int],
+                         shapes: str) -> tuple[RecordContent, bytes]:
     """An unsigned stage-profile record; `layer_range` covers the layers that were timed."""
     content = RecordContent(
         type=RecordType.MEASUREMENT,

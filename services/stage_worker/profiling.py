@@ -83,7 +83,8 @@ def grid_from(request: pb.ProfileStageRequest) -> Grid:
         context_tokens=request.context_tokens or DEFAULT_CONTEXT,
         runs=request.runs or DEFAULT_RUNS,
     )
-    checks = (("prefill_lengths", grid.prefill_lengths, MAX_PREFILL), ("decode_batches", grid.decode_batches, MAX_BATCH))
+    checks = (("prefill_lengths", grid.prefill_lengths, MAX_PREFILL),
+              ("decode_batches", grid.decode_batches, MAX_BATCH))
     for field, values, limit in checks:
         if min(values) < 1 or max(values) > limit:
             raise InvalidArgument(f"{field} must lie in [1, {limit}], got {list(values)}", reason="INVALID_GRID",
