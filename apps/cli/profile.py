@@ -49,6 +49,8 @@ def register(commands, benches) -> None:
     p.add_argument("--decode-batches", type=_ints, default=grid.decode_batches,
                    help="decode microbatch sizes, comma-separated (default 1,8,32)")
     p.add_argument("--context", type=int, default=grid.context_tokens, help="past tokens of each decode row")
+    p.add_argument("--min-run-ms", type=int, default=round(grid.min_run_s * 1000),
+                   help="each run repeats a call for at least this long (default 300: three CFS periods)")
     p.add_argument("--valid-for-s", type=int, default=7 * 24 * 3600, help="validity window of each record")
     p.add_argument("--json", action="store_true", help="print the stored profiles as JSON")
     p.add_argument("--startup-timeout-s", type=float, default=180.0)
@@ -130,7 +132,7 @@ def _profile(args: argparse.Namespace, state: FleetState, stage_hosts: list[str]
     if credentials is None:
         return _fail("profiles are physical evidence and must be signed: the fleet must serve mTLS "
                      f"(no operator certificate under {args.state_dir})")
-    grid = Grid(args.prefill_lengths, args.decode_batches, args.context, args.runs)
+    grid = Grid(args.prefill_lengths, args.decode_batches, args.context, args.runs, args.min_run_ms / 1000)
     command = "fornax " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["profile"] else "fornax profile"
     request = ProfileRequest(checkpoint, grid, command, link_runs=args.runs, valid_for_s=args.valid_for_s)
     try:
@@ -162,7 +164,8 @@ def _fig(figure: Figure, scale: float = 1.0, unit: str = "") -> str:
 
 
 def _kind_rows(kind: LayerKindProfile) -> list[str]:
-    rows = [f"    {kind.kind}: resident {kind.resident_bytes} B/layer, KV {kind.kv_bytes_per_token} B/token/layer"]
+    per = " per layer" if kind.kind in ("dense", "moe") else ""
+    rows = [f"    {kind.kind}: resident {kind.resident_bytes} B{per}, KV {kind.kv_bytes_per_token} B/token{per}"]
     rows += [f"      prefill S={s}: {_fig(f, 1e6, ' us/token')}" for s, f in sorted(kind.prefill_s_per_token.items())]
     rows += [f"      decode batch={b}: {_fig(f, 1e3, ' ms/microbatch')}"
              for b, f in sorted(kind.decode_s_per_microbatch.items())]

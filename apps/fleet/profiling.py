@@ -116,6 +116,7 @@ async def profile_fleet(workers: list[Worker], builder: str, registry: str, requ
                     request_id=str(uuid.uuid4()), artifact_source_address=builder, manifest_hashes=manifests,
                     host=worker.host, model_snapshot=snapshot, prefill_lengths=grid.prefill_lengths,
                     decode_batches=grid.decode_batches, context_tokens=grid.context_tokens, runs=grid.runs,
+                    min_run_ms=round(grid.min_run_s * 1000),
                     valid_for_s=request.valid_for_s, command=request.command), timeout=PROFILE_TIMEOUT_S)
             record = await reg.put_record(content_from_proto(reply.record), reply.profile_json)
             stages.append(StoredStage(stage_profile_from_json(reply.profile_json), record))

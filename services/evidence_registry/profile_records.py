@@ -29,7 +29,6 @@ from services.evidence_registry.domain import (
 NS_PER_S = 10**9
 LABEL_SNAPSHOT = "model_snapshot"
 LABEL_WORKER = "worker"
-STAGE_DTYPES = {"float32": DType.FP32, "bf16": DType.BF16, "fp16": DType.FP16, "fp32": DType.FP32}
 
 
 def _window(measured_unix_ns: int, valid_for_s: int) -> ValidityWindow:
@@ -57,7 +56,7 @@ def stage_profile_record(profile: StageProfile, layer_range: tuple[int, int],
         provenance=Provenance(
             hardware=profile.host.describe(), backend_build=profile.backend_build,
             model_snapshot=profile.model_snapshot, command=profile.command,
-            layer_range=LayerRange(*layer_range), dtype=STAGE_DTYPES.get(profile.dtype, DType.FP32),
+            layer_range=LayerRange(*layer_range), dtype=DType(profile.dtype),
             shapes=stage_shapes(profile, shapes)),
         labels=tuple(sorted({
             LABEL_PROFILE: "stage", LABEL_HOST: profile.host.host, LABEL_BACKEND: profile.backend,

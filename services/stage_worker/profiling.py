@@ -54,12 +54,13 @@ DEFAULT_CONTEXT = 512
 DEFAULT_VALID_FOR_S = 7 * 24 * 3600
 DEFAULT_RTT_ITERS = 20
 MAX_RUNS = 50
+MAX_RUN_S = 10.0
 MAX_PREFILL = 32768
 MAX_BATCH = 1024
 MAX_CONTEXT = 131072
 PROBE_TTL_S = 60
 MAX_PROBE_TTL_S = 600
-PROFILE_DTYPE = "float32"  # both backends hold a stage's weights and KV as float32
+PROFILE_DTYPE = "fp32"  # both backends hold a stage's weights and KV as float32
 BUSY = (StageState.LOADING, StageState.EXECUTING, StageState.DRAINING)
 
 
@@ -82,6 +83,7 @@ def grid_from(request: pb.ProfileStageRequest) -> Grid:
         decode_batches=tuple(request.decode_batches) or defaults.decode_batches,
         context_tokens=request.context_tokens or DEFAULT_CONTEXT,
         runs=request.runs or DEFAULT_RUNS,
+        min_run_s=request.min_run_ms / 1000 if request.min_run_ms else defaults.min_run_s,
     )
     checks = (("prefill_lengths", grid.prefill_lengths, MAX_PREFILL),
               ("decode_batches", grid.decode_batches, MAX_BATCH))
@@ -92,6 +94,9 @@ def grid_from(request: pb.ProfileStageRequest) -> Grid:
     if grid.context_tokens > MAX_CONTEXT:
         raise InvalidArgument(f"context_tokens must be at most {MAX_CONTEXT}", reason="INVALID_GRID",
                               field="context_tokens")
+    if grid.min_run_s > MAX_RUN_S:
+        raise InvalidArgument(f"min_run_ms must be at most {MAX_RUN_S * 1000:g}", reason="INVALID_GRID",
+                              field="min_run_ms")
     if grid.runs > MAX_RUNS:
         raise InvalidArgument(f"runs must be at most {MAX_RUNS}", reason="INVALID_GRID", field="runs")
     return grid

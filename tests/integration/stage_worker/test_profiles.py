@@ -32,7 +32,7 @@ from tests.integration.security.pki import OPERATOR, FleetPki
 from tests.support.procs import ServiceProc
 
 pytestmark = pytest.mark.integration
-SMALL_GRID = {"prefill_lengths": [4, 8], "decode_batches": [1, 2], "context_tokens": 8, "runs": 2}
+SMALL_GRID = {"prefill_lengths": [4, 8], "decode_batches": [1, 2], "context_tokens": 8, "runs": 2, "min_run_ms": 5}
 
 
 def _serving(proc: ServiceProc, creds, timeout_s: float = 60.0) -> str:
@@ -138,7 +138,8 @@ def test_a_profile_request_that_does_not_fit_is_refused_with_its_reason(fleet):
     cases = [(_stage_request(checkpoint, host=""), grpc.StatusCode.INVALID_ARGUMENT, "MISSING_FIELD"),
              (_stage_request(checkpoint, model_snapshot="sha256:" + "1" * 64), grpc.StatusCode.FAILED_PRECONDITION,
               "MODEL_SNAPSHOT_MISMATCH"),
-             (_stage_request(checkpoint, decode_batches=[0]), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_GRID")]
+             (_stage_request(checkpoint, decode_batches=[0]), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_GRID"),
+             (_stage_request(checkpoint, min_run_ms=60_000), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_GRID")]
     for request, code, reason in cases:
         with pytest.raises(grpc.RpcError) as caught:
             stub.ProfileStage(request, timeout=60)

@@ -327,7 +327,7 @@ class AdmitSequenceResponse(_message.Message):
     def __init__(self, kv_bytes_reserved: _Optional[int] = ..., kv_bytes_free: _Optional[int] = ...) -> None: ...
 
 class ProfileStageRequest(_message.Message):
-    __slots__ = ("request_id", "checkpoint_dir", "layer_ranges", "artifact_source_address", "manifest_hashes", "host", "model_snapshot", "prefill_lengths", "decode_batches", "context_tokens", "concurrency", "runs", "valid_for_s", "command")
+    __slots__ = ("request_id", "checkpoint_dir", "layer_ranges", "artifact_source_address", "manifest_hashes", "host", "model_snapshot", "prefill_lengths", "decode_batches", "context_tokens", "concurrency", "runs", "valid_for_s", "command", "min_run_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     LAYER_RANGES_FIELD_NUMBER: _ClassVar[int]
@@ -342,6 +342,7 @@ class ProfileStageRequest(_message.Message):
     RUNS_FIELD_NUMBER: _ClassVar[int]
     VALID_FOR_S_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    MIN_RUN_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     checkpoint_dir: str
     layer_ranges: _containers.RepeatedCompositeFieldContainer[_common_pb2.LayerRange]
@@ -356,7 +357,8 @@ class ProfileStageRequest(_message.Message):
     runs: int
     valid_for_s: int
     command: str
-    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., layer_ranges: _Optional[_Iterable[_Union[_common_pb2.LayerRange, _Mapping]]] = ..., artifact_source_address: _Optional[str] = ..., manifest_hashes: _Optional[_Iterable[str]] = ..., host: _Optional[str] = ..., model_snapshot: _Optional[str] = ..., prefill_lengths: _Optional[_Iterable[int]] = ..., decode_batches: _Optional[_Iterable[int]] = ..., context_tokens: _Optional[int] = ..., concurrency: _Optional[int] = ..., runs: _Optional[int] = ..., valid_for_s: _Optional[int] = ..., command: _Optional[str] = ...) -> None: ...
+    min_run_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., layer_ranges: _Optional[_Iterable[_Union[_common_pb2.LayerRange, _Mapping]]] = ..., artifact_source_address: _Optional[str] = ..., manifest_hashes: _Optional[_Iterable[str]] = ..., host: _Optional[str] = ..., model_snapshot: _Optional[str] = ..., prefill_lengths: _Optional[_Iterable[int]] = ..., decode_batches: _Optional[_Iterable[int]] = ..., context_tokens: _Optional[int] = ..., concurrency: _Optional[int] = ..., runs: _Optional[int] = ..., valid_for_s: _Optional[int] = ..., command: _Optional[str] = ..., min_run_ms: _Optional[int] = ...) -> None: ...
 
 class ProfileStageResponse(_message.Message):
     __slots__ = ("profile_json", "record")
