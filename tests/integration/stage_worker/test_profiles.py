@@ -10,11 +10,11 @@ import time
 
 import grpc
 import pytest
+
+from apps.fleet.health import check_health
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
-
-from apps.fleet.health import check_health
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.sender import SenderConfig
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint

@@ -61,7 +61,8 @@ def test_timed_runs_sizes_each_run_from_the_warm_up_and_reports_seconds_per_call
 
 def test_timed_runs_calls_a_slow_operation_once_per_run():
     calls = []
-    samples = timed_runs(lambda: calls.append(1), runs=3, min_run_s=0.01, clock=iter([0, 1.0, 10, 12, 20, 23, 30, 34]).__next__)
+    clock = iter([0, 1.0, 10, 12, 20, 23, 30, 34]).__next__
+    samples = timed_runs(lambda: calls.append(1), runs=3, min_run_s=0.01, clock=clock)
     assert len(calls) == 4 and samples == pytest.approx([2.0, 3.0, 4.0])
 
 
