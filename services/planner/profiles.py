@@ -84,6 +84,11 @@ def latest_profiles(registry: RecordSource, model_snapshot: str, now_unix_ns: in
     return Profiles(stages, links, ids)
 
 
+def by_worker(stages: dict[str, StageProfile]) -> dict[str, StageProfile]:
+    """Stage profiles keyed by the measuring worker's fleet identity (GetCapabilities.identity)."""
+    return {profile.worker: profile for profile in stages.values()}
+
+
 def _blob(registry: RecordSource, record: Record, ids: dict[str, str]) -> bytes:
     _, blob = registry.get_record(record.record_id, include_blob=True)
     if blob is None:

@@ -133,6 +133,7 @@ def measure_sources(backend: str, device: str, sources: list[ProfileSource], gri
             profiles["embed"] = measure_embed(cfg, kernels, weights, grid)
         if source.last and "head" not in profiles:
             profiles["head"] = measure_head(cfg, kernels, weights, grid)
+        del kernels, weights  # one source's weights in memory at a time
     if cfg is None:
         raise InvalidArgument("nothing to profile", reason="MISSING_FIELD", field="layer_ranges")
     return cfg, [profiles[k] for k in LAYER_KINDS if k in profiles], layers

@@ -13,7 +13,7 @@ from services.evidence_registry.domain import Record, RecordStatus
 from services.evidence_registry.errors import InvalidField
 from services.evidence_registry.profile_records import link_profile_record, stage_profile_record
 from services.evidence_registry.validation import check_content
-from services.planner.profiles import latest_profiles, select_latest
+from services.planner.profiles import by_worker, latest_profiles, select_latest
 
 SNAP = "sha256:" + "a" * 64
 NS = 10**9
@@ -108,6 +108,7 @@ def test_latest_profiles_parses_the_blobs_and_names_their_records():
     stages, links, ids = latest_profiles(registry, SNAP, now_unix_ns=1500 * NS)
     assert stages == {"beta": stage()} and links == {("alpha", "beta"): link()}
     assert ids == {"stage-profile:beta": "s1", "link-profile:alpha->beta": "l1"}
+    assert by_worker(stages) == {"spiffe://fornax/stage/beta": stage()}
     assert {k: v.value for k, v in registry.filters.items()} == {
         "type": "measurement", "evidence_class": "physical", "status": "active"}
 
