@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,9 @@ from apps.fleet.netns import read_record
 from libs.security.cli_credentials import operator_credentials
 from libs.service.channels import ChannelConfig
 from libs.service.fleet_state import read_fleet
-from services.evidence_registry.client import ClientOptions, RegistryClient
-from services.planner.profiles import latest_profiles
+from services.evidence_registry.client import ClientOptions
+from services.planner.profile_source import fetch_profile_records
+from services.planner.profiles import book_from_records
 from tests.integration.orchestrator.harness import tiny_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -53,11 +55,12 @@ def test_profile_stores_signed_records_a_planner_reads_back(checkpoint, tmp_path
         fleet = read_fleet(state)
         assert fleet is not None
         options = ClientOptions(channel=ChannelConfig(credentials=operator_credentials(state, env={})))
-        with RegistryClient(fleet.entry("evidence_registry").grpc, options) as registry:
-            stages, links, ids = latest_profiles(registry, document["model_snapshot"])
-        assert sorted(stages) == ["stage_worker_0", "stage_worker_1"] and len(links) == 2
-        assert ids["stage-profile:stage_worker_0"] == document["stages"][0]["record_id"]
-        kinds = [k.kind for k in stages["stage_worker_1"].kinds]
+        book = book_from_records(fetch_profile_records(fleet.entry("evidence_registry").grpc, options))
+        assert sorted(r.profile.host.host for r in book.stages) == ["stage_worker_0", "stage_worker_1"]
+        assert len(book.links) == 2
+        assert book.stage_record("stage_worker_0").record_id == document["stages"][0]["record_id"]
+        assert book.stage_problem("stage_worker_0", document["model_snapshot"], "numpy", time.time_ns()) is None
+        kinds = [k.kind for k in book.stage_record("stage_worker_1").profile.kinds]
         assert kinds == ["dense", "moe", "embed", "head"]  # from the first and last profiling artifacts
     finally:
         _fornax("down", "--state-dir", str(state))

@@ -27,7 +27,8 @@ from services.evidence_registry.client import ClientOptions, RegistryClient
 from services.evidence_registry.convert import content_from_proto
 from services.evidence_registry.signatures import verify_content
 from services.planner.model import describe_checkpoint
-from services.planner.profiles import latest_profiles
+from services.planner.profile_source import fetch_profile_records
+from services.planner.profiles import book_from_records
 from tests.integration.security.pki import OPERATOR, FleetPki
 from tests.support.procs import ServiceProc
 
@@ -126,10 +127,9 @@ def test_a_worker_profiles_its_layer_kinds_and_the_signed_record_round_trips(fle
     assert content.subject == "stage-profile:alpha"
     assert content.provenance.model_snapshot == profile.model_snapshot and content.provenance.shapes
     assert content.provenance.layer_range is not None and content.provenance.layer_range.layer_start == 0
-    with RegistryClient(registry, ClientOptions()) as client:
-        stages, links, ids = latest_profiles(client, profile.model_snapshot)
-        assert stages["alpha"] == profile and ids["stage-profile:alpha"] == record.record_id
-        assert latest_profiles(client, "sha256:" + "0" * 64).stages == {}
+    book = book_from_records(fetch_profile_records(registry))
+    assert book.stage_record("alpha").profile == profile and book.stage_record("alpha").record_id == record.record_id
+    assert book.stage_problem("alpha", profile.model_snapshot, "numpy", time.time_ns()) is None
 
 
 def test_a_profile_request_that_does_not_fit_is_refused_with_its_reason(fleet):
@@ -172,8 +172,9 @@ def test_a_link_is_profiled_over_tls_fnx2_and_the_probe_admits_only_the_named_pe
     assert link.throughput_bytes_per_s.runs == 2 and link.throughput_bytes_per_s.median > 1e6
     assert dict(record.content.labels) == {"profile": "link", "from_host": "alpha", "to_host": "beta"}
     assert record.content.subject == "link-profile:alpha->beta"
-    with RegistryClient(registry, ClientOptions()) as client:
-        assert latest_profiles(client, "sha256:" + "0" * 64).links[("alpha", "beta")] == link
+    book = book_from_records(fetch_profile_records(registry))
+    assert book.link_record("alpha", "beta").profile == link
+    assert book.link_problem("alpha", "beta", time.time_ns()) is None
 
 
 def test_a_probe_refuses_a_probe_id_that_is_not_its_own_shape(fleet):

@@ -13,7 +13,8 @@ from services.evidence_registry.domain import Record, RecordStatus
 from services.evidence_registry.errors import InvalidField
 from services.evidence_registry.profile_records import link_profile_record, stage_profile_record
 from services.evidence_registry.validation import check_content
-from services.planner.profiles import by_worker, latest_profiles, select_latest
+from services.planner.profile_source import newest_per_subject
+from services.planner.profiles import ProfileRecordInput, book_from_records
 
 SNAP = "sha256:" + "a" * 64
 NS = 10**9
@@ -72,45 +73,24 @@ def test_only_links_may_leave_out_the_layer_range():
     assert caught.value.reason == "MISSING_PROVENANCE"
 
 
-def test_the_newest_valid_profile_of_the_snapshot_wins_per_host_and_per_pair():
-    old, _ = stage_record(stage(measured_s=1000), "old")
-    new, _ = stage_record(stage(measured_s=2000), "new")
-    other_model, _ = stage_record(stage(measured_s=3000, snapshot="sha256:" + "b" * 64), "other-model")
-    revoked, _ = stage_record(stage(measured_s=2500), "revoked", status=RecordStatus.REVOKED)
-    alpha, _ = stage_record(stage("alpha", measured_s=1000), "alpha")
-    ab_old, _ = link_record(link(measured_s=1000), "ab-old")
-    ab_new, _ = link_record(link(measured_s=1500), "ab-new")
-    ba, _ = link_record(link("beta", "alpha"), "ba")
-    records = [old, new, other_model, revoked, alpha, ab_old, ab_new, ba]
-    stages, links = select_latest(records, SNAP, 2100 * NS)
-    assert {h: r.record_id for h, r in stages.items()} == {"beta": "new", "alpha": "alpha"}
-    assert {p: r.record_id for p, r in links.items()} == {("alpha", "beta"): "ab-new", ("beta", "alpha"): "ba"}
-    # past their validity window (measured + 3600 s) nothing counts; before it neither
-    assert select_latest(records, SNAP, 10_000 * NS) == ({}, {})
-    assert select_latest([new], SNAP, 1999 * NS) == ({}, {})
+def planner_input(record: Record, blob: bytes) -> ProfileRecordInput:
+    return ProfileRecordInput(record.record_id, record.content.type.value, blob, record.content.labels,
+                              record.content.evidence_class.value)
 
 
-class FakeRegistry:
-    def __init__(self, entries):
-        self.entries = {record.record_id: (record, blob) for record, blob in entries}
-        self.filters = None
-
-    def iter_records(self, **filters):
-        self.filters = filters
-        return [record for record, _ in self.entries.values()]
-
-    def get_record(self, record_id, include_blob=False):
-        return self.entries[record_id]
-
-
-def test_latest_profiles_parses_the_blobs_and_names_their_records():
-    registry = FakeRegistry([stage_record(stage(), "s1"), link_record(link(), "l1")])
-    stages, links, ids = latest_profiles(registry, SNAP, now_unix_ns=1500 * NS)
-    assert stages == {"beta": stage()} and links == {("alpha", "beta"): link()}
-    assert ids == {"stage-profile:beta": "s1", "link-profile:alpha->beta": "l1"}
-    assert by_worker(stages) == {"spiffe://fornax/stage/beta": stage()}
-    assert {k: v.value for k, v in registry.filters.items()} == {
-        "type": "measurement", "evidence_class": "physical", "status": "active"}
+def test_the_planner_reads_the_records_profile_writes_and_takes_the_newest():
+    old, old_blob = stage_record(stage(measured_s=1000), "old")
+    new, new_blob = stage_record(stage(measured_s=2000), "new")
+    ab, ab_blob = link_record(link(), "ab")
+    newest = newest_per_subject([old, new, ab])
+    assert [r.record_id for r in newest] == ["ab", "new"]
+    blobs = {"old": old_blob, "new": new_blob, "ab": ab_blob}
+    book = book_from_records(planner_input(r, blobs[r.record_id]) for r in newest)
+    assert book.stage_record("beta").profile == stage(measured_s=2000)
+    assert book.stage_problem("beta", SNAP, "numpy", 2100 * NS) is None
+    assert book.link_problem("alpha", "beta", 2100 * NS) is None
+    assert book.stage_problem("beta", "sha256:" + "b" * 64, "numpy", 2100 * NS).reason == "PROFILE_MISMATCH"
+    assert book.stage_problem("beta", SNAP, "numpy", 10_000 * NS).reason == "PROFILE_EXPIRED"
 
 
 def test_every_printed_figure_says_it_is_physical_and_shows_its_spread():
