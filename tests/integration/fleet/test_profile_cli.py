@@ -93,9 +93,15 @@ def test_on_a_netns_fleet_the_half_core_host_measures_slower(checkpoint, tmp_pat
         return sum(f["low"] for k in profile["kinds"] if k["kind"] in ("dense", "moe")
                    for f in k["decode_s_per_microbatch"].values())
 
-    assert least_disturbed_decode_s(hosts["beta"]) > 1.3 * least_disturbed_decode_s(hosts["alpha"])
     assert {(lp["profile"]["from_host"], lp["profile"]["to_host"]) for lp in document["links"]} == {
         ("alpha", "beta"), ("beta", "alpha")}
     # the hosts are gone; the registry's records stay under the state directory for a later `fornax up`
     assert read_record(state) is None
     assert (state / "hosts" / "alpha" / "evidence_registry" / "registry.db").is_file()
+    beta, alpha = least_disturbed_decode_s(hosts["beta"]), least_disturbed_decode_s(hosts["alpha"])
+    load = os.getloadavg()[0]
+    if load > (os.cpu_count() or 1):
+        # A quota binds only while the machine has cores to spare; on a saturated machine every
+        # host gets less than its quota and the two measure alike.
+        pytest.skip(f"load average {load:.1f} saturates {os.cpu_count()} CPUs: beta {beta:.4g} s, alpha {alpha:.4g} s")
+    assert beta > 1.3 * alpha
