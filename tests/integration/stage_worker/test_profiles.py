@@ -185,3 +185,21 @@ def test_a_probe_refuses_a_probe_id_that_is_not_its_own_shape(fleet):
             from_host="alpha", to_host="beta"), timeout=30)
     assert (caught.value.code(), reason_of(caught.value)) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PROBE")
 
+
+
+def test_a_probe_listener_is_gone_after_its_ttl(fleet):
+    pki, _, _, workers = fleet
+    probe = _stub(pki, workers[1]).OpenLinkProbe(
+        pb.OpenLinkProbeRequest(request_id="o2", peer_identity=stage_identity(0).uri, ttl_s=1))
+    host, _, port = probe.address.rpartition(":")
+    time.sleep(2.0)
+
+    async def dial() -> None:
+        tls = Fnx2Tls(pki.paths(stage_identity(0)))
+        await tls.connect(host, int(port), SenderConfig(probe_binding(probe.probe_id)), probe.identity)
+
+    with pytest.raises(OSError):
+        asyncio.run(dial())
+    with pytest.raises(grpc.RpcError) as caught:
+        _stub(pki, workers[1]).OpenLinkProbe(pb.OpenLinkProbeRequest(request_id="o3", peer_identity="someone"))
+    assert (caught.value.code(), reason_of(caught.value)) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PEER_IDENTITY")
