@@ -136,17 +136,22 @@ def route_stages(predicted: Sequence[PredictedStage]) -> tuple[RouteStage, ...]:
 
 def calibrate(runs: Sequence[RunOutcome], predicted: Sequence[PredictedStage], *, model_snapshot: str,
               plan_hash: str, evidence_ids: Sequence[str] = (), tolerance: float = DEFAULT_TOLERANCE,
-              command: str = "", measured_unix_ns: int = 0, valid_for_s: int = 0) -> Verdict:
+              command: str = "", measured_unix_ns: int = 0, valid_for_s: int = 0,
+              plan_route_key: str = "") -> Verdict:
     """Term-by-term comparison of the plan's per-stage predictions with every run's measurement.
 
     The gate passes only when every run passed every check and the bottleneck prediction error
-    (|measured - predicted| / measured, on the median over runs) is within `tolerance`."""
+    (|measured - predicted| / measured, on the median over runs) is within `tolerance`. A plan
+    that states its route key (one planned from profiles) must name the same placement."""
     if not runs:
         raise ValueError("qualification needs at least one run")
     if not predicted:
         raise ValueError("the installed plan has no stages to calibrate")
     if tolerance < 0:
         raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    key = route_key(model_snapshot, route_stages(predicted))
+    if plan_route_key and plan_route_key != key:
+        raise ValueError(f"the plan's route key {plan_route_key!r} is not the placement measured ({key!r})")
     want = sorted(p.stage_index for p in predicted)
     measured = [r for r in runs if sorted(s.stage_index for s in r.stages) == want]
     failures = failure_lines(runs) + tuple(
@@ -159,7 +164,7 @@ def calibrate(runs: Sequence[RunOutcome], predicted: Sequence[PredictedStage], *
         stages.append(StageCalibration(p.stage_index, p.host, p.layer_start, p.layer_end, p.service_s,
                                        Figure.of(samples, "s")))
     calibration = Calibration(
-        route_key=route_key(model_snapshot, route_stages(predicted)), plan_hash=plan_hash,
+        route_key=key, plan_hash=plan_hash,
         evidence_ids=tuple(evidence_ids), stages=tuple(stages),
         predicted_bottleneck_s=max(p.service_s for p in predicted),
         measured_bottleneck_s=Figure.of([r.bottleneck_s for r in measured] or [0.0], "s"), tolerance=tolerance,

@@ -61,6 +61,12 @@ def planner_plan_id(plan_hash: str) -> str:
     return "plan-" + plan_hash.removeprefix("sha256:")[:16]
 
 
+def plan_evidence_ids(plan: plan_pb.Plan) -> list[str]:
+    """The profile records the plan's terms rest on (its own calibration, if any, excluded):
+    what a calibration of this route qualifies."""
+    return [r for r in plan.evidence_record_ids if r != plan.calibration_record_id]
+
+
 def installed_plan(planner: str, plan_hash: str, channel: ChannelConfig) -> plan_pb.Plan:
     with open_channel(planner, channel) as ch:
         plan = plan_grpc.PlannerServiceStub(ch).GetPlan(plan_pb.GetPlanRequest(plan_id=planner_plan_id(plan_hash)),
@@ -71,12 +77,13 @@ def installed_plan(planner: str, plan_hash: str, channel: ChannelConfig) -> plan
 
 
 def predicted_stages(plan: plan_pb.Plan, hosts: list[str], backends: list[str]) -> list[PredictedStage]:
-    """The plan's decode-microbatch cost terms per stage (predictions), on the host serving it."""
+    """The plan's decode-microbatch cost terms per stage (predictions), on the host serving it
+    (the plan's own host name when it states one, else the fleet host of the stage's worker)."""
     out = []
     for s in plan.stages:
         c = s.decode_cost
         out.append(PredictedStage(
-            s.stage_index, hosts[s.stage_index], backends[s.stage_index], s.layer_range.layer_start,
+            s.stage_index, s.host or hosts[s.stage_index], backends[s.stage_index], s.layer_range.layer_start,
             s.layer_range.layer_end_exclusive,
             {"compute": c.compute_s, "pack": c.pack_s, "wire": c.wire_s, "unpack": c.unpack_s, "queue": c.queue_s,
              "exposed_wait": c.exposed_wait_s}))

@@ -42,6 +42,7 @@ from apps.qualify.probes import (
     StageHealth,
     capabilities,
     installed_plan,
+    plan_evidence_ids,
     plan_status,
     predicted_stages,
     stage_health,
@@ -139,6 +140,8 @@ class LiveRoute:
     predicted: list[PredictedStage]
     plan_hash: str
     model_snapshot: str
+    plan_route_key: str  # set when the plan was made from profiles
+    evidence_ids: list[str]  # the profile records the plan's terms rest on
 
     @property
     def orchestrator(self) -> str:
@@ -172,7 +175,8 @@ def _inspect(spec: FleetSpec, state: FleetState, launcher: Launcher, supervisor:
     facts = [HostFacts(h, c.device.name, c.device.cpu_quota_cores, c.device.cpuset, c.device.memory_limit_bytes)
              for h, c in zip(hosts, caps, strict=True)]
     return LiveRoute(spec, state, launcher, supervisor, channel, stages, workers, facts,
-                     [c.backend_build for c in caps], predicted, plan.plan_hash, plan.model_snapshot)
+                     [c.backend_build for c in caps], predicted, plan.plan_hash, plan.model_snapshot, plan.route_key,
+                     plan_evidence_ids(plan))
 
 
 async def _guarded(name: str, scenario) -> list[Check]:
@@ -296,9 +300,13 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
                 _log(f"run {n}: {c.name} failed: {c.detail}")
             runs.append(outcome)
         now_ns = time.time_ns()
-        verdict = calibrate(runs, route.predicted, model_snapshot=route.model_snapshot, plan_hash=route.plan_hash,
-                            tolerance=cfg.tolerance, command=cfg.command, measured_unix_ns=now_ns,
-                            valid_for_s=cfg.valid_for_s)
+        try:
+            verdict = calibrate(runs, route.predicted, model_snapshot=route.model_snapshot,
+                                plan_hash=route.plan_hash, evidence_ids=route.evidence_ids, tolerance=cfg.tolerance,
+                                command=cfg.command, measured_unix_ns=now_ns, valid_for_s=cfg.valid_for_s,
+                                plan_route_key=route.plan_route_key)
+        except ValueError as exc:
+            raise QualifyError(f"cannot calibrate the installed plan: {exc}") from exc
         facts = ReportFacts(
             fleet_file=f"{cfg.fleet_file} (sha256 {spec.file_sha256[:12]})",
             hosts=tuple(f"stage {s.index} on {f.describe()}; build {b}"

@@ -84,13 +84,13 @@ async def measured_decode(gen: Generator, work: Workload, run: int, stages: Sequ
              for i, p in enumerate(work.prompts)]
     await _until(lambda: all(c >= 1 for c in counts) or any(t.done() for t in tasks), FIRST_TOKEN_TIMEOUT_S,
                  "every stream's first token")
-    before = {s.index: health(s.index).phases for s in stages}
+    before = {s.index: (await asyncio.to_thread(health, s.index)).phases for s in stages}
     start = time.monotonic()
     measuring[0] = True
     await _until(lambda: any(t.done() for t in tasks) or min(counts) >= work.decode_tokens, FIRST_TOKEN_TIMEOUT_S,
                  "the first stream's end")
     measuring[0] = False
-    after = {s.index: health(s.index).phases for s in stages}
+    after = {s.index: (await asyncio.to_thread(health, s.index)).phases for s in stages}
     window = time.monotonic() - start
     outs = await asyncio.gather(*tasks)
     checks = []

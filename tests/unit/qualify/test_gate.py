@@ -188,3 +188,14 @@ def test_record_labels_are_in_the_registrys_order_so_signatures_survive_the_wire
     for content, _ in (calibration_record(verdict, on), run_measurement(_all_pass(1), "k", on),
                        qualification_record({}, verdict, on)):
         assert list(content.labels) == sorted(content.labels)
+
+
+def test_the_calibration_keeps_the_plans_evidence_and_must_name_its_route():
+    predicted = _predicted(0.004, 0.0105)
+    key = route_key(SNAPSHOT, [RouteStage("alpha", "numpy", 0, 3), RouteStage("beta", "numpy", 3, 4)])
+    verdict = calibrate([_all_pass(1)], predicted, model_snapshot=SNAPSHOT, plan_hash="h",
+                        evidence_ids=["measurement-a", "measurement-b"], plan_route_key=key)
+    assert verdict.calibration.evidence_ids == ("measurement-a", "measurement-b")
+    with pytest.raises(ValueError, match="route key"):
+        calibrate([_all_pass(1)], predicted, model_snapshot=SNAPSHOT, plan_hash="h",
+                  plan_route_key=key.replace("beta", "gamma"))
