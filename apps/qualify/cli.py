@@ -28,7 +28,8 @@ def register(commands, benches) -> None:
     q.add_argument("--state-dir", default=".fornax", help="the fleet's state dir; its registry keeps the records")
     q.add_argument("--out", default="qualify-report", help="directory for qualify.json and qualify.html")
     q.add_argument("--skew-hours", type=float, default=3.0, help="host clock skew for the expiry check")
-    q.add_argument("--expiry-budget-s", type=float, default=2.0)
+    q.add_argument("--expiry-budget-s", type=float, default=1.0,
+                   help="deadline budget of the expiry check's stream (it must not end by itself sooner)")
     q.add_argument("--expiry-tolerance-s", type=float, default=0.5)
     q.add_argument("--decode-tokens", type=int, default=24, help="greedy tokens per stream")
     q.add_argument("--numpy-only", action="store_true",

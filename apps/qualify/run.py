@@ -68,6 +68,9 @@ from services.evidence_registry.client import ClientOptions, RegistryCallFailed,
 from services.evidence_registry.domain import LayerRange
 
 PROMPTS = ((5, 17, 42), (7, 8, 9, 10, 11), (3, 1, 4, 1, 5, 9, 2, 6), (11, 12))
+# On the tiny test checkpoint (7, 8, 9, 10, 11) decodes 400 greedy tokens without an
+# end-of-sequence token; (5, 17, 42) ends after 38.
+EXPIRY_PROMPT = 1
 CLEANUP_TIMEOUT_S = 20.0
 SIGNER = service_identity("orchestrator")
 
@@ -82,7 +85,7 @@ class QualifyConfig:
     state_dir: Path = Path(".fornax")
     out_dir: Path = Path("qualify-report")
     skew_s: int = skew.DEFAULT_SKEW_S
-    expiry_budget_s: float = 2.0
+    expiry_budget_s: float = 1.0
     expiry_tolerance_s: float = 0.5
     decode_tokens: int = 24
     install_timeout_s: float = 3600.0
@@ -289,7 +292,7 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
         route = _inspect(spec, state, launcher, supervisor)
         _log("route " + " > ".join(f"{s.host}:{s.backend}[{s.layer_start}:{s.layer_end}]" for s in route.stages))
         reference = greedy_reference(cfg.checkpoint, PROMPTS, cfg.decode_tokens)
-        work = Workload(PROMPTS, tuple(tuple(r) for r in reference), cfg.decode_tokens)
+        work = Workload(PROMPTS, tuple(tuple(r) for r in reference), cfg.decode_tokens, EXPIRY_PROMPT)
         boundaries, _, _ = boundary_parity(cfg.checkpoint, [(s.layer_start, s.layer_end) for s in route.stages],
                                            [s.backend for s in route.stages], cfg.parity_tolerance)
         runs = []

@@ -33,6 +33,9 @@ class Workload:
     prompts: tuple[tuple[int, ...], ...]
     reference: tuple[tuple[int, ...], ...]  # greedy ids per prompt, at least `decode_tokens` long or ended
     decode_tokens: int
+    # The prompt whose greedy continuation runs longest without an end-of-sequence token: a
+    # stream that stops by itself before its budget cannot show the budget expiring.
+    expiry_prompt: int = 0
 
 
 def reference_mismatch(got: Generated, expected: Sequence[int], complete: bool) -> str | None:
@@ -173,14 +176,17 @@ async def expiry(gen: Generator, work: Workload, run: int, budget_s: float, tole
                  clocks: str) -> Check:
     """A stream with a budget far shorter than its decode must end DEADLINE_EXCEEDED at the
     budget, measured on this process's clock, while the hosts' clocks are hours apart."""
-    out = await gen.generate(f"qualify-r{run}-expiry", work.prompts[0], 1500, budget_s=budget_s)
+    out = await gen.generate(f"qualify-r{run}-expiry", work.prompts[work.expiry_prompt], 1500, budget_s=budget_s)
     elapsed = out.ended - out.started
     problems = []
-    if out.code != "DEADLINE_EXCEEDED":
+    if out.code is None and elapsed < budget_s:
+        problems.append(f"ended normally (end of sequence) after {len(out.token_ids)} tokens in {elapsed:.3f} s, "
+                        "before its budget: inconclusive (a shorter --expiry-budget-s tests it)")
+    elif out.code != "DEADLINE_EXCEEDED":
         problems.append(f"ended {out.code or 'normally'} after {len(out.token_ids)} tokens, not DEADLINE_EXCEEDED")
     if abs(elapsed - budget_s) > tolerance_s:
         problems.append(f"ended {elapsed:.3f} s after submission, outside {budget_s:g} s +- {tolerance_s:g} s")
-    mismatch = reference_mismatch(out, work.reference[0], complete=False)
+    mismatch = reference_mismatch(out, work.reference[work.expiry_prompt], complete=False)
     if mismatch:
         problems.append(mismatch)
     return Check("expiry_skewed_clocks", not problems, "; ".join(problems) or
