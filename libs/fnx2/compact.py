@@ -4,8 +4,9 @@ Plain FNX2 2.0 metadata is canonical JSON; once both ends negotiated `compact_me
 and RESULT metadata may instead be this little-endian binary form (it starts with the
 magic `FXC1`, which no JSON object does). The frame prelude, the CRC32C over
 metadata ‖ payload and the payload are unchanged. The per-sequence fields sit in one
-fixed-size record each, read as a numpy structured array and validated once per frame
-with vectorised checks; only then are the typed messages built.
+fixed-size record each; the whole table is unpacked by one C call into columns and each
+rule is checked once per column (min/max/accumulate), not per sequence object; only then
+are the typed messages built.
 
 Layout (see libs/fnx2/README.md for the table):
 - BATCH: header (`BATCH_HEADER`), source and destination stage ids, the traceparent when
@@ -54,13 +55,13 @@ RESULT_HEADER = struct.Struct("<4sBBBBBBHIIIQQ16s32s")
 # request_sequence_no Q, input_row_start I, input_row_count I, token_position_start Q,
 # kv_epoch Q, deadline_budget_ns Q, trace_id length B, span_id length B.
 SLICE = "16s16sQIIQQQBB"
-SLICE_BYTES = struct.calcsize("<" + SLICE)
+SLICE_STRUCT = struct.Struct("<" + SLICE)
 # One record per sequence result (109 bytes): request_id, execution_lease_id, request_sequence_no Q,
 # status B, has_output B, input_row_start I, input_row_count I, output_row_start I,
 # output_row_count I, kv_epoch_before Q, kv_epoch_after Q, timings queue/execute/pack/unpack
 # 4Q, error code length B, error message length H.
 RESULT_ITEM = "16s16sQBBIIIIQQQQQQBH"
-RESULT_ITEM_BYTES = struct.calcsize("<" + RESULT_ITEM)
+RESULT_ITEM_STRUCT = struct.Struct("<" + RESULT_ITEM)
 FLAG_TRACEPARENT = 1
 
 KINDS = (TensorKind.TOKEN_IDS, TensorKind.ACTIVATION, TensorKind.LOGITS)
@@ -104,12 +105,6 @@ def _hash_raw(text: str) -> bytes:
 @functools.lru_cache(maxsize=64)
 def _hash_text(raw: bytes) -> str:
     return _HASH_PREFIX + raw.hex()
-
-
-@functools.lru_cache(maxsize=256)
-def _table(record: str, count: int) -> struct.Struct:
-    """The whole record table as one struct: one C call packs or unpacks every field."""
-    return struct.Struct("<" + record * count)
 
 
 _PRINTABLE = re.compile(rb"[\x20-\x7e]*")
@@ -164,12 +159,11 @@ def peek(metadata: bytes | memoryview, kind: int) -> tuple[DType, list[tuple[int
         if not 0 < count <= MAX_SEQUENCES_PER_BATCH:
             return None
         offset = BATCH_HEADER.size + src + dst + (TRACEPARENT_CHARS if flags & FLAG_TRACEPARENT else 0)
-        fields = _table(SLICE, count).unpack_from(metadata, offset)
+        records = list(SLICE_STRUCT.iter_unpack(metadata[offset:offset + count * SLICE_STRUCT.size]))
     except (struct.error, Fnx2Error):
         return None
     row_bytes = descriptor.row_bytes
-    return descriptor.dtype, [(start * row_bytes, (start + rows) * row_bytes)
-                              for start, rows in zip(fields[3::10], fields[4::10], strict=True)]
+    return descriptor.dtype, [(r[3] * row_bytes, (r[3] + r[4]) * row_bytes) for r in records]
 
 
 # -- BATCH ---------------------------------------------------------------------------------
@@ -185,24 +179,24 @@ def encode_batch(batch: Batch, sequence_no: int) -> bytes | None:
     if source is None or destination is None:
         return None
     d = batch.batch
-    fields: list[bytes | int] = []
+    records: list[bytes] = []
     strings: list[bytes] = []
     for s in d.sequences:
         trace, span = _printable(s.trace_id, MAX_ID_CHARS), _printable(s.span_id, MAX_ID_CHARS)
         if trace is None or span is None:
             return None
         strings += (trace, span)
-        fields += (_uuid_raw(s.request_id), _uuid_raw(s.execution_lease_id), s.request_sequence_no,
-                   s.input_row_start, s.input_row_count, s.token_position_start, s.kv_epoch,
-                   s.deadline_budget_ns, len(trace), len(span))
+        records.append(SLICE_STRUCT.pack(
+            _uuid_raw(s.request_id), _uuid_raw(s.execution_lease_id), s.request_sequence_no,
+            s.input_row_start, s.input_row_count, s.token_position_start, s.kv_epoch,
+            s.deadline_budget_ns, len(trace), len(span)))
     tkind, dtype, rank, dim0, dim1 = _tensor_fields(batch.tensor.descriptor)
     header = BATCH_HEADER.pack(
         MAGIC, Kind.BATCH, PHASES.index(d.phase), tkind, dtype, rank,
         FLAG_TRACEPARENT if traceparent else 0, len(source), len(destination), len(d.sequences),
         d.input_row_count, dim0, dim1, sequence_no, d.batch_sequence_no, _uuid_raw(d.batch_id),
         _uuid_raw(batch.plan_id), _hash_raw(batch.plan_hash), _hash_raw(batch.manifest_hash))
-    table = _table(SLICE, len(d.sequences)).pack(*fields)
-    return b"".join((header, source, destination, traceparent, table, *strings))
+    return b"".join((header, source, destination, traceparent, *records, *strings))
 
 
 # attach(plan_id, plan_hash, manifest_hash, source, destination, descriptor) -> Tensor:
@@ -231,11 +225,11 @@ def decode_batch(metadata: bytes, sequence_no: int, attach: Attach) -> Batch:
     offset = BATCH_HEADER.size
     names_end = offset + src_len + dst_len
     trace_end = names_end + (TRACEPARENT_CHARS if flags & FLAG_TRACEPARENT else 0)
-    table_end = trace_end + count * SLICE_BYTES
+    table_end = trace_end + count * SLICE_STRUCT.size
     if len(metadata) < table_end:
         raise _fail("BATCH sequence table is truncated")
-    f = _table(SLICE, count).unpack_from(metadata, trace_end)
-    trace_lens, span_lens = f[8::10], f[9::10]
+    columns = tuple(zip(*SLICE_STRUCT.iter_unpack(metadata[trace_end:table_end]), strict=True))
+    request_ids, trace_lens, span_lens = columns[0], columns[8], columns[9]
     if min(trace_lens) < 1 or min(span_lens) < 1 or max(trace_lens) > MAX_ID_CHARS \
             or max(span_lens) > MAX_ID_CHARS:
         raise _fail("trace and span ids must be 1..128 characters")
@@ -247,8 +241,7 @@ def decode_batch(metadata: bytes, sequence_no: int, attach: Attach) -> Batch:
     names = metadata[offset:names_end].decode("ascii")
     plan = (_uuid_text(plan_id), _hash_text(plan_hash), _hash_text(manifest_hash))
     tensor = attach(*plan, names[:src_len], names[src_len:], descriptor)
-    request_ids = f[0::10]
-    _check_coverage(f[3::10], f[4::10], request_ids, PHASES[phase], input_rows)
+    _check_coverage(columns[3], columns[4], request_ids, PHASES[phase], input_rows)
     if descriptor.rows != input_rows:
         raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "tensor rows differ from input_row_count")
     text = area.decode("ascii")
@@ -257,8 +250,7 @@ def decode_batch(metadata: bytes, sequence_no: int, attach: Attach) -> Batch:
         SequenceSlice(_uuid_text(rid), rsn, start, rows, position, epoch, budget, _uuid_text(lease),
                       text[cuts[2 * i]:cuts[2 * i + 1]], text[cuts[2 * i + 1]:cuts[2 * i + 2]])
         for i, (rid, lease, rsn, start, rows, position, epoch, budget) in enumerate(zip(
-            request_ids, f[1::10], f[2::10], f[3::10], f[4::10], f[5::10], f[6::10], f[7::10],
-            strict=True)))
+            *columns[:8], strict=True)))
     traceparent = metadata[names_end:trace_end].decode("ascii") or None
     return Batch(*plan, names[:src_len], names[src_len:],
                  BatchDescriptor(_uuid_text(batch_id), batch_seq, PHASES[phase], input_rows, slices),
@@ -284,7 +276,7 @@ def _check_coverage(starts: tuple[int, ...], counts: tuple[int, ...], request_id
 
 # -- RESULT --------------------------------------------------------------------------------
 def encode_result(result: Result, sequence_no: int) -> bytes | None:
-    fields: list[bytes | int] = []
+    records: list[bytes] = []
     strings: list[bytes] = []
     for r in result.results:
         code_len = message_len = 0
@@ -298,11 +290,12 @@ def encode_result(result: Result, sequence_no: int) -> bytes | None:
             code_len, message_len = len(code), len(message)
         t = r.timings
         has_output = r.output_row_start is not None
-        fields += (_uuid_raw(r.request_id), _uuid_raw(r.execution_lease_id), r.request_sequence_no,
-                   _STATUS_CODE[r.status], has_output, r.input_row_start, r.input_row_count,
-                   r.output_row_start if has_output else 0, r.output_row_count, r.kv_epoch_before,
-                   r.kv_epoch_after, t.queue_ns, t.execute_ns, t.pack_ns, t.unpack_ns, code_len,
-                   message_len)
+        records.append(RESULT_ITEM_STRUCT.pack(
+            _uuid_raw(r.request_id), _uuid_raw(r.execution_lease_id), r.request_sequence_no,
+            _STATUS_CODE[r.status], has_output, r.input_row_start, r.input_row_count,
+            r.output_row_start if has_output else 0, r.output_row_count, r.kv_epoch_before,
+            r.kv_epoch_after, t.queue_ns, t.execute_ns, t.pack_ns, t.unpack_ns, code_len,
+            message_len))
     tensor = result.tensor
     tkind, dtype, rank, dim0, dim1 = (_tensor_fields(tensor.descriptor) if tensor is not None
                                       else (0, 0, 0, 0, 0))
@@ -310,8 +303,7 @@ def encode_result(result: Result, sequence_no: int) -> bytes | None:
         MAGIC, Kind.RESULT, tensor is not None, tkind, dtype, rank, 0, 0, len(result.results),
         dim0, dim1, sequence_no, result.batch_sequence_no, _uuid_raw(result.batch_id),
         _hash_raw(result.manifest_hash))
-    table = _table(RESULT_ITEM, len(result.results)).pack(*fields)
-    return b"".join((header, table, *strings))
+    return b"".join((header, *records, *strings))
 
 
 def decode_result(metadata: bytes, sequence_no: int) -> tuple[Result, TensorDescriptor | None]:
@@ -329,23 +321,22 @@ def decode_result(metadata: bytes, sequence_no: int) -> tuple[Result, TensorDesc
     if seq != sequence_no:
         raise Fnx2Error(ErrorCode.SEQUENCE, "metadata sequence_no differs from the prelude")
     descriptor = _descriptor(tkind, dtype, rank, dim0, dim1) if has_tensor else None
-    table_end = RESULT_HEADER.size + count * RESULT_ITEM_BYTES
+    table_end = RESULT_HEADER.size + count * RESULT_ITEM_STRUCT.size
     if len(metadata) < table_end:
         raise _fail("RESULT table is truncated")
-    f = _table(RESULT_ITEM, count).unpack_from(metadata, RESULT_HEADER.size)
-    code_lens, message_lens = f[15::17], f[16::17]
+    columns = tuple(zip(*RESULT_ITEM_STRUCT.iter_unpack(metadata[RESULT_HEADER.size:table_end]),
+                        strict=True))
+    code_lens, message_lens = columns[15], columns[16]
     if len(metadata) != table_end + sum(code_lens) + sum(message_lens):
         raise _fail("RESULT metadata length differs from its header and table")
     area = metadata[table_end:]
     _check_printable(area)
-    columns = (f[0::17], f[1::17], f[2::17], f[3::17], f[4::17], f[5::17], f[6::17], f[7::17],
-               f[8::17], f[9::17], f[10::17], f[11::17], f[12::17], f[13::17], f[14::17])
     _check_items(columns[3], columns[4], columns[6:11], code_lens, message_lens)
     text = area.decode("ascii")
     cuts = _cuts(code_lens, message_lens)
     items = []
     for i, (rid, lease, rsn, status, has_output, in_start, in_rows, out_start, out_rows, before,
-            after, queue, execute, pack, unpack) in enumerate(zip(*columns, strict=True)):
+            after, queue, execute, pack, unpack) in enumerate(zip(*columns[:15], strict=True)):
         code = message = None
         if code_lens[i]:
             code, message = text[cuts[2 * i]:cuts[2 * i + 1]], text[cuts[2 * i + 1]:cuts[2 * i + 2]]
