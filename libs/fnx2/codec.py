@@ -268,8 +268,8 @@ def _decode_compact(prelude: Prelude, metadata: bytes, payload: memoryview,
                     expected: ExpectedBinding | None, negotiated: frozenset[str],
                     body_crc: int | None, finite: tuple[DType, bool] | None) -> Message:
     """Steps 1b..5 for compact BATCH/RESULT metadata (the `compact_meta` extension)."""
-    peeked = compact.peek(metadata, prelude.kind)
-    dtype = None if peeked is None or peeked[0] is DType.INT32 else peeked[0]
+    dtype = compact.payload_dtype(metadata, prelude.kind)
+    dtype = None if dtype is DType.INT32 else dtype
     if body_crc is None:
         crc, all_finite = crc_and_finite(crc_of(metadata), payload, dtype)
     elif finite is not None and finite[0] is dtype:

@@ -110,6 +110,7 @@ def _hash_text(raw: bytes) -> str:
 _PRINTABLE = re.compile(rb"[\x20-\x7e]*")
 
 
+@functools.lru_cache(maxsize=16384)  # stage, trace and span ids repeat on every step
 def _printable(text: str, limit: int) -> bytes | None:
     """ASCII bytes of a non-empty printable string within `limit`, or None."""
     if not text or len(text) > limit or not text.isascii() or not text.isprintable():
@@ -141,6 +142,20 @@ def _descriptor(kind: int, dtype: int, rank: int, dim0: int, dim1: int) -> Tenso
     if rank == 1 and dim1:
         raise _fail("a rank-1 tensor has no second dimension")
     return TensorDescriptor(KINDS[kind], DTYPES[dtype], (dim0,) if rank == 1 else (dim0, dim1))
+
+
+def payload_dtype(metadata: bytes, kind: int) -> DType | None:
+    """The payload dtype a compact header names (not validated yet), or None."""
+    try:
+        if kind == Kind.RESULT:
+            _, _, has_tensor, _, dtype, *_rest = RESULT_HEADER.unpack_from(metadata)
+            if not has_tensor:
+                return None
+        else:
+            _, _, _, _, dtype, *_rest = BATCH_HEADER.unpack_from(metadata)
+    except struct.error:
+        return None
+    return DTYPES[dtype] if dtype < len(DTYPES) else None
 
 
 def peek(metadata: bytes | memoryview, kind: int) -> tuple[DType, list[tuple[int, int]]] | None:

@@ -33,6 +33,7 @@ from libs.fnx2.control import (
     ErrorMessage,
     Release,
 )
+from libs.fnx2.eager import start_eagerly
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 from libs.fnx2.listener import ListenerLimits, PeerPolicy, server_options
 from libs.fnx2.messages import Batch, Timings
@@ -287,9 +288,12 @@ class _Channel:
             return
         self.busy += 1
         if EXT_MULTI_INFLIGHT in self.extensions:
-            task = asyncio.create_task(self._execute_guarded(admission, got))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            # Executed inline up to the handler's first wait: no event-loop hop between
+            # receive, admission and hand-off; a handler that waits continues as a task.
+            task = start_eagerly(self._execute_guarded(admission, got))
+            if task is not None:
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
         else:
             await self._execute(admission, got)
 
