@@ -281,11 +281,12 @@ def _decode_compact(prelude: Prelude, metadata: bytes, payload: memoryview,
     if EXT_COMPACT_META not in negotiated:
         raise Fnx2Error(ErrorCode.METADATA, "compact metadata was not negotiated on this channel")
     if prelude.kind == Kind.RESULT:
-        result, descriptor = compact.decode_result(metadata, prelude.sequence_no)
-        if (descriptor is not None) != bool(len(payload)):
-            raise Fnx2Error(ErrorCode.BATCH_RESULT, "RESULT tensor and payload appear together")
-        if descriptor is not None:
-            result = dataclasses.replace(result, tensor=_tensor_from(descriptor, payload, all_finite))
+        def result_tensor(descriptor: TensorDescriptor | None) -> Tensor | None:
+            if (descriptor is not None) != bool(len(payload)):
+                raise Fnx2Error(ErrorCode.BATCH_RESULT, "RESULT tensor and payload appear together")
+            return None if descriptor is None else _tensor_from(descriptor, payload, all_finite)
+
+        result = compact.decode_result(metadata, prelude.sequence_no, result_tensor)
         result.check()
         return result
 

@@ -321,8 +321,10 @@ def encode_result(result: Result, sequence_no: int) -> bytes | None:
     return b"".join((header, *records, *strings))
 
 
-def decode_result(metadata: bytes, sequence_no: int) -> tuple[Result, TensorDescriptor | None]:
-    """The result (tensor still to attach) and its tensor descriptor, if any."""
+def decode_result(metadata: bytes, sequence_no: int,
+                  attach: Callable[[TensorDescriptor | None], Tensor | None]) -> Result:
+    """Structure, then `attach` (the payload as a tensor, or None without one), then each
+    sequence result's rules over the table's columns."""
     if len(metadata) < RESULT_HEADER.size:
         raise _fail("RESULT header is truncated")
     (magic, kind, has_tensor, tkind, dtype, rank, pad, pad2, count, dim0, dim1, seq, batch_seq,
@@ -346,6 +348,7 @@ def decode_result(metadata: bytes, sequence_no: int) -> tuple[Result, TensorDesc
         raise _fail("RESULT metadata length differs from its header and table")
     area = metadata[table_end:]
     _check_printable(area)
+    tensor = attach(descriptor)
     _check_items(columns[3], columns[4], columns[6:11], code_lens, message_lens)
     text = area.decode("ascii")
     cuts = _cuts(code_lens, message_lens)
@@ -359,8 +362,7 @@ def decode_result(metadata: bytes, sequence_no: int) -> tuple[Result, TensorDesc
                                     in_start, in_rows, out_start if has_output else None, out_rows,
                                     before, after, code, message,
                                     Timings(queue, execute, pack, unpack)))
-    result = Result(_uuid_text(batch_id), batch_seq, _hash_text(manifest_hash), tuple(items), None)
-    return result, descriptor
+    return Result(_uuid_text(batch_id), batch_seq, _hash_text(manifest_hash), tuple(items), tensor)
 
 
 def _check_items(status: tuple[int, ...], has_output: tuple[int, ...], rows: tuple[tuple[int, ...], ...],

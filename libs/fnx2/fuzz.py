@@ -173,11 +173,11 @@ class Mutator:
         meta = bytearray(seed.compact)
         at = _COMPACT_SEQUENCE_AT[seed.kind]
         meta[at:at + 8] = struct.pack("<Q", sequence_no)
-        payload = seed.payload
+        payload = bytearray(seed.payload)
         if mutation is None:
             mutation = Mutation.NONE if self.rng.integers(8) == 0 else Mutation.COMPACT
         if mutation is Mutation.COMPACT:
-            meta, payload = self._compact_bytes(seed.kind, meta, bytearray(payload))
+            meta, payload = self._compact_bytes(seed.kind, meta, payload)
         return frame(seed.kind, bytes(meta), bytes(payload), sequence_no)
 
     def _compact_bytes(self, kind: int, meta: bytearray,

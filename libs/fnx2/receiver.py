@@ -12,7 +12,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -216,7 +216,8 @@ class _Channel:
         self.granted_payload_bytes = max(self.granted_payload_bytes, credit.payload_bytes)
         self.stream.admit_body_bytes(self.r.config.codec.max_metadata_bytes
                                      + self.granted_payload_bytes)
-        return replace(credit, frames=frames, batches_received=received)
+        return Credit(frames, credit.payload_bytes, credit.rows, credit.sequences,
+                      credit.live_requests, credit.kv_bytes, credit.replay_bytes, received)
 
     async def run(self) -> None:
         binding = self.r.config.binding
