@@ -22,7 +22,11 @@ def start_eagerly(coro: Coroutine[Any, Any, None]) -> asyncio.Task | None:
         blocked_on = coro.send(None)
     except StopIteration:
         return None
-    return asyncio.ensure_future(_carry_on(coro, blocked_on))
+    task = asyncio.ensure_future(_carry_on(coro, blocked_on))
+    # A task cancelled before its first step never enters `_carry_on`: close `coro` then,
+    # so its `finally` blocks still run (a no-op once it finished).
+    task.add_done_callback(lambda _task: coro.close())
+    return task
 
 
 @types.coroutine
