@@ -84,6 +84,7 @@ class Started:
     ready_file: Path
     log_file: Path
     ports: dict[str, int] = field(default_factory=dict)
+    log_start: int = 0  # the log's size before this process wrote to it
 
     def entry(self) -> ServiceEntry:
         host = self.spec.host
@@ -96,6 +97,7 @@ class Started:
             pid=self.process.pid,
             log=str(self.log_file),
             extra=extra,
+            log_start=self.log_start,
         )
 
 
@@ -132,6 +134,7 @@ class Launcher:
         }
         argv = [sys.executable, "-m", spec.module]
         with open(log_file, "ab") as log:
+            log_start = log.seek(0, os.SEEK_END)
             process = subprocess.Popen(
                 spec.wrap(argv) if spec.wrap else argv,
                 stdin=subprocess.DEVNULL,
@@ -140,7 +143,7 @@ class Launcher:
                 env=env,
                 start_new_session=True,
             )
-        started = Started(spec, process, ready, log_file)
+        started = Started(spec, process, ready, log_file, log_start=log_start)
         self.started.append(started)
         return started
 
