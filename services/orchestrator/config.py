@@ -85,6 +85,10 @@ class OrchestratorConfig:
     http_tls: HttpTlsFiles | None = None
     # Plain HTTP beyond loopback, said explicitly (TLS terminated in front of the pod, say).
     http_insecure: bool = False
+    # Drift: a stage whose measured decode service time stays more than this fraction away from
+    # the plan's prediction for `drift_sustain_rounds` health rounds marks the route uncalibrated.
+    drift_relative_bound: float = 0.5
+    drift_sustain_rounds: int = 3
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> OrchestratorConfig:
@@ -161,6 +165,12 @@ class OrchestratorConfig:
             type=int,
             help="longest prompt accepted, 0 = context only (env FORNAX_MAX_PROMPT_TOKENS)",
         )
+        parser.add_argument("--drift-relative-bound", type=float,
+                            help="relative error that counts as outside the plan's prediction "
+                                 "(env FORNAX_DRIFT_RELATIVE_BOUND)")
+        parser.add_argument("--drift-sustain-rounds", type=int,
+                            help="health rounds in a row outside (or back inside) the bound before the "
+                                 "route's calibration changes (env FORNAX_DRIFT_SUSTAIN_ROUNDS)")
         parser.add_argument("--http-tls-cert", help="HTTP API certificate (env FORNAX_HTTP_TLS_CERT)")
         parser.add_argument("--http-tls-key", help="HTTP API private key (env FORNAX_HTTP_TLS_KEY)")
         args = parse(parser, argv)
@@ -214,6 +224,10 @@ class OrchestratorConfig:
                                     cls.recovery_timeout_s, float),
             release_budget_s=pick(args.release_budget_s, env, "FORNAX_RELEASE_BUDGET_S",
                                   cls.release_budget_s, float),
+            drift_relative_bound=pick(args.drift_relative_bound, env, "FORNAX_DRIFT_RELATIVE_BOUND",
+                                      cls.drift_relative_bound, float),
+            drift_sustain_rounds=pick(args.drift_sustain_rounds, env, "FORNAX_DRIFT_SUSTAIN_ROUNDS",
+                                      cls.drift_sustain_rounds, int),
         )
 
 

@@ -118,8 +118,8 @@ class DriftTracker:
         return self.calibration
 
     def _observe_stage(self, track: _StageTrack, report: MeasuredService | None) -> None:
-        if report is None or report.decode_microbatches_total <= track.seen_total:
-            return  # nothing new since the last round
+        if report is None or report.decode_microbatches_total == track.seen_total:
+            return  # nothing new since the last round (a lower count: the stage was reloaded)
         track.seen_total = report.decode_microbatches_total
         track.last = report
         if track.predicted_s is None or report.recent_microbatches < self.policy.min_microbatches:

@@ -206,6 +206,7 @@ class StageRuntime:
         if self.lifecycle.state in (StageState.READY, StageState.EXECUTING):
             raise FailedPrecondition("a stage is already loaded; unload it first", reason="STAGE_LOADED")
         self.lifecycle.move(StageState.LOADING)
+        self.service_times = ServiceTimes()  # a new stage: its own measurements only
         loop = asyncio.get_running_loop()
         try:
             spec = await self._fetched(spec)
