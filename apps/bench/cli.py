@@ -43,6 +43,19 @@ def register(commands, benches) -> None:
     grammar.add_argument("--max-steps", type=int, default=200, help="tokens per walk at most")
     grammar.set_defaults(func=cmd_grammar)
 
+    placement = benches.add_parser("placement", help="calibrated placement vs an even layer split on a netns "
+                                                    "fleet of two unlike hosts (needs root)")
+    placement.add_argument("--fleet", required=True, help="fleet file with two stage hosts")
+    placement.add_argument("--checkpoint", help=f"checkpoint dir (default: the small preset in {DEFAULT_CHECKPOINT})")
+    placement.add_argument("--preset", choices=("tiny", "small"), default="small",
+                           help="generated checkpoint preset when --checkpoint is not given")
+    placement.add_argument("--prompt-tokens", type=int, default=16)
+    placement.add_argument("--max-tokens", type=int, default=24)
+    placement.add_argument("--concurrency", type=int, default=8)
+    placement.add_argument("--repeats", type=int, default=2, help="interleaved repetitions per split (best kept)")
+    placement.add_argument("--json", action="store_true")
+    placement.set_defaults(func=cmd_placement)
+
     load = benches.add_parser("load", help="many small streaming requests against a running fleet: lost and p99")
     load.add_argument("--state-dir", default=".fornax", help="the running fleet's state directory")
     load.add_argument("--api", help="API base URL (default: the fleet file's)")
@@ -220,3 +233,41 @@ def cmd_coldstart(args: argparse.Namespace) -> int:
             print(f"{key} = {report[key]}")
     ok = report["final_backend"] == "max" and report["requests_lost_during_switch"] == 0
     return 0 if ok else 1
+
+
+def cmd_placement(args: argparse.Namespace) -> int:
+    from apps.bench.placement import PlacementBenchError, PlacementBenchOptions, run_placement_bench
+    from apps.fleet.netns import IsolationFailed, IsolationUnavailable
+    from apps.fleet.spec import FleetFileError, load_fleet_spec
+
+    _quiet_logs()
+    try:
+        spec = load_fleet_spec(args.fleet)
+        checkpoint = str(Path(_checkpoint(args.checkpoint, args.preset)).resolve())
+        options = PlacementBenchOptions(args.fleet, spec, checkpoint, prompt_tokens=args.prompt_tokens,
+                                        max_tokens=args.max_tokens, concurrency=args.concurrency,
+                                        repeats=args.repeats)
+        report = run_placement_bench(options, "fornax " + " ".join(sys.argv[1:]),
+                                     lambda message: print(f"  {message}", file=sys.stderr))
+    except (FleetFileError, IsolationUnavailable, IsolationFailed, PlacementBenchError) as exc:
+        print(f"fornax: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    prov = report["provenance"]
+    print(f"# {prov['label']}; fleet {prov['fleet_file']} sha256:{prov['fleet_file_sha256']}; {prov['hardware']}; "
+          f"model {prov['model_snapshot']}; load average {prov['load_average']}")
+    for host, facts in prov["hosts"].items():
+        print(f"# host {host}: {facts['backend_build']}, quota {facts['cpu_quota_cores']:g} cores")
+    for name in ("even", "calibrated"):
+        split = report[name]
+        stages = ", ".join(f"{s['host']} [{s['layer_start']},{s['layer_end_exclusive']}) "
+                           f"measured {s['measured_decode_service_s']:.4f}s "
+                           f"predicted {s['predicted_decode_service_s']:.4f}s"
+                           for s in split["stages"])
+        print(f"{name:<11} physical {split['output_tokens_per_s']:.1f} tok/s; {stages}")
+    print(f"calibrated_vs_even_tok_s = {report['calibrated_vs_even_tok_s']:.2f} (physical)")
+    print(f"bottleneck_prediction_error = {report['bottleneck_prediction_error']:.3f} "
+          "(physical measurement vs fitted prediction)")
+    return 0
