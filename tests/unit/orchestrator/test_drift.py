@@ -137,3 +137,52 @@ def test_each_verdict_rests_on_three_rounds_in_a_row(values, predicted):
         else:
             assert state is Calibration.UNMEASURED
             assert not _run_of_three(outside) and not _run_of_three(well_inside)
+
+
+def test_calibration_reaches_plan_status_and_the_dashboard_with_each_figure_labelled():
+    from fornax.orchestrator.v1 import orchestrator_pb2 as pb
+    from services.orchestrator.convert import calibration_to_pb
+    from services.orchestrator.dashboard_state import calibration_view
+
+    tracker, feed = DriftTracker((0.010, None), prediction_basis("deployment"), POLICY), Feed(2)
+    for _ in range(3):
+        verdict = tracker.observe(feed.round(0.030, 0.010))
+    message = calibration_to_pb(verdict)
+    assert message.state == pb.CALIBRATION_STATE_UNCALIBRATED and message.relative_bound == 0.5
+    assert [s.state for s in message.stages] == [pb.CALIBRATION_STATE_UNCALIBRATED, pb.CALIBRATION_STATE_NO_PREDICTION]
+    assert message.stages[0].predicted_decode_service_s == 0.010
+    assert message.stages[0].measured_decode_service_s == 0.030 and message.stages[0].measured_microbatches == 16
+    assert message.stages[1].predicted_decode_service_s == 0.0  # none, not a zero-second prediction
+    assert "evidence-backed plan" in message.prediction_basis
+    view = calibration_view(verdict)
+    assert view["state"] == "uncalibrated" and view["stages"][1]["predicted_decode_service_s"] is None
+    assert view["stages"][0]["relative_error"] == pytest.approx(2.0)
+
+
+def test_stage_worker_service_times_keep_a_rolling_decode_window():
+    from services.stage_worker.service_times import RECENT_DECODE_MICROBATCHES, ServiceTimes
+
+    times = ServiceTimes()
+    assert times.recent_decode().microbatches == 0
+    for _ in range(RECENT_DECODE_MICROBATCHES):
+        times.observe_decode(0.001, 2)
+    for _ in range(RECENT_DECODE_MICROBATCHES):
+        times.observe_decode(0.003, 4)
+    times.observe_prefill(0.5, 100)
+    recent = times.recent_decode()
+    assert recent.microbatches == RECENT_DECODE_MICROBATCHES and recent.mean_service_ns == 3_000_000
+    assert recent.mean_rows == 4.0
+    assert times.decode_microbatches == 2 * RECENT_DECODE_MICROBATCHES
+    assert times.decode_service_ns == RECENT_DECODE_MICROBATCHES * 4_000_000
+    assert (times.prefill_tokens, times.prefill_batches) == (100, 1)
+
+
+def test_fornax_status_renders_the_calibration_line():
+    from apps.fleet.route_status import RouteReport
+
+    report = RouteReport("SERVING", "", {"stage_worker_0": "READY"}, "UNCALIBRATED",
+                         "uncalibrated (stage 1: plan predicted 0.001 s, measured 0.02 s over 32 microbatches)")
+    assert report.healthy  # slow is not down
+    assert report.render().endswith("calibration: UNCALIBRATED: uncalibrated (stage 1: plan predicted 0.001 s, "
+                                    "measured 0.02 s over 32 microbatches)")
+    assert "calibration" not in RouteReport("SERVING", "", {}).render()
