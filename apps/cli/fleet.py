@@ -42,6 +42,9 @@ def register(commands, benches) -> None:
                     help="stage boundary dtype (default bf16; with --fleet, every hop the file does not set)")
     up.add_argument("--fleet", help="fleet file: each host its own network namespace, cgroup and link (needs root)")
     up.add_argument("--checkpoint", help="checkpoint directory to serve")
+    up.add_argument("--mode", choices=("exploratory", "deployment"), default="exploratory",
+                    help="deployment: install only a plan whose every host, layer kind and link has a valid "
+                         "physical profile and whose route passed `fornax qualify`; refused otherwise")
     up.add_argument("--http-port", type=int, help="OpenAI-compatible API port on the orchestrator")
     up.add_argument("--read-root", action="append", default=[],
                     help="another directory InstallPlan may name checkpoints under (repeatable)")
@@ -139,6 +142,7 @@ def _options(args: argparse.Namespace) -> FleetOptions:
         insecure=args.insecure,
         read_roots=tuple(args.read_root),
         serve_while_compiling=args.serve_while_compiling,
+        plan_mode=args.mode,
     )
 
 
@@ -158,7 +162,9 @@ def _serve(args: argparse.Namespace, state: FleetState, launcher) -> int:
             launcher.stop_all()
             tear_down(Path(args.state_dir))
             fleet_path(args.state_dir).unlink(missing_ok=True)
-            return _fail(f"the route did not come up: {exc}")
+            hint = ("; deployment mode needs valid stage/link profiles (`fornax profile`) and a passing route "
+                    "calibration (`fornax qualify`) in the fleet's registry") if args.mode == "deployment" else ""
+            return _fail(f"the route did not come up: {exc}{hint}")
         print(curl_example(state))
         print("\n".join(render_board(fetch_board(state))), file=sys.stderr)
     if not args.foreground:

@@ -50,6 +50,9 @@ class FleetOptions:
     stage_read_roots: tuple[str, ...] = ()
     # Extra environment for every service (e.g. OTEL_EXPORTER_OTLP_ENDPOINT).
     env: dict[str, str] = field(default_factory=dict)
+    # How the orchestrator plans installs: exploratory, or deployment (valid profiles and a
+    # passing route calibration in the registry, else the install is refused).
+    plan_mode: str = "exploratory"
 
 
 def builder_read_roots(options: FleetOptions) -> str:
