@@ -151,10 +151,14 @@ def route_state(states: tuple[Calibration, ...]) -> Calibration:
     return Calibration.CALIBRATED
 
 
-def prediction_basis(plan_mode: str) -> str:
+def prediction_basis(plan_mode: str, from_profiles: bool = False, declared_terms: int = 0) -> str:
     """Where a plan's time predictions come from, in words that travel with every verdict."""
-    if plan_mode == "deployment":
-        return "evidence-backed plan: predictions from physical profile records (still predictions)"
+    if from_profiles and declared_terms == 0:
+        return (f"evidence-backed {plan_mode} plan: predictions computed from physical profile records "
+                "(still predictions)")
+    if from_profiles:
+        return (f"exploratory plan: predictions from physical profile records, {declared_terms} term(s) "
+                "from declared figures")
     return "exploratory plan: predictions from declared figures (cost model), not from measured profiles"
 
 

@@ -95,7 +95,8 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
         def tracker() -> DriftTracker:  # the installed plan's own per-stage predictions
             planned = installed.plan
             return DriftTracker(tuple(s.decode.service_s for s in planned.stages),
-                                prediction_basis(planned.mode), drift)
+                                prediction_basis(planned.mode, planned.from_profiles, planned.declared_terms),
+                                drift)
 
         supervisor = RouteSupervisor(engine, route, health, reload,
                                      lambda r: RoutePipeline(r, served), reloaded, tracker)

@@ -144,7 +144,7 @@ def test_calibration_reaches_plan_status_and_the_dashboard_with_each_figure_labe
     from services.orchestrator.convert import calibration_to_pb
     from services.orchestrator.dashboard_state import calibration_view
 
-    tracker, feed = DriftTracker((0.010, None), prediction_basis("deployment"), POLICY), Feed(2)
+    tracker, feed = DriftTracker((0.010, None), prediction_basis("deployment", True, 0), POLICY), Feed(2)
     for _ in range(3):
         verdict = tracker.observe(feed.round(0.030, 0.010))
     message = calibration_to_pb(verdict)
@@ -153,7 +153,7 @@ def test_calibration_reaches_plan_status_and_the_dashboard_with_each_figure_labe
     assert message.stages[0].predicted_decode_service_s == 0.010
     assert message.stages[0].measured_decode_service_s == 0.030 and message.stages[0].measured_microbatches == 16
     assert message.stages[1].predicted_decode_service_s == 0.0  # none, not a zero-second prediction
-    assert "evidence-backed plan" in message.prediction_basis
+    assert "evidence-backed deployment plan" in message.prediction_basis
     view = calibration_view(verdict)
     assert view["state"] == "uncalibrated" and view["stages"][1]["predicted_decode_service_s"] is None
     assert view["stages"][0]["relative_error"] == pytest.approx(2.0)
@@ -186,3 +186,9 @@ def test_fornax_status_renders_the_calibration_line():
     assert report.render().endswith("calibration: UNCALIBRATED: uncalibrated (stage 1: plan predicted 0.001 s, "
                                     "measured 0.02 s over 32 microbatches)")
     assert "calibration" not in RouteReport("SERVING", "", {}).render()
+
+
+def test_the_prediction_basis_tells_declared_figures_from_evidence():
+    assert prediction_basis("exploratory").startswith("exploratory plan: predictions from declared figures")
+    assert prediction_basis("deployment", True, 0).startswith("evidence-backed deployment plan")
+    assert "2 term(s) from declared figures" in prediction_basis("exploratory", True, 2)
