@@ -267,7 +267,9 @@ def cmd_placement(args: argparse.Namespace) -> int:
                            f"predicted {s['predicted_decode_service_s']:.4f}s"
                            for s in split["stages"])
         print(f"{name:<11} physical {split['output_tokens_per_s']:.1f} tok/s; {stages}")
-    print(f"calibrated_vs_even_tok_s = {report['calibrated_vs_even_tok_s']:.2f} (physical)")
+    same = " (the calibrated split is the even split: the ratio is run-to-run noise)" \
+        if report["calibrated_equals_even"] else ""
+    print(f"calibrated_vs_even_tok_s = {report['calibrated_vs_even_tok_s']:.2f} (physical){same}")
     print(f"bottleneck_prediction_error = {report['bottleneck_prediction_error']:.3f} "
           "(physical measurement vs fitted prediction)")
     return 0

@@ -180,6 +180,8 @@ def _report(options: PlacementBenchOptions, fits: tuple[HostFit, ...], best: dic
         "calibrated_vs_even_tok_s": tok_s_ratio(_tok_s(calibrated), _tok_s(even)),
         "bottleneck_prediction_error": bottleneck_prediction_error(
             predicted_stage_s(fits, calibrated.ranges), calibrated.stage_decode_s),
+        # Equal splits: the ratio then only shows this host's run-to-run noise, not placement.
+        "calibrated_equals_even": calibrated.ranges == even.ranges,
         "calibrated": _split_view(calibrated, hosts, fits),
         "even": _split_view(even, hosts, fits),
         "host_costs": {host: {"per_layer_decode_s": fit.per_layer_s, "fixed_decode_s": fit.fixed_s,
