@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.serving import ServingConfig, ServingEngine
 from services.orchestrator.stage_chain import Route
 
+if TYPE_CHECKING:
+    from apps.bench.llama_peer import LlamaPeerOptions
+
 CONCURRENCY = (1, 8, 32)
 
 
@@ -44,6 +48,7 @@ class BenchOptions:
     backend: str = "numpy"
     concurrency: tuple[int, ...] = CONCURRENCY
     repeats: int = 2
+    llama: LlamaPeerOptions | None = None  # --peer llama.cpp: measured beside the other setups
 
 
 @dataclass(frozen=True)
@@ -137,16 +142,21 @@ class _Transformers:
         return RunFigures(produced, wall, [ttft] * ids.shape[0], [itl])
 
 
-async def _measure(options: BenchOptions, two: list[str], one: list[str]) -> dict[str, dict]:
-    """Every concurrency level runs the three setups back to back, `repeats` times, best kept."""
+async def _measure(options: BenchOptions, two: list[str], one: list[str],
+                   llama_url: str | None = None) -> dict[str, dict]:
+    """Every concurrency level runs the setups back to back, `repeats` times, best kept."""
+    from apps.bench import llama_peer
+
     engines = {"pipeline_2_stage": await _engine(options, two), "pipeline_1_stage": await _engine(options, one)}
     hf = _Transformers(options.checkpoint)
     vocab = load_config(options.checkpoint).vocab_size
-    report: dict[str, dict] = {name: {} for name in (*engines, "transformers")}
+    report: dict[str, dict] = {name: {} for name in (*engines, "transformers", *(["llama_cpp"] if llama_url else []))}
     try:
         warm = prompts(vocab, 1, options.prompt_tokens, seed=99)
         for engine in engines.values():
             await _drive(engine, warm, 2)
+        if llama_url:
+            await llama_peer.drive(llama_url, warm, 2)
         for c in options.concurrency:
             batch = prompts(vocab, c, options.prompt_tokens, seed=c)
             best: dict[str, RunFigures] = {}
@@ -154,6 +164,8 @@ async def _measure(options: BenchOptions, two: list[str], one: list[str]) -> dic
                 for name, engine in engines.items():
                     _keep_best(best, name, await _drive(engine, batch, options.max_tokens))
                 _keep_best(best, "transformers", hf.run(batch, options.max_tokens))
+                if llama_url:
+                    _keep_best(best, "llama_cpp", (await llama_peer.drive(llama_url, batch, options.max_tokens))[0])
             for name, figures in best.items():
                 report[name][f"c{c}"] = figures.summary()
     finally:
@@ -175,7 +187,13 @@ def measure(options: BenchOptions) -> dict[str, dict]:
         launcher = _start_workers([*two_sets, cpus], options.backend, Path(state))
         try:
             workers = [f"127.0.0.1:{s.ports['grpc']}" for s in launcher.started]
-            return asyncio.run(_measure(options, workers[:2], workers[2:]))
+            if options.llama is None:
+                return asyncio.run(_measure(options, workers[:2], workers[2:]))
+            from apps.bench.llama_peer import LlamaServer
+
+            # The peer gets what the 1-stage worker gets: every usable CPU, one thread each.
+            with LlamaServer(options.llama, cpus) as peer:
+                return asyncio.run(_measure(options, workers[:2], workers[2:], peer.base_url))
         finally:
             launcher.stop_all()
 
@@ -194,7 +212,22 @@ def provenance(options: BenchOptions, command: str) -> dict[str, str]:
         "model_snapshot": "sha256:" + hashlib.sha256(config).hexdigest(),
         "quota": quota_label(),
         "command": command,
+        **({"peer_llama_cpp": _peer_provenance(options.llama)} if options.llama else {}),
     }
+
+
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def _peer_provenance(llama: LlamaPeerOptions) -> str:
+    return (f"llama-server {llama.server} ({_file_sha256(llama.server)}), GGUF {llama.gguf} "
+            f"({_file_sha256(llama.gguf)}), {llama.threads} threads, {llama.slots} slots, "
+            f"same prompt token ids, greedy, ignore_eos")
 
 
 def run(options: BenchOptions, command: str) -> dict:
@@ -205,6 +238,10 @@ def run(options: BenchOptions, command: str) -> dict:
         key = f"c{c}"
         ratios[f"two_vs_one_stage_{key}"] = two[key]["output_tokens_per_s"] / one[key]["output_tokens_per_s"]
         ratios[f"pipeline_vs_transformers_{key}"] = two[key]["output_tokens_per_s"] / hf[key]["output_tokens_per_s"]
+        ratios[f"one_stage_vs_transformers_{key}"] = one[key]["output_tokens_per_s"] / hf[key]["output_tokens_per_s"]
+        if "llama_cpp" in report:
+            peer = report["llama_cpp"][key]["output_tokens_per_s"]
+            ratios[f"vs_llama_cpp_{key}"] = one[key]["output_tokens_per_s"] / peer
     return {**ratios, **report,
             "setup": {"prompt_tokens": options.prompt_tokens, "max_tokens": options.max_tokens,
                       "repeats": options.repeats, "figure": "best of the repeats, setups interleaved"},
