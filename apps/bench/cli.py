@@ -29,6 +29,8 @@ def register(commands, benches) -> None:
                        help="generated checkpoint preset when --checkpoint is not given")
     serve.add_argument("--peer", choices=("llama.cpp",),
                        help="also measure this peer side by side on the same prompts (needs --llama-server, --gguf)")
+    serve.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                       help="event loop of the in-process serving core (orchestrator side)")
     serve.add_argument("--llama-server", help="--peer llama.cpp: the llama-server binary")
     serve.add_argument("--gguf", help="--peer llama.cpp: the checkpoint converted to GGUF")
     serve.add_argument("--tokens-per-step", type=int, default=48,
@@ -85,6 +87,7 @@ def _quiet_logs() -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from apps.bench.serve import BenchOptions, run
+    from libs.service.event_loop import EventLoopKind
 
     _quiet_logs()
     if args.mixed:
@@ -106,6 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         levels,
         args.repeats,
         llama,
+        EventLoopKind(args.loop),
     )
     from apps.bench.llama_peer import PeerError
 
@@ -174,6 +178,15 @@ def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
         hops = ", ".join(f"{h['boundary_payload_bytes_per_token']:.0f}" for h in f["hops"].values())
         print(f"{level[1:]:>5}{f['output_tokens_per_s']:>10.1f}{f['ttft_p50_s']:>10.3f}{f['ttft_p99_s']:>10.3f}"
               f"{f['itl_p50_s']:>10.3f}{f['itl_p99_s']:>10.3f}  {hops}")
+    for level, f in report["levels"].items():
+        if f.get("pipeline"):
+            p = f["pipeline"]
+            print(f"{level}: pipeline efficiency {p['pipeline_efficiency']:.3f} (slowest {p['slowest_stage']} "
+                  f"alone {p['slowest_stage_alone_tokens_per_s']:.1f} tok/s)")
+        for name, stage in f["stages"].items():
+            if "busy_fraction" in stage:
+                print(f"  {name}: busy {stage['busy_fraction']:.1%}  waiting for input "
+                      f"{stage['input_wait_fraction']:.1%}  waiting for credit {stage['credit_wait_fraction']:.1%}")
     agreement = report["agreement"]
     print(f"top-1 agreement with transformers fp32 at hops {agreement['hop_boundary_dtypes']}: "
           f"{agreement['top1_agreement']:.4f} over {agreement['positions']} positions")

@@ -25,6 +25,8 @@ from libs.model.config import load_config
 from libs.model.layout import even_layer_split
 from libs.service.affinity import usable_cpus, worker_cpu_sets, worker_env
 from libs.service.host import cpu_name
+from libs.service.event_loop import EventLoopKind, describe
+from libs.service.event_loop import run as run_on_loop
 from libs.service.host_quota import quota_label
 from libs.text.context import TextContext
 from services.orchestrator.direct_load import load_checkpoint_route
@@ -49,6 +51,7 @@ class BenchOptions:
     concurrency: tuple[int, ...] = CONCURRENCY
     repeats: int = 2
     llama: LlamaPeerOptions | None = None  # --peer llama.cpp: measured beside the other setups
+    loop: EventLoopKind = EventLoopKind.ASYNCIO  # the serving core's event loop (the harness's process)
 
 
 @dataclass(frozen=True)
@@ -188,12 +191,12 @@ def measure(options: BenchOptions) -> dict[str, dict]:
         try:
             workers = [f"127.0.0.1:{s.ports['grpc']}" for s in launcher.started]
             if options.llama is None:
-                return asyncio.run(_measure(options, workers[:2], workers[2:]))
+                return run_on_loop(_measure(options, workers[:2], workers[2:]), options.loop)
             from apps.bench.llama_peer import LlamaServer
 
             # The peer gets what the 1-stage worker gets: every usable CPU, one thread each.
             with LlamaServer(options.llama, cpus) as peer:
-                return asyncio.run(_measure(options, workers[:2], workers[2:], peer.base_url))
+                return run_on_loop(_measure(options, workers[:2], workers[2:], peer.base_url), options.loop)
         finally:
             launcher.stop_all()
 
@@ -211,6 +214,7 @@ def provenance(options: BenchOptions, command: str) -> dict[str, str]:
         "transformers_build": f"transformers {metadata.version('transformers')}, torch {metadata.version('torch')}",
         "model_snapshot": "sha256:" + hashlib.sha256(config).hexdigest(),
         "quota": quota_label(),
+        "serving_event_loop": describe(options.loop),
         "command": command,
         **({"peer_llama_cpp": _peer_provenance(options.llama)} if options.llama else {}),
     }
