@@ -24,9 +24,9 @@ from apps.fleet.launcher import FleetOptions, Launcher, ServiceProcess
 from libs.model.config import load_config
 from libs.model.layout import even_layer_split
 from libs.service.affinity import usable_cpus, worker_cpu_sets, worker_env
-from libs.service.host import cpu_name
 from libs.service.event_loop import EventLoopKind, describe
 from libs.service.event_loop import run as run_on_loop
+from libs.service.host import cpu_name
 from libs.service.host_quota import quota_label
 from libs.text.context import TextContext
 from services.orchestrator.direct_load import load_checkpoint_route

@@ -288,7 +288,7 @@ def test_health_splits_each_stage_wall_time_into_busy_credit_wait_and_input_wait
     before, after, wall_ns = asyncio.run(scenario())
     delta = [{k: getattr(a.phase_totals, k) - getattr(b.phase_totals, k)
               for k in ("busy_ns", "credit_wait_ns", "input_wait_ns", "compute_ns")}
-             for b, a in zip(before, after)]
+             for b, a in zip(before, after, strict=True)]
     first, last = delta
     assert first["busy_ns"] >= first["compute_ns"] > 0 and last["busy_ns"] >= last["compute_ns"] > 0
     assert first["credit_wait_ns"] > 0  # stage 0 idles while stage 1 works on its batches
