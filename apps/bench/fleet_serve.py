@@ -163,6 +163,8 @@ async def _measure(options: FleetBenchOptions, state: FleetState, host_links: di
         stages_after, links_after = await _stage_counters(state), _link_counters(list(host_links.values()))
         report[f"c{c}"] = _level_report(figures, stages_before, stages_after, links_before, links_after,
                                         host_links, occupancy_before, occupancy_after)
+        print(f"  c{c}: {json.dumps({k: report[f'c{c}'][k] for k in ('output_tokens_per_s', 'pipeline')})}",
+              file=sys.stderr)
     return report
 
 
@@ -178,7 +180,7 @@ def run_fleet_bench(options: FleetBenchOptions, command: str) -> dict:
                 raise RuntimeError(f"the fleet in {state_dir} left no host record")
             host_links = {host.name: link for host, link in zip(options.spec.hosts, record.links[1:], strict=False)}
             levels = asyncio.run(_measure(options, state, host_links, state_dir))
-            agreement = _agreement(options, state)
+            agreement = _agreement(options, state, state_dir)
         finally:
             launcher.stop_all()
             tear_down(state_dir)
@@ -187,11 +189,14 @@ def run_fleet_bench(options: FleetBenchOptions, command: str) -> dict:
     return {**efficiency, "levels": levels, "agreement": agreement, "provenance": _provenance(options, command)}
 
 
-def _agreement(options: FleetBenchOptions, state: FleetState) -> dict:
+def _agreement(options: FleetBenchOptions, state: FleetState, state_dir: Path) -> dict:
     """Teacher-forced top-1 agreement with transformers fp32, at this fleet's hop dtypes."""
+    from libs.security.cli_credentials import cli_channel
+
     vocab = load_config(options.checkpoint).vocab_size
     batch = [list(p) for p in prompts(vocab, options.agreement_prompts, 8, seed=7)]
-    figure = top1_agreement(options.checkpoint, state.entry("orchestrator").grpc, batch, options.max_tokens)
+    figure = top1_agreement(options.checkpoint, state.entry("orchestrator").grpc, batch, options.max_tokens,
+                            cli_channel(state_dir))
     return {**figure, "hop_boundary_dtypes": [d.value for d in options.spec.hop_dtypes]}
 
 
