@@ -50,6 +50,8 @@ def register(commands, benches) -> None:
                     help="another directory InstallPlan may name checkpoints under (repeatable)")
     up.add_argument("--insecure", action="store_true",
                     help="plaintext gRPC with no certificates, authentication or audit identity (every service warns)")
+    up.add_argument("--http-insecure", action="store_true",
+                    help="with --fleet: serve the API as plain HTTP on the fabric address (default: https, fleet CA)")
     up.add_argument("--no-serve-while-compiling", dest="serve_while_compiling", action="store_false",
                     help="with --backend max: wait for MAX compiles instead of serving on numpy meanwhile")
     up.add_argument("--startup-timeout-s", type=float, default=180.0)
@@ -140,6 +142,7 @@ def _options(args: argparse.Namespace) -> FleetOptions:
         api_key=os.environ.get("FORNAX_API_KEY") or None,
         startup_timeout_s=args.startup_timeout_s,
         insecure=args.insecure,
+        http_insecure=args.http_insecure,
         read_roots=tuple(args.read_root),
         serve_while_compiling=args.serve_while_compiling,
         plan_mode=args.mode,
@@ -174,6 +177,7 @@ def _serve(args: argparse.Namespace, state: FleetState, launcher) -> int:
 
 def curl_example(state: FleetState) -> str:
     auth = ' -H "Authorization: Bearer $FORNAX_API_KEY"' if state.api_key else ""
+    auth += f" --cacert {state.api_ca}" if state.api_ca else ""
     body = '{"model": "fornax", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 32, "stream": true}'
     return (
         f"serving the OpenAI-compatible API at {state.api}\n"
