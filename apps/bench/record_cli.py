@@ -31,16 +31,21 @@ class _Tee(io.TextIOBase):
 
 
 def add_record_arguments(benches) -> None:
+    """--record and its options on every bench target; an option a target already has keeps its own."""
+    options = (
+        ("--record", {"action": "store_true",
+                      "help": "store the JSON report in the evidence registry as a signed physical "
+                              "measurement (forces --json)"}),
+        ("--sign-as", {"metavar": "ROLE/NAME",
+                       "help": "--record: the measuring identity whose certificate under <state dir>/certs "
+                               "signs the record (default host/<this host's name>)"}),
+        ("--registry", {"help": "--record: registry gRPC address (default: <state dir>/fleet.json)"}),
+        ("--state-dir", {"default": ".fornax", "help": "--record: where fleet.json and certs live"}),
+    )
     for parser in benches.choices.values():
-        parser.add_argument("--record", action="store_true",
-                            help="store the JSON report in the evidence registry as a signed physical "
-                                 "measurement (forces --json)")
-        parser.add_argument("--sign-as", metavar="ROLE/NAME",
-                            help="--record: the measuring identity whose certificate under <state dir>/certs "
-                                 "signs the record (default host/<this host's name>)")
-        parser.add_argument("--registry", help="--record: registry gRPC address (default: <state dir>/fleet.json)")
-        if "--state-dir" not in parser._option_string_actions:
-            parser.add_argument("--state-dir", default=".fornax", help="--record: where fleet.json and certs live")
+        for flag, spec in options:
+            if flag not in parser._option_string_actions:
+                parser.add_argument(flag, **spec)
 
 
 def run_recorded(args: argparse.Namespace, argv: list[str]) -> int:
