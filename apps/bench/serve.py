@@ -96,11 +96,14 @@ async def _drive(engine: ServingEngine, prompt_ids: list[tuple[int, ...]], max_t
     return RunFigures(sum(r[0] for r in results), wall, [r[1] for r in results], [g for r in results for g in r[2]])
 
 
-def _start_workers(cpu_sets: list[tuple[int, ...]], backend: str, state_dir: Path) -> Launcher:
-    launcher = Launcher(FleetOptions(state_dir=state_dir, grace_period_s=5.0))
+def _start_workers(cpu_sets: list[tuple[int, ...]], backend: str, state_dir: Path,
+                   checkpoint: str) -> Launcher:
+    # Loopback workers of this harness only, driven by its in-process clients: plaintext, explicitly.
+    launcher = Launcher(FleetOptions(state_dir=state_dir, grace_period_s=5.0, insecure=True))
     group = [
         launcher.spawn(ServiceProcess(f"bench_worker_{i}", "stage_worker", "services.stage_worker",
-                                      {**worker_env(cpus), "FORNAX_STAGE_INDEX": str(i), "FORNAX_BACKEND": backend}))
+                                      {**worker_env(cpus), "FORNAX_STAGE_INDEX": str(i), "FORNAX_BACKEND": backend,
+                                       "FORNAX_READ_ROOTS": str(Path(checkpoint).resolve())}))
         for i, cpus in enumerate(cpu_sets)
     ]
     launcher.wait_ready(group)
@@ -187,7 +190,7 @@ def measure(options: BenchOptions) -> dict[str, dict]:
     two_sets = worker_cpu_sets(2, cpus)
     with tempfile.TemporaryDirectory(prefix="fornax-bench-") as state:
         # Workers 0-1 form the 2-stage pipeline on disjoint CPU shares; worker 2 alone has them all.
-        launcher = _start_workers([*two_sets, cpus], options.backend, Path(state))
+        launcher = _start_workers([*two_sets, cpus], options.backend, Path(state), options.checkpoint)
         try:
             workers = [f"127.0.0.1:{s.ports['grpc']}" for s in launcher.started]
             if options.llama is None:
