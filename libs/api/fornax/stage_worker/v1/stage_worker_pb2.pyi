@@ -182,20 +182,26 @@ class GetHealthResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ..., live_sequences: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., kv_bytes_limit: _Optional[int] = ..., kv_bytes_high_water: _Optional[int] = ..., inflight_batches_high_water: _Optional[int] = ..., batches_executed: _Optional[int] = ..., failure_reason: _Optional[str] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., phase_totals: _Optional[_Union[PhaseTotals, _Mapping]] = ...) -> None: ...
 
 class PhaseTotals(_message.Message):
-    __slots__ = ("queue_ns", "compute_ns", "pack_ns", "transfer_ns", "unpack_ns", "batches")
+    __slots__ = ("queue_ns", "compute_ns", "pack_ns", "transfer_ns", "unpack_ns", "batches", "busy_ns", "credit_wait_ns", "input_wait_ns")
     QUEUE_NS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_NS_FIELD_NUMBER: _ClassVar[int]
     PACK_NS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_NS_FIELD_NUMBER: _ClassVar[int]
     UNPACK_NS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    BUSY_NS_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
     queue_ns: int
     compute_ns: int
     pack_ns: int
     transfer_ns: int
     unpack_ns: int
     batches: int
-    def __init__(self, queue_ns: _Optional[int] = ..., compute_ns: _Optional[int] = ..., pack_ns: _Optional[int] = ..., transfer_ns: _Optional[int] = ..., unpack_ns: _Optional[int] = ..., batches: _Optional[int] = ...) -> None: ...
+    busy_ns: int
+    credit_wait_ns: int
+    input_wait_ns: int
+    def __init__(self, queue_ns: _Optional[int] = ..., compute_ns: _Optional[int] = ..., pack_ns: _Optional[int] = ..., transfer_ns: _Optional[int] = ..., unpack_ns: _Optional[int] = ..., batches: _Optional[int] = ..., busy_ns: _Optional[int] = ..., credit_wait_ns: _Optional[int] = ..., input_wait_ns: _Optional[int] = ...) -> None: ...
 
 class CancelRequestRequest(_message.Message):
     __slots__ = ("request_id", "target_request_id")
