@@ -77,6 +77,8 @@ class OrchestratorConfig:
     max_live_requests: int = 256
     default_max_tokens: int = 256
     output_queue_capacity: int = 16
+    # Microbatches in flight beyond the stage count on a multi-stage route (see SchedulerConfig).
+    pipeline_spare_microbatches: int = 1
     # Deadline budget of a request that brings none; 0 means no deadline.
     default_deadline_s: float = 600.0
     # A client that takes no output for this long loses its request (and frees its slot).
@@ -140,6 +142,9 @@ class OrchestratorConfig:
         parser.add_argument("--state-dir", help="private state directory (env FORNAX_STATE_DIR)")
         parser.add_argument("--stage-kv-limit-bytes", type=int, help="env FORNAX_STAGE_KV_LIMIT_BYTES")
         parser.add_argument("--max-live-requests", type=int, help="admission queue size (env FORNAX_MAX_LIVE_REQUESTS)")
+        parser.add_argument("--pipeline-spare-microbatches", type=int,
+                            help="microbatches in flight beyond the stage count on a multi-stage route "
+                                 "(env FORNAX_PIPELINE_SPARE_MICROBATCHES, default 1)")
         parser.add_argument("--default-max-tokens", type=int, help="env FORNAX_DEFAULT_MAX_TOKENS")
         parser.add_argument(
             "--default-deadline-s",
@@ -228,6 +233,9 @@ class OrchestratorConfig:
             stage_kv_limit_bytes=pick(args.stage_kv_limit_bytes, env, "FORNAX_STAGE_KV_LIMIT_BYTES",
                                       cls.stage_kv_limit_bytes, int),
             max_live_requests=pick(args.max_live_requests, env, "FORNAX_MAX_LIVE_REQUESTS", cls.max_live_requests, int),
+            pipeline_spare_microbatches=pick(args.pipeline_spare_microbatches, env,
+                                             "FORNAX_PIPELINE_SPARE_MICROBATCHES",
+                                             cls.pipeline_spare_microbatches, int),
             default_max_tokens=pick(args.default_max_tokens, env, "FORNAX_DEFAULT_MAX_TOKENS",
                                     cls.default_max_tokens, int),
             default_deadline_s=pick(args.default_deadline_s, env, "FORNAX_DEFAULT_DEADLINE_S",

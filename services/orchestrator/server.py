@@ -91,7 +91,8 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
 
 
 def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
-    return ServingConfig(scheduler=SchedulerConfig(output_queue_capacity=cfg.output_queue_capacity),
+    return ServingConfig(scheduler=SchedulerConfig(output_queue_capacity=cfg.output_queue_capacity,
+                                                   pipeline_spare_microbatches=cfg.pipeline_spare_microbatches),
                          max_live_requests=cfg.max_live_requests,
                          default_max_tokens=cfg.default_max_tokens,
                          default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None,

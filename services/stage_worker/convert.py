@@ -131,9 +131,11 @@ def _totals_to_pb(totals: PhaseTotals | None) -> pb.PhaseTotals | None:
     if totals is None:
         return None
     t = totals.total_ns
+    occupancy = totals.occupancy.totals()
     return pb.PhaseTotals(queue_ns=t[Phase.QUEUE], compute_ns=t[Phase.COMPUTE], pack_ns=t[Phase.PACK],
                           transfer_ns=t[Phase.TRANSFER], unpack_ns=t[Phase.UNPACK],
-                          batches=totals.count[Phase.COMPUTE])
+                          batches=totals.count[Phase.COMPUTE], busy_ns=occupancy.busy_ns,
+                          credit_wait_ns=occupancy.credit_wait_ns, input_wait_ns=occupancy.input_wait_ns)
 
 
 def _service_to_pb(times: ServiceTimes | None) -> pb.ServiceTimes | None:

@@ -175,7 +175,12 @@ class DataPlane:
             span.set_attribute("fornax.stage_index", stage.spec.stage_index)
             span.set_attribute("fornax.batch_rows", work.batch.batch.input_row_count)
             span.set_attribute("fornax.sequences", len(work.sequences))
-            output = await self._execute(stage, work, label)
+            occupancy = self._runtime.phase_totals.occupancy
+            occupancy.begin_work()
+            try:
+                output = await self._execute(stage, work, label)
+            finally:
+                occupancy.end_work()
             for failure in output.failures:
                 metrics.SEQUENCE_FAILURES.labels(label, failure.code).inc()
             usage = stage.executor.kv_usage()
@@ -292,7 +297,14 @@ class DataPlane:
         with _TRACER.start_as_current_span(f"transfer to {stage_id(stage.spec.stage_index + 1)}"):
             outgoing = replace(outgoing, traceparent=current_traceparent())
             started = time.perf_counter()
-            reply = await client.submit(outgoing)
+            occupancy = self._runtime.phase_totals.occupancy
+            occupancy.begin_handoff()  # this batch now waits on the next hop, not on this stage
+            occupancy.end_work()
+            try:
+                reply = await client.submit(outgoing)
+            finally:
+                occupancy.begin_work()
+                occupancy.end_handoff()
             round_trip = time.perf_counter() - started
         downstream_ns = max((r.timings.queue_ns + r.timings.execute_ns for r in reply.results), default=0)
         self._runtime.phase_totals.observe(Phase.TRANSFER, max(0.0, round_trip - downstream_ns / 1e9), label)
@@ -324,7 +336,7 @@ class DataPlane:
 def _next_batch(batch: Batch, live, stage: LoadedStage, tensor: Tensor) -> Batch:
     rows, slices = 0, []
     for item in live:
-        slices.append(item.__class__(**{**{f: getattr(item, f) for f in item.__slots__}, "input_row_start": rows}))
+        slices.append(item._replace(input_row_start=rows))
         rows += item.input_row_count
     descriptor = BatchDescriptor(
         batch.batch.batch_id, batch.batch.batch_sequence_no, batch.batch.phase, rows, tuple(slices)

@@ -206,20 +206,26 @@ class ServiceTimes(_message.Message):
     def __init__(self, decode_service_ns: _Optional[int] = ..., decode_microbatches: _Optional[int] = ..., decode_rows: _Optional[int] = ..., prefill_service_ns: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., prefill_batches: _Optional[int] = ..., recent_decode_service_ns: _Optional[int] = ..., recent_decode_microbatches: _Optional[int] = ..., recent_decode_rows: _Optional[float] = ...) -> None: ...
 
 class PhaseTotals(_message.Message):
-    __slots__ = ("queue_ns", "compute_ns", "pack_ns", "transfer_ns", "unpack_ns", "batches")
+    __slots__ = ("queue_ns", "compute_ns", "pack_ns", "transfer_ns", "unpack_ns", "batches", "busy_ns", "credit_wait_ns", "input_wait_ns")
     QUEUE_NS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_NS_FIELD_NUMBER: _ClassVar[int]
     PACK_NS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_NS_FIELD_NUMBER: _ClassVar[int]
     UNPACK_NS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    BUSY_NS_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
     queue_ns: int
     compute_ns: int
     pack_ns: int
     transfer_ns: int
     unpack_ns: int
     batches: int
-    def __init__(self, queue_ns: _Optional[int] = ..., compute_ns: _Optional[int] = ..., pack_ns: _Optional[int] = ..., transfer_ns: _Optional[int] = ..., unpack_ns: _Optional[int] = ..., batches: _Optional[int] = ...) -> None: ...
+    busy_ns: int
+    credit_wait_ns: int
+    input_wait_ns: int
+    def __init__(self, queue_ns: _Optional[int] = ..., compute_ns: _Optional[int] = ..., pack_ns: _Optional[int] = ..., transfer_ns: _Optional[int] = ..., unpack_ns: _Optional[int] = ..., batches: _Optional[int] = ..., busy_ns: _Optional[int] = ..., credit_wait_ns: _Optional[int] = ..., input_wait_ns: _Optional[int] = ...) -> None: ...
 
 class CancelRequestRequest(_message.Message):
     __slots__ = ("request_id", "target_request_id")
