@@ -64,9 +64,6 @@ def test_a_restarted_orchestrator_fences_orphans_and_serves(tmp_path, checkpoint
         assert _live_sequences(fleet) == [0, 0]
 
 
-@pytest.mark.xfail(reason="with the FNX2 receiver's sweeper, stage 1 frees the orphans at their "
-                          "deadline but stage 0 (whose sender vanished) keeps all 8 past it",
-                   strict=False)
 def test_stages_free_orphaned_kv_within_the_lease_ttl(tmp_path, checkpoint):
     with live_fleet(tmp_path, checkpoint, ENV) as fleet:
         asyncio.run(_orphan_streams(fleet, 8))
