@@ -69,7 +69,8 @@ def _health(api: str) -> tuple[int, dict]:
 
 def _route_state(address: str) -> int:
     with grpc.insecure_channel(address) as channel:
-        return pb_grpc.OrchestratorServiceStub(channel).GetPlanStatus(pb.GetPlanStatusRequest(), timeout=5).current.state
+        reply = pb_grpc.OrchestratorServiceStub(channel).GetPlanStatus(pb.GetPlanStatusRequest(), timeout=5)
+    return reply.current.state
 
 
 def _wait_for(predicate, timeout_s: float, what: str):
