@@ -58,7 +58,7 @@ def _health(api: str) -> int:
 def test_kill_9_of_a_background_fleets_worker_is_restarted_and_replayed(tmp_path, checkpoint):
     state_dir = tmp_path / ".fornax"
     up = _fornax("up", "--state-dir", str(state_dir), "--checkpoint", str(checkpoint),
-                 "--boundary-dtype", "fp32", "--insecure", cwd=tmp_path, timeout=300)
+                 "--boundary-dtype", "fp32", cwd=tmp_path, timeout=300)
     try:
         assert up.returncode == 0, up.stderr[-3000:]
         keeper = keeper_pid(state_dir)

@@ -11,7 +11,6 @@ import os
 import signal
 
 import aiohttp
-import grpc
 import pytest
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
@@ -27,7 +26,7 @@ ENV = {"FORNAX_DEFAULT_DEADLINE_S": str(LEASE_TTL_S), "FORNAX_RECOVERY_TIMEOUT_S
 def _live_sequences(fleet) -> list[int]:
     counts = []
     for name in ("stage_worker_0", "stage_worker_1"):
-        with grpc.insecure_channel(fleet.entry(name).grpc) as channel:
+        with fleet.channel(name) as channel:
             reply = sw_grpc.StageWorkerServiceStub(channel).GetHealth(sw_pb.GetHealthRequest(), timeout=5)
         counts.append(reply.live_sequences)
     return counts
