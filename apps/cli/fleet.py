@@ -152,8 +152,11 @@ def _up_argv(args: argparse.Namespace) -> list[str]:
             argv += [flag, str(Path(path).resolve())]
     for root in args.read_root:
         argv += ["--read-root", str(Path(root).resolve())]
+    argv += ["--mode", args.mode]
     if args.insecure:
         argv.append("--insecure")
+    if args.http_insecure:
+        argv.append("--http-insecure")
     if not args.serve_while_compiling:
         argv.append("--no-serve-while-compiling")
     return argv
