@@ -48,6 +48,9 @@ class FleetOptions:
     http_insecure: bool = False
     # Directories the artifact builder may read checkpoints from, besides --checkpoint.
     read_roots: tuple[str, ...] = ()
+    # Directories stage workers may load checkpoints from directly (benchmarks that load explicit
+    # layer ranges without the planner); empty: workers load only fetched artifacts.
+    stage_read_roots: tuple[str, ...] = ()
     # Extra environment for every service (e.g. OTEL_EXPORTER_OTLP_ENDPOINT).
     env: dict[str, str] = field(default_factory=dict)
     # How the orchestrator plans installs: exploratory, or deployment (valid profiles and a

@@ -27,6 +27,7 @@ from libs.fnx2.tensor import DType, Tensor, TensorKind
 from libs.model.sampling import SamplingParams
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
+from services.orchestrator.drift import MeasuredService
 from services.orchestrator.route_health import (
     StageCondition,
     StageProbe,
@@ -298,8 +299,14 @@ class Route:
             elif reply.plan.plan_generation_id != self.plan.plan_generation_id:
                 probes.append(StageProbe(index, StageCondition.NOT_LOADED))  # restarted or reloaded
             else:
-                probes.append(StageProbe(index, _condition_of_state(reply.state)))
+                probes.append(StageProbe(index, _condition_of_state(reply.state), measured_service(reply)))
         return probes
+
+
+def measured_service(reply: pb.GetHealthResponse) -> MeasuredService:
+    times = reply.service_times
+    return MeasuredService(times.decode_microbatches, times.recent_decode_service_ns / 1e9,
+                           times.recent_decode_microbatches, times.recent_decode_rows)
 
 
 def _condition_of_state(state: int) -> StageCondition:

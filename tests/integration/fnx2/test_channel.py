@@ -31,7 +31,7 @@ def by_request(result):
 async def test_handshake_binds_plan_and_negotiates_extensions():
     async with loopback(DoublingHandler()) as (client, receiver):
         assert client.extensions == {"multi_inflight", "traceparent", "timings", "compact_output",
-                                     "sample_logprobs", "lease_sequence"}
+                                     "sample_logprobs", "compact_meta", "lease_sequence"}
         assert client.credit.frames == 1 and client.credit.live_requests == 1024
 
 
