@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, NamedTuple
 
@@ -105,7 +105,7 @@ class SequenceSlice(NamedTuple):
             rest = dict(meta)
             sequence = f.uint(LEASE_SEQUENCE_FIELD)
             del rest[LEASE_SEQUENCE_FIELD]
-            return replace(cls.from_meta(rest), lease_sequence=sequence)
+            return cls.from_meta(rest)._replace(lease_sequence=sequence)
         if type(meta) is dict and meta.keys() == _SLICE_FIELDS:  # fast path: all valid
             m = meta
             if (_u64(m["request_sequence_no"]) and _u64(m["token_position_start"])

@@ -370,5 +370,5 @@ def _without_lease_sequences(batch: Batch) -> Batch:
     slices = batch.batch.sequences
     if all(s.lease_sequence is None for s in slices):
         return batch
-    plain = tuple(replace(s, lease_sequence=None) for s in slices)
+    plain = tuple(s._replace(lease_sequence=None) for s in slices)
     return replace(batch, batch=replace(batch.batch, sequences=plain))

@@ -385,7 +385,7 @@ async def test_lease_sequences_fence_without_tombstones_only_once_negotiated(off
         request = new_request()
         batch = make_batch(Phase.PREFILL, [Seq(request, 1)])
         numbered = dataclasses.replace(batch, batch=dataclasses.replace(
-            batch.batch, sequences=(dataclasses.replace(batch.batch.sequences[0], lease_sequence=0),)))
+            batch.batch, sequences=(batch.batch.sequences[0]._replace(lease_sequence=0),)))
         assert (await client.submit(numbered)).results[0].kv_epoch_after == 1
         receiver.state.release(request, lease_for(request), 1)
         assert receiver.state.tombstones == (0 if offer == "all" else 1)

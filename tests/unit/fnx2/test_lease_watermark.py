@@ -127,5 +127,5 @@ def test_the_field_travels_only_once_negotiated():
     else:
         raise AssertionError("a plain 2.0 receiver accepted the extension's field")
     plain = dataclasses.replace(b, batch=dataclasses.replace(
-        b.batch, sequences=(dataclasses.replace(b.batch.sequences[0], lease_sequence=None),)))
+        b.batch, sequences=(b.batch.sequences[0]._replace(lease_sequence=None),)))
     assert "lease_sequence" not in encode_frame(plain, 1).to_bytes().decode("latin-1")
