@@ -116,6 +116,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     if not args.foreground:  # the same fleet, held by a detached keeper that supervises it
         return start_keeper(args.state_dir, _up_argv(args))
     options = _options(args)
+    # Until the fleet is held, SIGTERM unwinds like Ctrl-C, so whatever started is stopped again.
+    signal.signal(signal.SIGTERM, _interrupt)
     if args.fleet:
         try:
             spec = load_fleet_spec(args.fleet, DType(args.boundary_dtype) if args.boundary_dtype else None)
@@ -136,7 +138,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         state, launcher = start()
     except (LaunchError, IsolationUnavailable, IsolationFailed) as exc:
         return _fail(f"fleet failed to start: {exc}")
+    except KeyboardInterrupt:
+        return _fail("interrupted while starting; every service started so far was stopped")
     return _serve(args, state, launcher)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _up_argv(args: argparse.Namespace) -> list[str]:
@@ -192,10 +200,11 @@ def _serve(args: argparse.Namespace, state: FleetState, launcher) -> int:
             with Progress("installing route", stages + 5, "steps") as bar:
                 wait_for_route(state, args.install_timeout_s, bar.step)
                 bar.finish("route ready")
+        except KeyboardInterrupt:
+            _stop(args.state_dir, launcher)
+            return _fail("interrupted while installing the route; the fleet was stopped")
         except (RouteFailed, TimeoutError) as exc:
-            launcher.stop_all()
-            tear_down(Path(args.state_dir))
-            fleet_path(args.state_dir).unlink(missing_ok=True)
+            _stop(args.state_dir, launcher)
             hint = ("; deployment mode needs valid stage/link profiles (`fornax profile`) and a passing route "
                     "calibration (`fornax qualify`) in the fleet's registry") if args.mode == "deployment" else ""
             return _fail(f"the route did not come up: {exc}{hint}")
@@ -206,6 +215,12 @@ def _serve(args: argparse.Namespace, state: FleetState, launcher) -> int:
     if args.keeper:
         mark_ready(args.state_dir)
     return _stay_attached(args.state_dir, launcher)
+
+
+def _stop(state_dir: str, launcher) -> None:
+    launcher.stop_all()
+    tear_down(Path(state_dir))
+    fleet_path(state_dir).unlink(missing_ok=True)
 
 
 def curl_example(state: FleetState) -> str:
