@@ -186,6 +186,10 @@ class DataPlane:
             usage = stage.executor.kv_usage()
             metrics.KV_BYTES.labels(label).set(usage.bytes_used)
             metrics.KV_SEQUENCES.labels(label).set(usage.live_sequences)
+            receiver = self._receiver
+            if receiver is not None:
+                metrics.LEASE_TOMBSTONES.labels(label).set(receiver.state.tombstones)
+                metrics.LEASE_FENCE_ENTRIES.labels(label).set(receiver.state.fence_entries)
             return output
 
     async def _execute(self, stage: LoadedStage, work: StageWork, label: str) -> StageOutput:
