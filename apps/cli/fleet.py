@@ -18,7 +18,7 @@ from apps.fleet.health import check_health
 from apps.fleet.isolated import start_isolated_fleet
 from apps.fleet.keeper import KEEPER_FLAG, keeper_pid, mark_ready, start_keeper, stop_keeper
 from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
-from apps.fleet.netns import IsolationFailed, IsolationUnavailable, read_record, tear_down
+from apps.fleet.netns import IsolationFailed, IsolationUnavailable, read_record, require_isolation, tear_down
 from apps.fleet.route_status import route_report
 from apps.fleet.route_wait import RouteFailed, wait_for_route
 from apps.fleet.spec import FleetFileError, load_fleet_spec
@@ -113,16 +113,21 @@ def cmd_up(args: argparse.Namespace) -> int:
         return _fail(problem)
     if not args.keeper and _running_fleet(args.state_dir):  # the keeper is checked before it starts
         return _fail(f"a fleet is already running from {fleet_path(args.state_dir)}; run `fornax down` first")
+    spec = None
+    if args.fleet:  # a bad fleet file or a host that cannot isolate is refused before anything starts
+        try:
+            spec = load_fleet_spec(args.fleet, DType(args.boundary_dtype) if args.boundary_dtype else None)
+            require_isolation(spec)
+        except FleetFileError as exc:
+            return _fail(f"fleet file {args.fleet}: {exc}")
+        except IsolationUnavailable as exc:
+            return _fail(f"fleet failed to start: {exc}")
     if not args.foreground:  # the same fleet, held by a detached keeper that supervises it
         return start_keeper(args.state_dir, _up_argv(args))
     options = _options(args)
     # Until the fleet is held, SIGTERM unwinds like Ctrl-C, so whatever started is stopped again.
     signal.signal(signal.SIGTERM, _interrupt)
-    if args.fleet:
-        try:
-            spec = load_fleet_spec(args.fleet, DType(args.boundary_dtype) if args.boundary_dtype else None)
-        except FleetFileError as exc:
-            return _fail(f"fleet file {args.fleet}: {exc}")
+    if spec is not None:
         print(f"starting fleet {args.fleet}: " + ", ".join(
             f"{h.name} ({h.backend.value}, {h.cpu_cores:g} cores)" for h in spec.hosts), file=sys.stderr)
         start = partial(start_isolated_fleet, options, spec)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import aiohttp
 import grpc
-from fornax.orchestrator.v1 import orchestrator_pb2 as pb
-from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 
 from apps.fleet.compose import start_fleet
 from apps.fleet.launcher import FleetOptions, Launcher
+from fornax.orchestrator.v1 import orchestrator_pb2 as pb
+from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 from libs.security.cli_credentials import operator_credentials
 from libs.service.fleet_state import FleetState, write_fleet
 

@@ -22,10 +22,10 @@ import aiohttp
 import grpc
 import pytest
 import yaml
-from fornax.orchestrator.v1 import orchestrator_pb2 as pb
-from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 
 from apps.fleet.netns import leftovers, read_record
+from fornax.orchestrator.v1 import orchestrator_pb2 as pb
+from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 from libs.service.fleet_state import read_fleet
 from tests.faults.fleet import stream_completion
 

@@ -12,10 +12,10 @@ import signal
 
 import aiohttp
 import pytest
-from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
-from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 
 from apps.fleet.launcher import ServiceProcess
+from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
+from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 from tests.faults.fleet import live_fleet, stream_completion
 
 pytestmark = [pytest.mark.integration]

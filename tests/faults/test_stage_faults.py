@@ -13,8 +13,8 @@ import time
 
 import aiohttp
 import pytest
-from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 
+from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from tests.faults.fleet import live_fleet, stream_completion
 
 pytestmark = [pytest.mark.integration]

@@ -14,8 +14,13 @@ import pytest
 
 from apps.fleet.netns import leftovers, read_record
 from libs.service.fleet_state import read_fleet
-from tests.integration.fleet.test_netns_fleet import _capabilities, _fornax, _greedy_through_openai
-from tests.integration.fleet.test_netns_fleet import checkpoint, reference  # noqa: F401  (fixtures)
+from tests.integration.fleet.test_netns_fleet import (  # noqa: F401  (fixtures)
+    _capabilities,
+    _fornax,
+    _greedy_through_openai,
+    checkpoint,
+    reference,
+)
 from tests.integration.fleet.test_netns_fleet import pytestmark as netns_marks
 
 pytest.importorskip("max")

@@ -7,16 +7,24 @@ import time
 import numpy as np
 import pytest
 
-from libs.fnx2.control import ChannelBinding, EXT_MULTI_INFLIGHT
+from libs.fnx2.control import EXT_MULTI_INFLIGHT, ChannelBinding
 from libs.fnx2.errors import ErrorCode, Fnx2Error, RemoteError
 from libs.fnx2.messages import Phase, SequenceStatus
 from libs.fnx2.receiver import ReceiverConfig
 from libs.fnx2.receiver_state import ReceiverLimits
 from libs.fnx2.sender import Fnx2Client, SenderConfig
-
 from tests.integration.fnx2.helpers import (
-    BINDING, GENERATION, MANIFEST_HASH, PLAN_HASH, PLAN_ID, DoublingHandler, Seq, lease_for,
-    loopback, make_batch, new_request,
+    BINDING,
+    GENERATION,
+    MANIFEST_HASH,
+    PLAN_HASH,
+    PLAN_ID,
+    DoublingHandler,
+    Seq,
+    lease_for,
+    loopback,
+    make_batch,
+    new_request,
 )
 from tests.integration.fnx2.tls import self_signed_contexts
 

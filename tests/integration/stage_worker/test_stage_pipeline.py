@@ -9,19 +9,19 @@ import uuid
 import grpc
 import numpy as np
 import pytest
+
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
-
 from libs.fnx2.messages import Phase
-from libs.model.sampling import SamplingParams
-from services.orchestrator.stage_chain import Route, SliceInput, lease_id_for
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
 from libs.model.kv_store import SliceIdentity
+from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.interceptors import reason_of
+from services.orchestrator.stage_chain import Route, SliceInput, lease_id_for
 from tests.support.stages import load_pipeline, start_workers
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,6 @@ from dataclasses import replace
 
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
-
 from services.orchestrator.inventory_facts import CPU_FLOPS_PER_CORE, describe_facts, inventory_from
 
 GIB = 1 << 30
