@@ -29,6 +29,7 @@ from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
 from services.orchestrator.drift import MeasuredService
 from services.orchestrator.route_health import (
+    DataPlaneMeter,
     StageCondition,
     StageProbe,
     condition_of_rpc_error,
@@ -166,6 +167,8 @@ class Route:
         # extension), from its opening frame until its release.
         self._lease_numbers = itertools.count()
         self._lease_sequences: dict[str, int] = {}
+        # Batches out and RESULTs back: the route health's data-plane progress signal.
+        self.meter = DataPlaneMeter()
 
     async def open(self) -> None:
         """Opens (or reopens, after `abort`) the FNX2 channel to stage 0."""
@@ -218,9 +221,12 @@ class Route:
             raise route_unavailable("the route's data plane is closed")
         batch = self._batch(phase, inputs, traceparent)
         budget_s = max(i.deadline_budget_ns for i in inputs) / 1e9
+        served = False
+        self.meter.submitted()
         try:
             result = await asyncio.wait_for(self._client.submit(batch),
                                             budget_s + self.timeouts.batch_grace_s)
+            served = any(r.status is SequenceStatus.OK for r in result.results)
         except TimeoutError:
             raise route_unavailable("stage 0 did not answer a batch before its deadline") from None
         except (ChannelClosedError, ConnectionError, OSError) as exc:
@@ -229,6 +235,8 @@ class Route:
             if exc.terminal:
                 raise route_unavailable(f"the data plane failed ({exc.code.value})") from exc
             raise
+        finally:
+            self.meter.answered(served)
         by_id = {r.request_id: r for r in result.results}
         outputs = []
         for item in inputs:
