@@ -27,6 +27,7 @@ from libs.fnx2.tensor import DType, Tensor, TensorKind
 from libs.model.sampling import SamplingParams
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
+from services.orchestrator import lease_numbers
 from services.orchestrator.drift import MeasuredService
 from services.orchestrator.route_health import (
     DataPlaneMeter,
@@ -155,7 +156,10 @@ def lease_id_for(plan: RoutePlan, request_id: str) -> str:
 
 class Route:
     def __init__(self, plan: RoutePlan, timeouts: RouteTimeouts = RouteTimeouts(),
-                 channel: ChannelConfig = ChannelConfig(), data_plane_tls: Fnx2Tls | None = None):
+                 channel: ChannelConfig = ChannelConfig(), data_plane_tls: Fnx2Tls | None = None,
+                 numbers: lease_numbers.LeaseNumbers | None = None):
+        """`numbers`: the lease counter to draw from; by default the one this process shares
+        among every route on the plan generation."""
         self.plan = plan
         self.timeouts = timeouts
         self._tls = data_plane_tls
@@ -164,8 +168,10 @@ class Route:
         self._client: Fnx2Client | None = None
         self._batch_numbers = itertools.count()
         # Each lease's place in this generation's opening order (the FNX2 lease_sequence
-        # extension), from its opening frame until its release.
-        self._lease_numbers = itertools.count()
+        # extension), from its opening frame until its release; the counter is the
+        # generation's, shared with every other route opened on it.
+        self._lease_numbers = (numbers if numbers is not None
+                               else lease_numbers.for_generation(plan.plan_generation_id))
         self._lease_sequences: dict[str, int] = {}
         # Batches out and RESULTs back: the route health's data-plane progress signal.
         self.meter = DataPlaneMeter()
@@ -181,6 +187,8 @@ class Route:
             self._client = await self._tls.connect(host, int(port), SenderConfig(binding), first.data_plane_identity)
         else:
             self._client = await Fnx2Client.connect(host, int(port), SenderConfig(binding))
+        if self._client.lease_sequence_next is not None:  # never below what stage 0 has seen
+            self._lease_numbers.raise_to(self._client.lease_sequence_next)
 
     async def abort(self) -> None:
         """Closes the FNX2 channel: every batch still waiting fails at once."""
@@ -254,7 +262,7 @@ class Route:
         for item in inputs:
             count = int(item.token_ids.shape[0])
             if item.sequence_no == 0 and item.request_id not in self._lease_sequences:
-                self._lease_sequences[item.request_id] = next(self._lease_numbers)
+                self._lease_sequences[item.request_id] = self._lease_numbers.take()
             slices.append(
                 SequenceSlice(
                     item.request_id, item.sequence_no, row, count, item.position_start, item.kv_epoch,
