@@ -137,10 +137,10 @@ class HealthTracker:
                 progress: DataPlaneProgress = DataPlaneProgress()) -> RouteVerdict:
         """One probe round, with the data plane's progress during it."""
         for probe in probes:
-            down = counts_as_down(probe.condition, progress)
-            self._bad[probe.index] = self._bad[probe.index] + 1 if down else 0
+            bad = counts_as_down(probe.condition, progress)
+            self._bad[probe.index] = self._bad[probe.index] + 1 if bad else 0
             # A slow probe excused by progress is reported as ready: the stage is serving.
-            self._last[probe.index] = probe.condition if down else StageCondition.READY
+            self._last[probe.index] = probe.condition if bad else StageCondition.READY
         down = [i for i, bad in enumerate(self._bad) if bad >= self._policy.failures_to_degrade]
         all_good = all(bad == 0 for bad in self._bad)
         self._good_rounds = self._good_rounds + 1 if all_good else 0
