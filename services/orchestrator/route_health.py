@@ -207,6 +207,10 @@ class RouteHealthMonitor:
                 probes = await self._probe()
                 progress = self._progress() if self._progress is not None else DataPlaneProgress()
                 after = self.tracker.observe(probes, progress)
+                if after.degraded and not before.degraded:  # what the data plane was doing
+                    _log.warning("route_probe_round_down", reason=after.reason,
+                                 batches_outstanding=progress.outstanding,
+                                 results_in_round=progress.results)
             except Exception:  # a probe that cannot run says nothing about the stages
                 _log.warning("route_probe_failed")
                 after = before
