@@ -204,6 +204,36 @@ def test_progress_between_misses_resets_the_count_but_a_later_stall_still_degrad
     assert tracker.observe(slow, STALLED).degraded
 
 
+def test_the_monitor_reads_the_data_plane_after_each_probe_round():
+    from services.orchestrator.route_health import RouteHealthMonitor
+
+    async def main():
+        rounds, progress, changes = [], [PROGRESSING], []
+
+        async def probe():
+            rounds.append(progress[0])
+            return [StageProbe(0, StageCondition.UNRESPONSIVE)]
+
+        async def on_change(verdict):
+            changes.append((len(rounds), verdict.degraded))
+
+        monitor = RouteHealthMonitor(probe, 1, on_change, HealthPolicy(interval_s=0.001),
+                                     progress=lambda: progress[0])
+        monitor.start()
+        while len(rounds) < 20:
+            await asyncio.sleep(0.001)
+        assert changes == []  # starved but progressing: twenty late probes, no verdict change
+        progress[0] = STALLED
+        while not changes:
+            await asyncio.sleep(0.001)
+        await monitor.stop()
+        return changes, rounds
+
+    changes, rounds = asyncio.run(main())
+    first_stalled = rounds.index(STALLED) + 1
+    assert changes[0] == (first_stalled + 1, True)  # the second stalled round degrades
+
+
 def test_the_meter_reports_results_served_since_the_last_round_and_the_work_still_out():
     meter = DataPlaneMeter()
     for _ in range(3):
