@@ -28,6 +28,7 @@ from services.stage_worker import convert
 from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.dataplane import DataPlane
 from services.stage_worker.generations import Generations
+from services.stage_worker.lifecycle import StageState
 from services.stage_worker.overlap import MemoryFacts
 from services.stage_worker.profiling import Profiler
 from services.stage_worker.runtime import StageRuntime
@@ -140,7 +141,12 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
         )
 
     async def GetHealth(self, request, context) -> pb.GetHealthResponse:
-        reply = convert.health_to_pb(self._generations.health_runtime(request.plan_generation_id).health())
+        generation = request.plan_generation_id
+        if generation and generation not in self._generations.loaded:
+            # Not (or no longer) loaded here: an answer, not an error, so a probe reads "not loaded".
+            reply = pb.GetHealthResponse(state=convert.STATE_TO_PB[StageState.UNLOADED])
+        else:
+            reply = convert.health_to_pb(self._generations.health_runtime(generation).health())
         reply.loaded_plan_generation_ids.extend(self._generations.loaded)
         return reply
 
