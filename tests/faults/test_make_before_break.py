@@ -156,6 +156,10 @@ def test_reinstall_and_rollback_are_make_before_break_under_streams(tmp_path, ch
         reference = reference_texts(api)
         first = fleet.plan_status()
         assert len(first.stages) == 2
+        # The same load with nothing installed: the inter-token gap a reinstall is compared with.
+        steady, _, start, end = asyncio.run(streams_through(api, lambda: time.sleep(3)))
+        assert_served_through(steady, reference, start, end)
+        steady_gap = largest_gap(steady, start, end)
 
         # A different layer split on the same workers: every layer on one stage.
         streams, reply, start, end = asyncio.run(streams_through(
@@ -196,8 +200,9 @@ def test_reinstall_and_rollback_are_make_before_break_under_streams(tmp_path, ch
         assert [r["live_sequences"] for r in retired_lines(fleet)] == [0, 0]
         for worker in WORKERS:
             assert list(worker_health(fleet, worker).loaded_plan_generation_ids) == [rolled.plan.plan_generation_id]
-        print(f"\nmake-before-break largest inter-token gap (physical, this host): reinstall {install_gap:.3f} s, "
-              f"rollback {rollback_gap:.3f} s; {len(streams)} streams in the rollback window")
+        print(f"\nlargest inter-token gap of 4 back-to-back greedy streams (physical, this host, numpy, tiny "
+              f"checkpoint): steady {steady_gap:.3f} s, across a make-before-break reinstall {install_gap:.3f} s, "
+              f"across a rollback {rollback_gap:.3f} s; {len(streams)} streams in the rollback window")
 
 
 def test_a_worker_that_cannot_hold_both_plans_fails_the_install_closed(tmp_path, checkpoint):
