@@ -58,10 +58,18 @@ def test_two_generations_serve_side_by_side_and_unload_apart(workers, checkpoint
         old, new = Route(old_plan), Route(new_plan)
         await old.open()
         await new.open()
-        both = await asyncio.gather(generate(old, PROMPTS, STEPS), generate(new, PROMPTS, STEPS))
+        runs = await asyncio.gather(generate(old, PROMPTS, STEPS), generate(new, PROMPTS, STEPS))
         loaded = [list(health(workers, i).loaded_plan_generation_ids) for i in range(2)]
+        # Releases go to each request's own generation; the old one keeps one request live.
+        for rid in runs[0][0][1:]:
+            await old.release(rid)
+        for rid in runs[1][0]:
+            await new.release(rid)
         unloaded = await unload_generation(workers.addresses, old_plan.plan_generation_id)
-        after = await generate(new, PROMPTS, STEPS)
+        request_ids, after = await generate(new, PROMPTS, STEPS)
+        for rid in request_ids:
+            await new.release(rid)
+        both = [tokens for _, tokens in runs]
         with pytest.raises(Exception):  # noqa: B017  (the old generation's channel was closed)
             await generate(old, PROMPTS, STEPS)
         await old.close()
@@ -75,7 +83,8 @@ def test_two_generations_serve_side_by_side_and_unload_apart(workers, checkpoint
     # Each generation has its own listener on each worker.
     for a, b in zip(old_plan.stages, new_plan.stages, strict=True):
         assert a.data_plane_address != b.data_plane_address
-    assert (unloaded.live_sequences, unloaded.kv_bytes_used, unloaded.failures) == (0, 0, ())
+    # What the old generation still held when unloaded: the one request never released.
+    assert unloaded.live_sequences == 2 and unloaded.kv_bytes_used > 0 and unloaded.failures == ()
     for index in range(2):
         assert list(health(workers, index).loaded_plan_generation_ids) == [new_gen]
         assert health(workers, index, old_gen).state == pb.STAGE_STATE_UNLOADED
