@@ -251,14 +251,16 @@ class RouteManager:
         await route.engine.close(release_timeout_s=self._drain_timeout_s)
 
     async def _finish(self, route: InstalledRoute) -> None:
-        """Retires a route that no longer receives traffic: every admitted stream completes."""
+        """Retires a route that no longer receives traffic: every admitted stream completes
+        within the drain timeout; what outlives it ends with a terminal error (cancelled)."""
         # Still admitting while it empties: a caller that picked this engine just before the
         # swap is served here rather than refused.
         try:
             await asyncio.wait_for(route.engine.wait_idle(), self._drain_timeout_s)
         except TimeoutError:
-            pass
-        await self._drain(route.engine, self._drain_timeout_s)
+            _log.warning("retiring_route_drain_timeout", generation=route.plan.plan_generation_id,
+                         live_requests=route.engine.live_requests)
+        route.engine.stop_admitting("the route is retiring")
         await route.engine.close(release_timeout_s=self._drain_timeout_s)
 
     @staticmethod

@@ -190,3 +190,30 @@ def test_break_before_make_happens_only_when_the_operator_allowed_it(text_contex
     fleet, status = asyncio.run(main())
     assert fleet.events == ["load gen-1 beside nothing", "load gen-3 beside nothing"]
     assert status.state is RouteState.SERVING and status.plan.plan_generation_id == "gen-3"
+
+
+def test_a_stream_that_outlives_the_drain_ends_with_a_terminal_error_and_the_old_generation_unloads(text_context):
+    async def main():
+        slot = RouteSlot()
+        fleet = SameWorkers(text_context)
+        manager = RouteManager(slot, fleet.install, drain_timeout_s=0.3)
+        await manager.install(A)
+        pipeline = slot.engine.pipeline
+        fast = pipeline.submit
+
+        async def slow(batch):  # a slow old route: 1,000 tokens outlast the drain
+            await asyncio.sleep(0.02)
+            return await fast(batch)
+
+        pipeline.submit = slow
+        started = asyncio.get_running_loop().time()
+        async with slot.engine.submit(GenerationRequest("long", (5, 6, 7), 1000)) as events:
+            await manager.install(B)
+            outputs = [o async for o in events]
+        return fleet, outputs, asyncio.get_running_loop().time() - started
+
+    fleet, outputs, elapsed = asyncio.run(main())
+    assert outputs[-1].finished and outputs[-1].finish_reason.value == "cancelled"
+    assert outputs[-1].completion_tokens < 1000
+    assert elapsed < 3.0  # bounded by the drain timeout, not by the stream
+    assert fleet.events[-1].startswith("unload gen-1")
