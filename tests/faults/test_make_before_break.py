@@ -36,7 +36,7 @@ class TimedStream:
     status: int = 0
     text: str = ""
     error: str | None = None
-    token_times: list[float] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # wall clock, as the services log it
 
 
 async def timed_stream(session: aiohttp.ClientSession, api: str, prompt: int) -> TimedStream:
@@ -60,7 +60,7 @@ async def timed_stream(session: aiohttp.ClientSession, api: str, prompt: int) ->
             for choice in event.get("choices", ()):
                 if choice.get("text"):
                     parts.append(choice["text"])
-                    out.token_times.append(time.monotonic())
+                    out.token_times.append(time.time())
         out.text = "".join(parts)
     return out
 
@@ -83,19 +83,19 @@ async def streams_through(api: str, operation, lanes: int = 4) -> tuple[list[Tim
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         async def lane(index: int) -> None:
             count = 0
-            while not done.is_set() or time.monotonic() < ended[0] + 1.0:
+            while not done.is_set() or time.time() < ended[0] + 1.0:
                 streams.append(await timed_stream(session, api, (index + count) % len(PROMPTS)))
                 count += 1
 
         ended = [float("inf")]
         runners = [asyncio.create_task(lane(i)) for i in range(lanes)]
         await asyncio.sleep(0.5)  # streams are running before the operation starts
-        started = time.monotonic()
+        started = time.time()
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         while not done.is_set():
             await asyncio.sleep(0.05)
-        ended[0] = time.monotonic()
+        ended[0] = time.time()
         await asyncio.wait_for(asyncio.gather(*runners), 60)
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
@@ -145,6 +145,14 @@ def assert_served_through(streams: list[TimedStream], reference: list[str], star
     assert spanning
 
 
+def switch_times(fleet: LiveFleet) -> list[float]:
+    """When the orchestrator pointed new requests at each new route (wall clock)."""
+    from datetime import datetime
+
+    return [datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
+            for line in fleet.log("orchestrator").splitlines() if '"route_switched"' in line]
+
+
 def retired_lines(fleet: LiveFleet) -> list[dict]:
     lines = [json.loads(line) for line in fleet.log("orchestrator").splitlines() if '"generation_retired"' in line]
     return lines
@@ -167,6 +175,8 @@ def test_reinstall_and_rollback_are_make_before_break_under_streams(tmp_path, ch
         one = reply.status
         assert_served_through(streams, reference, start, end)
         install_gap = largest_gap(streams, start, end)
+        (switched_at,) = switch_times(fleet)
+        install_switch_gap = largest_gap(streams, switched_at - 0.5, switched_at + 0.5)
         assert one.state == pb.ROUTE_STATE_SERVING and len(one.stages) == 1
         old, new = first.plan.plan_generation_id, one.plan.plan_generation_id
         assert new != old
@@ -192,6 +202,8 @@ def test_reinstall_and_rollback_are_make_before_break_under_streams(tmp_path, ch
         rolled = reply.status
         assert_served_through(streams, reference, start, end)
         rollback_gap = largest_gap(streams, start, end)
+        switched_at = switch_times(fleet)[-1]
+        rollback_switch_gap = largest_gap(streams, switched_at - 0.5, switched_at + 0.5)
         assert rolled.state == pb.ROUTE_STATE_SERVING
         assert (rolled.plan.plan_id, rolled.plan.plan_hash) == (first.plan.plan_id, first.plan.plan_hash)
         assert [(s.layer_range.layer_start, s.layer_range.layer_end_exclusive) for s in rolled.stages] == [
@@ -201,8 +213,10 @@ def test_reinstall_and_rollback_are_make_before_break_under_streams(tmp_path, ch
         for worker in WORKERS:
             assert list(worker_health(fleet, worker).loaded_plan_generation_ids) == [rolled.plan.plan_generation_id]
         print(f"\nlargest inter-token gap of 4 back-to-back greedy streams (physical, this host, numpy, tiny "
-              f"checkpoint): steady {steady_gap:.3f} s, across a make-before-break reinstall {install_gap:.3f} s, "
-              f"across a rollback {rollback_gap:.3f} s; {len(streams)} streams in the rollback window")
+              f"checkpoint): steady {steady_gap:.3f} s; across a make-before-break reinstall {install_gap:.3f} s "
+              f"(within 0.5 s of the switch {install_switch_gap:.3f} s); across a rollback {rollback_gap:.3f} s "
+              f"(within 0.5 s of the switch {rollback_switch_gap:.3f} s); {len(streams)} streams in the rollback "
+              f"window")
 
 
 def test_a_worker_that_cannot_hold_both_plans_fails_the_install_closed(tmp_path, checkpoint):
