@@ -186,7 +186,7 @@ def _check_boundary_contract(spec: LoadSpec, manifest) -> None:
 class StageRuntime:
     def __init__(self, backend: Backend, device: str, default_kv_limit_bytes: int,
                  artifact_cache_dir: str | None = None, fetch_channel: ChannelConfig = ChannelConfig(),
-                 device_thread: ThreadPoolExecutor | None = None):
+                 device_thread: ThreadPoolExecutor | None = None, phase_totals: PhaseTotals | None = None):
         self.backend = backend
         # How artifacts are fetched from the builder (this worker's certificate, under mTLS).
         self.fetch_channel = fetch_channel
@@ -196,7 +196,8 @@ class StageRuntime:
         self.lifecycle = Lifecycle()
         self.stage: LoadedStage | None = None
         self._counters = _Counters()
-        self.phase_totals = PhaseTotals()
+        # The worker's data-plane time since it started, across every plan generation it held.
+        self.phase_totals = phase_totals or PhaseTotals()
         self.service_times = ServiceTimes()
         # Shared by every plan generation the worker holds: one device, one thread.
         self._device_thread = device_thread or ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{device}")

@@ -30,6 +30,7 @@ from services.stage_worker.dataplane import DataPlane
 from services.stage_worker.generations import Generations
 from services.stage_worker.lifecycle import StageState
 from services.stage_worker.overlap import MemoryFacts
+from services.stage_worker.phase_totals import PhaseTotals
 from services.stage_worker.profiling import Profiler
 from services.stage_worker.runtime import StageRuntime
 
@@ -222,11 +223,13 @@ def memory_facts(cfg: StageWorkerConfig) -> MemoryFacts:
 
 async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
     device_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{cfg.device}")
+    phase_totals = PhaseTotals()
 
     def new_runtime() -> StageRuntime:
         return StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes,
                             artifact_cache_dir=str(Path(cfg.state_dir) / "artifact_cache"),
-                            fetch_channel=cfg.server.client_channel(), device_thread=device_thread)
+                            fetch_channel=cfg.server.client_channel(), device_thread=device_thread,
+                            phase_totals=phase_totals)
 
     tls = data_plane_tls(cfg)
     idle = new_runtime()
