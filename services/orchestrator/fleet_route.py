@@ -91,8 +91,9 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
                        for s, (a, b) in zip(plan.stages, installed.layer_ranges, strict=True))
         engine = ServingEngine(RoutePipeline(route, served), served, text, serving)
 
-        async def reload() -> Route:  # the exact stored plan, as a new generation
-            return (await install(spec, fleet, progress, installed.stored))[1]
+        async def reload() -> Route:  # the exact stored plan, as a new generation in place of this one
+            return (await install(spec, fleet, progress, installed.stored,
+                                  replace_generation=result.plan.plan_generation_id))[1]
 
         def reloaded(new_route: Route) -> None:
             p = new_route.plan

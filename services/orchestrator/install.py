@@ -185,7 +185,8 @@ def _next_hop(plan: Plan, stage_index: int, identities: dict[str, str]) -> str:
 
 
 async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: list[ab_pb.StageArtifact],
-                      generation: str, progress: Callable[[str], None], keep_generation: str = "") -> RoutePlan:
+                      generation: str, progress: Callable[[str], None], keep_generation: str = "",
+                      replace_generation: str = "") -> RoutePlan:
     """One stage per planned stage, on the worker the plan names, as plan generation `generation`,
     beside generation `keep_generation` (the serving route) when one is named."""
     binding = common_pb2.PlanBinding(
@@ -205,7 +206,8 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
         previous_hop_identity=_previous_hop(plan, stage.stage_index, identities, fleet.identity),
         next_hop_identity=_next_hop(plan, stage.stage_index, identities),
     ), identities.get(stage.node, "")) for stage, artifact in zip(plan.stages, artifacts, strict=True)]
-    return await load_route(loads, progress=progress, channel=fleet.channel, keep_generation=keep_generation)
+    return await load_route(loads, progress=progress, channel=fleet.channel, keep_generation=keep_generation,
+                            replace_generation=replace_generation)
 
 
 def stage_dtypes(spec: InstallSpec, stage_index: int, stage_count: int) -> tuple[DType, DType]:
@@ -297,14 +299,16 @@ async def prepare(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], Non
 
 
 async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], None],
-                  stored: StoredPlan | None = None, keep_generation: str = "") -> tuple[InstalledPlan, Route]:
+                  stored: StoredPlan | None = None, keep_generation: str = "",
+                  replace_generation: str = "") -> tuple[InstalledPlan, Route]:
     """Loads and warms `stored` (prepared now when None) as a new plan generation, beside
-    generation `keep_generation` (which keeps serving) when one is named. On failure the new
-    generation is unloaded again and the kept one is untouched."""
+    generation `keep_generation` (which keeps serving) when one is named, or in place of only
+    generation `replace_generation` (a reload). On failure the new generation is unloaded again
+    and the kept one is untouched."""
     stored = stored or await prepare(spec, fleet, progress)
     plan = stored.plan
     route_plan = await load_stages(spec, fleet, plan, list(stored.artifacts), str(uuid.uuid4()), progress,
-                                   keep_generation)
+                                   keep_generation, replace_generation)
     route = Route(route_plan, channel=fleet.channel, data_plane_tls=fleet.data_plane_tls)
     try:
         await route.open()

@@ -123,12 +123,15 @@ class StageLoad:
 
 async def load_route(loads: Sequence[StageLoad], load_timeout_s: float = 3600.0,
                      progress: Callable[[str], None] = lambda message: None,
-                     channel: ChannelConfig = ChannelConfig(), keep_generation: str = "") -> RoutePlan:
+                     channel: ChannelConfig = ChannelConfig(), keep_generation: str = "",
+                     replace_generation: str = "") -> RoutePlan:
     """Load last to first, so each stage is told its next hop's FNX2 address and manifest hash.
 
     Every spec carries the same plan binding. Whatever a worker had loaded before is unloaded,
     except plan generation `keep_generation`: the serving route, which the new one loads beside
-    (a worker refuses with INSUFFICIENT_MEMORY_FOR_OVERLAP when both do not fit). A failed load
+    (a worker refuses with INSUFFICIENT_MEMORY_FOR_OVERLAP when both do not fit). With
+    `replace_generation` only that generation is unloaded first (a reload of a lost route, which
+    leaves any other generation alone, such as one an install is loading). A failed load
     unloads the new generation from every worker that took it, leaving the kept one serving.
     """
     next_address, next_manifest, loaded = "", "", []
@@ -142,6 +145,7 @@ async def load_route(loads: Sequence[StageLoad], load_timeout_s: float = 3600.0,
             async with open_aio_channel(load.address, channel) as opened:
                 stub = pb_grpc.StageWorkerServiceStub(opened)
                 await stub.UnloadStage(pb.UnloadStageRequest(request_id=str(uuid.uuid4()),
+                                                             plan_generation_id=replace_generation,
                                                              keep_plan_generation_id=keep_generation),
                                        timeout=UNLOAD_TIMEOUT_S)
                 progress(f"loading stage {spec.stage_index} (layers {layers.layer_start}-"
