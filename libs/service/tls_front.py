@@ -90,6 +90,11 @@ class PeerTable:
         with self._lock:
             return self._by_port.get(port)
 
+    def ports(self) -> set[int]:
+        """The source ports whose peer the table knows now."""
+        with self._lock:
+            return set(self._by_port)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._by_port)
@@ -264,6 +269,11 @@ class TlsFront:
 
     def request_reload(self) -> None:
         self._contexts.request_reload()
+
+    @property
+    def active_connections(self) -> int:
+        """Connections the front is handling now (handshaking, refusing or pumping)."""
+        return len(self._tasks)
 
     async def _stop_accepting(self) -> None:
         if self._accepting is not None:
