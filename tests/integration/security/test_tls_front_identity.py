@@ -111,6 +111,7 @@ class _Fleet:
 
     async def __aexit__(self, *_) -> None:
         assert self.front is not None and self.server is not None
+        self.hold.release.set()
         await self.front.close()
         await self.server.stop(None)
 
