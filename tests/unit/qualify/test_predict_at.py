@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from apps.qualify.gate import PHASES, CHECKS, Check, PredictedStage, RunOutcome, StageTimes, calibrate
+from apps.qualify.gate import CHECKS, PHASES, Check, PredictedStage, RunOutcome, StageTimes, calibrate
 from apps.qualify.predict_at import ROWS_BASIS, planner_at, predicted_at_rows, row_bounds
 from libs.profiles.schema import calibration_from_json, to_json
 from services.planner.profiles import book_from_records
