@@ -8,6 +8,12 @@ records the plan rests on, at each stage's measured rows per microbatch. The pla
 take whole rows: a fractional measured figure blends the predictions at the rows either side
 linearly (each term is linear in rows between the profile's measured batches).
 
+The gate measures a stage's `wire` as the next hop's round trip less the next stage's own queue
+and execute time: the boundary frame out and the answer back. The planner's wire term is the
+frame's one-way time (half the measured 32 KiB round trip plus its bytes over the measured
+throughput), what a pipelined link is busy for. So the gate's wire prediction adds the answer's
+way back: the other half of the same link record's measured round trip (`answer_halves`).
+
 Everything here is a prediction; the rows it is evaluated at are physical (measured).
 """
 
@@ -25,7 +31,7 @@ from services.planner.model import ModelDescription
 from services.planner.planner import predict_placement
 from services.planner.profiles import ProfileBook
 
-ROWS_BASIS = "measured rows"  # what Calibration.rows_basis says when predictions follow the measurement
+ROWS_BASIS = "measured rows"  # Calibration.rows_basis when predictions follow the measurement (wire: round trip)
 
 
 def blend(low: d.StageCost, high: d.StageCost, fraction: float) -> dict[str, float]:
@@ -47,11 +53,24 @@ def row_bounds(rows: float) -> tuple[int, int, float]:
 PlanAt = Callable[[int], d.Plan]
 
 
-def predicted_at_rows(installed: Sequence[PredictedStage], rows: Sequence[float],
-                      plan_at: PlanAt) -> list[PredictedStage]:
-    """Each installed stage's terms re-predicted at its own measured rows per microbatch."""
+def answer_halves(book: ProfileBook, hosts: Sequence[str]) -> list[float]:
+    """Per stage in route order: half the measured round trip of the link to the next stage's host
+    (the answer's way back); 0 for the last stage, which sends nothing on."""
+    out = []
+    for here, there in zip(hosts, [*hosts[1:], None], strict=True):
+        record = book.link_record(here, there) if there is not None else None
+        out.append(record.profile.rtt_32kib_s.median / 2 if record is not None else 0.0)
+    return out
+
+
+def predicted_at_rows(installed: Sequence[PredictedStage], rows: Sequence[float], plan_at: PlanAt,
+                      answers_s: Sequence[float] = ()) -> list[PredictedStage]:
+    """Each installed stage's terms re-predicted at its own measured rows per microbatch; the
+    stage's `answers_s` entry (if given) is added to its wire term (the round trip qualify measures)."""
     if len(rows) != len(installed):
         raise ValueError(f"{len(rows)} measured row figures for {len(installed)} stages")
+    if answers_s and len(answers_s) != len(installed):
+        raise ValueError(f"{len(answers_s)} answer times for {len(installed)} stages")
     cache: dict[int, d.Plan] = {}
 
     def plan(r: int) -> d.Plan:
@@ -59,12 +78,15 @@ def predicted_at_rows(installed: Sequence[PredictedStage], rows: Sequence[float]
             cache[r] = plan_at(r)
         return cache[r]
 
-    out = []
+    out: list[PredictedStage] = []
     for stage, measured_rows in zip(installed, rows, strict=True):
         low, high, fraction = row_bounds(measured_rows)
         a = next(s for s in plan(low).stages if s.stage_index == stage.stage_index)
         b = next(s for s in plan(high).stages if s.stage_index == stage.stage_index)
-        out.append(replace(stage, seconds=blend(a.decode, b.decode, fraction), rows=max(measured_rows, 1.0)))
+        seconds = blend(a.decode, b.decode, fraction)
+        if answers_s:
+            seconds["wire"] += answers_s[len(out)]
+        out.append(replace(stage, seconds=seconds, rows=max(measured_rows, 1.0)))
     return out
 
 

@@ -38,7 +38,7 @@ from apps.qualify.gate import (
     Verdict,
     calibrate,
 )
-from apps.qualify.predict_at import ROWS_BASIS, planner_at, predicted_at_rows
+from apps.qualify.predict_at import ROWS_BASIS, answer_halves, planner_at, predicted_at_rows
 from apps.qualify.probes import (
     Generator,
     StageHealth,
@@ -372,7 +372,8 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
 def _predictions_at_measured_rows(route: LiveRoute, cfg: QualifyConfig, runs: list[RunOutcome],
                                   now_ns: int) -> tuple[list[PredictedStage], str]:
     """A plan made from profiles is re-predicted at each stage's measured rows per microbatch
-    (median over runs), on the plan's own records; a plan of declared figures keeps its own
+    (median over runs), on the plan's own records, its wire as the round trip the gate measures
+    (`apps.qualify.predict_at`); a plan of declared figures keeps its own
     predictions (its target rows). A plan from profiles that cannot be re-predicted fails closed."""
     if not route.plan_route_key:
         return route.predicted, ""
@@ -396,7 +397,8 @@ def _predictions_at_measured_rows(route: LiveRoute, cfg: QualifyConfig, runs: li
         placement = [(s.node, s.layer_range.layer_start, s.layer_range.layer_end_exclusive)
                      for s in sorted(plan.stages, key=lambda s: s.stage_index)]
         at = planner_at(describe_checkpoint(cfg.checkpoint), inventory, book, placement, now_ns)
-        return predicted_at_rows(route.predicted, rows, at), ROWS_BASIS
+        answers = answer_halves(book, [p.host for p in route.predicted])
+        return predicted_at_rows(route.predicted, rows, at, answers), ROWS_BASIS
     except (RegistryCallFailed, FornaxError, ValueError) as exc:
         raise QualifyError(f"cannot re-predict the installed plan at the measured rows: {exc}") from exc
 

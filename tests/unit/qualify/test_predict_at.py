@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from apps.qualify.gate import CHECKS, PHASES, Check, PredictedStage, RunOutcome, StageTimes, calibrate
-from apps.qualify.predict_at import ROWS_BASIS, planner_at, predicted_at_rows, row_bounds
+from apps.qualify.predict_at import ROWS_BASIS, answer_halves, planner_at, predicted_at_rows, row_bounds
 from libs.profiles.schema import calibration_from_json, to_json
 from services.planner.profiles import book_from_records
 from tests.unit.planner.factories import full_mesh, node, tiny_model
@@ -72,3 +72,16 @@ def test_the_calibration_record_states_the_rows_its_predictions_were_evaluated_a
     assert c.rows_basis == ROWS_BASIS and [s.rows for s in c.stages] == [1.5, 1.5]
     assert c.bottleneck_prediction_error == pytest.approx(0.0) and verdict.passed
     assert any("measured rows per microbatch" in line for line in verdict.describe())
+
+
+def test_the_gates_wire_prediction_adds_the_answers_half_of_the_measured_round_trip():
+    book = book_from_records([stage_record(stage_profile("a", SNAP)), stage_record(stage_profile("b", SNAP)),
+                              link_record(link_profile("a", "b", rtt_s=4e-3))])
+    answers = answer_halves(book, ["a", "b"])
+    assert answers == [pytest.approx(2e-3), 0.0]  # the last stage sends nothing on
+    at = _at()
+    one_way = predicted_at_rows(_installed(), [2.0, 2.0], at)
+    round_trip = predicted_at_rows(_installed(), [2.0, 2.0], at, answers)
+    assert round_trip[0].seconds["wire"] == pytest.approx(one_way[0].seconds["wire"] + 2e-3)
+    assert round_trip[1].seconds["wire"] == one_way[1].seconds["wire"] == 0.0
+    assert round_trip[0].seconds["compute"] == one_way[0].seconds["compute"]
