@@ -10,7 +10,7 @@ never a measurement of the plan itself:
 - the first stage adds the `embed` kind, the last the `head` kind (one row of logits for a prefill);
 - every stage adds its host's measured per-microbatch step overhead of a served decode step
   (executor KV bookkeeping, mask, sampling, the data plane's unpack and pack), interpolated to the
-  rows like the layers: its own `step` term. Prefill predictions do not add it;
+  rows like the layers (never below 0): its own `step` term. Prefill predictions do not add it;
 - memory is each kind's resident bytes, plus its KV bytes per token times context times
   concurrency, plus the activation buffers the checkpoint's config implies;
 - a route carries one frame per microbatch: half the measured 32 KiB round trip plus the frame's
@@ -131,7 +131,10 @@ def _node_costs(tables: CostTables, i: int, book: ProfileBook, now_ns: int) -> N
             head_bytes, sources["head"] = head.resident_bytes, record.record_id
         copy_d = copy_p = 0.0  # inside the measured FNX2 frame time of the links, or the step term
         if record.profile.step_s_per_microbatch:
-            step_d, sources[STEP] = interpolate(record.profile.step_s_per_microbatch, rows), record.record_id
+            # An overhead measured below zero (whole steps faster than their parts timed alone) is
+            # inside the host's noise: the prediction takes 0, the record keeps what was measured.
+            step_d = max(0.0, interpolate(record.profile.step_s_per_microbatch, rows))
+            sources[STEP] = record.record_id
     return NodeCosts(decode, prefill, layer_bytes, kv, embed_d, head_d, embed_p, head_p, copy_d, copy_p, step_d,
                      embed_bytes, head_bytes, sources, problem)
 

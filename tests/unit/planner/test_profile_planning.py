@@ -79,6 +79,13 @@ def test_the_step_overhead_is_its_own_physical_term_inside_the_stage_service():
         assert {t.term: t for t in bare.terms}["step"].evidence_class == d.TERM_DECLARED
 
 
+def test_a_step_overhead_measured_below_zero_predicts_zero():
+    negative = run([stage_record(stage_profile(h, SNAP, step_s=-5e-4)) for h in ("a", "b")]
+                   + [link_record(link_profile("a", "b"))])
+    for stage in negative.plan.stages:
+        assert {t.term: t for t in stage.terms}["step"].value == 0.0
+
+
 def test_a_larger_step_overhead_on_one_host_moves_layers_off_it():
     even = run(records())
     heavy = run([stage_record(stage_profile("a", SNAP)), stage_record(stage_profile("b", SNAP, step_s=3e-3)),
