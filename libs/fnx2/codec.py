@@ -301,7 +301,7 @@ def _decode_compact(prelude: Prelude, metadata: bytes, payload: memoryview,
         return tensor
 
     batch = compact.decode_batch(metadata, prelude.sequence_no, attach,
-                                 lease_sequence=EXT_LEASE_SEQUENCE in negotiated)
+                                 EXT_LEASE_SEQUENCE in negotiated)
     if batch.traceparent is not None and EXT_TRACEPARENT not in negotiated:
         raise Fnx2Error(ErrorCode.METADATA, "traceparent was not negotiated on this channel")
     return batch
