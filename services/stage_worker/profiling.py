@@ -44,6 +44,7 @@ from services.evidence_registry.profile_records import link_profile_record, stag
 from services.evidence_registry.signatures import sign_content
 from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.fetch import fetch_artifact
+from services.stage_worker.generations import Generations
 from services.stage_worker.lifecycle import StageState
 from services.stage_worker.runtime import StageRuntime, _compile_progress
 
@@ -149,12 +150,18 @@ def model_shapes(cfg: DeepseekV2Config) -> str:
 class Profiler:
     """The servicer's profiling half: one per worker."""
 
-    def __init__(self, cfg: StageWorkerConfig, runtime: StageRuntime, tls: Fnx2Tls | None, advertise_host: str):
+    def __init__(self, cfg: StageWorkerConfig, generations: Generations, tls: Fnx2Tls | None,
+                 advertise_host: str):
         self._cfg = cfg
-        self._runtime = runtime
+        self._generations = generations
         self._tls = tls
         self._advertise_host = advertise_host
         self._probes: dict[str, link_probe.Probe] = {}
+
+    @property
+    def _runtime(self) -> StageRuntime:
+        """Any runtime: they share the worker's device thread, artifact cache and fetch channel."""
+        return self._generations.health_runtime("")
 
     # ---- signing -------------------------------------------------------------------------
     def _require_identity(self):
@@ -190,9 +197,9 @@ class Profiler:
         snapshot = _snapshot(request.model_snapshot)
         grid = grid_from(request)
         self._require_identity()
-        if self._runtime.lifecycle.state in BUSY:
-            raise FailedPrecondition(f"the worker is {self._runtime.lifecycle.state.value}; profile it idle",
-                                     reason="STAGE_BUSY")
+        busy = [r.lifecycle.state for r in self._generations.runtimes() if r.lifecycle.state in BUSY]
+        if busy:
+            raise FailedPrecondition(f"the worker is {busy[0].value}; profile it idle", reason="STAGE_BUSY")
         build = self._backend_build()
         sources = await self._sources(request, snapshot)
         options = None
