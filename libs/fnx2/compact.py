@@ -15,6 +15,8 @@ Layout (see libs/fnx2/README.md for the table):
   sequences' trace and span ids back to back.
 - RESULT: header (`RESULT_HEADER`), one `RESULT_ITEM` record per sequence, then the error
   codes and messages back to back.
+- CREDIT: one fixed 80-byte record (`CREDIT_RECORD`): the credit vector, and
+  `batches_received` when flag bit 0 is set (the negotiated `multi_inflight` extension).
 
 Anything the compact form cannot carry (a non-printable-ASCII string) makes the encoder
 return None, and the frame goes out as canonical JSON, which a compact peer still reads.
@@ -30,6 +32,7 @@ import re
 import struct
 from collections.abc import Callable
 
+from libs.fnx2.control import Credit
 from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, MAX_ERROR_MESSAGE_CHARS, ErrorCode, Fnx2Error
 from libs.fnx2.messages import (
     MAX_ID_CHARS,
@@ -63,6 +66,11 @@ SLICE_STRUCT = struct.Struct("<" + SLICE)
 # 4Q, error code length B, error message length H.
 RESULT_ITEM = "16s16sQBBIIIIQQQQQQBH"
 RESULT_ITEM_STRUCT = struct.Struct("<" + RESULT_ITEM)
+# CREDIT (80 bytes): magic, kind, flags (bit 0: batches_received present), reserved H,
+# sequence_no, frames, payload_bytes, rows, sequences, live_requests, kv_bytes,
+# replay_bytes, batches_received (0 without flag bit 0), each a uint64.
+CREDIT_RECORD = struct.Struct("<4sBBHQQQQQQQQQ")
+FLAG_BATCHES_RECEIVED = 1
 FLAG_TRACEPARENT = 1
 FLAG_LEASE_SEQUENCE = 2  # a uint64 lease_sequence column follows the slice records
 _BATCH_FLAGS = FLAG_TRACEPARENT | FLAG_LEASE_SEQUENCE
@@ -412,3 +420,31 @@ def _check_items(status: tuple[int, ...], has_output: tuple[int, ...], rows: tup
 
 def _one_empty(code_len: int, message_len: int) -> bool:
     return (code_len == 0) != (message_len == 0)
+
+
+# -- CREDIT --------------------------------------------------------------------------------
+def encode_credit(credit: Credit, sequence_no: int) -> bytes:
+    received = credit.batches_received
+    return CREDIT_RECORD.pack(
+        MAGIC, Kind.CREDIT, FLAG_BATCHES_RECEIVED if received is not None else 0, 0, sequence_no,
+        credit.frames, credit.payload_bytes, credit.rows, credit.sequences, credit.live_requests,
+        credit.kv_bytes, credit.replay_bytes, received or 0)
+
+
+def decode_credit(metadata: bytes, sequence_no: int, batches_received: bool) -> Credit:
+    """`batches_received`: the channel negotiated multi_inflight, so the field may be set;
+    otherwise a CREDIT carrying it is METADATA, as the unknown JSON field is."""
+    if len(metadata) != CREDIT_RECORD.size:
+        raise _fail("a compact CREDIT is exactly 80 bytes")
+    (magic, kind, flags, reserved, seq, frames, payload_bytes, rows, sequences, live_requests,
+     kv_bytes, replay_bytes, received) = CREDIT_RECORD.unpack(metadata)
+    if magic != MAGIC or kind != Kind.CREDIT:
+        raise _fail("not a compact CREDIT")
+    if flags & ~FLAG_BATCHES_RECEIVED or reserved or (not flags and received):
+        raise _fail("reserved CREDIT fields must be zero")
+    if seq != sequence_no:
+        raise Fnx2Error(ErrorCode.SEQUENCE, "metadata sequence_no differs from the prelude")
+    if flags and not batches_received:
+        raise Fnx2Error(ErrorCode.METADATA, "batches_received was not negotiated on this channel")
+    return Credit(frames, payload_bytes, rows, sequences, live_requests, kv_bytes, replay_bytes,
+                  received if flags else None)

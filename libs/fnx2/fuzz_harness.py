@@ -125,7 +125,7 @@ def seeds() -> list[Seed]:
     # Compact seeds, one with a lease_sequence column (negotiated with compact_meta).
     numbered = dataclasses.replace(prefill, batch=dataclasses.replace(
         prefill.batch, sequences=(prefill.batch.sequences[0]._replace(lease_sequence=1),)))
-    for message in (prefill, decode, numbered, _result(decode)):
+    for message in (prefill, decode, numbered, _result(decode), Credit(1, 2, 3, 4, 5, 6, 7, 8)):
         encoded = encode_frame(message, 0, compact_meta=True)
         metadata = encoded.header[PRELUDE_BYTES:]
         out.append(Seed(message.KIND, {}, bytes(encoded.payload), compact=metadata))

@@ -8,7 +8,13 @@ import pytest
 
 from libs.fnx2 import compact
 from libs.fnx2.codec import PRELUDE, PRELUDE_BYTES, decode_frame, encode_frame
-from libs.fnx2.control import EXT_COMPACT_META, EXT_LEASE_SEQUENCE, EXT_TRACEPARENT
+from libs.fnx2.control import (
+    EXT_COMPACT_META,
+    EXT_LEASE_SEQUENCE,
+    EXT_MULTI_INFLIGHT,
+    EXT_TRACEPARENT,
+    Credit,
+)
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.fuzz import frame as fuzz_frame
 from libs.fnx2.messages import Phase, Result, SequenceResult, SequenceStatus, Timings
@@ -236,3 +242,48 @@ def test_a_lease_sequence_column_that_does_not_add_up_is_compact_metadata():
     # the flag cleared with the column left in place: the lengths no longer add up
     cleared = error_of(_patched(frame, 9, "<B", 0), negotiated=LEASE_NUMBERED)
     assert cleared.code is ErrorCode.COMPACT_METADATA
+
+
+CREDIT_CHANNEL = frozenset({EXT_COMPACT_META, EXT_MULTI_INFLIGHT})
+
+
+@pytest.mark.parametrize("received", [None, 0, 41])
+def test_credit_round_trips_in_80_bytes_and_decodes_to_what_json_decodes(received):
+    credit = Credit(4, 2**64 - 1, 65536, 1024, 17, 1 << 40, 0, received)
+    binary, plain = compact_frame(credit, 6), encode_frame(credit, 6).to_bytes()
+    assert compact.is_compact(metadata_of(binary)) and len(metadata_of(binary)) == 80
+    assert metadata_of(plain).startswith(b"{")
+    assert decode_frame(binary, negotiated=CREDIT_CHANNEL).message == credit
+    assert decode_frame(plain, negotiated=CREDIT_CHANNEL).message == credit
+
+
+def test_compact_credit_is_refused_where_not_negotiated_and_batches_received_needs_multi_inflight():
+    with_count = compact_frame(Credit(1, 2, 3, 4, 5, 6, 7, 8))
+    assert error_of(with_count, negotiated=frozenset()).code is ErrorCode.METADATA
+    only_compact = frozenset({EXT_COMPACT_META})
+    assert error_of(with_count, negotiated=only_compact).code is ErrorCode.METADATA
+    json_error = error_of(encode_frame(Credit(1, 2, 3, 4, 5, 6, 7, 8), 0).to_bytes(),
+                          negotiated=only_compact)
+    assert json_error.code is ErrorCode.METADATA
+    plain = Credit(1, 2, 3, 4, 5, 6, 7)
+    assert decode_frame(compact_frame(plain), negotiated=only_compact).message == plain
+
+
+@pytest.mark.parametrize("offset,fmt,value", [
+    (4, "<B", 1),  # the kind byte of a BATCH
+    (5, "<B", 2),  # an unknown flag
+    (6, "<H", 1),  # reserved
+    (72, "<Q", 3),  # batches_received without its flag
+])
+def test_malformed_compact_credit_is_compact_metadata(offset, fmt, value):
+    frame = _patched(compact_frame(Credit(1, 2, 3, 4, 5, 6, 7)), offset, fmt, value)
+    assert error_of(frame, negotiated=CREDIT_CHANNEL).code is ErrorCode.COMPACT_METADATA
+
+
+def test_compact_credit_of_the_wrong_length_or_sequence_is_refused():
+    frame = compact_frame(Credit(1, 2, 3, 4, 5, 6, 7))
+    meta = metadata_of(frame)
+    for broken in (meta[:79], meta + b"\0"):
+        assert error_of(with_metadata(frame, broken),
+                        negotiated=CREDIT_CHANNEL).code is ErrorCode.COMPACT_METADATA
+    assert error_of(_patched(frame, 8, "<Q", 9), negotiated=CREDIT_CHANNEL).code is ErrorCode.SEQUENCE
