@@ -237,6 +237,11 @@ class ReceiverState:
         return len(self._tombstones)
 
     @property
+    def lease_sequence_next(self) -> int:
+        """The lowest lease number above every one opened or ended here (lease_sequence)."""
+        return self._watermark.watermark
+
+    @property
     def fence_entries(self) -> int:
         """Everything kept to fence ended leases: per-lease tombstones (plain 2.0 peers),
         watermark gaps and recent end reasons (lease_sequence peers)."""

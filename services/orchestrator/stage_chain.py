@@ -29,8 +29,10 @@ from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
 from libs.service.errors import FailedPrecondition
 from libs.service.interceptors import reason_of
+from services.orchestrator import lease_numbers
 from services.orchestrator.drift import MeasuredService
 from services.orchestrator.route_health import (
+    DataPlaneMeter,
     StageCondition,
     StageProbe,
     condition_of_rpc_error,
@@ -209,7 +211,10 @@ def lease_id_for(plan: RoutePlan, request_id: str) -> str:
 
 class Route:
     def __init__(self, plan: RoutePlan, timeouts: RouteTimeouts = RouteTimeouts(),
-                 channel: ChannelConfig = ChannelConfig(), data_plane_tls: Fnx2Tls | None = None):
+                 channel: ChannelConfig = ChannelConfig(), data_plane_tls: Fnx2Tls | None = None,
+                 numbers: lease_numbers.LeaseNumbers | None = None):
+        """`numbers`: the lease counter to draw from; by default the one this process shares
+        among every route on the plan generation."""
         self.plan = plan
         self.timeouts = timeouts
         self._tls = data_plane_tls
@@ -218,9 +223,13 @@ class Route:
         self._client: Fnx2Client | None = None
         self._batch_numbers = itertools.count()
         # Each lease's place in this generation's opening order (the FNX2 lease_sequence
-        # extension), from its opening frame until its release.
-        self._lease_numbers = itertools.count()
+        # extension), from its opening frame until its release; the counter is the
+        # generation's, shared with every other route opened on it.
+        self._lease_numbers = (numbers if numbers is not None
+                               else lease_numbers.for_generation(plan.plan_generation_id))
         self._lease_sequences: dict[str, int] = {}
+        # Batches out and RESULTs back: the route health's data-plane progress signal.
+        self.meter = DataPlaneMeter()
 
     async def open(self) -> None:
         """Opens (or reopens, after `abort`) the FNX2 channel to stage 0."""
@@ -233,6 +242,8 @@ class Route:
             self._client = await self._tls.connect(host, int(port), SenderConfig(binding), first.data_plane_identity)
         else:
             self._client = await Fnx2Client.connect(host, int(port), SenderConfig(binding))
+        if self._client.lease_sequence_next is not None:  # never below what stage 0 has seen
+            self._lease_numbers.raise_to(self._client.lease_sequence_next)
 
     async def abort(self) -> None:
         """Closes the FNX2 channel: every batch still waiting fails at once."""
@@ -274,9 +285,12 @@ class Route:
             raise route_unavailable("the route's data plane is closed")
         batch = self._batch(phase, inputs, traceparent)
         budget_s = max(i.deadline_budget_ns for i in inputs) / 1e9
+        served = False
+        self.meter.submitted()
         try:
             result = await asyncio.wait_for(self._client.submit(batch),
                                             budget_s + self.timeouts.batch_grace_s)
+            served = any(r.status is SequenceStatus.OK for r in result.results)
         except TimeoutError:
             raise route_unavailable("stage 0 did not answer a batch before its deadline") from None
         except (ChannelClosedError, ConnectionError, OSError) as exc:
@@ -285,6 +299,8 @@ class Route:
             if exc.terminal:
                 raise route_unavailable(f"the data plane failed ({exc.code.value})") from exc
             raise
+        finally:
+            self.meter.answered(served)
         by_id = {r.request_id: r for r in result.results}
         outputs = []
         for item in inputs:
@@ -302,7 +318,7 @@ class Route:
         for item in inputs:
             count = int(item.token_ids.shape[0])
             if item.sequence_no == 0 and item.request_id not in self._lease_sequences:
-                self._lease_sequences[item.request_id] = next(self._lease_numbers)
+                self._lease_sequences[item.request_id] = self._lease_numbers.take()
             slices.append(
                 SequenceSlice(
                     item.request_id, item.sequence_no, row, count, item.position_start, item.kv_epoch,
