@@ -63,7 +63,8 @@ generation with a watermark (`lease_watermark.py`): memory for skipped numbers a
 window of recent end reasons, never a tombstone per lease, so no run of requests in one
 generation is ever refused. Its ACK of the extension offer carries `lease_sequence_next`
 (`Fnx2Client.lease_sequence_next`): one above every number it has seen in the generation,
-where a new sender's numbering starts so that it is never fenced by an earlier one's. Without it (plain 2.0 peers) an ended lease gets a tombstone
+where a new sender's numbering starts so that it is never fenced by an earlier one's.
+Without it (plain 2.0 peers) an ended lease gets a tombstone
 kept for `ReceiverLimits.tombstone_ttl_ns` (`tombstones.py`).
 """
 

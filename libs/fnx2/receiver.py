@@ -196,6 +196,7 @@ async def start_server(receiver: Fnx2Receiver, host: str = "127.0.0.1", port: in
 class _Channel:
     def __init__(self, receiver: Fnx2Receiver, stream: FrameStream) -> None:
         self.r, self.stream = receiver, stream
+        self.expected = receiver.config.expected()  # what each BATCH is checked against
         self.extensions: frozenset[str] = frozenset()
         self.tasks: set[asyncio.Task] = set()
         self.busy = 0
@@ -249,7 +250,7 @@ class _Channel:
         while True:
             try:
                 async with asyncio.timeout(timeout_s):
-                    return await self.stream.read(self.r.config.expected())
+                    return await self.stream.read(self.expected)
             except TimeoutError:
                 if self.busy:
                     continue
