@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +55,8 @@ class BenchRow:
     layer_kind: str
     median_ms: float
     min_ms: float
+    # process CPU time (all threads) per call, median; on a shared host this moves less than wall
+    median_cpu_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,46 @@ class BenchReport:
     repeats: int
     backends: tuple[BackendStatus, ...]
     rows: tuple[BenchRow, ...]
+    # speed-ups (other backend's ms / MAX ms; > 1: MAX faster) from the medians, mean over the
+    # layers of each kind; None where a backend or scenario was not measured
+    ratios: dict[str, float | None] = field(default_factory=dict)
+    load_average: str = ""  # /proc/loadavg at the start and the end of the run
+
+
+# (ratio key, scenario, layer kind) of the MAX vs transformers speed-ups the report carries
+TRANSFORMERS_RATIOS = (
+    ("max_vs_transformers_prefill512_dense", "prefill S=512", "dense"),
+    ("max_vs_transformers_prefill512_moe", "prefill S=512", "moe"),
+    ("max_vs_transformers_decode32_dense", "decode batch=32", "dense"),
+    ("max_vs_transformers_decode32_moe", "decode batch=32", "moe"),
+)
+
+
+def mean_ms(rows: tuple[BenchRow, ...] | list[BenchRow], backend: str, scenario: str, kind: str) -> float | None:
+    picked = [r.median_ms for r in rows if (r.backend, r.scenario, r.layer_kind) == (backend, scenario, kind)]
+    return statistics.fmean(picked) if picked else None
+
+
+def speedup_ratios(rows: tuple[BenchRow, ...] | list[BenchRow]) -> dict[str, float | None]:
+    """The ratio keys of `fornax bench stage --json`: MAX vs transformers on the four target
+    cells, and `max_vs_numpy_min`, the smallest numpy-ms / MAX-ms over every scenario and kind."""
+
+    def ratio(other: str, scenario: str, kind: str) -> float | None:
+        theirs, ours = mean_ms(rows, other, scenario, kind), mean_ms(rows, "max", scenario, kind)
+        return None if theirs is None or not ours else round(theirs / ours, 3)
+
+    ratios = {key: ratio("transformers", scenario, kind) for key, scenario, kind in TRANSFORMERS_RATIOS}
+    cells = dict.fromkeys((r.scenario, r.layer_kind) for r in rows)
+    vs_numpy = [v for v in (ratio("numpy", s, k) for s, k in cells) if v is not None]
+    ratios["max_vs_numpy_min"] = min(vs_numpy) if vs_numpy else None
+    return ratios
+
+
+def load_average() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
 
 
 Runner = Callable[[Scenario, int], float]  # (scenario, layer) -> seconds for one call
@@ -129,11 +171,14 @@ def time_backend(runner: Runner, backend: str, cfg: DeepseekV2Config, layers: ra
     for scenario in SCENARIOS:
         for layer in layers:
             runner(scenario, layer)  # warm-up (first-call allocation, lazy compile)
-            samples = [runner(scenario, layer) for _ in range(repeats)]
+            samples, cpu = [], []
+            for _ in range(repeats):
+                cpu_start = time.process_time()
+                samples.append(runner(scenario, layer))
+                cpu.append(time.process_time() - cpu_start)
             kind = "moe" if cfg.is_moe_layer(layer) else "dense"
-            rows.append(
-                BenchRow(scenario.name, backend, layer, kind, 1e3 * statistics.median(samples), 1e3 * min(samples))
-            )
+            rows.append(BenchRow(scenario.name, backend, layer, kind, 1e3 * statistics.median(samples),
+                                 1e3 * min(samples), 1e3 * statistics.median(cpu)))
     return rows
 
 
@@ -150,6 +195,7 @@ def run_bench(checkpoint: Path, backends: list[str], layer_count: int, repeats: 
     cfg = load_config(checkpoint)
     layer_count = min(layer_count, cfg.num_hidden_layers)
     weights = load_stage_weights(checkpoint, cfg, 0, layer_count, first=False, last=False)
+    load_at_start = load_average()
     statuses, rows = [], []
     for backend in backends:
         try:
@@ -172,6 +218,8 @@ def run_bench(checkpoint: Path, backends: list[str], layer_count: int, repeats: 
         repeats=repeats,
         backends=tuple(statuses),
         rows=tuple(rows),
+        ratios=speedup_ratios(rows),
+        load_average=f"{load_at_start} at start, {load_average()} at end",
     )
 
 
@@ -197,16 +245,21 @@ def format_bench(report: BenchReport) -> str:
         f"command: {report.command}",
         f"checkpoint: {report.checkpoint} (config sha256 {report.checkpoint_config_sha256[:16]})",
         f"threads: {report.threads}; repeats={report.repeats}; decode past={report.decode_past_tokens} tokens/seq",
+        f"load average: {report.load_average}",
     ]
     for status in report.backends:
         lines.append(f"backend {status.backend}: {status.build or '-'} {status.detail}")
     measured = [s.backend for s in report.backends if s.available]
-    lines.append(f"{'scenario':<18}{'layer':>6} {'kind':<6}" + "".join(f"{b + ' ms':>16}" for b in measured))
+    lines.append(f"{'scenario':<18}{'layer':>6} {'kind':<6}" + "".join(f"{b + ' ms (cpu)':>24}" for b in measured))
     keys = dict.fromkeys((r.scenario, r.layer, r.layer_kind) for r in report.rows)
-    table = {(r.scenario, r.layer, r.backend): r.median_ms for r in report.rows}
+    table = {(r.scenario, r.layer, r.backend): r for r in report.rows}
     for scenario, layer, kind in keys:
-        cells = "".join(f"{table[(scenario, layer, b)]:>16.3f}" for b in measured)
+        cells = "".join(
+            f"{table[(scenario, layer, b)].median_ms:>14.3f} ({table[(scenario, layer, b)].median_cpu_ms:>7.2f})"
+            for b in measured)
         lines.append(f"{scenario:<18}{layer:>6} {kind:<6}{cells}")
+    lines.append("speed-ups (other ms / max ms, mean over layers of a kind): " + ", ".join(
+        f"{key}={'-' if value is None else f'{value:.2f}'}" for key, value in report.ratios.items()))
     return "\n".join(lines)
 
 
