@@ -153,7 +153,7 @@ class MaxKernels:
         else:  # the per-row key inputs are unused by the expanded branch
             rows = arrays[0].shape[0]
             arrays += [np.zeros((rows, 1), np.int32), np.zeros((rows, 1), np.float32)]
-        flags = (np.array(form is AttentionForm.EXPANDED),)
+        flags = (form is AttentionForm.EXPANDED,)
         model, experts = bound
         if experts is None:
             hidden, latent, k_rope = self._rt.run(model, *arrays, host_flags=flags)

@@ -128,9 +128,11 @@ class Runtime:
             registry[down_name] = np.ascontiguousarray(moe.experts_down[expert].T)  # [I, H]
         return self.bind(GraphKind.EXPERT, registry)
 
-    def run(self, bound: BoundModel, *arrays: np.ndarray, host_flags: tuple[np.ndarray, ...] = ()) -> list[np.ndarray]:
-        """Executes with `arrays` on the device and `host_flags` (branch switches) on the host."""
-        outputs = bound.model.execute(*(self._input(a) for a in arrays), *(Buffer.from_numpy(f) for f in host_flags))
+    def run(self, bound: BoundModel, *arrays: np.ndarray, host_flags: tuple[bool, ...] = ()) -> list[np.ndarray]:
+        """Executes with `arrays` on the device and `host_flags` (branch switches, bool scalars)
+        on the host. (A 0-d numpy bool cannot go through `Buffer.from_numpy` in max 26.7.)"""
+        flags = (Buffer.scalar(bool(flag), DType.bool, CPU()) for flag in host_flags)
+        outputs = bound.model.execute(*(self._input(a) for a in arrays), *flags)
         if self.on_host:
             return [out.to_numpy() for out in outputs]
         return [out.to(CPU()).to_numpy() for out in outputs]
@@ -140,7 +142,7 @@ class Runtime:
         return buffer if self.on_host else buffer.to(self.device)
 
     def run_moe(self, bound: BoundModel, experts: BoundModel, *arrays: np.ndarray,
-                host_flags: tuple[np.ndarray, ...] = ()) -> list[np.ndarray]:
+                host_flags: tuple[bool, ...] = ()) -> list[np.ndarray]:
         """MoE layer graph, then the routed-experts graph once over every expert's rows;
         returns [hidden, new_latent, new_k_rope, expert_ids]."""
         hidden, latent, k_rope, ids, x, weights = self.run(bound, *arrays, host_flags=host_flags)
@@ -148,7 +150,7 @@ class Runtime:
         inputs = [hidden, x]
         for expert_rows, expert_weights in zip(rows, routing, strict=True):
             inputs += [expert_rows, expert_weights]
-        (hidden,) = self.run(experts, *inputs, host_flags=tuple(np.array(u) for u in used))
+        (hidden,) = self.run(experts, *inputs, host_flags=tuple(used))
         return [hidden, latent, k_rope, ids]
 
 
