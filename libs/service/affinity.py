@@ -7,6 +7,7 @@ share. MAX sizes its pool from the affinity mask; its num_threads option must no
 
 from __future__ import annotations
 
+import math
 import os
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -33,6 +34,16 @@ def worker_cpu_sets(workers: int, cpus: tuple[int, ...]) -> list[tuple[int, ...]
         sets.append(tuple(cpus[start:start + size]))
         start += size
     return sets
+
+
+def quota_cpus(cpus: tuple[int, ...], quota_cores: float) -> tuple[int, ...]:
+    """The CPUs to size thread pools to under a CFS quota: the first ceil(quota) of `cpus` when
+    the quota allows fewer cores than there are CPUs, else all of them (0: no quota). A pool
+    sized from the affinity mask alone (MAX's) would otherwise run more threads than the quota
+    lets run at once, and each parallel op would wait on a throttled thread."""
+    if quota_cores <= 0 or math.ceil(quota_cores) >= len(cpus):
+        return cpus
+    return cpus[: max(1, math.ceil(quota_cores))]
 
 
 def format_cpu_set(cpus: tuple[int, ...]) -> str:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from libs.service.affinity import format_cpu_set, parse_cpu_set, worker_cpu_sets, worker_env
+from libs.service.affinity import format_cpu_set, parse_cpu_set, quota_cpus, worker_cpu_sets, worker_env
 from services.stage_worker.config import StageWorkerConfig
 
 
@@ -42,3 +42,13 @@ def test_even_layer_split_covers_every_layer_once_larger_stages_first():
             assert ranges[0][0] == 0 and ranges[-1][1] == layers
             sizes = [b - a for a, b in ranges]
             assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+def test_thread_pools_fit_a_cfs_quota_smaller_than_the_cpu_set():
+    cpus = (0, 1, 2, 3)
+    assert quota_cpus(cpus, 0.0) == cpus           # no quota
+    assert quota_cpus(cpus, 4.0) == cpus
+    assert quota_cpus(cpus, 8.0) == cpus
+    assert quota_cpus(cpus, 1.5) == (0, 1)         # 1.5 cores run on at most 2 threads at once
+    assert quota_cpus(cpus, 1.0) == (0,)
+    assert quota_cpus(cpus, 0.25) == (0,)          # never empty
