@@ -43,6 +43,14 @@ def register(commands, benches) -> None:
     grammar.add_argument("--max-steps", type=int, default=200, help="tokens per walk at most")
     grammar.set_defaults(func=cmd_grammar)
 
+    front = benches.add_parser("tls-front", help="latency the TLS front adds: unary and stream, vs gRPC core TLS")
+    front.add_argument("--calls", type=int, default=400, help="unary calls per configuration")
+    front.add_argument("--streams", type=int, default=40, help="streams per configuration")
+    front.add_argument("--stream-messages", type=int, default=64, help="messages (tokens) per stream")
+    front.add_argument("--front-loop", choices=("asyncio", "uvloop"), default="uvloop")
+    front.add_argument("--json", action="store_true")
+    front.set_defaults(func=cmd_tls_front)
+
     load = benches.add_parser("load", help="many small streaming requests against a running fleet: lost and p99")
     load.add_argument("--state-dir", default=".fornax", help="the running fleet's state directory")
     load.add_argument("--api", help="API base URL (default: the fleet file's)")
@@ -51,6 +59,7 @@ def register(commands, benches) -> None:
     load.add_argument("--prompt-tokens", type=int, help="default 8 (2 with --long)")
     load.add_argument("--max-tokens", type=int, help="default 8 (1 with --long)")
     load.add_argument("--long", action="store_true", help="200,000 tiny requests (no capacity cliff, no leak)")
+    load.add_argument("--cacert", help="CA bundle verifying an https API (default: the fleet file's fleet CA)")
     load.add_argument("--json", action="store_true")
     load.set_defaults(func=cmd_load)
 
@@ -176,6 +185,17 @@ def cmd_grammar(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tls_front(args: argparse.Namespace) -> int:
+    from apps.bench.tls_front import FrontBenchOptions, render, run
+    from libs.service.event_loop import EventLoopKind
+
+    options = FrontBenchOptions(calls=args.calls, streams=args.streams, stream_messages=args.stream_messages,
+                                front_loop=EventLoopKind(args.front_loop))
+    report = run(options, "fornax " + " ".join(sys.argv[1:]))
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else render(report))
+    return 0
+
+
 def cmd_load(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -189,6 +209,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         return 2
     options = LoadOptions(
         api=api.rstrip("/"), api_key=state.api_key if state else None,
+        ca_file=args.cacert or (state.api_ca if state and not args.api else None),
         requests=args.requests or (LONG_REQUESTS if args.long else 1000),
         concurrency=args.concurrency,
         prompt_tokens=args.prompt_tokens or (2 if args.long else 8),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import sys
 import tempfile
 import time
@@ -64,9 +65,11 @@ async def _stream_one(session: aiohttp.ClientSession, api: str, ids: tuple[int, 
     return len(stamps), (stamps[0] - started) if stamps else float("nan"), gaps
 
 
-async def _drive(api: str, batch: list[tuple[int, ...]], max_tokens: int) -> RunFigures:
+async def _drive(api: str, batch: list[tuple[int, ...]], max_tokens: int,
+                 tls: ssl.SSLContext | None = None) -> RunFigures:
     timeout = aiohttp.ClientTimeout(total=3600)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    connector = aiohttp.TCPConnector(ssl=tls if tls is not None else True)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         started = time.perf_counter()
         results = await asyncio.gather(*(_stream_one(session, api, ids, max_tokens) for ids in batch))
         wall = time.perf_counter() - started
@@ -125,12 +128,13 @@ async def _measure(options: FleetBenchOptions, state: FleetState, host_links: di
     api = state.api
     if api is None:
         raise RuntimeError("the fleet publishes no HTTP API")
-    await _drive(api, prompts(vocab, 1, options.prompt_tokens, seed=99), 2)  # warm
+    tls = state.api_ssl_context()  # https with the fleet CA on a netns fleet
+    await _drive(api, prompts(vocab, 1, options.prompt_tokens, seed=99), 2, tls)  # warm
     report = {}
     for c in options.concurrency:
         batch = prompts(vocab, c, options.prompt_tokens, seed=c)
         stages_before, links_before = await _stage_counters(state), _link_counters(list(host_links.values()))
-        figures = await _drive(api, batch, options.max_tokens)
+        figures = await _drive(api, batch, options.max_tokens, tls)
         stages_after, links_after = await _stage_counters(state), _link_counters(list(host_links.values()))
         report[f"c{c}"] = _level_report(figures, stages_before, stages_after, links_before, links_after,
                                         host_links)

@@ -11,6 +11,7 @@ import asyncio
 import json
 import platform
 import random
+import ssl
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ class LoadOptions:
     vocab: int = 256
     timeout_s: float = 120.0
     model: str = "fornax"
+    # CA bundle that verifies an https API (the fleet CA); None: the system trust store.
+    ca_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ async def _one(session: aiohttp.ClientSession, options: LoadOptions, prompt: lis
 async def run_load(options: LoadOptions, progress=None) -> tuple[list[Outcome], float]:
     rng = random.Random(0)
     headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
-    connector = aiohttp.TCPConnector(limit=options.concurrency)
+    tls = ssl.create_default_context(cafile=options.ca_file) if options.api.startswith("https://") else None
+    connector = aiohttp.TCPConnector(limit=options.concurrency, ssl=tls if tls is not None else True)
     timeout = aiohttp.ClientTimeout(total=options.timeout_s)
     next_index = iter(range(options.requests))
     outcomes: list[Outcome] = []

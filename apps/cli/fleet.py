@@ -42,11 +42,16 @@ def register(commands, benches) -> None:
                     help="stage boundary dtype (default bf16; with --fleet, every hop the file does not set)")
     up.add_argument("--fleet", help="fleet file: each host its own network namespace, cgroup and link (needs root)")
     up.add_argument("--checkpoint", help="checkpoint directory to serve")
+    up.add_argument("--mode", choices=("exploratory", "deployment"), default="exploratory",
+                    help="deployment: install only a plan whose every host, layer kind and link has a valid "
+                         "physical profile and whose route passed `fornax qualify`; refused otherwise")
     up.add_argument("--http-port", type=int, help="OpenAI-compatible API port on the orchestrator")
     up.add_argument("--read-root", action="append", default=[],
                     help="another directory InstallPlan may name checkpoints under (repeatable)")
     up.add_argument("--insecure", action="store_true",
                     help="plaintext gRPC with no certificates, authentication or audit identity (every service warns)")
+    up.add_argument("--http-insecure", action="store_true",
+                    help="with --fleet: serve the API as plain HTTP on the fabric address (default: https, fleet CA)")
     up.add_argument("--no-serve-while-compiling", dest="serve_while_compiling", action="store_false",
                     help="with --backend max: wait for MAX compiles instead of serving on numpy meanwhile")
     up.add_argument("--startup-timeout-s", type=float, default=180.0)
@@ -137,8 +142,10 @@ def _options(args: argparse.Namespace) -> FleetOptions:
         api_key=os.environ.get("FORNAX_API_KEY") or None,
         startup_timeout_s=args.startup_timeout_s,
         insecure=args.insecure,
+        http_insecure=args.http_insecure,
         read_roots=tuple(args.read_root),
         serve_while_compiling=args.serve_while_compiling,
+        plan_mode=args.mode,
     )
 
 
@@ -158,7 +165,9 @@ def _serve(args: argparse.Namespace, state: FleetState, launcher) -> int:
             launcher.stop_all()
             tear_down(Path(args.state_dir))
             fleet_path(args.state_dir).unlink(missing_ok=True)
-            return _fail(f"the route did not come up: {exc}")
+            hint = ("; deployment mode needs valid stage/link profiles (`fornax profile`) and a passing route "
+                    "calibration (`fornax qualify`) in the fleet's registry") if args.mode == "deployment" else ""
+            return _fail(f"the route did not come up: {exc}{hint}")
         print(curl_example(state))
         print("\n".join(render_board(fetch_board(state))), file=sys.stderr)
     if not args.foreground:
@@ -168,6 +177,7 @@ def _serve(args: argparse.Namespace, state: FleetState, launcher) -> int:
 
 def curl_example(state: FleetState) -> str:
     auth = ' -H "Authorization: Bearer $FORNAX_API_KEY"' if state.api_key else ""
+    auth += f" --cacert {state.api_ca}" if state.api_ca else ""
     body = '{"model": "fornax", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 32, "stream": true}'
     return (
         f"serving the OpenAI-compatible API at {state.api}\n"

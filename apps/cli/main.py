@@ -13,6 +13,7 @@ import sys
 
 COMMAND_MODULES: tuple[str, ...] = (
     "apps.cli.fleet",
+    "apps.cli.profile",
     "apps.cli.security",
     "apps.bench.cli",
     "libs.fnx2.cli",

@@ -1,4 +1,4 @@
-"""`fornax certs init|issue|rotate|list` and `fornax audit show|verify`."""
+"""`fornax certs init|issue|rotate|list|rotate-ca|retire-ca` and `fornax audit show|verify`."""
 
 from __future__ import annotations
 
@@ -31,7 +31,12 @@ def register(commands, benches) -> None:
     rotate = verbs.add_parser("rotate", help="new keys and certificates; running services pick them up")
     rotate.add_argument("identity", nargs="*", help="ROLE/NAME to rotate (default: every issued one)")
     verbs.add_parser("list", help="identities issued under this state dir")
-    for parser in (init, issue, rotate, verbs.choices["list"]):
+    rotate_ca = verbs.add_parser(
+        "rotate-ca", help="a new fleet CA; services trust old and new until `retire-ca` (then run `rotate`)")
+    retire_ca = verbs.add_parser("retire-ca", help="stop trusting the previous fleet CA (after `rotate`)")
+    retire_ca.add_argument("--force", action="store_true",
+                           help="retire even though some certificates are still from the old CA")
+    for parser in (init, issue, rotate, verbs.choices["list"], rotate_ca, retire_ca):
         parser.add_argument("--state-dir", default=".fornax")
     certs.set_defaults(func=cmd_certs)
 
@@ -66,6 +71,13 @@ def cmd_certs(args: argparse.Namespace) -> int:
                   f"  valid until {issued.not_after.isoformat()}")
         elif args.verb == "rotate":
             return _rotate(store, args)
+        elif args.verb == "rotate-ca":
+            print(f"new fleet CA signs from now on; {store.rotate_ca(_now())} trusts the old and the new CA")
+            _reload_services(args.state_dir)
+            print("next: `fornax certs rotate` to reissue every certificate, then `fornax certs retire-ca`")
+        elif args.verb == "retire-ca":
+            print(f"{store.retire_ca(force=args.force)} trusts the new fleet CA only")
+            _reload_services(args.state_dir)
         else:
             for identity in store.identities():
                 print(f"{identity}\t{', '.join(store.hosts_of(identity))}")
@@ -78,15 +90,19 @@ def _rotate(store: CertStore, args: argparse.Namespace) -> int:
     targets = [Identity.parse(text) for text in args.identity] or store.identities()
     for issued in store.rotate(targets, _now()):
         print(f"rotated {issued.identity} (valid until {issued.not_after.isoformat()})")
+    _reload_services(args.state_dir)
+    return 0
+
+
+def _reload_services(state_dir: str) -> None:
     # Services notice the new files at their next handshake; SIGHUP makes it explicit.
-    state = read_fleet(args.state_dir)
+    state = read_fleet(state_dir)
     for service in state.services if state else ():
         try:
             os.kill(service.pid, signal.SIGHUP)
         except ProcessLookupError:
             continue
         print(f"asked {service.name} (pid {service.pid}) to reload")
-    return 0
 
 
 def _audit_files(args: argparse.Namespace) -> list[Path]:

@@ -17,7 +17,7 @@ def fetch_board(state: FleetState) -> dict | None:
     if state.api_key:
         request.add_header("Authorization", f"Bearer {state.api_key}")
     try:
-        with urllib.request.urlopen(request, timeout=5) as response:
+        with urllib.request.urlopen(request, timeout=5, context=state.api_ssl_context()) as response:
             listing = json.loads(response.read())
     except (urllib.error.URLError, OSError, ValueError):
         return None

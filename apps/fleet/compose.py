@@ -25,6 +25,7 @@ def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -
     workers = [entries[f"stage_worker_{i}"].grpc for i in range(options.stages)]
     env = {
         "FORNAX_PLANNER_ADDR": entries["planner"].grpc,
+        "FORNAX_REGISTRY_ADDR": entries["evidence_registry"].grpc,
         "FORNAX_ARTIFACT_BUILDER_ADDR": entries["artifact_builder"].grpc,
         "FORNAX_STAGE_WORKERS": ",".join(workers),
         "FORNAX_BOUNDARY_DTYPE": options.boundary_dtype,
@@ -36,7 +37,7 @@ def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -
 
 def orchestrator_options_env(options: FleetOptions) -> dict[str, str]:
     """The orchestrator settings that come straight from `fornax up`'s options, on any fleet."""
-    env = {}
+    env = {"FORNAX_PLAN_MODE": options.plan_mode}
     if options.http_port is not None:
         env["FORNAX_HTTP_PORT"] = str(options.http_port)
     if options.api_key:

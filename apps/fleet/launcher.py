@@ -43,10 +43,16 @@ class FleetOptions:
     grace_period_s: float = 10.0
     # Plaintext gRPC with no authentication: only when asked for explicitly.
     insecure: bool = False
+    # Plain HTTP for an API bound beyond loopback (a netns fleet's fabric address): only when
+    # asked for explicitly; by default it serves https with the orchestrator's fleet certificate.
+    http_insecure: bool = False
     # Directories the artifact builder may read checkpoints from, besides --checkpoint.
     read_roots: tuple[str, ...] = ()
     # Extra environment for every service (e.g. OTEL_EXPORTER_OTLP_ENDPOINT).
     env: dict[str, str] = field(default_factory=dict)
+    # How the orchestrator plans installs: exploratory, or deployment (valid profiles and a
+    # passing route calibration in the registry, else the install is refused).
+    plan_mode: str = "exploratory"
 
 
 def builder_read_roots(options: FleetOptions) -> str:

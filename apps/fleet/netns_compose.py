@@ -17,6 +17,7 @@ from apps.fleet.launcher import FleetOptions, Launcher, LaunchError, ServiceProc
 from apps.fleet.netns_plan import HostPlan, NetnsPlan, host_command
 from apps.fleet.spec import FleetSpec
 from libs.common.kinds import DType
+from libs.security.store import CertStore
 from libs.service.affinity import THREAD_VARIABLES
 from libs.service.fleet_state import FleetState, ServiceEntry
 from services.orchestrator.config import BACKEND_OF_WORKER
@@ -81,12 +82,23 @@ def _orchestrator_env(options: FleetOptions, spec: FleetSpec, entries: dict[str,
         "FORNAX_HOP_BOUNDARY_DTYPES": ",".join(d.value for d in spec.hop_dtypes),
         "FORNAX_BACKEND": BACKEND_OF_WORKER,
         "FORNAX_STATE_DIR": str(_private_dir(options, control, "orchestrator")),
-        # The API listens on a fabric address (a private bridge on this machine, 198.18.0.0/15)
-        # and fleet.json, route_wait and `fornax chat` speak plain HTTP to it: chosen here, and
-        # logged by the orchestrator as http_plaintext_beyond_loopback. gRPC and FNX2 stay mTLS.
-        "FORNAX_HTTP_INSECURE": "1",
     }
+    # The API listens on a fabric address (198.18.0.0/15), beyond loopback: https with the
+    # orchestrator's fleet certificate, whose SANs name that address; clients verify it with
+    # the fleet CA named in fleet.json. Plain HTTP only when chosen (and then the orchestrator
+    # logs http_plaintext_beyond_loopback); a --insecure fleet has no certificate to serve.
+    if options.http_insecure or options.insecure:
+        env["FORNAX_HTTP_INSECURE"] = "1"
     return env | orchestrator_options_env(options)
+
+
+def api_endpoint(options: FleetOptions, address: str, port: int | None) -> tuple[str | None, str | None]:
+    """(API base URL, CA bundle that verifies it) of a netns fleet's orchestrator."""
+    if not port:
+        return None, None
+    if options.http_insecure or options.insecure:
+        return f"http://{address}:{port}/v1", None
+    return f"https://{address}:{port}/v1", str(CertStore(options.state_dir).ca_cert)
 
 
 def start_netns_fleet(options: FleetOptions, spec: FleetSpec, plan: NetnsPlan) -> tuple[FleetState, Launcher]:
@@ -122,6 +134,7 @@ def start_netns_fleet(options: FleetOptions, spec: FleetSpec, plan: NetnsPlan) -
     except (LaunchError, OSError, KeyboardInterrupt):
         launcher.stop_all()
         raise
-    http = orchestrator.ports.get("http")
-    api = f"http://{control.address}:{http}/v1" if http else None
-    return FleetState(services=tuple(s.entry() for s in launcher.started), api=api, api_key=options.api_key), launcher
+    api, api_ca = api_endpoint(options, control.address, orchestrator.ports.get("http"))
+    state = FleetState(services=tuple(s.entry() for s in launcher.started), api=api, api_key=options.api_key,
+                       tls=not options.insecure, api_ca=api_ca)
+    return state, launcher

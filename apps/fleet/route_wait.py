@@ -7,6 +7,7 @@ the stage workers' first-run compile lines.
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -57,9 +58,9 @@ def health_url(state: FleetState) -> str:
     return f"{base}/health"
 
 
-def _healthy(url: str) -> bool:
+def _healthy(url: str, context: ssl.SSLContext | None = None) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
@@ -71,6 +72,7 @@ def wait_for_route(state: FleetState, timeout_s: float, report: Callable[[str], 
         raise RouteFailed("the orchestrator serves no HTTP API")
     followers = [_LogFollower(s.log) for s in state.services if s.kind in ("orchestrator", "stage_worker")]
     url = health_url(state)
+    context = state.api_ssl_context()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for follower in followers:
@@ -80,7 +82,7 @@ def wait_for_route(state: FleetState, timeout_s: float, report: Callable[[str], 
                     raise RouteFailed(failure)
                 if message:
                     report(message)
-        if _healthy(url):
+        if _healthy(url, context):
             return
         time.sleep(0.5)
     raise TimeoutError(f"the route was not ready within {timeout_s:.0f} s ({url})")

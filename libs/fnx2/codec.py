@@ -14,7 +14,9 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from libs.fnx2 import compact
 from libs.fnx2.control import (
+    EXT_COMPACT_META,
     EXT_MULTI_INFLIGHT,
     EXT_TRACEPARENT,
     KNOWN_EXTENSIONS,
@@ -127,13 +129,23 @@ def payload_crc(message: Message) -> int:
 
 
 def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAULT_LIMITS, *,
-                 check_finite: bool = False, known_payload_crc: int | None = None) -> EncodedFrame:
+                 check_finite: bool = False, known_payload_crc: int | None = None,
+                 compact_meta: bool = False) -> EncodedFrame:
     """Encode one message. Finiteness is enforced where tensors are built
     (`Tensor.from_array`) and by every decoder; `check_finite` repeats it here.
-    `known_payload_crc` (from `payload_crc`) spares the pass over the payload."""
+    `known_payload_crc` (from `payload_crc`) spares the pass over the payload.
+    `compact_meta` (negotiated) writes BATCH and RESULT metadata in the binary form of
+    `libs.fnx2.compact` whenever that form can carry the message, JSON otherwise."""
     if type(sequence_no) is not int or not 0 <= sequence_no <= UINT64_MAX:
         raise Fnx2Error(ErrorCode.SEQUENCE, "sequence_no must be a uint64")
-    if isinstance(message, Batch):
+    binary = None
+    if compact_meta and isinstance(message, Batch):
+        binary = compact.encode_batch(message, sequence_no)
+    elif compact_meta and isinstance(message, Result):
+        binary = compact.encode_result(message, sequence_no)
+    if binary is not None:
+        metadata = binary
+    elif isinstance(message, Batch):
         metadata = message.encode_metadata(sequence_no)
     else:
         meta = message.to_meta()
@@ -225,6 +237,13 @@ def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding
         raise Fnx2Error(ErrorCode.FRAME_SIZE, "body length differs from its prelude")
     metadata = bytes(body[: prelude.metadata_bytes])
     payload = body[prelude.metadata_bytes:]
+    if negotiated is None:
+        negotiated = KNOWN_EXTENSIONS if allow_extensions else frozenset()
+    if prelude.kind in _DATA_KINDS and compact.is_compact(metadata):
+        message = _decode_compact(prelude, metadata, payload, expected, negotiated, body_crc, finite)
+        if slice_crcs and isinstance(message, Batch):
+            message = _with_input_crcs(message, slice_crcs)
+        return Frame(prelude.sequence_no, message)
     parsed, floats, meta_error = _parse_json(metadata)
     dtype = _peek_dtype(parsed)
     if body_crc is None:
@@ -238,13 +257,52 @@ def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding
     if meta_error is not None:
         raise meta_error
     meta = _canonical(parsed, floats, metadata, prelude.sequence_no)
-    if negotiated is None:
-        negotiated = KNOWN_EXTENSIONS if allow_extensions else frozenset()
     message = _decode_kind(prelude.kind, meta, metadata, payload, all_finite, expected,
                            allow_extensions, negotiated)
     if slice_crcs and isinstance(message, Batch):
         message = _with_input_crcs(message, slice_crcs)
     return Frame(prelude.sequence_no, message)
+
+
+def _decode_compact(prelude: Prelude, metadata: bytes, payload: memoryview,
+                    expected: ExpectedBinding | None, negotiated: frozenset[str],
+                    body_crc: int | None, finite: tuple[DType, bool] | None) -> Message:
+    """Steps 1b..5 for compact BATCH/RESULT metadata (the `compact_meta` extension)."""
+    dtype = compact.payload_dtype(metadata, prelude.kind)
+    dtype = None if dtype is DType.INT32 else dtype
+    if body_crc is None:
+        crc, all_finite = crc_and_finite(crc_of(metadata), payload, dtype)
+    elif finite is not None and finite[0] is dtype:
+        crc, all_finite = body_crc, finite[1]
+    else:
+        crc, all_finite = body_crc, dtype is None or payload_is_finite(payload, dtype)
+    if crc != prelude.crc32c:
+        raise Fnx2Error(ErrorCode.CHECKSUM, "CRC32C mismatch")
+    if EXT_COMPACT_META not in negotiated:
+        raise Fnx2Error(ErrorCode.METADATA, "compact metadata was not negotiated on this channel")
+    if prelude.kind == Kind.RESULT:
+        def result_tensor(descriptor: TensorDescriptor | None) -> Tensor | None:
+            if (descriptor is not None) != bool(len(payload)):
+                raise Fnx2Error(ErrorCode.BATCH_RESULT, "RESULT tensor and payload appear together")
+            return None if descriptor is None else _tensor_from(descriptor, payload, all_finite)
+
+        result = compact.decode_result(metadata, prelude.sequence_no, result_tensor)
+        result.check()
+        return result
+
+    def attach(plan_id: str, plan_hash: str, manifest_hash: str, source: str, destination: str,
+               descriptor: TensorDescriptor) -> Tensor:
+        if expected is not None:
+            _check_binding(expected, plan_id, plan_hash, manifest_hash, source, destination)
+        tensor = _tensor_from(descriptor, payload, all_finite)
+        if expected is not None:
+            _check_input_tensor(expected, descriptor)
+        return tensor
+
+    batch = compact.decode_batch(metadata, prelude.sequence_no, attach)
+    if batch.traceparent is not None and EXT_TRACEPARENT not in negotiated:
+        raise Fnx2Error(ErrorCode.METADATA, "traceparent was not negotiated on this channel")
+    return batch
 
 
 def _with_input_crcs(batch: Batch, slice_crcs: tuple[tuple[int, int, int], ...]) -> Batch:
@@ -378,7 +436,10 @@ def _check_input_tensor(expected: ExpectedBinding, descriptor: TensorDescriptor)
 
 
 def _decode_tensor(meta: Any, payload: memoryview, finite: bool) -> Tensor:
-    descriptor = TensorDescriptor.from_meta(meta)
+    return _tensor_from(TensorDescriptor.from_meta(meta), payload, finite)
+
+
+def _tensor_from(descriptor: TensorDescriptor, payload: memoryview, finite: bool) -> Tensor:
     if descriptor.payload_bytes != len(payload):
         raise Fnx2Error(ErrorCode.TENSOR_CONTRACT, "payload length differs from the descriptor")
     if not finite:

@@ -28,8 +28,11 @@ EXT_COMPACT_OUTPUT = "compact_output"
 # "sample record" row (token id, its logprob, top (id, logprob) pairs; libs.model.logprobs)
 # instead of one int32 token id. Stages in between relay the rows unchanged.
 EXT_SAMPLE_LOGPROBS = "sample_logprobs"
+# BATCH and RESULT metadata may be the fixed-layout binary form of libs.fnx2.compact
+# instead of canonical JSON.
+EXT_COMPACT_META = "compact_meta"
 KNOWN_EXTENSIONS = frozenset({EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, EXT_TIMINGS, EXT_COMPACT_OUTPUT,
-                              EXT_SAMPLE_LOGPROBS})
+                              EXT_SAMPLE_LOGPROBS, EXT_COMPACT_META})
 
 CREDIT_FIELDS = ("frames", "payload_bytes", "rows", "sequences",
                  "live_requests", "kv_bytes", "replay_bytes")

@@ -26,6 +26,8 @@ class ErrorCode(StrEnum):
     BATCH_CONTRACT = "BATCH_CONTRACT"
     BATCH_RESULT = "BATCH_RESULT"
     SEQUENCE = "SEQUENCE"
+    # Recoverable, beyond the 2.0 table: a malformed compact_meta header or table.
+    COMPACT_METADATA = "COMPACT_METADATA"
     # Per sequence.
     UNKNOWN_LEASE = "UNKNOWN_LEASE"
     RELEASED = "RELEASED"

@@ -7,6 +7,12 @@ value, a non-canonical spelling) and re-frame it with a valid CRC32C, so the dec
 field checks are reached rather than the checksum. A few act on the prelude with
 self-consistent lengths, so the receiver answers at once instead of waiting for bytes
 that never come.
+
+Seeds in the negotiated compact binary form (`libs.fnx2.compact`) get binary mutations
+instead: bytes flipped in the header or the record table, enum and length fields set to
+any value, edge integers in the table, truncation, extension, payload changes; the
+sequence number is kept in step and the CRC32C kept valid, so the compact checks are
+reached.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from libs.fnx2 import compact
 from libs.fnx2.codec import MAGIC, PRELUDE
 from libs.fnx2.fields import canonical_json
+from libs.fnx2.messages import Kind
 from libs.fnx2.tensor import crc32c
 
 
@@ -35,11 +43,16 @@ class Mutation(IntEnum):
     PRELUDE = 6         # magic, version, kind, flags, reserved, sequence or CRC
     PAYLOAD = 7         # payload bytes or length changed, CRC kept valid
     NONE = 8            # the seed itself (keeps valid traffic flowing)
+    COMPACT = 9         # compact seeds only: binary header/table mutations
 
 
 # Relative weights: JSON-level type changes dominate, as they reach the field checks.
 _WEIGHTS = np.array([30, 8, 8, 8, 12, 8, 4, 6, 4], dtype=np.float64)
 _CUMULATIVE = np.cumsum(_WEIGHTS / _WEIGHTS.sum())
+
+# Where the compact headers hold sequence_no, and how long they are.
+_COMPACT_SEQUENCE_AT = {Kind.BATCH: 28, Kind.RESULT: 24}
+_COMPACT_HEADER_BYTES = {Kind.BATCH: compact.BATCH_HEADER.size, Kind.RESULT: compact.RESULT_HEADER.size}
 
 _REPLACEMENTS: tuple[Any, ...] = (
     None, True, False, 0, -1, 1, 2**32, 2**64, 2**64 + 1, -(2**63), 1.5, -0.0, 1e16, 1e-7,
@@ -51,11 +64,13 @@ _REPLACEMENTS: tuple[Any, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class Seed:
-    """A valid frame to mutate: its kind, metadata without sequence_no, and payload."""
+    """A valid frame to mutate: its kind, metadata without sequence_no, and payload;
+    `compact`, when set, is its compact binary metadata (encoded at sequence_no 0)."""
 
     kind: int
     meta: dict[str, Any]
     payload: bytes = b""
+    compact: bytes | None = None
 
     @property
     def json(self) -> str:
@@ -79,6 +94,8 @@ class Mutator:
                             len(_WEIGHTS) - 1))
 
     def mutate(self, seed: Seed, sequence_no: int, mutation: Mutation | None = None) -> bytes:
+        if seed.compact is not None:
+            return self._compact(seed, sequence_no, mutation)
         mutation = self.choose() if mutation is None else mutation
         if mutation is Mutation.PRELUDE:
             return self._prelude(seed, sequence_no)
@@ -148,6 +165,47 @@ class Mutator:
         if choice == 3:  # a needless escape
             return canonical.replace(b'"', b'"\\u0061', 1) if canonical.startswith(b'{"') else canonical
         return canonical.replace(b"}", b',"sequence_no":0}', 1)  # a duplicate key
+
+    # -- compact binary metadata ---------------------------------------------------------
+    def _compact(self, seed: Seed, sequence_no: int, mutation: Mutation | None) -> bytes:
+        """One in eight frames unchanged, the rest mutated in the binary form."""
+        assert seed.compact is not None  # only called for compact seeds
+        meta = bytearray(seed.compact)
+        at = _COMPACT_SEQUENCE_AT[seed.kind]
+        meta[at:at + 8] = struct.pack("<Q", sequence_no)
+        payload = bytearray(seed.payload)
+        if mutation is None:
+            mutation = Mutation.NONE if self.rng.integers(8) == 0 else Mutation.COMPACT
+        if mutation is Mutation.COMPACT:
+            meta, payload = self._compact_bytes(seed.kind, meta, payload)
+        return frame(seed.kind, bytes(meta), bytes(payload), sequence_no)
+
+    def _compact_bytes(self, kind: int, meta: bytearray,
+                       payload: bytearray) -> tuple[bytearray, bytearray]:
+        header = _COMPACT_HEADER_BYTES[kind]
+        choice = int(self.rng.integers(7))
+        if choice == 0:  # flip bytes anywhere in the metadata
+            for pos in self.rng.integers(0, len(meta), int(self.rng.integers(1, 4))):
+                meta[pos] ^= int(self.rng.integers(1, 256))
+        elif choice == 1:  # an enum, flag, count or length byte of the header set to anything
+            pos = int(self.rng.integers(4, min(header, 28)))
+            meta[pos] = int(self.rng.choice([0, 1, 2, 3, 4, 5, 127, 128, 255]))
+        elif choice == 2:  # truncated
+            meta = meta[: int(self.rng.integers(0, len(meta)))]
+        elif choice == 3:  # extended
+            meta += bytes(self.rng.integers(0, 256, int(self.rng.integers(1, 80)), dtype=np.uint8))
+        elif choice == 4 and len(meta) > header + 8:  # edge integers in the record table
+            pos = int(self.rng.integers(header, len(meta) - 8))
+            width = self._choice((1, 2, 4, 8))
+            value = self._choice((0, 1, 2**(8 * width) - 1, 2**(8 * width - 1)))
+            meta[pos:pos + width] = value.to_bytes(width, "little")
+        elif choice == 5 and payload:  # NaN / Inf patterns in the payload
+            for pos in self.rng.integers(0, len(payload), int(self.rng.integers(1, 8))):
+                payload[pos] = int(self.rng.choice([0x7F, 0xFF, 0x80, 0xC0]))
+        else:  # the payload shorter or longer than the header says
+            cut = int(self.rng.integers(0, len(payload) + 16))
+            payload = payload[:cut] + bytearray(max(0, cut - len(payload)))
+        return meta, payload
 
     # -- frame-level ---------------------------------------------------------------------
     def _prelude(self, seed: Seed, sequence_no: int) -> bytes:

@@ -11,6 +11,8 @@ exactly one frame that is not a CREDIT (RESULT, ACK or ERROR), so the peer count
 - max allocation: the largest receive buffer the receiver took for one frame body.
 
 After a terminal ERROR (or a shutdown ACK) the peer reconnects and handshakes again.
+Every other connection negotiates the `compact_meta` extension, so compact BATCH and
+RESULT seeds reach the compact decoder there and its "not negotiated" refusal elsewhere.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 
 from libs.fnx2.codec import PRELUDE_BYTES, Message, decode_frame, encode_frame, parse_prelude
 from libs.fnx2.control import (
+    EXT_COMPACT_META,
     Ack,
     AckHello,
     Cancel,
@@ -39,7 +42,16 @@ from libs.fnx2.errors import TERMINAL_CODES, ErrorCode
 from libs.fnx2.fuzz import Mutator, Seed
 from libs.fnx2.fuzz_receiver import BINDING, WIDTH
 from libs.fnx2.leases import derive_execution_lease_id
-from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice
+from libs.fnx2.messages import (
+    Batch,
+    BatchDescriptor,
+    Phase,
+    Result,
+    SequenceResult,
+    SequenceSlice,
+    SequenceStatus,
+    Timings,
+)
 from libs.fnx2.tensor import DType, Tensor, TensorKind
 
 MINUTE_NS = 60 * 10**9
@@ -108,7 +120,22 @@ def seeds() -> list[Seed]:
         encoded = encode_frame(message, 0)
         meta = decode_frame(encoded.to_bytes()).message.to_meta()
         out.append(Seed(message.KIND, meta, bytes(encoded.payload)))
+    for message in (prefill, decode, _result(decode)):
+        encoded = encode_frame(message, 0, compact_meta=True)
+        metadata = encoded.header[PRELUDE_BYTES:]
+        out.append(Seed(message.KIND, {}, bytes(encoded.payload), compact=metadata))
     return out
+
+
+def _result(batch: Batch) -> Result:
+    """The RESULT a receiver would send for a one-sequence batch (a receiver refuses it)."""
+    item = batch.batch.sequences[0]
+    answer = SequenceResult(item.request_id, item.execution_lease_id, item.request_sequence_no,
+                            SequenceStatus.OK, 0, item.input_row_count, 0, item.input_row_count,
+                            item.kv_epoch, item.kv_epoch + 1, None, None, Timings(1, 2, 3, 4))
+    failed = SequenceResult("22222222-2222-4222-8222-222222222222", item.execution_lease_id, 0,
+                            SequenceStatus.FAILED, 1, 1, None, 0, 0, 0, "FAILED", "x", Timings())
+    return Result(batch.batch.batch_id, 0, batch.manifest_hash, (answer, failed), batch.tensor)
 
 
 def _batch(phase: Phase, request: str, lease: str, *, rows: int, sequence_no: int,
@@ -128,6 +155,7 @@ class _Peer:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.next_out = 0
+        self.connections = 0
 
     async def connect(self) -> None:
         await self.close()
@@ -141,6 +169,18 @@ class _Peer:
         credit = await self.read()
         if not isinstance(credit, Credit):
             raise RuntimeError(f"expected the first CREDIT, got {credit!r}")
+        self.connections += 1
+        if self.connections % 2 == 0:
+            await self._negotiate_compact()
+
+    async def _negotiate_compact(self) -> None:
+        offer = Control("extensions", "eeeeeeee-eeee-4eee-8eee-eeeeeeeeeeee", BINDING,
+                        extensions=(EXT_COMPACT_META,))
+        self.send(encode_frame(offer, self.next_out).to_bytes())
+        self.next_out += 1
+        ack, credit = await self.read(), await self.read()
+        if not (isinstance(ack, Ack) and isinstance(credit, Credit)):
+            raise RuntimeError(f"expected the extensions ACK and a CREDIT, got {ack!r}, {credit!r}")
 
     def send(self, data: bytes) -> None:
         if self.writer is None:

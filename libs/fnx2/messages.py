@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, MAX_ERROR_MESSAGE_CHARS, ErrorCode, Fnx2Error
 from libs.fnx2.fields import (
@@ -67,8 +67,10 @@ _SLICE_FIELDS = frozenset({
 })
 
 
-@dataclass(frozen=True, slots=True)
-class SequenceSlice:
+# SequenceSlice, Timings and SequenceResult are immutable named tuples rather than frozen
+# dataclasses: a decode step builds dozens of them per frame, and a tuple is built in one
+# C call where a frozen dataclass sets each field through object.__setattr__.
+class SequenceSlice(NamedTuple):
     request_id: str
     request_sequence_no: int
     input_row_start: int
@@ -233,8 +235,7 @@ class SequenceError:
         return {"code": code[:MAX_ERROR_CODE_CHARS], "message": message[:MAX_ERROR_MESSAGE_CHARS]}
 
 
-@dataclass(frozen=True, slots=True)
-class Timings:
+class Timings(NamedTuple):
     queue_ns: int = 0
     execute_ns: int = 0
     pack_ns: int = 0
@@ -254,8 +255,7 @@ _TIMING_FIELDS = frozenset({"queue", "execute", "pack", "unpack"})
 _ERROR_FIELDS = frozenset({"code", "message"})
 
 
-@dataclass(frozen=True, slots=True)
-class SequenceResult:
+class SequenceResult(NamedTuple):
     request_id: str
     execution_lease_id: str
     request_sequence_no: int

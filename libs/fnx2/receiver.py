@@ -12,7 +12,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -33,6 +33,7 @@ from libs.fnx2.control import (
     ErrorMessage,
     Release,
 )
+from libs.fnx2.eager import start_eagerly
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 from libs.fnx2.listener import ListenerLimits, PeerPolicy, server_options
 from libs.fnx2.messages import Batch, Timings
@@ -215,7 +216,8 @@ class _Channel:
         self.granted_payload_bytes = max(self.granted_payload_bytes, credit.payload_bytes)
         self.stream.admit_body_bytes(self.r.config.codec.max_metadata_bytes
                                      + self.granted_payload_bytes)
-        return replace(credit, frames=frames, batches_received=received)
+        return Credit(frames, credit.payload_bytes, credit.rows, credit.sequences,
+                      credit.live_requests, credit.kv_bytes, credit.replay_bytes, received)
 
     async def run(self) -> None:
         binding = self.r.config.binding
@@ -287,9 +289,12 @@ class _Channel:
             return
         self.busy += 1
         if EXT_MULTI_INFLIGHT in self.extensions:
-            task = asyncio.create_task(self._execute_guarded(admission, got))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            # Executed inline up to the handler's first wait: no event-loop hop between
+            # receive, admission and hand-off; a handler that waits continues as a task.
+            task = start_eagerly(self._execute_guarded(admission, got))
+            if task is not None:
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
         else:
             await self._execute(admission, got)
 

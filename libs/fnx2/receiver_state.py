@@ -12,6 +12,7 @@ with respect to the event loop.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -53,8 +54,9 @@ _TOMBSTONE_CODES = {Tombstone.RELEASED: ErrorCode.RELEASED, Tombstone.EXPIRED: E
 _EXACT_INPUT_BYTES = 64 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class InputIdentity:
+# The per-sequence records below are immutable named tuples, not frozen dataclasses: every
+# frame builds several per sequence, and a tuple is built in one C call.
+class InputIdentity(NamedTuple):
     """What a retry's input must match: small inputs (decode steps) byte for byte, large
     ones (prefill chunks) by length and CRC32C, so no frame buffer stays pinned."""
 
@@ -113,16 +115,14 @@ class _Lease:
     replay: _ReplayEntry | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Rejection:
+class Rejection(NamedTuple):
     slice: SequenceSlice
     status: SequenceStatus
     code: ErrorCode
     message: str
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayHit:
+class ReplayHit(NamedTuple):
     slice: SequenceSlice
     result: SequenceResult
     rows: np.ndarray | None
@@ -140,8 +140,7 @@ class BatchAdmission:
     kv_reserved: int
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
     """The backend's verdict for one executed sequence."""
 
     ok: bool
@@ -151,13 +150,15 @@ class Outcome:
     kind: tuple | None = None  # (TensorKind, DType) of the rows
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
     """One sequence's result, with its output rows and their (kind, dtype) when ok."""
 
     result: SequenceResult
     rows: np.ndarray | None
     kind: tuple | None
+
+
+_NO_OUTCOME = Outcome(False, None, ErrorCode.FAILED, "no outcome")
 
 
 @dataclass
@@ -332,7 +333,7 @@ class ReceiverState:
         crcs = admission.batch.input_crcs
         index = {s.identity: i for i, s in enumerate(admission.batch.batch.sequences)} if crcs else {}
         for item in admission.execute:
-            outcome = outcomes.get(item.identity, Outcome(False, None, ErrorCode.FAILED, "no outcome"))
+            outcome = outcomes.get(item.identity) or _NO_OUTCOME
             known = crcs[index[item.identity]] if crcs else None
             entries.append(self._apply(admission, item, outcome, timings, known))
         for hit in admission.replayed:

@@ -26,6 +26,7 @@ from libs.fnx2.codec import (
     parse_prelude,
     payload_crc,
 )
+from libs.fnx2.control import EXT_COMPACT_META
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 from libs.fnx2.transport import ReceivedBody, check_admitted
 
@@ -129,7 +130,8 @@ class FrameStream:
                 if self.closed:
                     raise ChannelClosedError("channel is closed")
                 encoded = encode_frame(message, self._next_out, self._limits,
-                                       known_payload_crc=known_crc)
+                                       known_payload_crc=known_crc,
+                                       compact_meta=EXT_COMPACT_META in self.negotiated)
                 self._next_out += 1
                 if len(encoded.payload) <= _SMALL_FRAME:
                     small.extend((encoded.header, encoded.payload))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from google_crc32c import _crc32c as _crc
 
+from libs.fnx2 import compact
 from libs.fnx2.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
 from libs.fnx2.crc import crc32c_combine
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
@@ -71,17 +72,25 @@ def _tiles(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
 def _payload_plan(prelude: Prelude, body: memoryview) -> _PayloadPlan:
     if prelude.payload_bytes < _ON_ARRIVAL_MIN_BYTES:
         return _NO_PLAN
-    try:
-        meta = json.loads(bytes(body[: prelude.metadata_bytes]))
-        shape, dtype = meta["tensor"]["shape"], DType(meta["tensor"]["dtype"])
-        row_bytes = (shape[1] if len(shape) == 2 else 1) * STORAGE[dtype].itemsize
-        offset = prelude.metadata_bytes
-        ranges = [] if prelude.kind != Kind.BATCH else [
-            (offset + s["input_row_start"] * row_bytes,
-             offset + (s["input_row_start"] + s["input_row_count"]) * row_bytes)
-            for s in meta["batch"]["sequences"]]
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
-        return _NO_PLAN
+    metadata = bytes(body[: prelude.metadata_bytes])
+    offset = prelude.metadata_bytes
+    if compact.is_compact(metadata):
+        peeked = compact.peek(metadata, prelude.kind)
+        if peeked is None:
+            return _NO_PLAN
+        dtype, relative = peeked
+        ranges = [(offset + a, offset + b) for a, b in relative]
+    else:
+        try:
+            meta = json.loads(metadata)
+            shape, dtype = meta["tensor"]["shape"], DType(meta["tensor"]["dtype"])
+            row_bytes = (shape[1] if len(shape) == 2 else 1) * STORAGE[dtype].itemsize
+            ranges = [] if prelude.kind != Kind.BATCH else [
+                (offset + s["input_row_start"] * row_bytes,
+                 offset + (s["input_row_start"] + s["input_row_count"]) * row_bytes)
+                for s in meta["batch"]["sequences"]]
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
+            return _NO_PLAN
     if len(ranges) > 4096 or any(type(a) is not int or type(b) is not int
                                  or not offset <= a < b <= prelude.body_bytes for a, b in ranges):
         ranges = []

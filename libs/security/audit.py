@@ -120,10 +120,10 @@ class AuditLog:
         if not self.path.exists():
             return 0, GENESIS
         result = verify_lines(self.path.read_text(encoding="utf-8").splitlines())
-        if not result.ok:
+        if result.problem is not None:
             # Never extend a tampered chain: the damage would look like it came later.
             raise AuditLogBroken(f"audit log {self.path} fails verification at line {result.line}: "
-                             f"{result.problem.value} ({result.detail})")
+                                 f"{result.problem.value} ({result.detail})")
         return result.entries, result.head
 
     def append(self, event: AuditEvent) -> AuditEntry:

@@ -15,9 +15,9 @@ ARTIFACT_BUILDER = Identity(Role.SERVICE, "artifact-builder")
 
 
 class Access(enum.Enum):
-    # Anyone who completed the handshake (health and reflection).
+    # Anyone who completed the handshake, with a certificate or without (health).
     OPEN = "open"
-    # Any fleet identity: read-only queries.
+    # Any fleet identity: read-only queries, and reflection (the services' shape is not public).
     FLEET = "fleet"
     # Client or operator role, or the API key: serving.
     SERVE = "serve"
@@ -71,6 +71,9 @@ POLICY: dict[str, Access] = {
     _STAGE + "AdmitSequence": Access.CONTROL,
     _STAGE + "CancelRequest": Access.CONTROL,
     _STAGE + "ReleaseRequest": Access.CONTROL,
+    _STAGE + "ProfileStage": Access.CONTROL,
+    _STAGE + "OpenLinkProbe": Access.CONTROL,
+    _STAGE + "ProfileLink": Access.CONTROL,
     _REGISTRY + "PutRecord": Access.EVIDENCE_PUT,
     _REGISTRY + "RevokeRecord": Access.OPERATOR,
     _REGISTRY + "GetRecord": Access.FLEET,
@@ -85,8 +88,8 @@ POLICY: dict[str, Access] = {
     _PLANNER + "GetPlan": Access.FLEET,
 }
 
-OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
-                 "/grpc.reflection.v1.ServerReflection/")
+OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+FLEET_PREFIXES = ("/grpc.reflection.v1alpha.ServerReflection/", "/grpc.reflection.v1.ServerReflection/")
 
 # Actions that change fleet state: audited whatever their outcome.
 MUTATING = frozenset({
@@ -99,6 +102,8 @@ MUTATING = frozenset({
 def access_for(method: str) -> Access | None:
     if method.startswith(OPEN_PREFIXES):
         return Access.OPEN
+    if method.startswith(FLEET_PREFIXES):
+        return Access.FLEET
     return POLICY.get(method)
 
 

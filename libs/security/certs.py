@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -45,7 +46,22 @@ class CertKeyPair:
 
     @property
     def private_key(self) -> ec.EllipticCurvePrivateKey:
-        return serialization.load_pem_private_key(self.key_pem, password=None)
+        return load_ec_private_key(self.key_pem)
+
+
+def load_ec_private_key(key_pem: bytes) -> ec.EllipticCurvePrivateKey:
+    """The fleet's keys are ECDSA P-256; any other kind of key is refused."""
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise CertificateError(f"expected an EC private key, got {type(key).__name__}", "UNSUPPORTED_KEY")
+    return key
+
+
+def ec_public_key(cert: x509.Certificate) -> ec.EllipticCurvePublicKey:
+    key = cert.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise CertificateError(f"expected an EC public key, got {type(key).__name__}", "UNSUPPORTED_KEY")
+    return key
 
 
 def _new_key() -> ec.EllipticCurvePrivateKey:
@@ -102,7 +118,7 @@ def issue(ca: CertKeyPair, identity: Identity, now: dt.datetime, hosts: Sequence
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                               ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ec_public_key(ca_cert)),
                        critical=False)
         .sign(ca.private_key, hashes.SHA256())
     )
@@ -124,19 +140,23 @@ def identity_of(cert: x509.Certificate) -> Identity:
         raise CertificateError(str(exc), "NO_IDENTITY") from exc
 
 
+def issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
 def verify_leaf(cert_pem: bytes, ca_pem: bytes, now: dt.datetime) -> Identity:
-    """Identity of cert_pem if ca_pem signed it and it is valid at now; else CertificateError."""
+    """Identity of cert_pem if a CA in the bundle ca_pem signed it and it is valid at now; else
+    CertificateError. The bundle holds two CAs while the fleet CA is being rotated."""
     try:
         cert = x509.load_pem_x509_certificate(cert_pem)
     except ValueError as exc:
         raise CertificateError(f"unreadable certificate: {exc}", "BAD_CERTIFICATE") from exc
-    ca = x509.load_pem_x509_certificate(ca_pem)
-    try:
-        cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError) as exc:
-        raise CertificateError("certificate was not issued by the fleet CA", "UNTRUSTED_CERTIFICATE") from exc
-    except Exception as exc:  # InvalidSignature
-        raise CertificateError("certificate signature does not verify", "UNTRUSTED_CERTIFICATE") from exc
+    if not any(issued_by(cert, ca) for ca in x509.load_pem_x509_certificates(ca_pem)):
+        raise CertificateError("certificate was not issued by the fleet CA", "UNTRUSTED_CERTIFICATE")
     if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
         raise CertificateError(
             f"certificate valid {cert.not_valid_before_utc}..{cert.not_valid_after_utc}, not at {now}",

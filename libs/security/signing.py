@@ -7,10 +7,10 @@ import datetime as dt
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from libs.security.certs import CertificateError, verify_leaf
+from libs.security.certs import CertificateError, ec_public_key, load_ec_private_key, verify_leaf
 from libs.security.identity import Identity, Role
 
 # Who measures: a service, a stage worker, or a host. People and API clients do not.
@@ -18,8 +18,7 @@ SIGNER_ROLES = frozenset({Role.SERVICE, Role.STAGE, Role.HOST})
 
 
 def sign(payload: bytes, key_pem: bytes) -> bytes:
-    key = serialization.load_pem_private_key(key_pem, password=None)
-    return key.sign(payload, ec.ECDSA(hashes.SHA256()))
+    return load_ec_private_key(key_pem).sign(payload, ec.ECDSA(hashes.SHA256()))
 
 
 def verify_signature(payload: bytes, signature: bytes, cert_pem: bytes, ca_pem: bytes,
@@ -31,7 +30,7 @@ def verify_signature(payload: bytes, signature: bytes, cert_pem: bytes, ca_pem: 
                                "SIGNER_MISMATCH")
     if identity.role not in SIGNER_ROLES:
         raise CertificateError(f"{identity} may not sign measurements", "SIGNER_ROLE_NOT_ALLOWED")
-    public_key = x509.load_pem_x509_certificate(cert_pem).public_key()
+    public_key = ec_public_key(x509.load_pem_x509_certificate(cert_pem))
     try:
         public_key.verify(signature, payload, ec.ECDSA(hashes.SHA256()))
     except (InvalidSignature, ValueError) as exc:

@@ -107,7 +107,8 @@ class ReloadingServerCredentials:
                 return None
             try:
                 material = self._paths.read()
-                if not key_matches_cert(material.key_pem, material.cert_pem):
+                if not (material.key_pem and material.cert_pem
+                        and key_matches_cert(material.key_pem, material.cert_pem)):
                     return None  # mid-rotation: the other file has not landed yet
                 config = self._config(material)
             except (TlsConfigError, ValueError):
@@ -129,31 +130,52 @@ def own_identity_uri(paths: TlsPaths | None) -> str:
 class ReloadingSslContext:
     """An ssl.SSLContext for a raw TLS socket (the FNX2 data plane) that follows the files.
 
-    `maybe_reload()` (called on SIGHUP, and before each new outbound connection) loads changed
-    files into the same context object, so a listener created with it serves the new
-    certificate to the next handshake without being restarted."""
+    `maybe_reload()` (called on SIGHUP, and before each new outbound connection) builds a fresh
+    context from changed files, so a CA dropped from the bundle stops being trusted. A client
+    reads `context` per connection. A listener keeps the context it was created with; as a
+    server, that context switches each handshake to the current one (in its SNI callback, which
+    OpenSSL runs for every ClientHello), so the next handshake gets the new certificate and
+    trust bundle without the listener being restarted."""
 
     def __init__(self, paths: TlsPaths, *, server: bool):
         self._paths = paths
-        purpose = ssl.Purpose.CLIENT_AUTH if server else ssl.Purpose.SERVER_AUTH
-        self.context = ssl.create_default_context(purpose)
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        # A server verifies and requires the peer's fleet certificate; a client verifies the
-        # server's chain and host name and presents its own certificate.
-        self.context.verify_mode = ssl.CERT_REQUIRED
+        self._server = server
         self._digest = ""
         self.reloads = 0
+        self.context = self._build()
+        self._current = self.context
         self.maybe_reload()
+        if server:
+            self.context.sni_callback = self._switch
+
+    def _build(self, material: ClientCredentials | None = None) -> ssl.SSLContext:
+        purpose = ssl.Purpose.CLIENT_AUTH if self._server else ssl.Purpose.SERVER_AUTH
+        context = ssl.create_default_context(purpose)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        # A server verifies and requires the peer's fleet certificate; a client verifies the
+        # server's chain and host name and presents its own certificate.
+        context.verify_mode = ssl.CERT_REQUIRED
+        material = material or self._paths.read()
+        context.load_verify_locations(cadata=(material.ca_pem or b"").decode())
+        context.load_cert_chain(str(self._paths.cert), str(self._paths.key))
+        return context
+
+    def _switch(self, ssl_object, server_name, initial) -> None:
+        if self._current is not initial:
+            ssl_object.context = self._current
 
     def maybe_reload(self) -> bool:
         digest = self._paths.digest()
         if digest == self._digest:
             return False
         material = self._paths.read()
-        if not key_matches_cert(material.key_pem, material.cert_pem):
+        if not (material.key_pem and material.cert_pem and key_matches_cert(material.key_pem, material.cert_pem)):
             return False  # mid-rotation: keep what is loaded
-        self.context.load_verify_locations(cadata=material.ca_pem.decode())
-        self.context.load_cert_chain(str(self._paths.cert), str(self._paths.key))
+        fresh = self._build(material)
+        if self._server:
+            self._current = fresh  # the listener's context hands handshakes over to it
+        else:
+            self.context = fresh
         self._digest = digest
         self.reloads += 1
         return True

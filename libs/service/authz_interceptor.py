@@ -21,16 +21,27 @@ from libs.security.authz import MUTATING, RefusalKind, decide
 from libs.security.certs import CertificateError, identity_of
 from libs.security.identity import Identity
 from libs.service.errors import FornaxError, PermissionDenied, Unauthenticated
+from libs.service.tls_front import PeerTable
 
 log = structlog.get_logger()
 
 
 def peer_identity(context) -> Identity | None:
-    """The fleet identity in the peer's verified certificate, or None without one."""
+    """The fleet identity in the peer's verified certificate (gRPC core's TLS), or None."""
     pem = (context.auth_context() or {}).get("x509_pem_cert")
     if not pem:
         return None
     return identity_of(x509.load_pem_x509_certificate(pem[0]))
+
+
+def _fronted_peer(context, peers: PeerTable) -> tuple[Identity | None, bool]:
+    """(identity, came through the TLS front) for a call on a server behind the front."""
+    auth = peers.lookup(context.peer() or "")
+    if auth is None:
+        return None, False  # a loopback connection the front did not open
+    if auth.certificate_error is not None:
+        raise auth.certificate_error
+    return auth.identity, True
 
 
 def _bearer(context) -> str | None:
@@ -48,13 +59,15 @@ def _digest(request) -> str:
 
 class AuthzInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, service_kind: str, audit: AuditLog | None, api_key: str | None = None,
-                 enforce: bool = True):
+                 enforce: bool = True, peers: PeerTable | None = None):
         self._service = service_kind
         self._audit = audit
         self._api_key = api_key
         # False on an explicitly insecure server: nobody can be identified, but mutating
         # actions are still audited (as anonymous).
         self._enforce = enforce
+        # Set when the TLS front terminates TLS: identities come from its table, not gRPC's.
+        self._peers = peers
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -74,12 +87,16 @@ class AuthzInterceptor(grpc.aio.ServerInterceptor):
         if not self._enforce:
             return None
         try:
-            identity = peer_identity(context)
+            if self._peers is None:
+                identity, tls = peer_identity(context), True
+            else:
+                identity, tls = _fronted_peer(context, self._peers)
         except CertificateError as exc:
             self._record(method, None, request, f"UNAUTHENTICATED:{exc.reason}")
             raise Unauthenticated(str(exc), reason=exc.reason) from exc
         bearer = _bearer(context)
-        api_key_ok = bool(self._api_key and bearer and hmac.compare_digest(bearer, self._api_key))
+        # The API key counts only over TLS: never on a loopback connection that bypassed the front.
+        api_key_ok = bool(tls and self._api_key and bearer and hmac.compare_digest(bearer, self._api_key))
         refusal = decide(method, identity, api_key_ok)
         if refusal is None:
             return identity

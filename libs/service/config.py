@@ -13,6 +13,7 @@ from pathlib import Path
 
 from libs.security.tls import TlsConfigError, TlsPaths, insecure_from_env, tls_from_env
 from libs.service.channels import ChannelConfig
+from libs.service.event_loop import EventLoopKind
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -36,6 +37,14 @@ class ServerConfig:
     audit_log: str | None = None
     # A plaintext listener serving only grpc.health.v1 (for probes that hold no certificate).
     health_port: int | None = None
+    # With TLS: True puts the TLS front (libs.service.tls_front) on the public port, so refused
+    # handshakes are answered with their reason and audited; False lets gRPC core terminate TLS
+    # (refusals are then invisible to the service).
+    tls_front: bool = True
+    # A peer that has not completed its TLS handshake by then is refused (HANDSHAKE_TIMEOUT).
+    handshake_timeout_s: float = 10.0
+    # The front's own event loop (`fornax bench tls-front`: uvloop adds less latency per call).
+    tls_front_loop: EventLoopKind = EventLoopKind.UVLOOP
 
     def client_channel(self) -> ChannelConfig:
         """How this service reaches its peers: with its own certificate when it serves mTLS.
@@ -110,6 +119,9 @@ def server_config(args: argparse.Namespace, env: Mapping[str, str], kind: str, i
         audit_log=pick(getattr(args, "audit_log", None), env, "FORNAX_AUDIT_LOG", None)
         or str(Path(env.get("FORNAX_STATE_DIR") or ".fornax") / "audit" / f"{_service_name(kind, instance)}.jsonl"),
         health_port=pick(getattr(args, "health_port", None), env, "FORNAX_HEALTH_PORT", None, int),
+        tls_front=(env.get("FORNAX_TLS_FRONT") or "1").lower() not in ("0", "false", "no"),
+        handshake_timeout_s=pick(None, env, "FORNAX_HANDSHAKE_TIMEOUT_S", 10.0, float),
+        tls_front_loop=pick(None, env, "FORNAX_TLS_FRONT_LOOP", EventLoopKind.UVLOOP, EventLoopKind),
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,15 @@ class FleetState:
     api_key: str | None = None
     # Whether the fleet serves mTLS (certificates under <state dir>/certs).
     tls: bool = False
+    # The CA bundle that verifies the API's certificate when it serves https (the fleet CA).
+    api_ca: str | None = None
+
+    def api_ssl_context(self) -> ssl.SSLContext | None:
+        """How a client of the API verifies it: None for plain http; the fleet CA for https
+        when the fleet file names one, else the system's trust store."""
+        if not (self.api or "").startswith("https://"):
+            return None
+        return ssl.create_default_context(cafile=self.api_ca) if self.api_ca else ssl.create_default_context()
 
     def entry(self, name: str) -> ServiceEntry:
         for service in self.services:
@@ -49,6 +59,8 @@ class FleetState:
         }
         if self.api_key:
             body["api_key"] = self.api_key
+        if self.api_ca:
+            body["api_ca"] = self.api_ca
         return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
     @classmethod
@@ -58,7 +70,7 @@ class FleetState:
             raise ValueError(f"unsupported fleet file version {body.get('version')!r}")
         services = tuple(ServiceEntry(**service) for service in body["services"])
         return cls(services=services, api=body.get("api"), api_key=body.get("api_key"),
-                   tls=bool(body.get("tls", False)))
+                   tls=bool(body.get("tls", False)), api_ca=body.get("api_ca"))
 
 
 def fleet_path(state_dir: str | os.PathLike) -> Path:

@@ -2,9 +2,12 @@
 authorization interceptors, gRPC health, reflection, a Prometheus /metrics endpoint, and a
 graceful SIGTERM.
 
-The port serves mTLS (a fleet client certificate is required) unless the configuration says
-insecure explicitly; with neither, the server refuses to start. SIGHUP, or a change of the
-certificate files, reloads the certificate for new connections.
+The port serves TLS unless the configuration says insecure explicitly; with neither, the server
+refuses to start. By default the TLS front (`tls_front`) owns the public port and the gRPC
+server listens plaintext on an ephemeral loopback port behind it, so a refused handshake is
+answered with its reason and audited; a fleet client certificate is then required per RPC by
+the authorization interceptor. SIGHUP, or a change of the certificate files, reloads the
+certificate (and trust bundle) for new connections.
 
 A service describes itself with a `ServiceSpec`; `run_service` owns the process lifecycle.
 """
@@ -12,6 +15,8 @@ A service describes itself with a `ServiceSpec`; `run_service` owns the process 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import hashlib
 import json
 import os
 import signal
@@ -24,13 +29,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from libs.security.audit import AuditLogBroken, open_audit_log
+from libs.security.audit import ANONYMOUS, AuditEvent, AuditLog, AuditLogBroken, open_audit_log
+from libs.security.handshake import HandshakeRefusal
 from libs.security.tls import ReloadingServerCredentials
 from libs.service.authz_interceptor import AuthzInterceptor
 from libs.service.channels import MAX_MESSAGE_BYTES
 from libs.service.config import ServerConfig
 from libs.service.interceptors import ErrorInterceptor
 from libs.service.logs import configure_logging
+from libs.service.tls_front import FrontSslContext, PeerTable, RefusalSink, TlsFront
 from libs.service.tracing import configure_tracing, server_interceptors
 
 
@@ -65,6 +72,25 @@ class RunningServer:
     credentials: ReloadingServerCredentials | None = None
     health_server: grpc.aio.Server | None = None
     health_port: int | None = None
+    front: TlsFront | None = None
+    # The gRPC server's own port behind the front (loopback, plaintext); None without a front.
+    inner_port: int | None = None
+
+    def request_reload(self) -> None:
+        if self.front is not None:
+            self.front.request_reload()
+        if self.credentials is not None:
+            self.credentials.request_reload()
+
+    async def stop(self, grace: float | None) -> None:
+        """Stop taking connections, let calls finish within grace, then close everything."""
+        if self.front is not None:
+            await self.front.stop_accepting()
+        await self.server.stop(grace)
+        if self.front is not None:
+            await self.front.close()
+        if self.health_server is not None:
+            await self.health_server.stop(grace=None)
 
     async def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -72,15 +98,29 @@ class RunningServer:
             await self.health.set(name, status)
 
 
-def _interceptors(cfg: ServerConfig, spec: ServiceSpec) -> list:
-    audit = open_audit_log(cfg.audit_log) if cfg.audit_log else None
+def _interceptors(cfg: ServerConfig, spec: ServiceSpec, audit: AuditLog | None,
+                  peers: PeerTable | None) -> list:
     enforce = cfg.tls is not None
     return [*server_interceptors(), ErrorInterceptor(cfg.service_kind),
-            AuthzInterceptor(cfg.service_kind, audit, spec.api_key, enforce=enforce)]
+            AuthzInterceptor(cfg.service_kind, audit, spec.api_key, enforce=enforce, peers=peers)]
+
+
+def _audit_refusal(audit: AuditLog | None, service: str) -> RefusalSink:
+    empty = hashlib.sha256(b"").hexdigest()
+
+    def record(reason: HandshakeRefusal, peer: str, rpc: str) -> None:
+        if audit is not None:
+            audit.append(AuditEvent(
+                time=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"), caller=ANONYMOUS,
+                rpc=rpc, args_sha256=empty, result=f"UNAUTHENTICATED:{reason.value}", service=service))
+
+    return record
 
 
 def _bind(server: grpc.aio.Server, cfg: ServerConfig) -> tuple[int, ReloadingServerCredentials | None]:
     address = f"{cfg.host}:{cfg.grpc_port}"
+    if cfg.tls is not None and cfg.tls_front:
+        return server.add_insecure_port("127.0.0.1:0"), None
     if cfg.tls is not None:
         credentials = ReloadingServerCredentials(cfg.tls)
         return server.add_secure_port(address, credentials.credentials), credentials
@@ -105,8 +145,10 @@ async def _health_only_server(cfg: ServerConfig, servicer) -> tuple[grpc.aio.Ser
 
 async def build_server(cfg: ServerConfig, spec: ServiceSpec) -> RunningServer:
     """Build and start a server bound to cfg.host:cfg.grpc_port (0 = OS chooses)."""
+    audit = open_audit_log(cfg.audit_log) if cfg.audit_log else None
+    peers = PeerTable() if cfg.tls is not None and cfg.tls_front else None
     server = grpc.aio.server(
-        interceptors=_interceptors(cfg, spec),
+        interceptors=_interceptors(cfg, spec, audit, peers),
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -124,15 +166,22 @@ async def build_server(cfg: ServerConfig, spec: ServiceSpec) -> RunningServer:
         raise OSError(f"could not bind gRPC on {cfg.host}:{cfg.grpc_port}")
     await server.start()
     running = RunningServer(server, port, health_servicer, spec, credentials)
+    if peers is not None:
+        assert cfg.tls is not None
+        front = TlsFront(cfg.host, cfg.grpc_port, port, FrontSslContext(cfg.tls), peers,
+                         _audit_refusal(audit, cfg.service_kind), handshake_timeout_s=cfg.handshake_timeout_s,
+                         loop_kind=cfg.tls_front_loop)
+        running.front, running.inner_port = front, port
+        running.port = await front.start()
     if cfg.health_port is not None:
         running.health_server, running.health_port = await _health_only_server(cfg, health_servicer)
     await running.set_serving(True)
     return running
 
 
-def _reload_on_hup(credentials: ReloadingServerCredentials) -> Callable[[], None]:
+def _reload_on_hup(running: RunningServer) -> Callable[[], None]:
     def reload() -> None:
-        credentials.request_reload()
+        running.request_reload()
         structlog.get_logger().info("certificate_reload_requested", signal="SIGHUP")
 
     return reload
@@ -158,8 +207,10 @@ async def serve(cfg: ServerConfig, make_spec: Callable[[], Awaitable[ServiceSpec
     ports = {"grpc": running.port, "metrics": metrics_server.server_port, **spec.extra_ports}
     if running.health_port is not None:
         ports["health"] = running.health_port
-    if running.credentials is not None:
-        loop.add_signal_handler(signal.SIGHUP, _reload_on_hup(running.credentials))
+    if running.inner_port is not None:
+        ports["grpc_inner"] = running.inner_port
+    if running.credentials is not None or running.front is not None:
+        loop.add_signal_handler(signal.SIGHUP, _reload_on_hup(running))
     log.info("service_serving", host=cfg.host, tls=cfg.tls is not None, **ports)
     if cfg.ready_file:
         _write_ready_file(cfg.ready_file, ports)
@@ -171,9 +222,7 @@ async def serve(cfg: ServerConfig, make_spec: Callable[[], Awaitable[ServiceSpec
             await asyncio.wait_for(spec.on_drain(), timeout=cfg.grace_period_s)
     except TimeoutError:
         log.warning("drain_timed_out", grace_period_s=cfg.grace_period_s)
-    await running.server.stop(grace=cfg.grace_period_s)
-    if running.health_server is not None:
-        await running.health_server.stop(grace=None)
+    await running.stop(grace=cfg.grace_period_s)
     if spec.on_stop:
         await spec.on_stop()
     metrics_server.shutdown()

@@ -25,6 +25,9 @@ MAX_EXPECTATIONS = 1024
 PHYSICAL_REQUIRED = ("hardware", "backend_build", "model_snapshot", "command")
 # Physical figures of executed layers must also say which layers ran, in what dtype and shapes.
 EXECUTION_TYPES = (RecordType.MEASUREMENT, RecordType.CALIBRATION)
+# A link measurement (label profile=link) moves frames and executes no layers: it names a
+# dtype and shapes, but no layer range.
+TRANSPORT_MEASUREMENT = ("profile", "link")
 
 
 def parse_sha256(field: str, value: str, *, required: bool) -> str:
@@ -102,7 +105,8 @@ def _check_provenance(content: RecordContent, prefix: str) -> None:
             )
     if content.type not in EXECUTION_TYPES:
         return
-    for name, missing in (("layer_range", layers is None), ("dtype", provenance.dtype is None),
+    transport = content.type is RecordType.MEASUREMENT and TRANSPORT_MEASUREMENT in content.labels
+    for name, missing in (("layer_range", layers is None and not transport), ("dtype", provenance.dtype is None),
                           ("shapes", not provenance.shapes.strip())):
         if missing:
             raise InvalidField(

@@ -18,6 +18,13 @@ BACKENDS = tuple(backend.value for backend in Backend)
 BOUNDARY_DTYPES = tuple(dtype.value for dtype in FLOAT_DTYPES)
 # FORNAX_BACKEND value for an unlike fleet: each stage runs its own worker's backend.
 BACKEND_OF_WORKER = "worker"
+PLAN_MODES = ("exploratory", "deployment")
+
+
+def _plan_mode(value: str) -> str:
+    if value not in PLAN_MODES:
+        raise SystemExit(f"FORNAX_PLAN_MODE must be one of {PLAN_MODES}, got {value!r}")
+    return value
 
 
 def _addresses(raw: str | None) -> tuple[str, ...]:
@@ -35,6 +42,10 @@ class OrchestratorConfig:
     api_key: str | None = None
     planner_addr: str | None = None
     artifact_builder_addr: str | None = None
+    # The evidence registry whose profiles and calibrations installs plan from.
+    registry_addr: str | None = None
+    # exploratory (default) or deployment: see services.orchestrator.install.Fleet.plan_mode.
+    plan_mode: str = "exploratory"
     # gRPC addresses of the stage workers, in stage order.
     stage_workers: tuple[str, ...] = ()
     # Public model id of the route (what /v1/models lists and requests must name).
@@ -93,6 +104,9 @@ class OrchestratorConfig:
         parser.add_argument("--http-port", type=int, help="OpenAI-compatible HTTP port (env FORNAX_HTTP_PORT)")
         parser.add_argument("--planner-addr", help="env FORNAX_PLANNER_ADDR")
         parser.add_argument("--artifact-builder-addr", help="env FORNAX_ARTIFACT_BUILDER_ADDR")
+        parser.add_argument("--registry-addr", help="evidence registry of profiles (env FORNAX_REGISTRY_ADDR)")
+        parser.add_argument("--plan-mode", choices=PLAN_MODES,
+                            help="exploratory or deployment (env FORNAX_PLAN_MODE)")
         parser.add_argument(
             "--stage-workers", help="comma-separated gRPC addresses in stage order (env FORNAX_STAGE_WORKERS)"
         )
@@ -181,6 +195,8 @@ class OrchestratorConfig:
             planner_addr=pick(args.planner_addr, env, "FORNAX_PLANNER_ADDR", cls.planner_addr),
             artifact_builder_addr=pick(args.artifact_builder_addr, env, "FORNAX_ARTIFACT_BUILDER_ADDR",
                                        cls.artifact_builder_addr),
+            registry_addr=pick(args.registry_addr, env, "FORNAX_REGISTRY_ADDR", cls.registry_addr),
+            plan_mode=_plan_mode(pick(args.plan_mode, env, "FORNAX_PLAN_MODE", cls.plan_mode)),
             stage_workers=_addresses(pick(args.stage_workers, env, "FORNAX_STAGE_WORKERS", None)),
             reference_stage_workers=_addresses(pick(args.reference_stage_workers, env,
                                                     "FORNAX_REFERENCE_STAGE_WORKERS", None)),

@@ -28,7 +28,8 @@ from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
 from libs.service.errors import FailedPrecondition, Unavailable
 from libs.text.context import TextPins
-from services.orchestrator.inventory_facts import describe_facts, inventory_from, node_name
+from services.evidence_registry.client import ClientOptions
+from services.orchestrator.inventory_facts import describe_facts, hosts_from_profiles, inventory_from, node_name
 from services.orchestrator.remote_files import fetch_model_files
 from services.orchestrator.stage_chain import Route, RoutePlan, SliceInput, StageLoad, lease_id_for, load_route
 from services.planner import convert as planner_convert
@@ -36,6 +37,8 @@ from services.planner.client import AsyncPlannerClient
 from services.planner.domain import Plan
 from services.planner.inventory import Target
 from services.planner.model import describe_checkpoint
+from services.planner.profile_source import fetch_profile_records
+from services.planner.profiles import ProfileRecordInput
 
 WARMUP_BUDGET_NS = 600 * 10**9
 
@@ -67,6 +70,11 @@ class Fleet:
     identity: str = ""
     # TLS for the gateway's FNX2 channel to stage 0; None without TLS.
     data_plane_tls: Fnx2Tls | None = None
+    # The evidence registry holding stage/link profiles and route calibrations; "" = none.
+    registry: str = ""
+    # "exploratory": plan from profiles when the registry has any, declared figures fill gaps;
+    # "deployment": plan only from valid profiles on a calibrated route, else refuse.
+    plan_mode: str = "exploratory"
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,19 @@ async def _capabilities(workers: tuple[str, ...], config: ChannelConfig) -> list
     return list(await asyncio.gather(*(one(a) for a in workers)))
 
 
+async def profile_records(fleet: Fleet) -> list[ProfileRecordInput] | None:
+    """The newest profile and calibration records of the fleet's registry. None: plan from
+    declared figures (an exploratory fleet whose registry holds no profiles, or has no registry)."""
+    if not fleet.registry:
+        if fleet.plan_mode == "deployment":
+            raise FailedPrecondition("deployment mode plans only from registry evidence, and this fleet names no "
+                                     "evidence registry (FORNAX_REGISTRY_ADDR)", reason="NO_EVIDENCE_REGISTRY")
+        return None
+    options = ClientOptions(channel=fleet.channel)
+    records = await asyncio.to_thread(fetch_profile_records, fleet.registry, options)
+    return records if records or fleet.plan_mode == "deployment" else None
+
+
 async def create_plan(spec: InstallSpec, fleet: Fleet, model_dir: Path,
                       progress: Callable[[str], None] = lambda _: None) -> Plan:
     capabilities = await _capabilities(fleet.workers, fleet.channel)
@@ -97,10 +118,15 @@ async def create_plan(spec: InstallSpec, fleet: Fleet, model_dir: Path,
     model = describe_checkpoint(model_dir)
     target = Target(
         context_tokens=spec.context_tokens, concurrency=spec.concurrency, min_stages=spec.stages,
-        max_stages=spec.stages, boundary_dtype=spec.boundary_dtype,
+        max_stages=spec.stages, boundary_dtype=spec.boundary_dtype, mode=fleet.plan_mode,
     )
+    records = await profile_records(fleet)
+    hosts = hosts_from_profiles(capabilities, records) if records is not None else ()
+    if records is not None:
+        progress(f"planning in {fleet.plan_mode} mode from {len(records)} profile/calibration record(s) of "
+                 f"{fleet.registry}; hosts {', '.join(hosts)}")
     async with AsyncPlannerClient(fleet.planner, channel=fleet.channel) as planner:
-        result = await planner.create_plan(model, inventory_from(capabilities), target)
+        result = await planner.create_plan(model, inventory_from(capabilities, hosts), target, profiles=records)
     if not result.feasible or result.plan is None:
         reasons = "; ".join(f"{r.subject}: {r.reason} {r.detail}" for r in result.rejections)
         raise FailedPrecondition(
@@ -246,7 +272,8 @@ async def prepare(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], Non
     progress("planning")
     plan = await create_plan(spec, fleet, model_dir, progress)
     progress(
-        f"plan {plan.plan_id}: " + ", ".join(f"{s.node} layers [{s.layer_start},{s.layer_end})" for s in plan.stages)
+        f"plan {plan.plan_id} ({plan.label}): "
+        + ", ".join(f"{s.node}@{s.host or s.node} layers [{s.layer_start},{s.layer_end})" for s in plan.stages)
     )
     artifacts = tuple(await build_artifacts(spec, fleet, plan, progress))
     return StoredPlan(plan, artifacts, model_dir, pins)

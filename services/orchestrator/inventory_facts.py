@@ -2,8 +2,10 @@
 
 Memory and CPU come from what the worker's cgroup enforces (its quota in cores, its memory
 limit); a worker without such limits shares its host's figures with the other workers that
-advertise the same data-plane host. What no worker can report yet (FLOP/s and bandwidth per
-core, link speeds) is a declared constant: a plan built on it is exploratory and labelled so.
+advertise the same data-plane host. What no worker reports (FLOP/s and bandwidth per core,
+link speeds) is a declared constant: a plan built on it is exploratory and labelled so. When
+the fleet's registry holds stage and link profiles, the planner plans from those instead and
+the declared constants only fill (labelled) gaps.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from collections import Counter
 
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from libs.common.proto import BACKEND_FROM_PB, DTYPE_FROM_PB
+from libs.profiles import schema
+from libs.security.identity import stage_identity
 from services.planner.inventory import Inventory, Link, Node
+from services.planner.profiles import ProfileRecordInput
 
 # Declared per-core figures for a CPU worker that has no measured capability record yet.
 CPU_FLOPS_PER_CORE = 20e9
@@ -47,8 +52,26 @@ def _dtypes(cap: sw_pb.GetCapabilitiesResponse) -> tuple:
     return tuple(DTYPE_FROM_PB[d] for d in cap.supported_dtypes if d in DTYPE_FROM_PB)
 
 
-def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> Inventory:
-    """One node per worker, in stage-worker order."""
+def hosts_from_profiles(capabilities: list[sw_pb.GetCapabilitiesResponse],
+                        records: list[ProfileRecordInput]) -> tuple[str, ...]:
+    """The fleet host of each worker (stage order): the host of the stage profile that worker
+    measured, matched by its fleet identity (a plaintext worker reports none: the identity of its
+    stage index stands in), else its node name."""
+    by_worker: dict[str, str] = {}
+    for record in records:
+        if record.record_type != "measurement" or record.label(schema.LABEL_PROFILE) != "stage":
+            continue
+        try:
+            profile = schema.stage_profile_from_json(record.blob)
+        except schema.ProfileFormatError:
+            continue  # the planner names a malformed record when it parses the set
+        by_worker.setdefault(profile.worker, profile.host.host)
+    return tuple(by_worker.get(cap.identity or stage_identity(i).uri, node_name(i))
+                 for i, cap in enumerate(capabilities))
+
+
+def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse], hosts: tuple[str, ...] = ()) -> Inventory:
+    """One node per worker, in stage-worker order; `hosts` names each worker's fleet host."""
     sharing = Counter(_host_of(cap) for cap in capabilities)
     nodes = tuple(
         Node(
@@ -60,6 +83,7 @@ def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> Invento
             dtypes=_dtypes(cap),
             operations=tuple(cap.supported_operations),
             build=cap.backend_build,
+            host=hosts[index] if hosts else "",
         )
         for index, cap in enumerate(capabilities)
     )

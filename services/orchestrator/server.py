@@ -137,7 +137,8 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
 
         def on(workers: tuple[str, ...]) -> Installer:
             fleet = Fleet(planner, builder, workers, cfg.server.client_channel(),
-                          own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None)
+                          own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None,
+                          cfg.registry_addr or "", cfg.plan_mode)
             return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
                                    serving_config(cfg),
                                    lambda message: _log.info("install_progress", message=message),
@@ -166,7 +167,8 @@ def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
 
     def on(workers: tuple[str, ...]) -> Preparer:
         fleet = Fleet(planner, builder, workers, cfg.server.client_channel(),
-                      own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None)
+                      own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None,
+                          cfg.registry_addr or "", cfg.plan_mode)
         return fleet_preparer(fleet, cfg.state_dir, cfg.stage_kv_limit_bytes,
                               lambda message: _log.info("install_progress", message=message),
                               hop_dtypes=cfg.hop_boundary_dtypes)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 EXIT_INFEASIBLE = 3
@@ -19,9 +19,24 @@ GIB = float(2**30)
 def register(commands, benches) -> None:
     p = commands.add_parser("plan", help="place a checkpoint's layers on an inventory of nodes")
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (config.json)")
-    p.add_argument("--inventory", required=True, help="inventory YAML (see services/planner/examples)")
+    p.add_argument("--inventory", help="inventory YAML (see services/planner/examples); without it the running "
+                                       "fleet of --state-dir is planned from its workers and its registry's profiles")
     p.add_argument("--mode", choices=("exploratory", "deployment"), help="overrides the file's target.mode")
     p.add_argument("--registry", help="evidence registry address for deployment mode (default: the local fleet's)")
+    p.add_argument("--profiles", action="store_true",
+                   help="with --inventory: plan from the registry's newest stage/link profiles and calibrations")
+    p.add_argument("--explain", action="store_true",
+                   help="print each stage's terms (compute, pack, wire, unpack, memory) with their evidence")
+    p.add_argument("--replan", action="store_true",
+                   help="running fleet: propose a placement from the freshest profiles and print how it differs "
+                        "from the installed one")
+    p.add_argument("--state-dir", default=".fornax", help="the running fleet (fleet.json, operator certificate)")
+    p.add_argument("--stages", type=int, help="running fleet: stages (default: the installed route's, else every "
+                                              "worker)")
+    p.add_argument("--context-tokens", type=int, default=2048, help="running fleet: target context per sequence")
+    p.add_argument("--concurrency", type=int, default=32, help="running fleet: target concurrent sequences")
+    p.add_argument("--boundary-dtype", default="bf16", choices=("bf16", "fp16", "fp32"),
+                   help="running fleet: boundary tensor dtype")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run_plan)
     b = benches.add_parser("planner", help="planner speed and brute-force agreement")
@@ -41,20 +56,76 @@ def _resolver(args, mode: str):
     return RegistryResolver(address, ClientOptions(channel=cli_channel())) if address else None
 
 
+def _plan_inventory_file(args, model):
+    from services.planner.inventory import load_inventory_file
+    from services.planner.planner import plan, plan_with_records
+
+    loaded = load_inventory_file(args.inventory, mode=args.mode)
+    if not args.profiles:
+        return plan(model, loaded.inventory, loaded.target, _resolver(args, loaded.target.mode)), None
+    from libs.security.cli_credentials import cli_channel
+    from libs.service.errors import FailedPrecondition
+    from services.evidence_registry.client import ClientOptions, address_from_fleet
+    from services.planner.profile_source import fetch_profile_records
+    from services.planner.registry import RegistryResolver
+
+    address = args.registry or address_from_fleet(args.state_dir)
+    if not address:
+        raise FailedPrecondition("--profiles needs an evidence registry (--registry, or a running fleet)",
+                                 reason="NO_EVIDENCE_REGISTRY")
+    options = ClientOptions(channel=cli_channel(args.state_dir))
+    records = fetch_profile_records(address, options)
+    return plan_with_records(model, loaded.inventory, loaded.target, RegistryResolver(address, options), records), None
+
+
+def _plan_running_fleet(args, model):
+    """(result, installed stages or None) for the running fleet of --state-dir."""
+    from libs.common.kinds import DType
+    from libs.security.cli_credentials import cli_channel
+    from services.evidence_registry.client import ClientOptions
+    from services.planner.fleet_view import installed_stages, read_view
+    from services.planner.inventory import Target
+    from services.planner.planner import plan_with_records, predict_placement, resolved_book
+    from services.planner.registry import RegistryResolver
+
+    channel = cli_channel(args.state_dir)
+    view = read_view(args.state_dir, channel)
+    installed = installed_stages(view, channel) if args.replan else None
+    stages = args.stages or (len(installed) if installed else len(view.workers))
+    target = Target(context_tokens=args.context_tokens, concurrency=args.concurrency, min_stages=stages,
+                    max_stages=stages, boundary_dtype=DType(args.boundary_dtype), mode=args.mode or "exploratory")
+    resolver = RegistryResolver(view.registry, ClientOptions(channel=channel))
+    result = plan_with_records(model, view.inventory, target, resolver, view.records)
+    if installed is None:
+        return result, None
+    placement = [(s.node, s.layer_start, s.layer_end) for s in installed]
+    current = predict_placement(model, view.inventory, replace(target, mode="exploratory"),
+                                resolved_book(resolver, view.records), placement)
+    return result, (installed, current)
+
+
 def run_plan(args) -> int:
+    import grpc
+
     from libs.model.errors import ModelError
     from libs.service.errors import FornaxError
-    from services.planner.inventory import load_inventory_file
+    from services.planner.explain import diff_lines, explain_lines
     from services.planner.model import describe_checkpoint
-    from services.planner.planner import plan
 
+    if args.replan and args.inventory:
+        print("error BAD_OPTIONS: --replan compares with the running fleet's installed route; drop --inventory",
+              file=sys.stderr)
+        return EXIT_ERROR
     try:
         model = describe_checkpoint(args.checkpoint)
-        loaded = load_inventory_file(args.inventory, mode=args.mode)
-        result = plan(model, loaded.inventory, loaded.target, _resolver(args, loaded.target.mode))
+        planned = _plan_inventory_file(args, model) if args.inventory else _plan_running_fleet(args, model)
+        result, installed = planned
     except (FornaxError, ModelError) as exc:
         print(f"error {exc.reason}: {exc.message}" + (f" (field {exc.field})" if getattr(exc, "field", None) else ""),
               file=sys.stderr)
+        return EXIT_ERROR
+    except grpc.RpcError as exc:
+        print(f"error FLEET_UNREACHABLE: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return EXIT_ERROR
     summary = model_summary(model)
     if args.json:
@@ -68,7 +139,13 @@ def run_plan(args) -> int:
               f"{summary['weight_bytes'] / GIB:.2f} GiB {summary['weight_dtype']}, {summary['routed_experts']} routed "
               f"experts top-{summary['experts_per_token']} + {summary['shared_experts']} shared; a decode token reads "
               f"{summary['active_weight_bytes_per_token'] / GIB:.3f} GiB of layer weights")
-        print("\n".join(format_result(result)))
+        if (args.explain or args.replan) and result.plan is not None:
+            print("\n".join(explain_lines(result.plan)))
+            print("\n".join(format_result(result, stages=False)))
+        else:
+            print("\n".join(format_result(result)))
+        if installed is not None and result.plan is not None:
+            print("\n".join(diff_lines(installed[0], result.plan, installed[1])))
     return 0 if result.feasible else EXIT_INFEASIBLE
 
 
@@ -96,16 +173,17 @@ def _stage_rows(result) -> list[str]:
     return rows
 
 
-def format_result(result) -> list[str]:
+def format_result(result, stages: bool = True) -> list[str]:
     lines: list[str] = []
-    if result.plan is not None:
+    if result.plan is not None and stages:
         p = result.plan
         lines += [f"plan {p.plan_id}  {p.plan_hash}", f"mode {p.label}", f"method {p.method}",
                   "decode cost per microbatch (predictions):"]
         lines += _stage_rows(result)
-        lines.append("predictions (cost model, not measurements):")
+        lines.append("predictions (computed from physical measurements; not measurements of this plan):"
+                     if p.from_profiles and not p.declared_terms else "predictions (cost model, not measurements):")
         lines += [f"  {x.name:<28} {x.value:.6g} {x.unit}" for x in p.predictions]
-    else:
+    elif result.plan is None:
         lines.append(f"infeasible [{result.infeasibility_reason}]: {result.infeasibility}")
         if result.shortfall_bytes:
             lines.append(f"shortfall {result.shortfall_bytes / GIB:.3f} GiB ({result.shortfall_bytes:.0f} bytes)")

@@ -24,6 +24,7 @@ from libs.service.interceptors import reason_of
 from services.planner import convert, domain
 from services.planner.inventory import Inventory, Target
 from services.planner.model import ModelDescription
+from services.planner.profiles import ProfileRecordInput
 
 PLANNER_SERVICE = pb.DESCRIPTOR.services_by_name["PlannerService"].full_name
 
@@ -35,10 +36,14 @@ class PlannerCallFailed(FornaxError):
 
 
 def create_plan_request(model: ModelDescription, inventory: Inventory, target: Target,
-                        request_id: str | None = None) -> pb.CreatePlanRequest:
+                        request_id: str | None = None,
+                        profiles: list[ProfileRecordInput] | None = None) -> pb.CreatePlanRequest:
+    """`profiles` (even empty) asks the planner to plan from measured profile records."""
     request = pb.CreatePlanRequest(request_id=request_id or uuid.uuid4().hex, target=convert.target_to_proto(target))
     request.model.CopyFrom(convert.model_to_proto(model))
     convert.inventory_to_request(inventory, request)
+    if profiles is not None:
+        convert.profiles_to_request(profiles, request)
     return request
 
 
@@ -58,8 +63,9 @@ class AsyncPlannerClient:
         await self._channel.close()
 
     async def create_plan(self, model: ModelDescription, inventory: Inventory, target: Target,
-                          request_id: str | None = None) -> domain.PlanResult:
-        request = create_plan_request(model, inventory, target, request_id)
+                          request_id: str | None = None,
+                          profiles: list[ProfileRecordInput] | None = None) -> domain.PlanResult:
+        request = create_plan_request(model, inventory, target, request_id, profiles)
         with rpc_errors_as(lambda error: PlannerCallFailed("CreatePlan", error)):
             response = await self._stub.CreatePlan(request, timeout=self._timeout_s)
         return convert.result_from_proto(response)

@@ -11,6 +11,7 @@ from libs.service.errors import InvalidArgument
 from services.planner import domain as d
 from services.planner.inventory import DEFAULT_MAX_STAGES, EvidenceRef, Inventory, Link, Node, Target, validate_target
 from services.planner.model import LayerCost, ModelDescription
+from services.planner.profiles import ProfileRecordInput
 
 OBJECTIVES = {"throughput": pb.OBJECTIVE_THROUGHPUT, "latency": pb.OBJECTIVE_LATENCY}
 OBJECTIVES_BACK = {v: k for k, v in OBJECTIVES.items()}
@@ -124,6 +125,7 @@ def _node_from_proto(n: pb.Node, i: int) -> Node:
         build=n.build,
         reserve_bytes=n.reserve_bytes,
         evidence=_evidence(n.evidence, f"{at}.evidence"),
+        host=n.host,
     )
 
 
@@ -161,12 +163,34 @@ def inventory_to_request(inventory: Inventory, request: pb.CreatePlanRequest) ->
             name=n.name, backend=BACKEND_TO_PB[n.backend], memory_bytes=n.memory_bytes, compute_flops=n.compute_flops,
             memory_bandwidth_bytes_per_s=n.memory_bandwidth_bytes_per_s, dtypes=[DTYPE_TO_PB[x] for x in n.dtypes],
             operations=list(n.operations), build=n.build, reserve_bytes=n.reserve_bytes,
-            evidence=_evidence_to_proto(n.evidence)))
+            evidence=_evidence_to_proto(n.evidence), host=n.host))
     for x in inventory.links:
         request.inventory.links.append(pb.Link(
             from_node=x.from_node, to_node=x.to_node, bandwidth_bytes_per_s=x.bandwidth_bytes_per_s,
             latency_ns=x.latency_ns, evidence=_evidence_to_proto(x.evidence)))
     request.model_evidence.extend(_evidence_to_proto(inventory.model_evidence))
+
+
+def profiles_from_request(request: pb.CreatePlanRequest) -> list[ProfileRecordInput] | None:
+    """None when the request does not ask to plan from profiles."""
+    if not request.HasField("profiles"):
+        return None
+    out = []
+    for i, r in enumerate(request.profiles.records):
+        if not r.record_id:
+            raise InvalidArgument("record_id is required", field=f"profiles.records[{i}].record_id")
+        kind = _enum(RECORD_TYPES_BACK, r.type, f"profiles.records[{i}].type")
+        out.append(ProfileRecordInput(r.record_id, kind, r.blob, tuple(sorted(r.labels.items())),
+                                      r.evidence_class))
+    return out
+
+
+def profiles_to_request(records: list[ProfileRecordInput], request: pb.CreatePlanRequest) -> None:
+    request.profiles.SetInParent()
+    for r in records:
+        request.profiles.records.append(pb.ProfileRecord(
+            record_id=r.record_id, type=RECORD_TYPES[r.record_type], blob=r.blob, labels=dict(r.labels),
+            evidence_class=r.evidence_class))
 
 
 def target_from_proto(t: pb.Target) -> Target:
@@ -220,9 +244,15 @@ def plan_to_proto(p: d.Plan) -> pb.Plan:
             owns_embeddings=s.owns_embeddings, owns_head=s.owns_head, weight_bytes=s.weight_bytes,
             kv_bytes=s.kv_bytes, activation_bytes=s.activation_bytes, memory_bytes=s.memory_bytes,
             reserve_bytes=s.reserve_bytes, decode_cost=_cost(s.decode), prefill_cost=_cost(s.prefill),
+            terms=[pb.TermEvidence(term=t.term, evidence_class=t.evidence_class, record_ids=list(t.record_ids),
+                                   note=t.note, value=t.value, unit=t.unit) for t in s.terms],
+            host=s.host,
         ) for s in p.stages],
+        evidence_record_ids=list(p.evidence_ids), route_key=p.route_key, calibration_record_id=p.calibration_id,
         predictions=[common.Figure(name=x.name, value=x.value, unit=x.unit, prediction=True,
-                                   evidence_class=common.EVIDENCE_CLASS_REFERENCE, model_snapshot=p.model_snapshot)
+                                   evidence_class=common.EVIDENCE_CLASS_PHYSICAL
+                                   if p.from_profiles and not p.declared_terms else common.EVIDENCE_CLASS_REFERENCE,
+                                   model_snapshot=p.model_snapshot)
                      for x in p.predictions],
     )
 
@@ -238,8 +268,12 @@ def plan_from_proto(p: pb.Plan) -> d.Plan:
             owns_embeddings=s.owns_embeddings, owns_head=s.owns_head, weight_bytes=s.weight_bytes,
             kv_bytes=s.kv_bytes, activation_bytes=s.activation_bytes, reserve_bytes=s.reserve_bytes,
             node_memory_bytes=0, decode=_cost_back(s.decode_cost), prefill=_cost_back(s.prefill_cost),
+            terms=tuple(d.TermEvidence(t.term, t.evidence_class, tuple(t.record_ids), t.note, t.value, t.unit)
+                        for t in s.terms),
+            host=s.host,
         ) for s in p.stages),
         predictions=tuple(d.Prediction(x.name, x.value, x.unit) for x in p.predictions),
+        evidence_ids=tuple(p.evidence_record_ids), route_key=p.route_key, calibration_id=p.calibration_record_id,
     )
 
 

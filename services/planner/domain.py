@@ -19,6 +19,23 @@ NO_FEASIBLE_PLACEMENT = "NO_FEASIBLE_PLACEMENT"
 EVIDENCE_UNRESOLVED = "EVIDENCE_UNRESOLVED"
 MISSING_EVIDENCE = "MISSING_EVIDENCE"
 
+# Stable reason codes of a deployment refused for want of measured evidence (FAILED_PRECONDITION).
+MISSING_PROFILE = "MISSING_PROFILE"  # a host, a layer kind on a host, or a link has no profile
+PROFILE_EXPIRED = "PROFILE_EXPIRED"  # past its validity window (the registry's or the blob's own)
+PROFILE_REVOKED = "PROFILE_REVOKED"
+PROFILE_UNRESOLVED = "PROFILE_UNRESOLVED"  # the registry does not vouch for it (not found, hash, ...)
+PROFILE_NOT_PHYSICAL = "PROFILE_NOT_PHYSICAL"  # not a physical-class record
+PROFILE_MISMATCH = "PROFILE_MISMATCH"  # measured for another model snapshot or backend
+MISSING_CALIBRATION = "MISSING_CALIBRATION"
+CALIBRATION_FAILED = "CALIBRATION_FAILED"
+CALIBRATION_EXPIRED = "CALIBRATION_EXPIRED"
+CALIBRATION_UNRESOLVED = "CALIBRATION_UNRESOLVED"
+CALIBRATION_STALE = "CALIBRATION_STALE"  # qualified on other profile records than the plan rests on
+
+# Evidence classes of a plan term.
+TERM_PHYSICAL = "physical"  # a prediction computed from physical measurement records
+TERM_DECLARED = "declared"  # a declared figure filling a gap (exploratory only)
+
 
 @dataclass(frozen=True)
 class Rejection:
@@ -46,6 +63,24 @@ class StageCost:
 
 
 @dataclass(frozen=True)
+class TermEvidence:
+    """Where one predicted decode term of a stage comes from."""
+
+    term: str  # compute, pack, wire, unpack, memory
+    evidence_class: str  # TERM_PHYSICAL or TERM_DECLARED
+    record_ids: tuple[str, ...]
+    note: str
+    value: float
+    unit: str
+
+    @property
+    def label(self) -> str:
+        if self.evidence_class == TERM_PHYSICAL:
+            return "physical: prediction computed from measurement records " + ", ".join(self.record_ids)
+        return "declared, exploratory"
+
+
+@dataclass(frozen=True)
 class PlannedStage:
     stage_index: int
     node: str
@@ -62,6 +97,8 @@ class PlannedStage:
     node_memory_bytes: int
     decode: StageCost
     prefill: StageCost
+    terms: tuple[TermEvidence, ...] = ()
+    host: str = ""
 
     @property
     def memory_bytes(self) -> int:
@@ -86,9 +123,25 @@ class Plan:
     method: str
     stages: tuple[PlannedStage, ...]
     predictions: tuple[Prediction, ...]
+    evidence_ids: tuple[str, ...] = ()
+    route_key: str = ""
+    calibration_id: str = ""
+
+    @property
+    def from_profiles(self) -> bool:
+        return bool(self.route_key)
+
+    @property
+    def declared_terms(self) -> int:
+        return sum(t.evidence_class == TERM_DECLARED for s in self.stages for t in s.terms)
 
     @property
     def label(self) -> str:
+        if self.from_profiles:
+            where = ("every term from a valid physical profile and a passing route calibration "
+                     f"({self.calibration_id})" if self.mode == "deployment" else
+                     f"terms from physical profiles; {self.declared_terms} term(s) declared, exploratory")
+            return f"{self.mode}: {where}; time figures are predictions computed from physical measurements"
         if self.mode == "deployment":
             return ("deployment: every referenced evidence record resolved; "
                     "time figures are still cost-model predictions")

@@ -21,6 +21,7 @@ class Resolution:
     ok: bool
     reason: str = ""  # stable registry reason code when not ok
     detail: str = ""
+    evidence_class: str = ""  # the record's class as the registry holds it ("" when unknown)
 
 
 class Resolver(Protocol):

@@ -48,6 +48,7 @@ class Node:
     build: str = ""
     reserve_bytes: int = 0
     evidence: tuple[EvidenceRef, ...] = ()
+    host: str = ""  # the fleet host it runs on (its stage profile's host); "" = the node name
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def _evidence(items: Any, where: str) -> tuple[EvidenceRef, ...]:
 
 
 NODE_KEYS = {"name", "backend", "memory", "compute", "memory_bandwidth", "dtypes", "operations", "build", "reserve",
-             "evidence"}
+             "evidence", "host"}
 LINK_KEYS = {"between", "from", "to", "bandwidth", "latency", "evidence"}
 TOP_KEYS = {"nodes", "links", "target", "model_evidence"}
 
@@ -202,6 +203,7 @@ def _node(raw: Any, where: str) -> Node:
         build=str(raw.get("build") or ""),
         reserve_bytes=int(_positive(raw.get("reserve", 0), "bytes", f"{where}.reserve", allow_zero=True)),
         evidence=_evidence(raw.get("evidence"), f"{where}.evidence"),
+        host=str(raw.get("host") or ""),
     )
 
 

@@ -17,13 +17,16 @@ Predicted figures (all predictions of the cost model in `costs.py`, never measur
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 
 import numpy as np
 
+from libs.profiles.schema import route_key as make_route_key
 from libs.service.errors import FailedPrecondition
 from services.planner import domain as d
-from services.planner import evidence
+from services.planner import evidence, measured
 from services.planner.costs import CostTables, build_tables, decode_service_matrix, stage_memory, stage_time
 from services.planner.feasibility import (
     explain_infeasible,
@@ -32,8 +35,10 @@ from services.planner.feasibility import (
     smallest_stage_bytes,
     unevidenced_route_rejections,
 )
-from services.planner.inventory import Inventory, Node, Target, validate_target
+from services.planner.inventory import EvidenceRef, Inventory, Node, Target, validate_target
 from services.planner.model import ModelDescription
+from services.planner.profiles import Problem as ProfileProblem
+from services.planner.profiles import ProfileBook, ProfileRecordInput, Standing, book_from_records
 from services.planner.search import Placement, Problem, method_name, solve
 
 
@@ -41,9 +46,26 @@ class EvidenceUnavailable(FailedPrecondition):
     default_reason = "NO_EVIDENCE_REGISTRY"
 
 
+class DeploymentRefused(FailedPrecondition):
+    """Deployment mode without the measured evidence it needs. The reason is the first
+    problem's stable code; the message names every missing, expired or failed record."""
+
+    def __init__(self, problems: list[ProfileProblem]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("deployment refused: " + "; ".join(p.describe() for p in problems),
+                         reason=problems[0].reason)
+
+
 def plan(model: ModelDescription, inventory: Inventory, target: Target,
-         resolver: evidence.Resolver | None = None) -> d.PlanResult:
+         resolver: evidence.Resolver | None = None, profiles: ProfileBook | None = None,
+         now_unix_ns: int | None = None) -> d.PlanResult:
+    """`profiles` set: plan from measured stage and link profiles (see `measured.py`); a
+    deployment plan then needs every term measured and a passing route calibration, else
+    `DeploymentRefused`. Unset: plan from the inventory's declared figures."""
     validate_target(target)
+    if profiles is not None:
+        now = time.time_ns() if now_unix_ns is None else now_unix_ns
+        return plan_from_profiles(model, inventory, target, profiles, now)
     if target.mode == "deployment" and resolver is None:
         raise EvidenceUnavailable("deployment mode needs an evidence registry to resolve records", field="target.mode")
     result = _plan(model, inventory, target)
@@ -131,11 +153,103 @@ def _predictions(stages: list[d.PlannedStage], target: Target, bottleneck: float
 
 
 def build_plan(tables: CostTables, target: Target, placement: Placement) -> d.Plan:
-    microbatches = math.ceil(target.concurrency / target.microbatch_rows)
     stages = [_stage(tables, placement, i) for i in range(len(placement.nodes))]
+    return _assemble(tables.model, target, stages, method_name(len(tables.nodes)))
+
+
+def resolved_book(resolver: evidence.Resolver | None, records: Sequence[ProfileRecordInput]) -> ProfileBook:
+    """The records as a book; with a resolver each is re-resolved with its blob's sha256 first,
+    so only what the registry vouches for now counts."""
+    book = book_from_records(records)
+    if resolver is None or not records:
+        return book
+    resolutions = resolver.resolve([EvidenceRef(r.record_id, r.record_type, r.blob_sha256) for r in records])
+    return book.with_standings({x.record_id: Standing(x.ok, x.reason, x.detail, x.evidence_class)
+                                for x in resolutions})
+
+
+def plan_with_records(model: ModelDescription, inventory: Inventory, target: Target,
+                      resolver: evidence.Resolver | None, records: Sequence[ProfileRecordInput],
+                      now_unix_ns: int | None = None) -> d.PlanResult:
+    """Plans from registry records as fetched; deployment mode without a resolver fails closed."""
+    validate_target(target)
+    if target.mode == "deployment" and resolver is None:
+        raise EvidenceUnavailable("deployment mode needs an evidence registry to resolve records", field="target.mode")
+    return plan(model, inventory, target, profiles=resolved_book(resolver, records), now_unix_ns=now_unix_ns)
+
+
+def predict_placement(model: ModelDescription, inventory: Inventory, target: Target, book: ProfileBook,
+                      stages: Sequence[tuple[str, int, int]], now_unix_ns: int | None = None) -> d.Plan:
+    """The same terms and predictions for a given placement ((node, start, end) per stage), e.g.
+    the installed one, so a proposed placement can be compared with it on the same evidence."""
+    now = time.time_ns() if now_unix_ns is None else now_unix_ns
+    tables = measured.build_measured(model, inventory, inventory.nodes, target, book, now)
+    index = {n.name: i for i, n in enumerate(tables.nodes)}
+    unknown = [name for name, _, _ in stages if name not in index]
+    if unknown:
+        raise FailedPrecondition(f"placement names nodes {unknown} the inventory lacks", reason="UNKNOWN_NODE")
+    placement = Placement(tuple(index[n] for n, _, _ in stages), (0, *(end for _, _, end in stages)), 0.0)
+    planned = [_measured_stage(tables, placement, i) for i in range(len(stages))]
+    key = make_route_key(model.model_snapshot, measured.route_stages(tables, placement.nodes, placement.cuts))
+    return _assemble(model, target, planned, "given placement (evaluated, not searched)", key)
+
+
+def plan_from_profiles(model: ModelDescription, inventory: Inventory, target: Target, book: ProfileBook,
+                       now_ns: int) -> d.PlanResult:
+    """Pure. The profile book's standings must already say what the registry vouches for."""
+    exploratory = replace(target, mode="exploratory")  # capability checks only; evidence is judged below
+    rejections: list[d.Rejection] = []
+    capable: list[Node] = []
+    for node in inventory.nodes:
+        rejection = node_rejection(node, model, exploratory, 0)
+        rejections.append(rejection) if rejection else capable.append(node)
+    if not capable:
+        return d.PlanResult(False, None, tuple(rejections), "no node offers the model's dtypes and operations",
+                            d.NO_CAPABLE_NODE)
+    tables = measured.build_measured(model, inventory, tuple(capable), target, book, now_ns)
+    placement = solve(Problem(measured.service_matrix(tables), tables.link_decode_s, target.min_stages,
+                              target.max_stages), target.objective)
+    if placement is None:
+        return d.PlanResult(False, None, tuple(rejections),
+                            f"no chain of {target.min_stages}..{target.max_stages} capable nodes holds contiguous "
+                            "layer ranges in the memory their profiles (or declared figures) leave",
+                            d.NO_FEASIBLE_PLACEMENT)
+    key = make_route_key(model.model_snapshot, measured.route_stages(tables, placement.nodes, placement.cuts))
+    calibration_id = ""
+    if target.mode == "deployment":
+        problems = measured.deployment_problems(tables, book, placement.nodes, placement.cuts, key, now_ns)
+        if problems:
+            raise DeploymentRefused(problems)
+        found = book.calibration_record(key)
+        calibration_id = found.record_id if found else ""
+    stages = [_measured_stage(tables, placement, i) for i in range(len(placement.nodes))]
+    return d.PlanResult(True, _assemble(tables.model, target, stages, method_name(len(capable)), key, calibration_id),
+                        tuple(rejections))
+
+
+def _measured_stage(t: measured.MeasuredTables, placement: Placement, i: int) -> d.PlannedStage:
+    v = placement.nodes[i]
+    node = t.nodes[v]
+    a, b = placement.cuts[i], placement.cuts[i + 1]
+    nxt = placement.nodes[i + 1] if i + 1 < len(placement.nodes) else None
+    prev = placement.nodes[i - 1] if i > 0 else None
+    weights, kv, activation = measured.stage_memory(t, v, a, b)
+    decode, prefill = measured.stage_costs(t, v, a, b, nxt)
+    memory = weights + kv + activation + node.reserve_bytes
+    return d.PlannedStage(
+        stage_index=i, node=node.name, backend=node.backend, build=node.build, layer_start=a, layer_end=b,
+        owns_embeddings=a == 0, owns_head=b == t.num_layers, weight_bytes=weights, kv_bytes=kv,
+        activation_bytes=activation, reserve_bytes=node.reserve_bytes, node_memory_bytes=node.memory_bytes,
+        decode=decode, prefill=prefill, terms=measured.stage_terms(t, v, a, b, nxt, prev, decode, memory),
+        host=measured.host_of(node))
+
+
+def _assemble(model: ModelDescription, target: Target, stages: list[d.PlannedStage], method: str,
+              route_key: str = "", calibration_id: str = "") -> d.Plan:
+    microbatches = math.ceil(target.concurrency / target.microbatch_rows)
     stages, bottleneck, cycle = _with_queueing(stages, microbatches)
     content: dict[str, object] = {
-        "model_snapshot": tables.model.model_snapshot,
+        "model_snapshot": model.model_snapshot,
         "mode": target.mode,
         "target": asdict(target),
         "stages": [
@@ -144,9 +258,14 @@ def build_plan(tables: CostTables, target: Target, placement: Placement) -> d.Pl
             for s in stages
         ],
     }
+    if route_key:
+        content["route_key"] = route_key
     plan_id, plan_hash = d.plan_identity(content)
+    ids = tuple(dict.fromkeys(rid for s in stages for t in s.terms for rid in t.record_ids))
     return d.Plan(
         plan_id=plan_id, plan_hash=plan_hash, mode=target.mode, objective=target.objective,
-        model_snapshot=tables.model.model_snapshot, method=method_name(len(tables.nodes)),
-        stages=tuple(stages), predictions=_predictions(stages, target, bottleneck, cycle, microbatches),
+        model_snapshot=model.model_snapshot, method=method, stages=tuple(stages),
+        predictions=_predictions(stages, target, bottleneck, cycle, microbatches),
+        evidence_ids=ids + ((calibration_id,) if calibration_id else ()), route_key=route_key,
+        calibration_id=calibration_id,
     )

@@ -20,4 +20,6 @@ class RegistryResolver:
         expectations = [expectation(r.record_id, r.record_type, r.sha256) for r in refs]
         with RegistryClient(self.address, self._options) as client:
             outcome = client.resolve_records(expectations)
-        return [Resolution(x.record_id, x.ok, x.reason_code, x.detail) for x in outcome.resolutions]
+        return [Resolution(x.record_id, x.ok, x.reason_code, x.detail,
+                           x.record.content.evidence_class.value if x.record is not None else "")
+                for x in outcome.resolutions]

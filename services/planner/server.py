@@ -19,7 +19,7 @@ from services.evidence_registry.client import ClientOptions
 from services.planner import convert, domain
 from services.planner.config import PlannerConfig
 from services.planner.evidence import Resolver
-from services.planner.planner import plan
+from services.planner.planner import plan, plan_with_records
 from services.planner.registry import RegistryResolver
 
 SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["PlannerService"].full_name
@@ -67,7 +67,11 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         model = convert.model_from_proto(request.model)
         inventory = convert.inventory_from_request(request)
         target = convert.target_from_proto(request.target)
-        result = await asyncio.to_thread(plan, model, inventory, target, self._resolver)
+        records = convert.profiles_from_request(request)
+        if records is None:
+            result = await asyncio.to_thread(plan, model, inventory, target, self._resolver)
+        else:
+            result = await asyncio.to_thread(plan_with_records, model, inventory, target, self._resolver, records)
         if result.plan is not None:
             self._store.put(result.plan)
         record_decisions(result)

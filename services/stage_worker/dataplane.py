@@ -310,7 +310,7 @@ class DataPlane:
 def _next_batch(batch: Batch, live, stage: LoadedStage, tensor: Tensor) -> Batch:
     rows, slices = 0, []
     for item in live:
-        slices.append(item.__class__(**{**{f: getattr(item, f) for f in item.__slots__}, "input_row_start": rows}))
+        slices.append(item._replace(input_row_start=rows))
         rows += item.input_row_count
     descriptor = BatchDescriptor(
         batch.batch.batch_id, batch.batch.batch_sequence_no, batch.batch.phase, rows, tuple(slices)

@@ -197,6 +197,11 @@ class StageRuntime:
         self._idle = asyncio.Event()
         self._idle.set()
 
+    @property
+    def device_thread(self) -> ThreadPoolExecutor:
+        """The one thread that runs this worker's model work (batches, loads and profiles)."""
+        return self._device_thread
+
     # ---- load / unload -------------------------------------------------------------------
     async def load(self, spec: LoadSpec) -> LoadedStage:
         self._check_spec(spec)

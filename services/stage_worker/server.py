@@ -25,6 +25,7 @@ from libs.service.server import ServiceSpec
 from services.stage_worker import convert
 from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.dataplane import DataPlane
+from services.stage_worker.profiling import Profiler
 from services.stage_worker.runtime import StageRuntime
 
 log = structlog.get_logger()
@@ -62,10 +63,12 @@ def require_peer_identities(spec) -> None:
 
 
 class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
-    def __init__(self, cfg: StageWorkerConfig, runtime: StageRuntime, dataplane: DataPlane):
+    def __init__(self, cfg: StageWorkerConfig, runtime: StageRuntime, dataplane: DataPlane,
+                 profiler: Profiler):
         self._cfg = cfg
         self._runtime = runtime
         self._dataplane = dataplane
+        self._profiler = profiler
 
     async def GetCapabilities(self, request, context) -> pb.GetCapabilitiesResponse:
         facts = host_facts()
@@ -164,6 +167,15 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
         await self._runtime.unload()
         return pb.UnloadStageResponse(state=convert.STATE_TO_PB[self._runtime.lifecycle.state])
 
+    async def ProfileStage(self, request, context) -> pb.ProfileStageResponse:
+        return await self._profiler.profile_stage(request)
+
+    async def OpenLinkProbe(self, request, context) -> pb.OpenLinkProbeResponse:
+        return await self._profiler.open_probe(request)
+
+    async def ProfileLink(self, request, context) -> pb.ProfileLinkResponse:
+        return await self._profiler.profile_link(request)
+
 
 def data_plane_tls(cfg: StageWorkerConfig) -> Fnx2Tls | None:
     """The data plane serves TLS whenever the control plane does; refusals go to the audit log."""
@@ -186,9 +198,11 @@ async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
     runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes,
                            artifact_cache_dir=str(Path(cfg.state_dir) / "artifact_cache"),
                            fetch_channel=cfg.server.client_channel())
-    dataplane = DataPlane(runtime, cfg.server.host, cfg.data_plane_port, cfg.advertise_host, data_plane_tls(cfg))
+    tls = data_plane_tls(cfg)
+    dataplane = DataPlane(runtime, cfg.server.host, cfg.data_plane_port, cfg.advertise_host, tls)
     await dataplane.start()
-    servicer = StageWorkerServicer(cfg, runtime, dataplane)
+    profiler = Profiler(cfg, runtime, tls, dataplane.advertised_host)
+    servicer = StageWorkerServicer(cfg, runtime, dataplane, profiler)
 
     async def on_drain() -> None:
         if runtime.stage is not None:
@@ -198,6 +212,11 @@ async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
         service_names=(pb.DESCRIPTOR.services_by_name["StageWorkerService"].full_name,),
         register=lambda server: pb_grpc.add_StageWorkerServiceServicer_to_server(servicer, server),
         on_drain=on_drain,
-        on_stop=dataplane.stop,
+        on_stop=lambda: _stop_all(dataplane, profiler),
         extra_ports={"data_plane": dataplane.port},
     )
+
+
+async def _stop_all(dataplane: DataPlane, profiler: Profiler) -> None:
+    await profiler.close()
+    await dataplane.stop()

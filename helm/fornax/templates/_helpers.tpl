@@ -216,7 +216,8 @@ $(FORNAX_STAGE_INDEX)). Usage: include "fornax.securityEnv" (dict "root" $ "stag
   value: {{ .stateDir | quote }}
 {{- end }}
 {{- if $tls.enabled }}
-{{- $dir := ternary (printf "%s/stage-$(FORNAX_STAGE_INDEX)" $tls.mountPath) $tls.mountPath .stage }}
+{{- $perPod := and .stage (include "fornax.stageCsi" .root) }}
+{{- $dir := ternary (printf "%s/stage-$(FORNAX_STAGE_INDEX)" $tls.mountPath) $tls.mountPath (and .stage (not $perPod)) }}
 - name: FORNAX_TLS_CA
   value: {{ printf "%s/ca.crt" $dir | quote }}
 - name: FORNAX_TLS_CERT
@@ -262,7 +263,29 @@ stage <offset+i> under stage-<i>/, since its FORNAX_STAGE_INDEX is its pod index
 {{- end }}
 {{- if $root.Values.tls.enabled }}
 - name: tls
-{{- if .stages }}
+{{- if and .stages (include "fornax.stageCsi" $root) }}
+{{- $cm := $root.Values.tls.certManager }}
+{{- $ns := $root.Release.Namespace }}
+  # One certificate per pod from cert-manager's csi-driver: the key never leaves the node.
+  csi:
+    driver: csi.cert-manager.io
+    readOnly: true
+    volumeAttributes:
+      csi.cert-manager.io/issuer-name: {{ required "tls.certManager.issuerRef.name is required when tls.certManager.enabled" $cm.issuerRef.name | quote }}
+      csi.cert-manager.io/issuer-kind: {{ $cm.issuerRef.kind | quote }}
+      csi.cert-manager.io/issuer-group: {{ $cm.issuerRef.group | quote }}
+      csi.cert-manager.io/uri-sans: "spiffe://fornax/stage/${POD_NAME}"
+      csi.cert-manager.io/dns-names: {{ printf "${POD_NAME}.%s,${POD_NAME}.%s.%s.svc,localhost" .statefulSet .statefulSet $ns | quote }}
+      csi.cert-manager.io/ip-sans: "127.0.0.1"
+      csi.cert-manager.io/organizations: "fornax"
+      csi.cert-manager.io/organizationalunits: "stage"
+      csi.cert-manager.io/key-usages: "digital signature,client auth,server auth"
+      csi.cert-manager.io/duration: {{ $cm.duration | quote }}
+      csi.cert-manager.io/renew-before: {{ $cm.renewBefore | quote }}
+      csi.cert-manager.io/ca-file: "ca.crt"
+      csi.cert-manager.io/certificate-file: "tls.crt"
+      csi.cert-manager.io/privatekey-file: "tls.key"
+{{- else if .stages }}
   projected:
     defaultMode: 0440
     sources:
@@ -282,6 +305,15 @@ stage <offset+i> under stage-<i>/, since its FORNAX_STAGE_INDEX is its pod index
     defaultMode: 0440
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* "true" when each stage-worker pod gets its own certificate from cert-manager's csi-driver. */}}
+{{- define "fornax.stageCsi" -}}
+{{- $tls := .Values.tls -}}
+{{- if and $tls.certManager.csi.enabled (not (and $tls.enabled $tls.certManager.enabled)) -}}
+{{- fail "tls.certManager.csi.enabled needs tls.enabled and tls.certManager.enabled (an Issuer to sign the pods' certificates)" -}}
+{{- end -}}
+{{- if and $tls.enabled $tls.certManager.enabled $tls.certManager.csi.enabled -}}true{{- end -}}
 {{- end -}}
 
 {{- define "fornax.checkpointVolumeMount" -}}

@@ -50,9 +50,14 @@ def _two_hosts(path: Path) -> Path:
     return path
 
 
-def _greedy_through_openai(api: str) -> list[str]:
+def _greedy_through_openai(state) -> list[str]:
+    # The API serves https on the fabric address with the orchestrator's fleet certificate.
+    assert state.api.startswith("https://") and state.api_ca
+    api = state.api
+
     async def main():
-        client = openai.AsyncOpenAI(base_url=api, api_key="none", max_retries=0, timeout=300)
+        client = openai.AsyncOpenAI(base_url=api, api_key="none", max_retries=0, timeout=300,
+                                    http_client=openai.DefaultAsyncHttpxClient(verify=state.api_ssl_context()))
         replies = await asyncio.gather(*(client.completions.create(
             model="fornax", prompt=p, max_tokens=12, temperature=0) for p in PROMPTS))
         return [r.choices[0].text for r in replies]
@@ -74,7 +79,6 @@ def reference(checkpoint) -> list[str]:
 def _capabilities(address: str, state_dir):
     from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
     from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
-
     from libs.security.cli_credentials import cli_channel
     from libs.service.channels import open_channel
 
@@ -114,7 +118,7 @@ def test_two_unlike_hosts_serve_greedy_text_and_leave_nothing(tmp_path, checkpoi
         caps = _capabilities(worker1.grpc, tmp_path / ".fornax")
         assert (caps.device.cpu_quota_cores, caps.device.memory_limit_bytes) == (0.5, 2 << 30)
         assert caps.data_plane_host == worker1.grpc.split(":")[0] and caps.device.cpuset
-        assert _greedy_through_openai(state.api) == reference
+        assert _greedy_through_openai(state) == reference
         _assert_private_state(tmp_path / ".fornax", {"alpha": "stage_worker_0", "beta": "stage_worker_1"})
     finally:
         down = _fornax("down", cwd=tmp_path, timeout=120)
@@ -147,7 +151,7 @@ def test_three_hosts_with_unequal_quotas_serve(tmp_path, checkpoint, reference):
         gamma = next(d for d in record.cgroup_dirs if d.endswith("/gamma"))
         commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in cgroup_pids(gamma)]
         assert any(b"apps.fleet.relay" in c for c in commands)
-        assert _greedy_through_openai(state.api) == reference
+        assert _greedy_through_openai(state) == reference
     finally:
         down = _fornax("down", cwd=tmp_path, timeout=120)
     assert down.returncode == 0, down.stderr

@@ -30,7 +30,7 @@ def by_request(result):
 async def test_handshake_binds_plan_and_negotiates_extensions():
     async with loopback(DoublingHandler()) as (client, receiver):
         assert client.extensions == {"multi_inflight", "traceparent", "timings", "compact_output",
-                                     "sample_logprobs"}
+                                     "sample_logprobs", "compact_meta"}
         assert client.credit.frames == 1 and client.credit.live_requests == 1024
 
 

@@ -17,7 +17,7 @@ CLIENT = Identity(Role.CLIENT, "app")
 
 
 def now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 class FleetPki:

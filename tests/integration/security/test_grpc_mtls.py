@@ -9,10 +9,10 @@ import ssl
 
 import grpc
 import pytest
-from fornax.stage_worker.v1 import stage_worker_pb2 as pb
-from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from fornax.stage_worker.v1 import stage_worker_pb2 as pb
+from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 from libs.security.audit import AuditLog, verify_file
 from libs.security.certs import fingerprint
 from libs.security.identity import Identity, Role, stage_identity
@@ -40,9 +40,7 @@ async def _serve(pki: FleetPki, tmp_path, **server_overrides):
 
 
 async def _stop(running, spec):
-    await running.server.stop(0)
-    if running.health_server:
-        await running.health_server.stop(0)
+    await running.stop(0)  # the TLS front, the gRPC server and the health port
     await spec.on_stop()
 
 
@@ -58,10 +56,11 @@ def _audit(tmp_path) -> list:
     return AuditLog(tmp_path / "audit.jsonl").entries()
 
 
-def test_handshake_refusals_never_reach_the_service(pki, tmp_path):
+def test_handshake_refusals_get_their_reason_and_are_audited(pki, tmp_path):
     async def body():
         running, spec = await _serve(pki, tmp_path)
         address = f"127.0.0.1:{running.port}"
+        outcomes = {}
         try:
             channels = {
                 "plaintext": grpc.aio.insecure_channel(address),
@@ -72,12 +71,23 @@ def test_handshake_refusals_never_reach_the_service(pki, tmp_path):
                 async with channel:
                     error = await _unload(channel)
                 assert isinstance(error, grpc.RpcError), label
-                assert error.code() is grpc.StatusCode.UNAVAILABLE, label
+                outcomes[label] = (error.code(), reason_of(error))
         finally:
             await _stop(running, spec)
-        assert _audit(tmp_path) == []
+        return outcomes
 
-    asyncio.run(body())
+    outcomes = asyncio.run(body())
+    assert outcomes == {
+        "plaintext": (grpc.StatusCode.UNAUTHENTICATED, "PLAINTEXT_REFUSED"),
+        "no client certificate": (grpc.StatusCode.UNAUTHENTICATED, "CLIENT_CERTIFICATE_REQUIRED"),
+        # The TLS handshake itself fails: the client only sees the connection refused.
+        "foreign CA": (grpc.StatusCode.UNAVAILABLE, None),
+    }
+    results = {(e.event.rpc, e.event.result) for e in _audit(tmp_path)}
+    assert results == {(UNLOAD, "UNAUTHENTICATED:PLAINTEXT_REFUSED"),
+                       (UNLOAD, "UNAUTHENTICATED:CLIENT_CERTIFICATE_REQUIRED"),
+                       ("(tls-handshake)", "UNAUTHENTICATED:UNKNOWN_CA")}
+    assert verify_file(tmp_path / "audit.jsonl").ok
 
 
 def test_client_role_cannot_unload_and_the_refusal_is_audited(pki, tmp_path):
@@ -238,13 +248,12 @@ def test_a_tls_stage_reports_its_identity_and_needs_its_data_plane_peers_named(p
 
     capabilities, refused = asyncio.run(body())
     assert capabilities.identity == "spiffe://fornax/stage/stage-0"
-    assert refused == {field: (grpc.StatusCode.INVALID_ARGUMENT, "MISSING_PEER_IDENTITY") for field in refused}
+    assert refused == dict.fromkeys(refused, (grpc.StatusCode.INVALID_ARGUMENT, "MISSING_PEER_IDENTITY"))
 
 
 def test_generate_needs_the_client_role_or_the_api_key(pki, tmp_path):
     from fornax.orchestrator.v1 import orchestrator_pb2 as orch_pb
     from fornax.orchestrator.v1 import orchestrator_pb2_grpc as orch_grpc
-
     from services.orchestrator.config import OrchestratorConfig
     from services.orchestrator.server import make_spec as orchestrator_spec
 

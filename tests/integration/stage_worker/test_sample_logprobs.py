@@ -10,7 +10,7 @@ import uuid
 import numpy as np
 import pytest
 
-from libs.fnx2.control import EXT_SAMPLE_LOGPROBS, KNOWN_EXTENSIONS, ChannelBinding
+from libs.fnx2.control import EXT_COMPACT_META, EXT_SAMPLE_LOGPROBS, KNOWN_EXTENSIONS, ChannelBinding
 from libs.fnx2.messages import Phase
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
@@ -78,3 +78,41 @@ def test_records_for_a_negotiating_peer_token_ids_for_a_plain_one(checkpoint, tw
     assert record.top[0][0] == record.token_id  # greedy: the sampled token is the likeliest
     assert record.logprob == pytest.approx(record.top[0][1]) and record.logprob < 0
     assert plain.dtype == np.int32 and plain.tolist() == [expected[0]]
+
+
+def test_the_gateway_hop_negotiates_compact_metadata_and_a_plain_gateway_gets_the_same_tokens(
+        checkpoint, two_workers):
+    cfg = load_config(checkpoint)
+    plan = load_pipeline(two_workers, checkpoint, cfg.num_hidden_layers, boundary="fp32")
+    (expected,), _, _ = local_greedy(checkpoint, [PROMPT], steps=0)
+
+    async def tokens(offer: frozenset[str]) -> tuple[frozenset[str], list[int]]:
+        route = Route(plan)
+        await route.open()
+        try:
+            if offer != KNOWN_EXTENSIONS:
+                await route._client.close()
+                first = route.plan.stages[0]
+                binding = ChannelBinding(route.plan.plan_id, route.plan.plan_hash,
+                                         first.manifest_hash, "stage-0", route.plan.plan_generation_id)
+                host, _, port = first.data_plane_address.rpartition(":")
+                route._client = await Fnx2Client.connect(host, int(port), SenderConfig(
+                    binding, offer_extensions=offer))
+            negotiated = route._client.extensions
+            rid = str(uuid.uuid4())
+            await route.admit(rid, 16, SamplingParams())
+            (out,) = await route.run(Phase.PREFILL, [SliceInput(
+                rid, lease_id_for(route.plan, rid), 0, 0, 0, PROMPT, BUDGET_NS)])
+            await route.release(rid)
+            assert out.ok, (out.error_code, out.error_message)
+            return negotiated, out.rows.tolist()
+        finally:
+            await route.close()
+
+    async def scenario():
+        return (await tokens(KNOWN_EXTENSIONS),
+                await tokens(KNOWN_EXTENSIONS - {EXT_COMPACT_META}))
+
+    (compact_ext, compact_rows), (plain_ext, plain_rows) = asyncio.run(scenario())
+    assert EXT_COMPACT_META in compact_ext and EXT_COMPACT_META not in plain_ext
+    assert compact_rows == plain_rows == [expected[0]]

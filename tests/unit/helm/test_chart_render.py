@@ -380,3 +380,44 @@ def test_compile_cache_is_seeded_from_the_image_without_overwriting(renderings):
     # with persistence the seeded cache lives on the claim, so a pod restart keeps every graph
     templates = workload(renderings["production"], "stage-worker")["spec"]["volumeClaimTemplates"]
     assert [t["metadata"]["name"] for t in templates] == ["compile-cache"]
+
+
+def test_csi_driver_gives_every_stage_pod_its_own_key(helm, tmp_path):
+    from tests.unit.helm.conftest import VALUES_DIR, render
+
+    csi = tmp_path / "csi.yaml"
+    csi.write_text("tls:\n  certManager:\n    csi:\n      enabled: true\n")
+    r = render(helm, [VALUES_DIR / "production.yaml", csi])
+    kv = kubernetes_validate_module()
+    for obj in r.objects:
+        if obj["kind"] not in CRD_KINDS:
+            kv.validate(obj, KUBERNETES_VERSION, strict=True)
+    volume = volumes_by_name(r, "stage-worker")["tls"]
+    assert "projected" not in volume and "secret" not in volume
+    attributes = volume["csi"]["volumeAttributes"]
+    assert volume["csi"]["driver"] == "csi.cert-manager.io" and volume["csi"]["readOnly"] is True
+    assert attributes["csi.cert-manager.io/uri-sans"] == "spiffe://fornax/stage/${POD_NAME}"
+    assert f"${{POD_NAME}}.{FULL}-stage-worker.{NAMESPACE}.svc" in attributes["csi.cert-manager.io/dns-names"]
+    assert attributes["csi.cert-manager.io/issuer-name"] == "fornax-ca"
+    assert attributes["csi.cert-manager.io/issuer-kind"] == "ClusterIssuer"
+    assert "server auth" in attributes["csi.cert-manager.io/key-usages"]
+    env = env_values(container(r, "stage-worker"))
+    assert (env["FORNAX_TLS_CA"], env["FORNAX_TLS_CERT"], env["FORNAX_TLS_KEY"]) == (
+        "/etc/fornax/tls/ca.crt", "/etc/fornax/tls/tls.crt", "/etc/fornax/tls/tls.key")
+    # No stage Secrets are issued any more; the services and the operator keep theirs.
+    certs = {c["metadata"]["name"] for c in r.kinds("Certificate")}
+    assert certs == {f"fornax-{c}-tls" for c in DEPLOYMENTS} | {"fornax-operator-tls"}
+    # The services still mount their own Secret.
+    assert volumes_by_name(r, "planner")["tls"]["secret"]["secretName"] == "fornax-planner-tls"
+
+
+def test_csi_needs_cert_manager_and_rejects_unknown_settings(helm, tmp_path):
+    from tests.unit.helm.conftest import run_helm_template
+
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("tls:\n  certManager:\n    csi:\n      enabled: true\n      driver: other\n")
+    assert run_helm_template(helm, [typo]).returncode != 0
+    without = tmp_path / "without.yaml"
+    without.write_text("tls:\n  certManager:\n    csi:\n      enabled: true\n")
+    refused = run_helm_template(helm, [without])
+    assert refused.returncode != 0 and "needs tls.enabled and tls.certManager.enabled" in refused.stderr

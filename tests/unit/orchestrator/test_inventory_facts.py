@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 
@@ -42,3 +44,18 @@ def test_the_description_names_the_facts_and_labels_the_constants():
     line = describe_facts([_cap("198.18.0.11", quota=0.5, limit=2 * GIB)])
     assert "198.18.0.11" in line and "quota 0.5 cores" in line and str(2 * GIB) in line
     assert "exploratory" in line
+
+
+def test_each_worker_takes_the_host_of_the_stage_profile_it_measured():
+    from services.orchestrator.inventory_facts import hosts_from_profiles
+    from tests.unit.planner.profile_factories import link_profile, link_record, stage_profile, stage_record
+
+    alpha, beta = _cap("198.18.0.10"), _cap("198.18.0.11")
+    alpha.identity, beta.identity = "spiffe://fornax/stage/alpha", "spiffe://fornax/stage/elsewhere"
+    records = [stage_record(stage_profile("alpha", "sha256:m")), link_record(link_profile("alpha", "beta"))]
+    hosts = hosts_from_profiles([alpha, beta], records)
+    assert hosts == ("alpha", "stage_worker_1")  # beta measured nothing under its identity
+    assert [n.host for n in inventory_from([alpha, beta], hosts).nodes] == ["alpha", "stage_worker_1"]
+    plaintext = _cap("198.18.0.12")  # no identity: the one of its stage index (spiffe://fornax/stage/stage-0)
+    gamma = stage_record(replace(stage_profile("gamma", "sha256:m"), worker="spiffe://fornax/stage/stage-0"))
+    assert hosts_from_profiles([plaintext], [gamma]) == ("gamma",)

@@ -57,3 +57,11 @@ def test_model_bytes_go_to_fleet_services_and_stages_not_to_clients():
     assert decide(builder + "FetchArtifact", Identity(Role.STAGE, "stage-1")) is None
     assert decide(builder + "GetModelFiles", ORCHESTRATOR) is None
     assert decide(builder + "FetchArtifact", CLIENT).reason is Reason.ROLE_NOT_ALLOWED
+
+
+def test_health_is_open_but_reflection_needs_a_fleet_certificate():
+    assert decide("/grpc.health.v1.Health/Check", None) is None
+    refusal = decide("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", None)
+    assert refusal is not None and refusal.reason is Reason.CLIENT_CERTIFICATE_REQUIRED
+    assert decide("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                  Identity(Role.CLIENT, "app")) is None

@@ -57,3 +57,28 @@ def test_store_refuses_to_replace_a_ca(tmp_path):
     store.init(NOW)
     with pytest.raises(CertStoreError):
         store.init(NOW)
+
+
+def test_ca_rotation_is_refused_out_of_order_and_retirement_waits_for_every_leaf(tmp_path):
+    store = CertStore(tmp_path)
+    store.init(NOW)
+    operator = Identity(Role.OPERATOR, "admin")
+    old_leaf = store.ensure(operator, NOW).cert.read_bytes()
+    with pytest.raises(CertStoreError):
+        store.retire_ca()  # nothing to retire
+    store.rotate_ca(NOW)
+    with pytest.raises(CertStoreError):
+        store.rotate_ca(NOW)  # one rotation at a time
+    bundle = store.ca_cert.read_bytes()
+    assert bundle.count(b"BEGIN CERTIFICATE") == 2
+    assert verify_leaf(old_leaf, bundle, NOW) == operator
+    with pytest.raises(CertStoreError, match="operator/admin"):
+        store.retire_ca()
+    new_leaf = store.rotate([operator], NOW)[0].paths.cert.read_bytes()
+    store.retire_ca()
+    trusted = store.ca_cert.read_bytes()
+    assert trusted.count(b"BEGIN CERTIFICATE") == 1 and trusted == store.ca_signing.read_bytes()
+    assert verify_leaf(new_leaf, trusted, NOW) == operator
+    with pytest.raises(CertificateError) as caught:
+        verify_leaf(old_leaf, trusted, NOW)
+    assert caught.value.reason == "UNTRUSTED_CERTIFICATE"

@@ -62,3 +62,30 @@ def test_rotation_reloads_into_the_same_context(tmp_path):
     assert not server.maybe_reload()
     store.rotate([who], NOW)
     assert server.maybe_reload() and server.context is context and server.reloads == 2
+
+
+def test_ca_rotation_trusts_both_then_only_the_new_ca_on_the_same_listener_context(tmp_path):
+    store = CertStore(tmp_path)
+    store.init(NOW)
+    server = ReloadingSslContext(store.ensure(stage_identity(1), NOW), server=True)
+    listener_context = server.context
+    old_client = ReloadingSslContext(store.ensure(stage_identity(0), NOW), server=False)
+    old_context = old_client.context
+
+    store.rotate_ca(NOW)
+    assert store.leaves_of_retiring_ca() == [stage_identity(0), stage_identity(1)]
+    store.rotate(store.identities(), NOW)
+    assert server.maybe_reload() and old_client.maybe_reload()
+    new_context = old_client.context
+    # Transition: the new CA's leaves and the old CA's are both accepted.
+    assert asyncio.run(_handshake(listener_context, new_context))[0] == ("spiffe://fornax/stage/stage-0",)
+    old_context.load_verify_locations(cafile=str(store.ca_cert))  # the old leaf trusts the new server
+    assert asyncio.run(_handshake(listener_context, old_context))[0] == ("spiffe://fornax/stage/stage-0",)
+
+    assert store.leaves_of_retiring_ca() == []
+    store.retire_ca()
+    assert server.maybe_reload()
+    assert server.context is listener_context
+    assert asyncio.run(_handshake(listener_context, new_context))[0] == ("spiffe://fornax/stage/stage-0",)
+    with pytest.raises((ConnectionError, OSError)):
+        asyncio.run(_handshake(listener_context, old_context))

@@ -90,7 +90,7 @@ class EvidenceRef(_message.Message):
     def __init__(self, record_id: _Optional[str] = ..., type: _Optional[_Union[_evidence_registry_pb2.RecordType, str]] = ..., expected_blob_sha256: _Optional[str] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "backend", "memory_bytes", "compute_flops", "memory_bandwidth_bytes_per_s", "dtypes", "operations", "build", "evidence_record_ids", "reserve_bytes", "evidence")
+    __slots__ = ("name", "backend", "memory_bytes", "compute_flops", "memory_bandwidth_bytes_per_s", "dtypes", "operations", "build", "evidence_record_ids", "reserve_bytes", "evidence", "host")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class Node(_message.Message):
     EVIDENCE_RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
     RESERVE_BYTES_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     name: str
     backend: _common_pb2.Backend
     memory_bytes: int
@@ -113,7 +114,8 @@ class Node(_message.Message):
     evidence_record_ids: _containers.RepeatedScalarFieldContainer[str]
     reserve_bytes: int
     evidence: _containers.RepeatedCompositeFieldContainer[EvidenceRef]
-    def __init__(self, name: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., memory_bytes: _Optional[int] = ..., compute_flops: _Optional[float] = ..., memory_bandwidth_bytes_per_s: _Optional[float] = ..., dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., operations: _Optional[_Iterable[str]] = ..., build: _Optional[str] = ..., evidence_record_ids: _Optional[_Iterable[str]] = ..., reserve_bytes: _Optional[int] = ..., evidence: _Optional[_Iterable[_Union[EvidenceRef, _Mapping]]] = ...) -> None: ...
+    host: str
+    def __init__(self, name: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., memory_bytes: _Optional[int] = ..., compute_flops: _Optional[float] = ..., memory_bandwidth_bytes_per_s: _Optional[float] = ..., dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., operations: _Optional[_Iterable[str]] = ..., build: _Optional[str] = ..., evidence_record_ids: _Optional[_Iterable[str]] = ..., reserve_bytes: _Optional[int] = ..., evidence: _Optional[_Iterable[_Union[EvidenceRef, _Mapping]]] = ..., host: _Optional[str] = ...) -> None: ...
 
 class Link(_message.Message):
     __slots__ = ("from_node", "to_node", "bandwidth_bytes_per_s", "latency_ns", "evidence_record_ids", "evidence")
@@ -177,8 +179,24 @@ class StageCost(_message.Message):
     exposed_wait_s: float
     def __init__(self, compute_s: _Optional[float] = ..., pack_s: _Optional[float] = ..., wire_s: _Optional[float] = ..., unpack_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., exposed_wait_s: _Optional[float] = ...) -> None: ...
 
+class TermEvidence(_message.Message):
+    __slots__ = ("term", "evidence_class", "record_ids", "note", "value", "unit")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    term: str
+    evidence_class: str
+    record_ids: _containers.RepeatedScalarFieldContainer[str]
+    note: str
+    value: float
+    unit: str
+    def __init__(self, term: _Optional[str] = ..., evidence_class: _Optional[str] = ..., record_ids: _Optional[_Iterable[str]] = ..., note: _Optional[str] = ..., value: _Optional[float] = ..., unit: _Optional[str] = ...) -> None: ...
+
 class PlannedStage(_message.Message):
-    __slots__ = ("stage_index", "node", "layer_range", "owns_embeddings", "owns_head", "weight_bytes", "kv_bytes", "activation_bytes", "memory_bytes", "decode_cost", "prefill_cost", "reserve_bytes", "backend", "build")
+    __slots__ = ("stage_index", "node", "layer_range", "owns_embeddings", "owns_head", "weight_bytes", "kv_bytes", "activation_bytes", "memory_bytes", "decode_cost", "prefill_cost", "reserve_bytes", "backend", "build", "terms", "host")
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     LAYER_RANGE_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +211,8 @@ class PlannedStage(_message.Message):
     RESERVE_BYTES_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     BUILD_FIELD_NUMBER: _ClassVar[int]
+    TERMS_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     stage_index: int
     node: str
     layer_range: _common_pb2.LayerRange
@@ -207,7 +227,9 @@ class PlannedStage(_message.Message):
     reserve_bytes: int
     backend: _common_pb2.Backend
     build: str
-    def __init__(self, stage_index: _Optional[int] = ..., node: _Optional[str] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., owns_embeddings: _Optional[bool] = ..., owns_head: _Optional[bool] = ..., weight_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., activation_bytes: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., decode_cost: _Optional[_Union[StageCost, _Mapping]] = ..., prefill_cost: _Optional[_Union[StageCost, _Mapping]] = ..., reserve_bytes: _Optional[int] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., build: _Optional[str] = ...) -> None: ...
+    terms: _containers.RepeatedCompositeFieldContainer[TermEvidence]
+    host: str
+    def __init__(self, stage_index: _Optional[int] = ..., node: _Optional[str] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., owns_embeddings: _Optional[bool] = ..., owns_head: _Optional[bool] = ..., weight_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., activation_bytes: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., decode_cost: _Optional[_Union[StageCost, _Mapping]] = ..., prefill_cost: _Optional[_Union[StageCost, _Mapping]] = ..., reserve_bytes: _Optional[int] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., build: _Optional[str] = ..., terms: _Optional[_Iterable[_Union[TermEvidence, _Mapping]]] = ..., host: _Optional[str] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ("subject", "reason", "detail", "required", "available")
@@ -224,7 +246,7 @@ class Rejection(_message.Message):
     def __init__(self, subject: _Optional[str] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., required: _Optional[float] = ..., available: _Optional[float] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("plan_id", "plan_hash", "mode", "stages", "predictions", "method", "objective", "model_snapshot", "label")
+    __slots__ = ("plan_id", "plan_hash", "mode", "stages", "predictions", "method", "objective", "model_snapshot", "label", "evidence_record_ids", "route_key", "calibration_record_id")
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     PLAN_HASH_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +256,9 @@ class Plan(_message.Message):
     OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
     MODEL_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_KEY_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_RECORD_ID_FIELD_NUMBER: _ClassVar[int]
     plan_id: str
     plan_hash: str
     mode: PlanMode
@@ -243,7 +268,37 @@ class Plan(_message.Message):
     objective: Objective
     model_snapshot: str
     label: str
-    def __init__(self, plan_id: _Optional[str] = ..., plan_hash: _Optional[str] = ..., mode: _Optional[_Union[PlanMode, str]] = ..., stages: _Optional[_Iterable[_Union[PlannedStage, _Mapping]]] = ..., predictions: _Optional[_Iterable[_Union[_common_pb2.Figure, _Mapping]]] = ..., method: _Optional[str] = ..., objective: _Optional[_Union[Objective, str]] = ..., model_snapshot: _Optional[str] = ..., label: _Optional[str] = ...) -> None: ...
+    evidence_record_ids: _containers.RepeatedScalarFieldContainer[str]
+    route_key: str
+    calibration_record_id: str
+    def __init__(self, plan_id: _Optional[str] = ..., plan_hash: _Optional[str] = ..., mode: _Optional[_Union[PlanMode, str]] = ..., stages: _Optional[_Iterable[_Union[PlannedStage, _Mapping]]] = ..., predictions: _Optional[_Iterable[_Union[_common_pb2.Figure, _Mapping]]] = ..., method: _Optional[str] = ..., objective: _Optional[_Union[Objective, str]] = ..., model_snapshot: _Optional[str] = ..., label: _Optional[str] = ..., evidence_record_ids: _Optional[_Iterable[str]] = ..., route_key: _Optional[str] = ..., calibration_record_id: _Optional[str] = ...) -> None: ...
+
+class ProfileRecord(_message.Message):
+    __slots__ = ("record_id", "type", "blob", "labels", "evidence_class")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RECORD_ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    BLOB_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    record_id: str
+    type: _evidence_registry_pb2.RecordType
+    blob: bytes
+    labels: _containers.ScalarMap[str, str]
+    evidence_class: str
+    def __init__(self, record_id: _Optional[str] = ..., type: _Optional[_Union[_evidence_registry_pb2.RecordType, str]] = ..., blob: _Optional[bytes] = ..., labels: _Optional[_Mapping[str, str]] = ..., evidence_class: _Optional[str] = ...) -> None: ...
+
+class ProfileEvidence(_message.Message):
+    __slots__ = ("records",)
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[ProfileRecord]
+    def __init__(self, records: _Optional[_Iterable[_Union[ProfileRecord, _Mapping]]] = ...) -> None: ...
 
 class EvidenceFailure(_message.Message):
     __slots__ = ("record_id", "subject", "reason", "detail")
@@ -258,20 +313,22 @@ class EvidenceFailure(_message.Message):
     def __init__(self, record_id: _Optional[str] = ..., subject: _Optional[str] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class CreatePlanRequest(_message.Message):
-    __slots__ = ("request_id", "model", "inventory", "target", "model_evidence_record_ids", "model_evidence")
+    __slots__ = ("request_id", "model", "inventory", "target", "model_evidence_record_ids", "model_evidence", "profiles")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     MODEL_EVIDENCE_RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
     MODEL_EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: ModelDescription
     inventory: Inventory
     target: Target
     model_evidence_record_ids: _containers.RepeatedScalarFieldContainer[str]
     model_evidence: _containers.RepeatedCompositeFieldContainer[EvidenceRef]
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[_Union[ModelDescription, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., model_evidence_record_ids: _Optional[_Iterable[str]] = ..., model_evidence: _Optional[_Iterable[_Union[EvidenceRef, _Mapping]]] = ...) -> None: ...
+    profiles: ProfileEvidence
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[_Union[ModelDescription, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., model_evidence_record_ids: _Optional[_Iterable[str]] = ..., model_evidence: _Optional[_Iterable[_Union[EvidenceRef, _Mapping]]] = ..., profiles: _Optional[_Union[ProfileEvidence, _Mapping]] = ...) -> None: ...
 
 class CreatePlanResponse(_message.Message):
     __slots__ = ("feasible", "plan", "rejections", "infeasibility", "shortfall_bytes", "infeasibility_reason", "evidence_failures")

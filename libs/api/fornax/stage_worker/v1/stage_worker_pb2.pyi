@@ -1,4 +1,5 @@
 from fornax.common.v1 import common_pb2 as _common_pb2
+from fornax.evidence_registry.v1 import evidence_registry_pb2 as _evidence_registry_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -324,3 +325,97 @@ class AdmitSequenceResponse(_message.Message):
     kv_bytes_reserved: int
     kv_bytes_free: int
     def __init__(self, kv_bytes_reserved: _Optional[int] = ..., kv_bytes_free: _Optional[int] = ...) -> None: ...
+
+class ProfileStageRequest(_message.Message):
+    __slots__ = ("request_id", "checkpoint_dir", "layer_ranges", "artifact_source_address", "manifest_hashes", "host", "model_snapshot", "prefill_lengths", "decode_batches", "context_tokens", "concurrency", "runs", "valid_for_s", "command", "min_run_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    LAYER_RANGES_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_SOURCE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_HASHES_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    VALID_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    MIN_RUN_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    checkpoint_dir: str
+    layer_ranges: _containers.RepeatedCompositeFieldContainer[_common_pb2.LayerRange]
+    artifact_source_address: str
+    manifest_hashes: _containers.RepeatedScalarFieldContainer[str]
+    host: str
+    model_snapshot: str
+    prefill_lengths: _containers.RepeatedScalarFieldContainer[int]
+    decode_batches: _containers.RepeatedScalarFieldContainer[int]
+    context_tokens: int
+    concurrency: int
+    runs: int
+    valid_for_s: int
+    command: str
+    min_run_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., layer_ranges: _Optional[_Iterable[_Union[_common_pb2.LayerRange, _Mapping]]] = ..., artifact_source_address: _Optional[str] = ..., manifest_hashes: _Optional[_Iterable[str]] = ..., host: _Optional[str] = ..., model_snapshot: _Optional[str] = ..., prefill_lengths: _Optional[_Iterable[int]] = ..., decode_batches: _Optional[_Iterable[int]] = ..., context_tokens: _Optional[int] = ..., concurrency: _Optional[int] = ..., runs: _Optional[int] = ..., valid_for_s: _Optional[int] = ..., command: _Optional[str] = ..., min_run_ms: _Optional[int] = ...) -> None: ...
+
+class ProfileStageResponse(_message.Message):
+    __slots__ = ("profile_json", "record")
+    PROFILE_JSON_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    profile_json: bytes
+    record: _evidence_registry_pb2.Record
+    def __init__(self, profile_json: _Optional[bytes] = ..., record: _Optional[_Union[_evidence_registry_pb2.Record, _Mapping]] = ...) -> None: ...
+
+class OpenLinkProbeRequest(_message.Message):
+    __slots__ = ("request_id", "peer_identity", "ttl_s")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    peer_identity: str
+    ttl_s: int
+    def __init__(self, request_id: _Optional[str] = ..., peer_identity: _Optional[str] = ..., ttl_s: _Optional[int] = ...) -> None: ...
+
+class OpenLinkProbeResponse(_message.Message):
+    __slots__ = ("probe_id", "address", "identity")
+    PROBE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    probe_id: str
+    address: str
+    identity: str
+    def __init__(self, probe_id: _Optional[str] = ..., address: _Optional[str] = ..., identity: _Optional[str] = ...) -> None: ...
+
+class ProfileLinkRequest(_message.Message):
+    __slots__ = ("request_id", "probe_address", "probe_id", "probe_identity", "from_host", "to_host", "runs", "rtt_iters", "valid_for_s", "command")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBE_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    FROM_HOST_FIELD_NUMBER: _ClassVar[int]
+    TO_HOST_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    RTT_ITERS_FIELD_NUMBER: _ClassVar[int]
+    VALID_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    probe_address: str
+    probe_id: str
+    probe_identity: str
+    from_host: str
+    to_host: str
+    runs: int
+    rtt_iters: int
+    valid_for_s: int
+    command: str
+    def __init__(self, request_id: _Optional[str] = ..., probe_address: _Optional[str] = ..., probe_id: _Optional[str] = ..., probe_identity: _Optional[str] = ..., from_host: _Optional[str] = ..., to_host: _Optional[str] = ..., runs: _Optional[int] = ..., rtt_iters: _Optional[int] = ..., valid_for_s: _Optional[int] = ..., command: _Optional[str] = ...) -> None: ...
+
+class ProfileLinkResponse(_message.Message):
+    __slots__ = ("profile_json", "record")
+    PROFILE_JSON_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    profile_json: bytes
+    record: _evidence_registry_pb2.Record
+    def __init__(self, profile_json: _Optional[bytes] = ..., record: _Optional[_Union[_evidence_registry_pb2.Record, _Mapping]] = ...) -> None: ...

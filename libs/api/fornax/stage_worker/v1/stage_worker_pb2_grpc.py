@@ -76,6 +76,21 @@ class StageWorkerServiceStub:
                 request_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.UnloadStageRequest.SerializeToString,
                 response_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.UnloadStageResponse.FromString,
                 _registered_method=True)
+        self.ProfileStage = channel.unary_unary(
+                '/fornax.stage_worker.v1.StageWorkerService/ProfileStage',
+                request_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileStageRequest.SerializeToString,
+                response_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileStageResponse.FromString,
+                _registered_method=True)
+        self.OpenLinkProbe = channel.unary_unary(
+                '/fornax.stage_worker.v1.StageWorkerService/OpenLinkProbe',
+                request_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.OpenLinkProbeRequest.SerializeToString,
+                response_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.OpenLinkProbeResponse.FromString,
+                _registered_method=True)
+        self.ProfileLink = channel.unary_unary(
+                '/fornax.stage_worker.v1.StageWorkerService/ProfileLink',
+                request_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileLinkRequest.SerializeToString,
+                response_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileLinkResponse.FromString,
+                _registered_method=True)
 
 
 class StageWorkerServiceServicer:
@@ -140,6 +155,32 @@ class StageWorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProfileStage(self, request, context):
+        """Measure this worker's layer kinds on its own backend, device and CPU quota, and return the
+        stage profile signed by this worker's identity as a physical registry record. Needs no
+        installed plan: the layers come from the named checkpoint ranges or fetched artifacts.
+        FAILED_PRECONDITION STAGE_BUSY while a loaded stage executes or drains.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenLinkProbe(self, request, context):
+        """Open a short-lived FNX2 echo listener on this worker's host, on a port of its own, that
+        admits only peer_identity (under TLS); the serving data-plane port is untouched.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProfileLink(self, request, context):
+        """Measure the link from this worker to a peer's probe listener with real FNX2 frames
+        (32 KiB round trip, 16 MiB throughput) and return the signed link profile record.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StageWorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +223,21 @@ def add_StageWorkerServiceServicer_to_server(servicer, server):
                     servicer.UnloadStage,
                     request_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.UnloadStageRequest.FromString,
                     response_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.UnloadStageResponse.SerializeToString,
+            ),
+            'ProfileStage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProfileStage,
+                    request_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileStageRequest.FromString,
+                    response_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileStageResponse.SerializeToString,
+            ),
+            'OpenLinkProbe': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenLinkProbe,
+                    request_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.OpenLinkProbeRequest.FromString,
+                    response_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.OpenLinkProbeResponse.SerializeToString,
+            ),
+            'ProfileLink': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProfileLink,
+                    request_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileLinkRequest.FromString,
+                    response_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileLinkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -402,6 +458,87 @@ class StageWorkerService:
             '/fornax.stage_worker.v1.StageWorkerService/UnloadStage',
             fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.UnloadStageRequest.SerializeToString,
             fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.UnloadStageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProfileStage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fornax.stage_worker.v1.StageWorkerService/ProfileStage',
+            fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileStageRequest.SerializeToString,
+            fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileStageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenLinkProbe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fornax.stage_worker.v1.StageWorkerService/OpenLinkProbe',
+            fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.OpenLinkProbeRequest.SerializeToString,
+            fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.OpenLinkProbeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProfileLink(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fornax.stage_worker.v1.StageWorkerService/ProfileLink',
+            fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileLinkRequest.SerializeToString,
+            fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileLinkResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,209 @@
+"""Measure one stage's layer kinds on the kernels it really runs: the core of a stage profile.
+
+Each layer kind is timed alone, on the inputs the stage executor would give it:
+- prefill: one sequence of S new tokens with no past, cost per token = time / S;
+- decode: `batch` sequences of one new token each, every one with `context` tokens of past,
+  cost per microbatch = time of the call;
+- embed and head likewise (the head, as the executor runs it, computes one row per sequence).
+
+A run is the mean over enough calls to last `min_run_s` (at least one); `runs` runs make one
+`Figure` (median, spread). Every shape is called once untimed first, so a backend that compiles
+per shape is timed warm. Pure apart from the kernels and the clock, both passed in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from libs.model.config import DeepseekV2Config
+from libs.model.kernels import MASK_NEG, LayerInputs, StageKernels
+from libs.model.rope import rope_tables
+from libs.model.weights import LayerWeights, StageWeights
+from libs.profiles.schema import DECODE_BATCHES, PREFILL_LENGTHS, Figure, LayerKindProfile
+
+Clock = Callable[[], float]
+KV_BYTES_PER_ELEMENT = 4  # the KV store holds float32 latents and rope keys
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What one stage profile measures; the defaults are the profile's published grid."""
+
+    prefill_lengths: tuple[int, ...] = PREFILL_LENGTHS
+    decode_batches: tuple[int, ...] = DECODE_BATCHES
+    context_tokens: int = 512  # past tokens of every decode row
+    runs: int = 3
+    # A run spans several CFS periods (100 ms), so a host's CPU quota shows in its figures.
+    min_run_s: float = 0.3
+
+    def check(self) -> None:
+        if self.runs < 1:
+            raise ValueError(f"runs must be at least 1, got {self.runs}")
+        if not self.prefill_lengths or min(self.prefill_lengths) < 1:
+            raise ValueError(f"prefill lengths must be positive, got {self.prefill_lengths}")
+        if not self.decode_batches or min(self.decode_batches) < 1:
+            raise ValueError(f"decode batches must be positive, got {self.decode_batches}")
+        if self.context_tokens < 0:
+            raise ValueError(f"context must not be negative, got {self.context_tokens}")
+
+
+def timed_runs(call: Callable[[], object], runs: int, min_run_s: float,
+               clock: Clock = time.perf_counter) -> list[float]:
+    """Seconds per call, one sample per run. The first (warm-up) call also sizes the runs."""
+    start = clock()
+    call()
+    first = max(clock() - start, 1e-9)
+    calls = max(1, min(1000, int(min_run_s / first)))
+    samples = []
+    for _ in range(runs):
+        start = clock()
+        for _ in range(calls):
+            call()
+        samples.append((clock() - start) / calls)
+    return samples
+
+
+def per_unit(samples: Sequence[float], units: int, unit: str) -> Figure:
+    return Figure.of([s / units for s in samples], unit)
+
+
+def layer_resident_bytes(layer: LayerWeights) -> int:
+    """Bytes of one layer's weights as the stage holds them (every array of the layer)."""
+    total = 0
+    stack: list[object] = [layer]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, np.ndarray):
+            total += item.nbytes
+        elif item is not None and hasattr(item, "__dataclass_fields__"):
+            stack.extend(getattr(item, name) for name in item.__dataclass_fields__)
+    return total
+
+
+def kv_bytes_per_token(cfg: DeepseekV2Config) -> int:
+    """KV one layer keeps per token: the compressed latent and the rope key."""
+    return KV_BYTES_PER_ELEMENT * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+
+
+def layer_kind(cfg: DeepseekV2Config, layer_index: int) -> str:
+    return "moe" if cfg.is_moe_layer(layer_index) else "dense"
+
+
+class InputMaker:
+    """Deterministic inputs shaped as the stage executor builds them."""
+
+    def __init__(self, cfg: DeepseekV2Config, seed: int = 0):
+        self.cfg = cfg
+        self.rope = rope_tables(cfg)
+        self.rng = np.random.default_rng(seed)
+
+    def hidden(self, rows: int) -> np.ndarray:
+        return (self.rng.standard_normal((rows, self.cfg.hidden_size)) * 0.5).astype(np.float32)
+
+    def prefill(self, length: int) -> LayerInputs:
+        positions = np.arange(length, dtype=np.int64)
+        cos, sin = self.rope.cos_sin(positions)
+        mask = np.where(positions[None, :] <= positions[:, None], np.float32(0), MASK_NEG).astype(np.float32)
+        return LayerInputs(self.hidden(length), cos, sin, self._latent(0), self._rope_keys(0), mask)
+
+    def decode(self, batch: int, context: int) -> LayerInputs:
+        positions = np.full(batch, context, dtype=np.int64)
+        cos, sin = self.rope.cos_sin(positions)
+        past_owner = np.repeat(np.arange(batch), context)
+        keys_owner = np.concatenate([past_owner, np.arange(batch)])
+        mask = np.where(keys_owner[None, :] == np.arange(batch)[:, None], np.float32(0), MASK_NEG)
+        return LayerInputs(self.hidden(batch), cos, sin, self._latent(batch * context),
+                           self._rope_keys(batch * context), np.ascontiguousarray(mask, dtype=np.float32))
+
+    def _latent(self, rows: int) -> np.ndarray:
+        return (self.rng.standard_normal((rows, self.cfg.kv_lora_rank)) * 0.5).astype(np.float32)
+
+    def _rope_keys(self, rows: int) -> np.ndarray:
+        return (self.rng.standard_normal((rows, self.cfg.qk_rope_head_dim)) * 0.5).astype(np.float32)
+
+    def token_ids(self, rows: int) -> np.ndarray:
+        return self.rng.integers(0, self.cfg.vocab_size, rows, dtype=np.int32)
+
+
+def _figures(grid: Grid, clock: Clock, sizes: tuple[int, ...], call: Callable[[np.ndarray], object],
+             make_input: Callable[[int], np.ndarray], per: Callable[[int], int], unit: str) -> dict[int, Figure]:
+    """One figure per size: `call(make_input(size))` timed, divided by `per(size)`."""
+    figures = {}
+    for size in sizes:
+        value = make_input(size)
+        figures[size] = per_unit(timed_runs(partial(call, value), grid.runs, grid.min_run_s, clock), per(size), unit)
+    return figures
+
+
+def measure_layer(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWeights, layer_index: int,
+                  grid: Grid, clock: Clock = time.perf_counter) -> LayerKindProfile:
+    """One decoder layer, timed alone through the stage's kernels."""
+    make = InputMaker(cfg, seed=layer_index)
+    prefill: dict[int, Figure] = {}
+    decode: dict[int, Figure] = {}
+    for length in grid.prefill_lengths:
+        inputs = make.prefill(length)
+        samples = timed_runs(partial(kernels.decoder_layer, layer_index, inputs), grid.runs, grid.min_run_s, clock)
+        prefill[length] = per_unit(samples, length, "s/token")
+    for batch in grid.decode_batches:
+        inputs = make.decode(batch, grid.context_tokens)
+        samples = timed_runs(partial(kernels.decoder_layer, layer_index, inputs), grid.runs, grid.min_run_s, clock)
+        decode[batch] = per_unit(samples, 1, "s/microbatch")
+    return LayerKindProfile(layer_kind(cfg, layer_index), prefill, decode,
+                            layer_resident_bytes(weights.layer(layer_index)), kv_bytes_per_token(cfg))
+
+
+def measure_embed(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWeights, grid: Grid,
+                  clock: Clock = time.perf_counter) -> LayerKindProfile:
+    if weights.embed is None:
+        raise ValueError("this stage holds no embeddings")
+    make = InputMaker(cfg, seed=1000)
+    prefill = _figures(grid, clock, grid.prefill_lengths, kernels.embed, make.token_ids, lambda n: n, "s/token")
+    decode = _figures(grid, clock, grid.decode_batches, kernels.embed, make.token_ids, lambda _: 1, "s/microbatch")
+    return LayerKindProfile("embed", prefill, decode, int(weights.embed.nbytes), 0)
+
+
+def measure_head(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWeights, grid: Grid,
+                 clock: Clock = time.perf_counter) -> LayerKindProfile:
+    """Final norm and lm_head. A prefill computes logits for its last row only (as the executor
+    does), so its cost per token is one row's cost over S."""
+    if weights.lm_head is None or weights.final_norm is None:
+        raise ValueError("this stage holds no head")
+    make = InputMaker(cfg, seed=2000)
+    row = make.hidden(1)
+    one_row = timed_runs(lambda: kernels.final(row), grid.runs, grid.min_run_s, clock)
+    prefill = {n: per_unit(one_row, n, "s/token") for n in grid.prefill_lengths}
+    decode = _figures(grid, clock, grid.decode_batches, kernels.final, make.hidden, lambda _: 1, "s/microbatch")
+    return LayerKindProfile("head", prefill, decode, int(weights.lm_head.nbytes + weights.final_norm.nbytes), 0)
+
+
+def kinds_to_measure(cfg: DeepseekV2Config, layer_start: int, layer_end: int,
+                     already: frozenset[str] = frozenset()) -> dict[str, int]:
+    """The first layer of each kind in [layer_start, layer_end) not yet measured: kind -> layer."""
+    found: dict[str, int] = {}
+    for layer in range(layer_start, layer_end):
+        kind = layer_kind(cfg, layer)
+        if kind not in already and kind not in found:
+            found[kind] = layer
+    return found
+
+
+def profiling_ranges(cfg: DeepseekV2Config) -> tuple[tuple[int, int], ...]:
+    """Contiguous ranges covering the model, cut so that the first range holds the embeddings, the
+    first dense and the first MoE layer, and the last range only the final layer and the head.
+    A profile then needs the first and last range only, however large the model."""
+    layers = cfg.num_hidden_layers
+    dense = next((i for i in range(layers) if not cfg.is_moe_layer(i)), None)
+    moe = next((i for i in range(layers) if cfg.is_moe_layer(i)), None)
+    head_end = max(i for i in (dense, moe) if i is not None) + 1
+    cuts = [0, head_end]
+    if head_end < layers - 1:
+        cuts.append(layers - 1)
+    if cuts[-1] != layers:
+        cuts.append(layers)
+    return tuple((a, b) for a, b in zip(cuts, cuts[1:], strict=False))

@@ -1,0 +1,287 @@
+"""Cost tables from stage and link profiles: per node, per layer, per route.
+
+Every time here is a prediction computed from physical measurements (the profiles' medians),
+never a measurement of the plan itself:
+- a decoder layer's decode time at `r` microbatch rows interpolates its kind's measured seconds
+  per microbatch over the measured batches (1, 8, 32), linearly, extrapolating the last segment
+  beyond them; MoE layers use the `moe` kind, whose measurement already routes sparsely;
+- a layer's prefill time is its kind's measured seconds per token at the target prompt length
+  (interpolated over S = 16, 128, 512) times the prompt length;
+- the first stage adds the `embed` kind, the last the `head` kind (one row of logits for a prefill);
+- memory is each kind's resident bytes, plus its KV bytes per token times context times
+  concurrency, plus the activation buffers the checkpoint's config implies;
+- a route carries one frame per microbatch: half the measured 32 KiB round trip plus the frame's
+  bytes over the measured throughput. The link profile times real FNX2 frames end to end, so
+  packing and unpacking are inside that wire term and read 0 on their own.
+
+Gaps (a host, kind or link without a usable profile) are filled with the declared roofline of
+`costs.py` and every such term says so; deployment mode refuses plans that have any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from libs.profiles import schema
+from services.planner import domain as d
+from services.planner.costs import CostTables, _edge_terms, build_tables, build_workload
+from services.planner.inventory import Inventory, Node, Target
+from services.planner.model import ModelDescription
+from services.planner.profiles import Problem, ProfileBook
+
+DECLARED = ""  # the source of a term filled with a declared figure
+
+
+def interpolate(table: dict[int, schema.Figure], x: float) -> float:
+    """Median at `x`, linear between measured points, the end segment's slope beyond them
+    (never below the smallest measured value); one point: that value."""
+    points = sorted((float(k), f.median) for k, f in table.items())
+    if not points:
+        raise ValueError("no measured points")
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    if len(points) == 1 or x <= xs[0]:
+        return ys[0]
+    if x <= xs[-1]:
+        return float(np.interp(x, xs, ys))
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return max(ys[-1] + slope * (x - xs[-1]), min(ys))
+
+
+@dataclass(frozen=True)
+class NodeCosts:
+    """One node's decode/prefill seconds and resident bytes, and where each kind came from."""
+
+    decode_layer_s: np.ndarray  # (L,)
+    prefill_layer_s: np.ndarray  # (L,)
+    layer_bytes: np.ndarray  # (L,) resident weights
+    layer_kv_bytes: np.ndarray  # (L,) KV for context * concurrency
+    embed_decode_s: float
+    head_decode_s: float
+    embed_prefill_s: float
+    head_prefill_s: float
+    copy_decode_s: float  # pack or unpack of one decode boundary frame
+    copy_prefill_s: float
+    embed_bytes: int
+    head_bytes: int
+    sources: dict[str, str]  # kind -> record id, DECLARED when filled
+    problem: Problem | None  # why the host's profile was not used (None: it was)
+
+
+@dataclass(frozen=True)
+class MeasuredTables:
+    model: ModelDescription
+    target: Target
+    nodes: tuple[Node, ...]
+    costs: tuple[NodeCosts, ...]
+    usable_bytes: np.ndarray  # (n,)
+    activation_bytes: int
+    logits_bytes: int
+    boundary_row_bytes: int
+    link_decode_s: np.ndarray  # (n, n), inf where no route
+    link_prefill_s: np.ndarray
+    link_sources: dict[tuple[int, int], str]  # (i, j) -> link record id, DECLARED when filled
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.num_layers
+
+
+def host_of(node: Node) -> str:
+    return node.host or node.name
+
+
+def _node_costs(tables: CostTables, i: int, book: ProfileBook, now_ns: int) -> NodeCosts:
+    model, work, node = tables.model, tables.workload, tables.nodes[i]
+    rows, prompt = work.decode_rows, work.prefill_tokens
+    per_seq_kv = work.context_tokens * work.concurrency
+    decode, prefill = tables.decode_layer_s[i].copy(), tables.prefill_layer_s[i].copy()
+    layer_bytes, kv = work.layer_weight_bytes.copy(), work.layer_kv_bytes.copy()
+    embed_d, head_d, copy_d = _edge_terms(tables, i, rows, prefill=False)
+    embed_p, head_p, copy_p = _edge_terms(tables, i, prompt, prefill=True)
+    embed_bytes, head_bytes = model.embedding_bytes, model.head_bytes
+    sources = dict.fromkeys(schema.LAYER_KINDS, DECLARED)
+    problem = book.stage_problem(host_of(node), model.model_snapshot, str(node.backend), now_ns)
+    record = None if problem is not None else book.stage_record(host_of(node))
+    if record is not None:
+        for layer in model.layers:
+            kind = record.profile.kind("moe" if layer.is_moe else "dense")
+            if kind is None:
+                continue
+            decode[layer.index] = interpolate(kind.decode_s_per_microbatch, rows)
+            prefill[layer.index] = interpolate(kind.prefill_s_per_token, prompt) * prompt
+            layer_bytes[layer.index] = kind.resident_bytes
+            kv[layer.index] = kind.kv_bytes_per_token * per_seq_kv
+            sources[kind.kind] = record.record_id
+        embed, head = record.profile.kind("embed"), record.profile.kind("head")
+        if embed is not None:
+            embed_d = interpolate(embed.decode_s_per_microbatch, rows)
+            embed_p = interpolate(embed.prefill_s_per_token, prompt) * prompt
+            embed_bytes, sources["embed"] = embed.resident_bytes, record.record_id
+        if head is not None:
+            head_d = interpolate(head.decode_s_per_microbatch, rows)
+            head_p = interpolate(head.decode_s_per_microbatch, 1)
+            head_bytes, sources["head"] = head.resident_bytes, record.record_id
+        copy_d = copy_p = 0.0  # inside the measured FNX2 frame time of the links
+    return NodeCosts(decode, prefill, layer_bytes, kv, embed_d, head_d, embed_p, head_p, copy_d, copy_p,
+                     embed_bytes, head_bytes, sources, problem)
+
+
+def _link_tables(tables: CostTables, book: ProfileBook, now_ns: int):
+    n = len(tables.nodes)
+    decode, prefill = tables.link_decode_s.copy(), tables.link_prefill_s.copy()
+    frame = tables.workload.boundary_row_bytes
+    sources: dict[tuple[int, int], str] = {}
+    for i, a in enumerate(tables.nodes):
+        for j, b in enumerate(tables.nodes):
+            if i == j:
+                continue
+            sources[(i, j)] = DECLARED
+            if book.link_problem(host_of(a), host_of(b), now_ns) is not None:
+                continue
+            link = book.link_record(host_of(a), host_of(b))
+            assert link is not None
+            decode[i, j] = link.profile.seconds_for(frame * tables.workload.decode_rows)
+            prefill[i, j] = link.profile.seconds_for(frame * tables.workload.prefill_tokens)
+            sources[(i, j)] = link.record_id
+    assert decode.shape == (n, n)
+    return decode, prefill, sources
+
+
+def build_measured(model: ModelDescription, inventory: Inventory, nodes: tuple[Node, ...], target: Target,
+                   book: ProfileBook, now_ns: int) -> MeasuredTables:
+    declared = build_tables(model, inventory, nodes, target)
+    work = build_workload(model, target)
+    link_decode, link_prefill, link_sources = _link_tables(declared, book, now_ns)
+    return MeasuredTables(
+        model=model, target=target, nodes=nodes,
+        costs=tuple(_node_costs(declared, i, book, now_ns) for i in range(len(nodes))),
+        usable_bytes=declared.usable_bytes, activation_bytes=work.activation_bytes, logits_bytes=work.logits_bytes,
+        boundary_row_bytes=work.boundary_row_bytes, link_decode_s=link_decode, link_prefill_s=link_prefill,
+        link_sources=link_sources)
+
+
+def stage_memory(t: MeasuredTables, i: int, a: int, b: int) -> tuple[int, int, int]:
+    """(weight, kv, activation) bytes of layers [a, b) on node i."""
+    c, last = t.costs[i], b == t.num_layers
+    weights = int(c.layer_bytes[a:b].sum()) + (c.embed_bytes if a == 0 else 0) + (c.head_bytes if last else 0)
+    return weights, int(c.layer_kv_bytes[a:b].sum()), t.activation_bytes + (t.logits_bytes if last else 0)
+
+
+def service_matrix(t: MeasuredTables) -> np.ndarray:
+    """(n, L+1, L+1): decode service seconds of stage [a, b) on node i; inf if a >= b or it doesn't fit."""
+    n, L = len(t.nodes), t.num_layers
+    a = np.arange(L + 1)[:, None]
+    b = np.arange(L + 1)[None, :]
+    out = np.full((n, L + 1, L + 1), np.inf)
+    for i, c in enumerate(t.costs):
+        held = np.concatenate([[0], np.cumsum(c.layer_bytes + c.layer_kv_bytes)])
+        memory = (held[b] - held[a]) + t.activation_bytes + np.where(a == 0, c.embed_bytes, 0)
+        memory = memory + np.where(b == L, c.head_bytes + t.logits_bytes, 0)
+        prefix = np.concatenate([[0.0], np.cumsum(c.decode_layer_s)])
+        service = (prefix[b] - prefix[a] + np.where(a == 0, c.embed_decode_s, c.copy_decode_s)
+                   + np.where(b == L, c.head_decode_s, c.copy_decode_s))
+        out[i] = np.where((b > a) & (memory <= t.usable_bytes[i]), service, np.inf)
+    return out
+
+
+def stage_costs(t: MeasuredTables, i: int, a: int, b: int, nxt: int | None) -> tuple[d.StageCost, d.StageCost]:
+    """(decode, prefill) predicted terms of layers [a, b) on node i, sending to node `nxt`."""
+    c, first, last = t.costs[i], a == 0, b == t.num_layers
+    out = []
+    for prefill in (False, True):
+        layers = c.prefill_layer_s if prefill else c.decode_layer_s
+        compute = float(layers[a:b].sum())
+        compute += (c.embed_prefill_s if prefill else c.embed_decode_s) if first else 0.0
+        compute += (c.head_prefill_s if prefill else c.head_decode_s) if last else 0.0
+        copy = c.copy_prefill_s if prefill else c.copy_decode_s
+        links = t.link_prefill_s if prefill else t.link_decode_s
+        wire = 0.0 if nxt is None else float(links[i, nxt])
+        out.append(d.StageCost(compute, 0.0 if last else copy, wire, 0.0 if first else copy))
+    return out[0], out[1]
+
+
+def _kinds_used(t: MeasuredTables, a: int, b: int) -> list[str]:
+    kinds = sorted({"moe" if x.is_moe else "dense" for x in t.model.layers[a:b]})
+    return (["embed"] if a == 0 else []) + kinds + (["head"] if b == t.num_layers else [])
+
+
+def _term(name: str, value: float, unit: str, sources: list[tuple[str, str]], physical_note: str,
+          declared_note: str) -> d.TermEvidence:
+    """`sources`: (what, record id or DECLARED) behind the term; any declared part makes it declared."""
+    gaps = [what for what, rid in sources if rid == DECLARED]
+    ids = tuple(dict.fromkeys(rid for _, rid in sources if rid != DECLARED))
+    if gaps:
+        return d.TermEvidence(name, d.TERM_DECLARED, ids, f"{declared_note}; declared for {', '.join(gaps)} "
+                              "(declared, exploratory)", value, unit)
+    return d.TermEvidence(name, d.TERM_PHYSICAL, ids, f"prediction computed from physical measurements: "
+                          f"{physical_note}", value, unit)
+
+
+def stage_terms(t: MeasuredTables, i: int, a: int, b: int, nxt: int | None, prev: int | None,
+                decode: d.StageCost, memory_bytes: int) -> tuple[d.TermEvidence, ...]:
+    c = t.costs[i]
+    host = host_of(t.nodes[i])
+    kinds = _kinds_used(t, a, b)
+    kind_sources = [(f"{host} {k}", c.sources[k]) for k in kinds]
+    rows, prompt = t.target.microbatch_rows, max(t.target.prefill_tokens, 1)
+    compute = _term("compute", decode.compute_s, "s", kind_sources,
+                    f"per-layer decode seconds of kinds {kinds} on {host} interpolated to {rows} row(s)",
+                    f"roofline of declared FLOP/s and bandwidth (prefill at {prompt} tokens likewise)")
+    out = [compute]
+    for name, value, other in (("pack", decode.pack_s, nxt), ("unpack", decode.unpack_s, prev)):
+        if other is None:
+            out.append(d.TermEvidence(name, d.TERM_PHYSICAL if c.sources["dense"] != DECLARED else d.TERM_DECLARED,
+                                      (), "none: this end of the route has no boundary frame", 0.0, "s"))
+            continue
+        pair = (i, other) if name == "pack" else (other, i)
+        link_id = t.link_sources.get(pair, DECLARED)
+        out.append(_term(name, value, "s", [(f"{host} frame copy", link_id)],
+                         f"inside the measured FNX2 frame time of link record {link_id}",
+                         "one copy of the boundary frame at declared memory bandwidth"))
+    if nxt is None:
+        out.append(d.TermEvidence("wire", d.TERM_PHYSICAL if c.sources["dense"] != DECLARED else d.TERM_DECLARED,
+                                  (), "none: the last stage sends no boundary frame", 0.0, "s"))
+    else:
+        other_host = host_of(t.nodes[nxt])
+        out.append(_term("wire", decode.wire_s, "s", [(f"link {host}->{other_host}", t.link_sources[(i, nxt)])],
+                         f"half the measured 32 KiB round trip plus {t.boundary_row_bytes * rows} bytes over the "
+                         f"measured throughput, {host}->{other_host}",
+                         "declared link bandwidth and latency"))
+    out.append(_term("memory", float(memory_bytes), "bytes", kind_sources,
+                     f"resident bytes and KV bytes per token of kinds {kinds} on {host} at "
+                     f"{t.target.context_tokens} tokens x {t.target.concurrency} sequences, plus activation buffers "
+                     "from the checkpoint config",
+                     "exact bookkeeping from the checkpoint config"))
+    return tuple(out)
+
+
+def route_stages(t: MeasuredTables, placement_nodes: tuple[int, ...], cuts: tuple[int, ...]) -> list[schema.RouteStage]:
+    return [schema.RouteStage(host_of(t.nodes[v]), str(t.nodes[v].backend), cuts[k], cuts[k + 1])
+            for k, v in enumerate(placement_nodes)]
+
+
+def deployment_problems(t: MeasuredTables, book: ProfileBook, placement_nodes: tuple[int, ...],
+                        cuts: tuple[int, ...], route_key: str, now_ns: int) -> list[Problem]:
+    """Everything deployment needs that this placement lacks: a usable profile for every host,
+    every layer kind it runs, every link it uses, and a passing calibration of the route."""
+    out: list[Problem] = []
+    for k, v in enumerate(placement_nodes):
+        c, host = t.costs[v], host_of(t.nodes[v])
+        if c.problem is not None:
+            out.append(c.problem)
+            continue
+        record = book.stage_record(host)
+        for kind in _kinds_used(t, cuts[k], cuts[k + 1]):
+            if c.sources[kind] == DECLARED:
+                out.append(Problem(d.MISSING_PROFILE, f"host {host} kind {kind}", record.record_id if record else "",
+                                   f"the stage profile of {host} does not measure layer kind {kind!r}"))
+    for u, v in zip(placement_nodes, placement_nodes[1:], strict=False):
+        problem = book.link_problem(host_of(t.nodes[u]), host_of(t.nodes[v]), now_ns)
+        if problem is not None:
+            out.append(problem)
+    used = [rid for v in placement_nodes for rid in t.costs[v].sources.values() if rid != DECLARED]
+    used += [t.link_sources[(u, v)] for u, v in zip(placement_nodes, placement_nodes[1:], strict=False)]
+    problem = book.calibration_problem(route_key, now_ns, tuple(rid for rid in dict.fromkeys(used) if rid))
+    return out + ([problem] if problem is not None else [])

@@ -1,0 +1,341 @@
+"""ProfileStage, OpenLinkProbe and ProfileLink: this worker measures itself and its links, and
+signs what it measured as physical evidence.
+
+A stage profile needs no installed plan: the worker loads the ranges it is asked to profile
+(from a checkpoint under its read roots, or artifacts it fetches from the builder over gRPC)
+into private kernels on its device thread, measures them with libs/profiles/measure.py, and
+drops them. A link profile uses real FNX2 frames over the real link (libs/profiles/link.py),
+with the data plane's TLS and a probe listener that admits one named peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import platform
+import re
+import time
+import uuid
+from dataclasses import dataclass
+
+import structlog
+
+from fornax.stage_worker.v1 import stage_worker_pb2 as pb
+from libs.artifacts.verify import verify_artifact
+from libs.fnx2.errors import Fnx2Error
+from libs.fnx2.sender import Fnx2Client, SenderConfig
+from libs.model.config import DeepseekV2Config, load_config
+from libs.model.errors import ModelError
+from libs.model.kernels import make_kernels
+from libs.model.weights import load_stage_weights
+from libs.profiles import link as link_probe
+from libs.profiles.measure import Grid, kinds_to_measure, measure_embed, measure_head, measure_layer
+from libs.profiles.schema import LAYER_KINDS, HostFacts, LayerKindProfile, LinkProfile, StageProfile
+from libs.security.fnx2_tls import Fnx2Tls
+from libs.security.identity import Identity, IdentityError
+from libs.security.paths import confine
+from libs.security.tls import own_identity_uri
+from libs.service.cgroup_facts import cgroup_facts
+from libs.service.errors import FailedPrecondition, InvalidArgument, Unavailable
+from libs.service.host import backend_build, host_facts
+from services.evidence_registry.convert import content_to_proto
+from services.evidence_registry.domain import RecordContent
+from services.evidence_registry.profile_records import link_profile_record, stage_profile_record
+from services.evidence_registry.signatures import sign_content
+from services.stage_worker.config import StageWorkerConfig
+from services.stage_worker.fetch import fetch_artifact
+from services.stage_worker.lifecycle import StageState
+from services.stage_worker.runtime import StageRuntime, _compile_progress
+
+log = structlog.get_logger()
+SNAPSHOT = re.compile(r"^sha256:[0-9a-f]{64}$")
+DEFAULT_RUNS = 3
+DEFAULT_CONTEXT = 512
+DEFAULT_VALID_FOR_S = 7 * 24 * 3600
+DEFAULT_RTT_ITERS = 20
+MAX_RUNS = 50
+MAX_RUN_S = 10.0
+MAX_PREFILL = 32768
+MAX_BATCH = 1024
+MAX_CONTEXT = 131072
+PROBE_TTL_S = 60
+MAX_PROBE_TTL_S = 600
+PROFILE_DTYPE = "fp32"  # both backends hold a stage's weights and KV as float32
+BUSY = (StageState.LOADING, StageState.EXECUTING, StageState.DRAINING)
+
+
+@dataclass(frozen=True)
+class ProfileSource:
+    """Layers [layer_start, layer_end) of a checkpoint or artifact directory."""
+
+    directory: str
+    layer_start: int
+    layer_end: int
+    first: bool
+    last: bool
+    label: str  # what the provenance calls it: the checkpoint, or the artifact's manifest hash
+
+
+def grid_from(request: pb.ProfileStageRequest) -> Grid:
+    defaults = Grid()
+    grid = Grid(
+        prefill_lengths=tuple(request.prefill_lengths) or defaults.prefill_lengths,
+        decode_batches=tuple(request.decode_batches) or defaults.decode_batches,
+        context_tokens=request.context_tokens or DEFAULT_CONTEXT,
+        runs=request.runs or DEFAULT_RUNS,
+        min_run_s=request.min_run_ms / 1000 if request.min_run_ms else defaults.min_run_s,
+    )
+    checks = (("prefill_lengths", grid.prefill_lengths, MAX_PREFILL),
+              ("decode_batches", grid.decode_batches, MAX_BATCH))
+    for field, values, limit in checks:
+        if min(values) < 1 or max(values) > limit:
+            raise InvalidArgument(f"{field} must lie in [1, {limit}], got {list(values)}", reason="INVALID_GRID",
+                                  field=field)
+    if grid.context_tokens > MAX_CONTEXT:
+        raise InvalidArgument(f"context_tokens must be at most {MAX_CONTEXT}", reason="INVALID_GRID",
+                              field="context_tokens")
+    if grid.min_run_s > MAX_RUN_S:
+        raise InvalidArgument(f"min_run_ms must be at most {MAX_RUN_S * 1000:g}", reason="INVALID_GRID",
+                              field="min_run_ms")
+    if grid.runs > MAX_RUNS:
+        raise InvalidArgument(f"runs must be at most {MAX_RUNS}", reason="INVALID_GRID", field="runs")
+    return grid
+
+
+def _required(value: str, field: str) -> str:
+    if not value:
+        raise InvalidArgument(f"{field} is required", reason="MISSING_FIELD", field=field)
+    return value
+
+
+def _snapshot(value: str) -> str:
+    if not SNAPSHOT.match(value):
+        raise InvalidArgument(f"model_snapshot must be 'sha256:<64 lowercase hex>', got {value[:80]!r}",
+                              reason="INVALID_SNAPSHOT", field="model_snapshot")
+    return value
+
+
+def measure_sources(backend: str, device: str, sources: list[ProfileSource], grid: Grid,
+                    options: object | None) -> tuple[DeepseekV2Config, list[LayerKindProfile], list[int]]:
+    """Blocking: load each source into private kernels and measure the kinds it adds."""
+    profiles: dict[str, LayerKindProfile] = {}
+    layers: list[int] = []
+    cfg: DeepseekV2Config | None = None
+    for source in sources:
+        cfg = load_config(source.directory)
+        weights = load_stage_weights(source.directory, cfg, source.layer_start, source.layer_end,
+                                     source.first, source.last)
+        kernels = make_kernels(backend, cfg, weights, device, options)
+        for kind, layer in kinds_to_measure(cfg, source.layer_start, source.layer_end, frozenset(profiles)).items():
+            profiles[kind] = measure_layer(cfg, kernels, weights, layer, grid)
+            layers.append(layer)
+        if source.first and "embed" not in profiles:
+            profiles["embed"] = measure_embed(cfg, kernels, weights, grid)
+        if source.last and "head" not in profiles:
+            profiles["head"] = measure_head(cfg, kernels, weights, grid)
+        del kernels, weights  # one source's weights in memory at a time
+    if cfg is None:
+        raise InvalidArgument("nothing to profile", reason="MISSING_FIELD", field="layer_ranges")
+    return cfg, [profiles[k] for k in LAYER_KINDS if k in profiles], layers
+
+
+def model_shapes(cfg: DeepseekV2Config) -> str:
+    return (f"hidden {cfg.hidden_size}, heads {cfg.num_attention_heads}, kv_lora_rank {cfg.kv_lora_rank}, "
+            f"rope dim {cfg.qk_rope_head_dim}, dense inner {cfg.intermediate_size}, experts {cfg.n_routed_experts} "
+            f"(top {cfg.num_experts_per_tok}, shared {cfg.n_shared_experts}, inner {cfg.moe_intermediate_size}), "
+            f"vocab {cfg.vocab_size}, layers {cfg.num_hidden_layers}")
+
+
+class Profiler:
+    """The servicer's profiling half: one per worker."""
+
+    def __init__(self, cfg: StageWorkerConfig, runtime: StageRuntime, tls: Fnx2Tls | None, advertise_host: str):
+        self._cfg = cfg
+        self._runtime = runtime
+        self._tls = tls
+        self._advertise_host = advertise_host
+        self._probes: dict[str, link_probe.Probe] = {}
+
+    # ---- signing -------------------------------------------------------------------------
+    def _require_identity(self):
+        paths = self._cfg.server.tls
+        if paths is None or self._tls is None:
+            raise FailedPrecondition("a profile is physical evidence and must be signed; this worker serves "
+                                     "without TLS and has no identity to sign with", reason="NO_SIGNING_IDENTITY")
+        return paths
+
+    def _signed(self, content: RecordContent, blob: bytes) -> RecordContent:
+        paths = self._require_identity()
+        material = paths.read()
+        if material.cert_pem is None or material.key_pem is None:
+            raise FailedPrecondition("this worker has no certificate and key to sign with",
+                                     reason="NO_SIGNING_IDENTITY")
+        signer = Identity.from_uri(own_identity_uri(paths))
+        return sign_content(content, hashlib.sha256(blob).hexdigest(), signer, material.cert_pem, material.key_pem)
+
+    def _host_facts(self, host: str) -> HostFacts:
+        limits = cgroup_facts()
+        return HostFacts(host=host, cpu_model=host_facts().cpu_name, cpu_quota_cores=limits.cpu_quota_cores,
+                         cpuset=limits.cpuset, memory_limit_bytes=limits.memory_limit_bytes)
+
+    def _backend_build(self) -> str:
+        build = backend_build(self._cfg.backend)
+        if build is None:
+            raise FailedPrecondition(f"backend {self._cfg.backend} is not installed", reason="BACKEND_UNAVAILABLE")
+        return build
+
+    # ---- stage ---------------------------------------------------------------------------
+    async def profile_stage(self, request: pb.ProfileStageRequest) -> pb.ProfileStageResponse:
+        host = _required(request.host, "host")
+        snapshot = _snapshot(request.model_snapshot)
+        grid = grid_from(request)
+        self._require_identity()
+        if self._runtime.lifecycle.state in BUSY:
+            raise FailedPrecondition(f"the worker is {self._runtime.lifecycle.state.value}; profile it idle",
+                                     reason="STAGE_BUSY")
+        build = self._backend_build()
+        sources = await self._sources(request, snapshot)
+        options = None
+        if self._cfg.backend.value == "max":
+            from libs.model.max_kernels import MaxOptions
+
+            options = MaxOptions(device=self._cfg.device, progress=_compile_progress)
+        loop = asyncio.get_running_loop()
+        try:
+            cfg, kinds, layers = await loop.run_in_executor(
+                self._runtime.device_thread, measure_sources, self._cfg.backend.value, self._cfg.device, sources,
+                grid, options)
+        except ModelError as exc:
+            raise FailedPrecondition(f"{exc.reason}: {exc.message}", reason="PROFILE_LOAD_FAILED") from exc
+        profile = StageProfile(
+            host=self._host_facts(host), worker=own_identity_uri(self._cfg.server.tls),
+            backend=self._cfg.backend.value, backend_build=build, device=self._cfg.device, model_snapshot=snapshot,
+            dtype=PROFILE_DTYPE, context_tokens=grid.context_tokens,
+            concurrency=request.concurrency or max(grid.decode_batches), kinds=tuple(kinds),
+            command=request.command or "StageWorkerService/ProfileStage", measured_unix_ns=time.time_ns(),
+            valid_for_s=request.valid_for_s or DEFAULT_VALID_FOR_S)
+        measured = layers or [sources[0].layer_start]
+        shapes = model_shapes(cfg) + "; sources " + ", ".join(s.label for s in sources)
+        content, blob = stage_profile_record(profile, (min(measured), max(measured) + 1), shapes)
+        log.info("stage_profiled", host=host, kinds=[k.kind for k in kinds], runs=grid.runs)
+        return pb.ProfileStageResponse(profile_json=blob, record=content_to_proto(self._signed(content, blob)))
+
+    async def _sources(self, request: pb.ProfileStageRequest, snapshot: str) -> list[ProfileSource]:
+        if bool(request.checkpoint_dir) == bool(request.artifact_source_address):
+            raise InvalidArgument("give exactly one of checkpoint_dir or artifact_source_address",
+                                  reason="INVALID_SOURCE", field="checkpoint_dir")
+        if request.checkpoint_dir:
+            return self._checkpoint_sources(request, snapshot)
+        if not request.manifest_hashes:
+            raise InvalidArgument("artifact_source_address needs manifest_hashes", reason="MISSING_FIELD",
+                                  field="manifest_hashes")
+        cache = self._runtime.artifact_cache
+        if cache is None:
+            raise FailedPrecondition("this worker has no state directory to fetch artifacts into",
+                                     reason="NO_ARTIFACT_CACHE", field="artifact_source_address")
+        sources = []
+        for manifest_hash in request.manifest_hashes:
+            local = await fetch_artifact(request.artifact_source_address, manifest_hash, cache,
+                                         config=self._runtime.fetch_channel)
+            manifest = (await asyncio.to_thread(verify_artifact, local, expected_manifest_hash=manifest_hash)).manifest
+            sources.append(ProfileSource(str(local), manifest.layers.layer_start, manifest.layers.layer_end_exclusive,
+                                         manifest.owns_embeddings, manifest.owns_head,
+                                         f"artifact {manifest_hash} (snapshot {manifest.source.snapshot_id})"))
+        return sources
+
+    def _checkpoint_sources(self, request: pb.ProfileStageRequest, snapshot: str) -> list[ProfileSource]:
+        from services.planner.model import describe_checkpoint
+
+        directory = confine(request.checkpoint_dir, self._cfg.read_roots, "checkpoint_dir")
+        try:
+            cfg = load_config(directory)
+            found = describe_checkpoint(directory).model_snapshot
+        except (ModelError, ValueError) as exc:
+            raise InvalidArgument(f"not a checkpoint: {exc}", reason="INVALID_CHECKPOINT",
+                                  field="checkpoint_dir") from exc
+        if found != snapshot:
+            raise FailedPrecondition(f"the checkpoint is {found}, the request names {snapshot}",
+                                     reason="MODEL_SNAPSHOT_MISMATCH", field="model_snapshot")
+        if not request.layer_ranges:
+            raise InvalidArgument("checkpoint_dir needs layer_ranges", reason="MISSING_FIELD", field="layer_ranges")
+        layers = cfg.num_hidden_layers
+        sources = []
+        for index, r in enumerate(request.layer_ranges):
+            start, end = r.layer_start, r.layer_end_exclusive
+            if not 0 <= start < end <= layers:
+                raise InvalidArgument(f"layer range [{start}, {end}) is outside the model's {layers} layers",
+                                      reason="INVALID_LAYER_RANGE", field=f"layer_ranges[{index}]")
+            sources.append(ProfileSource(str(directory), start, end, start == 0, end == layers,
+                                         f"checkpoint layers [{start}, {end})"))
+        return sources
+
+    # ---- link ----------------------------------------------------------------------------
+    async def open_probe(self, request: pb.OpenLinkProbeRequest) -> pb.OpenLinkProbeResponse:
+        ttl = request.ttl_s or PROBE_TTL_S
+        if ttl > MAX_PROBE_TTL_S:
+            raise InvalidArgument(f"ttl_s must be at most {MAX_PROBE_TTL_S}", reason="INVALID_TTL", field="ttl_s")
+        policy = None
+        if self._tls is not None:
+            peer = _required(request.peer_identity, "peer_identity")
+            try:
+                Identity.from_uri(peer)
+            except IdentityError as exc:
+                raise InvalidArgument(str(exc), reason="INVALID_PEER_IDENTITY", field="peer_identity") from exc
+            policy = self._tls.admit_only(peer)
+        probe_id = str(uuid.uuid4())
+        probe = await link_probe.open_probe(probe_id, self._cfg.server.host, policy)
+        self._probes[probe_id] = probe
+        asyncio.get_running_loop().call_later(ttl, lambda: asyncio.ensure_future(self._close_probe(probe_id)))
+        log.info("link_probe_opened", probe_id=probe_id, port=probe.port, peer=request.peer_identity, ttl_s=ttl)
+        return pb.OpenLinkProbeResponse(probe_id=probe_id, address=f"{self._advertise_host}:{probe.port}",
+                                        identity=own_identity_uri(self._cfg.server.tls))
+
+    async def _close_probe(self, probe_id: str) -> None:
+        probe = self._probes.pop(probe_id, None)
+        if probe is not None:
+            await probe.close()
+
+    async def close(self) -> None:
+        for probe_id in list(self._probes):
+            await self._close_probe(probe_id)
+
+    async def profile_link(self, request: pb.ProfileLinkRequest) -> pb.ProfileLinkResponse:
+        from_host, to_host = _required(request.from_host, "from_host"), _required(request.to_host, "to_host")
+        address = _required(request.probe_address, "probe_address")
+        try:
+            binding = link_probe.probe_binding(_required(request.probe_id, "probe_id"))
+        except ValueError as exc:
+            raise InvalidArgument("probe_id must be the UUID OpenLinkProbe answered", reason="INVALID_PROBE",
+                                  field="probe_id") from exc
+        self._require_identity()
+        assert self._tls is not None  # _require_identity checked it
+        peer = _required(request.probe_identity, "probe_identity")
+        host, _, port = address.rpartition(":")
+        runs = request.runs or DEFAULT_RUNS
+        if runs > MAX_RUNS:
+            raise InvalidArgument(f"runs must be at most {MAX_RUNS}", reason="INVALID_GRID", field="runs")
+        try:
+            client: Fnx2Client = await self._tls.connect(host, int(port), SenderConfig(binding), peer)
+        except (OSError, ValueError, Fnx2Error) as exc:
+            raise Unavailable(f"cannot open the probe channel to {address}: {exc}", reason="PROBE_UNREACHABLE",
+                              field="probe_address") from exc
+        try:
+            samples = await link_probe.measure_link(client, binding, runs, request.rtt_iters or DEFAULT_RTT_ITERS)
+        except (Fnx2Error, RuntimeError) as exc:
+            raise Unavailable(f"the probe channel to {address} failed: {exc}", reason="PROBE_FAILED") from exc
+        finally:
+            await client.close()
+        rtt, throughput = samples.figures()
+        profile = LinkProfile(from_host=from_host, to_host=to_host, rtt_32kib_s=rtt, throughput_bytes_per_s=throughput,
+                              transport="fnx2+tls", command=request.command or "StageWorkerService/ProfileLink",
+                              measured_unix_ns=time.time_ns(), valid_for_s=request.valid_for_s or DEFAULT_VALID_FOR_S)
+        facts = self._host_facts(from_host)
+        build = f"fnx2 2.0 over TLS, python {platform.python_version()}, {backend_build(self._cfg.backend) or ''}"
+        shapes = (f"round trip: {link_probe.rows_for(link_probe.LINK_RTT_BYTES)} decode rows x "
+                  f"{link_probe.WIDTH} bf16 echoed, median of {request.rtt_iters or DEFAULT_RTT_ITERS} per run; "
+                  f"throughput: one {link_probe.LINK_THROUGHPUT_BYTES} B bf16 frame per run, send to answer; "
+                  f"to {to_host} at {address} ({peer})")
+        content, blob = link_profile_record(profile, facts.describe(), build, shapes)
+        log.info("link_profiled", from_host=from_host, to_host=to_host, rtt_s=rtt.median,
+                 throughput_bytes_per_s=throughput.median)
+        return pb.ProfileLinkResponse(profile_json=blob, record=content_to_proto(self._signed(content, blob)))
