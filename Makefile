@@ -76,7 +76,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 test: setup system-deps proto-check lint
-	$(VENV)/bin/pytest -p no:cacheprovider tests
+	bash scripts/run_tests.sh $(VENV)/bin/pytest
 
 unit: setup
 	$(VENV)/bin/pytest tests/unit

@@ -23,13 +23,14 @@ def reference_sequences(checkpoint: str, prompt_ids: list[list[int]], new_tokens
                 for ids in prompt_ids]
 
 
-async def _served_next_tokens(orchestrator: str, prefixes: list[list[int]], concurrency: int = 8) -> list[int]:
+async def _served_next_tokens(orchestrator: str, prefixes: list[list[int]], concurrency: int = 8,
+                              channel_config=None) -> list[int]:
     from fornax.orchestrator.v1 import orchestrator_pb2 as pb
     from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
-    from libs.service.channels import open_aio_channel
+    from libs.service.channels import ChannelConfig, open_aio_channel
 
     gate = asyncio.Semaphore(concurrency)
-    async with open_aio_channel(orchestrator) as channel:
+    async with open_aio_channel(orchestrator, channel_config or ChannelConfig()) as channel:
         stub = pb_grpc.OrchestratorServiceStub(channel)
 
         async def one(prefix: list[int]) -> int:
@@ -43,15 +44,17 @@ async def _served_next_tokens(orchestrator: str, prefixes: list[list[int]], conc
         return list(await asyncio.gather(*(one(p) for p in prefixes)))
 
 
-def top1_agreement(checkpoint: str, orchestrator: str, prompt_ids: list[list[int]], new_tokens: int) -> dict:
-    """Fraction of positions where the route's greedy token equals the fp32 reference's."""
+def top1_agreement(checkpoint: str, orchestrator: str, prompt_ids: list[list[int]], new_tokens: int,
+                   channel_config=None) -> dict:
+    """Fraction of positions where the route's greedy token equals the fp32 reference's.
+    `channel_config` carries the fleet's client credentials (an mTLS fleet refuses plaintext)."""
     references = reference_sequences(checkpoint, prompt_ids, new_tokens)
     prefixes, expected = [], []
     for prompt, sequence in zip(prompt_ids, references, strict=True):
         for position in range(len(prompt), len(sequence)):
             prefixes.append(sequence[:position])
             expected.append(sequence[position])
-    served = asyncio.run(_served_next_tokens(orchestrator, prefixes))
+    served = asyncio.run(_served_next_tokens(orchestrator, prefixes, channel_config=channel_config))
     matches = sum(a == b for a, b in zip(served, expected, strict=True))
     return {"top1_agreement": matches / max(1, len(expected)), "positions": len(expected),
             "reference": "transformers float32 greedy, teacher-forced per position"}

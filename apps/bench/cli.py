@@ -27,6 +27,12 @@ def register(commands, benches) -> None:
                             "with and without chunked prefill")
     serve.add_argument("--preset", choices=("tiny", "small"), default="small",
                        help="generated checkpoint preset when --checkpoint is not given")
+    serve.add_argument("--peer", choices=("llama.cpp",),
+                       help="also measure this peer side by side on the same prompts (needs --llama-server, --gguf)")
+    serve.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                       help="event loop of the in-process serving core (orchestrator side)")
+    serve.add_argument("--llama-server", help="--peer llama.cpp: the llama-server binary")
+    serve.add_argument("--gguf", help="--peer llama.cpp: the checkpoint converted to GGUF")
     serve.add_argument("--tokens-per-step", type=int, default=48,
                        help="--mixed: the chunked setting's token budget per step")
     serve.set_defaults(func=cmd_serve)
@@ -42,6 +48,19 @@ def register(commands, benches) -> None:
     grammar.add_argument("--walks", type=int, default=20, help="seeded random walks per engine")
     grammar.add_argument("--max-steps", type=int, default=200, help="tokens per walk at most")
     grammar.set_defaults(func=cmd_grammar)
+
+    placement = benches.add_parser("placement", help="calibrated placement vs an even layer split on a netns "
+                                                    "fleet of two unlike hosts (needs root)")
+    placement.add_argument("--fleet", required=True, help="fleet file with two stage hosts")
+    placement.add_argument("--checkpoint", help=f"checkpoint dir (default: the small preset in {DEFAULT_CHECKPOINT})")
+    placement.add_argument("--preset", choices=("tiny", "small"), default="small",
+                           help="generated checkpoint preset when --checkpoint is not given")
+    placement.add_argument("--prompt-tokens", type=int, default=16)
+    placement.add_argument("--max-tokens", type=int, default=24)
+    placement.add_argument("--concurrency", type=int, default=8)
+    placement.add_argument("--repeats", type=int, default=2, help="interleaved repetitions per split (best kept)")
+    placement.add_argument("--json", action="store_true")
+    placement.set_defaults(func=cmd_placement)
 
     front = benches.add_parser("tls-front", help="latency the TLS front adds: unary and stream, vs gRPC core TLS")
     front.add_argument("--calls", type=int, default=400, help="unary calls per configuration")
@@ -90,6 +109,7 @@ def _quiet_logs() -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from apps.bench.serve import BenchOptions, run
+    from libs.service.event_loop import EventLoopKind
 
     _quiet_logs()
     if args.mixed:
@@ -98,6 +118,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
     if args.fleet:
         return _serve_fleet(args, levels)
+    try:
+        llama = _llama_peer(args, levels)
+    except ValueError as exc:
+        print(f"fornax bench serve: {exc}", file=sys.stderr)
+        return 2
     options = BenchOptions(
         _checkpoint(args.checkpoint, args.preset),
         args.prompt_tokens,
@@ -105,8 +130,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.backend,
         levels,
         args.repeats,
+        llama,
+        EventLoopKind(args.loop),
     )
-    report = run(options, "fornax " + " ".join(sys.argv[1:]))
+    from apps.bench.llama_peer import PeerError
+
+    try:
+        report = run(options, "fornax " + " ".join(sys.argv[1:]))
+    except PeerError as exc:
+        print(f"fornax bench serve: {exc.reason}: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         return 0
@@ -114,13 +147,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"# {prov['label']}: {prov['hardware']}; {prov['backend_build']}; {prov['transformers_build']}")
     print(f"# model {prov['model_snapshot']}; prompt {options.prompt_tokens} tokens, {options.max_tokens} new tokens")
     print(f"{'setup':<18}{'conc':>5}{'tok/s':>10}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>10}{'ITL p99':>10}")
-    for name in ("pipeline_2_stage", "pipeline_1_stage", "transformers"):
-        for level, f in report[name].items():
+    for name in ("pipeline_2_stage", "pipeline_1_stage", "transformers", "llama_cpp"):
+        for level, f in report.get(name, {}).items():
             print(f"{name:<18}{level[1:]:>5}{f['output_tokens_per_s']:>10.1f}{f['ttft_p50_s']:>10.3f}"
                   f"{f['ttft_p99_s']:>10.3f}{f['itl_p50_s']:>10.3f}{f['itl_p99_s']:>10.3f}")
-    for key in sorted(k for k in report if k.startswith(("two_vs", "pipeline_vs"))):
+    for key in sorted(k for k in report if k.startswith(("two_vs", "pipeline_vs", "one_stage_vs", "vs_llama"))):
         print(f"{key} = {report[key]:.2f}")
     return 0
+
+
+def _llama_peer(args: argparse.Namespace, levels: tuple[int, ...]):
+    """The llama.cpp peer's options, checked before anything starts; None without --peer."""
+    from apps.bench.llama_peer import LlamaPeerOptions, PeerError, check_options
+    from libs.service.affinity import usable_cpus
+
+    if args.peer is None:
+        if args.llama_server or args.gguf:
+            raise ValueError("PEER_ARGS_WITHOUT_PEER: --llama-server and --gguf need --peer llama.cpp")
+        return None
+    if not (args.llama_server and args.gguf):
+        raise ValueError("PEER_ARGS_MISSING: --peer llama.cpp needs --llama-server PATH and --gguf PATH")
+    options = LlamaPeerOptions(args.llama_server, args.gguf, slots=max(levels),
+                               context_per_slot=args.prompt_tokens + args.max_tokens + 16,
+                               threads=len(usable_cpus()))
+    try:
+        check_options(options)
+    except PeerError as exc:
+        raise ValueError(f"{exc.reason}: {exc}") from None
+    return options
 
 
 def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
@@ -146,6 +200,15 @@ def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
         hops = ", ".join(f"{h['boundary_payload_bytes_per_token']:.0f}" for h in f["hops"].values())
         print(f"{level[1:]:>5}{f['output_tokens_per_s']:>10.1f}{f['ttft_p50_s']:>10.3f}{f['ttft_p99_s']:>10.3f}"
               f"{f['itl_p50_s']:>10.3f}{f['itl_p99_s']:>10.3f}  {hops}")
+    for level, f in report["levels"].items():
+        if f.get("pipeline"):
+            p = f["pipeline"]
+            print(f"{level}: pipeline efficiency {p['pipeline_efficiency']:.3f} (slowest {p['slowest_stage']} "
+                  f"alone {p['slowest_stage_alone_tokens_per_s']:.1f} tok/s)")
+        for name, stage in f["stages"].items():
+            if "busy_fraction" in stage:
+                print(f"  {name}: busy {stage['busy_fraction']:.1%}  waiting for input "
+                      f"{stage['input_wait_fraction']:.1%}  waiting for credit {stage['credit_wait_fraction']:.1%}")
     agreement = report["agreement"]
     print(f"top-1 agreement with transformers fp32 at hops {agreement['hop_boundary_dtypes']}: "
           f"{agreement['top1_agreement']:.4f} over {agreement['positions']} positions")
@@ -241,3 +304,43 @@ def cmd_coldstart(args: argparse.Namespace) -> int:
             print(f"{key} = {report[key]}")
     ok = report["final_backend"] == "max" and report["requests_lost_during_switch"] == 0
     return 0 if ok else 1
+
+
+def cmd_placement(args: argparse.Namespace) -> int:
+    from apps.bench.placement import PlacementBenchError, PlacementBenchOptions, run_placement_bench
+    from apps.fleet.netns import IsolationFailed, IsolationUnavailable
+    from apps.fleet.spec import FleetFileError, load_fleet_spec
+
+    _quiet_logs()
+    try:
+        spec = load_fleet_spec(args.fleet)
+        checkpoint = str(Path(_checkpoint(args.checkpoint, args.preset)).resolve())
+        options = PlacementBenchOptions(args.fleet, spec, checkpoint, prompt_tokens=args.prompt_tokens,
+                                        max_tokens=args.max_tokens, concurrency=args.concurrency,
+                                        repeats=args.repeats)
+        report = run_placement_bench(options, "fornax " + " ".join(sys.argv[1:]),
+                                     lambda message: print(f"  {message}", file=sys.stderr))
+    except (FleetFileError, IsolationUnavailable, IsolationFailed, PlacementBenchError) as exc:
+        print(f"fornax: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    prov = report["provenance"]
+    print(f"# {prov['label']}; fleet {prov['fleet_file']} sha256:{prov['fleet_file_sha256']}; {prov['hardware']}; "
+          f"model {prov['model_snapshot']}; load average {prov['load_average']}")
+    for host, facts in prov["hosts"].items():
+        print(f"# host {host}: {facts['backend_build']}, quota {facts['cpu_quota_cores']:g} cores")
+    for name in ("even", "calibrated"):
+        split = report[name]
+        stages = ", ".join(f"{s['host']} [{s['layer_start']},{s['layer_end_exclusive']}) "
+                           f"measured {s['measured_decode_service_s']:.4f}s "
+                           f"predicted {s['predicted_decode_service_s']:.4f}s"
+                           for s in split["stages"])
+        print(f"{name:<11} physical {split['output_tokens_per_s']:.1f} tok/s; {stages}")
+    same = " (the calibrated split is the even split: the ratio is run-to-run noise)" \
+        if report["calibrated_equals_even"] else ""
+    print(f"calibrated_vs_even_tok_s = {report['calibrated_vs_even_tok_s']:.2f} (physical){same}")
+    print(f"bottleneck_prediction_error = {report['bottleneck_prediction_error']:.3f} "
+          "(physical measurement vs fitted prediction)")
+    return 0

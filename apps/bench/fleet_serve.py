@@ -25,6 +25,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from apps.bench.agreement import top1_agreement
+from apps.bench.pipeline_efficiency import StageWindow, pipeline_efficiency
 from apps.bench.serve import RunFigures, prompts
 from apps.fleet.isolated import start_isolated_fleet
 from apps.fleet.launcher import FleetOptions
@@ -94,6 +95,21 @@ async def _stage_counters(state: FleetState) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _stage_occupancy(state: FleetState, state_dir: Path) -> dict[str, tuple[int, int, int]]:
+    """Per stage worker (by name), its cumulative (busy, credit wait, input wait) ns from GetHealth."""
+    from fornax.stage_worker.v1 import stage_worker_pb2 as pb
+    from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
+    from libs.security.cli_credentials import cli_channel
+    from libs.service.channels import open_channel
+
+    out = {}
+    for service in (s for s in state.services if s.kind == "stage_worker"):
+        with open_channel(service.grpc, cli_channel(state_dir)) as channel:
+            t = pb_grpc.StageWorkerServiceStub(channel).GetHealth(pb.GetHealthRequest(), timeout=30).phase_totals
+        out[service.name] = (t.busy_ns, t.credit_wait_ns, t.input_wait_ns)
+    return out
+
+
 def _link_counters(links: list[str]) -> dict[str, tuple[int, int]]:
     """(bytes out of the host, bytes into it) per root-side veth."""
     def read(link: str, name: str) -> int:
@@ -103,13 +119,21 @@ def _link_counters(links: list[str]) -> dict[str, tuple[int, int]]:
 
 
 def _level_report(figures: RunFigures, stages_before, stages_after,
-                  links_before, links_after, host_links: dict[str, str]) -> dict:
+                  links_before, links_after, host_links: dict[str, str],
+                  occupancy_before: dict[str, tuple[int, int, int]] | None = None,
+                  occupancy_after: dict[str, tuple[int, int, int]] | None = None) -> dict:
     tokens = max(1, figures.output_tokens)
     stage_names = sorted(stages_after, key=lambda name: int(name.rsplit("-", 1)[1]))
-    stages = {}
+    stages, windows = {}, {}
     for name in stage_names:
         delta = {k: stages_after[name][k] - stages_before.get(name, {}).get(k, 0.0) for k in STAGE_COUNTERS.values()}
-        stages[name] = {"worker": stages_after[name]["worker"], "compute_s": delta["compute_s"],
+        worker = stages_after[name]["worker"]
+        if occupancy_before is not None and occupancy_after is not None and worker in occupancy_after:
+            before = occupancy_before.get(worker, (0, 0, 0))
+            busy, credit, idle = (max(0, a - b) / 1e9 for a, b in zip(occupancy_after[worker], before, strict=True))
+            windows[name] = StageWindow(busy, credit, idle)
+        stages[name] = {"worker": worker, "compute_s": delta["compute_s"],
+                        **({"busy_s": windows[name].busy_s, **windows[name].fractions()} if name in windows else {}),
                         "device_queue_s": delta["queue_s"],
                         "exposed_wait_s": max(0.0, figures.wall_s - delta["compute_s"]),
                         "exposed_wait_fraction": max(0.0, 1 - delta["compute_s"] / figures.wall_s),
@@ -120,10 +144,13 @@ def _level_report(figures: RunFigures, stages_before, stages_after,
     links = {host: {"bytes_out_per_token": (links_after[link][0] - links_before[link][0]) / tokens,
                     "bytes_in_per_token": (links_after[link][1] - links_before[link][1]) / tokens}
              for host, link in host_links.items()}
-    return {**figures.summary(), "stages": stages, "hops": hops, "host_links": links}
+    pipeline = pipeline_efficiency(figures.output_tokens, figures.wall_s, windows) \
+        if windows and figures.output_tokens > 0 else None
+    return {**figures.summary(), "stages": stages, "hops": hops, "host_links": links, "pipeline": pipeline}
 
 
-async def _measure(options: FleetBenchOptions, state: FleetState, host_links: dict[str, str]) -> dict:
+async def _measure(options: FleetBenchOptions, state: FleetState, host_links: dict[str, str],
+                   state_dir: Path) -> dict:
     vocab = load_config(options.checkpoint).vocab_size  # the harness's own copy, for prompt ids only
     api = state.api
     if api is None:
@@ -134,10 +161,14 @@ async def _measure(options: FleetBenchOptions, state: FleetState, host_links: di
     for c in options.concurrency:
         batch = prompts(vocab, c, options.prompt_tokens, seed=c)
         stages_before, links_before = await _stage_counters(state), _link_counters(list(host_links.values()))
+        occupancy_before = await asyncio.to_thread(_stage_occupancy, state, state_dir)
         figures = await _drive(api, batch, options.max_tokens, tls)
+        occupancy_after = await asyncio.to_thread(_stage_occupancy, state, state_dir)
         stages_after, links_after = await _stage_counters(state), _link_counters(list(host_links.values()))
         report[f"c{c}"] = _level_report(figures, stages_before, stages_after, links_before, links_after,
-                                        host_links)
+                                        host_links, occupancy_before, occupancy_after)
+        print(f"  c{c}: {json.dumps({k: report[f'c{c}'][k] for k in ('output_tokens_per_s', 'pipeline')})}",
+              file=sys.stderr)
     return report
 
 
@@ -152,19 +183,24 @@ def run_fleet_bench(options: FleetBenchOptions, command: str) -> dict:
             if record is None:
                 raise RuntimeError(f"the fleet in {state_dir} left no host record")
             host_links = {host.name: link for host, link in zip(options.spec.hosts, record.links[1:], strict=False)}
-            levels = asyncio.run(_measure(options, state, host_links))
-            agreement = _agreement(options, state)
+            levels = asyncio.run(_measure(options, state, host_links, state_dir))
+            agreement = _agreement(options, state, state_dir)
         finally:
             launcher.stop_all()
             tear_down(state_dir)
-    return {"levels": levels, "agreement": agreement, "provenance": _provenance(options, command)}
+    efficiency = {f"pipeline_efficiency_{level}": figures["pipeline"]["pipeline_efficiency"]
+                  for level, figures in levels.items() if figures.get("pipeline")}
+    return {**efficiency, "levels": levels, "agreement": agreement, "provenance": _provenance(options, command)}
 
 
-def _agreement(options: FleetBenchOptions, state: FleetState) -> dict:
+def _agreement(options: FleetBenchOptions, state: FleetState, state_dir: Path) -> dict:
     """Teacher-forced top-1 agreement with transformers fp32, at this fleet's hop dtypes."""
+    from libs.security.cli_credentials import cli_channel
+
     vocab = load_config(options.checkpoint).vocab_size
     batch = [list(p) for p in prompts(vocab, options.agreement_prompts, 8, seed=7)]
-    figure = top1_agreement(options.checkpoint, state.entry("orchestrator").grpc, batch, options.max_tokens)
+    figure = top1_agreement(options.checkpoint, state.entry("orchestrator").grpc, batch, options.max_tokens,
+                            cli_channel(state_dir))
     return {**figure, "hop_boundary_dtypes": [d.value for d in options.spec.hop_dtypes]}
 
 
@@ -184,7 +220,13 @@ def _provenance(options: FleetBenchOptions, command: str) -> dict:
         "setup": {"prompt_tokens": options.prompt_tokens, "max_tokens": options.max_tokens,
                   "host_links": "root-side veth counters: every flow on the host's link (FNX2, gRPC, HTTP)",
                   "hops": "boundary tensor payload bytes from each stage's FNX2 counter",
-                  "exposed_wait": "level wall time minus the stage's compute time"},
+                  "exposed_wait": "level wall time minus the stage's compute time",
+                  "stage_fractions": "each stage's own wall time over the level: busy (a batch being worked "
+                                     "on), credit wait (idle with a batch at the next hop), input wait "
+                                     "(idle, nothing to do); from GetHealth",
+                  "pipeline_efficiency": "pipeline tokens/s ÷ the slowest stage's tokens/s alone, where alone "
+                                         "= output tokens ÷ that stage's busy seconds on the same microbatches "
+                                         "(apps/bench/pipeline_efficiency.py)"},
         "command": command,
     }
 

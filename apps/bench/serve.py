@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,8 @@ from apps.fleet.launcher import FleetOptions, Launcher, ServiceProcess
 from libs.model.config import load_config
 from libs.model.layout import even_layer_split
 from libs.service.affinity import usable_cpus, worker_cpu_sets, worker_env
+from libs.service.event_loop import EventLoopKind, describe
+from libs.service.event_loop import run as run_on_loop
 from libs.service.host import cpu_name
 from libs.service.host_quota import quota_label
 from libs.text.context import TextContext
@@ -32,6 +35,9 @@ from services.orchestrator.model_card import served_model
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.serving import ServingConfig, ServingEngine
 from services.orchestrator.stage_chain import Route
+
+if TYPE_CHECKING:
+    from apps.bench.llama_peer import LlamaPeerOptions
 
 CONCURRENCY = (1, 8, 32)
 
@@ -44,6 +50,8 @@ class BenchOptions:
     backend: str = "numpy"
     concurrency: tuple[int, ...] = CONCURRENCY
     repeats: int = 2
+    llama: LlamaPeerOptions | None = None  # --peer llama.cpp: measured beside the other setups
+    loop: EventLoopKind = EventLoopKind.ASYNCIO  # the serving core's event loop (the harness's process)
 
 
 @dataclass(frozen=True)
@@ -88,11 +96,14 @@ async def _drive(engine: ServingEngine, prompt_ids: list[tuple[int, ...]], max_t
     return RunFigures(sum(r[0] for r in results), wall, [r[1] for r in results], [g for r in results for g in r[2]])
 
 
-def _start_workers(cpu_sets: list[tuple[int, ...]], backend: str, state_dir: Path) -> Launcher:
-    launcher = Launcher(FleetOptions(state_dir=state_dir, grace_period_s=5.0))
+def _start_workers(cpu_sets: list[tuple[int, ...]], backend: str, state_dir: Path,
+                   checkpoint: str) -> Launcher:
+    # Loopback workers of this harness only, driven by its in-process clients: plaintext, explicitly.
+    launcher = Launcher(FleetOptions(state_dir=state_dir, grace_period_s=5.0, insecure=True))
     group = [
         launcher.spawn(ServiceProcess(f"bench_worker_{i}", "stage_worker", "services.stage_worker",
-                                      {**worker_env(cpus), "FORNAX_STAGE_INDEX": str(i), "FORNAX_BACKEND": backend}))
+                                      {**worker_env(cpus), "FORNAX_STAGE_INDEX": str(i), "FORNAX_BACKEND": backend,
+                                       "FORNAX_READ_ROOTS": str(Path(checkpoint).resolve())}))
         for i, cpus in enumerate(cpu_sets)
     ]
     launcher.wait_ready(group)
@@ -137,16 +148,21 @@ class _Transformers:
         return RunFigures(produced, wall, [ttft] * ids.shape[0], [itl])
 
 
-async def _measure(options: BenchOptions, two: list[str], one: list[str]) -> dict[str, dict]:
-    """Every concurrency level runs the three setups back to back, `repeats` times, best kept."""
+async def _measure(options: BenchOptions, two: list[str], one: list[str],
+                   llama_url: str | None = None) -> dict[str, dict]:
+    """Every concurrency level runs the setups back to back, `repeats` times, best kept."""
+    from apps.bench import llama_peer
+
     engines = {"pipeline_2_stage": await _engine(options, two), "pipeline_1_stage": await _engine(options, one)}
     hf = _Transformers(options.checkpoint)
     vocab = load_config(options.checkpoint).vocab_size
-    report: dict[str, dict] = {name: {} for name in (*engines, "transformers")}
+    report: dict[str, dict] = {name: {} for name in (*engines, "transformers", *(["llama_cpp"] if llama_url else []))}
     try:
         warm = prompts(vocab, 1, options.prompt_tokens, seed=99)
         for engine in engines.values():
             await _drive(engine, warm, 2)
+        if llama_url:
+            await llama_peer.drive(llama_url, warm, 2)
         for c in options.concurrency:
             batch = prompts(vocab, c, options.prompt_tokens, seed=c)
             best: dict[str, RunFigures] = {}
@@ -154,6 +170,8 @@ async def _measure(options: BenchOptions, two: list[str], one: list[str]) -> dic
                 for name, engine in engines.items():
                     _keep_best(best, name, await _drive(engine, batch, options.max_tokens))
                 _keep_best(best, "transformers", hf.run(batch, options.max_tokens))
+                if llama_url:
+                    _keep_best(best, "llama_cpp", (await llama_peer.drive(llama_url, batch, options.max_tokens))[0])
             for name, figures in best.items():
                 report[name][f"c{c}"] = figures.summary()
     finally:
@@ -172,10 +190,16 @@ def measure(options: BenchOptions) -> dict[str, dict]:
     two_sets = worker_cpu_sets(2, cpus)
     with tempfile.TemporaryDirectory(prefix="fornax-bench-") as state:
         # Workers 0-1 form the 2-stage pipeline on disjoint CPU shares; worker 2 alone has them all.
-        launcher = _start_workers([*two_sets, cpus], options.backend, Path(state))
+        launcher = _start_workers([*two_sets, cpus], options.backend, Path(state), options.checkpoint)
         try:
             workers = [f"127.0.0.1:{s.ports['grpc']}" for s in launcher.started]
-            return asyncio.run(_measure(options, workers[:2], workers[2:]))
+            if options.llama is None:
+                return run_on_loop(_measure(options, workers[:2], workers[2:]), options.loop)
+            from apps.bench.llama_peer import LlamaServer
+
+            # The peer gets what the 1-stage worker gets: every usable CPU, one thread each.
+            with LlamaServer(options.llama, cpus) as peer:
+                return run_on_loop(_measure(options, workers[:2], workers[2:], peer.base_url), options.loop)
         finally:
             launcher.stop_all()
 
@@ -193,8 +217,24 @@ def provenance(options: BenchOptions, command: str) -> dict[str, str]:
         "transformers_build": f"transformers {metadata.version('transformers')}, torch {metadata.version('torch')}",
         "model_snapshot": "sha256:" + hashlib.sha256(config).hexdigest(),
         "quota": quota_label(),
+        "serving_event_loop": describe(options.loop),
         "command": command,
+        **({"peer_llama_cpp": _peer_provenance(options.llama)} if options.llama else {}),
     }
+
+
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def _peer_provenance(llama: LlamaPeerOptions) -> str:
+    return (f"llama-server {llama.server} ({_file_sha256(llama.server)}), GGUF {llama.gguf} "
+            f"({_file_sha256(llama.gguf)}), {llama.threads} threads, {llama.slots} slots, "
+            f"same prompt token ids, greedy, ignore_eos")
 
 
 def run(options: BenchOptions, command: str) -> dict:
@@ -205,6 +245,10 @@ def run(options: BenchOptions, command: str) -> dict:
         key = f"c{c}"
         ratios[f"two_vs_one_stage_{key}"] = two[key]["output_tokens_per_s"] / one[key]["output_tokens_per_s"]
         ratios[f"pipeline_vs_transformers_{key}"] = two[key]["output_tokens_per_s"] / hf[key]["output_tokens_per_s"]
+        ratios[f"one_stage_vs_transformers_{key}"] = one[key]["output_tokens_per_s"] / hf[key]["output_tokens_per_s"]
+        if "llama_cpp" in report:
+            peer = report["llama_cpp"][key]["output_tokens_per_s"]
+            ratios[f"vs_llama_cpp_{key}"] = one[key]["output_tokens_per_s"] / peer
     return {**ratios, **report,
             "setup": {"prompt_tokens": options.prompt_tokens, "max_tokens": options.max_tokens,
                       "repeats": options.repeats, "figure": "best of the repeats, setups interleaved"},

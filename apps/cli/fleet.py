@@ -16,8 +16,9 @@ from apps.fleet.backend_report import fetch_board, render_board
 from apps.fleet.compose import start_fleet
 from apps.fleet.health import check_health
 from apps.fleet.isolated import start_isolated_fleet
+from apps.fleet.keeper import KEEPER_FLAG, keeper_pid, mark_ready, start_keeper, stop_keeper
 from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
-from apps.fleet.netns import IsolationFailed, IsolationUnavailable, read_record, tear_down
+from apps.fleet.netns import IsolationFailed, IsolationUnavailable, read_record, require_isolation, tear_down
 from apps.fleet.route_status import route_report
 from apps.fleet.route_wait import RouteFailed, wait_for_route
 from apps.fleet.spec import FleetFileError, load_fleet_spec
@@ -34,7 +35,10 @@ BOUNDARY_DTYPES = ("bf16", "fp32")
 def register(commands, benches) -> None:
     up = commands.add_parser("up", help="start the local fleet and wait until every service is SERVING")
     up.add_argument("--state-dir", default=".fornax", help="where fleet.json, logs and data live")
-    up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the fleet")
+    up.add_argument("--foreground", action="store_true",
+                    help="stay attached; Ctrl-C stops the fleet (without it a detached keeper process "
+                         "holds the fleet and restarts dead stage workers)")
+    up.add_argument(KEEPER_FLAG, action="store_true", help=argparse.SUPPRESS)
     up.add_argument("--stages", type=int, help="number of stage workers (default 2; a fleet file declares its own)")
     up.add_argument("--backend", choices=[backend.value for backend in Backend],
                     help="stage execution backend (default numpy; a fleet file declares one per host)")
@@ -85,6 +89,8 @@ def _validate_up(args: argparse.Namespace) -> str | None:
 
 
 def _running_fleet(state_dir: str) -> FleetState | None:
+    if keeper_pid(state_dir) is not None:
+        return read_fleet(state_dir) or FleetState(services=(), api="")
     state = read_fleet(state_dir)
     if state and any(_pid_alive(s.pid) for s in state.services):
         return state
@@ -105,14 +111,23 @@ def cmd_up(args: argparse.Namespace) -> int:
     problem = _validate_up(args)
     if problem:
         return _fail(problem)
-    if _running_fleet(args.state_dir):
+    if not args.keeper and _running_fleet(args.state_dir):  # the keeper is checked before it starts
         return _fail(f"a fleet is already running from {fleet_path(args.state_dir)}; run `fornax down` first")
-    options = _options(args)
-    if args.fleet:
+    spec = None
+    if args.fleet:  # a bad fleet file or a host that cannot isolate is refused before anything starts
         try:
             spec = load_fleet_spec(args.fleet, DType(args.boundary_dtype) if args.boundary_dtype else None)
+            require_isolation(spec)
         except FleetFileError as exc:
             return _fail(f"fleet file {args.fleet}: {exc}")
+        except IsolationUnavailable as exc:
+            return _fail(f"fleet failed to start: {exc}")
+    if not args.foreground:  # the same fleet, held by a detached keeper that supervises it
+        return start_keeper(args.state_dir, _up_argv(args))
+    options = _options(args)
+    # Until the fleet is held, SIGTERM unwinds like Ctrl-C, so whatever started is stopped again.
+    signal.signal(signal.SIGTERM, _interrupt)
+    if spec is not None:
         print(f"starting fleet {args.fleet}: " + ", ".join(
             f"{h.name} ({h.backend.value}, {h.cpu_cores:g} cores)" for h in spec.hosts), file=sys.stderr)
         start = partial(start_isolated_fleet, options, spec)
@@ -128,7 +143,36 @@ def cmd_up(args: argparse.Namespace) -> int:
         state, launcher = start()
     except (LaunchError, IsolationUnavailable, IsolationFailed) as exc:
         return _fail(f"fleet failed to start: {exc}")
+    except KeyboardInterrupt:
+        return _fail("interrupted while starting; every service started so far was stopped")
     return _serve(args, state, launcher)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _up_argv(args: argparse.Namespace) -> list[str]:
+    """`up` with the parsed options, paths made absolute (the keeper shares the cwd anyway)."""
+    argv = ["up", "--state-dir", str(Path(args.state_dir).resolve()),
+            "--startup-timeout-s", str(args.startup_timeout_s), "--install-timeout-s", str(args.install_timeout_s)]
+    for flag, value in (("--stages", args.stages), ("--backend", args.backend),
+                        ("--boundary-dtype", args.boundary_dtype), ("--http-port", args.http_port)):
+        if value is not None:
+            argv += [flag, str(value)]
+    for flag, path in (("--fleet", args.fleet), ("--checkpoint", args.checkpoint)):
+        if path:
+            argv += [flag, str(Path(path).resolve())]
+    for root in args.read_root:
+        argv += ["--read-root", str(Path(root).resolve())]
+    argv += ["--mode", args.mode]
+    if args.insecure:
+        argv.append("--insecure")
+    if args.http_insecure:
+        argv.append("--http-insecure")
+    if not args.serve_while_compiling:
+        argv.append("--no-serve-while-compiling")
+    return argv
 
 
 def _options(args: argparse.Namespace) -> FleetOptions:
@@ -161,10 +205,11 @@ def _serve(args: argparse.Namespace, state: FleetState, launcher) -> int:
             with Progress("installing route", stages + 5, "steps") as bar:
                 wait_for_route(state, args.install_timeout_s, bar.step)
                 bar.finish("route ready")
+        except KeyboardInterrupt:
+            _stop(args.state_dir, launcher)
+            return _fail("interrupted while installing the route; the fleet was stopped")
         except (RouteFailed, TimeoutError) as exc:
-            launcher.stop_all()
-            tear_down(Path(args.state_dir))
-            fleet_path(args.state_dir).unlink(missing_ok=True)
+            _stop(args.state_dir, launcher)
             hint = ("; deployment mode needs valid stage/link profiles (`fornax profile`) and a passing route "
                     "calibration (`fornax qualify`) in the fleet's registry") if args.mode == "deployment" else ""
             return _fail(f"the route did not come up: {exc}{hint}")
@@ -172,7 +217,15 @@ def _serve(args: argparse.Namespace, state: FleetState, launcher) -> int:
         print("\n".join(render_board(fetch_board(state))), file=sys.stderr)
     if not args.foreground:
         return 0
+    if args.keeper:
+        mark_ready(args.state_dir)
     return _stay_attached(args.state_dir, launcher)
+
+
+def _stop(state_dir: str, launcher) -> None:
+    launcher.stop_all()
+    tear_down(Path(state_dir))
+    fleet_path(state_dir).unlink(missing_ok=True)
 
 
 def curl_example(state: FleetState) -> str:
@@ -242,6 +295,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     state = read_fleet(args.state_dir)
     isolated = read_record(Path(args.state_dir)) is not None
+    # A background fleet's keeper stops its own fleet (so it restarts nothing meanwhile);
+    # what it leaves behind is stopped below.
+    stop_keeper(args.state_dir, 3 * args.grace_period_s + 15.0)
     if state is None and not isolated:
         return _fail(f"no fleet file at {fleet_path(args.state_dir)}; nothing to stop")
     killed: list[str] = []

@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "apps.cli.profile",
     "apps.cli.security",
     "apps.bench.cli",
+    "apps.qualify.cli",
     "libs.fnx2.cli",
     "libs.model.cli",
     "libs.model.max_cli",
@@ -33,11 +34,18 @@ def build_parser() -> argparse.ArgumentParser:
     benches = bench.add_subparsers(dest="bench", metavar="TARGET", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(commands, benches)
+    from apps.bench.record_cli import add_record_arguments
+
+    add_record_arguments(benches)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "record", False):
+        from apps.bench.record_cli import run_recorded
+
+        return run_recorded(args, sys.argv[1:] if argv is None else argv)
     return int(args.func(args) or 0)
 
 

@@ -48,6 +48,9 @@ class FleetOptions:
     http_insecure: bool = False
     # Directories the artifact builder may read checkpoints from, besides --checkpoint.
     read_roots: tuple[str, ...] = ()
+    # Directories stage workers may load checkpoints from directly (benchmarks that load explicit
+    # layer ranges without the planner); empty: workers load only fetched artifacts.
+    stage_read_roots: tuple[str, ...] = ()
     # Extra environment for every service (e.g. OTEL_EXPORTER_OTLP_ENDPOINT).
     env: dict[str, str] = field(default_factory=dict)
     # How the orchestrator plans installs: exploratory, or deployment (valid profiles and a
@@ -84,6 +87,7 @@ class Started:
     ready_file: Path
     log_file: Path
     ports: dict[str, int] = field(default_factory=dict)
+    log_start: int = 0  # the log's size before this process wrote to it
 
     def entry(self) -> ServiceEntry:
         host = self.spec.host
@@ -96,6 +100,7 @@ class Started:
             pid=self.process.pid,
             log=str(self.log_file),
             extra=extra,
+            log_start=self.log_start,
         )
 
 
@@ -132,6 +137,7 @@ class Launcher:
         }
         argv = [sys.executable, "-m", spec.module]
         with open(log_file, "ab") as log:
+            log_start = log.seek(0, os.SEEK_END)
             process = subprocess.Popen(
                 spec.wrap(argv) if spec.wrap else argv,
                 stdin=subprocess.DEVNULL,
@@ -140,7 +146,7 @@ class Launcher:
                 env=env,
                 start_new_session=True,
             )
-        started = Started(spec, process, ready, log_file)
+        started = Started(spec, process, ready, log_file, log_start=log_start)
         self.started.append(started)
         return started
 

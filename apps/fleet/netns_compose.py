@@ -7,6 +7,7 @@ directory under `<state>/hosts/<host>/<service>`; the harness keeps only logs an
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from functools import partial
@@ -66,6 +67,8 @@ def _worker_process(options: FleetOptions, host: HostPlan, index: int) -> Servic
         # gpu:N is that one GPU, and only it, for this host's worker.
         **({"CUDA_VISIBLE_DEVICES": device.split(":", 1)[1]} if device.startswith("gpu:") else {}),
         "FORNAX_STATE_DIR": str(_private_dir(options, host, f"stage_worker_{index}")),
+        **({"FORNAX_READ_ROOTS": os.pathsep.join(str(Path(r).resolve()) for r in options.stage_read_roots)}
+           if options.stage_read_roots else {}),
     }
     return _process(host, f"stage_worker_{index}", "stage_worker", env)
 

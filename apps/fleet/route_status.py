@@ -25,6 +25,10 @@ class RouteReport:
     state: str  # SERVING, DEGRADED, DRAINED, ... or UNREACHABLE
     reason: str
     stage_states: dict[str, str]  # stage worker name -> LOADED state or UNREACHABLE
+    # The route's measured service against its plan's predictions: NO_PREDICTION, UNMEASURED,
+    # CALIBRATED or UNCALIBRATED, and why (both figures, which is which); empty when untracked.
+    calibration: str = ""
+    calibration_reason: str = ""
 
     @property
     def healthy(self) -> bool:
@@ -38,7 +42,8 @@ class RouteReport:
     def render(self) -> str:
         line = f"route: {self.state}" + (f" ({self.reason})" if self.reason else "")
         stages = ", ".join(f"{name} {state}" for name, state in self.stage_states.items())
-        return line + (f"\nstages: {stages}" if stages else "")
+        line += f"\nstages: {stages}" if stages else ""
+        return line + (f"\ncalibration: {self.calibration}: {self.calibration_reason}" if self.calibration else "")
 
 
 def route_report(state: FleetState, channel: ChannelConfig = ChannelConfig()) -> RouteReport | None:
@@ -53,8 +58,11 @@ def route_report(state: FleetState, channel: ChannelConfig = ChannelConfig()) ->
     except grpc.RpcError as exc:
         return RouteReport("UNREACHABLE", exc.code().name, stages)
     status = reply.current
+    calibration = ""
+    if status.HasField("calibration"):
+        calibration = orch_pb.CalibrationState.Name(status.calibration.state).removeprefix("CALIBRATION_STATE_")
     return RouteReport(orch_pb.RouteState.Name(status.state).removeprefix("ROUTE_STATE_"),
-                       status.reason, stages)
+                       status.reason, stages, calibration, status.calibration.reason)
 
 
 def _stage_state(address: str, channel: ChannelConfig) -> str:

@@ -22,9 +22,9 @@ class RouteFailed(RuntimeError):
 
 
 class _LogFollower:
-    def __init__(self, path: str):
+    def __init__(self, path: str, start: int = 0):
         self._path = Path(path)
-        self._offset = 0
+        self._offset = start  # earlier fleets' lines in the same log are not this one's progress
 
     def new_lines(self) -> list[str]:
         try:
@@ -70,7 +70,7 @@ def wait_for_route(state: FleetState, timeout_s: float, report: Callable[[str], 
     """Block until /health answers 200; raise RouteFailed or TimeoutError otherwise."""
     if not state.api:
         raise RouteFailed("the orchestrator serves no HTTP API")
-    followers = [_LogFollower(s.log) for s in state.services if s.kind in ("orchestrator", "stage_worker")]
+    followers = [_LogFollower(s.log, s.log_start) for s in state.services if s.kind in ("orchestrator", "stage_worker")]
     url = health_url(state)
     context = state.api_ssl_context()
     deadline = time.monotonic() + timeout_s

@@ -52,8 +52,17 @@ Sending side (the orchestrator, or a stage forwarding to the next hop):
   the peer is `RemoteError`.
 
 Pure pieces: `encode_frame` / `decode_frame` (codec), `check_golden` (golden vector).
-Extensions beyond 2.0 (`multi_inflight`, `traceparent`, `timings`) are offered by the
-sender after the plain 2.0 handshake; a plain 2.0 peer declines with one recoverable ERROR.
+Extensions beyond 2.0 (`multi_inflight`, `traceparent`, `timings`, `compact_output`,
+`sample_logprobs`, `lease_sequence`) are offered by the sender after the plain 2.0
+handshake; a plain 2.0 peer declines with one recoverable ERROR.
+
+Fencing ended leases: with `lease_sequence` negotiated, each slice carries
+`SequenceSlice.lease_sequence`, the lease's place in its plan generation's opening order
+(the orchestrator numbers them); the receiver fences every ended lease for the whole
+generation with a watermark (`lease_watermark.py`): memory for skipped numbers and a bounded
+window of recent end reasons, never a tombstone per lease, so no run of requests in one
+generation is ever refused. Without it (plain 2.0 peers) an ended lease gets a tombstone
+kept for `ReceiverLimits.tombstone_ttl_ns` (`tombstones.py`).
 """
 
 from libs.fnx2.codec import CodecLimits, ExpectedBinding, Frame, decode_frame, encode_frame

@@ -17,6 +17,7 @@ from typing import Any
 from libs.fnx2 import compact
 from libs.fnx2.control import (
     EXT_COMPACT_META,
+    EXT_LEASE_SEQUENCE,
     EXT_MULTI_INFLIGHT,
     EXT_TRACEPARENT,
     KNOWN_EXTENSIONS,
@@ -351,7 +352,7 @@ def _decode_kind(kind: int, meta: dict[str, Any], metadata: bytes, payload: memo
                  negotiated: frozenset[str]) -> Message:
     if kind == Kind.BATCH:
         return _decode_batch(meta, metadata, payload, finite, expected,
-                             EXT_TRACEPARENT in negotiated)
+                             EXT_TRACEPARENT in negotiated, EXT_LEASE_SEQUENCE in negotiated)
     if kind == Kind.RESULT:
         return _decode_result(meta, payload, finite)
     if kind == Kind.CREDIT:
@@ -372,7 +373,8 @@ _BATCH_FIELDS = frozenset({"plan_id", "plan_hash", "manifest_hash", "source_stag
 
 
 def _decode_batch(meta: dict[str, Any], metadata: bytes, payload: memoryview, finite: bool,
-                  expected: ExpectedBinding | None, traceparent_negotiated: bool) -> Batch:
+                  expected: ExpectedBinding | None, traceparent_negotiated: bool,
+                  lease_sequence_negotiated: bool = False) -> Batch:
     names = _BATCH_FIELDS | ({"traceparent"} if traceparent_negotiated and "traceparent" in meta
                              else set())
     if meta.keys() != names:
@@ -390,7 +392,7 @@ def _decode_batch(meta: dict[str, Any], metadata: bytes, payload: memoryview, fi
     tensor = _decode_tensor(meta["tensor"], payload, finite)
     if expected is not None:
         _check_input_tensor(expected, tensor.descriptor)
-    descriptor = BatchDescriptor.from_meta(meta["batch"])
+    descriptor = BatchDescriptor.from_meta(meta["batch"], lease_sequence_negotiated)
     descriptor.check_coverage()
     if _batch_digest(metadata) != meta["batch_digest"]:
         raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "batch_digest differs from the batch")

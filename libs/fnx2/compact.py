@@ -183,7 +183,10 @@ def peek(metadata: bytes | memoryview, kind: int) -> tuple[DType, list[tuple[int
 
 # -- BATCH ---------------------------------------------------------------------------------
 def encode_batch(batch: Batch, sequence_no: int) -> bytes | None:
-    """Compact BATCH metadata, or None when a string cannot be carried (use JSON)."""
+    """Compact BATCH metadata, or None when a string cannot be carried (use JSON). The fixed
+    layout has no lease_sequence: a batch whose slices carry one goes as JSON."""
+    if any(s.lease_sequence is not None for s in batch.batch.sequences):
+        return None
     source = _printable(batch.source_stage, MAX_ID_CHARS)
     destination = _printable(batch.destination_stage, MAX_ID_CHARS)
     traceparent = b""

@@ -28,11 +28,15 @@ EXT_COMPACT_OUTPUT = "compact_output"
 # "sample record" row (token id, its logprob, top (id, logprob) pairs; libs.model.logprobs)
 # instead of one int32 token id. Stages in between relay the rows unchanged.
 EXT_SAMPLE_LOGPROBS = "sample_logprobs"
+# Each sequence slice carries `lease_sequence`: its lease's place in the plan generation's
+# opening order, assigned by the gateway. The receiver fences ended leases with a watermark
+# (memory in proportion to live leases) instead of a tombstone per lease.
+EXT_LEASE_SEQUENCE = "lease_sequence"
 # BATCH and RESULT metadata may be the fixed-layout binary form of libs.fnx2.compact
 # instead of canonical JSON.
 EXT_COMPACT_META = "compact_meta"
 KNOWN_EXTENSIONS = frozenset({EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, EXT_TIMINGS, EXT_COMPACT_OUTPUT,
-                              EXT_SAMPLE_LOGPROBS, EXT_COMPACT_META})
+                              EXT_SAMPLE_LOGPROBS, EXT_COMPACT_META, EXT_LEASE_SEQUENCE})
 
 CREDIT_FIELDS = ("frames", "payload_bytes", "rows", "sequences",
                  "live_requests", "kv_bytes", "replay_bytes")

@@ -65,6 +65,10 @@ _SLICE_FIELDS = frozenset({
     "token_position_start", "kv_epoch", "deadline_budget_ns", "execution_lease_id",
     "trace_id", "span_id",
 })
+# With the negotiated lease_sequence extension a slice also names its lease's place in the
+# plan generation's opening order (libs.fnx2.lease_watermark).
+LEASE_SEQUENCE_FIELD = "lease_sequence"
+_SEQUENCED_SLICE_FIELDS = _SLICE_FIELDS | {LEASE_SEQUENCE_FIELD}
 
 
 # SequenceSlice, Timings and SequenceResult are immutable named tuples rather than frozen
@@ -81,16 +85,27 @@ class SequenceSlice(NamedTuple):
     execution_lease_id: str
     trace_id: str
     span_id: str
+    lease_sequence: int | None = None  # only on a channel that negotiated lease_sequence
 
     @property
     def identity(self) -> tuple[str, str]:
         return (self.request_id, self.execution_lease_id)
 
     def to_meta(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in _SLICE_FIELDS}
+        meta = {name: getattr(self, name) for name in _SLICE_FIELDS}
+        if self.lease_sequence is not None:
+            meta[LEASE_SEQUENCE_FIELD] = self.lease_sequence
+        return meta
 
     @classmethod
-    def from_meta(cls, meta: Any) -> SequenceSlice:
+    def from_meta(cls, meta: Any, lease_sequence: bool = False) -> SequenceSlice:
+        """`lease_sequence`: the channel negotiated the extension, so a slice may carry one."""
+        if lease_sequence and type(meta) is dict and LEASE_SEQUENCE_FIELD in meta:
+            f = Fields(meta, ErrorCode.BATCH_CONTRACT, "sequence", _SEQUENCED_SLICE_FIELDS)
+            rest = dict(meta)
+            sequence = f.uint(LEASE_SEQUENCE_FIELD)
+            del rest[LEASE_SEQUENCE_FIELD]
+            return cls.from_meta(rest)._replace(lease_sequence=sequence)
         if type(meta) is dict and meta.keys() == _SLICE_FIELDS:  # fast path: all valid
             m = meta
             if (_u64(m["request_sequence_no"]) and _u64(m["token_position_start"])
@@ -165,7 +180,7 @@ class BatchDescriptor:
             raise fail("slices must cover every input row exactly once")
 
     @classmethod
-    def from_meta(cls, meta: Any) -> BatchDescriptor:
+    def from_meta(cls, meta: Any, lease_sequence: bool = False) -> BatchDescriptor:
         f = Fields(meta, ErrorCode.BATCH_CONTRACT, "batch", _BATCH_FIELDS)
         if not is_uuid(f.raw("batch_id")):
             raise f.fail("batch_id", "must be a lower-case canonical UUID")
@@ -177,7 +192,7 @@ class BatchDescriptor:
             batch_sequence_no=f.uint("batch_sequence_no"),
             phase=Phase(f.raw("phase")),
             input_row_count=f.uint("input_row_count", UINT32_MAX, minimum=1),
-            sequences=tuple(SequenceSlice.from_meta(item) for item in raw),
+            sequences=tuple(SequenceSlice.from_meta(item, lease_sequence) for item in raw),
         )
 
 

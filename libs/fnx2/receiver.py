@@ -316,7 +316,16 @@ class _Channel:
 
     async def _execute(self, admission: BatchAdmission, got: Received) -> None:
         started = time.monotonic_ns()  # durations only; deadlines use the injected clock
-        results = await self._run_handler(admission)
+        try:
+            results = await self._run_handler(admission)
+        except BaseException:
+            # The channel ended (its sender vanished) or the handler failed past its own
+            # guard: the batch is abandoned, not executing. Its sequences fail (no KV epoch
+            # advances) and give their credit back, so the sweeper expires their leases at
+            # the deadline like any other; otherwise they would stay "executing" forever.
+            self.r.state.complete(admission, {}, Timings())
+            self.busy -= 1
+            raise
         executed = time.monotonic_ns()
         real = EXT_TIMINGS in self.extensions
         timings = Timings(max(0, started - got.received_ns), max(1, executed - started), 0,

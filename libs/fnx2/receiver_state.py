@@ -11,6 +11,7 @@ with respect to the event loop.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from libs.fnx2.control import AckCancel, AckRelease, ChannelBinding, Credit
 from libs.fnx2.errors import ErrorCode, Fnx2Error
+from libs.fnx2.lease_watermark import LeaseWatermark
 from libs.fnx2.leases import derive_execution_lease_id, local_deadline
 from libs.fnx2.messages import Batch, Phase, SequenceResult, SequenceSlice, SequenceStatus, Timings
 from libs.fnx2.tensor import crc32c
@@ -46,6 +48,12 @@ class ReceiverLimits:
     # orphaned by a sender that vanished (a restarted orchestrator sends no release, and
     # requests without a deadline carry a day-long budget) is freed within this TTL.
     lease_idle_ttl_ns: int = 15 * 60 * 10**9
+    # Leases numbered by the negotiated lease_sequence extension are fenced by a watermark:
+    # at most this many skipped numbers are remembered (each for lease_idle_ttl_ns), and
+    # the end reasons (RELEASED or DEADLINE) of this many recently ended leases, so a
+    # stale frame gets the exact code; older ones get RELEASED ("lease ended").
+    lease_sequence_gaps: int = 4096
+    recent_end_reasons: int = 1024
 
 
 _TOMBSTONE_CODES = {Tombstone.RELEASED: ErrorCode.RELEASED, Tombstone.EXPIRED: ErrorCode.DEADLINE}
@@ -113,6 +121,7 @@ class _Lease:
     inflight: bool = False
     kv_bytes: int = 0
     replay: _ReplayEntry | None = None
+    sequence: int | None = None  # the lease_sequence extension's number, if it came with one
 
 
 class Rejection(NamedTuple):
@@ -167,6 +176,8 @@ class ReceiverState:
     limits: ReceiverLimits = field(default_factory=ReceiverLimits)
     _leases: dict[str, _Lease] = field(default_factory=dict)
     _tombstones: TombstoneTable = field(init=False)
+    _watermark: LeaseWatermark = field(init=False)
+    _end_reasons: collections.OrderedDict[str, Tombstone] = field(init=False)
     _busy_frames: int = 0
     _busy_payload: int = 0
     _busy_rows: int = 0
@@ -176,6 +187,8 @@ class ReceiverState:
 
     def __post_init__(self) -> None:
         self._tombstones = TombstoneTable(self.limits.tombstone_ttl_ns)
+        self._watermark = LeaseWatermark(self.limits.lease_sequence_gaps, self.limits.lease_idle_ttl_ns)
+        self._end_reasons = collections.OrderedDict()
 
     # -- credits -------------------------------------------------------------------------
     def credit(self) -> Credit:
@@ -200,6 +213,12 @@ class ReceiverState:
     @property
     def tombstones(self) -> int:
         return len(self._tombstones)
+
+    @property
+    def fence_entries(self) -> int:
+        """Everything kept to fence ended leases: per-lease tombstones (plain 2.0 peers),
+        watermark gaps and recent end reasons (lease_sequence peers)."""
+        return len(self._tombstones) + self._watermark.gaps + len(self._end_reasons)
 
     def epoch_of(self, request_id: str) -> int | None:
         lease = self._leases.get(request_id)
@@ -255,6 +274,11 @@ class ReceiverState:
                                                  batch.plan_hash, item.request_id)
             if item.execution_lease_id != expected:
                 return reject(ErrorCode.UNKNOWN_LEASE, "lease is not of this plan generation")
+            if item.lease_sequence is not None and self._watermark.ended(item.lease_sequence):
+                ended = self._end_reasons.get(item.execution_lease_id, Tombstone.RELEASED)
+                status = SequenceStatus.DEADLINE if ended is Tombstone.EXPIRED else SequenceStatus.REJECTED
+                return reject(_TOMBSTONE_CODES[ended], f"lease ended ({ended.value}; below the "
+                              "lease-sequence watermark)", status)
         if lease is not None and lease.inflight:
             return reject(ErrorCode.REQUEST_INFLIGHT, "request is already executing")
         if lease is not None and lease.replay is not None and lease.replay.key == _replay_key(batch, item):
@@ -274,6 +298,9 @@ class ReceiverState:
     def _expire_on_arrival(self, item: SequenceSlice, lease: _Lease | None, reject) -> Rejection:
         if lease is not None:
             self._retire(lease, Tombstone.EXPIRED)
+        elif item.lease_sequence is not None:  # fenced by the watermark, no tombstone
+            self._watermark.consume(item.lease_sequence, self._latest_ns)
+            self._remember_end(item.execution_lease_id, Tombstone.EXPIRED)
         elif len(self._tombstones) < self.limits.tombstone_capacity:
             self._tombstones.add(item.execution_lease_id, Tombstone.EXPIRED)
         else:
@@ -309,7 +336,8 @@ class ReceiverState:
             return reject(ErrorCode.POSITION, "a lease starts at token position 0")
         if item.kv_epoch != 0:
             return reject(ErrorCode.STALE_KV, "a lease starts at KV epoch 0")
-        if len(self._leases) + len(self._tombstones) >= self.limits.tombstone_capacity:
+        if item.lease_sequence is None and (len(self._leases) + len(self._tombstones)
+                                            >= self.limits.tombstone_capacity):
             return reject(ErrorCode.TOMBSTONE_CAPACITY, "tombstone table is full")
         credit = self.credit()
         kv = item.input_row_count * self.limits.kv_bytes_per_row
@@ -317,8 +345,10 @@ class ReceiverState:
         if credit.live_requests < 1 or kv > credit.kv_bytes - kv_reserved or replay > credit.replay_bytes:
             return reject(ErrorCode.ADMISSION, "no live-request, KV or replay credit")
         now_ns, deadline = times
+        if item.lease_sequence is not None:
+            self._watermark.consume(item.lease_sequence, now_ns)
         self._leases[item.request_id] = _Lease(item.request_id, item.execution_lease_id, deadline,
-                                               now_ns)
+                                               now_ns, sequence=item.lease_sequence)
         return kv
 
     # -- completion ----------------------------------------------------------------------
@@ -387,7 +417,7 @@ class ReceiverState:
         """`now_ns` (the caller's monotonic clock) dates the tombstone; without it, the
         latest time this state has seen."""
         self._tombstones.evict(now_ns)
-        if lease_id in self._tombstones:
+        if lease_id in self._tombstones or lease_id in self._end_reasons:
             return AckRelease(request_id, lease_id, False, None, 0, True)
         lease = self._leases.get(request_id)
         if lease is None or lease.lease_id != lease_id:
@@ -407,6 +437,7 @@ class ReceiverState:
         """Expire idle leases past their local deadline and forget tombstones past their
         time; returns the (request, lease) ids freed."""
         self._tombstones.evict(now_ns)
+        self._watermark.evict(now_ns)
         expired = [lease for lease in self._leases.values()
                    if not lease.inflight and (now_ns >= lease.deadline_ns or now_ns
                                               - lease.last_active_ns >= self.limits.lease_idle_ttl_ns)]
@@ -421,7 +452,19 @@ class ReceiverState:
         if lease.replay is not None:
             self._replay_used -= lease.replay.retained_bytes
         lease.replay = None
-        self._tombstones.add(lease.lease_id, reason)
+        if lease.sequence is None:
+            self._tombstones.add(lease.lease_id, reason)
+        else:  # its number is below the watermark and not a gap: fenced with no tombstone
+            self._remember_end(lease.lease_id, reason)
+
+    def _remember_end(self, lease_id: str, reason: Tombstone) -> None:
+        self._end_reasons[lease_id] = reason
+        while len(self._end_reasons) > self.limits.recent_end_reasons:
+            self._end_reasons.popitem(last=False)
+
+    @property
+    def _latest_ns(self) -> int:
+        return self._tombstones.latest_ns
 
 
 def _replay_key(batch: Batch, item: SequenceSlice) -> tuple:

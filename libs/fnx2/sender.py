@@ -21,6 +21,7 @@ from prometheus_client import Counter
 from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits
 from libs.fnx2.control import (
     EXT_COMPACT_OUTPUT,
+    EXT_LEASE_SEQUENCE,
     EXT_MULTI_INFLIGHT,
     EXT_TRACEPARENT,
     KNOWN_EXTENSIONS,
@@ -149,6 +150,8 @@ class Fnx2Client:
         """Send one BATCH and wait for its RESULT (validated against the batch)."""
         if EXT_TRACEPARENT not in self.extensions and batch.traceparent is not None:
             batch = replace(batch, traceparent=None)
+        if EXT_LEASE_SEQUENCE not in self.extensions:
+            batch = _without_lease_sequences(batch)
         need = (1, batch.tensor.descriptor.payload_bytes, batch.batch.input_row_count,
                 len(batch.batch.sequences))
         future = asyncio.get_running_loop().create_future()
@@ -360,3 +363,12 @@ def _ack_fields(ack: Ack, kind: type[_Fields]) -> _Fields:
     if not isinstance(ack.fields, kind):
         raise Fnx2Error(ErrorCode.METADATA, f"ACK {ack.operation} carries {type(ack.fields).__name__}")
     return ack.fields
+
+
+def _without_lease_sequences(batch: Batch) -> Batch:
+    """A plain 2.0 peer (or one that declined the extension) gets the slices without it."""
+    slices = batch.batch.sequences
+    if all(s.lease_sequence is None for s in slices):
+        return batch
+    plain = tuple(s._replace(lease_sequence=None) for s in slices)
+    return replace(batch, batch=replace(batch.batch, sequences=plain))

@@ -58,6 +58,11 @@ class TombstoneTable:
                 evicted += 1
         return evicted
 
+    @property
+    def latest_ns(self) -> int:
+        """The latest time this table has seen (callers' clocks only move forward)."""
+        return self._watermark_ns
+
     def _advance(self, now_ns: int | None) -> int:
         if now_ns is not None and now_ns > self._watermark_ns:
             self._watermark_ns = now_ns

@@ -40,6 +40,8 @@ class ParityRequest:
     decode_steps: int = 8
     tolerance: float = 1e-4
     seed: int = 0
+    # One backend per stage (a fleet of unlike hosts); empty: `backend` on every stage.
+    stage_backends: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,8 @@ def build_executor(request: ParityRequest, cfg: DeepseekV2Config, ranges, index:
     start, end = ranges[index]
     first, last = index == 0, index == len(ranges) - 1
     weights = load_stage_weights(request.checkpoint_dir, cfg, start, end, first, last)
-    kernels = make_kernels(request.backend, cfg, weights, request.device)
+    backend = request.stage_backends[index] if request.stage_backends else request.backend
+    kernels = make_kernels(backend, cfg, weights, request.device)
     return StageExecutor(cfg, StageSpec(start, end, first, last), kernels)
 
 

@@ -25,6 +25,9 @@ class ServiceEntry:
     log: str
     # Extra listeners, e.g. {"data_plane": "127.0.0.1:7070"}.
     extra: dict[str, str] = field(default_factory=dict)
+    # Size of `log` when this process was spawned: its own lines start there (the file is
+    # appended to by every fleet of the state directory).
+    log_start: int = 0
 
 
 @dataclass(frozen=True)

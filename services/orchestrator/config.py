@@ -77,6 +77,8 @@ class OrchestratorConfig:
     max_live_requests: int = 256
     default_max_tokens: int = 256
     output_queue_capacity: int = 16
+    # Microbatches in flight beyond the stage count on a multi-stage route (see SchedulerConfig).
+    pipeline_spare_microbatches: int = 1
     # Deadline budget of a request that brings none; 0 means no deadline.
     default_deadline_s: float = 600.0
     # A client that takes no output for this long loses its request (and frees its slot).
@@ -96,6 +98,10 @@ class OrchestratorConfig:
     http_tls: HttpTlsFiles | None = None
     # Plain HTTP beyond loopback, said explicitly (TLS terminated in front of the pod, say).
     http_insecure: bool = False
+    # Drift: a stage whose measured decode service time stays more than this fraction away from
+    # the plan's prediction for `drift_sustain_rounds` health rounds marks the route uncalibrated.
+    drift_relative_bound: float = 0.5
+    drift_sustain_rounds: int = 3
 
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> OrchestratorConfig:
@@ -136,6 +142,9 @@ class OrchestratorConfig:
         parser.add_argument("--state-dir", help="private state directory (env FORNAX_STATE_DIR)")
         parser.add_argument("--stage-kv-limit-bytes", type=int, help="env FORNAX_STAGE_KV_LIMIT_BYTES")
         parser.add_argument("--max-live-requests", type=int, help="admission queue size (env FORNAX_MAX_LIVE_REQUESTS)")
+        parser.add_argument("--pipeline-spare-microbatches", type=int,
+                            help="microbatches in flight beyond the stage count on a multi-stage route "
+                                 "(env FORNAX_PIPELINE_SPARE_MICROBATCHES, default 1)")
         parser.add_argument("--default-max-tokens", type=int, help="env FORNAX_DEFAULT_MAX_TOKENS")
         parser.add_argument(
             "--default-deadline-s",
@@ -175,6 +184,12 @@ class OrchestratorConfig:
             type=int,
             help="longest prompt accepted, 0 = context only (env FORNAX_MAX_PROMPT_TOKENS)",
         )
+        parser.add_argument("--drift-relative-bound", type=float,
+                            help="relative error that counts as outside the plan's prediction "
+                                 "(env FORNAX_DRIFT_RELATIVE_BOUND)")
+        parser.add_argument("--drift-sustain-rounds", type=int,
+                            help="health rounds in a row outside (or back inside) the bound before the "
+                                 "route's calibration changes (env FORNAX_DRIFT_SUSTAIN_ROUNDS)")
         parser.add_argument("--http-tls-cert", help="HTTP API certificate (env FORNAX_HTTP_TLS_CERT)")
         parser.add_argument("--http-tls-key", help="HTTP API private key (env FORNAX_HTTP_TLS_KEY)")
         args = parse(parser, argv)
@@ -218,6 +233,9 @@ class OrchestratorConfig:
             stage_kv_limit_bytes=pick(args.stage_kv_limit_bytes, env, "FORNAX_STAGE_KV_LIMIT_BYTES",
                                       cls.stage_kv_limit_bytes, int),
             max_live_requests=pick(args.max_live_requests, env, "FORNAX_MAX_LIVE_REQUESTS", cls.max_live_requests, int),
+            pipeline_spare_microbatches=pick(args.pipeline_spare_microbatches, env,
+                                             "FORNAX_PIPELINE_SPARE_MICROBATCHES",
+                                             cls.pipeline_spare_microbatches, int),
             default_max_tokens=pick(args.default_max_tokens, env, "FORNAX_DEFAULT_MAX_TOKENS",
                                     cls.default_max_tokens, int),
             default_deadline_s=pick(args.default_deadline_s, env, "FORNAX_DEFAULT_DEADLINE_S",
@@ -230,6 +248,10 @@ class OrchestratorConfig:
                                     cls.recovery_timeout_s, float),
             release_budget_s=pick(args.release_budget_s, env, "FORNAX_RELEASE_BUDGET_S",
                                   cls.release_budget_s, float),
+            drift_relative_bound=pick(args.drift_relative_bound, env, "FORNAX_DRIFT_RELATIVE_BOUND",
+                                      cls.drift_relative_bound, float),
+            drift_sustain_rounds=pick(args.drift_sustain_rounds, env, "FORNAX_DRIFT_SUSTAIN_ROUNDS",
+                                      cls.drift_sustain_rounds, int),
         )
 
 

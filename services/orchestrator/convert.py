@@ -10,6 +10,7 @@ from libs.common.proto import backend_from_pb, dtype_from_pb
 from libs.service.errors import InvalidArgument
 from libs.text.chat_template import ChatMessage
 from services.orchestrator.domain import FinishReason, GenerationRequest, RequestOutput
+from services.orchestrator.drift import Calibration, RouteCalibration
 from services.orchestrator.lifecycle import InstallRequest, RouteState, RouteStatus
 from services.orchestrator.openai_request import parse_options
 from services.orchestrator.prompting import check_model, check_token_ids, generation_request
@@ -104,4 +105,27 @@ def status_to_pb(status: RouteStatus) -> pb.PlanStatus:
                                               layer_end_exclusive=stage.layer_end_exclusive),
             manifest_hash=stage.manifest_hash, healthy=route_ok and not condition,
             condition=condition))
+    if status.calibration is not None:
+        message.calibration.CopyFrom(calibration_to_pb(status.calibration))
+    return message
+
+
+_CALIBRATION = {Calibration.NO_PREDICTION: pb.CALIBRATION_STATE_NO_PREDICTION,
+                Calibration.UNMEASURED: pb.CALIBRATION_STATE_UNMEASURED,
+                Calibration.CALIBRATED: pb.CALIBRATION_STATE_CALIBRATED,
+                Calibration.UNCALIBRATED: pb.CALIBRATION_STATE_UNCALIBRATED}
+
+
+def calibration_to_pb(calibration: RouteCalibration) -> pb.RouteCalibration:
+    message = pb.RouteCalibration(state=_CALIBRATION[calibration.state], reason=calibration.reason,
+                                  prediction_basis=calibration.prediction_basis,
+                                  relative_bound=calibration.relative_bound)
+    for stage in calibration.stages:
+        measured = stage.measured
+        message.stages.append(pb.StageCalibration(
+            stage_index=stage.index, state=_CALIBRATION[stage.state],
+            predicted_decode_service_s=stage.predicted_s or 0.0,
+            measured_decode_service_s=measured.recent_decode_service_s if measured else 0.0,
+            measured_microbatches=measured.recent_microbatches if measured else 0,
+            measured_rows_per_microbatch=measured.recent_rows if measured else 0.0))
     return message

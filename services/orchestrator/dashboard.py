@@ -39,8 +39,9 @@ def add_dashboard(app: web.Application, route: RouteSlot) -> None:
 
     async def state(request: web.Request) -> web.Response:
         engine = route.engine
+        calibration = engine.calibration() if engine is not None and engine.calibration else None
         snapshot = request.app[DASHBOARD_KEY].snapshot(
-            None if engine is None else engine.served, time.monotonic())
+            None if engine is None else engine.served, time.monotonic(), calibration)
         return web.json_response(snapshot, headers={"Cache-Control": "no-store"})
 
     app.router.add_get("/dashboard", _page)

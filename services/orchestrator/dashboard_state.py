@@ -12,6 +12,7 @@ import collections
 from dataclasses import dataclass
 
 from services.orchestrator.domain import ServedModel, StageStats
+from services.orchestrator.drift import RouteCalibration
 
 HISTORY_SAMPLES = 300  # five minutes at one sample a second
 ERROR_WINDOW_S = 300.0
@@ -50,11 +51,13 @@ class DashboardState:
         """An error answered to a client (an HTTP error body) with its reason code."""
         self._errors.append((t_s, reason))
 
-    def snapshot(self, served: ServedModel | None, now_s: float) -> dict:
+    def snapshot(self, served: ServedModel | None, now_s: float,
+                 calibration: RouteCalibration | None = None) -> dict:
         latest = self._previous
         recent = collections.Counter(r for t, r in self._errors if now_s - t <= ERROR_WINDOW_S)
         return {
             "route": None if served is None else _route(served, latest),
+            "calibration": None if calibration is None else calibration_view(calibration),
             "tokens_per_s": [round(r, 3) for _, r, _ in self._history],
             "active_requests": [n for _, _, n in self._history],
             "live_requests": latest.live_requests if latest else 0,
@@ -97,3 +100,15 @@ def _route(served: ServedModel, latest: Sample | None) -> dict:
             "stages": [{"index": i, "host": hosts.get(i, ""), "backend": card.backend,
                         "layer_start": s.layer_start, "layer_end_exclusive": s.layer_end_exclusive}
                        for i, s in enumerate(served.stages)]}
+
+
+def calibration_view(calibration: RouteCalibration) -> dict:
+    """Per stage the plan's prediction and the physical measurement, each labelled as such."""
+    return {"state": calibration.state.value, "reason": calibration.reason,
+            "prediction_basis": calibration.prediction_basis, "relative_bound": calibration.relative_bound,
+            "stages": [{"index": s.index, "state": s.state.value,
+                        "predicted_decode_service_s": s.predicted_s,
+                        "measured_decode_service_s": s.measured.recent_decode_service_s
+                        if s.measured and s.measured.recent_microbatches else None,
+                        "measured_microbatches": s.measured.recent_microbatches if s.measured else 0,
+                        "relative_error": s.relative_error} for s in calibration.stages]}

@@ -15,6 +15,7 @@ from pathlib import Path
 from libs.common.kinds import DType
 from libs.model.config import load_config
 from libs.text.context import TextContext
+from services.orchestrator.drift import DriftPolicy, DriftTracker, prediction_basis
 from services.orchestrator.install import Fleet, InstallSpec, StoredPlan, install, prepare
 from services.orchestrator.lifecycle import (
     InstalledRoute,
@@ -53,7 +54,8 @@ def _spec(request: InstallRequest, state_dir: str, kv_limit_bytes: int,
 def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes: int,
                     serving: ServingConfig, progress: Callable[[str], None],
                     hop_dtypes: tuple[DType, ...] = (),
-                    health: HealthPolicy = HealthPolicy()) -> Installer:
+                    health: HealthPolicy = HealthPolicy(),
+                    drift: DriftPolicy = DriftPolicy()) -> Installer:
     async def installer(request: InstallRequest) -> InstalledRoute:
         spec = _spec(request, state_dir, kv_limit_bytes, hop_dtypes)
         stored = request.stored if isinstance(request.stored, StoredPlan) else None
@@ -90,8 +92,14 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
             p = new_route.plan
             result.plan = PlanIdentity(p.plan_id, p.plan_hash, p.plan_generation_id)
 
+        def tracker() -> DriftTracker:  # the installed plan's own per-stage predictions
+            planned = installed.plan
+            return DriftTracker(tuple(s.decode.service_s for s in planned.stages),
+                                prediction_basis(planned.mode, planned.from_profiles, planned.declared_terms),
+                                drift)
+
         supervisor = RouteSupervisor(engine, route, health, reload,
-                                     lambda r: RoutePipeline(r, served), reloaded)
+                                     lambda r: RoutePipeline(r, served), reloaded, tracker)
         result = InstalledRoute(replace(request, stored=installed.stored),
                                 PlanIdentity(plan.plan_id, plan.plan_hash, plan.plan_generation_id),
                                 stages, engine, lambda: supervisor.stage_conditions)

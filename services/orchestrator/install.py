@@ -114,13 +114,13 @@ async def profile_records(fleet: Fleet) -> list[ProfileRecordInput] | None:
 async def create_plan(spec: InstallSpec, fleet: Fleet, model_dir: Path,
                       progress: Callable[[str], None] = lambda _: None) -> Plan:
     capabilities = await _capabilities(fleet.workers, fleet.channel)
-    progress(f"inventory: {describe_facts(capabilities)}")
+    records = await profile_records(fleet)
+    progress(f"inventory: {describe_facts(capabilities, profiled=records is not None)}")
     model = describe_checkpoint(model_dir)
     target = Target(
         context_tokens=spec.context_tokens, concurrency=spec.concurrency, min_stages=spec.stages,
         max_stages=spec.stages, boundary_dtype=spec.boundary_dtype, mode=fleet.plan_mode,
     )
-    records = await profile_records(fleet)
     hosts = hosts_from_profiles(capabilities, records) if records is not None else ()
     if records is not None:
         progress(f"planning in {fleet.plan_mode} mode from {len(records)} profile/calibration record(s) of "

@@ -92,11 +92,12 @@ def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse], hosts: tup
     return Inventory(nodes=nodes, links=links)
 
 
-def describe_facts(capabilities: list[sw_pb.GetCapabilitiesResponse]) -> str:
-    """One line per worker of the facts the inventory used, for the install log."""
+def describe_facts(capabilities: list[sw_pb.GetCapabilitiesResponse], profiled: bool = False) -> str:
+    """One line per worker of the facts the inventory used, for the install log. `profiled`: the
+    plan's compute comes from the registry's stage profiles, declared constants only fill gaps."""
     return "; ".join(
         f"{node_name(i)}@{_host_of(c)} {BACKEND_FROM_PB.get(c.backend, 'unknown')} "
         f"({c.backend_build}) quota {c.device.cpu_quota_cores:g} cores cpuset {c.device.cpuset or '?'} "
         f"memory limit {c.device.memory_limit_bytes or 'none'}"
         for i, c in enumerate(capabilities)
-    ) + f"; compute from {DECLARED_LABEL}"
+    ) + ("; compute from stage profiles (physical), gaps from " if profiled else "; compute from ") + DECLARED_LABEL

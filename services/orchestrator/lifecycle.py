@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from libs.common.kinds import Backend, DType
 from libs.service.errors import Aborted, FailedPrecondition
+from services.orchestrator.drift import RouteCalibration
 from services.orchestrator.serving import RouteSlot, ServingEngine
 
 
@@ -77,6 +78,8 @@ class RouteStatus:
     previous: InstallRequest | None
     failure: str = ""
     stage_conditions: tuple[str, ...] = ()
+    # Measured service against the plan's predictions; None when nothing tracks it.
+    calibration: RouteCalibration | None = None
 
 
 Installer = Callable[[InstallRequest], Awaitable[InstalledRoute]]
@@ -107,7 +110,8 @@ class RouteManager:
             state=state, plan=current.plan if current else None,
             stages=current.stages if current else (),
             inflight_requests=current.engine.live_requests if current else 0,
-            previous=self._previous, failure=failure, stage_conditions=conditions)
+            previous=self._previous, failure=failure, stage_conditions=conditions,
+            calibration=current.engine.calibration() if current and current.engine.calibration else None)
 
     async def install(self, request: InstallRequest) -> RouteStatus:
         async with self._exclusive("install"):

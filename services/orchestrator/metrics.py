@@ -36,3 +36,13 @@ IDLE_READER_CANCELLATIONS = Counter("fornax_orchestrator_idle_reader_cancellatio
 RECOVERY_SECONDS = Histogram("fornax_orchestrator_route_recovery_seconds",
                              "From a route degrading to serving again (requests replayed)",
                              buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120))
+ROUTE_UNCALIBRATED = Gauge("fornax_orchestrator_route_uncalibrated",
+                           "1 while a stage's measured decode service time stays outside the installed "
+                           "plan's prediction bound")
+STAGE_UNCALIBRATED = Gauge("fornax_orchestrator_stage_uncalibrated",
+                           "1 while this stage's measured decode service time stays outside its prediction bound",
+                           ["stage"])
+STAGE_DECODE_SERVICE = Gauge("fornax_orchestrator_stage_decode_service_seconds",
+                             "Decode service seconds per microbatch: the plan's prediction (figure=predicted) "
+                             "and the stage's rolling measurement (figure=measured, physical)",
+                             ["stage", "figure"])

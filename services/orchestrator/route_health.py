@@ -16,6 +16,7 @@ import grpc
 import structlog
 
 from libs.service.errors import Unavailable
+from services.orchestrator.drift import MeasuredService
 
 _log = structlog.get_logger()
 ROUTE_UNAVAILABLE = "ROUTE_UNAVAILABLE"
@@ -54,6 +55,8 @@ def detail_of(message: str) -> str:
 class StageProbe:
     index: int
     condition: StageCondition
+    # The stage's measured decode service time, when it answered for this route's generation.
+    service: MeasuredService | None = None
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,15 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
+from services.orchestrator import metrics
+from services.orchestrator.drift import Calibration, DriftTracker, RouteCalibration
 from services.orchestrator.pipeline import Pipeline
 from services.orchestrator.route_health import (
     HealthPolicy,
     RouteHealthMonitor,
     RouteVerdict,
     StageCondition,
+    StageProbe,
 )
 from services.orchestrator.serving import ServingEngine
 from services.orchestrator.stage_chain import Route
@@ -37,20 +40,38 @@ class RouteSupervisor:
     def __init__(self, engine: ServingEngine, route: Route, policy: HealthPolicy = HealthPolicy(),
                  reload: Reloader | None = None,
                  make_pipeline: Callable[[Route], Pipeline] | None = None,
-                 on_reloaded: Callable[[Route], None] | None = None) -> None:
+                 on_reloaded: Callable[[Route], None] | None = None,
+                 drift: Callable[[], DriftTracker] | None = None) -> None:
         self._engine = engine
         self._route = route
         self._reload = reload
         self._make_pipeline = make_pipeline
         self._on_reloaded = on_reloaded
         self._last_reload_attempt = 0.0
-        self.monitor = RouteHealthMonitor(lambda: self._route.probe(), len(route.plan.stages),
+        # Makes a fresh tracker of the plan's predictions: at install and after each reload.
+        self._new_drift = drift
+        self.drift = drift() if drift is not None else None
+        self.monitor = RouteHealthMonitor(self._probe, len(route.plan.stages),
                                           self._on_change, policy, self._on_degraded_round)
 
     def start(self) -> None:
         self._engine.on_route_failure = self.monitor.report_failure
         self._engine.on_close = self._stop
+        if self.drift is not None:
+            self._engine.calibration = self.calibration
         self.monitor.start()
+
+    def calibration(self) -> RouteCalibration:
+        if self.drift is None:
+            raise RuntimeError("this route has no drift tracker")
+        return self.drift.calibration
+
+    async def _probe(self) -> list[StageProbe]:
+        """Each round of health probes also carries each stage's measured service time."""
+        probes = await self._route.probe()
+        if self.drift is not None:
+            publish_calibration(self.drift.observe([p.service for p in probes]))
+        return probes
 
     async def _stop(self) -> None:
         await self.monitor.stop()
@@ -105,6 +126,20 @@ class RouteSupervisor:
         old, self._route = self._route, route
         await old.close()
         self.monitor.reset()
+        if self._new_drift is not None:
+            self.drift = self._new_drift()
         if self._on_reloaded is not None:
             self._on_reloaded(route)
         self._engine.recover(self._make_pipeline(route))
+
+
+def publish_calibration(calibration: RouteCalibration) -> None:
+    """The calibration as Prometheus gauges: route and per-stage flags, predicted and measured seconds."""
+    metrics.ROUTE_UNCALIBRATED.set(1 if calibration.state is Calibration.UNCALIBRATED else 0)
+    for stage in calibration.stages:
+        label = str(stage.index)
+        metrics.STAGE_UNCALIBRATED.labels(label).set(1 if stage.state is Calibration.UNCALIBRATED else 0)
+        if stage.predicted_s is not None:
+            metrics.STAGE_DECODE_SERVICE.labels(label, "predicted").set(stage.predicted_s)
+        if stage.measured is not None and stage.measured.recent_microbatches:
+            metrics.STAGE_DECODE_SERVICE.labels(label, "measured").set(stage.measured.recent_decode_service_s)

@@ -101,7 +101,11 @@ class Scheduler:
                  admission: AdmissionControl) -> None:
         self._config = config
         self._num_stages = num_stages
-        self.slots = max(config.inflight_microbatches, num_stages)
+        if config.pipeline_spare_microbatches < 0:
+            raise InvalidArgument(f"pipeline_spare_microbatches {config.pipeline_spare_microbatches} is negative",
+                                  reason="INVALID_SCHEDULER_CONFIG", field="pipeline_spare_microbatches")
+        spare = config.pipeline_spare_microbatches if num_stages > 1 else 0
+        self.slots = max(config.inflight_microbatches, num_stages + spare)
         self._step_budget = _step_budget(config)
         self._text = text
         self._admission = admission

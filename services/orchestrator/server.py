@@ -22,6 +22,7 @@ from services.orchestrator.coldstart import BackendBoard, serve_then_upgrade
 from services.orchestrator.coldstart_setup import compiler_factory, unload_reference
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.domain import SchedulerConfig
+from services.orchestrator.drift import DriftPolicy
 from services.orchestrator.http_api import (
     BOARD_KEY,
     TOKENIZE_INLINE_MAX_BYTES,
@@ -90,7 +91,8 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
 
 
 def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
-    return ServingConfig(scheduler=SchedulerConfig(output_queue_capacity=cfg.output_queue_capacity),
+    return ServingConfig(scheduler=SchedulerConfig(output_queue_capacity=cfg.output_queue_capacity,
+                                                   pipeline_spare_microbatches=cfg.pipeline_spare_microbatches),
                          max_live_requests=cfg.max_live_requests,
                          default_max_tokens=cfg.default_max_tokens,
                          default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None,
@@ -142,7 +144,7 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
             return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
                                    serving_config(cfg),
                                    lambda message: _log.info("install_progress", message=message),
-                                   hop_dtypes=cfg.hop_boundary_dtypes)
+                                   hop_dtypes=cfg.hop_boundary_dtypes, drift=drift_policy(cfg))
 
         if cfg.reference_stage_workers:
             from services.orchestrator.coldstart_setup import by_backend
@@ -155,6 +157,15 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
                                  reason="NO_FLEET")
 
     return no_fleet
+
+
+def drift_policy(cfg: OrchestratorConfig) -> DriftPolicy:
+    """The configured bound; a bad value stops startup with the variable named."""
+    try:
+        return DriftPolicy(relative_bound=cfg.drift_relative_bound, sustain_rounds=cfg.drift_sustain_rounds,
+                           recover_rounds=cfg.drift_sustain_rounds)
+    except ValueError:
+        raise SystemExit("FORNAX_DRIFT_RELATIVE_BOUND must be > 0 and FORNAX_DRIFT_SUSTAIN_ROUNDS >= 1") from None
 
 
 def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:

@@ -32,6 +32,7 @@ from services.orchestrator.domain import (
     SequenceStatus,
     ServedModel,
 )
+from services.orchestrator.drift import RouteCalibration
 from services.orchestrator.pipeline import Pipeline
 from services.orchestrator.prompting import TokenLimits
 
@@ -110,6 +111,8 @@ class ServingEngine:
         self.on_route_failure: Callable[[str], Awaitable[None]] | None = None
         # Stops what watches the route (its health monitor) before the pipeline closes.
         self.on_close: Callable[[], Awaitable[None]] | None = None
+        # The route's calibration against its plan's predictions; None when nothing watches it.
+        self.calibration: Callable[[], RouteCalibration] | None = None
 
     # ----- public -----
 

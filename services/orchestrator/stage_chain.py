@@ -27,6 +27,7 @@ from libs.fnx2.tensor import DType, Tensor, TensorKind
 from libs.model.sampling import SamplingParams
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
+from services.orchestrator.drift import MeasuredService
 from services.orchestrator.route_health import (
     StageCondition,
     StageProbe,
@@ -161,6 +162,10 @@ class Route:
         self._stubs = [pb_grpc.StageWorkerServiceStub(c) for c in self._channels]
         self._client: Fnx2Client | None = None
         self._batch_numbers = itertools.count()
+        # Each lease's place in this generation's opening order (the FNX2 lease_sequence
+        # extension), from its opening frame until its release.
+        self._lease_numbers = itertools.count()
+        self._lease_sequences: dict[str, int] = {}
 
     async def open(self) -> None:
         """Opens (or reopens, after `abort`) the FNX2 channel to stage 0."""
@@ -240,11 +245,13 @@ class Route:
         slices, row = [], 0
         for item in inputs:
             count = int(item.token_ids.shape[0])
+            if item.sequence_no == 0 and item.request_id not in self._lease_sequences:
+                self._lease_sequences[item.request_id] = next(self._lease_numbers)
             slices.append(
                 SequenceSlice(
                     item.request_id, item.sequence_no, row, count, item.position_start, item.kv_epoch,
                     item.deadline_budget_ns, item.lease_id, item.trace_id or item.request_id,
-                    item.span_id or item.request_id,
+                    item.span_id or item.request_id, self._lease_sequences.get(item.request_id),
                 )
             )
             row += count
@@ -266,6 +273,7 @@ class Route:
 
     async def release(self, request_id: str) -> list[int]:
         """Free the request's KV on every stage; returns each stage's final KV epoch."""
+        self._lease_sequences.pop(request_id, None)
         message = pb.ReleaseRequestRequest(request_id=str(uuid.uuid4()), target_request_id=request_id)
         replies = await asyncio.gather(*(stub.ReleaseRequest(message, timeout=self.timeouts.release_s)
                                          for stub in self._stubs), return_exceptions=True)
@@ -291,8 +299,14 @@ class Route:
             elif reply.plan.plan_generation_id != self.plan.plan_generation_id:
                 probes.append(StageProbe(index, StageCondition.NOT_LOADED))  # restarted or reloaded
             else:
-                probes.append(StageProbe(index, _condition_of_state(reply.state)))
+                probes.append(StageProbe(index, _condition_of_state(reply.state), measured_service(reply)))
         return probes
+
+
+def measured_service(reply: pb.GetHealthResponse) -> MeasuredService:
+    times = reply.service_times
+    return MeasuredService(times.decode_microbatches, times.recent_decode_service_ns / 1e9,
+                           times.recent_decode_microbatches, times.recent_decode_rows)
 
 
 def _condition_of_state(state: int) -> StageCondition:

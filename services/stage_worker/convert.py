@@ -12,6 +12,7 @@ from libs.structured.spec import GrammarSpec
 from services.stage_worker.lifecycle import StageState
 from services.stage_worker.phase_totals import Phase, PhaseTotals
 from services.stage_worker.runtime import HealthSnapshot, LoadSpec, PlanBinding, SequenceAdmission
+from services.stage_worker.service_times import ServiceTimes
 
 STATE_TO_PB = {
     StageState.UNLOADED: pb.STAGE_STATE_UNLOADED,
@@ -117,6 +118,7 @@ def health_to_pb(snapshot: HealthSnapshot) -> pb.GetHealthResponse:
         batches_executed=snapshot.batches_executed,
         failure_reason=snapshot.failure_reason,
         phase_totals=_totals_to_pb(snapshot.phase_totals),
+        service_times=_service_to_pb(snapshot.service_times),
         plan=common_pb2.PlanBinding(
             plan_id=plan.plan_id, plan_hash=plan.plan_hash, plan_generation_id=plan.plan_generation_id
         )
@@ -129,6 +131,20 @@ def _totals_to_pb(totals: PhaseTotals | None) -> pb.PhaseTotals | None:
     if totals is None:
         return None
     t = totals.total_ns
+    occupancy = totals.occupancy.totals()
     return pb.PhaseTotals(queue_ns=t[Phase.QUEUE], compute_ns=t[Phase.COMPUTE], pack_ns=t[Phase.PACK],
                           transfer_ns=t[Phase.TRANSFER], unpack_ns=t[Phase.UNPACK],
-                          batches=totals.count[Phase.COMPUTE])
+                          batches=totals.count[Phase.COMPUTE], busy_ns=occupancy.busy_ns,
+                          credit_wait_ns=occupancy.credit_wait_ns, input_wait_ns=occupancy.input_wait_ns)
+
+
+def _service_to_pb(times: ServiceTimes | None) -> pb.ServiceTimes | None:
+    if times is None:
+        return None
+    recent = times.recent_decode()
+    return pb.ServiceTimes(
+        decode_service_ns=times.decode_service_ns, decode_microbatches=times.decode_microbatches,
+        decode_rows=times.decode_rows, prefill_service_ns=times.prefill_service_ns,
+        prefill_tokens=times.prefill_tokens, prefill_batches=times.prefill_batches,
+        recent_decode_service_ns=recent.mean_service_ns, recent_decode_microbatches=recent.microbatches,
+        recent_decode_rows=recent.mean_rows)

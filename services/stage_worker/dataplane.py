@@ -21,6 +21,7 @@ from libs.fnx2.control import EXT_SAMPLE_LOGPROBS, ChannelBinding
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.listener import ListenerLimits
 from libs.fnx2.messages import Batch, BatchDescriptor, SequenceStatus
+from libs.fnx2.messages import Phase as BatchPhase
 from libs.fnx2.receiver import (
     Fnx2Receiver,
     ReceiverConfig,
@@ -174,12 +175,21 @@ class DataPlane:
             span.set_attribute("fornax.stage_index", stage.spec.stage_index)
             span.set_attribute("fornax.batch_rows", work.batch.batch.input_row_count)
             span.set_attribute("fornax.sequences", len(work.sequences))
-            output = await self._execute(stage, work, label)
+            occupancy = self._runtime.phase_totals.occupancy
+            occupancy.begin_work()
+            try:
+                output = await self._execute(stage, work, label)
+            finally:
+                occupancy.end_work()
             for failure in output.failures:
                 metrics.SEQUENCE_FAILURES.labels(label, failure.code).inc()
             usage = stage.executor.kv_usage()
             metrics.KV_BYTES.labels(label).set(usage.bytes_used)
             metrics.KV_SEQUENCES.labels(label).set(usage.live_sequences)
+            receiver = self._receiver
+            if receiver is not None:
+                metrics.LEASE_TOMBSTONES.labels(label).set(receiver.state.tombstones)
+                metrics.LEASE_FENCE_ENTRIES.labels(label).set(receiver.state.fence_entries)
             return output
 
     async def _execute(self, stage: LoadedStage, work: StageWork, label: str) -> StageOutput:
@@ -190,7 +200,8 @@ class DataPlane:
         with _TRACER.start_as_current_span("unpack"):
             started = time.perf_counter()
             batch = self._stage_batch(stage, work, live)
-            self._runtime.phase_totals.observe(Phase.UNPACK, time.perf_counter() - started, label)
+            unpack_s = time.perf_counter() - started
+            self._runtime.phase_totals.observe(Phase.UNPACK, unpack_s, label)
         try:
             result, pending, queue_s, compute_s = await self._runtime.execute(batch)
         except ModelError as exc:
@@ -199,16 +210,25 @@ class DataPlane:
         _record_phase_spans(queue_s, compute_s)
         self._runtime.phase_totals.observe(Phase.QUEUE, queue_s, label, phase)
         self._runtime.phase_totals.observe(Phase.COMPUTE, compute_s, label, phase)
+        pack_s = 0.0
         if stage.spec.last:
             output = self._final_output(stage, work, live, result, failures)
         else:
-            output = await self._forward(stage, work, live, result, failures)
+            output, pack_s = await self._forward(stage, work, live, result, failures)
+        self._observe_service(work, live, unpack_s + compute_s + pack_s)
         # KV advances only for sequences the whole rest of the pipeline completed too.
         failed_ids = {f.request_id for f in output.failures}
         completed = frozenset(s.request_id for s in live if s.request_id not in failed_ids)
         await self._runtime.commit(pending, completed)
         metrics.KV_EPOCH_CHANGES.labels(label).inc(len(completed))
         return output
+
+    def _observe_service(self, work: StageWork, live, service_s: float) -> None:
+        """Decode per microbatch (rows = sequences), prefill per token (rows = prompt tokens)."""
+        if work.batch.batch.phase is BatchPhase.DECODE:
+            self._runtime.service_times.observe_decode(service_s, len(live))
+        else:
+            self._runtime.service_times.observe_prefill(service_s, sum(s.input_row_count for s in live))
 
     def _split_cancelled(self, work: StageWork):
         live, failures = [], []
@@ -265,20 +285,30 @@ class DataPlane:
         tensor = Tensor.from_array(TensorKind.TOKEN_IDS, DType.INT32, tokens)
         return StageOutput(tensor, tuple(failures), rows_per_sequence=tuple(1 for _ in live))
 
-    async def _forward(self, stage: LoadedStage, work: StageWork, live, result: StageResult, failures) -> StageOutput:
+    async def _forward(self, stage: LoadedStage, work: StageWork, live, result: StageResult,
+                       failures) -> tuple[StageOutput, float]:
+        """The output, and the seconds spent packing the outgoing boundary tensor."""
         label = stage_id(stage.spec.stage_index)
         dtype = DType(stage.spec.boundary_dtype)
         with _TRACER.start_as_current_span("pack"):
             started = time.perf_counter()
             payload = _boundary_payload(result.hidden, dtype)
             outgoing = _next_batch(work.batch, live, stage, Tensor.from_array(TensorKind.ACTIVATION, dtype, payload))
-            self._runtime.phase_totals.observe(Phase.PACK, time.perf_counter() - started, label)
+            pack_s = time.perf_counter() - started
+            self._runtime.phase_totals.observe(Phase.PACK, pack_s, label)
         metrics.BOUNDARY_BYTES.labels(label).inc(payload.nbytes)
         client = await self.next_hop(stage)
         with _TRACER.start_as_current_span(f"transfer to {stage_id(stage.spec.stage_index + 1)}"):
             outgoing = replace(outgoing, traceparent=current_traceparent())
             started = time.perf_counter()
-            reply = await client.submit(outgoing)
+            occupancy = self._runtime.phase_totals.occupancy
+            occupancy.begin_handoff()  # this batch now waits on the next hop, not on this stage
+            occupancy.end_work()
+            try:
+                reply = await client.submit(outgoing)
+            finally:
+                occupancy.begin_work()
+                occupancy.end_handoff()
             round_trip = time.perf_counter() - started
         downstream_ns = max((r.timings.queue_ns + r.timings.execute_ns for r in reply.results), default=0)
         self._runtime.phase_totals.observe(Phase.TRANSFER, max(0.0, round_trip - downstream_ns / 1e9), label)
@@ -294,17 +324,17 @@ class DataPlane:
             parts.append(reply.rows_for(downstream))
             counts.append(downstream.output_row_count)
         if not parts or reply.tensor is None:
-            return StageOutput(None, tuple(failures))
+            return StageOutput(None, tuple(failures)), pack_s
         descriptor = reply.tensor.descriptor
         array = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts))
         if _is_sample_records(reply.tensor) and EXT_SAMPLE_LOGPROBS not in work.extensions:
             # The hop before this one speaks plain token ids: keep the tokens, drop the logprobs.
             array = np.ascontiguousarray(array[:, 0], dtype=np.int32)
             return StageOutput(Tensor.from_array(TensorKind.TOKEN_IDS, DType.INT32, array), tuple(failures),
-                               rows_per_sequence=tuple(counts))
+                               rows_per_sequence=tuple(counts)), pack_s
         return StageOutput(
             Tensor(descriptor.with_rows(array.shape[0]), array), tuple(failures), rows_per_sequence=tuple(counts)
-        )
+        ), pack_s
 
 
 def _next_batch(batch: Batch, live, stage: LoadedStage, tensor: Tensor) -> Batch:

@@ -35,3 +35,11 @@ KV_EPOCH_CHANGES = Counter(
 SEQUENCE_FAILURES = Counter(
     "fornax_stage_sequence_failures_total", "Sequences that failed on this stage", ["stage", "code"]
 )
+LEASE_TOMBSTONES = Gauge(
+    "fornax_stage_lease_tombstones", "Per-lease tombstones held (leases from peers without lease_sequence)", ["stage"]
+)
+LEASE_FENCE_ENTRIES = Gauge(
+    "fornax_stage_lease_fence_entries",
+    "Everything held to fence ended leases: tombstones, lease-sequence gaps, recent end reasons",
+    ["stage"],
+)

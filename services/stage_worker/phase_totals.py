@@ -8,6 +8,7 @@ import enum
 from dataclasses import dataclass, field
 
 from services.stage_worker import metrics
+from services.stage_worker.occupancy import Occupancy
 
 
 class Phase(enum.Enum):
@@ -27,6 +28,7 @@ _WITH_STEP_PHASE = {Phase.QUEUE, Phase.COMPUTE}  # labelled by prefill/decode to
 class PhaseTotals:
     total_ns: dict[Phase, int] = field(default_factory=lambda: dict.fromkeys(Phase, 0))
     count: dict[Phase, int] = field(default_factory=lambda: dict.fromkeys(Phase, 0))
+    occupancy: Occupancy = field(default_factory=Occupancy)
 
     def observe(self, phase: Phase, seconds: float, stage_label: str, step: str | None = None) -> None:
         labels = (stage_label, step) if phase in _WITH_STEP_PHASE else (stage_label,)

@@ -33,6 +33,7 @@ from libs.structured.grammar import GrammarVocabulary
 from services.stage_worker.fetch import fetch_artifact
 from services.stage_worker.lifecycle import Lifecycle, StageState
 from services.stage_worker.phase_totals import PhaseTotals
+from services.stage_worker.service_times import ServiceTimes
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class HealthSnapshot:
     failure_reason: str
     plan: PlanBinding | None
     phase_totals: PhaseTotals | None = None
+    service_times: ServiceTimes | None = None
 
 
 @dataclass
@@ -193,6 +195,7 @@ class StageRuntime:
         self.stage: LoadedStage | None = None
         self._counters = _Counters()
         self.phase_totals = PhaseTotals()
+        self.service_times = ServiceTimes()
         self._device_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{device}")
         self._idle = asyncio.Event()
         self._idle.set()
@@ -208,6 +211,7 @@ class StageRuntime:
         if self.lifecycle.state in (StageState.READY, StageState.EXECUTING):
             raise FailedPrecondition("a stage is already loaded; unload it first", reason="STAGE_LOADED")
         self.lifecycle.move(StageState.LOADING)
+        self.service_times = ServiceTimes()  # a new stage: its own measurements only
         loop = asyncio.get_running_loop()
         try:
             spec = await self._fetched(spec)
@@ -456,4 +460,5 @@ class StageRuntime:
             failure_reason=self.lifecycle.failure_reason,
             plan=stage.spec.plan if stage else None,
             phase_totals=self.phase_totals,
+            service_times=self.service_times,
         )

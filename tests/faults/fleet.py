@@ -18,11 +18,12 @@ from pathlib import Path
 
 import aiohttp
 import grpc
-from fornax.orchestrator.v1 import orchestrator_pb2 as pb
-from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 
 from apps.fleet.compose import start_fleet
 from apps.fleet.launcher import FleetOptions, Launcher
+from fornax.orchestrator.v1 import orchestrator_pb2 as pb
+from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
+from libs.security.cli_credentials import operator_credentials
 from libs.service.fleet_state import FleetState, write_fleet
 
 ROUTE_READY_TIMEOUT_S = 120
@@ -54,8 +55,14 @@ class LiveFleet:
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())
 
+    def channel(self, name: str) -> grpc.Channel:
+        """A gRPC channel to a service with the operator's client certificate (mTLS)."""
+        credentials = operator_credentials(self.state_dir, env={})
+        assert credentials is not None, "the fleet has no operator certificate"
+        return grpc.secure_channel(self.entry(name).grpc, credentials.channel_credentials())
+
     def plan_status(self) -> pb.PlanStatus:
-        with grpc.insecure_channel(self.entry("orchestrator").grpc) as channel:
+        with self.channel("orchestrator") as channel:
             reply = pb_grpc.OrchestratorServiceStub(channel).GetPlanStatus(
                 pb.GetPlanStatusRequest(), timeout=5)
         return reply.current
@@ -86,9 +93,9 @@ def live_fleet(root: Path, checkpoint: Path, env: dict[str, str] | None = None) 
     options = FleetOptions(state_dir=root / ".fornax", stages=2, backend="numpy",
                            boundary_dtype="fp32", checkpoint=str(checkpoint),
                            startup_timeout_s=120, grace_period_s=5.0, env=env or {},
-                           # The faults here are crashes and stalls, not strangers: the suite
-                           # drives the control plane in plaintext (mTLS has its own tests).
-                           insecure=True)
+                           # Under mTLS, as an operator runs it: probes read worker and route
+                           # state with the operator's client certificate.
+                           insecure=False)
     state, launcher = start_fleet(options)
     write_fleet(options.state_dir, state)  # what `fornax status` reads
     fleet = LiveFleet(state, launcher)

@@ -11,12 +11,11 @@ import os
 import signal
 
 import aiohttp
-import grpc
 import pytest
-from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
-from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 
 from apps.fleet.launcher import ServiceProcess
+from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
+from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 from tests.faults.fleet import live_fleet, stream_completion
 
 pytestmark = [pytest.mark.integration]
@@ -27,7 +26,7 @@ ENV = {"FORNAX_DEFAULT_DEADLINE_S": str(LEASE_TTL_S), "FORNAX_RECOVERY_TIMEOUT_S
 def _live_sequences(fleet) -> list[int]:
     counts = []
     for name in ("stage_worker_0", "stage_worker_1"):
-        with grpc.insecure_channel(fleet.entry(name).grpc) as channel:
+        with fleet.channel(name) as channel:
             reply = sw_grpc.StageWorkerServiceStub(channel).GetHealth(sw_pb.GetHealthRequest(), timeout=5)
         counts.append(reply.live_sequences)
     return counts
@@ -64,9 +63,6 @@ def test_a_restarted_orchestrator_fences_orphans_and_serves(tmp_path, checkpoint
         assert _live_sequences(fleet) == [0, 0]
 
 
-@pytest.mark.xfail(reason="with the FNX2 receiver's sweeper, stage 1 frees the orphans at their "
-                          "deadline but stage 0 (whose sender vanished) keeps all 8 past it",
-                   strict=False)
 def test_stages_free_orphaned_kv_within_the_lease_ttl(tmp_path, checkpoint):
     with live_fleet(tmp_path, checkpoint, ENV) as fleet:
         asyncio.run(_orphan_streams(fleet, 8))

@@ -13,8 +13,8 @@ import time
 
 import aiohttp
 import pytest
-from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 
+from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from tests.faults.fleet import live_fleet, stream_completion
 
 pytestmark = [pytest.mark.integration]
@@ -123,13 +123,12 @@ def test_sigstop_of_a_stage_ends_streams_before_their_deadline_and_recovers(tmp_
 
 
 def test_an_unloaded_stage_and_a_drained_route_show_in_status(tmp_path, checkpoint):
-    import grpc
     from fornax.orchestrator.v1 import orchestrator_pb2_grpc as orch_grpc
     from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
     from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 
     with live_fleet(tmp_path, checkpoint, ENV) as fleet:
-        with grpc.insecure_channel(fleet.entry("stage_worker_1").grpc) as channel:
+        with fleet.channel("stage_worker_1") as channel:
             sw_grpc.StageWorkerServiceStub(channel).UnloadStage(
                 sw_pb.UnloadStageRequest(request_id="unload-1"), timeout=30)
         status, body = fleet.wait_for(lambda: _health_naming(fleet, "stage 1 is not loaded"), 5,
@@ -138,7 +137,7 @@ def test_an_unloaded_stage_and_a_drained_route_show_in_status(tmp_path, checkpoi
         cli = _status_cli(fleet.state_dir)
         assert cli.returncode == 1 and "DEGRADED (stage 1 is not loaded)" in cli.stdout
         assert "stage_worker_1 UNLOADED" in cli.stdout
-        with grpc.insecure_channel(fleet.entry("orchestrator").grpc) as channel:
+        with fleet.channel("orchestrator") as channel:
             drained = orch_grpc.OrchestratorServiceStub(channel).DrainPlan(
                 pb.DrainPlanRequest(request_id="drain-1", timeout_ns=10**9), timeout=30)
         assert drained.status.state == pb.ROUTE_STATE_DRAINED

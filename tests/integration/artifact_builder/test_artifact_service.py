@@ -7,10 +7,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as pb
 from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as pb_grpc
 from fornax.common.v1 import common_pb2
-
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.service.interceptors import reason_of
 from services.evidence_registry.client import RegistryClient
@@ -149,5 +149,5 @@ def test_paths_outside_the_roots_are_refused_with_a_reason(fleet, tmp_path):
         with pytest.raises(grpc.RpcError) as caught:
             call()
         refused[field] = (caught.value.code(), reason_of(caught.value))
-    assert refused == {field: (grpc.StatusCode.PERMISSION_DENIED, "PATH_OUTSIDE_ROOTS") for field in calls}
+    assert refused == dict.fromkeys(calls, (grpc.StatusCode.PERMISSION_DENIED, "PATH_OUTSIDE_ROOTS"))
     assert not (root / "not-the-store").exists()

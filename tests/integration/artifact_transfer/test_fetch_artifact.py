@@ -11,10 +11,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as pb
 from fornax.artifact_builder.v1 import artifact_builder_pb2_grpc as pb_grpc
 from fornax.common.v1 import common_pb2
-
 from libs.artifacts.manifest import MANIFEST_FILE, WEIGHTS_FILE
 from libs.artifacts.transfer import ArtifactCache, ArtifactTransferCorruptError, ArtifactTransferTruncatedError
 from libs.artifacts.verify import verify_artifact

@@ -7,11 +7,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import datetime as dt
 
 from libs.security.identity import Identity, Role
 from libs.security.store import CertStore
@@ -29,13 +28,13 @@ def evidence_pki(data: Path) -> CertStore:
     """The fleet CA the registry over `data` checks physical signatures against."""
     store = CertStore(data.parent / "pki")
     if not store.has_ca():
-        store.init(dt.datetime.now(dt.timezone.utc))
+        store.init(dt.datetime.now(dt.UTC))
     return store
 
 
 def signed(data: Path, content: RecordContent, blob: bytes) -> RecordContent:
     """content signed by MEASURING_HOST, as a measuring service would sign it."""
-    material = evidence_pki(data).ensure(MEASURING_HOST, dt.datetime.now(dt.timezone.utc)).read()
+    material = evidence_pki(data).ensure(MEASURING_HOST, dt.datetime.now(dt.UTC)).read()
     return sign_content(content, sha256_hex(blob), MEASURING_HOST, material.cert_pem, material.key_pem)
 
 

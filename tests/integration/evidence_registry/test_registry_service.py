@@ -10,20 +10,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+
 from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
 from fornax.evidence_registry.v1 import evidence_registry_pb2_grpc as pb_grpc
-
 from libs.security.audit import read_entries, verify_file
 from libs.security.identity import Identity, Role
 from libs.security.store import CertStore
 from services.evidence_registry.blobs import sha256_hex
-from services.evidence_registry.config import DEFAULT_MAX_BLOB_BYTES
 from services.evidence_registry.client import (
     EvidenceUnresolved,
     RegistryCallFailed,
     RegistryClient,
     require_resolved,
 )
+from services.evidence_registry.config import DEFAULT_MAX_BLOB_BYTES
 from services.evidence_registry.domain import (
     EvidenceClass,
     Expectation,
@@ -264,7 +264,7 @@ def test_unreachable_registry_is_unavailable_not_a_hang():
 
 
 def _forgeries(data, blob: bytes):
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     genuine = signed(data, physical(), blob)
     edited = dataclasses.replace(genuine, provenance=dataclasses.replace(genuine.provenance, hardware="8x H100"))
     renamed = dataclasses.replace(genuine, provenance=dataclasses.replace(
@@ -310,7 +310,7 @@ def test_cli_signs_on_put_and_verify_rechecks_the_signature(tmp_path, capsys):
 
     data, run = tmp_path / "data", tmp_path / "run"
     pki = evidence_pki(data)
-    pki.ensure(Identity(Role.HOST, "gpu-box"), dt.datetime.now(dt.timezone.utc))
+    pki.ensure(Identity(Role.HOST, "gpu-box"), dt.datetime.now(dt.UTC))
     blob = tmp_path / "m.json"
     blob.write_bytes(b'{"decode_tokens_per_s": 31.0}')
     proc, address = start_registry(data, run)
@@ -326,7 +326,7 @@ def test_cli_signs_on_put_and_verify_rechecks_the_signature(tmp_path, capsys):
         assert main(["evidence", "verify", *common, put_out["record_id"]]) == 0
         assert json.loads(capsys.readouterr().out)[0]["detail"] == "signed by spiffe://fornax/host/gpu-box"
         stranger = CertStore(tmp_path / "other")
-        stranger.init(dt.datetime.now(dt.timezone.utc))
+        stranger.init(dt.datetime.now(dt.UTC))
         assert main(["evidence", "verify", *common, "--ca", str(stranger.ca_cert), put_out["record_id"]]) == 1
         assert json.loads(capsys.readouterr().out)[0]["reason"] == "EVIDENCE_UNTRUSTED_CERTIFICATE"
     finally:

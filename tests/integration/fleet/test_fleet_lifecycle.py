@@ -6,17 +6,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
 import pytest
-from fornax.planner.v1 import planner_pb2, planner_pb2_grpc
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
+from fornax.planner.v1 import planner_pb2, planner_pb2_grpc
+from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.security.cli_credentials import operator_credentials
 from libs.service.fleet_state import read_fleet
 
@@ -210,3 +213,25 @@ def test_insecure_is_explicit_and_every_service_warns(tmp_path):
         assert status.returncode == 0, status.stdout + status.stderr
     finally:
         _fornax("down", "--state-dir", ".fornax", cwd=tmp_path)
+
+
+def test_sigterm_while_the_route_installs_stops_every_service(tmp_path):
+    checkpoint = write_checkpoint(CheckpointRequest("tiny", tmp_path / "model", seed=5)).out_dir
+    up = subprocess.Popen(
+        [sys.executable, "-m", "apps.cli.main", "up", "--foreground", "--state-dir", ".fornax", "--stages", "1",
+         "--backend", "numpy", "--checkpoint", str(checkpoint)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    fleet_file = tmp_path / ".fornax" / "fleet.json"
+    deadline = time.monotonic() + 180
+    while not fleet_file.exists() and up.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert fleet_file.exists(), "the fleet never started"
+    pids = [s.pid for s in read_fleet(tmp_path / ".fornax").services]
+    up.send_signal(signal.SIGTERM)
+    _, stderr = up.communicate(timeout=120)
+    assert up.returncode == 2, stderr
+    assert "interrupted while installing the route; the fleet was stopped" in stderr
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    assert not fleet_file.exists()

@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from libs.service.fleet_state import read_fleet
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
+from libs.service.fleet_state import read_fleet
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
-from libs.service.fleet_state import read_fleet
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
+from libs.service.fleet_state import read_fleet
 from tests.support.otlp import OtlpReceiver
 
 pytestmark = pytest.mark.integration

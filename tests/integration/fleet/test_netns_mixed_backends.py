@@ -14,8 +14,13 @@ import pytest
 
 from apps.fleet.netns import leftovers, read_record
 from libs.service.fleet_state import read_fleet
-from tests.integration.fleet.test_netns_fleet import _capabilities, _fornax, _greedy_through_openai
-from tests.integration.fleet.test_netns_fleet import checkpoint, reference  # noqa: F401  (fixtures)
+from tests.integration.fleet.test_netns_fleet import (  # noqa: F401  (fixtures)
+    _capabilities,
+    _fornax,
+    _greedy_through_openai,
+    checkpoint,
+    reference,
+)
 from tests.integration.fleet.test_netns_fleet import pytestmark as netns_marks
 
 pytest.importorskip("max")
@@ -31,7 +36,7 @@ def test_a_max_stage_and_a_numpy_stage_serve_transformers_greedy_text(tmp_path, 
         state = read_fleet(tmp_path / ".fornax")
         backends = [_capabilities(state.entry(f"stage_worker_{i}").grpc, tmp_path / ".fornax").backend_build.split()[0] for i in range(2)]
         assert backends == ["max", "numpy"]
-        assert _greedy_through_openai(state.api) == reference
+        assert _greedy_through_openai(state) == reference
     finally:
         down = _fornax("down", cwd=tmp_path, timeout=120)
     assert down.returncode == 0, down.stderr

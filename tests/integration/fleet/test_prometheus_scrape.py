@@ -13,8 +13,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from fornax.stage_worker.v1 import stage_worker_pb2, stage_worker_pb2_grpc
 
+from fornax.stage_worker.v1 import stage_worker_pb2, stage_worker_pb2_grpc
 from libs.service.fleet_state import read_fleet
 from tests.support.fleet_tls import operator_channel
 

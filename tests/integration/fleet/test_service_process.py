@@ -8,9 +8,9 @@ import time
 
 import grpc
 import pytest
+
 from fornax.planner.v1 import planner_pb2, planner_pb2_grpc
 from fornax.stage_worker.v1 import stage_worker_pb2, stage_worker_pb2_grpc
-
 from tests.support.otlp import OtlpReceiver
 from tests.support.procs import ServiceProc
 

@@ -13,7 +13,12 @@ from libs.fnx2.control import ChannelBinding
 from libs.fnx2.leases import derive_execution_lease_id
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice
 from libs.fnx2.receiver import (
-    Fnx2Receiver, ReceiverConfig, SequenceFailure, StageOutput, StageWork, start_server,
+    Fnx2Receiver,
+    ReceiverConfig,
+    SequenceFailure,
+    StageOutput,
+    StageWork,
+    start_server,
 )
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import Tensor

@@ -1,21 +1,30 @@
 """FNX2 channels over real loopback sockets."""
 
 import asyncio
+import dataclasses
 import time
 
 import numpy as np
 import pytest
 
-from libs.fnx2.control import ChannelBinding, EXT_MULTI_INFLIGHT
+from libs.fnx2.control import EXT_MULTI_INFLIGHT, ChannelBinding
 from libs.fnx2.errors import ErrorCode, Fnx2Error, RemoteError
 from libs.fnx2.messages import Phase, SequenceStatus
 from libs.fnx2.receiver import ReceiverConfig
 from libs.fnx2.receiver_state import ReceiverLimits
 from libs.fnx2.sender import Fnx2Client, SenderConfig
-
 from tests.integration.fnx2.helpers import (
-    BINDING, GENERATION, MANIFEST_HASH, PLAN_HASH, PLAN_ID, DoublingHandler, Seq, lease_for,
-    loopback, make_batch, new_request,
+    BINDING,
+    GENERATION,
+    MANIFEST_HASH,
+    PLAN_HASH,
+    PLAN_ID,
+    DoublingHandler,
+    Seq,
+    lease_for,
+    loopback,
+    make_batch,
+    new_request,
 )
 from tests.integration.fnx2.tls import self_signed_contexts
 
@@ -30,7 +39,7 @@ def by_request(result):
 async def test_handshake_binds_plan_and_negotiates_extensions():
     async with loopback(DoublingHandler()) as (client, receiver):
         assert client.extensions == {"multi_inflight", "traceparent", "timings", "compact_output",
-                                     "sample_logprobs", "compact_meta"}
+                                     "sample_logprobs", "compact_meta", "lease_sequence"}
         assert client.credit.frames == 1 and client.credit.live_requests == 1024
 
 
@@ -373,3 +382,20 @@ async def test_a_sender_waiting_for_frame_credit_is_counted():
         results = await asyncio.gather(first, second)
     assert all(r.results[0].status is SequenceStatus.OK for r in results)
     assert waits() == before + 1
+
+
+@pytest.mark.parametrize("offer", ["all", "plain"])
+async def test_lease_sequences_fence_without_tombstones_only_once_negotiated(offer):
+    """A numbered lease that ends leaves no tombstone when the extension was negotiated; a
+    plain 2.0 sender's slices go without the number and its ended leases get tombstones."""
+    sender = SenderConfig(BINDING) if offer == "all" else SenderConfig(BINDING, offer_extensions=frozenset())
+    async with loopback(DoublingHandler(), sender_config=sender) as (client, receiver):
+        request = new_request()
+        batch = make_batch(Phase.PREFILL, [Seq(request, 1)])
+        numbered = dataclasses.replace(batch, batch=dataclasses.replace(
+            batch.batch, sequences=(batch.batch.sequences[0]._replace(lease_sequence=0),)))
+        assert (await client.submit(numbered)).results[0].kv_epoch_after == 1
+        receiver.state.release(request, lease_for(request), 1)
+        assert receiver.state.tombstones == (0 if offer == "all" else 1)
+        stale = await client.submit(numbered)  # a late copy of the opening frame
+        assert stale.results[0].error_code == ErrorCode.RELEASED

@@ -13,7 +13,6 @@ from libs.fnx2.fuzz import frame
 from libs.fnx2.messages import Phase, Result, SequenceStatus
 from libs.fnx2.receiver import Fnx2Receiver, ReceiverConfig, start_server
 from libs.fnx2.sender import SenderConfig
-
 from tests.integration.fnx2.helpers import BINDING, DoublingHandler, Seq, loopback, make_batch, new_request
 
 pytestmark = pytest.mark.timeout(60)

@@ -14,6 +14,7 @@ from libs.fnx2.fuzz import frame
 from libs.fnx2.listener import ListenerLimits
 from libs.fnx2.messages import Kind, Phase, Result
 from libs.fnx2.receiver import ReceiverConfig
+from libs.fnx2.receiver_state import ReceiverLimits
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.stream import FrameStream
 from tests.integration.fnx2.helpers import (
@@ -147,3 +148,33 @@ async def test_a_quiet_sender_keeps_its_channel_past_the_idle_timeout():
         await asyncio.sleep(1.2)
         with pytest.raises(ChannelClosedError):  # without keepalives the receiver closed it
             await client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 1)]))
+
+
+async def test_a_lease_whose_sender_vanished_mid_batch_expires_at_its_deadline():
+    """The sender goes away while its batch executes (the receiver ends the batch's task
+    with the channel): the lease is not left executing forever, and expires on time."""
+    forgotten, gate = asyncio.Event(), asyncio.Event()
+
+    class Handler(DoublingHandler):
+        def forget(self, request_id, execution_lease_id):
+            super().forget(request_id, execution_lease_id)
+            forgotten.set()
+
+    clock, handler = Clock(), Handler(gate=gate)
+    config = ReceiverConfig(BINDING, limits=ReceiverLimits(frames=8),
+                            listener=ListenerLimits(sweep_interval_s=0.01))
+    async with loopback(handler, receiver_config=config, clock=clock) as (client, receiver):
+        request = new_request()
+        pending = asyncio.create_task(client.submit(
+            make_batch(Phase.PREFILL, [Seq(request, 2, budget_ns=5 * 10**9)])))
+        while not receiver.state.live_requests:
+            await asyncio.sleep(0.01)
+        await client.close()  # the sender vanishes with its batch executing
+        with pytest.raises(ChannelClosedError):
+            await asyncio.wait_for(pending, 10)
+        while receiver.connections:
+            await asyncio.sleep(0.01)
+        assert receiver.state.credit().frames == 8  # the abandoned batch gave its credit back
+        clock.now += 5 * 10**9
+        await asyncio.wait_for(forgotten.wait(), 10)
+        assert handler.forgotten == [request] and receiver.state.live_requests == 0

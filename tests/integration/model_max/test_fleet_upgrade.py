@@ -83,7 +83,6 @@ def _stage_states(state) -> dict[str, str]:
     """Each stage worker's stage state: the reference workers gave theirs back after the switch."""
     from fornax.stage_worker.v1 import stage_worker_pb2 as pb
     from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
-
     from libs.service.channels import open_channel
 
     states = {}

@@ -23,7 +23,6 @@ from apps.fleet.launcher import FleetOptions
 from libs.model.config import load_config
 from libs.text.context import TextContext
 from services.planner.model import describe_checkpoint
-from tests.support.chromium import Browser, chromium_binary
 from tests.integration.orchestrator.test_fleet_serving import wait_route_ready
 from tests.integration.orchestrator.test_structured_outputs import (
     CLOCK,
@@ -33,6 +32,7 @@ from tests.integration.orchestrator.test_structured_outputs import (
     _schema_format,
     _streamed,
 )
+from tests.support.chromium import Browser, chromium_binary
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 API_KEY = "sk-fornax-dashboard-test-key-5f3a9c"

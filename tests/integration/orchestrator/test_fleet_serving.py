@@ -18,8 +18,8 @@ from apps.fleet.compose import start_fleet
 from apps.fleet.launcher import FleetOptions
 from libs.service.fleet_state import FleetState
 from libs.text.context import TextContext
-from tests.support.fleet_tls import operator_channel
 from tests.integration.orchestrator.test_greedy_parity import reference_greedy
+from tests.support.fleet_tls import operator_channel
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 READY_TIMEOUT_S = 300
@@ -169,7 +169,7 @@ def _data_plane_attempt(fleet, identity, target: str) -> str:
     from libs.security.fnx2_tls import Fnx2Tls
     from libs.security.store import CertStore
 
-    paths = CertStore(fleet.state_dir).ensure(identity, dt.datetime.now(dt.timezone.utc))
+    paths = CertStore(fleet.state_dir).ensure(identity, dt.datetime.now(dt.UTC))
     host, _, port = fleet.entry(target).extra["data_plane"].rpartition(":")
     binding = ChannelBinding("00000000-0000-4000-8000-000000000000", "sha256:" + "0" * 64,
                              "sha256:" + "0" * 64, "stage-1", "probe")
@@ -227,7 +227,7 @@ def test_idle_tls_connections_to_a_stage_cost_little_memory(fleet):
     from tests.integration.fnx2.test_idle_connections import status_bytes
 
     wait_route_ready(fleet.api)
-    paths = CertStore(fleet.state_dir).ensure(Identity(Role.STAGE, "stage-0"), dt.datetime.now(dt.timezone.utc))
+    paths = CertStore(fleet.state_dir).ensure(Identity(Role.STAGE, "stage-0"), dt.datetime.now(dt.UTC))
     context = ssl.create_default_context(cafile=str(paths.ca))
     context.load_cert_chain(str(paths.cert), str(paths.key))
     host, _, port = fleet.entry("stage_worker_1").extra["data_plane"].rpartition(":")

@@ -5,9 +5,9 @@ import dataclasses
 
 import grpc
 import pytest
+
 from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
-
 from libs.service.config import ServerConfig
 from libs.service.interceptors import reason_of
 from libs.service.server import build_server

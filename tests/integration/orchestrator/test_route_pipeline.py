@@ -6,10 +6,10 @@ import asyncio
 import uuid
 
 import pytest
-from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 
-from services.orchestrator.stage_chain import Route
+from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from libs.model.config import load_config
+from libs.model.layout import even_layer_split
 from libs.text.context import TextContext
 from services.orchestrator.domain import (
     FinishReason,
@@ -17,10 +17,10 @@ from services.orchestrator.domain import (
     SamplingParams,
     SchedulerConfig,
 )
-from libs.model.layout import even_layer_split
 from services.orchestrator.model_card import served_model
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.serving import ServingConfig, ServingEngine
+from services.orchestrator.stage_chain import Route
 from tests.integration.orchestrator.test_greedy_parity import NEW_TOKENS, served_greedy
 from tests.support.stages import load_pipeline, start_workers
 

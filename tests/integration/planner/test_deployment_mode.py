@@ -9,9 +9,8 @@ import json
 import time
 from dataclasses import replace
 
-from fornax.planner.v1 import planner_pb2 as pb
-
 from apps.cli.main import main
+from fornax.planner.v1 import planner_pb2 as pb
 from services.evidence_registry.client import RegistryClient
 from services.evidence_registry.domain import EvidenceClass, RecordContent, RecordType, ValidityWindow
 from services.planner import convert

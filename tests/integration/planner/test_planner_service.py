@@ -7,11 +7,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from fornax.common.v1 import common_pb2
 from fornax.planner.v1 import planner_pb2 as pb
 from fornax.planner.v1 import planner_pb2_grpc as pb_grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from libs.service.config import ServerConfig
 from libs.service.interceptors import reason_of
 from libs.service.server import build_server

@@ -60,16 +60,13 @@ def test_records_for_a_negotiating_peer_token_ids_for_a_plain_one(checkpoint, tw
     plan = load_pipeline(two_workers, checkpoint, cfg.num_hidden_layers, boundary="fp32")
     (expected,), _, _ = local_greedy(checkpoint, [PROMPT], steps=0)
 
-    async def scenario():
-        results = []
-        for plain in (False, True):
-            route = Route(plan)
-            await route.open()
-            try:
-                results.append(await _prefill(route, plain))
-            finally:
-                await route.close()
-        return results
+    async def scenario():  # one route per plan generation: its lease numbers only go up
+        route = Route(plan)
+        await route.open()
+        try:
+            return [await _prefill(route, plain) for plain in (False, True)]
+        finally:
+            await route.close()
 
     records, plain = asyncio.run(scenario())
     assert records.dtype == np.float32 and records.shape == (1, RECORD_WIDTH)
@@ -86,32 +83,32 @@ def test_the_gateway_hop_negotiates_compact_metadata_and_a_plain_gateway_gets_th
     plan = load_pipeline(two_workers, checkpoint, cfg.num_hidden_layers, boundary="fp32")
     (expected,), _, _ = local_greedy(checkpoint, [PROMPT], steps=0)
 
-    async def tokens(offer: frozenset[str]) -> tuple[frozenset[str], list[int]]:
+    async def tokens(route: Route, offer: frozenset[str]) -> tuple[frozenset[str], list[int]]:
+        if offer != KNOWN_EXTENSIONS:
+            await route._client.close()
+            first = route.plan.stages[0]
+            binding = ChannelBinding(route.plan.plan_id, route.plan.plan_hash,
+                                     first.manifest_hash, "stage-0", route.plan.plan_generation_id)
+            host, _, port = first.data_plane_address.rpartition(":")
+            route._client = await Fnx2Client.connect(host, int(port), SenderConfig(
+                binding, offer_extensions=offer))
+        negotiated = route._client.extensions
+        rid = str(uuid.uuid4())
+        await route.admit(rid, 16, SamplingParams())
+        (out,) = await route.run(Phase.PREFILL, [SliceInput(
+            rid, lease_id_for(route.plan, rid), 0, 0, 0, PROMPT, BUDGET_NS)])
+        await route.release(rid)
+        assert out.ok, (out.error_code, out.error_message)
+        return negotiated, out.rows.tolist()
+
+    async def scenario():  # one route per plan generation: its lease numbers only go up
         route = Route(plan)
         await route.open()
         try:
-            if offer != KNOWN_EXTENSIONS:
-                await route._client.close()
-                first = route.plan.stages[0]
-                binding = ChannelBinding(route.plan.plan_id, route.plan.plan_hash,
-                                         first.manifest_hash, "stage-0", route.plan.plan_generation_id)
-                host, _, port = first.data_plane_address.rpartition(":")
-                route._client = await Fnx2Client.connect(host, int(port), SenderConfig(
-                    binding, offer_extensions=offer))
-            negotiated = route._client.extensions
-            rid = str(uuid.uuid4())
-            await route.admit(rid, 16, SamplingParams())
-            (out,) = await route.run(Phase.PREFILL, [SliceInput(
-                rid, lease_id_for(route.plan, rid), 0, 0, 0, PROMPT, BUDGET_NS)])
-            await route.release(rid)
-            assert out.ok, (out.error_code, out.error_message)
-            return negotiated, out.rows.tolist()
+            return (await tokens(route, KNOWN_EXTENSIONS),
+                    await tokens(route, KNOWN_EXTENSIONS - {EXT_COMPACT_META}))
         finally:
             await route.close()
-
-    async def scenario():
-        return (await tokens(KNOWN_EXTENSIONS),
-                await tokens(KNOWN_EXTENSIONS - {EXT_COMPACT_META}))
 
     (compact_ext, compact_rows), (plain_ext, plain_rows) = asyncio.run(scenario())
     assert EXT_COMPACT_META in compact_ext and EXT_COMPACT_META not in plain_ext

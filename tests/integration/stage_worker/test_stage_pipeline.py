@@ -9,19 +9,19 @@ import uuid
 import grpc
 import numpy as np
 import pytest
+
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
-
 from libs.fnx2.messages import Phase
-from libs.model.sampling import SamplingParams
-from services.orchestrator.stage_chain import Route, SliceInput, lease_id_for
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
 from libs.model.kv_store import SliceIdentity
+from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.interceptors import reason_of
+from services.orchestrator.stage_chain import Route, SliceInput, lease_id_for
 from tests.support.stages import load_pipeline, start_workers
 
 pytestmark = pytest.mark.integration
@@ -263,3 +263,35 @@ def test_a_failure_further_on_leaves_the_earlier_stage_kv_untouched(checkpoint, 
     step, before, after, stage0_epoch = asyncio.run(scenario())
     assert not step.ok and step.error_code == "CANCELLED"
     assert stage0_epoch == 1 and after == before
+
+
+def test_health_splits_each_stage_wall_time_into_busy_credit_wait_and_input_wait(checkpoint, two_workers):
+    import time
+
+    cfg = load_config(checkpoint)
+    plan = load_pipeline(two_workers, checkpoint, cfg.num_hidden_layers, boundary="fp32")
+
+    async def scenario():
+        route = Route(plan)
+        await route.open()
+        try:
+            before, started = await route.health(), time.monotonic_ns()
+            request_ids, _ = await generate(route, PROMPTS, steps=3)
+            ended = time.monotonic_ns()  # the workers' own snapshots bracket [started, ended]
+            after = await route.health()
+            for rid in request_ids:
+                await route.release(rid)
+            return before, after, ended - started
+        finally:
+            await route.close()
+
+    before, after, wall_ns = asyncio.run(scenario())
+    delta = [{k: getattr(a.phase_totals, k) - getattr(b.phase_totals, k)
+              for k in ("busy_ns", "credit_wait_ns", "input_wait_ns", "compute_ns")}
+             for b, a in zip(before, after, strict=True)]
+    first, last = delta
+    assert first["busy_ns"] >= first["compute_ns"] > 0 and last["busy_ns"] >= last["compute_ns"] > 0
+    assert first["credit_wait_ns"] > 0  # stage 0 idles while stage 1 works on its batches
+    assert last["credit_wait_ns"] == 0  # the final stage hands nothing on
+    for d in delta:  # every instant in exactly one state: the three cover the window between the probes
+        assert d["busy_ns"] + d["credit_wait_ns"] + d["input_wait_ns"] >= wall_ns

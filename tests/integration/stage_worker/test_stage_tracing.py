@@ -12,11 +12,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
 from libs.fnx2.messages import Phase
-from libs.model.sampling import SamplingParams
-from services.orchestrator.stage_chain import Route, SliceInput, lease_id_for
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
+from libs.model.sampling import SamplingParams
 from libs.service.trace_context import current_traceparent
+from services.orchestrator.stage_chain import Route, SliceInput, lease_id_for
 from tests.support.otlp import OtlpReceiver
 from tests.support.procs import ServiceProc
 from tests.support.stages import StageFleet, load_pipeline

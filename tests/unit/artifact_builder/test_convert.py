@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as pb
 from fornax.common.v1 import common_pb2
-
 from libs.artifacts.manifest import canonical_hash
 from libs.common.kinds import DType
 from services.artifact_builder.convert import boundary_dtype_from_pb, plan_from_json, plan_from_request

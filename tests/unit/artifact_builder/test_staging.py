@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.model.config import parse_config
+from libs.model.layout import expected_tensors
 from services.artifact_builder.errors import PlanInvalidError, UnionMismatchError
 from services.artifact_builder.snapshot import SourceTensor
 from services.artifact_builder.staging import (
@@ -20,7 +21,6 @@ from services.artifact_builder.staging import (
     plan_from_ranges,
     validate_plan,
 )
-from libs.model.layout import expected_tensors
 from tests.unit.artifact_builder.fixtures import TINY_CONFIG
 
 EMBED, HEAD, NORM = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from fornax.common.v1 import common_pb2
 
+from fornax.common.v1 import common_pb2
 from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB, backend_from_pb, dtype_from_pb, dtype_pb_name
 from libs.service.errors import InvalidArgument

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from fornax.common.v1 import common_pb2
 from fornax.evidence_registry.v1 import evidence_registry_pb2 as pb
-
 from services.evidence_registry import convert
 from services.evidence_registry.blobs import sha256_hex
 from services.evidence_registry.domain import BlobRef, Record, RecordStatus, RecordType

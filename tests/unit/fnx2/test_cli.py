@@ -1,8 +1,8 @@
+import argparse
 import json
 from pathlib import Path
 
 from libs.fnx2.cli import _golden, register
-import argparse
 
 GOLDEN = Path(__file__).with_name("fnx2_golden_v2.json")
 

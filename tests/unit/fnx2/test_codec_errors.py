@@ -8,10 +8,17 @@ from libs.fnx2.control import ChannelBinding, Credit
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.messages import Phase, Result, SequenceResult, SequenceStatus, Timings
 from libs.fnx2.tensor import Tensor, float32_to_bf16
-
 from tests.unit.fnx2.factories import (
-    BINDING, GENERATION, MANIFEST_HASH, PLAN_HASH, PLAN_ID, REQ_A, batch, frame_bytes, lease,
-    reframe, split,
+    BINDING,
+    GENERATION,
+    MANIFEST_HASH,
+    PLAN_ID,
+    REQ_A,
+    batch,
+    frame_bytes,
+    lease,
+    reframe,
+    split,
 )
 
 GOOD = frame_bytes(batch(), sequence_no=3)

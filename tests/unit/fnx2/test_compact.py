@@ -12,7 +12,6 @@ from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.fuzz import frame as fuzz_frame
 from libs.fnx2.messages import Phase, Result, SequenceResult, SequenceStatus, Timings
 from libs.fnx2.tensor import Tensor
-
 from tests.unit.fnx2.factories import MANIFEST_HASH, REQ_A, REQ_B, batch, lease
 
 TRACEPARENT = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"

@@ -8,13 +8,28 @@ from hypothesis import strategies as st
 
 from libs.fnx2.codec import decode_frame, encode_frame
 from libs.fnx2.control import (
-    Ack, AckCancel, AckHello, AckRelease, AckStage, Cancel, Control, Credit, ErrorMessage, Release,
+    Ack,
+    AckCancel,
+    AckHello,
+    AckRelease,
+    AckStage,
+    Cancel,
+    Control,
+    Credit,
+    ErrorMessage,
+    Release,
 )
 from libs.fnx2.messages import (
-    Batch, BatchDescriptor, Phase, Result, SequenceResult, SequenceSlice, SequenceStatus, Timings,
+    Batch,
+    BatchDescriptor,
+    Phase,
+    Result,
+    SequenceResult,
+    SequenceSlice,
+    SequenceStatus,
+    Timings,
 )
 from libs.fnx2.tensor import Tensor, bf16_to_float32, float32_to_bf16
-
 from tests.unit.fnx2.factories import BINDING, MANIFEST_HASH, PLAN_HASH, PLAN_ID
 
 UINT64 = st.integers(0, 2**64 - 1)

@@ -8,7 +8,6 @@ from libs.fnx2.codec import DEFAULT_LIMITS, PRELUDE_BYTES, decode_body, encode_f
 from libs.fnx2.messages import Phase
 from libs.fnx2.tensor import crc32c
 from libs.fnx2.transport import FrameProtocol
-
 from tests.unit.fnx2.factories import REQ_A, REQ_B, batch
 
 
@@ -72,7 +71,6 @@ def test_finiteness_is_checked_on_arrival_across_odd_piece_boundaries():
 
     from libs.fnx2.errors import ErrorCode, Fnx2Error
     from libs.fnx2.tensor import DType
-
     from tests.unit.fnx2.factories import reframe, split
 
     big = batch(Phase.PREFILL, rows=(300, 212), requests=(REQ_A, REQ_B), width=1024, dtype="bf16")

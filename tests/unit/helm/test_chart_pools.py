@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tests.unit.helm.conftest import run_helm_template
-from tests.unit.helm.test_chart_render import FULL, KUBERNETES_VERSION, CRD_KINDS, env_of, env_values
+from tests.unit.helm.test_chart_render import CRD_KINDS, FULL, KUBERNETES_VERSION, env_of, env_values
 from tests.unit.helm.tools import CHART_DIR, kubernetes_validate_module
 
 POOLS = CHART_DIR / "examples" / "gpu-and-cpu-pools.yaml"

@@ -80,9 +80,8 @@ def test_invalid_parameters_are_rejected(params):
 
 
 def test_executor_samples_last_row_per_sequence(tiny_checkpoint):
-    from tests.unit.model.test_executor import TOKENS, ident, make_executor
-
     from libs.model.executor import StageBatch
+    from tests.unit.model.test_executor import TOKENS, ident, make_executor
 
     batch = StageBatch(
         (ident("a", 0, 0, 7), ident("b", 0, 0, 3)), np.concatenate([TOKENS["a"], TOKENS["b"]]),

@@ -6,7 +6,6 @@ from dataclasses import replace
 
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
-
 from services.orchestrator.inventory_facts import CPU_FLOPS_PER_CORE, describe_facts, inventory_from
 
 GIB = 1 << 30
@@ -44,6 +43,8 @@ def test_the_description_names_the_facts_and_labels_the_constants():
     line = describe_facts([_cap("198.18.0.11", quota=0.5, limit=2 * GIB)])
     assert "198.18.0.11" in line and "quota 0.5 cores" in line and str(2 * GIB) in line
     assert "exploratory" in line
+    profiled = describe_facts([_cap("198.18.0.11", quota=0.5, limit=2 * GIB)], profiled=True)
+    assert "compute from stage profiles (physical), gaps from declared" in profiled
 
 
 def test_each_worker_takes_the_host_of_the_stage_profile_it_measured():

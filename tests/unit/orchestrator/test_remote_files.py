@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from fornax.artifact_builder.v1 import artifact_builder_pb2 as ab_pb
 
+from fornax.artifact_builder.v1 import artifact_builder_pb2 as ab_pb
 from libs.artifacts.manifest import SourceLineage, StageManifest
 from libs.service.errors import FailedPrecondition
 from libs.text.context import TextPins

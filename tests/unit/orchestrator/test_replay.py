@@ -10,8 +10,8 @@ from services.orchestrator.domain import (
     FinishReason,
     MicrobatchResult,
     Phase,
-    SamplingParams,
     RequestSliceResult,
+    SamplingParams,
     SequenceStatus,
 )
 from tests.unit.orchestrator.fakes import FakeStages

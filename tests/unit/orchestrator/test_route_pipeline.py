@@ -7,18 +7,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.orchestrator.stage_chain import RoutePlan, RouteStage, SliceOutput
 from libs.service.errors import ResourceExhausted
 from services.orchestrator.domain import (
     Microbatch,
     Phase,
-    SamplingParams,
     RequestSlice,
+    SamplingParams,
     SequenceStatus,
     ServedModel,
     StageLayout,
 )
 from services.orchestrator.route_pipeline import NO_DEADLINE_BUDGET_NS, RoutePipeline
+from services.orchestrator.stage_chain import RoutePlan, RouteStage, SliceOutput
 
 PLAN = RoutePlan("4b0b6a4e-5d2c-4c1e-9a43-0f8e6d1c2b3a", "hash",
                  "9e2f3c1d-7a6b-4e5f-8d9c-1a2b3c4d5e6f",

@@ -264,3 +264,15 @@ def test_long_prompts_are_prefilled_in_chunks_within_the_row_budget(text_context
                         and b.slices[0].request_id == "long")
     assert first_decode.slices[0].token_position_start == 10
     assert stages.released["long"] == (5, 5)  # three prefill chunks and two decodes
+
+
+def test_a_multi_stage_route_keeps_spare_microbatches_in_flight_and_a_single_stage_none(text_context):
+    admission = AdmissionControl(AdmissionConfig(64, (10**9,) * 2), STAGES)
+    pipeline = Scheduler(SchedulerConfig(pipeline_spare_microbatches=1), 2, text_context, admission)
+    for i in range(6):
+        pipeline.admit(req(f"r{i}"), now_ns=0)
+    assert pipeline.slots == 3 and sorted(len(b.slices) for b in pipeline.schedule(0)) == [2, 2, 2]
+    one = (StageLayout(0, 4, 100),)
+    single = Scheduler(SchedulerConfig(pipeline_spare_microbatches=1), 1, text_context,
+                       AdmissionControl(AdmissionConfig(64, (10**9,)), one))
+    assert single.slots == 1

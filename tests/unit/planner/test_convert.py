@@ -1,6 +1,6 @@
 import pytest
-from fornax.planner.v1 import planner_pb2 as pb
 
+from fornax.planner.v1 import planner_pb2 as pb
 from libs.service.errors import InvalidArgument
 from services.planner import convert
 from services.planner.inventory import EvidenceRef, Inventory, Link, Target

@@ -2,8 +2,14 @@ from pathlib import Path
 
 import pytest
 
-from services.planner.inventory import (InventoryError, Target, load_inventory_file, parse_inventory,
-                                        parse_quantity, parse_target)
+from services.planner.inventory import (
+    InventoryError,
+    Target,
+    load_inventory_file,
+    parse_inventory,
+    parse_quantity,
+    parse_target,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "services" / "planner" / "examples"
 

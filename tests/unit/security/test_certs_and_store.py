@@ -7,7 +7,7 @@ from libs.security.certs import CertificateError, issue, new_ca, verify_leaf
 from libs.security.identity import Identity, IdentityError, Role
 from libs.security.store import CertStore, CertStoreError
 
-NOW = dt.datetime(2026, 6, 1, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
 
 
 def test_leaf_carries_role_and_name_and_verifies_against_its_ca():

@@ -4,7 +4,7 @@ from libs.security.identity import Identity, Role
 from libs.security.store import CertStore
 from libs.security.tls import ReloadingServerCredentials
 
-NOW = dt.datetime.now(dt.timezone.utc)
+NOW = dt.datetime.now(dt.UTC)
 PLANNER = Identity(Role.SERVICE, "planner")
 
 

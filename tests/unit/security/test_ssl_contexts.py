@@ -9,7 +9,7 @@ from libs.security.identity import Identity, Role, stage_identity
 from libs.security.store import CertStore
 from libs.security.tls import ReloadingSslContext, peer_uris
 
-NOW = dt.datetime.now(dt.timezone.utc)
+NOW = dt.datetime.now(dt.UTC)
 
 
 async def _handshake(server_ctx, client_ctx) -> tuple[str | None, tuple[str, ...]]:

@@ -192,7 +192,7 @@ def _issue(name: str, issuer=None):
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     issuer_key, issuer_cert = issuer or (key, None)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (x509.CertificateBuilder().subject_name(subject)
                .issuer_name(issuer_cert.subject if issuer_cert else subject)
                .public_key(key.public_key()).serial_number(x509.random_serial_number())

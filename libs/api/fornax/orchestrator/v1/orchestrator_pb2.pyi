@@ -26,6 +26,14 @@ class RouteState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUTE_STATE_DRAINED: _ClassVar[RouteState]
     ROUTE_STATE_FAILED: _ClassVar[RouteState]
     ROUTE_STATE_DEGRADED: _ClassVar[RouteState]
+
+class CalibrationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CALIBRATION_STATE_UNSPECIFIED: _ClassVar[CalibrationState]
+    CALIBRATION_STATE_NO_PREDICTION: _ClassVar[CalibrationState]
+    CALIBRATION_STATE_UNMEASURED: _ClassVar[CalibrationState]
+    CALIBRATION_STATE_CALIBRATED: _ClassVar[CalibrationState]
+    CALIBRATION_STATE_UNCALIBRATED: _ClassVar[CalibrationState]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -39,6 +47,11 @@ ROUTE_STATE_DRAINING: RouteState
 ROUTE_STATE_DRAINED: RouteState
 ROUTE_STATE_FAILED: RouteState
 ROUTE_STATE_DEGRADED: RouteState
+CALIBRATION_STATE_UNSPECIFIED: CalibrationState
+CALIBRATION_STATE_NO_PREDICTION: CalibrationState
+CALIBRATION_STATE_UNMEASURED: CalibrationState
+CALIBRATION_STATE_CALIBRATED: CalibrationState
+CALIBRATION_STATE_UNCALIBRATED: CalibrationState
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed", "max_tokens", "stop")
@@ -145,18 +158,50 @@ class StageStatus(_message.Message):
     def __init__(self, stage_index: _Optional[int] = ..., worker_address: _Optional[str] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., manifest_hash: _Optional[str] = ..., healthy: _Optional[bool] = ..., condition: _Optional[str] = ...) -> None: ...
 
 class PlanStatus(_message.Message):
-    __slots__ = ("plan", "state", "stages", "inflight_requests", "reason")
+    __slots__ = ("plan", "state", "stages", "inflight_requests", "reason", "calibration")
     PLAN_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_FIELD_NUMBER: _ClassVar[int]
     plan: _common_pb2.PlanBinding
     state: RouteState
     stages: _containers.RepeatedCompositeFieldContainer[StageStatus]
     inflight_requests: int
     reason: str
-    def __init__(self, plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., state: _Optional[_Union[RouteState, str]] = ..., stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., inflight_requests: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    calibration: RouteCalibration
+    def __init__(self, plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., state: _Optional[_Union[RouteState, str]] = ..., stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., inflight_requests: _Optional[int] = ..., reason: _Optional[str] = ..., calibration: _Optional[_Union[RouteCalibration, _Mapping]] = ...) -> None: ...
+
+class StageCalibration(_message.Message):
+    __slots__ = ("stage_index", "state", "predicted_decode_service_s", "measured_decode_service_s", "measured_microbatches", "measured_rows_per_microbatch")
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_DECODE_SERVICE_S_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_DECODE_SERVICE_S_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_ROWS_PER_MICROBATCH_FIELD_NUMBER: _ClassVar[int]
+    stage_index: int
+    state: CalibrationState
+    predicted_decode_service_s: float
+    measured_decode_service_s: float
+    measured_microbatches: int
+    measured_rows_per_microbatch: float
+    def __init__(self, stage_index: _Optional[int] = ..., state: _Optional[_Union[CalibrationState, str]] = ..., predicted_decode_service_s: _Optional[float] = ..., measured_decode_service_s: _Optional[float] = ..., measured_microbatches: _Optional[int] = ..., measured_rows_per_microbatch: _Optional[float] = ...) -> None: ...
+
+class RouteCalibration(_message.Message):
+    __slots__ = ("state", "reason", "prediction_basis", "relative_bound", "stages")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_BASIS_FIELD_NUMBER: _ClassVar[int]
+    RELATIVE_BOUND_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    state: CalibrationState
+    reason: str
+    prediction_basis: str
+    relative_bound: float
+    stages: _containers.RepeatedCompositeFieldContainer[StageCalibration]
+    def __init__(self, state: _Optional[_Union[CalibrationState, str]] = ..., reason: _Optional[str] = ..., prediction_basis: _Optional[str] = ..., relative_bound: _Optional[float] = ..., stages: _Optional[_Iterable[_Union[StageCalibration, _Mapping]]] = ...) -> None: ...
 
 class InstallPlanResponse(_message.Message):
     __slots__ = ("status",)

@@ -156,7 +156,7 @@ class GetHealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetHealthResponse(_message.Message):
-    __slots__ = ("state", "inflight_batches", "live_sequences", "kv_bytes_used", "kv_bytes_limit", "kv_bytes_high_water", "inflight_batches_high_water", "batches_executed", "failure_reason", "plan", "phase_totals")
+    __slots__ = ("state", "inflight_batches", "live_sequences", "kv_bytes_used", "kv_bytes_limit", "kv_bytes_high_water", "inflight_batches_high_water", "batches_executed", "failure_reason", "plan", "phase_totals", "service_times")
     STATE_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     LIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +168,7 @@ class GetHealthResponse(_message.Message):
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     PHASE_TOTALS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_TIMES_FIELD_NUMBER: _ClassVar[int]
     state: StageState
     inflight_batches: int
     live_sequences: int
@@ -179,23 +180,52 @@ class GetHealthResponse(_message.Message):
     failure_reason: str
     plan: _common_pb2.PlanBinding
     phase_totals: PhaseTotals
-    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ..., live_sequences: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., kv_bytes_limit: _Optional[int] = ..., kv_bytes_high_water: _Optional[int] = ..., inflight_batches_high_water: _Optional[int] = ..., batches_executed: _Optional[int] = ..., failure_reason: _Optional[str] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., phase_totals: _Optional[_Union[PhaseTotals, _Mapping]] = ...) -> None: ...
+    service_times: ServiceTimes
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ..., live_sequences: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., kv_bytes_limit: _Optional[int] = ..., kv_bytes_high_water: _Optional[int] = ..., inflight_batches_high_water: _Optional[int] = ..., batches_executed: _Optional[int] = ..., failure_reason: _Optional[str] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., phase_totals: _Optional[_Union[PhaseTotals, _Mapping]] = ..., service_times: _Optional[_Union[ServiceTimes, _Mapping]] = ...) -> None: ...
+
+class ServiceTimes(_message.Message):
+    __slots__ = ("decode_service_ns", "decode_microbatches", "decode_rows", "prefill_service_ns", "prefill_tokens", "prefill_batches", "recent_decode_service_ns", "recent_decode_microbatches", "recent_decode_rows")
+    DECODE_SERVICE_NS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_SERVICE_NS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    RECENT_DECODE_SERVICE_NS_FIELD_NUMBER: _ClassVar[int]
+    RECENT_DECODE_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
+    RECENT_DECODE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    decode_service_ns: int
+    decode_microbatches: int
+    decode_rows: int
+    prefill_service_ns: int
+    prefill_tokens: int
+    prefill_batches: int
+    recent_decode_service_ns: int
+    recent_decode_microbatches: int
+    recent_decode_rows: float
+    def __init__(self, decode_service_ns: _Optional[int] = ..., decode_microbatches: _Optional[int] = ..., decode_rows: _Optional[int] = ..., prefill_service_ns: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., prefill_batches: _Optional[int] = ..., recent_decode_service_ns: _Optional[int] = ..., recent_decode_microbatches: _Optional[int] = ..., recent_decode_rows: _Optional[float] = ...) -> None: ...
 
 class PhaseTotals(_message.Message):
-    __slots__ = ("queue_ns", "compute_ns", "pack_ns", "transfer_ns", "unpack_ns", "batches")
+    __slots__ = ("queue_ns", "compute_ns", "pack_ns", "transfer_ns", "unpack_ns", "batches", "busy_ns", "credit_wait_ns", "input_wait_ns")
     QUEUE_NS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_NS_FIELD_NUMBER: _ClassVar[int]
     PACK_NS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_NS_FIELD_NUMBER: _ClassVar[int]
     UNPACK_NS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    BUSY_NS_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
     queue_ns: int
     compute_ns: int
     pack_ns: int
     transfer_ns: int
     unpack_ns: int
     batches: int
-    def __init__(self, queue_ns: _Optional[int] = ..., compute_ns: _Optional[int] = ..., pack_ns: _Optional[int] = ..., transfer_ns: _Optional[int] = ..., unpack_ns: _Optional[int] = ..., batches: _Optional[int] = ...) -> None: ...
+    busy_ns: int
+    credit_wait_ns: int
+    input_wait_ns: int
+    def __init__(self, queue_ns: _Optional[int] = ..., compute_ns: _Optional[int] = ..., pack_ns: _Optional[int] = ..., transfer_ns: _Optional[int] = ..., unpack_ns: _Optional[int] = ..., batches: _Optional[int] = ..., busy_ns: _Optional[int] = ..., credit_wait_ns: _Optional[int] = ..., input_wait_ns: _Optional[int] = ...) -> None: ...
 
 class CancelRequestRequest(_message.Message):
     __slots__ = ("request_id", "target_request_id")

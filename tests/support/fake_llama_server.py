@@ -1,0 +1,61 @@
+"""A stand-in `llama-server` for tests: a real HTTP process speaking the part of its CLI and
+OpenAI `/v1/completions` streaming API that `fornax bench serve --peer llama.cpp` uses.
+
+Each request streams exactly `max_tokens` chunks when `ignore_eos` is set (else stops after one),
+then a usage chunk and `[DONE]`; a prompt that is not a list of token ids gets HTTP 400.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from aiohttp import web
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-m", "--model", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("-c", "--ctx-size", type=int, default=4096)
+    parser.add_argument("-np", "--parallel", type=int, default=1)
+    parser.add_argument("-t", "--threads", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+async def health(_: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    prompt = body.get("prompt")
+    if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
+        return web.json_response({"error": {"message": "prompt must be token ids"}}, status=400)
+    count = int(body["max_tokens"]) if body.get("ignore_eos") else 1
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for i in range(count):
+        await asyncio.sleep(0.002)
+        chunk = {"choices": [{"index": 0, "text": f" t{prompt[0] + i}", "finish_reason": None}]}
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    usage = {"choices": [], "usage": {"completion_tokens": count, "prompt_tokens": len(prompt)}}
+    await response.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+    return response
+
+
+def main() -> None:
+    args = parse()
+    with open(args.model, "rb") as handle:
+        if handle.read(4) != b"GGUF":
+            raise SystemExit("not a GGUF file")
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/v1/completions", completions)
+    web.run_app(app, host=args.host, port=args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()

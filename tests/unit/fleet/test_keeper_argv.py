@@ -1,0 +1,21 @@
+"""The background keeper re-runs `fornax up` with every option the operator gave."""
+
+from pathlib import Path
+
+from apps.cli.fleet import _up_argv
+from apps.cli.main import build_parser
+
+
+def test_the_keeper_gets_every_up_option_back(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    given = ["up", "--state-dir", str(tmp_path / "s"), "--stages", "3", "--backend", "numpy",
+             "--boundary-dtype", "fp32", "--checkpoint", str(tmp_path / "ckpt"), "--http-port", "8123",
+             "--read-root", str(tmp_path), "--insecure", "--http-insecure", "--no-serve-while-compiling",
+             "--mode", "deployment", "--startup-timeout-s", "77", "--install-timeout-s", "99"]
+    parser = build_parser()
+    first = parser.parse_args(given)
+    again = parser.parse_args([*_up_argv(first), "--foreground", "--keeper"])
+    skip = {"func", "foreground", "keeper"}
+    assert {k: v for k, v in vars(again).items() if k not in skip} == \
+        {k: v for k, v in vars(first).items() if k not in skip}
+    assert again.foreground and again.keeper and Path(again.state_dir).is_absolute()
