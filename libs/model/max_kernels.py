@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from libs.model.config import DeepseekV2Config
-from libs.model.errors import BackendUnavailableError, CheckpointError
+from libs.model.errors import BackendUnavailableError, BatchError, CheckpointError
 from libs.model.kernels import LayerInputs, LayerOutputs
 from libs.model.mla_forms import AttentionForm, choose_form, keys_per_row, row_keys
 
@@ -146,12 +146,16 @@ class MaxKernels:
             for a in (inputs.hidden, inputs.rope_cos, inputs.rope_sin,
                       inputs.past_latent, inputs.past_k_rope, inputs.mask)
         ]
+        rows, past = arrays[0].shape[0], arrays[3].shape[0]
+        if arrays[5].shape != (rows, past + rows):
+            # checked here, not only in the graph: the absorbed form reads the mask on the host
+            # (`row_keys`), where a narrower mask would pick wrong keys instead of failing
+            raise BatchError(f"mask must be [R, P + R] = [{rows}, {past + rows}], got {list(arrays[5].shape)}")
         form = self.attention_form(inputs.mask)
         if form is AttentionForm.ABSORBED:
             keys = row_keys(arrays[-1])
             arrays += [keys.index, keys.mask]
         else:  # the per-row key inputs are unused by the expanded branch
-            rows = arrays[0].shape[0]
             arrays += [np.zeros((rows, 1), np.int32), np.zeros((rows, 1), np.float32)]
         flags = (form is AttentionForm.EXPANDED,)
         model, experts = bound

@@ -90,6 +90,24 @@ def test_prefill_then_decode_switches_form_and_matches_numpy(full_stage, numpy_k
     assert forms == [AttentionForm.EXPANDED, AttentionForm.ABSORBED, AttentionForm.ABSORBED]
 
 
+@pytest.mark.parametrize("form", list(AttentionForm), ids=lambda f: f.value)
+@pytest.mark.parametrize("key_delta", [-1, 1])
+def test_mask_with_wrong_key_count_is_rejected_in_either_form(full_stage, forced, form, key_delta):
+    """The absorbed form reads the mask on the host; a mask one key narrower or wider fails
+    before any key is gathered, as the expanded form's graph check does."""
+    from libs.model.errors import BatchError
+
+    cfg, _ = full_stage
+    inputs = layer_inputs(cfg, [2, 1], [2, 1], seed=1)
+    width = inputs.mask.shape[1] + key_delta
+    mask = np.zeros((inputs.mask.shape[0], width), np.float32)
+    mask[:, : min(width, inputs.mask.shape[1])] = inputs.mask[:, :width]
+    bad = LayerInputs(inputs.hidden, inputs.rope_cos, inputs.rope_sin, inputs.past_latent, inputs.past_k_rope, mask)
+    for layer in (0, cfg.first_k_dense_replace):
+        with pytest.raises(BatchError, match=r"mask must be \[R, P \+ R\]"):
+            forced[form].decoder_layer(layer, bad)
+
+
 def test_unknown_attention_form_is_rejected(full_stage):
     from libs.model.errors import BackendUnavailableError
 
