@@ -84,10 +84,17 @@ class _Builder:
         return Graph.current.add_weight(w, force_initial_weight_on_host=self.spec.device.is_cpu())
 
     def matmul(self, x: TensorValue, w: TensorValue) -> TensorValue:
-        """float32 `x` @ stored weight; with bf16 weights the product runs in bf16."""
+        """float32 `x` (or `x` already in the weight's dtype) @ stored weight; with bf16 weights
+        the product runs in bf16 and comes back as float32."""
         if w.dtype == DType.float32:
             return ops.matmul(x, w)
-        return ops.cast(ops.matmul(ops.cast(x, w.dtype), w), DType.float32)
+        if x.dtype != w.dtype:
+            x = ops.cast(x, w.dtype)
+        return ops.cast(ops.matmul(x, w), DType.float32)
+
+    def in_weight_dtype(self, x: TensorValue) -> TensorValue:
+        """`x` cast to the stored weights' dtype (a no-op for float32 weights)."""
+        return x if self.spec.weight_dtype == x.dtype else ops.cast(x, self.spec.weight_dtype)
 
     def linear(self, x: TensorValue, name: str, out_dim: int, in_dim: int) -> TensorValue:
         # Stored [in, out] (transposed once at load): an in-graph transpose of an [out, in]
@@ -258,14 +265,17 @@ def _attention(b, hidden, cos, sin, past_latent, past_k_rope, key_sets):  # noqa
         "kv_b_k_expand": b.stored_weight("kv_b_k_expand", [rank, heads * nope]),
         "kv_b_v_expand": b.stored_weight("kv_b_v_expand", [rank, heads * v_dim]),
     }
+    # The expanded form's input in the weights' dtype, cast outside the branch: a bf16 cast of
+    # the [T, rank] keys inside a branch fails MAX 26.7's shape check on the cast.
+    expand_in = b.in_weight_dtype(all_latent)
     q_nope_h = ops.permute(q_nope, [1, 0, 2])  # [heads, R, nope]
     q_rope_h = ops.permute(q_rope, [1, 0, 2])  # [heads, R, rope]
     scale = cfg.softmax_scale()
 
     def expanded() -> TensorValue:
         keys = all_latent.shape[0]
-        k_nope = ops.reshape(b.matmul(all_latent, w["kv_b_k_expand"]), [keys, heads, nope])
-        values = ops.reshape(b.matmul(all_latent, w["kv_b_v_expand"]), [keys, heads, v_dim])
+        k_nope = ops.reshape(b.matmul(expand_in, w["kv_b_k_expand"]), [keys, heads, nope])
+        values = ops.reshape(b.matmul(expand_in, w["kv_b_v_expand"]), [keys, heads, v_dim])
         scores = ops.matmul(q_nope_h, ops.permute(k_nope, [1, 2, 0]))  # [heads, R, keys]
         scores = scores + ops.matmul(q_rope_h, ops.transpose(all_k_rope, 0, 1))
         mask = ops.rebind(key_sets.mask, [rows, keys], message="mask must be [R, P + R]")
