@@ -59,6 +59,9 @@ def register(commands, benches) -> None:
     placement.add_argument("--max-tokens", type=int, default=24)
     placement.add_argument("--concurrency", type=int, default=8)
     placement.add_argument("--repeats", type=int, default=2, help="interleaved repetitions per split (best kept)")
+    placement.add_argument("--state-dir", default=".fornax",
+                           help="where `fornax profile` stored this fleet's profile records (the calibrated plan's "
+                                "evidence)")
     placement.add_argument("--json", action="store_true")
     placement.set_defaults(func=cmd_placement)
 
@@ -317,7 +320,7 @@ def cmd_placement(args: argparse.Namespace) -> int:
         checkpoint = str(Path(_checkpoint(args.checkpoint, args.preset)).resolve())
         options = PlacementBenchOptions(args.fleet, spec, checkpoint, prompt_tokens=args.prompt_tokens,
                                         max_tokens=args.max_tokens, concurrency=args.concurrency,
-                                        repeats=args.repeats)
+                                        repeats=args.repeats, profiles_state_dir=args.state_dir)
         report = run_placement_bench(options, "fornax " + " ".join(sys.argv[1:]),
                                      lambda message: print(f"  {message}", file=sys.stderr))
     except (FleetFileError, IsolationUnavailable, IsolationFailed, PlacementBenchError) as exc:
@@ -335,12 +338,13 @@ def cmd_placement(args: argparse.Namespace) -> int:
         split = report[name]
         stages = ", ".join(f"{s['host']} [{s['layer_start']},{s['layer_end_exclusive']}) "
                            f"measured {s['measured_decode_service_s']:.4f}s "
-                           f"predicted {s['predicted_decode_service_s']:.4f}s"
+                           f"predicted {s['predicted_decode_service_s']:.4f}s (prediction) "
+                           f"at {s['measured_rows_per_microbatch']:.3g} rows"
                            for s in split["stages"])
         print(f"{name:<11} physical {split['output_tokens_per_s']:.1f} tok/s; {stages}")
     same = " (the calibrated split is the even split: the ratio is run-to-run noise)" \
         if report["calibrated_equals_even"] else ""
     print(f"calibrated_vs_even_tok_s = {report['calibrated_vs_even_tok_s']:.2f} (physical){same}")
     print(f"bottleneck_prediction_error = {report['bottleneck_prediction_error']:.3f} "
-          "(physical measurement vs fitted prediction)")
+          "(physical measurement vs the planner's profile-based prediction)")
     return 0

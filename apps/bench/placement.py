@@ -1,12 +1,15 @@
 """`fornax bench placement --fleet FILE`: the calibrated placement against an even layer split.
 
 One run, on a netns fleet of two unlike hosts (namespaces, cgroup quotas, shaped links):
-1. each host's decode cost is measured here: two warm-up routes put 1 and L-1 layers on each
-   host, and each stage's decode service per microbatch is read from its GetHealth service
-   times; a linear fit per host gives per-layer and fixed terms (predictions from now on);
-2. the planner's placement search picks the calibrated ranges from those fitted costs;
-3. the same load (same prompts, concurrency and length) is served under the even split and under
-   the calibrated split, interleaved `repeats` times, best tokens/s of each kept.
+1. the calibrated split is the planner's profile-based plan (`plan_from_profiles`) from the
+   stage and link profile records `fornax profile` stored under `--state-dir` (physical);
+   the benchmark keeps no cost estimator of its own;
+2. the same load (same prompts, concurrency and length) is served under the even split and under
+   the calibrated split, interleaved `repeats` times, best tokens/s of each kept;
+3. each served split's stage times (GetHealth decode service per microbatch) are compared with
+   the planner's prediction for that split at the rows per microbatch it actually ran, and the
+   report says what explains the ratio: layers per host, whether the load kept every stage busy,
+   and where the embeddings and head sit.
 Routes are loaded straight from the checkpoint with explicit layer ranges (the direct load path),
 and served by an in-process serving core in the root namespace.
 """
@@ -21,32 +24,41 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from apps.bench.placement_core import (
-    HostFit,
-    StageSample,
+    NotPhysical,
+    Split,
     bottleneck_prediction_error,
-    calibrated_ranges,
-    fit_host,
-    predicted_stage_s,
-    ranges_of,
+    calibrated_split,
+    even_split,
+    layers_per_host,
+    saturation,
     tok_s_ratio,
-    warmup_splits,
 )
 from apps.bench.serve import RunFigures, _drive, prompts
+from apps.bench.stored_profiles import NoStoredProfiles, stored_profile_records
 from apps.fleet.isolated import start_isolated_fleet
 from apps.fleet.launcher import FleetOptions
 from apps.fleet.netns import tear_down
 from apps.fleet.spec import FleetSpec
+from apps.qualify.gate import PHASES, PredictedStage
+from apps.qualify.predict_at import planner_at, predicted_at_rows
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
+from libs.common.kinds import DType
 from libs.model.config import load_config
-from libs.model.layout import even_layer_split
 from libs.service.channels import open_aio_channel
+from libs.service.errors import FornaxError
 from libs.text.context import TextContext
 from services.orchestrator.direct_load import checkpoint_stage_loads
+from services.orchestrator.inventory_facts import inventory_from, node_name
 from services.orchestrator.model_card import served_model
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.serving import ServingConfig, ServingEngine
 from services.orchestrator.stage_chain import Route, load_route
+from services.planner import domain as d
+from services.planner.inventory import Target
+from services.planner.model import describe_checkpoint
+from services.planner.planner import plan_from_profiles
+from services.planner.profiles import ProfileRecordInput, book_from_records
 
 
 class PlacementBenchError(RuntimeError):
@@ -63,13 +75,14 @@ class PlacementBenchOptions:
     concurrency: int = 8
     repeats: int = 2
     load_timeout_s: float = 3600.0
+    profiles_state_dir: str = ".fornax"  # where `fornax profile` stored the fleet's profile records
 
 
 @dataclass(frozen=True)
 class Served:
     """One split served once: physical figures."""
 
-    ranges: list[tuple[int, int]]
+    split: Split
     figures: RunFigures
     stage_decode_s: list[float]  # mean decode service per microbatch, per stage
     rows_per_microbatch: list[float]
@@ -102,8 +115,11 @@ class _Bench:
         self.text = TextContext.from_checkpoint(options.checkpoint)
         self.batch = prompts(self.config.vocab_size, options.concurrency, options.prompt_tokens, seed=5)
 
-    async def serve(self, ranges: list[tuple[int, int]]) -> Served:
-        loads = checkpoint_stage_loads(self.workers, self.options.checkpoint, ranges, backends=self.backends)
+    async def serve(self, split: Split) -> Served:
+        workers = [self.workers[w] for w in split.workers]
+        ranges = list(split.ranges)
+        loads = checkpoint_stage_loads(workers, self.options.checkpoint, ranges,
+                                       backends=[self.backends[w] for w in split.workers])
         plan = await load_route(loads, load_timeout_s=self.options.load_timeout_s)
         route = Route(plan)
         await route.open()
@@ -112,9 +128,9 @@ class _Bench:
                                ServingConfig(max_live_requests=self.options.concurrency * 2))
         try:
             await _drive(engine, self.batch[:1], 2)  # warm
-            before = await _service_times(self.workers)
+            before = await _service_times(workers)
             figures = await _drive(engine, self.batch, self.options.max_tokens)
-            after = await _service_times(self.workers)
+            after = await _service_times(workers)
         finally:
             await engine.close()
         batches = [a.decode_microbatches - b.decode_microbatches for a, b in zip(after, before, strict=True)]
@@ -123,83 +139,127 @@ class _Bench:
         stage_s = [(a.decode_service_ns - b.decode_service_ns) / n / 1e9
                    for a, b, n in zip(after, before, batches, strict=True)]
         rows = [(a.decode_rows - b.decode_rows) / n for a, b, n in zip(after, before, batches, strict=True)]
-        return Served(ranges, figures, stage_s, rows)
+        return Served(split, figures, stage_s, rows)
 
 
-async def _run(options: PlacementBenchOptions, workers: list[str], log) -> dict:
+async def _plan(options: PlacementBenchOptions, records: list[ProfileRecordInput], workers: list[str],
+                hosts: list[str]):
+    caps = await _capabilities(workers)
+    inventory = inventory_from(caps, tuple(hosts))
+    model = describe_checkpoint(options.checkpoint)
+    target = Target(concurrency=options.concurrency, min_stages=len(workers), max_stages=len(workers),
+                    boundary_dtype=DType.FP32, prefill_tokens=options.prompt_tokens)
+    book = book_from_records(records)
+    now = time.time_ns()
+    try:
+        result = plan_from_profiles(model, inventory, target, book, now)
+    except FornaxError as exc:
+        raise PlacementBenchError(f"the planner refused: {exc}") from exc
+    if not result.feasible or result.plan is None:
+        raise PlacementBenchError(f"the planner found no placement: {result.infeasibility_reason} "
+                                  f"{result.infeasibility}")
+    names = tuple(node_name(i) for i in range(len(workers)))
+    try:
+        split = calibrated_split(result.plan, names, hosts)
+    except NotPhysical as exc:
+        raise PlacementBenchError(str(exc)) from exc
+    return result.plan, split, model, inventory, book, now, caps
+
+
+def _predicted(split: Split, served: Served, model, inventory, book, now) -> list[PredictedStage]:
+    """The planner's terms for this served split, at each stage's measured rows per microbatch."""
+    placement = [(node_name(w), a, b) for w, (a, b) in zip(split.workers, split.ranges, strict=True)]
+    at = planner_at(model, inventory, book, placement, now)
+    blank = [PredictedStage(i, h, "", a, b, dict.fromkeys(PHASES, 0.0))
+             for i, (h, (a, b)) in enumerate(zip(split.hosts, split.ranges, strict=True))]
+    return predicted_at_rows(blank, served.rows_per_microbatch, at)
+
+
+async def _run(options: PlacementBenchOptions, records: list[ProfileRecordInput], workers: list[str], log) -> dict:
+    hosts = [h.name for h in options.spec.hosts if h.stage_worker]
+    plan, calibrated, model, inventory, book, now, caps = await _plan(options, records, workers, hosts)
     bench = _Bench(options, workers)
-    layers = bench.config.num_hidden_layers
-    warm = []
-    for counts in warmup_splits(layers):
-        log(f"warm-up split {counts}")
-        warm.append(await bench.serve(ranges_of(counts)))
-    fits = tuple(fit_host(tuple(StageSample(b - a, s) for w in warm
-                                for (a, b), s in [(w.ranges[h], w.stage_decode_s[h])]))
-                 for h in range(len(workers)))
-    calibrated = calibrated_ranges(fits, layers, hop_s=0.0)
-    even = even_layer_split(layers, len(workers))
-    log(f"calibrated ranges {calibrated}; even {even}")
+    even = even_split(bench.config.num_hidden_layers, hosts)
+    log(f"calibrated split (planner, from profiles) {list(zip(calibrated.hosts, calibrated.ranges, strict=True))}; "
+        f"even {list(zip(even.hosts, even.ranges, strict=True))}")
     best: dict[str, Served] = {}
     for _ in range(options.repeats):
-        for name, ranges in (("even", even), ("calibrated", calibrated)):
-            served = await bench.serve(ranges)
-            rate = served.figures.output_tokens / served.figures.wall_s
+        for name, split in (("even", even), ("calibrated", calibrated)):
+            served = await bench.serve(split)
+            log(f"{name}: {_tok_s(served):.1f} tok/s (physical)")
             kept = best.get(name)
-            if kept is None or rate > kept.figures.output_tokens / kept.figures.wall_s:
+            if kept is None or _tok_s(served) > _tok_s(kept):
                 best[name] = served
-    caps = await _capabilities(workers)
-    return _report(options, fits, best, caps, warm)
+    predictions = {name: _predicted(s.split, s, model, inventory, book, now) for name, s in best.items()}
+    return _report(options, plan, best, predictions, caps)
 
 
 def _tok_s(served: Served) -> float:
     return served.figures.output_tokens / served.figures.wall_s
 
 
-def _split_view(served: Served, hosts: list[str], fits: tuple[HostFit, ...]) -> dict:
-    predicted = predicted_stage_s(fits, served.ranges)
+def _service(p: PredictedStage) -> float:
+    """What the stage's GetHealth decode service covers: unpack + compute + pack."""
+    return p.seconds["compute"] + p.seconds["pack"] + p.seconds["unpack"]
+
+
+def _split_view(served: Served, predicted: list[PredictedStage], concurrency: int) -> dict:
+    split = served.split
+    first, last = split.hosts[0], split.hosts[-1]
     return {
-        "layer_ranges": [list(r) for r in served.ranges],
+        "layer_ranges": [list(r) for r in split.ranges],
+        "hosts": list(split.hosts),
+        "layers_per_host": layers_per_host(split),
+        "embeddings_on": first, "head_on": last,
         "output_tokens_per_s": _tok_s(served),
         "serving": served.figures.summary(),
         "stages": [{"host": host, "layer_start": a, "layer_end_exclusive": b,
-                    "measured_decode_service_s": measured, "predicted_decode_service_s": guess,
+                    "measured_decode_service_s": measured, "predicted_decode_service_s": _service(p),
+                    "predicted_terms_s": p.seconds, "predicted_at_rows": p.rows,
                     "measured_rows_per_microbatch": rows}
-                   for host, (a, b), measured, guess, rows in zip(
-                       hosts, served.ranges, served.stage_decode_s, predicted, served.rows_per_microbatch,
+                   for host, (a, b), measured, p, rows in zip(
+                       split.hosts, split.ranges, served.stage_decode_s, predicted, served.rows_per_microbatch,
                        strict=True)],
         "measured_bottleneck_s": max(served.stage_decode_s),
-        "predicted_bottleneck_s": max(predicted),
+        "predicted_bottleneck_s": max(_service(p) for p in predicted),
+        "bottleneck_prediction_error": bottleneck_prediction_error([_service(p) for p in predicted],
+                                                                   served.stage_decode_s),
+        "load": saturation(concurrency, served.rows_per_microbatch, len(split.hosts)),
     }
 
 
-def _report(options: PlacementBenchOptions, fits: tuple[HostFit, ...], best: dict[str, Served],
-            caps: list[sw_pb.GetCapabilitiesResponse], warm: list[Served]) -> dict:
+def _report(options: PlacementBenchOptions, plan: d.Plan, best: dict[str, Served],
+            predictions: dict[str, list[PredictedStage]], caps: list[sw_pb.GetCapabilitiesResponse]) -> dict:
     hosts = [h.name for h in options.spec.hosts if h.stage_worker]
     calibrated, even = best["calibrated"], best["even"]
+    views = {name: _split_view(best[name], predictions[name], options.concurrency) for name in ("calibrated", "even")}
     return {
         "calibrated_vs_even_tok_s": tok_s_ratio(_tok_s(calibrated), _tok_s(even)),
-        "bottleneck_prediction_error": bottleneck_prediction_error(
-            predicted_stage_s(fits, calibrated.ranges), calibrated.stage_decode_s),
+        "bottleneck_prediction_error": views["calibrated"]["bottleneck_prediction_error"],
         # Equal splits: the ratio then only shows this host's run-to-run noise, not placement.
-        "calibrated_equals_even": calibrated.ranges == even.ranges,
-        "calibrated": _split_view(calibrated, hosts, fits),
-        "even": _split_view(even, hosts, fits),
-        "host_costs": {host: {"per_layer_decode_s": fit.per_layer_s, "fixed_decode_s": fit.fixed_s,
-                              "samples": [{"layers": s.layers, "measured_decode_service_s": s.service_s}
-                                          for s in fit.samples]}
-                       for host, fit in zip(hosts, fits, strict=True)},
+        "calibrated_equals_even": (calibrated.split.ranges, calibrated.split.hosts) == (even.split.ranges,
+                                                                                        even.split.hosts),
+        "calibrated": views["calibrated"],
+        "even": views["even"],
+        "plan": {"plan_id": plan.plan_id, "route_key": plan.route_key, "evidence_record_ids": list(plan.evidence_ids),
+                 "target_rows_per_microbatch": next((p.value for p in plan.predictions
+                                                     if p.name == "decode_microbatch_rows"), None),
+                 "stages": [{"host": s.host, "layer_start": s.layer_start, "layer_end_exclusive": s.layer_end,
+                             "terms": [{"term": t.term, "value": t.value, "unit": t.unit, "class": t.label,
+                                        "record_ids": list(t.record_ids)} for t in s.terms]}
+                            for s in plan.stages]},
         "figure_classes": {
             "calibrated_vs_even_tok_s": "physical: ratio of tokens/s measured in this run, same load",
             "bottleneck_prediction_error": "physical measurement against a prediction: the calibrated split's "
-                                           "measured bottleneck stage time vs the time predicted for it",
-            "host_costs": "fitted in this run from physical warm-up measurements (2 splits per host); "
-                          "no stored profile records were used",
-            "predicted_*": "predictions of the fitted per-host cost model",
+                                           "measured bottleneck stage time vs the planner's prediction for it at "
+                                           "the rows per microbatch it ran",
+            "plan": "the planner's profile-based plan: predictions computed from the physical profile records named",
+            "predicted_*": "predictions of the planner's cost model from the stored profile records",
             "measured_*, serving, output_tokens_per_s": "physical measurements on this host",
         },
         "setup": {"prompt_tokens": options.prompt_tokens, "max_tokens": options.max_tokens,
                   "concurrency": options.concurrency, "repeats": options.repeats,
-                  "warmup_layer_ranges": [[list(r) for r in w.ranges] for w in warm],
+                  "profiles_state_dir": str(options.profiles_state_dir),
                   "figure": "best tokens/s of the repeats, splits interleaved; stage times are each stage's "
                             "GetHealth decode service (unpack + compute + pack) per microbatch over the run"},
         "provenance": _provenance(options, hosts, caps),
@@ -207,15 +267,13 @@ def _report(options: PlacementBenchOptions, fits: tuple[HostFit, ...], best: dic
 
 
 def _provenance(options: PlacementBenchOptions, hosts: list[str], caps: list) -> dict:
-    import hashlib
-
     from libs.service.host import cpu_name
 
     specs = {h.name: h for h in options.spec.hosts}
     return {
         "evidence_class": "physical",
         "label": "measurements on this host of a netns fleet (real namespaces, cgroup quotas, shaped links); "
-                 "fitted costs and predicted_* figures are predictions",
+                 "the plan and predicted_* figures are predictions from stored profile records",
         "fleet_file": options.fleet_file, "fleet_file_sha256": options.spec.file_sha256,
         "hosts": {host: {"backend": specs[host].backend.value, "backend_build": cap.backend_build,
                          "cpu_quota_cores": cap.device.cpu_quota_cores, "cpuset": cap.device.cpuset,
@@ -223,7 +281,7 @@ def _provenance(options: PlacementBenchOptions, hosts: list[str], caps: list) ->
                          "link_bits_per_s": specs[host].link.rate_bits_per_s}
                   for host, cap in zip(hosts, caps, strict=True)},
         "hardware": cpu_name(),
-        "model_snapshot": "sha256:" + hashlib.sha256(Path(options.checkpoint, "config.json").read_bytes()).hexdigest(),
+        "model_snapshot": describe_checkpoint(options.checkpoint).model_snapshot,
         "load_average": list(os.getloadavg()),
         "command": "",
     }
@@ -234,6 +292,10 @@ def run_placement_bench(options: PlacementBenchOptions, command: str, log=lambda
     if len(stage_hosts) != 2:
         raise PlacementBenchError(f"bench placement compares splits over two stage hosts; "
                                   f"{options.fleet_file} has {len(stage_hosts)}")
+    try:
+        records = stored_profile_records(Path(options.profiles_state_dir), options.spec.control_host)
+    except NoStoredProfiles as exc:
+        raise PlacementBenchError(str(exc)) from exc
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fornax-placement-bench-") as scratch:
         state_dir = Path(scratch) / ".fornax"
@@ -242,7 +304,7 @@ def run_placement_bench(options: PlacementBenchOptions, command: str, log=lambda
         state, launcher = start_isolated_fleet(fleet, options.spec)
         try:
             workers = [state.entry(f"stage_worker_{i}").grpc for i in range(len(stage_hosts))]
-            report = asyncio.run(_run(options, workers, log))
+            report = asyncio.run(_run(options, records, workers, log))
         finally:
             launcher.stop_all()
             tear_down(state_dir)

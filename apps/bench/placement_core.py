@@ -1,93 +1,61 @@
-"""The pure part of `fornax bench placement`: per-host cost fits, the calibrated split, the ratios.
+"""The pure part of `fornax bench placement`: the calibrated split from the planner's
+profile-based plan, the ratios, and what explains a calibrated split that loses.
 
-Each host's decode service per microbatch is fitted, from stages measured in this run, as
-`per_layer_s * layers + fixed_s`: in a two-host route in fleet order the first host always owns
-the embeddings and the second the final norm and head, so each host's fixed term is its end of
-the route. The calibrated split is the planner's own placement search (`services/planner/search.py`)
-over those fitted costs: contiguous ranges minimising the bottleneck of stage service and the
-measured hop, hosts kept in fleet order. Fitted costs and everything derived from them are
-predictions; only the served figures are measurements.
+The calibrated split is the planner's own answer (`services.planner.planner.plan_from_profiles`)
+to the stored stage and link profiles (physical records); every per-stage time it states is a
+prediction computed from those measurements. Only the served figures are measurements.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from services.planner.search import Problem, solve
+from services.planner import domain as d
 
 
 @dataclass(frozen=True)
-class StageSample:
-    """One stage measured in a warm-up route: its layer count and mean decode service per microbatch."""
+class Split:
+    """Stage i runs layers `ranges[i]` on fleet stage host `hosts[i]` (worker index `workers[i]`)."""
 
-    layers: int
-    service_s: float
-
-
-@dataclass(frozen=True)
-class HostFit:
-    per_layer_s: float
-    fixed_s: float
-    samples: tuple[StageSample, ...]
-
-    def predict(self, layers: int) -> float:
-        return self.per_layer_s * layers + self.fixed_s
+    workers: tuple[int, ...]
+    hosts: tuple[str, ...]
+    ranges: tuple[tuple[int, int], ...]
 
 
-def fit_host(samples: tuple[StageSample, ...]) -> HostFit:
-    """Least squares over at least two distinct layer counts; a negative slope or intercept is
-    clipped to zero (the measurement says the term is below this host's noise)."""
-    counts = {s.layers for s in samples}
-    if len(counts) < 2:
-        raise ValueError(f"a host fit needs samples at two layer counts, got {sorted(counts)}")
-    x = np.array([s.layers for s in samples], dtype=np.float64)
-    y = np.array([s.service_s for s in samples], dtype=np.float64)
-    slope, intercept = (float(v) for v in np.polyfit(x, y, 1))
-    if slope < 0:
-        slope, intercept = 0.0, float(y.mean())
-    elif intercept < 0:
-        slope, intercept = float((x * y).sum() / (x * x).sum()), 0.0
-    return HostFit(slope, intercept, samples)
+class NotPhysical(ValueError):
+    """The plan rests on declared figures somewhere: the benchmark compares a calibrated plan only."""
 
 
-def warmup_splits(num_layers: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Layers per host (first, second) of the two warm-up routes: each host at 1 and at L-1 layers."""
-    if num_layers < 3:
-        raise ValueError(f"fitting per-layer costs needs at least 3 layers, the model has {num_layers}")
-    return (1, num_layers - 1), (num_layers - 1, 1)
+def calibrated_split(plan: d.Plan, node_names: Sequence[str], hosts: Sequence[str]) -> Split:
+    """The plan's placement, its nodes mapped to the fleet's stage workers (`node_names[i]` is
+    worker i's inventory node). A term filled with a declared figure is refused, named."""
+    declared = [f"stage {s.stage_index} {t.term}" for s in plan.stages for t in s.terms
+                if t.evidence_class != d.TERM_PHYSICAL]
+    if declared:
+        raise NotPhysical("the plan fills " + ", ".join(declared) + " with declared figures; profile every stage "
+                          "host and link of this fleet with this checkpoint (`fornax profile`)")
+    index = {name: i for i, name in enumerate(node_names)}
+    workers = tuple(index[s.node] for s in plan.stages)
+    return Split(workers, tuple(hosts[w] for w in workers), tuple((s.layer_start, s.layer_end) for s in plan.stages))
 
 
-def ranges_of(counts: tuple[int, ...]) -> list[tuple[int, int]]:
-    edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
-    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+def even_split(num_layers: int, hosts: Sequence[str]) -> Split:
+    n = len(hosts)
+    cuts = [round(i * num_layers / n) for i in range(n + 1)]
+    return Split(tuple(range(n)), tuple(hosts), tuple((cuts[i], cuts[i + 1]) for i in range(n)))
 
 
-def calibrated_ranges(fits: tuple[HostFit, ...], num_layers: int, hop_s: float) -> list[tuple[int, int]]:
-    """Contiguous ranges, one per host in fleet order, minimising the predicted bottleneck.
-
-    The first host's fixed term holds the embeddings and the last host's the head, so only
-    placements keeping that order are offered to the search: other first or last stages, and
-    links other than host i to host i+1, are infeasible (inf)."""
-    n, L = len(fits), num_layers
-    stage = np.full((n, L + 1, L + 1), np.inf)
-    for v, fit in enumerate(fits):
-        for a in range(L):
-            for b in range(a + 1, L + 1):
-                if (a == 0) == (v == 0) and (b == L) == (v == n - 1):
-                    stage[v, a, b] = fit.predict(b - a)
-    link = np.full((n, n), np.inf)
-    for v in range(n - 1):
-        link[v, v + 1] = hop_s
-    placement = solve(Problem(stage, link, n, n))
-    if placement is None:
-        raise ValueError(f"no placement of {L} layers over {n} hosts")
-    return [(placement.cuts[i], placement.cuts[i + 1]) for i in range(n)]
+def layers_per_host(split: Split) -> dict[str, int]:
+    return {h: b - a for h, (a, b) in zip(split.hosts, split.ranges, strict=True)}
 
 
-def predicted_stage_s(fits: tuple[HostFit, ...], ranges: list[tuple[int, int]]) -> list[float]:
-    return [fit.predict(b - a) for fit, (a, b) in zip(fits, ranges, strict=True)]
+def saturation(concurrency: int, rows_per_microbatch: Sequence[float], stages: int) -> dict[str, float | bool]:
+    """Microbatches the load keeps in flight (concurrency over measured rows per microbatch): fewer
+    than the stages and some stage must idle while another works, whatever the split."""
+    rows = max(max(rows_per_microbatch, default=1.0), 1.0)
+    in_flight = concurrency / rows
+    return {"microbatches_in_flight": in_flight, "stages": stages, "saturated": in_flight >= stages}
 
 
 def bottleneck_prediction_error(predicted_s: list[float], measured_s: list[float]) -> float:

@@ -184,6 +184,10 @@ def render(result: FleetProfiles) -> str:
         lines.append(f"  command: {p.command}; measured by {p.worker}; valid {p.valid_for_s} s")
         for kind in p.kinds:
             lines += _kind_rows(kind)
+        if p.step_s_per_microbatch:
+            lines.append("    step (served decode microbatch beyond its layers: executor, KV, unpack/pack):")
+            lines += [f"      decode batch={b}: {_fig(f, 1e3, ' ms/microbatch')}"
+                      for b, f in sorted(p.step_s_per_microbatch.items())]
     for link in result.links:
         lp = link.profile
         lines.append(f"{EVIDENCE} link profile {lp.from_host} -> {lp.to_host} over {lp.transport} "

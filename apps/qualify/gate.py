@@ -60,6 +60,7 @@ class PredictedStage:
     layer_start: int
     layer_end: int
     seconds: dict[str, float]  # one per PHASES entry
+    rows: float = 0.0  # rows per microbatch these terms were predicted at (0: the plan's target rows)
 
     @property
     def service_s(self) -> float:
@@ -107,9 +108,13 @@ class Verdict:
         lines = [f"calibration: bottleneck prediction error {c.bottleneck_prediction_error:.1%} "
                  f"(tolerance {c.tolerance:.0%}); predicted bottleneck {c.predicted_bottleneck_s * 1e3:.4g} ms "
                  f"per decode microbatch (prediction), measured {_ms(c.measured_bottleneck_s)} (physical)"]
+        basis = (f"predictions evaluated at each stage's {c.rows_basis} per microbatch" if c.rows_basis
+                 else "predictions at the plan's target rows per microbatch")
+        lines.append(f"  {basis}")
         for s in c.stages:
+            at = f" at {s.rows:.3g} rows" if s.rows else ""
             lines.append(f"  stage {s.stage_index} {s.host} [{s.layer_start},{s.layer_end}): predicted "
-                         f"{s.predicted_s * 1e3:.4g} ms (prediction), measured {_ms(s.measured_s)} (physical), "
+                         f"{s.predicted_s * 1e3:.4g} ms{at} (prediction), measured {_ms(s.measured_s)} (physical), "
                          f"error {s.relative_error:.1%}")
         lines += [f"FAILED {f}" for f in self.failures]
         return lines
@@ -137,7 +142,7 @@ def route_stages(predicted: Sequence[PredictedStage]) -> tuple[RouteStage, ...]:
 def calibrate(runs: Sequence[RunOutcome], predicted: Sequence[PredictedStage], *, model_snapshot: str,
               plan_hash: str, evidence_ids: Sequence[str] = (), tolerance: float = DEFAULT_TOLERANCE,
               command: str = "", measured_unix_ns: int = 0, valid_for_s: int = 0,
-              plan_route_key: str = "") -> Verdict:
+              plan_route_key: str = "", rows_basis: str = "") -> Verdict:
     """Term-by-term comparison of the plan's per-stage predictions with every run's measurement.
 
     The gate passes only when every run passed every check and the bottleneck prediction error
@@ -162,14 +167,14 @@ def calibrate(runs: Sequence[RunOutcome], predicted: Sequence[PredictedStage], *
         # No run measured: a zero figure, whose prediction error is infinite (the gate fails anyway).
         samples = [next(s for s in r.stages if s.stage_index == p.stage_index).service_s for r in measured] or [0.0]
         stages.append(StageCalibration(p.stage_index, p.host, p.layer_start, p.layer_end, p.service_s,
-                                       Figure.of(samples, "s")))
+                                       Figure.of(samples, "s"), p.rows))
     calibration = Calibration(
         route_key=key, plan_hash=plan_hash,
         evidence_ids=tuple(evidence_ids), stages=tuple(stages),
         predicted_bottleneck_s=max(p.service_s for p in predicted),
         measured_bottleneck_s=Figure.of([r.bottleneck_s for r in measured] or [0.0], "s"), tolerance=tolerance,
         runs=len(runs), failures=failures, command=command, measured_unix_ns=measured_unix_ns,
-        valid_for_s=valid_for_s)
+        valid_for_s=valid_for_s, rows_basis=rows_basis)
     return Verdict(calibration, failures)
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from apps.qualify.gate import (
     Verdict,
     calibrate,
 )
+from apps.qualify.predict_at import ROWS_BASIS, answer_halves, planner_at, predicted_at_rows
 from apps.qualify.probes import (
     Generator,
     StageHealth,
@@ -63,9 +65,14 @@ from libs.profiles.schema import HostFacts, to_json
 from libs.security.identity import service_identity
 from libs.security.store import CertStore
 from libs.service.channels import ChannelConfig
+from libs.service.errors import FornaxError
 from libs.service.fleet_state import FleetState, fleet_path, write_fleet
 from services.evidence_registry.client import ClientOptions, RegistryCallFailed, RegistryClient
 from services.evidence_registry.domain import LayerRange
+from services.orchestrator.inventory_facts import hosts_from_profiles, inventory_from
+from services.planner.model import describe_checkpoint
+from services.planner.profile_source import fetch_profile_records
+from services.planner.profiles import book_from_records
 
 PROMPTS = ((5, 17, 42), (7, 8, 9, 10, 11), (3, 1, 4, 1, 5, 9, 2, 6), (11, 12))
 # On the tiny test checkpoint (7, 8, 9, 10, 11) decodes 400 greedy tokens without an
@@ -303,13 +310,17 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
                 _log(f"run {n}: {c.name} failed: {c.detail}")
             runs.append(outcome)
         now_ns = time.time_ns()
+        predicted, basis = _predictions_at_measured_rows(route, cfg, runs, now_ns)
         try:
-            verdict = calibrate(runs, route.predicted, model_snapshot=route.model_snapshot,
+            verdict = calibrate(runs, predicted, model_snapshot=route.model_snapshot,
                                 plan_hash=route.plan_hash, evidence_ids=route.evidence_ids, tolerance=cfg.tolerance,
                                 command=cfg.command, measured_unix_ns=now_ns, valid_for_s=cfg.valid_for_s,
-                                plan_route_key=route.plan_route_key)
+                                plan_route_key=route.plan_route_key, rows_basis=basis)
         except ValueError as exc:
             raise QualifyError(f"cannot calibrate the installed plan: {exc}") from exc
+        _log("predictions " + (f"evaluated at each stage's {basis}" if basis else "at the plan's target rows")
+             + ": " + "; ".join(f"stage {p.stage_index} {p.rows:.3g} rows: " + ", ".join(
+                 f"{k} {v * 1e3:.3g} ms" for k, v in p.seconds.items()) for p in predicted))
         facts = ReportFacts(
             fleet_file=f"{cfg.fleet_file} (sha256 {spec.file_sha256[:12]})",
             hosts=tuple(f"stage {s.index} on {f.describe()}; build {b}"
@@ -320,8 +331,12 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
                                 "bottleneck_prediction_error": verdict.calibration.bottleneck_prediction_error,
                                 "tolerance": cfg.tolerance},
                     "calibration": json.loads(to_json(verdict.calibration)), "runs": [asdict(r) for r in runs],
-                    "predictions": [asdict(p) for p in route.predicted], "facts": asdict(facts),
-                    "evidence_class": "physical", "predictions_label": "cost-model predictions of the installed plan"}
+                    "predictions": [asdict(p) for p in predicted],
+                    "predictions_at_target_rows": [asdict(p) for p in route.predicted], "facts": asdict(facts),
+                    "evidence_class": "physical",
+                    "predictions_label": "cost-model predictions of the installed plan"
+                                         + (f", evaluated at each stage's {basis} per microbatch from the plan's own "
+                                            "profile records" if basis else ", at the plan's target rows")}
         on = MeasuredOn(hardware="; ".join(f.describe() for f in route.facts),
                         backend_build=" | ".join(f"stage {s.index} {s.host}: {b}"
                                                  for s, b in zip(route.stages, route.builds, strict=True)),
@@ -333,7 +348,7 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
         contents += [calibration_record(verdict, on), qualification_record(artifact, verdict, on)]
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         json_path, html_path = cfg.out_dir / "qualify.json", cfg.out_dir / "qualify.html"
-        html_path.write_text(render_report(verdict, runs, route.predicted, facts), encoding="utf-8")
+        html_path.write_text(render_report(verdict, runs, predicted, facts), encoding="utf-8")
         json_path.write_text(json.dumps(artifact, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         try:
             with RegistryClient(state.entry("evidence_registry").grpc,
@@ -343,7 +358,7 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
             raise QualifyError(f"the registry refused the gate's records: {exc} (report: {html_path})") from exc
         artifact["record_ids"] = [r.record_id for r in records]
         json_path.write_text(json.dumps(artifact, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        return QualifyResult(verdict, tuple(runs), tuple(route.predicted), facts,
+        return QualifyResult(verdict, tuple(runs), tuple(predicted), facts,
                              tuple(r.record_id for r in records), json_path, html_path)
     finally:
         if supervising:
@@ -354,6 +369,38 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
         if left:
             _log(f"teardown left: {', '.join(left)}")
 
+def _predictions_at_measured_rows(route: LiveRoute, cfg: QualifyConfig, runs: list[RunOutcome],
+                                  now_ns: int) -> tuple[list[PredictedStage], str]:
+    """A plan made from profiles is re-predicted at each stage's measured rows per microbatch
+    (median over runs), on the plan's own records, its wire as the round trip the gate measures
+    (`apps.qualify.predict_at`); a plan of declared figures keeps its own
+    predictions (its target rows). A plan from profiles that cannot be re-predicted fails closed."""
+    if not route.plan_route_key:
+        return route.predicted, ""
+    rows = []
+    for p in route.predicted:
+        seen = [s.rows_per_batch for r in runs for s in r.stages if s.stage_index == p.stage_index]
+        rows.append(statistics.median(seen) if seen else 1.0)
+    try:
+        records = fetch_profile_records(route.state.entry("evidence_registry").grpc,
+                                        ClientOptions(channel=route.channel))
+        wanted = set(route.evidence_ids)
+        book = book_from_records(r for r in records if r.record_id in wanted)
+        missing = wanted - set(book.record_ids)
+        if missing:
+            raise QualifyError(f"the plan's profile records {sorted(missing)} are no longer in the registry")
+        names = sorted((s for s in route.state.services if s.kind == "stage_worker"),
+                       key=lambda s: int(s.name.removeprefix("stage_worker_")))
+        caps = [capabilities(s.grpc, route.channel) for s in names]
+        inventory = inventory_from(caps, hosts_from_profiles(caps, records))
+        plan = installed_plan(route.state.entry("planner").grpc, route.plan_hash, route.channel)
+        placement = [(s.node, s.layer_range.layer_start, s.layer_range.layer_end_exclusive)
+                     for s in sorted(plan.stages, key=lambda s: s.stage_index)]
+        at = planner_at(describe_checkpoint(cfg.checkpoint), inventory, book, placement, now_ns)
+        answers = answer_halves(book, [p.host for p in route.predicted])
+        return predicted_at_rows(route.predicted, rows, at, answers), ROWS_BASIS
+    except (RegistryCallFailed, FornaxError, ValueError) as exc:
+        raise QualifyError(f"cannot re-predict the installed plan at the measured rows: {exc}") from exc
 
 
 def _shapes(runs: list[RunOutcome], work: Workload) -> str:

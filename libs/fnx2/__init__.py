@@ -61,7 +61,10 @@ Fencing ended leases: with `lease_sequence` negotiated, each slice carries
 (the orchestrator numbers them); the receiver fences every ended lease for the whole
 generation with a watermark (`lease_watermark.py`): memory for skipped numbers and a bounded
 window of recent end reasons, never a tombstone per lease, so no run of requests in one
-generation is ever refused. Without it (plain 2.0 peers) an ended lease gets a tombstone
+generation is ever refused. Its ACK of the extension offer carries `lease_sequence_next`
+(`Fnx2Client.lease_sequence_next`): one above every number it has seen in the generation,
+where a new sender's numbering starts so that it is never fenced by an earlier one's.
+Without it (plain 2.0 peers) an ended lease gets a tombstone
 kept for `ReceiverLimits.tombstone_ttl_ns` (`tombstones.py`).
 """
 

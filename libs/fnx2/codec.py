@@ -65,6 +65,7 @@ MAX_METADATA_BYTES = 256 * 1024
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
 MAX_RESULTS_PER_FRAME = 4096
 _DATA_KINDS = (Kind.BATCH, Kind.RESULT)
+_COMPACT_KINDS = (Kind.BATCH, Kind.RESULT, Kind.CREDIT)  # what compact_meta may carry
 
 Message = Batch | Result | Credit | Cancel | Release | Ack | ErrorMessage | Control
 
@@ -144,6 +145,8 @@ def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAU
         binary = compact.encode_batch(message, sequence_no)
     elif compact_meta and isinstance(message, Result):
         binary = compact.encode_result(message, sequence_no)
+    elif compact_meta and isinstance(message, Credit):
+        binary = compact.encode_credit(message, sequence_no)
     if binary is not None:
         metadata = binary
     elif isinstance(message, Batch):
@@ -240,7 +243,7 @@ def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding
     payload = body[prelude.metadata_bytes:]
     if negotiated is None:
         negotiated = KNOWN_EXTENSIONS if allow_extensions else frozenset()
-    if prelude.kind in _DATA_KINDS and compact.is_compact(metadata):
+    if prelude.kind in _COMPACT_KINDS and compact.is_compact(metadata):
         message = _decode_compact(prelude, metadata, payload, expected, negotiated, body_crc, finite)
         if slice_crcs and isinstance(message, Batch):
             message = _with_input_crcs(message, slice_crcs)
@@ -268,8 +271,8 @@ def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding
 def _decode_compact(prelude: Prelude, metadata: bytes, payload: memoryview,
                     expected: ExpectedBinding | None, negotiated: frozenset[str],
                     body_crc: int | None, finite: tuple[DType, bool] | None) -> Message:
-    """Steps 1b..5 for compact BATCH/RESULT metadata (the `compact_meta` extension)."""
-    dtype = compact.payload_dtype(metadata, prelude.kind)
+    """Steps 1b..5 for compact BATCH/RESULT/CREDIT metadata (the `compact_meta` extension)."""
+    dtype = compact.payload_dtype(metadata, prelude.kind) if prelude.kind in _DATA_KINDS else None
     dtype = None if dtype is DType.INT32 else dtype
     if body_crc is None:
         crc, all_finite = crc_and_finite(crc_of(metadata), payload, dtype)
@@ -281,6 +284,8 @@ def _decode_compact(prelude: Prelude, metadata: bytes, payload: memoryview,
         raise Fnx2Error(ErrorCode.CHECKSUM, "CRC32C mismatch")
     if EXT_COMPACT_META not in negotiated:
         raise Fnx2Error(ErrorCode.METADATA, "compact metadata was not negotiated on this channel")
+    if prelude.kind == Kind.CREDIT:
+        return compact.decode_credit(metadata, prelude.sequence_no, EXT_MULTI_INFLIGHT in negotiated)
     if prelude.kind == Kind.RESULT:
         def result_tensor(descriptor: TensorDescriptor | None) -> Tensor | None:
             if (descriptor is not None) != bool(len(payload)):
@@ -300,7 +305,8 @@ def _decode_compact(prelude: Prelude, metadata: bytes, payload: memoryview,
             _check_input_tensor(expected, descriptor)
         return tensor
 
-    batch = compact.decode_batch(metadata, prelude.sequence_no, attach)
+    batch = compact.decode_batch(metadata, prelude.sequence_no, attach,
+                                 EXT_LEASE_SEQUENCE in negotiated)
     if batch.traceparent is not None and EXT_TRACEPARENT not in negotiated:
         raise Fnx2Error(ErrorCode.METADATA, "traceparent was not negotiated on this channel")
     return batch

@@ -10,10 +10,13 @@ are the typed messages built.
 
 Layout (see libs/fnx2/README.md for the table):
 - BATCH: header (`BATCH_HEADER`), source and destination stage ids, the traceparent when
-  flag bit 0 is set, then one `SLICE` record per sequence, then the sequences' trace and
-  span ids back to back.
+  flag bit 0 is set, then one `SLICE` record per sequence, then (flag bit 1, the negotiated
+  `lease_sequence` extension) one little-endian uint64 lease number per sequence, then the
+  sequences' trace and span ids back to back.
 - RESULT: header (`RESULT_HEADER`), one `RESULT_ITEM` record per sequence, then the error
   codes and messages back to back.
+- CREDIT: one fixed 80-byte record (`CREDIT_RECORD`): the credit vector, and
+  `batches_received` when flag bit 0 is set (the negotiated `multi_inflight` extension).
 
 Anything the compact form cannot carry (a non-printable-ASCII string) makes the encoder
 return None, and the frame goes out as canonical JSON, which a compact peer still reads.
@@ -29,6 +32,7 @@ import re
 import struct
 from collections.abc import Callable
 
+from libs.fnx2.control import Credit
 from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, MAX_ERROR_MESSAGE_CHARS, ErrorCode, Fnx2Error
 from libs.fnx2.messages import (
     MAX_ID_CHARS,
@@ -62,7 +66,15 @@ SLICE_STRUCT = struct.Struct("<" + SLICE)
 # 4Q, error code length B, error message length H.
 RESULT_ITEM = "16s16sQBBIIIIQQQQQQBH"
 RESULT_ITEM_STRUCT = struct.Struct("<" + RESULT_ITEM)
+# CREDIT (80 bytes): magic, kind, flags (bit 0: batches_received present), reserved H,
+# sequence_no, frames, payload_bytes, rows, sequences, live_requests, kv_bytes,
+# replay_bytes, batches_received (0 without flag bit 0), each a uint64.
+CREDIT_RECORD = struct.Struct("<4sBBHQQQQQQQQQ")
+FLAG_BATCHES_RECEIVED = 1
 FLAG_TRACEPARENT = 1
+FLAG_LEASE_SEQUENCE = 2  # a uint64 lease_sequence column follows the slice records
+_BATCH_FLAGS = FLAG_TRACEPARENT | FLAG_LEASE_SEQUENCE
+LEASE_SEQUENCE_BYTES = 8
 
 KINDS = (TensorKind.TOKEN_IDS, TensorKind.ACTIVATION, TensorKind.LOGITS)
 DTYPES = (DType.INT32, DType.BF16, DType.FP16, DType.FP32)
@@ -183,9 +195,10 @@ def peek(metadata: bytes | memoryview, kind: int) -> tuple[DType, list[tuple[int
 
 # -- BATCH ---------------------------------------------------------------------------------
 def encode_batch(batch: Batch, sequence_no: int) -> bytes | None:
-    """Compact BATCH metadata, or None when a string cannot be carried (use JSON). The fixed
-    layout has no lease_sequence: a batch whose slices carry one goes as JSON."""
-    if any(s.lease_sequence is not None for s in batch.batch.sequences):
+    """Compact BATCH metadata, or None when the form cannot carry the batch (use JSON): a
+    string that is not printable ASCII, or lease numbers on some slices but not on all."""
+    numbered = [s.lease_sequence for s in batch.batch.sequences if s.lease_sequence is not None]
+    if numbered and len(numbered) != len(batch.batch.sequences):
         return None
     source = _printable(batch.source_stage, MAX_ID_CHARS)
     destination = _printable(batch.destination_stage, MAX_ID_CHARS)
@@ -211,10 +224,12 @@ def encode_batch(batch: Batch, sequence_no: int) -> bytes | None:
     tkind, dtype, rank, dim0, dim1 = _tensor_fields(batch.tensor.descriptor)
     header = BATCH_HEADER.pack(
         MAGIC, Kind.BATCH, PHASES.index(d.phase), tkind, dtype, rank,
-        FLAG_TRACEPARENT if traceparent else 0, len(source), len(destination), len(d.sequences),
+        (FLAG_TRACEPARENT if traceparent else 0) | (FLAG_LEASE_SEQUENCE if numbered else 0),
+        len(source), len(destination), len(d.sequences),
         d.input_row_count, dim0, dim1, sequence_no, d.batch_sequence_no, _uuid_raw(d.batch_id),
         _uuid_raw(batch.plan_id), _hash_raw(batch.plan_hash), _hash_raw(batch.manifest_hash))
-    return b"".join((header, source, destination, traceparent, *records, *strings))
+    column = struct.pack(f"<{len(numbered)}Q", *numbered) if numbered else b""
+    return b"".join((header, source, destination, traceparent, *records, column, *strings))
 
 
 # attach(plan_id, plan_hash, manifest_hash, source, destination, descriptor) -> Tensor:
@@ -222,16 +237,19 @@ def encode_batch(batch: Batch, sequence_no: int) -> bytes | None:
 Attach = Callable[[str, str, str, str, str, TensorDescriptor], Tensor]
 
 
-def decode_batch(metadata: bytes, sequence_no: int, attach: Attach) -> Batch:
+def decode_batch(metadata: bytes, sequence_no: int, attach: Attach,
+                 lease_sequence: bool = True) -> Batch:
     """Structure (step 2), then `attach` (steps 3-4), then slice coverage (step 5), each
-    checked once over the whole sequence table (columns of one struct unpack)."""
+    checked once over the whole sequence table (columns of one struct unpack).
+    `lease_sequence`: the channel negotiated the extension, so slices may carry lease
+    numbers; otherwise a numbered batch is BATCH_CONTRACT, as the unknown JSON field is."""
     if len(metadata) < BATCH_HEADER.size:
         raise _fail("BATCH header is truncated")
     (magic, kind, phase, tkind, dtype, rank, flags, src_len, dst_len, count, input_rows, dim0,
      dim1, seq, batch_seq, batch_id, plan_id, plan_hash, manifest_hash) = BATCH_HEADER.unpack_from(metadata)
     if magic != MAGIC or kind != Kind.BATCH:
         raise _fail("not a compact BATCH header")
-    if phase >= len(PHASES) or flags & ~FLAG_TRACEPARENT:
+    if phase >= len(PHASES) or flags & ~_BATCH_FLAGS:
         raise _fail("unknown phase or flags")
     if not (0 < src_len <= MAX_ID_CHARS and 0 < dst_len <= MAX_ID_CHARS):
         raise _fail("stage ids must be 1..128 characters")
@@ -243,10 +261,12 @@ def decode_batch(metadata: bytes, sequence_no: int, attach: Attach) -> Batch:
     offset = BATCH_HEADER.size
     names_end = offset + src_len + dst_len
     trace_end = names_end + (TRACEPARENT_CHARS if flags & FLAG_TRACEPARENT else 0)
-    table_end = trace_end + count * SLICE_STRUCT.size
+    records_end = trace_end + count * SLICE_STRUCT.size
+    numbered = bool(flags & FLAG_LEASE_SEQUENCE)
+    table_end = records_end + (count * LEASE_SEQUENCE_BYTES if numbered else 0)
     if len(metadata) < table_end:
         raise _fail("BATCH sequence table is truncated")
-    columns = tuple(zip(*SLICE_STRUCT.iter_unpack(metadata[trace_end:table_end]), strict=True))
+    columns = tuple(zip(*SLICE_STRUCT.iter_unpack(metadata[trace_end:records_end]), strict=True))
     request_ids, trace_lens, span_lens = columns[0], columns[8], columns[9]
     if min(trace_lens) < 1 or min(span_lens) < 1 or max(trace_lens) > MAX_ID_CHARS \
             or max(span_lens) > MAX_ID_CHARS:
@@ -259,16 +279,21 @@ def decode_batch(metadata: bytes, sequence_no: int, attach: Attach) -> Batch:
     names = metadata[offset:names_end].decode("ascii")
     plan = (_uuid_text(plan_id), _hash_text(plan_hash), _hash_text(manifest_hash))
     tensor = attach(*plan, names[:src_len], names[src_len:], descriptor)
+    if numbered and not lease_sequence:  # where the JSON form refuses the unknown field
+        raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "lease_sequence was not negotiated on this channel")
     _check_coverage(columns[3], columns[4], request_ids, PHASES[phase], input_rows)
     if descriptor.rows != input_rows:
         raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "tensor rows differ from input_row_count")
     text = area.decode("ascii")
     cuts = _cuts(trace_lens, span_lens)
+    lease_numbers = (struct.unpack_from(f"<{count}Q", metadata, records_end) if numbered
+                     else itertools.repeat(None, count))
     slices = tuple(
         SequenceSlice(_uuid_text(rid), rsn, start, rows, position, epoch, budget, _uuid_text(lease),
-                      text[cuts[2 * i]:cuts[2 * i + 1]], text[cuts[2 * i + 1]:cuts[2 * i + 2]])
-        for i, (rid, lease, rsn, start, rows, position, epoch, budget) in enumerate(zip(
-            *columns[:8], strict=True)))
+                      text[cuts[2 * i]:cuts[2 * i + 1]], text[cuts[2 * i + 1]:cuts[2 * i + 2]],
+                      number)
+        for i, (rid, lease, rsn, start, rows, position, epoch, budget, number) in enumerate(zip(
+            *columns[:8], lease_numbers, strict=True)))
     traceparent = metadata[names_end:trace_end].decode("ascii") or None
     return Batch(*plan, names[:src_len], names[src_len:],
                  BatchDescriptor(_uuid_text(batch_id), batch_seq, PHASES[phase], input_rows, slices),
@@ -395,3 +420,31 @@ def _check_items(status: tuple[int, ...], has_output: tuple[int, ...], rows: tup
 
 def _one_empty(code_len: int, message_len: int) -> bool:
     return (code_len == 0) != (message_len == 0)
+
+
+# -- CREDIT --------------------------------------------------------------------------------
+def encode_credit(credit: Credit, sequence_no: int) -> bytes:
+    received = credit.batches_received
+    return CREDIT_RECORD.pack(
+        MAGIC, Kind.CREDIT, FLAG_BATCHES_RECEIVED if received is not None else 0, 0, sequence_no,
+        credit.frames, credit.payload_bytes, credit.rows, credit.sequences, credit.live_requests,
+        credit.kv_bytes, credit.replay_bytes, received or 0)
+
+
+def decode_credit(metadata: bytes, sequence_no: int, batches_received: bool) -> Credit:
+    """`batches_received`: the channel negotiated multi_inflight, so the field may be set;
+    otherwise a CREDIT carrying it is METADATA, as the unknown JSON field is."""
+    if len(metadata) != CREDIT_RECORD.size:
+        raise _fail("a compact CREDIT is exactly 80 bytes")
+    (magic, kind, flags, reserved, seq, frames, payload_bytes, rows, sequences, live_requests,
+     kv_bytes, replay_bytes, received) = CREDIT_RECORD.unpack(metadata)
+    if magic != MAGIC or kind != Kind.CREDIT:
+        raise _fail("not a compact CREDIT")
+    if flags & ~FLAG_BATCHES_RECEIVED or reserved or (not flags and received):
+        raise _fail("reserved CREDIT fields must be zero")
+    if seq != sequence_no:
+        raise Fnx2Error(ErrorCode.SEQUENCE, "metadata sequence_no differs from the prelude")
+    if flags and not batches_received:
+        raise Fnx2Error(ErrorCode.METADATA, "batches_received was not negotiated on this channel")
+    return Credit(frames, payload_bytes, rows, sequences, live_requests, kv_bytes, replay_bytes,
+                  received if flags else None)

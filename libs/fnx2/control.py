@@ -30,8 +30,11 @@ EXT_COMPACT_OUTPUT = "compact_output"
 EXT_SAMPLE_LOGPROBS = "sample_logprobs"
 # Each sequence slice carries `lease_sequence`: its lease's place in the plan generation's
 # opening order, assigned by the gateway. The receiver fences ended leases with a watermark
-# (memory in proportion to live leases) instead of a tombstone per lease.
+# (memory in proportion to live leases) instead of a tombstone per lease. Its ACK of the
+# offer names `lease_sequence_next`, the lowest number above every one it has seen in this
+# generation, so a sender that starts numbering there is never fenced by an earlier sender.
 EXT_LEASE_SEQUENCE = "lease_sequence"
+LEASE_SEQUENCE_NEXT_FIELD = "lease_sequence_next"
 # BATCH and RESULT metadata may be the fixed-layout binary form of libs.fnx2.compact
 # instead of canonical JSON.
 EXT_COMPACT_META = "compact_meta"
@@ -222,8 +225,10 @@ class Ack:
                 operation == "extensions" and not allow_extensions):
             raise Fields({}, ErrorCode.METADATA, "ACK", frozenset()).fail(
                 "operation", "is not a supported operation")
-        f = Fields(meta, ErrorCode.METADATA, "ACK",
-                   _ACK_FIELDS[operation] | {"operation", "control_id"})
+        names = _ACK_FIELDS[operation] | {"operation", "control_id"}
+        if operation == "extensions" and _accepts_lease_sequence(meta.get("extensions")):
+            names = names | {LEASE_SEQUENCE_NEXT_FIELD}  # part of that extension, only with it
+        f = Fields(meta, ErrorCode.METADATA, "ACK", names)
         return cls(operation, f.uuid("control_id"), _ACK_READERS[operation](f))
 
 
@@ -266,17 +271,27 @@ class AckRelease:
                 "tombstone_present": self.tombstone_present}
 
 
+def _accepts_lease_sequence(extensions: Any) -> bool:
+    return type(extensions) is list and EXT_LEASE_SEQUENCE in extensions
+
+
 @dataclass(frozen=True, slots=True)
 class AckStage:
-    """ACK of shutdown, credit_refresh or extensions (the accepted extension list)."""
+    """ACK of shutdown, credit_refresh or extensions (the accepted extension list, and with
+    `lease_sequence` accepted, the receiver's next unseen lease number)."""
 
     stage_id: str
     extensions: tuple[str, ...] | None = None
+    lease_sequence_next: int | None = None
 
     def to_meta(self) -> dict[str, Any]:
         meta: dict[str, Any] = {"stage_id": self.stage_id}
         if self.extensions is not None:
             meta["extensions"] = list(self.extensions)
+            if EXT_LEASE_SEQUENCE in self.extensions:
+                if self.lease_sequence_next is None:
+                    raise ValueError("an ACK accepting lease_sequence names lease_sequence_next")
+                meta[LEASE_SEQUENCE_NEXT_FIELD] = self.lease_sequence_next
         return meta
 
 
@@ -300,8 +315,14 @@ _ACK_READERS: dict[str, Callable[[Fields], AckFields]] = {
                                     f.boolean("tombstone_present")),
     "shutdown": lambda f: AckStage(f.text("stage_id", MAX_ID_CHARS)),
     "credit_refresh": lambda f: AckStage(f.text("stage_id", MAX_ID_CHARS)),
-    "extensions": lambda f: AckStage(f.text("stage_id", MAX_ID_CHARS), _read_extensions(f)),
+    "extensions": lambda f: _read_extensions_ack(f),
 }
+
+
+def _read_extensions_ack(f: Fields) -> AckStage:
+    accepted = _read_extensions(f)
+    next_number = f.uint(LEASE_SEQUENCE_NEXT_FIELD) if EXT_LEASE_SEQUENCE in accepted else None
+    return AckStage(f.text("stage_id", MAX_ID_CHARS), accepted, next_number)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,8 +51,9 @@ _WEIGHTS = np.array([30, 8, 8, 8, 12, 8, 4, 6, 4], dtype=np.float64)
 _CUMULATIVE = np.cumsum(_WEIGHTS / _WEIGHTS.sum())
 
 # Where the compact headers hold sequence_no, and how long they are.
-_COMPACT_SEQUENCE_AT = {Kind.BATCH: 28, Kind.RESULT: 24}
-_COMPACT_HEADER_BYTES = {Kind.BATCH: compact.BATCH_HEADER.size, Kind.RESULT: compact.RESULT_HEADER.size}
+_COMPACT_SEQUENCE_AT = {Kind.BATCH: 28, Kind.RESULT: 24, Kind.CREDIT: 8}
+_COMPACT_HEADER_BYTES = {Kind.BATCH: compact.BATCH_HEADER.size, Kind.RESULT: compact.RESULT_HEADER.size,
+                         Kind.CREDIT: compact.CREDIT_RECORD.size}
 
 _REPLACEMENTS: tuple[Any, ...] = (
     None, True, False, 0, -1, 1, 2**32, 2**64, 2**64 + 1, -(2**63), 1.5, -0.0, 1e16, 1e-7,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import sys
 import time
@@ -30,6 +31,7 @@ import numpy as np
 from libs.fnx2.codec import PRELUDE_BYTES, Message, decode_frame, encode_frame, parse_prelude
 from libs.fnx2.control import (
     EXT_COMPACT_META,
+    EXT_LEASE_SEQUENCE,
     Ack,
     AckHello,
     Cancel,
@@ -120,7 +122,10 @@ def seeds() -> list[Seed]:
         encoded = encode_frame(message, 0)
         meta = decode_frame(encoded.to_bytes()).message.to_meta()
         out.append(Seed(message.KIND, meta, bytes(encoded.payload)))
-    for message in (prefill, decode, _result(decode)):
+    # Compact seeds, one with a lease_sequence column (negotiated with compact_meta).
+    numbered = dataclasses.replace(prefill, batch=dataclasses.replace(
+        prefill.batch, sequences=(prefill.batch.sequences[0]._replace(lease_sequence=1),)))
+    for message in (prefill, decode, numbered, _result(decode), Credit(1, 2, 3, 4, 5, 6, 7, 8)):
         encoded = encode_frame(message, 0, compact_meta=True)
         metadata = encoded.header[PRELUDE_BYTES:]
         out.append(Seed(message.KIND, {}, bytes(encoded.payload), compact=metadata))
@@ -175,7 +180,7 @@ class _Peer:
 
     async def _negotiate_compact(self) -> None:
         offer = Control("extensions", "eeeeeeee-eeee-4eee-8eee-eeeeeeeeeeee", BINDING,
-                        extensions=(EXT_COMPACT_META,))
+                        extensions=(EXT_COMPACT_META, EXT_LEASE_SEQUENCE))
         self.send(encode_frame(offer, self.next_out).to_bytes())
         self.next_out += 1
         ack, credit = await self.read(), await self.read()

@@ -20,6 +20,7 @@ from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits, ExpectedBinding
 from libs.fnx2.control import (
     ABI_VERSION,
     EXT_COMPACT_OUTPUT,
+    EXT_LEASE_SEQUENCE,
     EXT_MULTI_INFLIGHT,
     EXT_TIMINGS,
     KNOWN_EXTENSIONS,
@@ -195,6 +196,7 @@ async def start_server(receiver: Fnx2Receiver, host: str = "127.0.0.1", port: in
 class _Channel:
     def __init__(self, receiver: Fnx2Receiver, stream: FrameStream) -> None:
         self.r, self.stream = receiver, stream
+        self.expected = receiver.config.expected()  # what each BATCH is checked against
         self.extensions: frozenset[str] = frozenset()
         self.tasks: set[asyncio.Task] = set()
         self.busy = 0
@@ -248,7 +250,7 @@ class _Channel:
         while True:
             try:
                 async with asyncio.timeout(timeout_s):
-                    return await self.stream.read(self.r.config.expected())
+                    return await self.stream.read(self.expected)
             except TimeoutError:
                 if self.busy:
                     continue
@@ -376,8 +378,10 @@ class _Channel:
             self.extensions = frozenset(message.extensions) & self.r.config.extensions
             self.stream.negotiated = self.extensions
             accepted = tuple(sorted(self.extensions))
-            await self.stream.send(Ack("extensions", message.control_id, AckStage(stage, accepted)),
-                                   self.credit())
+            next_number = (self.r.state.lease_sequence_next
+                           if EXT_LEASE_SEQUENCE in self.extensions else None)
+            await self.stream.send(Ack("extensions", message.control_id,
+                                       AckStage(stage, accepted, next_number)), self.credit())
         elif message.control == "credit_refresh":
             self.r.sweep()
             await self.stream.send(Ack("credit_refresh", message.control_id, AckStage(stage)),

@@ -89,6 +89,28 @@ class InputIdentity(NamedTuple):
         return len(self.exact or b"")
 
 
+class _SmallInputs(NamedTuple):
+    """A small batch's whole input as bytes, copied once: each sequence's exact input
+    identity is a slice of it (what `InputIdentity.of` builds, without a numpy copy per
+    sequence)."""
+
+    kind: tuple
+    row_bytes: int
+    data: bytes
+
+    @classmethod
+    def of(cls, batch: Batch) -> _SmallInputs | None:
+        d = batch.tensor.descriptor
+        if d.payload_bytes > _EXACT_INPUT_BYTES:  # a slice may be large: by CRC, per sequence
+            return None
+        return cls((d.kind, d.dtype, d.width), d.row_bytes, batch.tensor.array.tobytes())
+
+    def identity(self, item: SequenceSlice) -> InputIdentity:
+        start = item.input_row_start * self.row_bytes
+        nbytes = item.input_row_count * self.row_bytes
+        return InputIdentity(self.kind, nbytes, self.data[start:start + nbytes], None)
+
+
 @dataclass(slots=True)
 class _ReplayEntry:
     """The last executed step of a lease: identity, input identity, result, output rows."""
@@ -215,6 +237,11 @@ class ReceiverState:
         return len(self._tombstones)
 
     @property
+    def lease_sequence_next(self) -> int:
+        """The lowest lease number above every one opened or ended here (lease_sequence)."""
+        return self._watermark.watermark
+
+    @property
     def fence_entries(self) -> int:
         """Everything kept to fence ended leases: per-lease tombstones (plain 2.0 peers),
         watermark gaps and recent end reasons (lease_sequence peers)."""
@@ -281,7 +308,9 @@ class ReceiverState:
                               "lease-sequence watermark)", status)
         if lease is not None and lease.inflight:
             return reject(ErrorCode.REQUEST_INFLIGHT, "request is already executing")
-        if lease is not None and lease.replay is not None and lease.replay.key == _replay_key(batch, item):
+        if (lease is not None and lease.replay is not None  # a retry repeats its step number
+                and lease.replay.result.request_sequence_no == item.request_sequence_no
+                and lease.replay.key == _replay_key(batch, item)):
             if not lease.replay.same_input(batch, item):
                 return reject(ErrorCode.SEQUENCE_CONFLICT, "same identity, different input")
             return ReplayHit(item, lease.replay.result, lease.replay.rows, lease.replay.kind)
@@ -362,10 +391,11 @@ class ReceiverState:
         entries: list[Entry] = []
         crcs = admission.batch.input_crcs
         index = {s.identity: i for i, s in enumerate(admission.batch.batch.sequences)} if crcs else {}
+        inputs = _SmallInputs.of(admission.batch)
         for item in admission.execute:
             outcome = outcomes.get(item.identity) or _NO_OUTCOME
             known = crcs[index[item.identity]] if crcs else None
-            entries.append(self._apply(admission, item, outcome, timings, known))
+            entries.append(self._apply(admission, item, outcome, timings, known, inputs))
         for hit in admission.replayed:
             entries.append(Entry(hit.result, hit.rows, hit.kind))
         for r in admission.rejected:
@@ -375,7 +405,7 @@ class ReceiverState:
         return entries
 
     def _apply(self, admission: BatchAdmission, item: SequenceSlice, outcome: Outcome,
-               timings: Timings, known_crc: int | None) -> Entry:
+               timings: Timings, known_crc: int | None, inputs: _SmallInputs | None = None) -> Entry:
         lease = self._leases.get(item.request_id)
         if lease is None:  # expired or released while executing; nothing to update
             return Entry(_failed(item, SequenceStatus.FAILED, ErrorCode.RELEASED, "lease ended", timings),
@@ -399,7 +429,8 @@ class ReceiverState:
         if lease.replay is not None:
             self._replay_used -= lease.replay.retained_bytes
         lease.replay = _ReplayEntry(_replay_key(admission.batch, item),
-                                    InputIdentity.of(admission.batch, item, known_crc), result,
+                                    (inputs.identity(item) if inputs is not None
+                                     else InputIdentity.of(admission.batch, item, known_crc)), result,
                                     rows, outcome.kind)
         self._replay_used += lease.replay.retained_bytes
         return Entry(result, rows, outcome.kind)

@@ -68,6 +68,9 @@ class Fnx2Client:
     def __init__(self, stream: FrameStream, config: SenderConfig) -> None:
         self._stream, self.config = stream, config
         self.extensions: frozenset[str] = frozenset()
+        # With lease_sequence: the receiver's lowest lease number above all it has seen in
+        # this generation (from its ACK); a gateway numbers new leases from here or above.
+        self.lease_sequence_next: int | None = None
         self.credit: Credit | None = None
         self._pending: collections.OrderedDict[str, _Pending] = collections.OrderedDict()
         self._controls: dict[str, asyncio.Future] = {}
@@ -121,6 +124,8 @@ class Fnx2Client:
             if isinstance(answer, Ack) and answer.control_id == offer_id and isinstance(answer.fields, AckStage):
                 self.extensions = frozenset(answer.fields.extensions or ()) & self.config.offer_extensions
                 self._stream.negotiated = self.extensions
+                if EXT_LEASE_SEQUENCE in self.extensions:
+                    self.lease_sequence_next = answer.fields.lease_sequence_next
                 self.credit = await self._expect(Credit)
         self._pump = asyncio.create_task(self._read_loop())
         if self.config.keepalive_s:

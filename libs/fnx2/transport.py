@@ -1,7 +1,9 @@
 """Zero-copy frame reading: an asyncio BufferedProtocol that receives straight into buffers.
 
-The 40-byte prelude lands in a fixed buffer; once it is bound-checked, the body goes into
-a preallocated buffer of at least the announced size, taken from a small pool of buffers
+Preludes and small frames land in a per-connection scratch buffer, and every whole frame a
+read brought is parsed in that one callback (a RESULT and its CREDIT: one read, one loop
+iteration). Once a prelude is bound-checked, a body that does not fit there goes into a
+preallocated buffer of at least the announced size, taken from a small pool of buffers
 whose earlier frames are no longer referenced, and the kernel writes into it directly
 (`recv_into`), with no intermediate stream buffer. The body's CRC32C is extended as the
 data lands, while it is still in cache, so decoding does not read it again for the CRC.
@@ -24,7 +26,7 @@ from libs.fnx2.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
 from libs.fnx2.crc import crc32c_combine
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 from libs.fnx2.messages import Kind
-from libs.fnx2.tensor import STORAGE, DType, _finite_bytes
+from libs.fnx2.tensor import STORAGE, DType, _finite_bytes, crc_and_finite
 
 _MAX_QUEUED_FRAMES = 4
 _CRC_STEP = 512 * 1024
@@ -98,6 +100,23 @@ def _payload_plan(prelude: Prelude, body: memoryview) -> _PayloadPlan:
                         _tiles(ranges, prelude.metadata_bytes, prelude.body_bytes))
 
 
+def _small_body(prelude: Prelude, body: memoryview) -> ReceivedBody:
+    """A whole small body: its CRC32C and, for a compact BATCH or RESULT with a float
+    payload, its finiteness, in one call over the payload."""
+    if not body:
+        return ReceivedBody(prelude, body, 0)
+    dtype = None
+    if prelude.payload_bytes and prelude.kind in (Kind.BATCH, Kind.RESULT):
+        metadata = body[:prelude.metadata_bytes]
+        if compact.is_compact(metadata):
+            dtype = compact.payload_dtype(bytes(metadata), prelude.kind)
+    if dtype is None or dtype is DType.INT32 or prelude.payload_bytes % STORAGE[dtype].itemsize:
+        return ReceivedBody(prelude, body, _crc.extend(0, np.frombuffer(body, np.uint8)))
+    head = _crc.extend(0, np.frombuffer(body[:prelude.metadata_bytes], np.uint8))
+    crc, finite = crc_and_finite(head, body[prelude.metadata_bytes:], dtype)
+    return ReceivedBody(prelude, body, crc, finite=(dtype, finite))
+
+
 class BufferPool:
     """Reuses body buffers whose frames nobody references any more.
 
@@ -110,6 +129,10 @@ class BufferPool:
         self._buffers: list[np.ndarray] = []
         self._max_buffers, self._max_bytes = max_buffers, max_bytes
         self.largest_take_bytes = 0
+
+    def note(self, nbytes: int) -> None:
+        """A body of `nbytes` held outside the pool (a small frame copied out of scratch)."""
+        self.largest_take_bytes = max(self.largest_take_bytes, nbytes)
 
     def take(self, nbytes: int) -> memoryview:
         self.largest_take_bytes = max(self.largest_take_bytes, nbytes)
@@ -145,6 +168,13 @@ class BufferPool:
         return sum(b.nbytes for b in self._buffers)
 
 
+_EMPTY = memoryview(b"")
+# Frames whose whole body fits here are parsed from it, many per read; their bodies are
+# copied out (at most this much), larger ones are received straight into their own buffer.
+# A connection starts with a small one (idle connections stay cheap) and grows it, in
+# powers of two up to the largest size, to fit the frames that arrive.
+_SCRATCH_BYTES = 128 * 1024
+_FIRST_SCRATCH_BYTES = 4 * 1024
 _DISCARD = bytearray(64 * 1024)  # written, never read: shared by every protocol
 _MAX_DISCARD_BYTES = 1024 * 1024
 _LINGER_S = 1.0
@@ -169,9 +199,12 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._limits, self._on_connection = limits, on_connection
         self.max_body_bytes = max_body_bytes
         self._pool = pool or BufferPool()
-        self._head = bytearray(PRELUDE_BYTES)
-        self._prelude: Prelude | None = None
-        self._target = memoryview(self._head)
+        # Preludes and small frames land in one scratch buffer ([_scan, _end) not parsed yet);
+        # a body that does not fit goes to its own pooled buffer (`_target`).
+        self._scratch = bytearray(_FIRST_SCRATCH_BYTES)
+        self._scan = self._end = 0
+        self._prelude: Prelude | None = None  # set while a large body is arriving
+        self._target = _EMPTY
         self._filled = 0
         self._crc = self._crc_done = 0
         self._plan: _PayloadPlan | None = None
@@ -196,7 +229,13 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._discarded is not None:
             return memoryview(_DISCARD)
-        return self._target[self._filled:]
+        if self._prelude is not None:  # a large body: straight into its own buffer
+            return self._target[self._filled:]
+        if self._scan == self._end:
+            self._scan = self._end = 0
+        elif len(self._scratch) - self._scan < PRELUDE_BYTES:  # a prelude cut at the end
+            self._move_tail(self._scratch)
+        return memoryview(self._scratch)[self._end:]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._discarded is not None:
@@ -204,33 +243,74 @@ class FrameProtocol(asyncio.BufferedProtocol):
             if self._discarded > _MAX_DISCARD_BYTES:
                 self._fail(self._failure)  # enough: stop reading until the channel closes
             return
+        if self._prelude is None:
+            self._end += nbytes
+            self._parse_scratch()
+            return
         self._filled += nbytes
-        if self._prelude is not None and self._filled - self._crc_done >= _CRC_STEP:
+        if self._filled - self._crc_done >= _CRC_STEP:
             self._extend_crc()  # on bytes the kernel has just written: still in cache
         if self._filled < len(self._target):
             return
-        if self._prelude is None:
-            try:
-                self._prelude = parse_prelude(bytes(self._head), self._limits)
-                check_admitted(self._prelude, self.max_body_bytes)
-            except Fnx2Error as exc:  # terminal: report to the consumer, discard the rest
-                self._prelude = None
-                self._discard_after(exc)
-                return
-            self._crc, self._crc_done, self._plan, self._range_crcs = 0, 0, None, []
-            self._finite, self._finite_done = True, 0
-            if self._prelude.body_bytes:
-                self._target = self._pool.take(self._prelude.body_bytes)
-                self._filled = 0
-                return
-            self._target = memoryview(b"")
         self._extend_crc()
         if self._plan is not None and self._plan.tiles:
             for (start, end), crc in zip(self._plan.ranges, self._range_crcs, strict=True):
                 self._crc = crc32c_combine(self._crc, crc, end - start)
         self._frames.append(ReceivedBody(self._prelude, self._target, self._crc,
                                          self._finished_ranges(), self._finished_finite()))
-        self._prelude, self._target, self._filled = None, memoryview(self._head), 0
+        self._prelude, self._target, self._filled, self._plan = None, _EMPTY, 0, None
+        self._queued()
+
+    def _parse_scratch(self) -> None:
+        """Every whole frame that the last reads left in the scratch buffer, in one go: small
+        frames (decode steps, CREDIT, ACK) cost one read and one callback for all of them.
+        A frame whose body is still arriving gets its own buffer, which the partial body
+        moves to and the kernel fills from then on. Parsing stops while the consumer has
+        `_MAX_QUEUED_FRAMES` frames to take; `read_frame` resumes it."""
+        scratch = memoryview(self._scratch)
+        delivered = False
+        while self._end - self._scan >= PRELUDE_BYTES and len(self._frames) < _MAX_QUEUED_FRAMES:
+            start = self._scan + PRELUDE_BYTES
+            try:
+                prelude = parse_prelude(scratch[self._scan:start], self._limits)
+                check_admitted(prelude, self.max_body_bytes)
+            except Fnx2Error as exc:  # terminal: report to the consumer, discard the rest
+                self._discard_after(exc)
+                return
+            end = start + prelude.body_bytes
+            if end > self._end:  # still arriving: room for it here, or a buffer of its own
+                frame_bytes = PRELUDE_BYTES + prelude.body_bytes
+                if frame_bytes <= len(self._scratch):
+                    if end > len(self._scratch):
+                        self._move_tail(self._scratch)
+                elif frame_bytes <= _SCRATCH_BYTES:  # frames of this size: whole from now on
+                    self._move_tail(bytearray(min(_SCRATCH_BYTES, 1 << frame_bytes.bit_length())))
+                else:
+                    self._start_body(prelude, scratch[start:self._end])
+                break
+            body = memoryview(bytes(scratch[start:end])) if prelude.body_bytes else _EMPTY
+            self._pool.note(prelude.body_bytes)
+            self._frames.append(_small_body(prelude, body))
+            self._scan, delivered = end, True
+        if delivered:
+            self._queued()
+
+    def _move_tail(self, scratch: bytearray) -> None:
+        """The unparsed bytes to the start of `scratch` (this one, or a larger new one)."""
+        tail = self._scratch[self._scan:self._end]
+        scratch[:len(tail)] = tail
+        self._scratch, self._scan, self._end = scratch, 0, len(tail)
+
+    def _start_body(self, prelude: Prelude, arrived: memoryview) -> None:
+        self._prelude = prelude
+        self._crc, self._crc_done, self._plan, self._range_crcs = 0, 0, None, []
+        self._finite, self._finite_done = True, 0
+        self._target = self._pool.take(prelude.body_bytes)
+        self._target[:len(arrived)] = arrived
+        self._filled = len(arrived)
+        self._scan = self._end = 0
+
+    def _queued(self) -> None:
         if len(self._frames) >= _MAX_QUEUED_FRAMES and not self._reading_paused:
             self._reading_paused = True
             self._transport.pause_reading()
@@ -295,7 +375,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(ChannelClosedError(f"connection lost: {exc}" if exc else "connection closed"))
         # A partly received body goes back to the pool (or the allocator) now.
-        self._prelude, self._target, self._filled, self._plan = None, memoryview(b""), 0, None
+        self._prelude, self._target, self._filled, self._plan = None, _EMPTY, 0, None
+        self._scan = self._end = 0
         self._writing_paused = False
         for waiter in self._drain_waiters:
             if not waiter.done():
@@ -323,8 +404,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
             await self._waiter
         frame = self._frames.popleft()
         if self._reading_paused and len(self._frames) < _MAX_QUEUED_FRAMES // 2:
-            self._reading_paused = False
-            self._transport.resume_reading()
+            if self._prelude is None and self._discarded is None:
+                self._parse_scratch()  # frames already read, left while the queue was full
+            if len(self._frames) < _MAX_QUEUED_FRAMES:
+                self._reading_paused = False
+                self._transport.resume_reading()
         return frame
 
     def write(self, data) -> None:
@@ -363,7 +447,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self._failure is None:
             self._failure = exc
         self._discarded = 0
-        self._prelude, self._target, self._filled = None, memoryview(b""), 0
+        self._prelude, self._target, self._filled = None, _EMPTY, 0
+        self._scan = self._end = 0
         self._wake()
 
     def _fail(self, exc: BaseException) -> None:

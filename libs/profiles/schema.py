@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 STAGE_PROFILE_SCHEMA = "fornax.stage-profile/1"
@@ -113,6 +113,11 @@ class StageProfile:
     command: str
     measured_unix_ns: int
     valid_for_s: int
+    # Seconds per served decode microbatch beyond its layers' own time, per batch size: the
+    # executor's step (KV gather and append, mask and positions, sampling on the head stage) and
+    # the data plane's unpack and pack of the boundary tensor. Measured by timing whole served
+    # steps and subtracting the layer, embed and head figures. Empty in profiles that predate it.
+    step_s_per_microbatch: dict[int, Figure] = field(default_factory=dict)
     schema: str = STAGE_PROFILE_SCHEMA
 
     def kind(self, name: str) -> LayerKindProfile | None:
@@ -148,6 +153,7 @@ class StageCalibration:
     layer_end: int
     predicted_s: float
     measured_s: Figure
+    rows: float = 0.0  # rows per microbatch the prediction was evaluated at (0: the plan's target rows)
 
     @property
     def relative_error(self) -> float:
@@ -171,6 +177,9 @@ class Calibration:
     command: str = ""
     measured_unix_ns: int = 0
     valid_for_s: int = 0
+    # Which rows per microbatch the predictions were evaluated at: "measured rows" (each stage's
+    # measured mean, from the plan's own profile records) or "" (the plan's target rows).
+    rows_basis: str = ""
     schema: str = CALIBRATION_SCHEMA
 
     @property
@@ -249,7 +258,7 @@ def stage_profile_from_json(blob: bytes) -> StageProfile:
             model_snapshot=str(data["model_snapshot"]), dtype=str(data["dtype"]),
             context_tokens=int(data["context_tokens"]), concurrency=int(data["concurrency"]), kinds=kinds,
             command=str(data["command"]), measured_unix_ns=int(data["measured_unix_ns"]),
-            valid_for_s=int(data["valid_for_s"]))
+            valid_for_s=int(data["valid_for_s"]), step_s_per_microbatch=_figures(data.get("step_s_per_microbatch", {})))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileFormatError(f"bad stage profile: {exc}") from exc
 
@@ -271,7 +280,7 @@ def calibration_from_json(blob: bytes) -> Calibration:
     try:
         stages = tuple(
             StageCalibration(int(s["stage_index"]), str(s["host"]), int(s["layer_start"]), int(s["layer_end"]),
-                             float(s["predicted_s"]), _figure(s["measured_s"]))
+                             float(s["predicted_s"]), _figure(s["measured_s"]), float(s.get("rows", 0.0)))
             for s in data["stages"])
         return Calibration(
             route_key=str(data["route_key"]), plan_hash=str(data["plan_hash"]),
@@ -279,7 +288,8 @@ def calibration_from_json(blob: bytes) -> Calibration:
             predicted_bottleneck_s=float(data["predicted_bottleneck_s"]),
             measured_bottleneck_s=_figure(data["measured_bottleneck_s"]), tolerance=float(data["tolerance"]),
             runs=int(data["runs"]), failures=tuple(str(x) for x in data["failures"]), command=str(data["command"]),
-            measured_unix_ns=int(data["measured_unix_ns"]), valid_for_s=int(data["valid_for_s"]))
+            measured_unix_ns=int(data["measured_unix_ns"]), valid_for_s=int(data["valid_for_s"]),
+            rows_basis=str(data.get("rows_basis", "")))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileFormatError(f"bad calibration: {exc}") from exc
 

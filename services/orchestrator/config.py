@@ -73,6 +73,7 @@ class OrchestratorConfig:
     state_dir: str = ".fornax/orchestrator"
     # KV bytes each stage keeps for the route; 0 leaves the stage worker's default.
     stage_kv_limit_bytes: int = 0
+    # How long a draining or retiring route may take to finish what it admitted.
     drain_timeout_s: float = 60.0
     max_live_requests: int = 256
     default_max_tokens: int = 256
@@ -169,6 +170,10 @@ class OrchestratorConfig:
             "(env FORNAX_RECOVERY_TIMEOUT_S)",
         )
         parser.add_argument(
+            "--drain-timeout-s", type=float,
+            help="how long a draining or retiring route finishes its requests (env FORNAX_DRAIN_TIMEOUT_S)",
+        )
+        parser.add_argument(
             "--release-budget-s",
             type=float,
             help="give up releasing a request's KV after this long (env FORNAX_RELEASE_BUDGET_S)",
@@ -246,6 +251,7 @@ class OrchestratorConfig:
                                         cls.http_send_buffer_bytes, int),
             recovery_timeout_s=pick(args.recovery_timeout_s, env, "FORNAX_RECOVERY_TIMEOUT_S",
                                     cls.recovery_timeout_s, float),
+            drain_timeout_s=pick(args.drain_timeout_s, env, "FORNAX_DRAIN_TIMEOUT_S", cls.drain_timeout_s, float),
             release_budget_s=pick(args.release_budget_s, env, "FORNAX_RELEASE_BUDGET_S",
                                   cls.release_budget_s, float),
             drift_relative_bound=pick(args.drift_relative_bound, env, "FORNAX_DRIFT_RELATIVE_BOUND",

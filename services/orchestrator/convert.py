@@ -85,7 +85,8 @@ def install_request_from_pb(request: pb.InstallPlanRequest) -> InstallRequest:
                               field="stages")
     backend = backend_from_pb(request.backend, "backend")
     boundary = dtype_from_pb(request.boundary_dtype, "boundary_dtype", reason="INVALID_BOUNDARY_DTYPE")
-    return InstallRequest(request.checkpoint_dir, request.stages, backend, boundary)
+    return InstallRequest(request.checkpoint_dir, request.stages, backend, boundary,
+                          allow_break_before_make=request.allow_break_before_make)
 
 
 def status_to_pb(status: RouteStatus) -> pb.PlanStatus:

@@ -12,11 +12,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import structlog
+
 from libs.common.kinds import DType
 from libs.model.config import load_config
 from libs.text.context import TextContext
 from services.orchestrator.drift import DriftPolicy, DriftTracker, prediction_basis
-from services.orchestrator.install import Fleet, InstallSpec, StoredPlan, install, prepare
+from services.orchestrator.install import Fleet, InstallSpec, StoredPlan, discard, install, prepare
 from services.orchestrator.lifecycle import (
     InstalledRoute,
     Installer,
@@ -31,7 +33,9 @@ from services.orchestrator.route_health import HealthPolicy
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.route_supervisor import RouteSupervisor
 from services.orchestrator.serving import ServingConfig, ServingEngine
-from services.orchestrator.stage_chain import Route
+from services.orchestrator.stage_chain import Route, unload_generation
+
+_log = structlog.get_logger()
 
 
 def fleet_preparer(fleet: Fleet, state_dir: str, kv_limit_bytes: int,
@@ -61,7 +65,9 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
         stored = request.stored if isinstance(request.stored, StoredPlan) else None
         if stored is not None:
             progress(f"loading the stored plan {stored.plan.plan_id} (no re-planning)")
-        installed, route = await install(spec, fleet, progress, stored)
+        if request.serving_generation:
+            progress(f"loading beside the serving plan generation {request.serving_generation}")
+        installed, route = await install(spec, fleet, progress, stored, request.serving_generation)
         try:
             # Tokenize with exactly what the artifacts were built from, or refuse to serve.
             manifests = await asyncio.gather(*(fetch_manifest(fleet.artifact_builder, s.manifest_hash, fleet.channel)
@@ -78,15 +84,16 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
                 installed.plan.model_snapshot, request.backend, request.boundary_dtype,
                 installed.plan.plan_id, installed.plan.mode))
         except BaseException:
-            await route.close()
+            await discard(route, fleet)
             raise
         plan = route.plan
         stages = tuple(StageInfo(s.index, s.control_address, a, b, s.manifest_hash)
                        for s, (a, b) in zip(plan.stages, installed.layer_ranges, strict=True))
         engine = ServingEngine(RoutePipeline(route, served), served, text, serving)
 
-        async def reload() -> Route:  # the exact stored plan, as a new generation
-            return (await install(spec, fleet, progress, installed.stored))[1]
+        async def reload() -> Route:  # the exact stored plan, as a new generation in place of this one
+            return (await install(spec, fleet, progress, installed.stored,
+                                  replace_generation=result.plan.plan_generation_id))[1]
 
         def reloaded(new_route: Route) -> None:
             p = new_route.plan
@@ -98,11 +105,17 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
                                 prediction_basis(planned.mode, planned.from_profiles, planned.declared_terms),
                                 drift)
 
+        async def retire() -> None:  # this route's current generation, after it drained
+            generation = result.plan.plan_generation_id
+            outcome = await unload_generation([s.worker_address for s in stages], generation, fleet.channel)
+            _log.info("generation_retired", generation=generation, live_sequences=outcome.live_sequences,
+                      kv_bytes_used=outcome.kv_bytes_used, unreachable_workers=len(outcome.failures))
+
         supervisor = RouteSupervisor(engine, route, health, reload,
                                      lambda r: RoutePipeline(r, served), reloaded, tracker)
-        result = InstalledRoute(replace(request, stored=installed.stored),
+        result = InstalledRoute(replace(request, stored=installed.stored, serving_generation=""),
                                 PlanIdentity(plan.plan_id, plan.plan_hash, plan.plan_generation_id),
-                                stages, engine, lambda: supervisor.stage_conditions)
+                                stages, engine, lambda: supervisor.stage_conditions, retire)
         supervisor.start()
         return result
 

@@ -31,7 +31,16 @@ from libs.text.context import TextPins
 from services.evidence_registry.client import ClientOptions
 from services.orchestrator.inventory_facts import describe_facts, hosts_from_profiles, inventory_from, node_name
 from services.orchestrator.remote_files import fetch_model_files
-from services.orchestrator.stage_chain import Route, RoutePlan, SliceInput, StageLoad, lease_id_for, load_route
+from services.orchestrator.stage_chain import (
+    Route,
+    RoutePlan,
+    SliceInput,
+    StageLoad,
+    UnloadOutcome,
+    lease_id_for,
+    load_route,
+    unload_generation,
+)
 from services.planner import convert as planner_convert
 from services.planner.client import AsyncPlannerClient
 from services.planner.domain import Plan
@@ -176,8 +185,10 @@ def _next_hop(plan: Plan, stage_index: int, identities: dict[str, str]) -> str:
 
 
 async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: list[ab_pb.StageArtifact],
-                      generation: str, progress: Callable[[str], None]) -> RoutePlan:
-    """One stage per planned stage, on the worker the plan names, as plan generation `generation`."""
+                      generation: str, progress: Callable[[str], None], keep_generation: str = "",
+                      replace_generation: str = "") -> RoutePlan:
+    """One stage per planned stage, on the worker the plan names, as plan generation `generation`,
+    beside generation `keep_generation` (the serving route) when one is named."""
     binding = common_pb2.PlanBinding(
         plan_id=fnx2_plan_id(plan), plan_hash=plan.plan_hash, plan_generation_id=generation
     )
@@ -195,7 +206,8 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
         previous_hop_identity=_previous_hop(plan, stage.stage_index, identities, fleet.identity),
         next_hop_identity=_next_hop(plan, stage.stage_index, identities),
     ), identities.get(stage.node, "")) for stage, artifact in zip(plan.stages, artifacts, strict=True)]
-    return await load_route(loads, progress=progress, channel=fleet.channel)
+    return await load_route(loads, progress=progress, channel=fleet.channel, keep_generation=keep_generation,
+                            replace_generation=replace_generation)
 
 
 def stage_dtypes(spec: InstallSpec, stage_index: int, stage_count: int) -> tuple[DType, DType]:
@@ -249,6 +261,13 @@ async def warm(route: Route, bos_token_id: int) -> None:
             )
 
 
+async def discard(route: Route, fleet: Fleet) -> UnloadOutcome:
+    """Closes a route and unloads its generation from its workers (any other stays loaded)."""
+    await route.close()
+    return await unload_generation([s.control_address for s in route.plan.stages], route.plan.plan_generation_id,
+                                   fleet.channel)
+
+
 @dataclass(frozen=True)
 class StoredPlan:
     """A planned and built install: what rollback reloads exactly, without re-planning."""
@@ -280,18 +299,23 @@ async def prepare(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], Non
 
 
 async def install(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], None],
-                  stored: StoredPlan | None = None) -> tuple[InstalledPlan, Route]:
-    """Loads and warms `stored` (prepared now when None) as a new plan generation."""
+                  stored: StoredPlan | None = None, keep_generation: str = "",
+                  replace_generation: str = "") -> tuple[InstalledPlan, Route]:
+    """Loads and warms `stored` (prepared now when None) as a new plan generation, beside
+    generation `keep_generation` (which keeps serving) when one is named, or in place of only
+    generation `replace_generation` (a reload). On failure the new generation is unloaded again
+    and the kept one is untouched."""
     stored = stored or await prepare(spec, fleet, progress)
     plan = stored.plan
-    route_plan = await load_stages(spec, fleet, plan, list(stored.artifacts), str(uuid.uuid4()), progress)
+    route_plan = await load_stages(spec, fleet, plan, list(stored.artifacts), str(uuid.uuid4()), progress,
+                                   keep_generation, replace_generation)
     route = Route(route_plan, channel=fleet.channel, data_plane_tls=fleet.data_plane_tls)
-    await route.open()
     try:
+        await route.open()
         progress("warming the route")
         await warm(route, load_config(stored.model_dir).bos_token_id or 0)
     except BaseException:
-        await route.close()
+        await discard(route, fleet)
         raise
     ranges = tuple((s.layer_start, s.layer_end) for s in plan.stages)
     return InstalledPlan(plan, route_plan, ranges, stored.model_dir, stored.text_pins, stored), route

@@ -1,8 +1,18 @@
 """Whether the installed route can serve: each stage's condition, and the verdict.
 
-The pure part (`StageCondition`, `RouteVerdict`, `HealthTracker`) takes probe outcomes and
-returns a verdict; `RouteHealthMonitor` is the thin loop that probes every stage on a timer
-and tells the serving engine when the route degrades or recovers.
+The pure part (`StageCondition`, `RouteVerdict`, `HealthTracker`, `counts_as_down`) takes
+probe outcomes and the data plane's progress and returns a verdict; `RouteHealthMonitor` is
+the thin loop that probes every stage on a timer and tells the serving engine when the route
+degrades or recovers.
+
+Two signals, because either alone misleads:
+- the gRPC health probe answers while a stage is alive, but on a CPU-starved host it can miss
+  its 1 s deadline although the stage keeps serving;
+- data-plane progress (a RESULT frame with a served sequence) proves that every stage ran a
+  batch, since a RESULT comes back only after the last stage; an idle route has none.
+A probe that timed out is excused by progress during the same round; a stage that is gone
+(connection refused), unloaded, draining or failed is not, and neither is a stage that misses
+its probe while the data plane is stalled (work outstanding, nothing back) or idle.
 """
 
 from __future__ import annotations
@@ -60,6 +70,44 @@ class StageProbe:
 
 
 @dataclass(frozen=True)
+class DataPlaneProgress:
+    """What the route's data plane did during one probe round (route-wide: a RESULT frame
+    with a served sequence returns only after every stage has run its batch)."""
+
+    results: int = 0  # RESULT frames that served at least one sequence
+    outstanding: int = 0  # batches submitted and not answered when the round ended
+
+
+def counts_as_down(condition: StageCondition, progress: DataPlaneProgress) -> bool:
+    """Pure: whether one round's probe outcome counts against the stage."""
+    if condition is StageCondition.READY:
+        return False
+    # Starved but progressing: the probe was slow, the data plane was not.
+    return not (condition is StageCondition.UNRESPONSIVE and progress.results > 0)
+
+
+class DataPlaneMeter:
+    """Counts the route's batches as they go out and come back; `take` reads one round."""
+
+    def __init__(self) -> None:
+        self._results = 0
+        self._outstanding = 0
+
+    def submitted(self) -> None:
+        self._outstanding += 1
+
+    def answered(self, served: bool) -> None:
+        """The batch came back (or failed); `served`: its RESULT served a sequence."""
+        self._outstanding -= 1
+        self._results += 1 if served else 0
+
+    def take(self) -> DataPlaneProgress:
+        """The progress since the previous `take`, and the work outstanding now."""
+        results, self._results = self._results, 0
+        return DataPlaneProgress(results, self._outstanding)
+
+
+@dataclass(frozen=True)
 class RouteVerdict:
     degraded: bool
     reason: str  # empty when healthy; names stages, never addresses
@@ -85,11 +133,14 @@ class HealthTracker:
         self._good_rounds = 0
         self.verdict = RouteVerdict(False, "", tuple(self._last))
 
-    def observe(self, probes: list[StageProbe]) -> RouteVerdict:
+    def observe(self, probes: list[StageProbe],
+                progress: DataPlaneProgress = DataPlaneProgress()) -> RouteVerdict:
+        """One probe round, with the data plane's progress during it."""
         for probe in probes:
-            healthy = probe.condition is StageCondition.READY
-            self._bad[probe.index] = 0 if healthy else self._bad[probe.index] + 1
-            self._last[probe.index] = probe.condition
+            bad = counts_as_down(probe.condition, progress)
+            self._bad[probe.index] = self._bad[probe.index] + 1 if bad else 0
+            # A slow probe excused by progress is reported as ready: the stage is serving.
+            self._last[probe.index] = probe.condition if bad else StageCondition.READY
         down = [i for i, bad in enumerate(self._bad) if bad >= self._policy.failures_to_degrade]
         all_good = all(bad == 0 for bad in self._bad)
         self._good_rounds = self._good_rounds + 1 if all_good else 0
@@ -116,8 +167,12 @@ class RouteHealthMonitor:
     def __init__(self, probe: Callable[[], Awaitable[list[StageProbe]]], num_stages: int,
                  on_change: Callable[[RouteVerdict], Awaitable[None]],
                  policy: HealthPolicy = HealthPolicy(),
-                 on_degraded_round: Callable[[RouteVerdict], Awaitable[None]] | None = None) -> None:
+                 on_degraded_round: Callable[[RouteVerdict], Awaitable[None]] | None = None,
+                 progress: Callable[[], DataPlaneProgress] | None = None) -> None:
+        """`progress`: the data plane's progress since the previous call (read after each
+        round's probes have answered or timed out); without it probes alone decide."""
         self._probe = probe
+        self._progress = progress
         self._on_change = on_change
         self._on_degraded_round = on_degraded_round
         self._policy = policy
@@ -149,7 +204,13 @@ class RouteHealthMonitor:
         while True:
             before = self.tracker.verdict
             try:
-                after = self.tracker.observe(await self._probe())
+                probes = await self._probe()
+                progress = self._progress() if self._progress is not None else DataPlaneProgress()
+                after = self.tracker.observe(probes, progress)
+                if after.degraded and not before.degraded:  # what the data plane was doing
+                    _log.warning("route_probe_round_down", reason=after.reason,
+                                 batches_outstanding=progress.outstanding,
+                                 results_in_round=progress.results)
             except Exception:  # a probe that cannot run says nothing about the stages
                 _log.warning("route_probe_failed")
                 after = before

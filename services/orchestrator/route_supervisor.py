@@ -52,7 +52,8 @@ class RouteSupervisor:
         self._new_drift = drift
         self.drift = drift() if drift is not None else None
         self.monitor = RouteHealthMonitor(self._probe, len(route.plan.stages),
-                                          self._on_change, policy, self._on_degraded_round)
+                                          self._on_change, policy, self._on_degraded_round,
+                                          progress=lambda: self._route.meter.take())
 
     def start(self) -> None:
         self._engine.on_route_failure = self.monitor.report_failure

@@ -27,8 +27,12 @@ from libs.fnx2.tensor import DType, Tensor, TensorKind
 from libs.model.sampling import SamplingParams
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
+from libs.service.errors import FailedPrecondition
+from libs.service.interceptors import reason_of
+from services.orchestrator import lease_numbers
 from services.orchestrator.drift import MeasuredService
 from services.orchestrator.route_health import (
+    DataPlaneMeter,
     StageCondition,
     StageProbe,
     condition_of_rpc_error,
@@ -121,29 +125,82 @@ class StageLoad:
 
 async def load_route(loads: Sequence[StageLoad], load_timeout_s: float = 3600.0,
                      progress: Callable[[str], None] = lambda message: None,
-                     channel: ChannelConfig = ChannelConfig()) -> RoutePlan:
+                     channel: ChannelConfig = ChannelConfig(), keep_generation: str = "",
+                     replace_generation: str = "") -> RoutePlan:
     """Load last to first, so each stage is told its next hop's FNX2 address and manifest hash.
 
-    Every spec carries the same plan binding; whatever a worker had loaded before is unloaded.
+    Every spec carries the same plan binding. Whatever a worker had loaded before is unloaded,
+    except plan generation `keep_generation`: the serving route, which the new one loads beside
+    (a worker refuses with INSUFFICIENT_MEMORY_FOR_OVERLAP when both do not fit). With
+    `replace_generation` only that generation is unloaded first (a reload of a lost route, which
+    leaves any other generation alone, such as one an install is loading). A failed load
+    unloads the new generation from every worker that took it, leaving the kept one serving.
     """
     next_address, next_manifest, loaded = "", "", []
-    for load in reversed(loads):
-        spec = pb.StageSpec()
-        spec.CopyFrom(load.spec)
-        spec.next_hop_address, spec.next_hop_manifest_hash = next_address, next_manifest
-        layers = spec.layer_range
-        async with open_aio_channel(load.address, channel) as opened:
-            stub = pb_grpc.StageWorkerServiceStub(opened)
-            await stub.UnloadStage(pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=UNLOAD_TIMEOUT_S)
-            progress(f"loading stage {spec.stage_index} (layers {layers.layer_start}-"
-                     f"{layers.layer_end_exclusive - 1}) on {load.address}")
-            reply = await stub.LoadStage(pb.LoadStageRequest(request_id=str(uuid.uuid4()), spec=spec),
-                                         timeout=load_timeout_s)
-        next_address, next_manifest = reply.data_plane_address, reply.manifest_hash
-        loaded.append(RouteStage(spec.stage_index, load.address, reply.data_plane_address, reply.manifest_hash,
-                                 load.identity))
+    generation = loads[0].spec.plan.plan_generation_id
+    try:
+        for load in reversed(loads):
+            spec = pb.StageSpec()
+            spec.CopyFrom(load.spec)
+            spec.next_hop_address, spec.next_hop_manifest_hash = next_address, next_manifest
+            layers = spec.layer_range
+            async with open_aio_channel(load.address, channel) as opened:
+                stub = pb_grpc.StageWorkerServiceStub(opened)
+                await stub.UnloadStage(pb.UnloadStageRequest(request_id=str(uuid.uuid4()),
+                                                             plan_generation_id=replace_generation,
+                                                             keep_plan_generation_id=keep_generation),
+                                       timeout=UNLOAD_TIMEOUT_S)
+                progress(f"loading stage {spec.stage_index} (layers {layers.layer_start}-"
+                         f"{layers.layer_end_exclusive - 1}) on {load.address}"
+                         + (" beside the serving generation" if keep_generation else ""))
+                try:
+                    reply = await stub.LoadStage(pb.LoadStageRequest(request_id=str(uuid.uuid4()), spec=spec),
+                                                 timeout=load_timeout_s)
+                except grpc.aio.AioRpcError as exc:
+                    raise _load_refusal(spec.stage_index, exc) from exc
+            next_address, next_manifest = reply.data_plane_address, reply.manifest_hash
+            loaded.append(RouteStage(spec.stage_index, load.address, reply.data_plane_address, reply.manifest_hash,
+                                     load.identity))
+    except BaseException:
+        await unload_generation([load.address for load in loads], generation, channel)
+        raise
     binding = loads[0].spec.plan
     return RoutePlan(binding.plan_id, binding.plan_hash, binding.plan_generation_id, tuple(reversed(loaded)))
+
+
+def _load_refusal(stage_index: int, error: grpc.aio.AioRpcError) -> BaseException:
+    """A worker's precondition refusal (memory for an overlap, a backend mismatch...) as the
+    same reason, naming the stage; any other failure passes through unchanged."""
+    reason = reason_of(error)
+    if error.code() is grpc.StatusCode.FAILED_PRECONDITION and reason:
+        return FailedPrecondition(f"stage {stage_index} refused the load: {error.details()}", reason=reason)
+    return error
+
+
+@dataclass(frozen=True)
+class UnloadOutcome:
+    """What one generation's stages still held when unloaded (0 after a clean drain)."""
+
+    live_sequences: int
+    kv_bytes_used: int
+    failures: tuple[str, ...]  # per unreachable worker: why it could not be told
+
+
+async def unload_generation(addresses: Sequence[str], generation: str,
+                            channel: ChannelConfig = ChannelConfig()) -> UnloadOutcome:
+    """Unloads plan generation `generation` on each worker, leaving any other generation loaded.
+    Never raises for a worker that cannot be reached: it frees the generation when its leases expire."""
+    message = pb.UnloadStageRequest(request_id=str(uuid.uuid4()), plan_generation_id=generation)
+
+    async def one(address: str) -> pb.UnloadStageResponse:
+        async with open_aio_channel(address, channel) as opened:
+            return await pb_grpc.StageWorkerServiceStub(opened).UnloadStage(message, timeout=UNLOAD_TIMEOUT_S)
+
+    replies = await asyncio.gather(*(one(a) for a in dict.fromkeys(addresses)), return_exceptions=True)
+    done = [r for r in replies if isinstance(r, pb.UnloadStageResponse)]
+    failures = tuple(f"{type(r).__name__}" for r in replies if isinstance(r, BaseException))
+    return UnloadOutcome(sum(r.live_sequences_at_unload for r in done), sum(r.kv_bytes_used_at_unload for r in done),
+                         failures)
 
 
 def lease_id_for(plan: RoutePlan, request_id: str) -> str:
@@ -154,7 +211,10 @@ def lease_id_for(plan: RoutePlan, request_id: str) -> str:
 
 class Route:
     def __init__(self, plan: RoutePlan, timeouts: RouteTimeouts = RouteTimeouts(),
-                 channel: ChannelConfig = ChannelConfig(), data_plane_tls: Fnx2Tls | None = None):
+                 channel: ChannelConfig = ChannelConfig(), data_plane_tls: Fnx2Tls | None = None,
+                 numbers: lease_numbers.LeaseNumbers | None = None):
+        """`numbers`: the lease counter to draw from; by default the one this process shares
+        among every route on the plan generation."""
         self.plan = plan
         self.timeouts = timeouts
         self._tls = data_plane_tls
@@ -163,9 +223,13 @@ class Route:
         self._client: Fnx2Client | None = None
         self._batch_numbers = itertools.count()
         # Each lease's place in this generation's opening order (the FNX2 lease_sequence
-        # extension), from its opening frame until its release.
-        self._lease_numbers = itertools.count()
+        # extension), from its opening frame until its release; the counter is the
+        # generation's, shared with every other route opened on it.
+        self._lease_numbers = (numbers if numbers is not None
+                               else lease_numbers.for_generation(plan.plan_generation_id))
         self._lease_sequences: dict[str, int] = {}
+        # Batches out and RESULTs back: the route health's data-plane progress signal.
+        self.meter = DataPlaneMeter()
 
     async def open(self) -> None:
         """Opens (or reopens, after `abort`) the FNX2 channel to stage 0."""
@@ -178,6 +242,8 @@ class Route:
             self._client = await self._tls.connect(host, int(port), SenderConfig(binding), first.data_plane_identity)
         else:
             self._client = await Fnx2Client.connect(host, int(port), SenderConfig(binding))
+        if self._client.lease_sequence_next is not None:  # never below what stage 0 has seen
+            self._lease_numbers.raise_to(self._client.lease_sequence_next)
 
     async def abort(self) -> None:
         """Closes the FNX2 channel: every batch still waiting fails at once."""
@@ -201,6 +267,7 @@ class Route:
             reserve_tokens=reserve_tokens,
             sampling=sampling_to_pb(sampling),
             output_mode=mode,
+            plan_generation_id=self.plan.plan_generation_id,
         )
         outcomes = await asyncio.gather(*(stub.AdmitSequence(message, timeout=self.timeouts.admit_s)
                                            for stub in self._stubs), return_exceptions=True)
@@ -218,9 +285,12 @@ class Route:
             raise route_unavailable("the route's data plane is closed")
         batch = self._batch(phase, inputs, traceparent)
         budget_s = max(i.deadline_budget_ns for i in inputs) / 1e9
+        served = False
+        self.meter.submitted()
         try:
             result = await asyncio.wait_for(self._client.submit(batch),
                                             budget_s + self.timeouts.batch_grace_s)
+            served = any(r.status is SequenceStatus.OK for r in result.results)
         except TimeoutError:
             raise route_unavailable("stage 0 did not answer a batch before its deadline") from None
         except (ChannelClosedError, ConnectionError, OSError) as exc:
@@ -229,6 +299,8 @@ class Route:
             if exc.terminal:
                 raise route_unavailable(f"the data plane failed ({exc.code.value})") from exc
             raise
+        finally:
+            self.meter.answered(served)
         by_id = {r.request_id: r for r in result.results}
         outputs = []
         for item in inputs:
@@ -246,7 +318,7 @@ class Route:
         for item in inputs:
             count = int(item.token_ids.shape[0])
             if item.sequence_no == 0 and item.request_id not in self._lease_sequences:
-                self._lease_sequences[item.request_id] = next(self._lease_numbers)
+                self._lease_sequences[item.request_id] = self._lease_numbers.take()
             slices.append(
                 SequenceSlice(
                     item.request_id, item.sequence_no, row, count, item.position_start, item.kv_epoch,
@@ -263,7 +335,8 @@ class Route:
         )
 
     async def cancel(self, request_id: str) -> list[int]:
-        message = pb.CancelRequestRequest(request_id=str(uuid.uuid4()), target_request_id=request_id)
+        message = pb.CancelRequestRequest(request_id=str(uuid.uuid4()), target_request_id=request_id,
+                                          plan_generation_id=self.plan.plan_generation_id)
         replies = await asyncio.gather(*(stub.CancelRequest(message, timeout=self.timeouts.cancel_s)
                                          for stub in self._stubs), return_exceptions=True)
         for index, reply in enumerate(replies):
@@ -274,7 +347,8 @@ class Route:
     async def release(self, request_id: str) -> list[int]:
         """Free the request's KV on every stage; returns each stage's final KV epoch."""
         self._lease_sequences.pop(request_id, None)
-        message = pb.ReleaseRequestRequest(request_id=str(uuid.uuid4()), target_request_id=request_id)
+        message = pb.ReleaseRequestRequest(request_id=str(uuid.uuid4()), target_request_id=request_id,
+                                           plan_generation_id=self.plan.plan_generation_id)
         replies = await asyncio.gather(*(stub.ReleaseRequest(message, timeout=self.timeouts.release_s)
                                          for stub in self._stubs), return_exceptions=True)
         for index, reply in enumerate(replies):
@@ -283,12 +357,15 @@ class Route:
         return [reply.kv_epoch for reply in replies if not isinstance(reply, BaseException)]
 
     async def health(self) -> list[pb.GetHealthResponse]:
-        return list(await asyncio.gather(*(stub.GetHealth(pb.GetHealthRequest(), timeout=self.timeouts.health_s)
+        return list(await asyncio.gather(*(stub.GetHealth(self._health_request(), timeout=self.timeouts.health_s)
                                            for stub in self._stubs)))
+
+    def _health_request(self) -> pb.GetHealthRequest:
+        return pb.GetHealthRequest(plan_generation_id=self.plan.plan_generation_id)
 
     async def probe(self) -> list[StageProbe]:
         """Each stage's condition, from one bounded GetHealth call per stage."""
-        replies = await asyncio.gather(*(stub.GetHealth(pb.GetHealthRequest(), timeout=self.timeouts.health_s)
+        replies = await asyncio.gather(*(stub.GetHealth(self._health_request(), timeout=self.timeouts.health_s)
                                          for stub in self._stubs), return_exceptions=True)
         probes = []
         for index, reply in enumerate(replies):

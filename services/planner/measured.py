@@ -8,6 +8,9 @@ never a measurement of the plan itself:
 - a layer's prefill time is its kind's measured seconds per token at the target prompt length
   (interpolated over S = 16, 128, 512) times the prompt length;
 - the first stage adds the `embed` kind, the last the `head` kind (one row of logits for a prefill);
+- every stage adds its host's measured per-microbatch step overhead of a served decode step
+  (executor KV bookkeeping, mask, sampling, the data plane's unpack and pack), interpolated to the
+  rows like the layers (never below 0): its own `step` term. Prefill predictions do not add it;
 - memory is each kind's resident bytes, plus its KV bytes per token times context times
   concurrency, plus the activation buffers the checkpoint's config implies;
 - a route carries one frame per microbatch: half the measured 32 KiB round trip plus the frame's
@@ -32,6 +35,7 @@ from services.planner.model import ModelDescription
 from services.planner.profiles import Problem, ProfileBook
 
 DECLARED = ""  # the source of a term filled with a declared figure
+STEP = "step"  # the sources key of a node's per-microbatch step overhead
 
 
 def interpolate(table: dict[int, schema.Figure], x: float) -> float:
@@ -63,6 +67,7 @@ class NodeCosts:
     head_prefill_s: float
     copy_decode_s: float  # pack or unpack of one decode boundary frame
     copy_prefill_s: float
+    step_decode_s: float  # per served decode microbatch beyond its layers (0 when declared)
     embed_bytes: int
     head_bytes: int
     sources: dict[str, str]  # kind -> record id, DECLARED when filled
@@ -101,7 +106,8 @@ def _node_costs(tables: CostTables, i: int, book: ProfileBook, now_ns: int) -> N
     embed_d, head_d, copy_d = _edge_terms(tables, i, rows, prefill=False)
     embed_p, head_p, copy_p = _edge_terms(tables, i, prompt, prefill=True)
     embed_bytes, head_bytes = model.embedding_bytes, model.head_bytes
-    sources = dict.fromkeys(schema.LAYER_KINDS, DECLARED)
+    sources = dict.fromkeys((*schema.LAYER_KINDS, STEP), DECLARED)
+    step_d = 0.0
     problem = book.stage_problem(host_of(node), model.model_snapshot, str(node.backend), now_ns)
     record = None if problem is not None else book.stage_record(host_of(node))
     if record is not None:
@@ -123,8 +129,13 @@ def _node_costs(tables: CostTables, i: int, book: ProfileBook, now_ns: int) -> N
             head_d = interpolate(head.decode_s_per_microbatch, rows)
             head_p = interpolate(head.decode_s_per_microbatch, 1)
             head_bytes, sources["head"] = head.resident_bytes, record.record_id
-        copy_d = copy_p = 0.0  # inside the measured FNX2 frame time of the links
-    return NodeCosts(decode, prefill, layer_bytes, kv, embed_d, head_d, embed_p, head_p, copy_d, copy_p,
+        copy_d = copy_p = 0.0  # inside the measured FNX2 frame time of the links, or the step term
+        if record.profile.step_s_per_microbatch:
+            # An overhead measured below zero (whole steps faster than their parts timed alone) is
+            # inside the host's noise: the prediction takes 0, the record keeps what was measured.
+            step_d = max(0.0, interpolate(record.profile.step_s_per_microbatch, rows))
+            sources[STEP] = record.record_id
+    return NodeCosts(decode, prefill, layer_bytes, kv, embed_d, head_d, embed_p, head_p, copy_d, copy_p, step_d,
                      embed_bytes, head_bytes, sources, problem)
 
 
@@ -181,7 +192,7 @@ def service_matrix(t: MeasuredTables) -> np.ndarray:
         memory = memory + np.where(b == L, c.head_bytes + t.logits_bytes, 0)
         prefix = np.concatenate([[0.0], np.cumsum(c.decode_layer_s)])
         service = (prefix[b] - prefix[a] + np.where(a == 0, c.embed_decode_s, c.copy_decode_s)
-                   + np.where(b == L, c.head_decode_s, c.copy_decode_s))
+                   + np.where(b == L, c.head_decode_s, c.copy_decode_s) + c.step_decode_s)
         out[i] = np.where((b > a) & (memory <= t.usable_bytes[i]), service, np.inf)
     return out
 
@@ -195,6 +206,7 @@ def stage_costs(t: MeasuredTables, i: int, a: int, b: int, nxt: int | None) -> t
         compute = float(layers[a:b].sum())
         compute += (c.embed_prefill_s if prefill else c.embed_decode_s) if first else 0.0
         compute += (c.head_prefill_s if prefill else c.head_decode_s) if last else 0.0
+        compute += 0.0 if prefill else c.step_decode_s
         copy = c.copy_prefill_s if prefill else c.copy_decode_s
         links = t.link_prefill_s if prefill else t.link_decode_s
         wire = 0.0 if nxt is None else float(links[i, nxt])
@@ -226,10 +238,14 @@ def stage_terms(t: MeasuredTables, i: int, a: int, b: int, nxt: int | None, prev
     kinds = _kinds_used(t, a, b)
     kind_sources = [(f"{host} {k}", c.sources[k]) for k in kinds]
     rows, prompt = t.target.microbatch_rows, max(t.target.prefill_tokens, 1)
-    compute = _term("compute", decode.compute_s, "s", kind_sources,
+    compute = _term("compute", decode.compute_s - c.step_decode_s, "s", kind_sources,
                     f"per-layer decode seconds of kinds {kinds} on {host} interpolated to {rows} row(s)",
                     f"roofline of declared FLOP/s and bandwidth (prefill at {prompt} tokens likewise)")
-    out = [compute]
+    step = _term(STEP, c.step_decode_s, "s", [(f"{host} step overhead", c.sources[STEP])],
+                 f"measured per-microbatch step overhead of a served decode step on {host} (executor, KV, "
+                 f"unpack/pack) interpolated to {rows} row(s); the plan's decode compute includes it",
+                 "no measured step overhead: 0 s")
+    out = [compute, step]
     for name, value, other in (("pack", decode.pack_s, nxt), ("unpack", decode.unpack_s, prev)):
         if other is None:
             out.append(d.TermEvidence(name, d.TERM_PHYSICAL if c.sources["dense"] != DECLARED else d.TERM_DECLARED,
@@ -277,6 +293,10 @@ def deployment_problems(t: MeasuredTables, book: ProfileBook, placement_nodes: t
             if c.sources[kind] == DECLARED:
                 out.append(Problem(d.MISSING_PROFILE, f"host {host} kind {kind}", record.record_id if record else "",
                                    f"the stage profile of {host} does not measure layer kind {kind!r}"))
+        if c.sources[STEP] == DECLARED:
+            out.append(Problem(d.MISSING_PROFILE, f"host {host} step overhead", record.record_id if record else "",
+                               f"the stage profile of {host} predates the per-microbatch step overhead "
+                               "(run `fornax profile` again)"))
     for u, v in zip(placement_nodes, placement_nodes[1:], strict=False):
         problem = book.link_problem(host_of(t.nodes[u]), host_of(t.nodes[v]), now_ns)
         if problem is not None:

@@ -22,6 +22,11 @@ class StageWorkerConfig:
     server: ServerConfig
     stage_index: int = 0
     data_plane_port: int = 0
+    # FNX2 listener of a plan generation loaded beside the serving one; 0 = ephemeral.
+    overlap_data_plane_port: int = 0
+    # Memory this worker may hold, both generations together while one is installed beside the
+    # other; 0 = its cgroup's limit (if any). The host's available memory bounds it too.
+    memory_limit_bytes: int = 0
     backend: Backend = Backend.NUMPY
     device: str = "cpu"
     # MAX compile cache; None = the backend's default (~/.cache/fornax/max).
@@ -43,6 +48,11 @@ class StageWorkerConfig:
         parser = argparse.ArgumentParser(prog="fornax-stage-worker", description="Fornax stage worker")
         parser.add_argument("--stage-index", type=int, help="env FORNAX_STAGE_INDEX")
         parser.add_argument("--data-plane-port", type=int, help="FNX2 listener port (env FORNAX_DATA_PLANE_PORT)")
+        parser.add_argument("--overlap-data-plane-port", type=int,
+                            help="FNX2 port of a generation loaded beside the serving one "
+                                 "(env FORNAX_OVERLAP_DATA_PLANE_PORT; 0 = ephemeral)")
+        parser.add_argument("--memory-limit-bytes", type=int,
+                            help="memory this worker may hold (env FORNAX_MEMORY_LIMIT_BYTES; 0 = its cgroup's)")
         parser.add_argument("--backend", choices=BACKENDS, help="env FORNAX_BACKEND")
         parser.add_argument("--device", choices=DEVICES, help="env FORNAX_DEVICE")
         parser.add_argument("--compile-cache-dir", help="MAX compile cache (env FORNAX_COMPILE_CACHE_DIR)")
@@ -69,6 +79,8 @@ class StageWorkerConfig:
             server=server_config(args, env, "stage_worker", instance=f"stage-{stage_index}"),
             stage_index=stage_index,
             data_plane_port=pick(args.data_plane_port, env, "FORNAX_DATA_PLANE_PORT", 0, int),
+            overlap_data_plane_port=pick(args.overlap_data_plane_port, env, "FORNAX_OVERLAP_DATA_PLANE_PORT", 0, int),
+            memory_limit_bytes=pick(args.memory_limit_bytes, env, "FORNAX_MEMORY_LIMIT_BYTES", 0, int),
             backend=Backend(backend),
             device=device,
             compile_cache_dir=pick(args.compile_cache_dir, env, "FORNAX_COMPILE_CACHE_DIR", cls.compile_cache_dir),

@@ -102,9 +102,16 @@ class DataPlane:
             self._tls.reload()  # a rotated certificate serves this connection's handshake
         return receiver.protocol() if receiver is not None else _Refuse()
 
-    async def bind(self, stage: LoadedStage) -> None:
-        """Accept traffic for a freshly loaded stage; earlier channels are fenced by binding."""
+    @property
+    def bound(self) -> bool:
+        return self._stage is not None
+
+    async def bind(self, stage: LoadedStage, runtime: StageRuntime | None = None) -> None:
+        """Accept traffic for a freshly loaded stage (run by `runtime`, when the worker holds
+        one runtime per plan generation); earlier channels are closed."""
         await self.unbind()
+        if runtime is not None:
+            self._runtime = runtime
         self._stage = stage
         spec = stage.spec
         first = spec.first
@@ -128,11 +135,14 @@ class DataPlane:
         )
 
     async def unbind(self) -> None:
-        self._receiver = None
+        """Stop serving the bound stage: its channels end, so none outlives it onto another."""
+        receiver, self._receiver = self._receiver, None
         self._stage = None
         client, self._next_hop = self._next_hop, None
         if client is not None:
             await client.close()
+        if receiver is not None:
+            await receiver.close()
 
     def release_lease(self, request_id: str, lease_id: str | None) -> None:
         """Tombstone a lease released through the control plane, so no late frame revives it."""

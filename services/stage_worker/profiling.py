@@ -30,7 +30,7 @@ from libs.model.kernels import make_kernels
 from libs.model.weights import load_stage_weights
 from libs.profiles import link as link_probe
 from libs.profiles.measure import Grid, kinds_to_measure, measure_embed, measure_head, measure_layer
-from libs.profiles.schema import LAYER_KINDS, HostFacts, LayerKindProfile, LinkProfile, StageProfile
+from libs.profiles.schema import LAYER_KINDS, Figure, HostFacts, LayerKindProfile, LinkProfile, StageProfile
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.security.identity import Identity, IdentityError
 from libs.security.paths import confine
@@ -44,8 +44,10 @@ from services.evidence_registry.profile_records import link_profile_record, stag
 from services.evidence_registry.signatures import sign_content
 from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.fetch import fetch_artifact
+from services.stage_worker.generations import Generations
 from services.stage_worker.lifecycle import StageState
 from services.stage_worker.runtime import StageRuntime, _compile_progress
+from services.stage_worker.step_profile import measure_step_overhead, step_figures
 
 log = structlog.get_logger()
 SNAPSHOT = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -115,11 +117,21 @@ def _snapshot(value: str) -> str:
     return value
 
 
+@dataclass(frozen=True)
+class Measured:
+    cfg: DeepseekV2Config
+    kinds: list[LayerKindProfile]
+    layers: list[int]
+    step: dict[int, Figure]
+
+
 def measure_sources(backend: str, device: str, sources: list[ProfileSource], grid: Grid,
-                    options: object | None) -> tuple[DeepseekV2Config, list[LayerKindProfile], list[int]]:
-    """Blocking: load each source into private kernels and measure the kinds it adds."""
+                    options: object | None) -> Measured:
+    """Blocking: load each source into private kernels, measure the kinds it adds, then the
+    served step overhead over its whole range."""
     profiles: dict[str, LayerKindProfile] = {}
     layers: list[int] = []
+    steps: list[dict[int, list[float]]] = []
     cfg: DeepseekV2Config | None = None
     for source in sources:
         cfg = load_config(source.directory)
@@ -133,10 +145,12 @@ def measure_sources(backend: str, device: str, sources: list[ProfileSource], gri
             profiles["embed"] = measure_embed(cfg, kernels, weights, grid)
         if source.last and "head" not in profiles:
             profiles["head"] = measure_head(cfg, kernels, weights, grid)
+        steps.append(measure_step_overhead(cfg, kernels, source.layer_start, source.layer_end, source.first,
+                                           source.last, profiles, grid))
         del kernels, weights  # one source's weights in memory at a time
     if cfg is None:
         raise InvalidArgument("nothing to profile", reason="MISSING_FIELD", field="layer_ranges")
-    return cfg, [profiles[k] for k in LAYER_KINDS if k in profiles], layers
+    return Measured(cfg, [profiles[k] for k in LAYER_KINDS if k in profiles], layers, step_figures(steps))
 
 
 def model_shapes(cfg: DeepseekV2Config) -> str:
@@ -149,12 +163,18 @@ def model_shapes(cfg: DeepseekV2Config) -> str:
 class Profiler:
     """The servicer's profiling half: one per worker."""
 
-    def __init__(self, cfg: StageWorkerConfig, runtime: StageRuntime, tls: Fnx2Tls | None, advertise_host: str):
+    def __init__(self, cfg: StageWorkerConfig, generations: Generations, tls: Fnx2Tls | None,
+                 advertise_host: str):
         self._cfg = cfg
-        self._runtime = runtime
+        self._generations = generations
         self._tls = tls
         self._advertise_host = advertise_host
         self._probes: dict[str, link_probe.Probe] = {}
+
+    @property
+    def _runtime(self) -> StageRuntime:
+        """Any runtime: they share the worker's device thread, artifact cache and fetch channel."""
+        return self._generations.health_runtime("")
 
     # ---- signing -------------------------------------------------------------------------
     def _require_identity(self):
@@ -190,9 +210,9 @@ class Profiler:
         snapshot = _snapshot(request.model_snapshot)
         grid = grid_from(request)
         self._require_identity()
-        if self._runtime.lifecycle.state in BUSY:
-            raise FailedPrecondition(f"the worker is {self._runtime.lifecycle.state.value}; profile it idle",
-                                     reason="STAGE_BUSY")
+        busy = [r.lifecycle.state for r in self._generations.runtimes() if r.lifecycle.state in BUSY]
+        if busy:
+            raise FailedPrecondition(f"the worker is {busy[0].value}; profile it idle", reason="STAGE_BUSY")
         build = self._backend_build()
         sources = await self._sources(request, snapshot)
         options = None
@@ -202,18 +222,19 @@ class Profiler:
             options = MaxOptions(device=self._cfg.device, progress=_compile_progress)
         loop = asyncio.get_running_loop()
         try:
-            cfg, kinds, layers = await loop.run_in_executor(
+            measured_sources = await loop.run_in_executor(
                 self._runtime.device_thread, measure_sources, self._cfg.backend.value, self._cfg.device, sources,
                 grid, options)
         except ModelError as exc:
             raise FailedPrecondition(f"{exc.reason}: {exc.message}", reason="PROFILE_LOAD_FAILED") from exc
+        cfg, kinds, layers = measured_sources.cfg, measured_sources.kinds, measured_sources.layers
         profile = StageProfile(
             host=self._host_facts(host), worker=own_identity_uri(self._cfg.server.tls),
             backend=self._cfg.backend.value, backend_build=build, device=self._cfg.device, model_snapshot=snapshot,
             dtype=PROFILE_DTYPE, context_tokens=grid.context_tokens,
             concurrency=request.concurrency or max(grid.decode_batches), kinds=tuple(kinds),
             command=request.command or "StageWorkerService/ProfileStage", measured_unix_ns=time.time_ns(),
-            valid_for_s=request.valid_for_s or DEFAULT_VALID_FOR_S)
+            valid_for_s=request.valid_for_s or DEFAULT_VALID_FOR_S, step_s_per_microbatch=measured_sources.step)
         measured = layers or [sources[0].layer_start]
         shapes = model_shapes(cfg) + "; sources " + ", ".join(s.label for s in sources)
         content, blob = stage_profile_record(profile, (min(measured), max(measured) + 1), shapes)

@@ -32,6 +32,7 @@ from libs.structured.decoding import DecodingTable
 from libs.structured.grammar import GrammarVocabulary
 from services.stage_worker.fetch import fetch_artifact
 from services.stage_worker.lifecycle import Lifecycle, StageState
+from services.stage_worker.overlap import Footprint
 from services.stage_worker.phase_totals import PhaseTotals
 from services.stage_worker.service_times import ServiceTimes
 
@@ -184,7 +185,8 @@ def _check_boundary_contract(spec: LoadSpec, manifest) -> None:
 
 class StageRuntime:
     def __init__(self, backend: Backend, device: str, default_kv_limit_bytes: int,
-                 artifact_cache_dir: str | None = None, fetch_channel: ChannelConfig = ChannelConfig()):
+                 artifact_cache_dir: str | None = None, fetch_channel: ChannelConfig = ChannelConfig(),
+                 device_thread: ThreadPoolExecutor | None = None, phase_totals: PhaseTotals | None = None):
         self.backend = backend
         # How artifacts are fetched from the builder (this worker's certificate, under mTLS).
         self.fetch_channel = fetch_channel
@@ -194,9 +196,11 @@ class StageRuntime:
         self.lifecycle = Lifecycle()
         self.stage: LoadedStage | None = None
         self._counters = _Counters()
-        self.phase_totals = PhaseTotals()
+        # The worker's data-plane time since it started, across every plan generation it held.
+        self.phase_totals = phase_totals or PhaseTotals()
         self.service_times = ServiceTimes()
-        self._device_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{device}")
+        # Shared by every plan generation the worker holds: one device, one thread.
+        self._device_thread = device_thread or ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{device}")
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -224,6 +228,22 @@ class StageRuntime:
             raise
         self.lifecycle.move(StageState.READY)
         return self.stage
+
+    async def prepare(self, spec: LoadSpec) -> LoadSpec:
+        """The spec checked, and its artifact fetched: what `load` then loads without fetching,
+        and whose footprint can be judged before anything is loaded."""
+        self._check_spec(spec)
+        return await self._fetched(spec)
+
+    def footprint(self, spec: LoadSpec) -> Footprint:
+        """What a prepared spec will hold resident: its source's weight files and its KV limit."""
+        source = spec.checkpoint_dir or spec.artifact_dir or ""
+        weight_bytes = sum(p.stat().st_size for p in Path(source).glob("*.safetensors"))
+        return Footprint(weight_bytes, spec.kv_limit_bytes or self.default_kv_limit_bytes)
+
+    def loaded_footprint(self) -> Footprint:
+        stage = self.loaded()
+        return Footprint(stage.weight_bytes, stage.executor.spec.kv_limit_bytes, stage.executor.kv.bytes_used())
 
     async def _fetched(self, spec: LoadSpec) -> LoadSpec:
         """A spec naming an artifact source loads from this worker's own fetched copy."""

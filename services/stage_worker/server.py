@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import structlog
@@ -25,6 +27,10 @@ from libs.service.server import ServiceSpec
 from services.stage_worker import convert
 from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.dataplane import DataPlane
+from services.stage_worker.generations import Generations
+from services.stage_worker.lifecycle import StageState
+from services.stage_worker.overlap import MemoryFacts
+from services.stage_worker.phase_totals import PhaseTotals
 from services.stage_worker.profiling import Profiler
 from services.stage_worker.runtime import StageRuntime
 
@@ -63,11 +69,11 @@ def require_peer_identities(spec) -> None:
 
 
 class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
-    def __init__(self, cfg: StageWorkerConfig, runtime: StageRuntime, dataplane: DataPlane,
+    def __init__(self, cfg: StageWorkerConfig, generations: Generations, dataplane: DataPlane,
                  profiler: Profiler):
         self._cfg = cfg
-        self._runtime = runtime
-        self._dataplane = dataplane
+        self._generations = generations
+        self._dataplane = dataplane  # the listener on the configured port
         self._profiler = profiler
 
     async def GetCapabilities(self, request, context) -> pb.GetCapabilitiesResponse:
@@ -103,8 +109,7 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
                 confine(path, self._cfg.read_roots, field)
         if self._cfg.server.tls is not None:
             require_peer_identities(spec)
-        stage = await self._runtime.load(spec)
-        await self._dataplane.bind(stage)
+        stage, slot = await self._generations.load(spec)
         cfg = stage.config
         hidden_in, hidden_out = (common_pb2.BoundaryContract(
             kind=common_pb2.TENSOR_KIND_ACTIVATION, dtype=DTYPE_TO_PB[dtype], width=cfg.hidden_size
@@ -118,9 +123,9 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
             width=cfg.vocab_size if spec.return_logits else 1,
         )
         return pb.LoadStageResponse(
-            state=convert.STATE_TO_PB[self._runtime.lifecycle.state],
+            state=convert.STATE_TO_PB[slot.runtime.lifecycle.state],
             manifest_hash=stage.manifest_hash,
-            data_plane_address=self._dataplane.address,
+            data_plane_address=slot.plane.address,
             input=first_input if spec.first else hidden_in,
             output=last_output if spec.last else hidden_out,
             weight_bytes=stage.weight_bytes,
@@ -137,35 +142,51 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
         )
 
     async def GetHealth(self, request, context) -> pb.GetHealthResponse:
-        return convert.health_to_pb(self._runtime.health())
+        generation = request.plan_generation_id
+        if generation and generation not in self._generations.loaded:
+            # Not (or no longer) loaded here: an answer, not an error, so a probe reads "not loaded".
+            reply = pb.GetHealthResponse(state=convert.STATE_TO_PB[StageState.UNLOADED])
+        else:
+            reply = convert.health_to_pb(self._generations.health_runtime(generation).health())
+        reply.loaded_plan_generation_ids.extend(self._generations.loaded)
+        return reply
 
     async def AdmitSequence(self, request, context) -> pb.AdmitSequenceResponse:
-        admission = convert.admission_from_pb(request, self._runtime.kv_bytes_per_token())
-        free = self._runtime.admit(admission)
+        runtime = self._generations.for_lease(request.execution_lease_id, request.target_request_id,
+                                              request.plan_generation_id).runtime
+        admission = convert.admission_from_pb(request, runtime.kv_bytes_per_token())
+        free = runtime.admit(admission)
         return pb.AdmitSequenceResponse(kv_bytes_reserved=admission.reserve_bytes, kv_bytes_free=free)
 
     async def CancelRequest(self, request, context) -> pb.CancelRequestResponse:
         target = convert._required(request.target_request_id, "target_request_id")
-        self._dataplane.cancel_lease(target, self._runtime.lease_of(target))
-        found, epoch = self._runtime.cancel(target)
+        slot = self._generations.for_request(target, request.plan_generation_id)
+        slot.plane.cancel_lease(target, slot.runtime.lease_of(target))
+        found, epoch = slot.runtime.cancel(target)
         return pb.CancelRequestResponse(found=found, kv_epoch=epoch)
 
     async def ReleaseRequest(self, request, context) -> pb.ReleaseRequestResponse:
         target = convert._required(request.target_request_id, "target_request_id")
-        self._dataplane.release_lease(target, self._runtime.lease_of(target))
-        found, epoch, freed = self._runtime.release(target)
+        slot = self._generations.for_request(target, request.plan_generation_id)
+        slot.plane.release_lease(target, slot.runtime.lease_of(target))
+        found, epoch, freed = slot.runtime.release(target)
         return pb.ReleaseRequestResponse(found=found, kv_epoch=epoch, kv_bytes_freed=freed)
 
     async def DrainStage(self, request, context) -> pb.DrainStageResponse:
         timeout_s = request.timeout_ns / 1e9 if request.timeout_ns else self._cfg.server.grace_period_s
-        await self._runtime.drain(timeout_s)
-        health = self._runtime.health()
-        return pb.DrainStageResponse(state=convert.STATE_TO_PB[health.state], inflight_batches=health.inflight_batches)
+        runtimes = ([self._generations.get(request.plan_generation_id).runtime] if request.plan_generation_id
+                    else self._generations.runtimes() or [self._generations.health_runtime("")])
+        await asyncio.gather(*(runtime.drain(timeout_s) for runtime in runtimes))
+        healths = [runtime.health() for runtime in runtimes]
+        return pb.DrainStageResponse(state=convert.STATE_TO_PB[healths[-1].state],
+                                     inflight_batches=sum(h.inflight_batches for h in healths))
 
     async def UnloadStage(self, request, context) -> pb.UnloadStageResponse:
-        await self._dataplane.unbind()
-        await self._runtime.unload()
-        return pb.UnloadStageResponse(state=convert.STATE_TO_PB[self._runtime.lifecycle.state])
+        unloaded = await self._generations.unload(request.plan_generation_id, request.keep_plan_generation_id)
+        return pb.UnloadStageResponse(state=convert.STATE_TO_PB[self._generations.state()],
+                                      live_sequences_at_unload=unloaded.live_sequences,
+                                      kv_bytes_used_at_unload=unloaded.kv_bytes_used,
+                                      unloaded_plan_generation_ids=list(unloaded.generations))
 
     async def ProfileStage(self, request, context) -> pb.ProfileStageResponse:
         return await self._profiler.profile_stage(request)
@@ -194,29 +215,49 @@ def data_plane_tls(cfg: StageWorkerConfig) -> Fnx2Tls | None:
     return Fnx2Tls(cfg.server.tls, refused)
 
 
+def memory_facts(cfg: StageWorkerConfig) -> MemoryFacts:
+    """The host's available memory now, and the worker's limit: configured, else its cgroup's."""
+    return MemoryFacts(host_facts().memory_available_bytes,
+                       cfg.memory_limit_bytes or cgroup_facts().memory_limit_bytes)
+
+
 async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
-    runtime = StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes,
-                           artifact_cache_dir=str(Path(cfg.state_dir) / "artifact_cache"),
-                           fetch_channel=cfg.server.client_channel())
+    device_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{cfg.device}")
+    phase_totals = PhaseTotals()
+
+    def new_runtime() -> StageRuntime:
+        return StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes,
+                            artifact_cache_dir=str(Path(cfg.state_dir) / "artifact_cache"),
+                            fetch_channel=cfg.server.client_channel(), device_thread=device_thread,
+                            phase_totals=phase_totals)
+
     tls = data_plane_tls(cfg)
-    dataplane = DataPlane(runtime, cfg.server.host, cfg.data_plane_port, cfg.advertise_host, tls)
+    idle = new_runtime()
+    dataplane = DataPlane(idle, cfg.server.host, cfg.data_plane_port, cfg.advertise_host, tls)
     await dataplane.start()
-    profiler = Profiler(cfg, runtime, tls, dataplane.advertised_host)
-    servicer = StageWorkerServicer(cfg, runtime, dataplane, profiler)
+
+    async def overlap_plane() -> DataPlane:
+        plane = DataPlane(idle, cfg.server.host, cfg.overlap_data_plane_port, cfg.advertise_host, tls)
+        await plane.start()
+        return plane
+
+    generations = Generations(new_runtime, dataplane, overlap_plane, lambda: memory_facts(cfg))
+    profiler = Profiler(cfg, generations, tls, dataplane.advertised_host)
+    servicer = StageWorkerServicer(cfg, generations, dataplane, profiler)
 
     async def on_drain() -> None:
-        if runtime.stage is not None:
-            await runtime.drain(cfg.server.grace_period_s)
+        await asyncio.gather(*(runtime.drain(cfg.server.grace_period_s) for runtime in generations.runtimes()))
 
     return ServiceSpec(
         service_names=(pb.DESCRIPTOR.services_by_name["StageWorkerService"].full_name,),
         register=lambda server: pb_grpc.add_StageWorkerServiceServicer_to_server(servicer, server),
         on_drain=on_drain,
-        on_stop=lambda: _stop_all(dataplane, profiler),
+        on_stop=lambda: _stop_all(generations, dataplane, profiler),
         extra_ports={"data_plane": dataplane.port},
     )
 
 
-async def _stop_all(dataplane: DataPlane, profiler: Profiler) -> None:
+async def _stop_all(generations: Generations, dataplane: DataPlane, profiler: Profiler) -> None:
     await profiler.close()
+    await generations.stop()
     await dataplane.stop()

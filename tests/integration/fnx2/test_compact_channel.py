@@ -19,11 +19,16 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class CountingCodec:
-    """Counts compact BATCH and RESULT decodes on both ends of a channel."""
+    """Counts compact BATCH, RESULT and CREDIT decodes on both ends of a channel."""
 
     def __init__(self, monkeypatch) -> None:
-        self.batches = self.results = 0
+        self.batches = self.results = self.credits = 0
         decode_batch, decode_result = compact.decode_batch, compact.decode_result
+        decode_credit = compact.decode_credit
+
+        def credit(*args):
+            self.credits += 1
+            return decode_credit(*args)
 
         def batch(*args):
             self.batches += 1
@@ -35,6 +40,7 @@ class CountingCodec:
 
         monkeypatch.setattr(codec.compact, "decode_batch", batch)
         monkeypatch.setattr(codec.compact, "decode_result", result)
+        monkeypatch.setattr(codec.compact, "decode_credit", credit)
 
 
 async def test_both_ends_negotiate_and_use_the_compact_form(monkeypatch):
@@ -47,6 +53,8 @@ async def test_both_ends_negotiate_and_use_the_compact_form(monkeypatch):
         assert [r.status for r in first.results] == [SequenceStatus.OK] * 2
         assert step.results[0].kv_epoch_after == 2 and step.tensor.descriptor.rows == 1
     assert (counts.batches, counts.results) == (2, 2)
+    # the CREDIT after the extensions ACK and the one after each RESULT
+    assert counts.credits == 3
 
 
 @pytest.mark.parametrize("side", ["receiver", "sender"])
@@ -59,7 +67,7 @@ async def test_a_peer_without_the_extension_keeps_canonical_json(monkeypatch, si
         assert client.extensions == others
         result = await client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 2)]))
         assert result.results[0].status is SequenceStatus.OK
-    assert (counts.batches, counts.results) == (0, 0)
+    assert (counts.batches, counts.results, counts.credits) == (0, 0, 0)
 
 
 class RawPeer:

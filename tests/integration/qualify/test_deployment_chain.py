@@ -88,6 +88,8 @@ def test_deployment_needs_profiles_and_a_passing_calibration_of_the_same_route(t
     calibrations = sorted(_calibrations(tmp_path / ".fornax"), key=lambda c: c.measured_unix_ns)
     assert [(c.passed, c.tolerance) for c in calibrations] == [(False, 0.0), (True, 10.0)]
     assert len({c.route_key for c in calibrations}) == 1 and calibrations[1].evidence_ids
+    # The plan came from profiles: its predictions were evaluated at the rows each stage measured.
+    assert all(c.rows_basis == "measured rows" and all(s.rows >= 1 for s in c.stages) for c in calibrations)
 
     up = _fornax(tmp_path, "up", *common, "--mode", "deployment")
     try:

@@ -116,6 +116,9 @@ def test_a_worker_profiles_its_layer_kinds_and_the_signed_record_round_trips(fle
         assert sorted(kind.prefill_s_per_token) == [4, 8] and sorted(kind.decode_s_per_microbatch) == [1, 2]
         figures = [*kind.prefill_s_per_token.values(), *kind.decode_s_per_microbatch.values()]
         assert all(f.runs == 2 and 0 < f.low <= f.median <= f.high for f in figures)
+    # The served step overhead: one figure per decode batch, over both profiled ranges' runs.
+    assert sorted(profile.step_s_per_microbatch) == [1, 2]
+    assert all(f.runs >= 2 and f.low <= f.median <= f.high for f in profile.step_s_per_microbatch.values())
     dense, moe = profile.kind("dense"), profile.kind("moe")
     assert dense and moe and moe.resident_bytes > dense.resident_bytes > 0 and dense.kv_bytes_per_token == 4 * (32 + 16)
     assert profile.host.host == "alpha" and profile.host.cpu_model and profile.backend_build.startswith("numpy ")

@@ -1,79 +1,69 @@
-"""The pure part of `fornax bench placement`: fits, the calibrated split, the reported ratios."""
+"""The placement benchmark's pure core: the calibrated split is the planner's profile-based plan,
+mapped onto the fleet's workers, and refused when any term rests on a declared figure."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from apps.bench.placement_core import (
-    HostFit,
-    StageSample,
+    NotPhysical,
     bottleneck_prediction_error,
-    calibrated_ranges,
-    fit_host,
-    predicted_stage_s,
-    ranges_of,
+    calibrated_split,
+    even_split,
+    layers_per_host,
+    saturation,
     tok_s_ratio,
-    warmup_splits,
 )
+from services.planner.inventory import Target
+from services.planner.planner import plan
+from services.planner.profiles import book_from_records
+from tests.unit.planner.factories import full_mesh, node, tiny_model
+from tests.unit.planner.profile_factories import NOW, link_profile, link_record, stage_profile, stage_record
+
+MODEL = tiny_model(layers=12)
+SNAP = MODEL.model_snapshot
+TWO = Target(context_tokens=512, concurrency=8, min_stages=2, max_stages=2, prefill_tokens=16)
+NODES = ("stage_worker_0", "stage_worker_1")
+HOSTS = ("alpha", "beta")
 
 
-def _fit(per_layer: float, fixed: float) -> HostFit:
-    return HostFit(per_layer, fixed, ())
+def _plan(alpha_s: float, beta_s: float, *, beta_profiled: bool = True):
+    recs = [stage_record(stage_profile(NODES[0], SNAP, layer_s=alpha_s))]
+    if beta_profiled:
+        recs.append(stage_record(stage_profile(NODES[1], SNAP, layer_s=beta_s)))
+    recs.append(link_record(link_profile(*NODES)))
+    inventory = full_mesh(*(node(n) for n in NODES))
+    return plan(MODEL, inventory, TWO, profiles=book_from_records(recs), now_unix_ns=NOW).plan
 
 
-def test_fit_recovers_per_layer_and_fixed_terms():
-    fit = fit_host((StageSample(1, 0.012), StageSample(5, 0.032)))
-    assert fit.per_layer_s == pytest.approx(0.005) and fit.fixed_s == pytest.approx(0.007)
-    assert fit.predict(3) == pytest.approx(0.022)
+def test_the_calibrated_split_is_the_plans_placement_on_the_fleets_workers():
+    split = calibrated_split(_plan(1e-3, 3e-3), NODES, HOSTS)
+    per_host = layers_per_host(split)
+    assert sum(per_host.values()) == 12 and per_host["beta"] < per_host["alpha"]
+    assert split.ranges[0][0] == 0 and split.ranges[-1][1] == 12
+    assert split.ranges[0][1] == split.ranges[1][0]
+    assert [HOSTS[w] for w in split.workers] == list(split.hosts)
 
 
-def test_fit_never_goes_negative_and_needs_two_layer_counts():
-    flat = fit_host((StageSample(1, 0.02), StageSample(5, 0.01)))  # noise: more layers measured faster
-    assert flat.per_layer_s == 0 and flat.fixed_s == pytest.approx(0.015)
-    through_zero = fit_host((StageSample(1, 0.001), StageSample(5, 0.02)))
-    assert through_zero.fixed_s == 0 and through_zero.per_layer_s > 0
-    with pytest.raises(ValueError):
-        fit_host((StageSample(2, 0.01), StageSample(2, 0.02)))
+def test_a_plan_with_a_declared_term_is_refused_naming_it():
+    with pytest.raises(NotPhysical, match="declared figures"):
+        calibrated_split(_plan(1e-3, 1e-3, beta_profiled=False), NODES, HOSTS)
 
 
-def test_the_slower_host_gets_fewer_layers():
-    fast, slow = _fit(0.001, 0.002), _fit(0.005, 0.002)
-    ranges = calibrated_ranges((fast, slow), 6, hop_s=0.0)
-    assert ranges == [(0, 5), (5, 6)]
-    assert calibrated_ranges((slow, fast), 6, hop_s=0.0) == [(0, 1), (1, 6)]  # order kept, slow one first
+def test_even_split_covers_the_model_in_fleet_order():
+    split = even_split(6, HOSTS)
+    assert split.ranges == ((0, 3), (3, 6)) and split.workers == (0, 1) and split.hosts == HOSTS
 
 
-def test_equal_hosts_split_evenly():
-    same = _fit(0.002, 0.0)
-    assert calibrated_ranges((same, same), 6, hop_s=0.0) == [(0, 3), (3, 6)]
-
-
-@given(st.floats(1e-4, 1e-1), st.floats(1e-4, 1e-1), st.floats(0, 1e-2), st.floats(0, 1e-2),
-       st.integers(3, 24))
-def test_calibrated_split_is_contiguous_and_never_worse_than_even(a, b, fa, fb, layers):
-    fits = (_fit(a, fa), _fit(b, fb))
-    ranges = calibrated_ranges(fits, layers, hop_s=0.0)
-    assert ranges[0][0] == 0 and ranges[0][1] == ranges[1][0] and ranges[1][1] == layers
-    assert all(end > start for start, end in ranges)
-    half = layers // 2
-    even = [(0, half), (half, layers)]
-    assert max(predicted_stage_s(fits, ranges)) <= max(predicted_stage_s(fits, even)) + 1e-12
+def test_saturation_counts_microbatches_in_flight_against_the_stages():
+    assert saturation(8, [4.0, 4.0], 2) == {"microbatches_in_flight": 2.0, "stages": 2, "saturated": True}
+    assert saturation(8, [8.0, 7.5], 2)["saturated"] is False
 
 
 def test_errors_and_ratios():
-    assert bottleneck_prediction_error([0.010, 0.020], [0.012, 0.025]) == pytest.approx(0.2)
-    assert bottleneck_prediction_error([0.030, 0.020], [0.012, 0.025]) == pytest.approx(0.2)
-    assert tok_s_ratio(130.0, 100.0) == pytest.approx(1.3)
+    assert bottleneck_prediction_error([0.01, 0.02], [0.015, 0.025]) == pytest.approx(0.2)
+    assert tok_s_ratio(30.0, 20.0) == 1.5
     with pytest.raises(ValueError):
         tok_s_ratio(1.0, 0.0)
     with pytest.raises(ValueError):
-        bottleneck_prediction_error([0.1], [0.0])
-
-
-def test_warmup_splits_put_each_host_at_one_and_all_but_one_layer():
-    assert warmup_splits(6) == ((1, 5), (5, 1))
-    assert ranges_of((1, 5)) == [(0, 1), (1, 6)]
-    with pytest.raises(ValueError):
-        warmup_splits(2)
+        bottleneck_prediction_error([0.01], [0.0])

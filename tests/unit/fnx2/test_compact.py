@@ -1,5 +1,6 @@
 """The negotiated compact_meta form of BATCH and RESULT metadata (libs.fnx2.compact)."""
 
+import dataclasses
 import struct
 
 import numpy as np
@@ -7,7 +8,13 @@ import pytest
 
 from libs.fnx2 import compact
 from libs.fnx2.codec import PRELUDE, PRELUDE_BYTES, decode_frame, encode_frame
-from libs.fnx2.control import EXT_COMPACT_META, EXT_TRACEPARENT
+from libs.fnx2.control import (
+    EXT_COMPACT_META,
+    EXT_LEASE_SEQUENCE,
+    EXT_MULTI_INFLIGHT,
+    EXT_TRACEPARENT,
+    Credit,
+)
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.fuzz import frame as fuzz_frame
 from libs.fnx2.messages import Phase, Result, SequenceResult, SequenceStatus, Timings
@@ -120,7 +127,7 @@ def _patched(frame: bytes, offset: int, fmt: str, value: int) -> bytes:
 # source length 10, destination length 11, sequence count 12, input rows 16, dims 20/24,
 # sequence_no 28, batch_sequence_no 36.
 @pytest.mark.parametrize("offset,fmt,value", [
-    (5, "<B", 2), (6, "<B", 3), (7, "<B", 4), (8, "<B", 3), (9, "<B", 2), (10, "<B", 0),
+    (5, "<B", 2), (6, "<B", 3), (7, "<B", 4), (8, "<B", 3), (9, "<B", 2), (9, "<B", 4), (10, "<B", 0),
     (11, "<B", 200), (12, "<I", 0), (12, "<I", 3), (12, "<I", 5000),
 ])
 def test_malformed_batch_headers_are_compact_metadata_errors(offset, fmt, value):
@@ -180,3 +187,103 @@ def test_peek_names_dtype_and_byte_ranges_and_survives_garbage():
     dtype, ranges = compact.peek(meta, 1)
     assert dtype.value == "fp16" and ranges == [(0, 16), (16, 40)]
     assert compact.peek(meta[:30], 1) is None and compact.peek(b"FXC1" + bytes(200), 1) is None
+
+
+def numbered(source, numbers):
+    """`source` with each slice carrying a lease_sequence (None: that slice carries none)."""
+    slices = tuple(s._replace(lease_sequence=n)
+                   for s, n in zip(source.batch.sequences, numbers, strict=True))
+    return dataclasses.replace(source, batch=dataclasses.replace(source.batch, sequences=slices))
+
+
+LEASE_NUMBERED = frozenset({EXT_COMPACT_META, EXT_LEASE_SEQUENCE})
+
+
+def test_lease_sequences_travel_in_the_compact_form_and_decode_as_json_does():
+    source = numbered(batch(), (7, 2**64 - 1))
+    binary, plain = compact_frame(source, 4), encode_frame(source, 4).to_bytes()
+    meta = metadata_of(binary)
+    assert compact.is_compact(meta) and meta[9] == compact.FLAG_LEASE_SEQUENCE
+    assert len(meta) == len(metadata_of(compact_frame(batch(), 4))) + 2 * 8
+    a = decode_frame(binary, negotiated=LEASE_NUMBERED).message
+    b = decode_frame(plain, negotiated=LEASE_NUMBERED).message
+    assert a.batch == b.batch == source.batch
+    assert [s.lease_sequence for s in a.batch.sequences] == [7, 2**64 - 1]
+    # without lease numbers the flag stays clear and slices decode with none
+    unnumbered = decode_frame(compact_frame(batch()), negotiated=LEASE_NUMBERED).message
+    assert [s.lease_sequence for s in unnumbered.batch.sequences] == [None, None]
+
+
+def test_lease_sequences_are_refused_where_not_negotiated_with_the_json_code():
+    source = numbered(batch(), (7, 8))
+    only_compact = frozenset({EXT_COMPACT_META})
+    compact_error = error_of(compact_frame(source), negotiated=only_compact)
+    json_error = error_of(encode_frame(source, 0).to_bytes(), negotiated=only_compact)
+    assert compact_error.code is json_error.code is ErrorCode.BATCH_CONTRACT
+
+
+def test_a_batch_numbered_on_some_slices_only_goes_as_json():
+    source = numbered(batch(), (7, None))
+    frame = compact_frame(source)
+    assert metadata_of(frame).startswith(b"{")
+    decoded = decode_frame(frame, negotiated=LEASE_NUMBERED).message
+    assert [s.lease_sequence for s in decoded.batch.sequences] == [7, None]
+
+
+def test_a_lease_sequence_column_that_does_not_add_up_is_compact_metadata():
+    frame = compact_frame(numbered(batch(), (7, 8)))
+    meta = metadata_of(frame)
+    records_end = compact.BATCH_HEADER.size + len(b"stage-0stage-1") + 2 * compact.SLICE_STRUCT.size
+    without_column = meta[:records_end] + meta[records_end + 16:]
+    short_column = meta[:records_end + 8] + meta[records_end + 16:]
+    for broken in (without_column, short_column):
+        error = error_of(with_metadata(frame, broken), negotiated=LEASE_NUMBERED)
+        assert error.code is ErrorCode.COMPACT_METADATA
+    # the flag cleared with the column left in place: the lengths no longer add up
+    cleared = error_of(_patched(frame, 9, "<B", 0), negotiated=LEASE_NUMBERED)
+    assert cleared.code is ErrorCode.COMPACT_METADATA
+
+
+CREDIT_CHANNEL = frozenset({EXT_COMPACT_META, EXT_MULTI_INFLIGHT})
+
+
+@pytest.mark.parametrize("received", [None, 0, 41])
+def test_credit_round_trips_in_80_bytes_and_decodes_to_what_json_decodes(received):
+    credit = Credit(4, 2**64 - 1, 65536, 1024, 17, 1 << 40, 0, received)
+    binary, plain = compact_frame(credit, 6), encode_frame(credit, 6).to_bytes()
+    assert compact.is_compact(metadata_of(binary)) and len(metadata_of(binary)) == 80
+    assert metadata_of(plain).startswith(b"{")
+    assert decode_frame(binary, negotiated=CREDIT_CHANNEL).message == credit
+    assert decode_frame(plain, negotiated=CREDIT_CHANNEL).message == credit
+
+
+def test_compact_credit_is_refused_where_not_negotiated_and_batches_received_needs_multi_inflight():
+    with_count = compact_frame(Credit(1, 2, 3, 4, 5, 6, 7, 8))
+    assert error_of(with_count, negotiated=frozenset()).code is ErrorCode.METADATA
+    only_compact = frozenset({EXT_COMPACT_META})
+    assert error_of(with_count, negotiated=only_compact).code is ErrorCode.METADATA
+    json_error = error_of(encode_frame(Credit(1, 2, 3, 4, 5, 6, 7, 8), 0).to_bytes(),
+                          negotiated=only_compact)
+    assert json_error.code is ErrorCode.METADATA
+    plain = Credit(1, 2, 3, 4, 5, 6, 7)
+    assert decode_frame(compact_frame(plain), negotiated=only_compact).message == plain
+
+
+@pytest.mark.parametrize("offset,fmt,value", [
+    (4, "<B", 1),  # the kind byte of a BATCH
+    (5, "<B", 2),  # an unknown flag
+    (6, "<H", 1),  # reserved
+    (72, "<Q", 3),  # batches_received without its flag
+])
+def test_malformed_compact_credit_is_compact_metadata(offset, fmt, value):
+    frame = _patched(compact_frame(Credit(1, 2, 3, 4, 5, 6, 7)), offset, fmt, value)
+    assert error_of(frame, negotiated=CREDIT_CHANNEL).code is ErrorCode.COMPACT_METADATA
+
+
+def test_compact_credit_of_the_wrong_length_or_sequence_is_refused():
+    frame = compact_frame(Credit(1, 2, 3, 4, 5, 6, 7))
+    meta = metadata_of(frame)
+    for broken in (meta[:79], meta + b"\0"):
+        assert error_of(with_metadata(frame, broken),
+                        negotiated=CREDIT_CHANNEL).code is ErrorCode.COMPACT_METADATA
+    assert error_of(_patched(frame, 8, "<Q", 9), negotiated=CREDIT_CHANNEL).code is ErrorCode.SEQUENCE

@@ -129,3 +129,39 @@ def test_the_field_travels_only_once_negotiated():
     plain = dataclasses.replace(b, batch=dataclasses.replace(
         b.batch, sequences=(b.batch.sequences[0]._replace(lease_sequence=None),)))
     assert "lease_sequence" not in encode_frame(plain, 1).to_bytes().decode("latin-1")
+
+
+def test_the_extensions_ack_names_the_next_lease_number_only_with_lease_sequence():
+    from libs.fnx2.control import Ack, AckStage
+
+    control_id = str(uuid.uuid4())
+    accepted = Ack("extensions", control_id, AckStage("stage-0", (EXT_LEASE_SEQUENCE, "timings"), 7))
+    meta = accepted.to_meta()
+    assert meta["lease_sequence_next"] == 7
+    assert Ack.from_meta(meta, allow_extensions=True) == accepted
+    without = Ack("extensions", control_id, AckStage("stage-0", ("timings",)))
+    assert "lease_sequence_next" not in without.to_meta()
+    assert Ack.from_meta(without.to_meta(), allow_extensions=True).fields.lease_sequence_next is None
+    bad_acks = [
+        {**without.to_meta(), "lease_sequence_next": 7},  # the field without its extension
+        {k: v for k, v in meta.items() if k != "lease_sequence_next"},  # the extension without it
+        {**meta, "lease_sequence_next": -1},
+        {**meta, "lease_sequence_next": "7"},
+    ]
+    for bad in bad_acks:
+        try:
+            Ack.from_meta(bad, allow_extensions=True)
+        except Fnx2Error as exc:
+            assert exc.code is ErrorCode.METADATA
+        else:
+            raise AssertionError(f"accepted {bad}")
+
+
+def test_the_receiver_reports_one_above_every_number_it_has_seen():
+    state = ReceiverState(BINDING)
+    assert state.lease_sequence_next == 0
+    assert open_lease(state, request(0), 0, 10**12) is None
+    assert open_lease(state, request(5), 5, 10**12) is None  # 1..4 are gaps, still below
+    assert state.lease_sequence_next == 6
+    state.release(request(5), lease(request(5)), 1, 10**12)
+    assert state.lease_sequence_next == 6

@@ -3,6 +3,7 @@
 import asyncio
 
 import numpy as np
+import pytest
 
 from libs.fnx2.codec import DEFAULT_LIMITS, PRELUDE_BYTES, decode_body, encode_frame
 from libs.fnx2.messages import Phase
@@ -145,3 +146,105 @@ def test_buffer_pool_forgets_an_idle_buffer_behind_a_busy_one_of_another_size():
     del again
     assert pool.trim() == 4500 and pool.pooled_bytes == 1000  # the busy one stays
     assert busy.obj.nbytes == 1000 and pool.largest_take_bytes == 4500
+
+
+class _PausingTransport(_Transport):
+    def __init__(self) -> None:
+        self.paused = 0
+        self.resumed = 0
+
+    def pause_reading(self):
+        self.paused += 1
+        assert self.paused == self.resumed + 1
+
+    def resume_reading(self):
+        self.resumed += 1
+
+
+def test_every_whole_frame_of_one_read_is_parsed_in_that_callback_and_the_queue_stays_bounded():
+    frames = [encode_frame(batch(rows=(2, 3), seed=i), i).to_bytes() for i in range(10)]
+    data = b"".join(frames)
+    assert 4096 < len(data) < 64 * 1024
+
+    async def run():
+        protocol = FrameProtocol(DEFAULT_LIMITS)
+        transport = _PausingTransport()
+        protocol.connection_made(transport)
+        pos = reads = 0
+        while pos < len(data) and not transport.paused:  # as the kernel would, until paused
+            target = protocol.get_buffer(-1)
+            n = min(len(target), len(data) - pos)
+            target[:n] = data[pos:pos + n]
+            protocol.buffer_updated(n)
+            pos, reads = pos + n, reads + 1
+        # several frames per read; whole frames beyond the queue bound wait, already read,
+        # until the consumer takes some
+        assert len(protocol._frames) == 4 and transport.paused == 1 and reads < 4
+        received = []
+        while len(received) < len(frames):
+            received.append(await protocol.read_frame())
+            while pos < len(data) and transport.resumed == transport.paused:
+                target = protocol.get_buffer(-1)
+                n = min(len(target), len(data) - pos)
+                target[:n] = data[pos:pos + n]
+                protocol.buffer_updated(n)
+                pos += n
+        assert transport.resumed >= 1
+        return received
+
+    received = asyncio.run(run())
+    assert [r.prelude.sequence_no for r in received] == list(range(10))
+    for frame, got in zip(frames, received, strict=True):
+        assert bytes(got.body) == frame[PRELUDE_BYTES:]
+        assert got.body_crc == crc32c(frame[PRELUDE_BYTES:])
+        decoded = decode_body(got.prelude, got.body, body_crc=got.body_crc).message
+        assert decoded.batch.input_row_count == 5
+
+
+def test_the_scratch_buffer_grows_to_frames_that_arrive_and_then_takes_them_whole():
+    # 32 KiB bodies: larger than a fresh connection's scratch, far below the largest one
+    frames = [encode_frame(batch(rows=(4, 4), width=1024, dtype="fp32", seed=i), i).to_bytes()
+              for i in range(3)]
+    reads = []
+
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        protocol = FrameProtocol(DEFAULT_LIMITS)
+        protocol.connection_made(_Transport())
+        data, pos = b"".join(frames), 0
+        while pos < len(data):
+            target = protocol.get_buffer(-1)
+            n = min(len(target), len(data) - pos)
+            reads.append(n)
+            target[:n] = data[pos:pos + n]
+            protocol.buffer_updated(n)
+            pos += n
+        received = list(protocol._frames)
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+    assert [bytes(r.body) for r in received] == [f[PRELUDE_BYTES:] for f in frames]
+    assert [r.body_crc for r in received] == [crc32c(f[PRELUDE_BYTES:]) for f in frames]
+    # the first read fills the small scratch; once grown, a read holds a whole frame and more
+    assert reads[0] < len(frames[0]) < reads[1] and len(reads) <= len(frames) + 1
+
+
+def test_small_compact_frames_get_crc_and_finiteness_in_one_pass_on_arrival():
+    from libs.fnx2.codec import PRELUDE, crc_of
+    from libs.fnx2.errors import ErrorCode, Fnx2Error
+    from libs.fnx2.tensor import DType
+
+    good = encode_frame(batch(rows=(2, 3), dtype="bf16"), 0, compact_meta=True).to_bytes()
+    fields = PRELUDE.unpack(good[:PRELUDE_BYTES])
+    body = bytearray(good[PRELUDE_BYTES:])
+    body[fields[5] + 2:fields[5] + 4] = (0x7F80).to_bytes(2, "little")  # +inf in row 0
+    bad = PRELUDE.pack(*fields[:8], crc_of(bytes(body)), fields[9]) + bytes(body)
+    plain = encode_frame(batch(rows=(2, 3), dtype="bf16"), 1).to_bytes()  # JSON metadata
+    received = feed([good, bad, plain], [1 << 20])
+    assert [r.finite for r in received] == [(DType.BF16, True), (DType.BF16, False), None]
+    assert [r.body_crc for r in received] == [crc32c(f[PRELUDE_BYTES:]) for f in (good, bad, plain)]
+    with pytest.raises(Fnx2Error) as info:
+        decode_body(received[1].prelude, received[1].body, body_crc=received[1].body_crc,
+                    finite=received[1].finite)
+    assert info.value.code is ErrorCode.TENSOR_CONTRACT

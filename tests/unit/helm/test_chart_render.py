@@ -29,7 +29,8 @@ CONTRACT_ENV = {
     "planner": {"FORNAX_REGISTRY_ADDR"},
     "evidence-registry": {"FORNAX_REGISTRY_DB", "FORNAX_REGISTRY_BLOB_DIR"},
     "artifact-builder": {"FORNAX_ARTIFACT_STORE", "FORNAX_REGISTRY_ADDR", "FORNAX_READ_ROOTS"},
-    "stage-worker": {"FORNAX_STAGE_INDEX", "FORNAX_DATA_PLANE_PORT", "FORNAX_BACKEND", "FORNAX_DEVICE",
+    "stage-worker": {"FORNAX_STAGE_INDEX", "FORNAX_DATA_PLANE_PORT", "FORNAX_OVERLAP_DATA_PLANE_PORT",
+                     "FORNAX_MEMORY_LIMIT_BYTES", "FORNAX_BACKEND", "FORNAX_DEVICE",
                      "FORNAX_COMPILE_CACHE_DIR", "FORNAX_KV_LIMIT_BYTES", "MODULAR_TELEMETRY_ENABLED",
                      "POD_NAME", "FORNAX_ADVERTISE_HOST", "FORNAX_STATE_DIR", "FORNAX_STAGE_INDEX_OFFSET"},
 }
@@ -108,6 +109,9 @@ def test_ports_and_native_grpc_probes(renderings, scenario):
     assert {p["name"]: p["containerPort"] for p in worker["ports"]}["fnx2"] == 7070
     assert worker["startupProbe"]["grpc"] == {"port": 50052}
     assert env_values(worker)["FORNAX_DATA_PLANE_PORT"] == "7070"
+    # A plan generation loaded beside the serving one listens on its own port.
+    assert {p["name"]: p["containerPort"] for p in worker["ports"]}["fnx2-overlap"] == 7071
+    assert env_values(worker)["FORNAX_OVERLAP_DATA_PLANE_PORT"] == "7071"
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -133,6 +137,7 @@ def test_stage_workers_have_stable_ordered_addresses(renderings):
     assert sts["spec"]["serviceName"] == headless["metadata"]["name"]
     assert headless["spec"]["clusterIP"] == "None"
     assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == {"grpc": 50051, "fnx2": 7070,
+                                                                         "fnx2-overlap": 7071,
                                                                          "metrics": 9464, "health": 50052}
     workers = env_values(container(r, "orchestrator"))["FORNAX_STAGE_WORKERS"].split(",")
     sts_name = f"{FULL}-stage-worker"
@@ -247,6 +252,7 @@ def test_network_policies_admit_only_the_planned_callers(renderings):
     assert _components(stage["grpc"]) == {"orchestrator"}
     assert _components(stage["fnx2"]) == {"stage-worker", "orchestrator"}
     assert {"ipBlock": {"cidr": "192.168.50.0/24"}} in stage["fnx2"]
+    assert stage["fnx2-overlap"] == stage["fnx2"]
     assert stage["health"] is None and stage["metrics"] is None
     assert _components(_ingress_rules(r, "planner")["grpc"]) == {"orchestrator"}
     assert _components(_ingress_rules(r, "artifact-builder")["grpc"]) == {"orchestrator"}

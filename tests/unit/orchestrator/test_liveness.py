@@ -16,10 +16,13 @@ from services.orchestrator.domain import (
     SchedulerConfig,
 )
 from services.orchestrator.route_health import (
+    DataPlaneMeter,
+    DataPlaneProgress,
     HealthPolicy,
     HealthTracker,
     StageCondition,
     StageProbe,
+    counts_as_down,
     route_unavailable,
 )
 from services.orchestrator.serving import ServingConfig, ServingEngine, terminal_error
@@ -140,6 +143,107 @@ def test_health_tracker_needs_consecutive_misses_to_degrade_and_hits_to_recover(
     assert not tracker.observe(ready).degraded
     assert tracker.force("the data plane failed").degraded
     assert tracker.observe(ready).degraded and not tracker.observe(ready).degraded
+
+
+PROGRESSING = DataPlaneProgress(results=12, outstanding=4)
+STALLED = DataPlaneProgress(results=0, outstanding=4)
+IDLE = DataPlaneProgress(results=0, outstanding=0)
+
+
+def test_a_slow_probe_counts_against_a_stage_only_when_the_data_plane_made_no_progress():
+    assert not counts_as_down(StageCondition.UNRESPONSIVE, PROGRESSING)
+    assert counts_as_down(StageCondition.UNRESPONSIVE, STALLED)
+    assert counts_as_down(StageCondition.UNRESPONSIVE, IDLE)
+    # Progress excuses a late answer, never a stage that is gone, unloaded or failing.
+    for condition in (StageCondition.UNREACHABLE, StageCondition.NOT_LOADED,
+                      StageCondition.DRAINING, StageCondition.FAILED):
+        assert counts_as_down(condition, PROGRESSING)
+    assert not counts_as_down(StageCondition.READY, IDLE)
+
+
+def test_a_starved_stage_that_keeps_returning_results_stays_healthy():
+    tracker = HealthTracker(2, HealthPolicy(failures_to_degrade=2))
+    slow = [StageProbe(0, StageCondition.UNRESPONSIVE), StageProbe(1, StageCondition.UNRESPONSIVE)]
+    for _ in range(50):  # every probe misses its deadline, every round RESULTs come back
+        verdict = tracker.observe(slow, PROGRESSING)
+        assert not verdict.degraded
+        assert verdict.conditions == (StageCondition.READY, StageCondition.READY)
+
+
+def test_a_stopped_stage_with_work_in_flight_degrades_within_the_detection_bound():
+    """SIGSTOP of stage 1: the round in which it stopped may still carry RESULTs sent before
+    the stop; after that no RESULT comes back while batches wait, and its probes time out."""
+    policy = HealthPolicy(interval_s=0.5, failures_to_degrade=2)
+    probe_timeout_s = 1.0
+    tracker = HealthTracker(2, policy)
+    stopped = [StageProbe(0, StageCondition.READY), StageProbe(1, StageCondition.UNRESPONSIVE)]
+    rounds = [PROGRESSING, STALLED, STALLED, STALLED]
+    degraded_after = next(n for n, progress in enumerate(rounds, 1)
+                          if tracker.observe(stopped, progress).degraded)
+    assert tracker.verdict.reason == "stage 1 is unresponsive"
+    # Worst case: the stop lands just as a round begins, and each round is a timed-out probe
+    # plus the interval. The fault suite's bound for ending every stream is 8 s.
+    assert degraded_after == 3
+    assert degraded_after * (probe_timeout_s + policy.interval_s) < 8.0
+
+
+def test_an_idle_stage_that_does_not_answer_its_probe_degrades():
+    tracker = HealthTracker(2, HealthPolicy(failures_to_degrade=2))
+    silent = [StageProbe(0, StageCondition.UNRESPONSIVE), StageProbe(1, StageCondition.READY)]
+    assert not tracker.observe(silent, IDLE).degraded
+    verdict = tracker.observe(silent, IDLE)
+    assert verdict.degraded and verdict.reason == "stage 0 is unresponsive"
+
+
+def test_progress_between_misses_resets_the_count_but_a_later_stall_still_degrades():
+    tracker = HealthTracker(1, HealthPolicy(failures_to_degrade=2))
+    slow = [StageProbe(0, StageCondition.UNRESPONSIVE)]
+    assert not tracker.observe(slow, STALLED).degraded
+    assert not tracker.observe(slow, PROGRESSING).degraded
+    assert not tracker.observe(slow, STALLED).degraded
+    assert tracker.observe(slow, STALLED).degraded
+
+
+def test_the_monitor_reads_the_data_plane_after_each_probe_round():
+    from services.orchestrator.route_health import RouteHealthMonitor
+
+    async def main():
+        rounds, progress, changes = [], [PROGRESSING], []
+
+        async def probe():
+            rounds.append(progress[0])
+            return [StageProbe(0, StageCondition.UNRESPONSIVE)]
+
+        async def on_change(verdict):
+            changes.append((len(rounds), verdict.degraded))
+
+        monitor = RouteHealthMonitor(probe, 1, on_change, HealthPolicy(interval_s=0.001),
+                                     progress=lambda: progress[0])
+        monitor.start()
+        while len(rounds) < 20:
+            await asyncio.sleep(0.001)
+        assert changes == []  # starved but progressing: twenty late probes, no verdict change
+        progress[0] = STALLED
+        while not changes:
+            await asyncio.sleep(0.001)
+        await monitor.stop()
+        return changes, rounds
+
+    changes, rounds = asyncio.run(main())
+    first_stalled = rounds.index(STALLED) + 1
+    assert changes[0] == (first_stalled + 1, True)  # the second stalled round degrades
+
+
+def test_the_meter_reports_results_served_since_the_last_round_and_the_work_still_out():
+    meter = DataPlaneMeter()
+    for _ in range(3):
+        meter.submitted()
+    meter.answered(served=True)
+    meter.answered(served=False)  # a RESULT that served nothing, or a failed batch
+    assert meter.take() == DataPlaneProgress(results=1, outstanding=1)
+    assert meter.take() == DataPlaneProgress(results=0, outstanding=1)
+    meter.answered(served=True)
+    assert meter.take() == DataPlaneProgress(results=1, outstanding=0)
 
 
 def test_log_limiter_allows_a_burst_per_window_and_counts_the_rest():

@@ -62,7 +62,35 @@ def test_decode_interpolates_between_measured_batches():
     first = result.plan.stages[0]
     per_layer = 1e-3 + (4 - 1) / (8 - 1) * 1e-3
     embed = 1e-4 + 3 / 7 * 1e-4
-    assert first.decode.compute_s == pytest.approx(per_layer * first.layer_end + embed)
+    step = 1e-4 + 3 / 7 * 1e-4  # the factory's step overhead: 0.1 ms at 1 row, 0.2 ms at 8
+    assert first.decode.compute_s == pytest.approx(per_layer * first.layer_end + embed + step)
+
+
+def test_the_step_overhead_is_its_own_physical_term_inside_the_stage_service():
+    with_step = run(records(), target=replace(TWO, decode_microbatch_rows=8))
+    without = run([stage_record(stage_profile(h, SNAP, step_s=0.0)) for h in ("a", "b")]
+                  + [link_record(link_profile("a", "b"))], target=replace(TWO, decode_microbatch_rows=8))
+    for stage, bare in zip(with_step.plan.stages, without.plan.stages, strict=True):
+        terms = {t.term: t for t in stage.terms}
+        assert terms["step"].value == pytest.approx(2e-4)  # measured 0.2 ms at 8 rows
+        assert terms["step"].evidence_class == d.TERM_PHYSICAL
+        assert terms["compute"].value + terms["step"].value == pytest.approx(stage.decode.compute_s)
+        assert stage.decode.compute_s == pytest.approx(bare.decode.compute_s + 2e-4)
+        assert {t.term: t for t in bare.terms}["step"].evidence_class == d.TERM_DECLARED
+
+
+def test_a_step_overhead_measured_below_zero_predicts_zero():
+    negative = run([stage_record(stage_profile(h, SNAP, step_s=-5e-4)) for h in ("a", "b")]
+                   + [link_record(link_profile("a", "b"))])
+    for stage in negative.plan.stages:
+        assert {t.term: t for t in stage.terms}["step"].value == 0.0
+
+
+def test_a_larger_step_overhead_on_one_host_moves_layers_off_it():
+    even = run(records())
+    heavy = run([stage_record(stage_profile("a", SNAP)), stage_record(stage_profile("b", SNAP, step_s=3e-3)),
+                 link_record(link_profile("a", "b"))])
+    assert layers_of(heavy, "b") < layers_of(even, "b")
 
 
 def test_wire_is_half_rtt_plus_frame_bytes_over_throughput_and_pack_unpack_live_inside_it():
@@ -90,8 +118,9 @@ def test_every_term_carries_its_evidence_ids_and_says_it_is_a_prediction_from_me
     assert p.route_key == f"{SNAP}|a:max[0:6]>b:max[6:12]"
     for stage in p.stages:
         terms = {t.term: t for t in stage.terms}
-        assert set(terms) == {"compute", "pack", "wire", "unpack", "memory"}
+        assert set(terms) == {"compute", "step", "pack", "wire", "unpack", "memory"}
         assert terms["compute"].record_ids == (f"stage-{stage.host}",)
+        assert terms["step"].record_ids == (f"stage-{stage.host}",)
         assert terms["memory"].record_ids == (f"stage-{stage.host}",)
         assert all(t.evidence_class == d.TERM_PHYSICAL for t in stage.terms)
         assert "prediction computed from physical measurements" in terms["compute"].note
@@ -151,6 +180,14 @@ def test_deployment_refuses_a_missing_layer_kind_naming_host_and_kind():
     refused = _refusal(_calibrated(records(kinds=("dense", "embed", "head"))))
     assert refused.reason == d.MISSING_PROFILE and "host b kind moe" in refused.message
     assert "stage-b" in refused.message
+
+
+def test_deployment_refuses_a_profile_without_the_step_overhead_naming_it():
+    recs = [stage_record(stage_profile("a", SNAP)), stage_record(stage_profile("b", SNAP, step_s=0.0)),
+            link_record(link_profile("a", "b"))]
+    with pytest.raises(DeploymentRefused) as refused:
+        run(recs, target=replace(TWO, mode="deployment"))
+    assert "host b step overhead" in str(refused.value)
 
 
 def test_deployment_refuses_a_missing_link_profile():

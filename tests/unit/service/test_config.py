@@ -60,3 +60,14 @@ def test_data_plane_address_uses_the_advertised_host():
 
     address, port = asyncio.run(main())
     assert address == f"w-1.stages.ns.svc:{port}" and port > 0
+
+
+def test_overlap_settings_come_from_the_environment():
+    from services.orchestrator.config import OrchestratorConfig
+
+    worker = StageWorkerConfig.from_env([], {"FORNAX_OVERLAP_DATA_PLANE_PORT": "7071",
+                                             "FORNAX_MEMORY_LIMIT_BYTES": str(8 << 30)})
+    assert (worker.overlap_data_plane_port, worker.memory_limit_bytes) == (7071, 8 << 30)
+    assert (StageWorkerConfig.from_env([], {}).overlap_data_plane_port,
+            StageWorkerConfig.from_env([], {}).memory_limit_bytes) == (0, 0)
+    assert OrchestratorConfig.from_env([], {"FORNAX_DRAIN_TIMEOUT_S": "7"}).drain_timeout_s == 7.0

@@ -128,18 +128,20 @@ class CancelResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
 
 class InstallPlanRequest(_message.Message):
-    __slots__ = ("request_id", "checkpoint_dir", "stages", "backend", "boundary_dtype")
+    __slots__ = ("request_id", "checkpoint_dir", "stages", "backend", "boundary_dtype", "allow_break_before_make")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     BOUNDARY_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_BREAK_BEFORE_MAKE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     checkpoint_dir: str
     stages: int
     backend: _common_pb2.Backend
     boundary_dtype: _common_pb2.ElementType
-    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., stages: _Optional[int] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ...) -> None: ...
+    allow_break_before_make: bool
+    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., stages: _Optional[int] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., allow_break_before_make: _Optional[bool] = ...) -> None: ...
 
 class StageStatus(_message.Message):
     __slots__ = ("stage_index", "worker_address", "layer_range", "manifest_hash", "healthy", "condition")

@@ -152,11 +152,13 @@ class LoadStageResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[StageState, str]] = ..., manifest_hash: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., input: _Optional[_Union[_common_pb2.BoundaryContract, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.BoundaryContract, _Mapping]] = ..., weight_bytes: _Optional[int] = ..., load_time: _Optional[_Union[_common_pb2.Figure, _Mapping]] = ...) -> None: ...
 
 class GetHealthRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("plan_generation_id",)
+    PLAN_GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    plan_generation_id: str
+    def __init__(self, plan_generation_id: _Optional[str] = ...) -> None: ...
 
 class GetHealthResponse(_message.Message):
-    __slots__ = ("state", "inflight_batches", "live_sequences", "kv_bytes_used", "kv_bytes_limit", "kv_bytes_high_water", "inflight_batches_high_water", "batches_executed", "failure_reason", "plan", "phase_totals", "service_times")
+    __slots__ = ("state", "inflight_batches", "live_sequences", "kv_bytes_used", "kv_bytes_limit", "kv_bytes_high_water", "inflight_batches_high_water", "batches_executed", "failure_reason", "plan", "phase_totals", "service_times", "loaded_plan_generation_ids")
     STATE_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     LIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +171,7 @@ class GetHealthResponse(_message.Message):
     PLAN_FIELD_NUMBER: _ClassVar[int]
     PHASE_TOTALS_FIELD_NUMBER: _ClassVar[int]
     SERVICE_TIMES_FIELD_NUMBER: _ClassVar[int]
+    LOADED_PLAN_GENERATION_IDS_FIELD_NUMBER: _ClassVar[int]
     state: StageState
     inflight_batches: int
     live_sequences: int
@@ -181,7 +184,8 @@ class GetHealthResponse(_message.Message):
     plan: _common_pb2.PlanBinding
     phase_totals: PhaseTotals
     service_times: ServiceTimes
-    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ..., live_sequences: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., kv_bytes_limit: _Optional[int] = ..., kv_bytes_high_water: _Optional[int] = ..., inflight_batches_high_water: _Optional[int] = ..., batches_executed: _Optional[int] = ..., failure_reason: _Optional[str] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., phase_totals: _Optional[_Union[PhaseTotals, _Mapping]] = ..., service_times: _Optional[_Union[ServiceTimes, _Mapping]] = ...) -> None: ...
+    loaded_plan_generation_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ..., live_sequences: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., kv_bytes_limit: _Optional[int] = ..., kv_bytes_high_water: _Optional[int] = ..., inflight_batches_high_water: _Optional[int] = ..., batches_executed: _Optional[int] = ..., failure_reason: _Optional[str] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., phase_totals: _Optional[_Union[PhaseTotals, _Mapping]] = ..., service_times: _Optional[_Union[ServiceTimes, _Mapping]] = ..., loaded_plan_generation_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ServiceTimes(_message.Message):
     __slots__ = ("decode_service_ns", "decode_microbatches", "decode_rows", "prefill_service_ns", "prefill_tokens", "prefill_batches", "recent_decode_service_ns", "recent_decode_microbatches", "recent_decode_rows")
@@ -228,12 +232,14 @@ class PhaseTotals(_message.Message):
     def __init__(self, queue_ns: _Optional[int] = ..., compute_ns: _Optional[int] = ..., pack_ns: _Optional[int] = ..., transfer_ns: _Optional[int] = ..., unpack_ns: _Optional[int] = ..., batches: _Optional[int] = ..., busy_ns: _Optional[int] = ..., credit_wait_ns: _Optional[int] = ..., input_wait_ns: _Optional[int] = ...) -> None: ...
 
 class CancelRequestRequest(_message.Message):
-    __slots__ = ("request_id", "target_request_id")
+    __slots__ = ("request_id", "target_request_id", "plan_generation_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     target_request_id: str
-    def __init__(self, request_id: _Optional[str] = ..., target_request_id: _Optional[str] = ...) -> None: ...
+    plan_generation_id: str
+    def __init__(self, request_id: _Optional[str] = ..., target_request_id: _Optional[str] = ..., plan_generation_id: _Optional[str] = ...) -> None: ...
 
 class CancelRequestResponse(_message.Message):
     __slots__ = ("found", "kv_epoch")
@@ -244,12 +250,14 @@ class CancelRequestResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ..., kv_epoch: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequestRequest(_message.Message):
-    __slots__ = ("request_id", "target_request_id")
+    __slots__ = ("request_id", "target_request_id", "plan_generation_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     target_request_id: str
-    def __init__(self, request_id: _Optional[str] = ..., target_request_id: _Optional[str] = ...) -> None: ...
+    plan_generation_id: str
+    def __init__(self, request_id: _Optional[str] = ..., target_request_id: _Optional[str] = ..., plan_generation_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseRequestResponse(_message.Message):
     __slots__ = ("found", "kv_epoch", "kv_bytes_freed")
@@ -262,12 +270,14 @@ class ReleaseRequestResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ..., kv_epoch: _Optional[int] = ..., kv_bytes_freed: _Optional[int] = ...) -> None: ...
 
 class DrainStageRequest(_message.Message):
-    __slots__ = ("request_id", "timeout_ns")
+    __slots__ = ("request_id", "timeout_ns", "plan_generation_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_NS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     timeout_ns: int
-    def __init__(self, request_id: _Optional[str] = ..., timeout_ns: _Optional[int] = ...) -> None: ...
+    plan_generation_id: str
+    def __init__(self, request_id: _Optional[str] = ..., timeout_ns: _Optional[int] = ..., plan_generation_id: _Optional[str] = ...) -> None: ...
 
 class DrainStageResponse(_message.Message):
     __slots__ = ("state", "inflight_batches")
@@ -278,16 +288,26 @@ class DrainStageResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ...) -> None: ...
 
 class UnloadStageRequest(_message.Message):
-    __slots__ = ("request_id",)
+    __slots__ = ("request_id", "plan_generation_id", "keep_plan_generation_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    KEEP_PLAN_GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
-    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+    plan_generation_id: str
+    keep_plan_generation_id: str
+    def __init__(self, request_id: _Optional[str] = ..., plan_generation_id: _Optional[str] = ..., keep_plan_generation_id: _Optional[str] = ...) -> None: ...
 
 class UnloadStageResponse(_message.Message):
-    __slots__ = ("state",)
+    __slots__ = ("state", "live_sequences_at_unload", "kv_bytes_used_at_unload", "unloaded_plan_generation_ids")
     STATE_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SEQUENCES_AT_UNLOAD_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_USED_AT_UNLOAD_FIELD_NUMBER: _ClassVar[int]
+    UNLOADED_PLAN_GENERATION_IDS_FIELD_NUMBER: _ClassVar[int]
     state: StageState
-    def __init__(self, state: _Optional[_Union[StageState, str]] = ...) -> None: ...
+    live_sequences_at_unload: int
+    kv_bytes_used_at_unload: int
+    unloaded_plan_generation_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., live_sequences_at_unload: _Optional[int] = ..., kv_bytes_used_at_unload: _Optional[int] = ..., unloaded_plan_generation_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "grammar", "first_sample_position", "generated_token_ids", "logprobs", "top_logprobs")
@@ -333,20 +353,22 @@ class GrammarConstraint(_message.Message):
     def __init__(self, lark_grammar: _Optional[str] = ..., end_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AdmitSequenceRequest(_message.Message):
-    __slots__ = ("request_id", "target_request_id", "execution_lease_id", "reserve_tokens", "sampling", "output_mode")
+    __slots__ = ("request_id", "target_request_id", "execution_lease_id", "reserve_tokens", "sampling", "output_mode", "plan_generation_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     RESERVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_MODE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     target_request_id: str
     execution_lease_id: str
     reserve_tokens: int
     sampling: SamplingSpec
     output_mode: OutputMode
-    def __init__(self, request_id: _Optional[str] = ..., target_request_id: _Optional[str] = ..., execution_lease_id: _Optional[str] = ..., reserve_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ...) -> None: ...
+    plan_generation_id: str
+    def __init__(self, request_id: _Optional[str] = ..., target_request_id: _Optional[str] = ..., execution_lease_id: _Optional[str] = ..., reserve_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., plan_generation_id: _Optional[str] = ...) -> None: ...
 
 class AdmitSequenceResponse(_message.Message):
     __slots__ = ("kv_bytes_reserved", "kv_bytes_free")
