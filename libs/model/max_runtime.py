@@ -27,13 +27,14 @@ from libs.model.max_graphs import (
 from libs.model.weights import LayerWeights, MoeWeights
 
 # First-run compile times measured on a shared 2-core x86 host (physical, max 26.7.0, tiny and
-# small presets, load average 5-8), shown before a compile that may miss the cache.
+# small presets; load average 5-8, and 10-15 for the two-form MoE layer and grouped-expert graphs:
+# 1,067 s and 417 s on small), shown before a compile that may miss the cache.
 _FIRST_RUN_HINT = {
     GraphKind.EMBED: "under 1 min",
     GraphKind.DENSE_LAYER: "2-5 min",
-    GraphKind.MOE_LAYER: "2-5 min",
+    GraphKind.MOE_LAYER: "5-18 min",
     GraphKind.FINAL: "1-4 min",
-    GraphKind.EXPERT: "1-3 min",
+    GraphKind.EXPERT: "2-7 min",
 }
 
 
