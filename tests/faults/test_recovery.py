@@ -52,7 +52,7 @@ def test_kill_9_mid_decode_recovers_by_replay_with_identical_text(tmp_path, chec
         finally:
             supervisor.stop()
         assert supervisor.restarts and supervisor.restarts[0][0] == victim_name
-        for expected, got in zip(reference, outcomes):
+        for expected, got in zip(reference, outcomes, strict=True):
             assert (got.status, got.error_code) == (200, None), got.error_message
             assert got.text == expected.text  # nothing duplicated, nothing missing
             assert got.finish_reason == expected.finish_reason
@@ -81,7 +81,7 @@ def test_a_stopped_stage_costs_a_pause_not_the_streams(tmp_path, checkpoint):
             outcomes, _ = asyncio.run(_run_all(fleet.state.api, stop_then_resume))
         finally:
             os.kill(victim, signal.SIGCONT)
-        for expected, got in zip(reference, outcomes):
+        for expected, got in zip(reference, outcomes, strict=True):
             assert (got.status, got.error_code) == (200, None), got.error_message
             assert got.text == expected.text
         assert fleet.health()[0] == 200

@@ -107,7 +107,8 @@ def test_build_from_a_planner_plan_keeps_its_identity(fleet):
         {"stageIndex": 1, "node": "b", "layerRange": {"layerStart": 2, "layerEndExclusive": 4}, "ownsHead": True},
     ]}
     result, _ = _build(stub, pb.BuildStageArtifactsRequest(
-        request_id="build-2", checkpoint_dir=str(checkpoint), plan_json=json.dumps({"plan": plan}), boundary_dtype=FP32))
+        request_id="build-2", checkpoint_dir=str(checkpoint), plan_json=json.dumps({"plan": plan}),
+        boundary_dtype=FP32))
     assert (result.plan_id, result.plan_hash) == (plan["planId"], plan["planHash"])
     assert Path(result.stages[0].artifact_dir).parent == root / "store" / "artifacts"
     manifest = json.loads((Path(result.stages[1].artifact_dir) / "manifest.json").read_text())
@@ -140,7 +141,8 @@ def test_paths_outside_the_roots_are_refused_with_a_reason(fleet, tmp_path):
     stub, _, checkpoint, root = fleet
     refused = {}
     calls = {
-        "checkpoint_dir": lambda: stub.InspectCheckpoint(pb.InspectCheckpointRequest(checkpoint_dir="/etc"), timeout=30),
+        "checkpoint_dir": lambda: stub.InspectCheckpoint(pb.InspectCheckpointRequest(checkpoint_dir="/etc"),
+                                                         timeout=30),
         "artifact_dir": lambda: stub.VerifyArtifact(pb.VerifyArtifactRequest(artifact_dir="/etc"), timeout=30),
         "out_dir": lambda: list(stub.BuildStageArtifacts(pb.BuildStageArtifactsRequest(
             request_id="escape", checkpoint_dir=str(checkpoint), out_dir=str(root / "not-the-store")), timeout=30)),

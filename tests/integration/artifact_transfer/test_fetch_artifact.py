@@ -97,7 +97,8 @@ def test_a_clean_fetch_lands_a_verified_artifact_in_the_private_cache(built, tmp
 
     directory, again, requests, artifact = _serve_and(built, FaultyBuilder, body)
     assert directory == again and directory.is_relative_to(tmp_path / "cache")
-    assert verify_artifact(directory, expected_manifest_hash=artifact.manifest_hash).manifest_hash == artifact.manifest_hash
+    verified = verify_artifact(directory, expected_manifest_hash=artifact.manifest_hash)
+    assert verified.manifest_hash == artifact.manifest_hash
     assert sum(path == WEIGHTS_FILE for path, _ in requests) == 1
     assert not directory.is_relative_to(Path(artifact.artifact_dir).parent)
 

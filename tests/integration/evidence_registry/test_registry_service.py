@@ -258,7 +258,8 @@ def test_unreachable_registry_is_unavailable_not_a_hang():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{sock.getsockname()[1]}"
-    with RegistryClient(address, ClientOptions(timeout_s=2.0, channel=ChannelConfig(retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.01)))) as client:
+    retry = RetryPolicy(max_attempts=2, initial_backoff_s=0.01)
+    with RegistryClient(address, ClientOptions(timeout_s=2.0, channel=ChannelConfig(retry=retry))) as client:
         error = failure(lambda: client.resolve_records([expectation("a", "model")]))
     assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "REGISTRY_UNAVAILABLE")
 
@@ -316,7 +317,8 @@ def test_cli_signs_on_put_and_verify_rechecks_the_signature(tmp_path, capsys):
     proc, address = start_registry(data, run)
     common = ["--registry", address, "--state-dir", str(pki.root.parent), "--json"]
     physical_args = ["--type", "capability", "--class", "physical", "--blob", str(blob), "--hardware", "1x H200",
-                     "--backend-build", "max 26.7", "--model-snapshot", "sha256:" + "cd" * 32, "--command", "fornax bench"]
+                     "--backend-build", "max 26.7", "--model-snapshot", "sha256:" + "cd" * 32,
+                     "--command", "fornax bench"]
     try:
         assert main(["evidence", "put", *common, *physical_args]) == 2
         assert "UNSIGNED_PHYSICAL_RECORD" in capsys.readouterr().err

@@ -29,18 +29,21 @@ def test_a_request_is_one_trace_across_the_orchestrator_and_every_stage(tmp_path
     checkpoint = write_checkpoint(CheckpointRequest("tiny", tmp_path / "model", seed=6)).out_dir
     with OtlpReceiver() as receiver:
         env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
-        up = _fornax("up", "--checkpoint", str(checkpoint), "--stages", "2", "--backend", "numpy", cwd=tmp_path, env=env)
+        up = _fornax("up", "--checkpoint", str(checkpoint), "--stages", "2", "--backend", "numpy",
+                     cwd=tmp_path, env=env)
         try:
             assert up.returncode == 0, up.stderr
             api = read_fleet(tmp_path / ".fornax").api
             body = json.dumps({"model": "fornax", "prompt": [9, 10, 11], "max_tokens": 3, "temperature": 0}).encode()
             headers = {"Content-Type": "application/json", "traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"}
-            with urllib.request.urlopen(urllib.request.Request(f"{api}/completions", body, headers), timeout=120) as reply:
+            request = urllib.request.Request(f"{api}/completions", body, headers)
+            with urllib.request.urlopen(request, timeout=120) as reply:
                 assert reply.status == 200
         finally:
             down = _fornax("down", cwd=tmp_path, env=env, timeout=120)  # SIGTERM flushes every exporter
         assert down.returncode == 0, down.stderr
-        spans = receiver.wait_for(lambda got: STAGES | {"fornax-orchestrator"} <= {s.service_name for s in got if s.trace_id == TRACE_ID})
+        spans = receiver.wait_for(lambda got: STAGES | {"fornax-orchestrator"}
+                                  <= {s.service_name for s in got if s.trace_id == TRACE_ID})
     ours = [s for s in spans if s.trace_id == TRACE_ID]
     by_id = {s.span_id: s for s in ours}
     assert {"fornax-orchestrator", *STAGES} <= {s.service_name for s in ours}

@@ -34,7 +34,8 @@ def test_a_max_stage_and_a_numpy_stage_serve_transformers_greedy_text(tmp_path, 
     try:
         assert up.returncode == 0, up.stderr
         state = read_fleet(tmp_path / ".fornax")
-        backends = [_capabilities(state.entry(f"stage_worker_{i}").grpc, tmp_path / ".fornax").backend_build.split()[0] for i in range(2)]
+        backends = [_capabilities(state.entry(f"stage_worker_{i}").grpc, tmp_path / ".fornax").backend_build.split()[0]
+                    for i in range(2)]
         assert backends == ["max", "numpy"]
         assert _greedy_through_openai(state) == reference
     finally:

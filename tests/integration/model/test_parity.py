@@ -46,7 +46,8 @@ def test_parity_cli_json_and_exit_codes(tiny_checkpoint, capsys):
     parser = argparse.ArgumentParser()
     commands = parser.add_subparsers(dest="command")
     cli.register(commands, commands.add_parser("bench").add_subparsers(dest="bench"))
-    args = parser.parse_args(["parity", "--checkpoint", str(tiny_checkpoint), "--stages", "2", "--backend", "numpy", "--json"])
+    args = parser.parse_args(["parity", "--checkpoint", str(tiny_checkpoint), "--stages", "2", "--backend", "numpy",
+                              "--json"])
     assert args.func(args) == 0
     payload = json.loads(capsys.readouterr().out)
     assert payload["passed"] is True and len(payload["stage_ranges"]) == 2

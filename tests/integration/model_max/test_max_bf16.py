@@ -38,7 +38,7 @@ def run_model(kernels, cfg, token_ids, layout):
 
 
 def expert_agreement(a: np.ndarray, b: np.ndarray) -> float:
-    shared = sum(len(set(x) & set(y)) for x, y in zip(a.tolist(), b.tolist()))
+    shared = sum(len(set(x) & set(y)) for x, y in zip(a.tolist(), b.tolist(), strict=True))
     return shared / a.size
 
 
@@ -50,7 +50,7 @@ def test_bf16_agrees_statistically_with_float32(full_stage):  # noqa: F811
     logits16, experts16 = run_model(bf16, cfg, tokens, layout)
     logits32, experts32 = run_model(make_kernels("numpy", cfg, weights), cfg, tokens, layout)
     top1 = float(np.mean(logits16.argmax(-1) == logits32.argmax(-1)))
-    agreement = [expert_agreement(a, b) for a, b in zip(experts16, experts32)]
+    agreement = [expert_agreement(a, b) for a, b in zip(experts16, experts32, strict=True)]
     report = f"top1={top1:.3f} experts={[round(x, 3) for x in agreement]}"
     assert top1 >= TOP1_MIN_AGREEMENT, report
     assert min(agreement) >= EXPERT_MIN_AGREEMENT, report

@@ -59,7 +59,7 @@ def test_schema_valid_json_and_tool_calls_through_two_stage_workers(fleet):
     async def main():
         client = _client(fleet)
         model = (await client.models.list()).data[0].id
-        common = dict(model=model, messages=USER, max_tokens=160, temperature=1.0)
+        common = {"model": model, "messages": USER, "max_tokens": 160, "temperature": 1.0}
         full = await asyncio.gather(*(client.chat.completions.create(
             seed=s, response_format=_schema_format(PERSON), **common) for s in range(8)))
         streamed = await asyncio.gather(*(_streamed(
@@ -203,9 +203,9 @@ def test_dashboard_shows_every_stage_live_in_chromium_with_auth_on(fleet):
             idle = await _until(browser, _STAGE_ROWS,
                                 lambda rows: len(rows) == 2 and all(r["host"] for r in rows))
             load = asyncio.create_task(_load(fleet))
-            busy = await _until(browser, _STAGE_ROWS, lambda rows: all(
+            busy = await _until(browser, _STAGE_ROWS, lambda rows: len(rows) == len(idle) and all(
                 r["compute"] != "-" and int(r["batches"]) > int(i["batches"])
-                for r, i in zip(rows, idle)))
+                for r, i in zip(rows, idle, strict=True)))
             during = await _until(browser, _PAGE % API_KEY,
                                   lambda p: float(p["rate"]) > 0 and len(p["spark"]) > 0)
             await browser.screenshot(ARTIFACTS / "dashboard.png")

@@ -86,7 +86,7 @@ def test_openai_client_through_the_installed_fleet(fleet, checkpoint):
     ids, results, chat = asyncio.run(main())
     reference = reference_greedy(checkpoint, ids)
     tokenizer = TextContext.from_checkpoint(checkpoint).tokenizer
-    for prompt_ids, chunks, expected in zip(ids, results, reference):
+    for prompt_ids, chunks, expected in zip(ids, results, reference, strict=True):
         text = "".join(c.choices[0].text for c in chunks if c.choices)
         assert text == tokenizer.decode(expected)  # greedy through 2 stages = transformers
         assert chunks[-1].usage.prompt_tokens == len(prompt_ids)

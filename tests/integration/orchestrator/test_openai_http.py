@@ -85,7 +85,7 @@ def test_32_concurrent_streams_complete_with_correct_counts(checkpoint):
             return together, alone, served.pipeline.live_kv_sequences()
 
     together, alone, live_kv = asyncio.run(main())
-    for i, (text, finish, usage) in enumerate(together):
+    for i, (_text, finish, usage) in enumerate(together):
         assert usage.prompt_tokens == 3
         if finish == "length":
             assert usage.completion_tokens == 4 + i % 5

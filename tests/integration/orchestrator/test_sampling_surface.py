@@ -28,8 +28,8 @@ def _run(checkpoint, body):
 
 def test_n_choices_are_independent_reproducible_and_counted(checkpoint):
     async def body(client):
-        common = dict(model=MODEL_ID, prompt=PROMPT, max_tokens=10, temperature=1.0, seed=7,
-                      logprobs=0)
+        common = {"model": MODEL_ID, "prompt": PROMPT, "max_tokens": 10, "temperature": 1.0, "seed": 7,
+                  "logprobs": 0}
         many = await client.completions.create(n=4, **common)
         again = await client.completions.create(n=4, **common)
         single = await client.completions.create(**common)
@@ -59,7 +59,7 @@ def test_logit_bias_forces_and_stop_token_ids_end(checkpoint):
     forced, other = text.tokenizer.encode("stage")[0], text.tokenizer.encode("fox")[0]
 
     async def body(client):
-        common = dict(model=MODEL_ID, prompt=PROMPT, max_tokens=5, temperature=0)
+        common = {"model": MODEL_ID, "prompt": PROMPT, "max_tokens": 5, "temperature": 0}
         biased = await client.completions.create(logit_bias={str(forced): 100}, **common)
         stopped = await client.completions.create(
             logit_bias={str(forced): 100}, extra_body={"stop_token_ids": [forced]}, **common)
@@ -78,7 +78,7 @@ def test_logit_bias_forces_and_stop_token_ids_end(checkpoint):
 
 def test_frequency_penalty_spreads_a_greedy_output(checkpoint):
     async def body(client):
-        common = dict(model=MODEL_ID, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=0)
+        common = {"model": MODEL_ID, "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "logprobs": 0}
         plain = await client.completions.create(**common)
         penalised = await client.completions.create(frequency_penalty=2.0,
                                                     presence_penalty=2.0, **common)
@@ -93,8 +93,8 @@ def test_frequency_penalty_spreads_a_greedy_output(checkpoint):
 
 def test_chat_logprobs_shape_and_consistency(checkpoint):
     async def body(client):
-        common = dict(model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}],
-                      max_tokens=6, temperature=1.0, seed=3, logprobs=True, top_logprobs=5)
+        common = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}],
+                  "max_tokens": 6, "temperature": 1.0, "seed": 3, "logprobs": True, "top_logprobs": 5}
         full = await client.chat.completions.create(**common)
         stream = await client.chat.completions.create(stream=True, **common)
         streamed = []

@@ -61,8 +61,8 @@ def test_json_schema_outputs_validate_for_every_seed(checkpoint):
     async def main():
         async with serve(checkpoint) as served:
             client = openai.AsyncOpenAI(base_url=served.base_url, api_key="none", max_retries=0)
-            common = dict(model=MODEL_ID, messages=USER, max_tokens=160, temperature=1.0,
-                          response_format=_schema_format(PERSON))
+            common = {"model": MODEL_ID, "messages": USER, "max_tokens": 160, "temperature": 1.0,
+                      "response_format": _schema_format(PERSON)}
             full = await asyncio.gather(*(client.chat.completions.create(seed=s, **common)
                                           for s in SEEDS))
             streamed = await asyncio.gather(*(_streamed(client, seed=s, **common) for s in SEEDS))
@@ -118,8 +118,8 @@ def test_forced_tool_calls_validate_streaming_or_not(checkpoint):
     async def main():
         async with serve(checkpoint) as served:
             client = openai.AsyncOpenAI(base_url=served.base_url, api_key="none", max_retries=0)
-            common = dict(model=MODEL_ID, messages=USER, tools=[WEATHER, CLOCK], max_tokens=120,
-                          temperature=1.0)
+            common = {"model": MODEL_ID, "messages": USER, "tools": [WEATHER, CLOCK], "max_tokens": 120,
+                      "temperature": 1.0}
             required = await asyncio.gather(*(client.chat.completions.create(
                 seed=s, tool_choice="required", **common) for s in SEEDS))
             named = await asyncio.gather(*(_streamed(

@@ -71,7 +71,8 @@ def test_deployment_mode_through_the_registry(tmp_path):
             cap_a = _put(client, RecordType.CAPABILITY, b"node a capabilities", "a")
             cap_b = _put(client, RecordType.CAPABILITY, b"node b capabilities", "b")
             route = _put(client, RecordType.ROUTE, b"route a<->b", "a->b")
-            expired = _put(client, RecordType.CAPABILITY, b"old node b", "b", ValidityWindow(now - 2 * HOUR_NS, now - HOUR_NS))
+            expired = _put(client, RecordType.CAPABILITY, b"old node b", "b",
+                           ValidityWindow(now - 2 * HOUR_NS, now - HOUR_NS))
             revoked = _put(client, RecordType.CAPABILITY, b"revoked node b", "b")
             client.revoke_record(revoked.record_id, "figures were wrong")
 

@@ -35,7 +35,8 @@ def request_for(example: str, *, mode: str | None = None, layers: int = 27) -> p
 
 
 async def with_planner(scenario, registry_addr: str | None = None, *, by_address: bool = False):
-    cfg = PlannerConfig(server=ServerConfig("planner", host="127.0.0.1", grpc_port=0, insecure=True), registry_addr=registry_addr)
+    cfg = PlannerConfig(server=ServerConfig("planner", host="127.0.0.1", grpc_port=0, insecure=True),
+                        registry_addr=registry_addr)
     running = await build_server(cfg.server, await make_spec(cfg))
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:

@@ -93,7 +93,7 @@ def test_build_is_deterministic_across_paths_and_chunk_sizes(tmp_path):
     a, _ = build(root, tmp_path / "out-a", chunk_bytes=64)
     b, _ = build(moved, tmp_path / "out-b", chunk_bytes=1 << 20)
     assert [s.manifest_hash for s in a.stages] == [s.manifest_hash for s in b.stages]
-    for sa, sb in zip(a.stages, b.stages):
+    for sa, sb in zip(a.stages, b.stages, strict=True):
         for name in ("model.safetensors", "manifest.json", "config.json"):
             assert (sa.artifact_dir / name).read_bytes() == (sb.artifact_dir / name).read_bytes()
 
@@ -217,4 +217,4 @@ def test_shard_rewritten_after_inspection_is_refused(tmp_path):
     with pytest.raises(CheckpointChangedError):
         list(build_stage_artifacts(inspection, plan, BuildOptions(tmp_path / "out", FP32)))
     assert not list((tmp_path / "out").glob("stage-*"))
-    assert not [p for p in (tmp_path / "out" / "artifacts").iterdir()]
+    assert not list((tmp_path / "out" / "artifacts").iterdir())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 
 import pytest
 from hypothesis import given
@@ -68,7 +69,7 @@ def test_untied_ownership():
     names = [{t.name for t in s.tensors} for s in stages]
     assert EMBED in names[0] and EMBED not in names[1] | names[2]
     assert {NORM, HEAD} <= names[2] and not {NORM, HEAD} & (names[0] | names[1])
-    for stage, owned in zip(plan.stages, names):
+    for stage, owned in zip(plan.stages, names, strict=True):
         layers = {_layer_of(n) for n in owned} - {None}
         assert layers == set(range(stage.layer_start, stage.layer_end_exclusive))
     # router, shared and routed experts of MoE layer 2 travel with it
@@ -134,7 +135,7 @@ def test_any_contiguous_plan_places_every_tensor_exactly_once(num_layers, tied, 
     cfg, tensors = _model(tied=tied, layers=num_layers)
     cuts = sorted(data.draw(st.sets(st.integers(1, num_layers - 1), max_size=num_layers - 1))) if num_layers > 1 else []
     bounds = [0, *cuts, num_layers]
-    stages = assign_tensors(cfg, plan_from_ranges(tuple(zip(bounds, bounds[1:]))), tensors)
+    stages = assign_tensors(cfg, plan_from_ranges(tuple(pairwise(bounds))), tensors)
     placed = [(t.name, s.stage.stage_index) for s in stages for t in s.tensors]
     assert sorted(n for n, _ in placed) == sorted(set(tensors) | ({HEAD} if tied else set()))
     last = len(stages) - 1

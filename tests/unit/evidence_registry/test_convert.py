@@ -14,7 +14,7 @@ from tests.unit.evidence_registry.factories import T0, physical
 
 
 def request(**record_fields) -> pb.PutRecordRequest:
-    fields = dict(type=pb.RECORD_TYPE_MEASUREMENT, evidence_class=common_pb2.EVIDENCE_CLASS_REFERENCE)
+    fields = {"type": pb.RECORD_TYPE_MEASUREMENT, "evidence_class": common_pb2.EVIDENCE_CLASS_REFERENCE}
     fields.update(record_fields)
     return pb.PutRecordRequest(request_id="r1", record=pb.Record(**fields), blob=b"data")
 
@@ -40,14 +40,14 @@ def test_put_request_converts():
 
 
 @pytest.mark.parametrize("fields,field,reason", [
-    (dict(type=pb.RECORD_TYPE_UNSPECIFIED), "record.type", "UNSPECIFIED_ENUM"),
-    (dict(type=42), "record.type", "UNKNOWN_ENUM"),
-    (dict(evidence_class=common_pb2.EVIDENCE_CLASS_UNSPECIFIED), "record.evidence_class", "UNSPECIFIED_ENUM"),
-    (dict(evidence_class=9), "record.evidence_class", "UNKNOWN_ENUM"),
-    (dict(status=pb.RECORD_STATUS_REVOKED), "record.status", "STATUS_NOT_SETTABLE"),
-    (dict(created_unix_ns=5), "record.created_unix_ns", "OUTPUT_ONLY"),
-    (dict(blob_sha256="deadbeef"), "record.blob_sha256", "INVALID_SHA256"),
-    (dict(provenance=pb.Provenance(dtype=77)), "record.provenance.dtype", "UNKNOWN_ENUM"),
+    ({"type": pb.RECORD_TYPE_UNSPECIFIED}, "record.type", "UNSPECIFIED_ENUM"),
+    ({"type": 42}, "record.type", "UNKNOWN_ENUM"),
+    ({"evidence_class": common_pb2.EVIDENCE_CLASS_UNSPECIFIED}, "record.evidence_class", "UNSPECIFIED_ENUM"),
+    ({"evidence_class": 9}, "record.evidence_class", "UNKNOWN_ENUM"),
+    ({"status": pb.RECORD_STATUS_REVOKED}, "record.status", "STATUS_NOT_SETTABLE"),
+    ({"created_unix_ns": 5}, "record.created_unix_ns", "OUTPUT_ONLY"),
+    ({"blob_sha256": "deadbeef"}, "record.blob_sha256", "INVALID_SHA256"),
+    ({"provenance": pb.Provenance(dtype=77)}, "record.provenance.dtype", "UNKNOWN_ENUM"),
 ])
 def test_bad_put_fields_are_named(fields, field, reason):
     error = refused(request(**fields))

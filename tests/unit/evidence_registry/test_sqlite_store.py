@@ -63,7 +63,7 @@ def test_blob_files_are_content_addressed_without_leftover_temp_files(tmp_path):
     path = registry.blobs.path_of(record.blob.sha256_hex)
     assert path.read_bytes() == b"payload"
     assert path.name == sha256_hex(b"payload")
-    assert not [p for p in (tmp_path / "blobs").rglob(".tmp-*")]
+    assert not list((tmp_path / "blobs").rglob(".tmp-*"))
     registry.records.close()
 
 

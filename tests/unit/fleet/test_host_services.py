@@ -60,7 +60,8 @@ def test_bytes_into_the_host_wait_the_delay_and_arrive_in_order():
 def test_a_delayed_host_binds_loopback_and_advertises_its_fabric_address():
     spec = parse_fleet_spec({
         "version": 1, "control_host": "a",
-        "hosts": [{"name": "a", "backend": "numpy", "cpu_cores": 1, "memory_limit": "1GiB", "link": {"rate": "1Gbit/s"}},
+        "hosts": [{"name": "a", "backend": "numpy", "cpu_cores": 1, "memory_limit": "1GiB",
+                   "link": {"rate": "1Gbit/s"}},
                   {"name": "b", "backend": "numpy", "cpu_cores": 1, "memory_limit": "1GiB",
                    "link": {"rate": "1Gbit/s", "delay": "5ms"}}],
     }, "0" * 64)

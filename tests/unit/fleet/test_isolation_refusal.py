@@ -10,7 +10,8 @@ from apps.fleet import netns
 from apps.fleet.spec import parse_fleet_spec
 
 SPEC = {"version": 1, "control_host": "a",
-        "hosts": [{"name": "a", "backend": "numpy", "cpu_cores": 1, "memory_limit": "1GiB", "link": {"rate": "1Gbit/s"}}]}
+        "hosts": [{"name": "a", "backend": "numpy", "cpu_cores": 1, "memory_limit": "1GiB",
+                   "link": {"rate": "1Gbit/s"}}]}
 
 
 def test_require_isolation_refuses_without_root(monkeypatch):

@@ -34,7 +34,7 @@ def batch(phase: Phase = Phase.PREFILL, rows: tuple[int, ...] = (2, 3), *,
           epoch: int = 0, budget_ns: int = MINUTE_NS, width: int = 4, seed: int = 0,
           dtype: str = "bf16", leases: tuple[str, ...] | None = None) -> Batch:
     slices, cursor = [], 0
-    for i, (request_id, count) in enumerate(zip(requests, rows)):
+    for i, (request_id, count) in enumerate(zip(requests, rows, strict=True)):
         lease_id = leases[i] if leases else lease(request_id)
         slices.append(SequenceSlice(request_id, sequence_no, cursor, count, position, epoch,
                                     budget_ns, lease_id, f"trace-{i}", f"span-{i}"))
@@ -64,7 +64,7 @@ def reframe(frame: bytes, meta: dict | bytes | None = None, payload: bytes | Non
     body_payload = old_payload if payload is None else payload
     names = ["magic", "major", "minor", "kind", "flags", "meta_len", "payload_len", "seq", "crc",
              "reserved"]
-    values = dict(zip(names, fields))
+    values = dict(zip(names, fields, strict=True))
     values.update(meta_len=len(meta_bytes), payload_len=len(body_payload),
                   crc=crc32c(meta_bytes + body_payload) if meta_bytes + body_payload else 0)
     values.update(prelude)

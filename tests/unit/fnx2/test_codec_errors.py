@@ -37,8 +37,8 @@ def meta_with(**changes):
 
 
 @pytest.mark.parametrize("mutation", [
-    dict(magic=b"FNX1"), dict(major=3), dict(minor=1), dict(flags=1), dict(reserved=7), dict(kind=9),
-    dict(kind=0),
+    {"magic": b"FNX1"}, {"major": 3}, {"minor": 1}, {"flags": 1}, {"reserved": 7}, {"kind": 9},
+    {"kind": 0},
 ])
 def test_abi_version_is_terminal(mutation):
     error = code_of(reframe(GOOD, **mutation))

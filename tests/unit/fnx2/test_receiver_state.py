@@ -185,7 +185,7 @@ def test_credits_are_receiver_authoritative():
 
 def test_large_inputs_replay_and_conflict_by_crc():
     state = ReceiverState(BINDING)
-    big = dict(rows=(40,), requests=(REQ_A,), width=1024, dtype="fp32")  # 160 KiB slice
+    big = {"rows": (40,), "requests": (REQ_A,), "width": 1024, "dtype": "fp32"}  # 160 KiB slice
     _, first = run(state, batch(**big))
     again, replayed = run(state, batch(**big))
     assert again.execute == () and replayed[REQ_A] == first[REQ_A]

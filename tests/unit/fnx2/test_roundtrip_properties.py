@@ -58,7 +58,7 @@ def batches(draw):
     counts = draw(st.lists(st.integers(1, 1 if phase is Phase.DECODE else 6), min_size=1, max_size=6))
     requests = draw(st.lists(uuids, min_size=len(counts), max_size=len(counts), unique=True))
     slices, cursor = [], 0
-    for request_id, count in zip(requests, counts):
+    for request_id, count in zip(requests, counts, strict=True):
         slices.append(SequenceSlice(request_id, draw(UINT64), cursor, count, draw(UINT64),
                                     draw(UINT64), draw(UINT64), draw(uuids), draw(names), draw(names)))
         cursor += count
@@ -72,7 +72,7 @@ def batches(draw):
 def results(draw):
     count = draw(st.integers(1, 5))
     identities = sorted(zip(draw(st.lists(uuids, min_size=count, max_size=count, unique=True)),
-                            draw(st.lists(uuids, min_size=count, max_size=count))))
+                            draw(st.lists(uuids, min_size=count, max_size=count)), strict=True))
     items, cursor = [], 0
     for request_id, lease_id in identities:
         status = draw(st.sampled_from(list(SequenceStatus)))

@@ -58,7 +58,8 @@ def test_each_pool_is_its_own_statefulset_with_its_backend_and_nodes(pools):
     for sts in (gpu, cpu):
         service = _get(pools, "Service", sts["spec"]["serviceName"])
         assert service["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
-        assert sts["spec"]["selector"]["matchLabels"]["fornax.dev/stage-pool"] == sts["metadata"]["name"].rsplit("-", 1)[1]
+        pool_name = sts["metadata"]["name"].rsplit("-", 1)[1]
+        assert sts["spec"]["selector"]["matchLabels"]["fornax.dev/stage-pool"] == pool_name
         assert f".{sts['metadata']['name']}." in env_of(_container(sts))["FORNAX_ADVERTISE_HOST"]["value"]
 
 
@@ -95,7 +96,8 @@ def test_the_schema_refuses_read_write_many(helm, tmp_path):
     assert run.returncode != 0 and "artifactBuilder.persistence.accessMode" in run.stderr
 
 
-@pytest.mark.parametrize(("pool", "field"), [({"name": "gpu"}, "replicas"), ({"name": "Bad_Name", "replicas": 1}, "name"),
+@pytest.mark.parametrize(("pool", "field"), [({"name": "gpu"}, "replicas"),
+                                             ({"name": "Bad_Name", "replicas": 1}, "name"),
                                              ({"name": "x", "replicas": 1, "backend": "torch"}, "backend")])
 def test_the_schema_refuses_bad_pools(helm, tmp_path, pool, field):
     path = tmp_path / "pool.yaml"

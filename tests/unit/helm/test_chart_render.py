@@ -211,7 +211,8 @@ def test_every_identity_gets_its_own_tls_secret_read_only(renderings):
         "stage-1/ca.crt", "stage-1/tls.crt", "stage-1/tls.key"}
     names = [e["name"] for e in container(r, "stage-worker")["env"]]
     assert names.index("FORNAX_STAGE_INDEX") < names.index("FORNAX_TLS_CERT")
-    assert env_values(container(r, "stage-worker"))["FORNAX_TLS_CERT"] == "/etc/fornax/tls/stage-$(FORNAX_STAGE_INDEX)/tls.crt"
+    cert = env_values(container(r, "stage-worker"))["FORNAX_TLS_CERT"]
+    assert cert == "/etc/fornax/tls/stage-$(FORNAX_STAGE_INDEX)/tls.crt"
 
 
 def test_cert_manager_issues_one_certificate_per_identity_with_its_role(renderings):
@@ -376,11 +377,12 @@ def test_compile_cache_is_seeded_from_the_image_without_overwriting(renderings):
     for scenario in ("default", "production"):
         pod = workload(renderings[scenario], "stage-worker")["spec"]["template"]["spec"]
         (init,) = pod["initContainers"]
-        assert init["name"] == "seed-compile-cache" and init["image"] == container(renderings[scenario], "stage-worker")["image"]
+        worker = container(renderings[scenario], "stage-worker")
+        assert init["name"] == "seed-compile-cache" and init["image"] == worker["image"]
         script = init["command"][-1]
         assert "cp -Rn /opt/fornax/compile-cache-seed/. /var/cache/fornax/compile/" in script
         assert init["volumeMounts"] == [{"name": "compile-cache", "mountPath": "/var/cache/fornax/compile"}]
-        assert env_values(container(renderings[scenario], "stage-worker"))["FORNAX_COMPILE_CACHE_DIR"] == "/var/cache/fornax/compile"
+        assert env_values(worker)["FORNAX_COMPILE_CACHE_DIR"] == "/var/cache/fornax/compile"
         sc = init["securityContext"]
         assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True
     # with persistence the seeded cache lives on the claim, so a pod restart keeps every graph

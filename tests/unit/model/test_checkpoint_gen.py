@@ -97,7 +97,8 @@ def test_large_presets_have_the_intended_size_and_stream_in_bounded_shards():
     from libs.model.presets import preset_config
 
     lite = parse_config(preset_config("lite", 0, 2))
-    assert (lite.hidden_size, lite.num_hidden_layers, lite.n_routed_experts, lite.num_experts_per_tok) == (2048, 27, 64, 6)
+    assert (lite.hidden_size, lite.num_hidden_layers, lite.n_routed_experts,
+            lite.num_experts_per_tok) == (2048, 27, 64, 6)
     assert (lite.n_shared_experts, lite.kv_lora_rank, lite.vocab_size, lite.rope.rope_type) == (2, 512, 102400, "yarn")
     specs = expected_tensors(lite)
     assert 15.5e9 < sum(int(np.prod(s.shape)) for s in specs.values()) < 16e9

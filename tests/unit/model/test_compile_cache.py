@@ -58,7 +58,7 @@ def test_assignment_covers_every_needed_graph_exactly_once(needs):
     flat = [name for names in assigned for name in names]
     assert len(flat) == len(set(flat))
     assert set(flat) == set().union(*needs)
-    assert all(set(a) <= n for a, n in zip(assigned, needs))
+    assert all(set(a) <= n for a, n in zip(assigned, needs, strict=True))
 
 
 def test_markers_are_keyed_by_build_and_config(tmp_path):

@@ -51,7 +51,8 @@ def test_incremental_decode_matches_full_prefill_and_mixes_with_prefill(tiny_che
     full = make_executor(tiny_checkpoint).execute(StageBatch((ident("a", 0, 0, 7),), TOKENS["a"], all_logits=True))
     ex = make_executor(tiny_checkpoint)
     ex.execute(StageBatch((ident("a", 0, 0, 5),), TOKENS["a"][:5]))
-    step = ex.execute(StageBatch((ident("a", 1, 5, 1), ident("b", 0, 0, 3)), np.concatenate([TOKENS["a"][5:6], TOKENS["b"]])))
+    step = ex.execute(StageBatch((ident("a", 1, 5, 1), ident("b", 0, 0, 3)),
+                                 np.concatenate([TOKENS["a"][5:6], TOKENS["b"]])))
     last = ex.execute(StageBatch((ident("a", 2, 6, 1),), TOKENS["a"][6:]))
     np.testing.assert_allclose(step.logits[0], full.logits[5], atol=1e-5)
     np.testing.assert_allclose(last.logits[0], full.logits[6], atol=1e-5)

@@ -4,6 +4,7 @@ calls out of text, and the streaming splitter that holds back what may open a ca
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import pytest
 from hypothesis import given
@@ -78,7 +79,7 @@ def test_splitter_passes_content_and_holds_calls_however_the_text_is_cut(cuts):
     text = "Hi <b> there " + CALL
     bounds = sorted({0, len(text), *cuts})
     splitter = CallStreamSplitter(parse_tools({"tools": [WEATHER]}))
-    passed = "".join(splitter.feed(text[a:b]) for a, b in zip(bounds, bounds[1:]))
+    passed = "".join(splitter.feed(text[a:b]) for a, b in pairwise(bounds))
     rest, calls = splitter.finish()
     assert passed.startswith("Hi <b> there") and "<tool_call>" not in passed
     assert (passed + rest).strip() == "Hi <b> there" and len(calls) == 1

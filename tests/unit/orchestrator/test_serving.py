@@ -160,7 +160,7 @@ def test_metrics_count_admissions_rejections_and_tokens(text_context):
              sample("fornax_admission_rejections_total", reason="CAPACITY"),
              sample("fornax_generated_tokens_total"),
              sample("fornax_ttft_seconds_count"))
-    assert [a - b for a, b in zip(after, before)] == [1, 1, 5, 1]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 5, 1]
 
 
 def test_close_gives_up_on_releases_that_cannot_complete(text_context):

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -78,7 +80,7 @@ def test_earliest_stop_string_wins():
 def test_stop_matcher_equals_cutting_the_whole_text(text, cuts, stop):
     bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
     matcher = StopMatcher(stop)
-    out = "".join(matcher.push(text[a:b]) for a, b in zip(bounds, bounds[1:])) + matcher.flush()
+    out = "".join(matcher.push(text[a:b]) for a, b in pairwise(bounds)) + matcher.flush()
     hits = [i for i in (text.find(s) for s in stop) if i >= 0]
     expected = text[:min(hits)] if hits else text
     assert out == expected
