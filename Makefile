@@ -72,7 +72,7 @@ proto-check: proto-lint proto-breaking
 
 # ruff (lint; import order once the tree is sorted) and mypy, both configured in pyproject.toml.
 lint: setup
-	$(VENV)/bin/ruff check libs services apps
+	$(VENV)/bin/ruff check libs services apps tests
 	$(VENV)/bin/mypy
 
 test: setup system-deps proto-check lint

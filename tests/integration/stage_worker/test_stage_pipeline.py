@@ -63,17 +63,19 @@ def local_greedy(checkpoint, prompts, steps):
 
 async def generate(route, prompts, steps, sampling=SamplingParams()):
     request_ids = [str(uuid.uuid4()) for _ in prompts]
-    for rid, prompt in zip(request_ids, prompts):
+    for rid, prompt in zip(request_ids, prompts, strict=True):
         await route.admit(rid, len(prompt) + steps + 1, sampling)
     leases = [lease_id_for(route.plan, rid) for rid in request_ids]
-    inputs = [SliceInput(rid, lease, 0, 0, 0, prompt, BUDGET_NS) for rid, lease, prompt in zip(request_ids, leases, prompts)]
+    inputs = [SliceInput(rid, lease, 0, 0, 0, prompt, BUDGET_NS)
+              for rid, lease, prompt in zip(request_ids, leases, prompts, strict=True)]
     outputs = await route.run(Phase.PREFILL, inputs)
     tokens = [[int(o.rows[0])] for o in outputs]
     positions = [len(p) for p in prompts]
     for step in range(1, steps + 1):
         inputs = [
-            SliceInput(rid, lease, step, positions[i], outputs[i].kv_epoch_after, np.array([tokens[i][-1]], np.int32), BUDGET_NS)
-            for i, (rid, lease) in enumerate(zip(request_ids, leases))
+            SliceInput(rid, lease, step, positions[i], outputs[i].kv_epoch_after, np.array([tokens[i][-1]], np.int32),
+                       BUDGET_NS)
+            for i, (rid, lease) in enumerate(zip(request_ids, leases, strict=True))
         ]
         outputs = await route.run(Phase.DECODE, inputs)
         assert all(o.ok for o in outputs), [(o.error_code, o.error_message) for o in outputs]
@@ -153,7 +155,8 @@ def test_admission_beyond_kv_capacity_is_refused_and_reserves_nothing(checkpoint
 def test_load_refuses_a_backend_this_worker_does_not_run(checkpoint, two_workers):
     spec = pb.StageSpec(
         stage_index=0, stage_count=1, layer_range=common_pb2.LayerRange(layer_start=0, layer_end_exclusive=1),
-        plan=common_pb2.PlanBinding(plan_id=str(uuid.uuid4()), plan_hash="sha256:" + "0" * 64, plan_generation_id=str(uuid.uuid4())),
+        plan=common_pb2.PlanBinding(plan_id=str(uuid.uuid4()), plan_hash="sha256:" + "0" * 64,
+                                    plan_generation_id=str(uuid.uuid4())),
         checkpoint_dir=str(checkpoint), backend=common_pb2.BACKEND_MAX, boundary_dtype=common_pb2.ELEMENT_TYPE_FP32,
         output_mode=pb.OUTPUT_MODE_LOGITS, device="cpu",
     )
@@ -166,7 +169,8 @@ def test_load_refuses_a_backend_this_worker_does_not_run(checkpoint, two_workers
 def test_load_needs_a_next_hop_on_a_middle_stage(checkpoint, two_workers):
     spec = pb.StageSpec(
         stage_index=0, stage_count=2, layer_range=common_pb2.LayerRange(layer_start=0, layer_end_exclusive=1),
-        plan=common_pb2.PlanBinding(plan_id=str(uuid.uuid4()), plan_hash="sha256:" + "0" * 64, plan_generation_id=str(uuid.uuid4())),
+        plan=common_pb2.PlanBinding(plan_id=str(uuid.uuid4()), plan_hash="sha256:" + "0" * 64,
+                                    plan_generation_id=str(uuid.uuid4())),
         checkpoint_dir=str(checkpoint), backend=common_pb2.BACKEND_NUMPY, boundary_dtype=common_pb2.ELEMENT_TYPE_FP32,
         device="cpu",
     )
@@ -216,13 +220,14 @@ def test_a_cancelled_sequence_between_others_leaves_their_rows_intact(checkpoint
         await route.open()
         try:
             ids = [str(uuid.uuid4()) for _ in prompts]
-            for rid, prompt in zip(ids, prompts):
+            for rid in ids:
                 await route.admit(rid, 8, SamplingParams())
             leases = [lease_id_for(plan, rid) for rid in ids]
-            first = await route.run(Phase.PREFILL, [SliceInput(r, l, 0, 0, 0, p, BUDGET_NS) for r, l, p in zip(ids, leases, prompts)])
+            first = await route.run(Phase.PREFILL, [SliceInput(r, lease, 0, 0, 0, p, BUDGET_NS)
+                                                    for r, lease, p in zip(ids, leases, prompts, strict=True)])
             await route.cancel(ids[1])
-            step = [SliceInput(r, l, 1, len(p), o.kv_epoch_after, np.array([int(o.rows[0])], np.int32), BUDGET_NS)
-                    for r, l, p, o in zip(ids, leases, prompts, first)]
+            step = [SliceInput(r, lease, 1, len(p), o.kv_epoch_after, np.array([int(o.rows[0])], np.int32), BUDGET_NS)
+                    for r, lease, p, o in zip(ids, leases, prompts, first, strict=True)]
             second = await route.run(Phase.DECODE, step)
             for rid in ids:
                 await route.release(rid)

@@ -32,7 +32,8 @@ def test_stage_hops_join_the_callers_trace(tmp_path):
         procs = []
         for index in range(2):
             (tmp_path / f"w{index}").mkdir()
-            procs.append(ServiceProc("services.stage_worker", tmp_path / f"w{index}", env={**env, "FORNAX_STAGE_INDEX": str(index)}))
+            procs.append(ServiceProc("services.stage_worker", tmp_path / f"w{index}",
+                                     env={**env, "FORNAX_STAGE_INDEX": str(index)}))
         fleet = StageFleet(procs, [p.wait_serving() for p in procs])
         try:
             plan = load_pipeline(fleet, checkpoint, cfg.num_hidden_layers)
@@ -45,16 +46,19 @@ def test_stage_hops_join_the_callers_trace(tmp_path):
                     rid = str(uuid.uuid4())
                     await route.admit(rid, 8, SamplingParams())
                     with tracer.start_as_current_span("gateway") as root:
-                        inputs = [SliceInput(rid, lease_id_for(plan, rid), 0, 0, 0, np.array([3, 4], np.int32), 10**10)]
+                        inputs = [SliceInput(rid, lease_id_for(plan, rid), 0, 0, 0, np.array([3, 4], np.int32),
+                                             10**10)]
                         await route.run(Phase.PREFILL, inputs, current_traceparent())
-                    return format(root.get_span_context().trace_id, "032x"), format(root.get_span_context().span_id, "016x")
+                    context = root.get_span_context()
+                    return format(context.trace_id, "032x"), format(context.span_id, "016x")
                 finally:
                     await route.close()
 
             trace_id, root_span = asyncio.run(scenario())
         finally:
             fleet.stop()  # SIGTERM flushes each worker's span exporter
-        spans = receiver.wait_for(lambda got: {"fornax-stage-worker-stage-0", "fornax-stage-worker-stage-1"} <= {s.service_name for s in got if s.trace_id == trace_id})
+        workers = {"fornax-stage-worker-stage-0", "fornax-stage-worker-stage-1"}
+        spans = receiver.wait_for(lambda got: workers <= {s.service_name for s in got if s.trace_id == trace_id})
     ours = [s for s in spans if s.trace_id == trace_id]
     by_id = {s.span_id: s for s in ours}
     stage0 = next(s for s in ours if s.name == "stage-0 prefill")

@@ -35,7 +35,8 @@ def test_plan_json_is_complete(checkpoint, capsys):
     assert {"compute_s", "pack_s", "wire_s", "unpack_s", "queue_s", "exposed_wait_s"} <= set(stages[0]["decode"])
     assert body["plan"]["label"].startswith("exploratory")
     assert body["rejections"][0]["reason"] == "MISSING_DTYPE"
-    assert body["model"]["layers"] == 27 and 0 < body["model"]["active_weight_bytes_per_token"] < body["model"]["weight_bytes"]
+    model = body["model"]
+    assert model["layers"] == 27 and 0 < model["active_weight_bytes_per_token"] < model["weight_bytes"]
 
 
 def test_infeasible_and_error_exit_codes(checkpoint, tmp_path, capsys):

@@ -35,7 +35,8 @@ def test_moe_active_bytes_count_only_top_k_routed_experts():
     expert = 3 * 256 * 64 * 2
     assert model.expert_bytes == expert
     assert moe.weight_bytes - moe.dense_weight_bytes == 64 * expert
-    assert moe.active_weight_bytes_per_token(model.expert_bytes, model.experts_per_token) == moe.dense_weight_bytes + 6 * expert
+    active = moe.active_weight_bytes_per_token(model.expert_bytes, model.experts_per_token)
+    assert active == moe.dense_weight_bytes + 6 * expert
     dense = model.layers[0]
     assert dense.active_weight_bytes_per_token(model.expert_bytes, 6) == dense.weight_bytes
 

@@ -108,7 +108,8 @@ def test_links_steer_the_node_order():
 
 
 def test_cost_terms_stay_separate_and_add_up_to_the_cycle():
-    result = plan(tiny_model(layers=8), full_mesh(node("a", memory_gib=0.02), node("b", compute=20e12, bandwidth=200e9)),
+    result = plan(tiny_model(layers=8),
+                  full_mesh(node("a", memory_gib=0.02), node("b", compute=20e12, bandwidth=200e9)),
                   Target(concurrency=12, max_stages=2, min_stages=2))
     p = result.plan
     cycle = p.prediction("decode_cycle_s")
@@ -118,7 +119,8 @@ def test_cost_terms_stay_separate_and_add_up_to_the_cycle():
     assert first.decode.unpack_s == 0 and first.decode.pack_s > 0 and first.decode.wire_s > 0
     assert last.decode.pack_s == 0 and last.decode.unpack_s > 0 and last.decode.wire_s == 0
     period = cycle / p.prediction("decode_microbatches")
-    assert min(s.decode.exposed_wait_s for s in p.stages) == pytest.approx(max(period - p.prediction("bottleneck_s"), 0), abs=1e-12)
+    assert min(s.decode.exposed_wait_s for s in p.stages) == pytest.approx(
+        max(period - p.prediction("bottleneck_s"), 0), abs=1e-12)
 
 
 class FakeRegistry:
@@ -166,7 +168,8 @@ def test_deployment_mode_plans_only_over_evidenced_nodes_and_routes():
     assert result.feasible and [s.node for s in result.plan.stages] in (["a", "b"], ["b", "a"])
     assert {(r.subject, r.reason) for r in result.rejections} == {("c", d.MISSING_EVIDENCE)}
     assert plan(tiny_model(), bare, Target(min_stages=2)).plan.stages[0].node == "c"  # exploratory uses c
-    routes_bare = Inventory(nodes=inv.nodes, links=(replace(inv.links[0], evidence=()),), model_evidence=inv.model_evidence)
+    routes_bare = Inventory(nodes=inv.nodes, links=(replace(inv.links[0], evidence=()),),
+                            model_evidence=inv.model_evidence)
     result = plan(tiny_model(), routes_bare, Target(mode="deployment", min_stages=2), FakeRegistry())
     assert not result.feasible and ("a->b", d.MISSING_EVIDENCE) in {(r.subject, r.reason) for r in result.rejections}
     assert result.infeasibility_reason == d.NO_FEASIBLE_PLACEMENT

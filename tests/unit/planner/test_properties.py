@@ -64,7 +64,8 @@ def test_layers_placed_once_contiguously_and_memory_never_exceeded(seed, n, laye
     tables = build_tables(model, fleet, fleet.nodes, target)
     for s in stages:
         assert s.memory_bytes <= s.node_memory_bytes
-        assert s.weight_bytes + s.kv_bytes + s.activation_bytes == stage_memory(tables, s.layer_start, s.layer_end).total_bytes
+        memory = stage_memory(tables, s.layer_start, s.layer_end)
+        assert s.weight_bytes + s.kv_bytes + s.activation_bytes == memory.total_bytes
 
 
 @SETTINGS

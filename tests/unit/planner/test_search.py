@@ -52,11 +52,12 @@ def test_tie_break_keeps_the_optimal_bottleneck_and_minimises_the_pass_time():
         plans = list(_all_plans(problem))
         bottleneck = min(evaluate(problem, n, c) for n, c in plans)
         assert found.value == pytest.approx(bottleneck, rel=1e-9)
-        tied = [evaluate(problem, n, c, np.add) for n, c in plans if evaluate(problem, n, c) <= bottleneck * (1 + 1e-12)]
+        tied = [evaluate(problem, n, c, np.add) for n, c in plans
+                if evaluate(problem, n, c) <= bottleneck * (1 + 1e-12)]
         assert evaluate(problem, found.nodes, found.cuts, np.add) == pytest.approx(min(tied), rel=1e-9)
         assert len(set(found.nodes)) == len(found.nodes)
         assert found.cuts[0] == 0 and found.cuts[-1] == problem.num_layers
-        assert all(a < b for a, b in zip(found.cuts, found.cuts[1:]))
+        assert all(a < b for a, b in itertools.pairwise(found.cuts))
 
 
 def test_ordered_fleet_is_exact_on_interchangeable_nodes(monkeypatch):
@@ -79,13 +80,13 @@ def test_ordered_fleet_never_beats_the_exact_optimum(monkeypatch):
     problems = [_problem(random_small_instance(rng)) for _ in range(30)]
     exact = [solve(p) for p in problems]
     monkeypatch.setattr(search, "EXACT_MAX_NODES", 0)
-    for problem, best in zip(problems, exact):
+    for problem, best in zip(problems, exact, strict=True):
         pooled = solve(problem)  # <= 7 nodes all fit the refinement pool: exact again
         assert (pooled is None) == (best is None)
         if best is not None:
             assert pooled.value == pytest.approx(best.value, rel=1e-9)
     monkeypatch.setattr(search, "REFINE_POOL_NODES", 1)
-    for problem, best in zip(problems, exact):
+    for problem, best in zip(problems, exact, strict=True):
         found = solve(problem)
         if best is None:
             assert found is None
