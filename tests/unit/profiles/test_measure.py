@@ -123,7 +123,7 @@ def test_a_layer_profile_is_timed_per_token_for_prefill_and_per_microbatch_for_d
     cfg = tiny()
     kernels = FakeKernels(cfg.hidden_size)
     weights = FakeWeights(Outer(np.zeros(10, np.float32), Inner(np.zeros(5, np.float64), None)))
-    grid = Grid((4, 8), (1, 2), context_tokens=3, runs=2, min_run_s=0.0)
+    grid = Grid((4, 8), (1, 2), decode_contexts=(3,), runs=2, min_run_s=0.0)
     clock = StepClock([0.8] * 100)  # every call "takes" 0.8 s
     profile = measure_layer(cfg, kernels, weights, 1, grid, clock)
     assert profile.kind == "moe" and profile.resident_bytes == 40 + 40
