@@ -169,8 +169,10 @@ def _kind_rows(kind: LayerKindProfile) -> list[str]:
     per = " per layer" if kind.kind in ("dense", "moe") else ""
     rows = [f"    {kind.kind}: resident {kind.resident_bytes} B{per}, KV {kind.kv_bytes_per_token} B/token{per}"]
     rows += [f"      prefill S={s}: {_fig(f, 1e6, ' us/token')}" for s, f in sorted(kind.prefill_s_per_token.items())]
-    by_context = kind.decode_s_by_context or {None: kind.decode_s_per_microbatch}
-    for context, table in sorted(by_context.items(), key=lambda item: item[0] or 0):
+    by_context: dict[int | None, dict[int, Figure]] = {None: kind.decode_s_per_microbatch}
+    if kind.decode_s_by_context:
+        by_context = dict(sorted(kind.decode_s_by_context.items()))
+    for context, table in by_context.items():
         past = f" past={context}" if context is not None else ""
         rows += [f"      decode batch={b}{past}: {_fig(f, 1e3, ' ms/microbatch')}" for b, f in sorted(table.items())]
     return rows
