@@ -373,9 +373,10 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
 def _predictions_at_measured_rows(route: LiveRoute, cfg: QualifyConfig, runs: list[RunOutcome],
                                   now_ns: int) -> tuple[list[PredictedStage], str]:
     """A plan made from profiles is re-predicted at each stage's measured rows per microbatch
-    (median over runs) and the decode windows' measured mean past per row, on the plan's own records, its wire as the round trip the gate measures
-    (`apps.qualify.predict_at`); a plan of declared figures keeps its own
-    predictions (its target rows). A plan from profiles that cannot be re-predicted fails closed."""
+    (median over runs) and the decode windows' measured mean past per row, on the plan's own
+    records, its wire as the round trip the gate measures (`apps.qualify.predict_at`); a plan of
+    declared figures keeps its own predictions (its target rows). A plan from profiles that
+    cannot be re-predicted fails closed."""
     if not route.plan_route_key:
         return route.predicted, ""
     rows = []
