@@ -145,7 +145,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         return _fail(f"fleet failed to start: {exc}")
     except KeyboardInterrupt:
         return _fail("interrupted while starting; every service started so far was stopped")
-    return _serve(args, state, launcher)
+    try:  # a SIGTERM anywhere before the fleet is held (even while printing) stops what started
+        return _serve(args, state, launcher)
+    except KeyboardInterrupt:
+        _stop(args.state_dir, launcher)
+        return _fail("interrupted while installing the route; the fleet was stopped")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -205,9 +209,6 @@ def _serve(args: argparse.Namespace, state: FleetState, launcher) -> int:
             with Progress("installing route", stages + 5, "steps") as bar:
                 wait_for_route(state, args.install_timeout_s, bar.step)
                 bar.finish("route ready")
-        except KeyboardInterrupt:
-            _stop(args.state_dir, launcher)
-            return _fail("interrupted while installing the route; the fleet was stopped")
         except (RouteFailed, TimeoutError) as exc:
             _stop(args.state_dir, launcher)
             hint = ("; deployment mode needs valid stage/link profiles (`fornax profile`) and a passing route "

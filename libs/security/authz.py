@@ -41,6 +41,8 @@ class Reason(enum.Enum):
     UNTRUSTED_CERTIFICATE = "UNTRUSTED_CERTIFICATE"
     ROLE_NOT_ALLOWED = "ROLE_NOT_ALLOWED"
     RPC_NOT_IN_POLICY = "RPC_NOT_IN_POLICY"
+    # The call came through the TLS front, but on a connection whose identity it no longer holds.
+    PEER_IDENTITY_UNKNOWN = "PEER_IDENTITY_UNKNOWN"
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ import structlog
 from cryptography import x509
 
 from libs.security.audit import ANONYMOUS, AuditEvent, AuditLog
-from libs.security.authz import MUTATING, RefusalKind, decide
+from libs.security.authz import MUTATING, Access, Reason, RefusalKind, access_for, decide
 from libs.security.certs import CertificateError, identity_of
 from libs.security.identity import Identity
 from libs.service.errors import FornaxError, PermissionDenied, Unauthenticated
-from libs.service.tls_front import PeerTable
+from libs.service.tls_front import PeerIdentityUnknown, PeerTable
 
 log = structlog.get_logger()
 
@@ -94,6 +94,12 @@ class AuthzInterceptor(grpc.aio.ServerInterceptor):
         except CertificateError as exc:
             self._record(method, None, request, f"UNAUTHENTICATED:{exc.reason}")
             raise Unauthenticated(str(exc), reason=exc.reason) from exc
+        except PeerIdentityUnknown as exc:
+            if access_for(method) is Access.OPEN:
+                return None  # health and reflection need nobody
+            reason = Reason.PEER_IDENTITY_UNKNOWN.value
+            self._record(method, None, request, f"UNAUTHENTICATED:{reason}")
+            raise Unauthenticated(str(exc), reason=reason) from exc
         bearer = _bearer(context)
         # The API key counts only over TLS: never on a loopback connection that bypassed the front.
         api_key_ok = bool(tls and self._api_key and bearer and hmac.compare_digest(bearer, self._api_key))

@@ -15,6 +15,13 @@ loopback port, and this front owns the public port:
   interceptor reads the identity from the table by `context.peer()`; a loopback connection the
   front did not open has no identity, and the API key is not honoured on it.
 
+A port names one connection only while nobody else can hold it, and gRPC authorizes a call when
+its handler starts, which can be after the connection it came on has closed. So the front binds
+each loopback connection's source port explicitly (the kernel then keeps it bound to that socket
+until its last descriptor closes, even past the TCP close), keeps a descriptor, and keeps the
+table entry for `RETAIN_S` after the connection closed; only then are both let go together. A
+lookup of a port the front has let go is refused (`PeerIdentityUnknown`), never guessed.
+
 The server context verifies a certificate when one is presented (CERT_OPTIONAL), so a TLS
 client without a certificate reaches the interceptor and is refused there per RPC, with a reason.
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import socket
 import ssl
 import threading
@@ -48,6 +56,15 @@ MAX_CONNECTIONS = 4096
 PLAINTEXT_EXCHANGE_S = 2.0
 # The pseudo-RPC named in the audit log for a refusal before any call was made.
 HANDSHAKE_RPC = "(tls-handshake)"
+# How long a closed connection's source port stays bound to its identity, for calls received on it
+# that gRPC has not started yet.
+RETAIN_S = 30.0
+# Attempts at binding a free loopback source port before the connection is given up.
+BIND_ATTEMPTS = 64
+
+
+class PeerIdentityUnknown(Exception):
+    """The call came on a front-opened connection whose identity the front has let go."""
 
 
 @dataclass(frozen=True)
@@ -69,30 +86,65 @@ def _port_of(peer: str) -> int | None:
 
 
 class PeerTable:
-    """Loopback source port of a front-opened connection -> the verified peer behind it."""
+    """Loopback source port of a front-opened connection -> the verified peer behind it.
+
+    A released port is remembered, so that a late call on it is refused rather than taken for a
+    connection the front did not open; registering the port again forgets that."""
 
     def __init__(self) -> None:
         self._by_port: dict[int, PeerAuth] = {}
+        self._released: set[int] = set()  # at most one per port number: bounded
         self._lock = threading.Lock()
 
     def register(self, port: int, auth: PeerAuth) -> None:
         with self._lock:
+            self._released.discard(port)
             self._by_port[port] = auth
 
-    def unregister(self, port: int) -> None:
+    def release(self, port: int) -> None:
         with self._lock:
-            self._by_port.pop(port, None)
+            if self._by_port.pop(port, None) is not None:
+                self._released.add(port)
 
     def lookup(self, grpc_peer: str) -> PeerAuth | None:
+        """The peer behind a front-opened connection; None for a connection the front did not
+        open; raises PeerIdentityUnknown for one whose identity the front has let go."""
         port = _port_of(grpc_peer)
         if port is None:
             return None
         with self._lock:
+            if port in self._released:
+                raise PeerIdentityUnknown(f"the identity of the connection from {grpc_peer} was released")
             return self._by_port.get(port)
+
+    def ports(self) -> set[int]:
+        """The source ports whose peer the table knows now."""
+        with self._lock:
+            return set(self._by_port)
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._by_port)
+
+
+def bind_loopback_source() -> socket.socket:
+    """A TCP socket bound to a free 127.0.0.1 port by number. Bound by number, the port stays
+    the socket's until its last descriptor closes, even after its connection closed; bound to 0
+    (or by connect) the kernel frees it at the TCP close."""
+    for _ in range(BIND_ATTEMPTS):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE:
+                continue  # taken between the probe and the bind
+            raise
+        return sock
+    raise OSError(errno.EADDRINUSE, "no free loopback source port")
 
 
 def peer_auth_of(der: bytes | None) -> PeerAuth:
@@ -192,7 +244,7 @@ class TlsFront:
     def __init__(self, host: str, port: int, upstream_port: int, contexts: FrontSslContext,
                  peers: PeerTable, on_refusal: RefusalSink, *,
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
-                 loop_kind: EventLoopKind = EventLoopKind.ASYNCIO):
+                 loop_kind: EventLoopKind = EventLoopKind.ASYNCIO, retain_s: float = RETAIN_S):
         self._address = (host, port)
         self._upstream_port = upstream_port
         self._contexts = contexts
@@ -204,6 +256,9 @@ class TlsFront:
         self._accepting: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._transports: set[asyncio.BaseTransport] = set()
+        self._retain_s = retain_s
+        # Source port -> (a descriptor holding it, the timer that lets it go once retired).
+        self._leases: dict[int, tuple[socket.socket, asyncio.TimerHandle | None]] = {}
         self.port = 0
         # The front runs on its own thread and loop, so a busy service loop does not stall the
         # bytes of every call, and the refusal sink (an fsynced audit append) never blocks it.
@@ -265,6 +320,11 @@ class TlsFront:
     def request_reload(self) -> None:
         self._contexts.request_reload()
 
+    @property
+    def active_connections(self) -> int:
+        """Connections the front is handling now (handshaking, refusing or pumping)."""
+        return len(self._tasks)
+
     async def _stop_accepting(self) -> None:
         if self._accepting is not None:
             self._accepting.cancel()
@@ -283,6 +343,39 @@ class TlsFront:
             transport.close()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        for port in list(self._leases):
+            self._release(port)
+
+    def _lease(self, auth: PeerAuth) -> tuple[socket.socket, int]:
+        """A socket for a new loopback connection, its source port registered as auth's."""
+        source = bind_loopback_source()
+        port = source.getsockname()[1]
+        self._leases[port] = (source.dup(), None)
+        # Registered before the first byte reaches the gRPC server, so no call can beat it.
+        self._peers.register(port, auth)
+        return source, port
+
+    def _retire(self, port: int) -> None:
+        """The loopback connection closed on the front's side: end it toward the gRPC server
+        (the kept descriptor would otherwise hold it open), and let its identity go RETAIN_S later."""
+        lease = self._leases.get(port)
+        if lease is None or lease[1] is not None:
+            return
+        with contextlib.suppress(OSError):
+            lease[0].shutdown(socket.SHUT_RDWR)
+        timer = asyncio.get_running_loop().call_later(self._retain_s, self._release, port)
+        self._leases[port] = (lease[0], timer)
+
+    def _release(self, port: int) -> None:
+        """Forget the identity, then free the port: in that order, so that no connection can
+        hold the port while the table still names someone for it."""
+        reservation, timer = self._leases.pop(port)
+        if timer is not None:
+            timer.cancel()
+        self._peers.release(port)
+        with contextlib.suppress(OSError):
+            reservation.shutdown(socket.SHUT_RDWR)
+        reservation.close()
 
     async def _accept_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -372,15 +465,18 @@ class TlsFront:
     async def _accept_tls(self, sock: socket.socket, peer: str) -> None:
         loop = asyncio.get_running_loop()
         closed = loop.create_future()
-        port: list[int] = []
+        upstream_closed = loop.create_future()
 
         def lost() -> None:
-            if port:
-                self._peers.unregister(port.pop())
             if not closed.done():
                 closed.set_result(None)
 
-        downstream, upstream = _Half(lost), _Half(lost)
+        def upstream_lost() -> None:
+            lost()
+            if not upstream_closed.done():
+                upstream_closed.set_result(None)
+
+        downstream, upstream = _Half(lost), _Half(upstream_lost)
         try:
             transport, _ = await asyncio.wait_for(
                 loop.connect_accepted_socket(lambda: downstream, sock, ssl=self._contexts.current(),
@@ -392,15 +488,23 @@ class TlsFront:
             return
         ssl_object = transport.get_extra_info("ssl_object")
         auth = peer_auth_of(ssl_object.getpeercert(binary_form=True) if ssl_object else None)
+        port = 0
         try:
-            up_transport, _ = await loop.create_connection(lambda: upstream, "127.0.0.1", self._upstream_port)
+            source, port = self._lease(auth)
+            source.setblocking(False)
+            source.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                await loop.sock_connect(source, ("127.0.0.1", self._upstream_port))
+                up_transport, _ = await loop.create_connection(lambda: upstream, sock=source)
+            except BaseException:
+                source.close()
+                raise
         except OSError as exc:
             log.warning("front_upstream_unreachable", peer=peer, detail=str(exc))
             transport.close()
+            if port in self._leases:
+                self._release(port)
             return
-        port.append(up_transport.get_extra_info("sockname")[1])
-        # Registered before the first byte reaches the gRPC server, so no call can beat it.
-        self._peers.register(port[0], auth)
         self._transports.update((transport, up_transport))
         try:
             upstream.attach(downstream)
@@ -413,3 +517,5 @@ class TlsFront:
             self._transports.difference_update((transport, up_transport))
             transport.close()
             up_transport.close()
+        await upstream_closed  # asyncio wrote what it had buffered and closed its descriptor
+        self._retire(port)

@@ -1,4 +1,4 @@
-"""`fornax fuzz fnx2` against a live receiver over a real socket."""
+"""Malformed frames of every kind: `fornax fuzz fnx2` against a live receiver over a real socket."""
 
 import argparse
 import asyncio

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import base64
+import errno
+import socket
 import ssl
 
 import h2.config
 import h2.connection
 import h2.events
+import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from libs.security.handshake import HandshakeRefusal, classify, is_tls_hello
 from libs.security.identity import Identity, Role
 from libs.service.plaintext_refusal import PlaintextRefusal
-from libs.service.tls_front import PeerAuth, PeerTable
+from libs.service.tls_front import PeerAuth, PeerIdentityUnknown, PeerTable, bind_loopback_source
 
 
 def _verify_error(code: int) -> ssl.SSLCertVerificationError:
@@ -77,5 +80,26 @@ def test_peer_table_answers_only_for_registered_loopback_ports():
     assert table.lookup("ipv4:127.0.0.1:40000") == operator
     assert table.lookup("ipv4:127.0.0.1:40001") is None
     assert table.lookup("ipv4:10.0.0.1:40000") is None  # not a connection the front opened
-    table.unregister(40000)
-    assert table.lookup("ipv4:127.0.0.1:40000") is None and len(table) == 0
+    table.release(40000)
+    assert len(table) == 0
+    # A port the front let go is never taken for a connection it did not open, nor guessed.
+    with pytest.raises(PeerIdentityUnknown):
+        table.lookup("ipv4:127.0.0.1:40000")
+    table.register(40000, operator)  # a new front connection on that port
+    assert table.lookup("ipv4:127.0.0.1:40000") == operator
+
+
+def test_a_loopback_source_port_bound_by_number_stays_held_after_its_connection_closes():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        source = bind_loopback_source()
+        port = source.getsockname()[1]
+        keeper = source.dup()
+        source.connect(server.getsockname())
+        accepted, _ = server.accept()
+        keeper.shutdown(socket.SHUT_RDWR)
+        source.close()
+        accepted.close()
+        with socket.socket() as squatter, pytest.raises(OSError) as caught:
+            squatter.bind(("127.0.0.1", port))
+        assert caught.value.errno == errno.EADDRINUSE
+        keeper.close()
