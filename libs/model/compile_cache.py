@@ -22,6 +22,10 @@ from pathlib import Path
 from libs.model.config import DeepseekV2Config
 
 MARKER_DIR = "fornax-graphs"
+# Bumped whenever `max_graphs` builds a graph differently (inputs, ops or weights), so a marker
+# left by an older graph does not claim the new one is compiled. 2: both MLA forms in the layer
+# graphs; all routed experts of a layer in one graph.
+GRAPH_REVISION = 2
 
 
 class GraphName(Enum):
@@ -47,7 +51,8 @@ class GraphTarget:
     @property
     def key(self) -> str:
         identity = {"graph": self.name.value, "build": self.build, "device": self.device,
-                    "weight_dtype": self.weight_dtype, "config_sha256": self.config_sha256}
+                    "weight_dtype": self.weight_dtype, "config_sha256": self.config_sha256,
+                    "graph_revision": GRAPH_REVISION}
         canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

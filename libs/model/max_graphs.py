@@ -5,14 +5,20 @@ shape. Layer weights are graph `Weight`s with layer-independent names; the same 
 is bound to each layer's tensors through a weights registry (see `max_kernels`). The causal /
 cross-sequence mask is a graph input built on the host, never derived in the graph.
 
+Each layer graph holds both forms of MLA attention (see `mla_forms`) behind one runtime branch
+(`ops.cond` on a host boolean input): the expanded form scores the microbatch's keys expanded per
+head under the dense [R, P + R] mask; the absorbed form scores each row's own keys, gathered by
+the host-built [R, K] key index, in the latent space. One compile serves both forms.
+
 Linear weights are bound transposed to [in, out] (`LINEAR_WEIGHTS`); the shape tables below
 give the Hugging Face [out, in] shapes that the registry is checked against. MoE layers are split in two: the layer
-graph runs attention, the router (softmax, top-k, scaling) and the shared experts; routed experts
-then run through one small expert graph, once per expert that received rows, with that
-expert's weights as inputs (`max_runtime` groups the rows by expert on the host and adds the
-weighted results). On CPU this does the routed work only, instead of every expert on every row.
-The expert graph takes `gate_up` [hidden, 2*moe_inter] and `down` [moe_inter, hidden], stacked
-and transposed per layer at load time, so no transposes run per call.
+graph runs attention, the router (softmax, top-k, scaling) and the shared experts; the routed
+experts then run in one launch of the routed-experts graph, bound per layer (`max_runtime`
+groups the rows by expert on the host and passes each expert's rows and routing weights; each
+expert gathers its rows, runs, and scatter-adds its weighted output, and an expert without rows
+is skipped). On CPU this does the routed work only, instead of every expert on every row, and
+pays one launch per layer instead of one per expert. Expert weights are transposed per layer at
+load time, so no transposes run per call.
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ from libs.model.config import DeepseekV2Config
 ROWS = "R"
 PAST = "P"
 KEYS = "T"  # = P + R; checked at run time by a rebind
+ROW_KEYS = "K"  # the absorbed form's per-row key width
 EXPERT_ROWS = "N"
 
 
 # Linear weights: the registry holds them transposed to [in, out] (see `_Builder.linear`).
-# kv_b_proj is bound split per head instead: `kv_b_k` [heads, nope, rank] and `kv_b_v`
-# [heads, rank, v] (see `_attention`).
+# kv_b_proj is bound split instead, per head for the absorbed form: `kv_b_k` [heads, nope, rank]
+# and `kv_b_v` [heads, rank, v]; and as [in, out] halves for the expanded form: `kv_b_k_expand`
+# [rank, heads * nope] and `kv_b_v_expand` [rank, heads * v] (see `_attention`).
 LINEAR_WEIGHTS = frozenset({
     "q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj",
     "gate_proj", "up_proj", "down_proj", "shared_gate_proj", "shared_up_proj", "shared_down_proj",
@@ -76,10 +84,17 @@ class _Builder:
         return Graph.current.add_weight(w, force_initial_weight_on_host=self.spec.device.is_cpu())
 
     def matmul(self, x: TensorValue, w: TensorValue) -> TensorValue:
-        """float32 `x` @ stored weight; with bf16 weights the product runs in bf16."""
+        """float32 `x` (or `x` already in the weight's dtype) @ stored weight; with bf16 weights
+        the product runs in bf16 and comes back as float32."""
         if w.dtype == DType.float32:
             return ops.matmul(x, w)
-        return ops.cast(ops.matmul(ops.cast(x, w.dtype), w), DType.float32)
+        if x.dtype != w.dtype:
+            x = ops.cast(x, w.dtype)
+        return ops.cast(ops.matmul(x, w), DType.float32)
+
+    def in_weight_dtype(self, x: TensorValue) -> TensorValue:
+        """`x` cast to the stored weights' dtype (a no-op for float32 weights)."""
+        return x if self.spec.weight_dtype == x.dtype else ops.cast(x, self.spec.weight_dtype)
 
     def linear(self, x: TensorValue, name: str, out_dim: int, in_dim: int) -> TensorValue:
         # Stored [in, out] (transposed once at load): an in-graph transpose of an [out, in]
@@ -154,6 +169,8 @@ def _build_final(spec: GraphSpec) -> Graph:
 
 
 def layer_input_types(cfg: DeepseekV2Config, device: DeviceRef) -> list[TensorType]:
+    """hidden, cos, sin, past latent, past k_rope, dense mask [R, P + R], per-row key index and
+    mask [R, K] (absorbed form), and the form switch (bool scalar on the host: True = expanded)."""
     half_rope = cfg.qk_rope_head_dim // 2
     f32 = DType.float32
     return [
@@ -163,6 +180,9 @@ def layer_input_types(cfg: DeepseekV2Config, device: DeviceRef) -> list[TensorTy
         TensorType(f32, [PAST, cfg.kv_lora_rank], device=device),
         TensorType(f32, [PAST, cfg.qk_rope_head_dim], device=device),
         TensorType(f32, [ROWS, KEYS], device=device),
+        TensorType(DType.int32, [ROWS, ROW_KEYS], device=device),
+        TensorType(f32, [ROWS, ROW_KEYS], device=device),
+        TensorType(DType.bool, [], device=DeviceRef.CPU()),
     ]
 
 
@@ -170,9 +190,11 @@ def _build_layer(spec: GraphSpec) -> Graph:
     cfg = spec.cfg
     name = f"fornax_{spec.kind.value}"
     with Graph(name, input_types=layer_input_types(cfg, spec.device)) as graph:
-        hidden, cos, sin, past_latent, past_k_rope, mask = (v.tensor for v in graph.inputs)
+        hidden, cos, sin, past_latent, past_k_rope, mask, key_index, key_mask, expanded = (
+            v.tensor for v in graph.inputs)
         b = _Builder(spec)
-        attn_out, latent, k_rope = _attention(b, hidden, cos, sin, past_latent, past_k_rope, mask)
+        attn_out, latent, k_rope = _attention(
+            b, hidden, cos, sin, past_latent, past_k_rope, _KeySets(mask, key_index, key_mask, expanded))
         hidden = hidden + attn_out
         x = b.rms_norm(hidden, "post_attention_layernorm", cfg.hidden_size)
         if spec.kind is GraphKind.MOE_LAYER:
@@ -184,6 +206,14 @@ def _build_layer(spec: GraphSpec) -> Graph:
             mlp_out = _swiglu(b, x, "", cfg.intermediate_size)
             graph.output(hidden + mlp_out, latent, k_rope)
     return graph
+
+
+@dataclass(frozen=True)
+class _KeySets:
+    mask: TensorValue       # [R, P + R] additive, expanded form
+    key_index: TensorValue  # [R, K] int32 into [past ; new], absorbed form
+    key_mask: TensorValue   # [R, K] additive, absorbed form
+    expanded: TensorValue   # bool scalar on the host
 
 
 def _rope(x: TensorValue, cos: TensorValue, sin: TensorValue) -> TensorValue:
@@ -211,8 +241,9 @@ def _queries(b: _Builder, x: TensorValue) -> TensorValue:
     return b.linear(q_a, "q_b_proj", out_dim, cfg.q_lora_rank)
 
 
-def _attention(b, hidden, cos, sin, past_latent, past_k_rope, mask):  # noqa: ANN001, ANN202
-    """MLA attention over keys [past ; new]; returns (o_proj output, new latent, new k_rope)."""
+def _attention(b, hidden, cos, sin, past_latent, past_k_rope, key_sets):  # noqa: ANN001, ANN202
+    """MLA attention over keys [past ; new] in the form `key_sets.expanded` picks; returns
+    (o_proj output, new latent, new k_rope)."""
     cfg = b.cfg
     heads, nope, rope, v_dim = (
         cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim)
@@ -227,19 +258,46 @@ def _attention(b, hidden, cos, sin, past_latent, past_k_rope, mask):  # noqa: AN
     k_rope = ops.reshape(_rope(ops.reshape(compressed[:, rank:], [rows, 1, rope]), cos, sin), [rows, rope])
     all_latent = ops.concat([past_latent, latent], axis=0)
     all_k_rope = ops.concat([past_k_rope, k_rope], axis=0)
-    keys = all_latent.shape[0]
-    # Absorbed MLA: queries move into the latent space (kv_b's key half folded into q), so
-    # keys are never expanded per head; with a ragged batch every row scores every key, and
-    # expanding all P + R latents through kv_b would dominate decode.
-    q_latent = b.matmul(ops.permute(q_nope, [1, 0, 2]), b.stored_weight("kv_b_k", [heads, nope, rank]))
-    scores = ops.matmul(ops.reshape(q_latent, [heads * rows, rank]), ops.transpose(all_latent, 0, 1))
-    scores = ops.reshape(scores, [heads, rows, keys])  # [heads, R, keys]
-    scores = scores + ops.matmul(ops.permute(q_rope, [1, 0, 2]), ops.transpose(all_k_rope, 0, 1))
-    mask = ops.rebind(mask, [rows, keys], message="mask must be [R, P + R]")
-    probs = ops.softmax(scores * cfg.softmax_scale() + ops.unsqueeze(mask, 0), axis=-1)
-    context = ops.matmul(ops.reshape(probs, [heads * rows, keys]), all_latent)  # [heads*R, rank]
-    context = b.matmul(ops.reshape(context, [heads, rows, rank]), b.stored_weight("kv_b_v", [heads, rank, v_dim]))
-    context = ops.reshape(ops.permute(context, [1, 0, 2]), [rows, heads * v_dim])  # [R, heads*v]
+    # Weights are added to the graph outside the branches, which only read them.
+    w = {
+        "kv_b_k": b.stored_weight("kv_b_k", [heads, nope, rank]),
+        "kv_b_v": b.stored_weight("kv_b_v", [heads, rank, v_dim]),
+        "kv_b_k_expand": b.stored_weight("kv_b_k_expand", [rank, heads * nope]),
+        "kv_b_v_expand": b.stored_weight("kv_b_v_expand", [rank, heads * v_dim]),
+    }
+    # The expanded form's input in the weights' dtype, cast outside the branch: a bf16 cast of
+    # the [T, rank] keys inside a branch fails MAX 26.7's shape check on the cast.
+    expand_in = b.in_weight_dtype(all_latent)
+    q_nope_h = ops.permute(q_nope, [1, 0, 2])  # [heads, R, nope]
+    q_rope_h = ops.permute(q_rope, [1, 0, 2])  # [heads, R, rope]
+    scale = cfg.softmax_scale()
+
+    def expanded() -> TensorValue:
+        keys = all_latent.shape[0]
+        k_nope = ops.reshape(b.matmul(expand_in, w["kv_b_k_expand"]), [keys, heads, nope])
+        values = ops.reshape(b.matmul(expand_in, w["kv_b_v_expand"]), [keys, heads, v_dim])
+        scores = ops.matmul(q_nope_h, ops.permute(k_nope, [1, 2, 0]))  # [heads, R, keys]
+        scores = scores + ops.matmul(q_rope_h, ops.transpose(all_k_rope, 0, 1))
+        mask = ops.rebind(key_sets.mask, [rows, keys], message="mask must be [R, P + R]")
+        probs = ops.softmax(scores * scale + ops.unsqueeze(mask, 0), axis=-1)
+        context = ops.matmul(probs, ops.permute(values, [1, 0, 2]))  # [heads, R, v]
+        return ops.reshape(ops.permute(context, [1, 0, 2]), [rows, heads * v_dim])
+
+    def absorbed() -> TensorValue:
+        # kv_b's key half folded into q and its value half into the output; each row attends
+        # over its own gathered keys only.
+        q_latent = ops.permute(b.matmul(q_nope_h, w["kv_b_k"]), [1, 0, 2])  # [R, heads, rank]
+        row_latent = ops.gather(all_latent, key_sets.key_index, axis=0)  # [R, K, rank]
+        row_k_rope = ops.gather(all_k_rope, key_sets.key_index, axis=0)  # [R, K, rope]
+        scores = ops.matmul(q_latent, ops.transpose(row_latent, 1, 2))  # [R, heads, K]
+        scores = scores + ops.matmul(q_rope, ops.transpose(row_k_rope, 1, 2))
+        probs = ops.softmax(scores * scale + ops.unsqueeze(key_sets.key_mask, 1), axis=-1)
+        context = ops.permute(ops.matmul(probs, row_latent), [1, 0, 2])  # [heads, R, rank]
+        context = b.matmul(context, w["kv_b_v"])  # [heads, R, v]
+        return ops.reshape(ops.permute(context, [1, 0, 2]), [rows, heads * v_dim])
+
+    out_type = TensorType(DType.float32, [rows, heads * v_dim], device=b.spec.device)
+    (context,) = ops.cond(key_sets.expanded, [out_type], expanded, absorbed)
     out = b.linear(context, "o_proj", cfg.hidden_size, heads * v_dim)
     return out, latent, k_rope
 
@@ -266,24 +324,52 @@ def _route(b: _Builder, x: TensorValue) -> tuple[TensorValue, TensorValue]:
 
 
 def expert_input_types(spec: GraphSpec) -> list[TensorType]:
+    """hidden and x [R, hidden]; per expert e: its rows `rows_e` int32 [N_e] and routing weights
+    `weights_e` f32 [N_e]; then one host bool per expert (False: no rows, its inputs are
+    placeholders and its work is skipped)."""
     cfg, device = spec.cfg, spec.device
-    h, inter = cfg.hidden_size, cfg.moe_intermediate_size
-    return [
-        TensorType(DType.float32, [EXPERT_ROWS, h], device=device),
-        TensorType(spec.weight_dtype, [h, 2 * inter], device=device),
-        TensorType(spec.weight_dtype, [inter, h], device=device),
-    ]
+    h = cfg.hidden_size
+    types = [TensorType(DType.float32, [ROWS, h], device=device), TensorType(DType.float32, [ROWS, h], device=device)]
+    for e in range(cfg.n_routed_experts):
+        types += [TensorType(DType.int32, [f"{EXPERT_ROWS}{e}"], device=device),
+                  TensorType(DType.float32, [f"{EXPERT_ROWS}{e}"], device=device)]
+    types += [TensorType(DType.bool, [], device=DeviceRef.CPU()) for _ in range(cfg.n_routed_experts)]
+    return types
+
+
+def expert_weight_names(e: int) -> tuple[str, str]:
+    return f"experts_gate_up_{e}", f"experts_down_{e}"
 
 
 def _build_expert(spec: GraphSpec) -> Graph:
-    """One routed expert's SwiGLU over the rows routed to it; the expert's weights are inputs
-    (views into the layer's stacked expert tensors), so one model serves every expert."""
-    inter = spec.cfg.moe_intermediate_size
-    with Graph("fornax_expert", input_types=expert_input_types(spec)) as graph:
-        x, gate_up_w, down_w = (v.tensor for v in graph.inputs)
+    """Every routed expert of one MoE layer in one launch: each expert with rows gathers them,
+    runs its SwiGLU and scatter-adds the weighted result into `hidden`; an expert without rows
+    is skipped by its host switch. Weights are bound per layer: `experts_gate_up_{e}`
+    [hidden, 2*moe_inter] and `experts_down_{e}` [moe_inter, hidden], laid out at load time."""
+    cfg = spec.cfg
+    h, inter, experts = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
+    with Graph("fornax_routed_experts", input_types=expert_input_types(spec)) as graph:
+        values = [v.tensor for v in graph.inputs]
+        hidden, x = values[0], values[1]
+        flags = values[2 + 2 * experts:]
         b = _Builder(spec)
-        gate_up = b.matmul(x, gate_up_w)
-        graph.output(b.matmul(ops.silu(gate_up[:, :inter]) * gate_up[:, inter:], down_w))
+        out_type = TensorType(DType.float32, [ROWS, h], device=spec.device)
+        for e in range(experts):
+            rows, weights = values[2 + 2 * e], values[3 + 2 * e]
+            gate_up_name, down_name = expert_weight_names(e)
+            gate_up_w = b.stored_weight(gate_up_name, [h, 2 * inter])
+            down_w = b.stored_weight(down_name, [inter, h])
+
+            def run_expert(acc=hidden, rows=rows, weights=weights, gate_up_w=gate_up_w, down_w=down_w):  # noqa: ANN001, ANN202
+                gate_up = b.matmul(ops.gather(x, rows, axis=0), gate_up_w)
+                y = b.matmul(ops.silu(gate_up[:, :inter]) * gate_up[:, inter:], down_w)
+                return ops.scatter_nd_add(acc, y * ops.unsqueeze(weights, 1), ops.unsqueeze(rows, 1))
+
+            def skip(acc=hidden):  # noqa: ANN001, ANN202
+                return acc
+
+            (hidden,) = ops.cond(flags[e], [out_type], run_expert, skip)
+        graph.output(hidden)
     return graph
 
 

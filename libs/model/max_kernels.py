@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from libs.model.config import DeepseekV2Config
-from libs.model.errors import BackendUnavailableError, CheckpointError
+from libs.model.errors import BackendUnavailableError, BatchError, CheckpointError
 from libs.model.kernels import LayerInputs, LayerOutputs
+from libs.model.mla_forms import AttentionForm, choose_form, keys_per_row, row_keys
 
 if TYPE_CHECKING:
     from libs.model.weights import StageWeights
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 CACHE_DIR_ENV = "FORNAX_COMPILE_CACHE_DIR"
 DEVICES = ("cpu", "gpu")
 WEIGHT_DTYPES = ("float32", "bfloat16")
+ATTENTION_FORMS = ("auto", "absorbed", "expanded")
 
 ProgressFn = Callable[[str], None]
 
@@ -59,6 +61,9 @@ class MaxOptions:
     device: str = "cpu"
     # "bfloat16": bf16 weights and bf16 linear products; norms, softmax, router stay float32
     weight_dtype: str = "float32"
+    # MLA form per microbatch: "auto" (the cheaper by `mla_forms.choose_form`), or one form
+    # for every microbatch ("absorbed" / "expanded"), for tests and measurements
+    attention_form: str = "auto"
     progress: ProgressFn = field(default=stderr_progress, compare=False)
 
 
@@ -91,6 +96,8 @@ class MaxKernels:
             raise BackendUnavailableError(f"max device {options.device!r} not in {DEVICES}")
         if options.weight_dtype not in WEIGHT_DTYPES:
             raise BackendUnavailableError(f"max weight dtype {options.weight_dtype!r} not in {WEIGHT_DTYPES}")
+        if options.attention_form not in ATTENTION_FORMS:
+            raise BackendUnavailableError(f"max attention form {options.attention_form!r} not in {ATTENTION_FORMS}")
         self.build = max_build()
         self.cfg = cfg
         self.options = options
@@ -139,12 +146,31 @@ class MaxKernels:
             for a in (inputs.hidden, inputs.rope_cos, inputs.rope_sin,
                       inputs.past_latent, inputs.past_k_rope, inputs.mask)
         ]
+        rows, past = arrays[0].shape[0], arrays[3].shape[0]
+        if arrays[5].shape != (rows, past + rows):
+            # checked here, not only in the graph: the absorbed form reads the mask on the host
+            # (`row_keys`), where a narrower mask would pick wrong keys instead of failing
+            raise BatchError(f"mask must be [R, P + R] = [{rows}, {past + rows}], got {list(arrays[5].shape)}")
+        form = self.attention_form(inputs.mask)
+        if form is AttentionForm.ABSORBED:
+            keys = row_keys(arrays[-1])
+            arrays += [keys.index, keys.mask]
+        else:  # the per-row key inputs are unused by the expanded branch
+            arrays += [np.zeros((rows, 1), np.int32), np.zeros((rows, 1), np.float32)]
+        flags = (form is AttentionForm.EXPANDED,)
         model, experts = bound
         if experts is None:
-            hidden, latent, k_rope = self._rt.run(model, *arrays)
+            hidden, latent, k_rope = self._rt.run(model, *arrays, host_flags=flags)
             return LayerOutputs(hidden, latent, k_rope, None)
-        hidden, latent, k_rope, expert_ids = self._rt.run_moe(model, experts, *arrays)
+        hidden, latent, k_rope, expert_ids = self._rt.run_moe(model, experts, *arrays, host_flags=flags)
         return LayerOutputs(hidden, latent, k_rope, expert_ids)
+
+    def attention_form(self, mask: np.ndarray) -> AttentionForm:
+        """The MLA form this microbatch runs in (see `mla_forms`)."""
+        if self.options.attention_form != "auto":
+            return AttentionForm(self.options.attention_form)
+        rows, keys = mask.shape
+        return choose_form(self.cfg, rows, keys, keys_per_row(mask))
 
     def final(self, hidden: np.ndarray) -> np.ndarray:
         if self._final is None:

@@ -21,18 +21,20 @@ from libs.model.max_graphs import (
     GraphSpec,
     attention_weight_shapes,
     build_graph,
+    expert_weight_names,
     mlp_weight_shapes,
 )
 from libs.model.weights import LayerWeights, MoeWeights
 
 # First-run compile times measured on a shared 2-core x86 host (physical, max 26.7.0, tiny and
-# small presets, load average 5-8), shown before a compile that may miss the cache.
+# small presets; load average 5-8, and 10-15 for the two-form MoE layer and grouped-expert graphs:
+# 1,067 s and 417 s on small), shown before a compile that may miss the cache.
 _FIRST_RUN_HINT = {
     GraphKind.EMBED: "under 1 min",
     GraphKind.DENSE_LAYER: "2-5 min",
-    GraphKind.MOE_LAYER: "2-5 min",
+    GraphKind.MOE_LAYER: "5-18 min",
     GraphKind.FINAL: "1-4 min",
-    GraphKind.EXPERT: "about 1 min",
+    GraphKind.EXPERT: "2-7 min",
 }
 
 
@@ -81,7 +83,6 @@ class Runtime:
         self.session = InferenceSession(devices=[self.device])
         self._compiled: dict[GraphKind, Any] = {}
         self.compile_seconds: dict[str, float] = {}
-        self._expert: Any = None
 
     def layer_kind(self, layer_index: int) -> GraphKind:
         return GraphKind.MOE_LAYER if self.cfg.is_moe_layer(layer_index) else GraphKind.DENSE_LAYER
@@ -115,27 +116,24 @@ class Runtime:
             buffer = Buffer.from_numpy(array)
         return buffer if self.on_host else buffer.to(self.device)
 
-    def bind_experts(self, moe: MoeWeights) -> RoutedExperts:
-        """Per-expert weight buffers for the expert graph, laid out once at load time."""
+    def bind_experts(self, moe: MoeWeights) -> BoundModel:
+        """The routed-experts graph bound to one layer's experts, laid out once at load time."""
         e, inter, h = moe.experts_gate.shape
-        gate_up = np.empty((e, h, 2 * inter), np.float32)
-        gate_up[:, :, :inter] = moe.experts_gate.transpose(0, 2, 1)
-        gate_up[:, :, inter:] = moe.experts_up.transpose(0, 2, 1)
-        down = np.ascontiguousarray(moe.experts_down.transpose(0, 2, 1))  # [E, I, H]
-        self.compiled(GraphKind.EXPERT)
-        experts = RoutedExperts(
-            tuple(self._weight_buffer(gate_up[i]) for i in range(e)),
-            tuple(self._weight_buffer(down[i]) for i in range(e)),
-        )
-        return experts
+        registry = {}
+        for expert in range(e):
+            gate_up = np.empty((h, 2 * inter), np.float32)
+            gate_up[:, :inter] = moe.experts_gate[expert].T
+            gate_up[:, inter:] = moe.experts_up[expert].T
+            gate_up_name, down_name = expert_weight_names(expert)
+            registry[gate_up_name] = gate_up
+            registry[down_name] = np.ascontiguousarray(moe.experts_down[expert].T)  # [I, H]
+        return self.bind(GraphKind.EXPERT, registry)
 
-    def _expert_model(self) -> Any:
-        if self._expert is None:
-            self._expert = self.session.init(self.compiled(GraphKind.EXPERT))
-        return self._expert
-
-    def run(self, bound: BoundModel, *arrays: np.ndarray) -> list[np.ndarray]:
-        outputs = bound.model.execute(*(self._input(a) for a in arrays))
+    def run(self, bound: BoundModel, *arrays: np.ndarray, host_flags: tuple[bool, ...] = ()) -> list[np.ndarray]:
+        """Executes with `arrays` on the device and `host_flags` (branch switches, bool scalars)
+        on the host. (A 0-d numpy bool cannot go through `Buffer.from_numpy` in max 26.7.)"""
+        flags = (Buffer.scalar(bool(flag), DType.bool, CPU()) for flag in host_flags)
+        outputs = bound.model.execute(*(self._input(a) for a in arrays), *flags)
         if self.on_host:
             return [out.to_numpy() for out in outputs]
         return [out.to(CPU()).to_numpy() for out in outputs]
@@ -144,38 +142,47 @@ class Runtime:
         buffer = Buffer.from_numpy(array)
         return buffer if self.on_host else buffer.to(self.device)
 
-    def run_moe(self, bound: BoundModel, experts: RoutedExperts, *arrays: np.ndarray) -> list[np.ndarray]:
-        """MoE layer graph, then each routed expert over its rows; returns
-        [hidden, new_latent, new_k_rope, expert_ids]."""
-        hidden, latent, k_rope, ids, x, weights = self.run(bound, *arrays)
-        k = ids.shape[1]
-        flat = ids.reshape(-1)
-        order = np.argsort(flat, kind="stable")
-        counts = np.bincount(flat, minlength=len(experts.gate_up))
-        ends = np.cumsum(counts)
-        flat_weights = weights.reshape(-1)
-        expert_model = self._expert_model()
-        for expert in np.flatnonzero(counts):
-            picks = order[ends[expert] - counts[expert] : ends[expert]]
-            rows = picks // k  # a row picks an expert at most once, so rows are distinct
-            out = expert_model.execute(
-                self._input(np.ascontiguousarray(x[rows])), experts.gate_up[expert], experts.down[expert]
-            )[0]
-            y = out.to_numpy() if self.on_host else out.to(CPU()).to_numpy()
-            hidden[rows] += flat_weights[picks, None] * y
+    def run_moe(self, bound: BoundModel, experts: BoundModel, *arrays: np.ndarray,
+                host_flags: tuple[bool, ...] = ()) -> list[np.ndarray]:
+        """MoE layer graph, then the routed-experts graph once over every expert's rows;
+        returns [hidden, new_latent, new_k_rope, expert_ids]."""
+        hidden, latent, k_rope, ids, x, weights = self.run(bound, *arrays, host_flags=host_flags)
+        rows, routing, used = group_by_expert(ids, weights, self.cfg.n_routed_experts)
+        inputs = [hidden, x]
+        for expert_rows, expert_weights in zip(rows, routing, strict=True):
+            inputs += [expert_rows, expert_weights]
+        (hidden,) = self.run(experts, *inputs, host_flags=tuple(used))
         return [hidden, latent, k_rope, ids]
+
+
+def group_by_expert(ids: np.ndarray, weights: np.ndarray, experts: int
+                    ) -> tuple[list[np.ndarray], list[np.ndarray], list[bool]]:
+    """Per expert: the rows routed to it (int32, ascending), their routing weights (float32),
+    and whether it has any. An expert without rows gets a one-element placeholder (row 0,
+    weight 0) that its skipped branch never reads."""
+    k = ids.shape[1]
+    flat = ids.reshape(-1)
+    order = np.argsort(flat, kind="stable")
+    bounds = np.searchsorted(flat[order], np.arange(experts + 1))
+    flat_weights = weights.reshape(-1).astype(np.float32, copy=False)
+    rows, routing, used = [], [], []
+    for expert in range(experts):
+        picks = order[bounds[expert]:bounds[expert + 1]]
+        if picks.size == 0:
+            rows.append(np.zeros(1, np.int32))
+            routing.append(np.zeros(1, np.float32))
+            used.append(False)
+            continue
+        rows.append((picks // k).astype(np.int32))  # a row picks an expert at most once
+        routing.append(np.ascontiguousarray(flat_weights[picks]))
+        used.append(True)
+    return rows, routing, used
 
 
 @dataclass(frozen=True)
 class BoundModel:
     model: Any
     buffers: dict[str, Any]  # the registry; must live as long as the model
-
-
-@dataclass(frozen=True)
-class RoutedExperts:
-    gate_up: tuple[Any, ...]  # per expert: [hidden, 2*moe_inter] buffer
-    down: tuple[Any, ...]     # per expert: [moe_inter, hidden] buffer
 
 
 def _to_bf16_bits(array: np.ndarray) -> np.ndarray:
@@ -197,6 +204,9 @@ def layer_registry(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> 
     kv_b = registry.pop("kv_b_proj").reshape(heads, nope + cfg.v_head_dim, cfg.kv_lora_rank)
     registry["kv_b_k"] = np.ascontiguousarray(kv_b[:, :nope, :])
     registry["kv_b_v"] = np.ascontiguousarray(kv_b[:, nope:, :].transpose(0, 2, 1))
+    rank = cfg.kv_lora_rank
+    registry["kv_b_k_expand"] = np.ascontiguousarray(kv_b[:, :nope, :].reshape(-1, rank).T)
+    registry["kv_b_v_expand"] = np.ascontiguousarray(kv_b[:, nope:, :].reshape(-1, rank).T)
     return registry
 
 

@@ -58,7 +58,7 @@ def test_every_moe_layer_binds_its_own_weights(full_stage, numpy_kernels, max_ke
     inputs = layer_inputs(cfg, [2, 3], [3, 1], seed=7)
     moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
     outs = [max_kernels.decoder_layer(i, inputs).hidden for i in moe_layers]
-    for i, out in zip(moe_layers, outs):
+    for i, out in zip(moe_layers, outs, strict=True):
         np.testing.assert_allclose(out, numpy_kernels.decoder_layer(i, inputs).hidden, atol=TOL, rtol=0)
     assert len(moe_layers) > 1 and not np.allclose(outs[0], outs[1])
 
