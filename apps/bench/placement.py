@@ -3,11 +3,14 @@
 One run, on a netns fleet of two unlike hosts (namespaces, cgroup quotas, shaped links):
 1. the calibrated split is the planner's profile-based plan (`plan_from_profiles`) from the
    stage and link profile records `fornax profile` stored under `--state-dir` (physical);
-   the benchmark keeps no cost estimator of its own;
+   the benchmark keeps no cost estimator of its own. Its target decode context is the load's
+   mean past per decode row (`load_mean_past`: prompt tokens plus half the output tokens), the
+   context this load's decode steps run at;
 2. the same load (same prompts, concurrency and length) is served under the even split and under
    the calibrated split, interleaved `repeats` times, best tokens/s of each kept;
 3. each served split's stage times (GetHealth decode service per microbatch) are compared with
-   the planner's prediction for that split at the rows per microbatch it actually ran, and the
+   the planner's prediction for that split at the rows per microbatch and the mean past per row
+   it actually ran (the workers' counters), and the
    report says what explains the ratio: layers per host, whether the load kept every stage busy,
    and where the embeddings and head sit.
 Routes are loaded straight from the checkpoint with explicit layer ranges (the direct load path),
@@ -86,6 +89,7 @@ class Served:
     figures: RunFigures
     stage_decode_s: list[float]  # mean decode service per microbatch, per stage
     rows_per_microbatch: list[float]
+    past_per_row: list[float]  # mean tokens of past per decode row, per stage
 
 
 async def _service_times(workers: list[str]) -> list[sw_pb.ServiceTimes]:
@@ -139,7 +143,16 @@ class _Bench:
         stage_s = [(a.decode_service_ns - b.decode_service_ns) / n / 1e9
                    for a, b, n in zip(after, before, batches, strict=True)]
         rows = [(a.decode_rows - b.decode_rows) / n for a, b, n in zip(after, before, batches, strict=True)]
-        return Served(split, figures, stage_s, rows)
+        past = [(a.decode_past_tokens - b.decode_past_tokens) / max(a.decode_rows - b.decode_rows, 1)
+                for a, b in zip(after, before, strict=True)]
+        return Served(split, figures, stage_s, rows, past)
+
+
+def load_mean_past(prompt_tokens: int, max_tokens: int) -> int:
+    """Mean tokens of past per decode row of a load whose every sequence prefills `prompt_tokens`
+    and decodes `max_tokens - 1` rows (output token n >= 1 comes from a row at past prompt + n - 1)."""
+    rows = max(max_tokens - 1, 1)
+    return round(prompt_tokens + (rows - 1) / 2)
 
 
 async def _plan(options: PlacementBenchOptions, records: list[ProfileRecordInput], workers: list[str],
@@ -148,7 +161,8 @@ async def _plan(options: PlacementBenchOptions, records: list[ProfileRecordInput
     inventory = inventory_from(caps, tuple(hosts))
     model = describe_checkpoint(options.checkpoint)
     target = Target(concurrency=options.concurrency, min_stages=len(workers), max_stages=len(workers),
-                    boundary_dtype=DType.FP32, prefill_tokens=options.prompt_tokens)
+                    boundary_dtype=DType.FP32, prefill_tokens=options.prompt_tokens,
+                    decode_context_tokens=load_mean_past(options.prompt_tokens, options.max_tokens))
     book = book_from_records(records)
     now = time.time_ns()
     try:
@@ -167,12 +181,14 @@ async def _plan(options: PlacementBenchOptions, records: list[ProfileRecordInput
 
 
 def _predicted(split: Split, served: Served, model, inventory, book, now) -> list[PredictedStage]:
-    """The planner's terms for this served split, at each stage's measured rows per microbatch."""
+    """The planner's terms for this served split, at each stage's measured rows per microbatch and
+    the served mean past per row (every stage runs the same rows, so their pasts agree)."""
     placement = [(node_name(w), a, b) for w, (a, b) in zip(split.workers, split.ranges, strict=True)]
-    at = planner_at(model, inventory, book, placement, now)
+    past = round(max(served.past_per_row, default=0.0))
+    at = planner_at(model, inventory, book, placement, now, past)
     blank = [PredictedStage(i, h, "", a, b, dict.fromkeys(PHASES, 0.0))
              for i, (h, (a, b)) in enumerate(zip(split.hosts, split.ranges, strict=True))]
-    return predicted_at_rows(blank, served.rows_per_microbatch, at)
+    return predicted_at_rows(blank, served.rows_per_microbatch, at, past=past)
 
 
 async def _run(options: PlacementBenchOptions, records: list[ProfileRecordInput], workers: list[str], log) -> dict:
@@ -216,10 +232,11 @@ def _split_view(served: Served, predicted: list[PredictedStage], concurrency: in
         "stages": [{"host": host, "layer_start": a, "layer_end_exclusive": b,
                     "measured_decode_service_s": measured, "predicted_decode_service_s": _service(p),
                     "predicted_terms_s": p.seconds, "predicted_at_rows": p.rows,
-                    "measured_rows_per_microbatch": rows}
-                   for host, (a, b), measured, p, rows in zip(
+                    "predicted_at_past_tokens": p.past,
+                    "measured_rows_per_microbatch": rows, "measured_past_per_row": past}
+                   for host, (a, b), measured, p, rows, past in zip(
                        split.hosts, split.ranges, served.stage_decode_s, predicted, served.rows_per_microbatch,
-                       strict=True)],
+                       served.past_per_row, strict=True)],
         "measured_bottleneck_s": max(served.stage_decode_s),
         "predicted_bottleneck_s": max(_service(p) for p in predicted),
         "bottleneck_prediction_error": bottleneck_prediction_error([_service(p) for p in predicted],
@@ -244,6 +261,10 @@ def _report(options: PlacementBenchOptions, plan: d.Plan, best: dict[str, Served
         "plan": {"plan_id": plan.plan_id, "route_key": plan.route_key, "evidence_record_ids": list(plan.evidence_ids),
                  "target_rows_per_microbatch": next((p.value for p in plan.predictions
                                                      if p.name == "decode_microbatch_rows"), None),
+                 "target_decode_context_tokens": next((p.value for p in plan.predictions
+                                                       if p.name == "decode_context_tokens"), None),
+                 "target_decode_context_basis": "the bench load's mean past per decode row: prompt tokens plus "
+                                                "half the output tokens (contract of this load)",
                  "stages": [{"host": s.host, "layer_start": s.layer_start, "layer_end_exclusive": s.layer_end,
                              "terms": [{"term": t.term, "value": t.value, "unit": t.unit, "class": t.label,
                                         "record_ids": list(t.record_ids)} for t in s.terms]}
@@ -252,7 +273,7 @@ def _report(options: PlacementBenchOptions, plan: d.Plan, best: dict[str, Served
             "calibrated_vs_even_tok_s": "physical: ratio of tokens/s measured in this run, same load",
             "bottleneck_prediction_error": "physical measurement against a prediction: the calibrated split's "
                                            "measured bottleneck stage time vs the planner's prediction for it at "
-                                           "the rows per microbatch it ran",
+                                           "the rows per microbatch and the mean past per row it ran",
             "plan": "the planner's profile-based plan: predictions computed from the physical profile records named",
             "predicted_*": "predictions of the planner's cost model from the stored profile records",
             "measured_*, serving, output_tokens_per_s": "physical measurements on this host",

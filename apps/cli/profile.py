@@ -48,7 +48,9 @@ def register(commands, benches) -> None:
                    help="prompt lengths S, comma-separated (default 16,128,512)")
     p.add_argument("--decode-batches", type=_ints, default=grid.decode_batches,
                    help="decode microbatch sizes, comma-separated (default 1,8,32)")
-    p.add_argument("--context", type=int, default=grid.context_tokens, help="past tokens of each decode row")
+    p.add_argument("--decode-contexts", type=_ints, default=grid.decode_contexts,
+                   help="past tokens of each decode row, comma-separated: every decode figure is measured at "
+                        "each (default 32,128,512)")
     p.add_argument("--min-run-ms", type=int, default=round(grid.min_run_s * 1000),
                    help="each run repeats a call for at least this long (default 300: three CFS periods)")
     p.add_argument("--valid-for-s", type=int, default=7 * 24 * 3600, help="validity window of each record")
@@ -132,7 +134,7 @@ def _profile(args: argparse.Namespace, state: FleetState, stage_hosts: list[str]
     if credentials is None:
         return _fail("profiles are physical evidence and must be signed: the fleet must serve mTLS "
                      f"(no operator certificate under {args.state_dir})")
-    grid = Grid(args.prefill_lengths, args.decode_batches, args.context, args.runs, args.min_run_ms / 1000)
+    grid = Grid(args.prefill_lengths, args.decode_batches, args.decode_contexts, args.runs, args.min_run_ms / 1000)
     command = "fornax " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["profile"] else "fornax profile"
     request = ProfileRequest(checkpoint, grid, command, link_runs=args.runs, valid_for_s=args.valid_for_s)
     try:
@@ -167,8 +169,12 @@ def _kind_rows(kind: LayerKindProfile) -> list[str]:
     per = " per layer" if kind.kind in ("dense", "moe") else ""
     rows = [f"    {kind.kind}: resident {kind.resident_bytes} B{per}, KV {kind.kv_bytes_per_token} B/token{per}"]
     rows += [f"      prefill S={s}: {_fig(f, 1e6, ' us/token')}" for s, f in sorted(kind.prefill_s_per_token.items())]
-    rows += [f"      decode batch={b}: {_fig(f, 1e3, ' ms/microbatch')}"
-             for b, f in sorted(kind.decode_s_per_microbatch.items())]
+    by_context: dict[int | None, dict[int, Figure]] = {None: kind.decode_s_per_microbatch}
+    if kind.decode_s_by_context:
+        by_context = dict(sorted(kind.decode_s_by_context.items()))
+    for context, table in by_context.items():
+        past = f" past={context}" if context is not None else ""
+        rows += [f"      decode batch={b}{past}: {_fig(f, 1e3, ' ms/microbatch')}" for b, f in sorted(table.items())]
     return rows
 
 
@@ -180,14 +186,14 @@ def render(result: FleetProfiles) -> str:
         lines.append(f"{EVIDENCE} stage profile {p.host.host} (record {stored.record.record_id})")
         lines.append(f"  host: {p.host.describe()}")
         lines.append(f"  build: {p.backend_build} on {p.device}; snapshot {p.model_snapshot}; dtype {p.dtype}; "
-                     f"context {p.context_tokens}, concurrency {p.concurrency}")
+                     f"decode pasts {list(p.decode_contexts)} tokens, concurrency {p.concurrency}")
         lines.append(f"  command: {p.command}; measured by {p.worker}; valid {p.valid_for_s} s")
         for kind in p.kinds:
             lines += _kind_rows(kind)
-        if p.step_s_per_microbatch:
+        if p.step_grid():
             lines.append("    step (served decode microbatch beyond its layers: executor, KV, unpack/pack):")
-            lines += [f"      decode batch={b}: {_fig(f, 1e3, ' ms/microbatch')}"
-                      for b, f in sorted(p.step_s_per_microbatch.items())]
+            lines += [f"      decode batch={b} past={c}: {_fig(f, 1e3, ' ms/microbatch')}"
+                      for c, table in sorted(p.step_grid().items()) for b, f in sorted(table.items())]
     for link in result.links:
         lp = link.profile
         lines.append(f"{EVIDENCE} link profile {lp.from_host} -> {lp.to_host} over {lp.transport} "

@@ -115,7 +115,7 @@ async def profile_fleet(workers: list[Worker], builder: str, registry: str, requ
                 reply = await sw_grpc.StageWorkerServiceStub(ch).ProfileStage(sw_pb.ProfileStageRequest(
                     request_id=str(uuid.uuid4()), artifact_source_address=builder, manifest_hashes=manifests,
                     host=worker.host, model_snapshot=snapshot, prefill_lengths=grid.prefill_lengths,
-                    decode_batches=grid.decode_batches, context_tokens=grid.context_tokens, runs=grid.runs,
+                    decode_batches=grid.decode_batches, decode_contexts=grid.decode_contexts, runs=grid.runs,
                     min_run_ms=round(grid.min_run_s * 1000),
                     valid_for_s=request.valid_for_s, command=request.command), timeout=PROFILE_TIMEOUT_S)
             record = await reg.put_record(content_from_proto(reply.record), reply.profile_json)

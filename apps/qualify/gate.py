@@ -44,6 +44,7 @@ class StageTimes:
     batches: int
     rows_per_batch: float
     seconds: dict[str, float]  # one per PHASES entry
+    past_per_row: float = 0.0  # mean tokens of past (KV) per decode row in the window; 0: not measured
 
     @property
     def service_s(self) -> float:
@@ -61,6 +62,7 @@ class PredictedStage:
     layer_end: int
     seconds: dict[str, float]  # one per PHASES entry
     rows: float = 0.0  # rows per microbatch these terms were predicted at (0: the plan's target rows)
+    past: float = 0.0  # tokens of past per row they were predicted at (0: the plan's decode context)
 
     @property
     def service_s(self) -> float:
@@ -112,7 +114,8 @@ class Verdict:
                  else "predictions at the plan's target rows per microbatch")
         lines.append(f"  {basis}")
         for s in c.stages:
-            at = f" at {s.rows:.3g} rows" if s.rows else ""
+            at = (f" at {s.rows:.3g} rows" if s.rows else "") + (f", {s.past_tokens:.3g} tokens of past per row"
+                                                                 if s.past_tokens else "")
             lines.append(f"  stage {s.stage_index} {s.host} [{s.layer_start},{s.layer_end}): predicted "
                          f"{s.predicted_s * 1e3:.4g} ms{at} (prediction), measured {_ms(s.measured_s)} (physical), "
                          f"error {s.relative_error:.1%}")
@@ -167,7 +170,7 @@ def calibrate(runs: Sequence[RunOutcome], predicted: Sequence[PredictedStage], *
         # No run measured: a zero figure, whose prediction error is infinite (the gate fails anyway).
         samples = [next(s for s in r.stages if s.stage_index == p.stage_index).service_s for r in measured] or [0.0]
         stages.append(StageCalibration(p.stage_index, p.host, p.layer_start, p.layer_end, p.service_s,
-                                       Figure.of(samples, "s"), p.rows))
+                                       Figure.of(samples, "s"), p.rows, p.past))
     calibration = Calibration(
         route_key=key, plan_hash=plan_hash,
         evidence_ids=tuple(evidence_ids), stages=tuple(stages),

@@ -30,8 +30,9 @@ class WindowError(ValueError):
 
 
 def stage_times(before: PhaseSnapshot, after: PhaseSnapshot, window_s: float, *, stage_index: int, host: str,
-                backend: str, layer_start: int, layer_end: int, rows: int) -> StageTimes:
-    """Seconds per microbatch in each phase over the window; `rows` is the decode rows sent in it."""
+                backend: str, layer_start: int, layer_end: int, rows: int, past_tokens: int = 0) -> StageTimes:
+    """Seconds per microbatch in each phase over the window; `rows` is the decode rows sent in it,
+    `past_tokens` the tokens of past those rows attended over, summed."""
     batches = after.batches - before.batches
     deltas = {
         "queue": after.queue_ns - before.queue_ns, "compute": after.compute_ns - before.compute_ns,
@@ -47,4 +48,5 @@ def stage_times(before: PhaseSnapshot, after: PhaseSnapshot, window_s: float, *,
     seconds = {k: v / 1e9 / batches for k, v in deltas.items()}
     explained = sum(seconds.values())
     seconds["exposed_wait"] = max(0.0, window_s / batches - explained)
-    return StageTimes(stage_index, host, backend, layer_start, layer_end, batches, rows / batches, seconds)
+    return StageTimes(stage_index, host, backend, layer_start, layer_end, batches, rows / batches, seconds,
+                      past_tokens / rows if rows else 0.0)

@@ -1,4 +1,5 @@
-"""The installed plan's predictions evaluated at the rows per microbatch qualify actually measured.
+"""The installed plan's predictions evaluated at the rows per microbatch, and the past per row,
+qualify actually measured.
 
 A plan predicts each stage's decode microbatch at its target rows (concurrency over the
 microbatches it keeps in flight); the gate's decode window runs the rows its prompts give.
@@ -7,6 +8,11 @@ planner's own cost model (`services.planner.planner.predict_placement`), on the 
 records the plan rests on, at each stage's measured rows per microbatch. The planner's tables
 take whole rows: a fractional measured figure blends the predictions at the rows either side
 linearly (each term is linear in rows between the profile's measured batches).
+
+Decode attention reads rows x past, and a plan predicts at its decode context (by default the
+configured context, the longest past a sequence reaches); the gate's decode window runs at the
+past its prompts and outputs give. So the re-prediction also takes the measured mean past per
+decode row (`past_tokens`), which the planner interpolates over the profile's measured pasts.
 
 The gate measures a stage's `wire` as the next hop's round trip less the next stage's own queue
 and execute time: the boundary frame out and the answer back. The planner's wire term is the
@@ -64,9 +70,10 @@ def answer_halves(book: ProfileBook, hosts: Sequence[str]) -> list[float]:
 
 
 def predicted_at_rows(installed: Sequence[PredictedStage], rows: Sequence[float], plan_at: PlanAt,
-                      answers_s: Sequence[float] = ()) -> list[PredictedStage]:
+                      answers_s: Sequence[float] = (), past: float = 0.0) -> list[PredictedStage]:
     """Each installed stage's terms re-predicted at its own measured rows per microbatch; the
-    stage's `answers_s` entry (if given) is added to its wire term (the round trip qualify measures)."""
+    stage's `answers_s` entry (if given) is added to its wire term (the round trip qualify measures).
+    `past`: the tokens of past per row `plan_at` predicts at, stated on each stage (0: the plan's)."""
     if len(rows) != len(installed):
         raise ValueError(f"{len(rows)} measured row figures for {len(installed)} stages")
     if answers_s and len(answers_s) != len(installed):
@@ -86,14 +93,16 @@ def predicted_at_rows(installed: Sequence[PredictedStage], rows: Sequence[float]
         seconds = blend(a.decode, b.decode, fraction)
         if answers_s:
             seconds["wire"] += answers_s[len(out)]
-        out.append(replace(stage, seconds=seconds, rows=max(measured_rows, 1.0)))
+        out.append(replace(stage, seconds=seconds, rows=max(measured_rows, 1.0), past=past))
     return out
 
 
 def planner_at(model: ModelDescription, inventory: Inventory, book: ProfileBook,
-               stages: Sequence[tuple[str, int, int]], now_ns: int) -> PlanAt:
-    """The planner's prediction of this placement (fp32 hops, as qualify runs it) at `rows` rows."""
-    target = Target(min_stages=len(stages), max_stages=len(stages), boundary_dtype=DType.FP32)
+               stages: Sequence[tuple[str, int, int]], now_ns: int, past_tokens: float = 0.0) -> PlanAt:
+    """The planner's prediction of this placement (fp32 hops, as qualify runs it) at `rows` rows
+    and `past_tokens` tokens of past per row (rounded to a whole token; 0: the target's default)."""
+    target = Target(min_stages=len(stages), max_stages=len(stages), boundary_dtype=DType.FP32,
+                    decode_context_tokens=max(0, round(past_tokens)))
 
     def at(rows: int) -> d.Plan:
         return predict_placement(model, inventory, replace(target, decode_microbatch_rows=rows), book, stages, now_ns)

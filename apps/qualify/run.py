@@ -319,7 +319,8 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
         except ValueError as exc:
             raise QualifyError(f"cannot calibrate the installed plan: {exc}") from exc
         _log("predictions " + (f"evaluated at each stage's {basis}" if basis else "at the plan's target rows")
-             + ": " + "; ".join(f"stage {p.stage_index} {p.rows:.3g} rows: " + ", ".join(
+             + ": " + "; ".join(f"stage {p.stage_index} {p.rows:.3g} rows, {p.past:.3g} tokens of past per row "
+                                f"(measured mean; 0: the plan's decode context): " + ", ".join(
                  f"{k} {v * 1e3:.3g} ms" for k, v in p.seconds.items()) for p in predicted))
         facts = ReportFacts(
             fleet_file=f"{cfg.fleet_file} (sha256 {spec.file_sha256[:12]})",
@@ -372,15 +373,18 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
 def _predictions_at_measured_rows(route: LiveRoute, cfg: QualifyConfig, runs: list[RunOutcome],
                                   now_ns: int) -> tuple[list[PredictedStage], str]:
     """A plan made from profiles is re-predicted at each stage's measured rows per microbatch
-    (median over runs), on the plan's own records, its wire as the round trip the gate measures
-    (`apps.qualify.predict_at`); a plan of declared figures keeps its own
-    predictions (its target rows). A plan from profiles that cannot be re-predicted fails closed."""
+    (median over runs) and the decode windows' measured mean past per row, on the plan's own
+    records, its wire as the round trip the gate measures (`apps.qualify.predict_at`); a plan of
+    declared figures keeps its own predictions (its target rows). A plan from profiles that
+    cannot be re-predicted fails closed."""
     if not route.plan_route_key:
         return route.predicted, ""
     rows = []
     for p in route.predicted:
         seen = [s.rows_per_batch for r in runs for s in r.stages if s.stage_index == p.stage_index]
         rows.append(statistics.median(seen) if seen else 1.0)
+    pasts = [s.past_per_row for r in runs for s in r.stages if s.past_per_row > 0]
+    past = statistics.median(pasts) if pasts else 0.0
     try:
         records = fetch_profile_records(route.state.entry("evidence_registry").grpc,
                                         ClientOptions(channel=route.channel))
@@ -396,9 +400,9 @@ def _predictions_at_measured_rows(route: LiveRoute, cfg: QualifyConfig, runs: li
         plan = installed_plan(route.state.entry("planner").grpc, route.plan_hash, route.channel)
         placement = [(s.node, s.layer_range.layer_start, s.layer_range.layer_end_exclusive)
                      for s in sorted(plan.stages, key=lambda s: s.stage_index)]
-        at = planner_at(describe_checkpoint(cfg.checkpoint), inventory, book, placement, now_ns)
+        at = planner_at(describe_checkpoint(cfg.checkpoint), inventory, book, placement, now_ns, past)
         answers = answer_halves(book, [p.host for p in route.predicted])
-        return predicted_at_rows(route.predicted, rows, at, answers), ROWS_BASIS
+        return predicted_at_rows(route.predicted, rows, at, answers, round(past)), ROWS_BASIS
     except (RegistryCallFailed, FornaxError, ValueError) as exc:
         raise QualifyError(f"cannot re-predict the installed plan at the measured rows: {exc}") from exc
 

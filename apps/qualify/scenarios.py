@@ -73,12 +73,16 @@ async def measured_decode(gen: Generator, work: Workload, run: int, stages: Sequ
     stream has its first token and again when the first stream ends: a decode-only window."""
     counts = [0] * len(work.prompts)
     window_rows = [0]
+    window_past = [0]  # tokens of past summed over the window's decode rows
     measuring = [False]
 
     def progress(i):
         def on(out: Generated) -> None:
             if measuring[0]:
                 window_rows[0] += len(out.token_ids) - counts[i]
+                # Output token n (n >= 1) came from a decode row fed token n - 1 at position
+                # prompt + n - 1: that many tokens of past.
+                window_past[0] += sum(len(work.prompts[i]) + n - 1 for n in range(counts[i], len(out.token_ids)))
             counts[i] = len(out.token_ids)
         return on
 
@@ -112,7 +116,7 @@ async def measured_decode(gen: Generator, work: Workload, run: int, stages: Sequ
         for s in stages:
             times.append(stage_times(before[s.index], after[s.index], window, stage_index=s.index, host=s.host,
                                      backend=s.backend, layer_start=s.layer_start, layer_end=s.layer_end,
-                                     rows=window_rows[0]))
+                                     rows=window_rows[0], past_tokens=window_past[0]))
     except WindowError as exc:
         bad.append(f"measured window: {exc}")
     checks.append(Check("token_parity", not bad, "; ".join(bad) or

@@ -3,7 +3,8 @@
 Each layer kind is timed alone, on the inputs the stage executor would give it:
 - prefill: one sequence of S new tokens with no past, cost per token = time / S;
 - decode: `batch` sequences of one new token each, every one with `context` tokens of past,
-  cost per microbatch = time of the call;
+  cost per microbatch = time of the call, at every batch of the grid and every past of its
+  context grid (attention reads rows x past, so the cost moves with both);
 - embed and head likewise (the head, as the executor runs it, computes one row per sequence).
 
 A run is the mean over enough calls to last `min_run_s` (at least one); `runs` runs make one
@@ -24,7 +25,7 @@ from libs.model.config import DeepseekV2Config
 from libs.model.kernels import MASK_NEG, LayerInputs, StageKernels
 from libs.model.rope import rope_tables
 from libs.model.weights import LayerWeights, StageWeights
-from libs.profiles.schema import DECODE_BATCHES, PREFILL_LENGTHS, Figure, LayerKindProfile
+from libs.profiles.schema import DECODE_BATCHES, DECODE_CONTEXTS, PREFILL_LENGTHS, Figure, LayerKindProfile
 
 Clock = Callable[[], float]
 KV_BYTES_PER_ELEMENT = 4  # the KV store holds float32 latents and rope keys
@@ -36,7 +37,7 @@ class Grid:
 
     prefill_lengths: tuple[int, ...] = PREFILL_LENGTHS
     decode_batches: tuple[int, ...] = DECODE_BATCHES
-    context_tokens: int = 512  # past tokens of every decode row
+    decode_contexts: tuple[int, ...] = DECODE_CONTEXTS  # past tokens of every decode row, per figure
     runs: int = 3
     # A run spans several CFS periods (100 ms), so a host's CPU quota shows in its figures.
     min_run_s: float = 0.3
@@ -48,8 +49,14 @@ class Grid:
             raise ValueError(f"prefill lengths must be positive, got {self.prefill_lengths}")
         if not self.decode_batches or min(self.decode_batches) < 1:
             raise ValueError(f"decode batches must be positive, got {self.decode_batches}")
-        if self.context_tokens < 0:
-            raise ValueError(f"context must not be negative, got {self.context_tokens}")
+        if not self.decode_contexts or min(self.decode_contexts) < 0:
+            raise ValueError(f"decode contexts must not be negative, got {self.decode_contexts}")
+
+    @property
+    def context_tokens(self) -> int:
+        """The largest past measured: the context the profile states, and the one its plain
+        `decode_s_per_microbatch` figures stand at."""
+        return max(self.decode_contexts)
 
 
 def timed_runs(call: Callable[[], object], runs: int, min_run_s: float,
@@ -145,17 +152,21 @@ def measure_layer(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWe
     """One decoder layer, timed alone through the stage's kernels."""
     make = InputMaker(cfg, seed=layer_index)
     prefill: dict[int, Figure] = {}
-    decode: dict[int, Figure] = {}
+    by_context: dict[int, dict[int, Figure]] = {}
     for length in grid.prefill_lengths:
         inputs = make.prefill(length)
         samples = timed_runs(partial(kernels.decoder_layer, layer_index, inputs), grid.runs, grid.min_run_s, clock)
         prefill[length] = per_unit(samples, length, "s/token")
-    for batch in grid.decode_batches:
-        inputs = make.decode(batch, grid.context_tokens)
-        samples = timed_runs(partial(kernels.decoder_layer, layer_index, inputs), grid.runs, grid.min_run_s, clock)
-        decode[batch] = per_unit(samples, 1, "s/microbatch")
-    return LayerKindProfile(layer_kind(cfg, layer_index), prefill, decode,
-                            layer_resident_bytes(weights.layer(layer_index)), kv_bytes_per_token(cfg))
+    for context in sorted(set(grid.decode_contexts)):
+        decode: dict[int, Figure] = {}
+        for batch in grid.decode_batches:
+            inputs = make.decode(batch, context)
+            samples = timed_runs(partial(kernels.decoder_layer, layer_index, inputs), grid.runs, grid.min_run_s,
+                                 clock)
+            decode[batch] = per_unit(samples, 1, "s/microbatch")
+        by_context[context] = decode
+    return LayerKindProfile(layer_kind(cfg, layer_index), prefill, by_context[grid.context_tokens],
+                            layer_resident_bytes(weights.layer(layer_index)), kv_bytes_per_token(cfg), by_context)
 
 
 def measure_embed(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWeights, grid: Grid,

@@ -29,6 +29,10 @@ CALIBRATION_SCHEMA = "fornax.calibration/1"
 LAYER_KINDS = ("dense", "moe", "embed", "head")
 PREFILL_LENGTHS = (16, 128, 512)
 DECODE_BATCHES = (1, 8, 32)
+# Past tokens of every decode row the decode figures are measured at. A decode microbatch's
+# attention reads rows x past, so on a host where attention dominates the cost of a step moves
+# with the context as much as with the rows; predictions interpolate in both.
+DECODE_CONTEXTS = (32, 128, 512)
 LINK_RTT_BYTES = 32 * 1024
 LINK_THROUGHPUT_BYTES = 16 * 1024 * 1024
 
@@ -96,6 +100,10 @@ class LayerKindProfile:
     decode_s_per_microbatch: dict[int, Figure]
     resident_bytes: int  # weights of one layer of this kind as the backend holds them
     kv_bytes_per_token: int  # 0 for embed and head
+    # Decode seconds per microbatch at each measured past (context -> batch -> figure); the
+    # profile's `context_tokens` entry equals `decode_s_per_microbatch`. Empty for embed and head
+    # (no past) and in profiles that predate the context grid.
+    decode_s_by_context: dict[int, dict[int, Figure]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -118,10 +126,30 @@ class StageProfile:
     # the data plane's unpack and pack of the boundary tensor. Measured by timing whole served
     # steps and subtracting the layer, embed and head figures. Empty in profiles that predate it.
     step_s_per_microbatch: dict[int, Figure] = field(default_factory=dict)
+    # The step overhead at each measured past (context -> batch -> figure); empty in profiles
+    # that predate the context grid.
+    step_s_by_context: dict[int, dict[int, Figure]] = field(default_factory=dict)
     schema: str = STAGE_PROFILE_SCHEMA
 
     def kind(self, name: str) -> LayerKindProfile | None:
         return next((k for k in self.kinds if k.kind == name), None)
+
+    def decode_grid(self, kind: LayerKindProfile) -> dict[int, dict[int, Figure]]:
+        """context -> batch -> decode figure of `kind`; a profile without a context grid has one
+        context, its `context_tokens`."""
+        return kind.decode_s_by_context or {self.context_tokens: kind.decode_s_per_microbatch}
+
+    def step_grid(self) -> dict[int, dict[int, Figure]]:
+        """context -> batch -> step overhead figure (empty: no step overhead measured)."""
+        if self.step_s_by_context:
+            return self.step_s_by_context
+        return {self.context_tokens: self.step_s_per_microbatch} if self.step_s_per_microbatch else {}
+
+    @property
+    def decode_contexts(self) -> tuple[int, ...]:
+        """Every past the decode figures were measured at, ascending."""
+        found = {c for k in self.kinds for c in k.decode_s_by_context} | set(self.step_s_by_context)
+        return tuple(sorted(found or {self.context_tokens}))
 
 
 @dataclass(frozen=True)
@@ -154,6 +182,8 @@ class StageCalibration:
     predicted_s: float
     measured_s: Figure
     rows: float = 0.0  # rows per microbatch the prediction was evaluated at (0: the plan's target rows)
+    # Tokens of past per decode row it was evaluated at: the measured mean (0: the plan's decode context).
+    past_tokens: float = 0.0
 
     @property
     def relative_error(self) -> float:
@@ -245,12 +275,21 @@ def _figures(data: Any) -> dict[int, Figure]:
     return {int(k): _figure(v) for k, v in data.items()}
 
 
+def _grid(data: Any) -> dict[int, dict[int, Figure]]:
+    if not isinstance(data, dict):
+        raise ProfileFormatError(f"expected a table of figure tables, got {data!r}")
+    return {int(k): _figures(v) for k, v in data.items()}
+
+
 def stage_profile_from_json(blob: bytes) -> StageProfile:
+    """Parses a stage profile; one without the context grid (an older record) reads with empty
+    grids, its decode figures standing at its `context_tokens`."""
     data = _load(blob, STAGE_PROFILE_SCHEMA)
     try:
         kinds = tuple(
             LayerKindProfile(str(k["kind"]), _figures(k["prefill_s_per_token"]), _figures(k["decode_s_per_microbatch"]),
-                             int(k["resident_bytes"]), int(k["kv_bytes_per_token"]))
+                             int(k["resident_bytes"]), int(k["kv_bytes_per_token"]),
+                             _grid(k.get("decode_s_by_context", {})))
             for k in data["kinds"])
         return StageProfile(
             host=HostFacts(**data["host"]), worker=str(data["worker"]), backend=str(data["backend"]),
@@ -258,7 +297,8 @@ def stage_profile_from_json(blob: bytes) -> StageProfile:
             model_snapshot=str(data["model_snapshot"]), dtype=str(data["dtype"]),
             context_tokens=int(data["context_tokens"]), concurrency=int(data["concurrency"]), kinds=kinds,
             command=str(data["command"]), measured_unix_ns=int(data["measured_unix_ns"]),
-            valid_for_s=int(data["valid_for_s"]), step_s_per_microbatch=_figures(data.get("step_s_per_microbatch", {})))
+            valid_for_s=int(data["valid_for_s"]), step_s_per_microbatch=_figures(data.get("step_s_per_microbatch", {})),
+            step_s_by_context=_grid(data.get("step_s_by_context", {})))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileFormatError(f"bad stage profile: {exc}") from exc
 
@@ -280,7 +320,8 @@ def calibration_from_json(blob: bytes) -> Calibration:
     try:
         stages = tuple(
             StageCalibration(int(s["stage_index"]), str(s["host"]), int(s["layer_start"]), int(s["layer_end"]),
-                             float(s["predicted_s"]), _figure(s["measured_s"]), float(s.get("rows", 0.0)))
+                             float(s["predicted_s"]), _figure(s["measured_s"]), float(s.get("rows", 0.0)),
+                             float(s.get("past_tokens", 0.0)))
             for s in data["stages"])
         return Calibration(
             route_key=str(data["route_key"]), plan_hash=str(data["plan_hash"]),

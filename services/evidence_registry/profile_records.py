@@ -42,7 +42,8 @@ def stage_shapes(profile: StageProfile, shapes: str) -> str:
     if kinds is not None:
         grid = (f"prefill S in {sorted(kinds.prefill_s_per_token)}, decode batch in "
                 f"{sorted(kinds.decode_s_per_microbatch)}, ")
-    return (f"kinds {','.join(k.kind for k in profile.kinds)}; {grid}context {profile.context_tokens}, "
+    return (f"kinds {','.join(k.kind for k in profile.kinds)}; {grid}decode past in {list(profile.decode_contexts)} "
+            f"tokens (context {profile.context_tokens}), "
             f"concurrency {profile.concurrency}; {shapes}")
 
 

@@ -97,6 +97,15 @@ class Target:
     boundary_dtype: DType = DType.BF16
     prefill_tokens: int = 512
     decode_microbatch_rows: int = 0  # 0: floor(concurrency / (2 * max_stages - 1)), at least 1
+    # Tokens of past per decode row that decode times are predicted at (attention reads rows x
+    # past). 0: `context_tokens`, the deployment's configured context (the longest past a
+    # sequence reaches, so the prediction bounds a decode step from above).
+    decode_context_tokens: int = 0
+
+    @property
+    def decode_context(self) -> int:
+        """The past per decode row the plan's decode terms are predicted at."""
+        return self.decode_context_tokens or self.context_tokens
 
     @property
     def microbatch_rows(self) -> int:

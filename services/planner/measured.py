@@ -2,15 +2,20 @@
 
 Every time here is a prediction computed from physical measurements (the profiles' medians),
 never a measurement of the plan itself:
-- a decoder layer's decode time at `r` microbatch rows interpolates its kind's measured seconds
-  per microbatch over the measured batches (1, 8, 32), linearly, extrapolating the last segment
-  beyond them; MoE layers use the `moe` kind, whose measurement already routes sparsely;
+- a decoder layer's decode time at `r` microbatch rows and `c` tokens of past per row
+  interpolates its kind's measured seconds per microbatch over the measured batches (1, 8, 32)
+  at each measured past, then over the measured pasts (32, 128, 512), linearly, extrapolating
+  the last segment beyond them (`interpolate_grid`); the past is the target's decode context
+  (`Target.decode_context`: the configured context unless a decode context is given). Attention
+  reads rows x past, so on a host where it dominates a short past costs far less than the
+  longest. A profile measured at one past only (an older record) stands at that past for every
+  context. MoE layers use the `moe` kind, whose measurement already routes sparsely;
 - a layer's prefill time is its kind's measured seconds per token at the target prompt length
   (interpolated over S = 16, 128, 512) times the prompt length;
 - the first stage adds the `embed` kind, the last the `head` kind (one row of logits for a prefill);
 - every stage adds its host's measured per-microbatch step overhead of a served decode step
   (executor KV bookkeeping, mask, sampling, the data plane's unpack and pack), interpolated to the
-  rows like the layers (never below 0): its own `step` term. Prefill predictions do not add it;
+  rows and past like the layers (never below 0): its own `step` term. Prefill predictions do not add it;
 - memory is each kind's resident bytes, plus its KV bytes per token times context times
   concurrency, plus the activation buffers the checkpoint's config implies;
 - a route carries one frame per microbatch: half the measured 32 KiB round trip plus the frame's
@@ -51,6 +56,16 @@ def interpolate(table: dict[int, schema.Figure], x: float) -> float:
         return float(np.interp(x, xs, ys))
     slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
     return max(ys[-1] + slope * (x - xs[-1]), min(ys))
+
+
+def interpolate_grid(grid: dict[int, dict[int, schema.Figure]], rows: float, context: float) -> float:
+    """Median at (`rows`, `context`): each measured past's table interpolated to `rows`, then
+    those values interpolated to `context`, both as `interpolate` does (linear inside, the end
+    segment's slope beyond, never below the smallest value; a single past stands for every one)."""
+    if not grid:
+        raise ValueError("no measured points")
+    at_rows = {c: schema.Figure(interpolate(table, rows), 0.0, 0.0, 1, "") for c, table in grid.items()}
+    return interpolate(at_rows, context)
 
 
 @dataclass(frozen=True)
@@ -97,9 +112,9 @@ def host_of(node: Node) -> str:
     return node.host or node.name
 
 
-def _node_costs(tables: CostTables, i: int, book: ProfileBook, now_ns: int) -> NodeCosts:
+def _node_costs(tables: CostTables, target: Target, i: int, book: ProfileBook, now_ns: int) -> NodeCosts:
     model, work, node = tables.model, tables.workload, tables.nodes[i]
-    rows, prompt = work.decode_rows, work.prefill_tokens
+    rows, prompt, past = work.decode_rows, work.prefill_tokens, target.decode_context
     per_seq_kv = work.context_tokens * work.concurrency
     decode, prefill = tables.decode_layer_s[i].copy(), tables.prefill_layer_s[i].copy()
     layer_bytes, kv = work.layer_weight_bytes.copy(), work.layer_kv_bytes.copy()
@@ -115,7 +130,7 @@ def _node_costs(tables: CostTables, i: int, book: ProfileBook, now_ns: int) -> N
             kind = record.profile.kind("moe" if layer.is_moe else "dense")
             if kind is None:
                 continue
-            decode[layer.index] = interpolate(kind.decode_s_per_microbatch, rows)
+            decode[layer.index] = interpolate_grid(record.profile.decode_grid(kind), rows, past)
             prefill[layer.index] = interpolate(kind.prefill_s_per_token, prompt) * prompt
             layer_bytes[layer.index] = kind.resident_bytes
             kv[layer.index] = kind.kv_bytes_per_token * per_seq_kv
@@ -130,10 +145,10 @@ def _node_costs(tables: CostTables, i: int, book: ProfileBook, now_ns: int) -> N
             head_p = interpolate(head.decode_s_per_microbatch, 1)
             head_bytes, sources["head"] = head.resident_bytes, record.record_id
         copy_d = copy_p = 0.0  # inside the measured FNX2 frame time of the links, or the step term
-        if record.profile.step_s_per_microbatch:
+        if record.profile.step_grid():
             # An overhead measured below zero (whole steps faster than their parts timed alone) is
             # inside the host's noise: the prediction takes 0, the record keeps what was measured.
-            step_d = max(0.0, interpolate(record.profile.step_s_per_microbatch, rows))
+            step_d = max(0.0, interpolate_grid(record.profile.step_grid(), rows, past))
             sources[STEP] = record.record_id
     return NodeCosts(decode, prefill, layer_bytes, kv, embed_d, head_d, embed_p, head_p, copy_d, copy_p, step_d,
                      embed_bytes, head_bytes, sources, problem)
@@ -167,7 +182,7 @@ def build_measured(model: ModelDescription, inventory: Inventory, nodes: tuple[N
     link_decode, link_prefill, link_sources = _link_tables(declared, book, now_ns)
     return MeasuredTables(
         model=model, target=target, nodes=nodes,
-        costs=tuple(_node_costs(declared, i, book, now_ns) for i in range(len(nodes))),
+        costs=tuple(_node_costs(declared, target, i, book, now_ns) for i in range(len(nodes))),
         usable_bytes=declared.usable_bytes, activation_bytes=work.activation_bytes, logits_bytes=work.logits_bytes,
         boundary_row_bytes=work.boundary_row_bytes, link_decode_s=link_decode, link_prefill_s=link_prefill,
         link_sources=link_sources)
@@ -231,19 +246,26 @@ def _term(name: str, value: float, unit: str, sources: list[tuple[str, str]], ph
                           f"{physical_note}", value, unit)
 
 
+def _past_basis(target: Target) -> str:
+    if target.decode_context_tokens:
+        return "the target's decode context"
+    return "the target's configured context"
+
+
 def stage_terms(t: MeasuredTables, i: int, a: int, b: int, nxt: int | None, prev: int | None,
                 decode: d.StageCost, memory_bytes: int) -> tuple[d.TermEvidence, ...]:
     c = t.costs[i]
     host = host_of(t.nodes[i])
     kinds = _kinds_used(t, a, b)
     kind_sources = [(f"{host} {k}", c.sources[k]) for k in kinds]
-    rows, prompt = t.target.microbatch_rows, max(t.target.prefill_tokens, 1)
+    rows, prompt, past = t.target.microbatch_rows, max(t.target.prefill_tokens, 1), t.target.decode_context
+    at = f"{rows} row(s) at {past} tokens of past per row ({_past_basis(t.target)})"
     compute = _term("compute", decode.compute_s - c.step_decode_s, "s", kind_sources,
-                    f"per-layer decode seconds of kinds {kinds} on {host} interpolated to {rows} row(s)",
+                    f"per-layer decode seconds of kinds {kinds} on {host} interpolated to {at}",
                     f"roofline of declared FLOP/s and bandwidth (prefill at {prompt} tokens likewise)")
     step = _term(STEP, c.step_decode_s, "s", [(f"{host} step overhead", c.sources[STEP])],
                  f"measured per-microbatch step overhead of a served decode step on {host} (executor, KV, "
-                 f"unpack/pack) interpolated to {rows} row(s); the plan's decode compute includes it",
+                 f"unpack/pack) interpolated to {at}; the plan's decode compute includes it",
                  "no measured step overhead: 0 s")
     out = [compute, step]
     for name, value, other in (("pack", decode.pack_s, nxt), ("unpack", decode.unpack_s, prev)):

@@ -149,6 +149,7 @@ def _predictions(stages: list[d.PlannedStage], target: Target, bottleneck: float
         d.Prediction("decode_cycle_s", cycle, "s"),
         d.Prediction("decode_microbatches", float(microbatches), "count"),
         d.Prediction("decode_microbatch_rows", float(target.microbatch_rows), "rows"),
+        d.Prediction("decode_context_tokens", float(target.decode_context), "tokens"),
     )
 
 

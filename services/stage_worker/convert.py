@@ -144,7 +144,8 @@ def _service_to_pb(times: ServiceTimes | None) -> pb.ServiceTimes | None:
     recent = times.recent_decode()
     return pb.ServiceTimes(
         decode_service_ns=times.decode_service_ns, decode_microbatches=times.decode_microbatches,
-        decode_rows=times.decode_rows, prefill_service_ns=times.prefill_service_ns,
+        decode_rows=times.decode_rows, decode_past_tokens=times.decode_past_tokens,
+        prefill_service_ns=times.prefill_service_ns,
         prefill_tokens=times.prefill_tokens, prefill_batches=times.prefill_batches,
         recent_decode_service_ns=recent.mean_service_ns, recent_decode_microbatches=recent.microbatches,
         recent_decode_rows=recent.mean_rows)

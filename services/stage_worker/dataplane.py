@@ -236,7 +236,8 @@ class DataPlane:
     def _observe_service(self, work: StageWork, live, service_s: float) -> None:
         """Decode per microbatch (rows = sequences), prefill per token (rows = prompt tokens)."""
         if work.batch.batch.phase is BatchPhase.DECODE:
-            self._runtime.service_times.observe_decode(service_s, len(live))
+            self._runtime.service_times.observe_decode(service_s, len(live),
+                                                       sum(s.token_position_start for s in live))
         else:
             self._runtime.service_times.observe_prefill(service_s, sum(s.input_row_count for s in live))
 

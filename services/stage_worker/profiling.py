@@ -30,7 +30,15 @@ from libs.model.kernels import make_kernels
 from libs.model.weights import load_stage_weights
 from libs.profiles import link as link_probe
 from libs.profiles.measure import Grid, kinds_to_measure, measure_embed, measure_head, measure_layer
-from libs.profiles.schema import LAYER_KINDS, Figure, HostFacts, LayerKindProfile, LinkProfile, StageProfile
+from libs.profiles.schema import (
+    DECODE_CONTEXTS,
+    LAYER_KINDS,
+    Figure,
+    HostFacts,
+    LayerKindProfile,
+    LinkProfile,
+    StageProfile,
+)
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.security.identity import Identity, IdentityError
 from libs.security.paths import confine
@@ -47,12 +55,12 @@ from services.stage_worker.fetch import fetch_artifact
 from services.stage_worker.generations import Generations
 from services.stage_worker.lifecycle import StageState
 from services.stage_worker.runtime import StageRuntime, _compile_progress
-from services.stage_worker.step_profile import measure_step_overhead, step_figures
+from services.stage_worker.step_profile import measure_step_overhead, step_grid_figures
 
 log = structlog.get_logger()
 SNAPSHOT = re.compile(r"^sha256:[0-9a-f]{64}$")
 DEFAULT_RUNS = 3
-DEFAULT_CONTEXT = 512
+MAX_CONTEXTS = 8
 DEFAULT_VALID_FOR_S = 7 * 24 * 3600
 DEFAULT_RTT_ITERS = 20
 MAX_RUNS = 50
@@ -83,7 +91,7 @@ def grid_from(request: pb.ProfileStageRequest) -> Grid:
     grid = Grid(
         prefill_lengths=tuple(request.prefill_lengths) or defaults.prefill_lengths,
         decode_batches=tuple(request.decode_batches) or defaults.decode_batches,
-        context_tokens=request.context_tokens or DEFAULT_CONTEXT,
+        decode_contexts=_decode_contexts(request),
         runs=request.runs or DEFAULT_RUNS,
         min_run_s=request.min_run_ms / 1000 if request.min_run_ms else defaults.min_run_s,
     )
@@ -93,15 +101,28 @@ def grid_from(request: pb.ProfileStageRequest) -> Grid:
         if min(values) < 1 or max(values) > limit:
             raise InvalidArgument(f"{field} must lie in [1, {limit}], got {list(values)}", reason="INVALID_GRID",
                                   field=field)
-    if grid.context_tokens > MAX_CONTEXT:
-        raise InvalidArgument(f"context_tokens must be at most {MAX_CONTEXT}", reason="INVALID_GRID",
-                              field="context_tokens")
+    if min(grid.decode_contexts) < 1 or grid.context_tokens > MAX_CONTEXT:
+        raise InvalidArgument(f"decode contexts must lie in [1, {MAX_CONTEXT}], got {list(grid.decode_contexts)}",
+                              reason="INVALID_GRID", field="decode_contexts")
+    if len(set(grid.decode_contexts)) > MAX_CONTEXTS:
+        raise InvalidArgument(f"at most {MAX_CONTEXTS} decode contexts, got {len(set(grid.decode_contexts))}",
+                              reason="INVALID_GRID", field="decode_contexts")
     if grid.min_run_s > MAX_RUN_S:
         raise InvalidArgument(f"min_run_ms must be at most {MAX_RUN_S * 1000:g}", reason="INVALID_GRID",
                               field="min_run_ms")
     if grid.runs > MAX_RUNS:
         raise InvalidArgument(f"runs must be at most {MAX_RUNS}", reason="INVALID_GRID", field="runs")
     return grid
+
+
+def _decode_contexts(request: pb.ProfileStageRequest) -> tuple[int, ...]:
+    """The request's context grid; else its single `context_tokens` (an older client); else the
+    default grid."""
+    if request.decode_contexts:
+        return tuple(sorted(set(request.decode_contexts)))
+    if request.context_tokens:
+        return (request.context_tokens,)
+    return DECODE_CONTEXTS
 
 
 def _required(value: str, field: str) -> str:
@@ -122,7 +143,7 @@ class Measured:
     cfg: DeepseekV2Config
     kinds: list[LayerKindProfile]
     layers: list[int]
-    step: dict[int, Figure]
+    step: dict[int, dict[int, Figure]]  # context -> batch -> step overhead
 
 
 def measure_sources(backend: str, device: str, sources: list[ProfileSource], grid: Grid,
@@ -131,7 +152,7 @@ def measure_sources(backend: str, device: str, sources: list[ProfileSource], gri
     served step overhead over its whole range."""
     profiles: dict[str, LayerKindProfile] = {}
     layers: list[int] = []
-    steps: list[dict[int, list[float]]] = []
+    steps: list[dict[int, dict[int, list[float]]]] = []
     cfg: DeepseekV2Config | None = None
     for source in sources:
         cfg = load_config(source.directory)
@@ -150,7 +171,7 @@ def measure_sources(backend: str, device: str, sources: list[ProfileSource], gri
         del kernels, weights  # one source's weights in memory at a time
     if cfg is None:
         raise InvalidArgument("nothing to profile", reason="MISSING_FIELD", field="layer_ranges")
-    return Measured(cfg, [profiles[k] for k in LAYER_KINDS if k in profiles], layers, step_figures(steps))
+    return Measured(cfg, [profiles[k] for k in LAYER_KINDS if k in profiles], layers, step_grid_figures(steps))
 
 
 def model_shapes(cfg: DeepseekV2Config) -> str:
@@ -234,7 +255,9 @@ class Profiler:
             dtype=PROFILE_DTYPE, context_tokens=grid.context_tokens,
             concurrency=request.concurrency or max(grid.decode_batches), kinds=tuple(kinds),
             command=request.command or "StageWorkerService/ProfileStage", measured_unix_ns=time.time_ns(),
-            valid_for_s=request.valid_for_s or DEFAULT_VALID_FOR_S, step_s_per_microbatch=measured_sources.step)
+            valid_for_s=request.valid_for_s or DEFAULT_VALID_FOR_S,
+            step_s_per_microbatch=measured_sources.step.get(grid.context_tokens, {}),
+            step_s_by_context=measured_sources.step)
         measured = layers or [sources[0].layer_start]
         shapes = model_shapes(cfg) + "; sources " + ", ".join(s.label for s in sources)
         content, blob = stage_profile_record(profile, (min(measured), max(measured) + 1), shapes)

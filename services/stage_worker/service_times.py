@@ -26,17 +26,20 @@ class ServiceTimes:
     decode_service_ns: int = 0
     decode_microbatches: int = 0
     decode_rows: int = 0
+    decode_past_tokens: int = 0  # tokens of past summed over those rows (mean past = this / rows)
     prefill_service_ns: int = 0
     prefill_tokens: int = 0
     prefill_batches: int = 0
     _recent: collections.deque[tuple[int, int]] = field(
         default_factory=lambda: collections.deque(maxlen=RECENT_DECODE_MICROBATCHES))
 
-    def observe_decode(self, service_s: float, rows: int) -> None:
+    def observe_decode(self, service_s: float, rows: int, past_tokens: int = 0) -> None:
+        """`past_tokens`: the KV tokens its rows attended over, summed (each row's position)."""
         service_ns = int(service_s * 1e9)
         self.decode_service_ns += service_ns
         self.decode_microbatches += 1
         self.decode_rows += rows
+        self.decode_past_tokens += past_tokens
         self._recent.append((service_ns, rows))
 
     def observe_prefill(self, service_s: float, tokens: int) -> None:

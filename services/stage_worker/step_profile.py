@@ -7,11 +7,13 @@ ragged mask and rope positions, samples on the head stage, and appends the new K
 (commit); a middle stage packs its boundary tensor for the next hop. This module runs exactly
 that path (`StageExecutor.run` + `commit`, and the data plane's own unpack and pack helpers)
 over the profiled layer range, `batch` sequences each holding `context` tokens of KV, and
-subtracts the measured layer, embed and head times of the same run's grid:
+subtracts the measured layer, embed and head times of the same run's grid at the same past:
 
-    step overhead(batch) = served step time(batch) - sum of its parts' decode figures(batch)
+    step overhead(context, batch) = served step time(context, batch)
+                                    - sum of its parts' decode figures(context, batch)
 
-One sample per run; every run starts from fresh KV at `context` tokens and advances at most
+at every past of the grid's context grid (the KV gather and the mask grow with it). One sample
+per run; every run starts from fresh KV at `context` tokens and advances at most
 `MAX_STEPS_PER_RUN` tokens, so the context stays the grid's.
 """
 
@@ -36,10 +38,18 @@ MAX_STEPS_PER_RUN = 32
 KV_LIMIT_BYTES = 1 << 40  # the profile's own store; the grid bounds what it holds
 
 
+def _layer_decode(kind: LayerKindProfile, context: int | None) -> dict[int, Figure]:
+    if context is None or not kind.decode_s_by_context:
+        return kind.decode_s_per_microbatch
+    return kind.decode_s_by_context[context]
+
+
 def parts_decode_s(kinds: dict[str, LayerKindProfile], cfg: DeepseekV2Config, layer_start: int, layer_end: int,
-                   first: bool, last: bool, batch: int) -> float:
-    """Sum of the measured decode medians of a range's layers (and embed, head) at `batch` rows."""
-    total = sum(kinds[layer_kind(cfg, i)].decode_s_per_microbatch[batch].median for i in range(layer_start, layer_end))
+                   first: bool, last: bool, batch: int, context: int | None = None) -> float:
+    """Sum of the measured decode medians of a range's layers (and embed, head) at `batch` rows,
+    the layers' at `context` tokens of past (None: their plain figures)."""
+    total = sum(_layer_decode(kinds[layer_kind(cfg, i)], context)[batch].median
+                for i in range(layer_start, layer_end))
     if first:
         total += kinds["embed"].decode_s_per_microbatch[batch].median
     if last:
@@ -86,20 +96,27 @@ class _ServedSteps:
 
 def measure_step_overhead(cfg: DeepseekV2Config, kernels: StageKernels, layer_start: int, layer_end: int,
                           first: bool, last: bool, kinds: dict[str, LayerKindProfile], grid: Grid,
-                          clock: Clock = time.perf_counter) -> dict[int, list[float]]:
-    """Overhead samples (seconds per microbatch, one per run) at each grid batch size."""
+                          clock: Clock = time.perf_counter) -> dict[int, dict[int, list[float]]]:
+    """Overhead samples (seconds per microbatch, one per run): context -> batch -> samples."""
+    return {context: _step_overhead_at(cfg, kernels, layer_start, layer_end, first, last, kinds, grid, context, clock)
+            for context in sorted(set(grid.decode_contexts))}
+
+
+def _step_overhead_at(cfg: DeepseekV2Config, kernels: StageKernels, layer_start: int, layer_end: int, first: bool,
+                      last: bool, kinds: dict[str, LayerKindProfile], grid: Grid, context: int,
+                      clock: Clock) -> dict[int, list[float]]:
     spec = StageSpec(layer_start, layer_end, first, last, KV_LIMIT_BYTES)
     out: dict[int, list[float]] = {}
     for batch in grid.decode_batches:
-        parts = parts_decode_s(kinds, cfg, layer_start, layer_end, first, last, batch)
-        warm = _ServedSteps(cfg, kernels, spec, batch, grid.context_tokens, run=0)
+        parts = parts_decode_s(kinds, cfg, layer_start, layer_end, first, last, batch, context)
+        warm = _ServedSteps(cfg, kernels, spec, batch, context, run=0)
         start = clock()
         warm.step()
         first_s = max(clock() - start, 1e-9)
         steps = max(1, min(MAX_STEPS_PER_RUN, int(grid.min_run_s / first_s)))
         samples = []
         for run in range(1, grid.runs + 1):
-            served = _ServedSteps(cfg, kernels, spec, batch, grid.context_tokens, run)
+            served = _ServedSteps(cfg, kernels, spec, batch, context, run)
             start = clock()
             for _ in range(steps):
                 served.step()
@@ -113,3 +130,9 @@ def step_figures(per_source: Sequence[dict[int, list[float]]]) -> dict[int, Figu
     than its parts timed alone, inside this host's noise) stays as measured."""
     batches = sorted({b for source in per_source for b in source})
     return {b: Figure.of([s for source in per_source for s in source.get(b, [])], "s/microbatch") for b in batches}
+
+
+def step_grid_figures(per_source: Sequence[dict[int, dict[int, list[float]]]]) -> dict[int, dict[int, Figure]]:
+    """context -> batch -> figure over every source's runs at that past."""
+    contexts = sorted({c for source in per_source for c in source})
+    return {c: step_figures([source[c] for source in per_source if c in source]) for c in contexts}

@@ -65,6 +65,12 @@ def test_the_calibrated_split_is_the_planners_plan_from_the_stored_profiles(tmp_
         assert all(s["measured_decode_service_s"] > 0 and s["predicted_decode_service_s"] > 0
                    and s["predicted_at_rows"] >= 1 for s in view["stages"])
         assert view["measured_bottleneck_s"] == max(s["measured_decode_service_s"] for s in view["stages"])
+        # every stage counted the past its decode rows ran at (prompt 8, rows at past 8..14, some
+        # fewer if a microbatch ran short), and the prediction was evaluated there
+        pasts = [s["measured_past_per_row"] for s in view["stages"]]
+        assert all(8 <= p <= 14 for p in pasts) and max(pasts) - min(pasts) < 1e-9
+        assert all(s["predicted_at_past_tokens"] == round(pasts[0]) for s in view["stages"])
+    assert plan["target_decode_context_tokens"] == 11  # the load's mean past: 8 + (7 - 1) / 2
     prov = report["provenance"]
     assert prov["evidence_class"] == "physical" and prov["command"].startswith("fornax bench placement")
     assert prov["model_snapshot"].startswith("sha256:") and len(prov["load_average"]) == 3

@@ -33,7 +33,8 @@ from tests.integration.security.pki import OPERATOR, FleetPki
 from tests.support.procs import ServiceProc
 
 pytestmark = pytest.mark.integration
-SMALL_GRID = {"prefill_lengths": [4, 8], "decode_batches": [1, 2], "context_tokens": 8, "runs": 2, "min_run_ms": 5}
+SMALL_GRID = {"prefill_lengths": [4, 8], "decode_batches": [1, 2], "decode_contexts": [8, 4], "runs": 2,
+              "min_run_ms": 5}
 
 
 def _serving(proc: ServiceProc, creds, timeout_s: float = 60.0) -> str:
@@ -116,7 +117,15 @@ def test_a_worker_profiles_its_layer_kinds_and_the_signed_record_round_trips(fle
         assert sorted(kind.prefill_s_per_token) == [4, 8] and sorted(kind.decode_s_per_microbatch) == [1, 2]
         figures = [*kind.prefill_s_per_token.values(), *kind.decode_s_per_microbatch.values()]
         assert all(f.runs == 2 and 0 < f.low <= f.median <= f.high for f in figures)
-    # The served step overhead: one figure per decode batch, over both profiled ranges' runs.
+    # Decode at every past of the context grid; the plain figures stand at the largest.
+    for kind in (profile.kind("dense"), profile.kind("moe")):
+        assert kind and sorted(kind.decode_s_by_context) == [4, 8]
+        assert kind.decode_s_by_context[8] == kind.decode_s_per_microbatch
+        assert all(sorted(t) == [1, 2] and all(f.runs == 2 for f in t.values())
+                   for t in kind.decode_s_by_context.values())
+    assert profile.decode_contexts == (4, 8)
+    # The served step overhead: one figure per decode batch and past, over both profiled ranges' runs.
+    assert sorted(profile.step_s_by_context) == [4, 8] and profile.step_s_by_context[8] == profile.step_s_per_microbatch
     assert sorted(profile.step_s_per_microbatch) == [1, 2]
     assert all(f.runs >= 2 and f.low <= f.median <= f.high for f in profile.step_s_per_microbatch.values())
     dense, moe = profile.kind("dense"), profile.kind("moe")
@@ -142,6 +151,9 @@ def test_a_profile_request_that_does_not_fit_is_refused_with_its_reason(fleet):
              (_stage_request(checkpoint, model_snapshot="sha256:" + "1" * 64), grpc.StatusCode.FAILED_PRECONDITION,
               "MODEL_SNAPSHOT_MISMATCH"),
              (_stage_request(checkpoint, decode_batches=[0]), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_GRID"),
+             (_stage_request(checkpoint, decode_contexts=[0, 8]), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_GRID"),
+             (_stage_request(checkpoint, decode_contexts=list(range(1, 10))), grpc.StatusCode.INVALID_ARGUMENT,
+              "INVALID_GRID"),
              (_stage_request(checkpoint, min_run_ms=60_000), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_GRID")]
     for request, code, reason in cases:
         with pytest.raises(grpc.RpcError) as caught:

@@ -67,3 +67,11 @@ def test_errors_and_ratios():
         tok_s_ratio(1.0, 0.0)
     with pytest.raises(ValueError):
         bottleneck_prediction_error([0.01], [0.0])
+
+
+def test_the_bench_load_plans_at_its_mean_past_per_decode_row():
+    from apps.bench.placement import load_mean_past
+
+    # 16 prompt tokens, 24 output tokens: rows at past 16..38 make output tokens 1..23, mean 27.
+    assert load_mean_past(16, 24) == 27
+    assert load_mean_past(8, 2) == 8  # one decode row, at the prompt's end

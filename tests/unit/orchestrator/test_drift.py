@@ -175,6 +175,19 @@ def test_stage_worker_service_times_keep_a_rolling_decode_window():
     assert times.decode_microbatches == 2 * RECENT_DECODE_MICROBATCHES
     assert times.decode_service_ns == RECENT_DECODE_MICROBATCHES * 4_000_000
     assert (times.prefill_tokens, times.prefill_batches) == (100, 1)
+    assert times.decode_past_tokens == 0  # no past given
+
+
+def test_stage_worker_service_times_count_the_past_its_decode_rows_attended_over():
+    from services.stage_worker.convert import _service_to_pb
+    from services.stage_worker.service_times import ServiceTimes
+
+    times = ServiceTimes()
+    times.observe_decode(0.001, 2, past_tokens=16 + 17)
+    times.observe_decode(0.001, 1, past_tokens=40)
+    assert times.decode_past_tokens == 73 and times.decode_rows == 3
+    reply = _service_to_pb(times)
+    assert reply is not None and reply.decode_past_tokens / reply.decode_rows == pytest.approx(73 / 3)
 
 
 def test_fornax_status_renders_the_calibration_line():

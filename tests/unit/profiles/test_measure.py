@@ -23,7 +23,7 @@ from libs.profiles.measure import (
     profiling_ranges,
     timed_runs,
 )
-from libs.profiles.schema import DECODE_BATCHES, PREFILL_LENGTHS
+from libs.profiles.schema import DECODE_BATCHES, DECODE_CONTEXTS, PREFILL_LENGTHS
 
 
 class StepClock:
@@ -47,6 +47,7 @@ def test_the_default_grid_is_the_published_one():
     grid = Grid()
     assert grid.prefill_lengths == PREFILL_LENGTHS == (16, 128, 512)
     assert grid.decode_batches == DECODE_BATCHES == (1, 8, 32)
+    assert grid.decode_contexts == DECODE_CONTEXTS == (32, 128, 512) and grid.context_tokens == 512
     assert grid.runs == 3
 
 
@@ -123,7 +124,7 @@ def test_a_layer_profile_is_timed_per_token_for_prefill_and_per_microbatch_for_d
     cfg = tiny()
     kernels = FakeKernels(cfg.hidden_size)
     weights = FakeWeights(Outer(np.zeros(10, np.float32), Inner(np.zeros(5, np.float64), None)))
-    grid = Grid((4, 8), (1, 2), context_tokens=3, runs=2, min_run_s=0.0)
+    grid = Grid((4, 8), (1, 2), decode_contexts=(3,), runs=2, min_run_s=0.0)
     clock = StepClock([0.8] * 100)  # every call "takes" 0.8 s
     profile = measure_layer(cfg, kernels, weights, 1, grid, clock)
     assert profile.kind == "moe" and profile.resident_bytes == 40 + 40
@@ -134,6 +135,28 @@ def test_a_layer_profile_is_timed_per_token_for_prefill_and_per_microbatch_for_d
     assert all(f.runs == 2 for f in profile.prefill_s_per_token.values())
     # decode rows carry `context` tokens of past each
     assert (1, 2, 6) in kernels.calls and (1, 8, 0) in kernels.calls
+
+
+def test_decode_is_timed_at_every_past_of_the_context_grid_and_states_the_largest_as_its_plain_figures():
+    cfg = tiny()
+    kernels = FakeKernels(cfg.hidden_size)
+    weights = FakeWeights(Outer(np.zeros(10, np.float32), Inner(np.zeros(5, np.float64), None)))
+    grid = Grid((4,), (1, 2), decode_contexts=(7, 3), runs=1, min_run_s=0.0)
+    # four clock readings a figure: prefill S=4; past 3: batch 1, 2; past 7: batch 1, 2
+    steps = [0.5] * 4 + [0.1] * 4 + [0.3] * 4 + [0.5] * 4 + [0.9] * 4
+    profile = measure_layer(cfg, kernels, weights, 0, grid, StepClock(steps))
+    assert sorted(profile.decode_s_by_context) == [3, 7]
+    assert profile.decode_s_by_context[3][1].median == pytest.approx(0.1)
+    assert profile.decode_s_by_context[3][2].median == pytest.approx(0.3)
+    assert profile.decode_s_by_context[7][2].median == pytest.approx(0.9)
+    assert profile.decode_s_per_microbatch == profile.decode_s_by_context[7] and grid.context_tokens == 7
+    # each past's rows really carry that past: batch 2 at past 3 reads 6 KV rows, at past 7 reads 14
+    assert (0, 2, 6) in kernels.calls and (0, 2, 14) in kernels.calls
+
+
+def test_a_grid_refuses_no_decode_context():
+    with pytest.raises(ValueError, match="decode contexts"):
+        Grid(decode_contexts=()).check()
 
 
 def test_the_head_prefill_costs_one_row_spread_over_the_prompt():

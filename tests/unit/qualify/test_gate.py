@@ -104,6 +104,10 @@ def test_phase_window_divides_by_batches_and_exposes_unexplained_wait():
     explained = 0.002 + 0.0001 + 0.0004 + 0.0002 + 0.0005
     assert t.seconds["exposed_wait"] == pytest.approx(0.1 - explained)
     assert t.service_s == pytest.approx(0.002 + 0.0001 + 0.0004 + 0.0002)
+    assert t.past_per_row == 0.0  # no past counted: not measured
+    with_past = stage_times(before, after, 2.0, stage_index=1, host="beta", backend="numpy", layer_start=3,
+                            layer_end=4, rows=80, past_tokens=80 * 37)
+    assert with_past.past_per_row == pytest.approx(37.0)
 
 
 def test_a_window_across_a_restart_or_without_batches_is_refused():

@@ -9,17 +9,17 @@ from apps.qualify.predict_at import ROWS_BASIS, answer_halves, planner_at, predi
 from libs.profiles.schema import calibration_from_json, to_json
 from services.planner.profiles import book_from_records
 from tests.unit.planner.factories import full_mesh, node, tiny_model
-from tests.unit.planner.profile_factories import NOW, link_profile, link_record, stage_profile, stage_record
+from tests.unit.planner.profile_factories import NOW, fig, link_profile, link_record, stage_profile, stage_record
 
 MODEL = tiny_model(layers=12)
 SNAP = MODEL.model_snapshot
 PLACEMENT = [("a", 0, 8), ("b", 8, 12)]
 
 
-def _at():
-    book = book_from_records([stage_record(stage_profile("a", SNAP)), stage_record(stage_profile("b", SNAP)),
-                              link_record(link_profile("a", "b"))])
-    return planner_at(MODEL, full_mesh(node("a"), node("b")), book, PLACEMENT, NOW)
+def _at(past: float = 0.0, a_profile=None):
+    book = book_from_records([stage_record(a_profile or stage_profile("a", SNAP)),
+                              stage_record(stage_profile("b", SNAP)), link_record(link_profile("a", "b"))])
+    return planner_at(MODEL, full_mesh(node("a"), node("b")), book, PLACEMENT, NOW, past)
 
 
 def _installed(target_rows_compute: float = 1.0) -> list[PredictedStage]:
@@ -85,3 +85,29 @@ def test_the_gates_wire_prediction_adds_the_answers_half_of_the_measured_round_t
     assert round_trip[0].seconds["wire"] == pytest.approx(one_way[0].seconds["wire"] + 2e-3)
     assert round_trip[1].seconds["wire"] == one_way[1].seconds["wire"] == 0.0
     assert round_trip[0].seconds["compute"] == one_way[0].seconds["compute"]
+
+
+def test_the_measured_past_re_predicts_at_that_past_and_is_stated_on_every_stage_and_in_the_record():
+    from dataclasses import replace
+
+    a = stage_profile("a", SNAP)
+    by_context = {32: {r: fig(1e-3 * m) for r, m in ((1, 1), (8, 2), (32, 5))},
+                  512: {r: fig(4e-3 * m) for r, m in ((1, 1), (8, 2), (32, 5))}}
+    attention_bound = replace(a, context_tokens=512, kinds=tuple(
+        replace(k, decode_s_per_microbatch=by_context[512], decode_s_by_context=by_context)
+        if k.kind in ("dense", "moe") else k for k in a.kinds))
+    short = predicted_at_rows(_installed(), [1.0, 1.0], _at(32, attention_bound), past=32)
+    long = predicted_at_rows(_installed(), [1.0, 1.0], _at(512, attention_bound), past=512)
+    # stage 0 (8 layers on a): 1 ms a layer at past 32, 4 ms at past 512; embed and step 0.1 ms each
+    assert short[0].seconds["compute"] == pytest.approx(8 * 1e-3 + 2e-4)
+    assert long[0].seconds["compute"] == pytest.approx(8 * 4e-3 + 2e-4)
+    assert short[1].seconds["compute"] == pytest.approx(long[1].seconds["compute"])  # b measured one past only
+    assert [s.past for s in short] == [32, 32]
+    checks = tuple(Check(n, True, "ok") for n in CHECKS)
+    stages = tuple(StageTimes(p.stage_index, p.host, "max", p.layer_start, p.layer_end, 30, 1.0,
+                              dict.fromkeys(PHASES, 0.0) | {"compute": p.service_s}, 32.0) for p in short)
+    verdict = calibrate([RunOutcome(1, checks, stages)], short, model_snapshot=SNAP, plan_hash="sha256:00",
+                        rows_basis=ROWS_BASIS)
+    c = calibration_from_json(to_json(verdict.calibration))
+    assert [s.past_tokens for s in c.stages] == [32.0, 32.0]
+    assert any("32 tokens of past per row" in line for line in verdict.describe())

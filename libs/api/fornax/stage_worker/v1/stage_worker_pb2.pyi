@@ -188,7 +188,7 @@ class GetHealthResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ..., live_sequences: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., kv_bytes_limit: _Optional[int] = ..., kv_bytes_high_water: _Optional[int] = ..., inflight_batches_high_water: _Optional[int] = ..., batches_executed: _Optional[int] = ..., failure_reason: _Optional[str] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., phase_totals: _Optional[_Union[PhaseTotals, _Mapping]] = ..., service_times: _Optional[_Union[ServiceTimes, _Mapping]] = ..., loaded_plan_generation_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ServiceTimes(_message.Message):
-    __slots__ = ("decode_service_ns", "decode_microbatches", "decode_rows", "prefill_service_ns", "prefill_tokens", "prefill_batches", "recent_decode_service_ns", "recent_decode_microbatches", "recent_decode_rows")
+    __slots__ = ("decode_service_ns", "decode_microbatches", "decode_rows", "prefill_service_ns", "prefill_tokens", "prefill_batches", "recent_decode_service_ns", "recent_decode_microbatches", "recent_decode_rows", "decode_past_tokens")
     DECODE_SERVICE_NS_FIELD_NUMBER: _ClassVar[int]
     DECODE_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     DECODE_ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +198,7 @@ class ServiceTimes(_message.Message):
     RECENT_DECODE_SERVICE_NS_FIELD_NUMBER: _ClassVar[int]
     RECENT_DECODE_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     RECENT_DECODE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_PAST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     decode_service_ns: int
     decode_microbatches: int
     decode_rows: int
@@ -207,7 +208,8 @@ class ServiceTimes(_message.Message):
     recent_decode_service_ns: int
     recent_decode_microbatches: int
     recent_decode_rows: float
-    def __init__(self, decode_service_ns: _Optional[int] = ..., decode_microbatches: _Optional[int] = ..., decode_rows: _Optional[int] = ..., prefill_service_ns: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., prefill_batches: _Optional[int] = ..., recent_decode_service_ns: _Optional[int] = ..., recent_decode_microbatches: _Optional[int] = ..., recent_decode_rows: _Optional[float] = ...) -> None: ...
+    decode_past_tokens: int
+    def __init__(self, decode_service_ns: _Optional[int] = ..., decode_microbatches: _Optional[int] = ..., decode_rows: _Optional[int] = ..., prefill_service_ns: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., prefill_batches: _Optional[int] = ..., recent_decode_service_ns: _Optional[int] = ..., recent_decode_microbatches: _Optional[int] = ..., recent_decode_rows: _Optional[float] = ..., decode_past_tokens: _Optional[int] = ...) -> None: ...
 
 class PhaseTotals(_message.Message):
     __slots__ = ("queue_ns", "compute_ns", "pack_ns", "transfer_ns", "unpack_ns", "batches", "busy_ns", "credit_wait_ns", "input_wait_ns")
@@ -379,7 +381,7 @@ class AdmitSequenceResponse(_message.Message):
     def __init__(self, kv_bytes_reserved: _Optional[int] = ..., kv_bytes_free: _Optional[int] = ...) -> None: ...
 
 class ProfileStageRequest(_message.Message):
-    __slots__ = ("request_id", "checkpoint_dir", "layer_ranges", "artifact_source_address", "manifest_hashes", "host", "model_snapshot", "prefill_lengths", "decode_batches", "context_tokens", "concurrency", "runs", "valid_for_s", "command", "min_run_ms")
+    __slots__ = ("request_id", "checkpoint_dir", "layer_ranges", "artifact_source_address", "manifest_hashes", "host", "model_snapshot", "prefill_lengths", "decode_batches", "context_tokens", "concurrency", "runs", "valid_for_s", "command", "min_run_ms", "decode_contexts")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     LAYER_RANGES_FIELD_NUMBER: _ClassVar[int]
@@ -395,6 +397,7 @@ class ProfileStageRequest(_message.Message):
     VALID_FOR_S_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     MIN_RUN_MS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_CONTEXTS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     checkpoint_dir: str
     layer_ranges: _containers.RepeatedCompositeFieldContainer[_common_pb2.LayerRange]
@@ -410,7 +413,8 @@ class ProfileStageRequest(_message.Message):
     valid_for_s: int
     command: str
     min_run_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., layer_ranges: _Optional[_Iterable[_Union[_common_pb2.LayerRange, _Mapping]]] = ..., artifact_source_address: _Optional[str] = ..., manifest_hashes: _Optional[_Iterable[str]] = ..., host: _Optional[str] = ..., model_snapshot: _Optional[str] = ..., prefill_lengths: _Optional[_Iterable[int]] = ..., decode_batches: _Optional[_Iterable[int]] = ..., context_tokens: _Optional[int] = ..., concurrency: _Optional[int] = ..., runs: _Optional[int] = ..., valid_for_s: _Optional[int] = ..., command: _Optional[str] = ..., min_run_ms: _Optional[int] = ...) -> None: ...
+    decode_contexts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., layer_ranges: _Optional[_Iterable[_Union[_common_pb2.LayerRange, _Mapping]]] = ..., artifact_source_address: _Optional[str] = ..., manifest_hashes: _Optional[_Iterable[str]] = ..., host: _Optional[str] = ..., model_snapshot: _Optional[str] = ..., prefill_lengths: _Optional[_Iterable[int]] = ..., decode_batches: _Optional[_Iterable[int]] = ..., context_tokens: _Optional[int] = ..., concurrency: _Optional[int] = ..., runs: _Optional[int] = ..., valid_for_s: _Optional[int] = ..., command: _Optional[str] = ..., min_run_ms: _Optional[int] = ..., decode_contexts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProfileStageResponse(_message.Message):
     __slots__ = ("profile_json", "record")
