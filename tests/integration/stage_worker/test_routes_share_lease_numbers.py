@@ -12,28 +12,15 @@ import numpy as np
 import pytest
 
 from libs.fnx2.messages import Phase
-from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
 from libs.model.sampling import SamplingParams
 from services.orchestrator.lease_numbers import LeaseNumbers
 from services.orchestrator.stage_chain import Route, SliceInput, SliceOutput, lease_id_for
 from tests.integration.stage_worker.test_stage_pipeline import BUDGET_NS, local_greedy
-from tests.support.stages import load_pipeline, start_workers
+from tests.support.stages import load_pipeline
 
 pytestmark = pytest.mark.integration
 PROMPT = np.array([5, 17, 42, 9], np.int32)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return write_checkpoint(CheckpointRequest("tiny", tmp_path_factory.mktemp("ckpt"), seed=3)).out_dir
-
-
-@pytest.fixture(scope="module")
-def two_workers(tmp_path_factory):
-    fleet = start_workers(2, tmp_path_factory.mktemp("two"))
-    yield fleet
-    fleet.stop()
 
 
 async def _prefill(route: Route) -> SliceOutput:

@@ -13,7 +13,6 @@ import pytest
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from libs.fnx2.messages import Phase
-from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
@@ -27,18 +26,6 @@ from tests.support.stages import load_pipeline, start_workers
 pytestmark = pytest.mark.integration
 BUDGET_NS = 60 * 10**9
 PROMPTS = [np.array([5, 17, 42], np.int32), np.array([7, 8, 9, 10, 11], np.int32)]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return write_checkpoint(CheckpointRequest("tiny", tmp_path_factory.mktemp("ckpt"), seed=3)).out_dir
-
-
-@pytest.fixture(scope="module")
-def two_workers(tmp_path_factory):
-    fleet = start_workers(2, tmp_path_factory.mktemp("two"))
-    yield fleet
-    fleet.stop()
 
 
 def local_greedy(checkpoint, prompts, steps):
