@@ -319,8 +319,7 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
         except ValueError as exc:
             raise QualifyError(f"cannot calibrate the installed plan: {exc}") from exc
         _log("predictions " + (f"evaluated at each stage's {basis}" if basis else "at the plan's target rows")
-             + ": " + "; ".join(f"stage {p.stage_index} {p.rows:.3g} rows, {p.past:.3g} tokens of past per row "
-                                f"(measured mean; 0: the plan's decode context): " + ", ".join(
+             + " (predictions): " + "; ".join(f"stage {p.stage_index} {p.rows:.3g} rows, {_past(p.past)}: " + ", ".join(
                  f"{k} {v * 1e3:.3g} ms" for k, v in p.seconds.items()) for p in predicted))
         facts = ReportFacts(
             fleet_file=f"{cfg.fleet_file} (sha256 {spec.file_sha256[:12]})",
@@ -412,3 +411,10 @@ def _shapes(runs: list[RunOutcome], work: Workload) -> str:
     lengths = [len(p) for p in work.prompts]
     return (f"{len(work.prompts)} prompts of {min(lengths)}-{max(lengths)} tokens, {work.decode_tokens} greedy tokens "
             f"each; measured decode window {min(rows, default=0):.3g}-{max(rows, default=0):.3g} rows per microbatch")
+
+
+def _past(tokens: float) -> str:
+    """Which context a stage's prediction was made at (0 stands for the plan's own decode context)."""
+    if tokens <= 0:
+        return "at the plan's decode context"
+    return f"{tokens:.3g} tokens of past per row (measured mean)"
