@@ -25,7 +25,7 @@ from tests.integration.orchestrator.harness import tiny_checkpoint
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[3]
-SMALL = ["--runs", "2", "--prefill-lengths", "4,8", "--decode-batches", "1,2", "--context", "8", "--min-run-ms", "5"]
+SMALL = ["--runs", "2", "--prefill-lengths", "4,8", "--decode-batches", "1,2", "--decode-contexts", "8", "--min-run-ms", "5"]
 
 
 def _fornax(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -82,7 +82,7 @@ def test_on_a_netns_fleet_the_half_core_host_measures_slower(checkpoint, tmp_pat
     state = tmp_path / "state"
     done = _fornax("profile", "--fleet", str(fleet_file), "--state-dir", str(state), "--checkpoint",
                    str(checkpoint), "--json", "--runs", "3", "--prefill-lengths", "64", "--decode-batches", "1,8",
-                   "--context", "64")
+                   "--decode-contexts", "64")
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
     hosts = {s["profile"]["host"]["host"]: s["profile"] for s in document["stages"]}
