@@ -25,7 +25,8 @@ from tests.integration.orchestrator.harness import tiny_checkpoint
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[3]
-SMALL = ["--runs", "2", "--prefill-lengths", "4,8", "--decode-batches", "1,2", "--decode-contexts", "8", "--min-run-ms", "5"]
+SMALL = ["--runs", "2", "--prefill-lengths", "4,8", "--decode-batches", "1,2", "--decode-contexts", "8",
+         "--min-run-ms", "5"]
 
 
 def _fornax(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
