@@ -36,6 +36,17 @@ def register(commands, benches) -> None:
     serve.add_argument("--tokens-per-step", type=int, default=48,
                        help="--mixed: the chunked setting's token budget per step")
     serve.set_defaults(func=cmd_serve)
+    gguf = benches.add_parser("gguf", help="convert a checkpoint to GGUF with llama.cpp's converter "
+                                           "(for serve --peer llama.cpp)")
+    gguf.add_argument("--llama-cpp", required=True,
+                      help="a llama.cpp source tree holding convert_hf_to_gguf.py "
+                           "(llama-cpp-python's sdist: vendor/llama.cpp)")
+    gguf.add_argument("--checkpoint", help=f"checkpoint dir (default: the preset, generated into {DEFAULT_CHECKPOINT})")
+    gguf.add_argument("--preset", choices=("tiny", "small"), default="small",
+                      help="generated checkpoint preset when --checkpoint is not given")
+    gguf.add_argument("--outtype", choices=("f32", "f16", "bf16"), default="f32")
+    gguf.add_argument("--outfile", required=True, help="the GGUF to write")
+    gguf.set_defaults(func=cmd_gguf)
     cold = benches.add_parser("coldstart", help="cold `fornax up` with empty caches: first token, MAX switch, losses")
     cold.add_argument("--stages", type=int, default=2)
     cold.add_argument("--trickle-interval-s", type=float, default=0.5, help="one request started per interval")
@@ -156,6 +167,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   f"{f['ttft_p99_s']:>10.3f}{f['itl_p50_s']:>10.3f}{f['itl_p99_s']:>10.3f}")
     for key in sorted(k for k in report if k.startswith(("two_vs", "pipeline_vs", "one_stage_vs", "vs_llama"))):
         print(f"{key} = {report[key]:.2f}")
+    for level, agreement in report.get("greedy_vs_llama_cpp", {}).items():
+        print(f"greedy ids, 1-stage vs llama.cpp, {level}: {agreement['identical_streams']}/{agreement['streams']} "
+              f"streams identical, {agreement['agreeing_prefix_tokens']}/{agreement['tokens']} tokens before a "
+              f"difference")
+    return 0
+
+
+def cmd_gguf(args: argparse.Namespace) -> int:
+    from apps.bench.gguf_convert import ConvertError, convert
+
+    try:
+        out = convert(Path(args.llama_cpp), Path(_checkpoint(args.checkpoint, args.preset)), Path(args.outfile),
+                      args.outtype)
+    except ConvertError as exc:
+        print(f"fornax bench gguf: {exc.reason}: {exc}", file=sys.stderr)
+        return 2
+    print(out)
     return 0
 
 

@@ -5,6 +5,10 @@ CPUs the 1-stage Fornax worker has, with one slot per stream of the highest conc
 streams OpenAI `/v1/completions` requests with the same prompt token ids Fornax gets (greedy,
 `ignore_eos` so each request produces exactly the asked-for tokens, as Fornax and transformers do).
 Figures are physical measurements of the binary on this host, like the other setups'.
+
+Beside the timed streams, `greedy_token_ids` asks the native `/completion` endpoint for each
+prompt's generated token ids (untimed), and `greedy_agreement` compares them with Fornax's: the
+ratio compares like with like only when both engines produce the same greedy continuations.
 """
 
 from __future__ import annotations
@@ -140,6 +144,44 @@ async def _stream_one(session: aiohttp.ClientSession, base_url: str, ids: tuple[
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
     count = usage_tokens if usage_tokens is not None else len(stamps)
     return count, (stamps[0] - started) if stamps else float("nan"), gaps, "".join(text)
+
+
+async def greedy_token_ids(base_url: str, batch: list[tuple[int, ...]],
+                           max_tokens: int) -> list[tuple[int, ...]]:
+    """Each prompt's greedy continuation as token ids (native `/completion`, `return_tokens`)."""
+    async def one(session: aiohttp.ClientSession, ids: tuple[int, ...]) -> tuple[int, ...]:
+        body = {"prompt": list(ids), "n_predict": max_tokens, "temperature": 0, "ignore_eos": True,
+                "return_tokens": True, "cache_prompt": False}
+        async with session.post(f"{base_url}/completion", json=body) as response:
+            if response.status != 200:
+                raise PeerError("PEER_HTTP_ERROR", f"llama-server /completion answered {response.status}: "
+                                                   f"{(await response.text())[:300]}")
+            tokens = (await response.json()).get("tokens")
+        if not (isinstance(tokens, list) and all(isinstance(t, int) for t in tokens)):
+            raise PeerError("PEER_NO_TOKEN_IDS", "llama-server /completion returned no token ids (return_tokens)")
+        return tuple(tokens)
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
+        return list(await asyncio.gather(*(one(session, ids) for ids in batch)))
+
+
+def greedy_agreement(ours: list[tuple[int, ...]], theirs: list[tuple[int, ...]]) -> dict[str, int | float]:
+    """How far two engines' greedy continuations of the same prompts agree, stream by stream.
+
+    `identical_streams`: streams whose token ids are equal; `agreeing_prefix_tokens`: tokens before
+    each stream's first difference, summed (a near-tie in the logits that float summation order
+    breaks differently ends a stream's agreement there).
+    """
+    if len(ours) != len(theirs):
+        raise ValueError(f"{len(ours)} streams against {len(theirs)}")
+    prefix = 0
+    for a, b in zip(ours, theirs, strict=True):
+        same = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        prefix += same
+    total = sum(max(len(a), len(b)) for a, b in zip(ours, theirs, strict=True))
+    identical = sum(1 for a, b in zip(ours, theirs, strict=True) if a == b)
+    return {"streams": len(ours), "identical_streams": identical, "tokens": total,
+            "agreeing_prefix_tokens": prefix, "identical_fraction": identical / len(ours) if ours else float("nan")}
 
 
 async def drive(base_url: str, batch: list[tuple[int, ...]], max_tokens: int) -> tuple[RunFigures, list[str]]:

@@ -60,6 +60,7 @@ class RunFigures:
     wall_s: float
     ttft_s: list[float]
     itl_s: list[float]
+    streams: tuple[tuple[int, ...], ...] = ()  # each request's generated token ids, where the setup gives them
 
     def summary(self) -> dict[str, float]:
         def pct(values: list[float], q: float) -> float:
@@ -79,21 +80,23 @@ def prompts(vocab: int, count: int, length: int, seed: int = 0) -> list[tuple[in
 
 
 async def _drive(engine: ServingEngine, prompt_ids: list[tuple[int, ...]], max_tokens: int) -> RunFigures:
-    async def one(ids: tuple[int, ...]) -> tuple[int, float, list[float]]:
+    async def one(ids: tuple[int, ...]) -> tuple[int, float, list[float], tuple[int, ...]]:
         started = time.perf_counter()
         request = GenerationRequest(str(uuid.uuid4()), ids, max_tokens, SamplingParams())
-        stamps, count = [], 0
+        stamps: list[float] = []
+        produced: list[int] = []
         async for output in engine.submit(request):
             if output.token_ids:
                 stamps.append(time.perf_counter())
-                count += len(output.token_ids)
+                produced.extend(output.token_ids)
         gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-        return count, (stamps[0] - started) if stamps else float("nan"), gaps
+        return len(produced), (stamps[0] - started) if stamps else float("nan"), gaps, tuple(produced)
 
     started = time.perf_counter()
     results = await asyncio.gather(*(one(ids) for ids in prompt_ids))
     wall = time.perf_counter() - started
-    return RunFigures(sum(r[0] for r in results), wall, [r[1] for r in results], [g for r in results for g in r[2]])
+    return RunFigures(sum(r[0] for r in results), wall, [r[1] for r in results], [g for r in results for g in r[2]],
+                      tuple(r[3] for r in results))
 
 
 def _start_workers(cpu_sets: list[tuple[int, ...]], backend: str, state_dir: Path,
@@ -156,7 +159,8 @@ async def _measure(options: BenchOptions, two: list[str], one: list[str],
     engines = {"pipeline_2_stage": await _engine(options, two), "pipeline_1_stage": await _engine(options, one)}
     hf = _Transformers(options.checkpoint)
     vocab = load_config(options.checkpoint).vocab_size
-    report: dict[str, dict] = {name: {} for name in (*engines, "transformers", *(["llama_cpp"] if llama_url else []))}
+    peer = ["llama_cpp", "greedy_vs_llama_cpp"] if llama_url else []
+    report: dict[str, dict] = {name: {} for name in (*engines, "transformers", *peer)}
     try:
         warm = prompts(vocab, 1, options.prompt_tokens, seed=99)
         for engine in engines.values():
@@ -174,6 +178,10 @@ async def _measure(options: BenchOptions, two: list[str], one: list[str],
                     _keep_best(best, "llama_cpp", (await llama_peer.drive(llama_url, batch, options.max_tokens))[0])
             for name, figures in best.items():
                 report[name][f"c{c}"] = figures.summary()
+            if llama_url:
+                peer_ids = await llama_peer.greedy_token_ids(llama_url, batch, options.max_tokens)
+                report["greedy_vs_llama_cpp"][f"c{c}"] = llama_peer.greedy_agreement(
+                    list(best["pipeline_1_stage"].streams), peer_ids)
     finally:
         for engine in engines.values():
             await engine.close()

@@ -3,6 +3,9 @@ OpenAI `/v1/completions` streaming API that `fornax bench serve --peer llama.cpp
 
 Each request streams exactly `max_tokens` chunks when `ignore_eos` is set (else stops after one),
 then a usage chunk and `[DONE]`; a prompt that is not a list of token ids gets HTTP 400.
+The native `/completion` answers once, with the generated ids under `tokens` when `return_tokens`
+is set: token i of a prompt starting at id p is p + i, except that `--diverge-after K` makes every
+stream's tokens from index K on differ (so that tests see a disagreeing peer).
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-c", "--ctx-size", type=int, default=4096)
     parser.add_argument("-np", "--parallel", type=int, default=1)
     parser.add_argument("-t", "--threads", type=int, default=1)
+    parser.add_argument("--diverge-after", type=int, default=None)
     return parser.parse_args(argv)
+
+
+def token_ids(prompt: list[int], count: int, diverge_after: int | None) -> list[int]:
+    return [prompt[0] + i + (1 if diverge_after is not None and i >= diverge_after else 0) for i in range(count)]
 
 
 async def health(_: web.Request) -> web.Response:
@@ -46,14 +54,27 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def completion(request: web.Request) -> web.Response:
+    body = await request.json()
+    prompt = body.get("prompt")
+    if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
+        return web.json_response({"error": {"message": "prompt must be token ids"}}, status=400)
+    ids = token_ids(prompt, int(body["n_predict"]) if body.get("ignore_eos") else 1, request.app["diverge_after"])
+    answer = {"content": "".join(f" t{t}" for t in ids), "tokens": ids if body.get("return_tokens") else [],
+              "tokens_predicted": len(ids), "stop": True}
+    return web.json_response(answer)
+
+
 def main() -> None:
     args = parse()
     with open(args.model, "rb") as handle:
         if handle.read(4) != b"GGUF":
             raise SystemExit("not a GGUF file")
     app = web.Application()
+    app["diverge_after"] = args.diverge_after
     app.router.add_get("/health", health)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/completion", completion)
     web.run_app(app, host=args.host, port=args.port, print=None)
 
 

@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from apps.bench import serve
-from apps.bench.llama_peer import LlamaPeerOptions, LlamaServer, PeerError, check_options, drive
+from apps.bench.llama_peer import (
+    LlamaPeerOptions,
+    LlamaServer,
+    PeerError,
+    check_options,
+    drive,
+    greedy_agreement,
+    greedy_token_ids,
+)
 from apps.cli.main import main
 
 pytestmark = pytest.mark.integration
@@ -41,6 +49,25 @@ def test_the_peer_streams_exactly_the_asked_tokens_for_every_prompt(peer_files):
     assert figures.output_tokens == 20 and len(figures.ttft_s) == 4 and len(figures.itl_s) == 16
     assert texts[1] == " t101 t102 t103 t104 t105"  # each prompt's own stream, in order
     assert figures.summary()["output_tokens_per_s"] > 0
+
+
+def test_the_peer_gives_each_prompts_greedy_token_ids(peer_files):
+    server, gguf = peer_files
+    batch = [tuple(range(100 + i, 132 + i)) for i in range(3)]
+    with LlamaServer(LlamaPeerOptions(server, gguf, slots=3, startup_timeout_s=60)) as peer:
+        ids = asyncio.run(greedy_token_ids(peer.base_url, batch, 4))
+    assert ids == [(100, 101, 102, 103), (101, 102, 103, 104), (102, 103, 104, 105)]
+
+
+def test_a_peer_whose_greedy_streams_differ_is_reported_as_disagreeing(tmp_path, peer_files):
+    _, gguf = peer_files
+    server = _executable(tmp_path / "diverging-server", f'exec "{sys.executable}" "{FAKE}" --diverge-after 2 "$@"')
+    batch = [tuple(range(100 + i, 132 + i)) for i in range(3)]
+    ours = [tuple(range(p[0], p[0] + 4)) for p in batch]
+    with LlamaServer(LlamaPeerOptions(server, gguf, slots=3, startup_timeout_s=60)) as peer:
+        theirs = asyncio.run(greedy_token_ids(peer.base_url, batch, 4))
+    agreement = greedy_agreement(ours, theirs)
+    assert agreement["identical_streams"] == 0 and agreement["agreeing_prefix_tokens"] == 3 * 2
 
 
 def test_a_peer_that_exits_at_start_is_reported_with_its_log(tmp_path, peer_files):
