@@ -7,9 +7,16 @@ stops with "BPE pre-tokenizer was not recognized". That tokenizer is byte-level 
 with the GPT-2 pattern (tokenizer.json: no normalizer, a `ByteLevel` pre-tokenizer with
 `use_regex` and no prefix space), which is what llama.cpp calls `gpt-2`.
 
+A checkpoint without a query LoRA (`q_lora_rank: null`, as DeepSeek-V2-Lite and the generated
+presets have) gets no `deepseek2.attention.q_lora_rank` key from the converter, and llama.cpp's
+loader tells such a model apart by its layer count (26 or 27: V2-Lite and its kin) and otherwise
+requires the key ("key not found in model: deepseek2.attention.q_lora_rank"). The key with value
+0 is what the loader reads as "no query LoRA" (it then takes the plain `attn_q` projection).
+
 `convert` runs the converter of a llama.cpp source tree in this process and supplies `gpt-2` when,
 and only when, the converter does not recognise the tokenizer and tokenizer.json declares exactly
-that pre-tokenizer; any other tokenizer fails as the converter would. The GGUF keeps the
+that pre-tokenizer (any other tokenizer fails as the converter would), and writes
+`q_lora_rank = 0` for a DeepSeek-V2 checkpoint whose config has none. The GGUF keeps the
 tokenizer's ids, so llama.cpp and Fornax see the same prompts.
 """
 
@@ -53,7 +60,7 @@ def converter_path(llama_cpp: Path) -> Path:
 
 
 @contextmanager
-def _gpt2_when_unrecognised(llama_cpp: Path, checkpoint: Path) -> Iterator[None]:
+def _supplemented_converter(llama_cpp: Path, checkpoint: Path) -> Iterator[None]:
     tokenizer = json.loads((checkpoint / "tokenizer.json").read_text())
     saved_path = list(sys.path)
     sys.path[:0] = [str(llama_cpp), str(llama_cpp / "gguf-py")]
@@ -70,11 +77,22 @@ def _gpt2_when_unrecognised(llama_cpp: Path, checkpoint: Path) -> Iterator[None]
                     return GPT2_PRE
                 raise
 
+        from conversion import deepseek
+
+        parameters = deepseek.DeepseekV2Model.set_gguf_parameters
+
+        def with_q_lora_rank(model: Any) -> None:
+            parameters(model)
+            if model.hparams.get("q_lora_rank") is None:
+                model.gguf_writer.add_q_lora_rank(0)
+
         base.TextModel.get_vocab_base_pre = pre_tokenizer
+        deepseek.DeepseekV2Model.set_gguf_parameters = with_q_lora_rank
         try:
             yield
         finally:
             base.TextModel.get_vocab_base_pre = recognise
+            deepseek.DeepseekV2Model.set_gguf_parameters = parameters
     finally:
         sys.path[:] = saved_path
 
@@ -88,7 +106,7 @@ def convert(llama_cpp: Path, checkpoint: Path, outfile: Path, outtype: str = "f3
     saved_argv = sys.argv
     sys.argv = argv
     try:
-        with _gpt2_when_unrecognised(llama_cpp, checkpoint):
+        with _supplemented_converter(llama_cpp, checkpoint):
             runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):

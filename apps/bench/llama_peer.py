@@ -77,7 +77,11 @@ class LlamaServer:
         self._log = tempfile.TemporaryFile()
         command = [options.server, "-m", options.gguf, "--host", "127.0.0.1", "--port", str(self.port),
                    "-c", str(options.slots * options.context_per_slot), "-np", str(options.slots),
-                   "-t", str(options.threads)]
+                   "-t", str(options.threads),
+                   # The bench sends token ids to /v1/completions only. The checkpoint's chat template
+                   # (tool calls with string arguments) is one llama-server's jinja tool-call parser
+                   # generation rejects at start, so its built-in chatml stands in, unused.
+                   "--no-jinja", "--chat-template", "chatml"]
         preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         self._proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=preexec)
         try:

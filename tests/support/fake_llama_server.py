@@ -25,6 +25,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-c", "--ctx-size", type=int, default=4096)
     parser.add_argument("-np", "--parallel", type=int, default=1)
     parser.add_argument("-t", "--threads", type=int, default=1)
+    parser.add_argument("--no-jinja", action="store_true")
+    parser.add_argument("--chat-template")
     parser.add_argument("--diverge-after", type=int, default=None)
     return parser.parse_args(argv)
 

@@ -40,6 +40,7 @@ def test_the_converter_keeps_every_token_and_names_the_gpt2_pre_tokenizer(tiny_g
     assert fields["general.architecture"].contents() == "deepseek2"
     assert fields["tokenizer.ggml.pre"].contents() == "gpt-2"
     assert len(fields["tokenizer.ggml.tokens"].data) == 512  # the tiny preset's vocabulary
+    assert fields["deepseek2.attention.q_lora_rank"].contents() == 0  # the preset has no query LoRA
 
 
 @needs_converter
