@@ -14,10 +14,10 @@ from enum import StrEnum
 from typing import Any
 
 import numpy as np
-from google_crc32c import _crc32c as _crc
 
 from libs.common.kinds import FLOAT_DTYPES as _FLOAT_DTYPES
 from libs.common.kinds import DType
+from libs.fnx2.crc import crc32c_extend
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.fields import member
 
@@ -200,18 +200,18 @@ def crc_and_finite(crc: int, payload: memoryview, dtype: DType | None) -> tuple[
     cache-sized chunks, so the payload streams from memory once."""
     raw = np.frombuffer(payload, dtype=np.uint8)
     if dtype is None or dtype is DType.INT32:
-        return _crc.extend(crc, raw), True
+        return crc32c_extend(crc, raw), True
     finite = raw.size % _FINITE_LIMITS[dtype][0].itemsize == 0
     for start in range(0, raw.size, _CHUNK_BYTES):
         chunk = raw[start : start + _CHUNK_BYTES]
-        crc = _crc.extend(crc, chunk)
+        crc = crc32c_extend(crc, chunk)
         finite = finite and _finite_bytes(chunk, dtype)
     return crc, finite
 
 
 def crc32c(data: bytes | memoryview | np.ndarray) -> int:
     raw = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
-    return _crc.value(raw) if raw.size else 0
+    return crc32c_extend(0, raw)
 
 
 def view_payload(descriptor: TensorDescriptor, payload: memoryview) -> np.ndarray:
