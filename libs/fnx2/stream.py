@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from libs.fnx2.codec import (
     DEFAULT_LIMITS,
@@ -34,8 +34,7 @@ _SMALL_FRAME = 64 * 1024
 _WRITE_CHUNK = 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Received:
+class Received(NamedTuple):
     """One decoded frame, or the recoverable error it raised, plus its decode time."""
 
     frame: Frame | None
@@ -70,7 +69,7 @@ class StreamSource:
             raise ChannelClosedError("peer closed the stream") from exc
         except (ConnectionError, OSError) as exc:
             raise ChannelClosedError(f"stream failed: {exc}") from exc
-        return ReceivedBody(prelude, memoryview(body))
+        return ReceivedBody(prelude, body)
 
 
 class FrameStream:

@@ -17,6 +17,7 @@ import collections
 import json
 import sys
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,20 +29,20 @@ from libs.fnx2.messages import Kind
 from libs.fnx2.tensor import STORAGE, DType, _finite_bytes, crc_and_finite
 
 _MAX_QUEUED_FRAMES = 4
+_DATA_KINDS = (Kind.BATCH, Kind.RESULT)
 # Arriving payload is checked in pieces of this size: small enough to stay in the L2 cache
 # between the CRC and the finiteness check, large enough that per-piece calls cost little.
 _CRC_STEP = 256 * 1024
 _ON_ARRIVAL_MIN_BYTES = 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class ReceivedBody:
+class ReceivedBody(NamedTuple):
     """A frame body as it arrived, with what was computed while its bytes were in cache:
     the body's CRC32C and, for large payloads, finiteness and each sequence's input CRC32C
     as (start, end, crc)."""
 
     prelude: Prelude
-    body: memoryview
+    body: memoryview | bytes  # bytes: a small frame, copied out of the scratch buffer
     body_crc: int | None = None
     slice_crcs: tuple[tuple[int, int, int], ...] | None = None
     finite: tuple[DType, bool] | None = None  # (dtype assumed, all values finite)
@@ -101,21 +102,20 @@ def _payload_plan(prelude: Prelude, body: memoryview) -> _PayloadPlan:
                         _tiles(ranges, prelude.metadata_bytes, prelude.body_bytes))
 
 
-def _small_body(prelude: Prelude, body: memoryview) -> ReceivedBody:
+def _small_body(prelude: Prelude, body: bytes) -> ReceivedBody:
     """A whole small body: its CRC32C and, for a compact BATCH or RESULT with a float
     payload, its finiteness, in one call over the payload."""
     if not body:
         return ReceivedBody(prelude, body, 0)
     dtype = None
-    if prelude.payload_bytes and prelude.kind in (Kind.BATCH, Kind.RESULT):
-        metadata = body[:prelude.metadata_bytes]
-        if compact.is_compact(metadata):
-            dtype = compact.payload_dtype(bytes(metadata), prelude.kind)
+    meta_end = prelude.metadata_bytes
+    if prelude.payload_bytes and prelude.kind in _DATA_KINDS and body[:4] == compact.MAGIC:
+        dtype = compact.payload_dtype(body, prelude.kind)
     if dtype is None or dtype is DType.INT32 or prelude.payload_bytes % STORAGE[dtype].itemsize:
-        return ReceivedBody(prelude, body, crc32c_extend(0, np.frombuffer(body, np.uint8)))
-    head = crc32c_extend(0, np.frombuffer(body[:prelude.metadata_bytes], np.uint8))
-    crc, finite = crc_and_finite(head, body[prelude.metadata_bytes:], dtype)
-    return ReceivedBody(prelude, body, crc, finite=(dtype, finite))
+        return ReceivedBody(prelude, body, crc32c_extend(0, body))
+    view = memoryview(body)
+    crc, finite = crc_and_finite(crc32c_extend(0, view[:meta_end]), view[meta_end:], dtype)
+    return ReceivedBody(prelude, body, crc, None, (dtype, finite))
 
 
 class BufferPool:
@@ -289,7 +289,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 else:
                     self._start_body(prelude, scratch[start:self._end])
                 break
-            body = memoryview(bytes(scratch[start:end])) if prelude.body_bytes else _EMPTY
+            body = scratch[start:end].tobytes() if prelude.body_bytes else b""
             self._pool.note(prelude.body_bytes)
             self._frames.append(_small_body(prelude, body))
             self._scan, delivered = end, True
