@@ -211,16 +211,22 @@ class ReceiverState:
         self._end_reasons = collections.OrderedDict()
 
     # -- credits -------------------------------------------------------------------------
-    def credit(self) -> Credit:
+    def credit(self, frames_cap: int | None = None, batches_received: int | None = None) -> Credit:
+        """The credit vector; `frames_cap` bounds its frames (a channel's own frame limit),
+        `batches_received` goes with it (a channel's multi_inflight count)."""
         lim = self.limits
+        frames = lim.frames - self._busy_frames
+        if frames_cap is not None:
+            frames = min(frames, frames_cap)
         return Credit(
-            frames=max(0, lim.frames - self._busy_frames),
+            frames=max(0, frames),
             payload_bytes=max(0, lim.payload_bytes - self._busy_payload),
             rows=max(0, lim.rows - self._busy_rows),
             sequences=max(0, lim.sequences - self._busy_sequences),
             live_requests=max(0, lim.live_requests - len(self._leases)),
             kv_bytes=max(0, lim.kv_bytes - self._kv_used),
             replay_bytes=max(0, lim.replay_bytes - self._replay_used),
+            batches_received=batches_received,
         )
 
     def _kv_free(self) -> int:
@@ -253,11 +259,12 @@ class ReceiverState:
     def admit(self, batch: Batch, now_ns: int) -> BatchAdmission:
         """Step 6: credit, then per sequence lease, replay, deadline, epoch; reserve atomically."""
         self._tombstones.evict(now_ns)
-        credit = self.credit()
+        lim = self.limits
         need = (1, batch.tensor.descriptor.payload_bytes, batch.batch.input_row_count,
                 len(batch.batch.sequences))
-        have = (credit.frames, credit.payload_bytes, credit.rows, credit.sequences)
-        if any(n > h for n, h in zip(need, have, strict=True)):
+        have = (max(0, lim.frames - self._busy_frames), max(0, lim.payload_bytes - self._busy_payload),
+                max(0, lim.rows - self._busy_rows), max(0, lim.sequences - self._busy_sequences))
+        if need[0] > have[0] or need[1] > have[1] or need[2] > have[2] or need[3] > have[3]:
             raise Fnx2Error(ErrorCode.CREDIT, f"batch needs {need}, receiver has {have}")
         execute: list[SequenceSlice] = []
         replayed: list[ReplayHit] = []
@@ -265,13 +272,13 @@ class ReceiverState:
         kv_reserved = 0
         for item in batch.batch.sequences:
             verdict = self._decide(batch, item, now_ns, kv_reserved)
-            if isinstance(verdict, Rejection):
-                rejected.append(verdict)
-            elif isinstance(verdict, ReplayHit):
-                replayed.append(verdict)
-            else:
+            if type(verdict) is int:  # the KV bytes reserved for it: execute
                 kv_reserved += verdict
                 execute.append(item)
+            elif isinstance(verdict, Rejection):
+                rejected.append(verdict)
+            else:
+                replayed.append(verdict)
         for item in execute:
             self._leases[item.request_id].inflight = True
         self._kv_used += kv_reserved

@@ -123,6 +123,12 @@ class FrameStream:
         # Payload CRCs need no sequence number: computed before taking the lock, while
         # the previous frame is still streaming out.
         crcs = [payload_crc(m) if _payload_len(m) > _SMALL_FRAME else None for m in messages]
+        if not self._write_lock.locked() and all(crc is None for crc in crcs):
+            # Small frames only, and no large frame streaming out: encoded and written
+            # with no await in between, so nothing can interleave and no lock is needed.
+            self._write_small(messages)
+            await self.drain()
+            return
         async with self._write_lock:
             small: list[bytes | memoryview] = []  # consecutive small frames: one write
             for message, known_crc in zip(messages, crcs, strict=True):
@@ -142,6 +148,17 @@ class FrameStream:
             if small:
                 self._writer.write(b"".join(small))
             await self.drain()
+
+    def _write_small(self, messages: tuple[Message, ...]) -> None:
+        parts: list[bytes | memoryview] = []
+        compact_meta = EXT_COMPACT_META in self.negotiated
+        for message in messages:
+            if self.closed:
+                raise ChannelClosedError("channel is closed")
+            encoded = encode_frame(message, self._next_out, self._limits, compact_meta=compact_meta)
+            self._next_out += 1
+            parts += (encoded.header, encoded.payload)
+        self._writer.write(b"".join(parts))
 
     async def _write_large(self, encoded) -> None:
         self._writer.write(encoded.header)
