@@ -48,6 +48,15 @@ def _payload_len(message: Message) -> int:
     return 0 if tensor is None else tensor.descriptor.payload_bytes
 
 
+def _keeps_unsent_views(sink) -> bool:
+    """Whether the sink's transport keeps what a write could not send yet as a view of the
+    caller's buffer (uvloop: libuv writes straight from it), rather than copying it into
+    its own buffer (the standard library's transport on Python 3.11, which then also
+    memmoves that buffer as it drains: a whole 16 MiB payload would cost two copies)."""
+    transport = getattr(sink, "transport", None)
+    return type(transport).__module__.startswith("uvloop")
+
+
 class StreamSource:
     """Frames from an asyncio StreamReader (`readexactly`; the body is copied once)."""
 
@@ -163,6 +172,10 @@ class FrameStream:
     async def _write_large(self, encoded) -> None:
         self._writer.write(encoded.header)
         payload = encoded.payload
+        if _keeps_unsent_views(self._writer):  # one write; the loop sends it as it drains
+            self._writer.write(payload)
+            await self.drain()
+            return
         for offset in range(0, len(payload), _WRITE_CHUNK):
             self._writer.write(payload[offset : offset + _WRITE_CHUNK])
             await self.drain()
