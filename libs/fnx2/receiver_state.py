@@ -272,7 +272,7 @@ class ReceiverState:
         kv_reserved = 0
         for item in batch.batch.sequences:
             verdict = self._decide(batch, item, now_ns, kv_reserved)
-            if type(verdict) is int:  # the KV bytes reserved for it: execute
+            if isinstance(verdict, int):  # the KV bytes reserved for it: execute
                 kv_reserved += verdict
                 execute.append(item)
             elif isinstance(verdict, Rejection):
