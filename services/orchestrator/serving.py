@@ -3,7 +3,8 @@
 Everything here runs on one event loop, so the scheduler is never touched concurrently.
 `_pump` is the only place that schedules: it runs after every state change (a new request,
 a microbatch result, a release, a reader making room, a cancel) and on a timer when a
-deadline is due.
+deadline is due. New requests and releases ask for it at the end of the loop turn, so a
+burst of either costs one scheduling pass and a burst of prompts shares one prefill.
 """
 
 from __future__ import annotations
