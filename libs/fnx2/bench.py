@@ -310,7 +310,9 @@ def bench_rtt(cfg: BenchConfig) -> dict[str, float]:
 
 
 def host_labels(command: str, loop: EventLoopKind = EventLoopKind.ASYNCIO) -> dict[str, str]:
-    import google_crc32c
+    from importlib.metadata import version
+
+    from libs.fnx2.crc import HARDWARE_CRC32C
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -322,7 +324,7 @@ def host_labels(command: str, loop: EventLoopKind = EventLoopKind.ASYNCIO) -> di
         "evidence_class": "physical",
         "hardware": f"{cpu}; {os.cpu_count()} logical CPUs visible; loopback TCP",
         "build": (f"python {platform.python_version()}, numpy {np.__version__}, "
-                  f"google-crc32c implementation={google_crc32c.implementation}, "
+                  f"crc32c {version('crc32c')} (hardware={HARDWARE_CRC32C}), "
                   f"event loop {describe(loop)} (gRPC baseline: asyncio)"),
         "quota": quota_label(),
         "command": command,

@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from libs.fnx2 import compact
 from libs.fnx2.control import (
@@ -29,7 +29,7 @@ from libs.fnx2.control import (
     ErrorMessage,
     Release,
 )
-from libs.fnx2.crc import crc32c_combine
+from libs.fnx2.crc import crc32c_combine, crc32c_extend
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.fields import (
     UINT64_MAX,
@@ -79,8 +79,9 @@ class CodecLimits:
 DEFAULT_LIMITS = CodecLimits()
 
 
-@dataclass(frozen=True, slots=True)
-class Prelude:
+# Per-frame records are named tuples: built in one C call, where a frozen dataclass sets
+# each field through object.__setattr__.
+class Prelude(NamedTuple):
     kind: int
     metadata_bytes: int
     payload_bytes: int
@@ -92,8 +93,7 @@ class Prelude:
         return self.metadata_bytes + self.payload_bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):
     sequence_no: int
     message: Message
 
@@ -175,7 +175,7 @@ def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAU
 
 
 def crc_of(data: bytes | memoryview) -> int:
-    return crc_and_finite(0, memoryview(data), None)[0]
+    return crc32c_extend(0, data)
 
 
 def _check_outgoing(message: Message) -> None:
@@ -222,7 +222,7 @@ def decode_frame(data: bytes | bytearray | memoryview, limits: CodecLimits = DEF
                        allow_extensions=allow_extensions, negotiated=negotiated)
 
 
-def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding | None = None,
+def decode_body(prelude: Prelude, body: memoryview | bytes, *, expected: ExpectedBinding | None = None,
                 allow_extensions: bool = True, negotiated: frozenset[str] | None = None,
                 body_crc: int | None = None,
                 slice_crcs: tuple[tuple[int, int, int], ...] | None = None,
@@ -239,8 +239,9 @@ def decode_body(prelude: Prelude, body: memoryview, *, expected: ExpectedBinding
     validated metadata names."""
     if len(body) != prelude.body_bytes:
         raise Fnx2Error(ErrorCode.FRAME_SIZE, "body length differs from its prelude")
-    metadata = bytes(body[: prelude.metadata_bytes])
-    payload = body[prelude.metadata_bytes:]
+    view = memoryview(body)
+    metadata = bytes(view[: prelude.metadata_bytes])
+    payload = view[prelude.metadata_bytes:]
     if negotiated is None:
         negotiated = KNOWN_EXTENSIONS if allow_extensions else frozenset()
     if prelude.kind in _COMPACT_KINDS and compact.is_compact(metadata):

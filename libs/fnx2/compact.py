@@ -135,13 +135,6 @@ def _check_printable(area: bytes) -> None:
         raise _fail("strings must be printable ASCII")
 
 
-def _cuts(first: tuple[int, ...], second: tuple[int, ...]) -> list[int]:
-    """Offsets of strings laid out first[0], second[0], first[1], second[1], ..."""
-    lengths = [0] * (2 * len(first))
-    lengths[0::2], lengths[1::2] = first, second
-    return [0, *itertools.accumulate(lengths)]
-
-
 def _tensor_fields(descriptor: TensorDescriptor) -> tuple[int, int, int, int, int]:
     shape = descriptor.shape
     return (_KIND_CODE[descriptor.kind], _DTYPE_CODE[descriptor.dtype], len(shape), shape[0],
@@ -266,7 +259,8 @@ def decode_batch(metadata: bytes, sequence_no: int, attach: Attach,
     table_end = records_end + (count * LEASE_SEQUENCE_BYTES if numbered else 0)
     if len(metadata) < table_end:
         raise _fail("BATCH sequence table is truncated")
-    columns = tuple(zip(*SLICE_STRUCT.iter_unpack(metadata[trace_end:records_end]), strict=True))
+    records = list(SLICE_STRUCT.iter_unpack(metadata[trace_end:records_end]))
+    columns = tuple(zip(*records, strict=True))
     request_ids, trace_lens, span_lens = columns[0], columns[8], columns[9]
     if min(trace_lens) < 1 or min(span_lens) < 1 or max(trace_lens) > MAX_ID_CHARS \
             or max(span_lens) > MAX_ID_CHARS:
@@ -284,20 +278,28 @@ def decode_batch(metadata: bytes, sequence_no: int, attach: Attach,
     _check_coverage(columns[3], columns[4], request_ids, PHASES[phase], input_rows)
     if descriptor.rows != input_rows:
         raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "tensor rows differ from input_row_count")
-    text = area.decode("ascii")
-    cuts = _cuts(trace_lens, span_lens)
-    lease_numbers = (struct.unpack_from(f"<{count}Q", metadata, records_end) if numbered
-                     else itertools.repeat(None, count))
-    slices = tuple(
-        SequenceSlice(_uuid_text(rid), rsn, start, rows, position, epoch, budget, _uuid_text(lease),
-                      text[cuts[2 * i]:cuts[2 * i + 1]], text[cuts[2 * i + 1]:cuts[2 * i + 2]],
-                      number)
-        for i, (rid, lease, rsn, start, rows, position, epoch, budget, number) in enumerate(zip(
-            *columns[:8], lease_numbers, strict=True)))
+    slices = _slices(records, area.decode("ascii"),
+                     struct.unpack_from(f"<{count}Q", metadata, records_end) if numbered else None)
     traceparent = metadata[names_end:trace_end].decode("ascii") or None
     return Batch(*plan, names[:src_len], names[src_len:],
                  BatchDescriptor(_uuid_text(batch_id), batch_seq, PHASES[phase], input_rows, slices),
                  tensor, traceparent)
+
+
+def _slices(records: list[tuple], text: str, lease_numbers: tuple[int, ...] | None
+            ) -> tuple[SequenceSlice, ...]:
+    """The typed slices of a validated table; trace and span ids are cut from `text` in
+    record order."""
+    uuid_text, make, slices, cut = _uuid_text, SequenceSlice._make, [], 0
+    for i, (rid, lease, rsn, start, rows, position, epoch, budget, trace_len, span_len) \
+            in enumerate(records):
+        trace_end = cut + trace_len
+        span_end = trace_end + span_len
+        slices.append(make((uuid_text(rid), rsn, start, rows, position, epoch, budget,
+                            uuid_text(lease), text[cut:trace_end], text[trace_end:span_end],
+                            None if lease_numbers is None else lease_numbers[i])))
+        cut = span_end
+    return tuple(slices)
 
 
 def _check_coverage(starts: tuple[int, ...], counts: tuple[int, ...], request_ids: tuple[bytes, ...],
@@ -369,8 +371,8 @@ def decode_result(metadata: bytes, sequence_no: int,
     table_end = RESULT_HEADER.size + count * RESULT_ITEM_STRUCT.size
     if len(metadata) < table_end:
         raise _fail("RESULT table is truncated")
-    columns = tuple(zip(*RESULT_ITEM_STRUCT.iter_unpack(metadata[RESULT_HEADER.size:table_end]),
-                        strict=True))
+    records = list(RESULT_ITEM_STRUCT.iter_unpack(metadata[RESULT_HEADER.size:table_end]))
+    columns = tuple(zip(*records, strict=True))
     code_lens, message_lens = columns[15], columns[16]
     if len(metadata) != table_end + sum(code_lens) + sum(message_lens):
         raise _fail("RESULT metadata length differs from its header and table")
@@ -379,17 +381,17 @@ def decode_result(metadata: bytes, sequence_no: int,
     tensor = attach(descriptor)
     _check_items(columns[3], columns[4], columns[6:11], code_lens, message_lens)
     text = area.decode("ascii")
-    cuts = _cuts(code_lens, message_lens)
-    items = []
-    for i, (rid, lease, rsn, status, has_output, in_start, in_rows, out_start, out_rows, before,
-            after, queue, execute, pack, unpack) in enumerate(zip(*columns[:15], strict=True)):
+    uuid_text, make, items, cut = _uuid_text, SequenceResult._make, [], 0
+    for (rid, lease, rsn, status, has_output, in_start, in_rows, out_start, out_rows, before,
+         after, queue, execute, pack, unpack, code_len, message_len) in records:
         code = message = None
-        if code_lens[i]:
-            code, message = text[cuts[2 * i]:cuts[2 * i + 1]], text[cuts[2 * i + 1]:cuts[2 * i + 2]]
-        items.append(SequenceResult(_uuid_text(rid), _uuid_text(lease), rsn, STATUSES[status],
-                                    in_start, in_rows, out_start if has_output else None, out_rows,
-                                    before, after, code, message,
-                                    Timings(queue, execute, pack, unpack)))
+        if code_len:
+            code_end = cut + code_len
+            code, message, cut = text[cut:code_end], text[code_end:code_end + message_len], \
+                code_end + message_len
+        items.append(make((uuid_text(rid), uuid_text(lease), rsn, STATUSES[status], in_start,
+                           in_rows, out_start if has_output else None, out_rows, before, after,
+                           code, message, Timings(queue, execute, pack, unpack))))
     return Result(_uuid_text(batch_id), batch_seq, _hash_text(manifest_hash), tuple(items), tensor)
 
 

@@ -202,6 +202,7 @@ class _Channel:
         self.busy = 0
         self.batches_received = 0
         self.granted_payload_bytes = 0
+        self.bound = False  # the first credit lifts the unbound preamble's body limit
 
     @property
     def frame_cap(self) -> int:
@@ -210,16 +211,16 @@ class _Channel:
         return self.r.config.plain_frames
 
     def credit(self) -> Credit:
-        credit = self.r.state.credit()
-        frames = max(0, min(credit.frames, self.frame_cap - self.busy))
         received = self.batches_received if EXT_MULTI_INFLIGHT in self.extensions else None
+        credit = self.r.state.credit(self.frame_cap - self.busy, received)
         # Bodies up to what any credit on this channel admitted: a sender may still act
         # on an earlier, larger credit.
-        self.granted_payload_bytes = max(self.granted_payload_bytes, credit.payload_bytes)
-        self.stream.admit_body_bytes(self.r.config.codec.max_metadata_bytes
-                                     + self.granted_payload_bytes)
-        return Credit(frames, credit.payload_bytes, credit.rows, credit.sequences,
-                      credit.live_requests, credit.kv_bytes, credit.replay_bytes, received)
+        if credit.payload_bytes > self.granted_payload_bytes or not self.bound:
+            self.bound = True
+            self.granted_payload_bytes = max(self.granted_payload_bytes, credit.payload_bytes)
+            self.stream.admit_body_bytes(self.r.config.codec.max_metadata_bytes
+                                         + self.granted_payload_bytes)
+        return credit
 
     async def run(self) -> None:
         binding = self.r.config.binding

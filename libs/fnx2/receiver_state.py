@@ -12,6 +12,7 @@ with respect to the event loop.
 from __future__ import annotations
 
 import collections
+import operator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -111,19 +112,16 @@ class _SmallInputs(NamedTuple):
         return InputIdentity(self.kind, nbytes, self.data[start:start + nbytes], None)
 
 
-@dataclass(slots=True)
-class _ReplayEntry:
-    """The last executed step of a lease: identity, input identity, result, output rows."""
+class _ReplayEntry(NamedTuple):
+    """The last executed step of a lease: identity, input identity, result, output rows,
+    and the bytes it keeps (its exact input and its rows)."""
 
     key: tuple
     inputs: InputIdentity
     result: SequenceResult
     rows: np.ndarray | None
     kind: tuple | None
-
-    @property
-    def retained_bytes(self) -> int:
-        return self.inputs.retained_bytes + (0 if self.rows is None else self.rows.nbytes)
+    retained_bytes: int
 
     def same_input(self, batch: Batch, item: SequenceSlice) -> bool:
         return InputIdentity.of(batch, item) == self.inputs  # rare: only on a retry
@@ -213,16 +211,22 @@ class ReceiverState:
         self._end_reasons = collections.OrderedDict()
 
     # -- credits -------------------------------------------------------------------------
-    def credit(self) -> Credit:
+    def credit(self, frames_cap: int | None = None, batches_received: int | None = None) -> Credit:
+        """The credit vector; `frames_cap` bounds its frames (a channel's own frame limit),
+        `batches_received` goes with it (a channel's multi_inflight count)."""
         lim = self.limits
+        frames = lim.frames - self._busy_frames
+        if frames_cap is not None:
+            frames = min(frames, frames_cap)
         return Credit(
-            frames=max(0, lim.frames - self._busy_frames),
+            frames=max(0, frames),
             payload_bytes=max(0, lim.payload_bytes - self._busy_payload),
             rows=max(0, lim.rows - self._busy_rows),
             sequences=max(0, lim.sequences - self._busy_sequences),
             live_requests=max(0, lim.live_requests - len(self._leases)),
             kv_bytes=max(0, lim.kv_bytes - self._kv_used),
             replay_bytes=max(0, lim.replay_bytes - self._replay_used),
+            batches_received=batches_received,
         )
 
     def _kv_free(self) -> int:
@@ -255,11 +259,12 @@ class ReceiverState:
     def admit(self, batch: Batch, now_ns: int) -> BatchAdmission:
         """Step 6: credit, then per sequence lease, replay, deadline, epoch; reserve atomically."""
         self._tombstones.evict(now_ns)
-        credit = self.credit()
+        lim = self.limits
         need = (1, batch.tensor.descriptor.payload_bytes, batch.batch.input_row_count,
                 len(batch.batch.sequences))
-        have = (credit.frames, credit.payload_bytes, credit.rows, credit.sequences)
-        if any(n > h for n, h in zip(need, have, strict=True)):
+        have = (max(0, lim.frames - self._busy_frames), max(0, lim.payload_bytes - self._busy_payload),
+                max(0, lim.rows - self._busy_rows), max(0, lim.sequences - self._busy_sequences))
+        if need[0] > have[0] or need[1] > have[1] or need[2] > have[2] or need[3] > have[3]:
             raise Fnx2Error(ErrorCode.CREDIT, f"batch needs {need}, receiver has {have}")
         execute: list[SequenceSlice] = []
         replayed: list[ReplayHit] = []
@@ -267,13 +272,13 @@ class ReceiverState:
         kv_reserved = 0
         for item in batch.batch.sequences:
             verdict = self._decide(batch, item, now_ns, kv_reserved)
-            if isinstance(verdict, Rejection):
-                rejected.append(verdict)
-            elif isinstance(verdict, ReplayHit):
-                replayed.append(verdict)
-            else:
+            if isinstance(verdict, int):  # the KV bytes reserved for it: execute
                 kv_reserved += verdict
                 execute.append(item)
+            elif isinstance(verdict, Rejection):
+                rejected.append(verdict)
+            else:
+                replayed.append(verdict)
         for item in execute:
             self._leases[item.request_id].inflight = True
         self._kv_used += kv_reserved
@@ -289,42 +294,40 @@ class ReceiverState:
 
     def _decide(self, batch: Batch, item: SequenceSlice, now_ns: int,
                 kv_reserved: int) -> Rejection | ReplayHit | int:
-        reject = lambda code, why, status=SequenceStatus.REJECTED: Rejection(  # noqa: E731
-            item, status, code, why)
         tomb = self._tombstones.get(item.execution_lease_id)
         if tomb is not None:
             status = SequenceStatus.DEADLINE if tomb is Tombstone.EXPIRED else SequenceStatus.REJECTED
-            return reject(_TOMBSTONE_CODES[tomb], f"lease is tombstoned ({tomb.value})", status)
+            return _reject(item, _TOMBSTONE_CODES[tomb], f"lease is tombstoned ({tomb.value})", status)
         lease = self._leases.get(item.request_id)
         if lease is None or lease.lease_id != item.execution_lease_id:
             expected = derive_execution_lease_id(self.binding.plan_generation_id, batch.plan_id,
                                                  batch.plan_hash, item.request_id)
             if item.execution_lease_id != expected:
-                return reject(ErrorCode.UNKNOWN_LEASE, "lease is not of this plan generation")
+                return _reject(item, ErrorCode.UNKNOWN_LEASE, "lease is not of this plan generation")
             if item.lease_sequence is not None and self._watermark.ended(item.lease_sequence):
                 ended = self._end_reasons.get(item.execution_lease_id, Tombstone.RELEASED)
                 status = SequenceStatus.DEADLINE if ended is Tombstone.EXPIRED else SequenceStatus.REJECTED
-                return reject(_TOMBSTONE_CODES[ended], f"lease ended ({ended.value}; below the "
-                              "lease-sequence watermark)", status)
+                return _reject(item, _TOMBSTONE_CODES[ended], f"lease ended ({ended.value}; "
+                               "below the lease-sequence watermark)", status)
         if lease is not None and lease.inflight:
-            return reject(ErrorCode.REQUEST_INFLIGHT, "request is already executing")
+            return _reject(item, ErrorCode.REQUEST_INFLIGHT, "request is already executing")
         if (lease is not None and lease.replay is not None  # a retry repeats its step number
                 and lease.replay.result.request_sequence_no == item.request_sequence_no
-                and lease.replay.key == _replay_key(batch, item)):
+                and lease.replay.key == _replay_key(_replay_prefix(batch), item)):
             if not lease.replay.same_input(batch, item):
-                return reject(ErrorCode.SEQUENCE_CONFLICT, "same identity, different input")
+                return _reject(item, ErrorCode.SEQUENCE_CONFLICT, "same identity, different input")
             return ReplayHit(item, lease.replay.result, lease.replay.rows, lease.replay.kind)
         deadline = local_deadline(now_ns, item.deadline_budget_ns,
                                   None if lease is None else lease.deadline_ns)
         if item.deadline_budget_ns == 0 or now_ns >= deadline:
-            return self._expire_on_arrival(item, lease, reject)
+            return self._expire_on_arrival(item, lease)
         if lease is not None:
             lease.deadline_ns = deadline
             lease.last_active_ns = now_ns
-            return self._continue_lease(batch, item, lease, kv_reserved, reject)
-        return self._open_lease(batch, item, (now_ns, deadline), kv_reserved, reject)
+            return self._continue_lease(batch, item, lease, kv_reserved)
+        return self._open_lease(batch, item, (now_ns, deadline), kv_reserved)
 
-    def _expire_on_arrival(self, item: SequenceSlice, lease: _Lease | None, reject) -> Rejection:
+    def _expire_on_arrival(self, item: SequenceSlice, lease: _Lease | None) -> Rejection:
         if lease is not None:
             self._retire(lease, Tombstone.EXPIRED)
         elif item.lease_sequence is not None:  # fenced by the watermark, no tombstone
@@ -333,46 +336,46 @@ class ReceiverState:
         elif len(self._tombstones) < self.limits.tombstone_capacity:
             self._tombstones.add(item.execution_lease_id, Tombstone.EXPIRED)
         else:
-            return reject(ErrorCode.TOMBSTONE_CAPACITY, "tombstone table is full")
-        return reject(ErrorCode.DEADLINE, "deadline budget exhausted", SequenceStatus.DEADLINE)
+            return _reject(item, ErrorCode.TOMBSTONE_CAPACITY, "tombstone table is full")
+        return _reject(item, ErrorCode.DEADLINE, "deadline budget exhausted", SequenceStatus.DEADLINE)
 
     def _continue_lease(self, batch: Batch, item: SequenceSlice, lease: _Lease,
-                        kv_reserved: int, reject) -> Rejection | int:
+                        kv_reserved: int) -> Rejection | int:
         if lease.lease_id != item.execution_lease_id:
-            return reject(ErrorCode.LEASE_CONFLICT, "request holds a different lease")
+            return _reject(item, ErrorCode.LEASE_CONFLICT, "request holds a different lease")
         if lease.cancelled:
-            return reject(ErrorCode.CANCELLED, "request was cancelled", SequenceStatus.CANCELLED)
+            return _reject(item, ErrorCode.CANCELLED, "request was cancelled", SequenceStatus.CANCELLED)
         if item.request_sequence_no != lease.next_sequence_no:
-            return reject(ErrorCode.SEQUENCE, f"expected request_sequence_no {lease.next_sequence_no}")
+            return _reject(item, ErrorCode.SEQUENCE, f"expected request_sequence_no {lease.next_sequence_no}")
         if item.kv_epoch != lease.epoch:
-            return reject(ErrorCode.STALE_KV, f"stage KV epoch is {lease.epoch}")
+            return _reject(item, ErrorCode.STALE_KV, f"stage KV epoch is {lease.epoch}")
         if batch.batch.phase is Phase.PREFILL and lease.decoded:
-            return reject(ErrorCode.PHASE, "prefill after decode")
+            return _reject(item, ErrorCode.PHASE, "prefill after decode")
         if item.token_position_start != lease.next_position:
-            return reject(ErrorCode.POSITION, f"expected token position {lease.next_position}")
+            return _reject(item, ErrorCode.POSITION, f"expected token position {lease.next_position}")
         kv = item.input_row_count * self.limits.kv_bytes_per_row
         if kv > self._kv_free() - kv_reserved:  # per decode row: no whole Credit vector
-            return reject(ErrorCode.ADMISSION, "no KV credit")
+            return _reject(item, ErrorCode.ADMISSION, "no KV credit")
         return kv
 
-    def _open_lease(self, batch: Batch, item: SequenceSlice, times: tuple[int, int], kv_reserved: int,
-                    reject) -> Rejection | int:
+    def _open_lease(self, batch: Batch, item: SequenceSlice, times: tuple[int, int],
+                    kv_reserved: int) -> Rejection | int:
         if item.request_sequence_no != 0:
-            return reject(ErrorCode.UNKNOWN_LEASE, "no live lease for a continuing request")
+            return _reject(item, ErrorCode.UNKNOWN_LEASE, "no live lease for a continuing request")
         if batch.batch.phase is not Phase.PREFILL:
-            return reject(ErrorCode.PHASE, "a lease starts with prefill")
+            return _reject(item, ErrorCode.PHASE, "a lease starts with prefill")
         if item.token_position_start != 0:
-            return reject(ErrorCode.POSITION, "a lease starts at token position 0")
+            return _reject(item, ErrorCode.POSITION, "a lease starts at token position 0")
         if item.kv_epoch != 0:
-            return reject(ErrorCode.STALE_KV, "a lease starts at KV epoch 0")
+            return _reject(item, ErrorCode.STALE_KV, "a lease starts at KV epoch 0")
         if item.lease_sequence is None and (len(self._leases) + len(self._tombstones)
                                             >= self.limits.tombstone_capacity):
-            return reject(ErrorCode.TOMBSTONE_CAPACITY, "tombstone table is full")
+            return _reject(item, ErrorCode.TOMBSTONE_CAPACITY, "tombstone table is full")
         credit = self.credit()
         kv = item.input_row_count * self.limits.kv_bytes_per_row
         replay = item.input_row_count * self.limits.replay_bytes_per_row
         if credit.live_requests < 1 or kv > credit.kv_bytes - kv_reserved or replay > credit.replay_bytes:
-            return reject(ErrorCode.ADMISSION, "no live-request, KV or replay credit")
+            return _reject(item, ErrorCode.ADMISSION, "no live-request, KV or replay credit")
         now_ns, deadline = times
         if item.lease_sequence is not None:
             self._watermark.consume(item.lease_sequence, now_ns)
@@ -384,28 +387,31 @@ class ReceiverState:
     def complete(self, admission: BatchAdmission, outcomes: dict[tuple[str, str], Outcome],
                  timings: Timings) -> list[Entry]:
         """Apply the backend's outcomes; returns (result, output rows) in identity order."""
-        d = admission.batch.tensor.descriptor
-        self._reserve(-1, -d.payload_bytes, -admission.batch.batch.input_row_count,
-                      -len(admission.batch.batch.sequences))
+        batch = admission.batch
+        self._reserve(-1, -batch.tensor.descriptor.payload_bytes, -batch.batch.input_row_count,
+                      -len(batch.batch.sequences))
         self._kv_used -= admission.kv_reserved
         entries: list[Entry] = []
-        crcs = admission.batch.input_crcs
-        index = {s.identity: i for i, s in enumerate(admission.batch.batch.sequences)} if crcs else {}
-        inputs = _SmallInputs.of(admission.batch)
+        crcs = batch.input_crcs
+        index = {s.identity: i for i, s in enumerate(batch.batch.sequences)} if crcs else {}
+        inputs = _SmallInputs.of(batch)
+        replay_key = _replay_prefix(batch)
         for item in admission.execute:
-            outcome = outcomes.get(item.identity) or _NO_OUTCOME
-            known = crcs[index[item.identity]] if crcs else None
-            entries.append(self._apply(admission, item, outcome, timings, known, inputs))
+            identity = (item.request_id, item.execution_lease_id)
+            outcome = outcomes.get(identity) or _NO_OUTCOME
+            known = crcs[index[identity]] if crcs else None
+            entries.append(self._apply(admission, item, outcome, timings, known, inputs, replay_key))
         for hit in admission.replayed:
             entries.append(Entry(hit.result, hit.rows, hit.kind))
         for r in admission.rejected:
             entries.append(Entry(_failed(r.slice, r.status, r.code.value, r.message, timings),
                                  None, None))
-        entries.sort(key=lambda entry: entry.result.identity)
+        entries.sort(key=_ENTRY_IDENTITY)
         return entries
 
     def _apply(self, admission: BatchAdmission, item: SequenceSlice, outcome: Outcome,
-               timings: Timings, known_crc: int | None, inputs: _SmallInputs | None = None) -> Entry:
+               timings: Timings, known_crc: int | None, inputs: _SmallInputs | None = None,
+               replay_prefix: tuple | None = None) -> Entry:
         lease = self._leases.get(item.request_id)
         if lease is None:  # expired or released while executing; nothing to update
             return Entry(_failed(item, SequenceStatus.FAILED, ErrorCode.RELEASED, "lease ended", timings),
@@ -414,13 +420,14 @@ class ReceiverState:
         if not outcome.ok or outcome.rows is None:
             return Entry(_failed(item, SequenceStatus.FAILED, outcome.code or ErrorCode.FAILED,
                                  outcome.message or "backend failure", timings), None, None)
+        batch = admission.batch
         kv = item.input_row_count * self.limits.kv_bytes_per_row
         lease.kv_bytes += kv
         self._kv_used += kv
         lease.epoch += 1
         lease.next_sequence_no += 1
         lease.next_position += item.input_row_count
-        lease.decoded = lease.decoded or admission.batch.batch.phase is Phase.DECODE
+        lease.decoded = lease.decoded or batch.batch.phase is Phase.DECODE
         result = SequenceResult(
             item.request_id, item.execution_lease_id, item.request_sequence_no, SequenceStatus.OK,
             item.input_row_start, item.input_row_count, 0, len(outcome.rows),
@@ -428,11 +435,13 @@ class ReceiverState:
         rows = np.array(outcome.rows)  # the backend may reuse its output buffer
         if lease.replay is not None:
             self._replay_used -= lease.replay.retained_bytes
-        lease.replay = _ReplayEntry(_replay_key(admission.batch, item),
-                                    (inputs.identity(item) if inputs is not None
-                                     else InputIdentity.of(admission.batch, item, known_crc)), result,
-                                    rows, outcome.kind)
-        self._replay_used += lease.replay.retained_bytes
+        identity = (inputs.identity(item) if inputs is not None
+                    else InputIdentity.of(batch, item, known_crc))
+        retained = (0 if identity.exact is None else len(identity.exact)) + rows.nbytes
+        prefix = replay_prefix if replay_prefix is not None else _replay_prefix(batch)
+        lease.replay = _ReplayEntry(_replay_key(prefix, item), identity, result, rows,
+                                    outcome.kind, retained)
+        self._replay_used += retained
         return Entry(result, rows, outcome.kind)
 
     # -- cancel, release, expiry ---------------------------------------------------------
@@ -498,9 +507,22 @@ class ReceiverState:
         return self._tombstones.latest_ns
 
 
-def _replay_key(batch: Batch, item: SequenceSlice) -> tuple:
-    return (batch.plan_hash, batch.manifest_hash, item.request_id, item.execution_lease_id,
-            item.request_sequence_no, batch.batch.phase, item.token_position_start, item.kv_epoch)
+def _replay_prefix(batch: Batch) -> tuple:
+    """What every sequence of `batch` shares in its replay identity."""
+    return (batch.plan_hash, batch.manifest_hash, batch.batch.phase)
+
+
+def _replay_key(prefix: tuple, item: SequenceSlice) -> tuple:
+    return (prefix, item.request_id, item.execution_lease_id, item.request_sequence_no,
+            item.token_position_start, item.kv_epoch)
+
+
+_ENTRY_IDENTITY = operator.attrgetter("result.request_id", "result.execution_lease_id")
+
+
+def _reject(item: SequenceSlice, code: ErrorCode, why: str,
+            status: SequenceStatus = SequenceStatus.REJECTED) -> Rejection:
+    return Rejection(item, status, code, why)
 
 
 def _failed(item: SequenceSlice, status: SequenceStatus, code: str, message: str,

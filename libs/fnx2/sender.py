@@ -75,6 +75,7 @@ class Fnx2Client:
         self._pending: collections.OrderedDict[str, _Pending] = collections.OrderedDict()
         self._controls: dict[str, asyncio.Future] = {}
         self._credit_changed = asyncio.Condition()
+        self._credit_waiters = 0  # submits waiting in `_credit_changed.wait_for`
         self._sent: tuple[int, ...] = (0, 0, 0, 0)
         self._in_transit: collections.deque[tuple[int, tuple[int, int, int, int]]] = collections.deque()
         self._batches_sent = 0
@@ -160,17 +161,18 @@ class Fnx2Client:
         need = (1, batch.tensor.descriptor.payload_bytes, batch.batch.input_row_count,
                 len(batch.batch.sequences))
         future = asyncio.get_running_loop().create_future()
-        async with self._credit_changed:
-            if not self._fits(need):
-                CREDIT_EXHAUSTED.labels(self.config.binding.stage_id).inc()
-                await self._credit_changed.wait_for(lambda: self._fits(need))
-            self._raise_if_failed()
-            if batch.batch.batch_id in self._pending:
-                raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "batch_id is already in flight")
-            self._pending[batch.batch.batch_id] = _Pending(batch, future, need)
-            self._sent = tuple(a + b for a, b in zip(self._sent, need, strict=True))
-            self._in_transit.append((self._batches_sent, need))
-            self._batches_sent += 1
+        if self._credit_changed.locked() or not self._fits(need):
+            async with self._credit_changed:
+                if not self._fits(need):
+                    CREDIT_EXHAUSTED.labels(self.config.binding.stage_id).inc()
+                    self._credit_waiters += 1
+                    try:
+                        await self._credit_changed.wait_for(lambda: self._fits(need))
+                    finally:
+                        self._credit_waiters -= 1
+                self._hold(batch, future, need)
+        else:  # it fits now, and nothing awaits between this check and the reservation
+            self._hold(batch, future, need)
         self._last_sent = time.monotonic()
         try:
             await self._stream.send(batch)
@@ -179,14 +181,26 @@ class Fnx2Client:
             raise
         return await future
 
+    def _hold(self, batch: Batch, future: asyncio.Future, need: tuple[int, int, int, int]) -> None:
+        """Count the batch against the credit and keep it until it is answered."""
+        self._raise_if_failed()
+        if batch.batch.batch_id in self._pending:
+            raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "batch_id is already in flight")
+        self._pending[batch.batch.batch_id] = _Pending(batch, future, need)
+        sent = self._sent
+        self._sent = (sent[0] + need[0], sent[1] + need[1], sent[2] + need[2], sent[3] + need[3])
+        self._in_transit.append((self._batches_sent, need))
+        self._batches_sent += 1
+
     def _fits(self, need: tuple[int, int, int, int]) -> bool:
         if self._failure is not None or self.credit is None:
             return True
         c = self.credit
-        limit = (c.frames, c.payload_bytes, c.rows, c.sequences)
         if EXT_MULTI_INFLIGHT not in self.extensions and self._pending:
             return False
-        return all(s + n <= lim for s, n, lim in zip(self._sent, need, limit, strict=True))
+        s = self._sent
+        return (s[0] + need[0] <= c.frames and s[1] + need[1] <= c.payload_bytes
+                and s[2] + need[2] <= c.rows and s[3] + need[3] <= c.sequences)
 
     def _uncounted(self, credit: Credit) -> tuple[int, int, int, int]:
         """Resources of sent batches that this credit vector does not yet account for:
@@ -255,10 +269,14 @@ class Fnx2Client:
         """Answers that the receiver follows with a CREDIT resolve once that CREDIT is in,
         so a caller sees the fresh credit as soon as its await returns."""
         if isinstance(message, Credit):
-            async with self._credit_changed:
+            if self._credit_waiters or self._credit_changed.locked():
+                async with self._credit_changed:
+                    self.credit = message
+                    self._sent = self._uncounted(message)
+                    self._credit_changed.notify_all()
+            else:  # nobody waits for credit: no one to notify
                 self.credit = message
                 self._sent = self._uncounted(message)
-                self._credit_changed.notify_all()
             self._settle()
             return
         self._settle()

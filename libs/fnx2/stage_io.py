@@ -67,20 +67,22 @@ def outcomes(work: StageWork, output: StageOutput,
     rows_available = 0 if output.tensor is None else output.tensor.descriptor.rows
     kind = None if output.tensor is None else (output.tensor.descriptor.kind,
                                                output.tensor.descriptor.dtype)
+    array = None if output.tensor is None else output.tensor.array
     for item in work.sequences:
-        failure = failed.get(item.request_id)
+        identity = (item.request_id, item.execution_lease_id)
+        failure = failed.get(item.request_id) if failed else None
         if failure is not None:
-            outcomes[item.identity] = Outcome(False, None, failure.code, failure.message)
+            outcomes[identity] = Outcome(False, None, failure.code, failure.message)
             continue
         rows = item.input_row_count if output.rows_per_sequence is None else next(counts, 0)
         if rows != item.input_row_count and not compact_output:
-            outcomes[item.identity] = Outcome(False, None, ErrorCode.FAILED,
-                                              "compact output needs the compact_output extension")
+            outcomes[identity] = Outcome(False, None, ErrorCode.FAILED,
+                                         "compact output needs the compact_output extension")
             continue
-        if rows < 1 or cursor + rows > rows_available or output.tensor is None:
-            outcomes[item.identity] = Outcome(False, None, ErrorCode.FAILED, "backend returned too few rows")
+        if rows < 1 or cursor + rows > rows_available or array is None:
+            outcomes[identity] = Outcome(False, None, ErrorCode.FAILED, "backend returned too few rows")
             continue
-        outcomes[item.identity] = Outcome(True, output.tensor.rows(cursor, rows), kind=kind)
+        outcomes[identity] = Outcome(True, array[cursor:cursor + rows], None, None, kind)
         cursor += rows
     return outcomes
 
@@ -98,16 +100,20 @@ def assemble(admission: BatchAdmission, entries: list[Entry], clock: Callable[[]
     if timings.execute_ns:
         timings = Timings(timings.queue_ns, timings.execute_ns, clock() - started,
                           timings.unpack_ns)
-    slices = {s.identity: s for s in admission.batch.batch.sequences}
+    starts = {(s.request_id, s.execution_lease_id): s.input_row_start
+              for s in admission.batch.batch.sequences}
     results: list[SequenceResult] = []
     cursor = 0
-    for entry in entries:
-        result = entry.result
+    for result, rows, _kind in entries:
         output_start = None
-        if entry.rows is not None:
+        if rows is not None:
             output_start = cursor
             cursor += result.output_row_count
-        results.append(result.remapped(slices[result.identity].input_row_start, output_start,
-                                       timings))
+        # The result placed in this batch's rows (a replayed one came from another batch).
+        results.append(SequenceResult(
+            result.request_id, result.execution_lease_id, result.request_sequence_no,
+            result.status, starts[result.request_id, result.execution_lease_id],
+            result.input_row_count, output_start, result.output_row_count, result.kv_epoch_before,
+            result.kv_epoch_after, result.error_code, result.error_message, timings))
     return Result(admission.batch.batch.batch_id, admission.batch.batch.batch_sequence_no,
                   admission.batch.manifest_hash, tuple(results), tensor)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from libs.fnx2.codec import (
     DEFAULT_LIMITS,
@@ -34,8 +34,7 @@ _SMALL_FRAME = 64 * 1024
 _WRITE_CHUNK = 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Received:
+class Received(NamedTuple):
     """One decoded frame, or the recoverable error it raised, plus its decode time."""
 
     frame: Frame | None
@@ -47,6 +46,15 @@ class Received:
 def _payload_len(message: Message) -> int:
     tensor = getattr(message, "tensor", None)
     return 0 if tensor is None else tensor.descriptor.payload_bytes
+
+
+def _keeps_unsent_views(sink) -> bool:
+    """Whether the sink's transport keeps what a write could not send yet as a view of the
+    caller's buffer (uvloop: libuv writes straight from it), rather than copying it into
+    its own buffer (the standard library's transport on Python 3.11, which then also
+    memmoves that buffer as it drains: a whole 16 MiB payload would cost two copies)."""
+    transport = getattr(sink, "transport", None)
+    return type(transport).__module__.startswith("uvloop")
 
 
 class StreamSource:
@@ -70,7 +78,7 @@ class StreamSource:
             raise ChannelClosedError("peer closed the stream") from exc
         except (ConnectionError, OSError) as exc:
             raise ChannelClosedError(f"stream failed: {exc}") from exc
-        return ReceivedBody(prelude, memoryview(body))
+        return ReceivedBody(prelude, body)
 
 
 class FrameStream:
@@ -124,6 +132,12 @@ class FrameStream:
         # Payload CRCs need no sequence number: computed before taking the lock, while
         # the previous frame is still streaming out.
         crcs = [payload_crc(m) if _payload_len(m) > _SMALL_FRAME else None for m in messages]
+        if not self._write_lock.locked() and all(crc is None for crc in crcs):
+            # Small frames only, and no large frame streaming out: encoded and written
+            # with no await in between, so nothing can interleave and no lock is needed.
+            self._write_small(messages)
+            await self.drain()
+            return
         async with self._write_lock:
             small: list[bytes | memoryview] = []  # consecutive small frames: one write
             for message, known_crc in zip(messages, crcs, strict=True):
@@ -144,9 +158,24 @@ class FrameStream:
                 self._writer.write(b"".join(small))
             await self.drain()
 
+    def _write_small(self, messages: tuple[Message, ...]) -> None:
+        parts: list[bytes | memoryview] = []
+        compact_meta = EXT_COMPACT_META in self.negotiated
+        for message in messages:
+            if self.closed:
+                raise ChannelClosedError("channel is closed")
+            encoded = encode_frame(message, self._next_out, self._limits, compact_meta=compact_meta)
+            self._next_out += 1
+            parts += (encoded.header, encoded.payload)
+        self._writer.write(b"".join(parts))
+
     async def _write_large(self, encoded) -> None:
         self._writer.write(encoded.header)
         payload = encoded.payload
+        if _keeps_unsent_views(self._writer):  # one write; the loop sends it as it drains
+            self._writer.write(payload)
+            await self.drain()
+            return
         for offset in range(0, len(payload), _WRITE_CHUNK):
             self._writer.write(payload[offset : offset + _WRITE_CHUNK])
             await self.drain()

@@ -14,10 +14,10 @@ from enum import StrEnum
 from typing import Any
 
 import numpy as np
-from google_crc32c import _crc32c as _crc
 
 from libs.common.kinds import FLOAT_DTYPES as _FLOAT_DTYPES
 from libs.common.kinds import DType
+from libs.fnx2.crc import crc32c_extend
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.fields import member
 
@@ -177,11 +177,14 @@ def is_finite(array: np.ndarray, dtype: DType) -> bool:
     return _finite_bytes(np.ascontiguousarray(array).reshape(-1).view(np.uint8), dtype)
 
 
+_max = np.maximum.reduce  # the ufunc itself: `ndarray.max` adds a Python-level wrapper
+
+
 def _finite_bytes(raw: np.ndarray, dtype: DType) -> bool:
     signed, pos_limit, unsigned, neg_limit = _FINITE_LIMITS[dtype]
     if raw.size % signed.itemsize:
         return False
-    return bool(raw.view(signed).max() < pos_limit and raw.view(unsigned).max() < neg_limit)
+    return bool(_max(raw.view(signed)) < pos_limit and _max(raw.view(unsigned)) < neg_limit)
 
 
 def payload_is_finite(payload: memoryview, dtype: DType) -> bool:
@@ -198,20 +201,20 @@ def payload_is_finite(payload: memoryview, dtype: DType) -> bool:
 def crc_and_finite(crc: int, payload: memoryview, dtype: DType | None) -> tuple[int, bool]:
     """Extend a CRC32C over payload and, for a float dtype, check finiteness on the same
     cache-sized chunks, so the payload streams from memory once."""
-    raw = np.frombuffer(payload, dtype=np.uint8)
     if dtype is None or dtype is DType.INT32:
-        return _crc.extend(crc, raw), True
+        return crc32c_extend(crc, payload), True
+    raw = np.frombuffer(payload, dtype=np.uint8)
     finite = raw.size % _FINITE_LIMITS[dtype][0].itemsize == 0
     for start in range(0, raw.size, _CHUNK_BYTES):
         chunk = raw[start : start + _CHUNK_BYTES]
-        crc = _crc.extend(crc, chunk)
+        crc = crc32c_extend(crc, chunk)
         finite = finite and _finite_bytes(chunk, dtype)
     return crc, finite
 
 
 def crc32c(data: bytes | memoryview | np.ndarray) -> int:
-    raw = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
-    return _crc.value(raw) if raw.size else 0
+    """CRC32C of a C-contiguous buffer."""
+    return crc32c_extend(0, data)
 
 
 def view_payload(descriptor: TensorDescriptor, payload: memoryview) -> np.ndarray:

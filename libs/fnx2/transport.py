@@ -17,30 +17,32 @@ import collections
 import json
 import sys
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
-from google_crc32c import _crc32c as _crc
 
 from libs.fnx2 import compact
 from libs.fnx2.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
-from libs.fnx2.crc import crc32c_combine
+from libs.fnx2.crc import crc32c_combine, crc32c_extend
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 from libs.fnx2.messages import Kind
 from libs.fnx2.tensor import STORAGE, DType, _finite_bytes, crc_and_finite
 
 _MAX_QUEUED_FRAMES = 4
-_CRC_STEP = 512 * 1024
+_DATA_KINDS = (Kind.BATCH, Kind.RESULT)
+# Arriving payload is checked in pieces of this size: small enough to stay in the L2 cache
+# between the CRC and the finiteness check, large enough that per-piece calls cost little.
+_CRC_STEP = 256 * 1024
 _ON_ARRIVAL_MIN_BYTES = 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class ReceivedBody:
+class ReceivedBody(NamedTuple):
     """A frame body as it arrived, with what was computed while its bytes were in cache:
     the body's CRC32C and, for large payloads, finiteness and each sequence's input CRC32C
     as (start, end, crc)."""
 
     prelude: Prelude
-    body: memoryview
+    body: memoryview | bytes  # bytes: a small frame, copied out of the scratch buffer
     body_crc: int | None = None
     slice_crcs: tuple[tuple[int, int, int], ...] | None = None
     finite: tuple[DType, bool] | None = None  # (dtype assumed, all values finite)
@@ -100,21 +102,20 @@ def _payload_plan(prelude: Prelude, body: memoryview) -> _PayloadPlan:
                         _tiles(ranges, prelude.metadata_bytes, prelude.body_bytes))
 
 
-def _small_body(prelude: Prelude, body: memoryview) -> ReceivedBody:
+def _small_body(prelude: Prelude, body: bytes) -> ReceivedBody:
     """A whole small body: its CRC32C and, for a compact BATCH or RESULT with a float
     payload, its finiteness, in one call over the payload."""
     if not body:
         return ReceivedBody(prelude, body, 0)
     dtype = None
-    if prelude.payload_bytes and prelude.kind in (Kind.BATCH, Kind.RESULT):
-        metadata = body[:prelude.metadata_bytes]
-        if compact.is_compact(metadata):
-            dtype = compact.payload_dtype(bytes(metadata), prelude.kind)
+    meta_end = prelude.metadata_bytes
+    if prelude.payload_bytes and prelude.kind in _DATA_KINDS and body[:4] == compact.MAGIC:
+        dtype = compact.payload_dtype(body, prelude.kind)
     if dtype is None or dtype is DType.INT32 or prelude.payload_bytes % STORAGE[dtype].itemsize:
-        return ReceivedBody(prelude, body, _crc.extend(0, np.frombuffer(body, np.uint8)))
-    head = _crc.extend(0, np.frombuffer(body[:prelude.metadata_bytes], np.uint8))
-    crc, finite = crc_and_finite(head, body[prelude.metadata_bytes:], dtype)
-    return ReceivedBody(prelude, body, crc, finite=(dtype, finite))
+        return ReceivedBody(prelude, body, crc32c_extend(0, body))
+    view = memoryview(body)
+    crc, finite = crc_and_finite(crc32c_extend(0, view[:meta_end]), view[meta_end:], dtype)
+    return ReceivedBody(prelude, body, crc, None, (dtype, finite))
 
 
 class BufferPool:
@@ -208,7 +209,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._filled = 0
         self._crc = self._crc_done = 0
         self._plan: _PayloadPlan | None = None
-        self._range_crcs: list[int] = []
+        self._range_crcs: list[int] = []  # per sequence input, when the ranges tile the payload
+        self._range_index = 0  # the first range not complete yet
         self._finite, self._finite_done = True, 0
         self._frames: collections.deque[ReceivedBody] = collections.deque()
         self._failure: BaseException | None = None
@@ -248,12 +250,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._parse_scratch()
             return
         self._filled += nbytes
-        if self._filled - self._crc_done >= _CRC_STEP:
-            self._extend_crc()  # on bytes the kernel has just written: still in cache
         if self._filled < len(self._target):
+            self._extend_crc()  # on bytes the kernel has just written: still in cache
             return
-        self._extend_crc()
-        if self._plan is not None and self._plan.tiles:
+        self._extend_crc(final=True)
+        if self._range_crcs:
             for (start, end), crc in zip(self._plan.ranges, self._range_crcs, strict=True):
                 self._crc = crc32c_combine(self._crc, crc, end - start)
         self._frames.append(ReceivedBody(self._prelude, self._target, self._crc,
@@ -288,7 +289,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 else:
                     self._start_body(prelude, scratch[start:self._end])
                 break
-            body = memoryview(bytes(scratch[start:end])) if prelude.body_bytes else _EMPTY
+            body = scratch[start:end].tobytes() if prelude.body_bytes else b""
             self._pool.note(prelude.body_bytes)
             self._frames.append(_small_body(prelude, body))
             self._scan, delivered = end, True
@@ -304,6 +305,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def _start_body(self, prelude: Prelude, arrived: memoryview) -> None:
         self._prelude = prelude
         self._crc, self._crc_done, self._plan, self._range_crcs = 0, 0, None, []
+        self._range_index = 0
         self._finite, self._finite_done = True, 0
         self._target = self._pool.take(prelude.body_bytes)
         self._target[:len(arrived)] = arrived
@@ -316,30 +318,48 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._transport.pause_reading()
         self._wake()
 
-    def _extend_crc(self) -> None:
-        low, high = self._crc_done, self._filled
-        if high <= low:
-            return
-        if self._plan is None and high >= self._prelude.metadata_bytes:
-            self._plan = _payload_plan(self._prelude, self._target)
-            self._range_crcs = [0] * len(self._plan.ranges)
-            self._finite_done = self._prelude.metadata_bytes
-        if self._plan is None or not self._plan.tiles:
-            self._crc = _crc.extend(self._crc, np.frombuffer(self._target[low:high], np.uint8))
-        elif low < self._prelude.metadata_bytes:  # payload CRC: combined from the ranges
-            head = self._target[low : self._prelude.metadata_bytes]
-            self._crc = _crc.extend(self._crc, np.frombuffer(head, np.uint8))
+    def _extend_crc(self, final: bool = False) -> None:
+        """Extend the CRC32C (and each sequence's input CRC32C) and the finiteness check
+        over the bytes that arrived since the last call, piece by piece: each piece is
+        checked for finiteness right after its CRC, while it is still in cache, so the
+        payload is read from memory once, as it lands, and nothing is left for the decoder."""
+        high = self._filled
         if self._plan is None:
-            self._crc_done = high
+            meta_end = self._prelude.metadata_bytes
+            if high < meta_end:
+                return
+            self._plan = _payload_plan(self._prelude, self._target)
+            self._range_crcs = [0] * len(self._plan.ranges) if self._plan.tiles else []
+            self._range_index = 0
+            self._finite_done = meta_end
+            if self._crc_done < meta_end:  # the metadata: the body CRC's first part
+                self._crc = crc32c_extend(self._crc, self._target[self._crc_done:meta_end])
+                self._crc_done = meta_end
+        if high - self._crc_done < _CRC_STEP and not final:
             return
-        for index, (start, end) in enumerate(self._plan.ranges):
+        while self._crc_done < high:
+            low = self._crc_done
+            end = min(high, low + _CRC_STEP)
+            if self._range_crcs:
+                self._extend_ranges(low, end)
+            else:
+                self._crc = crc32c_extend(self._crc, self._target[low:end])
+            if self._plan.dtype is not None and self._finite:
+                self._check_finite(end)
+            self._crc_done = end
+
+    def _extend_ranges(self, low: int, high: int) -> None:
+        """The ranges tile the payload in order: extend those that [low, high) touches."""
+        ranges, crcs, index = self._plan.ranges, self._range_crcs, self._range_index
+        while index < len(ranges):
+            start, end = ranges[index]
             a, b = max(start, low), min(end, high)
             if a < b:  # the same bytes, still in cache: each sequence's input identity
-                piece = np.frombuffer(self._target[a:b], np.uint8)
-                self._range_crcs[index] = _crc.extend(self._range_crcs[index], piece)
-        if self._plan.dtype is not None and self._finite:
-            self._check_finite(high)
-        self._crc_done = high
+                crcs[index] = crc32c_extend(crcs[index], self._target[a:b])
+            if end > high:
+                break
+            index += 1
+        self._range_index = index
 
     def _check_finite(self, high: int) -> None:
         itemsize = STORAGE[self._plan.dtype].itemsize
@@ -350,7 +370,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._finite_done = end
 
     def _finished_ranges(self) -> tuple[tuple[int, int, int], ...] | None:
-        if self._plan is None or not self._plan.ranges:
+        if not self._range_crcs:  # no ranges, or ranges that do not tile: the decoder's part
             return None
         offset = self._prelude.metadata_bytes
         return tuple((start - offset, end - offset, crc)

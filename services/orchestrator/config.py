@@ -80,6 +80,11 @@ class OrchestratorConfig:
     output_queue_capacity: int = 16
     # Microbatches in flight beyond the stage count on a multi-stage route (see SchedulerConfig).
     pipeline_spare_microbatches: int = 1
+    # Chunked prefill beside decode (see step_budget.py): each step carries every running
+    # request's decode row, and prompt chunks fill the rest of this many tokens, never less
+    # than min_prefill_chunk_tokens; 0 keeps whole-prompt prefill microbatches.
+    max_tokens_per_step: int = 0
+    min_prefill_chunk_tokens: int = 32
     # Deadline budget of a request that brings none; 0 means no deadline.
     default_deadline_s: float = 600.0
     # A client that takes no output for this long loses its request (and frees its slot).
@@ -146,6 +151,12 @@ class OrchestratorConfig:
         parser.add_argument("--pipeline-spare-microbatches", type=int,
                             help="microbatches in flight beyond the stage count on a multi-stage route "
                                  "(env FORNAX_PIPELINE_SPARE_MICROBATCHES, default 1)")
+        parser.add_argument("--max-tokens-per-step", type=int,
+                            help="chunked prefill: tokens per scheduling step, decode rows first and "
+                                 "prompt chunks in the rest; 0 = off (env FORNAX_MAX_TOKENS_PER_STEP)")
+        parser.add_argument("--min-prefill-chunk-tokens", type=int,
+                            help="chunked prefill: smallest prompt chunk a step carries "
+                                 "(env FORNAX_MIN_PREFILL_CHUNK_TOKENS, default 32)")
         parser.add_argument("--default-max-tokens", type=int, help="env FORNAX_DEFAULT_MAX_TOKENS")
         parser.add_argument(
             "--default-deadline-s",
@@ -202,6 +213,13 @@ class OrchestratorConfig:
         key = pick(args.http_tls_key, env, "FORNAX_HTTP_TLS_KEY", None)
         if bool(cert) != bool(key):
             raise SystemExit("set both FORNAX_HTTP_TLS_CERT and FORNAX_HTTP_TLS_KEY, or neither")
+        tokens_per_step = pick(args.max_tokens_per_step, env, "FORNAX_MAX_TOKENS_PER_STEP",
+                               cls.max_tokens_per_step, int)
+        min_chunk = pick(args.min_prefill_chunk_tokens, env, "FORNAX_MIN_PREFILL_CHUNK_TOKENS",
+                         cls.min_prefill_chunk_tokens, int)
+        if tokens_per_step < 0 or min_chunk < 1:
+            raise SystemExit(f"invalid step budget: FORNAX_MAX_TOKENS_PER_STEP must be >= 0 (got {tokens_per_step}) "
+                             f"and FORNAX_MIN_PREFILL_CHUNK_TOKENS >= 1 (got {min_chunk})")
         return cls(
             http_max_body_bytes=pick(args.http_max_body_bytes, env, "FORNAX_HTTP_MAX_BODY_BYTES", 4 << 20, int),
             max_tokens_cap=pick(args.max_tokens_cap, env, "FORNAX_MAX_TOKENS_CAP", 0, int),
@@ -241,6 +259,8 @@ class OrchestratorConfig:
             pipeline_spare_microbatches=pick(args.pipeline_spare_microbatches, env,
                                              "FORNAX_PIPELINE_SPARE_MICROBATCHES",
                                              cls.pipeline_spare_microbatches, int),
+            max_tokens_per_step=tokens_per_step,
+            min_prefill_chunk_tokens=min_chunk,
             default_max_tokens=pick(args.default_max_tokens, env, "FORNAX_DEFAULT_MAX_TOKENS",
                                     cls.default_max_tokens, int),
             default_deadline_s=pick(args.default_deadline_s, env, "FORNAX_DEFAULT_DEADLINE_S",

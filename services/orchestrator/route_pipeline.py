@@ -54,6 +54,9 @@ class RoutePipeline:
                              f"{served.num_stages}")
         self._route = route
         self.served = served
+        # Each live request's execution lease id (a hash of the plan and the request id),
+        # derived once instead of at every decode step; dropped at release.
+        self._lease_ids: dict[str, str] = {}
 
     @property
     def num_stages(self) -> int:
@@ -90,14 +93,17 @@ class RoutePipeline:
     def _input(self, piece: RequestSlice) -> SliceInput:
         budget = (NO_DEADLINE_BUDGET_NS if piece.deadline_budget_ns is None
                   else piece.deadline_budget_ns)
-        return SliceInput(piece.request_id, lease_id_for(self._route.plan, piece.request_id),
-                          piece.request_sequence_no, piece.token_position_start,
+        lease_id = self._lease_ids.get(piece.request_id)
+        if lease_id is None:
+            lease_id = self._lease_ids[piece.request_id] = lease_id_for(self._route.plan, piece.request_id)
+        return SliceInput(piece.request_id, lease_id, piece.request_sequence_no, piece.token_position_start,
                           piece.kv_epoch, np.asarray(piece.token_ids, dtype=np.int32), budget)
 
     async def cancel(self, request_id: str) -> None:
         await self._route.cancel(request_id)
 
     async def release(self, request_id: str) -> ReleaseReport:
+        self._lease_ids.pop(request_id, None)
         return ReleaseReport(request_id, tuple(await self._route.release(request_id)))
 
     async def stage_stats(self) -> list[StageStats]:

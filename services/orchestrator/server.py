@@ -92,7 +92,9 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
 
 def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
     return ServingConfig(scheduler=SchedulerConfig(output_queue_capacity=cfg.output_queue_capacity,
-                                                   pipeline_spare_microbatches=cfg.pipeline_spare_microbatches),
+                                                   pipeline_spare_microbatches=cfg.pipeline_spare_microbatches,
+                                                   max_tokens_per_step=cfg.max_tokens_per_step,
+                                                   min_prefill_chunk_tokens=cfg.min_prefill_chunk_tokens),
                          max_live_requests=cfg.max_live_requests,
                          default_max_tokens=cfg.default_max_tokens,
                          default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None,

@@ -3,7 +3,8 @@
 Everything here runs on one event loop, so the scheduler is never touched concurrently.
 `_pump` is the only place that schedules: it runs after every state change (a new request,
 a microbatch result, a release, a reader making room, a cancel) and on a timer when a
-deadline is due.
+deadline is due. New requests and releases ask for it at the end of the loop turn, so a
+burst of either costs one scheduling pass and a burst of prompts shares one prefill.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class ServingEngine:
         self._spans = RequestSpans()
         self._closed = False
         self._stalled_since_ns: dict[str, int] = {}
+        self._pump_pending = False
         # Why the route cannot serve (a stage is down); None while it can.
         self.degraded_reason: str | None = None
         # Called with a reason when a batch fails because the route, not a sequence, failed.
@@ -148,7 +150,9 @@ class ServingEngine:
         if request.deadline_budget_ns is not None:
             self._deadlines[request.request_id] = now + request.deadline_budget_ns
         self._idle.clear()
-        self._pump()
+        # Requests that arrive in the same loop turn (a burst) are scheduled together, so a
+        # burst's prompts share one prefill instead of the first one running alone.
+        self._pump_soon()
         return stream
 
     def cancel(self, request_id: str) -> bool:
@@ -259,7 +263,14 @@ class ServingEngine:
                 metrics.IDLE_READER_CANCELLATIONS.inc()
                 self.cancel(request_id)
 
+    def _pump_soon(self) -> None:
+        """One `_pump` at the end of this loop turn, however many state changes ask for it."""
+        if not self._pump_pending:
+            self._pump_pending = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
     def _pump(self) -> None:
+        self._pump_pending = False
         self._cancel_idle_readers(time.monotonic_ns())
         self._dispatch()  # first, so a reader's stall is known before scheduling
         for batch in self.scheduler.schedule(time.monotonic_ns()):
@@ -386,7 +397,7 @@ class ServingEngine:
             self.scheduler.abandon_release(request_id)
         else:
             self.scheduler.on_released(report)
-        self._pump()
+        self._pump_soon()  # releases finish in bursts (a batch's requests end together)
 
 
 def _brief(exc: BaseException) -> str:

@@ -9,10 +9,11 @@ import uuid
 import numpy as np
 import pytest
 
-from libs.fnx2.bench import DECODE_SEQUENCES, HIDDEN, _batch, _Peer
+from libs.fnx2.bench import DECODE_SEQUENCES, HIDDEN, _batch, _Peer, chunked_prefill
 from libs.fnx2.bench_peer import BENCH_BINDING
 from libs.fnx2.messages import Phase
 from libs.fnx2.sender import Fnx2Client, SenderConfig
+from libs.fnx2.stream import _keeps_unsent_views
 from libs.service.event_loop import EventLoopKind, run
 
 
@@ -52,3 +53,30 @@ def test_decode_round_trips_echo_the_activation(kind):
     for step, rows in enumerate(echoed, start=1):
         assert rows.shape == (DECODE_SEQUENCES, HIDDEN)
         assert (rows.view(np.uint16) == 0x3F80 + step).all()
+
+
+@pytest.mark.parametrize("kind", list(EventLoopKind))
+def test_16_mib_frames_in_flight_arrive_whole_on_either_loop(kind):
+    """uvloop gets each payload in one write, the standard library's transport in 1 MiB
+    writes; either way the receiver's CRC32C and finiteness checks on arrival pass and
+    every sequence executes."""
+    peer = _Peer("fnx2", kind)
+    batches = chunked_prefill(6)
+
+    async def exchange():
+        client = await Fnx2Client.connect("127.0.0.1", peer.port, SenderConfig(BENCH_BINDING))
+        try:
+            one_write = _keeps_unsent_views(client._stream._writer)
+            return one_write, await asyncio.gather(*(client.submit(b) for b in batches))
+        finally:
+            await client.close()
+
+    try:
+        one_write, results = run(exchange(), kind)
+    finally:
+        peer.close()
+    assert one_write is (kind is EventLoopKind.UVLOOP)
+    assert len(results) == len(batches)
+    for batch, result in zip(batches, results, strict=True):
+        assert all(item.status.value == "ok" for item in result.results)
+        assert result.tensor.descriptor.rows == batch.batch.input_row_count

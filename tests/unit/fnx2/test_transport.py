@@ -248,3 +248,57 @@ def test_small_compact_frames_get_crc_and_finiteness_in_one_pass_on_arrival():
         decode_body(received[1].prelude, received[1].body, body_crc=received[1].body_crc,
                     finite=received[1].finite)
     assert info.value.code is ErrorCode.TENSOR_CONTRACT
+
+
+@pytest.mark.parametrize("pieces", [[1 << 30], [65536 + 1], [7, 300_001, 1 << 20], [262_144]])
+def test_checks_on_arrival_do_not_depend_on_how_the_bytes_arrive(pieces):
+    from libs.fnx2.tensor import DType
+
+    third = "33333333-3333-4333-8333-333333333333"
+    big = batch(Phase.PREFILL, rows=(300, 212, 100), requests=(REQ_A, REQ_B, third), width=1024,
+                dtype="bf16")
+    frame = encode_frame(big, 0, compact_meta=True).to_bytes()
+    got = feed([frame], pieces)[0]
+    assert got.body_crc == crc32c(frame[PRELUDE_BYTES:])
+    assert got.finite == (DType.BF16, True)
+    payload = frame[PRELUDE_BYTES + got.prelude.metadata_bytes:]
+    assert [c for _, _, c in got.slice_crcs] == [crc32c(payload[s:e]) for s, e, _ in got.slice_crcs]
+
+
+@pytest.mark.parametrize("compact_meta", [False, True])
+def test_a_corrupted_piece_in_the_middle_of_a_large_payload_is_a_checksum_error(compact_meta):
+    from libs.fnx2.errors import ErrorCode, Fnx2Error
+
+    big = batch(Phase.PREFILL, rows=(300, 212), requests=(REQ_A, REQ_B), width=1024, dtype="bf16")
+    good = bytearray(encode_frame(big, 0, compact_meta=compact_meta).to_bytes())
+    middle = len(good) // 2 + 3  # well inside the payload, after several whole pieces
+    good[middle] ^= 0x10  # still a finite bf16: only the CRC can tell
+    got = feed([bytes(good)], [65536 + 1, 1 << 20])[0]
+    assert got.body_crc == crc32c(bytes(good[PRELUDE_BYTES:])) != got.prelude.crc32c
+    with pytest.raises(Fnx2Error) as info:
+        decode_body(got.prelude, got.body, body_crc=got.body_crc, finite=got.finite,
+                    slice_crcs=got.slice_crcs)
+    assert info.value.code is ErrorCode.CHECKSUM and info.value.terminal
+
+
+@pytest.mark.parametrize("compact_meta", [False, True])
+def test_a_non_finite_value_in_a_middle_piece_fails_even_when_later_pieces_are_finite(compact_meta):
+    from libs.fnx2.codec import PRELUDE, crc_of
+    from libs.fnx2.errors import ErrorCode, Fnx2Error
+    from libs.fnx2.tensor import DType
+
+    big = batch(Phase.PREFILL, rows=(300, 212), requests=(REQ_A, REQ_B), width=1024, dtype="bf16")
+    frame = bytearray(encode_frame(big, 0, compact_meta=compact_meta).to_bytes())
+    fields = PRELUDE.unpack(bytes(frame[:PRELUDE_BYTES]))
+    payload_start = PRELUDE_BYTES + fields[5]
+    nan_at = payload_start + 2 * (400 * 1024 + 5)  # a NaN in the fourth 256 KiB piece of 1 MiB
+    frame[nan_at:nan_at + 2] = (0x7FC1).to_bytes(2, "little")
+    body = bytes(frame[PRELUDE_BYTES:])
+    bad = PRELUDE.pack(*fields[:8], crc_of(body), fields[9]) + body
+    got = feed([bad], [3, 1 << 20, 65536 + 1])[0]
+    assert got.finite == (DType.BF16, False)
+    assert got.body_crc == got.prelude.crc32c  # the CRC holds: the values are the problem
+    with pytest.raises(Fnx2Error) as info:
+        decode_body(got.prelude, got.body, body_crc=got.body_crc, finite=got.finite,
+                    negotiated=None)
+    assert info.value.code is ErrorCode.TENSOR_CONTRACT and not info.value.terminal

@@ -39,6 +39,8 @@ REJECTED = {
     "cert-manager-without-issuer": ({"tls": {"certManager": {"enabled": True}}}, "tls.certManager.issuerRef.name"),
     "unknown-tls-key": ({"tls": {"grpc": {"enabled": True}}}, "grpc"),
     "tiny-body-cap": ({"orchestrator": {"limits": {"httpMaxBodyBytes": 10}}}, "orchestrator.limits.httpMaxBodyBytes"),
+    "zero-prefill-chunk": ({"orchestrator": {"scheduling": {"minPrefillChunkTokens": 0}}},
+                           "orchestrator.scheduling.minPrefillChunkTokens"),
     "bad-log-level": ({"logLevel": "verbose"}, "logLevel"),
     "bad-otel-endpoint": ({"otel": {"endpoint": "collector:4317"}}, "otel.endpoint"),
     "negative-kv-limit": ({"stageWorker": {"kvLimitBytes": -1}}, "stageWorker.kvLimitBytes"),

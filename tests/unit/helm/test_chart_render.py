@@ -25,7 +25,8 @@ CONTRACT_ENV = {
                      "FORNAX_ARTIFACT_BUILDER_ADDR", "FORNAX_STAGE_WORKERS", "FORNAX_STATE_DIR",
                      "FORNAX_CHECKPOINT", "FORNAX_BACKEND", "FORNAX_BOUNDARY_DTYPE", "FORNAX_HTTP_TLS_CERT",
                      "FORNAX_HTTP_TLS_KEY", "FORNAX_HTTP_INSECURE", "FORNAX_HTTP_MAX_BODY_BYTES",
-                     "FORNAX_MAX_PROMPT_TOKENS", "FORNAX_MAX_TOKENS_CAP"},
+                     "FORNAX_MAX_PROMPT_TOKENS", "FORNAX_MAX_TOKENS_CAP", "FORNAX_MAX_TOKENS_PER_STEP",
+                     "FORNAX_MIN_PREFILL_CHUNK_TOKENS"},
     "planner": {"FORNAX_REGISTRY_ADDR"},
     "evidence-registry": {"FORNAX_REGISTRY_DB", "FORNAX_REGISTRY_BLOB_DIR"},
     "artifact-builder": {"FORNAX_ARTIFACT_STORE", "FORNAX_REGISTRY_ADDR", "FORNAX_READ_ROOTS"},
@@ -232,6 +233,8 @@ def test_cert_manager_issues_one_certificate_per_identity_with_its_role(renderin
     assert orchestrator["FORNAX_HTTP_TLS_CERT"] == "/etc/fornax/http-tls/tls.crt"
     assert volumes_by_name(r, "orchestrator")["http-tls"]["secret"]["secretName"] == "fornax-api-tls"
     assert (orchestrator["FORNAX_MAX_PROMPT_TOKENS"], orchestrator["FORNAX_MAX_TOKENS_CAP"]) == ("8192", "2048")
+    step_budget = (orchestrator["FORNAX_MAX_TOKENS_PER_STEP"], orchestrator["FORNAX_MIN_PREFILL_CHUNK_TOKENS"])
+    assert step_budget == ("512", "32")
 
 
 def _ingress_rules(r: Rendering, component: str) -> dict[str, list]:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.server import serving_config
 
@@ -47,3 +49,19 @@ def test_reference_workers_must_match_the_stages():
         compiler_factory(cfg)
     assert info.value.reason == "REFERENCE_WORKERS_MISMATCH"
     assert compiler_factory(OrchestratorConfig.from_env([], {"FORNAX_STAGE_WORKERS": "a:1"})) is None
+
+
+def test_chunked_prefill_is_configured_by_environment_or_flag():
+    off = serving_config(OrchestratorConfig.from_env([], {})).scheduler
+    assert (off.max_tokens_per_step, off.min_prefill_chunk_tokens) == (0, 32)
+    by_env = serving_config(OrchestratorConfig.from_env([], {"FORNAX_MAX_TOKENS_PER_STEP": "256",
+                                                             "FORNAX_MIN_PREFILL_CHUNK_TOKENS": "16"})).scheduler
+    assert (by_env.max_tokens_per_step, by_env.min_prefill_chunk_tokens) == (256, 16)
+    by_flag = OrchestratorConfig.from_env(["--max-tokens-per-step", "64"], {"FORNAX_MAX_TOKENS_PER_STEP": "256"})
+    assert by_flag.max_tokens_per_step == 64
+
+
+def test_an_impossible_step_budget_stops_startup_naming_the_variable():
+    for env in ({"FORNAX_MAX_TOKENS_PER_STEP": "-1"}, {"FORNAX_MIN_PREFILL_CHUNK_TOKENS": "0"}):
+        with pytest.raises(SystemExit, match="FORNAX_MAX_TOKENS_PER_STEP must be >= 0.*FORNAX_MIN_PREFILL"):
+            OrchestratorConfig.from_env([], env)

@@ -116,3 +116,33 @@ def test_each_microbatch_is_a_span_in_its_request_trace_whose_traceparent_travel
     (traceparent,) = route.traceparents
     assert traceparent.split("-")[1] == f"{span.context.trace_id:032x}"
     assert traceparent.split("-")[2] == f"{span.context.span_id:016x}"
+
+
+def test_a_request_keeps_its_lease_id_derived_once_until_release(monkeypatch):
+    from services.orchestrator import route_pipeline
+    from services.orchestrator.stage_chain import lease_id_for
+
+    derived: list[str] = []
+
+    def counting(plan, request_id):
+        derived.append(request_id)
+        return lease_id_for(plan, request_id)
+
+    monkeypatch.setattr(route_pipeline, "lease_id_for", counting)
+    route = ScriptedRoute()
+    pipeline = RoutePipeline(route, SERVED)
+
+    async def steps():
+        await pipeline.submit(Microbatch(0, 0, Phase.PREFILL, (piece("a"), piece("b"))))
+        for n in range(3):
+            await pipeline.submit(Microbatch(1 + n, 0, Phase.DECODE, (piece("a", 1, epoch=1 + n),
+                                                                      piece("b", 1, epoch=1 + n))))
+        await pipeline.release("a")
+        await pipeline.submit(Microbatch(9, 0, Phase.DECODE, (piece("b", 1, epoch=4),)))
+        await pipeline.submit(Microbatch(10, 0, Phase.PREFILL, (piece("a"),)))  # the id again, anew
+
+    asyncio.run(steps())
+    # Once per live request, not at every step; a released request's entry is gone.
+    assert derived == ["a", "b", "a"]
+    expected = {rid: lease_id_for(PLAN, rid) for rid in ("a", "b")}
+    assert all(i.lease_id == expected[i.request_id] for _, inputs in route.runs for i in inputs)

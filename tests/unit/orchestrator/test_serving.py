@@ -47,6 +47,26 @@ def test_concurrent_requests_complete_with_every_stage_busy(text_context):
     assert pipeline.stages.live_kv() == [0, 0]
 
 
+def test_a_burst_submitted_in_one_loop_turn_is_prefilled_and_decoded_together(text_context):
+    """One stage, one microbatch slot: the burst's prompts share one prefill, then every
+    decode step carries all of them (none runs ahead alone)."""
+    one_stage = ServedModel("tiny", 256, 420, (StageLayout(0, 4, 10),))
+
+    async def main():
+        pipeline = FakePipeline(1)
+        eng = ServingEngine(pipeline, one_stage, text_context, ServingConfig())
+        streams = [eng.submit(req(f"r{i}", max_tokens=4)) for i in range(8)]
+        results = await asyncio.gather(*(collect(s) for s in streams))
+        await eng.wait_idle()
+        return pipeline, results
+
+    pipeline, results = asyncio.run(main())
+    assert all(events[-1].completion_tokens == 4 for events in results)
+    batches = pipeline.stages.executed_batches
+    assert [(b.phase.value, len(b.slices)) for b in batches] == [("prefill", 8)] + [("decode", 8)] * 3
+    assert pipeline.stages.live_kv() == [0]
+
+
 def test_slow_reader_stalls_only_its_own_decode(text_context):
     async def main():
         pipeline = FakePipeline(2)
