@@ -11,20 +11,12 @@ head under the dense [R, P + R] mask; the absorbed form scores each row's own ke
 the host-built [R, K] key index, in the latent space. One compile serves both forms.
 
 Linear weights are bound transposed to [in, out] (`LINEAR_WEIGHTS`); the shape tables below
-give the Hugging Face [out, in] shapes that the registry is checked against.
-
-Products over one or two rows stream instead (`product_forms`): a fused multiply-and-sum over
-weights laid out [out, in] (a sum over the outer axis of the [in, out] layout measured no faster
-than the one-row matmul). So every linear weight a streamed product reads is bound a second
-time, untransposed, as `<name>_rows` [out, in], and each linear is a runtime branch on a host
-boolean input that says whether the call's rows stream. This doubles those weights' memory.
-
-MoE layers are split in two: the layer graph runs attention, the router (softmax, top-k,
-scaling) and the shared experts; the routed experts then run in one launch of the
-routed-experts graph, bound per layer (`max_runtime` groups the rows by expert on the host and
-passes each expert's rows and routing weights; each expert gathers its rows, runs in the form
-its row count picks, and scatter-adds its weighted output, and an expert without rows is
-skipped). On CPU this does the routed work only, instead of every expert on every row, and
+give the Hugging Face [out, in] shapes that the registry is checked against. MoE layers are split in two: the layer
+graph runs attention, the router (softmax, top-k, scaling) and the shared experts; the routed
+experts then run in one launch of the routed-experts graph, bound per layer (`max_runtime`
+groups the rows by expert on the host and passes each expert's rows and routing weights; each
+expert gathers its rows, runs, and scatter-adds its weighted output, and an expert without rows
+is skipped). On CPU this does the routed work only, instead of every expert on every row, and
 pays one launch per layer instead of one per expert. Expert weights are transposed per layer at
 load time, so no transposes run per call.
 """
@@ -44,11 +36,6 @@ PAST = "P"
 KEYS = "T"  # = P + R; checked at run time by a rebind
 ROW_KEYS = "K"  # the absorbed form's per-row key width
 EXPERT_ROWS = "N"
-STREAMED_SUFFIX = "_rows"  # a linear weight bound again, untransposed, for streamed products
-
-
-def streamed_name(name: str) -> str:
-    return f"{name}{STREAMED_SUFFIX}"
 
 
 # Linear weights: the registry holds them transposed to [in, out] (see `_Builder.linear`).
@@ -83,10 +70,9 @@ class GraphSpec:
 class _Builder:
     """Adds layer-independent weights to the graph being built."""
 
-    def __init__(self, spec: GraphSpec, streamed: TensorValue | None = None) -> None:
+    def __init__(self, spec: GraphSpec) -> None:
         self.spec = spec
         self.cfg = spec.cfg
-        self.streamed = streamed  # host bool: this call's linears stream (see `streams_rows`)
 
     def weight(self, name: str, shape: list[int]) -> TensorValue:
         """The weight in float32 (cast in-graph when stored narrower); for norms and gathers."""
@@ -111,40 +97,9 @@ class _Builder:
         return x if self.spec.weight_dtype == x.dtype else ops.cast(x, self.spec.weight_dtype)
 
     def linear(self, x: TensorValue, name: str, out_dim: int, in_dim: int) -> TensorValue:
-        (y,) = self.linears(x, [(name, out_dim)], in_dim)
-        return y
-
-    def linears(self, x: TensorValue, outputs: list[tuple[str, int]], in_dim: int,
-                float32: tuple[str, ...] = ()) -> list[TensorValue]:
-        """`x` @ each named weight ([in, out] stored; see `linear`); the weights named in
-        `float32` multiply in float32 whatever their storage. With a streamed switch, one
-        runtime branch holds every product on `x`: MAX 26.7 merges matmuls that share an input
-        across branches and then fails to compile, so products on one input share one branch."""
         # Stored [in, out] (transposed once at load): an in-graph transpose of an [out, in]
         # weight is materialised on every call on CPU, which dominates small-batch decode.
-        ws = [self.weight(name, [in_dim, out_dim]) if name in float32 else self.stored_weight(name, [in_dim, out_dim])
-              for name, out_dim in outputs]
-        if self.streamed is None:
-            return [self.matmul(x, w) for w in ws]
-        # Both layouts, and the streamed form's view of `x`, are made outside the branches,
-        # which only read them.
-        ws_rows = [self.stored_weight(streamed_name(name), [out_dim, in_dim]) for name, out_dim in outputs]
-        x_rows = ops.unsqueeze(x, 1)
-        out_types = [TensorType(DType.float32, [x.shape[0], out_dim], device=self.spec.device)
-                     for _, out_dim in outputs]
-        return ops.cond(self.streamed, out_types,
-                        lambda: [self.streamed_product(x_rows, w) for w in ws_rows],
-                        lambda: [self.matmul(x, w) for w in ws])
-
-    def streamed_product(self, x_rows: TensorValue, w_rows: TensorValue) -> TensorValue:
-        """x [R, in] @ w_rows [out, in].T as one fused multiply-and-sum over the contiguous axis,
-        from `x_rows` = x as [R, 1, in]; reads the weight once per row, so it is meant for one or
-        two rows."""
-        if w_rows.dtype != DType.float32:
-            w_rows = ops.cast(w_rows, DType.float32)
-        rows, out_dim = x_rows.shape[0], w_rows.shape[0]
-        products = x_rows * ops.unsqueeze(w_rows, 0)  # [R, out, in]
-        return ops.reshape(ops.sum(products, axis=-1), [rows, out_dim])
+        return self.matmul(x, self.stored_weight(name, [in_dim, out_dim]))
 
     def rms_norm(self, x: TensorValue, name: str, dim: int) -> TensorValue:
         return ops.rms_norm(x, self.weight(name, [dim]), self.cfg.rms_norm_eps)
@@ -215,8 +170,7 @@ def _build_final(spec: GraphSpec) -> Graph:
 
 def layer_input_types(cfg: DeepseekV2Config, device: DeviceRef) -> list[TensorType]:
     """hidden, cos, sin, past latent, past k_rope, dense mask [R, P + R], per-row key index and
-    mask [R, K] (absorbed form), the form switch (bool scalar on the host: True = expanded) and
-    the product switch (bool scalar on the host: True = the linears stream, `streams_rows`)."""
+    mask [R, K] (absorbed form), and the form switch (bool scalar on the host: True = expanded)."""
     half_rope = cfg.qk_rope_head_dim // 2
     f32 = DType.float32
     return [
@@ -229,7 +183,6 @@ def layer_input_types(cfg: DeepseekV2Config, device: DeviceRef) -> list[TensorTy
         TensorType(DType.int32, [ROWS, ROW_KEYS], device=device),
         TensorType(f32, [ROWS, ROW_KEYS], device=device),
         TensorType(DType.bool, [], device=DeviceRef.CPU()),
-        TensorType(DType.bool, [], device=DeviceRef.CPU()),
     ]
 
 
@@ -237,27 +190,17 @@ def _build_layer(spec: GraphSpec) -> Graph:
     cfg = spec.cfg
     name = f"fornax_{spec.kind.value}"
     with Graph(name, input_types=layer_input_types(cfg, spec.device)) as graph:
-        hidden, cos, sin, past_latent, past_k_rope, mask, key_index, key_mask, expanded, streamed = (
+        hidden, cos, sin, past_latent, past_k_rope, mask, key_index, key_mask, expanded = (
             v.tensor for v in graph.inputs)
-        b = _Builder(spec, streamed)
+        b = _Builder(spec)
         attn_out, latent, k_rope = _attention(
             b, hidden, cos, sin, past_latent, past_k_rope, _KeySets(mask, key_index, key_mask, expanded))
         hidden = hidden + attn_out
         x = b.rms_norm(hidden, "post_attention_layernorm", cfg.hidden_size)
         if spec.kind is GraphKind.MOE_LAYER:
-            # The router and the shared experts' gate and up read the same input, so they share
-            # one branch (see `_Builder.linears`); the router stays float32 whatever the weight
-            # storage, as in the reference models.
-            router = ("router", cfg.n_routed_experts)
+            ids, weights = _route(b, x)
             if cfg.n_shared_experts:
-                si = cfg.moe_intermediate_size * cfg.n_shared_experts
-                logits, gate, up = b.linears(
-                    x, [router, ("shared_gate_proj", si), ("shared_up_proj", si)], cfg.hidden_size,
-                    float32=("router",))
-                hidden = hidden + b.linear(ops.silu(gate) * up, "shared_down_proj", cfg.hidden_size, si)
-            else:
-                (logits,) = b.linears(x, [router], cfg.hidden_size, float32=("router",))
-            ids, weights = _route(cfg, logits)
+                hidden = hidden + _swiglu(b, x, "shared_", cfg.moe_intermediate_size * cfg.n_shared_experts)
             graph.output(hidden, latent, k_rope, ids, x, weights)
         else:
             mlp_out = _swiglu(b, x, "", cfg.intermediate_size)
@@ -288,17 +231,14 @@ def _rope(x: TensorValue, cos: TensorValue, sin: TensorValue) -> TensorValue:
     return ops.reshape(rotated, [rows, heads, dim])
 
 
-def _projections(b: _Builder, x: TensorValue) -> tuple[TensorValue, TensorValue]:
-    """(queries, compressed kv: latent and k_rope before norm and rotation) from the normed input."""
+def _queries(b: _Builder, x: TensorValue) -> TensorValue:
     cfg = b.cfg
     out_dim = cfg.num_attention_heads * cfg.qk_head_dim
-    kv_a = ("kv_a_proj_with_mqa", cfg.kv_lora_rank + cfg.qk_rope_head_dim)
     if cfg.q_lora_rank is None:
-        q, compressed = b.linears(x, [("q_proj", out_dim), kv_a], cfg.hidden_size)
-        return q, compressed
-    q_a, compressed = b.linears(x, [("q_a_proj", cfg.q_lora_rank), kv_a], cfg.hidden_size)
+        return b.linear(x, "q_proj", out_dim, cfg.hidden_size)
+    q_a = b.linear(x, "q_a_proj", cfg.q_lora_rank, cfg.hidden_size)
     q_a = b.rms_norm(q_a, "q_a_layernorm", cfg.q_lora_rank)
-    return b.linear(q_a, "q_b_proj", out_dim, cfg.q_lora_rank), compressed
+    return b.linear(q_a, "q_b_proj", out_dim, cfg.q_lora_rank)
 
 
 def _attention(b, hidden, cos, sin, past_latent, past_k_rope, key_sets):  # noqa: ANN001, ANN202
@@ -310,10 +250,10 @@ def _attention(b, hidden, cos, sin, past_latent, past_k_rope, key_sets):  # noqa
     rank = cfg.kv_lora_rank
     rows = hidden.shape[0]
     x = b.rms_norm(hidden, "input_layernorm", cfg.hidden_size)
-    q, compressed = _projections(b, x)
-    q = ops.reshape(q, [rows, heads, cfg.qk_head_dim])
+    q = ops.reshape(_queries(b, x), [rows, heads, cfg.qk_head_dim])
     q_nope = q[:, :, :nope]
     q_rope = _rope(q[:, :, nope:], cos, sin)
+    compressed = b.linear(x, "kv_a_proj_with_mqa", rank + rope, cfg.hidden_size)
     latent = b.rms_norm(compressed[:, :rank], "kv_a_layernorm", rank)
     k_rope = ops.reshape(_rope(ops.reshape(compressed[:, rank:], [rows, 1, rope]), cos, sin), [rows, rope])
     all_latent = ops.concat([past_latent, latent], axis=0)
@@ -364,14 +304,17 @@ def _attention(b, hidden, cos, sin, past_latent, past_k_rope, key_sets):  # noqa
 
 def _swiglu(b: _Builder, x: TensorValue, prefix: str, inter: int) -> TensorValue:
     h = b.cfg.hidden_size
-    gate, up = b.linears(x, [(f"{prefix}gate_proj", inter), (f"{prefix}up_proj", inter)], h)
+    gate = b.linear(x, f"{prefix}gate_proj", inter, h)
+    up = b.linear(x, f"{prefix}up_proj", inter, h)
     return b.linear(ops.silu(gate) * up, f"{prefix}down_proj", h, inter)
 
 
-def _route(cfg: DeepseekV2Config, logits: TensorValue) -> tuple[TensorValue, TensorValue]:
-    """Softmax router and top-k over the router's float32 `logits` [R, experts]: (expert ids
-    int32 [R, k] best first, weights f32 [R, k])."""
-    scores = ops.softmax(logits, axis=-1)
+def _route(b: _Builder, x: TensorValue) -> tuple[TensorValue, TensorValue]:
+    """Softmax router and top-k: (expert ids int32 [R, k] best first, weights f32 [R, k])."""
+    cfg = b.cfg
+    e, h = cfg.n_routed_experts, cfg.hidden_size
+    # The router stays float32 whatever the weight storage, as in the reference models.
+    scores = ops.softmax(ops.matmul(x, b.weight("router", [h, e])), axis=-1)
     weights, ids = ops.top_k(_group_limited(cfg, scores), cfg.num_experts_per_tok, axis=-1)
     if cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
         weights = weights / (ops.sum(weights, axis=-1) + 1e-20)
@@ -382,32 +325,27 @@ def _route(cfg: DeepseekV2Config, logits: TensorValue) -> tuple[TensorValue, Ten
 
 def expert_input_types(spec: GraphSpec) -> list[TensorType]:
     """hidden and x [R, hidden]; per expert e: its rows `rows_e` int32 [N_e] and routing weights
-    `weights_e` f32 [N_e]; then two host bools per expert, in expert order: its batched switch,
-    then its streamed switch (True: the expert has rows and runs with matmuls, or streamed
-    products, `streams_rows`). An expert with both False has no rows: its inputs are
-    placeholders and its work is skipped."""
+    `weights_e` f32 [N_e]; then one host bool per expert (False: no rows, its inputs are
+    placeholders and its work is skipped)."""
     cfg, device = spec.cfg, spec.device
     h = cfg.hidden_size
     types = [TensorType(DType.float32, [ROWS, h], device=device), TensorType(DType.float32, [ROWS, h], device=device)]
     for e in range(cfg.n_routed_experts):
         types += [TensorType(DType.int32, [f"{EXPERT_ROWS}{e}"], device=device),
                   TensorType(DType.float32, [f"{EXPERT_ROWS}{e}"], device=device)]
-    types += [TensorType(DType.bool, [], device=DeviceRef.CPU()) for _ in range(2 * cfg.n_routed_experts)]
+    types += [TensorType(DType.bool, [], device=DeviceRef.CPU()) for _ in range(cfg.n_routed_experts)]
     return types
 
 
 def expert_weight_names(e: int) -> tuple[str, str]:
-    """[in, out] layouts; `streamed_name` of each is the [out, in] layout."""
     return f"experts_gate_up_{e}", f"experts_down_{e}"
 
 
 def _build_expert(spec: GraphSpec) -> Graph:
     """Every routed expert of one MoE layer in one launch: each expert with rows gathers them,
-    runs its SwiGLU (matmuls, or streamed products for one or two rows) and scatter-adds the
-    weighted result into `hidden`; an expert without rows is skipped by its host switches.
-    Weights are bound per layer: `experts_gate_up_{e}` [hidden, 2*moe_inter] and
-    `experts_down_{e}` [moe_inter, hidden], laid out at load time, and the same untransposed
-    under `streamed_name` for the streamed products."""
+    runs its SwiGLU and scatter-adds the weighted result into `hidden`; an expert without rows
+    is skipped by its host switch. Weights are bound per layer: `experts_gate_up_{e}`
+    [hidden, 2*moe_inter] and `experts_down_{e}` [moe_inter, hidden], laid out at load time."""
     cfg = spec.cfg
     h, inter, experts = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
     with Graph("fornax_routed_experts", input_types=expert_input_types(spec)) as graph:
@@ -421,32 +359,16 @@ def _build_expert(spec: GraphSpec) -> Graph:
             gate_up_name, down_name = expert_weight_names(e)
             gate_up_w = b.stored_weight(gate_up_name, [h, 2 * inter])
             down_w = b.stored_weight(down_name, [inter, h])
-            gate_up_rows = b.stored_weight(streamed_name(gate_up_name), [2 * inter, h])
-            down_rows = b.stored_weight(streamed_name(down_name), [h, inter])
 
-            # The gather and the scatter's views are made outside the branches (see `linear`);
-            # for an expert without rows they touch its one-element placeholder only.
-            expert_x = ops.gather(x, rows, axis=0)
-            scatter_at, scale = ops.unsqueeze(rows, 1), ops.unsqueeze(weights, 1)
+            def run_expert(acc=hidden, rows=rows, weights=weights, gate_up_w=gate_up_w, down_w=down_w):  # noqa: ANN001, ANN202
+                gate_up = b.matmul(ops.gather(x, rows, axis=0), gate_up_w)
+                y = b.matmul(ops.silu(gate_up[:, :inter]) * gate_up[:, inter:], down_w)
+                return ops.scatter_nd_add(acc, y * ops.unsqueeze(weights, 1), ops.unsqueeze(rows, 1))
 
-            def run_expert(streamed, gate_up_w, down_w, acc, expert_x=expert_x, scatter_at=scatter_at,  # noqa: ANN001, ANN202
-                           scale=scale):
-                def product(v, w):  # noqa: ANN001, ANN202
-                    return b.streamed_product(ops.unsqueeze(v, 1), w) if streamed else b.matmul(v, w)
+            def skip(acc=hidden):  # noqa: ANN001, ANN202
+                return acc
 
-                gate_up = product(expert_x, gate_up_w)
-                y = product(ops.silu(gate_up[:, :inter]) * gate_up[:, inter:], down_w)
-                return ops.scatter_nd_add(acc, y * scale, scatter_at)
-
-            batched, streamed = flags[2 * e], flags[2 * e + 1]
-            (hidden,) = ops.cond(
-                batched, [out_type],
-                lambda acc=hidden, g=gate_up_w, d=down_w: run_expert(False, g, d, acc),
-                lambda acc=hidden: acc)  # no rows, or rows for the other path
-            (hidden,) = ops.cond(
-                streamed, [out_type],
-                lambda acc=hidden, g=gate_up_rows, d=down_rows: run_expert(True, g, d, acc),
-                lambda acc=hidden: acc)  # no rows, or rows for the other path
+            (hidden,) = ops.cond(flags[e], [out_type], run_expert, skip)
         graph.output(hidden)
     return graph
 

@@ -25,7 +25,6 @@ from libs.model.config import DeepseekV2Config
 from libs.model.errors import BackendUnavailableError, BatchError, CheckpointError
 from libs.model.kernels import LayerInputs, LayerOutputs
 from libs.model.mla_forms import AttentionForm, choose_form, keys_per_row, row_keys
-from libs.model.product_forms import streams_rows
 
 if TYPE_CHECKING:
     from libs.model.weights import StageWeights
@@ -158,7 +157,7 @@ class MaxKernels:
             arrays += [keys.index, keys.mask]
         else:  # the per-row key inputs are unused by the expanded branch
             arrays += [np.zeros((rows, 1), np.int32), np.zeros((rows, 1), np.float32)]
-        flags = (form is AttentionForm.EXPANDED, streams_rows(rows))
+        flags = (form is AttentionForm.EXPANDED,)
         model, experts = bound
         if experts is None:
             hidden, latent, k_rope = self._rt.run(model, *arrays, host_flags=flags)

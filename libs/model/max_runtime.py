@@ -23,9 +23,7 @@ from libs.model.max_graphs import (
     build_graph,
     expert_weight_names,
     mlp_weight_shapes,
-    streamed_name,
 )
-from libs.model.product_forms import streams_rows
 from libs.model.weights import LayerWeights, MoeWeights
 
 # First-run compile times measured on a shared 2-core x86 host (physical, max 26.7.0, tiny and
@@ -129,8 +127,6 @@ class Runtime:
             gate_up_name, down_name = expert_weight_names(expert)
             registry[gate_up_name] = gate_up
             registry[down_name] = np.ascontiguousarray(moe.experts_down[expert].T)  # [I, H]
-            registry[streamed_name(gate_up_name)] = np.ascontiguousarray(gate_up.T)  # [2I, H]
-            registry[streamed_name(down_name)] = np.ascontiguousarray(moe.experts_down[expert])  # [H, I]
         return self.bind(GraphKind.EXPERT, registry)
 
     def run(self, bound: BoundModel, *arrays: np.ndarray, host_flags: tuple[bool, ...] = ()) -> list[np.ndarray]:
@@ -155,18 +151,8 @@ class Runtime:
         inputs = [hidden, x]
         for expert_rows, expert_weights in zip(rows, routing, strict=True):
             inputs += [expert_rows, expert_weights]
-        (hidden,) = self.run(experts, *inputs, host_flags=expert_switches(rows, used))
+        (hidden,) = self.run(experts, *inputs, host_flags=tuple(used))
         return [hidden, latent, k_rope, ids]
-
-
-def expert_switches(rows: list[np.ndarray], used: list[bool]) -> tuple[bool, ...]:
-    """Per expert, (batched, streamed): which of its two paths runs, by its row count; neither
-    when it has no rows (`max_graphs.expert_input_types`)."""
-    switches: list[bool] = []
-    for expert_rows, has_rows in zip(rows, used, strict=True):
-        streamed = has_rows and streams_rows(expert_rows.size)
-        switches += [has_rows and not streamed, streamed]
-    return tuple(switches)
 
 
 def group_by_expert(ids: np.ndarray, weights: np.ndarray, experts: int
@@ -221,13 +207,7 @@ def layer_registry(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> 
     rank = cfg.kv_lora_rank
     registry["kv_b_k_expand"] = np.ascontiguousarray(kv_b[:, :nope, :].reshape(-1, rank).T)
     registry["kv_b_v_expand"] = np.ascontiguousarray(kv_b[:, nope:, :].reshape(-1, rank).T)
-    for name in [n for n in registry if n in STREAMED_LINEARS]:
-        registry[streamed_name(name)] = np.ascontiguousarray(registry[name])  # [out, in], as stored
     return registry
-
-
-# The layer graphs' linears (`max_graphs._Builder.linears`), bound again for streamed products.
-STREAMED_LINEARS = LINEAR_WEIGHTS - {"lm_head"}
 
 
 def _layer_arrays(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> dict[str, np.ndarray]:

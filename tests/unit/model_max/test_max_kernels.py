@@ -15,9 +15,8 @@ from libs.model.rope import rope_tables
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 TOL = 1e-4
-# (past rows, new rows) per sequence: prefill with past, chunked prefill, decode, fresh prefill;
-# one- and two-row decode run the streamed products (`product_forms`), the others the matmuls
-BATCHES = [([3, 5], [4, 2]), ([0, 6, 2], [5, 1, 1]), ([9], [1]), ([4, 7], [1, 1]), ([2, 3, 5], [1, 1, 1])]
+# (past rows, new rows) per sequence: prefill with past, chunked prefill, decode, fresh prefill
+BATCHES = [([3, 5], [4, 2]), ([0, 6, 2], [5, 1, 1]), ([9], [1])]
 
 
 def layer_inputs(cfg, past_lengths, row_counts, seed):
@@ -86,31 +85,3 @@ def test_mask_with_wrong_key_count_is_rejected(full_stage, max_kernels):
 def test_report_names_build_and_compile_times(max_kernels):
     assert max_kernels.name == "max" and max_kernels.build.startswith("max ")
     assert set(max_kernels.compile_seconds) == {"embed", "dense_layer", "moe_layer", "final", "expert"}
-
-
-def test_routed_experts_take_both_product_forms(full_stage, numpy_kernels):
-    """The parity batches above run some routed experts streamed and some batched in one call,
-    so `test_decoder_layer_matches_numpy` covers both forms and their mix."""
-    from libs.model.max_runtime import expert_switches, group_by_expert
-
-    cfg, _ = full_stage
-    layer = cfg.first_k_dense_replace
-    seen = set()
-    for batch in range(len(BATCHES)):
-        ids = numpy_kernels.decoder_layer(layer, layer_inputs(cfg, *BATCHES[batch], seed=batch)).routed_expert_ids
-        rows, _, used = group_by_expert(ids, np.ones(ids.shape, np.float32), cfg.n_routed_experts)
-        switches = expert_switches(rows, used)
-        forms = {("batched", "streamed")[switches[2 * e + 1]] for e in range(cfg.n_routed_experts) if used[e]}
-        seen |= {(batch, form) for form in forms}
-    assert {form for _, form in seen} == {"batched", "streamed"}
-    assert any({(b, "batched"), (b, "streamed")} <= seen for b in range(len(BATCHES)))
-
-
-def test_expert_switches_pick_one_path_per_expert_by_row_count():
-    from libs.model.max_runtime import expert_switches
-
-    rows = [np.array([0], np.int32), np.array([1, 4], np.int32), np.array([0, 2, 3], np.int32),
-            np.zeros(1, np.int32)]
-    # (batched, streamed) per expert: 1 and 2 rows stream, 3 rows batch, no rows run neither
-    assert expert_switches(rows, [True, True, True, False]) == (
-        False, True, False, True, True, False, False, False)
