@@ -12,13 +12,13 @@ the host-built [R, K] key index, in the latent space. One compile serves both fo
 
 Linear weights are bound transposed to [in, out] (`LINEAR_WEIGHTS`); the shape tables below
 give the Hugging Face [out, in] shapes that the registry is checked against. MoE layers are split in two: the layer
-graph runs attention, the router (softmax, top-k, scaling) and the shared experts; each routed
-expert with rows then runs in one launch of the routed-expert graph, bound per expert
-(`max_runtime` groups the rows by expert on the host, passes each expert its rows and routing
-weights, and adds the weighted outputs back into the hidden rows). On CPU this does the routed
-work only, instead of every expert on every row; the expert's matmuls stay outside any runtime
-branch (see `_build_expert`). Expert weights are transposed at load time, so no transposes run
-per call.
+graph runs attention, the router (softmax, top-k, scaling) and the shared experts; the routed
+experts then run in one launch of the routed-experts graph, bound per layer (`max_runtime`
+groups the rows by expert on the host and passes each expert's rows and routing weights; each
+expert gathers its rows, runs, and scatter-adds its weighted output, and an expert without rows
+is skipped). On CPU this does the routed work only, instead of every expert on every row, and
+pays one launch per layer instead of one per expert. Expert weights are transposed per layer at
+load time, so no transposes run per call.
 """
 
 from __future__ import annotations
@@ -324,34 +324,52 @@ def _route(b: _Builder, x: TensorValue) -> tuple[TensorValue, TensorValue]:
 
 
 def expert_input_types(spec: GraphSpec) -> list[TensorType]:
-    """One routed expert's rows of the post-attention input, x [N, hidden], and their routing
-    weights f32 [N]."""
-    h = spec.cfg.hidden_size
-    return [TensorType(DType.float32, [EXPERT_ROWS, h], device=spec.device),
-            TensorType(DType.float32, [EXPERT_ROWS], device=spec.device)]
+    """hidden and x [R, hidden]; per expert e: its rows `rows_e` int32 [N_e] and routing weights
+    `weights_e` f32 [N_e]; then one host bool per expert (False: no rows, its inputs are
+    placeholders and its work is skipped)."""
+    cfg, device = spec.cfg, spec.device
+    h = cfg.hidden_size
+    types = [TensorType(DType.float32, [ROWS, h], device=device), TensorType(DType.float32, [ROWS, h], device=device)]
+    for e in range(cfg.n_routed_experts):
+        types += [TensorType(DType.int32, [f"{EXPERT_ROWS}{e}"], device=device),
+                  TensorType(DType.float32, [f"{EXPERT_ROWS}{e}"], device=device)]
+    types += [TensorType(DType.bool, [], device=DeviceRef.CPU()) for _ in range(cfg.n_routed_experts)]
+    return types
 
 
-EXPERT_WEIGHT_NAMES = ("expert_gate_up", "expert_down")
+def expert_weight_names(e: int) -> tuple[str, str]:
+    return f"experts_gate_up_{e}", f"experts_down_{e}"
 
 
 def _build_expert(spec: GraphSpec) -> Graph:
-    """One routed expert: SwiGLU over its rows, scaled by their routing weights; launched once
-    per expert with rows and bound per expert (`expert_gate_up` [hidden, 2*moe_inter] and
-    `expert_down` [moe_inter, hidden], laid out at load time). Its matmuls sit at the graph's
-    top level: MAX 26.7 runs a matmul inside an `ops.cond` branch several times slower (on a
-    2-core host, three SwiGLU-sized matmuls took 20-24 ms in a branch against 2-8 ms outside,
-    at 1 to 32 rows), which made one graph holding every expert behind a switch slower than one
-    launch (tens of microseconds) per expert."""
+    """Every routed expert of one MoE layer in one launch: each expert with rows gathers them,
+    runs its SwiGLU and scatter-adds the weighted result into `hidden`; an expert without rows
+    is skipped by its host switch. Weights are bound per layer: `experts_gate_up_{e}`
+    [hidden, 2*moe_inter] and `experts_down_{e}` [moe_inter, hidden], laid out at load time."""
     cfg = spec.cfg
-    h, inter = cfg.hidden_size, cfg.moe_intermediate_size
-    with Graph("fornax_routed_expert", input_types=expert_input_types(spec)) as graph:
-        x, weights = (v.tensor for v in graph.inputs)
+    h, inter, experts = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
+    with Graph("fornax_routed_experts", input_types=expert_input_types(spec)) as graph:
+        values = [v.tensor for v in graph.inputs]
+        hidden, x = values[0], values[1]
+        flags = values[2 + 2 * experts:]
         b = _Builder(spec)
-        gate_up_w = b.stored_weight(EXPERT_WEIGHT_NAMES[0], [h, 2 * inter])
-        down_w = b.stored_weight(EXPERT_WEIGHT_NAMES[1], [inter, h])
-        gate_up = b.matmul(x, gate_up_w)
-        y = b.matmul(ops.silu(gate_up[:, :inter]) * gate_up[:, inter:], down_w)
-        graph.output(y * ops.unsqueeze(weights, 1))
+        out_type = TensorType(DType.float32, [ROWS, h], device=spec.device)
+        for e in range(experts):
+            rows, weights = values[2 + 2 * e], values[3 + 2 * e]
+            gate_up_name, down_name = expert_weight_names(e)
+            gate_up_w = b.stored_weight(gate_up_name, [h, 2 * inter])
+            down_w = b.stored_weight(down_name, [inter, h])
+
+            def run_expert(acc=hidden, rows=rows, weights=weights, gate_up_w=gate_up_w, down_w=down_w):  # noqa: ANN001, ANN202
+                gate_up = b.matmul(ops.gather(x, rows, axis=0), gate_up_w)
+                y = b.matmul(ops.silu(gate_up[:, :inter]) * gate_up[:, inter:], down_w)
+                return ops.scatter_nd_add(acc, y * ops.unsqueeze(weights, 1), ops.unsqueeze(rows, 1))
+
+            def skip(acc=hidden):  # noqa: ANN001, ANN202
+                return acc
+
+            (hidden,) = ops.cond(flags[e], [out_type], run_expert, skip)
+        graph.output(hidden)
     return graph
 
 

@@ -16,12 +16,12 @@ from max.engine import InferenceSession
 from libs.model.config import DeepseekV2Config
 from libs.model.errors import BackendUnavailableError, CheckpointError
 from libs.model.max_graphs import (
-    EXPERT_WEIGHT_NAMES,
     LINEAR_WEIGHTS,
     GraphKind,
     GraphSpec,
     attention_weight_shapes,
     build_graph,
+    expert_weight_names,
     mlp_weight_shapes,
 )
 from libs.model.weights import LayerWeights, MoeWeights
@@ -34,7 +34,7 @@ _FIRST_RUN_HINT = {
     GraphKind.DENSE_LAYER: "2-5 min",
     GraphKind.MOE_LAYER: "5-18 min",
     GraphKind.FINAL: "1-4 min",
-    GraphKind.EXPERT: "1-3 min",
+    GraphKind.EXPERT: "2-7 min",
 }
 
 
@@ -116,18 +116,18 @@ class Runtime:
             buffer = Buffer.from_numpy(array)
         return buffer if self.on_host else buffer.to(self.device)
 
-    def bind_experts(self, moe: MoeWeights) -> list[BoundModel]:
-        """The routed-expert graph bound to each of one layer's experts, laid out once at load
-        time: gate and up side by side [H, 2I], down [I, H]."""
+    def bind_experts(self, moe: MoeWeights) -> BoundModel:
+        """The routed-experts graph bound to one layer's experts, laid out once at load time."""
         e, inter, h = moe.experts_gate.shape
-        models = []
+        registry = {}
         for expert in range(e):
             gate_up = np.empty((h, 2 * inter), np.float32)
             gate_up[:, :inter] = moe.experts_gate[expert].T
             gate_up[:, inter:] = moe.experts_up[expert].T
-            down = np.ascontiguousarray(moe.experts_down[expert].T)  # [I, H]
-            models.append(self.bind(GraphKind.EXPERT, dict(zip(EXPERT_WEIGHT_NAMES, (gate_up, down), strict=True))))
-        return models
+            gate_up_name, down_name = expert_weight_names(expert)
+            registry[gate_up_name] = gate_up
+            registry[down_name] = np.ascontiguousarray(moe.experts_down[expert].T)  # [I, H]
+        return self.bind(GraphKind.EXPERT, registry)
 
     def run(self, bound: BoundModel, *arrays: np.ndarray, host_flags: tuple[bool, ...] = ()) -> list[np.ndarray]:
         """Executes with `arrays` on the device and `host_flags` (branch switches, bool scalars)
@@ -142,17 +142,16 @@ class Runtime:
         buffer = Buffer.from_numpy(array)
         return buffer if self.on_host else buffer.to(self.device)
 
-    def run_moe(self, bound: BoundModel, experts: list[BoundModel], *arrays: np.ndarray,
+    def run_moe(self, bound: BoundModel, experts: BoundModel, *arrays: np.ndarray,
                 host_flags: tuple[bool, ...] = ()) -> list[np.ndarray]:
-        """MoE layer graph, then one routed-expert launch per expert with rows, each output
-        added into its rows; returns [hidden, new_latent, new_k_rope, expert_ids]."""
+        """MoE layer graph, then the routed-experts graph once over every expert's rows;
+        returns [hidden, new_latent, new_k_rope, expert_ids]."""
         hidden, latent, k_rope, ids, x, weights = self.run(bound, *arrays, host_flags=host_flags)
         rows, routing, used = group_by_expert(ids, weights, self.cfg.n_routed_experts)
-        hidden = np.array(hidden, dtype=np.float32, copy=True)
-        for expert, (expert_rows, expert_weights, has_rows) in enumerate(zip(rows, routing, used, strict=True)):
-            if has_rows:
-                (out,) = self.run(experts[expert], np.ascontiguousarray(x[expert_rows]), expert_weights)
-                hidden[expert_rows] += out  # a row picks an expert at most once
+        inputs = [hidden, x]
+        for expert_rows, expert_weights in zip(rows, routing, strict=True):
+            inputs += [expert_rows, expert_weights]
+        (hidden,) = self.run(experts, *inputs, host_flags=tuple(used))
         return [hidden, latent, k_rope, ids]
 
 
@@ -160,7 +159,7 @@ def group_by_expert(ids: np.ndarray, weights: np.ndarray, experts: int
                     ) -> tuple[list[np.ndarray], list[np.ndarray], list[bool]]:
     """Per expert: the rows routed to it (int32, ascending), their routing weights (float32),
     and whether it has any. An expert without rows gets a one-element placeholder (row 0,
-    weight 0) and is not launched."""
+    weight 0) that its skipped branch never reads."""
     k = ids.shape[1]
     flat = ids.reshape(-1)
     order = np.argsort(flat, kind="stable")
