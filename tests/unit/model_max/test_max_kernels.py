@@ -15,8 +15,9 @@ from libs.model.rope import rope_tables
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 TOL = 1e-4
-# (past rows, new rows) per sequence: prefill with past, chunked prefill, decode, fresh prefill
-BATCHES = [([3, 5], [4, 2]), ([0, 6, 2], [5, 1, 1]), ([9], [1])]
+# (past rows, new rows) per sequence: prefill with past, chunked prefill, decode, fresh prefill,
+# and decode of one, two and three sequences (routed experts then see one to a few rows each)
+BATCHES = [([3, 5], [4, 2]), ([0, 6, 2], [5, 1, 1]), ([9], [1]), ([4, 7], [1, 1]), ([2, 3, 5], [1, 1, 1])]
 
 
 def layer_inputs(cfg, past_lengths, row_counts, seed):
