@@ -49,7 +49,8 @@ def _prompt(vocab: int, length: int, rng: np.random.Generator) -> tuple[int, ...
 async def _decode_stream(engine: ServingEngine, ids: tuple[int, ...], max_tokens: int,
                          decoding: asyncio.Event, counter: list[int], total: int) -> list[float]:
     """Token timestamps of one stream; sets `decoding` once every stream has a token."""
-    request = GenerationRequest(str(uuid.uuid4()), ids, max_tokens, SamplingParams())
+    request = GenerationRequest(str(uuid.uuid4()), ids, max_tokens, SamplingParams(),
+                                ignore_eos=True)
     stamps: list[float] = []
     async for output in engine.submit(request):
         if output.token_ids:

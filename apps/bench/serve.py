@@ -82,7 +82,8 @@ def prompts(vocab: int, count: int, length: int, seed: int = 0) -> list[tuple[in
 async def _drive(engine: ServingEngine, prompt_ids: list[tuple[int, ...]], max_tokens: int) -> RunFigures:
     async def one(ids: tuple[int, ...]) -> tuple[int, float, list[float], tuple[int, ...]]:
         started = time.perf_counter()
-        request = GenerationRequest(str(uuid.uuid4()), ids, max_tokens, SamplingParams())
+        request = GenerationRequest(str(uuid.uuid4()), ids, max_tokens, SamplingParams(),
+                                    ignore_eos=True)
         stamps: list[float] = []
         produced: list[int] = []
         async for output in engine.submit(request):

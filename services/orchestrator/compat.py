@@ -49,6 +49,8 @@ _SHARED = {
     "user": FieldPolicy(_I, "opaque end-user id, logged nowhere"),
     "top_k": FieldPolicy(_A, "0 or -1 disables", extension=True),
     "stop_token_ids": FieldPolicy(_A, "ids that end the output like eos", extension=True),
+    "ignore_eos": FieldPolicy(_A, "eos does not end the output; not with an output grammar",
+                              extension=True),
 }
 
 CHAT_POLICY: dict[str, FieldPolicy] = {

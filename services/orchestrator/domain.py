@@ -86,6 +86,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     # Ids that end the output like an end-of-sequence token (not part of the text).
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # end-of-sequence ids are ordinary tokens (vLLM's extension)
     deadline_budget_ns: int | None = None  # None: no deadline
     # W3C traceparent of the request's span; its microbatches' hops join that trace.
     traceparent: str | None = None

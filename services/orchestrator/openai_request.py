@@ -34,6 +34,7 @@ class CommonOptions:
     include_usage: bool
     n: int = 1
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # generate to max_tokens (or a stop) past end-of-sequence
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,8 @@ def parse_options(body: dict[str, Any]) -> CommonOptions:
     return CommonOptions(max_tokens=_max_tokens(body.get("max_tokens")),
                          sampling=_sampling(body), stop=_stop(body.get("stop")),
                          stream=stream, include_usage=include_usage, n=n,
-                         stop_token_ids=tuple(stop_ids))
+                         stop_token_ids=tuple(stop_ids),
+                         ignore_eos=_opt_bool(body, "ignore_eos", False))
 
 
 def _sampling(body: dict[str, Any]) -> SamplingParams:

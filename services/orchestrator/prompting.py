@@ -50,6 +50,9 @@ def chat_options(body: ChatCompletionBody, text: TextContext, served: ServedMode
     if lark is None:
         return body.options
     param = "tool_choice" if body.tools.forced else "response_format"
+    if body.options.ignore_eos:  # a grammar ends the output at eos; it cannot be ignored
+        raise InvalidArgument(f"ignore_eos cannot be combined with an output grammar ({param})",
+                              reason="INVALID_IGNORE_EOS", field="ignore_eos")
     spec = grammar_checker(text, served.vocab_size).spec(lark, param)
     return replace(body.options, sampling=replace(body.options.sampling, grammar=spec))
 
@@ -108,6 +111,7 @@ def generation_request(request_id: str, prompt_ids: tuple[int, ...], options: Co
     return GenerationRequest(request_id=request_id, prompt_token_ids=prompt_ids,
                              max_tokens=max_tokens, sampling=sampling,
                              stop=options.stop, stop_token_ids=options.stop_token_ids,
+                             ignore_eos=options.ignore_eos,
                              deadline_budget_ns=deadline_budget_ns)
 
 

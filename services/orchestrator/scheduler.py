@@ -315,7 +315,8 @@ class Scheduler:
 
     def _on_token(self, r: _Request, token_id: int, logprobs: tuple[TokenLogprobs, ...]) -> None:
         r.generated.append(token_id)
-        if token_id in self._text.eos_token_ids or token_id in r.req.stop_token_ids:
+        if token_id in r.req.stop_token_ids or (
+                token_id in self._text.eos_token_ids and not r.req.ignore_eos):
             self._finish(r, FinishReason.STOP, (token_id,), self._flush(r), logprobs)
             return
         delta = r.text.push(token_id)

@@ -129,8 +129,9 @@ class StreamOutcome:
 async def stream_completion(session: aiohttp.ClientSession, api: str, prompt: list[int],
                             max_tokens: int, first_token: asyncio.Event | None = None) -> StreamOutcome:
     """One streaming /v1/completions call, read to its end however it ends."""
+    # ignore_eos: a stream runs to max_tokens or its fault, never to an early greedy eos.
     body = {"model": "fornax", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True}
+            "stream": True, "ignore_eos": True}
     tokens, code, message, text, finish = 0, None, "", [], None
     try:
         async with session.post(f"{api}/completions", json=body) as response:

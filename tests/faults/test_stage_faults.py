@@ -104,6 +104,7 @@ def test_sigstop_of_a_stage_ends_streams_before_their_deadline_and_recovers(tmp_
             outcomes, fault_at = asyncio.run(_streams_through_fault(
                 fleet.state.api, lambda: os.kill(victim, signal.SIGSTOP)))
             for outcome in outcomes:
+                assert outcome.error_code is not None, outcome
                 _assert_clean_unavailable(outcome.error_code, outcome.error_message)
                 assert outcome.finished_at - fault_at < END_WITHIN_S < DEADLINE_S
             ended_s = max(o.finished_at for o in outcomes) - fault_at

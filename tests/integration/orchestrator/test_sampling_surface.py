@@ -1,6 +1,6 @@
 """The OpenAI sampling surface over a 2-stage in-process route, with the `openai` client:
-n > 1 with independent seeded streams, logprobs, logit_bias, penalties, stop token ids and
-exact usage, streaming and not."""
+n > 1 with independent seeded streams, logprobs, logit_bias, penalties, stop token ids,
+ignore_eos and exact usage, streaming and not."""
 
 from __future__ import annotations
 
@@ -74,6 +74,29 @@ def test_logit_bias_forces_and_stop_token_ids_end(checkpoint):
     assert stopped.choices[0].text == "" and stopped.choices[0].finish_reason == "stop"
     assert stopped.usage.completion_tokens == 1
     assert banned.choices[0].text == text.tokenizer.decode([other] * 5)
+
+
+def test_ignore_eos_runs_past_end_of_sequence_to_max_tokens(checkpoint):
+    text = TextContext.from_checkpoint(checkpoint)
+    eos = min(text.eos_token_ids)
+
+    async def body(client):
+        common = {"model": MODEL_ID, "prompt": PROMPT, "max_tokens": 4, "temperature": 0,
+                  "logit_bias": {str(eos): 100}}
+        ended = await client.completions.create(**common)
+        ignored = await client.completions.create(**common, extra_body={"ignore_eos": True})
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                response_format={"type": "json_object"}, extra_body={"ignore_eos": True})
+        return ended, ignored, refused.value
+
+    ended, ignored, refused = _run(checkpoint, body)
+    assert ended.choices[0].finish_reason == "stop" and ended.usage.completion_tokens == 1
+    assert ignored.choices[0].finish_reason == "length"
+    assert ignored.usage.completion_tokens == 4  # eos four times, each an ordinary token
+    error = refused.body
+    assert (error["code"], error["param"]) == ("invalid_ignore_eos", "ignore_eos")
 
 
 def test_frequency_penalty_spreads_a_greedy_output(checkpoint):

@@ -71,6 +71,7 @@ def test_text_parts_are_joined():
     ({"top_logprobs": 3}, "INVALID_LOGPROBS", "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "INVALID_LOGPROBS", "top_logprobs"),
     ({"stop_token_ids": [-1]}, "INVALID_STOP", "stop_token_ids"),
+    ({"ignore_eos": "yes"}, "INVALID_TYPE", "ignore_eos"),
     ({"echo": True}, "UNSUPPORTED_PARAMETER", "echo"),
     ({"model": ""}, "INVALID_MODEL", "model"),
     ({"messages": []}, "INVALID_MESSAGES", "messages"),
