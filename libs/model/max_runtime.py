@@ -28,17 +28,16 @@ from libs.model.max_graphs import (
 from libs.model.mla_forms import AttentionForm
 from libs.model.weights import LayerWeights, MoeWeights
 
-# First-run compile times, shown before a compile that may miss the cache. Measured fully cold
-# (empty MAX and Mojo caches) on a 2-core x86 host at load average 1.3-1.5 (physical, max 26.7.0,
-# `fornax max warmup`): tiny-lora-yarn preset embed 27 s, final 79 s, dense_layer 265 s,
-# moe_layer 289 s, expert 140 s; small preset with warm kernel caches dense_layer 205 s,
-# moe_layer 216 s, expert 163 s. A layer kind's figure covers its two graphs (one per MLA form).
+# First-run compile times measured on a shared 2-core x86 host (physical, max 26.7.0, tiny and
+# small presets; load average 5-8, and 10-15 for the MoE layer and grouped-expert graphs:
+# 1,067 s and 417 s on small, when one graph held both MLA forms behind a runtime branch), shown
+# before a compile that may miss the cache. A layer kind compiles one graph per form.
 _FIRST_RUN_HINT = {
     GraphKind.EMBED: "under 1 min",
-    GraphKind.DENSE_LAYER: "3-5 min",
-    GraphKind.MOE_LAYER: "3-5 min",
-    GraphKind.FINAL: "1-2 min",
-    GraphKind.EXPERT: "2-3 min",
+    GraphKind.DENSE_LAYER: "2-5 min",
+    GraphKind.MOE_LAYER: "5-18 min",
+    GraphKind.FINAL: "1-4 min",
+    GraphKind.EXPERT: "2-7 min",
 }
 
 

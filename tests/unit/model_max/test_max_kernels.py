@@ -86,15 +86,3 @@ def test_mask_with_wrong_key_count_is_rejected(full_stage, max_kernels):
 def test_report_names_build_and_compile_times(max_kernels):
     assert max_kernels.name == "max" and max_kernels.build.startswith("max ")
     assert set(max_kernels.compile_seconds) == {"embed", "dense_layer", "moe_layer", "final", "expert"}
-
-
-def test_rows_are_grouped_per_expert_and_unpicked_experts_get_none():
-    from libs.model.max_runtime import group_by_expert
-
-    ids = np.array([[3, 0], [0, 2], [2, 3]], np.int32)  # three rows, top-2 of five experts
-    weights = np.array([[0.7, 0.3], [0.6, 0.4], [0.9, 0.1]], np.float32)
-    rows, routing = group_by_expert(ids, weights, 5)
-    assert [r.tolist() for r in rows] == [[0, 1], [], [1, 2], [0, 2], []]
-    for got, expected in zip(routing, [[0.3, 0.6], [], [0.4, 0.9], [0.7, 0.1], []], strict=True):
-        np.testing.assert_allclose(got, np.array(expected, np.float32))
-    assert all(r.dtype == np.int32 and w.dtype == np.float32 for r, w in zip(rows, routing, strict=True))
