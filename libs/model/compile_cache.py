@@ -24,9 +24,8 @@ from libs.model.config import DeepseekV2Config
 MARKER_DIR = "fornax-graphs"
 # Bumped whenever `max_graphs` builds a graph differently (inputs, ops or weights), so a marker
 # left by an older graph does not claim the new one is compiled. 2: both MLA forms in the layer
-# graphs; all routed experts of a layer in one graph. 3: one layer graph per MLA form and no
-# runtime branches (an expert without rows runs over zero rows).
-GRAPH_REVISION = 3
+# graphs; all routed experts of a layer in one graph.
+GRAPH_REVISION = 2
 
 
 class GraphName(Enum):

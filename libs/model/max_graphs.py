@@ -5,20 +5,19 @@ shape. Layer weights are graph `Weight`s with layer-independent names; the same 
 is bound to each layer's tensors through a weights registry (see `max_kernels`). The causal /
 cross-sequence mask is a graph input built on the host, never derived in the graph.
 
-Each layer kind is built twice, once per form of MLA attention (see `mla_forms`), and the host
-picks the graph per microbatch: the expanded form scores the microbatch's keys expanded per head
-under the dense [R, P + R] mask; the absorbed form scores each row's own keys, gathered by the
-host-built [R, K] key index, in the latent space. No graph has a runtime branch: on MAX 26.7 CPU
-a matmul inside `ops.cond` runs several times slower than the same matmul outside one.
+Each layer graph holds both forms of MLA attention (see `mla_forms`) behind one runtime branch
+(`ops.cond` on a host boolean input): the expanded form scores the microbatch's keys expanded per
+head under the dense [R, P + R] mask; the absorbed form scores each row's own keys, gathered by
+the host-built [R, K] key index, in the latent space. One compile serves both forms.
 
 Linear weights are bound transposed to [in, out] (`LINEAR_WEIGHTS`); the shape tables below
 give the Hugging Face [out, in] shapes that the registry is checked against. MoE layers are split in two: the layer
 graph runs attention, the router (softmax, top-k, scaling) and the shared experts; the routed
 experts then run in one launch of the routed-experts graph, bound per layer (`max_runtime`
 groups the rows by expert on the host and passes each expert's rows and routing weights; each
-expert gathers its rows, runs, and scatter-adds its weighted output; an expert without rows gets
-zero rows, so its products are empty). On CPU this does the routed work only, instead of every
-expert on every row, and pays one launch per layer instead of one per expert. Expert weights are transposed per layer at
+expert gathers its rows, runs, and scatter-adds its weighted output, and an expert without rows
+is skipped). On CPU this does the routed work only, instead of every expert on every row, and
+pays one launch per layer instead of one per expert. Expert weights are transposed per layer at
 load time, so no transposes run per call.
 """
 
@@ -31,7 +30,6 @@ from max.dtype import DType
 from max.graph import DeviceRef, Graph, TensorType, TensorValue, Weight, ops
 
 from libs.model.config import DeepseekV2Config
-from libs.model.mla_forms import AttentionForm
 
 ROWS = "R"
 PAST = "P"
@@ -67,10 +65,6 @@ class GraphSpec:
     cfg: DeepseekV2Config
     weight_dtype: DType
     device: DeviceRef
-    form: AttentionForm | None = None  # layer kinds only: the MLA form the graph runs
-
-
-LAYER_KINDS = (GraphKind.DENSE_LAYER, GraphKind.MOE_LAYER)
 
 
 class _Builder:
@@ -174,33 +168,33 @@ def _build_final(spec: GraphSpec) -> Graph:
     return graph
 
 
-def layer_input_types(cfg: DeepseekV2Config, device: DeviceRef, form: AttentionForm) -> list[TensorType]:
-    """hidden, cos, sin, past latent, past k_rope; then the keys each row sees: the dense mask
-    [R, P + R] (expanded form), or the per-row key index and mask [R, K] (absorbed form)."""
+def layer_input_types(cfg: DeepseekV2Config, device: DeviceRef) -> list[TensorType]:
+    """hidden, cos, sin, past latent, past k_rope, dense mask [R, P + R], per-row key index and
+    mask [R, K] (absorbed form), and the form switch (bool scalar on the host: True = expanded)."""
     half_rope = cfg.qk_rope_head_dim // 2
     f32 = DType.float32
-    common = [
+    return [
         TensorType(f32, [ROWS, cfg.hidden_size], device=device),
         TensorType(f32, [ROWS, half_rope], device=device),
         TensorType(f32, [ROWS, half_rope], device=device),
         TensorType(f32, [PAST, cfg.kv_lora_rank], device=device),
         TensorType(f32, [PAST, cfg.qk_rope_head_dim], device=device),
+        TensorType(f32, [ROWS, KEYS], device=device),
+        TensorType(DType.int32, [ROWS, ROW_KEYS], device=device),
+        TensorType(f32, [ROWS, ROW_KEYS], device=device),
+        TensorType(DType.bool, [], device=DeviceRef.CPU()),
     ]
-    if form is AttentionForm.EXPANDED:
-        return [*common, TensorType(f32, [ROWS, KEYS], device=device)]
-    return [*common, TensorType(DType.int32, [ROWS, ROW_KEYS], device=device),
-            TensorType(f32, [ROWS, ROW_KEYS], device=device)]
 
 
 def _build_layer(spec: GraphSpec) -> Graph:
-    cfg, form = spec.cfg, spec.form
-    if form is None:
-        raise ValueError(f"a {spec.kind.value} graph needs an attention form")
-    name = f"fornax_{spec.kind.value}_{form.value}"
-    with Graph(name, input_types=layer_input_types(cfg, spec.device, form)) as graph:
-        hidden, cos, sin, past_latent, past_k_rope, *keys = (v.tensor for v in graph.inputs)
+    cfg = spec.cfg
+    name = f"fornax_{spec.kind.value}"
+    with Graph(name, input_types=layer_input_types(cfg, spec.device)) as graph:
+        hidden, cos, sin, past_latent, past_k_rope, mask, key_index, key_mask, expanded = (
+            v.tensor for v in graph.inputs)
         b = _Builder(spec)
-        attn_out, latent, k_rope = _attention(b, hidden, cos, sin, past_latent, past_k_rope, form, keys)
+        attn_out, latent, k_rope = _attention(
+            b, hidden, cos, sin, past_latent, past_k_rope, _KeySets(mask, key_index, key_mask, expanded))
         hidden = hidden + attn_out
         x = b.rms_norm(hidden, "post_attention_layernorm", cfg.hidden_size)
         if spec.kind is GraphKind.MOE_LAYER:
@@ -212,6 +206,14 @@ def _build_layer(spec: GraphSpec) -> Graph:
             mlp_out = _swiglu(b, x, "", cfg.intermediate_size)
             graph.output(hidden + mlp_out, latent, k_rope)
     return graph
+
+
+@dataclass(frozen=True)
+class _KeySets:
+    mask: TensorValue       # [R, P + R] additive, expanded form
+    key_index: TensorValue  # [R, K] int32 into [past ; new], absorbed form
+    key_mask: TensorValue   # [R, K] additive, absorbed form
+    expanded: TensorValue   # bool scalar on the host
 
 
 def _rope(x: TensorValue, cos: TensorValue, sin: TensorValue) -> TensorValue:
@@ -239,9 +241,9 @@ def _queries(b: _Builder, x: TensorValue) -> TensorValue:
     return b.linear(q_a, "q_b_proj", out_dim, cfg.q_lora_rank)
 
 
-def _attention(b, hidden, cos, sin, past_latent, past_k_rope, form, keys):  # noqa: ANN001, ANN202
-    """MLA attention over keys [past ; new] in `form`; `keys` is [mask [R, P + R]] (expanded)
-    or [key index, key mask] (absorbed). Returns (o_proj output, new latent, new k_rope)."""
+def _attention(b, hidden, cos, sin, past_latent, past_k_rope, key_sets):  # noqa: ANN001, ANN202
+    """MLA attention over keys [past ; new] in the form `key_sets.expanded` picks; returns
+    (o_proj output, new latent, new k_rope)."""
     cfg = b.cfg
     heads, nope, rope, v_dim = (
         cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim)
@@ -256,43 +258,46 @@ def _attention(b, hidden, cos, sin, past_latent, past_k_rope, form, keys):  # no
     k_rope = ops.reshape(_rope(ops.reshape(compressed[:, rank:], [rows, 1, rope]), cos, sin), [rows, rope])
     all_latent = ops.concat([past_latent, latent], axis=0)
     all_k_rope = ops.concat([past_k_rope, k_rope], axis=0)
-    # Both forms' weights are in both graphs, so one registry binds either.
+    # Weights are added to the graph outside the branches, which only read them.
     w = {
         "kv_b_k": b.stored_weight("kv_b_k", [heads, nope, rank]),
         "kv_b_v": b.stored_weight("kv_b_v", [heads, rank, v_dim]),
         "kv_b_k_expand": b.stored_weight("kv_b_k_expand", [rank, heads * nope]),
         "kv_b_v_expand": b.stored_weight("kv_b_v_expand", [rank, heads * v_dim]),
     }
+    # The expanded form's input in the weights' dtype, cast outside the branch: a bf16 cast of
+    # the [T, rank] keys inside a branch fails MAX 26.7's shape check on the cast.
+    expand_in = b.in_weight_dtype(all_latent)
     q_nope_h = ops.permute(q_nope, [1, 0, 2])  # [heads, R, nope]
     q_rope_h = ops.permute(q_rope, [1, 0, 2])  # [heads, R, rope]
     scale = cfg.softmax_scale()
 
-    def expanded(mask: TensorValue) -> TensorValue:
+    def expanded() -> TensorValue:
         keys = all_latent.shape[0]
-        expand_in = b.in_weight_dtype(all_latent)
         k_nope = ops.reshape(b.matmul(expand_in, w["kv_b_k_expand"]), [keys, heads, nope])
         values = ops.reshape(b.matmul(expand_in, w["kv_b_v_expand"]), [keys, heads, v_dim])
         scores = ops.matmul(q_nope_h, ops.permute(k_nope, [1, 2, 0]))  # [heads, R, keys]
         scores = scores + ops.matmul(q_rope_h, ops.transpose(all_k_rope, 0, 1))
-        mask = ops.rebind(mask, [rows, keys], message="mask must be [R, P + R]")
+        mask = ops.rebind(key_sets.mask, [rows, keys], message="mask must be [R, P + R]")
         probs = ops.softmax(scores * scale + ops.unsqueeze(mask, 0), axis=-1)
         context = ops.matmul(probs, ops.permute(values, [1, 0, 2]))  # [heads, R, v]
         return ops.reshape(ops.permute(context, [1, 0, 2]), [rows, heads * v_dim])
 
-    def absorbed(key_index: TensorValue, key_mask: TensorValue) -> TensorValue:
+    def absorbed() -> TensorValue:
         # kv_b's key half folded into q and its value half into the output; each row attends
         # over its own gathered keys only.
         q_latent = ops.permute(b.matmul(q_nope_h, w["kv_b_k"]), [1, 0, 2])  # [R, heads, rank]
-        row_latent = ops.gather(all_latent, key_index, axis=0)  # [R, K, rank]
-        row_k_rope = ops.gather(all_k_rope, key_index, axis=0)  # [R, K, rope]
+        row_latent = ops.gather(all_latent, key_sets.key_index, axis=0)  # [R, K, rank]
+        row_k_rope = ops.gather(all_k_rope, key_sets.key_index, axis=0)  # [R, K, rope]
         scores = ops.matmul(q_latent, ops.transpose(row_latent, 1, 2))  # [R, heads, K]
         scores = scores + ops.matmul(q_rope, ops.transpose(row_k_rope, 1, 2))
-        probs = ops.softmax(scores * scale + ops.unsqueeze(key_mask, 1), axis=-1)
+        probs = ops.softmax(scores * scale + ops.unsqueeze(key_sets.key_mask, 1), axis=-1)
         context = ops.permute(ops.matmul(probs, row_latent), [1, 0, 2])  # [heads, R, rank]
         context = b.matmul(context, w["kv_b_v"])  # [heads, R, v]
         return ops.reshape(ops.permute(context, [1, 0, 2]), [rows, heads * v_dim])
 
-    context = expanded(*keys) if form is AttentionForm.EXPANDED else absorbed(*keys)
+    out_type = TensorType(DType.float32, [rows, heads * v_dim], device=b.spec.device)
+    (context,) = ops.cond(key_sets.expanded, [out_type], expanded, absorbed)
     out = b.linear(context, "o_proj", cfg.hidden_size, heads * v_dim)
     return out, latent, k_rope
 
@@ -320,13 +325,15 @@ def _route(b: _Builder, x: TensorValue) -> tuple[TensorValue, TensorValue]:
 
 def expert_input_types(spec: GraphSpec) -> list[TensorType]:
     """hidden and x [R, hidden]; per expert e: its rows `rows_e` int32 [N_e] and routing weights
-    `weights_e` f32 [N_e] (N_e = 0 for an expert no row picked)."""
+    `weights_e` f32 [N_e]; then one host bool per expert (False: no rows, its inputs are
+    placeholders and its work is skipped)."""
     cfg, device = spec.cfg, spec.device
     h = cfg.hidden_size
     types = [TensorType(DType.float32, [ROWS, h], device=device), TensorType(DType.float32, [ROWS, h], device=device)]
     for e in range(cfg.n_routed_experts):
         types += [TensorType(DType.int32, [f"{EXPERT_ROWS}{e}"], device=device),
                   TensorType(DType.float32, [f"{EXPERT_ROWS}{e}"], device=device)]
+    types += [TensorType(DType.bool, [], device=DeviceRef.CPU()) for _ in range(cfg.n_routed_experts)]
     return types
 
 
@@ -335,23 +342,33 @@ def expert_weight_names(e: int) -> tuple[str, str]:
 
 
 def _build_expert(spec: GraphSpec) -> Graph:
-    """Every routed expert of one MoE layer in one launch: each expert gathers its rows, runs its
-    SwiGLU and scatter-adds the weighted result into `hidden` (over zero rows, a no-op). Weights
-    are bound per layer: `experts_gate_up_{e}` [hidden, 2*moe_inter] and `experts_down_{e}`
-    [moe_inter, hidden], laid out at load time."""
+    """Every routed expert of one MoE layer in one launch: each expert with rows gathers them,
+    runs its SwiGLU and scatter-adds the weighted result into `hidden`; an expert without rows
+    is skipped by its host switch. Weights are bound per layer: `experts_gate_up_{e}`
+    [hidden, 2*moe_inter] and `experts_down_{e}` [moe_inter, hidden], laid out at load time."""
     cfg = spec.cfg
     h, inter, experts = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
     with Graph("fornax_routed_experts", input_types=expert_input_types(spec)) as graph:
         values = [v.tensor for v in graph.inputs]
         hidden, x = values[0], values[1]
+        flags = values[2 + 2 * experts:]
         b = _Builder(spec)
+        out_type = TensorType(DType.float32, [ROWS, h], device=spec.device)
         for e in range(experts):
             rows, weights = values[2 + 2 * e], values[3 + 2 * e]
             gate_up_name, down_name = expert_weight_names(e)
-            gate_up = b.matmul(ops.gather(x, rows, axis=0), b.stored_weight(gate_up_name, [h, 2 * inter]))
-            y = b.matmul(ops.silu(gate_up[:, :inter]) * gate_up[:, inter:],
-                         b.stored_weight(down_name, [inter, h]))
-            hidden = ops.scatter_nd_add(hidden, y * ops.unsqueeze(weights, 1), ops.unsqueeze(rows, 1))
+            gate_up_w = b.stored_weight(gate_up_name, [h, 2 * inter])
+            down_w = b.stored_weight(down_name, [inter, h])
+
+            def run_expert(acc=hidden, rows=rows, weights=weights, gate_up_w=gate_up_w, down_w=down_w):  # noqa: ANN001, ANN202
+                gate_up = b.matmul(ops.gather(x, rows, axis=0), gate_up_w)
+                y = b.matmul(ops.silu(gate_up[:, :inter]) * gate_up[:, inter:], down_w)
+                return ops.scatter_nd_add(acc, y * ops.unsqueeze(weights, 1), ops.unsqueeze(rows, 1))
+
+            def skip(acc=hidden):  # noqa: ANN001, ANN202
+                return acc
+
+            (hidden,) = ops.cond(flags[e], [out_type], run_expert, skip)
         graph.output(hidden)
     return graph
 

@@ -152,14 +152,17 @@ class MaxKernels:
             # (`row_keys`), where a narrower mask would pick wrong keys instead of failing
             raise BatchError(f"mask must be [R, P + R] = [{rows}, {past + rows}], got {list(arrays[5].shape)}")
         form = self.attention_form(inputs.mask)
-        if form is AttentionForm.ABSORBED:  # the keys each row sees, in place of the mask
-            keys = row_keys(arrays.pop())
+        if form is AttentionForm.ABSORBED:
+            keys = row_keys(arrays[-1])
             arrays += [keys.index, keys.mask]
+        else:  # the per-row key inputs are unused by the expanded branch
+            arrays += [np.zeros((rows, 1), np.int32), np.zeros((rows, 1), np.float32)]
+        flags = (form is AttentionForm.EXPANDED,)
         model, experts = bound
         if experts is None:
-            hidden, latent, k_rope = self._rt.run(model, *arrays, form=form)
+            hidden, latent, k_rope = self._rt.run(model, *arrays, host_flags=flags)
             return LayerOutputs(hidden, latent, k_rope, None)
-        hidden, latent, k_rope, expert_ids = self._rt.run_moe(model, experts, *arrays, form=form)
+        hidden, latent, k_rope, expert_ids = self._rt.run_moe(model, experts, *arrays, host_flags=flags)
         return LayerOutputs(hidden, latent, k_rope, expert_ids)
 
     def attention_form(self, mask: np.ndarray) -> AttentionForm:

@@ -16,7 +16,6 @@ from max.engine import InferenceSession
 from libs.model.config import DeepseekV2Config
 from libs.model.errors import BackendUnavailableError, CheckpointError
 from libs.model.max_graphs import (
-    LAYER_KINDS,
     LINEAR_WEIGHTS,
     GraphKind,
     GraphSpec,
@@ -25,13 +24,11 @@ from libs.model.max_graphs import (
     expert_weight_names,
     mlp_weight_shapes,
 )
-from libs.model.mla_forms import AttentionForm
 from libs.model.weights import LayerWeights, MoeWeights
 
 # First-run compile times measured on a shared 2-core x86 host (physical, max 26.7.0, tiny and
-# small presets; load average 5-8, and 10-15 for the MoE layer and grouped-expert graphs:
-# 1,067 s and 417 s on small, when one graph held both MLA forms behind a runtime branch), shown
-# before a compile that may miss the cache. A layer kind compiles one graph per form.
+# small presets; load average 5-8, and 10-15 for the two-form MoE layer and grouped-expert graphs:
+# 1,067 s and 417 s on small), shown before a compile that may miss the cache.
 _FIRST_RUN_HINT = {
     GraphKind.EMBED: "under 1 min",
     GraphKind.DENSE_LAYER: "2-5 min",
@@ -84,39 +81,32 @@ class Runtime:
         self.device_description = f"{device}:{self.device.label if hasattr(self.device, 'label') else device}"
         self.weight_dtype = DType.bfloat16 if weight_dtype == "bfloat16" else DType.float32
         self.session = InferenceSession(devices=[self.device])
-        self._compiled: dict[GraphKind, dict[AttentionForm | None, Any]] = {}
+        self._compiled: dict[GraphKind, Any] = {}
         self.compile_seconds: dict[str, float] = {}
 
     def layer_kind(self, layer_index: int) -> GraphKind:
         return GraphKind.MOE_LAYER if self.cfg.is_moe_layer(layer_index) else GraphKind.DENSE_LAYER
 
-    def compiled(self, kind: GraphKind) -> dict[AttentionForm | None, Any]:
-        """The kind's compiled graphs: one per MLA form for a layer kind, else one (key None)."""
+    def compiled(self, kind: GraphKind) -> Any:
         if kind not in self._compiled:
-            forms: tuple[AttentionForm | None, ...] = tuple(AttentionForm) if kind in LAYER_KINDS else (None,)
             self.progress(
-                f"max: compiling {kind.value} graph{'s' if len(forms) > 1 else ''} (first run on "
-                f"this cache dir: {_FIRST_RUN_HINT[kind]} on 2 cores; later runs hit the cache)..."
+                f"max: compiling {kind.value} graph (first run on this cache dir: "
+                f"{_FIRST_RUN_HINT[kind]} on 2 cores; later runs hit the cache)..."
             )
             start = time.perf_counter()
-            self._compiled[kind] = {
-                form: self.session.compile(build_graph(GraphSpec(kind, self.cfg, self.weight_dtype,
-                                                                 self.device_ref, form)))
-                for form in forms}
+            graph = build_graph(GraphSpec(kind, self.cfg, self.weight_dtype, self.device_ref))
+            self._compiled[kind] = self.session.compile(graph)
             seconds = time.perf_counter() - start
             self.compile_seconds[kind.value] = seconds
             self.progress(f"max: {kind.value} graph ready in {seconds:.1f} s")
         return self._compiled[kind]
 
     def bind(self, kind: GraphKind, registry: dict[str, np.ndarray]) -> BoundModel:
-        """The kind's graph(s) bound to `registry`; the caller owns it, and dropping it frees
-        the weights. A layer kind binds one model per MLA form over the same buffers."""
+        """A model bound to `registry`; the caller owns it, and dropping it frees the weights."""
         buffers = {
             name: self._weight_buffer(arr.T if name in LINEAR_WEIGHTS else arr) for name, arr in registry.items()
         }
-        models = {form: self.session.init(compiled, weights_registry=buffers)
-                  for form, compiled in self.compiled(kind).items()}
-        return BoundModel(models, buffers)
+        return BoundModel(self.session.init(self.compiled(kind), weights_registry=buffers), buffers)
 
     def _weight_buffer(self, array: np.ndarray) -> Any:
         array = np.ascontiguousarray(array, dtype=np.float32)
@@ -139,9 +129,11 @@ class Runtime:
             registry[down_name] = np.ascontiguousarray(moe.experts_down[expert].T)  # [I, H]
         return self.bind(GraphKind.EXPERT, registry)
 
-    def run(self, bound: BoundModel, *arrays: np.ndarray, form: AttentionForm | None = None) -> list[np.ndarray]:
-        """Executes the bound graph (a layer kind's: the one of `form`) on `arrays`."""
-        outputs = bound.models[form].execute(*(self._input(a) for a in arrays))
+    def run(self, bound: BoundModel, *arrays: np.ndarray, host_flags: tuple[bool, ...] = ()) -> list[np.ndarray]:
+        """Executes with `arrays` on the device and `host_flags` (branch switches, bool scalars)
+        on the host. (A 0-d numpy bool cannot go through `Buffer.from_numpy` in max 26.7.)"""
+        flags = (Buffer.scalar(bool(flag), DType.bool, CPU()) for flag in host_flags)
+        outputs = bound.model.execute(*(self._input(a) for a in arrays), *flags)
         if self.on_host:
             return [out.to_numpy() for out in outputs]
         return [out.to(CPU()).to_numpy() for out in outputs]
@@ -151,36 +143,45 @@ class Runtime:
         return buffer if self.on_host else buffer.to(self.device)
 
     def run_moe(self, bound: BoundModel, experts: BoundModel, *arrays: np.ndarray,
-                form: AttentionForm) -> list[np.ndarray]:
+                host_flags: tuple[bool, ...] = ()) -> list[np.ndarray]:
         """MoE layer graph, then the routed-experts graph once over every expert's rows;
         returns [hidden, new_latent, new_k_rope, expert_ids]."""
-        hidden, latent, k_rope, ids, x, weights = self.run(bound, *arrays, form=form)
-        rows, routing = group_by_expert(ids, weights, self.cfg.n_routed_experts)
+        hidden, latent, k_rope, ids, x, weights = self.run(bound, *arrays, host_flags=host_flags)
+        rows, routing, used = group_by_expert(ids, weights, self.cfg.n_routed_experts)
         inputs = [hidden, x]
         for expert_rows, expert_weights in zip(rows, routing, strict=True):
             inputs += [expert_rows, expert_weights]
-        (hidden,) = self.run(experts, *inputs)
+        (hidden,) = self.run(experts, *inputs, host_flags=tuple(used))
         return [hidden, latent, k_rope, ids]
 
 
 def group_by_expert(ids: np.ndarray, weights: np.ndarray, experts: int
-                    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per expert: the rows routed to it (int32, ascending; empty when none picked it) and
-    their routing weights (float32)."""
+                    ) -> tuple[list[np.ndarray], list[np.ndarray], list[bool]]:
+    """Per expert: the rows routed to it (int32, ascending), their routing weights (float32),
+    and whether it has any. An expert without rows gets a one-element placeholder (row 0,
+    weight 0) that its skipped branch never reads."""
     k = ids.shape[1]
     flat = ids.reshape(-1)
     order = np.argsort(flat, kind="stable")
     bounds = np.searchsorted(flat[order], np.arange(experts + 1))
     flat_weights = weights.reshape(-1).astype(np.float32, copy=False)
-    picks = [order[bounds[e]:bounds[e + 1]] for e in range(experts)]
-    # a row picks an expert at most once
-    return ([(p // k).astype(np.int32) for p in picks],
-            [np.ascontiguousarray(flat_weights[p]) for p in picks])
+    rows, routing, used = [], [], []
+    for expert in range(experts):
+        picks = order[bounds[expert]:bounds[expert + 1]]
+        if picks.size == 0:
+            rows.append(np.zeros(1, np.int32))
+            routing.append(np.zeros(1, np.float32))
+            used.append(False)
+            continue
+        rows.append((picks // k).astype(np.int32))  # a row picks an expert at most once
+        routing.append(np.ascontiguousarray(flat_weights[picks]))
+        used.append(True)
+    return rows, routing, used
 
 
 @dataclass(frozen=True)
 class BoundModel:
-    models: dict[AttentionForm | None, Any]  # a layer kind's: one per form; else {None: model}
+    model: Any
     buffers: dict[str, Any]  # the registry; must live as long as the model
 
 
