@@ -26,13 +26,15 @@ from libs.model.max_graphs import (
 )
 from libs.model.weights import LayerWeights, MoeWeights
 
-# First-run compile times measured on a shared 2-core x86 host (physical, max 26.7.0, tiny and
-# small presets; load average 5-8, and 10-15 for the two-form MoE layer and grouped-expert graphs:
-# 1,067 s and 417 s on small), shown before a compile that may miss the cache.
+# First-run compile times, shown before a compile that may miss the cache. Measured fully cold
+# (empty MAX and Mojo caches, as on a fresh machine) on a 2-core x86 host at load average
+# 1.5-1.6 (physical, max 26.7.0, `fornax max warmup`, tiny-lora-yarn preset): embed 30 s,
+# final 78 s, dense_layer 149 s, moe_layer 153 s, expert 134 s. Under load 10-15 the small
+# preset's moe_layer and expert graphs took 1,067 s and 417 s.
 _FIRST_RUN_HINT = {
     GraphKind.EMBED: "under 1 min",
     GraphKind.DENSE_LAYER: "2-5 min",
-    GraphKind.MOE_LAYER: "5-18 min",
+    GraphKind.MOE_LAYER: "3-18 min",
     GraphKind.FINAL: "1-4 min",
     GraphKind.EXPERT: "2-7 min",
 }
