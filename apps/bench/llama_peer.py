@@ -6,6 +6,11 @@ streams OpenAI `/v1/completions` requests with the same prompt token ids Fornax 
 `ignore_eos` so each request produces exactly the asked-for tokens, as Fornax and transformers do).
 Figures are physical measurements of the binary on this host, like the other setups'.
 
+Every request sets `cache_prompt: false`: llama-server otherwise keeps each slot's prompt and,
+when the bench repeats a level with the same prompts, prefills only what differs (all but one
+token), which Fornax and transformers do not get. A stream whose usage still reports cached
+prompt tokens (`prompt_tokens_details.cached_tokens`) fails the run (`PEER_PROMPT_CACHE`).
+
 Beside the timed streams, `greedy_token_ids` asks the native `/completion` endpoint for each
 prompt's generated token ids (untimed), and `greedy_agreement` compares them with Fornax's: the
 ratio compares like with like only when both engines produce the same greedy continuations.
@@ -128,7 +133,7 @@ class LlamaServer:
 async def _stream_one(session: aiohttp.ClientSession, base_url: str, ids: tuple[int, ...],
                       max_tokens: int) -> tuple[int, float, list[float], str]:
     body = {"prompt": list(ids), "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "cache_prompt": False, "stream_options": {"include_usage": True}}
     started, stamps, text, usage_tokens = time.perf_counter(), [], [], None
     async with session.post(f"{base_url}/v1/completions", json=body) as response:
         if response.status != 200:
@@ -141,6 +146,7 @@ async def _stream_one(session: aiohttp.ClientSession, base_url: str, ids: tuple[
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 usage_tokens = int(chunk["usage"].get("completion_tokens", 0))
+                _refuse_cached_prompt(chunk["usage"])
             choices = chunk.get("choices") or []
             if choices:
                 stamps.append(time.perf_counter())
@@ -148,6 +154,14 @@ async def _stream_one(session: aiohttp.ClientSession, base_url: str, ids: tuple[
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
     count = usage_tokens if usage_tokens is not None else len(stamps)
     return count, (stamps[0] - started) if stamps else float("nan"), gaps, "".join(text)
+
+
+def _refuse_cached_prompt(usage: dict) -> None:
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    if cached:
+        raise PeerError("PEER_PROMPT_CACHE", f"llama-server reused {cached} cached prompt tokens of "
+                                             f"{usage.get('prompt_tokens')} despite cache_prompt=false; "
+                                             "its figures would not be comparable")
 
 
 async def greedy_token_ids(base_url: str, batch: list[tuple[int, ...]],

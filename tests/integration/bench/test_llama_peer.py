@@ -51,6 +51,28 @@ def test_the_peer_streams_exactly_the_asked_tokens_for_every_prompt(peer_files):
     assert figures.summary()["output_tokens_per_s"] > 0
 
 
+def test_a_repeated_level_is_prefilled_again_not_served_from_the_prompt_cache(peer_files):
+    # The stand-in, like llama-server, answers a repeated prompt from its cache unless the
+    # request turns that off; a second repeat of the same level must not be.
+    server, gguf = peer_files
+    batch = [tuple(range(100 + i, 132 + i)) for i in range(3)]
+    with LlamaServer(LlamaPeerOptions(server, gguf, slots=3, startup_timeout_s=60)) as peer:
+        first, _ = asyncio.run(drive(peer.base_url, batch, 3))
+        second, _ = asyncio.run(drive(peer.base_url, batch, 3))
+    assert first.output_tokens == second.output_tokens == 9
+
+
+def test_a_peer_that_serves_prompts_from_its_cache_anyway_fails_the_run(tmp_path, peer_files):
+    _, gguf = peer_files
+    server = _executable(tmp_path / "caching-server", f'exec "{sys.executable}" "{FAKE}" --always-cache "$@"')
+    batch = [tuple(range(100 + i, 132 + i)) for i in range(2)]
+    with LlamaServer(LlamaPeerOptions(server, gguf, slots=2, startup_timeout_s=60)) as peer:
+        asyncio.run(drive(peer.base_url, batch, 3))  # first sight of each prompt: nothing cached
+        with pytest.raises(PeerError) as caught:
+            asyncio.run(drive(peer.base_url, batch, 3))
+    assert caught.value.reason == "PEER_PROMPT_CACHE" and "31 cached prompt tokens of 32" in str(caught.value)
+
+
 def test_the_peer_gives_each_prompts_greedy_token_ids(peer_files):
     server, gguf = peer_files
     batch = [tuple(range(100 + i, 132 + i)) for i in range(3)]
