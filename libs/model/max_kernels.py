@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 CACHE_DIR_ENV = "FORNAX_COMPILE_CACHE_DIR"
 DEVICES = ("cpu", "gpu")
 WEIGHT_DTYPES = ("float32", "bfloat16")
+# Weight formats the MAX graphs run in-graph, and the graph weight dtype each needs.
+GRAPH_DTYPE_OF_FORMAT = {"fp32": "float32", "bf16": "bfloat16"}
 ATTENTION_FORMS = ("auto", "absorbed", "expanded")
 
 ProgressFn = Callable[[str], None]
@@ -59,8 +61,9 @@ def stderr_progress(message: str) -> None:
 @dataclass(frozen=True)
 class MaxOptions:
     device: str = "cpu"
-    # "bfloat16": bf16 weights and bf16 linear products; norms, softmax, router stay float32
-    weight_dtype: str = "float32"
+    # "bfloat16": bf16 weights and bf16 linear products; softmax and norms compute in float32.
+    # "auto": bfloat16 when the stage's weights are stored bf16, float32 when they are float32.
+    weight_dtype: str = "auto"
     # MLA form per microbatch: "auto" (the cheaper by `mla_forms.choose_form`), or one form
     # for every microbatch ("absorbed" / "expanded"), for tests and measurements
     attention_form: str = "auto"
@@ -76,6 +79,20 @@ def max_build() -> str:
         raise BackendUnavailableError("the max package is not installed") from exc
 
 
+def weight_dtype_for(weights: StageWeights) -> str:
+    """The graph weight dtype a stage's stored formats run in; a format with no MAX kernel is
+    refused (`WEIGHT_FORMAT_UNSUPPORTED`), never widened to float32."""
+    from libs.weights.errors import WeightFormatUnsupportedError
+
+    formats = weights.formats()
+    unsupported = sorted(formats - set(GRAPH_DTYPE_OF_FORMAT))
+    if unsupported:
+        raise WeightFormatUnsupportedError(
+            f"the MAX backend runs {', '.join(GRAPH_DTYPE_OF_FORMAT)} weights in-graph; this stage holds "
+            f"{', '.join(unsupported)} (build it for a numpy stage, or with --weights bf16 / fp32)")
+    return "bfloat16" if "bf16" in formats else "float32"
+
+
 def make_max_kernels(
     cfg: DeepseekV2Config, weights: StageWeights, device: str = "cpu", options: MaxOptions | None = None
 ) -> MaxKernels:
@@ -83,6 +100,8 @@ def make_max_kernels(
     opts = options or MaxOptions(device=device)
     if opts.device != device:
         opts = replace(opts, device=device)
+    if opts.weight_dtype == "auto":
+        opts = replace(opts, weight_dtype=weight_dtype_for(weights))
     return MaxKernels(cfg, weights, opts)
 
 

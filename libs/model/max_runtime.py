@@ -25,6 +25,8 @@ from libs.model.max_graphs import (
     mlp_weight_shapes,
 )
 from libs.model.weights import LayerWeights, MoeWeights
+from libs.weights.errors import WeightFormatUnsupportedError
+from libs.weights.tensor import PackedWeight, Weight, dense
 
 # First-run compile times, shown before a compile that may miss the cache. Measured fully cold
 # (empty MAX and Mojo caches, as on a fresh machine) on a 2-core x86 host at load average
@@ -103,33 +105,50 @@ class Runtime:
             self.progress(f"max: {kind.value} graph ready in {seconds:.1f} s")
         return self._compiled[kind]
 
-    def bind(self, kind: GraphKind, registry: dict[str, np.ndarray]) -> BoundModel:
+    def bind(self, kind: GraphKind, registry: dict[str, Weight]) -> BoundModel:
         """A model bound to `registry`; the caller owns it, and dropping it frees the weights."""
         buffers = {
-            name: self._weight_buffer(arr.T if name in LINEAR_WEIGHTS else arr) for name, arr in registry.items()
+            name: self._weight_buffer(self.graph_array(w).T if name in LINEAR_WEIGHTS else self.graph_array(w))
+            for name, w in registry.items()
         }
         return BoundModel(self.session.init(self.compiled(kind), weights_registry=buffers), buffers)
 
+    def graph_array(self, w: Weight) -> np.ndarray:
+        """The weight in the graph's stored dtype: float32, or bf16 bit patterns (uint16).
+
+        bf16 weights go in as their stored bits, never through a float32 copy; a float32 tensor
+        (a norm, the router) in a bf16 graph is rounded to bf16. Formats the graphs have no
+        kernel for are refused, never widened."""
+        if isinstance(w, PackedWeight):
+            if w.fmt.name == "bf16" and self.weight_dtype == DType.bfloat16:
+                return w.data
+            raise WeightFormatUnsupportedError(
+                f"the MAX stage runs {self.weight_dtype} graphs; it has no kernel for {w.fmt.name} weights")
+        array = np.ascontiguousarray(w, dtype=np.float32)
+        return _to_bf16_bits(array) if self.weight_dtype == DType.bfloat16 else array
+
     def _weight_buffer(self, array: np.ndarray) -> Any:
-        array = np.ascontiguousarray(array, dtype=np.float32)
-        if self.weight_dtype == DType.bfloat16:
-            buffer = Buffer.from_numpy(_to_bf16_bits(array)).view(DType.bfloat16, array.shape)
+        array = np.ascontiguousarray(array)
+        if array.dtype == np.uint16:
+            buffer = Buffer.from_numpy(array).view(DType.bfloat16, array.shape)
         else:
             buffer = Buffer.from_numpy(array)
         return buffer if self.on_host else buffer.to(self.device)
 
     def bind_experts(self, moe: MoeWeights) -> BoundModel:
         """The routed-experts graph bound to one layer's experts, laid out once at load time."""
-        e, inter, h = moe.experts_gate.shape
-        registry = {}
-        for expert in range(e):
-            gate_up = np.empty((h, 2 * inter), np.float32)
-            gate_up[:, :inter] = moe.experts_gate[expert].T
-            gate_up[:, inter:] = moe.experts_up[expert].T
+        registry: dict[str, Weight] = {}
+        for expert in range(len(moe.experts_gate)):
+            gate, up = self.graph_array(moe.experts_gate[expert]), self.graph_array(moe.experts_up[expert])
             gate_up_name, down_name = expert_weight_names(expert)
-            registry[gate_up_name] = gate_up
-            registry[down_name] = np.ascontiguousarray(moe.experts_down[expert].T)  # [I, H]
-        return self.bind(GraphKind.EXPERT, registry)
+            registry[gate_up_name] = np.concatenate([gate, up], axis=0)  # [2I, H]; bound as [H, 2I]
+            registry[down_name] = self.graph_array(moe.experts_down[expert])  # [H, I]; bound as [I, H]
+        return self.bind_laid_out(GraphKind.EXPERT, registry)
+
+    def bind_laid_out(self, kind: GraphKind, registry: dict[str, Weight]) -> BoundModel:
+        """Like `bind` for a registry of [out, in] arrays that every entry transposes."""
+        buffers = {name: self._weight_buffer(np.ascontiguousarray(w.T)) for name, w in registry.items()}
+        return BoundModel(self.session.init(self.compiled(kind), weights_registry=buffers), buffers)
 
     def run(self, bound: BoundModel, *arrays: np.ndarray, host_flags: tuple[bool, ...] = ()) -> list[np.ndarray]:
         """Executes with `arrays` on the device and `host_flags` (branch switches, bool scalars)
@@ -194,7 +213,7 @@ def _to_bf16_bits(array: np.ndarray) -> np.ndarray:
     return ((bits + rounding) >> 16).astype(np.uint16)
 
 
-def layer_registry(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> dict[str, np.ndarray]:
+def layer_registry(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> dict[str, Weight]:
     """Graph weight name -> this layer's tensor (see `max_graphs` for names and layouts)."""
     registry = _layer_arrays(cfg, layer_index, w)
     expected = {**attention_weight_shapes(cfg), **mlp_weight_shapes(cfg, cfg.is_moe_layer(layer_index))}
@@ -203,7 +222,7 @@ def layer_registry(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> 
         if actual != shape:
             raise CheckpointError(f"layer {layer_index} weight {name}: shape {actual}, expected {shape}")
     heads, nope = cfg.num_attention_heads, cfg.qk_nope_head_dim
-    kv_b = registry.pop("kv_b_proj").reshape(heads, nope + cfg.v_head_dim, cfg.kv_lora_rank)
+    kv_b = dense(registry.pop("kv_b_proj")).reshape(heads, nope + cfg.v_head_dim, cfg.kv_lora_rank)
     registry["kv_b_k"] = np.ascontiguousarray(kv_b[:, :nope, :])
     registry["kv_b_v"] = np.ascontiguousarray(kv_b[:, nope:, :].transpose(0, 2, 1))
     rank = cfg.kv_lora_rank
@@ -212,9 +231,9 @@ def layer_registry(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> 
     return registry
 
 
-def _layer_arrays(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> dict[str, np.ndarray]:
+def _layer_arrays(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> dict[str, Weight]:
     a = w.attention
-    registry = {
+    registry: dict[str, Weight] = {
         "input_layernorm": w.input_norm,
         "post_attention_layernorm": w.post_attention_norm,
         "kv_a_proj_with_mqa": a.kv_a_proj,

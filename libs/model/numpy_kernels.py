@@ -1,4 +1,9 @@
-"""Float32 numpy reference implementation of the stage kernel protocol."""
+"""Numpy reference implementation of the stage kernel protocol.
+
+Float32 math throughout. A weight held in a compact format (bf16, a GGUF block format) is
+decoded from its stored bytes for the product that uses it and dropped after it, so the
+reference defines the math of a quantized model and never keeps a float32 copy of one.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from libs.model.config import DeepseekV2Config
 from libs.model.kernels import LayerInputs, LayerOutputs
 from libs.model.rope import apply_rope
 from libs.model.weights import AttentionWeights, MoeWeights, StageWeights, SwiGluWeights
+from libs.weights.tensor import Weight, dense, rows_of
 
 # Hugging Face builds q_a_layernorm and kv_a_layernorm with the RMSNorm default epsilon,
 # not config.rms_norm_eps.
@@ -26,8 +32,13 @@ def silu(x: np.ndarray) -> np.ndarray:
     return (x * (np.float32(0.5) * (1 + np.tanh(np.float32(0.5) * x)))).astype(np.float32)
 
 
+def linear(x: np.ndarray, w: Weight) -> np.ndarray:
+    """x @ wᵀ for an [out, in] weight in any stored format."""
+    return x @ dense(w).T
+
+
 def swiglu(x: np.ndarray, w: SwiGluWeights) -> np.ndarray:
-    return (silu(x @ w.gate.T) * (x @ w.up.T)) @ w.down.T
+    return linear(silu(linear(x, w.gate)) * linear(x, w.up), w.down)
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -49,8 +60,8 @@ class Routing:
     weights: np.ndarray     # float32 [R, k]
 
 
-def route(cfg: DeepseekV2Config, x: np.ndarray, router: np.ndarray) -> Routing:
-    scores = softmax(x @ router.T)
+def route(cfg: DeepseekV2Config, x: np.ndarray, router: Weight) -> Routing:
+    scores = softmax(linear(x, router))
     k = cfg.num_experts_per_tok
     choice = scores
     if cfg.topk_method == "group_limited_greedy":
@@ -81,7 +92,7 @@ def moe(cfg: DeepseekV2Config, x: np.ndarray, w: MoeWeights) -> tuple[np.ndarray
         picked = order[bounds[e] : bounds[e + 1]]
         rows = flat_rows[picked]  # unique within one expert: top-k ids are distinct
         xe = x[rows]
-        he = (silu(xe @ w.experts_gate[e].T) * (xe @ w.experts_up[e].T)) @ w.experts_down[e].T
+        he = linear(silu(linear(xe, w.experts_gate[e])) * linear(xe, w.experts_up[e]), w.experts_down[e])
         out[rows] += he * flat_weights[picked][:, None]
     if w.shared is not None:
         out = out + swiglu(x, w.shared)
@@ -92,31 +103,31 @@ def mla_attention(cfg: DeepseekV2Config, x: np.ndarray, w: AttentionWeights, inp
     rows, heads = x.shape[0], cfg.num_attention_heads
     nope, rope_dim, v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
     if w.q_proj is not None:
-        q = x @ w.q_proj.T
+        q = linear(x, w.q_proj)
     else:
         q_a_proj, q_a_norm, q_b_proj = w.query_lora()
-        q = rms_norm(x @ q_a_proj.T, q_a_norm, LATENT_NORM_EPS) @ q_b_proj.T
+        q = linear(rms_norm(linear(x, q_a_proj), q_a_norm, LATENT_NORM_EPS), q_b_proj)
     q = q.reshape(rows, heads, nope + rope_dim)
     q_nope, q_pe = q[..., :nope], apply_rope(q[..., nope:], inp.rope_cos, inp.rope_sin)
-    compressed = x @ w.kv_a_proj.T
+    compressed = linear(x, w.kv_a_proj)
     latent = rms_norm(compressed[:, : cfg.kv_lora_rank], w.kv_a_norm, LATENT_NORM_EPS)
     k_pe = apply_rope(compressed[:, cfg.kv_lora_rank :], inp.rope_cos, inp.rope_sin)
     all_latent = np.concatenate([inp.past_latent, latent], axis=0)   # [T, C]
     all_k_pe = np.concatenate([inp.past_k_rope, k_pe], axis=0)       # [T, rope]
     # Absorbed form: fold kv_b_proj into the query and the output instead of expanding every
     # cached latent into per-head keys and values (same math, far less work for decode).
-    kv_b = w.kv_b_proj.reshape(heads, nope + v_dim, cfg.kv_lora_rank)
+    kv_b = dense(w.kv_b_proj).reshape(heads, nope + v_dim, cfg.kv_lora_rank)
     q_latent = np.matmul(q_nope.transpose(1, 0, 2), kv_b[:, :nope, :])        # [H, R, C]
     scores = np.matmul(q_latent, all_latent.T) + np.matmul(q_pe.transpose(1, 0, 2), all_k_pe.T)
     probs = softmax(scores * np.float32(cfg.softmax_scale()) + inp.mask[None, :, :])  # [H, R, T]
     context = np.matmul(probs, all_latent)                                      # [H, R, C]
     attended = np.matmul(context, kv_b[:, nope:, :].transpose(0, 2, 1))         # [H, R, v]
     attended = attended.transpose(1, 0, 2).reshape(rows, heads * v_dim)
-    return attended @ w.o_proj.T, latent, k_pe
+    return linear(attended, w.o_proj), latent, k_pe
 
 
 class NumpyKernels:
-    """Reference backend; weights stay float32 in host memory."""
+    """Reference backend; weights stay in their stored format in host memory."""
 
     name = "numpy"
 
@@ -128,7 +139,7 @@ class NumpyKernels:
     def embed(self, token_ids: np.ndarray) -> np.ndarray:
         if self.weights.embed is None:
             raise ValueError("this stage does not own the embeddings")
-        return np.ascontiguousarray(self.weights.embed[token_ids.astype(np.int64)])
+        return np.ascontiguousarray(rows_of(self.weights.embed, token_ids.astype(np.int64)), dtype=np.float32)
 
     def decoder_layer(self, layer_index: int, inputs: LayerInputs) -> LayerOutputs:
         lw = self.weights.layer(layer_index)
@@ -148,7 +159,7 @@ class NumpyKernels:
         if self.weights.final_norm is None or self.weights.lm_head is None:
             raise ValueError("this stage does not own the final norm and LM head")
         normed = rms_norm(hidden, self.weights.final_norm, self.cfg.rms_norm_eps)
-        return np.ascontiguousarray(normed @ self.weights.lm_head.T, dtype=np.float32)
+        return np.ascontiguousarray(linear(normed, self.weights.lm_head), dtype=np.float32)
 
 
 def make_numpy_kernels(cfg: DeepseekV2Config, weights: StageWeights, device: str = "cpu") -> NumpyKernels:

@@ -43,6 +43,12 @@ def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
 
 def read_header(path: Path) -> tuple[dict[str, HeaderEntry], int]:
     """Header entries and the absolute byte offset of the data section."""
+    entries, start, _ = read_header_and_metadata(path)
+    return entries, start
+
+
+def read_header_and_metadata(path: Path) -> tuple[dict[str, HeaderEntry], int, dict[str, str]]:
+    """Header entries, the absolute offset of the data section, and the `__metadata__` strings."""
     try:
         handle = open(path, "rb")
     except OSError as exc:
@@ -59,9 +65,24 @@ def read_header(path: Path) -> tuple[dict[str, HeaderEntry], int]:
                 for name, meta in header.items()
                 if name != "__metadata__"
             }
+            metadata = {str(k): str(v) for k, v in (header.get("__metadata__") or {}).items()}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"{path} has a corrupt safetensors header: {exc}") from exc
-    return entries, 8 + length
+    return entries, 8 + length, metadata
+
+
+def map_tensor(path: Path, name: str, entries: dict[str, HeaderEntry], data_start: int) -> np.ndarray:
+    """A read-only map of one tensor's stored array (no copy; the page cache is shared)."""
+    entry = entries.get(name)
+    if entry is None:
+        raise CheckpointError(f"{path.name} lacks tensor {name}")
+    if entry.dtype not in _ITEM_BYTES:
+        raise CheckpointError(f"tensor {name}: dtype {entry.dtype} is not supported")
+    dtype = np.uint16 if entry.dtype == "BF16" else _NUMPY_DTYPES[entry.dtype]
+    count = int(np.prod(entry.shape, dtype=np.int64))
+    if entry.end - entry.begin != count * _ITEM_BYTES[entry.dtype]:
+        raise CheckpointError(f"tensor {name}: dtype {entry.dtype} / byte size {entry.end - entry.begin} inconsistent")
+    return np.memmap(path, dtype=dtype, mode="r", offset=data_start + entry.begin, shape=entry.shape)
 
 
 def read_tensors_float32(path: Path, names: Iterable[str]) -> dict[str, np.ndarray]:

@@ -1,0 +1,1 @@
+"""Weight formats: GGUF block layouts, their codecs, per-tensor policies and compact tensors."""

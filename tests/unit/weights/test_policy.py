@@ -1,0 +1,50 @@
+"""Policies choose formats per tensor class as llama.cpp's presets do, with its fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+
+from libs.weights.errors import UnknownWeightPolicyError
+from libs.weights.policy import choose, use_more_bits
+
+LITE_LAYERS = 27
+
+
+def fmt(policy, name, shape, layers=LITE_LAYERS):
+    return choose(policy, name, shape, layers).fmt.name
+
+
+def test_norms_and_router_stay_float32_under_every_policy():
+    for policy in ("fp32", "bf16", "q8_0", "q4_k_m"):
+        assert fmt(policy, "model.layers.3.input_layernorm.weight", (2048,)) == "fp32"
+        assert fmt(policy, "model.layers.3.mlp.gate.weight", (64, 2048)) == "fp32"
+
+
+def test_q4_k_m_on_lite_shapes():
+    assert fmt("q4_k_m", "model.layers.5.mlp.experts.9.gate_proj.weight", (1408, 2048)) == "q4_k"
+    assert fmt("q4_k_m", "model.layers.5.self_attn.q_proj.weight", (3072, 2048)) == "q4_k"
+    assert fmt("q4_k_m", "model.layers.5.self_attn.kv_b_proj.weight", (4096, 512)) == "q6_k"
+    assert fmt("q4_k_m", "model.embed_tokens.weight", (102400, 2048)) == "q8_0"
+    assert fmt("q4_k_m", "lm_head.weight", (102400, 2048)) == "q8_0"
+    # V2-Lite's expert down rows are 1,408 long: not a 256 multiple, so Q4_K -> Q5_0 (llama.cpp)
+    choice = choose("q4_k_m", "model.layers.4.mlp.experts.9.down_proj.weight", (2048, 1408), LITE_LAYERS)
+    assert (choice.wanted, choice.fmt.name) == ("q4_k", "q5_0")
+    assert "1408" in choice.fallback and "q5_0" in choice.fallback
+    more = choose("q4_k_m", "model.layers.1.mlp.experts.9.down_proj.weight", (2048, 1408), LITE_LAYERS)
+    assert (more.wanted, more.fmt.name) == ("q6_k", "q8_0")
+
+
+def test_use_more_bits_matches_llama_cpp_for_27_layers():
+    picked = [i for i in range(27) if use_more_bits(i, 27)]
+    assert picked == [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26]
+
+
+def test_rows_that_fit_no_block_become_f16():
+    assert fmt("q8_0", "model.layers.0.self_attn.o_proj.weight", (64, 48)) == "f16"
+    assert fmt("bf16", "model.layers.0.self_attn.o_proj.weight", (64, 48)) == "bf16"
+
+
+def test_unknown_policy_is_refused_with_its_code():
+    with pytest.raises(UnknownWeightPolicyError) as info:
+        choose("q4_k_s", "lm_head.weight", (8, 256), 4)
+    assert info.value.reason == "WEIGHT_POLICY_UNKNOWN"
