@@ -17,7 +17,7 @@ from typing import Any
 
 from libs.artifacts.errors import ManifestInvalidError
 
-MANIFEST_SCHEMA = "fornax.stage_manifest.v1"
+MANIFEST_SCHEMA = "fornax.stage_manifest.v2"
 MANIFEST_FILE = "manifest.json"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -74,10 +74,28 @@ class BoundarySide:
 
 
 @dataclass(frozen=True)
+class TensorFormat:
+    """How a tensor is stored: its weight format (`libs.weights.formats`), logical shape, block,
+    scale dtype, the source dtype it was made from and who wrote the bytes. `wanted` is the
+    policy's choice; `fallback` says why `format` differs from it ("" when it does not)."""
+
+    format: str
+    logical_shape: tuple[int, ...]
+    block_size: int
+    scale_dtype: str
+    source_dtype: str
+    quantizer: str
+    wanted: str
+    fallback: str
+
+
+@dataclass(frozen=True)
 class ManifestTensor:
     """A tensor of the artifact; offsets are relative to the safetensors data section.
 
-    `source_name` differs from `name` only for a declared tied copy.
+    `dtype` and `shape` are the stored safetensors entry's (U8 [rows, row bytes] for a block
+    format); `weight_format` gives the logical tensor. `source_name` differs from `name` only
+    for a declared tied copy.
     """
 
     name: str
@@ -88,6 +106,7 @@ class ManifestTensor:
     data_end: int
     source_name: str
     source_file: str
+    weight_format: TensorFormat
 
 
 @dataclass(frozen=True)
@@ -104,6 +123,7 @@ class StageManifest:
     source: SourceLineage
     boundary_input: BoundarySide
     boundary_output: BoundarySide
+    weights_policy: str
     weight_bytes: int
     files: tuple[FileRecord, ...]
     tensors: tuple[ManifestTensor, ...]

@@ -11,7 +11,9 @@ checks run in a fixed order so that each kind of damage gets its own reason code
 5. sizes: shorter is a truncation              ARTIFACT_TRUNCATED / ARTIFACT_SIZE_MISMATCH
 6. sha256 of every file                        ARTIFACT_CHECKSUM_MISMATCH
 7. the safetensors header agrees with the
-   manifest's tensor table                     ARTIFACT_LAYOUT_MISMATCH
+   manifest's tensor table, and each tensor's
+   weight format (stored shape, the file's
+   format table) with its manifest record      ARTIFACT_LAYOUT_MISMATCH
 """
 
 from __future__ import annotations
@@ -137,3 +139,30 @@ def _check_tensor_table(root: Path, manifest: StageManifest) -> None:
         if found != expected:
             differing = sorted(set(found.items()) ^ set(expected.items()))[:3]
             raise ArtifactLayoutMismatchError(f"{root / name}: header disagrees with manifest: {differing}")
+        _check_formats(root / name, dict(header.metadata), [t for t in manifest.tensors if t.file == name])
+
+
+def _check_formats(path: Path, metadata: dict[str, str], tensors: list) -> None:
+    """Each tensor's stored entry holds its recorded format, and the file's format table (what
+    the loader reads) names exactly the manifest's non-float32 formats."""
+    from libs.weights.codecs import stored_shape
+    from libs.weights.formats import FORMATS
+    from libs.weights.metadata import decode_formats
+
+    try:
+        table = decode_formats(metadata)
+    except FornaxError as exc:
+        raise ArtifactLayoutMismatchError(f"{path}: {exc.message}") from exc
+    recorded = {}
+    for t in tensors:
+        wf = t.weight_format
+        fmt = FORMATS.get(wf.format)
+        if fmt is None or tuple(t.shape) != stored_shape(fmt, tuple(wf.logical_shape)):
+            raise ArtifactLayoutMismatchError(
+                f"{path}: tensor {t.name!r} stored as {t.dtype}{list(t.shape)} cannot hold "
+                f"{wf.format}{list(wf.logical_shape)}")
+        if wf.format != "fp32":
+            recorded[t.name] = (wf.format, tuple(wf.logical_shape))
+    if table != recorded:
+        differing = sorted(set(table.items()) ^ set(recorded.items()))[:3]
+        raise ArtifactLayoutMismatchError(f"{path}: the file's weight formats disagree with the manifest: {differing}")

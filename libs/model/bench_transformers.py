@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from libs.model.config import DeepseekV2Config
 from libs.model.weights import StageWeights
+from libs.weights.tensor import Weight, dense
 
 EXPERTS_IMPLEMENTATION = "grouped_mm"
 
@@ -47,8 +49,9 @@ def _load_layer_weights(layer, cfg: DeepseekV2Config, weights: StageWeights, ind
     else:
         m = lw.moe
         pairs += [(layer.mlp.gate.weight, m.router),
-                  (layer.mlp.experts.gate_up_proj, np.concatenate([m.experts_gate, m.experts_up], axis=1)),
-                  (layer.mlp.experts.down_proj, m.experts_down)]
+                  (layer.mlp.experts.gate_up_proj,
+                   np.concatenate([_dense_stack(m.experts_gate), _dense_stack(m.experts_up)], axis=1)),
+                  (layer.mlp.experts.down_proj, _dense_stack(m.experts_down))]
         if m.shared is not None:
             s = layer.mlp.shared_experts
             pairs += [
@@ -58,7 +61,12 @@ def _load_layer_weights(layer, cfg: DeepseekV2Config, weights: StageWeights, ind
             ]
     with torch.no_grad():
         for param, value in pairs:
-            param.copy_(t(np.ascontiguousarray(value)))
+            # a packed weight runs dequantized: the reference of the same quantized model
+            param.copy_(t(np.ascontiguousarray(dense(value))))
+
+
+def _dense_stack(stack: Sequence[Weight]) -> np.ndarray:
+    return stack if isinstance(stack, np.ndarray) else np.stack([dense(w) for w in stack])
 
 
 def transformers_runner(checkpoint: Path, cfg: DeepseekV2Config, weights: StageWeights):

@@ -137,7 +137,7 @@ class Runtime:
 
     def bind_experts(self, moe: MoeWeights) -> BoundModel:
         """The routed-experts graph bound to one layer's experts, laid out once at load time."""
-        registry: dict[str, Weight] = {}
+        registry: dict[str, np.ndarray] = {}
         for expert in range(len(moe.experts_gate)):
             gate, up = self.graph_array(moe.experts_gate[expert]), self.graph_array(moe.experts_up[expert])
             gate_up_name, down_name = expert_weight_names(expert)
@@ -145,8 +145,8 @@ class Runtime:
             registry[down_name] = self.graph_array(moe.experts_down[expert])  # [H, I]; bound as [I, H]
         return self.bind_laid_out(GraphKind.EXPERT, registry)
 
-    def bind_laid_out(self, kind: GraphKind, registry: dict[str, Weight]) -> BoundModel:
-        """Like `bind` for a registry of [out, in] arrays that every entry transposes."""
+    def bind_laid_out(self, kind: GraphKind, registry: dict[str, np.ndarray]) -> BoundModel:
+        """Like `bind` for a registry of [out, in] arrays in the graph's dtype, all transposed."""
         buffers = {name: self._weight_buffer(np.ascontiguousarray(w.T)) for name, w in registry.items()}
         return BoundModel(self.session.init(self.compiled(kind), weights_registry=buffers), buffers)
 

@@ -88,7 +88,7 @@ def moe(cfg: DeepseekV2Config, x: np.ndarray, w: MoeWeights) -> tuple[np.ndarray
     flat_weights = routing.weights.reshape(-1)
     order = np.argsort(flat_experts, kind="stable")
     bounds = np.searchsorted(flat_experts[order], np.arange(cfg.n_routed_experts + 1))
-    for e in np.flatnonzero(np.diff(bounds)):
+    for e in map(int, np.flatnonzero(np.diff(bounds))):
         picked = order[bounds[e] : bounds[e + 1]]
         rows = flat_rows[picked]  # unique within one expert: top-k ids are distinct
         xe = x[rows]

@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -244,7 +245,7 @@ def _tensors_of(layer: LayerWeights) -> list[Weight]:
 def _stack(weights: list[Weight]) -> Sequence[Weight]:
     """One [n, ...] float32 array when every expert is float32; else the packed weights as a tuple."""
     if all(isinstance(w, np.ndarray) for w in weights):
-        return np.stack(weights)  # type: ignore[arg-type]
+        return cast(Sequence[Weight], np.stack(weights))  # type: ignore[arg-type]
     return tuple(weights)
 
 

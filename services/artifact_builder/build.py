@@ -43,12 +43,15 @@ from libs.artifacts.manifest import (
     encode_manifest,
     manifest_hash,
 )
-from libs.artifacts.safetensors_format import PlannedTensor, copy_range, encode_header, layout_tensors
+from libs.artifacts.safetensors_format import encode_header, layout_tensors
 from libs.artifacts.verify import sha256_file, verify_artifact
 from libs.common.kinds import FLOAT_DTYPES, DType
 from libs.common.proto import dtype_pb_name
 from libs.model.config import DeepseekV2Config
+from libs.weights.metadata import FORMATS_METADATA_KEY, encode_formats
+from libs.weights.policy import DEFAULT_POLICY, require_policy
 from services.artifact_builder.durable import durable_rename, fsync_dir, sweep_stale_temps, temp_stage_prefix
+from services.artifact_builder.encode_weights import EncodedTensor, choose_formats, write_tensor
 from services.artifact_builder.errors import CheckpointChangedError, OutputDirError, PlanInvalidError
 from services.artifact_builder.snapshot import TOKENIZER_FILE, CheckpointSnapshot, Inspection, shard_stat
 from services.artifact_builder.staging import StageContents, StagePlan, assign_tensors
@@ -94,6 +97,12 @@ class BuildOptions:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     # Per hop (hop i carries stage i's output to stage i+1); empty = boundary_dtype everywhere.
     hop_dtypes: tuple[DType, ...] = ()
+    # The weight policy (`libs.weights.policy`), or one per stage (a mixed fleet).
+    weights_policy: str = DEFAULT_POLICY
+    stage_policies: tuple[str, ...] = ()
+
+    def stage_policy(self, stage_index: int) -> str:
+        return self.stage_policies[stage_index] if self.stage_policies else self.weights_policy
 
     def stage_dtypes(self, stage_index: int) -> tuple[DType, DType]:
         """(input, output) boundary dtypes of a stage; the ends of the route ignore theirs."""
@@ -120,21 +129,30 @@ def build_stage_artifacts(
         raise PlanInvalidError(f"{len(plan.stages)} stages need {len(plan.stages) - 1} hop dtypes from "
                                f"{', '.join(FLOAT_DTYPES)}, got {', '.join(options.hop_dtypes)}",
                                field="hop_boundary_dtypes")
+    if options.stage_policies and len(options.stage_policies) != len(plan.stages):
+        raise PlanInvalidError(f"{len(plan.stages)} stages need {len(plan.stages)} weight policies, "
+                               f"got {len(options.stage_policies)}", field="stage_weights_policies")
+    for policy in {options.weights_policy, *options.stage_policies}:
+        require_policy(policy)
     contents = assign_tensors(inspection.config, plan, inspection.by_name())
+    layers = inspection.config.num_hidden_layers
+    encoded = [choose_formats(c.tensors, options.stage_policy(c.stage.stage_index), layers) for c in contents]
     store = _prepare_store(options.out_dir)
     counter = _Counter(
         tensors_total=sum(len(c.tensors) for c in contents),
-        bytes_total=sum(c.weight_bytes for c in contents),
+        bytes_total=sum(t.nbytes() for stage in encoded for t in stage),
     )
     built = []
-    for stage in contents:
+    for stage, tensors in zip(contents, encoded, strict=True):
         tmp = Path(tempfile.mkdtemp(prefix=temp_stage_prefix(stage.stage.stage_index), dir=store))
         try:
             weights = yield from _write_weights(
-                inspection.snapshot, stage, tmp / WEIGHTS_FILE, options.chunk_bytes, counter
+                inspection.snapshot, stage, tensors, tmp / WEIGHTS_FILE, options.chunk_bytes, counter
             )
             _require_unchanged(inspection)
-            manifest = _manifest(inspection, plan, stage, tmp, weights, options.stage_dtypes(stage.stage.stage_index))
+            manifest = _manifest(inspection, plan, stage, tensors, tmp, weights,
+                                 options.stage_dtypes(stage.stage.stage_index),
+                                 options.stage_policy(stage.stage.stage_index))
             built.append(_commit(store, tmp, manifest, stage))
         finally:
             # Also runs when the consumer abandons the build (generator closed mid-stage).
@@ -187,22 +205,29 @@ class _HashingWriter:
         self.size_bytes += len(chunk)
 
 
+def weights_metadata(tensors: tuple[EncodedTensor, ...]) -> dict[str, str]:
+    """The file's `__metadata__`: every tensor not stored as plain float32, with its format."""
+    formats = {t.owned.name: (t.fmt.name, t.owned.source.shape) for t in tensors if t.fmt.name != "fp32"}
+    return {**SAFETENSORS_METADATA, FORMATS_METADATA_KEY: encode_formats(formats)} if formats else SAFETENSORS_METADATA
+
+
 def _write_weights(
-    snapshot: CheckpointSnapshot, stage: StageContents, path: Path, chunk_bytes: int, counter: _Counter
+    snapshot: CheckpointSnapshot, stage: StageContents, tensors: tuple[EncodedTensor, ...], path: Path,
+    chunk_bytes: int, counter: _Counter,
 ) -> Generator[BuildProgress, None, FileRecord]:
     """Yield progress per tensor; return the written file's record (hashed while writing)."""
-    entries = layout_tensors(PlannedTensor(t.name, t.source.dtype, t.source.shape) for t in stage.tensors)
+    entries = layout_tensors(t.planned() for t in tensors)
     handles: dict[str, BinaryIO] = {}
     try:
         with open(path, "wb") as out:
             writer = _HashingWriter(out)
-            writer.write(encode_header(entries, SAFETENSORS_METADATA))
-            for owned in stage.tensors:
-                src = owned.source
+            writer.write(encode_header(entries, weights_metadata(tensors)))
+            for tensor in tensors:
+                src = tensor.owned.source
                 if src.shard not in handles:
                     handles[src.shard] = open(snapshot.checkpoint_dir / src.shard, "rb")
-                copy_range(handles[src.shard], writer, src.offset, src.nbytes, chunk_bytes)
-                yield counter.advance(stage.stage.stage_index, src.nbytes)
+                write_tensor(handles[src.shard], tensor, writer.write, chunk_bytes)
+                yield counter.advance(stage.stage.stage_index, tensor.nbytes())
         return FileRecord(path=path.name, size_bytes=writer.size_bytes, sha256=writer.digest.hexdigest())
     finally:
         for fh in handles.values():
@@ -213,9 +238,11 @@ def _manifest(
     inspection: Inspection,
     plan: StagePlan,
     stage: StageContents,
+    encoded: tuple[EncodedTensor, ...],
     tmp: Path,
     weights: FileRecord,
     boundary_dtypes: tuple[DType, DType],
+    policy: str,
 ) -> StageManifest:
     snapshot, config = inspection.snapshot, inspection.config
     shutil.copyfile(snapshot.checkpoint_dir / CONFIG_FILE, tmp / CONFIG_FILE)
@@ -226,10 +253,11 @@ def _manifest(
     if stage.owns_head:
         records.append(_tokenizer_copy(snapshot, tmp))
     files = tuple(sorted(records, key=lambda r: r.path))
-    entries = layout_tensors(PlannedTensor(t.name, t.source.dtype, t.source.shape) for t in stage.tensors)
+    entries = layout_tensors(t.planned() for t in encoded)
     tensors = tuple(
-        ManifestTensor(e.name, e.dtype, e.shape, WEIGHTS_FILE, e.data_begin, e.data_end, t.source.name, t.source.shard)
-        for e, t in zip(entries, stage.tensors, strict=True)
+        ManifestTensor(e.name, e.dtype, e.shape, WEIGHTS_FILE, e.data_begin, e.data_end,
+                       t.owned.source.name, t.owned.source.shard, t.record())
+        for e, t in zip(entries, encoded, strict=True)
     )
     return StageManifest(
         schema=MANIFEST_SCHEMA,
@@ -244,7 +272,8 @@ def _manifest(
         source=_lineage(snapshot),
         boundary_input=_boundary_input(config, stage, dtype_pb_name(boundary_dtypes[0])),
         boundary_output=_boundary_output(config, stage, dtype_pb_name(boundary_dtypes[1])),
-        weight_bytes=stage.weight_bytes,
+        weights_policy=policy,
+        weight_bytes=sum(t.nbytes() for t in encoded),
         files=files,
         tensors=tensors,
     )
@@ -307,7 +336,7 @@ def _commit(store: Path, tmp: Path, manifest: StageManifest, stage: StageContent
         manifest_hash=digest,
         layer_start=stage.stage.layer_start,
         layer_end_exclusive=stage.stage.layer_end_exclusive,
-        weight_bytes=stage.weight_bytes,
+        weight_bytes=manifest.weight_bytes,
     )
 
 
