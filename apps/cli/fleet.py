@@ -28,6 +28,7 @@ from libs.security.cli_credentials import operator_credentials
 from libs.service.channels import ChannelConfig
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
 from libs.service.progress import Progress
+from libs.weights.policy import POLICIES
 
 BOUNDARY_DTYPES = ("bf16", "fp32")
 
@@ -44,6 +45,9 @@ def register(commands, benches) -> None:
                     help="stage execution backend (default numpy; a fleet file declares one per host)")
     up.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, default=None,
                     help="stage boundary dtype (default bf16; with --fleet, every hop the file does not set)")
+    up.add_argument("--weights", choices=POLICIES, default=None,
+                    help="weight policy of every stage: fp32 (default), bf16, q8_0 or q4_k_m; with --fleet, "
+                         "every host whose `weights:` the file does not set")
     up.add_argument("--fleet", help="fleet file: each host its own network namespace, cgroup and link (needs root)")
     up.add_argument("--checkpoint", help="checkpoint directory to serve")
     up.add_argument("--mode", choices=("exploratory", "deployment"), default="exploratory",
@@ -161,7 +165,8 @@ def _up_argv(args: argparse.Namespace) -> list[str]:
     argv = ["up", "--state-dir", str(Path(args.state_dir).resolve()),
             "--startup-timeout-s", str(args.startup_timeout_s), "--install-timeout-s", str(args.install_timeout_s)]
     for flag, value in (("--stages", args.stages), ("--backend", args.backend),
-                        ("--boundary-dtype", args.boundary_dtype), ("--http-port", args.http_port)):
+                        ("--boundary-dtype", args.boundary_dtype), ("--http-port", args.http_port),
+                        ("--weights", args.weights)):
         if value is not None:
             argv += [flag, str(value)]
     for flag, path in (("--fleet", args.fleet), ("--checkpoint", args.checkpoint)):
@@ -185,6 +190,7 @@ def _options(args: argparse.Namespace) -> FleetOptions:
         stages=args.stages or 2,
         backend=args.backend or "numpy",
         boundary_dtype=args.boundary_dtype or "bf16",
+        weights=args.weights or "fp32",
         checkpoint=args.checkpoint,
         http_port=args.http_port,
         api_key=os.environ.get("FORNAX_API_KEY") or None,

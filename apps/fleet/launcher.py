@@ -34,6 +34,8 @@ class FleetOptions:
     stages: int = 2
     backend: str = "numpy"
     boundary_dtype: str = "bf16"
+    # The weight policy of every stage (libs.weights.policy); a fleet file's hosts may override it.
+    weights: str = "fp32"
     checkpoint: str | None = None
     http_port: int | None = None
     api_key: str | None = None

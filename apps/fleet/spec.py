@@ -42,6 +42,8 @@ class HostSpec:
     link: LinkSpec
     stage_worker: bool = True
     clock_offset_s: int = 0
+    # The weight policy this host's stage is built in; None: the fleet's (--weights).
+    weights: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ def _host(raw: dict, index: int) -> HostSpec:
         cpu_cores=float(raw["cpu_cores"]), memory_limit_bytes=int(memory),
         link=LinkSpec(rate_bits_per_s=int(rate_bytes * 8), delay_ns=int(delay_ns)),
         stage_worker=bool(raw.get("stage_worker", True)), clock_offset_s=int(raw.get("clock_offset_s", 0)),
+        weights=raw.get("weights"),
     )
 
 

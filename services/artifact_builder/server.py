@@ -19,6 +19,7 @@ from libs.artifacts.verify import verify_artifact
 from libs.security.paths import confine
 from libs.service.errors import InvalidArgument
 from libs.service.server import ServiceSpec
+from libs.weights.policy import DEFAULT_POLICY
 from services.artifact_builder import convert
 from services.artifact_builder.build import STORE_DIR, BuildOptions, BuildResult, build_stage_artifacts
 from services.artifact_builder.config import BuilderConfig
@@ -59,6 +60,8 @@ class ArtifactBuilderServicer(pb_grpc.ArtifactBuilderServiceServicer):
             boundary_dtype=convert.boundary_dtype_from_pb(request.boundary_dtype),
             chunk_bytes=self._cfg.build_chunk_bytes,
             hop_dtypes=tuple(convert.boundary_dtype_from_pb(d) for d in request.hop_boundary_dtypes),
+            weights_policy=request.weights_policy or DEFAULT_POLICY,
+            stage_policies=tuple(request.stage_weights_policies),
         )
         async with self._build_lock:
             inspection = await self._inspect(request.checkpoint_dir, request.source, request.revision)

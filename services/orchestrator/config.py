@@ -12,6 +12,7 @@ from pathlib import Path
 from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
+from libs.weights.policy import POLICIES
 from services.orchestrator.http_tls import HttpTlsFiles
 
 BACKENDS = tuple(backend.value for backend in Backend)
@@ -69,6 +70,10 @@ class OrchestratorConfig:
     boundary_dtype: DType = DType.BF16
     # Per hop of the installed route; empty = boundary_dtype on every hop.
     hop_boundary_dtypes: tuple[DType, ...] = ()
+    # The weight policy of every stage (libs.weights.policy), or one per stage worker (aligned
+    # with stage_workers) for a fleet that mixes formats per host.
+    weights_policy: str = "fp32"
+    worker_weights: tuple[str, ...] = ()
     # The orchestrator's own state (model files fetched from the artifact builder).
     state_dir: str = ".fornax/orchestrator"
     # KV bytes each stage keeps for the route; 0 leaves the stage worker's default.
@@ -142,6 +147,7 @@ class OrchestratorConfig:
         parser.add_argument("--backend", choices=(*BACKENDS, BACKEND_OF_WORKER),
                             help="stage backend for installs; worker = each worker's own (env FORNAX_BACKEND)")
         parser.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, help="env FORNAX_BOUNDARY_DTYPE")
+        parser.add_argument("--weights", choices=POLICIES, help="weight policy of every stage (env FORNAX_WEIGHTS)")
         parser.add_argument(
             "--hop-boundary-dtypes", help="comma-separated, one per hop (env FORNAX_HOP_BOUNDARY_DTYPES)"
         )
@@ -252,6 +258,9 @@ class OrchestratorConfig:
                                    DType, "FORNAX_BOUNDARY_DTYPE"),
             hop_boundary_dtypes=tuple(_choice(d, DType, "FORNAX_HOP_BOUNDARY_DTYPES") for d in _addresses(
                 pick(args.hop_boundary_dtypes, env, "FORNAX_HOP_BOUNDARY_DTYPES", None))),
+            weights_policy=_policy(pick(args.weights, env, "FORNAX_WEIGHTS", cls.weights_policy), "FORNAX_WEIGHTS"),
+            worker_weights=tuple(_policy(p, "FORNAX_WORKER_WEIGHTS") for p in _addresses(
+                pick(None, env, "FORNAX_WORKER_WEIGHTS", None))),
             state_dir=pick(args.state_dir, env, "FORNAX_STATE_DIR", cls.state_dir),
             stage_kv_limit_bytes=pick(args.stage_kv_limit_bytes, env, "FORNAX_STAGE_KV_LIMIT_BYTES",
                                       cls.stage_kv_limit_bytes, int),
@@ -287,6 +296,13 @@ def _choice(value: str, kind: type[StrEnum], variable: str):
         return kind(value)
     except ValueError:
         raise SystemExit(f"invalid {variable} {value!r}; expected one of {', '.join(kind)}") from None
+
+
+def _policy(value: str, variable: str) -> str:
+    """A weight policy from a flag or variable; an unknown one stops startup."""
+    if value not in POLICIES:
+        raise SystemExit(f"invalid {variable} {value!r}; expected one of {', '.join(POLICIES)}")
+    return value
 
 
 def _install_backend(value: str) -> Backend | None:

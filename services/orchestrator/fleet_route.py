@@ -18,7 +18,16 @@ from libs.common.kinds import DType
 from libs.model.config import load_config
 from libs.text.context import TextContext
 from services.orchestrator.drift import DriftPolicy, DriftTracker, prediction_basis
-from services.orchestrator.install import Fleet, InstallSpec, StoredPlan, discard, install, prepare
+from services.orchestrator.install import (
+    UNIFORM_FP32,
+    Fleet,
+    InstallSpec,
+    StoredPlan,
+    WeightsChoice,
+    discard,
+    install,
+    prepare,
+)
 from services.orchestrator.lifecycle import (
     InstalledRoute,
     Installer,
@@ -40,28 +49,29 @@ _log = structlog.get_logger()
 
 def fleet_preparer(fleet: Fleet, state_dir: str, kv_limit_bytes: int,
                    progress: Callable[[str], None],
-                   hop_dtypes: tuple[DType, ...] = ()) -> Preparer:
+                   hop_dtypes: tuple[DType, ...] = (), weights: WeightsChoice = UNIFORM_FP32) -> Preparer:
     async def preparer(request: InstallRequest) -> InstallRequest:
-        spec = _spec(request, state_dir, kv_limit_bytes, hop_dtypes)
+        spec = _spec(request, state_dir, kv_limit_bytes, hop_dtypes, weights)
         return replace(request, stored=await prepare(spec, fleet, progress))
 
     return preparer
 
 
 def _spec(request: InstallRequest, state_dir: str, kv_limit_bytes: int,
-          hop_dtypes: tuple[DType, ...]) -> InstallSpec:
+          hop_dtypes: tuple[DType, ...], weights: WeightsChoice) -> InstallSpec:
     return InstallSpec(request.checkpoint_dir, request.stages, request.backend,
                        request.boundary_dtype, Path(state_dir), kv_limit_bytes=kv_limit_bytes,
-                       hop_dtypes=hop_dtypes)
+                       hop_dtypes=hop_dtypes, weights=weights)
 
 
 def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes: int,
                     serving: ServingConfig, progress: Callable[[str], None],
                     hop_dtypes: tuple[DType, ...] = (),
                     health: HealthPolicy = HealthPolicy(),
-                    drift: DriftPolicy = DriftPolicy()) -> Installer:
+                    drift: DriftPolicy = DriftPolicy(),
+                    weights: WeightsChoice = UNIFORM_FP32) -> Installer:
     async def installer(request: InstallRequest) -> InstalledRoute:
-        spec = _spec(request, state_dir, kv_limit_bytes, hop_dtypes)
+        spec = _spec(request, state_dir, kv_limit_bytes, hop_dtypes, weights)
         stored = request.stored if isinstance(request.stored, StoredPlan) else None
         if stored is not None:
             progress(f"loading the stored plan {stored.plan.plan_id} (no re-planning)")

@@ -28,6 +28,7 @@ from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
 from libs.service.errors import FailedPrecondition, Unavailable
 from libs.text.context import TextPins
+from libs.weights.policy import DEFAULT_POLICY
 from services.evidence_registry.client import ClientOptions
 from services.orchestrator.inventory_facts import describe_facts, hosts_from_profiles, inventory_from, node_name
 from services.orchestrator.remote_files import fetch_model_files
@@ -53,6 +54,25 @@ WARMUP_BUDGET_NS = 600 * 10**9
 
 
 @dataclass(frozen=True)
+class WeightsChoice:
+    """The weight policy of every stage, or per worker (aligned with `Fleet.workers`), so a
+    small-memory host can hold q4_k_m beside a bf16 host in one route."""
+
+    policy: str = DEFAULT_POLICY
+    worker_policies: tuple[str, ...] = ()
+
+    def for_plan(self, plan: Plan) -> list[str]:
+        """One policy per planned stage, by the worker the stage was placed on ([] = uniform)."""
+        if not self.worker_policies:
+            return []
+        by_node = {node_name(i): p for i, p in enumerate(self.worker_policies)}
+        return [by_node.get(stage.node, self.policy) for stage in plan.stages]
+
+
+UNIFORM_FP32 = WeightsChoice()
+
+
+@dataclass(frozen=True)
 class InstallSpec:
     checkpoint_dir: str
     stages: int
@@ -66,6 +86,7 @@ class InstallSpec:
     hop_dtypes: tuple[DType, ...] = ()
     context_tokens: int = 2048
     concurrency: int = 32
+    weights: WeightsChoice = UNIFORM_FP32
 
 
 @dataclass(frozen=True)
@@ -151,6 +172,7 @@ async def build_artifacts(spec: InstallSpec, fleet: Fleet, plan: Plan,
         request_id=str(uuid.uuid4()), checkpoint_dir=spec.checkpoint_dir,
         plan=planner_convert.plan_to_proto(plan), boundary_dtype=DTYPE_TO_PB[spec.boundary_dtype],
         hop_boundary_dtypes=[DTYPE_TO_PB[d] for d in spec.hop_dtypes],
+        weights_policy=spec.weights.policy, stage_weights_policies=spec.weights.for_plan(plan),
     )
     result = None
     async with open_aio_channel(fleet.artifact_builder, fleet.channel) as channel:

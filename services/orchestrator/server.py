@@ -146,7 +146,8 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
             return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
                                    serving_config(cfg),
                                    lambda message: _log.info("install_progress", message=message),
-                                   hop_dtypes=cfg.hop_boundary_dtypes, drift=drift_policy(cfg))
+                                   hop_dtypes=cfg.hop_boundary_dtypes, drift=drift_policy(cfg),
+                                   weights=weights_choice(cfg))
 
         if cfg.reference_stage_workers:
             from services.orchestrator.coldstart_setup import by_backend
@@ -159,6 +160,12 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
                                  reason="NO_FLEET")
 
     return no_fleet
+
+
+def weights_choice(cfg: OrchestratorConfig):
+    from services.orchestrator.install import WeightsChoice
+
+    return WeightsChoice(cfg.weights_policy, cfg.worker_weights)
 
 
 def drift_policy(cfg: OrchestratorConfig) -> DriftPolicy:
@@ -184,7 +191,7 @@ def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
                           cfg.registry_addr or "", cfg.plan_mode)
         return fleet_preparer(fleet, cfg.state_dir, cfg.stage_kv_limit_bytes,
                               lambda message: _log.info("install_progress", message=message),
-                              hop_dtypes=cfg.hop_boundary_dtypes)
+                              hop_dtypes=cfg.hop_boundary_dtypes, weights=weights_choice(cfg))
 
     if cfg.reference_stage_workers:  # each backend plans on the workers that will run it
         from services.orchestrator.coldstart_setup import by_backend

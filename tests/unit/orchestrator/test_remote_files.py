@@ -45,7 +45,7 @@ def test_any_mismatch_is_refused_and_nothing_is_kept(tmp_path, bad):
 
 def _manifest(tokenizer: str) -> StageManifest:
     lineage = SourceLineage("s", "", "", "c", tokenizer, "t", "i", ())
-    return StageManifest("schema", 0, 1, None, True, True, False, (), None, lineage, None, None, 0, (), ())
+    return StageManifest("schema", 0, 1, None, True, True, False, (), None, lineage, None, None, "fp32", 0, (), ())
 
 
 def test_stages_built_from_another_tokenizer_are_refused():
