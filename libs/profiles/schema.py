@@ -83,11 +83,14 @@ class HostFacts:
     cpu_quota_cores: float  # 0: no quota
     cpuset: str
     memory_limit_bytes: int  # 0: no limit
+    # Hosts (comma-separated) whose cpusets overlap this one's on the same box; empty: none known.
+    cpu_shared_with: str = ""
 
     def describe(self) -> str:
         quota = f"{self.cpu_quota_cores:g} cores" if self.cpu_quota_cores else "no quota"
         memory = f"{self.memory_limit_bytes / 2**30:.1f} GiB" if self.memory_limit_bytes else "no limit"
-        return f"{self.host}: {self.cpu_model}, {quota}, cpuset {self.cpuset or '?'}, memory {memory}"
+        shared = f", SHARES a CPU with {self.cpu_shared_with}" if self.cpu_shared_with else ""
+        return f"{self.host}: {self.cpu_model}, {quota}, cpuset {self.cpuset or '?'}{shared}, memory {memory}"
 
 
 @dataclass(frozen=True)
