@@ -126,6 +126,9 @@ class Plan:
     evidence_ids: tuple[str, ...] = ()
     route_key: str = ""
     calibration_id: str = ""
+    # Why this placement among those the measured spread cannot tell apart (plans from profiles;
+    # `services.planner.stability`); every figure in it is a prediction.
+    choice: str = ""
 
     @property
     def from_profiles(self) -> bool:
