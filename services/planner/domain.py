@@ -72,6 +72,15 @@ class TermEvidence:
     note: str
     value: float
     unit: str
+    # The route calibration record that scaled this term (`route_feedback`); empty: layer profiles alone.
+    calibration_id: str = ""
+
+    @property
+    def basis(self) -> str:
+        """Which measurements the term comes from: a route calibration or layer profiles."""
+        if self.evidence_class != TERM_PHYSICAL:
+            return "declared"
+        return f"route calibration {self.calibration_id}" if self.calibration_id else "layer profiles"
 
     @property
     def label(self) -> str:

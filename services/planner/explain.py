@@ -20,7 +20,7 @@ def _value(term: d.TermEvidence) -> str:
 def _class(term: d.TermEvidence) -> str:
     if term.evidence_class == d.TERM_PHYSICAL:
         ids = ", ".join(term.record_ids) or "-"
-        return f"physical (prediction from measurement records {ids})"
+        return f"physical (prediction from {term.basis}; measurement records {ids})"
     return "declared, exploratory"
 
 

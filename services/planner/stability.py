@@ -68,7 +68,9 @@ def bounded_book(book: ProfileBook, side: str) -> ProfileBook:
 
 
 def _bound_calibration(r: CalibrationRecord, side: str) -> CalibrationRecord:
-    stages = tuple(replace(s, measured_s=_bound(s.measured_s, side)) for s in r.calibration.stages)
+    stages = tuple(replace(s, measured_s=_bound(s.measured_s, side),
+                           measured_terms={k: _bound(f, side) for k, f in s.measured_terms.items()})
+                   for s in r.calibration.stages)
     return replace(r, calibration=replace(r.calibration, stages=stages))
 
 
