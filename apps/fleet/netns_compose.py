@@ -62,6 +62,8 @@ def _worker_process(options: FleetOptions, host: HostPlan, index: int) -> Servic
     env = {
         **_control_env(options, host),
         "FORNAX_STAGE_INDEX": str(index),
+        # The fleet's own statement of a CPU it could not keep to this host alone: profiles carry it.
+        "FORNAX_CPU_SHARED_WITH": ",".join(host.cpu_share.shared_with),
         "FORNAX_BACKEND": host.spec.backend.value,
         "FORNAX_DEVICE": "cpu" if device == "cpu" else "gpu",
         # gpu:N is that one GPU, and only it, for this host's worker.

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-import math
 import shlex
 from dataclasses import dataclass
 
+from apps.fleet.cpu_shares import CpuShare, assign_cpus
 from apps.fleet.spec import FleetSpec, HostSpec
 
 FABRIC = ipaddress.IPv4Network("198.18.0.0/15")
@@ -60,16 +60,20 @@ class HostPlan:
     netns: str
     veth_root: str
     address: str  # inside the namespace, on eth0
-    cpuset: tuple[int, ...]
+    cpu_share: CpuShare  # cpuset, usable cores and any CPU shared with another host (`cpu_shares`)
     cgroup_dirs: tuple[str, ...]  # one per controller (v1) or one (v2)
 
     @property
+    def cpuset(self) -> tuple[int, ...]:
+        return self.cpu_share.cpuset
+
+    @property
     def cpu_quota_us(self) -> int:
-        return max(1000, round(self.spec.cpu_cores * CFS_PERIOD_US))
+        return max(1000, round(self.cpu_share.usable_cores * CFS_PERIOD_US))
 
     @property
     def thread_count(self) -> int:
-        return max(1, math.ceil(self.spec.cpu_cores))
+        return self.cpu_share.threads
 
 
 @dataclass(frozen=True)
@@ -92,14 +96,10 @@ def subnet_for(fleet_id: str) -> ipaddress.IPv4Network:
     return subnets[int(fleet_id, 16) % len(subnets)]
 
 
-def _cpusets(hosts: tuple[HostSpec, ...], cpus: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """ceil(cores) CPUs per host, handed out round robin; the CFS quota is the real limit."""
-    sets, start = [], 0
-    for host in hosts:
-        count = min(len(cpus), max(1, math.ceil(host.cpu_cores)))
-        sets.append(tuple(sorted(cpus[(start + i) % len(cpus)] for i in range(count))))
-        start += count
-    return sets
+def _cpu_shares(hosts: tuple[HostSpec, ...], cpus: tuple[int, ...]) -> list[CpuShare]:
+    """Disjoint cpusets where the box has the CPUs; a shared CPU only where quotas force one, and
+    then stated (`apps.fleet.cpu_shares`)."""
+    return assign_cpus([(h.name, h.cpu_cores) for h in hosts], cpus)
 
 
 def _cgroup_dirs(version: CgroupVersion, relative: str) -> tuple[str, ...]:
@@ -115,9 +115,9 @@ def make_plan(spec: FleetSpec, fleet_id: str, version: CgroupVersion, cpus: tupl
     addresses = list(subnet.hosts())
     hosts = tuple(
         HostPlan(spec=host, index=i, netns=f"fornax-{fleet_id}-{host.name}", veth_root=f"fx{fleet_id}h{i}",
-                 address=str(addresses[9 + i]), cpuset=cpuset,
+                 address=str(addresses[9 + i]), cpu_share=share,
                  cgroup_dirs=_cgroup_dirs(version, f"fornax-{fleet_id}/{host.name}"))
-        for i, (host, cpuset) in enumerate(zip(spec.hosts, _cpusets(spec.hosts, cpus), strict=True))
+        for i, (host, share) in enumerate(zip(spec.hosts, _cpu_shares(spec.hosts, cpus), strict=True))
     )
     return NetnsPlan(fleet_id=fleet_id, bridge=f"fxb{fleet_id}", bridge_address=str(addresses[0]),
                      prefix_len=subnet.prefixlen, cgroup_version=version,

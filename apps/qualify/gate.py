@@ -12,7 +12,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from libs.profiles.schema import Calibration, Figure, RouteStage, StageCalibration, route_key
+from apps.qualify.diagnosis import miss_lines
+from libs.profiles.schema import Calibration, Figure, HostFacts, RouteStage, StageCalibration, route_key
 
 DEFAULT_TOLERANCE = 0.25
 # Per-stage time of one decode microbatch, split by phase. `wire` is the next-hop round trip
@@ -100,6 +101,7 @@ class RunOutcome:
 class Verdict:
     calibration: Calibration
     failures: tuple[str, ...]
+    hosts: tuple[HostFacts, ...] = ()  # the stage hosts as their cgroups enforced them
 
     @property
     def passed(self) -> bool:
@@ -120,6 +122,8 @@ class Verdict:
                          f"{s.predicted_s * 1e3:.4g} ms{at} (prediction), measured {_ms(s.measured_s)} (physical), "
                          f"error {s.relative_error:.1%}")
         lines += [f"FAILED {f}" for f in self.failures]
+        if not self.passed:
+            lines += miss_lines(c, self.hosts)
         return lines
 
 
@@ -145,7 +149,7 @@ def route_stages(predicted: Sequence[PredictedStage]) -> tuple[RouteStage, ...]:
 def calibrate(runs: Sequence[RunOutcome], predicted: Sequence[PredictedStage], *, model_snapshot: str,
               plan_hash: str, evidence_ids: Sequence[str] = (), tolerance: float = DEFAULT_TOLERANCE,
               command: str = "", measured_unix_ns: int = 0, valid_for_s: int = 0,
-              plan_route_key: str = "", rows_basis: str = "") -> Verdict:
+              plan_route_key: str = "", rows_basis: str = "", hosts: Sequence[HostFacts] = ()) -> Verdict:
     """Term-by-term comparison of the plan's per-stage predictions with every run's measurement.
 
     The gate passes only when every run passed every check and the bottleneck prediction error
@@ -168,9 +172,12 @@ def calibrate(runs: Sequence[RunOutcome], predicted: Sequence[PredictedStage], *
     stages = []
     for p in sorted(predicted, key=lambda p: p.stage_index):
         # No run measured: a zero figure, whose prediction error is infinite (the gate fails anyway).
-        samples = [next(s for s in r.stages if s.stage_index == p.stage_index).service_s for r in measured] or [0.0]
+        times = [next(s for s in r.stages if s.stage_index == p.stage_index) for r in measured]
+        samples = [t.service_s for t in times] or [0.0]
+        terms = {k: Figure.of([t.seconds[k] for t in times], "s") for k in SERVICE_PHASES} if times else {}
         stages.append(StageCalibration(p.stage_index, p.host, p.layer_start, p.layer_end, p.service_s,
-                                       Figure.of(samples, "s"), p.rows, p.past))
+                                       Figure.of(samples, "s"), p.rows, p.past,
+                                       {k: p.seconds[k] for k in SERVICE_PHASES}, terms))
     calibration = Calibration(
         route_key=key, plan_hash=plan_hash,
         evidence_ids=tuple(evidence_ids), stages=tuple(stages),
@@ -178,7 +185,7 @@ def calibrate(runs: Sequence[RunOutcome], predicted: Sequence[PredictedStage], *
         measured_bottleneck_s=Figure.of([r.bottleneck_s for r in measured] or [0.0], "s"), tolerance=tolerance,
         runs=len(runs), failures=failures, command=command, measured_unix_ns=measured_unix_ns,
         valid_for_s=valid_for_s, rows_basis=rows_basis)
-    return Verdict(calibration, failures)
+    return Verdict(calibration, failures, tuple(hosts))
 
 
 def phase_medians(stage_runs: Sequence[StageTimes]) -> dict[str, float]:

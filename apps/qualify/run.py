@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from apps.fleet.isolated import start_isolated_fleet
@@ -27,6 +27,7 @@ from apps.fleet.route_wait import wait_for_route
 from apps.fleet.spec import FleetSpec, load_fleet_spec
 from apps.fleet.supervisor import FleetSupervisor
 from apps.qualify import skew
+from apps.qualify.diagnosis import shared_cpus
 from apps.qualify.fencing import FirstStage, reconnect_fencing
 from apps.qualify.gate import (
     DEFAULT_TOLERANCE,
@@ -184,6 +185,8 @@ def _inspect(spec: FleetSpec, state: FleetState, launcher: Launcher, supervisor:
     stages = [StageRef(p.stage_index, p.host, p.backend, p.layer_start, p.layer_end) for p in predicted]
     facts = [HostFacts(h, c.device.name, c.device.cpu_quota_cores, c.device.cpuset, c.device.memory_limit_bytes)
              for h, c in zip(hosts, caps, strict=True)]
+    shared = shared_cpus(facts)  # overlapping cpusets are stated in every host line of the report
+    facts = [replace(f, cpu_shared_with=",".join(shared.get(f.host, ()))) for f in facts]
     return LiveRoute(spec, state, launcher, supervisor, channel, stages, workers, facts,
                      [c.backend_build for c in caps], predicted, plan.plan_hash, plan.model_snapshot, plan.route_key,
                      plan_evidence_ids(plan))
@@ -315,7 +318,7 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
             verdict = calibrate(runs, predicted, model_snapshot=route.model_snapshot,
                                 plan_hash=route.plan_hash, evidence_ids=route.evidence_ids, tolerance=cfg.tolerance,
                                 command=cfg.command, measured_unix_ns=now_ns, valid_for_s=cfg.valid_for_s,
-                                plan_route_key=route.plan_route_key, rows_basis=basis)
+                                plan_route_key=route.plan_route_key, rows_basis=basis, hosts=route.facts)
         except ValueError as exc:
             raise QualifyError(f"cannot calibrate the installed plan: {exc}") from exc
         _log("predictions " + (f"evaluated at each stage's {basis}" if basis else "at the plan's target rows")

@@ -83,11 +83,14 @@ class HostFacts:
     cpu_quota_cores: float  # 0: no quota
     cpuset: str
     memory_limit_bytes: int  # 0: no limit
+    # Hosts (comma-separated) whose cpusets overlap this one's on the same box; empty: none known.
+    cpu_shared_with: str = ""
 
     def describe(self) -> str:
         quota = f"{self.cpu_quota_cores:g} cores" if self.cpu_quota_cores else "no quota"
         memory = f"{self.memory_limit_bytes / 2**30:.1f} GiB" if self.memory_limit_bytes else "no limit"
-        return f"{self.host}: {self.cpu_model}, {quota}, cpuset {self.cpuset or '?'}, memory {memory}"
+        shared = f", SHARES a CPU with {self.cpu_shared_with}" if self.cpu_shared_with else ""
+        return f"{self.host}: {self.cpu_model}, {quota}, cpuset {self.cpuset or '?'}{shared}, memory {memory}"
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,11 @@ class StageCalibration:
     rows: float = 0.0  # rows per microbatch the prediction was evaluated at (0: the plan's target rows)
     # Tokens of past per decode row it was evaluated at: the measured mean (0: the plan's decode context).
     past_tokens: float = 0.0
+    # Term by term (compute, pack, wire, unpack): the prediction, and the measurement over the runs
+    # (physical). Empty in calibrations that predate them. The planner scales a host's profile by
+    # measured / predicted compute, and a link's by wire (`services.planner.route_feedback`).
+    predicted_terms: dict[str, float] = field(default_factory=dict)
+    measured_terms: dict[str, Figure] = field(default_factory=dict)
 
     @property
     def relative_error(self) -> float:
@@ -321,7 +329,9 @@ def calibration_from_json(blob: bytes) -> Calibration:
         stages = tuple(
             StageCalibration(int(s["stage_index"]), str(s["host"]), int(s["layer_start"]), int(s["layer_end"]),
                              float(s["predicted_s"]), _figure(s["measured_s"]), float(s.get("rows", 0.0)),
-                             float(s.get("past_tokens", 0.0)))
+                             float(s.get("past_tokens", 0.0)),
+                             {str(k): float(v) for k, v in s.get("predicted_terms", {}).items()},
+                             {str(k): _figure(v) for k, v in s.get("measured_terms", {}).items()})
             for s in data["stages"])
         return Calibration(
             route_key=str(data["route_key"]), plan_hash=str(data["plan_hash"]),

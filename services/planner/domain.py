@@ -72,6 +72,15 @@ class TermEvidence:
     note: str
     value: float
     unit: str
+    # The route calibration record that scaled this term (`route_feedback`); empty: layer profiles alone.
+    calibration_id: str = ""
+
+    @property
+    def basis(self) -> str:
+        """Which measurements the term comes from: a route calibration or layer profiles."""
+        if self.evidence_class != TERM_PHYSICAL:
+            return "declared"
+        return f"route calibration {self.calibration_id}" if self.calibration_id else "layer profiles"
 
     @property
     def label(self) -> str:
@@ -126,6 +135,9 @@ class Plan:
     evidence_ids: tuple[str, ...] = ()
     route_key: str = ""
     calibration_id: str = ""
+    # Why this placement among those the measured spread cannot tell apart (plans from profiles;
+    # `services.planner.stability`); every figure in it is a prediction.
+    choice: str = ""
 
     @property
     def from_profiles(self) -> bool:

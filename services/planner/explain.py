@@ -20,7 +20,7 @@ def _value(term: d.TermEvidence) -> str:
 def _class(term: d.TermEvidence) -> str:
     if term.evidence_class == d.TERM_PHYSICAL:
         ids = ", ".join(term.record_ids) or "-"
-        return f"physical (prediction from measurement records {ids})"
+        return f"physical (prediction from {term.basis}; measurement records {ids})"
     return "declared, exploratory"
 
 
@@ -29,6 +29,8 @@ def explain_lines(plan: d.Plan) -> list[str]:
     lines = [f"plan {plan.plan_id} [{plan.mode}]", f"  {plan.label}"]
     if plan.route_key:
         lines.append(f"  route {plan.route_key}")
+    if plan.choice:
+        lines.append(f"  placement: {plan.choice}")
     for s in plan.stages:
         lines.append(f"stage {s.stage_index} on {s.node}@{s.host or s.node} ({s.backend}) layers "
                      f"[{s.layer_start}, {s.layer_end}), decode per microbatch:")

@@ -28,7 +28,7 @@ Gaps (a host, kind or link without a usable profile) are filled with the declare
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from services.planner.costs import CostTables, _edge_terms, build_tables, build_
 from services.planner.inventory import Inventory, Node, Target
 from services.planner.model import ModelDescription
 from services.planner.profiles import Problem, ProfileBook
+from services.planner.route_feedback import Correction, compute_correction, wire_correction
 
 DECLARED = ""  # the source of a term filled with a declared figure
 STEP = "step"  # the sources key of a node's per-microbatch step overhead
@@ -87,6 +88,8 @@ class NodeCosts:
     head_bytes: int
     sources: dict[str, str]  # kind -> record id, DECLARED when filled
     problem: Problem | None  # why the host's profile was not used (None: it was)
+    # The route calibration that scaled this host's decode compute (None: layer profiles alone).
+    compute_correction: Correction | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class MeasuredTables:
     link_decode_s: np.ndarray  # (n, n), inf where no route
     link_prefill_s: np.ndarray
     link_sources: dict[tuple[int, int], str]  # (i, j) -> link record id, DECLARED when filled
+    link_corrections: dict[tuple[int, int], Correction]  # (i, j) -> route calibration of its wire term
 
     @property
     def num_layers(self) -> int:
@@ -150,8 +154,13 @@ def _node_costs(tables: CostTables, target: Target, i: int, book: ProfileBook, n
             # inside the host's noise: the prediction takes 0, the record keeps what was measured.
             step_d = max(0.0, interpolate_grid(record.profile.step_grid(), rows, past))
             sources[STEP] = record.record_id
+    correction = None if record is None else compute_correction(book, model.model_snapshot, host_of(node),
+                                                                record.record_id)
+    if correction is not None:  # the route's measured level, the profile's shape (`route_feedback`)
+        f = correction.factor
+        decode, embed_d, head_d, step_d = decode * f, embed_d * f, head_d * f, step_d * f
     return NodeCosts(decode, prefill, layer_bytes, kv, embed_d, head_d, embed_p, head_p, copy_d, copy_p, step_d,
-                     embed_bytes, head_bytes, sources, problem)
+                     embed_bytes, head_bytes, sources, problem, correction)
 
 
 def _link_tables(tables: CostTables, book: ProfileBook, now_ns: int):
@@ -159,6 +168,7 @@ def _link_tables(tables: CostTables, book: ProfileBook, now_ns: int):
     decode, prefill = tables.link_decode_s.copy(), tables.link_prefill_s.copy()
     frame = tables.workload.boundary_row_bytes
     sources: dict[tuple[int, int], str] = {}
+    corrections: dict[tuple[int, int], Correction] = {}
     for i, a in enumerate(tables.nodes):
         for j, b in enumerate(tables.nodes):
             if i == j:
@@ -171,21 +181,25 @@ def _link_tables(tables: CostTables, book: ProfileBook, now_ns: int):
             decode[i, j] = link.profile.seconds_for(frame * tables.workload.decode_rows)
             prefill[i, j] = link.profile.seconds_for(frame * tables.workload.prefill_tokens)
             sources[(i, j)] = link.record_id
+            found = wire_correction(book, tables.model.model_snapshot, host_of(a), host_of(b), link.record_id)
+            if found is not None:
+                decode[i, j] *= found.factor
+                corrections[(i, j)] = found
     assert decode.shape == (n, n)
-    return decode, prefill, sources
+    return decode, prefill, sources, corrections
 
 
 def build_measured(model: ModelDescription, inventory: Inventory, nodes: tuple[Node, ...], target: Target,
                    book: ProfileBook, now_ns: int) -> MeasuredTables:
     declared = build_tables(model, inventory, nodes, target)
     work = build_workload(model, target)
-    link_decode, link_prefill, link_sources = _link_tables(declared, book, now_ns)
+    link_decode, link_prefill, link_sources, link_corrections = _link_tables(declared, book, now_ns)
     return MeasuredTables(
         model=model, target=target, nodes=nodes,
         costs=tuple(_node_costs(declared, target, i, book, now_ns) for i in range(len(nodes))),
         usable_bytes=declared.usable_bytes, activation_bytes=work.activation_bytes, logits_bytes=work.logits_bytes,
         boundary_row_bytes=work.boundary_row_bytes, link_decode_s=link_decode, link_prefill_s=link_prefill,
-        link_sources=link_sources)
+        link_sources=link_sources, link_corrections=link_corrections)
 
 
 def stage_memory(t: MeasuredTables, i: int, a: int, b: int) -> tuple[int, int, int]:
@@ -246,6 +260,14 @@ def _term(name: str, value: float, unit: str, sources: list[tuple[str, str]], ph
                           f"{physical_note}", value, unit)
 
 
+def _calibrated(term: d.TermEvidence, correction: Correction | None) -> d.TermEvidence:
+    """A term scaled by a route calibration names it (record id, measured, predicted, factor)."""
+    if correction is None:
+        return term
+    return replace(term, record_ids=(*term.record_ids, correction.record_id), calibration_id=correction.record_id,
+                   note=f"{term.note}; scaled by {correction.describe()}")
+
+
 def _past_basis(target: Target) -> str:
     if target.decode_context_tokens:
         return "the target's decode context"
@@ -267,7 +289,7 @@ def stage_terms(t: MeasuredTables, i: int, a: int, b: int, nxt: int | None, prev
                  f"measured per-microbatch step overhead of a served decode step on {host} (executor, KV, "
                  f"unpack/pack) interpolated to {at}; the plan's decode compute includes it",
                  "no measured step overhead: 0 s")
-    out = [compute, step]
+    out = [_calibrated(compute, c.compute_correction), _calibrated(step, c.compute_correction)]
     for name, value, other in (("pack", decode.pack_s, nxt), ("unpack", decode.unpack_s, prev)):
         if other is None:
             out.append(d.TermEvidence(name, d.TERM_PHYSICAL if c.sources["dense"] != DECLARED else d.TERM_DECLARED,
@@ -283,10 +305,11 @@ def stage_terms(t: MeasuredTables, i: int, a: int, b: int, nxt: int | None, prev
                                   (), "none: the last stage sends no boundary frame", 0.0, "s"))
     else:
         other_host = host_of(t.nodes[nxt])
-        out.append(_term("wire", decode.wire_s, "s", [(f"link {host}->{other_host}", t.link_sources[(i, nxt)])],
-                         f"half the measured 32 KiB round trip plus {t.boundary_row_bytes * rows} bytes over the "
-                         f"measured throughput, {host}->{other_host}",
-                         "declared link bandwidth and latency"))
+        wire = _term("wire", decode.wire_s, "s", [(f"link {host}->{other_host}", t.link_sources[(i, nxt)])],
+                     f"half the measured 32 KiB round trip plus {t.boundary_row_bytes * rows} bytes over the "
+                     f"measured throughput, {host}->{other_host}",
+                     "declared link bandwidth and latency")
+        out.append(_calibrated(wire, t.link_corrections.get((i, nxt))))
     out.append(_term("memory", float(memory_bytes), "bytes", kind_sources,
                      f"resident bytes and KV bytes per token of kinds {kinds} on {host} at "
                      f"{t.target.context_tokens} tokens x {t.target.concurrency} sequences, plus activation buffers "

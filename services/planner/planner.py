@@ -26,7 +26,7 @@ import numpy as np
 from libs.profiles.schema import route_key as make_route_key
 from libs.service.errors import FailedPrecondition
 from services.planner import domain as d
-from services.planner import evidence, measured
+from services.planner import evidence, measured, stability
 from services.planner.costs import CostTables, build_tables, decode_service_matrix, stage_memory, stage_time
 from services.planner.feasibility import (
     explain_infeasible,
@@ -208,8 +208,11 @@ def plan_from_profiles(model: ModelDescription, inventory: Inventory, target: Ta
         return d.PlanResult(False, None, tuple(rejections), "no node offers the model's dtypes and operations",
                             d.NO_CAPABLE_NODE)
     tables = measured.build_measured(model, inventory, tuple(capable), target, book, now_ns)
-    placement = solve(Problem(measured.service_matrix(tables), tables.link_decode_s, target.min_stages,
-                              target.max_stages), target.objective)
+    placement = solve(_measured_problem(tables, target), target.objective)
+    choice = None
+    if placement is not None and target.objective == "throughput":
+        choice = _stable_choice(model, inventory, tuple(capable), target, book, now_ns, tables, placement)
+        placement = choice.chosen
     if placement is None:
         return d.PlanResult(False, None, tuple(rejections),
                             f"no chain of {target.min_stages}..{target.max_stages} capable nodes holds contiguous "
@@ -224,8 +227,26 @@ def plan_from_profiles(model: ModelDescription, inventory: Inventory, target: Ta
         found = book.calibration_record(key)
         calibration_id = found.record_id if found else ""
     stages = [_measured_stage(tables, placement, i) for i in range(len(placement.nodes))]
-    return d.PlanResult(True, _assemble(tables.model, target, stages, method_name(len(capable)), key, calibration_id),
-                        tuple(rejections))
+    names = [n.name for n in tables.nodes]
+    plan_ = _assemble(tables.model, target, stages, method_name(len(capable)), key, calibration_id)
+    return d.PlanResult(True, replace(plan_, choice=choice.describe(names) if choice else ""), tuple(rejections))
+
+
+def _measured_problem(tables: measured.MeasuredTables, target: Target) -> Problem:
+    return Problem(measured.service_matrix(tables), tables.link_decode_s, target.min_stages, target.max_stages)
+
+
+def _stable_choice(model: ModelDescription, inventory: Inventory, nodes: tuple[Node, ...], target: Target,
+                   book: ProfileBook, now_ns: int, tables: measured.MeasuredTables,
+                   fastest: Placement) -> stability.Choice:
+    """The fastest placement unless another within the measured spread is the previous or the
+    simpler one (`stability`)."""
+    low, high = (_measured_problem(measured.build_measured(model, inventory, nodes, target,
+                                                           stability.bounded_book(book, side), now_ns), target)
+                 for side in (stability.LOW, stability.HIGH))
+    previous = stability.previous_placement(book, model.model_snapshot, [measured.host_of(n) for n in nodes],
+                                            [str(n.backend) for n in nodes])
+    return stability.choose(_measured_problem(tables, target), low, high, fastest, previous)
 
 
 def _measured_stage(t: measured.MeasuredTables, placement: Placement, i: int) -> d.PlannedStage:

@@ -37,6 +37,8 @@ class StageWorkerConfig:
     advertise_host: str = ""
     # CPUs this worker pins itself to; empty = whatever it inherited.
     cpu_affinity: tuple[int, ...] = ()
+    # Hosts whose cpusets overlap this worker's (a one-box fleet short of CPUs says so); empty: none.
+    cpu_shared_with: str = ""
     # This worker's own state (the artifact cache); no other service reads it.
     state_dir: str = ""
     # Where LoadStage may read artifacts or checkpoints from; empty refuses every load.
@@ -88,5 +90,6 @@ class StageWorkerConfig:
             advertise_host=pick(args.advertise_host, env, "FORNAX_ADVERTISE_HOST", ""),
             state_dir=pick(args.state_dir, env, "FORNAX_STATE_DIR", f".fornax/stage_worker_{stage_index}"),
             cpu_affinity=pick(args.cpu_affinity, env, "FORNAX_CPU_AFFINITY", (), parse_cpu_set),
+            cpu_shared_with=env.get("FORNAX_CPU_SHARED_WITH", ""),
             read_roots=parse_roots(pick(args.read_roots, env, "FORNAX_READ_ROOTS", "")),
         )

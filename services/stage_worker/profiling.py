@@ -217,7 +217,8 @@ class Profiler:
     def _host_facts(self, host: str) -> HostFacts:
         limits = cgroup_facts()
         return HostFacts(host=host, cpu_model=host_facts().cpu_name, cpu_quota_cores=limits.cpu_quota_cores,
-                         cpuset=limits.cpuset, memory_limit_bytes=limits.memory_limit_bytes)
+                         cpuset=limits.cpuset, memory_limit_bytes=limits.memory_limit_bytes,
+                         cpu_shared_with=self._cfg.cpu_shared_with)
 
     def _backend_build(self) -> str:
         build = backend_build(self._cfg.backend)

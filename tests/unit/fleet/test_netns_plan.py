@@ -50,11 +50,24 @@ def test_interface_names_fit_the_kernel_limit():
     assert all(len(name) <= 15 for name in [plan.bridge, *(h.veth_root for h in plan.hosts)])
 
 
-def test_quota_and_cpuset_follow_the_declared_cores():
-    plan = make_plan(_spec(), "abcdef", CgroupVersion.V1, (0, 1))
+def test_quota_and_cpuset_follow_the_declared_cores_where_the_box_has_the_cpus():
+    plan = make_plan(_spec(), "abcdef", CgroupVersion.V1, (0, 1, 2, 3))
     a, b = plan.hosts
     assert (a.cpu_quota_us, b.cpu_quota_us) == (150_000, 50_000)
-    assert (len(a.cpuset), len(b.cpuset), a.thread_count, b.thread_count) == (2, 1, 2, 1)
+    assert (a.cpuset, b.cpuset, a.thread_count, b.thread_count) == ((0, 1), (2,), 2, 1)
+
+
+def test_two_cpus_never_overlap_a_one_and_a_half_core_host_with_a_half_core_one():
+    """Issue 31: on 2 CPUs alpha held 0-1 and beta 0, so one of MAX's threads shared CPU 0."""
+    plan = make_plan(_spec(), "abcdef", CgroupVersion.V1, (0, 1))
+    a, b = plan.hosts
+    assert not set(a.cpuset) & set(b.cpuset)
+    # alpha keeps the CPU it holds alone; its quota is cut to it, and it says so.
+    assert (a.cpuset, a.cpu_quota_us, a.thread_count) == ((0,), 100_000, 1)
+    assert (b.cpuset, b.cpu_quota_us, b.thread_count) == ((1,), 50_000, 1)
+    assert "declared 1.5 cores" in a.cpu_share.describe()
+    writes = {a.path: a.text for a in cgroup_setup(plan, "0-1", "0") if isinstance(a, WriteFile)}
+    assert writes["/sys/fs/cgroup/cpu/fornax-abcdef/a/cpu.cfs_quota_us"] == "100000"
 
 
 def test_v1_writes_quota_cpuset_and_memory_per_controller():

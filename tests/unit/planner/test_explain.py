@@ -16,8 +16,8 @@ def test_explain_names_every_term_its_class_and_records_and_labels_tokens_per_s_
     lines = "\n".join(explain_lines(run(records(1e-3, 3e-3)).plan))
     for term in ("compute", "pack", "wire", "unpack", "memory"):
         assert f"  {term} " in lines
-    assert "physical (prediction from measurement records stage-a)" in lines
-    assert "physical (prediction from measurement records link-a-b)" in lines
+    assert "physical (prediction from layer profiles; measurement records stage-a)" in lines
+    assert "physical (prediction from layer profiles; measurement records link-a-b)" in lines
     assert "decode_tokens_per_s" in lines and "tokens/s (prediction)" in lines
     assert "computed from physical measurements" in lines
 

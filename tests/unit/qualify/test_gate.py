@@ -24,7 +24,7 @@ from apps.qualify.records import MeasuredOn, calibration_record, qualification_r
 from apps.qualify.report_html import ReportFacts, render_report
 from apps.qualify.skew import describe, skewed_offsets, with_offsets
 from libs.common.kinds import DType
-from libs.profiles.schema import RouteStage, calibration_from_json, route_key
+from libs.profiles.schema import RouteStage, calibration_from_json, route_key, to_json
 from services.evidence_registry.domain import EvidenceClass, LayerRange, RecordType
 
 SNAPSHOT = "sha256:" + "ab" * 32
@@ -203,3 +203,36 @@ def test_the_calibration_keeps_the_plans_evidence_and_must_name_its_route():
     with pytest.raises(ValueError, match="route key"):
         calibrate([_all_pass(1)], predicted, model_snapshot=SNAPSHOT, plan_hash="h",
                   plan_route_key=key.replace("beta", "gamma"))
+
+
+def test_the_calibration_keeps_every_term_predicted_and_measured_with_its_spread():
+    runs = [_all_pass(1, 0.010), _all_pass(2, 0.011), _all_pass(3, 0.009)]
+    c = calibrate(runs, _predicted(0.004, 0.0105), model_snapshot=SNAPSHOT, plan_hash="h").calibration
+    beta = c.stages[1]
+    assert beta.predicted_terms == {"compute": 0.0105, "pack": 0.0005, "wire": 0.001, "unpack": 0.0005}
+    assert (beta.measured_terms["compute"].median, beta.measured_terms["compute"].low,
+            beta.measured_terms["compute"].high, beta.measured_terms["compute"].runs) == (0.010, 0.009, 0.011, 3)
+    assert calibration_from_json(to_json(c)).stages[1].measured_terms == beta.measured_terms
+
+
+def test_a_failed_gate_names_the_term_that_missed_most_and_a_shared_cpu_as_likely_cause():
+    from libs.profiles.schema import HostFacts
+
+    hosts = (HostFacts("alpha", "AMD EPYC", 1.5, "0-1", 0), HostFacts("beta", "AMD EPYC", 0.5, "0", 0))
+    runs = [RunOutcome(1, tuple(Check(n, True, "ok") for n in CHECKS), (_times(0, 0.0168), _times(1, 0.004, 0.0094)))]
+    verdict = calibrate(runs, _predicted(0.008, 0.004), model_snapshot=SNAPSHOT, plan_hash="h", hosts=hosts)
+    text = "\n".join(verdict.describe())
+    assert not verdict.passed
+    assert "missed most: stage 0 alpha compute: measured 16.8 ms (physical) against 8 ms predicted" in text
+    assert "2.1x" in text and "likely cause: host alpha shares a CPU with beta" in text
+
+
+def test_without_a_shared_cpu_a_compute_miss_is_put_down_to_the_profile_timing_layers_alone():
+    from libs.profiles.schema import HostFacts
+
+    hosts = (HostFacts("alpha", "AMD EPYC", 1.0, "0", 0), HostFacts("beta", "AMD EPYC", 0.5, "1", 0))
+    runs = [RunOutcome(1, tuple(Check(n, True, "ok") for n in CHECKS), (_times(0, 0.0168), _times(1, 0.004)))]
+    text = "\n".join(calibrate(runs, _predicted(0.008, 0.004), model_snapshot=SNAPSHOT, plan_hash="h",
+                               hosts=hosts).describe())
+    assert "likely cause: the layer profile times each layer alone" in text
+    assert "shares a CPU" not in text

@@ -1,0 +1,172 @@
+"""A placement that does not flip on profile noise. Pure.
+
+Every profile figure is a median with its lowest and highest run. The planner predicts each
+placement's bottleneck from the medians, and also from the lows and from the highs (the same
+cost model over a book whose figures stand at their low or high run: a time at its low, a rate
+at its high, and the other way round), which gives each placement a measured band
+`[B_low, B_high]`. Two placements whose bands overlap are not told apart by the measurements:
+the one that is faster on the medians may be slower on the next profile.
+
+So among the placements whose band overlaps the fastest one's (B_low(P) <= B_high(best)):
+1. the placement chosen before (`previous`), when it is among them, is kept;
+2. else the simplest: fewest stages, then nodes in inventory order, then the most even layer
+   counts, then the earliest cuts. None of these depend on the measurements, so three noisy
+   profiles of the same fleet give the same answer.
+A placement whose median bottleneck is faster than every other's band still wins outright.
+The choice and its figures (all predictions) are stated in the plan (`Plan.choice`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from libs.profiles import schema
+from services.planner.profiles import CalibrationRecord, LinkRecord, ProfileBook, StageRecord
+from services.planner.search import Placement, Problem, evaluate
+
+LOW, HIGH = "low", "high"
+# Placements counted before giving up the exhaustive pass (then the median-best is kept, and said so).
+ENUMERATION_LIMIT = 20_000
+KEPT_PREVIOUS, SIMPLEST, FASTEST, UNCHECKED = "kept_previous", "simplest_within_spread", "fastest", "unchecked"
+
+
+def _bound(figure: schema.Figure, side: str) -> schema.Figure:
+    """The figure standing at its low or high run, for the time it implies (a rate inverts)."""
+    rate = "/s" in figure.unit
+    value = figure.low if (side == LOW) != rate else figure.high
+    return replace(figure, median=value)
+
+
+def _bound_table(table: dict[int, schema.Figure], side: str) -> dict[int, schema.Figure]:
+    return {k: _bound(f, side) for k, f in table.items()}
+
+
+def _bound_grid(grid: dict[int, dict[int, schema.Figure]], side: str) -> dict[int, dict[int, schema.Figure]]:
+    return {c: _bound_table(t, side) for c, t in grid.items()}
+
+
+def _bound_stage(p: schema.StageProfile, side: str) -> schema.StageProfile:
+    kinds = tuple(replace(k, prefill_s_per_token=_bound_table(k.prefill_s_per_token, side),
+                          decode_s_per_microbatch=_bound_table(k.decode_s_per_microbatch, side),
+                          decode_s_by_context=_bound_grid(k.decode_s_by_context, side)) for k in p.kinds)
+    return replace(p, kinds=kinds, step_s_per_microbatch=_bound_table(p.step_s_per_microbatch, side),
+                   step_s_by_context=_bound_grid(p.step_s_by_context, side))
+
+
+def bounded_book(book: ProfileBook, side: str) -> ProfileBook:
+    """The same records with every figure at its `side` (LOW: fastest run, HIGH: slowest run)."""
+    return ProfileBook(
+        stages=tuple(StageRecord(r.record_id, _bound_stage(r.profile, side), r.standing) for r in book.stages),
+        links=tuple(LinkRecord(r.record_id, replace(r.profile, rtt_32kib_s=_bound(r.profile.rtt_32kib_s, side),
+                                                    throughput_bytes_per_s=_bound(r.profile.throughput_bytes_per_s,
+                                                                                  side)), r.standing)
+                    for r in book.links),
+        calibrations=tuple(_bound_calibration(r, side) for r in book.calibrations))
+
+
+def _bound_calibration(r: CalibrationRecord, side: str) -> CalibrationRecord:
+    stages = tuple(replace(s, measured_s=_bound(s.measured_s, side),
+                           measured_terms={k: _bound(f, side) for k, f in s.measured_terms.items()})
+                   for s in r.calibration.stages)
+    return replace(r, calibration=replace(r.calibration, stages=stages))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Why this placement: `rule` is one of the module's rules; every figure is a prediction."""
+
+    rule: str
+    chosen: Placement
+    fastest: Placement
+    chosen_band_s: tuple[float, float]  # (B_low, B_high) of the chosen placement
+    fastest_band_s: tuple[float, float]
+    candidates_within_spread: int
+
+    def describe(self, names: Sequence[str]) -> str:
+        def show(p: Placement) -> str:
+            return " > ".join(f"{names[v]}[{p.cuts[k]}:{p.cuts[k + 1]}]" for k, v in enumerate(p.nodes))
+
+        def band(b: tuple[float, float]) -> str:
+            return f"{b[0] * 1e3:.4g}..{b[1] * 1e3:.4g} ms"
+
+        chosen = f"{show(self.chosen)} (bottleneck {self.chosen.value * 1e3:.4g} ms, band {band(self.chosen_band_s)})"
+        fastest = (f"{show(self.fastest)} (bottleneck {self.fastest.value * 1e3:.4g} ms, "
+                   f"band {band(self.fastest_band_s)})")
+        if self.rule == FASTEST and self.candidates_within_spread > 1:
+            return (f"fastest on the medians: {chosen}, and the simplest of the {self.candidates_within_spread} "
+                    "placements within the measured spread of it (predictions)")
+        if self.rule == FASTEST:
+            return (f"fastest on the medians: {chosen}; no other placement's band of lowest..highest run "
+                    "overlaps it (predictions)")
+        if self.rule == UNCHECKED:
+            return f"fastest on the medians: {chosen}; too many placements to check the spread (predictions)"
+        why = ("kept the placement chosen before" if self.rule == KEPT_PREVIOUS else
+               "chose the simplest (fewest stages, inventory order, most even layers)")
+        return (f"{why}: {chosen}; the fastest on the medians, {fastest}, lies within the measured spread of it "
+                f"({self.candidates_within_spread} placement(s) within spread; predictions)")
+
+
+def placements(problem: Problem) -> list[tuple[tuple[int, ...], tuple[int, ...]]] | None:
+    """Every (nodes, cuts) of the problem's stage bounds; None when there are over ENUMERATION_LIMIT."""
+    n, L = problem.num_nodes, problem.num_layers
+    top = min(problem.max_stages, n, L)
+    count = sum(math.perm(n, k) * math.comb(L - 1, k - 1) for k in range(problem.min_stages, top + 1))
+    if count > ENUMERATION_LIMIT:
+        return None
+    out = []
+    for k in range(problem.min_stages, top + 1):
+        for nodes in itertools.permutations(range(n), k):
+            for inner in itertools.combinations(range(1, L), k - 1):
+                out.append((nodes, (0, *inner, L)))
+    return out
+
+
+def simplicity(nodes: tuple[int, ...], cuts: tuple[int, ...]) -> tuple:
+    sizes = [b - a for a, b in zip(cuts, cuts[1:], strict=False)]
+    return (len(nodes), nodes, max(sizes) - min(sizes), cuts)
+
+
+def choose(median: Problem, low: Problem, high: Problem, fastest: Placement,
+           previous: Placement | None = None) -> Choice:
+    """The placement to plan: see the module docstring. `fastest` is the median problem's optimum."""
+    def band(nodes: tuple[int, ...], cuts: tuple[int, ...]) -> tuple[float, float]:
+        return evaluate(low, nodes, cuts), evaluate(high, nodes, cuts)
+
+    fastest_band = band(fastest.nodes, fastest.cuts)
+    every = placements(median)
+    if every is None:
+        return Choice(UNCHECKED, fastest, fastest, fastest_band, fastest_band, 1)
+    within = [(nodes, cuts) for nodes, cuts in every
+              if math.isfinite(evaluate(median, nodes, cuts)) and evaluate(low, nodes, cuts) <= fastest_band[1]]
+    rule, pick = FASTEST, (fastest.nodes, fastest.cuts)
+    if previous is not None and (previous.nodes, previous.cuts) in within and len(within) > 1:
+        rule, pick = KEPT_PREVIOUS, (previous.nodes, previous.cuts)
+    elif len(within) > 1:
+        pick = min(within, key=lambda p: simplicity(*p))
+        rule = FASTEST if pick == (fastest.nodes, fastest.cuts) else SIMPLEST
+    chosen = Placement(pick[0], pick[1], evaluate(median, *pick))
+    return Choice(rule, chosen, fastest, band(*pick), fastest_band, max(len(within), 1))
+
+
+def previous_placement(book: ProfileBook, model_snapshot: str, hosts: Sequence[str],
+                       backends: Sequence[str]) -> Placement | None:
+    """The placement of the newest route calibration of this model, on these nodes (host and
+    backend per node index): the placement chosen, installed and qualified before."""
+    found = [r for r in book.calibrations if r.calibration.route_key.startswith(model_snapshot + "|")]
+    if not found:
+        return None
+    newest = max(found, key=lambda r: r.calibration.measured_unix_ns)
+    nodes, cuts = [], [0]
+    for stage in sorted(newest.calibration.stages, key=lambda s: s.stage_index):
+        index = next((i for i, h in enumerate(hosts) if h == stage.host), None)
+        if index is None or cuts[-1] != stage.layer_start or index in nodes:
+            return None
+        hop = f"{stage.host}:{backends[index]}[{stage.layer_start}:{stage.layer_end}]"
+        if hop not in newest.calibration.route_key:  # the node runs another backend now
+            return None
+        nodes.append(index)
+        cuts.append(stage.layer_end)
+    return Placement(tuple(nodes), tuple(cuts), 0.0) if nodes else None
