@@ -7,6 +7,11 @@ distinct graph then compiles at most once per run, and a machine that has run th
 before pays only cache hits. The MAX tests all use one checkpoint shape
 (tests/unit/model_max/conftest.py), so a cold run compiles one graph per layer kind and
 weight dtype.
+
+Every test runs in a working directory of its own, empty, with no FORNAX_TLS_* from the
+user's shell: the CLIs and services default their state to `.fornax` under the working
+directory, and a test must not pick up the certificates, fleet.json or registry that a
+user's `make run` left in the checkout (tests/integration/user_state checks this).
 """
 
 from __future__ import annotations
@@ -16,6 +21,16 @@ import os
 import pytest
 
 from libs.model.max_kernels import CACHE_DIR_ENV, configure_max_process, default_cache_dir
+
+# What a user's shell may export that a CLI reads as its credentials.
+USER_TLS_ENV = ("FORNAX_TLS_CA", "FORNAX_TLS_CERT", "FORNAX_TLS_KEY")
+
+
+@pytest.fixture(autouse=True)
+def own_working_directory(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    for name in USER_TLS_ENV:
+        monkeypatch.delenv(name, raising=False)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -52,13 +52,13 @@ from libs.service.channels import open_aio_channel
 from libs.service.errors import FornaxError
 from libs.text.context import TextContext
 from services.orchestrator.direct_load import checkpoint_stage_loads
-from services.orchestrator.inventory_facts import inventory_from, node_name
 from services.orchestrator.model_card import served_model
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.serving import ServingConfig, ServingEngine
 from services.orchestrator.stage_chain import Route, load_route
 from services.planner import domain as d
 from services.planner.inventory import Target
+from services.planner.inventory_facts import inventory_from, node_name
 from services.planner.model import describe_checkpoint
 from services.planner.planner import plan_from_profiles
 from services.planner.profiles import ProfileRecordInput, book_from_records

@@ -70,7 +70,7 @@ from libs.service.errors import FornaxError
 from libs.service.fleet_state import FleetState, fleet_path, write_fleet
 from services.evidence_registry.client import ClientOptions, RegistryCallFailed, RegistryClient
 from services.evidence_registry.domain import LayerRange
-from services.orchestrator.inventory_facts import hosts_from_profiles, inventory_from
+from services.planner.inventory_facts import hosts_from_profiles, inventory_from
 from services.planner.model import describe_checkpoint
 from services.planner.profile_source import fetch_profile_records
 from services.planner.profiles import book_from_records

@@ -66,6 +66,9 @@ DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
 MAX_RESULTS_PER_FRAME = 4096
 _DATA_KINDS = (Kind.BATCH, Kind.RESULT)
 _COMPACT_KINDS = (Kind.BATCH, Kind.RESULT, Kind.CREDIT)  # what compact_meta may carry
+# Handshake and control frames: few enough per channel that each one's typed re-encoding is
+# compared with its bytes. BATCH, RESULT and CREDIT are read by strict typed readers instead.
+_RARE_KINDS = frozenset({Kind.CANCEL, Kind.RELEASE, Kind.ACK, Kind.ERROR, Kind.CONTROL})
 
 Message = Batch | Result | Credit | Cancel | Release | Ack | ErrorMessage | Control
 
@@ -264,6 +267,8 @@ def decode_body(prelude: Prelude, body: memoryview | bytes, *, expected: Expecte
     meta = _canonical(parsed, floats, metadata, prelude.sequence_no)
     message = _decode_kind(prelude.kind, meta, metadata, payload, all_finite, expected,
                            allow_extensions, negotiated)
+    if prelude.kind in _RARE_KINDS:
+        _check_reencodes_to(message, metadata, prelude.sequence_no)
     if slice_crcs and isinstance(message, Batch):
         message = _with_input_crcs(message, slice_crcs)
     return Frame(prelude.sequence_no, message)
@@ -311,6 +316,16 @@ def _decode_compact(prelude: Prelude, metadata: bytes, payload: memoryview,
     if batch.traceparent is not None and EXT_TRACEPARENT not in negotiated:
         raise Fnx2Error(ErrorCode.METADATA, "traceparent was not negotiated on this channel")
     return batch
+
+
+def _check_reencodes_to(message: Message, metadata: bytes, sequence_no: int) -> None:
+    """FNX2: a decoder re-encodes what it parsed and rejects any difference. The canonical
+    check above compares the parsed JSON; this compares the typed message, which catches
+    a value that reads as valid but is spelled otherwise (`2.0` read as the version 2)."""
+    meta = message.to_meta()
+    meta["sequence_no"] = sequence_no
+    if canonical_json(meta, may_hold_floats=False) != metadata:
+        raise Fnx2Error(ErrorCode.METADATA, f"{type(message).__name__} re-encodes to other bytes")
 
 
 def _with_input_crcs(batch: Batch, slice_crcs: tuple[tuple[int, int, int], ...]) -> Batch:

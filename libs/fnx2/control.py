@@ -171,19 +171,27 @@ class Control:
             raise Fields({}, ErrorCode.METADATA, "CONTROL", frozenset()).fail(
                 "control", "is not a supported operation")
         f = Fields(meta, ErrorCode.METADATA, "CONTROL", names)
-        versions: tuple[tuple[int, int], ...] = ()
-        if operation == "hello":
-            raw = f.array("supported_versions", 8)
-            if not all(type(v) is list and len(v) == 2 and all(_version_part(x) for x in v)
-                       for v in raw) or [2, 0] not in raw:
-                raise f.fail("supported_versions", "must be [major, minor] integer pairs listing [2,0]")
-            versions = tuple((a, b) for a, b in raw)
+        versions = _read_supported_versions(f) if operation == "hello" else ()
         extensions = _read_extensions(f) if operation == "extensions" else ()
         return cls(operation, f.uuid("control_id"), ChannelBinding.read(f), versions, extensions)
 
 
-def _version_part(value: Any) -> bool:
-    return type(value) is int and 0 <= value <= 0xFFFF
+def _is_version(value: Any) -> bool:
+    """A [major, minor] pair of JSON integers: 2.0 or true would compare equal to 2 or 1
+    in Python but re-encode to other bytes."""
+    return type(value) is list and len(value) == 2 and all(
+        type(part) is int and 0 <= part <= 0xFFFF for part in value)
+
+
+def _read_supported_versions(f: Fields) -> tuple[tuple[int, int], ...]:
+    """FNX2 2.0 advertises exactly [[2,0]]: no other version, no duplicate. A later version
+    would be negotiated beside it, which 2.0 has no rule for."""
+    raw = f.array("supported_versions", 8)
+    if not all(_is_version(v) for v in raw):
+        raise f.fail("supported_versions", "must be [major, minor] integer pairs")
+    if raw != [list(ABI_VERSION)]:
+        raise f.fail("supported_versions", "must be exactly [[2,0]]")
+    return (ABI_VERSION,)
 
 
 def _read_extensions(f: Fields) -> tuple[str, ...]:
@@ -299,7 +307,8 @@ AckFields = AckHello | AckCancel | AckRelease | AckStage
 
 
 def _read_hello(f: Fields) -> AckHello:
-    if f.raw("selected_version") != list(ABI_VERSION):
+    selected = f.raw("selected_version")
+    if not _is_version(selected) or selected != list(ABI_VERSION):
         raise f.fail("selected_version", "must be [2,0]")
     return AckHello(ChannelBinding.read(f))
 

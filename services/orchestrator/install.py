@@ -30,7 +30,6 @@ from libs.service.errors import FailedPrecondition, Unavailable
 from libs.text.context import TextPins
 from libs.weights.policy import DEFAULT_POLICY
 from services.evidence_registry.client import ClientOptions
-from services.orchestrator.inventory_facts import describe_facts, hosts_from_profiles, inventory_from, node_name
 from services.orchestrator.remote_files import fetch_model_files
 from services.orchestrator.stage_chain import (
     Route,
@@ -46,6 +45,7 @@ from services.planner import convert as planner_convert
 from services.planner.client import AsyncPlannerClient
 from services.planner.domain import Plan
 from services.planner.inventory import Target
+from services.planner.inventory_facts import describe_facts, hosts_from_profiles, inventory_from, node_name
 from services.planner.model import describe_checkpoint
 from services.planner.profile_source import fetch_profile_records
 from services.planner.profiles import ProfileRecordInput

@@ -13,9 +13,9 @@ from libs.service.channels import ChannelConfig, open_channel
 from libs.service.errors import FailedPrecondition
 from libs.service.fleet_state import FleetState, read_fleet
 from services.evidence_registry.client import ClientOptions
-from services.orchestrator.inventory_facts import hosts_from_profiles, inventory_from, node_name
 from services.planner.explain import InstalledStage
 from services.planner.inventory import Inventory
+from services.planner.inventory_facts import hosts_from_profiles, inventory_from, node_name
 from services.planner.profile_source import fetch_profile_records
 from services.planner.profiles import ProfileRecordInput
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
-from services.orchestrator.inventory_facts import CPU_FLOPS_PER_CORE, describe_facts, inventory_from
+from services.planner.inventory_facts import CPU_FLOPS_PER_CORE, describe_facts, inventory_from
 
 GIB = 1 << 30
 
@@ -48,7 +48,7 @@ def test_the_description_names_the_facts_and_labels_the_constants():
 
 
 def test_each_worker_takes_the_host_of_the_stage_profile_it_measured():
-    from services.orchestrator.inventory_facts import hosts_from_profiles
+    from services.planner.inventory_facts import hosts_from_profiles
     from tests.unit.planner.profile_factories import link_profile, link_record, stage_profile, stage_record
 
     alpha, beta = _cap("198.18.0.10"), _cap("198.18.0.11")
