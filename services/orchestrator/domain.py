@@ -53,6 +53,8 @@ class RouteCard:
     execution_evidence: EvidenceClass = EvidenceClass.REFERENCE
     # The plan's time figures: cost-model predictions until a route is qualified.
     plan_evidence: EvidenceClass = EvidenceClass.PREDICTION
+    # The weight policy of each stage, from its verified manifest (part of the stage contract).
+    stage_weights: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

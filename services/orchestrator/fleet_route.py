@@ -93,6 +93,8 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
             served = replace(served, card=route_card(
                 installed.plan.model_snapshot, request.backend, request.boundary_dtype,
                 installed.plan.plan_id, installed.plan.mode))
+            served = replace(served, card=replace(served.card,
+                                                  stage_weights=tuple(m.weights_policy for m in manifests)))
         except BaseException:
             await discard(route, fleet)
             raise

@@ -66,7 +66,7 @@ def model_object(served: ServedModel, text: TextIdentity | None) -> dict:
                 "plan": {"plan_id": card.plan_id, "mode": card.plan_mode,
                          "evidence_class": card.plan_evidence.value},
                 "execution": {"backend": card.backend, "boundary_dtype": card.boundary_dtype,
-                              "stages": served.num_stages,
+                              "stages": served.num_stages, "stage_weights": list(card.stage_weights),
                               "evidence_class": card.execution_evidence.value}}}
 
 
