@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import platform
 import sys
+import time
 from pathlib import Path
 
 from libs.artifacts.manifest import MANIFEST_FILE
@@ -30,6 +32,8 @@ def register(commands, benches) -> None:
     build.add_argument("--out", required=True, type=Path)
     build.add_argument("--boundary-dtype", choices=sorted(FLOAT_DTYPES), default="fp32",
                        help="dtype of activations crossing stage boundaries (default fp32)")
+    build.add_argument("--weights", choices=("fp32", "bf16", "q8_0", "q4_k_m"), default="fp32",
+                       help="weight policy: the format each tensor is stored and served in (default fp32)")
     build.add_argument("--source", default="", help="lineage: where the checkpoint came from")
     build.add_argument("--revision", default="", help="lineage: the source revision")
     build.add_argument("--chunk-bytes", type=int, default=8 * 1024 * 1024, help="streaming copy chunk")
@@ -74,15 +78,33 @@ def _build(args: argparse.Namespace) -> int:
         return 1
     try:
         plan = _load_plan(args, inspection.config.num_hidden_layers)
-        options = BuildOptions(args.out, DType(args.boundary_dtype), args.chunk_bytes)
+        options = BuildOptions(args.out, DType(args.boundary_dtype), args.chunk_bytes, weights_policy=args.weights)
+        started = time.perf_counter()
         result = _run_build(inspection, plan, options, show_progress=not args.quiet)
+        seconds = time.perf_counter() - started
         record_id = _register(args.registry, inspection)
     except FornaxError as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
         _print_problems(inspection.problems)
         return 1
-    _print_build(result, inspection.snapshot, record_id, args.out, args.json)
+    _print_build(result, inspection.snapshot, record_id, args.out, args.json,
+                 BuildFigures(args.weights, seconds, peak_rss_bytes()))
     return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildFigures:
+    """Physical figures of this build process (this host, this command)."""
+
+    weights_policy: str
+    seconds: float
+    peak_rss_bytes: int
+
+
+def peak_rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def _run_build(inspection, plan, options, show_progress: bool):
@@ -113,9 +135,13 @@ def _register(address: str | None, inspection) -> str:
     return register_snapshot(address, inspection.snapshot, cli_channel())
 
 
-def _print_build(result, snapshot, record_id: str, out: Path, as_json: bool) -> None:
+def _print_build(result, snapshot, record_id: str, out: Path, as_json: bool, figures: BuildFigures) -> None:
     if as_json:
         document = {
+            "weights_policy": figures.weights_policy,
+            "build": {"evidence_class": "physical", "seconds": round(figures.seconds, 3),
+                      "peak_rss_bytes": figures.peak_rss_bytes, "host": platform.node(),
+                      "cpu": platform.processor() or platform.machine()},
             "plan_id": result.plan_id,
             "plan_hash": result.plan_hash,
             "snapshot_id": snapshot.snapshot_id,
@@ -130,7 +156,9 @@ def _print_build(result, snapshot, record_id: str, out: Path, as_json: bool) -> 
         print(f"model record {record_id} (contract evidence)")
     for s in result.stages:
         print(f"  {out / f'stage-{s.stage_index}'}  layers [{s.layer_start}, {s.layer_end_exclusive})  "
-              f"{s.weight_bytes:,} B  {s.manifest_hash}")
+              f"{s.weight_bytes:,} B {figures.weights_policy}  {s.manifest_hash}")
+    print(f"build    {figures.seconds:.1f} s, peak RSS {figures.peak_rss_bytes / 2**20:.0f} MiB "
+          f"(physical: this process on {platform.node()})")
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ from services.artifact_builder.staging import OwnedTensor
 _STORED_DTYPE = {"fp32": "F32", "bf16": "BF16", "f16": "F16"}
 _SOURCE_FORMAT = {"F32": "fp32", "BF16": "bf16", "F16": "f16"}
 _SOURCE_NUMPY = {"F32": np.float32, "BF16": np.uint16, "F16": np.float16}
-CHUNK_ELEMENTS = 1 << 22  # float32 elements decoded at once: 16 MiB
+CHUNK_ELEMENTS = 1 << 20  # float32 elements decoded at once: 4 MiB (a few such temporaries live at once)
 
 
 @dataclass(frozen=True)

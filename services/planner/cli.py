@@ -37,6 +37,9 @@ def register(commands, benches) -> None:
     p.add_argument("--concurrency", type=int, default=32, help="running fleet: target concurrent sequences")
     p.add_argument("--boundary-dtype", default="bf16", choices=("bf16", "fp16", "fp32"),
                    help="running fleet: boundary tensor dtype")
+    p.add_argument("--weights", choices=("fp32", "bf16", "q8_0", "q4_k_m"),
+                   help="weight policy the stages hold: weight bytes per layer are the policy's formats (default: "
+                        "the checkpoint's dtype, as stored)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run_plan)
     b = benches.add_parser("planner", help="planner speed and brute-force agreement")
@@ -117,7 +120,7 @@ def run_plan(args) -> int:
               file=sys.stderr)
         return EXIT_ERROR
     try:
-        model = describe_checkpoint(args.checkpoint)
+        model = describe_checkpoint(args.checkpoint, args.weights)
         planned = _plan_inventory_file(args, model) if args.inventory else _plan_running_fleet(args, model)
         result, installed = planned
     except (FornaxError, ModelError) as exc:
@@ -136,7 +139,7 @@ def run_plan(args) -> int:
         print(json.dumps(body, indent=2, sort_keys=True))
     else:
         print(f"model {summary['model_snapshot']}: {summary['layers']} layers, "
-              f"{summary['weight_bytes'] / GIB:.2f} GiB {summary['weight_dtype']}, {summary['routed_experts']} routed "
+              f"{summary['weight_bytes'] / GIB:.2f} GiB {summary['weights']}, {summary['routed_experts']} routed "
               f"experts top-{summary['experts_per_token']} + {summary['shared_experts']} shared; a decode token reads "
               f"{summary['active_weight_bytes_per_token'] / GIB:.3f} GiB of layer weights")
         if (args.explain or args.replan) and result.plan is not None:
@@ -154,6 +157,7 @@ def model_summary(model) -> dict[str, Any]:
     return {
         "model_snapshot": model.model_snapshot, "layers": model.num_layers, "weight_bytes": model.total_weight_bytes,
         "weight_dtype": model.weight_dtype, "routed_experts": model.routed_experts,
+        "weights": model.weights_policy or f"{model.weight_dtype} (as stored)",
         "experts_per_token": model.experts_per_token, "shared_experts": model.shared_experts,
         "active_weight_bytes_per_token": active,
     }

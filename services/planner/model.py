@@ -1,17 +1,22 @@
 """Per-layer cost facts of a DeepSeek-V2-family checkpoint, derived from its config.json.
 
 Byte counts are exact for the Hugging Face `DeepseekV2ForCausalLM` tensor layout
-(`libs.model.layout`). FLOPs count two per multiply-accumulate of the weights a decode token
+(`libs.model.layout`). Given a weight policy (`libs.weights.policy`) each tensor counts in the
+format the policy gives it, as the artifact builder writes it and a stage holds it (fp32 is 4
+bytes a weight whatever the checkpoint's dtype); without one, at the checkpoint's dtype.
+FLOPs count two per multiply-accumulate of the weights a decode token
 actually touches: dense parts, the router, the shared experts and only the top-k routed
 experts. Attention score work grows with context and is kept as a separate per-context-token
 term. KV bytes per token are MLA's compressed latent plus the rope key:
-`(kv_lora_rank + qk_rope_head_dim) * dtype bytes` per layer.
+`(kv_lora_rank + qk_rope_head_dim) * dtype bytes` per layer: float32 (what stages hold) under a
+policy, the checkpoint's dtype without one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +24,12 @@ from typing import Any
 from libs.common.kinds import DType
 from libs.model.config import DeepseekV2Config, parse_config
 from libs.model.errors import ConfigError
+from libs.model.layout import EMBED, LM_HEAD, layer_tensors
+from libs.weights.policy import require_policy
+from services.planner.policy_bytes import LayerBytes, layer_bytes, matrix_bytes
 
 DTYPE_BYTES = {DType.BF16: 2, DType.FP16: 2, DType.FP32: 4}
+KV_DTYPE_BYTES = 4  # stages keep MLA latents and rope keys in float32
 _TORCH_DTYPES = {"bfloat16": DType.BF16, "float16": DType.FP16, "float32": DType.FP32}
 
 # Operation names a node must list to host a stage of this model family.
@@ -63,6 +72,7 @@ class ModelDescription:
     expert_bytes: int  # one routed expert (gate, up, down)
     weight_dtype: DType  # one of FLOAT_DTYPES
     required_operations: tuple[str, ...]
+    weights_policy: str = ""  # "" = counted at the checkpoint's dtype
 
     @property
     def num_layers(self) -> int:
@@ -82,7 +92,7 @@ class ModelDescription:
         return sum(x.weight_bytes for x in self.layers) + self.embedding_bytes + self.head_bytes - shared
 
 
-def describe_checkpoint(checkpoint_dir: str | Path) -> ModelDescription:
+def describe_checkpoint(checkpoint_dir: str | Path, policy: str | None = None) -> ModelDescription:
     """Reads `config.json` (and hashes it with the weight index) into a description."""
     root = Path(checkpoint_dir)
     config_path = root / "config.json"
@@ -98,16 +108,22 @@ def describe_checkpoint(checkpoint_dir: str | Path) -> ModelDescription:
         raw = json.loads(raw_bytes)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{config_path} is not valid JSON: {exc}") from exc
-    return describe_config(raw, snapshot="sha256:" + digest.hexdigest())
+    return describe_config(raw, snapshot="sha256:" + digest.hexdigest(), policy=policy)
 
 
-def describe_config(raw: dict[str, Any], snapshot: str) -> ModelDescription:
+def describe_config(raw: dict[str, Any], snapshot: str, policy: str | None = None) -> ModelDescription:
     cfg = parse_config(raw)
     dtype = weight_dtype_of(raw)
-    nbytes = DTYPE_BYTES[dtype]
-    layers = tuple(_layer_cost(cfg, i, nbytes) for i in range(cfg.num_hidden_layers))
-    embed = cfg.vocab_size * cfg.hidden_size * nbytes
-    head = cfg.hidden_size * nbytes + embed
+    if policy is not None:
+        require_policy(policy)
+        dtype = DType.BF16 if policy == "bf16" else DType.FP32
+    sizes = _Sizes(cfg, policy, DTYPE_BYTES[dtype])
+    n = cfg.num_hidden_layers
+    layers = tuple(_layer_cost(cfg, i, sizes) for i in range(n))
+    embed = sizes.matrix(EMBED, cfg.vocab_size, cfg.hidden_size)
+    head = cfg.hidden_size * sizes.norm_bytes + (embed if cfg.tie_word_embeddings
+                                                 else sizes.matrix(LM_HEAD, cfg.vocab_size, cfg.hidden_size))
+    moe_layers = [sizes.layer(i) for i in range(n) if cfg.is_moe_layer(i)]
     ops = list(BASE_OPERATIONS)
     if any(x.is_moe for x in layers):
         ops.extend(MOE_OPERATIONS)
@@ -124,10 +140,34 @@ def describe_config(raw: dict[str, Any], snapshot: str) -> ModelDescription:
         routed_experts=cfg.n_routed_experts,
         experts_per_token=cfg.num_experts_per_tok,
         shared_experts=cfg.n_shared_experts,
-        expert_bytes=3 * cfg.hidden_size * cfg.moe_intermediate_size * nbytes,
+        expert_bytes=(sum(x.per_expert for x in moe_layers) // len(moe_layers)) if moe_layers else 0,
         weight_dtype=dtype,
         required_operations=tuple(ops),
+        weights_policy=policy or "",
     )
+
+
+class _Sizes:
+    """Stored bytes: by the policy's formats, or at one dtype for every tensor without one."""
+
+    def __init__(self, cfg: DeepseekV2Config, policy: str | None, dtype_bytes: int) -> None:
+        self.cfg, self.policy, self.dtype_bytes = cfg, policy, dtype_bytes
+        self.norm_bytes = 4 if policy is not None else dtype_bytes
+        self.kv_bytes = KV_DTYPE_BYTES if policy is not None else dtype_bytes
+
+    def matrix(self, name: str, rows: int, cols: int) -> int:
+        if self.policy is None:
+            return rows * cols * self.dtype_bytes
+        return matrix_bytes(self.policy, name, rows, cols, self.cfg.num_hidden_layers)
+
+    def layer(self, index: int) -> LayerBytes:
+        if self.policy is not None:
+            return layer_bytes(self.cfg, index, self.policy)
+        shapes = layer_tensors(self.cfg, index)
+        total = sum(math.prod(s) for s in shapes.values()) * self.dtype_bytes
+        routed = sum(math.prod(s) for n, s in shapes.items() if ".mlp.experts." in n) * self.dtype_bytes
+        experts = self.cfg.n_routed_experts if self.cfg.is_moe_layer(index) else 0
+        return LayerBytes(total, routed, routed // experts if experts else 0)
 
 
 def weight_dtype_of(raw: dict[str, Any]) -> DType:
@@ -150,8 +190,9 @@ def _attention_params(cfg: DeepseekV2Config) -> int:
     return q + kv_a + kv_b + out
 
 
-def _layer_cost(cfg: DeepseekV2Config, index: int, nbytes: int) -> LayerCost:
+def _layer_cost(cfg: DeepseekV2Config, index: int, sizes: _Sizes) -> LayerCost:
     h = cfg.hidden_size
+    stored = sizes.layer(index)
     norms = 2 * h
     attention = _attention_params(cfg)
     if cfg.is_moe_layer(index):
@@ -159,21 +200,20 @@ def _layer_cost(cfg: DeepseekV2Config, index: int, nbytes: int) -> LayerCost:
         shared = 3 * h * cfg.moe_intermediate_size * cfg.n_shared_experts
         router = cfg.n_routed_experts * h
         dense = norms + attention + router + shared
-        total = dense + cfg.n_routed_experts * expert
         active = dense + cfg.num_experts_per_tok * expert
         widest = max(cfg.moe_intermediate_size * max(cfg.num_experts_per_tok + cfg.n_shared_experts, 1), h)
     else:
-        dense = total = active = norms + attention + 3 * h * cfg.intermediate_size
+        dense = active = norms + attention + 3 * h * cfg.intermediate_size
         widest = max(cfg.intermediate_size, h)
     heads = cfg.num_attention_heads
     widest = max(widest, heads * (cfg.qk_head_dim + cfg.v_head_dim))
     return LayerCost(
         index=index,
         is_moe=cfg.is_moe_layer(index),
-        weight_bytes=total * nbytes,
-        dense_weight_bytes=dense * nbytes,
+        weight_bytes=stored.total,
+        dense_weight_bytes=stored.total - stored.routed,
         flops_per_token=2 * active,
         attention_flops_per_context_token=2 * heads * (cfg.qk_head_dim + cfg.v_head_dim),
-        kv_bytes_per_token=(cfg.kv_lora_rank + cfg.qk_rope_head_dim) * nbytes,
+        kv_bytes_per_token=(cfg.kv_lora_rank + cfg.qk_rope_head_dim) * sizes.kv_bytes,
         scratch_bytes_per_row=4 * widest,
     )

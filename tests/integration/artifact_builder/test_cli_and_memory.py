@@ -73,15 +73,17 @@ def test_cli_refuses_a_malformed_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_build_memory_stays_bounded_on_the_small_preset(tmp_path):
-    """Peak RSS of a whole build stays far below the checkpoint size (tensors are streamed)."""
+@pytest.mark.parametrize("policy", ["fp32", "q4_k_m"])
+def test_build_memory_stays_bounded_on_the_small_preset(tmp_path, policy):
+    """Peak RSS of a whole build stays far below the checkpoint size (tensors are streamed, and a
+    policy's formats are encoded in bounded row chunks)."""
     checkpoint = tmp_path / "small"
     summary = write_checkpoint(CheckpointRequest("small", checkpoint))
     assert summary.total_bytes > 400 * 2**20
     largest_shard = max((checkpoint / f).stat().st_size for f in summary.shard_files)
     baseline = _import_baseline()
     peak = _peak_rss_bytes("artifacts", "build", "--checkpoint", str(checkpoint), "--stages", "2",
-                           "--out", str(tmp_path / "out"), "--quiet")
+                           "--out", str(tmp_path / "out"), "--quiet", "--weights", policy)
     print(f"peak_rss_bytes={peak} import_baseline_bytes={baseline} checkpoint_bytes={summary.total_bytes}")
     # Holding any shard whole (256 MiB here) would break both bounds.
     assert peak < summary.total_bytes / 4, (peak, summary.total_bytes)

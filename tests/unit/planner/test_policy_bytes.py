@@ -1,0 +1,58 @@
+"""The planner counts the bytes a stage really holds under a weight policy. On DeepSeek-V2-Lite's
+shapes the totals match the peers' files (GGUF Q4_K_M 9.7 GiB, Q8_0 15.6 GiB, bf16 31 GB), and
+three memory-limited hosts refuse bf16 but place all 27 layers in q4_k_m."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from libs.model.presets import preset_config
+from services.planner.inventory import load_inventory_file
+from services.planner.model import describe_config
+from services.planner.planner import plan
+
+GIB = 2**30
+LITE_INVENTORY = Path(__file__).parents[3] / "services/planner/examples/lite_three_hosts.yaml"
+
+
+def lite(policy):
+    return describe_config(preset_config("lite", 0, 1), snapshot="sha256:" + "1" * 64, policy=policy)
+
+
+@pytest.mark.parametrize(("policy", "low", "high"), [
+    ("bf16", 29.0, 29.5), ("q8_0", 15.3, 15.8), ("q4_k_m", 9.5, 10.0), ("fp32", 58.3, 58.8)])
+def test_lite_totals_per_policy(policy, low, high):
+    assert low <= lite(policy).total_weight_bytes / GIB <= high
+
+
+def test_without_a_policy_bytes_are_the_checkpoint_dtype():
+    stored = describe_config(preset_config("lite", 0, 1), snapshot="sha256:" + "1" * 64)
+    # the bf16 policy keeps norms (55 of 2,048, 27 of 512) and the 26 routers [64, 2048] in float32
+    extra = 2 * (55 * 2048 + 27 * 512 + 26 * 64 * 2048)
+    assert lite("bf16").total_weight_bytes == stored.total_weight_bytes + extra
+    assert stored.layers[1].kv_bytes_per_token == 2 * (512 + 64)
+    assert lite("q4_k_m").layers[1].kv_bytes_per_token == 4 * (512 + 64)  # stages hold float32 KV
+
+
+def test_a_decode_token_reads_fewer_expert_bytes_in_4_bit():
+    q4, bf16 = lite("q4_k_m"), lite("bf16")
+    assert q4.expert_bytes < 0.35 * bf16.expert_bytes
+    assert q4.layers[1].dense_weight_bytes < bf16.layers[1].dense_weight_bytes
+
+
+def test_three_small_hosts_refuse_bf16_and_place_every_layer_in_q4_k_m():
+    loaded = load_inventory_file(LITE_INVENTORY)
+    refused = plan(lite("bf16"), loaded.inventory, loaded.target)
+    assert not refused.feasible and refused.infeasibility_reason == "INSUFFICIENT_MEMORY"
+    assert refused.shortfall_bytes > 10 * GIB
+    placed = plan(lite("q4_k_m"), loaded.inventory, loaded.target)
+    assert placed.feasible
+    ranges = [(s.layer_start, s.layer_end) for s in placed.plan.stages]
+    assert ranges[0][0] == 0 and ranges[-1][1] == 27
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    layers = {s.node: s.layer_end - s.layer_start for s in placed.plan.stages}
+    assert layers["alpha"] > max(layers["beta"], layers["gamma"])  # the biggest, fastest host takes most
+    for stage in placed.plan.stages:
+        assert stage.memory_bytes <= stage.node_memory_bytes
