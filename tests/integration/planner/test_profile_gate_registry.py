@@ -126,8 +126,8 @@ def test_plan_explain_prints_each_term_with_its_evidence(tmp_path, capsys):
                 address, "--state-dir", str(tmp_path / "no-fleet"), "--explain"]
         assert main(argv) == 0
         out = capsys.readouterr().out
-        assert f"physical (prediction from measurement records {a_id})" in out
-        assert f"physical (prediction from measurement records {b_id})" in out
+        assert f"physical (prediction from layer profiles; measurement records {a_id})" in out
+        assert f"physical (prediction from layer profiles; measurement records {b_id})" in out
         for term in ("compute", "pack", "wire", "unpack", "memory"):
             assert f"  {term} " in out
         assert "declared, exploratory" in out  # no link profile yet: the wire term is declared
