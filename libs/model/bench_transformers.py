@@ -65,6 +65,21 @@ def _load_layer_weights(layer, cfg: DeepseekV2Config, weights: StageWeights, ind
             param.copy_(t(np.ascontiguousarray(dense(value))))
 
 
+def load_policy_weights(model, cfg: DeepseekV2Config, weights: StageWeights) -> None:
+    """Overwrite a whole `DeepseekV2ForCausalLM`'s parameters with `weights` decoded to float32:
+    transformers then runs the same (quantized) model the stages run."""
+    import torch
+
+    with torch.no_grad():
+        for index, layer in enumerate(model.model.layers):
+            _load_layer_weights(layer, cfg, weights, index)
+        if weights.embed is not None:
+            model.model.embed_tokens.weight.copy_(torch.from_numpy(np.ascontiguousarray(dense(weights.embed))))
+        if weights.final_norm is not None and weights.lm_head is not None:
+            model.model.norm.weight.copy_(torch.from_numpy(weights.final_norm))
+            model.lm_head.weight.copy_(torch.from_numpy(np.ascontiguousarray(dense(weights.lm_head))))
+
+
 def _dense_stack(stack: Sequence[Weight]) -> np.ndarray:
     return stack if isinstance(stack, np.ndarray) else np.stack([dense(w) for w in stack])
 

@@ -32,6 +32,10 @@ def register(commands, benches) -> None:
     parity.add_argument("--device", default="cpu")
     parity.add_argument("--decode-steps", type=int, default=8)
     parity.add_argument("--tolerance", type=float, default=1e-4)
+    parity.add_argument("--weights", choices=("fp32", "bf16", "q8_0", "q4_k_m"), default="fp32",
+                        help="weight policy of the stages; the reference runs the same weights dequantized")
+    parity.add_argument("--against-source", action="store_true",
+                        help="also report top-1 agreement and mean KL against the unquantized checkpoint")
     parity.add_argument("--json", action="store_true")
     parity.set_defaults(func=_parity)
 
@@ -73,7 +77,8 @@ def _parity(args: argparse.Namespace) -> int:
 
     request = ParityRequest(
         checkpoint_dir=args.checkpoint, stages=args.stages, backend=args.backend, device=args.device,
-        decode_steps=args.decode_steps, tolerance=args.tolerance,
+        decode_steps=args.decode_steps, tolerance=args.tolerance, weights=args.weights,
+        against_source=args.against_source,
     )
     from libs.service.errors import FornaxError
 

@@ -42,6 +42,10 @@ class ParityRequest:
     seed: int = 0
     # One backend per stage (a fleet of unlike hosts); empty: `backend` on every stage.
     stage_backends: tuple[str, ...] = ()
+    # The weight policy the stages hold; the reference runs the same weights dequantized.
+    weights: str = "fp32"
+    # Also score the policy's final logits against the unquantized checkpoint's.
+    against_source: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,20 @@ class ParityReport:
     experts: tuple[ExpertDiff, ...]
     passed: bool
     figure_class: str = "reference check (max abs difference vs transformers float32, this host)"
+    weights: str = "fp32"
+    quality: QualityReport | None = None
+
+
+@dataclass(frozen=True)
+class QualityReport:
+    """The policy's model against the unquantized checkpoint under teacher forcing: how often the
+    top-1 token agrees, and the mean KL(source || policy) of the final distributions. A
+    reference figure of the model's weights, not of any hardware."""
+
+    positions: int
+    top1_agreement: float
+    mean_kl: float
+    source_reference: str
 
 
 @dataclass
@@ -139,7 +157,7 @@ def step_slices(plans: list[SequencePlan], step: int) -> list[tuple[SequencePlan
 def build_executor(request: ParityRequest, cfg: DeepseekV2Config, ranges, index: int) -> StageExecutor:
     start, end = ranges[index]
     first, last = index == 0, index == len(ranges) - 1
-    weights = load_stage_weights(request.checkpoint_dir, cfg, start, end, first, last)
+    weights = load_stage_weights(request.checkpoint_dir, cfg, start, end, first, last, policy=request.weights)
     backend = request.stage_backends[index] if request.stage_backends else request.backend
     kernels = make_kernels(backend, cfg, weights, request.device)
     return StageExecutor(cfg, StageSpec(start, end, first, last), kernels)
@@ -180,13 +198,20 @@ def _record(store: dict[str, list[np.ndarray]], slices, bounds, rows: np.ndarray
         store.setdefault(s.request_id, []).append(rows[a:b])
 
 
-def run_reference(checkpoint_dir: Path, cfg: DeepseekV2Config, plans: list[SequencePlan]) -> tuple[Captured, str]:
+def run_reference(checkpoint_dir: Path, cfg: DeepseekV2Config, plans: list[SequencePlan],
+                  policy: str = "fp32") -> tuple[Captured, str]:
     import torch
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(checkpoint_dir), dtype=torch.float32, attn_implementation="eager"
     ).eval()
+    if policy != "fp32":
+        from libs.model.bench_transformers import load_policy_weights
+
+        weights = load_stage_weights(checkpoint_dir, cfg, 0, cfg.num_hidden_layers, True, True, policy=policy)
+        load_policy_weights(model, cfg, weights)
+        del weights
     layer_out: dict[int, np.ndarray] = {}
     gate_ids: dict[int, np.ndarray] = {}
     handles = []
@@ -205,7 +230,9 @@ def run_reference(checkpoint_dir: Path, cfg: DeepseekV2Config, plans: list[Seque
                 cap.experts.setdefault(i, {})[plan.request_id] = [ids]
     for handle in handles:
         handle.remove()
-    return cap, f"transformers {transformers.__version__} float32, torch {torch.__version__} CPU, eager attention"
+    on = "" if policy == "fp32" else f", on the {policy} weights decoded to float32"
+    return cap, (f"transformers {transformers.__version__} float32{on}, torch {torch.__version__} CPU, "
+                 "eager attention")
 
 
 def _capture_hidden(store: dict[int, np.ndarray], index: int):
@@ -262,16 +289,35 @@ def run_parity(request: ParityRequest) -> ParityReport:
     ranges = split_layers(cfg.num_hidden_layers, request.stages)
     plans = plan_sequences(cfg, request.decode_steps, request.seed)
     ours, build = run_ours(request, cfg, ranges, plans)
-    ref, reference = run_reference(request.checkpoint_dir, cfg, plans)
+    ref, reference = run_reference(request.checkpoint_dir, cfg, plans, request.weights)
     boundaries, experts = compare(ours, ref, ranges, request.tolerance)
     passed = all(b.passed for b in boundaries) and all(e.mismatched_rows == 0 for e in experts)
+    quality = None
+    if request.against_source:
+        source, source_reference = run_reference(request.checkpoint_dir, cfg, plans)
+        quality = quality_against(ours.logits, source.logits, source_reference)
     return ParityReport(
         checkpoint=str(request.checkpoint_dir), backend=request.backend,
         backend_build=build, device=request.device, reference=reference,
         stage_ranges=tuple(ranges), sequences=len(plans), decode_steps=request.decode_steps,
         rows=sum(p.tokens.size for p in plans), tolerance=request.tolerance,
         boundaries=tuple(boundaries), experts=tuple(experts), passed=passed,
+        weights=request.weights, quality=quality,
     )
+
+
+def quality_against(ours: dict[str, list[np.ndarray]], source: dict[str, list[np.ndarray]],
+                    source_reference: str) -> QualityReport:
+    agree = positions = 0
+    kl_sum = 0.0
+    for request_id, rows in ours.items():
+        a, b = np.concatenate(rows).astype(np.float64), np.concatenate(source[request_id]).astype(np.float64)
+        agree += int(np.sum(a.argmax(-1) == b.argmax(-1)))
+        positions += a.shape[0]
+        log_p = b - np.logaddexp.reduce(b, axis=-1, keepdims=True)
+        log_q = a - np.logaddexp.reduce(a, axis=-1, keepdims=True)
+        kl_sum += float(np.sum(np.exp(log_p) * (log_p - log_q)))
+    return QualityReport(positions, agree / positions, kl_sum / positions, source_reference)
 
 
 def format_report(report: ParityReport, as_json: bool = False) -> str:
@@ -279,7 +325,7 @@ def format_report(report: ParityReport, as_json: bool = False) -> str:
         return json.dumps(asdict(report), indent=2)
     lines = [
         f"parity checkpoint={report.checkpoint} backend={report.backend} ({report.backend_build}) "
-        f"device={report.device} stages={len(report.stage_ranges)}",
+        f"device={report.device} stages={len(report.stage_ranges)} weights={report.weights}",
         f"reference: {report.reference}",
         f"scenario: {report.sequences} sequences (ragged prefill, one prefilled alongside decodes), "
         f"{report.decode_steps} decode steps, {report.rows} rows",
@@ -289,5 +335,10 @@ def format_report(report: ParityReport, as_json: bool = False) -> str:
     for e in report.experts:
         verdict = "ok" if e.mismatched_rows == 0 else "FAIL"
         lines.append(f"  routed experts layer {e.layer}: {e.mismatched_rows}/{e.rows} rows differ {verdict}")
+    if report.quality is not None:
+        q = report.quality
+        lines.append(f"quality of {report.weights} against the unquantized checkpoint ({q.positions} teacher-forced "
+                     f"positions; reference figures of the weights): top-1 agreement {q.top1_agreement:.3f}, "
+                     f"mean KL {q.mean_kl:.3e}")
     lines.append(f"{'PASS' if report.passed else 'FAIL'} (tolerance {report.tolerance:g}; {report.figure_class})")
     return "\n".join(lines)

@@ -56,3 +56,35 @@ def test_bf16_agrees_statistically_with_float32(full_stage):  # noqa: F811
     assert min(agreement) >= EXPERT_MIN_AGREEMENT, report
     # bf16 products really ran: the logits differ from float32, just not by much.
     assert 0 < float(np.abs(logits16 - logits32).max()) < 0.5 * float(np.abs(logits32).max()), report
+
+
+def test_a_bf16_policy_stage_binds_its_stored_bits_and_computes_what_rounding_gives(full_stage, max_checkpoint):  # noqa: F811
+    """Weights loaded under the bf16 policy stay bf16 (no float32 copy) and pick bf16 graphs by
+    themselves; they compute exactly what float32 weights rounded to bf16 at bind compute."""
+    from libs.model.weights import load_stage_weights
+    from libs.weights.tensor import PackedWeight
+
+    cfg, weights = full_stage
+    packed = load_stage_weights(max_checkpoint, cfg, 0, cfg.num_hidden_layers, True, True, policy="bf16")
+    gate = packed.layer(1).moe.experts_gate[0]
+    assert isinstance(gate, PackedWeight) and gate.data.dtype == np.uint16
+    assert packed.resident_bytes() < 0.6 * weights.resident_bytes()
+    layout = build_ragged_layout([0, 0], [7, 5])
+    tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, layout.positions.size).astype(np.int32)
+    from_bits = make_max_kernels(cfg, packed, "cpu")  # "auto": bf16 graphs, from the weights
+    assert from_bits.options.weight_dtype == "bfloat16"
+    rounded = make_max_kernels(cfg, weights, "cpu", MaxOptions(weight_dtype="bfloat16"))
+    np.testing.assert_array_equal(run_model(from_bits, cfg, tokens, layout)[0],
+                                  run_model(rounded, cfg, tokens, layout)[0])
+
+
+def test_a_block_format_on_a_max_stage_is_refused_not_widened(max_checkpoint):  # noqa: F811
+    from libs.model.config import load_config
+    from libs.model.weights import load_stage_weights
+    from libs.weights.errors import WeightFormatUnsupportedError
+
+    cfg = load_config(max_checkpoint)
+    quantized = load_stage_weights(max_checkpoint, cfg, 0, 2, True, False, policy="q8_0")
+    with pytest.raises(WeightFormatUnsupportedError) as refused:
+        make_max_kernels(cfg, quantized, "cpu")
+    assert refused.value.reason == "WEIGHT_FORMAT_UNSUPPORTED" and "q8_0" in refused.value.message
