@@ -77,7 +77,8 @@ class BoundarySide:
 class TensorFormat:
     """How a tensor is stored: its weight format (`libs.weights.formats`), logical shape, block,
     scale dtype, the source dtype it was made from and who wrote the bytes. `wanted` is the
-    policy's choice; `fallback` says why `format` differs from it ("" when it does not)."""
+    policy's choice; `fallback` says why a row's length moved it to another format, and
+    `conversion` why the stage's backend holds another format than the policy's ("" when not)."""
 
     format: str
     logical_shape: tuple[int, ...]
@@ -87,6 +88,7 @@ class TensorFormat:
     quantizer: str
     wanted: str
     fallback: str
+    conversion: str
 
 
 @dataclass(frozen=True)

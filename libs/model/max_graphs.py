@@ -19,6 +19,12 @@ expert gathers its rows, runs, and scatter-adds its weighted output, and an expe
 is skipped). On CPU this does the routed work only, instead of every expert on every row, and
 pays one launch per layer instead of one per expert. Expert weights are transposed per layer at
 load time, so no transposes run per call.
+
+A linear weight held in a GGUF block format (`GraphSpec.quant`: Q4_0, Q4_K or Q6_K) is bound as
+its stored bytes, uint8 [out, row bytes] in GGUF's layout, and its product runs in-graph through
+`ops.qmatmul` (int8 activations per 32-block, VNNI on x86); each distinct set of formats is its
+own graph (and compile). The routed experts' formats are named `experts_gate_up` and
+`experts_down` for every expert of the layer.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from enum import Enum
 
 from max.dtype import DType
 from max.graph import DeviceRef, Graph, TensorType, TensorValue, Weight, ops
+from max.graph.quantization import QuantizationEncoding
 
 from libs.model.config import DeepseekV2Config
 
@@ -65,6 +72,22 @@ class GraphSpec:
     cfg: DeepseekV2Config
     weight_dtype: DType
     device: DeviceRef
+    # (linear weight name, block format) for each weight run by ops.qmatmul, sorted
+    quant: tuple[tuple[str, str], ...] = ()
+
+    def quant_format(self, name: str) -> str | None:
+        return dict(self.quant).get(name)
+
+
+QMATMUL_ENCODINGS = {"q4_0": QuantizationEncoding.Q4_0, "q4_k": QuantizationEncoding.Q4_K,
+                     "q6_k": QuantizationEncoding.Q6_K}
+# Bytes per block and elements per block of each, as GGUF lays them out.
+_QBLOCK = {"q4_0": (18, 32), "q4_k": (144, 256), "q6_k": (210, 256)}
+
+
+def quant_row_bytes(fmt: str, row: int) -> int:
+    size, block = _QBLOCK[fmt]
+    return row // block * size
 
 
 class _Builder:
@@ -99,7 +122,22 @@ class _Builder:
     def linear(self, x: TensorValue, name: str, out_dim: int, in_dim: int) -> TensorValue:
         # Stored [in, out] (transposed once at load): an in-graph transpose of an [out, in]
         # weight is materialised on every call on CPU, which dominates small-batch decode.
+        fmt = self.spec.quant_format(name)
+        if fmt is not None:
+            return self.qlinear(x, self.quant_weight(name, fmt, out_dim, in_dim), fmt)
         return self.matmul(x, self.stored_weight(name, [in_dim, out_dim]))
+
+    def quant_weight(self, name: str, fmt: str, out_dim: int, in_dim: int) -> TensorValue:
+        """A block-format weight: its GGUF bytes, uint8 [out, row bytes] (not transposed)."""
+        w = Weight(name, DType.uint8, [out_dim, quant_row_bytes(fmt, in_dim)], self.spec.device,
+                   quantization_encoding=QMATMUL_ENCODINGS[fmt])
+        return Graph.current.add_weight(w, force_initial_weight_on_host=self.spec.device.is_cpu())
+
+    def qlinear(self, x: TensorValue, w: TensorValue, fmt: str) -> TensorValue:
+        """float32 `x` @ a block-format weight, in-graph (ops.qmatmul), float32 out."""
+        if x.dtype != DType.float32:
+            x = ops.cast(x, DType.float32)
+        return ops.qmatmul(QMATMUL_ENCODINGS[fmt], None, x, w)
 
     def rms_norm(self, x: TensorValue, name: str, dim: int) -> TensorValue:
         return ops.rms_norm(x, self.weight(name, [dim]), self.cfg.rms_norm_eps)
@@ -354,15 +392,21 @@ def _build_expert(spec: GraphSpec) -> Graph:
         flags = values[2 + 2 * experts:]
         b = _Builder(spec)
         out_type = TensorType(DType.float32, [ROWS, h], device=spec.device)
+        gate_up_fmt, down_fmt = spec.quant_format("experts_gate_up"), spec.quant_format("experts_down")
         for e in range(experts):
             rows, weights = values[2 + 2 * e], values[3 + 2 * e]
             gate_up_name, down_name = expert_weight_names(e)
-            gate_up_w = b.stored_weight(gate_up_name, [h, 2 * inter])
-            down_w = b.stored_weight(down_name, [inter, h])
+            gate_up_w = (b.quant_weight(gate_up_name, gate_up_fmt, 2 * inter, h) if gate_up_fmt
+                         else b.stored_weight(gate_up_name, [h, 2 * inter]))
+            down_w = (b.quant_weight(down_name, down_fmt, h, inter) if down_fmt
+                      else b.stored_weight(down_name, [inter, h]))
+
+            def product(x_rows, w, fmt):  # noqa: ANN001, ANN202
+                return b.qlinear(x_rows, w, fmt) if fmt else b.matmul(x_rows, w)
 
             def run_expert(acc=hidden, rows=rows, weights=weights, gate_up_w=gate_up_w, down_w=down_w):  # noqa: ANN001, ANN202
-                gate_up = b.matmul(ops.gather(x, rows, axis=0), gate_up_w)
-                y = b.matmul(ops.silu(gate_up[:, :inter]) * gate_up[:, inter:], down_w)
+                gate_up = product(ops.gather(x, rows, axis=0), gate_up_w, gate_up_fmt)
+                y = product(ops.silu(gate_up[:, :inter]) * gate_up[:, inter:], down_w, down_fmt)
                 return ops.scatter_nd_add(acc, y * ops.unsqueeze(weights, 1), ops.unsqueeze(rows, 1))
 
             def skip(acc=hidden):  # noqa: ANN001, ANN202

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 CACHE_DIR_ENV = "FORNAX_COMPILE_CACHE_DIR"
 DEVICES = ("cpu", "gpu")
 WEIGHT_DTYPES = ("float32", "bfloat16")
-# Weight formats the MAX graphs run in-graph, and the graph weight dtype each needs.
+# Float weight formats the MAX graphs hold, and the graph weight dtype each needs; block formats
+# MAX runs in-graph through ops.qmatmul (`libs.weights.policy.MAX_QUANT_FORMATS`).
 GRAPH_DTYPE_OF_FORMAT = {"fp32": "float32", "bf16": "bfloat16"}
 ATTENTION_FORMS = ("auto", "absorbed", "expanded")
 
@@ -83,13 +84,15 @@ def weight_dtype_for(weights: StageWeights) -> str:
     """The graph weight dtype a stage's stored formats run in; a format with no MAX kernel is
     refused (`WEIGHT_FORMAT_UNSUPPORTED`), never widened to float32."""
     from libs.weights.errors import WeightFormatUnsupportedError
+    from libs.weights.policy import MAX_FORMATS
 
     formats = weights.formats()
-    unsupported = sorted(formats - set(GRAPH_DTYPE_OF_FORMAT))
+    unsupported = sorted(formats - MAX_FORMATS)
     if unsupported:
         raise WeightFormatUnsupportedError(
-            f"the MAX backend runs {', '.join(GRAPH_DTYPE_OF_FORMAT)} weights in-graph; this stage holds "
-            f"{', '.join(unsupported)} (build it for a numpy stage, or with --weights bf16 / fp32)")
+            f"the MAX backend runs {', '.join(sorted(MAX_FORMATS))} weights in-graph; this stage holds "
+            f"{', '.join(unsupported)} (build the stage for the max backend: `--for-backend max`, or a fleet "
+            "whose plan places it on a MAX host, converts them once at build time)")
     return "bfloat16" if "bf16" in formats else "float32"
 
 

@@ -17,6 +17,7 @@ from libs.model.config import DeepseekV2Config
 from libs.model.errors import BackendUnavailableError, CheckpointError
 from libs.model.max_graphs import (
     LINEAR_WEIGHTS,
+    QMATMUL_ENCODINGS,
     GraphKind,
     GraphSpec,
     attention_weight_shapes,
@@ -85,33 +86,41 @@ class Runtime:
         self.device_description = f"{device}:{self.device.label if hasattr(self.device, 'label') else device}"
         self.weight_dtype = DType.bfloat16 if weight_dtype == "bfloat16" else DType.float32
         self.session = InferenceSession(devices=[self.device])
-        self._compiled: dict[GraphKind, Any] = {}
+        self._compiled: dict[tuple[GraphKind, Quant], Any] = {}
         self.compile_seconds: dict[str, float] = {}
 
     def layer_kind(self, layer_index: int) -> GraphKind:
         return GraphKind.MOE_LAYER if self.cfg.is_moe_layer(layer_index) else GraphKind.DENSE_LAYER
 
-    def compiled(self, kind: GraphKind) -> Any:
-        if kind not in self._compiled:
+    def compiled(self, kind: GraphKind, quant: Quant = ()) -> Any:
+        """The compiled graph of `kind` whose linear weights `quant` names run in block formats."""
+        if (kind, quant) not in self._compiled:
+            label = kind.value + "".join(f" {name}:{fmt}" for name, fmt in quant)
             self.progress(
-                f"max: compiling {kind.value} graph (first run on this cache dir: "
+                f"max: compiling {label} graph (first run on this cache dir: "
                 f"{_FIRST_RUN_HINT[kind]} on 2 cores; later runs hit the cache)..."
             )
             start = time.perf_counter()
-            graph = build_graph(GraphSpec(kind, self.cfg, self.weight_dtype, self.device_ref))
-            self._compiled[kind] = self.session.compile(graph)
+            graph = build_graph(GraphSpec(kind, self.cfg, self.weight_dtype, self.device_ref, quant))
+            self._compiled[(kind, quant)] = self.session.compile(graph)
             seconds = time.perf_counter() - start
-            self.compile_seconds[kind.value] = seconds
-            self.progress(f"max: {kind.value} graph ready in {seconds:.1f} s")
-        return self._compiled[kind]
+            key = kind.value if not quant else f"{kind.value}[{','.join(sorted({f for _, f in quant}))}]"
+            self.compile_seconds[key] = self.compile_seconds.get(key, 0.0) + seconds
+            self.progress(f"max: {label} graph ready in {seconds:.1f} s")
+        return self._compiled[(kind, quant)]
 
     def bind(self, kind: GraphKind, registry: dict[str, Weight]) -> BoundModel:
-        """A model bound to `registry`; the caller owns it, and dropping it frees the weights."""
-        buffers = {
-            name: self._weight_buffer(self.graph_array(w).T if name in LINEAR_WEIGHTS else self.graph_array(w))
-            for name, w in registry.items()
-        }
-        return BoundModel(self.session.init(self.compiled(kind), weights_registry=buffers), buffers)
+        """A model bound to `registry`; the caller owns it, and dropping it frees the weights.
+        Block-format weights are bound as their stored GGUF bytes and run by ops.qmatmul."""
+        quant = quant_signature(registry)
+        buffers = {}
+        for name, w in registry.items():
+            if isinstance(w, PackedWeight) and w.fmt.is_block:
+                buffers[name] = self._weight_buffer(w.data)
+            else:
+                array = self.graph_array(w)
+                buffers[name] = self._weight_buffer(array.T if name in LINEAR_WEIGHTS else array)
+        return BoundModel(self.session.init(self.compiled(kind, quant), weights_registry=buffers), buffers)
 
     def graph_array(self, w: Weight) -> np.ndarray:
         """The weight in the graph's stored dtype: float32, or bf16 bit patterns (uint16).
@@ -123,7 +132,7 @@ class Runtime:
             if w.fmt.name == "bf16" and self.weight_dtype == DType.bfloat16:
                 return w.data
             raise WeightFormatUnsupportedError(
-                f"the MAX stage runs {self.weight_dtype} graphs; it has no kernel for {w.fmt.name} weights")
+                f"the MAX stage runs {self.weight_dtype} graphs; it cannot hold {w.fmt.name} weights here")
         array = np.ascontiguousarray(w, dtype=np.float32)
         return _to_bf16_bits(array) if self.weight_dtype == DType.bfloat16 else array
 
@@ -136,19 +145,24 @@ class Runtime:
         return buffer if self.on_host else buffer.to(self.device)
 
     def bind_experts(self, moe: MoeWeights) -> BoundModel:
-        """The routed-experts graph bound to one layer's experts, laid out once at load time."""
-        registry: dict[str, np.ndarray] = {}
+        """The routed-experts graph bound to one layer's experts, laid out once at load time:
+        float experts as [in, out] arrays in the graph's dtype, block-format experts as their
+        GGUF rows (gate rows, then up rows: rows are independent in every block format)."""
+        gate_up_fmt = _expert_format(moe.experts_gate[0], moe.experts_up[0])
+        down_fmt = _expert_format(moe.experts_down[0])
+        buffers: dict[str, Any] = {}
         for expert in range(len(moe.experts_gate)):
-            gate, up = self.graph_array(moe.experts_gate[expert]), self.graph_array(moe.experts_up[expert])
             gate_up_name, down_name = expert_weight_names(expert)
-            registry[gate_up_name] = np.concatenate([gate, up], axis=0)  # [2I, H]; bound as [H, 2I]
-            registry[down_name] = self.graph_array(moe.experts_down[expert])  # [H, I]; bound as [I, H]
-        return self.bind_laid_out(GraphKind.EXPERT, registry)
-
-    def bind_laid_out(self, kind: GraphKind, registry: dict[str, np.ndarray]) -> BoundModel:
-        """Like `bind` for a registry of [out, in] arrays in the graph's dtype, all transposed."""
-        buffers = {name: self._weight_buffer(np.ascontiguousarray(w.T)) for name, w in registry.items()}
-        return BoundModel(self.session.init(self.compiled(kind), weights_registry=buffers), buffers)
+            gate, up, down = moe.experts_gate[expert], moe.experts_up[expert], moe.experts_down[expert]
+            if gate_up_fmt:
+                gate_up = np.concatenate([_block_bytes(gate, gate_up_fmt), _block_bytes(up, gate_up_fmt)])
+            else:  # [2I, H]; bound as [H, 2I]
+                gate_up = np.ascontiguousarray(np.concatenate([self.graph_array(gate), self.graph_array(up)]).T)
+            buffers[gate_up_name] = self._weight_buffer(gate_up)
+            buffers[down_name] = self._weight_buffer(
+                _block_bytes(down, down_fmt) if down_fmt else np.ascontiguousarray(self.graph_array(down).T))
+        quant = tuple(sorted((n, f) for n, f in (("experts_down", down_fmt), ("experts_gate_up", gate_up_fmt)) if f))
+        return BoundModel(self.session.init(self.compiled(GraphKind.EXPERT, quant), weights_registry=buffers), buffers)
 
     def run(self, bound: BoundModel, *arrays: np.ndarray, host_flags: tuple[bool, ...] = ()) -> list[np.ndarray]:
         """Executes with `arrays` on the device and `host_flags` (branch switches, bool scalars)
@@ -200,6 +214,40 @@ def group_by_expert(ids: np.ndarray, weights: np.ndarray, experts: int
     return rows, routing, used
 
 
+Quant = tuple[tuple[str, str], ...]
+
+
+def quant_signature(registry: dict[str, Weight]) -> Quant:
+    """(weight name, block format) of every block-format weight of a registry, sorted; a block
+    format MAX has no kernel for is refused here, never widened."""
+    found = []
+    for name, w in registry.items():
+        if isinstance(w, PackedWeight) and w.fmt.is_block:
+            if w.fmt.name not in QMATMUL_ENCODINGS or name not in LINEAR_WEIGHTS:
+                raise WeightFormatUnsupportedError(
+                    f"MAX cannot run weight {name} in {w.fmt.name} (in-graph block formats: "
+                    f"{', '.join(QMATMUL_ENCODINGS)} for linear products); build the stage for the max backend")
+            found.append((name, w.fmt.name))
+    return tuple(sorted(found))
+
+
+def _expert_format(*weights: Weight) -> str:
+    """The block format of a layer's expert projections ("" when float); gate and up share one."""
+    formats = {w.fmt.name if isinstance(w, PackedWeight) and w.fmt.is_block else "" for w in weights}
+    if len(formats) != 1:
+        raise WeightFormatUnsupportedError(f"an expert's gate and up projections differ in format: {sorted(formats)}")
+    fmt = formats.pop()
+    if fmt and fmt not in QMATMUL_ENCODINGS:
+        raise WeightFormatUnsupportedError(f"MAX has no in-graph kernel for {fmt} expert weights")
+    return fmt
+
+
+def _block_bytes(w: Weight, fmt: str) -> np.ndarray:
+    if not isinstance(w, PackedWeight) or w.fmt.name != fmt:
+        raise WeightFormatUnsupportedError(f"a layer's experts mix formats (expected {fmt} for every expert)")
+    return np.ascontiguousarray(w.data)
+
+
 @dataclass(frozen=True)
 class BoundModel:
     model: Any
@@ -222,7 +270,12 @@ def layer_registry(cfg: DeepseekV2Config, layer_index: int, w: LayerWeights) -> 
         if actual != shape:
             raise CheckpointError(f"layer {layer_index} weight {name}: shape {actual}, expected {shape}")
     heads, nope = cfg.num_attention_heads, cfg.qk_nope_head_dim
-    kv_b = dense(registry.pop("kv_b_proj")).reshape(heads, nope + cfg.v_head_dim, cfg.kv_lora_rank)
+    kv_b_weight = registry.pop("kv_b_proj")
+    if isinstance(kv_b_weight, PackedWeight) and kv_b_weight.fmt.is_block:
+        raise WeightFormatUnsupportedError(
+            f"layer {layer_index} kv_b_proj is {kv_b_weight.fmt.name}; MAX uses it in batched per-head products and "
+            "holds it in a float format (build the stage for the max backend)")
+    kv_b = dense(kv_b_weight).reshape(heads, nope + cfg.v_head_dim, cfg.kv_lora_rank)
     registry["kv_b_k"] = np.ascontiguousarray(kv_b[:, :nope, :])
     registry["kv_b_v"] = np.ascontiguousarray(kv_b[:, nope:, :].transpose(0, 2, 1))
     rank = cfg.kv_lora_rank

@@ -157,8 +157,9 @@ def step_slices(plans: list[SequencePlan], step: int) -> list[tuple[SequencePlan
 def build_executor(request: ParityRequest, cfg: DeepseekV2Config, ranges, index: int) -> StageExecutor:
     start, end = ranges[index]
     first, last = index == 0, index == len(ranges) - 1
-    weights = load_stage_weights(request.checkpoint_dir, cfg, start, end, first, last, policy=request.weights)
     backend = request.stage_backends[index] if request.stage_backends else request.backend
+    weights = load_stage_weights(request.checkpoint_dir, cfg, start, end, first, last, policy=request.weights,
+                                 backend=backend)
     kernels = make_kernels(backend, cfg, weights, request.device)
     return StageExecutor(cfg, StageSpec(start, end, first, last), kernels)
 
@@ -199,7 +200,7 @@ def _record(store: dict[str, list[np.ndarray]], slices, bounds, rows: np.ndarray
 
 
 def run_reference(checkpoint_dir: Path, cfg: DeepseekV2Config, plans: list[SequencePlan],
-                  policy: str = "fp32") -> tuple[Captured, str]:
+                  policy: str = "fp32", backend: str = "numpy") -> tuple[Captured, str]:
     import torch
     import transformers
 
@@ -209,7 +210,8 @@ def run_reference(checkpoint_dir: Path, cfg: DeepseekV2Config, plans: list[Seque
     if policy != "fp32":
         from libs.model.bench_transformers import load_policy_weights
 
-        weights = load_stage_weights(checkpoint_dir, cfg, 0, cfg.num_hidden_layers, True, True, policy=policy)
+        weights = load_stage_weights(checkpoint_dir, cfg, 0, cfg.num_hidden_layers, True, True, policy=policy,
+                                     backend=backend)
         load_policy_weights(model, cfg, weights)
         del weights
     layer_out: dict[int, np.ndarray] = {}
@@ -230,7 +232,8 @@ def run_reference(checkpoint_dir: Path, cfg: DeepseekV2Config, plans: list[Seque
                 cap.experts.setdefault(i, {})[plan.request_id] = [ids]
     for handle in handles:
         handle.remove()
-    on = "" if policy == "fp32" else f", on the {policy} weights decoded to float32"
+    held = "" if backend == "numpy" else f" as a {backend} stage holds them"
+    on = "" if policy == "fp32" else f", on the {policy} weights{held} decoded to float32"
     return cap, (f"transformers {transformers.__version__} float32{on}, torch {torch.__version__} CPU, "
                  "eager attention")
 
@@ -289,7 +292,7 @@ def run_parity(request: ParityRequest) -> ParityReport:
     ranges = split_layers(cfg.num_hidden_layers, request.stages)
     plans = plan_sequences(cfg, request.decode_steps, request.seed)
     ours, build = run_ours(request, cfg, ranges, plans)
-    ref, reference = run_reference(request.checkpoint_dir, cfg, plans, request.weights)
+    ref, reference = run_reference(request.checkpoint_dir, cfg, plans, request.weights, request.backend)
     boundaries, experts = compare(ours, ref, ranges, request.tolerance)
     passed = all(b.passed for b in boundaries) and all(e.mismatched_rows == 0 for e in experts)
     quality = None

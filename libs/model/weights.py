@@ -142,9 +142,10 @@ def checkpoint_shards(checkpoint_dir: Path) -> dict[str, Path]:
 
 def load_stage_weights(
     checkpoint_dir: str | Path, cfg: DeepseekV2Config, layer_start: int, layer_end: int, first: bool, last: bool,
-    policy: str = DEFAULT_POLICY,
+    policy: str = DEFAULT_POLICY, backend: str = "numpy",
 ) -> StageWeights:
-    """The stage's tensors; `policy` encodes plain (float) tensors in memory, as a build would."""
+    """The stage's tensors; `policy` encodes plain (float) tensors in memory, as a build for a
+    stage of `backend` would."""
     names = tensors_for_layers(cfg, layer_start, layer_end, first, last)
     head_name = EMBED if cfg.tie_word_embeddings else LM_HEAD
     if last and not first and cfg.tie_word_embeddings and _holds_explicit_head(checkpoint_dir):
@@ -152,7 +153,7 @@ def load_stage_weights(
         # of the embeddings (its manifest says so) and no embeddings of its own.
         names = [LM_HEAD if n == EMBED else n for n in names]
         head_name = LM_HEAD
-    raw = read_stage_tensors(checkpoint_dir, names, cfg.num_hidden_layers, policy)
+    raw = read_stage_tensors(checkpoint_dir, names, cfg.num_hidden_layers, policy, backend)
     layers = {i: _layer_weights(cfg, i, raw) for i in range(layer_start, layer_end)}
     return StageWeights(
         layer_start=layer_start,
@@ -170,7 +171,7 @@ def _holds_explicit_head(checkpoint_dir: str | Path) -> bool:
 
 
 def read_stage_tensors(checkpoint_dir: str | Path, names: list[str], layers: int,
-                       policy: str = DEFAULT_POLICY) -> dict[str, Weight]:
+                       policy: str = DEFAULT_POLICY, backend: str = "numpy") -> dict[str, Weight]:
     """Packed tensors as stored; plain ones as float32, or encoded by `policy` when not fp32."""
     from libs.model.safetensors_io import map_tensor, read_header_and_metadata, read_tensors_float32
 
@@ -190,7 +191,7 @@ def read_stage_tensors(checkpoint_dir: str | Path, names: list[str], layers: int
             if name in formats:
                 out[name] = _packed(name, *formats[name], map_tensor(shard, name, entries, data_start))
         for name, array in read_tensors_float32(shard, plain).items():
-            out[name] = _encoded(name, array, layers, policy)
+            out[name] = _encoded(name, array, layers, policy, backend)
     return out
 
 
@@ -206,8 +207,8 @@ def _packed(name: str, fmt_name: str, shape: tuple[int, ...], stored: np.ndarray
         raise CheckpointError(f"tensor {name}: {exc}") from exc
 
 
-def _encoded(name: str, array: np.ndarray, layers: int, policy: str) -> Weight:
-    fmt = choose(policy, name, tuple(array.shape), layers).fmt
+def _encoded(name: str, array: np.ndarray, layers: int, policy: str, backend: str) -> Weight:
+    fmt = choose(policy, name, tuple(array.shape), layers, backend).fmt
     return array if fmt.name == "fp32" else PackedWeight(fmt, tuple(array.shape), encode(array, fmt))
 
 

@@ -9,6 +9,12 @@ llama.cpp's `use_more_bits` picks), and 8-bit embeddings and head.
 A row whose length is not a multiple of the wanted format's block falls back as llama.cpp's
 quantizer does: Q4_K -> Q5_0, Q6_K -> Q8_0, and any block format -> F16 when no 32-block fits.
 The choice says so, and the manifest records it.
+
+A stage built for the MAX backend holds only formats MAX runs in-graph (`MAX_FORMATS`: float32
+and bf16 graphs, and `ops.qmatmul`'s Q4_0, Q4_K and Q6_K). Any other format is converted once,
+at build time, to the runnable block format nearest in bits per weight that fits the row (F16 to
+bf16); the embeddings and `kv_b_proj`, which MAX uses in gathers and batched products rather than
+a plain product, are held in bf16. Each conversion is recorded beside the fallback.
 """
 
 from __future__ import annotations
@@ -25,11 +31,18 @@ _FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0", "q4_0": "f16", "q5_0": "f16", "q5_1
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
+MAX_QUANT_FORMATS = frozenset({"q4_0", "q4_k", "q6_k"})
+MAX_FORMATS = frozenset({"fp32", "bf16"}) | MAX_QUANT_FORMATS
+# Tensors MAX reads outside a plain product (a gather, batched per-head products): float only.
+_MAX_FLOAT_ONLY = ("model.embed_tokens.weight", "kv_b_proj.weight")
+
+
 @dataclass(frozen=True)
 class TensorChoice:
     fmt: WeightFormat
     wanted: str        # the format the policy asked for
     fallback: str      # why `fmt` differs from `wanted` ("" when it does not)
+    conversion: str = ""  # why the backend's format differs from the policy's ("" when it does not)
 
 
 def require_policy(name: str) -> str:
@@ -62,7 +75,8 @@ def wanted_format(policy: str, name: str, shape: tuple[int, ...], layers: int) -
     return "q4_k"
 
 
-def choose(policy: str, name: str, shape: tuple[int, ...], layers: int) -> TensorChoice:
+def choose(policy: str, name: str, shape: tuple[int, ...], layers: int, backend: str = "numpy") -> TensorChoice:
+    """The tensor's format under `policy`, for a stage of `backend` ("numpy" runs every format)."""
     wanted = wanted_format(require_policy(policy), name, shape, layers)
     fmt = weight_format(wanted)
     reasons = []
@@ -70,4 +84,22 @@ def choose(policy: str, name: str, shape: tuple[int, ...], layers: int) -> Tenso
         nxt = weight_format(_FALLBACK[fmt.name])
         reasons.append(f"a row of {shape[-1]} is not a multiple of {fmt.name}'s {fmt.block_size}: {nxt.name}")
         fmt = nxt
-    return TensorChoice(fmt, wanted, "; ".join(reasons))
+    choice = TensorChoice(fmt, wanted, "; ".join(reasons))
+    return for_max(choice, name, shape[-1]) if backend == "max" else choice
+
+
+def for_max(choice: TensorChoice, name: str, row: int) -> TensorChoice:
+    """`choice` converted to a format the MAX backend runs for this tensor (see the docstring)."""
+    fmt = choice.fmt
+    if fmt.is_block and name.endswith(_MAX_FLOAT_ONLY):
+        target = weight_format("bf16")
+        why = f"MAX reads {name.rsplit('.', 2)[-2]} outside a plain product: {fmt.name} held as bf16"
+    elif fmt.name == "f16":
+        target, why = weight_format("bf16"), "MAX has no f16 weights: bf16"
+    elif fmt.name not in MAX_FORMATS:
+        runnable = [weight_format(n) for n in sorted(MAX_QUANT_FORMATS) if weight_format(n).fits(row)]
+        target = min(runnable, key=lambda f: (abs(f.bits_per_weight - fmt.bits_per_weight), f.bits_per_weight))
+        why = f"MAX has no {fmt.name} kernel: nearest runnable {target.name} ({target.bits_per_weight} bits)"
+    else:
+        return choice
+    return TensorChoice(target, choice.wanted, choice.fallback, why)

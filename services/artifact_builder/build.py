@@ -100,9 +100,14 @@ class BuildOptions:
     # The weight policy (`libs.weights.policy`), or one per stage (a mixed fleet).
     weights_policy: str = DEFAULT_POLICY
     stage_policies: tuple[str, ...] = ()
+    # The backend each stage runs on ("max" holds only formats MAX runs); empty = numpy everywhere.
+    stage_backends: tuple[str, ...] = ()
 
     def stage_policy(self, stage_index: int) -> str:
         return self.stage_policies[stage_index] if self.stage_policies else self.weights_policy
+
+    def stage_backend(self, stage_index: int) -> str:
+        return self.stage_backends[stage_index] if self.stage_backends else "numpy"
 
     def stage_dtypes(self, stage_index: int) -> tuple[DType, DType]:
         """(input, output) boundary dtypes of a stage; the ends of the route ignore theirs."""
@@ -134,9 +139,13 @@ def build_stage_artifacts(
                                f"got {len(options.stage_policies)}", field="stage_weights_policies")
     for policy in {options.weights_policy, *options.stage_policies}:
         require_policy(policy)
+    if options.stage_backends and len(options.stage_backends) != len(plan.stages):
+        raise PlanInvalidError(f"{len(plan.stages)} stages need {len(plan.stages)} backends, "
+                               f"got {len(options.stage_backends)}", field="plan.stages.backend")
     contents = assign_tensors(inspection.config, plan, inspection.by_name())
     layers = inspection.config.num_hidden_layers
-    encoded = [choose_formats(c.tensors, options.stage_policy(c.stage.stage_index), layers) for c in contents]
+    encoded = [choose_formats(c.tensors, options.stage_policy(c.stage.stage_index), layers,
+                              options.stage_backend(c.stage.stage_index)) for c in contents]
     store = _prepare_store(options.out_dir)
     counter = _Counter(
         tensors_total=sum(len(c.tensors) for c in contents),

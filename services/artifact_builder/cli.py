@@ -34,6 +34,9 @@ def register(commands, benches) -> None:
                        help="dtype of activations crossing stage boundaries (default fp32)")
     build.add_argument("--weights", choices=("fp32", "bf16", "q8_0", "q4_k_m"), default="fp32",
                        help="weight policy: the format each tensor is stored and served in (default fp32)")
+    build.add_argument("--for-backend", choices=("numpy", "max"), default="numpy",
+                       help="the backend the stages run on: max holds only formats MAX runs in-graph, converting "
+                            "the rest once here (recorded per tensor in the manifest)")
     build.add_argument("--source", default="", help="lineage: where the checkpoint came from")
     build.add_argument("--revision", default="", help="lineage: the source revision")
     build.add_argument("--chunk-bytes", type=int, default=8 * 1024 * 1024, help="streaming copy chunk")
@@ -78,7 +81,8 @@ def _build(args: argparse.Namespace) -> int:
         return 1
     try:
         plan = _load_plan(args, inspection.config.num_hidden_layers)
-        options = BuildOptions(args.out, DType(args.boundary_dtype), args.chunk_bytes, weights_policy=args.weights)
+        options = BuildOptions(args.out, DType(args.boundary_dtype), args.chunk_bytes, weights_policy=args.weights,
+                               stage_backends=(args.for_backend,) * len(plan.stages))
         started = time.perf_counter()
         result = _run_build(inspection, plan, options, show_progress=not args.quiet)
         seconds = time.perf_counter() - started

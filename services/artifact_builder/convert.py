@@ -70,6 +70,16 @@ def plan_from_request(request: pb.BuildStageArtifactsRequest) -> StagePlan:
     return plan_from_ranges(tuple((r.layer_start, r.layer_end_exclusive) for r in request.layer_ranges))
 
 
+def stage_backends(request: pb.BuildStageArtifactsRequest) -> tuple[str, ...]:
+    """Each planned stage's backend ("max" or "numpy"), when the request carries a typed plan
+    that names them; empty otherwise (every stage then holds the policy's formats as chosen)."""
+    if not request.HasField("plan"):
+        return ()
+    names = {common_pb2.BACKEND_MAX: "max", common_pb2.BACKEND_NUMPY: "numpy"}
+    found = [names.get(stage.backend, "") for stage in request.plan.stages]
+    return tuple(found) if all(found) else ()
+
+
 def boundary_dtype_from_pb(value: int) -> DType:
     return dtype_from_pb(value, "boundary_dtype", reason=PlanInvalidError.default_reason, error=PlanInvalidError)
 

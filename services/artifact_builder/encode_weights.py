@@ -58,12 +58,14 @@ class EncodedTensor:
             format=f.name, logical_shape=self.owned.source.shape, block_size=f.block_size,
             scale_dtype=f.scale_dtype, source_dtype=self.owned.source.dtype,
             quantizer="source bytes" if self.copied else quantizer_name(f),
-            wanted=self.choice.wanted, fallback=self.choice.fallback,
+            wanted=self.choice.wanted, fallback=self.choice.fallback, conversion=self.choice.conversion,
         )
 
 
-def choose_formats(tensors: tuple[OwnedTensor, ...], policy: str, layers: int) -> tuple[EncodedTensor, ...]:
-    return tuple(EncodedTensor(t, choose(policy, t.name, t.source.shape, layers)) for t in tensors)
+def choose_formats(tensors: tuple[OwnedTensor, ...], policy: str, layers: int,
+                   backend: str = "numpy") -> tuple[EncodedTensor, ...]:
+    """Each tensor's format under `policy`, held as the stage's `backend` runs it."""
+    return tuple(EncodedTensor(t, choose(policy, t.name, t.source.shape, layers, backend)) for t in tensors)
 
 
 def write_tensor(src: BinaryIO, tensor: EncodedTensor, write: Callable[[bytes], object], chunk_bytes: int) -> None:

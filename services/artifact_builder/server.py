@@ -62,6 +62,7 @@ class ArtifactBuilderServicer(pb_grpc.ArtifactBuilderServiceServicer):
             hop_dtypes=tuple(convert.boundary_dtype_from_pb(d) for d in request.hop_boundary_dtypes),
             weights_policy=request.weights_policy or DEFAULT_POLICY,
             stage_policies=tuple(request.stage_weights_policies),
+            stage_backends=convert.stage_backends(request),
         )
         async with self._build_lock:
             inspection = await self._inspect(request.checkpoint_dir, request.source, request.revision)
