@@ -27,6 +27,7 @@ from libs.model.max_graphs import (
 )
 from libs.model.weights import LayerWeights, MoeWeights
 from libs.weights.errors import WeightFormatUnsupportedError
+from libs.weights.policy import MAX_QMATMUL_OUT_MULTIPLE
 from libs.weights.tensor import PackedWeight, Weight, dense
 
 # First-run compile times, shown before a compile that may miss the cache. Measured fully cold
@@ -223,10 +224,12 @@ def quant_signature(registry: dict[str, Weight]) -> Quant:
     found = []
     for name, w in registry.items():
         if isinstance(w, PackedWeight) and w.fmt.is_block:
-            if w.fmt.name not in QMATMUL_ENCODINGS or name not in LINEAR_WEIGHTS:
+            if (w.fmt.name not in QMATMUL_ENCODINGS or name not in LINEAR_WEIGHTS
+                    or w.shape[0] % MAX_QMATMUL_OUT_MULTIPLE):
                 raise WeightFormatUnsupportedError(
-                    f"MAX cannot run weight {name} in {w.fmt.name} (in-graph block formats: "
-                    f"{', '.join(QMATMUL_ENCODINGS)} for linear products); build the stage for the max backend")
+                    f"MAX cannot run weight {name} {list(w.shape)} in {w.fmt.name} (in-graph block formats: "
+                    f"{', '.join(QMATMUL_ENCODINGS)} for linear products with an output dim that is a multiple of "
+                    f"{MAX_QMATMUL_OUT_MULTIPLE}); build the stage for the max backend")
             found.append((name, w.fmt.name))
     return tuple(sorted(found))
 

@@ -33,6 +33,7 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 MAX_QUANT_FORMATS = frozenset({"q4_0", "q4_k", "q6_k"})
 MAX_FORMATS = frozenset({"fp32", "bf16"}) | MAX_QUANT_FORMATS
+MAX_QMATMUL_OUT_MULTIPLE = 32  # MAX 26.7's weight repack refuses other output dims
 # Tensors MAX reads outside a plain product (a gather, batched per-head products): float only.
 _MAX_FLOAT_ONLY = ("model.embed_tokens.weight", "kv_b_proj.weight")
 
@@ -85,13 +86,16 @@ def choose(policy: str, name: str, shape: tuple[int, ...], layers: int, backend:
         reasons.append(f"a row of {shape[-1]} is not a multiple of {fmt.name}'s {fmt.block_size}: {nxt.name}")
         fmt = nxt
     choice = TensorChoice(fmt, wanted, "; ".join(reasons))
-    return for_max(choice, name, shape[-1]) if backend == "max" else choice
+    return for_max(choice, name, shape) if backend == "max" else choice
 
 
-def for_max(choice: TensorChoice, name: str, row: int) -> TensorChoice:
+def for_max(choice: TensorChoice, name: str, shape: tuple[int, ...]) -> TensorChoice:
     """`choice` converted to a format the MAX backend runs for this tensor (see the docstring)."""
-    fmt = choice.fmt
-    if fmt.is_block and name.endswith(_MAX_FLOAT_ONLY):
+    fmt, row = choice.fmt, shape[-1]
+    if fmt.is_block and shape[0] % MAX_QMATMUL_OUT_MULTIPLE:
+        target = weight_format("bf16")
+        why = f"MAX's qmatmul needs output dims in multiples of {MAX_QMATMUL_OUT_MULTIPLE}: {shape[0]} held as bf16"
+    elif fmt.is_block and name.endswith(_MAX_FLOAT_ONLY):
         target = weight_format("bf16")
         why = f"MAX reads {name.rsplit('.', 2)[-2]} outside a plain product: {fmt.name} held as bf16"
     elif fmt.name == "f16":

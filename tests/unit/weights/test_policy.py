@@ -48,3 +48,22 @@ def test_unknown_policy_is_refused_with_its_code():
     with pytest.raises(UnknownWeightPolicyError) as info:
         choose("q4_k_s", "lm_head.weight", (8, 256), 4)
     assert info.value.reason == "WEIGHT_POLICY_UNKNOWN"
+
+
+def test_a_stage_for_max_holds_only_what_max_runs():
+    def on_max(name, shape, layers=LITE_LAYERS):
+        return choose("q4_k_m", name, shape, layers, backend="max")
+
+    kept = on_max("model.layers.4.mlp.experts.9.gate_proj.weight", (1408, 2048))
+    assert (kept.fmt.name, kept.conversion) == ("q4_k", "")
+    down = on_max("model.layers.4.mlp.experts.9.down_proj.weight", (2048, 1408))  # q5_0 by fallback
+    assert down.fmt.name == "q4_0" and "no q5_0 kernel" in down.conversion and down.fallback
+    head = on_max("lm_head.weight", (102400, 2048))  # q8_0: no MAX kernel; Q6_K fits 2048
+    assert head.fmt.name == "q6_k" and "no q8_0 kernel" in head.conversion
+    for name, shape in (("model.embed_tokens.weight", (102400, 2048)),
+                        ("model.layers.2.self_attn.kv_b_proj.weight", (4096, 512))):
+        assert on_max(name, shape).fmt.name == "bf16"  # gathers and per-head products: float
+    narrow = on_max("model.layers.2.self_attn.q_a_proj.weight", (48, 64), 4)  # 48 rows out: no repack
+    assert narrow.fmt.name == "bf16" and "multiple of 32" in narrow.conversion
+    assert choose("q4_k_m", "model.layers.4.mlp.experts.9.down_proj.weight", (2048, 1408),
+                  LITE_LAYERS).conversion == ""  # numpy runs every format
