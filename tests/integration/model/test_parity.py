@@ -91,5 +91,6 @@ def test_parity_of_a_policy_fails_against_the_unquantized_reference(tiny_checkpo
     from libs.model import parity
 
     original = parity.run_reference
-    monkeypatch.setattr(parity, "run_reference", lambda path, cfg, plans, policy="fp32", backend="numpy": original(path, cfg, plans))
+    monkeypatch.setattr(parity, "run_reference",
+                        lambda path, cfg, plans, policy="fp32", backend="numpy": original(path, cfg, plans))
     assert not run_parity(ParityRequest(tiny_checkpoint, 1, "numpy", weights="q4_k_m")).passed

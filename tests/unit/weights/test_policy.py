@@ -64,6 +64,6 @@ def test_a_stage_for_max_holds_only_what_max_runs():
                         ("model.layers.2.self_attn.kv_b_proj.weight", (4096, 512))):
         assert on_max(name, shape).fmt.name == "bf16"  # gathers and per-head products: float
     narrow = on_max("model.layers.2.self_attn.q_a_proj.weight", (48, 64), 4)  # 48 rows out: no repack
-    assert narrow.fmt.name == "bf16" and "multiple of 32" in narrow.conversion
+    assert narrow.fmt.name == "bf16" and "multiples of 32" in narrow.conversion
     assert choose("q4_k_m", "model.layers.4.mlp.experts.9.down_proj.weight", (2048, 1408),
                   LITE_LAYERS).conversion == ""  # numpy runs every format
