@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from libs.model.config import DeepseekV2Config, parse_config
+from libs.model.errors import CheckpointError
 from libs.model.layout import EMBED, TensorSpec, expected_tensors
 from libs.model.presets import preset_config
 from libs.model.safetensors_io import SafetensorsWriter
@@ -101,13 +102,17 @@ def write_checkpoint(
     out = request.out_dir
     out.mkdir(parents=True, exist_ok=True)
     specs = expected_tensors(cfg)
+    total_bytes = sum(2 * int(np.prod(s.shape, dtype=np.int64)) for s in specs.values())
+    require_disk(out, total_bytes)
+    if progress:
+        progress(f"writing {total_bytes / 2**30:.2f} GiB of bf16 weights to {out} "
+                 f"({shutil.disk_usage(out).free / 2**30:.1f} GiB free)")
     shards = plan_shards(specs, request.max_shard_bytes)
     files = shard_file_names(len(shards))
     for file_name, names in zip(files, shards, strict=True):
         _write_shard(out / file_name, names, specs, request.seed)
         if progress:
             progress(f"wrote {file_name} ({len(names)} tensors)")
-    total_bytes = sum(2 * int(np.prod(s.shape, dtype=np.int64)) for s in specs.values())
     if len(files) > 1:
         weight_map = {name: f for f, names in zip(files, shards, strict=True) for name in names}
         index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
@@ -115,6 +120,18 @@ def write_checkpoint(
     _write_side_files(out, raw, cfg)
     params = sum(int(np.prod(s.shape, dtype=np.int64)) for s in specs.values())
     return CheckpointSummary(out, params, total_bytes, tuple(files))
+
+
+class InsufficientDiskError(CheckpointError):
+    default_reason = "INSUFFICIENT_DISK"
+
+
+def require_disk(out: Path, needed_bytes: int, headroom_bytes: int = 64 * 2**20) -> None:
+    """Refuse before writing anything when the checkpoint (plus headroom) cannot fit."""
+    free = shutil.disk_usage(out).free
+    if free < needed_bytes + headroom_bytes:
+        raise InsufficientDiskError(
+            f"{out} has {free:,} bytes free; the checkpoint needs {needed_bytes:,} (+{headroom_bytes:,} headroom)")
 
 
 def _write_shard(path: Path, names: list[str], specs: dict[str, TensorSpec], seed: int) -> None:

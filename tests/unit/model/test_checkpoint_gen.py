@@ -127,3 +127,16 @@ def test_writer_round_trips_tensors_larger_than_one_conversion_chunk(tmp_path):
     with safe_open(str(path), framework="np") as handle:  # the file is valid for the reference reader too
         assert handle.get_tensor("small").tolist() == small.tolist()
         assert handle.get_slice("big").get_shape() == list(big.shape)
+
+
+def test_a_checkpoint_that_cannot_fit_the_disk_is_refused_before_writing(tmp_path, monkeypatch):
+    import shutil
+
+    from libs.model.checkpoint_gen import InsufficientDiskError
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=10 * 2**20))
+    with pytest.raises(InsufficientDiskError) as refused:
+        write_checkpoint(CheckpointRequest("small", tmp_path / "out"))
+    assert refused.value.reason == "INSUFFICIENT_DISK" and "10,485,760 bytes free" in refused.value.message
+    assert not any((tmp_path / "out").glob("*.safetensors"))
