@@ -66,13 +66,14 @@ def _load_layer_weights(layer, cfg: DeepseekV2Config, weights: StageWeights, ind
 
 
 def load_policy_weights(model, cfg: DeepseekV2Config, weights: StageWeights) -> None:
-    """Overwrite a whole `DeepseekV2ForCausalLM`'s parameters with `weights` decoded to float32:
-    transformers then runs the same (quantized) model the stages run."""
+    """Overwrite a `DeepseekV2ForCausalLM`'s parameters of `weights`' layers (and embeddings, norm
+    and head when it holds them) with them decoded to float32: transformers then runs the same
+    (quantized) model the stages run. Call once per stage for a route of mixed formats."""
     import torch
 
     with torch.no_grad():
-        for index, layer in enumerate(model.model.layers):
-            _load_layer_weights(layer, cfg, weights, index)
+        for index in weights.layers:
+            _load_layer_weights(model.model.layers[index], cfg, weights, index)
         if weights.embed is not None:
             model.model.embed_tokens.weight.copy_(torch.from_numpy(np.ascontiguousarray(dense(weights.embed))))
         if weights.final_norm is not None and weights.lm_head is not None:
