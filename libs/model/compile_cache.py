@@ -47,12 +47,17 @@ class GraphTarget:
     device: str
     weight_dtype: str
     config_sha256: str
+    # (linear weight name, block format) of a graph run by ops.qmatmul; () for a float graph
+    quant: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
-        identity = {"graph": self.name.value, "build": self.build, "device": self.device,
-                    "weight_dtype": self.weight_dtype, "config_sha256": self.config_sha256,
-                    "graph_revision": GRAPH_REVISION}
+        identity: dict[str, object] = {
+            "graph": self.name.value, "build": self.build, "device": self.device,
+            "weight_dtype": self.weight_dtype, "config_sha256": self.config_sha256,
+            "graph_revision": GRAPH_REVISION}
+        if self.quant:  # float graphs keep the keys they always had
+            identity["quant"] = [list(pair) for pair in self.quant]
         canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -55,21 +55,28 @@ def lower_priority(cpus: tuple[int, ...], priority: Priority) -> str:
 
 
 def compile_graph(checkpoint: Path, name: GraphName, cache_dir: Path, device: str,
-                  weight_dtype: str) -> tuple[GraphTarget, float]:
+                  weight_dtype: str, weights_policy: str = "fp32") -> tuple[GraphTarget, float]:
+    """Compile the graph kind `name` in every variant a MAX stage holding `weights_policy`
+    needs (one per distinct set of block formats), recording a marker for each."""
     from libs.model.config import load_config
+    from libs.model.graph_variants import graph_variants
     from libs.model.max_kernels import configure_max_process, max_build, stderr_progress
 
     cfg = load_config(checkpoint)
-    target = GraphTarget(name, max_build(), device, weight_dtype, config_sha256(cfg))
+    variants = graph_variants(cfg, weights_policy) if weights_policy != "fp32" else None
+    dtype = variants.weight_dtype if variants else weight_dtype
+    quants = variants.quant.get(name, ((),)) if variants else ((),)
     configure_max_process(os.environ, cache_dir)  # this job is its process's entry point
     from libs.model import max_runtime  # imports max; only after the environment is set
 
-    runtime = max_runtime.shared_runtime(cfg, device, weight_dtype, stderr_progress)
+    runtime = max_runtime.shared_runtime(cfg, device, dtype, stderr_progress)
     started = time.perf_counter()
-    runtime.compiled(max_runtime.GraphKind(name.value))
-    seconds = time.perf_counter() - started
-    record_compiled(cache_dir, target, seconds)
-    return target, seconds
+    target = GraphTarget(name, max_build(), device, dtype, config_sha256(cfg))
+    for quant in quants:
+        runtime.compiled(max_runtime.GraphKind(name.value), quant)
+        target = GraphTarget(name, max_build(), device, dtype, config_sha256(cfg), quant)
+        record_compiled(cache_dir, target, time.perf_counter() - started)
+    return target, time.perf_counter() - started
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -79,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-dir", required=True, type=Path)
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     parser.add_argument("--weight-dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--weights", default="fp32", choices=("fp32", "bf16", "q8_0", "q4_k_m"),
+                        help="the weight policy of the MAX stages: compiles every graph variant it needs")
     parser.add_argument("--cpus", type=parse_cpu_set, default=())
     parser.add_argument("--priority", choices=[p.value for p in Priority], default=Priority.NICE.value)
     return parser
@@ -91,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     name = GraphName(args.graph)
     result: dict[str, object] = {"graph": name.value, "policy": policy, "cpus": list(args.cpus)}
     try:
-        target, seconds = compile_graph(args.checkpoint, name, args.cache_dir, args.device, args.weight_dtype)
+        target, seconds = compile_graph(args.checkpoint, name, args.cache_dir, args.device, args.weight_dtype,
+                                        args.weights)
     except Exception as exc:  # noqa: BLE001  (any compile failure is reported, never hidden)
         result.update(state="failed", error=f"{type(exc).__name__}: {exc}")
         print(json.dumps(result), flush=True)

@@ -15,6 +15,9 @@ def register(commands, benches) -> None:  # noqa: ARG001  (no benches here)
     warm.add_argument("--checkpoint", required=True, type=Path, help="dir holding config.json")
     warm.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     warm.add_argument("--weight-dtype", default="float32", choices=("float32", "bfloat16"))
+    warm.add_argument("--weights", default="fp32", choices=("fp32", "bf16", "q8_0", "q4_k_m"),
+                      help="weight policy of the MAX stages: also compiles each graph variant its block formats "
+                           "need (and sets the float dtype it implies)")
     warm.add_argument("--cache-dir", type=Path, default=None,
                       help="default: $FORNAX_COMPILE_CACHE_DIR or ~/.cache/fornax/max")
     warm.add_argument("--json", action="store_true")
@@ -45,7 +48,7 @@ def _warmup(args: argparse.Namespace) -> int:
 
     try:
         seconds = warm_compile_cache(cfg, MaxOptions(device=args.device, weight_dtype=args.weight_dtype),
-                                     on_graph)
+                                     on_graph, args.weights)
     finally:
         for bar in bars:
             bar.close()
@@ -55,6 +58,7 @@ def _warmup(args: argparse.Namespace) -> int:
         "host": host_description(),
         "device": args.device,
         "weight_dtype": args.weight_dtype,
+        "weights_policy": args.weights,
         "cache_dir": str(cache_dir),
         "checkpoint": str(args.checkpoint),
         "seconds_per_graph": seconds,

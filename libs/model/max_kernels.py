@@ -202,11 +202,18 @@ class MaxKernels:
 
 
 def warm_compile_cache(cfg: DeepseekV2Config, options: MaxOptions,
-                       on_graph: Callable[[str, int, int], None] | None = None) -> dict[str, float]:
-    """Compile (or fetch from the cache) every graph kind `cfg` needs, without weights, so a
-    later stage load only pays cache hits. Returns wall seconds per graph kind; `on_graph`
-    hears (kind about to compile, graphs done, graphs in all) before each, and ("", all, all)
-    at the end."""
+                       on_graph: Callable[[str, int, int], None] | None = None,
+                       weights_policy: str = "fp32") -> dict[str, float]:
+    """Compile (or fetch from the cache) every graph `cfg` needs, without weights, so a later
+    stage load only pays cache hits: each graph kind, in every variant a MAX stage holding
+    `weights_policy` needs (whose float dtype then follows the policy). Returns wall seconds per
+    graph; `on_graph` hears (graph about to compile, graphs done, graphs in all) before each, and
+    ("", all, all) at the end."""
+    if weights_policy != "fp32":
+        from libs.model.graph_variants import graph_variants
+
+        variants = graph_variants(cfg, weights_policy)
+        options = replace(options, weight_dtype=variants.weight_dtype)
     if options.device not in DEVICES:
         raise BackendUnavailableError(f"max device {options.device!r} not in {DEVICES}")
     if options.weight_dtype not in WEIGHT_DTYPES:
@@ -214,10 +221,13 @@ def warm_compile_cache(cfg: DeepseekV2Config, options: MaxOptions,
     from libs.model import max_runtime
 
     rt = max_runtime.shared_runtime(cfg, options.device, options.weight_dtype, options.progress)
-    kinds = list(max_runtime.graph_kinds_for(cfg))
+    from libs.model.compile_cache import GraphName
+
+    graphs = [(kind, quant) for kind in max_runtime.graph_kinds_for(cfg)
+              for quant in (variants.quant.get(GraphName(kind.value), ((),)) if weights_policy != "fp32" else ((),))]
     report = on_graph or (lambda kind, done, total: None)
-    for done, kind in enumerate(kinds):
-        report(kind.value, done, len(kinds))
-        rt.compiled(kind)
-    report("", len(kinds), len(kinds))
+    for done, (kind, quant) in enumerate(graphs):
+        report(kind.value, done, len(graphs))
+        rt.compiled(kind, quant)
+    report("", len(graphs), len(graphs))
     return dict(rt.compile_seconds)

@@ -162,7 +162,7 @@ class Runtime:
             buffers[gate_up_name] = self._weight_buffer(gate_up)
             buffers[down_name] = self._weight_buffer(
                 _block_bytes(down, down_fmt) if down_fmt else np.ascontiguousarray(self.graph_array(down).T))
-        quant = tuple(sorted((n, f) for n, f in (("experts_down", down_fmt), ("experts_gate_up", gate_up_fmt)) if f))
+        quant = expert_quant(moe)
         return BoundModel(self.session.init(self.compiled(GraphKind.EXPERT, quant), weights_registry=buffers), buffers)
 
     def run(self, bound: BoundModel, *arrays: np.ndarray, host_flags: tuple[bool, ...] = ()) -> list[np.ndarray]:
@@ -232,6 +232,13 @@ def quant_signature(registry: dict[str, Weight]) -> Quant:
                     f"{MAX_QMATMUL_OUT_MULTIPLE}); build the stage for the max backend")
             found.append((name, w.fmt.name))
     return tuple(sorted(found))
+
+
+def expert_quant(moe: MoeWeights) -> Quant:
+    """The routed-experts graph variant a layer's experts need."""
+    gate_up = _expert_format(moe.experts_gate[0], moe.experts_up[0])
+    down = _expert_format(moe.experts_down[0])
+    return tuple(sorted((n, f) for n, f in (("experts_down", down), ("experts_gate_up", gate_up)) if f))
 
 
 def _expert_format(*weights: Weight) -> str:

@@ -27,6 +27,7 @@ from libs.model.compile_cache import (
     stage_graphs,
 )
 from libs.model.config import load_config
+from libs.model.graph_variants import graph_variants
 from libs.service.affinity import format_cpu_set
 
 _log = structlog.get_logger()
@@ -58,6 +59,8 @@ class CompileSettings:
     weight_dtype: str = "float32"
     # CPU share of each stage, in stage order; empty = the compile inherits this process's.
     stage_cpus: tuple[tuple[int, ...], ...] = ()
+    # The MAX stages' weight policy: its block formats make graph variants of their own.
+    weights_policy: str = "fp32"
 
 
 @dataclass
@@ -74,11 +77,13 @@ class BackgroundCompiler:
         self.stage_needs = tuple(stage_graphs(cfg, a, b, i == 0, i == count - 1)
                                  for i, (a, b) in enumerate(self.stage_ranges))
         config_hash = config_sha256(cfg)
+        variants = graph_variants(cfg, self.settings.weights_policy) if self.settings.weights_policy != "fp32" else None
+        dtype = variants.weight_dtype if variants else self.settings.weight_dtype
         for stage, names in enumerate(assign_compiles(list(self.stage_needs))):
             for name in names:
-                target = GraphTarget(name, self.settings.build, self.settings.device,
-                                     self.settings.weight_dtype, config_hash)
-                cached = is_cached(self.settings.cache_dir, target)
+                quants = variants.quant.get(name, ((),)) if variants else ((),)
+                cached = all(is_cached(self.settings.cache_dir, GraphTarget(
+                    name, self.settings.build, self.settings.device, dtype, config_hash, quant)) for quant in quants)
                 self.graphs[name] = GraphProgress(name, stage, GraphState.CACHED if cached else GraphState.QUEUED)
 
     def all_cached(self) -> bool:
@@ -130,7 +135,7 @@ class BackgroundCompiler:
         s = self.settings
         argv = [sys.executable, "-m", "libs.model.compile_job", "--checkpoint", s.checkpoint_dir,
                 "--graph", name.value, "--cache-dir", str(s.cache_dir), "--device", s.device,
-                "--weight-dtype", s.weight_dtype]
+                "--weight-dtype", s.weight_dtype, "--weights", s.weights_policy]
         if cpus:
             argv += ["--cpus", format_cpu_set(cpus)]
         process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,

@@ -67,7 +67,7 @@ def compiler_factory(cfg: OrchestratorConfig) -> CompilerFactory | None:
         # so compiles start from an even split at once instead of waiting for the plan.
         ranges = tuple(even_layer_split(layers, request.stages))
         settings = CompileSettings(request.checkpoint_dir, cache_dir, max_build(),
-                                   stage_cpus=cfg.stage_cpu_sets)
+                                   stage_cpus=cfg.stage_cpu_sets, weights_policy=cfg.weights_policy)
         return BackgroundCompiler(settings, ranges)
 
     return make
