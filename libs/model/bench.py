@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
+from libs.model.bandwidth import decode_read_bytes, triad
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import ModelError
 from libs.model.executor import build_ragged_layout
 from libs.model.kernels import LayerInputs, make_kernels
 from libs.model.rope import rope_tables
-from libs.model.weights import StageWeights, load_stage_weights
+from libs.model.weights import StageWeights, layer_read_sizes, load_stage_weights
 
 DECODE_PAST = 128
 
@@ -84,6 +85,22 @@ class BenchReport:
     # layers of each kind; None where a backend or scenario was not measured
     ratios: dict[str, float | None] = field(default_factory=dict)
     load_average: str = ""  # /proc/loadavg at the start and the end of the run
+    weights_policy: str = "fp32"
+    # STREAM-style triad of this host in the same run (physical), and per backend and decode
+    # scenario the weight bytes a layer's step reads over its median time
+    triad_bytes_per_s: float = 0.0
+    triad_threads: int = 0
+    weight_reads: tuple[WeightRead, ...] = ()
+
+
+@dataclass(frozen=True)
+class WeightRead:
+    backend: str
+    scenario: str
+    layer: int
+    layer_kind: str
+    read_bytes: float   # dense part + the routed experts a batch of that many rows touches (expected)
+    bytes_per_s: float
 
 
 # (ratio key, scenario, layer kind) of the MAX vs transformers speed-ups the report carries
@@ -191,20 +208,29 @@ def make_runner(backend: str, checkpoint: Path, cfg: DeepseekV2Config, weights: 
     return kernel_runner(kernels, cfg), kernels.build
 
 
-def run_bench(checkpoint: Path, backends: list[str], layer_count: int, repeats: int) -> BenchReport:
+def run_bench(checkpoint: Path, backends: list[str], layer_count: int, repeats: int,
+              policy: str = "fp32") -> BenchReport:
     cfg = load_config(checkpoint)
     layer_count = min(layer_count, cfg.num_hidden_layers)
-    weights = load_stage_weights(checkpoint, cfg, 0, layer_count, first=False, last=False)
     load_at_start = load_average()
-    statuses, rows = [], []
+    measured_triad = triad() if policy != "fp32" else None
+    statuses, rows, reads = [], [], []
     for backend in backends:
+        weights = load_stage_weights(checkpoint, cfg, 0, layer_count, first=False, last=False, policy=policy,
+                                     backend="max" if backend == "max" else "numpy")
         try:
             runner, build = make_runner(backend, checkpoint, cfg, weights)
         except (ModelError, ImportError) as exc:
             statuses.append(BackendStatus(backend, False, "", f"unavailable, not measured: {exc}"))
             continue
         statuses.append(BackendStatus(backend, True, build, "measured"))
-        rows.extend(time_backend(runner, backend, cfg, range(layer_count), repeats))
+        timed = time_backend(runner, backend, cfg, range(layer_count), repeats)
+        rows.extend(timed)
+        reads.extend(weight_reads(cfg, weights, timed))
+        del runner, weights
+    ratios = speedup_ratios(rows)
+    if measured_triad is not None:
+        ratios.update(triad_ratios(reads, measured_triad.bytes_per_s))
     config_hash = hashlib.sha256((checkpoint / "config.json").read_bytes()).hexdigest()
     return BenchReport(
         figure_class="physical (wall-clock per decoder-layer call, float32 activations, this host)",
@@ -218,9 +244,37 @@ def run_bench(checkpoint: Path, backends: list[str], layer_count: int, repeats: 
         repeats=repeats,
         backends=tuple(statuses),
         rows=tuple(rows),
-        ratios=speedup_ratios(rows),
+        ratios=ratios,
         load_average=f"{load_at_start} at start, {load_average()} at end",
+        weights_policy=policy,
+        triad_bytes_per_s=measured_triad.bytes_per_s if measured_triad else 0.0,
+        triad_threads=measured_triad.threads if measured_triad else 0,
+        weight_reads=tuple(reads),
     )
+
+
+def weight_reads(cfg: DeepseekV2Config, weights: StageWeights, timed: list[BenchRow]) -> list[WeightRead]:
+    out = []
+    for row in timed:
+        scenario = next(s for s in SCENARIOS if s.name == row.scenario)
+        if scenario.rows_per_sequence != 1:
+            continue  # decode only: prefill is bound by compute, not by reading weights
+        dense, per_expert, experts = layer_read_sizes(weights.layer(row.layer))
+        read = decode_read_bytes(dense, per_expert, experts, cfg.num_experts_per_tok, scenario.sequences)
+        out.append(WeightRead(row.backend, row.scenario, row.layer, row.layer_kind, read, read / (row.median_ms / 1e3)))
+    return out
+
+
+def triad_ratios(reads: list[WeightRead], triad_bytes_per_s: float) -> dict[str, float | None]:
+    """`weight_read_vs_triad_decode<N>_<backend>`: mean over the layers of weight bytes read per
+    second at decode batch N, against the triad in the same run."""
+    ratios: dict[str, float | None] = {}
+    for read in reads:
+        batch = read.scenario.rsplit("=", 1)[-1]
+        key = f"weight_read_vs_triad_decode{batch}_{read.backend}"
+        same = [r.bytes_per_s for r in reads if (r.backend, r.scenario) == (read.backend, read.scenario)]
+        ratios[key] = round(statistics.fmean(same) / triad_bytes_per_s, 3)
+    return ratios
 
 
 def source_revision() -> str:
@@ -246,7 +300,11 @@ def format_bench(report: BenchReport) -> str:
         f"checkpoint: {report.checkpoint} (config sha256 {report.checkpoint_config_sha256[:16]})",
         f"threads: {report.threads}; repeats={report.repeats}; decode past={report.decode_past_tokens} tokens/seq",
         f"load average: {report.load_average}",
+        f"weights: {report.weights_policy}",
     ]
+    if report.triad_bytes_per_s:
+        lines.append(f"triad (STREAM-style, {report.triad_threads} threads, this run): "
+                     f"{report.triad_bytes_per_s / 1e9:.2f} GB/s")
     for status in report.backends:
         lines.append(f"backend {status.backend}: {status.build or '-'} {status.detail}")
     measured = [s.backend for s in report.backends if s.available]
@@ -258,6 +316,10 @@ def format_bench(report: BenchReport) -> str:
             f"{table[(scenario, layer, b)].median_ms:>14.3f} ({table[(scenario, layer, b)].median_cpu_ms:>7.2f})"
             for b in measured)
         lines.append(f"{scenario:<18}{layer:>6} {kind:<6}{cells}")
+    for r in report.weight_reads:
+        lines.append(f"weight read {r.backend:<12} {r.scenario:<16} layer {r.layer} ({r.layer_kind}): "
+                     f"{r.read_bytes / 1e6:8.2f} MB in {r.read_bytes / r.bytes_per_s * 1e3:7.3f} ms = "
+                     f"{r.bytes_per_s / 1e9:6.2f} GB/s")
     lines.append("speed-ups (other ms / max ms, mean over layers of a kind): " + ", ".join(
         f"{key}={'-' if value is None else f'{value:.2f}'}" for key, value in report.ratios.items()))
     return "\n".join(lines)
@@ -276,6 +338,6 @@ def default_checkpoint() -> Path:
 def run_bench_cli(args) -> int:
     checkpoint = args.checkpoint or default_checkpoint()
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    report = run_bench(checkpoint, backends, args.layers, args.repeats)
+    report = run_bench(checkpoint, backends, args.layers, args.repeats, getattr(args, "weights", "fp32"))
     print(json.dumps(asdict(report), indent=2) if args.json else format_bench(report))
     return 0 if any(s.available for s in report.backends) else 1

@@ -44,6 +44,9 @@ def register(commands, benches) -> None:
     bench.add_argument("--backends", default="numpy,max,transformers")
     bench.add_argument("--layers", type=int, default=2, help="layers to time (from layer 0)")
     bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--weights", choices=("fp32", "bf16", "q8_0", "q4_k_m"), default="fp32",
+                       help="weight policy every backend runs (MAX in the formats a MAX stage holds); adds a triad "
+                            "bandwidth measurement and each decode step's weight bytes read per second")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=_bench_stage)
 

@@ -104,7 +104,7 @@ class StageWeights:
         """Every tensor of the stage (for byte counts and format checks)."""
         found: list[Weight] = [w for w in (self.embed, self.final_norm, self.lm_head) if w is not None]
         for layer in self.layers.values():
-            found += _tensors_of(layer)
+            found += layer_tensors_of(layer)
         return found
 
     def formats(self) -> set[str]:
@@ -228,7 +228,8 @@ def read_bf16_aware(checkpoint_dir: str | Path, names: list[str]) -> dict[str, n
     return out
 
 
-def _tensors_of(layer: LayerWeights) -> list[Weight]:
+def layer_tensors_of(layer: LayerWeights) -> list[Weight]:
+    """Every tensor of a decoder layer, routed experts included."""
     a = layer.attention
     found: list[Weight] = [layer.input_norm, layer.post_attention_norm, a.kv_a_proj, a.kv_a_norm, a.kv_b_proj, a.o_proj]
     found += [w for w in (a.q_proj, a.q_a_proj, a.q_a_norm, a.q_b_proj) if w is not None]
@@ -241,6 +242,18 @@ def _tensors_of(layer: LayerWeights) -> list[Weight]:
     for mlp in mlps:
         found += [mlp.gate, mlp.up, mlp.down]
     return found
+
+
+def layer_read_sizes(layer: LayerWeights) -> tuple[int, int, int]:
+    """(bytes outside the routed experts, bytes of one routed expert, routed experts)."""
+    total = sum(int(w.nbytes) for w in layer_tensors_of(layer))
+    if layer.moe is None:
+        return total, 0, 0
+    m = layer.moe
+    count = len(m.experts_gate)
+    routed = sum(int(w.nbytes) for stack in (m.experts_gate, m.experts_up, m.experts_down)
+                 for w in ([stack] if isinstance(stack, np.ndarray) else stack))
+    return total - routed, routed // count, count
 
 
 def _stack(weights: list[Weight]) -> Sequence[Weight]:
