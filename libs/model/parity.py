@@ -25,6 +25,11 @@ from libs.model.weights import load_stage_weights
 
 PROMPT_LENGTHS = (7, 4, 5)
 LATE_PREFILL_STEP = 3
+# MAX's in-graph block-format products quantize activations to int8 per 32-block, so a MAX stage
+# holding a block format is not exact against the same weights in float32: it is gated on top-1
+# agreement under teacher forcing instead (measured 1.000 on tiny-lora-yarn q4_k_m, max relative
+# logit error 4.5e-2; the target for `small` is 0.95).
+MAX_BLOCK_TOP1_MIN = 0.95
 
 
 class ParityUnsupportedError(ConfigError):
@@ -88,6 +93,11 @@ class ParityReport:
     figure_class: str = "reference check (max abs difference vs transformers float32, this host)"
     weights: str = "fp32"
     quality: QualityReport | None = None
+    # top-1 agreement of the final logits with the reference, over every teacher-forced row
+    top1_vs_reference: float = 1.0
+    # "max_abs": every boundary within `tolerance` and no routed expert differs; "top1": a MAX
+    # stage running block formats, gated on top1_vs_reference >= MAX_BLOCK_TOP1_MIN
+    gate: str = "max_abs"
 
 
 @dataclass(frozen=True)
@@ -294,7 +304,12 @@ def run_parity(request: ParityRequest) -> ParityReport:
     ours, build = run_ours(request, cfg, ranges, plans)
     ref, reference = run_reference(request.checkpoint_dir, cfg, plans, request.weights, request.backend)
     boundaries, experts = compare(ours, ref, ranges, request.tolerance)
-    passed = all(b.passed for b in boundaries) and all(e.mismatched_rows == 0 for e in experts)
+    top1 = top1_agreement(ours.logits, ref.logits)
+    gate = "top1" if runs_max_blocks(request) else "max_abs"
+    if gate == "top1":
+        passed = top1 >= MAX_BLOCK_TOP1_MIN
+    else:
+        passed = all(b.passed for b in boundaries) and all(e.mismatched_rows == 0 for e in experts)
     quality = None
     if request.against_source:
         source, source_reference = run_reference(request.checkpoint_dir, cfg, plans)
@@ -305,8 +320,22 @@ def run_parity(request: ParityRequest) -> ParityReport:
         stage_ranges=tuple(ranges), sequences=len(plans), decode_steps=request.decode_steps,
         rows=sum(p.tokens.size for p in plans), tolerance=request.tolerance,
         boundaries=tuple(boundaries), experts=tuple(experts), passed=passed,
-        weights=request.weights, quality=quality,
+        weights=request.weights, quality=quality, top1_vs_reference=top1, gate=gate,
     )
+
+
+def runs_max_blocks(request: ParityRequest) -> bool:
+    backends = request.stage_backends or (request.backend,)
+    return "max" in backends and request.weights in ("q8_0", "q4_k_m")
+
+
+def top1_agreement(ours: dict[str, list[np.ndarray]], ref: dict[str, list[np.ndarray]]) -> float:
+    agree = total = 0
+    for request_id, rows in ours.items():
+        a, b = np.concatenate(rows), np.concatenate(ref[request_id])
+        agree += int(np.sum(a.argmax(-1) == b.argmax(-1)))
+        total += a.shape[0]
+    return agree / total if total else 1.0
 
 
 def quality_against(ours: dict[str, list[np.ndarray]], source: dict[str, list[np.ndarray]],
@@ -343,5 +372,8 @@ def format_report(report: ParityReport, as_json: bool = False) -> str:
         lines.append(f"quality of {report.weights} against the unquantized checkpoint ({q.positions} teacher-forced "
                      f"positions; reference figures of the weights): top-1 agreement {q.top1_agreement:.3f}, "
                      f"mean KL {q.mean_kl:.3e}")
-    lines.append(f"{'PASS' if report.passed else 'FAIL'} (tolerance {report.tolerance:g}; {report.figure_class})")
+    lines.append(f"top-1 agreement with the reference: {report.top1_vs_reference:.3f}")
+    rule = (f"top-1 >= {MAX_BLOCK_TOP1_MIN} (MAX block formats quantize activations)" if report.gate == "top1"
+            else f"tolerance {report.tolerance:g}")
+    lines.append(f"{'PASS' if report.passed else 'FAIL'} ({rule}; {report.figure_class})")
     return "\n".join(lines)
