@@ -22,16 +22,27 @@ def fetch_board(state: FleetState) -> dict | None:
     except (urllib.error.URLError, OSError, ValueError):
         return None
     data = listing.get("data") or [{}]
-    return data[0].get("fornax_backend")
+    board = data[0].get("fornax_backend")
+    weights = ((data[0].get("fornax") or {}).get("execution") or {}).get("stage_weights")
+    if board is None and not weights:
+        return None
+    return {**(board or {}), "stage_weights": weights or []}
 
 
 def render_board(board: dict | None) -> list[str]:
     if board is None:
         return ["backend: no route is serving yet"]
-    running, wanted = board.get("running_backend") or "none", board.get("requested_backend")
-    lines = [f"backend: running {running}, requested {wanted} ({board.get('phase')})"]
+    lines = []
+    if board.get("phase"):
+        running, wanted = board.get("running_backend") or "none", board.get("requested_backend")
+        lines.append(f"backend: running {running}, requested {wanted} ({board.get('phase')})")
+    else:
+        wanted = None
     if board.get("failure"):
         lines.append(f"  NOT ON {str(wanted).upper()}: {board['failure']}")
+    if board.get("stage_weights"):
+        lines.append("weights: " + ", ".join(f"stage {i} {policy}" for i, policy in enumerate(board["stage_weights"]))
+                     + " (each stage's verified manifest)")
     for stage in board.get("stages", []):
         graphs = ", ".join(f"{name} {state}" for name, state in stage.get("graphs", {}).items())
         lines.append(f"  stage {stage['index']}: {stage['backend']}; max graphs: {graphs}")

@@ -45,3 +45,8 @@ def test_status_says_loudly_when_the_route_is_not_on_the_requested_backend():
     assert "stage 0: numpy; max graphs: embed done, final failed" in lines[2]
     assert lines[3].startswith("  compiled embed in 3.2 s (physical")
     assert render_board(None) == ["backend: no route is serving yet"]
+
+
+def test_status_names_each_stages_weight_policy():
+    lines = render_board({"stage_weights": ["q4_k_m", "bf16"]})
+    assert lines == ["weights: stage 0 q4_k_m, stage 1 bf16 (each stage's verified manifest)"]
