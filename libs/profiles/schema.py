@@ -132,6 +132,9 @@ class StageProfile:
     # The step overhead at each measured past (context -> batch -> figure); empty in profiles
     # that predate the context grid.
     step_s_by_context: dict[int, dict[int, Figure]] = field(default_factory=dict)
+    # The weight policy of the weights timed (libs.weights.policy); "fp32" in profiles that
+    # predate it, which timed float32 weights.
+    weights_policy: str = "fp32"
     schema: str = STAGE_PROFILE_SCHEMA
 
     def kind(self, name: str) -> LayerKindProfile | None:
@@ -306,7 +309,8 @@ def stage_profile_from_json(blob: bytes) -> StageProfile:
             context_tokens=int(data["context_tokens"]), concurrency=int(data["concurrency"]), kinds=kinds,
             command=str(data["command"]), measured_unix_ns=int(data["measured_unix_ns"]),
             valid_for_s=int(data["valid_for_s"]), step_s_per_microbatch=_figures(data.get("step_s_per_microbatch", {})),
-            step_s_by_context=_grid(data.get("step_s_by_context", {})))
+            step_s_by_context=_grid(data.get("step_s_by_context", {})),
+            weights_policy=str(data.get("weights_policy", "fp32")))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileFormatError(f"bad stage profile: {exc}") from exc
 

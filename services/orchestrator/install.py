@@ -7,6 +7,7 @@ generation: its lease ids differ from every earlier generation's, which fences o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,15 @@ class WeightsChoice:
 
     policy: str = DEFAULT_POLICY
     worker_policies: tuple[str, ...] = ()
+
+    def planning_policy(self) -> str | None:
+        """The policy the planner counts bytes in: the uniform one (None for fp32, whose plans
+        keep counting the checkpoint's stored dtype so calibrated fleets do not shift), or for a
+        mixed fleet the one whose weights are largest, so that every host's memory suffices."""
+        policies = set(self.worker_policies) or {self.policy}
+        if policies == {"fp32"}:
+            return None
+        return max(policies, key=lambda p: ("fp32", "bf16", "q8_0", "q4_k_m")[::-1].index(p))
 
     def for_plan(self, plan: Plan) -> list[str]:
         """One policy per planned stage, by the worker the stage was placed on ([] = uniform)."""
@@ -146,7 +156,9 @@ async def create_plan(spec: InstallSpec, fleet: Fleet, model_dir: Path,
     capabilities = await _capabilities(fleet.workers, fleet.channel)
     records = await profile_records(fleet)
     progress(f"inventory: {describe_facts(capabilities, profiled=records is not None)}")
-    model = describe_checkpoint(model_dir)
+    model = describe_checkpoint(model_dir, spec.weights.planning_policy())
+    if len(set(spec.weights.worker_policies)) > 1:  # each host's profile holds its own policy
+        model = dataclasses.replace(model, weights_policy="")
     target = Target(
         context_tokens=spec.context_tokens, concurrency=spec.concurrency, min_stages=spec.stages,
         max_stages=spec.stages, boundary_dtype=spec.boundary_dtype, mode=fleet.plan_mode,

@@ -85,7 +85,7 @@ def model_from_proto(m: pb.ModelDescription) -> ModelDescription:
         embedding_bytes=m.embedding_bytes, head_bytes=m.head_bytes, tied_embeddings=m.tied_embeddings,
         routed_experts=m.routed_experts, experts_per_token=m.experts_per_token, shared_experts=m.shared_experts,
         expert_bytes=m.expert_bytes, weight_dtype=dtype_from_pb(m.weight_dtype, "model.weight_dtype", reason=BAD_ENUM),
-        required_operations=tuple(m.required_operations),
+        required_operations=tuple(m.required_operations), weights_policy=m.weights_policy,
     )
 
 
@@ -102,7 +102,7 @@ def model_to_proto(m: ModelDescription) -> pb.ModelDescription:
         embedding_bytes=m.embedding_bytes, head_bytes=m.head_bytes, routed_experts=m.routed_experts,
         experts_per_token=m.experts_per_token, shared_experts=m.shared_experts, expert_bytes=m.expert_bytes,
         weight_dtype=DTYPE_TO_PB[m.weight_dtype], required_operations=list(m.required_operations),
-        tied_embeddings=m.tied_embeddings,
+        tied_embeddings=m.tied_embeddings, weights_policy=m.weights_policy,
     )
 
 

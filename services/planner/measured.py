@@ -127,7 +127,8 @@ def _node_costs(tables: CostTables, target: Target, i: int, book: ProfileBook, n
     embed_bytes, head_bytes = model.embedding_bytes, model.head_bytes
     sources = dict.fromkeys((*schema.LAYER_KINDS, STEP), DECLARED)
     step_d = 0.0
-    problem = book.stage_problem(host_of(node), model.model_snapshot, str(node.backend), now_ns)
+    problem = book.stage_problem(host_of(node), model.model_snapshot, str(node.backend), now_ns,
+                                 model.weights_policy)
     record = None if problem is not None else book.stage_record(host_of(node))
     if record is not None:
         for layer in model.layers:

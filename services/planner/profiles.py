@@ -138,7 +138,8 @@ class ProfileBook:
         found = [r for r in self.calibrations if r.calibration.route_key == route_key]
         return max(found, key=lambda r: r.calibration.measured_unix_ns, default=None)
 
-    def stage_problem(self, host: str, model_snapshot: str, backend: str, now_ns: int) -> Problem | None:
+    def stage_problem(self, host: str, model_snapshot: str, backend: str, now_ns: int,
+                      weights_policy: str = "") -> Problem | None:
         """Why the host's stage profile cannot be used (None: it can)."""
         record = self.stage_record(host)
         if record is None:
@@ -154,6 +155,9 @@ class ProfileBook:
         if p.backend != backend:
             return Problem(d.PROFILE_MISMATCH, f"host {host}", record.record_id,
                            f"measured on backend {p.backend}, the node runs {backend}")
+        if weights_policy and p.weights_policy != weights_policy:
+            return Problem(d.PROFILE_MISMATCH, f"host {host}", record.record_id,
+                           f"measured with {p.weights_policy} weights, planning {weights_policy} weights")
         return None
 
     def link_problem(self, from_host: str, to_host: str, now_ns: int) -> Problem | None:

@@ -17,6 +17,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import structlog
 
@@ -72,6 +73,21 @@ PROBE_TTL_S = 60
 MAX_PROBE_TTL_S = 600
 PROFILE_DTYPE = "fp32"  # both backends hold a stage's weights and KV as float32
 BUSY = (StageState.LOADING, StageState.EXECUTING, StageState.DRAINING)
+
+
+def weights_policy_of(sources: list[ProfileSource]) -> str:
+    """The weight policy of the timed weights: each artifact's manifest says; a checkpoint
+    directory is timed as float32 ("fp32"). Sources of different policies are refused."""
+    from libs.artifacts.manifest import MANIFEST_FILE, decode_manifest
+
+    policies = set()
+    for source in sources:
+        manifest = Path(source.directory) / MANIFEST_FILE
+        policies.add(decode_manifest(manifest.read_bytes()).weights_policy if manifest.is_file() else "fp32")
+    if len(policies) > 1:
+        raise FailedPrecondition(f"profile sources hold different weight policies: {sorted(policies)}",
+                                 reason="PROFILE_MIXED_WEIGHTS")
+    return policies.pop() if policies else "fp32"
 
 
 @dataclass(frozen=True)
@@ -258,7 +274,7 @@ class Profiler:
             command=request.command or "StageWorkerService/ProfileStage", measured_unix_ns=time.time_ns(),
             valid_for_s=request.valid_for_s or DEFAULT_VALID_FOR_S,
             step_s_per_microbatch=measured_sources.step.get(grid.context_tokens, {}),
-            step_s_by_context=measured_sources.step)
+            step_s_by_context=measured_sources.step, weights_policy=weights_policy_of(sources))
         measured = layers or [sources[0].layer_start]
         shapes = model_shapes(cfg) + "; sources " + ", ".join(s.label for s in sources)
         content, blob = stage_profile_record(profile, (min(measured), max(measured) + 1), shapes)

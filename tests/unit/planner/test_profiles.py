@@ -93,6 +93,16 @@ def test_the_planner_reads_the_records_profile_writes_and_takes_the_newest():
     assert book.stage_problem("beta", SNAP, "numpy", 10_000 * NS).reason == "PROFILE_EXPIRED"
 
 
+def test_a_profile_timed_with_one_weight_policy_does_not_serve_a_plan_in_another():
+    record, blob = stage_record(dataclasses.replace(stage(measured_s=2000), weights_policy="fp32"), "fp32")
+    book = book_from_records([planner_input(record, blob)])
+    assert book.stage_problem("beta", SNAP, "numpy", 2100 * NS, "fp32") is None
+    assert book.stage_problem("beta", SNAP, "numpy", 2100 * NS) is None  # no policy: bytes as stored
+    refused = book.stage_problem("beta", SNAP, "numpy", 2100 * NS, "q4_k_m")
+    assert refused.reason == "PROFILE_MISMATCH"
+    assert "measured with fp32 weights, planning q4_k_m weights" in refused.detail
+
+
 def test_every_printed_figure_says_it_is_physical_and_shows_its_spread():
     s_record, _ = stage_record(stage(), "s1")
     l_record, _ = link_record(link(), "l1")

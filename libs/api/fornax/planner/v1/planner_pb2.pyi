@@ -50,7 +50,7 @@ class LayerDescription(_message.Message):
     def __init__(self, index: _Optional[int] = ..., is_moe: _Optional[bool] = ..., weight_bytes: _Optional[int] = ..., active_weight_bytes_per_token: _Optional[int] = ..., flops_per_token: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., dense_weight_bytes: _Optional[int] = ..., attention_flops_per_context_token: _Optional[int] = ..., scratch_bytes_per_row: _Optional[int] = ...) -> None: ...
 
 class ModelDescription(_message.Message):
-    __slots__ = ("model_snapshot", "hidden_size", "vocab_size", "layers", "embedding_bytes", "head_bytes", "routed_experts", "experts_per_token", "shared_experts", "expert_bytes", "weight_dtype", "required_operations", "tied_embeddings")
+    __slots__ = ("model_snapshot", "hidden_size", "vocab_size", "layers", "embedding_bytes", "head_bytes", "routed_experts", "experts_per_token", "shared_experts", "expert_bytes", "weight_dtype", "required_operations", "tied_embeddings", "weights_policy")
     MODEL_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class ModelDescription(_message.Message):
     WEIGHT_DTYPE_FIELD_NUMBER: _ClassVar[int]
     REQUIRED_OPERATIONS_FIELD_NUMBER: _ClassVar[int]
     TIED_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_POLICY_FIELD_NUMBER: _ClassVar[int]
     model_snapshot: str
     hidden_size: int
     vocab_size: int
@@ -77,7 +78,8 @@ class ModelDescription(_message.Message):
     weight_dtype: _common_pb2.ElementType
     required_operations: _containers.RepeatedScalarFieldContainer[str]
     tied_embeddings: bool
-    def __init__(self, model_snapshot: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerDescription, _Mapping]]] = ..., embedding_bytes: _Optional[int] = ..., head_bytes: _Optional[int] = ..., routed_experts: _Optional[int] = ..., experts_per_token: _Optional[int] = ..., shared_experts: _Optional[int] = ..., expert_bytes: _Optional[int] = ..., weight_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., required_operations: _Optional[_Iterable[str]] = ..., tied_embeddings: _Optional[bool] = ...) -> None: ...
+    weights_policy: str
+    def __init__(self, model_snapshot: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerDescription, _Mapping]]] = ..., embedding_bytes: _Optional[int] = ..., head_bytes: _Optional[int] = ..., routed_experts: _Optional[int] = ..., experts_per_token: _Optional[int] = ..., shared_experts: _Optional[int] = ..., expert_bytes: _Optional[int] = ..., weight_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., required_operations: _Optional[_Iterable[str]] = ..., tied_embeddings: _Optional[bool] = ..., weights_policy: _Optional[str] = ...) -> None: ...
 
 class EvidenceRef(_message.Message):
     __slots__ = ("record_id", "type", "expected_blob_sha256")
