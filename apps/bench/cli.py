@@ -16,6 +16,10 @@ def register(commands, benches) -> None:
         "--checkpoint", help=f"checkpoint dir (default: the small preset, generated into {DEFAULT_CHECKPOINT})"
     )
     serve.add_argument("--backend", choices=("numpy", "max"), default="numpy")
+    serve.add_argument("--weights", choices=("fp32", "bf16", "q8_0", "q4_k_m"), default="fp32",
+                       help="also a 1-stage route on the checkpoint built in this policy (for --backend), side by "
+                            "side with the float32 one: vs_fp32_c<N>, resident_vs_artifact; with --peer, "
+                            "vs_llama_cpp_c<N> compares this route with a GGUF of the same quantization")
     serve.add_argument("--prompt-tokens", type=int, default=32)
     serve.add_argument("--max-tokens", type=int, default=16)
     serve.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
@@ -146,6 +150,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.repeats,
         llama,
         EventLoopKind(args.loop),
+        args.weights,
     )
     from apps.bench.llama_peer import PeerError
 

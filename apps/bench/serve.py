@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import platform
 import tempfile
 import time
@@ -52,6 +53,8 @@ class BenchOptions:
     repeats: int = 2
     llama: LlamaPeerOptions | None = None  # --peer llama.cpp: measured beside the other setups
     loop: EventLoopKind = EventLoopKind.ASYNCIO  # the serving core's event loop (the harness's process)
+    # --weights: a 1-stage route holding this policy's artifact, measured beside the float32 one
+    weights: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -104,23 +107,25 @@ async def _drive(engine: ServingEngine, prompt_ids: list[tuple[int, ...]], max_t
 
 
 def _start_workers(cpu_sets: list[tuple[int, ...]], backend: str, state_dir: Path,
-                   checkpoint: str) -> Launcher:
+                   *read_roots: str) -> Launcher:
     # Loopback workers of this harness only, driven by its in-process clients: plaintext, explicitly.
     launcher = Launcher(FleetOptions(state_dir=state_dir, grace_period_s=5.0, insecure=True))
     group = [
         launcher.spawn(ServiceProcess(f"bench_worker_{i}", "stage_worker", "services.stage_worker",
                                       {**worker_env(cpus), "FORNAX_STAGE_INDEX": str(i), "FORNAX_BACKEND": backend,
-                                       "FORNAX_READ_ROOTS": str(Path(checkpoint).resolve())}))
+                                       "FORNAX_READ_ROOTS": os.pathsep.join(str(Path(r).resolve())
+                                                                            for r in read_roots)}))
         for i, cpus in enumerate(cpu_sets)
     ]
     launcher.wait_ready(group)
     return launcher
 
 
-async def _engine(options: BenchOptions, workers: list[str]) -> ServingEngine:
+async def _engine(options: BenchOptions, workers: list[str], source: str | None = None) -> ServingEngine:
+    """A route over `workers` loading `source` (the checkpoint, or a 1-stage policy artifact)."""
     cfg = load_config(options.checkpoint)
-    plan = await asyncio.to_thread(load_checkpoint_route, workers, options.checkpoint, cfg.num_hidden_layers,
-                                   backend=options.backend)
+    plan = await asyncio.to_thread(load_checkpoint_route, workers, source or options.checkpoint,
+                                   cfg.num_hidden_layers, backend=options.backend)
     route = Route(plan)
     await route.open()
     served = served_model(cfg, even_layer_split(cfg.num_hidden_layers, len(workers)), "bench")
@@ -156,11 +161,13 @@ class _Transformers:
 
 
 async def _measure(options: BenchOptions, two: list[str], one: list[str],
-                   llama_url: str | None = None) -> dict[str, dict]:
+                   llama_url: str | None = None, policy: PolicyStage | None = None) -> dict[str, dict]:
     """Every concurrency level runs the setups back to back, `repeats` times, best kept."""
     from apps.bench import llama_peer
 
     engines = {"pipeline_2_stage": await _engine(options, two), "pipeline_1_stage": await _engine(options, one)}
+    if policy is not None:
+        engines[f"pipeline_1_stage_{options.weights}"] = await _engine(options, [policy.worker], policy.artifact)
     hf = _Transformers(options.checkpoint)
     vocab = load_config(options.checkpoint).vocab_size
     peer = ["llama_cpp", "greedy_vs_llama_cpp"] if llama_url else []
@@ -197,23 +204,74 @@ def _keep_best(best: dict[str, RunFigures], name: str, run: RunFigures) -> None:
         best[name] = run
 
 
+@dataclass(frozen=True)
+class PolicyStage:
+    worker: str      # the worker that loads the policy's 1-stage artifact
+    artifact: str    # that artifact's directory
+    weight_bytes: int
+
+
 def measure(options: BenchOptions) -> dict[str, dict]:
     cpus = usable_cpus()
     two_sets = worker_cpu_sets(2, cpus)
     with tempfile.TemporaryDirectory(prefix="fornax-bench-") as state:
-        # Workers 0-1 form the 2-stage pipeline on disjoint CPU shares; worker 2 alone has them all.
-        launcher = _start_workers([*two_sets, cpus], options.backend, Path(state), options.checkpoint)
+        artifact = _policy_artifact(options, Path(state)) if options.weights != "fp32" else None
+        roots = [options.checkpoint] + ([str(artifact[0])] if artifact else [])
+        # Workers 0-1 form the 2-stage pipeline on disjoint CPU shares; worker 2 alone has them all
+        # (and worker 3, which loads the policy's artifact, when --weights asks for one).
+        shares = [*two_sets, cpus] + ([cpus] if artifact else [])
+        launcher = _start_workers(shares, options.backend, Path(state), *roots)
         try:
             workers = [f"127.0.0.1:{s.ports['grpc']}" for s in launcher.started]
+            policy = PolicyStage(workers[3], str(artifact[0]), artifact[1]) if artifact else None
             if options.llama is None:
-                return run_on_loop(_measure(options, workers[:2], workers[2:]), options.loop)
-            from apps.bench.llama_peer import LlamaServer
+                report = run_on_loop(_measure(options, workers[:2], workers[2:3], None, policy), options.loop)
+            else:
+                from apps.bench.llama_peer import LlamaServer
 
-            # The peer gets what the 1-stage worker gets: every usable CPU, one thread each.
-            with LlamaServer(options.llama, cpus) as peer:
-                return run_on_loop(_measure(options, workers[:2], workers[2:], peer.base_url), options.loop)
+                # The peer gets what the 1-stage worker gets: every usable CPU, one thread each.
+                with LlamaServer(options.llama, cpus) as peer:
+                    report = run_on_loop(_measure(options, workers[:2], workers[2:3], peer.base_url, policy),
+                                         options.loop)
+            if policy is not None:
+                report["resident"] = resident_report(launcher.started[3].process.pid, policy.weight_bytes)
+            return report
         finally:
             launcher.stop_all()
+
+
+def _policy_artifact(options: BenchOptions, state: Path) -> tuple[Path, int]:
+    """A 1-stage artifact of the checkpoint in the policy, held as the bench's backend runs it."""
+    from libs.common.kinds import DType
+    from services.artifact_builder.build import BuildOptions, BuildResult, build_stage_artifacts
+    from services.artifact_builder.snapshot import inspect_checkpoint
+    from services.artifact_builder.staging import plan_from_ranges
+
+    inspection = inspect_checkpoint(options.checkpoint, "bench", "")
+    plan = plan_from_ranges(((0, inspection.config.num_hidden_layers),))
+    build = BuildOptions(state / "artifacts", DType.FP32, weights_policy=options.weights,
+                         stage_backends=(options.backend,))
+    result = [e for e in build_stage_artifacts(inspection, plan, build) if isinstance(e, BuildResult)][0]
+    return result.stages[0].artifact_dir, result.stages[0].weight_bytes
+
+
+def resident_report(pid: int, weight_bytes: int) -> dict[str, object]:
+    """The policy worker's resident memory against its artifact's bytes plus its KV reserve
+    (`resident_vs_artifact`; the target is <= 1.15)."""
+    from services.stage_worker.config import StageWorkerConfig
+
+    kv_reserve = StageWorkerConfig.kv_limit_bytes
+    rss = _rss_bytes(pid)
+    return {"rss_bytes": rss, "artifact_bytes": weight_bytes, "kv_reserve_bytes": kv_reserve,
+            "resident_vs_artifact": rss / (weight_bytes + kv_reserve),
+            "figure": "physical: VmRSS of the policy's stage worker after the run, this host"}
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def provenance(options: BenchOptions, command: str) -> dict[str, str]:
@@ -225,6 +283,7 @@ def provenance(options: BenchOptions, command: str) -> dict[str, str]:
         "label": "measurements on this host, one run, side by side; not predictions",
         "hardware": f"{cpu_name() or platform.machine()}, {len(usable_cpus())} usable CPUs",
         "backend": options.backend,
+        "weights": options.weights,
         "backend_build": f"{options.backend} {metadata.version('max' if options.backend == 'max' else 'numpy')}",
         "transformers_build": f"transformers {metadata.version('transformers')}, torch {metadata.version('torch')}",
         "model_snapshot": "sha256:" + hashlib.sha256(config).hexdigest(),
@@ -258,9 +317,13 @@ def run(options: BenchOptions, command: str) -> dict:
         ratios[f"two_vs_one_stage_{key}"] = two[key]["output_tokens_per_s"] / one[key]["output_tokens_per_s"]
         ratios[f"pipeline_vs_transformers_{key}"] = two[key]["output_tokens_per_s"] / hf[key]["output_tokens_per_s"]
         ratios[f"one_stage_vs_transformers_{key}"] = one[key]["output_tokens_per_s"] / hf[key]["output_tokens_per_s"]
+        policy = report.get(f"pipeline_1_stage_{options.weights}")
+        if policy is not None:
+            ratios[f"vs_fp32_{key}"] = policy[key]["output_tokens_per_s"] / one[key]["output_tokens_per_s"]
         if "llama_cpp" in report:
             peer = report["llama_cpp"][key]["output_tokens_per_s"]
-            ratios[f"vs_llama_cpp_{key}"] = one[key]["output_tokens_per_s"] / peer
+            ours = (policy or one)[key]["output_tokens_per_s"]
+            ratios[f"vs_llama_cpp_{key}"] = ours / peer
     return {**ratios, **report,
             "setup": {"prompt_tokens": options.prompt_tokens, "max_tokens": options.max_tokens,
                       "repeats": options.repeats, "figure": "best of the repeats, setups interleaved"},
