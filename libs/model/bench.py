@@ -215,22 +215,25 @@ def run_bench(checkpoint: Path, backends: list[str], layer_count: int, repeats: 
     load_at_start = load_average()
     measured_triad = triad() if policy != "fp32" else None
     statuses, rows, reads = [], [], []
-    for backend in backends:
-        weights = load_stage_weights(checkpoint, cfg, 0, layer_count, first=False, last=False, policy=policy,
-                                     backend="max" if backend == "max" else "numpy")
+    for entry in backends:
+        # "max" runs the policy; "max:fp32" the same backend in another policy, side by side
+        backend, _, entry_policy = entry.partition(":")
+        weights = load_stage_weights(checkpoint, cfg, 0, layer_count, first=False, last=False,
+                                     policy=entry_policy or policy, backend="max" if backend == "max" else "numpy")
         try:
             runner, build = make_runner(backend, checkpoint, cfg, weights)
         except (ModelError, ImportError) as exc:
-            statuses.append(BackendStatus(backend, False, "", f"unavailable, not measured: {exc}"))
+            statuses.append(BackendStatus(entry, False, "", f"unavailable, not measured: {exc}"))
             continue
-        statuses.append(BackendStatus(backend, True, build, "measured"))
-        timed = time_backend(runner, backend, cfg, range(layer_count), repeats)
+        statuses.append(BackendStatus(entry, True, build, "measured"))
+        timed = time_backend(runner, entry, cfg, range(layer_count), repeats)
         rows.extend(timed)
         reads.extend(weight_reads(cfg, weights, timed))
         del runner, weights
     ratios = speedup_ratios(rows)
     if measured_triad is not None:
         ratios.update(triad_ratios(reads, measured_triad.bytes_per_s))
+    ratios.update(policy_ratios(rows, policy))
     config_hash = hashlib.sha256((checkpoint / "config.json").read_bytes()).hexdigest()
     return BenchReport(
         figure_class="physical (wall-clock per decoder-layer call, float32 activations, this host)",
@@ -263,6 +266,22 @@ def weight_reads(cfg: DeepseekV2Config, weights: StageWeights, timed: list[Bench
         read = decode_read_bytes(dense, per_expert, experts, cfg.num_experts_per_tok, scenario.sequences)
         out.append(WeightRead(row.backend, row.scenario, row.layer, row.layer_kind, read, read / (row.median_ms / 1e3)))
     return out
+
+
+def policy_ratios(rows: list[BenchRow], policy: str) -> dict[str, float | None]:
+    """`<policy>_vs_fp32_<scenario>_<backend>`: a backend's fp32 ms over its policy ms (mean over
+    layers; > 1: the policy is faster), where the run measured both ("max" and "max:fp32")."""
+    ratios: dict[str, float | None] = {}
+    for row in rows:
+        backend = row.backend
+        if ":" in backend:
+            continue
+        fp32 = [r.median_ms for r in rows if (r.backend, r.scenario) == (f"{backend}:fp32", row.scenario)]
+        ours = [r.median_ms for r in rows if (r.backend, r.scenario) == (backend, row.scenario)]
+        if fp32 and ours and policy != "fp32":
+            key = f"{policy}_vs_fp32_{row.scenario.replace(' ', '_').replace('=', '')}_{backend}"
+            ratios[key] = round(statistics.fmean(fp32) / statistics.fmean(ours), 3)
+    return ratios
 
 
 def triad_ratios(reads: list[WeightRead], triad_bytes_per_s: float) -> dict[str, float | None]:

@@ -28,3 +28,14 @@ def test_ratios_average_layers_per_backend_and_batch():
              WeightRead("numpy", "decode batch=8", 0, "dense", 1e6, 1e9)]
     assert triad_ratios(reads, 10e9) == {"weight_read_vs_triad_decode1_max": 0.3,
                                          "weight_read_vs_triad_decode8_numpy": 0.1}
+
+
+def test_policy_ratios_compare_a_backend_with_its_own_fp32_run():
+    from libs.model.bench import BenchRow, policy_ratios
+
+    rows = [BenchRow("decode batch=1", "max", 0, "dense", 1.0, 1.0), BenchRow("decode batch=1", "max", 1, "moe", 3.0, 3.0),
+            BenchRow("decode batch=1", "max:fp32", 0, "dense", 4.0, 4.0),
+            BenchRow("decode batch=1", "max:fp32", 1, "moe", 8.0, 8.0),
+            BenchRow("decode batch=1", "numpy", 0, "dense", 1.0, 1.0)]
+    assert policy_ratios(rows, "q4_k_m") == {"q4_k_m_vs_fp32_decode_batch1_max": 3.0}
+    assert policy_ratios(rows, "fp32") == {}
