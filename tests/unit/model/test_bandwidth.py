@@ -33,7 +33,8 @@ def test_ratios_average_layers_per_backend_and_batch():
 def test_policy_ratios_compare_a_backend_with_its_own_fp32_run():
     from libs.model.bench import BenchRow, policy_ratios
 
-    rows = [BenchRow("decode batch=1", "max", 0, "dense", 1.0, 1.0), BenchRow("decode batch=1", "max", 1, "moe", 3.0, 3.0),
+    rows = [BenchRow("decode batch=1", "max", 0, "dense", 1.0, 1.0),
+            BenchRow("decode batch=1", "max", 1, "moe", 3.0, 3.0),
             BenchRow("decode batch=1", "max:fp32", 0, "dense", 4.0, 4.0),
             BenchRow("decode batch=1", "max:fp32", 1, "moe", 8.0, 8.0),
             BenchRow("decode batch=1", "numpy", 0, "dense", 1.0, 1.0)]
