@@ -111,3 +111,25 @@ def test_a_block_with_a_non_finite_scale_is_refused_before_load(small_tiny, tmp_
     cfg = load_config(small_tiny)
     with pytest.raises(WeightBlockInvalidError, match="block 2 has a non-finite scale"):
         load_stage_weights(damaged, cfg, 0, cfg.num_hidden_layers, True, True)
+
+
+def test_a_build_for_max_holds_only_what_max_runs_and_records_each_conversion(small_tiny, tmp_path):
+    from libs.common.kinds import DType
+    from libs.weights.policy import MAX_FORMATS
+    from services.artifact_builder.build import BuildOptions, BuildResult, build_stage_artifacts
+    from services.artifact_builder.snapshot import inspect_checkpoint
+    from services.artifact_builder.staging import plan_from_ranges
+
+    inspection = inspect_checkpoint(small_tiny, "test", "r")
+    plan = plan_from_ranges(((0, 2), (2, 4)))
+    options = BuildOptions(tmp_path / "out", DType.FP32, weights_policy="q4_k_m", stage_backends=("max", "numpy"))
+    result = [e for e in build_stage_artifacts(inspection, plan, options) if isinstance(e, BuildResult)][0]
+    on_max, on_numpy = (verify_artifact(s.artifact_dir).manifest for s in result.stages)
+    max_formats = {t.weight_format.format for t in on_max.tensors}
+    assert max_formats <= MAX_FORMATS and "q4_0" in max_formats
+    converted = [t.weight_format for t in on_max.tensors if t.weight_format.conversion]
+    assert converted and all(f.format in MAX_FORMATS for f in converted)
+    embed = next(t.weight_format for t in on_max.tensors if t.name == "model.embed_tokens.weight")
+    assert (embed.wanted, embed.format) == ("q8_0", "bf16") and "outside a plain product" in embed.conversion
+    assert not any(t.weight_format.conversion for t in on_numpy.tensors)  # numpy runs every format
+    assert {t.weight_format.format for t in on_numpy.tensors} & {"q5_0", "q8_0"}
