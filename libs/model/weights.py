@@ -175,15 +175,8 @@ def read_stage_tensors(checkpoint_dir: str | Path, names: list[str], layers: int
     """Packed tensors as stored; plain ones as float32, or encoded by `policy` when not fp32."""
     from libs.model.safetensors_io import map_tensor, read_header_and_metadata, read_tensors_float32
 
-    shards = checkpoint_shards(Path(checkpoint_dir))
-    missing = [n for n in names if n not in shards]
-    if missing:
-        raise CheckpointError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
-    by_shard: dict[Path, list[str]] = defaultdict(list)
-    for name in names:
-        by_shard[shards[name]].append(name)
     out: dict[str, Weight] = {}
-    for shard, shard_names in by_shard.items():
+    for shard, shard_names in names_by_shard(checkpoint_dir, names).items():
         entries, data_start, metadata = read_header_and_metadata(shard)
         formats = decode_formats(metadata)
         plain = [n for n in shard_names if n not in formats]
@@ -215,6 +208,14 @@ def _encoded(name: str, array: np.ndarray, layers: int, policy: str, backend: st
 def read_bf16_aware(checkpoint_dir: str | Path, names: list[str]) -> dict[str, np.ndarray]:
     from libs.model.safetensors_io import read_tensors_float32
 
+    out: dict[str, np.ndarray] = {}
+    for shard, shard_names in names_by_shard(checkpoint_dir, names).items():
+        out.update(read_tensors_float32(shard, shard_names))
+    return out
+
+
+def names_by_shard(checkpoint_dir: str | Path, names: list[str]) -> dict[Path, list[str]]:
+    """The shard holding each tensor, only shards holding some; a missing tensor is an error."""
     shards = checkpoint_shards(Path(checkpoint_dir))
     missing = [n for n in names if n not in shards]
     if missing:
@@ -222,10 +223,7 @@ def read_bf16_aware(checkpoint_dir: str | Path, names: list[str]) -> dict[str, n
     by_shard: dict[Path, list[str]] = defaultdict(list)
     for name in names:
         by_shard[shards[name]].append(name)
-    out: dict[str, np.ndarray] = {}
-    for shard, shard_names in by_shard.items():
-        out.update(read_tensors_float32(shard, shard_names))
-    return out
+    return by_shard
 
 
 def layer_tensors_of(layer: LayerWeights) -> list[Weight]:
