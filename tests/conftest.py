@@ -22,6 +22,7 @@ import pytest
 
 from libs.model.max_kernels import CACHE_DIR_ENV, configure_max_process, default_cache_dir
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What a user's shell may export that a CLI reads as its credentials.
 USER_TLS_ENV = ("FORNAX_TLS_CA", "FORNAX_TLS_CERT", "FORNAX_TLS_KEY")
 
@@ -29,6 +30,8 @@ USER_TLS_ENV = ("FORNAX_TLS_CA", "FORNAX_TLS_CERT", "FORNAX_TLS_KEY")
 @pytest.fixture(autouse=True)
 def own_working_directory(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    # Subprocesses run as `python -m tests....` still find the suite's modules from there.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
     for name in USER_TLS_ENV:
         monkeypatch.delenv(name, raising=False)
 
