@@ -10,8 +10,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from libs.weights.tensor import Weight
-
 TRIAD_ELEMENTS = 1 << 25  # float64: 256 MiB per array, far beyond any cache
 
 
@@ -59,7 +57,3 @@ def decode_read_bytes(dense_bytes: int, expert_bytes: float, experts: int, per_t
     if not experts:
         return float(dense_bytes)
     return dense_bytes + expert_bytes * expected_distinct_experts(experts, per_token, rows)
-
-
-def nbytes(weights: list[Weight]) -> int:
-    return sum(int(w.nbytes) for w in weights)

@@ -90,11 +90,9 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
             served = served_model(load_config(installed.model_dir),
                                   list(installed.layer_ranges), model_id,
                                   stage_kv_budgets=limits if all(limits) else None)
-            served = replace(served, card=route_card(
-                installed.plan.model_snapshot, request.backend, request.boundary_dtype,
-                installed.plan.plan_id, installed.plan.mode))
-            served = replace(served, card=replace(served.card,
-                                                  stage_weights=tuple(m.weights_policy for m in manifests)))
+            card = route_card(installed.plan.model_snapshot, request.backend, request.boundary_dtype,
+                              installed.plan.plan_id, installed.plan.mode)
+            served = replace(served, card=replace(card, stage_weights=tuple(m.weights_policy for m in manifests)))
         except BaseException:
             await discard(route, fleet)
             raise
