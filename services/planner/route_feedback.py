@@ -8,11 +8,13 @@ the data plane and the other hosts busy. Where the two disagree, the route is th
 witness of what the host does while serving.
 
 So a host's decode compute predicted from its stage profile is scaled by
-`measured compute / predicted compute` of the newest calibration of this model that predicted
+`measured compute / predicted compute` of the newest passing calibration of this model that predicted
 from that same profile record (it names it in its evidence ids); a link's one-way frame time by
 `measured wire / predicted wire` likewise, when the link record is the one the calibration
 rested on. A newer profile than the calibration qualified stands on its own until qualified.
-The factor is applied across rows and past (the profile keeps the shape, the route the level),
+A failed gate feeds nothing back: its report names the term that missed and why, and re-planning
+on its figures would move the route to a placement no gate has measured. The factor is applied
+across rows and past (the profile keeps the shape, the route the level),
 and a scaled term names the calibration record and the factor (`Correction.describe`).
 """
 
@@ -54,7 +56,7 @@ def _usable(stage: schema.StageCalibration, term: str) -> bool:
 
 
 def _newest_first(book: ProfileBook, model_snapshot: str) -> list[CalibrationRecord]:
-    found = [r for r in book.calibrations if r.standing.ok
+    found = [r for r in book.calibrations if r.standing.ok and r.calibration.passed
              and r.calibration.route_key.startswith(model_snapshot + "|")]
     return sorted(found, key=lambda r: r.calibration.measured_unix_ns, reverse=True)
 
