@@ -240,13 +240,15 @@ def _stable_choice(model: ModelDescription, inventory: Inventory, nodes: tuple[N
                    book: ProfileBook, now_ns: int, tables: measured.MeasuredTables,
                    fastest: Placement) -> stability.Choice:
     """The fastest placement unless another within the measured spread is the previous or the
-    simpler one (`stability`)."""
+    simpler one; for a deployment, the qualified one (`stability`)."""
     low, high = (_measured_problem(measured.build_measured(model, inventory, nodes, target,
                                                            stability.bounded_book(book, side), now_ns), target)
                  for side in (stability.LOW, stability.HIGH))
-    previous = stability.previous_placement(book, model.model_snapshot, [measured.host_of(n) for n in nodes],
-                                            [str(n.backend) for n in nodes])
-    return stability.choose(_measured_problem(tables, target), low, high, fastest, previous)
+    hosts, backends = [measured.host_of(n) for n in nodes], [str(n.backend) for n in nodes]
+    previous = stability.previous_placement(book, model.model_snapshot, hosts, backends)
+    qualified = (stability.previous_placement(book, model.model_snapshot, hosts, backends, passing_only=True)
+                 if target.mode == "deployment" else None)
+    return stability.choose(_measured_problem(tables, target), low, high, fastest, previous, qualified)
 
 
 def _measured_stage(t: measured.MeasuredTables, placement: Placement, i: int) -> d.PlannedStage:

@@ -13,6 +13,11 @@ So among the placements whose band overlaps the fastest one's (B_low(P) <= B_hig
    counts, then the earliest cuts. None of these depend on the measurements, so three noisy
    profiles of the same fleet give the same answer.
 A placement whose median bottleneck is faster than every other's band still wins outright.
+
+A deployment plan is different: it installs what a gate measured. When a passing route
+calibration of this model stands on these nodes, its placement is the deployment's, however
+the corrected cost model now ranks it; a placement predicted faster is named in the choice,
+to be qualified before it can be deployed.
 The choice and its figures (all predictions) are stated in the plan (`Plan.choice`).
 """
 
@@ -31,6 +36,7 @@ LOW, HIGH = "low", "high"
 # Placements counted before giving up the exhaustive pass (then the median-best is kept, and said so).
 ENUMERATION_LIMIT = 20_000
 KEPT_PREVIOUS, SIMPLEST, FASTEST, UNCHECKED = "kept_previous", "simplest_within_spread", "fastest", "unchecked"
+QUALIFIED = "qualified"
 
 
 def _bound(figure: schema.Figure, side: str) -> schema.Figure:
@@ -101,6 +107,11 @@ class Choice:
         if self.rule == FASTEST:
             return (f"fastest on the medians: {chosen}; no other placement's band of lowest..highest run "
                     "overlaps it (predictions)")
+        if self.rule == QUALIFIED and self.chosen == self.fastest:
+            return f"the qualified placement, also the fastest on the medians: {chosen} (predictions)"
+        if self.rule == QUALIFIED:
+            return (f"the qualified placement: {chosen}; the cost model predicts {fastest} faster, "
+                    "which `fornax qualify` must measure before a deployment installs it (predictions)")
         if self.rule == UNCHECKED:
             return f"fastest on the medians: {chosen}; too many placements to check the spread (predictions)"
         why = ("kept the placement chosen before" if self.rule == KEPT_PREVIOUS else
@@ -129,13 +140,25 @@ def simplicity(nodes: tuple[int, ...], cuts: tuple[int, ...]) -> tuple:
     return (len(nodes), nodes, max(sizes) - min(sizes), cuts)
 
 
+def _whole(problem: Problem, p: Placement) -> bool:
+    """Whether `p` places every layer within the problem's stage bounds."""
+    return p.cuts[-1] == problem.num_layers and problem.min_stages <= len(p.nodes) <= problem.max_stages
+
+
 def choose(median: Problem, low: Problem, high: Problem, fastest: Placement,
-           previous: Placement | None = None) -> Choice:
-    """The placement to plan: see the module docstring. `fastest` is the median problem's optimum."""
+           previous: Placement | None = None, qualified: Placement | None = None) -> Choice:
+    """The placement to plan: see the module docstring. `fastest` is the median problem's optimum;
+    `qualified`, for a deployment, the placement of the newest passing calibration."""
     def band(nodes: tuple[int, ...], cuts: tuple[int, ...]) -> tuple[float, float]:
         return evaluate(low, nodes, cuts), evaluate(high, nodes, cuts)
 
     fastest_band = band(fastest.nodes, fastest.cuts)
+    if qualified is not None and _whole(median, qualified) and \
+            math.isfinite(evaluate(median, qualified.nodes, qualified.cuts)):
+        pick = (qualified.nodes, qualified.cuts)
+        chosen = Placement(*pick, evaluate(median, *pick))
+        return Choice(QUALIFIED, chosen if pick != (fastest.nodes, fastest.cuts) else fastest, fastest,
+                      band(*pick), fastest_band, 1)
     every = placements(median)
     if every is None:
         return Choice(UNCHECKED, fastest, fastest, fastest_band, fastest_band, 1)
@@ -152,10 +175,12 @@ def choose(median: Problem, low: Problem, high: Problem, fastest: Placement,
 
 
 def previous_placement(book: ProfileBook, model_snapshot: str, hosts: Sequence[str],
-                       backends: Sequence[str]) -> Placement | None:
-    """The placement of the newest route calibration of this model, on these nodes (host and
-    backend per node index): the placement chosen, installed and qualified before."""
-    found = [r for r in book.calibrations if r.calibration.route_key.startswith(model_snapshot + "|")]
+                       backends: Sequence[str], passing_only: bool = False) -> Placement | None:
+    """The placement of the newest route calibration of this model (with `passing_only`, the
+    newest that passed and that the registry vouches for), on these nodes (host and backend per
+    node index): the placement chosen, installed and qualified before."""
+    found = [r for r in book.calibrations if r.calibration.route_key.startswith(model_snapshot + "|")
+             and (not passing_only or (r.calibration.passed and r.standing.ok))]
     if not found:
         return None
     newest = max(found, key=lambda r: r.calibration.measured_unix_ns)

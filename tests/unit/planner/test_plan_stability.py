@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from libs.profiles.schema import Figure, RouteStage, StageCalibration, route_key
 from services.planner.explain import explain_lines
 from services.planner.inventory import Target
-from services.planner.planner import plan
+from services.planner.planner import DeploymentRefused, plan
 from services.planner.profiles import book_from_records
 from services.planner.stability import HIGH, LOW, bounded_book
 from tests.unit.planner.factories import full_mesh, node, tiny_model
@@ -80,9 +82,9 @@ def test_a_placement_faster_beyond_the_spread_still_wins():
     assert layers["a"] > layers["b"]
 
 
-def _previous(stages: list[tuple[str, str, int, int]]):
+def _previous(stages: list[tuple[str, str, int, int]], passed: bool = True):
     key = route_key(SNAP, [RouteStage(h, backend, a, b) for h, backend, a, b in stages])
-    cal = replace(calibration(key), stages=tuple(
+    cal = replace(calibration(key, passed=passed), stages=tuple(
         StageCalibration(i, h, a, b, 0.01, Figure(0.01, 0.01, 0.01, 3, "s")) for i, (h, _, a, b) in enumerate(stages)))
     return calibration_record(cal)
 
@@ -121,3 +123,28 @@ def test_bounded_books_put_times_at_their_runs_and_rates_the_other_way():
     rate = book.links[0].profile.throughput_bytes_per_s
     assert low.links[0].profile.throughput_bytes_per_s.median == rate.high
     assert high.links[0].profile.throughput_bytes_per_s.median == rate.low
+
+
+def test_a_deployment_installs_the_qualified_placement_and_names_the_one_predicted_faster():
+    recs = _records(1.0, 3.0, 0.05)  # the medians clearly favour more layers on a
+    qualified = [("a", "max", 0, 2), ("b", "numpy", 2, 4)]
+    assert _placement(_plan(recs)) != tuple((h, a, b) for h, _, a, b in qualified)
+    deployment = replace(TWO, mode="deployment")
+    inventory = full_mesh(node("a"), replace(node("b"), backend="numpy"))
+    p = plan(MODEL, inventory, deployment, profiles=book_from_records([*recs, _previous(qualified)]),
+             now_unix_ns=NOW).plan
+    assert _placement(p) == tuple((h, a, b) for h, _, a, b in qualified)
+    assert p.choice.startswith("the qualified placement: a[0:2] > b[2:4]")
+    assert "predicts a[0:3] > b[3:4]" in p.choice and "fornax qualify" in p.choice
+
+
+
+def test_a_failed_calibration_is_not_a_qualified_placement():
+    recs = _records(1.0, 3.0, 0.05)
+    failed = [("a", "max", 0, 2), ("b", "numpy", 2, 4)]
+    deployment = replace(TWO, mode="deployment")
+    inventory = full_mesh(node("a"), replace(node("b"), backend="numpy"))
+    with pytest.raises(DeploymentRefused) as refused:
+        plan(MODEL, inventory, deployment, profiles=book_from_records([*recs, _previous(failed, passed=False)]),
+             now_unix_ns=NOW)
+    assert refused.value.reason == "MISSING_CALIBRATION"
