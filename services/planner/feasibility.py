@@ -88,7 +88,8 @@ def unevidenced_route_rejections(links: tuple[Link, ...], names: set[str]) -> li
 def _memory_shortfall(tables: CostTables, target: Target) -> Infeasible | None:
     """Aggregate bound: k stages need all weights, all KV and k sets of buffers."""
     model, work = tables.model, tables.workload
-    usable = np.sort(tables.usable_bytes)[::-1]
+    order = np.argsort(-tables.usable_bytes, kind="stable")
+    usable = tables.usable_bytes[order]
     weights = int(work.layer_weight_bytes.sum()) + model.embedding_bytes + model.head_bytes
     base = weights + int(work.layer_kv_bytes.sum()) + work.logits_bytes
     k_hi = min(target.max_stages, len(usable), model.num_layers)
@@ -106,8 +107,19 @@ def _memory_shortfall(tables: CostTables, target: Target) -> Infeasible | None:
         d.INSUFFICIENT_MEMORY,
         f"the model needs {required / GIB:.3f} GiB over {k} stage(s) (weights, KV for "
         f"{target.context_tokens} tokens x {target.concurrency} sequences, buffers); the {k} largest "
-        f"capable nodes offer {(required - gap) / GIB:.3f} GiB after reserves; short by {gap / GIB:.3f} GiB",
+        f"capable nodes offer {(required - gap) / GIB:.3f} GiB after reserves; short by {gap / GIB:.3f} GiB; "
+        + per_host_shortfall([tables.nodes[i].name for i in order[:k]], usable[:k], required),
         float(gap))
+
+
+def per_host_shortfall(names: list[str], usable: np.ndarray, required: int) -> str:
+    """Each host's shortfall at the split in proportion to its usable memory, the split that
+    leaves the largest relative shortfall smallest."""
+    held = [float(u) for u in usable]
+    shares = [float(required) * u / sum(held) for u in held]
+    parts = [f"{name} holds {u / GIB:.3f} GiB of its {share / GIB:.3f} GiB share, short by {(share - u) / GIB:.3f} GiB"
+             for name, u, share in zip(names, held, shares, strict=True)]
+    return "per host at a split in proportion to memory: " + "; ".join(parts)
 
 
 def _layer_shortfall(tables: CostTables) -> Infeasible | None:

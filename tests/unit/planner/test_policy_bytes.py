@@ -4,6 +4,7 @@ three memory-limited hosts refuse bf16 but place all 27 layers in q4_k_m."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,12 @@ def test_three_small_hosts_refuse_bf16_and_place_every_layer_in_q4_k_m():
     refused = plan(lite("bf16"), loaded.inventory, loaded.target)
     assert not refused.feasible and refused.infeasibility_reason == "INSUFFICIENT_MEMORY"
     assert refused.shortfall_bytes > 10 * GIB
+    per_host = re.findall(r"(\w+) holds ([\d.]+) GiB of its ([\d.]+) GiB share, short by ([\d.]+) GiB",
+                          refused.infeasibility)
+    assert sorted(name for name, *_ in per_host) == ["alpha", "beta", "gamma"]
+    assert all(float(short) > 0 and abs(float(share) - float(held) - float(short)) < 2e-3
+               for _, held, share, short in per_host)
+    assert abs(sum(float(short) for *_, short in per_host) - refused.shortfall_bytes / GIB) < 5e-3
     placed = plan(lite("q4_k_m"), loaded.inventory, loaded.target)
     assert placed.feasible
     ranges = [(s.layer_start, s.layer_end) for s in placed.plan.stages]
