@@ -23,6 +23,7 @@ from libs.security.cli_credentials import operator_credentials
 from libs.service.channels import ChannelConfig
 from libs.service.errors import FornaxError
 from libs.service.fleet_state import FleetState, fleet_path
+from libs.weights.policy import DEFAULT_POLICY, POLICIES
 
 EVIDENCE = "PHYSICAL"
 
@@ -54,6 +55,11 @@ def register(commands, benches) -> None:
     p.add_argument("--min-run-ms", type=int, default=round(grid.min_run_s * 1000),
                    help="each run repeats a call for at least this long (default 300: three CFS periods)")
     p.add_argument("--valid-for-s", type=int, default=7 * 24 * 3600, help="validity window of each record")
+    p.add_argument("--weights", choices=POLICIES, default=None,
+                   help="weight policy the profiles time: fp32 (default), bf16, q8_0 or q4_k_m; with --fleet, every "
+                        "host whose `weights:` the file does not set (as `fornax up` serves them)")
+    p.add_argument("--one-at-a-time", action="store_true",
+                   help="time each stage host alone (default: all at once, as a route keeps them busy)")
     p.add_argument("--json", action="store_true", help="print the stored profiles as JSON")
     p.add_argument("--startup-timeout-s", type=float, default=180.0)
     p.set_defaults(func=cmd_profile)
@@ -64,13 +70,16 @@ def _fail(message: str) -> int:
     return 2
 
 
-def workers_of(state: FleetState, stage_hosts: list[str] | None) -> list[Worker]:
-    """The fleet's stage workers in index order, named by their fleet host (or their service name)."""
+def workers_of(state: FleetState, stage_hosts: list[str] | None, weights: list[str] | None = None,
+               default_weights: str = DEFAULT_POLICY) -> list[Worker]:
+    """The fleet's stage workers in index order, named by their fleet host (or their service name),
+    each with the weight policy its host serves (`weights`, one per stage host, None where unset)."""
     entries = sorted((s for s in state.services if s.kind == "stage_worker"),
                      key=lambda s: int(s.name.rsplit("_", 1)[1]))
     if stage_hosts is not None and len(stage_hosts) != len(entries):
         raise ValueError(f"the fleet file names {len(stage_hosts)} stage hosts, the running fleet has {len(entries)}")
-    return [Worker(stage_hosts[i] if stage_hosts else e.name, e.grpc) for i, e in enumerate(entries)]
+    return [Worker(stage_hosts[i] if stage_hosts else e.name, e.grpc,
+                   (weights[i] if weights else None) or default_weights) for i, e in enumerate(entries)]
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -88,6 +97,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         except FleetFileError as exc:
             return _fail(f"fleet file {args.fleet}: {exc}")
     stage_hosts = [h.name for h in spec.stage_hosts] if spec else None
+    host_weights = [h.weights for h in spec.stage_hosts] if spec else None
     state = _running_fleet(args.state_dir)
     launcher = None
     if state is None:
@@ -98,7 +108,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001 - reported, and nothing is left running
             return _fail(f"the fleet failed to start: {exc}")
     try:
-        return _profile(args, state, stage_hosts, checkpoint)
+        return _profile(args, state, stage_hosts, host_weights, checkpoint)
     finally:
         if launcher is not None:
             _take_down(args.state_dir, launcher)
@@ -124,9 +134,10 @@ def _take_down(state_dir: str, launcher) -> None:
         print(f"fornax profile: could not remove: {', '.join(left)}", file=sys.stderr)
 
 
-def _profile(args: argparse.Namespace, state: FleetState, stage_hosts: list[str] | None, checkpoint: str) -> int:
+def _profile(args: argparse.Namespace, state: FleetState, stage_hosts: list[str] | None,
+             host_weights: list[str | None] | None, checkpoint: str) -> int:
     try:
-        workers = workers_of(state, stage_hosts)
+        workers = workers_of(state, stage_hosts, host_weights, args.weights or DEFAULT_POLICY)
         builder, registry = state.entry("artifact_builder").grpc, state.entry("evidence_registry").grpc
     except (KeyError, ValueError) as exc:
         return _fail(f"the running fleet does not fit: {exc}")
@@ -136,7 +147,8 @@ def _profile(args: argparse.Namespace, state: FleetState, stage_hosts: list[str]
                      f"(no operator certificate under {args.state_dir})")
     grid = Grid(args.prefill_lengths, args.decode_batches, args.decode_contexts, args.runs, args.min_run_ms / 1000)
     command = "fornax " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["profile"] else "fornax profile"
-    request = ProfileRequest(checkpoint, grid, command, link_runs=args.runs, valid_for_s=args.valid_for_s)
+    request = ProfileRequest(checkpoint, grid, command, link_runs=args.runs, valid_for_s=args.valid_for_s,
+                             concurrent=not args.one_at_a_time)
     try:
         result = asyncio.run(profile_fleet(workers, builder, registry, request, ChannelConfig(credentials=credentials),
                                            lambda line: print(line, file=sys.stderr)))
@@ -186,6 +198,7 @@ def render(result: FleetProfiles) -> str:
         lines.append(f"{EVIDENCE} stage profile {p.host.host} (record {stored.record.record_id})")
         lines.append(f"  host: {p.host.describe()}")
         lines.append(f"  build: {p.backend_build} on {p.device}; snapshot {p.model_snapshot}; dtype {p.dtype}; "
+                     f"weights {p.weights_policy}; "
                      f"decode pasts {list(p.decode_contexts)} tokens, concurrency {p.concurrency}")
         lines.append(f"  command: {p.command}; measured by {p.worker}; valid {p.valid_for_s} s")
         for kind in p.kinds:

@@ -4,11 +4,18 @@ its link, and each signed profile becomes a physical measurement record in the f
 The layers come from the artifact builder: it cuts the checkpoint so that the first artifact
 holds the embeddings, the first dense and the first MoE layer, and the last one the final layer
 and the head (libs/profiles/measure.profiling_ranges); each worker fetches those two over gRPC.
-Workers are profiled one at a time, so hosts that share physical cores do not disturb each other.
+They are built in the weight policy the worker's host serves (its fleet-file `weights:` or
+`--weights`) and for the worker's backend, so a profile times the formats a route would run
+and records the policy (a plan in another policy refuses it: PROFILE_MISMATCH).
+All workers are profiled at once, as a route runs them: a route keeps every stage host busy,
+and hosts on one machine slow each other even on disjoint CPUs (shared caches and memory
+bandwidth, SMT siblings and steal under a hypervisor), which a host timed alone never shows.
+`--one-at-a-time` times each host alone instead. Links are profiled after, one pair at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +43,7 @@ BUILD_TIMEOUT_S = 3600.0
 class Worker:
     host: str  # the fleet host it runs on
     grpc: str
+    weights: str = "fp32"  # the weight policy its profile times
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ class ProfileRequest:
     link_runs: int = 3
     rtt_iters: int = 20
     valid_for_s: int = 0
+    concurrent: bool = True  # every stage host at once, as a route runs them
 
 
 @dataclass(frozen=True)
@@ -72,12 +81,22 @@ def ordered_pairs(hosts: list[str]) -> list[tuple[str, str]]:
     return [(a, b) for a in hosts for b in hosts if a != b]
 
 
-async def build_profiling_artifacts(builder: str, checkpoint_dir: str, channel: ChannelConfig) -> list[str]:
-    """Manifest hashes of the first and last profiling artifacts (one when the cut is one range)."""
+def profiling_build_request(checkpoint_dir: str, weights: str = "fp32",
+                            backend: int = common_pb2.BACKEND_UNSPECIFIED) -> ab_pb.BuildStageArtifactsRequest:
+    """The build of the profiling cut in `weights` for stages of `backend` (unspecified: as the
+    policy chooses, with no conversion for a backend)."""
     ranges = profiling_ranges(load_config(checkpoint_dir))
-    request = ab_pb.BuildStageArtifactsRequest(
+    return ab_pb.BuildStageArtifactsRequest(
         request_id=str(uuid.uuid4()), checkpoint_dir=checkpoint_dir, boundary_dtype=common_pb2.ELEMENT_TYPE_FP32,
-        layer_ranges=[common_pb2.LayerRange(layer_start=a, layer_end_exclusive=b) for a, b in ranges])
+        layer_ranges=[common_pb2.LayerRange(layer_start=a, layer_end_exclusive=b) for a, b in ranges],
+        weights_policy=weights,
+        stage_backends=[backend] * len(ranges) if backend != common_pb2.BACKEND_UNSPECIFIED else [])
+
+
+async def build_profiling_artifacts(builder: str, checkpoint_dir: str, channel: ChannelConfig, weights: str = "fp32",
+                                    backend: int = common_pb2.BACKEND_UNSPECIFIED) -> list[str]:
+    """Manifest hashes of the first and last profiling artifacts (one when the cut is one range)."""
+    request = profiling_build_request(checkpoint_dir, weights, backend)
     result = None
     async with open_aio_channel(builder, channel) as ch:
         async for event in ab_grpc.ArtifactBuilderServiceStub(ch).BuildStageArtifacts(request, timeout=BUILD_TIMEOUT_S):
@@ -90,36 +109,48 @@ async def build_profiling_artifacts(builder: str, checkpoint_dir: str, channel: 
     return [s.manifest_hash for s in wanted]
 
 
-async def _identity(worker: Worker, channel: ChannelConfig) -> str:
+async def _capabilities(worker: Worker, channel: ChannelConfig) -> sw_pb.GetCapabilitiesResponse:
     async with open_aio_channel(worker.grpc, channel) as ch:
         caps = await sw_grpc.StageWorkerServiceStub(ch).GetCapabilities(sw_pb.GetCapabilitiesRequest())
     if not caps.identity:
         raise FailedPrecondition(f"the worker on {worker.host} serves without TLS; profiles must be signed",
                                  reason="NO_SIGNING_IDENTITY")
-    return caps.identity
+    return caps
 
 
 async def profile_fleet(workers: list[Worker], builder: str, registry: str, request: ProfileRequest,
                         channel: ChannelConfig, progress: Callable[[str], None] = lambda _: None) -> FleetProfiles:
     snapshot = describe_checkpoint(request.checkpoint_dir).model_snapshot
-    progress(f"building the profiling artifacts of {snapshot} on {builder}")
-    manifests = await build_profiling_artifacts(builder, request.checkpoint_dir, channel)
-    identities = {w.host: await _identity(w, channel) for w in workers}
+    caps = {w.host: await _capabilities(w, channel) for w in workers}
+    identities = {host: c.identity for host, c in caps.items()}
+    manifests: dict[tuple[str, int], list[str]] = {}
+    for w in workers:
+        key = (w.weights, caps[w.host].backend)
+        if key not in manifests:
+            progress(f"building the profiling artifacts of {snapshot} in {w.weights} for "
+                     f"{common_pb2.Backend.Name(key[1])} on {builder}")
+            manifests[key] = await build_profiling_artifacts(builder, request.checkpoint_dir, channel, *key)
     by_host = {w.host: w for w in workers}
-    stages, links = [], []
+    links = []
     async with AsyncRegistryClient(registry, ClientOptions(channel=channel)) as reg:
-        for worker in workers:
-            progress(f"profiling the stage worker on {worker.host}")
+        async def profile_one(worker: Worker) -> StoredStage:
+            progress(f"profiling the stage worker on {worker.host} ({worker.weights})")
             grid = request.grid
             async with open_aio_channel(worker.grpc, channel) as ch:
                 reply = await sw_grpc.StageWorkerServiceStub(ch).ProfileStage(sw_pb.ProfileStageRequest(
-                    request_id=str(uuid.uuid4()), artifact_source_address=builder, manifest_hashes=manifests,
+                    request_id=str(uuid.uuid4()), artifact_source_address=builder,
+                    manifest_hashes=manifests[(worker.weights, caps[worker.host].backend)],
                     host=worker.host, model_snapshot=snapshot, prefill_lengths=grid.prefill_lengths,
                     decode_batches=grid.decode_batches, decode_contexts=grid.decode_contexts, runs=grid.runs,
                     min_run_ms=round(grid.min_run_s * 1000),
                     valid_for_s=request.valid_for_s, command=request.command), timeout=PROFILE_TIMEOUT_S)
             record = await reg.put_record(content_from_proto(reply.record), reply.profile_json)
-            stages.append(StoredStage(stage_profile_from_json(reply.profile_json), record))
+            return StoredStage(stage_profile_from_json(reply.profile_json), record)
+
+        if request.concurrent:
+            stages = list(await asyncio.gather(*(profile_one(w) for w in workers)))
+        else:
+            stages = [await profile_one(w) for w in workers]
         for a, b in ordered_pairs([w.host for w in workers]):
             progress(f"profiling the link {a} -> {b}")
             async with open_aio_channel(by_host[b].grpc, channel) as ch:

@@ -26,6 +26,7 @@ from libs.model.kernels import MASK_NEG, LayerInputs, StageKernels
 from libs.model.rope import rope_tables
 from libs.model.weights import LayerWeights, StageWeights
 from libs.profiles.schema import DECODE_BATCHES, DECODE_CONTEXTS, PREFILL_LENGTHS, Figure, LayerKindProfile
+from libs.weights.tensor import PackedWeight
 
 Clock = Callable[[], float]
 KV_BYTES_PER_ELEMENT = 4  # the KV store holds float32 latents and rope keys
@@ -80,13 +81,16 @@ def per_unit(samples: Sequence[float], units: int, unit: str) -> Figure:
 
 
 def layer_resident_bytes(layer: LayerWeights) -> int:
-    """Bytes of one layer's weights as the stage holds them (every array of the layer)."""
+    """Bytes of one layer's weights as the stage holds them: every array and packed weight,
+    through nested weight records and per-expert sequences."""
     total = 0
     stack: list[object] = [layer]
     while stack:
         item = stack.pop()
-        if isinstance(item, np.ndarray):
-            total += item.nbytes
+        if isinstance(item, np.ndarray | PackedWeight):
+            total += int(item.nbytes)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
         elif item is not None and hasattr(item, "__dataclass_fields__"):
             stack.extend(getattr(item, name) for name in item.__dataclass_fields__)
     return total

@@ -70,13 +70,24 @@ def plan_from_request(request: pb.BuildStageArtifactsRequest) -> StagePlan:
     return plan_from_ranges(tuple((r.layer_start, r.layer_end_exclusive) for r in request.layer_ranges))
 
 
+BACKEND_NAMES = {common_pb2.BACKEND_MAX: "max", common_pb2.BACKEND_NUMPY: "numpy"}
+
+
 def stage_backends(request: pb.BuildStageArtifactsRequest) -> tuple[str, ...]:
-    """Each planned stage's backend ("max" or "numpy"), when the request carries a typed plan
-    that names them; empty otherwise (every stage then holds the policy's formats as chosen)."""
+    """Each stage's backend ("max" or "numpy"): a typed plan's, or `stage_backends` beside layer
+    ranges (one per range); empty otherwise (every stage then holds the policy's formats as chosen)."""
+    if request.stage_backends:
+        if request.HasField("plan") or len(request.stage_backends) != len(request.layer_ranges):
+            raise PlanInvalidError(f"stage_backends gives {len(request.stage_backends)} backend(s); it needs one per "
+                                   f"layer range ({len(request.layer_ranges)}), and a typed plan names its own",
+                                   field="stage_backends")
+        unknown = [b for b in request.stage_backends if b not in BACKEND_NAMES]
+        if unknown:
+            raise PlanInvalidError(f"stage_backends holds unknown backend value(s) {unknown}", field="stage_backends")
+        return tuple(BACKEND_NAMES[b] for b in request.stage_backends)
     if not request.HasField("plan"):
         return ()
-    names = {common_pb2.BACKEND_MAX: "max", common_pb2.BACKEND_NUMPY: "numpy"}
-    found = [names.get(stage.backend, "") for stage in request.plan.stages]
+    found = [BACKEND_NAMES.get(stage.backend, "") for stage in request.plan.stages]
     return tuple(found) if all(found) else ()
 
 

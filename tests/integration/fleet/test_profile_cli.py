@@ -63,6 +63,17 @@ def test_profile_stores_signed_records_a_planner_reads_back(checkpoint, tmp_path
         assert book.stage_problem("stage_worker_0", document["model_snapshot"], "numpy", time.time_ns()) is None
         kinds = [k.kind for k in book.stage_record("stage_worker_1").profile.kinds]
         assert kinds == ["dense", "moe", "embed", "head"]  # from the first and last profiling artifacts
+
+        q8 = _fornax("profile", "--state-dir", str(state), "--checkpoint", str(checkpoint), "--json",
+                     "--weights", "q8_0", *SMALL)
+        assert q8.returncode == 0, q8.stderr
+        assert "in q8_0 for BACKEND_NUMPY" in q8.stderr and "(q8_0)" in q8.stderr
+        timed = json.loads(q8.stdout)["stages"][0]["profile"]
+        fp32 = document["stages"][0]["profile"]
+        assert (timed["weights_policy"], fp32["weights_policy"]) == ("q8_0", "fp32")
+        resident = {p["weights_policy"]: {k["kind"]: k["resident_bytes"] for k in p["kinds"]} for p in (timed, fp32)}
+        # 34 bytes per 32 weights against 128: the experts and projections shrink, norms and router stay
+        assert 0.25 < resident["q8_0"]["moe"] / resident["fp32"]["moe"] < 0.4
     finally:
         _fornax("down", "--state-dir", str(state))
 

@@ -10,7 +10,7 @@ from fornax.artifact_builder.v1 import artifact_builder_pb2 as pb
 from fornax.common.v1 import common_pb2
 from libs.artifacts.manifest import canonical_hash
 from libs.common.kinds import DType
-from services.artifact_builder.convert import boundary_dtype_from_pb, plan_from_json, plan_from_request
+from services.artifact_builder.convert import boundary_dtype_from_pb, plan_from_json, plan_from_request, stage_backends
 from services.artifact_builder.errors import PlanInvalidError
 from services.artifact_builder.staging import StageRange
 
@@ -56,3 +56,16 @@ def test_request_needs_exactly_one_plan_source_and_a_boundary_dtype():
     for bad in (common_pb2.ELEMENT_TYPE_UNSPECIFIED, common_pb2.ELEMENT_TYPE_INT32, 99):
         with pytest.raises(PlanInvalidError):
             boundary_dtype_from_pb(bad)
+
+
+def test_layer_ranges_name_one_backend_each():
+    ranges = [common_pb2.LayerRange(layer_start=0, layer_end_exclusive=2),
+              common_pb2.LayerRange(layer_start=2, layer_end_exclusive=4)]
+    request = pb.BuildStageArtifactsRequest(layer_ranges=ranges,
+                                            stage_backends=[common_pb2.BACKEND_MAX, common_pb2.BACKEND_NUMPY])
+    assert stage_backends(request) == ("max", "numpy")
+    assert stage_backends(pb.BuildStageArtifactsRequest(layer_ranges=ranges)) == ()
+    for bad in ([common_pb2.BACKEND_MAX], [common_pb2.BACKEND_MAX, common_pb2.BACKEND_UNSPECIFIED]):
+        with pytest.raises(PlanInvalidError) as refused:
+            stage_backends(pb.BuildStageArtifactsRequest(layer_ranges=ranges, stage_backends=bad))
+        assert refused.value.field == "stage_backends"

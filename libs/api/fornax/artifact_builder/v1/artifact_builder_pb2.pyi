@@ -85,7 +85,7 @@ class InspectCheckpointResponse(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[CheckpointSnapshot, _Mapping]] = ..., valid: _Optional[bool] = ..., problems: _Optional[_Iterable[_Union[TensorProblem, _Mapping]]] = ..., model_record_id: _Optional[str] = ...) -> None: ...
 
 class BuildStageArtifactsRequest(_message.Message):
-    __slots__ = ("request_id", "checkpoint_dir", "out_dir", "plan_json", "layer_ranges", "boundary_dtype", "source", "revision", "plan", "hop_boundary_dtypes", "weights_policy", "stage_weights_policies")
+    __slots__ = ("request_id", "checkpoint_dir", "out_dir", "plan_json", "layer_ranges", "boundary_dtype", "source", "revision", "plan", "hop_boundary_dtypes", "weights_policy", "stage_weights_policies", "stage_backends")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     OUT_DIR_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class BuildStageArtifactsRequest(_message.Message):
     HOP_BOUNDARY_DTYPES_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_POLICY_FIELD_NUMBER: _ClassVar[int]
     STAGE_WEIGHTS_POLICIES_FIELD_NUMBER: _ClassVar[int]
+    STAGE_BACKENDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     checkpoint_dir: str
     out_dir: str
@@ -110,7 +111,8 @@ class BuildStageArtifactsRequest(_message.Message):
     hop_boundary_dtypes: _containers.RepeatedScalarFieldContainer[_common_pb2.ElementType]
     weights_policy: str
     stage_weights_policies: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., out_dir: _Optional[str] = ..., plan_json: _Optional[str] = ..., layer_ranges: _Optional[_Iterable[_Union[_common_pb2.LayerRange, _Mapping]]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., source: _Optional[str] = ..., revision: _Optional[str] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., hop_boundary_dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., weights_policy: _Optional[str] = ..., stage_weights_policies: _Optional[_Iterable[str]] = ...) -> None: ...
+    stage_backends: _containers.RepeatedScalarFieldContainer[_common_pb2.Backend]
+    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., out_dir: _Optional[str] = ..., plan_json: _Optional[str] = ..., layer_ranges: _Optional[_Iterable[_Union[_common_pb2.LayerRange, _Mapping]]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., source: _Optional[str] = ..., revision: _Optional[str] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., hop_boundary_dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., weights_policy: _Optional[str] = ..., stage_weights_policies: _Optional[_Iterable[str]] = ..., stage_backends: _Optional[_Iterable[_Union[_common_pb2.Backend, str]]] = ...) -> None: ...
 
 class StageArtifact(_message.Message):
     __slots__ = ("stage_index", "artifact_dir", "manifest_hash", "layer_range", "weight_bytes")
