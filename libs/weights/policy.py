@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from libs.weights.errors import UnknownWeightPolicyError
-from libs.weights.formats import WeightFormat, weight_format
+from libs.weights.formats import FORMATS, WeightFormat, weight_format
 
 POLICIES = ("fp32", "bf16", "q8_0", "q4_k_m")
 DEFAULT_POLICY = "fp32"
@@ -107,3 +107,18 @@ def for_max(choice: TensorChoice, name: str, shape: tuple[int, ...]) -> TensorCh
     else:
         return choice
     return TensorChoice(target, choice.wanted, choice.fallback, why)
+
+
+def runnable_formats(backend: str) -> frozenset[str]:
+    """The formats a backend's stage runs: numpy decodes every format, MAX runs `MAX_FORMATS`."""
+    if backend == "max":
+        return MAX_FORMATS
+    if backend == "numpy":
+        return frozenset(FORMATS)
+    raise UnknownWeightPolicyError(f"unknown backend {backend!r}: no weight formats known for it")
+
+
+def policy_formats(policy: str, tensors: dict[str, tuple[int, ...]], layers: int, backend: str) -> frozenset[str]:
+    """Every format a stage of `backend` holds when `tensors` are built under `policy`."""
+    return frozenset(choose(policy, name, shape, layers, backend).fmt.name for name, shape in tensors.items())
+

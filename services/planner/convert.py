@@ -86,6 +86,8 @@ def model_from_proto(m: pb.ModelDescription) -> ModelDescription:
         routed_experts=m.routed_experts, experts_per_token=m.experts_per_token, shared_experts=m.shared_experts,
         expert_bytes=m.expert_bytes, weight_dtype=dtype_from_pb(m.weight_dtype, "model.weight_dtype", reason=BAD_ENUM),
         required_operations=tuple(m.required_operations), weights_policy=m.weights_policy,
+        weight_formats=tuple((_backend_name(f.backend, "model.weight_formats.backend"), tuple(f.formats))
+                             for f in m.weight_formats),
     )
 
 
@@ -103,7 +105,13 @@ def model_to_proto(m: ModelDescription) -> pb.ModelDescription:
         experts_per_token=m.experts_per_token, shared_experts=m.shared_experts, expert_bytes=m.expert_bytes,
         weight_dtype=DTYPE_TO_PB[m.weight_dtype], required_operations=list(m.required_operations),
         tied_embeddings=m.tied_embeddings, weights_policy=m.weights_policy,
+        weight_formats=[pb.BackendWeightFormats(backend=BACKEND_TO_PB[Backend(b)], formats=list(f))
+                        for b, f in m.weight_formats],
     )
+
+
+def _backend_name(value: int, field: str) -> str:
+    return str(backend_from_pb(value, field, reason=BAD_ENUM))
 
 
 def _node_from_proto(n: pb.Node, i: int) -> Node:
@@ -126,6 +134,7 @@ def _node_from_proto(n: pb.Node, i: int) -> Node:
         reserve_bytes=n.reserve_bytes,
         evidence=_evidence(n.evidence, f"{at}.evidence"),
         host=n.host,
+        weight_formats=tuple(n.weight_formats),
     )
 
 
@@ -163,7 +172,7 @@ def inventory_to_request(inventory: Inventory, request: pb.CreatePlanRequest) ->
             name=n.name, backend=BACKEND_TO_PB[n.backend], memory_bytes=n.memory_bytes, compute_flops=n.compute_flops,
             memory_bandwidth_bytes_per_s=n.memory_bandwidth_bytes_per_s, dtypes=[DTYPE_TO_PB[x] for x in n.dtypes],
             operations=list(n.operations), build=n.build, reserve_bytes=n.reserve_bytes,
-            evidence=_evidence_to_proto(n.evidence), host=n.host))
+            evidence=_evidence_to_proto(n.evidence), host=n.host, weight_formats=list(n.weight_formats)))
     for x in inventory.links:
         request.inventory.links.append(pb.Link(
             from_node=x.from_node, to_node=x.to_node, bandwidth_bytes_per_s=x.bandwidth_bytes_per_s,

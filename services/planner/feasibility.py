@@ -2,7 +2,9 @@
 
 Each rejected node gets the first failing check, in this order: weight dtype, boundary dtype,
 required operations, memory for the smallest stage it could hold (one layer, with its
-activation buffers and the node's reserve), and in deployment mode a capability record.
+activation buffers and the node's reserve), the weight formats of its backend's build under
+the model's weight policy (a node that reports none passes in exploratory mode only), and in
+deployment mode a capability record.
 In deployment mode a link that references no route record is rejected too.
 """
 
@@ -63,6 +65,13 @@ def node_rejection(node: Node, model: ModelDescription, target: Target, smallest
             f"smallest stage needs {needed / GIB:.3f} GiB (reserve {node.reserve_bytes / GIB:.3f} GiB included); "
             f"node has {node.memory_bytes / GIB:.3f} GiB",
             required=needed, available=node.memory_bytes)
+    needed = model.formats_for(str(node.backend))
+    unsupported = sorted(set(needed) - set(node.weight_formats))
+    if needed and unsupported and (node.weight_formats or target.mode == "deployment"):
+        offered = list(node.weight_formats) or "none reported"
+        return d.Rejection(node.name, d.MISSING_WEIGHT_FORMAT,
+                           f"the {model.weights_policy} weights of a {node.backend} stage are in {list(needed)}; "
+                           f"node runs {offered} (lacks {unsupported})")
     if target.mode == "deployment" and not any(r.record_type == "capability" for r in node.evidence):
         return d.Rejection(node.name, d.MISSING_EVIDENCE, "deployment mode: the node references no capability record")
     return None

@@ -16,6 +16,7 @@ import yaml
 
 from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.service.errors import InvalidArgument
+from libs.weights.formats import FORMATS
 
 BACKENDS = tuple(backend.value for backend in Backend)
 DTYPES = tuple(dtype.value for dtype in FLOAT_DTYPES)
@@ -49,6 +50,7 @@ class Node:
     reserve_bytes: int = 0
     evidence: tuple[EvidenceRef, ...] = ()
     host: str = ""  # the fleet host it runs on (its stage profile's host); "" = the node name
+    weight_formats: tuple[str, ...] = ()  # formats its backend runs; () = not reported
 
 
 @dataclass(frozen=True)
@@ -176,8 +178,9 @@ def _evidence(items: Any, where: str) -> tuple[EvidenceRef, ...]:
     return tuple(refs)
 
 
+FORMAT_NAMES = tuple(FORMATS)
 NODE_KEYS = {"name", "backend", "memory", "compute", "memory_bandwidth", "dtypes", "operations", "build", "reserve",
-             "evidence", "host"}
+             "evidence", "host", "weight_formats"}
 LINK_KEYS = {"between", "from", "to", "bandwidth", "latency", "evidence"}
 TOP_KEYS = {"nodes", "links", "target", "model_evidence"}
 
@@ -213,6 +216,8 @@ def _node(raw: Any, where: str) -> Node:
         reserve_bytes=int(_positive(raw.get("reserve", 0), "bytes", f"{where}.reserve", allow_zero=True)),
         evidence=_evidence(raw.get("evidence"), f"{where}.evidence"),
         host=str(raw.get("host") or ""),
+        weight_formats=tuple(_choice(f, FORMAT_NAMES, f"{where}.weight_formats")
+                             for f in raw.get("weight_formats") or ()),
     )
 
 

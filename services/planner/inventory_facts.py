@@ -84,6 +84,7 @@ def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse], hosts: tup
             operations=tuple(cap.supported_operations),
             build=cap.backend_build,
             host=hosts[index] if hosts else "",
+            weight_formats=tuple(cap.weight_formats),
         )
         for index, cap in enumerate(capabilities)
     )

@@ -24,8 +24,8 @@ from typing import Any
 from libs.common.kinds import DType
 from libs.model.config import DeepseekV2Config, parse_config
 from libs.model.errors import ConfigError
-from libs.model.layout import EMBED, LM_HEAD, layer_tensors
-from libs.weights.policy import require_policy
+from libs.model.layout import EMBED, FINAL_NORM, LM_HEAD, layer_tensors
+from libs.weights.policy import policy_formats, require_policy
 from services.planner.policy_bytes import LayerBytes, layer_bytes, matrix_bytes
 
 DTYPE_BYTES = {DType.BF16: 2, DType.FP16: 2, DType.FP32: 4}
@@ -73,6 +73,11 @@ class ModelDescription:
     weight_dtype: DType  # one of FLOAT_DTYPES
     required_operations: tuple[str, ...]
     weights_policy: str = ""  # "" = counted at the checkpoint's dtype
+    # (backend, formats a stage of that backend holds under the policy); () = no policy
+    weight_formats: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def formats_for(self, backend: str) -> tuple[str, ...]:
+        return dict(self.weight_formats).get(backend, ())
 
     @property
     def num_layers(self) -> int:
@@ -144,7 +149,18 @@ def describe_config(raw: dict[str, Any], snapshot: str, policy: str | None = Non
         weight_dtype=dtype,
         required_operations=tuple(ops),
         weights_policy=policy or "",
+        weight_formats=_formats_by_backend(cfg, policy) if policy is not None else (),
     )
+
+
+def _formats_by_backend(cfg: DeepseekV2Config, policy: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    tensors = {EMBED: (cfg.vocab_size, cfg.hidden_size), FINAL_NORM: (cfg.hidden_size,)}
+    if not cfg.tie_word_embeddings:
+        tensors[LM_HEAD] = (cfg.vocab_size, cfg.hidden_size)
+    for index in range(cfg.num_hidden_layers):
+        tensors.update(layer_tensors(cfg, index))
+    return tuple((backend, tuple(sorted(policy_formats(policy, tensors, cfg.num_hidden_layers, backend))))
+                 for backend in ("numpy", "max"))
 
 
 class _Sizes:

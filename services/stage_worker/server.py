@@ -24,6 +24,7 @@ from libs.service.cgroup_facts import cgroup_facts
 from libs.service.errors import InvalidArgument
 from libs.service.host import backend_build, host_facts
 from libs.service.server import ServiceSpec
+from libs.weights.policy import runnable_formats
 from services.stage_worker import convert
 from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.dataplane import DataPlane
@@ -100,6 +101,7 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
             stage_index=self._cfg.stage_index,
             data_plane_host=self._dataplane.advertised_host,
             identity=own_identity_uri(self._cfg.server.tls),
+            weight_formats=sorted(runnable_formats(self._cfg.backend.value)) if build else [],
         )
 
     async def LoadStage(self, request, context) -> pb.LoadStageResponse:

@@ -44,9 +44,12 @@ def test_spans_reach_an_otlp_receiver_with_service_names(tmp_path):
                 with pytest.raises(grpc.RpcError):
                     planner_pb2_grpc.PlannerServiceStub(channel).GetPlan(planner_pb2.GetPlanRequest(plan_id="x"))
             with grpc.insecure_channel(worker_addr) as channel:
-                stage_worker_pb2_grpc.StageWorkerServiceStub(channel).GetCapabilities(
+                caps = stage_worker_pb2_grpc.StageWorkerServiceStub(channel).GetCapabilities(
                     stage_worker_pb2.GetCapabilitiesRequest()
                 )
+            # a numpy worker runs every weight format: the planner checks a policy's formats against these
+            assert caps.backend_build.startswith("numpy")
+            assert {"q4_k", "q8_0", "bf16", "fp32"} <= set(caps.weight_formats)
         finally:
             planner.stop()
             worker.stop()

@@ -50,7 +50,7 @@ class LayerDescription(_message.Message):
     def __init__(self, index: _Optional[int] = ..., is_moe: _Optional[bool] = ..., weight_bytes: _Optional[int] = ..., active_weight_bytes_per_token: _Optional[int] = ..., flops_per_token: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., dense_weight_bytes: _Optional[int] = ..., attention_flops_per_context_token: _Optional[int] = ..., scratch_bytes_per_row: _Optional[int] = ...) -> None: ...
 
 class ModelDescription(_message.Message):
-    __slots__ = ("model_snapshot", "hidden_size", "vocab_size", "layers", "embedding_bytes", "head_bytes", "routed_experts", "experts_per_token", "shared_experts", "expert_bytes", "weight_dtype", "required_operations", "tied_embeddings", "weights_policy")
+    __slots__ = ("model_snapshot", "hidden_size", "vocab_size", "layers", "embedding_bytes", "head_bytes", "routed_experts", "experts_per_token", "shared_experts", "expert_bytes", "weight_dtype", "required_operations", "tied_embeddings", "weights_policy", "weight_formats")
     MODEL_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class ModelDescription(_message.Message):
     REQUIRED_OPERATIONS_FIELD_NUMBER: _ClassVar[int]
     TIED_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_POLICY_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FORMATS_FIELD_NUMBER: _ClassVar[int]
     model_snapshot: str
     hidden_size: int
     vocab_size: int
@@ -79,7 +80,16 @@ class ModelDescription(_message.Message):
     required_operations: _containers.RepeatedScalarFieldContainer[str]
     tied_embeddings: bool
     weights_policy: str
-    def __init__(self, model_snapshot: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerDescription, _Mapping]]] = ..., embedding_bytes: _Optional[int] = ..., head_bytes: _Optional[int] = ..., routed_experts: _Optional[int] = ..., experts_per_token: _Optional[int] = ..., shared_experts: _Optional[int] = ..., expert_bytes: _Optional[int] = ..., weight_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., required_operations: _Optional[_Iterable[str]] = ..., tied_embeddings: _Optional[bool] = ..., weights_policy: _Optional[str] = ...) -> None: ...
+    weight_formats: _containers.RepeatedCompositeFieldContainer[BackendWeightFormats]
+    def __init__(self, model_snapshot: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerDescription, _Mapping]]] = ..., embedding_bytes: _Optional[int] = ..., head_bytes: _Optional[int] = ..., routed_experts: _Optional[int] = ..., experts_per_token: _Optional[int] = ..., shared_experts: _Optional[int] = ..., expert_bytes: _Optional[int] = ..., weight_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., required_operations: _Optional[_Iterable[str]] = ..., tied_embeddings: _Optional[bool] = ..., weights_policy: _Optional[str] = ..., weight_formats: _Optional[_Iterable[_Union[BackendWeightFormats, _Mapping]]] = ...) -> None: ...
+
+class BackendWeightFormats(_message.Message):
+    __slots__ = ("backend", "formats")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    FORMATS_FIELD_NUMBER: _ClassVar[int]
+    backend: _common_pb2.Backend
+    formats: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., formats: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EvidenceRef(_message.Message):
     __slots__ = ("record_id", "type", "expected_blob_sha256")
@@ -92,7 +102,7 @@ class EvidenceRef(_message.Message):
     def __init__(self, record_id: _Optional[str] = ..., type: _Optional[_Union[_evidence_registry_pb2.RecordType, str]] = ..., expected_blob_sha256: _Optional[str] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "backend", "memory_bytes", "compute_flops", "memory_bandwidth_bytes_per_s", "dtypes", "operations", "build", "evidence_record_ids", "reserve_bytes", "evidence", "host")
+    __slots__ = ("name", "backend", "memory_bytes", "compute_flops", "memory_bandwidth_bytes_per_s", "dtypes", "operations", "build", "evidence_record_ids", "reserve_bytes", "evidence", "host", "weight_formats")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +115,7 @@ class Node(_message.Message):
     RESERVE_BYTES_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FORMATS_FIELD_NUMBER: _ClassVar[int]
     name: str
     backend: _common_pb2.Backend
     memory_bytes: int
@@ -117,7 +128,8 @@ class Node(_message.Message):
     reserve_bytes: int
     evidence: _containers.RepeatedCompositeFieldContainer[EvidenceRef]
     host: str
-    def __init__(self, name: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., memory_bytes: _Optional[int] = ..., compute_flops: _Optional[float] = ..., memory_bandwidth_bytes_per_s: _Optional[float] = ..., dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., operations: _Optional[_Iterable[str]] = ..., build: _Optional[str] = ..., evidence_record_ids: _Optional[_Iterable[str]] = ..., reserve_bytes: _Optional[int] = ..., evidence: _Optional[_Iterable[_Union[EvidenceRef, _Mapping]]] = ..., host: _Optional[str] = ...) -> None: ...
+    weight_formats: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., memory_bytes: _Optional[int] = ..., compute_flops: _Optional[float] = ..., memory_bandwidth_bytes_per_s: _Optional[float] = ..., dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., operations: _Optional[_Iterable[str]] = ..., build: _Optional[str] = ..., evidence_record_ids: _Optional[_Iterable[str]] = ..., reserve_bytes: _Optional[int] = ..., evidence: _Optional[_Iterable[_Union[EvidenceRef, _Mapping]]] = ..., host: _Optional[str] = ..., weight_formats: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Link(_message.Message):
     __slots__ = ("from_node", "to_node", "bandwidth_bytes_per_s", "latency_ns", "evidence_record_ids", "evidence")
