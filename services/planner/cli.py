@@ -144,12 +144,22 @@ def run_plan(args) -> int:
               f"{summary['active_weight_bytes_per_token'] / GIB:.3f} GiB of layer weights")
         if (args.explain or args.replan) and result.plan is not None:
             print("\n".join(explain_lines(result.plan)))
+            if args.weights:
+                print("\n".join(_format_lines(args, result.plan)))
             print("\n".join(format_result(result, stages=False)))
         else:
             print("\n".join(format_result(result)))
         if installed is not None and result.plan is not None:
             print("\n".join(diff_lines(installed[0], result.plan, installed[1])))
     return 0 if result.feasible else EXIT_INFEASIBLE
+
+
+def _format_lines(args, plan) -> list[str]:
+    from libs.model.config import load_config
+    from services.planner.policy_bytes import format_lines
+
+    return format_lines(load_config(args.checkpoint), args.weights,
+                        [(s.stage_index, s.node, s.layer_start, s.layer_end, str(s.backend)) for s in plan.stages])
 
 
 def model_summary(model) -> dict[str, Any]:

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from libs.model.config import parse_config
 from libs.model.presets import preset_config
+from libs.weights.policy import MAX_FORMATS
 from services.planner.inventory import load_inventory_file
 from services.planner.model import describe_config
 from services.planner.planner import plan
+from services.planner.policy_bytes import format_lines, stage_bytes_by_format
 
 GIB = 2**30
 LITE_INVENTORY = Path(__file__).parents[3] / "services/planner/examples/lite_three_hosts.yaml"
@@ -63,3 +66,15 @@ def test_three_small_hosts_refuse_bf16_and_place_every_layer_in_q4_k_m():
     assert layers["alpha"] > max(layers["beta"], layers["gamma"])  # the biggest, fastest host takes most
     for stage in placed.plan.stages:
         assert stage.memory_bytes <= stage.node_memory_bytes
+
+
+def test_bytes_by_format_of_the_stages_add_up_to_the_model():
+    cfg = parse_config(preset_config("lite", 0, 1))
+    split = [(0, 15), (15, 23), (23, 27)]
+    by_stage = [stage_bytes_by_format(cfg, "q4_k_m", a, b, "numpy") for a, b in split]
+    assert sum(sum(s.values()) for s in by_stage) == lite("q4_k_m").total_weight_bytes
+    assert "q8_0" in by_stage[0] and "q8_0" in by_stage[-1]  # 8-bit embeddings and head
+    max_stage = stage_bytes_by_format(cfg, "q4_k_m", 0, 15, "max")
+    assert set(max_stage) <= MAX_FORMATS and "q4_k" in max_stage
+    lines = format_lines(cfg, "q4_k_m", [(0, "alpha", 0, 15, "max")])
+    assert lines[1].startswith("  stage 0 on alpha (max) [0, 15): q4_k ")
