@@ -191,8 +191,10 @@ async def _measure(options: BenchOptions, two: list[str], one: list[str],
                 report[name][f"c{c}"] = figures.summary()
             if llama_url:
                 peer_ids = await llama_peer.greedy_token_ids(llama_url, batch, options.max_tokens)
-                report["greedy_vs_llama_cpp"][f"c{c}"] = llama_peer.greedy_agreement(
-                    list(best["pipeline_1_stage"].streams), peer_ids)
+                # the route in the GGUF's quantization when there is one: the same weights' streams
+                ours = f"pipeline_1_stage_{options.weights}" if policy is not None else "pipeline_1_stage"
+                report["greedy_vs_llama_cpp"][f"c{c}"] = {
+                    "fornax_setup": ours, **llama_peer.greedy_agreement(list(best[ours].streams), peer_ids)}
     finally:
         for engine in engines.values():
             await engine.close()
