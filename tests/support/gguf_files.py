@@ -170,3 +170,22 @@ def write_reference_checkpoint(checkpoint: Path, reference: dict[str, np.ndarray
         writer.write(name, reference[name])
     writer.close()
     return out
+
+
+def dequantized_from_gguf(path: Path) -> dict[str, np.ndarray]:
+    """{Hugging Face name: float32 values} of any deepseek2 GGUF (llama.cpp's own files), decoded
+    through the reader's mapping; the mapping itself is checked by the f32 file's exact logits."""
+    from libs.model.gguf_source import compose_kv_b
+    from services.artifact_builder.encode_weights import read_rows
+    from services.artifact_builder.snapshot import inspect_checkpoint
+
+    out: dict[str, np.ndarray] = {}
+    with open(path, "rb") as fh:
+        for t in inspect_checkpoint(path).tensors:
+            if t.parts:
+                k_b, v_b = (read_rows(fh, p, 0, int(np.prod(p.shape[:-1]))).reshape(p.shape) for p in t.parts)
+                out[t.name] = compose_kv_b(k_b, v_b)
+            else:
+                rows = int(np.prod(t.shape[:-1])) if len(t.shape) > 1 else 1
+                out[t.name] = read_rows(fh, t, 0, rows).reshape(t.shape)
+    return out
