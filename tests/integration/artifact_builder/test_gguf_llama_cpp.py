@@ -117,4 +117,9 @@ def test_a_fleet_serves_a_llama_quantize_q4_k_m_file_as_its_reference(tiny_f32_g
     expected = reference_greedy_under_policy(reference, "fp32", PROMPTS, NEW_TOKENS)
     tokenizer = TextContext.from_checkpoint(checkpoint).tokenizer
     assert [c.choices[0].text for c in served] == [tokenizer.decode(e) for e in expected]
-    assert model.model_extra["fornax"]["execution"]["stage_weights"] == ["gguf", "gguf"]
+    execution = model.model_extra["fornax"]["execution"]
+    assert execution["stage_weights"] == ["gguf", "gguf"]
+    # tiny's 4 layers, 2 per stage: each stage says its kv_b_proj were reassembled, and nothing else
+    assert [len(c) for c in execution["stage_conversions"]] == [1, 1]
+    assert all(c[0].startswith("2 tensors F32 wanted fp32, held fp32") and "attn_k_b" in c[0]
+               for c in execution["stage_conversions"])

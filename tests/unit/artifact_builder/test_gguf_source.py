@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from libs.artifacts.conversions import conversion_summary
 from libs.artifacts.verify import verify_artifact
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
@@ -123,6 +124,9 @@ def test_a_max_build_converts_once_what_max_cannot_run_and_says_so(tiny, tmp_pat
     _, (stage,) = build(gguf, tmp_path / "out", backend="max")
     formats = {t.name: t.weight_format for t in stage.manifest.tensors}
     assert {f.format for f in formats.values()} <= MAX_FORMATS
+    summary = conversion_summary(stage.manifest)
+    assert any(line.startswith("4 tensors F32 wanted fp32, held fp32") for line in summary)  # kv_b_proj
+    assert any(" Q8_0 wanted q8_0, held " in line and "MAX" in line for line in summary)
     q = formats["model.layers.0.self_attn.q_proj.weight"]
     assert q.source_dtype == "Q8_0" and q.wanted == "q8_0" and q.format != "q8_0" and "MAX" in q.conversion
     assert q.quantizer != "source bytes"
