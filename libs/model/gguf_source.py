@@ -226,8 +226,7 @@ def config_from_metadata(metadata: Mapping[str, Any], tensor_names: set[str]) ->
     if gating != 1:  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
         raise GgufMetadataError(
             f"{ARCHITECTURE}.expert_gating_func = {gating!r}: only softmax routing (1) is supported")
-    groups = _int(metadata, "expert_group_count", 0) if f"{ARCHITECTURE}.expert_group_count" in metadata else 0
-    q_lora = _int(metadata, "attention.q_lora_rank", 0) if f"{ARCHITECTURE}.attention.q_lora_rank" in metadata else 0
+    groups, q_lora = _int(metadata, "expert_group_count", 0), _int(metadata, "attention.q_lora_rank", 0)
     tokens = metadata.get("tokenizer.ggml.tokens")
     vocab = _int(metadata, "vocab_size", len(tokens)) if tokens is not None else _int(metadata, "vocab_size")
     raw: dict[str, Any] = {
@@ -274,9 +273,9 @@ def _rope_scaling(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     if kind != "yarn":
         raise GgufMetadataError(f"{ARCHITECTURE}.rope.scaling.type = {kind!r}: only yarn or none are supported")
-    # llama.cpp keeps 0.1 * mscale_all_dim; DeepSeek-V2 sets mscale = mscale_all_dim.
-    mscale = _float(metadata, "rope.scaling.yarn_log_multiplier", 0.0) / 0.1 or 1.0
-    mscale = float(str(np.float32(mscale)))
+    # llama.cpp keeps 0.1 * mscale_all_dim; DeepSeek-V2 sets mscale = mscale_all_dim (0 when the
+    # file has no multiplier: then neither the rotation nor the softmax is rescaled).
+    mscale = float(str(np.float32(_float(metadata, "rope.scaling.yarn_log_multiplier", 0.0) / 0.1)))
     return {
         "type": "yarn",
         "factor": _float(metadata, "rope.scaling.factor"),

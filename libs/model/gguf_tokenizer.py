@@ -2,7 +2,8 @@
 
 Accepted: the `gpt2` tokenizer model (byte-level BPE: token strings in the byte-to-unicode
 alphabet, merges as "left right") with the `gpt-2` pre-tokenizer, which is the split the
-project's own tokenizer uses. Control tokens (token type 3) become special added tokens; the
+project's own tokenizer uses. Control tokens (token type 3) become special added tokens and
+user-defined ones (type 4) plain added tokens; the
 chat template is `tokenizer.chat_template`. Any other tokenizer model or pre-tokenizer is
 refused by name: a different split would change every prompt's ids.
 """
@@ -17,7 +18,7 @@ from libs.model.gguf_source import GgufMetadataError
 
 TOKENIZER_MODELS = ("gpt2",)
 PRE_TOKENIZERS = ("gpt-2",)
-_CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
+_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL / _USER_DEFINED
 
 
 class GgufTokenizerError(GgufMetadataError):
@@ -48,8 +49,9 @@ def tokenizer_json(metadata: Mapping[str, Any]) -> str:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    special = [tokens[i] for i, kind in enumerate(types) if kind == _CONTROL]
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    added = [(tokens[i], kind == _CONTROL) for i, kind in enumerate(types) if kind in (_CONTROL, _USER_DEFINED)]
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t, special in added if not special])
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, special in added if special])
     return tokenizer.to_str(pretty=True) + "\n"
 
 
