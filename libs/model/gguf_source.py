@@ -180,6 +180,12 @@ def _kv_b_of(layer: int, parts: dict[str, GgufTensor], cfg_raw: Mapping[str, Any
                         (heads * (nope + v_dim), rank), parts=(k_b, v_b))
 
 
+def bits_per_weight(tensors: list[GgufTensor]) -> float:
+    """The file's stored bits per weight, over every tensor."""
+    elements = sum(int(np.prod(t.shape, dtype=np.int64)) for t in tensors)
+    return 8.0 * sum(t.nbytes for t in tensors) / max(elements, 1)
+
+
 def compose_kv_b(k_b: np.ndarray, v_b: np.ndarray) -> np.ndarray:
     """kv_b_proj [heads * (nope + v), rank] from attn_k_b [heads, rank, nope] and attn_v_b
     [heads, v, rank]: each head's nope rows (k_b transposed back), then its v rows."""

@@ -112,3 +112,16 @@ def test_another_pre_tokenizer_is_refused_by_name():
     with pytest.raises(FornaxError) as caught:
         tokenizer_json(metadata)
     assert caught.value.reason == "GGUF_TOKENIZER_UNSUPPORTED" and "deepseek-llm" in caught.value.message
+
+
+def test_a_gguf_is_planned_as_the_policy_nearest_its_stored_bits(tmp_path):
+    from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
+    from services.orchestrator.install import gguf_planning_policy
+    from tests.support.gguf_files import f32_types, llama_like_types, write_gguf
+
+    write_checkpoint(CheckpointRequest("tiny", tmp_path / "ck"))
+    write_gguf(tmp_path / "ck", tmp_path / "f32.gguf", f32_types)
+    write_gguf(tmp_path / "ck", tmp_path / "q8.gguf", llama_like_types)
+    assert gguf_planning_policy(str(tmp_path / "f32.gguf")) == (None, 32.0)
+    policy, bits = gguf_planning_policy(str(tmp_path / "q8.gguf"))
+    assert policy == "q8_0" and 8.5 < bits < 12
