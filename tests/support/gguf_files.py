@@ -49,6 +49,18 @@ def f32_types(name: str, shape: tuple[int, ...]) -> str:
     return "F32"
 
 
+_MIXED = {"attn_q.": "Q4_0", "attn_output.": "Q5_1", "_exps.": "Q5_0", "_shexp.": "BF16", "token_embd.": "Q8_0",
+          "output.": "F16", "attn_kv_a_mqa.": "BF16", "ffn_gate.": "Q4_0", "ffn_up.": "Q5_1", "ffn_down.": "Q8_0"}
+
+
+def mixed_types(name: str, shape: tuple[int, ...]) -> str:
+    """Every non-K type a tiny model's rows fit, spread over its tensors (tiny has no 256-long row)."""
+    wanted = next((t for key, t in _MIXED.items() if key in name), "F32")
+    if len(shape) == 1 or ".ffn_gate_inp" in name or (wanted not in ("F16", "BF16") and shape[-1] % 32):
+        return "F32" if len(shape) == 1 or ".ffn_gate_inp" in name else "F16"
+    return wanted
+
+
 def _stored(values: np.ndarray, gguf_type: str) -> tuple[np.ndarray, np.ndarray]:
     """(the array GGUFWriter stores, its decoded float32 values)."""
     fmt = BY_GGUF_TYPE[gguf_type]
@@ -74,8 +86,8 @@ def write_gguf(checkpoint: Path, out: Path, types: TypeChoice = f32_types, split
         stored, held = _stored(values, gguf_type)
         if gguf_type in ("F32", "F16"):
             writer.add_tensor(gguf_name, stored)
-        else:
-            writer.add_tensor(gguf_name, stored, raw_dtype=GGMLQuantizationType[gguf_type])
+        else:  # raw bytes: the writer derives the logical shape from the type's block
+            writer.add_tensor(gguf_name, stored.view(np.uint8), raw_dtype=GGMLQuantizationType[gguf_type])
         return held
 
     for name, gguf_name in _GLOBAL.items():

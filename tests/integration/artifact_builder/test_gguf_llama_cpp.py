@@ -29,10 +29,11 @@ from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
 from libs.model.gguf_source import read_gguf
 from libs.text.context import TextContext
+from libs.text.tokenizer import ProjectTokenizer
 from tests.integration.orchestrator.test_fleet_serving import wait_route_ready
 from tests.support.dequantized_reference import reference_greedy_under_policy
 from tests.support.gguf_files import dequantized_from_gguf, write_reference_checkpoint
-from tests.unit.artifact_builder.test_gguf_source import _two_stage_logits, build
+from tests.unit.artifact_builder.test_gguf_source import TEXTS, _two_stage_logits, build
 from tests.unit.artifact_builder.test_weight_policies import _logits
 
 pytestmark = pytest.mark.integration
@@ -68,9 +69,12 @@ def test_the_converters_f32_file_computes_exactly_the_checkpoints_logits(tiny_f3
     _, stored = read_gguf(str(gguf))
     assert any(t.name.endswith("attn_k_b.weight") for t in stored)  # the current split kv_b layout
     assert any(t.name.endswith("ffn_up_exps.weight") for t in stored)  # merged experts
-    _, (stage,) = build(gguf, tmp_path / "out")
+    inspection, (stage,) = build(gguf, tmp_path / "out")
     cfg = load_config(stage.artifact_dir)
     assert cfg == load_config(checkpoint)
+    ours = ProjectTokenizer.from_file(stage.artifact_dir / "tokenizer.json", inspection.snapshot.tokenizer_sha256)
+    original = ProjectTokenizer.from_file(checkpoint / "tokenizer.json")
+    assert [ours.encode(t) for t in TEXTS] == [original.encode(t) for t in TEXTS]
     np.testing.assert_array_equal(_logits(stage.artifact_dir, cfg)[0], _logits(checkpoint, cfg)[0])
 
 

@@ -20,7 +20,13 @@ from libs.weights.policy import MAX_FORMATS
 from services.artifact_builder.build import BuildOptions, build_stage_artifacts
 from services.artifact_builder.snapshot import inspect_checkpoint
 from services.artifact_builder.staging import even_layer_ranges, plan_from_ranges
-from tests.support.gguf_files import f32_types, llama_like_types, write_gguf, write_reference_checkpoint
+from tests.support.gguf_files import (
+    f32_types,
+    llama_like_types,
+    mixed_types,
+    write_gguf,
+    write_reference_checkpoint,
+)
 from tests.unit.artifact_builder.test_weight_policies import _logits
 
 TEXTS = ["Hello world, the fox.", "<|im_start|>user\nHi there!<|im_end|>\n", "  spaces\tand 123 numbers"]
@@ -86,6 +92,18 @@ def test_an_f32_gguf_computes_exactly_what_its_checkpoint_computes(tiny, tmp_pat
 def test_a_quantized_gguf_keeps_its_bytes_and_computes_its_dequantized_reference(tiny, tmp_path):
     gguf = tmp_path / "tiny-q8.gguf"
     reference = write_gguf(tiny, gguf, llama_like_types)
+    _check_kept_and_exact(tiny, tmp_path, gguf, reference)
+
+
+def test_every_type_a_tiny_row_fits_is_kept_and_computes_its_dequantized_reference(tiny, tmp_path):
+    gguf = tmp_path / "tiny-mixed.gguf"
+    reference = write_gguf(tiny, gguf, mixed_types)
+    _, stored = read_gguf(str(gguf))
+    assert {t.gguf_type for t in stored} == {"F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0"}
+    _check_kept_and_exact(tiny, tmp_path, gguf, reference, llama_like=False)
+
+
+def _check_kept_and_exact(tiny, tmp_path, gguf, reference, llama_like=True):
     inspection, stages = build(gguf, tmp_path / "out", stages=2)
     _, stored = read_gguf(str(gguf))
     stored_types = {t.name: t.gguf_type for t in stored}
@@ -103,12 +121,13 @@ def test_a_quantized_gguf_keeps_its_bytes_and_computes_its_dequantized_reference
                 assert kept == blob[source.offset:source.offset + source.nbytes]
                 assert t.weight_format.quantizer == "source bytes"
         assert manifest.source.tokenizer_sha256 == inspection.snapshot.tokenizer_sha256
-    assert stored_types["blk.1.ffn_gate_exps.weight"] == "Q8_0" == formats[
-        "model.layers.1.mlp.experts.5.gate_proj.weight"].source_dtype
-    assert formats["model.layers.1.mlp.experts.5.gate_proj.weight"].format == "q8_0"
+    gate = formats["model.layers.1.mlp.experts.5.gate_proj.weight"]
+    assert stored_types["blk.1.ffn_gate_exps.weight"] == gate.source_dtype and gate.format == gate.wanted
     assert formats["model.layers.1.mlp.gate.weight"].format == "fp32"
-    kv_b = formats["model.layers.2.self_attn.kv_b_proj.weight"]
-    assert kv_b.format == "fp32" and "F16" in kv_b.conversion and "Q8_0" in kv_b.conversion
+    if llama_like:  # Q8_0 where rows fit, F16 elsewhere
+        assert gate.source_dtype == "Q8_0" and gate.format == "q8_0"
+        kv_b = formats["model.layers.2.self_attn.kv_b_proj.weight"]
+        assert kv_b.format == "fp32" and "F16" in kv_b.conversion and "Q8_0" in kv_b.conversion
     cfg = load_config(stages[0].artifact_dir)
     ref_dir = write_reference_checkpoint(tiny, reference, tmp_path / "dequantized")
     expected, _ = _logits(ref_dir, cfg)
