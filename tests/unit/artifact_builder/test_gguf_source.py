@@ -103,6 +103,20 @@ def test_every_type_a_tiny_row_fits_is_kept_and_computes_its_dequantized_referen
     _check_kept_and_exact(tiny, tmp_path, gguf, reference, llama_like=False)
 
 
+def test_half_precision_norms_and_router_are_held_as_float32_and_say_so(tiny, tmp_path):
+    gguf = tmp_path / "tiny-f16.gguf"
+    reference = write_gguf(tiny, gguf, lambda name, shape: "F16")
+    _, (stage,) = build(gguf, tmp_path / "out")
+    formats = {t.name: t.weight_format for t in stage.manifest.tensors}
+    for name in ("model.norm.weight", "model.layers.1.mlp.gate.weight", "model.layers.0.input_layernorm.weight"):
+        held = formats[name]
+        assert held.format == "fp32" and held.wanted == "f16" and "float32" in held.conversion
+    assert formats["model.layers.0.self_attn.q_proj.weight"].format == "f16"
+    cfg = load_config(stage.artifact_dir)
+    expected, _ = _logits(write_reference_checkpoint(tiny, reference, tmp_path / "dequantized"), cfg)
+    np.testing.assert_array_equal(_logits(stage.artifact_dir, cfg)[0], expected)
+
+
 def _check_kept_and_exact(tiny, tmp_path, gguf, reference, llama_like=True):
     inspection, stages = build(gguf, tmp_path / "out", stages=2)
     _, stored = read_gguf(str(gguf))
