@@ -186,6 +186,15 @@ def bits_per_weight(tensors: list[GgufTensor]) -> float:
     return 8.0 * sum(t.nbytes for t in tensors) / max(elements, 1)
 
 
+def planning_policy(path: str) -> tuple[str, float]:
+    """(the weight policy whose bytes are nearest the file's stored bits per weight, those bits):
+    how a planner counts a GGUF's bytes, an estimate."""
+    from libs.weights.policy import nearest_policy
+
+    bits = bits_per_weight(read_gguf(path)[1])
+    return nearest_policy(bits), bits
+
+
 def compose_kv_b(k_b: np.ndarray, v_b: np.ndarray) -> np.ndarray:
     """kv_b_proj [heads * (nope + v), rank] from attn_k_b [heads, rank, nope] and attn_v_b
     [heads, v, rank]: each head's nope rows (k_b transposed back), then its v rows."""
@@ -271,6 +280,13 @@ def config_from_metadata(metadata: Mapping[str, Any], tensor_names: set[str]) ->
         "eos_token_id": _token_id(metadata, "eos"),
     }
     return raw
+
+
+def config_json_bytes(raw: Mapping[str, Any]) -> bytes:
+    """The derived config.json's bytes (one spelling, so its hash names the config)."""
+    import json
+
+    return (json.dumps(raw, indent=2, sort_keys=True) + "\n").encode()
 
 
 def _rope_scaling(metadata: Mapping[str, Any]) -> dict[str, Any] | None:

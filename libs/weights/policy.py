@@ -40,6 +40,16 @@ MAX_QMATMUL_OUT_MULTIPLE = 32  # MAX 26.7's weight repack refuses other output d
 _MAX_FLOAT_ONLY = ("model.embed_tokens.weight", "kv_b_proj.weight")
 
 
+# Bits per weight of each policy on DeepSeek-V2-Lite's shapes (contract figures: the README's 29.3,
+# 15.6 and 9.8 GiB for 15.7B parameters), to plan a GGUF's bytes as the policy nearest to what the
+# file stores.
+POLICY_BITS = {"fp32": 32.0, "bf16": 16.0, "q8_0": 8.5, "q4_k_m": 5.4}
+
+
+def nearest_policy(bits_per_weight: float) -> str:
+    return min(POLICY_BITS, key=lambda p: abs(POLICY_BITS[p] - bits_per_weight))
+
+
 @dataclass(frozen=True)
 class TensorChoice:
     fmt: WeightFormat

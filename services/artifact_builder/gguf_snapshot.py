@@ -17,7 +17,7 @@ from libs.artifacts.manifest import FileRecord, canonical_hash
 from libs.artifacts.verify import sha256_file
 from libs.model.config import parse_config
 from libs.model.errors import ConfigError
-from libs.model.gguf_source import MappedTensor, config_from_metadata, map_tensors, read_gguf
+from libs.model.gguf_source import MappedTensor, config_from_metadata, config_json_bytes, map_tensors, read_gguf
 from libs.model.gguf_tokenizer import tokenizer_config_json, tokenizer_json
 from services.artifact_builder.errors import CheckpointConfigError, CheckpointNotFoundError
 from services.artifact_builder.snapshot import (
@@ -42,7 +42,7 @@ def gguf_model_files(path: Path) -> list[tuple[str, bytes]]:
 
 def _derived(metadata: dict, cfg_raw: dict) -> tuple[tuple[str, bytes], ...]:
     return (
-        (CONFIG_FILE, (json.dumps(cfg_raw, indent=2, sort_keys=True) + "\n").encode()),
+        (CONFIG_FILE, config_json_bytes(cfg_raw)),
         (TOKENIZER_FILE, tokenizer_json(metadata).encode()),
         (TOKENIZER_CONFIG_FILE, tokenizer_config_json(metadata).encode()),
     )

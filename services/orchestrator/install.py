@@ -80,18 +80,13 @@ class WeightsChoice:
 
 
 UNIFORM_FP32 = WeightsChoice()
-# Bits per weight of each policy on DeepSeek-V2-Lite's shapes (contract figures: the README's 29.3,
-# 15.6 and 9.8 GiB for 15.7B parameters), to plan a GGUF's bytes as the policy nearest to what the
-# file stores.
-POLICY_BITS = {"fp32": 32.0, "bf16": 16.0, "q8_0": 8.5, "q4_k_m": 5.4}
 
 
 def gguf_planning_policy(path: str) -> tuple[str | None, float]:
     """(the planning policy nearest the file's stored bits per weight, None for fp32; the bits)."""
-    from libs.model.gguf_source import bits_per_weight, read_gguf
+    from libs.model.gguf_source import planning_policy
 
-    bits = bits_per_weight(read_gguf(path)[1])
-    nearest = min(POLICY_BITS, key=lambda p: abs(POLICY_BITS[p] - bits))
+    nearest, bits = planning_policy(path)
     return (None if nearest == "fp32" else nearest), bits
 
 

@@ -125,3 +125,16 @@ def test_a_gguf_is_planned_as_the_policy_nearest_its_stored_bits(tmp_path):
     assert gguf_planning_policy(str(tmp_path / "f32.gguf")) == (None, 32.0)
     policy, bits = gguf_planning_policy(str(tmp_path / "q8.gguf"))
     assert policy == "q8_0" and 8.5 < bits < 12
+
+
+def test_the_planner_describes_a_gguf_from_its_metadata_and_stored_bits(tmp_path):
+    from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
+    from services.planner.model import describe_checkpoint
+    from tests.support.gguf_files import llama_like_types, write_gguf
+
+    write_checkpoint(CheckpointRequest("tiny", tmp_path / "ck"))
+    write_gguf(tmp_path / "ck", tmp_path / "q8.gguf", llama_like_types)
+    from_gguf = describe_checkpoint(tmp_path / "q8.gguf")
+    as_q8 = describe_checkpoint(tmp_path / "ck", "q8_0")
+    assert from_gguf.weights_policy == "q8_0" and from_gguf.layers == as_q8.layers
+    assert from_gguf.model_snapshot != as_q8.model_snapshot  # the derived config, not the checkpoint's
