@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import runpy
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -98,10 +99,25 @@ def _supplemented_converter(llama_cpp: Path, checkpoint: Path) -> Iterator[None]
 
 
 def convert(llama_cpp: Path, checkpoint: Path, outfile: Path, outtype: str = "f32") -> Path:
-    """Runs the converter on `checkpoint`; the GGUF written, or ConvertError."""
-    script = converter_path(llama_cpp)
+    """Runs the converter on `checkpoint`; the GGUF written, or ConvertError.
+
+    The converter imports the tree's own `gguf-py` under the name `gguf`; a process that has
+    already imported the installed `gguf` package (the weight codecs do) would hand it the wrong
+    module, so the conversion runs in a child process of this interpreter.
+    """
+    converter_path(llama_cpp)
     if not (checkpoint / "config.json").is_file() or not (checkpoint / "tokenizer.json").is_file():
         raise ConvertError("CHECKPOINT_MISSING", f"{checkpoint}: no config.json and tokenizer.json there")
+    child = subprocess.run([sys.executable, "-m", "apps.bench.gguf_convert", str(llama_cpp), str(checkpoint),
+                            str(outfile), outtype], cwd=Path(__file__).resolve().parents[2], check=False)
+    if child.returncode != 0:
+        raise ConvertError("CONVERTER_FAILED", f"{CONVERTER} exited with {child.returncode}")
+    return _check_written(outfile)
+
+
+def convert_in_process(llama_cpp: Path, checkpoint: Path, outfile: Path, outtype: str = "f32") -> Path:
+    """`convert` in this process (one that has not imported the installed `gguf`)."""
+    script = converter_path(llama_cpp)
     argv = [str(script), str(checkpoint), "--outtype", outtype, "--outfile", str(outfile)]
     saved_argv = sys.argv
     sys.argv = argv
@@ -115,9 +131,21 @@ def convert(llama_cpp: Path, checkpoint: Path, outfile: Path, outtype: str = "f3
         raise ConvertError("CONVERTER_FAILED", f"{CONVERTER}: {exc}") from None
     finally:
         sys.argv = saved_argv
+    return _check_written(outfile)
+
+
+def _check_written(outfile: Path) -> Path:
     if not outfile.is_file():
         raise ConvertError("CONVERTER_FAILED", f"{outfile}: the converter wrote no file")
     with open(outfile, "rb") as handle:
         if handle.read(4) != b"GGUF":
             raise ConvertError("CONVERTER_FAILED", f"{outfile}: not a GGUF file after conversion")
     return outfile
+
+
+if __name__ == "__main__":
+    try:
+        convert_in_process(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])
+    except ConvertError as exc:
+        print(f"{exc.reason}: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -49,7 +49,7 @@ def register(commands, benches) -> None:
                     help="weight policy of every stage: fp32 (default), bf16, q8_0 or q4_k_m; with --fleet, "
                          "every host whose `weights:` the file does not set")
     up.add_argument("--fleet", help="fleet file: each host its own network namespace, cgroup and link (needs root)")
-    up.add_argument("--checkpoint", help="checkpoint directory to serve")
+    up.add_argument("--checkpoint", help="checkpoint directory, or a deepseek2 .gguf file, to serve")
     up.add_argument("--mode", choices=("exploratory", "deployment"), default="exploratory",
                     help="deployment: install only a plan whose every host, layer kind and link has a valid "
                          "physical profile and whose route passed `fornax qualify`; refused otherwise")
@@ -87,8 +87,24 @@ def _validate_up(args: argparse.Namespace) -> str | None:
         return "--fleet declares every host's backend and the stages; drop --stages and --backend"
     if args.stages is not None and not 1 <= args.stages <= 16:
         return f"--stages must be between 1 and 16, got {args.stages}"
+    if args.checkpoint and _is_gguf(args.checkpoint):
+        return _validate_gguf_up(args)
     if args.checkpoint and not Path(args.checkpoint, "config.json").is_file():
         return f"--checkpoint {args.checkpoint!r} has no config.json"
+    return None
+
+
+def _is_gguf(path: str) -> bool:
+    return Path(path).suffix == ".gguf" and Path(path).is_file()
+
+
+def _validate_gguf_up(args: argparse.Namespace) -> str | None:
+    """A GGUF serves in the formats it stores, on numpy stages (MAX graph variants are compiled
+    per weight policy, and a GGUF's per-tensor formats are none of them)."""
+    if args.weights not in (None, "fp32"):
+        return f"--checkpoint {args.checkpoint!r} is a GGUF: its tensors keep their stored formats; drop --weights"
+    if args.fleet or (args.backend or "numpy") != "numpy":
+        return f"--checkpoint {args.checkpoint!r} is a GGUF: it serves on --backend numpy stages (no --fleet) for now"
     return None
 
 

@@ -23,10 +23,12 @@ def fetch_board(state: FleetState) -> dict | None:
         return None
     data = listing.get("data") or [{}]
     board = data[0].get("fornax_backend")
-    weights = ((data[0].get("fornax") or {}).get("execution") or {}).get("stage_weights")
+    execution = (data[0].get("fornax") or {}).get("execution") or {}
+    weights = execution.get("stage_weights")
     if board is None and not weights:
         return None
-    return {**(board or {}), "stage_weights": weights or []}
+    return {**(board or {}), "stage_weights": weights or [],
+            "stage_conversions": execution.get("stage_conversions") or []}
 
 
 def render_board(board: dict | None) -> list[str]:
@@ -43,6 +45,8 @@ def render_board(board: dict | None) -> list[str]:
     if board.get("stage_weights"):
         lines.append("weights: " + ", ".join(f"stage {i} {policy}" for i, policy in enumerate(board["stage_weights"]))
                      + " (each stage's verified manifest)")
+    for index, conversions in enumerate(board.get("stage_conversions") or []):
+        lines.extend(f"  stage {index} converted at build: {line}" for line in conversions)
     for stage in board.get("stages", []):
         graphs = ", ".join(f"{name} {state}" for name, state in stage.get("graphs", {}).items())
         lines.append(f"  stage {stage['index']}: {stage['backend']}; max graphs: {graphs}")

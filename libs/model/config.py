@@ -100,6 +100,12 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 def load_config(checkpoint_dir: str | Path) -> DeepseekV2Config:
+    """From the directory's config.json, or from a `.gguf` file's metadata (`gguf_source`)."""
+    if Path(checkpoint_dir).suffix == ".gguf" and Path(checkpoint_dir).is_file():
+        from libs.model.gguf_source import config_from_metadata, read_gguf
+
+        metadata, tensors = read_gguf(str(checkpoint_dir))
+        return parse_config(config_from_metadata(metadata, {t.name for t in tensors}))
     path = Path(checkpoint_dir) / "config.json"
     try:
         raw = json.loads(path.read_text())

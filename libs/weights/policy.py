@@ -27,6 +27,8 @@ from libs.weights.formats import FORMATS, WeightFormat, weight_format
 
 POLICIES = ("fp32", "bf16", "q8_0", "q4_k_m")
 DEFAULT_POLICY = "fp32"
+# Not a policy a user picks: a GGUF source's tensors keep the formats the file stores them in.
+SOURCE_POLICY = "gguf"
 _FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0", "q4_0": "f16", "q5_0": "f16", "q5_1": "f16", "q8_0": "f16"}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -36,6 +38,16 @@ MAX_FORMATS = frozenset({"fp32", "bf16"}) | MAX_QUANT_FORMATS
 MAX_QMATMUL_OUT_MULTIPLE = 32  # MAX 26.7's weight repack refuses other output dims
 # Tensors MAX reads outside a plain product (a gather, batched per-head products): float only.
 _MAX_FLOAT_ONLY = ("model.embed_tokens.weight", "kv_b_proj.weight")
+
+
+# Bits per weight of each policy on DeepSeek-V2-Lite's shapes (contract figures: the README's 29.3,
+# 15.6 and 9.8 GiB for 15.7B parameters), to plan a GGUF's bytes as the policy nearest to what the
+# file stores.
+POLICY_BITS = {"fp32": 32.0, "bf16": 16.0, "q8_0": 8.5, "q4_k_m": 5.4}
+
+
+def nearest_policy(bits_per_weight: float) -> str:
+    return min(POLICY_BITS, key=lambda p: abs(POLICY_BITS[p] - bits_per_weight))
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,19 @@ def choose(policy: str, name: str, shape: tuple[int, ...], layers: int, backend:
         fmt = nxt
     choice = TensorChoice(fmt, wanted, "; ".join(reasons))
     return for_max(choice, name, shape) if backend == "max" else choice
+
+
+def keep_source(fmt: WeightFormat, name: str, shape: tuple[int, ...], backend: str = "numpy",
+                conversion: str = "") -> TensorChoice:
+    """A stored tensor kept in its format `fmt`, converted once only where the stage's backend
+    cannot run it (`for_max`); `conversion` says why the source itself was already converted."""
+    choice = TensorChoice(fmt, fmt.name, "", conversion)
+    if backend != "max":
+        return choice
+    converted = for_max(choice, name, shape)
+    if converted is choice:
+        return choice
+    return TensorChoice(converted.fmt, fmt.name, "", "; ".join(filter(None, (conversion, converted.conversion))))
 
 
 def for_max(choice: TensorChoice, name: str, shape: tuple[int, ...]) -> TensorChoice:

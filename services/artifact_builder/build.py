@@ -49,7 +49,7 @@ from libs.common.kinds import FLOAT_DTYPES, DType
 from libs.common.proto import dtype_pb_name
 from libs.model.config import DeepseekV2Config
 from libs.weights.metadata import FORMATS_METADATA_KEY, encode_formats
-from libs.weights.policy import DEFAULT_POLICY, require_policy
+from libs.weights.policy import DEFAULT_POLICY, SOURCE_POLICY, require_policy
 from services.artifact_builder.durable import durable_rename, fsync_dir, sweep_stale_temps, temp_stage_prefix
 from services.artifact_builder.encode_weights import EncodedTensor, choose_formats, write_tensor
 from services.artifact_builder.errors import CheckpointChangedError, OutputDirError, PlanInvalidError
@@ -139,12 +139,13 @@ def build_stage_artifacts(
                                f"got {len(options.stage_policies)}", field="stage_weights_policies")
     for policy in {options.weights_policy, *options.stage_policies}:
         require_policy(policy)
+    policies = _stage_policies(inspection, options, len(plan.stages))
     if options.stage_backends and len(options.stage_backends) != len(plan.stages):
         raise PlanInvalidError(f"{len(plan.stages)} stages need {len(plan.stages)} backends, "
                                f"got {len(options.stage_backends)}", field="plan.stages.backend")
     contents = assign_tensors(inspection.config, plan, inspection.by_name())
     layers = inspection.config.num_hidden_layers
-    encoded = [choose_formats(c.tensors, options.stage_policy(c.stage.stage_index), layers,
+    encoded = [choose_formats(c.tensors, policies[c.stage.stage_index], layers,
                               options.stage_backend(c.stage.stage_index)) for c in contents]
     store = _prepare_store(options.out_dir)
     counter = _Counter(
@@ -161,13 +162,26 @@ def build_stage_artifacts(
             _require_unchanged(inspection)
             manifest = _manifest(inspection, plan, stage, tensors, tmp, weights,
                                  options.stage_dtypes(stage.stage.stage_index),
-                                 options.stage_policy(stage.stage.stage_index))
+                                 policies[stage.stage.stage_index])
             built.append(_commit(store, tmp, manifest, stage))
         finally:
             # Also runs when the consumer abandons the build (generator closed mid-stage).
             shutil.rmtree(tmp, ignore_errors=True)
     _link_stages(options.out_dir, built)
     yield BuildResult(plan_id=plan.plan_id, plan_hash=plan.plan_hash, stages=tuple(built))
+
+
+def _stage_policies(inspection: Inspection, options: BuildOptions, stages: int) -> list[str]:
+    """Each stage's weight policy; a GGUF's tensors keep their stored formats (SOURCE_POLICY),
+    and asking it for another policy is refused rather than re-quantizing the file."""
+    asked = [options.stage_policy(i) for i in range(stages)]
+    if inspection.source_format != "gguf":
+        return asked
+    if any(p != DEFAULT_POLICY for p in asked):
+        raise PlanInvalidError(f"a GGUF keeps the formats it stores; weight policy {sorted(set(asked))} cannot "
+                               "apply to it (build without --weights)", field="weights_policy",
+                               reason="GGUF_WEIGHTS_POLICY")
+    return [SOURCE_POLICY] * stages
 
 
 def _require_unchanged(inspection: Inspection) -> None:
@@ -254,13 +268,13 @@ def _manifest(
     policy: str,
 ) -> StageManifest:
     snapshot, config = inspection.snapshot, inspection.config
-    shutil.copyfile(snapshot.checkpoint_dir / CONFIG_FILE, tmp / CONFIG_FILE)
+    _place(inspection, CONFIG_FILE, tmp)
     config_record = FileRecord(CONFIG_FILE, (tmp / CONFIG_FILE).stat().st_size, sha256_file(tmp / CONFIG_FILE))
     if config_record.sha256 != snapshot.config_sha256:
         raise OutputDirError(f"{snapshot.checkpoint_dir / CONFIG_FILE} changed since inspection")
     records = [weights, config_record]
     if stage.owns_head:
-        records.append(_tokenizer_copy(snapshot, tmp))
+        records.append(_tokenizer_copy(inspection, tmp))
     files = tuple(sorted(records, key=lambda r: r.path))
     entries = layout_tensors(t.planned() for t in encoded)
     tensors = tuple(
@@ -288,10 +302,20 @@ def _manifest(
     )
 
 
-def _tokenizer_copy(snapshot: CheckpointSnapshot, tmp: Path) -> FileRecord:
+def _place(inspection: Inspection, name: str, tmp: Path) -> None:
+    """A byte copy of the checkpoint's file, or the derived bytes the inspection hashed."""
+    derived = inspection.file_bytes(name)
+    if derived is None:
+        shutil.copyfile(inspection.snapshot.checkpoint_dir / name, tmp / name)
+    else:
+        (tmp / name).write_bytes(derived)
+
+
+def _tokenizer_copy(inspection: Inspection, tmp: Path) -> FileRecord:
     """The final stage samples, and constrains samples to grammars, so it carries the tokenizer
     (the same bytes the lineage's tokenizer_sha256 names)."""
-    shutil.copyfile(snapshot.checkpoint_dir / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
+    snapshot = inspection.snapshot
+    _place(inspection, TOKENIZER_FILE, tmp)
     record = FileRecord(TOKENIZER_FILE, (tmp / TOKENIZER_FILE).stat().st_size, sha256_file(tmp / TOKENIZER_FILE))
     if record.sha256 != snapshot.tokenizer_sha256:
         raise OutputDirError(f"{snapshot.checkpoint_dir / TOKENIZER_FILE} changed since inspection")

@@ -25,7 +25,9 @@ def register(commands, benches) -> None:
     sub = parser.add_subparsers(dest="artifacts_command", metavar="ACTION", required=True)
 
     build = sub.add_parser("build", help="cut a checkpoint into verified per-stage artifacts")
-    build.add_argument("--checkpoint", required=True, type=Path)
+    build.add_argument("--checkpoint", required=True, type=Path,
+                       help="a Hugging Face checkpoint directory, or a deepseek2 .gguf file (its tensors keep "
+                            "their stored formats; --weights does not apply)")
     cut = build.add_mutually_exclusive_group(required=True)
     cut.add_argument("--stages", type=int, help="cut into N stages of near-equal layer counts")
     cut.add_argument("--plan", type=Path, help="a fornax.planner.v1.Plan as JSON")
@@ -92,7 +94,8 @@ def _build(args: argparse.Namespace) -> int:
         _print_problems(inspection.problems)
         return 1
     _print_build(result, inspection.snapshot, record_id, args.out, args.json,
-                 BuildFigures(args.weights, seconds, peak_rss_bytes()))
+                 BuildFigures("gguf" if inspection.source_format == "gguf" else args.weights, seconds,
+                              peak_rss_bytes()))
     return 0
 
 

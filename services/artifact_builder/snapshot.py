@@ -38,6 +38,7 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_WEIGHTS_FILE = "model.safetensors"
+GGUF_SUFFIX = ".gguf"
 _SERIES = re.compile(r"^(?P<stem>.+)-(?P<num>\d+)-of-(?P<total>\d+)\.safetensors$")
 _TORCH_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
@@ -54,6 +55,8 @@ class SourceTensor:
     shard: str
     offset: int
     nbytes: int
+    # A tensor composed at build time from other stored tensors (a GGUF's split kv_b_proj).
+    parts: tuple[SourceTensor, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,14 @@ class Inspection:
     problems: tuple[TensorProblem, ...]
     # (shard, size_bytes, mtime_ns) taken before hashing: a build refuses shards that changed.
     shard_stats: tuple[tuple[str, int, int], ...] = ()
+    # Files derived from the source rather than copied from it (a GGUF's config and tokenizer):
+    # name -> bytes, hashed into the snapshot like a checkpoint's own files.
+    derived_files: tuple[tuple[str, bytes], ...] = ()
+    # "safetensors" (a Hugging Face directory) or "gguf" (tensors keep their stored formats)
+    source_format: str = "safetensors"
+
+    def file_bytes(self, name: str) -> bytes | None:
+        return dict(self.derived_files).get(name)
 
     @property
     def valid(self) -> bool:
@@ -111,7 +122,12 @@ class Inspection:
 
 
 def inspect_checkpoint(checkpoint_dir: str | Path, source: str = "", revision: str = "") -> Inspection:
+    """A Hugging Face checkpoint directory, or a `.gguf` file (`gguf_snapshot`)."""
     root = Path(checkpoint_dir)
+    if root.suffix == GGUF_SUFFIX and root.is_file():
+        from services.artifact_builder.gguf_snapshot import inspect_gguf
+
+        return inspect_gguf(root, source, revision)
     if not root.is_dir():
         raise CheckpointNotFoundError(f"{root} is not a directory", field="checkpoint_dir")
     raw_config = _read_json(root / CONFIG_FILE, CheckpointConfigError)
@@ -162,9 +178,10 @@ def shard_stat(root: Path, shards: list[str]) -> tuple[tuple[str, int, int], ...
 
 
 def check_tensors(
-    config: DeepseekV2Config, weight_dtype: str, tensors: tuple[SourceTensor, ...]
+    config: DeepseekV2Config, weight_dtype: str, tensors: tuple[SourceTensor, ...], check_dtypes: bool = True
 ) -> tuple[TensorProblem, ...]:
-    """Compare found tensors with the architecture: missing, unexpected, mis-shaped, mis-typed."""
+    """Compare found tensors with the architecture: missing, unexpected, mis-shaped, mis-typed
+    (a GGUF's tensors keep their own types, so `check_dtypes` is off for it)."""
     expected = expected_tensors(config, weight_dtype)
     found = {t.name: t for t in tensors}
     problems = [TensorProblem(n, MISSING, _spec(s.dtype, s.shape), "") for n, s in expected.items() if n not in found]
@@ -179,7 +196,7 @@ def check_tensors(
             problems.append(
                 TensorProblem(name, WRONG_SHAPE, _spec(spec.dtype, spec.shape), _spec(tensor.dtype, tensor.shape))
             )
-        elif tensor.dtype != spec.dtype:
+        elif check_dtypes and tensor.dtype != spec.dtype:
             problems.append(TensorProblem(name, WRONG_DTYPE, spec.dtype, tensor.dtype))
     return tuple(problems)
 
@@ -300,4 +317,8 @@ MODEL_FILES = (CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, CHAT_TEMPLATE
 
 def model_files(checkpoint_dir: str | Path) -> list[tuple[str, bytes]]:
     root = Path(checkpoint_dir)
+    if root.suffix == GGUF_SUFFIX and root.is_file():
+        from services.artifact_builder.gguf_snapshot import gguf_model_files
+
+        return gguf_model_files(root)
     return [(name, (root / name).read_bytes()) for name in MODEL_FILES if (root / name).is_file()]

@@ -55,6 +55,8 @@ class RouteCard:
     plan_evidence: EvidenceClass = EvidenceClass.PREDICTION
     # The weight policy of each stage, from its verified manifest (part of the stage contract).
     stage_weights: tuple[str, ...] = ()
+    # Each stage's build-time weight conversions, summarized (`libs.artifacts.conversions`).
+    stage_conversions: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)

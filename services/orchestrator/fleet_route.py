@@ -14,6 +14,7 @@ from pathlib import Path
 
 import structlog
 
+from libs.artifacts.conversions import conversion_summary
 from libs.common.kinds import DType
 from libs.model.config import load_config
 from libs.text.context import TextContext
@@ -92,7 +93,8 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
                                   stage_kv_budgets=limits if all(limits) else None)
             card = route_card(installed.plan.model_snapshot, request.backend, request.boundary_dtype,
                               installed.plan.plan_id, installed.plan.mode)
-            served = replace(served, card=replace(card, stage_weights=tuple(m.weights_policy for m in manifests)))
+            served = replace(served, card=replace(card, stage_weights=tuple(m.weights_policy for m in manifests),
+                                                  stage_conversions=tuple(map(conversion_summary, manifests))))
         except BaseException:
             await discard(route, fleet)
             raise

@@ -82,6 +82,14 @@ class WeightsChoice:
 UNIFORM_FP32 = WeightsChoice()
 
 
+def gguf_planning_policy(path: str) -> tuple[str | None, float]:
+    """(the planning policy nearest the file's stored bits per weight, None for fp32; the bits)."""
+    from libs.model.gguf_source import planning_policy
+
+    nearest, bits = planning_policy(path)
+    return (None if nearest == "fp32" else nearest), bits
+
+
 @dataclass(frozen=True)
 class InstallSpec:
     checkpoint_dir: str
@@ -156,7 +164,12 @@ async def create_plan(spec: InstallSpec, fleet: Fleet, model_dir: Path,
     capabilities = await _capabilities(fleet.workers, fleet.channel)
     records = await profile_records(fleet)
     progress(f"inventory: {describe_facts(capabilities, profiled=records is not None)}")
-    model = describe_checkpoint(model_dir, spec.weights.planning_policy())
+    policy = spec.weights.planning_policy()
+    if policy is None and Path(spec.checkpoint_dir).suffix == ".gguf":
+        policy, bits = await asyncio.to_thread(gguf_planning_policy, spec.checkpoint_dir)
+        progress(f"planning the GGUF's bytes as the {policy or 'fp32'} policy's (the file stores {bits:.2f} bits "
+                 "per weight on average; an estimate)")
+    model = describe_checkpoint(model_dir, policy)
     if len(set(spec.weights.worker_policies)) > 1:  # each host's profile holds its own policy
         model = dataclasses.replace(model, weights_policy="")
     target = Target(

@@ -67,6 +67,7 @@ def model_object(served: ServedModel, text: TextIdentity | None) -> dict:
                          "evidence_class": card.plan_evidence.value},
                 "execution": {"backend": card.backend, "boundary_dtype": card.boundary_dtype,
                               "stages": served.num_stages, "stage_weights": list(card.stage_weights),
+                              "stage_conversions": [list(c) for c in card.stage_conversions],
                               "evidence_class": card.execution_evidence.value}}}
 
 

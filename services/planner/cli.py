@@ -18,7 +18,7 @@ GIB = float(2**30)
 
 def register(commands, benches) -> None:
     p = commands.add_parser("plan", help="place a checkpoint's layers on an inventory of nodes")
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory (config.json)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (config.json), or a deepseek2 .gguf file")
     p.add_argument("--inventory", help="inventory YAML (see services/planner/examples); without it the running "
                                        "fleet of --state-dir is planned from its workers and its registry's profiles")
     p.add_argument("--mode", choices=("exploratory", "deployment"), help="overrides the file's target.mode")

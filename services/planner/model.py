@@ -100,6 +100,8 @@ class ModelDescription:
 def describe_checkpoint(checkpoint_dir: str | Path, policy: str | None = None) -> ModelDescription:
     """Reads `config.json` (and hashes it with the weight index) into a description."""
     root = Path(checkpoint_dir)
+    if root.suffix == ".gguf" and root.is_file():
+        return _describe_gguf(root, policy)
     config_path = root / "config.json"
     try:
         raw_bytes = config_path.read_bytes()
@@ -114,6 +116,17 @@ def describe_checkpoint(checkpoint_dir: str | Path, policy: str | None = None) -
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{config_path} is not valid JSON: {exc}") from exc
     return describe_config(raw, snapshot="sha256:" + digest.hexdigest(), policy=policy)
+
+
+def _describe_gguf(path: Path, policy: str | None) -> ModelDescription:
+    """A GGUF: its config from the metadata (hashed as the derived config.json), its bytes counted
+    as `policy`, or as the policy nearest the bits per weight the file stores."""
+    from libs.model.gguf_source import config_from_metadata, config_json_bytes, planning_policy, read_gguf
+
+    metadata, tensors = read_gguf(str(path))
+    raw = config_from_metadata(metadata, {t.name for t in tensors})
+    snapshot = "sha256:" + hashlib.sha256(config_json_bytes(raw)).hexdigest()
+    return describe_config(raw, snapshot, policy or planning_policy(str(path))[0])
 
 
 def describe_config(raw: dict[str, Any], snapshot: str, policy: str | None = None) -> ModelDescription:

@@ -142,7 +142,8 @@ def test_models_report_snapshot_hashes_context_and_evidence(fleet, checkpoint):
     assert card["plan"]["mode"] == "exploratory" and card["plan"]["plan_id"]
     assert card["plan"]["evidence_class"] == "prediction"  # cost-model figures, not measured
     assert card["execution"] == {"backend": "numpy", "boundary_dtype": "fp32", "stages": 2,
-                                 "stage_weights": ["fp32", "fp32"], "evidence_class": "reference"}
+                                 "stage_weights": ["fp32", "fp32"], "stage_conversions": [[], []],
+                                 "evidence_class": "reference"}
 
 
 ARTIFACTS = Path(os.environ.get("FORNAX_TEST_ARTIFACTS", Path(__file__).parents[3] / ".test-artifacts"))

@@ -50,3 +50,10 @@ def test_status_says_loudly_when_the_route_is_not_on_the_requested_backend():
 def test_status_names_each_stages_weight_policy():
     lines = render_board({"stage_weights": ["q4_k_m", "bf16"]})
     assert lines == ["weights: stage 0 q4_k_m, stage 1 bf16 (each stage's verified manifest)"]
+
+
+def test_status_shows_each_stages_build_time_conversions():
+    lines = render_board({"stage_weights": ["gguf", "gguf"],
+                          "stage_conversions": [[], ["4 tensors F32 wanted fp32, held fp32 (e.g. x: composed)"]]})
+    assert lines[1] == "  stage 1 converted at build: 4 tensors F32 wanted fp32, held fp32 (e.g. x: composed)"
+    assert len(lines) == 2

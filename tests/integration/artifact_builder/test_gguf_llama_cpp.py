@@ -1,0 +1,129 @@
+"""GGUFs made by llama.cpp's own tools from a generated tiny checkpoint, built and served.
+
+Needs FORNAX_LLAMA_CPP_DIR (a llama.cpp source tree: its `convert_hf_to_gguf.py`) and, for the
+quantized files, FORNAX_LLAMA_QUANTIZE (a built `llama-quantize`); `scripts/build_llama_quantize.sh`
+makes both and prints the exports. Without them these tests are skipped.
+
+- The converter's f32 file computes exactly the checkpoint's logits.
+- `llama-quantize` Q8_0 and Q4_K_M files (with its fallbacks: tiny's rows fit no 256-block) keep
+  every type they store, compute exactly the logits of their own dequantized weights on a 2-stage
+  route, and a 2-stage numpy fleet serves, through the `openai` client, the greedy text of
+  transformers run on those dequantized weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+
+from apps.bench.gguf_convert import convert
+from apps.fleet.compose import start_fleet
+from apps.fleet.launcher import FleetOptions
+from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
+from libs.model.config import load_config
+from libs.model.gguf_source import read_gguf
+from libs.text.context import TextContext
+from libs.text.tokenizer import ProjectTokenizer
+from tests.integration.orchestrator.test_fleet_serving import wait_route_ready
+from tests.support.dequantized_reference import reference_greedy_under_policy
+from tests.support.gguf_files import dequantized_from_gguf, write_reference_checkpoint
+from tests.unit.artifact_builder.test_gguf_source import TEXTS, _two_stage_logits, build
+from tests.unit.artifact_builder.test_weight_policies import _logits
+
+pytestmark = pytest.mark.integration
+LLAMA_CPP = os.environ.get("FORNAX_LLAMA_CPP_DIR")
+QUANTIZE = os.environ.get("FORNAX_LLAMA_QUANTIZE")
+needs_converter = pytest.mark.skipif(not LLAMA_CPP, reason="FORNAX_LLAMA_CPP_DIR not set")
+needs_quantize = pytest.mark.skipif(not (LLAMA_CPP and QUANTIZE), reason="FORNAX_LLAMA_QUANTIZE not set")
+NEW_TOKENS = 10
+PROMPTS = [[5, 17, 42], [7, 8, 9, 10, 11, 12]]
+# What llama-quantize wrote for tiny (hidden 64: no row fits a 256-block, so every K-quant fell back).
+EXPECTED_TYPES = {"Q8_0": {"F32", "F16", "Q8_0"}, "Q4_K_M": {"F32", "F16", "Q8_0", "Q5_0", "Q5_1"}}
+
+
+@pytest.fixture(scope="module")
+def tiny_f32_gguf(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("gguf")
+    write_checkpoint(CheckpointRequest("tiny", root / "tiny", seed=0))
+    return root / "tiny", convert(Path(str(LLAMA_CPP)), root / "tiny", root / "tiny-f32.gguf")
+
+
+def _quantized(tiny_f32_gguf, preset: str) -> Path:
+    checkpoint, f32 = tiny_f32_gguf
+    out = f32.with_name(f"tiny-{preset}.gguf")
+    if not out.exists():
+        subprocess.run(["nice", "-n", "10", str(QUANTIZE), str(f32), str(out), preset, "1"],
+                       check=True, capture_output=True, timeout=300)
+    return out
+
+
+@needs_converter
+def test_the_converters_f32_file_computes_exactly_the_checkpoints_logits(tiny_f32_gguf, tmp_path):
+    checkpoint, gguf = tiny_f32_gguf
+    _, stored = read_gguf(str(gguf))
+    assert any(t.name.endswith("attn_k_b.weight") for t in stored)  # the current split kv_b layout
+    assert any(t.name.endswith("ffn_up_exps.weight") for t in stored)  # merged experts
+    inspection, (stage,) = build(gguf, tmp_path / "out")
+    cfg = load_config(stage.artifact_dir)
+    assert cfg == load_config(checkpoint)
+    ours = ProjectTokenizer.from_file(stage.artifact_dir / "tokenizer.json", inspection.snapshot.tokenizer_sha256)
+    original = ProjectTokenizer.from_file(checkpoint / "tokenizer.json")
+    assert [ours.encode(t) for t in TEXTS] == [original.encode(t) for t in TEXTS]
+    np.testing.assert_array_equal(_logits(stage.artifact_dir, cfg)[0], _logits(checkpoint, cfg)[0])
+
+
+@needs_quantize
+@pytest.mark.parametrize("preset", ["Q8_0", "Q4_K_M"])
+def test_llama_quantize_files_keep_their_types_and_compute_their_dequantized_reference(
+        tiny_f32_gguf, tmp_path, preset):
+    checkpoint, _ = tiny_f32_gguf
+    gguf = _quantized(tiny_f32_gguf, preset)
+    _, stored = read_gguf(str(gguf))
+    assert {t.gguf_type for t in stored} == EXPECTED_TYPES[preset]
+    inspection, stages = build(gguf, tmp_path / "out", stages=2)
+    formats = {t.name: t.weight_format for s in stages for t in s.manifest.tensors}
+    kept = [f for n, f in formats.items() if "kv_b_proj" not in n]
+    assert all(f.quantizer == "source bytes" and f.format == f.wanted for f in kept)
+    assert {f.source_dtype for f in kept} >= EXPECTED_TYPES[preset] - {"F16"}
+    cfg = load_config(stages[0].artifact_dir)
+    reference = write_reference_checkpoint(checkpoint, dequantized_from_gguf(gguf), tmp_path / "dequantized")
+    np.testing.assert_array_equal(_two_stage_logits(stages, cfg), _logits(reference, cfg)[0])
+
+
+@needs_quantize
+@pytest.mark.slow
+def test_a_fleet_serves_a_llama_quantize_q4_k_m_file_as_its_reference(tiny_f32_gguf, tmp_path):
+    checkpoint, _ = tiny_f32_gguf
+    gguf = _quantized(tiny_f32_gguf, "Q4_K_M")
+    options = FleetOptions(state_dir=tmp_path / ".fornax", stages=2, backend="numpy", boundary_dtype="fp32",
+                           checkpoint=str(gguf), startup_timeout_s=180)
+    state, launcher = start_fleet(options)
+    try:
+        wait_route_ready(state.api)
+
+        async def main():
+            api = openai.AsyncOpenAI(base_url=state.api, api_key="none", max_retries=0)
+            model = (await api.models.list()).data[0]
+            completions = await asyncio.gather(*(api.completions.create(
+                model=model.id, prompt=p, max_tokens=NEW_TOKENS, temperature=0) for p in PROMPTS))
+            return model, completions
+
+        model, served = asyncio.run(main())
+    finally:
+        launcher.stop_all()
+    reference = write_reference_checkpoint(checkpoint, dequantized_from_gguf(gguf), tmp_path / "dequantized")
+    expected = reference_greedy_under_policy(reference, "fp32", PROMPTS, NEW_TOKENS)
+    tokenizer = TextContext.from_checkpoint(checkpoint).tokenizer
+    assert [c.choices[0].text for c in served] == [tokenizer.decode(e) for e in expected]
+    execution = model.model_extra["fornax"]["execution"]
+    assert execution["stage_weights"] == ["gguf", "gguf"]
+    # tiny's 4 layers, 2 per stage: each stage says its kv_b_proj were reassembled, and nothing else
+    assert [len(c) for c in execution["stage_conversions"]] == [1, 1]
+    assert all(c[0].startswith("2 tensors F32 wanted fp32, held fp32") and "attn_k_b" in c[0]
+               for c in execution["stage_conversions"])
