@@ -62,6 +62,9 @@ def register(commands, benches) -> None:
                     help="with --fleet: serve the API as plain HTTP on the fabric address (default: https, fleet CA)")
     up.add_argument("--no-serve-while-compiling", dest="serve_while_compiling", action="store_false",
                     help="with --backend max: wait for MAX compiles instead of serving on numpy meanwhile")
+    up.add_argument("--max-switch", choices=("measured", "always"), default="measured",
+                    help="with --backend max: move the serving numpy route to MAX only when each stage's MAX "
+                         "decode step measured at least as fast on its host (measured), or unconditionally (always)")
     up.add_argument("--startup-timeout-s", type=float, default=180.0)
     up.add_argument("--install-timeout-s", type=float, default=3600.0,
                     help="how long to wait for the route (first MAX compiles take minutes)")
@@ -181,6 +184,7 @@ def _up_argv(args: argparse.Namespace) -> list[str]:
         argv.append("--http-insecure")
     if not args.serve_while_compiling:
         argv.append("--no-serve-while-compiling")
+    argv += ["--max-switch", args.max_switch]
     return argv
 
 
@@ -199,6 +203,7 @@ def _options(args: argparse.Namespace) -> FleetOptions:
         http_insecure=args.http_insecure,
         read_roots=tuple(args.read_root),
         serve_while_compiling=args.serve_while_compiling,
+        max_switch=args.max_switch,
         plan_mode=args.mode,
     )
 

@@ -1,4 +1,5 @@
-"""Wiring for serve-at-once: which workers run which backend, and the background compiler."""
+"""Wiring for serve-at-once: which workers run which backend, the background compiler, and the
+measured switch decision."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import TypeVar
 
 from libs.model.layout import even_layer_split
 from libs.service.errors import FailedPrecondition
+from services.orchestrator.backend_choice import BackendChoice, StageStepTimes
 from services.orchestrator.background_compile import BackgroundCompiler, CompileSettings
-from services.orchestrator.coldstart import REFERENCE_BACKEND, AfterSwitch, CompilerFactory
+from services.orchestrator.coldstart import REFERENCE_BACKEND, AfterSwitch, Chooser, CompilerFactory
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.lifecycle import InstallRequest
 
@@ -71,3 +73,60 @@ def compiler_factory(cfg: OrchestratorConfig) -> CompilerFactory | None:
         return BackgroundCompiler(settings, ranges)
 
     return make
+
+
+COMPARE_TIMEOUT_S = 900.0  # loading a stage's cached MAX graphs, then both backends' runs
+
+
+def chooser(cfg: OrchestratorConfig) -> Chooser:
+    """The switch decision for a route on the main workers: forced, or measured by each stage's
+    main worker on its own host (CompareDecodeStep), one stage at a time so stages that share
+    CPUs do not time each other."""
+    from services.orchestrator.backend_choice import DEFAULT_ROWS, SwitchPolicy, decide, forced
+
+    async def choose(request: InstallRequest) -> BackendChoice:
+        if request.backend is None:
+            raise FailedPrecondition("the route names no backend to switch to", reason="SWITCH_NOT_MEASURABLE")
+        candidate = str(request.backend)
+        if cfg.max_switch is SwitchPolicy.ALWAYS:
+            return forced(candidate)
+        if cfg.weights_policy != "fp32" or cfg.worker_weights:
+            raise FailedPrecondition(
+                f"the switch is measured on float32 checkpoint weights; weight policy {cfg.weights_policy!r} "
+                "is not measured (set max_switch=always to switch without measuring)",
+                reason="SWITCH_NOT_MEASURABLE", field="weights_policy")
+        from libs.model.config import load_config
+
+        layers = load_config(request.checkpoint_dir).num_hidden_layers
+        ranges = even_layer_split(layers, request.stages)
+        stages = []
+        for index, (address, (start, end)) in enumerate(zip(cfg.stage_workers, ranges, strict=True)):
+            stages.append(await _compare_on(cfg, address, index, request.checkpoint_dir, start, end, DEFAULT_ROWS))
+        return decide(candidate, tuple(stages), DEFAULT_ROWS)
+
+    return choose
+
+
+async def _compare_on(cfg: OrchestratorConfig, address: str, index: int, checkpoint: str, start: int, end: int,
+                      rows: tuple[int, ...]) -> StageStepTimes:
+    from fornax.common.v1 import common_pb2 as common_pb
+    from fornax.stage_worker.v1 import stage_worker_pb2 as pb
+    from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
+    from libs.service.channels import open_aio_channel
+
+    async with open_aio_channel(address, cfg.server.client_channel()) as channel:
+        reply = await pb_grpc.StageWorkerServiceStub(channel).CompareDecodeStep(pb.CompareDecodeStepRequest(
+            request_id=str(uuid.uuid4()), checkpoint_dir=checkpoint,
+            layer_range=common_pb.LayerRange(layer_start=start, layer_end_exclusive=end), rows=list(rows)),
+            timeout=COMPARE_TIMEOUT_S)
+    return step_times_from_pb(index, start, end, reply)
+
+
+def step_times_from_pb(index: int, start: int, end: int, reply) -> StageStepTimes:
+    samples: dict[str, dict[int, tuple[float, ...]]] = {}
+    builds: dict[str, str] = {}
+    for timing in reply.timings:
+        samples.setdefault(timing.backend, {})[timing.rows] = tuple(timing.seconds_per_step)
+        builds[timing.backend] = timing.backend_build
+    return StageStepTimes(index, start, end, reply.host, reply.cpu_model, reply.cpu_quota_cores, reply.cpuset,
+                          reply.command, reply.context_tokens, builds, samples)
