@@ -50,3 +50,18 @@ def test_status_says_loudly_when_the_route_is_not_on_the_requested_backend():
 def test_status_names_each_stages_weight_policy():
     lines = render_board({"stage_weights": ["q4_k_m", "bf16"]})
     assert lines == ["weights: stage 0 q4_k_m, stage 1 bf16 (each stage's verified manifest)"]
+
+
+def test_status_says_which_backend_runs_and_why_with_both_figures():
+    from services.orchestrator.backend_choice import DEFAULT_ROWS, decide
+    from tests.unit.orchestrator.test_backend_choice import TINY_MAX, TINY_NUMPY, stage
+
+    choice = decide("max", (stage(0, TINY_NUMPY, TINY_MAX),), DEFAULT_ROWS)
+    board = {"requested_backend": "max", "running_backend": "numpy", "phase": "serving_reference_measured_faster",
+             "failure": "", "stages": [], "graphs": [], "choice": choice.snapshot()}
+    lines = render_board(board)
+    assert lines[0] == "backend: running numpy, requested max (serving_reference_measured_faster)"
+    assert lines[1] == f"  backend choice (measured): {choice.reason}"
+    assert lines[2] == ("  stage 0 layers 0-3 decode step: 1 row numpy 1.233 ms, max 7.124 ms (0.17x); "
+                        "8 rows numpy 2.317 ms, max 13.192 ms (0.18x) (physical: median of runs on box-a, AMD EPYC, "
+                        "cpuset 0-1, numpy 2.4.6, max 26.7.0, StageWorkerService/CompareDecodeStep)")
