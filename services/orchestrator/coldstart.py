@@ -24,7 +24,7 @@ from libs.common.kinds import Backend
 from libs.service.errors import FailedPrecondition, FornaxError
 from services.orchestrator.backend_choice import BackendChoice
 from services.orchestrator.background_compile import BackgroundCompiler
-from services.orchestrator.lifecycle import InstallRequest, RouteManager
+from services.orchestrator.lifecycle import InstallRequest, RouteManager, RouteStatus
 
 _log = structlog.get_logger()
 REFERENCE_BACKEND = Backend.NUMPY
@@ -76,8 +76,15 @@ class BackendBoard:
 CompilerFactory = Callable[[InstallRequest], BackgroundCompiler]
 # Run once the route left the reference workers, e.g. to unload them and free their memory.
 AfterSwitch = Callable[[], Awaitable[None]]
-# Decides whether the route runs the requested backend (measured on the stages' hosts, or forced).
-Chooser = Callable[[InstallRequest], Awaitable[BackendChoice]]
+
+
+@dataclass(frozen=True)
+class Chooser:
+    """Decides whether the route runs the requested backend, given the serving reference route:
+    measured on the stages' hosts, or forced (`measures` False)."""
+
+    measures: bool
+    choose: Callable[[InstallRequest, RouteStatus], Awaitable[BackendChoice]]
 
 
 async def serve_then_upgrade(manager: RouteManager, request: InstallRequest, board: BackendBoard,
@@ -94,19 +101,12 @@ async def serve_then_upgrade(manager: RouteManager, request: InstallRequest, boa
         raise FailedPrecondition("a switch to another backend needs a chooser (measured or forced)",
                                  reason="NO_SWITCH_CHOOSER")
     compiler = board.compiler = compiler_for(request)
-    if compiler.all_cached():
-        board.phase = UpgradePhase.MEASURING
-        try:
-            choice = board.choice = await chooser(request)
-        except Exception as exc:  # noqa: BLE001  (nothing serves yet: serve on the reference, loudly)
-            await _install(manager, replace(request, backend=REFERENCE_BACKEND), board, UpgradePhase.MEASURE_FAILED)
-            board.failure = _describe(exc)
-            return
-        chosen = replace(request, backend=choice.backend)
-        await _install(manager, chosen, board, UpgradePhase.SERVING_REQUESTED_BACKEND if choice.switch
-                       else UpgradePhase.SERVING_REFERENCE_MEASURED_FASTER)
-        _log.info("backend_chosen", backend=choice.backend, reason=choice.reason)
+    if compiler.all_cached() and not chooser.measures:  # forced: nothing to measure against
+        board.choice = await chooser.choose(request, manager.status())
+        await _install(manager, request, board)
         return
+    # Measured: the reference route serves first (also while cached graphs load), and the
+    # stages are timed on the artifacts it serves.
     compiling = asyncio.get_running_loop().create_task(compiler.run())
     try:
         await _install(manager, replace(request, backend=REFERENCE_BACKEND), board,
@@ -127,7 +127,7 @@ async def serve_then_upgrade(manager: RouteManager, request: InstallRequest, boa
         return
     board.phase = UpgradePhase.MEASURING
     try:
-        choice = board.choice = await chooser(request)
+        choice = board.choice = await chooser.choose(request, manager.status())
     except Exception as exc:  # noqa: BLE001  (a worker may fail in ways no FornaxError names)
         _settle_short(board, UpgradePhase.MEASURE_FAILED, _describe(exc))
         return

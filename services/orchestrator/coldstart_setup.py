@@ -14,7 +14,7 @@ from services.orchestrator.backend_choice import BackendChoice, StageStepTimes
 from services.orchestrator.background_compile import BackgroundCompiler, CompileSettings
 from services.orchestrator.coldstart import REFERENCE_BACKEND, AfterSwitch, Chooser, CompilerFactory
 from services.orchestrator.config import OrchestratorConfig
-from services.orchestrator.lifecycle import InstallRequest
+from services.orchestrator.lifecycle import InstallRequest, RouteStatus, StageInfo
 
 Step = TypeVar("Step")
 
@@ -84,42 +84,50 @@ def chooser(cfg: OrchestratorConfig) -> Chooser:
     CPUs do not time each other."""
     from services.orchestrator.backend_choice import DEFAULT_ROWS, SwitchPolicy, decide, forced
 
-    async def choose(request: InstallRequest) -> BackendChoice:
+    async def choose_forced(request: InstallRequest, serving: RouteStatus) -> BackendChoice:
+        return forced(str(request.backend))
+
+    async def choose_measured(request: InstallRequest, serving: RouteStatus) -> BackendChoice:
         if request.backend is None:
             raise FailedPrecondition("the route names no backend to switch to", reason="SWITCH_NOT_MEASURABLE")
-        candidate = str(request.backend)
-        if cfg.max_switch is SwitchPolicy.ALWAYS:
-            return forced(candidate)
         if cfg.weights_policy != "fp32" or cfg.worker_weights:
             raise FailedPrecondition(
-                f"the switch is measured on float32 checkpoint weights; weight policy {cfg.weights_policy!r} "
-                "is not measured (set max_switch=always to switch without measuring)",
+                f"the switch is measured on float32 weights; weight policy {cfg.weights_policy!r} is not "
+                "measured (max_switch=always switches without measuring)",
                 reason="SWITCH_NOT_MEASURABLE", field="weights_policy")
-        from libs.model.config import load_config
-
-        layers = load_config(request.checkpoint_dir).num_hidden_layers
-        ranges = even_layer_split(layers, request.stages)
+        if len(serving.stages) != len(cfg.stage_workers):
+            raise FailedPrecondition(f"the serving route has {len(serving.stages)} stages for "
+                                     f"{len(cfg.stage_workers)} workers", reason="SWITCH_NOT_MEASURABLE")
         stages = []
-        for index, (address, (start, end)) in enumerate(zip(cfg.stage_workers, ranges, strict=True)):
-            stages.append(await _compare_on(cfg, address, index, request.checkpoint_dir, start, end, DEFAULT_ROWS))
-        return decide(candidate, tuple(stages), DEFAULT_ROWS)
+        for stage, address in zip(serving.stages, cfg.stage_workers, strict=True):
+            stages.append(await _compare_on(cfg, address, stage, request.checkpoint_dir, DEFAULT_ROWS))
+        return decide(str(request.backend), tuple(stages), DEFAULT_ROWS)
 
-    return choose
+    if cfg.max_switch is SwitchPolicy.ALWAYS:
+        return Chooser(False, choose_forced)
+    return Chooser(True, choose_measured)
 
 
-async def _compare_on(cfg: OrchestratorConfig, address: str, index: int, checkpoint: str, start: int, end: int,
+async def _compare_on(cfg: OrchestratorConfig, address: str, stage: StageInfo, checkpoint: str,
                       rows: tuple[int, ...]) -> StageStepTimes:
+    """The stage's main worker times the stage the reference route serves: its built artifact
+    when it has one (fetched from the builder), else its checkpoint layer range."""
     from fornax.common.v1 import common_pb2 as common_pb
     from fornax.stage_worker.v1 import stage_worker_pb2 as pb
     from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
     from libs.service.channels import open_aio_channel
 
+    start, end = stage.layer_start, stage.layer_end_exclusive
+    if stage.manifest_hash and cfg.artifact_builder_addr:
+        compare = pb.CompareDecodeStepRequest(artifact_source_address=cfg.artifact_builder_addr,
+                                              manifest_hash=stage.manifest_hash)
+    else:
+        compare = pb.CompareDecodeStepRequest(
+            checkpoint_dir=checkpoint, layer_range=common_pb.LayerRange(layer_start=start, layer_end_exclusive=end))
+    compare.request_id, compare.rows[:] = str(uuid.uuid4()), list(rows)
     async with open_aio_channel(address, cfg.server.client_channel()) as channel:
-        reply = await pb_grpc.StageWorkerServiceStub(channel).CompareDecodeStep(pb.CompareDecodeStepRequest(
-            request_id=str(uuid.uuid4()), checkpoint_dir=checkpoint,
-            layer_range=common_pb.LayerRange(layer_start=start, layer_end_exclusive=end), rows=list(rows)),
-            timeout=COMPARE_TIMEOUT_S)
-    return step_times_from_pb(index, start, end, reply)
+        reply = await pb_grpc.StageWorkerServiceStub(channel).CompareDecodeStep(compare, timeout=COMPARE_TIMEOUT_S)
+    return step_times_from_pb(stage.index, start, end, reply)
 
 
 def step_times_from_pb(index: int, start: int, end: int, reply) -> StageStepTimes:

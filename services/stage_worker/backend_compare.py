@@ -30,6 +30,7 @@ from libs.service.cgroup_facts import cgroup_facts
 from libs.service.errors import FailedPrecondition, InvalidArgument
 from libs.service.host import backend_build, host_facts
 from services.stage_worker.config import StageWorkerConfig
+from services.stage_worker.runtime import StageRuntime
 from services.stage_worker.step_profile import KV_LIMIT_BYTES, _ServedSteps
 
 log = structlog.get_logger()
@@ -116,10 +117,10 @@ def timings_to_pb(samples: dict[str, dict[int, list[float]]], builds: dict[str, 
 class DecodeStepComparer:
     """The servicer's CompareDecodeStep half: one per worker."""
 
-    def __init__(self, cfg: StageWorkerConfig, device_thread: Callable[[], object],
+    def __init__(self, cfg: StageWorkerConfig, runtime: Callable[[], StageRuntime | None],
                  busy: Callable[[], Sequence[str]]):
         self._cfg = cfg
-        self._device_thread = device_thread
+        self._runtime = runtime  # any runtime: they share the device thread, artifact cache, fetch channel
         self._busy = busy
 
     async def compare(self, request: pb.CompareDecodeStepRequest) -> pb.CompareDecodeStepResponse:
@@ -128,10 +129,9 @@ class DecodeStepComparer:
             raise FailedPrecondition("this worker runs numpy, the backend it would be compared against",
                                      reason="NOTHING_TO_COMPARE")
         grid = grid_from(request)
-        if not request.checkpoint_dir:
-            raise InvalidArgument("checkpoint_dir is required", reason="MISSING_FIELD", field="checkpoint_dir")
-        directory = confine(request.checkpoint_dir, self._cfg.read_roots, "checkpoint_dir")
-        start, end = request.layer_range.layer_start, request.layer_range.layer_end_exclusive
+        if bool(request.checkpoint_dir) == bool(request.artifact_source_address):
+            raise InvalidArgument("give exactly one of checkpoint_dir or artifact_source_address",
+                                  reason="INVALID_SOURCE", field="checkpoint_dir")
         busy = self._busy()
         if busy:
             raise FailedPrecondition(f"the worker is {busy[0]}; compare it idle", reason="STAGE_BUSY")
@@ -145,18 +145,12 @@ class DecodeStepComparer:
             from services.stage_worker.runtime import _compile_progress
 
             options = MaxOptions(device=self._cfg.device, progress=_compile_progress)
-        try:
-            layers = load_config(str(directory)).num_hidden_layers
-        except (ModelError, ValueError) as exc:
-            raise InvalidArgument(f"not a checkpoint: {exc}", reason="INVALID_CHECKPOINT",
-                                  field="checkpoint_dir") from exc
-        if not 0 <= start < end <= layers:
-            raise InvalidArgument(f"layer range [{start}, {end}) is outside the model's {layers} layers",
-                                  reason="INVALID_LAYER_RANGE", field="layer_range")
+        directory, start, end = await self._source(request)
+        runtime = self._runtime()
         loop = asyncio.get_running_loop()
         try:
-            _, samples = await loop.run_in_executor(self._device_thread(), _measure, str(directory), start, end,
-                                                    backend, self._cfg.device, grid, options)
+            _, samples = await loop.run_in_executor(runtime.device_thread if runtime else None, _measure,
+                                                    directory, start, end, backend, self._cfg.device, grid, options)
         except ModelError as exc:
             raise FailedPrecondition(f"{exc.reason}: {exc.message}", reason="COMPARE_LOAD_FAILED") from exc
         limits = cgroup_facts()
@@ -165,3 +159,40 @@ class DecodeStepComparer:
             timings=timings_to_pb(samples, {k: str(v) for k, v in builds.items()}), host=socket.gethostname(),
             cpu_model=host_facts().cpu_name, cpu_quota_cores=limits.cpu_quota_cores, cpuset=limits.cpuset,
             context_tokens=grid.context, command=COMMAND)
+
+    async def _source(self, request: pb.CompareDecodeStepRequest) -> tuple[str, int, int]:
+        """The weights directory and the layer range [start, end) to time."""
+        if request.artifact_source_address:
+            return await self._artifact(request)
+        directory = confine(request.checkpoint_dir, self._cfg.read_roots, "checkpoint_dir")
+        start, end = request.layer_range.layer_start, request.layer_range.layer_end_exclusive
+        try:
+            layers = load_config(str(directory)).num_hidden_layers
+        except (ModelError, ValueError) as exc:
+            raise InvalidArgument(f"not a checkpoint: {exc}", reason="INVALID_CHECKPOINT",
+                                  field="checkpoint_dir") from exc
+        if not 0 <= start < end <= layers:
+            raise InvalidArgument(f"layer range [{start}, {end}) is outside the model's {layers} layers",
+                                  reason="INVALID_LAYER_RANGE", field="layer_range")
+        return str(directory), start, end
+
+    async def _artifact(self, request: pb.CompareDecodeStepRequest) -> tuple[str, int, int]:
+        from libs.artifacts.verify import verify_artifact
+        from services.stage_worker.fetch import fetch_artifact
+
+        if not request.manifest_hash:
+            raise InvalidArgument("artifact_source_address needs manifest_hash", reason="MISSING_FIELD",
+                                  field="manifest_hash")
+        runtime = self._runtime()
+        if runtime is None or runtime.artifact_cache is None:
+            raise FailedPrecondition("this worker has no state directory to fetch artifacts into",
+                                     reason="NO_ARTIFACT_CACHE", field="artifact_source_address")
+        local = await fetch_artifact(request.artifact_source_address, request.manifest_hash, runtime.artifact_cache,
+                                     config=runtime.fetch_channel)
+        verified = await asyncio.to_thread(verify_artifact, local, expected_manifest_hash=request.manifest_hash)
+        manifest = verified.manifest
+        if manifest.weights_policy != "fp32":  # both backends are timed on float32 weights
+            raise FailedPrecondition(f"artifact {request.manifest_hash} holds {manifest.weights_policy} weights; "
+                                     "only fp32 stages are compared", reason="SWITCH_NOT_MEASURABLE",
+                                     field="manifest_hash")
+        return str(local), manifest.layers.layer_start, manifest.layers.layer_end_exclusive

@@ -249,7 +249,7 @@ async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
     generations = Generations(new_runtime, dataplane, overlap_plane, lambda: memory_facts(cfg))
     profiler = Profiler(cfg, generations, tls, dataplane.advertised_host)
     comparer = DecodeStepComparer(
-        cfg, lambda: generations.health_runtime("").device_thread,
+        cfg, lambda: generations.health_runtime(""),
         lambda: [r.lifecycle.state.value for r in generations.runtimes() if r.lifecycle.state in BUSY])
     servicer = StageWorkerServicer(cfg, generations, dataplane, profiler, comparer)
 

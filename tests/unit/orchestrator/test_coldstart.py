@@ -15,7 +15,7 @@ from libs.model.presets import preset_config
 from libs.service.errors import FailedPrecondition
 from services.orchestrator.backend_choice import DEFAULT_ROWS, decide, forced
 from services.orchestrator.background_compile import BackgroundCompiler, CompileSettings, GraphState
-from services.orchestrator.coldstart import BackendBoard, UpgradePhase, serve_then_upgrade
+from services.orchestrator.coldstart import BackendBoard, Chooser, UpgradePhase, serve_then_upgrade
 from services.orchestrator.lifecycle import InstallRequest, RouteManager, RouteState
 from services.orchestrator.serving import RouteSlot
 from tests.unit.orchestrator.test_backend_choice import TINY_MAX, TINY_NUMPY, scaled, stage
@@ -61,17 +61,20 @@ def _settings(checkpoint: Path, cpus=((0, 1), (2,))) -> CompileSettings:
 def recorded(max_figures: dict, asked: list | None = None):
     """A chooser deciding on recorded step times, as the real one does on measured ones."""
 
-    async def choose(request):
-        if asked is not None:
-            asked.append(request.backend)
+    async def choose(request, serving):
+        if asked is not None:  # what was asked, and which route served while it was measured
+            asked.append((request.backend, serving.state, serving.plan.plan_generation_id))
         return decide("max", (stage(0, TINY_NUMPY, max_figures, (0, 2)), stage(1, TINY_NUMPY, max_figures, (2, 4))),
                       DEFAULT_ROWS)
 
-    return choose
+    return Chooser(True, choose)
 
 
-async def always(request):
+async def _forced(request, serving):
     return forced(str(request.backend))
+
+
+always = Chooser(False, _forced)
 
 
 def _run(checkpoint: Path, text_context, compiler: ScriptedCompiler, chooser=None):
@@ -212,7 +215,8 @@ def test_measured_slower_max_keeps_the_reference_route_and_says_why(checkpoint, 
     asked = []
     _, events, after, board, installer, snapshot, released = _run(checkpoint, text_context, compiler,
                                                                   recorded(TINY_MAX, asked))
-    assert asked == ["max"]  # measured once, after every graph compiled
+    # measured once, after the compiles, on the stages the reference route (gen-0) serves
+    assert asked == [("max", RouteState.SERVING, "gen-0")]
     assert [r.request.backend for r in installer.installed] == ["numpy"]  # never switched
     assert board.running_backend == "numpy" and board.phase is UpgradePhase.SERVING_REFERENCE_MEASURED_FASTER
     assert released == [] and board.failure == ""
@@ -236,10 +240,10 @@ def test_measured_faster_max_switches(checkpoint, text_context):
 def test_a_failed_measurement_keeps_the_reference_route_loudly(checkpoint, text_context):
     compiler = ScriptedCompiler(_settings(checkpoint), ((0, 2), (2, 4)))
 
-    async def broken(request):
+    async def broken(request, serving):
         raise FailedPrecondition("the worker is executing; compare it idle", reason="STAGE_BUSY")
 
-    *_, board, installer, snapshot, released = _run(checkpoint, text_context, compiler, broken)
+    *_, board, installer, snapshot, released = _run(checkpoint, text_context, compiler, Chooser(True, broken))
     assert [r.request.backend for r in installer.installed] == ["numpy"]
     assert board.phase is UpgradePhase.MEASURE_FAILED and board.running_backend == "numpy"
     assert board.failure == "STAGE_BUSY: the worker is executing; compare it idle"

@@ -477,7 +477,7 @@ class ProfileLinkResponse(_message.Message):
     def __init__(self, profile_json: _Optional[bytes] = ..., record: _Optional[_Union[_evidence_registry_pb2.Record, _Mapping]] = ...) -> None: ...
 
 class CompareDecodeStepRequest(_message.Message):
-    __slots__ = ("request_id", "checkpoint_dir", "layer_range", "rows", "context_tokens", "runs", "min_run_ms")
+    __slots__ = ("request_id", "checkpoint_dir", "layer_range", "rows", "context_tokens", "runs", "min_run_ms", "artifact_source_address", "manifest_hash")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     LAYER_RANGE_FIELD_NUMBER: _ClassVar[int]
@@ -485,6 +485,8 @@ class CompareDecodeStepRequest(_message.Message):
     CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     MIN_RUN_MS_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_SOURCE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     checkpoint_dir: str
     layer_range: _common_pb2.LayerRange
@@ -492,7 +494,9 @@ class CompareDecodeStepRequest(_message.Message):
     context_tokens: int
     runs: int
     min_run_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., context_tokens: _Optional[int] = ..., runs: _Optional[int] = ..., min_run_ms: _Optional[int] = ...) -> None: ...
+    artifact_source_address: str
+    manifest_hash: str
+    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., context_tokens: _Optional[int] = ..., runs: _Optional[int] = ..., min_run_ms: _Optional[int] = ..., artifact_source_address: _Optional[str] = ..., manifest_hash: _Optional[str] = ...) -> None: ...
 
 class DecodeStepTiming(_message.Message):
     __slots__ = ("backend", "backend_build", "rows", "seconds_per_step")
