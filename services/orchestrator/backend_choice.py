@@ -22,6 +22,8 @@ REFERENCE = "numpy"
 # The route's load the switch is measured at: one stream, and the concurrency `fornax bench
 # serve` reports beside it.
 DEFAULT_ROWS = (1, 8)
+MAX_ROWS = 1024  # as CompareDecodeStep accepts
+MAX_ROW_COUNTS = 8
 FIGURE = "physical: median seconds per served decode step over the runs, on the stage's own host"
 
 
@@ -36,6 +38,18 @@ def parse_switch_policy(value: str, field: str = "max_switch") -> SwitchPolicy:
     except ValueError:
         raise InvalidArgument(f"{field} must be one of {[p.value for p in SwitchPolicy]}, got {value!r}",
                               reason="INVALID_MAX_SWITCH", field=field) from None
+
+
+def parse_rows(value: str, field: str = "max_switch_rows") -> tuple[int, ...]:
+    """Comma-separated decode row counts, e.g. "1,8": at most 8, each in [1, 1024]."""
+    try:
+        rows = tuple(sorted({int(part) for part in value.split(",") if part.strip()}))
+    except ValueError:
+        rows = ()
+    if not rows or rows[0] < 1 or rows[-1] > MAX_ROWS or len(rows) > MAX_ROW_COUNTS:
+        raise InvalidArgument(f"{field} must be 1 to {MAX_ROW_COUNTS} comma-separated row counts in "
+                              f"[1, {MAX_ROWS}], got {value!r}", reason="INVALID_MAX_SWITCH_ROWS", field=field)
+    return rows
 
 
 @dataclass(frozen=True)

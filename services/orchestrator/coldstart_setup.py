@@ -82,7 +82,7 @@ def chooser(cfg: OrchestratorConfig) -> Chooser:
     """The switch decision for a route on the main workers: forced, or measured by each stage's
     main worker on its own host (CompareDecodeStep), one stage at a time so stages that share
     CPUs do not time each other."""
-    from services.orchestrator.backend_choice import DEFAULT_ROWS, SwitchPolicy, decide, forced
+    from services.orchestrator.backend_choice import SwitchPolicy, decide, forced
 
     async def choose_forced(request: InstallRequest, serving: RouteStatus) -> BackendChoice:
         return forced(str(request.backend))
@@ -100,8 +100,8 @@ def chooser(cfg: OrchestratorConfig) -> Chooser:
                                      f"{len(cfg.stage_workers)} workers", reason="SWITCH_NOT_MEASURABLE")
         stages = []
         for stage, address in zip(serving.stages, cfg.stage_workers, strict=True):
-            stages.append(await _compare_on(cfg, address, stage, request.checkpoint_dir, DEFAULT_ROWS))
-        return decide(str(request.backend), tuple(stages), DEFAULT_ROWS)
+            stages.append(await _compare_on(cfg, address, stage, request.checkpoint_dir, cfg.max_switch_rows))
+        return decide(str(request.backend), tuple(stages), cfg.max_switch_rows)
 
     if cfg.max_switch is SwitchPolicy.ALWAYS:
         return Chooser(False, choose_forced)

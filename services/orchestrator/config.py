@@ -13,7 +13,7 @@ from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 from libs.weights.policy import POLICIES
-from services.orchestrator.backend_choice import SwitchPolicy, parse_switch_policy
+from services.orchestrator.backend_choice import DEFAULT_ROWS, SwitchPolicy, parse_rows, parse_switch_policy
 from services.orchestrator.http_tls import HttpTlsFiles
 
 BACKENDS = tuple(backend.value for backend in Backend)
@@ -78,6 +78,8 @@ class OrchestratorConfig:
     # Whether the live switch from the numpy reference route to MAX happens only where each
     # stage's measured MAX decode step beats numpy's (measured), or unconditionally (always).
     max_switch: SwitchPolicy = SwitchPolicy.MEASURED
+    # The decode rows (sequences per step) the switch is measured at: the route's load.
+    max_switch_rows: tuple[int, ...] = DEFAULT_ROWS
     # The orchestrator's own state (model files fetched from the artifact builder).
     state_dir: str = ".fornax/orchestrator"
     # KV bytes each stage keeps for the route; 0 leaves the stage worker's default.
@@ -269,6 +271,8 @@ class OrchestratorConfig:
                 pick(None, env, "FORNAX_WORKER_WEIGHTS", None))),
             max_switch=parse_switch_policy(pick(args.max_switch, env, "FORNAX_MAX_SWITCH", cls.max_switch.value),
                                            "FORNAX_MAX_SWITCH"),
+            max_switch_rows=parse_rows(pick(None, env, "FORNAX_MAX_SWITCH_ROWS", ",".join(map(str, DEFAULT_ROWS))),
+                                       "FORNAX_MAX_SWITCH_ROWS"),
             state_dir=pick(args.state_dir, env, "FORNAX_STATE_DIR", cls.state_dir),
             stage_kv_limit_bytes=pick(args.stage_kv_limit_bytes, env, "FORNAX_STAGE_KV_LIMIT_BYTES",
                                       cls.stage_kv_limit_bytes, int),

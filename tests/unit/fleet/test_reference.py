@@ -65,3 +65,10 @@ def test_status_says_which_backend_runs_and_why_with_both_figures():
     assert lines[2] == ("  stage 0 layers 0-3 decode step: 1 row numpy 1.233 ms, max 7.124 ms (0.17x); "
                         "8 rows numpy 2.317 ms, max 13.192 ms (0.18x) (physical: median of runs on box-a, AMD EPYC, "
                         "cpuset 0-1, numpy 2.4.6, max 26.7.0, StageWorkerService/CompareDecodeStep)")
+
+
+def test_the_switch_policy_and_rows_reach_the_orchestrator():
+    from apps.fleet.compose import orchestrator_options_env
+
+    env = orchestrator_options_env(_options(backend="max", max_switch="always", max_switch_rows="1,4"))
+    assert (env["FORNAX_MAX_SWITCH"], env["FORNAX_MAX_SWITCH_ROWS"]) == ("always", "1,4")

@@ -78,3 +78,18 @@ def test_the_max_switch_policy_is_measured_unless_forced_and_fails_closed():
     with pytest.raises(InvalidArgument) as err:
         OrchestratorConfig.from_env([], {"FORNAX_MAX_SWITCH": "usually"})
     assert err.value.reason == "INVALID_MAX_SWITCH" and err.value.field == "FORNAX_MAX_SWITCH"
+
+
+@pytest.mark.parametrize(("raw", "rows"), [(None, (1, 8)), ("8, 1,32", (1, 8, 32)), ("4", (4,))])
+def test_the_switch_is_measured_at_the_configured_rows(raw, rows):
+    env = {} if raw is None else {"FORNAX_MAX_SWITCH_ROWS": raw}
+    assert OrchestratorConfig.from_env([], env).max_switch_rows == rows
+
+
+@pytest.mark.parametrize("raw", ["0,8", "1,2000", "one", ",", "1,2,3,4,5,6,7,8,9"])
+def test_bad_switch_rows_fail_closed(raw):
+    from libs.service.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument) as err:
+        OrchestratorConfig.from_env([], {"FORNAX_MAX_SWITCH_ROWS": raw})
+    assert err.value.reason == "INVALID_MAX_SWITCH_ROWS" and err.value.field == "FORNAX_MAX_SWITCH_ROWS"
