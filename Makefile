@@ -25,6 +25,8 @@ system-deps:
 MODEL_DIR ?= .fornax/models/tiny
 STAGES ?= 2
 BACKEND ?= max
+# measured: the live switch from numpy to MAX happens only where MAX measured faster; always: forced.
+MAX_SWITCH ?= measured
 BOUNDARY_DTYPE ?= bf16
 PORT ?= 8000
 
@@ -34,7 +36,7 @@ $(MODEL_DIR)/config.json: | setup
 # FLEET=fleets/two-unlike-hosts.yaml runs each host in its own namespace and cgroup (root).
 FLEET ?=
 ifeq ($(FLEET),)
-FLEET_ARGS := --stages $(STAGES) --backend $(BACKEND) --boundary-dtype $(BOUNDARY_DTYPE)
+FLEET_ARGS := --stages $(STAGES) --backend $(BACKEND) --boundary-dtype $(BOUNDARY_DTYPE) --max-switch $(MAX_SWITCH)
 else
 FLEET_ARGS := --fleet $(FLEET)
 endif

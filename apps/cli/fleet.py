@@ -62,6 +62,11 @@ def register(commands, benches) -> None:
                     help="with --fleet: serve the API as plain HTTP on the fabric address (default: https, fleet CA)")
     up.add_argument("--no-serve-while-compiling", dest="serve_while_compiling", action="store_false",
                     help="with --backend max: wait for MAX compiles instead of serving on numpy meanwhile")
+    up.add_argument("--max-switch", choices=("measured", "always"), default="measured",
+                    help="with --backend max: move the serving numpy route to MAX only when each stage's MAX "
+                         "decode step measured at least as fast on its host (measured), or unconditionally (always)")
+    up.add_argument("--max-switch-rows", default="1,8",
+                    help="the decode rows (concurrent sequences) the MAX switch is measured at, comma-separated")
     up.add_argument("--startup-timeout-s", type=float, default=180.0)
     up.add_argument("--install-timeout-s", type=float, default=3600.0,
                     help="how long to wait for the route (first MAX compiles take minutes)")
@@ -91,6 +96,13 @@ def _validate_up(args: argparse.Namespace) -> str | None:
         return _validate_gguf_up(args)
     if args.checkpoint and not Path(args.checkpoint, "config.json").is_file():
         return f"--checkpoint {args.checkpoint!r} has no config.json"
+    from libs.service.errors import InvalidArgument
+    from services.orchestrator.backend_choice import parse_rows
+
+    try:
+        parse_rows(args.max_switch_rows, "--max-switch-rows")
+    except InvalidArgument as exc:
+        return f"{exc.reason}: {exc.message}"
     return None
 
 
@@ -197,6 +209,7 @@ def _up_argv(args: argparse.Namespace) -> list[str]:
         argv.append("--http-insecure")
     if not args.serve_while_compiling:
         argv.append("--no-serve-while-compiling")
+    argv += ["--max-switch", args.max_switch, "--max-switch-rows", args.max_switch_rows]
     return argv
 
 
@@ -215,6 +228,8 @@ def _options(args: argparse.Namespace) -> FleetOptions:
         http_insecure=args.http_insecure,
         read_roots=tuple(args.read_root),
         serve_while_compiling=args.serve_while_compiling,
+        max_switch=args.max_switch,
+        max_switch_rows=args.max_switch_rows,
         plan_mode=args.mode,
     )
 

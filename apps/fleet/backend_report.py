@@ -47,6 +47,7 @@ def render_board(board: dict | None) -> list[str]:
                      + " (each stage's verified manifest)")
     for index, conversions in enumerate(board.get("stage_conversions") or []):
         lines.extend(f"  stage {index} converted at build: {line}" for line in conversions)
+    lines += render_choice(board.get("choice"))
     for stage in board.get("stages", []):
         graphs = ", ".join(f"{name} {state}" for name, state in stage.get("graphs", {}).items())
         lines.append(f"  stage {stage['index']}: {stage['backend']}; max graphs: {graphs}")
@@ -54,4 +55,23 @@ def render_board(board: dict | None) -> list[str]:
         if graph.get("compile_seconds") is not None:
             lines.append(f"  compiled {graph['graph']} in {graph['compile_seconds']:.1f} s "
                          f"(physical, this host, low priority)")
+    return lines
+
+
+def render_choice(choice: dict | None) -> list[str]:
+    """Why the route runs the backend it runs, with each stage's measured decode steps."""
+    if not choice:
+        return []
+    lines = [f"  backend choice ({choice['policy']}): {choice['reason']}"]
+    candidate = choice["candidate"]
+    for stage in choice.get("stages", []):
+        on = stage["measured_on"]
+        figures = "; ".join(
+            f"{f['rows']} row{'s' if f['rows'] != 1 else ''} numpy {f['numpy_ms_per_step']:.3f} ms, "
+            f"{candidate} {f[f'{candidate}_ms_per_step']:.3f} ms ({f[f'{candidate}_speed_vs_numpy']:.2f}x)"
+            for f in stage["figures"])
+        builds = ", ".join(on["builds"].values())
+        lines.append(f"  stage {stage['index']} layers {stage['layers'][0]}-{stage['layers'][1] - 1} decode step: "
+                     f"{figures} (physical: median of runs on {on['host']}, {on['cpu_model']}, cpuset "
+                     f"{on['cpuset'] or 'all'}, {builds}, {on['command']})")
     return lines

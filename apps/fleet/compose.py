@@ -37,7 +37,8 @@ def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -
 
 def orchestrator_options_env(options: FleetOptions) -> dict[str, str]:
     """The orchestrator settings that come straight from `fornax up`'s options, on any fleet."""
-    env = {"FORNAX_PLAN_MODE": options.plan_mode, "FORNAX_WEIGHTS": options.weights}
+    env = {"FORNAX_PLAN_MODE": options.plan_mode, "FORNAX_WEIGHTS": options.weights,
+           "FORNAX_MAX_SWITCH": options.max_switch, "FORNAX_MAX_SWITCH_ROWS": options.max_switch_rows}
     if options.http_port is not None:
         env["FORNAX_HTTP_PORT"] = str(options.http_port)
     if options.api_key:

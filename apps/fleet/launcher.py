@@ -41,6 +41,10 @@ class FleetOptions:
     api_key: str | None = None
     # With a MAX backend: serve on numpy workers at once while MAX graphs compile.
     serve_while_compiling: bool = True
+    # With a MAX backend and reference workers: switch to MAX only where each stage measured it
+    # at least as fast as numpy ("measured"), or unconditionally ("always").
+    max_switch: str = "measured"
+    max_switch_rows: str = "1,8"  # the decode rows that measurement times: the route's load
     startup_timeout_s: float = 120.0
     grace_period_s: float = 10.0
     # Plaintext gRPC with no authentication: only when asked for explicitly.

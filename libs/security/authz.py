@@ -76,6 +76,7 @@ POLICY: dict[str, Access] = {
     _STAGE + "ProfileStage": Access.CONTROL,
     _STAGE + "OpenLinkProbe": Access.CONTROL,
     _STAGE + "ProfileLink": Access.CONTROL,
+    _STAGE + "CompareDecodeStep": Access.CONTROL,
     _REGISTRY + "PutRecord": Access.EVIDENCE_PUT,
     _REGISTRY + "RevokeRecord": Access.OPERATOR,
     _REGISTRY + "GetRecord": Access.FLEET,

@@ -2,10 +2,13 @@
 
 When the route asks for MAX and the compile cache lacks some of its graphs, the route is first
 installed on the numpy reference workers (float32, the same math), while every graph compiles
-in the background. Once all of them are ready, the MAX route is installed and warmed as a new
-plan generation beside the serving one, new traffic moves to it, and the reference route
-finishes what it admitted (`RouteManager.switch`). A failed compile leaves the reference route
-serving and says so in the board; it never claims MAX.
+in the background. Once all of them are ready, each stage's worker times the stage's decode step
+on both backends on its own host, and the route moves only when MAX measured at least as fast
+(`backend_choice`; or when the operator forced it). Then the MAX route is installed and warmed as
+a new plan generation beside the serving one, new traffic moves to it, and the reference route
+finishes what it admitted (`RouteManager.switch`). A failed compile or measurement, or a slower
+MAX, leaves the reference route serving and says so in the board; it never claims MAX. With every
+graph already cached the same measured choice picks the backend the route is installed on.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from enum import Enum
 import structlog
 
 from libs.common.kinds import Backend
-from libs.service.errors import FornaxError
+from libs.service.errors import FailedPrecondition, FornaxError
+from services.orchestrator.backend_choice import BackendChoice
 from services.orchestrator.background_compile import BackgroundCompiler
-from services.orchestrator.lifecycle import InstallRequest, RouteManager
+from services.orchestrator.lifecycle import InstallRequest, RouteManager, RouteStatus
 
 _log = structlog.get_logger()
 REFERENCE_BACKEND = Backend.NUMPY
@@ -29,7 +33,11 @@ REFERENCE_BACKEND = Backend.NUMPY
 class UpgradePhase(Enum):
     INSTALLING = "installing"
     SERVING_REFERENCE_WHILE_COMPILING = "serving_reference_while_compiling"
+    MEASURING = "measuring"  # each stage times its decode step on both backends
     SWITCHING = "switching"
+    # Serving on the reference backend by choice: MAX measured slower at the route's load.
+    SERVING_REFERENCE_MEASURED_FASTER = "serving_reference_measured_faster"
+    MEASURE_FAILED = "measure_failed"  # serving on the reference backend, not the one asked for
     SERVING_REQUESTED_BACKEND = "serving_requested_backend"
     COMPILE_FAILED = "compile_failed"  # serving on the reference backend, not the one asked for
     SWITCH_FAILED = "switch_failed"  # serving on the reference backend, not the one asked for
@@ -45,6 +53,7 @@ class BackendBoard:
     running_backend: str | None = ""  # "" while nothing serves
     failure: str = ""
     compiler: BackgroundCompiler | None = None
+    choice: BackendChoice | None = None  # the measured (or forced) switch decision, once made
 
     def snapshot(self) -> dict[str, object]:
         compiler = self.compiler
@@ -59,6 +68,7 @@ class BackendBoard:
         return {
             "requested_backend": self.requested_backend, "running_backend": self.running_backend,
             "phase": self.phase.value, "failure": self.failure, "stages": stages, "graphs": graphs,
+            "choice": None if self.choice is None else self.choice.snapshot(),
             "compile_seconds_figure": "physical: wall seconds per graph on this host, low priority",
         }
 
@@ -68,18 +78,35 @@ CompilerFactory = Callable[[InstallRequest], BackgroundCompiler]
 AfterSwitch = Callable[[], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class Chooser:
+    """Decides whether the route runs the requested backend, given the serving reference route:
+    measured on the stages' hosts, or forced (`measures` False)."""
+
+    measures: bool
+    choose: Callable[[InstallRequest, RouteStatus], Awaitable[BackendChoice]]
+
+
 async def serve_then_upgrade(manager: RouteManager, request: InstallRequest, board: BackendBoard,
                              compiler_for: CompilerFactory | None,
-                             after_switch: AfterSwitch | None = None) -> None:
+                             after_switch: AfterSwitch | None = None, chooser: Chooser | None = None) -> None:
     """Installs `request`, on the reference backend first when its MAX graphs are not
-    compiled; returns once the route runs the requested backend or has settled short of it."""
+    compiled; returns once the route runs the requested backend or has settled short of it.
+    With reference workers (`compiler_for`), `chooser` decides whether the requested backend is
+    an upgrade; it is required then."""
     if request.backend == REFERENCE_BACKEND or compiler_for is None:
         await _install(manager, request, board)
         return
+    if chooser is None:
+        raise FailedPrecondition("a switch to another backend needs a chooser (measured or forced)",
+                                 reason="NO_SWITCH_CHOOSER")
     compiler = board.compiler = compiler_for(request)
-    if compiler.all_cached():
+    if compiler.all_cached() and not chooser.measures:  # forced: nothing to measure against
+        board.choice = await chooser.choose(request, manager.status())
         await _install(manager, request, board)
         return
+    # Measured: the reference route serves first (also while cached graphs load), and the
+    # stages are timed on the artifacts it serves.
     compiling = asyncio.get_running_loop().create_task(compiler.run())
     try:
         await _install(manager, replace(request, backend=REFERENCE_BACKEND), board,
@@ -97,6 +124,16 @@ async def serve_then_upgrade(manager: RouteManager, request: InstallRequest, boa
         return
     if not compiled:
         _settle_short(board, UpgradePhase.COMPILE_FAILED, compiler.failure())
+        return
+    board.phase = UpgradePhase.MEASURING
+    try:
+        choice = board.choice = await chooser.choose(request, manager.status())
+    except Exception as exc:  # noqa: BLE001  (a worker may fail in ways no FornaxError names)
+        _settle_short(board, UpgradePhase.MEASURE_FAILED, _describe(exc))
+        return
+    if not choice.switch:
+        board.phase = UpgradePhase.SERVING_REFERENCE_MEASURED_FASTER
+        _log.info("backend_switch_declined", backend=choice.backend, reason=choice.reason)
         return
     board.phase = UpgradePhase.SWITCHING
     try:

@@ -1,4 +1,5 @@
-"""Wiring for serve-at-once: which workers run which backend, and the background compiler."""
+"""Wiring for serve-at-once: which workers run which backend, the background compiler, and the
+measured switch decision."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from typing import TypeVar
 
 from libs.model.layout import even_layer_split
 from libs.service.errors import FailedPrecondition
+from services.orchestrator.backend_choice import BackendChoice, StageStepTimes
 from services.orchestrator.background_compile import BackgroundCompiler, CompileSettings
-from services.orchestrator.coldstart import REFERENCE_BACKEND, AfterSwitch, CompilerFactory
+from services.orchestrator.coldstart import REFERENCE_BACKEND, AfterSwitch, Chooser, CompilerFactory
 from services.orchestrator.config import OrchestratorConfig
-from services.orchestrator.lifecycle import InstallRequest
+from services.orchestrator.lifecycle import InstallRequest, RouteStatus, StageInfo
 
 Step = TypeVar("Step")
 
@@ -71,3 +73,68 @@ def compiler_factory(cfg: OrchestratorConfig) -> CompilerFactory | None:
         return BackgroundCompiler(settings, ranges)
 
     return make
+
+
+COMPARE_TIMEOUT_S = 900.0  # loading a stage's cached MAX graphs, then both backends' runs
+
+
+def chooser(cfg: OrchestratorConfig) -> Chooser:
+    """The switch decision for a route on the main workers: forced, or measured by each stage's
+    main worker on its own host (CompareDecodeStep), one stage at a time so stages that share
+    CPUs do not time each other."""
+    from services.orchestrator.backend_choice import SwitchPolicy, decide, forced
+
+    async def choose_forced(request: InstallRequest, serving: RouteStatus) -> BackendChoice:
+        return forced(str(request.backend))
+
+    async def choose_measured(request: InstallRequest, serving: RouteStatus) -> BackendChoice:
+        if request.backend is None:
+            raise FailedPrecondition("the route names no backend to switch to", reason="SWITCH_NOT_MEASURABLE")
+        if cfg.weights_policy != "fp32" or cfg.worker_weights:
+            raise FailedPrecondition(
+                f"the switch is measured on float32 weights; weight policy {cfg.weights_policy!r} is not "
+                "measured (max_switch=always switches without measuring)",
+                reason="SWITCH_NOT_MEASURABLE", field="weights_policy")
+        if len(serving.stages) != len(cfg.stage_workers):
+            raise FailedPrecondition(f"the serving route has {len(serving.stages)} stages for "
+                                     f"{len(cfg.stage_workers)} workers", reason="SWITCH_NOT_MEASURABLE")
+        stages = []
+        for stage, address in zip(serving.stages, cfg.stage_workers, strict=True):
+            stages.append(await _compare_on(cfg, address, stage, request.checkpoint_dir, cfg.max_switch_rows))
+        return decide(str(request.backend), tuple(stages), cfg.max_switch_rows)
+
+    if cfg.max_switch is SwitchPolicy.ALWAYS:
+        return Chooser(False, choose_forced)
+    return Chooser(True, choose_measured)
+
+
+async def _compare_on(cfg: OrchestratorConfig, address: str, stage: StageInfo, checkpoint: str,
+                      rows: tuple[int, ...]) -> StageStepTimes:
+    """The stage's main worker times the stage the reference route serves: its built artifact
+    when it has one (fetched from the builder), else its checkpoint layer range."""
+    from fornax.common.v1 import common_pb2 as common_pb
+    from fornax.stage_worker.v1 import stage_worker_pb2 as pb
+    from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
+    from libs.service.channels import open_aio_channel
+
+    start, end = stage.layer_start, stage.layer_end_exclusive
+    if stage.manifest_hash and cfg.artifact_builder_addr:
+        compare = pb.CompareDecodeStepRequest(artifact_source_address=cfg.artifact_builder_addr,
+                                              manifest_hash=stage.manifest_hash)
+    else:
+        compare = pb.CompareDecodeStepRequest(
+            checkpoint_dir=checkpoint, layer_range=common_pb.LayerRange(layer_start=start, layer_end_exclusive=end))
+    compare.request_id, compare.rows[:] = str(uuid.uuid4()), list(rows)
+    async with open_aio_channel(address, cfg.server.client_channel()) as channel:
+        reply = await pb_grpc.StageWorkerServiceStub(channel).CompareDecodeStep(compare, timeout=COMPARE_TIMEOUT_S)
+    return step_times_from_pb(stage.index, start, end, reply)
+
+
+def step_times_from_pb(index: int, start: int, end: int, reply) -> StageStepTimes:
+    samples: dict[str, dict[int, tuple[float, ...]]] = {}
+    builds: dict[str, str] = {}
+    for timing in reply.timings:
+        samples.setdefault(timing.backend, {})[timing.rows] = tuple(timing.seconds_per_step)
+        builds[timing.backend] = timing.backend_build
+    return StageStepTimes(index, start, end, reply.host, reply.cpu_model, reply.cpu_quota_cores, reply.cpuset,
+                          reply.command, reply.context_tokens, builds, samples)

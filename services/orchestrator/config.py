@@ -13,6 +13,7 @@ from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 from libs.weights.policy import POLICIES
+from services.orchestrator.backend_choice import DEFAULT_ROWS, SwitchPolicy, parse_rows, parse_switch_policy
 from services.orchestrator.http_tls import HttpTlsFiles
 
 BACKENDS = tuple(backend.value for backend in Backend)
@@ -74,6 +75,11 @@ class OrchestratorConfig:
     # with stage_workers) for a fleet that mixes formats per host.
     weights_policy: str = "fp32"
     worker_weights: tuple[str, ...] = ()
+    # Whether the live switch from the numpy reference route to MAX happens only where each
+    # stage's measured MAX decode step beats numpy's (measured), or unconditionally (always).
+    max_switch: SwitchPolicy = SwitchPolicy.MEASURED
+    # The decode rows (sequences per step) the switch is measured at: the route's load.
+    max_switch_rows: tuple[int, ...] = DEFAULT_ROWS
     # The orchestrator's own state (model files fetched from the artifact builder).
     state_dir: str = ".fornax/orchestrator"
     # KV bytes each stage keeps for the route; 0 leaves the stage worker's default.
@@ -147,6 +153,8 @@ class OrchestratorConfig:
         parser.add_argument("--backend", choices=(*BACKENDS, BACKEND_OF_WORKER),
                             help="stage backend for installs; worker = each worker's own (env FORNAX_BACKEND)")
         parser.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, help="env FORNAX_BOUNDARY_DTYPE")
+        parser.add_argument("--max-switch", help="measured (default) or always: when the live switch to MAX "
+                                                 "happens (env FORNAX_MAX_SWITCH)")
         parser.add_argument("--weights", choices=POLICIES, help="weight policy of every stage (env FORNAX_WEIGHTS)")
         parser.add_argument(
             "--hop-boundary-dtypes", help="comma-separated, one per hop (env FORNAX_HOP_BOUNDARY_DTYPES)"
@@ -261,6 +269,10 @@ class OrchestratorConfig:
             weights_policy=_policy(pick(args.weights, env, "FORNAX_WEIGHTS", cls.weights_policy), "FORNAX_WEIGHTS"),
             worker_weights=tuple(_policy(p, "FORNAX_WORKER_WEIGHTS") for p in _addresses(
                 pick(None, env, "FORNAX_WORKER_WEIGHTS", None))),
+            max_switch=parse_switch_policy(pick(args.max_switch, env, "FORNAX_MAX_SWITCH", cls.max_switch.value),
+                                           "FORNAX_MAX_SWITCH"),
+            max_switch_rows=parse_rows(pick(None, env, "FORNAX_MAX_SWITCH_ROWS", ",".join(map(str, DEFAULT_ROWS))),
+                                       "FORNAX_MAX_SWITCH_ROWS"),
             state_dir=pick(args.state_dir, env, "FORNAX_STATE_DIR", cls.state_dir),
             stage_kv_limit_bytes=pick(args.stage_kv_limit_bytes, env, "FORNAX_STAGE_KV_LIMIT_BYTES",
                                       cls.stage_kv_limit_bytes, int),

@@ -186,8 +186,14 @@ async def _models(request: web.Request) -> web.Response:
     listing = fmt.model_list(engine.served, engine.text.identity)
     board = request.app.get(BOARD_KEY)
     if board is not None:
+        snapshot = board.snapshot()
         for entry in listing["data"]:
-            entry["fornax_backend"] = board.snapshot()
+            entry["fornax_backend"] = snapshot
+            execution = (entry.get("fornax") or {}).get("execution")
+            if execution is not None:  # which backend runs and why, in one line each
+                choice = snapshot.get("choice") or {}
+                execution["backend_choice"] = {k: choice[k] for k in ("backend", "policy", "reason")} if choice \
+                    else None
     return web.json_response(listing)
 
 

@@ -19,7 +19,7 @@ from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument
 from libs.service.server import ServiceSpec
 from services.orchestrator import convert
 from services.orchestrator.coldstart import BackendBoard, serve_then_upgrade
-from services.orchestrator.coldstart_setup import compiler_factory, unload_reference
+from services.orchestrator.coldstart_setup import chooser, compiler_factory, unload_reference
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.domain import SchedulerConfig
 from services.orchestrator.drift import DriftPolicy
@@ -203,7 +203,8 @@ def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
 async def _install_at_startup(manager: RouteManager, request: InstallRequest, board: BackendBoard,
                               cfg: OrchestratorConfig) -> None:
     try:
-        await serve_then_upgrade(manager, request, board, compiler_factory(cfg), unload_reference(cfg))
+        await serve_then_upgrade(manager, request, board, compiler_factory(cfg), unload_reference(cfg),
+                                 chooser(cfg))
         status = manager.status()
         _log.info("route_installed", plan_id=status.plan.plan_id if status.plan else "",
                   stages=request.stages, backend=board.running_backend, phase=board.phase.value)

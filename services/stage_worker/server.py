@@ -26,13 +26,14 @@ from libs.service.host import backend_build, host_facts
 from libs.service.server import ServiceSpec
 from libs.weights.policy import runnable_formats
 from services.stage_worker import convert
+from services.stage_worker.backend_compare import DecodeStepComparer
 from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.dataplane import DataPlane
 from services.stage_worker.generations import Generations
 from services.stage_worker.lifecycle import StageState
 from services.stage_worker.overlap import MemoryFacts
 from services.stage_worker.phase_totals import PhaseTotals
-from services.stage_worker.profiling import Profiler
+from services.stage_worker.profiling import BUSY, Profiler
 from services.stage_worker.runtime import StageRuntime
 
 log = structlog.get_logger()
@@ -71,8 +72,9 @@ def require_peer_identities(spec) -> None:
 
 class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
     def __init__(self, cfg: StageWorkerConfig, generations: Generations, dataplane: DataPlane,
-                 profiler: Profiler):
+                 profiler: Profiler, comparer: DecodeStepComparer):
         self._cfg = cfg
+        self._comparer = comparer
         self._generations = generations
         self._dataplane = dataplane  # the listener on the configured port
         self._profiler = profiler
@@ -193,6 +195,9 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
     async def ProfileStage(self, request, context) -> pb.ProfileStageResponse:
         return await self._profiler.profile_stage(request)
 
+    async def CompareDecodeStep(self, request, context) -> pb.CompareDecodeStepResponse:
+        return await self._comparer.compare(request)
+
     async def OpenLinkProbe(self, request, context) -> pb.OpenLinkProbeResponse:
         return await self._profiler.open_probe(request)
 
@@ -245,7 +250,10 @@ async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
 
     generations = Generations(new_runtime, dataplane, overlap_plane, lambda: memory_facts(cfg))
     profiler = Profiler(cfg, generations, tls, dataplane.advertised_host)
-    servicer = StageWorkerServicer(cfg, generations, dataplane, profiler)
+    comparer = DecodeStepComparer(
+        cfg, lambda: generations.health_runtime(""),
+        lambda: [r.lifecycle.state.value for r in generations.runtimes() if r.lifecycle.state in BUSY])
+    servicer = StageWorkerServicer(cfg, generations, dataplane, profiler, comparer)
 
     async def on_drain() -> None:
         await asyncio.gather(*(runtime.drain(cfg.server.grace_period_s) for runtime in generations.runtimes()))

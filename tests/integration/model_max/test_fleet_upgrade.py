@@ -1,6 +1,8 @@
 """`fornax up --backend max` with graphs missing from the cache: real processes serve on the
 numpy reference workers at once, compile in the background, and move the route to the MAX
-workers under a trickle of requests, losing none and changing no token.
+workers under a trickle of requests, losing none and changing no token (`--max-switch always`).
+By default the move happens only when each stage's worker measured MAX's decode step at least as
+fast as numpy's on its host; the choice and both figures show in /v1/models and `fornax status`.
 
 The tiny config's cache markers are removed first; MAX's own cache (the default dir, shared
 with the rest of the suite) stays, so each background compile is a cache hit when warm.
@@ -28,7 +30,8 @@ from libs.model.max_kernels import default_cache_dir, max_build  # noqa: E402
 from libs.service.fleet_state import read_fleet  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(2400)]
-SETTLED = ("serving_requested_backend", "compile_failed", "switch_failed", "install_failed")
+SETTLED = ("serving_requested_backend", "serving_reference_measured_faster", "compile_failed", "switch_failed",
+           "install_failed", "measure_failed")
 
 
 def _fornax(*args: str, cwd, timeout: float = 1200) -> subprocess.CompletedProcess:
@@ -36,20 +39,28 @@ def _fornax(*args: str, cwd, timeout: float = 1200) -> subprocess.CompletedProce
                           text=True, timeout=timeout, check=False)
 
 
-def _board(api: str) -> dict:
+def _listing(api: str) -> dict:
     with urllib.request.urlopen(f"{api}/models", timeout=30) as response:
-        return json.load(response)["data"][0]["fornax_backend"]
+        return json.load(response)["data"][0]
 
 
-def test_up_serves_on_numpy_then_switches_to_max_losing_nothing(tmp_path):
+def _board(api: str) -> dict:
+    return _listing(api)["fornax_backend"]
+
+
+def _cold_up(tmp_path, *extra: str):
     checkpoint = write_checkpoint(CheckpointRequest("tiny", tmp_path / "model", seed=3)).out_dir
     config_hash = config_sha256(load_config(checkpoint))
     for name in GraphName:
         marker_path(default_cache_dir(os.environ),
                     GraphTarget(name, max_build(), "cpu", "float32", config_hash)).unlink(missing_ok=True)
     # Plaintext on purpose: the test reads each worker's stage state over gRPC itself.
-    up = _fornax("up", "--checkpoint", str(checkpoint), "--stages", "2", "--backend", "max",
-                 "--boundary-dtype", "fp32", "--insecure", cwd=tmp_path)
+    return _fornax("up", "--checkpoint", str(checkpoint), "--stages", "2", "--backend", "max",
+                   "--boundary-dtype", "fp32", "--insecure", *extra, cwd=tmp_path)
+
+
+def test_up_serves_on_numpy_then_switches_to_max_losing_nothing(tmp_path):
+    up = _cold_up(tmp_path, "--max-switch", "always")
     try:
         assert up.returncode == 0, up.stderr
         assert "backend: running numpy, requested max" in up.stderr
@@ -69,6 +80,7 @@ def test_up_serves_on_numpy_then_switches_to_max_losing_nothing(tmp_path):
     finally:
         down = _fornax("down", cwd=tmp_path, timeout=120)
     assert (board["phase"], board["running_backend"]) == ("serving_requested_backend", "max"), board
+    assert board["choice"]["policy"] == "always" and "without measuring" in board["choice"]["reason"]
     assert all(g["state"] == "done" and g["compile_seconds"] > 0 for g in board["graphs"]), board
     assert "backend: running max, requested max" in status.stdout
     outcomes = trickle.outcomes
@@ -92,3 +104,42 @@ def _stage_states(state) -> dict[str, str]:
                 reply = pb_grpc.StageWorkerServiceStub(channel).GetHealth(pb.GetHealthRequest(), timeout=30)
             states[service.name] = pb.StageState.Name(reply.state).removeprefix("STAGE_STATE_")
     return states
+
+
+def test_up_switches_to_max_only_where_measured_faster_and_says_so(tmp_path):
+    up = _cold_up(tmp_path)
+    try:
+        assert up.returncode == 0, up.stderr
+        api = read_fleet(tmp_path / ".fornax").api
+        board = _board(api)
+        while board["phase"] not in SETTLED:
+            time.sleep(1)
+            board = _board(api)
+        listing = _listing(api)
+        status = _fornax("status", cwd=tmp_path, timeout=60)
+        states = _stage_states(read_fleet(tmp_path / ".fornax"))
+    finally:
+        down = _fornax("down", cwd=tmp_path, timeout=120)
+    choice = board["choice"]
+    assert choice is not None and choice["policy"] == "measured" and choice["candidate"] == "max", board
+    assert choice["rows"] == [1, 8] and [s["index"] for s in choice["stages"]] == [0, 1]
+    medians = [(f["max_ms_per_step"], f["numpy_ms_per_step"]) for s in choice["stages"] for f in s["figures"]]
+    assert len(medians) == 4 and all(m > 0 and n > 0 for m, n in medians)
+    for s in choice["stages"]:  # measured on the stage's own host, by its worker, both builds named
+        assert s["evidence_class"] == "physical" and s["measured_on"]["cpu_model"]
+        assert s["measured_on"]["command"] == "StageWorkerService/CompareDecodeStep"
+        assert set(s["measured_on"]["builds"]) == {"numpy", "max"}
+        assert all(f["runs"] == {"numpy": 5, "max": 5} for f in s["figures"])
+    # the rule, applied to the figures the board shows
+    max_wins = all(m <= n for m, n in medians)
+    expected = ("serving_requested_backend", "max") if max_wins else ("serving_reference_measured_faster", "numpy")
+    assert (board["phase"], board["running_backend"], choice["backend"]) == (*expected, expected[1]), choice
+    execution = listing["fornax"]["execution"]
+    assert execution["backend"] == expected[1]
+    assert execution["backend_choice"] == {"backend": expected[1], "policy": "measured", "reason": choice["reason"]}
+    assert f"backend: running {expected[1]}, requested max ({expected[0]})" in status.stdout
+    assert f"backend choice (measured): {choice['reason']}" in status.stdout
+    assert "stage 1 layers" in status.stdout and "(physical: median of runs on" in status.stdout
+    serving = "stage_worker_{}" if max_wins else "stage_worker_{}_reference"
+    assert all(states[serving.format(i)] == "READY" for i in range(2)), states
+    assert down.returncode == 0, down.stderr

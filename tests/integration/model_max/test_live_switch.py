@@ -27,8 +27,9 @@ from libs.model.layout import even_layer_split  # noqa: E402
 from libs.model.max_kernels import configure_max_process, default_cache_dir, max_build  # noqa: E402
 from libs.service.errors import FornaxError  # noqa: E402
 from libs.text.context import TextContext  # noqa: E402
+from services.orchestrator.backend_choice import forced  # noqa: E402
 from services.orchestrator.background_compile import BackgroundCompiler, CompileSettings, GraphState  # noqa: E402
-from services.orchestrator.coldstart import BackendBoard, UpgradePhase, serve_then_upgrade  # noqa: E402
+from services.orchestrator.coldstart import BackendBoard, Chooser, UpgradePhase, serve_then_upgrade  # noqa: E402
 from services.orchestrator.domain import FinishReason, GenerationRequest  # noqa: E402
 from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig  # noqa: E402
 from services.orchestrator.lifecycle import InstalledRoute, InstallRequest, PlanIdentity, RouteManager  # noqa: E402
@@ -45,6 +46,11 @@ def _forget_markers(cache_dir: Path, checkpoint: Path) -> None:
     config_hash = config_sha256(load_config(checkpoint))
     for name in GraphName:
         marker_path(cache_dir, GraphTarget(name, max_build(), "cpu", "float32", config_hash)).unlink(missing_ok=True)
+
+
+async def _forced(request: InstallRequest, serving) -> object:
+    """The switch mechanics are under test here, not the measured choice: force it."""
+    return forced(str(request.backend))
 
 
 class Installer:
@@ -112,7 +118,8 @@ def test_live_switch_under_load(tmp_path):
         slot, installer = RouteSlot(), Installer(checkpoint)
         manager = RouteManager(slot, installer, drain_timeout_s=120)
         board, done, log = BackendBoard("max"), asyncio.Event(), []
-        upgrade = asyncio.ensure_future(serve_then_upgrade(manager, request, board, lambda _: compiler))
+        upgrade = asyncio.ensure_future(serve_then_upgrade(manager, request, board, lambda _: compiler,
+                                                           chooser=Chooser(False, _forced)))
         while slot.engine is None and not upgrade.done():
             await asyncio.sleep(0.05)
         load = asyncio.ensure_future(_trickle(slot, installer, done, log))

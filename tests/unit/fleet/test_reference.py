@@ -57,3 +57,25 @@ def test_status_shows_each_stages_build_time_conversions():
                           "stage_conversions": [[], ["4 tensors F32 wanted fp32, held fp32 (e.g. x: composed)"]]})
     assert lines[1] == "  stage 1 converted at build: 4 tensors F32 wanted fp32, held fp32 (e.g. x: composed)"
     assert len(lines) == 2
+
+
+def test_status_says_which_backend_runs_and_why_with_both_figures():
+    from services.orchestrator.backend_choice import DEFAULT_ROWS, decide
+    from tests.unit.orchestrator.test_backend_choice import TINY_MAX, TINY_NUMPY, stage
+
+    choice = decide("max", (stage(0, TINY_NUMPY, TINY_MAX),), DEFAULT_ROWS)
+    board = {"requested_backend": "max", "running_backend": "numpy", "phase": "serving_reference_measured_faster",
+             "failure": "", "stages": [], "graphs": [], "choice": choice.snapshot()}
+    lines = render_board(board)
+    assert lines[0] == "backend: running numpy, requested max (serving_reference_measured_faster)"
+    assert lines[1] == f"  backend choice (measured): {choice.reason}"
+    assert lines[2] == ("  stage 0 layers 0-3 decode step: 1 row numpy 1.233 ms, max 7.124 ms (0.17x); "
+                        "8 rows numpy 2.317 ms, max 13.192 ms (0.18x) (physical: median of runs on box-a, AMD EPYC, "
+                        "cpuset 0-1, numpy 2.4.6, max 26.7.0, StageWorkerService/CompareDecodeStep)")
+
+
+def test_the_switch_policy_and_rows_reach_the_orchestrator():
+    from apps.fleet.compose import orchestrator_options_env
+
+    env = orchestrator_options_env(_options(backend="max", max_switch="always", max_switch_rows="1,4"))
+    assert (env["FORNAX_MAX_SWITCH"], env["FORNAX_MAX_SWITCH_ROWS"]) == ("always", "1,4")

@@ -65,3 +65,31 @@ def test_an_impossible_step_budget_stops_startup_naming_the_variable():
     for env in ({"FORNAX_MAX_TOKENS_PER_STEP": "-1"}, {"FORNAX_MIN_PREFILL_CHUNK_TOKENS": "0"}):
         with pytest.raises(SystemExit, match="FORNAX_MAX_TOKENS_PER_STEP must be >= 0.*FORNAX_MIN_PREFILL"):
             OrchestratorConfig.from_env([], env)
+
+
+def test_the_max_switch_policy_is_measured_unless_forced_and_fails_closed():
+    from libs.service.errors import InvalidArgument
+    from services.orchestrator.backend_choice import SwitchPolicy
+
+    assert OrchestratorConfig.from_env([], {}).max_switch is SwitchPolicy.MEASURED
+    assert OrchestratorConfig.from_env([], {"FORNAX_MAX_SWITCH": "always"}).max_switch is SwitchPolicy.ALWAYS
+    assert OrchestratorConfig.from_env(["--max-switch", "measured"],
+                                       {"FORNAX_MAX_SWITCH": "always"}).max_switch is SwitchPolicy.MEASURED
+    with pytest.raises(InvalidArgument) as err:
+        OrchestratorConfig.from_env([], {"FORNAX_MAX_SWITCH": "usually"})
+    assert err.value.reason == "INVALID_MAX_SWITCH" and err.value.field == "FORNAX_MAX_SWITCH"
+
+
+@pytest.mark.parametrize(("raw", "rows"), [(None, (1, 8)), ("8, 1,32", (1, 8, 32)), ("4", (4,))])
+def test_the_switch_is_measured_at_the_configured_rows(raw, rows):
+    env = {} if raw is None else {"FORNAX_MAX_SWITCH_ROWS": raw}
+    assert OrchestratorConfig.from_env([], env).max_switch_rows == rows
+
+
+@pytest.mark.parametrize("raw", ["0,8", "1,2000", "one", ",", "1,2,3,4,5,6,7,8,9"])
+def test_bad_switch_rows_fail_closed(raw):
+    from libs.service.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument) as err:
+        OrchestratorConfig.from_env([], {"FORNAX_MAX_SWITCH_ROWS": raw})
+    assert err.value.reason == "INVALID_MAX_SWITCH_ROWS" and err.value.field == "FORNAX_MAX_SWITCH_ROWS"

@@ -65,3 +65,22 @@ def test_health_is_open_but_reflection_needs_a_fleet_certificate():
     assert refusal is not None and refusal.reason is Reason.CLIENT_CERTIFICATE_REQUIRED
     assert decide("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
                   Identity(Role.CLIENT, "app")) is None
+
+
+def test_every_rpc_of_every_service_has_a_policy():
+    import importlib
+
+    from libs.security.authz import POLICY
+
+    missing = []
+    for name in ("orchestrator", "stage_worker", "evidence_registry", "artifact_builder", "planner"):
+        module = importlib.import_module(f"fornax.{name}.v1.{name}_pb2")
+        for service in module.DESCRIPTOR.services_by_name.values():
+            missing += [f"/{service.full_name}/{m.name}" for m in service.methods
+                        if f"/{service.full_name}/{m.name}" not in POLICY]
+    assert missing == []
+
+
+def test_only_the_control_plane_may_ask_a_stage_to_time_both_backends():
+    assert decide(STAGE + "CompareDecodeStep", ORCHESTRATOR) is None
+    assert decide(STAGE + "CompareDecodeStep", CLIENT).reason is Reason.ROLE_NOT_ALLOWED

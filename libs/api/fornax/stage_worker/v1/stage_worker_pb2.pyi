@@ -477,3 +477,55 @@ class ProfileLinkResponse(_message.Message):
     profile_json: bytes
     record: _evidence_registry_pb2.Record
     def __init__(self, profile_json: _Optional[bytes] = ..., record: _Optional[_Union[_evidence_registry_pb2.Record, _Mapping]] = ...) -> None: ...
+
+class CompareDecodeStepRequest(_message.Message):
+    __slots__ = ("request_id", "checkpoint_dir", "layer_range", "rows", "context_tokens", "runs", "min_run_ms", "artifact_source_address", "manifest_hash")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    LAYER_RANGE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    MIN_RUN_MS_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_SOURCE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    checkpoint_dir: str
+    layer_range: _common_pb2.LayerRange
+    rows: _containers.RepeatedScalarFieldContainer[int]
+    context_tokens: int
+    runs: int
+    min_run_ms: int
+    artifact_source_address: str
+    manifest_hash: str
+    def __init__(self, request_id: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., context_tokens: _Optional[int] = ..., runs: _Optional[int] = ..., min_run_ms: _Optional[int] = ..., artifact_source_address: _Optional[str] = ..., manifest_hash: _Optional[str] = ...) -> None: ...
+
+class DecodeStepTiming(_message.Message):
+    __slots__ = ("backend", "backend_build", "rows", "seconds_per_step")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_BUILD_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    backend_build: str
+    rows: int
+    seconds_per_step: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, backend: _Optional[str] = ..., backend_build: _Optional[str] = ..., rows: _Optional[int] = ..., seconds_per_step: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class CompareDecodeStepResponse(_message.Message):
+    __slots__ = ("timings", "host", "cpu_model", "cpu_quota_cores", "cpuset", "context_tokens", "command")
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    CPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    CPU_QUOTA_CORES_FIELD_NUMBER: _ClassVar[int]
+    CPUSET_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    timings: _containers.RepeatedCompositeFieldContainer[DecodeStepTiming]
+    host: str
+    cpu_model: str
+    cpu_quota_cores: float
+    cpuset: str
+    context_tokens: int
+    command: str
+    def __init__(self, timings: _Optional[_Iterable[_Union[DecodeStepTiming, _Mapping]]] = ..., host: _Optional[str] = ..., cpu_model: _Optional[str] = ..., cpu_quota_cores: _Optional[float] = ..., cpuset: _Optional[str] = ..., context_tokens: _Optional[int] = ..., command: _Optional[str] = ...) -> None: ...

@@ -91,6 +91,11 @@ class StageWorkerServiceStub:
                 request_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileLinkRequest.SerializeToString,
                 response_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileLinkResponse.FromString,
                 _registered_method=True)
+        self.CompareDecodeStep = channel.unary_unary(
+                '/fornax.stage_worker.v1.StageWorkerService/CompareDecodeStep',
+                request_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.CompareDecodeStepRequest.SerializeToString,
+                response_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.CompareDecodeStepResponse.FromString,
+                _registered_method=True)
 
 
 class StageWorkerServiceServicer:
@@ -181,6 +186,17 @@ class StageWorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompareDecodeStep(self, request, context):
+        """Time one stage's served decode step on the numpy backend and on this worker's own backend,
+        in this process (this host's CPU share), with the same weights, alternating run by run:
+        the measurement a live switch to this worker's backend is decided on. Needs no installed
+        plan. FAILED_PRECONDITION STAGE_BUSY while a loaded stage executes or drains;
+        NOTHING_TO_COMPARE on a numpy worker.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StageWorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -238,6 +254,11 @@ def add_StageWorkerServiceServicer_to_server(servicer, server):
                     servicer.ProfileLink,
                     request_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileLinkRequest.FromString,
                     response_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileLinkResponse.SerializeToString,
+            ),
+            'CompareDecodeStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompareDecodeStep,
+                    request_deserializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.CompareDecodeStepRequest.FromString,
+                    response_serializer=fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.CompareDecodeStepResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -539,6 +560,33 @@ class StageWorkerService:
             '/fornax.stage_worker.v1.StageWorkerService/ProfileLink',
             fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileLinkRequest.SerializeToString,
             fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.ProfileLinkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompareDecodeStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fornax.stage_worker.v1.StageWorkerService/CompareDecodeStep',
+            fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.CompareDecodeStepRequest.SerializeToString,
+            fornax_dot_stage__worker_dot_v1_dot_stage__worker__pb2.CompareDecodeStepResponse.FromString,
             options,
             channel_credentials,
             insecure,
