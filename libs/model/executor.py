@@ -172,7 +172,7 @@ class StageExecutor:
 
     def _layer_inputs(self, layer, slices, hidden, cos, sin, layout) -> LayerInputs:
         local = layer - self.spec.layer_start
-        pasts = [self.kv.past(s.key, local) for s in slices]
+        pasts = [self.kv.past(s, local) for s in slices]
         return LayerInputs(
             hidden=hidden, rope_cos=cos, rope_sin=sin,
             past_latent=np.ascontiguousarray(np.concatenate([p[0] for p in pasts], axis=0)),
