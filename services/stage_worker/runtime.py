@@ -24,6 +24,7 @@ from libs.model.errors import ModelError
 from libs.model.executor import PendingKv, StageBatch, StageExecutor, StageResult
 from libs.model.executor import StageSpec as ExecutorSpec
 from libs.model.kernels import make_kernels
+from libs.model.kv_blocks import KV_BLOCK_TOKENS, PoolStats
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.channels import ChannelConfig
@@ -94,6 +95,10 @@ class SequenceAdmission:
     lease_id: str
     reserve_bytes: int
     sampling: SamplingParams
+    # Prefix reuse: the prompt's block hashes as this stage computed them (empty: no reuse).
+    prefix_chain: tuple[bytes, ...] = ()
+    # Tokens of the prompt this stage holds for the lease, set when admitted.
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,8 @@ class HealthSnapshot:
     plan: PlanBinding | None
     phase_totals: PhaseTotals | None = None
     service_times: ServiceTimes | None = None
+    kv_blocks: PoolStats | None = None
+    kv_block_tokens: int = KV_BLOCK_TOKENS
 
 
 @dataclass
@@ -353,8 +360,11 @@ class StageRuntime:
             )
         return self.stage
 
-    def admit(self, admission: SequenceAdmission) -> int:
-        """Reserve KV for a request; returns the bytes still free after the reservation."""
+    def admit(self, admission: SequenceAdmission) -> tuple[int, int]:
+        """Reserve KV for a request and pin its resident prompt prefix.
+
+        Returns (bytes still free after the reservation, prompt tokens this stage holds).
+        """
         stage = self.loaded()
         if self.lifecycle.state == StageState.DRAINING:
             raise FailedPrecondition("the stage is draining and admits nothing new", reason="DRAINING")
@@ -363,7 +373,7 @@ class StageRuntime:
         except ModelError as exc:
             raise InvalidArgument(exc.message, reason="SAMPLING", field="sampling") from exc
         if admission.request_id in stage.admissions:
-            return self._kv_free(stage)
+            return self._kv_free(stage), stage.admissions[admission.request_id].cached_tokens
         free = self._kv_free(stage)
         if admission.reserve_bytes > free:
             raise ResourceExhausted(
@@ -375,13 +385,22 @@ class StageRuntime:
                 stage.decoding.open(admission.request_id, admission.sampling)
             except FornaxError as exc:
                 raise InvalidArgument(exc.message, reason=exc.reason, field="sampling") from exc
-        stage.admissions[admission.request_id] = admission
+        cached = 0
+        if admission.prefix_chain:
+            cached = stage.executor.kv.attach_prefix((admission.request_id, admission.lease_id),
+                                                     admission.prefix_chain)
+        stage.admissions[admission.request_id] = replace(admission, cached_tokens=cached)
         stage.cancelled.discard(admission.request_id)
-        return free - admission.reserve_bytes
+        return free - admission.reserve_bytes, cached
 
     def _kv_free(self, stage: LoadedStage) -> int:
+        """Bytes of whole blocks not reserved by an admitted request (reservations are in blocks)."""
         reserved = sum(a.reserve_bytes for a in stage.admissions.values())
-        return stage.executor.spec.kv_limit_bytes - reserved
+        kv = stage.executor.kv
+        return kv.pool.total_blocks * kv.block_bytes - reserved
+
+    def kv_block_bytes(self) -> int:
+        return self.loaded().executor.kv.block_bytes
 
     def kv_bytes_per_token(self) -> int:
         return self.loaded().executor.kv.layout.bytes_per_token
@@ -481,4 +500,5 @@ class StageRuntime:
             plan=stage.spec.plan if stage else None,
             phase_totals=self.phase_totals,
             service_times=self.service_times,
+            kv_blocks=usage.blocks if usage else None,
         )

@@ -15,6 +15,7 @@ from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 from libs.common.kinds import FLOAT_DTYPES
 from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
+from libs.model.kv_blocks import KV_BLOCK_TOKENS
 from libs.security.audit import AuditEvent, open_audit_log
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.security.identity import Identity, IdentityError
@@ -154,9 +155,10 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
     async def AdmitSequence(self, request, context) -> pb.AdmitSequenceResponse:
         runtime = self._generations.for_lease(request.execution_lease_id, request.target_request_id,
                                               request.plan_generation_id).runtime
-        admission = convert.admission_from_pb(request, runtime.kv_bytes_per_token())
-        free = runtime.admit(admission)
-        return pb.AdmitSequenceResponse(kv_bytes_reserved=admission.reserve_bytes, kv_bytes_free=free)
+        admission = convert.admission_from_pb(request, runtime.kv_block_bytes())
+        free, cached = runtime.admit(admission)
+        return pb.AdmitSequenceResponse(kv_bytes_reserved=admission.reserve_bytes, kv_bytes_free=free,
+                                        cached_tokens=cached, kv_block_tokens=KV_BLOCK_TOKENS)
 
     async def CancelRequest(self, request, context) -> pb.CancelRequestResponse:
         target = convert._required(request.target_request_id, "target_request_id")
