@@ -99,7 +99,7 @@ def test_multi_turn_chat_reuses_a_growing_prefix_with_the_same_greedy_text(fleet
     assert [t[2] for t in off] == [0] * len(TURNS)
     cached = [t[2] for t in on]
     assert cached[0] == 0
-    assert all(later > earlier for earlier, later in zip(cached, cached[1:]))  # grows turn by turn
+    assert all(later > earlier for earlier, later in zip(cached, cached[1:], strict=False))  # grows
     for (_, prompt, hit), (_, previous_prompt, _) in zip(on[1:], on, strict=False):
         assert hit % B == 0 and B <= hit < prompt
         assert hit <= previous_prompt  # only the earlier prompt's committed blocks can be hit
