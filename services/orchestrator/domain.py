@@ -215,3 +215,8 @@ class StageStats:
     pack_ns: int = 0
     transfer_ns: int = 0
     unpack_ns: int = 0
+    # Paged KV: blocks free (including cached ones) of the total, and prefix lookups.
+    kv_blocks_free: int = 0
+    kv_blocks_total: int = 0
+    prefix_hit_blocks: int = 0
+    prefix_missed_blocks: int = 0

@@ -58,3 +58,15 @@ def test_hashes_without_a_salt_and_more_tokens_than_reserved_are_refused():
     with pytest.raises(InvalidArgument) as err:
         admission_from_pb(request(tokens=range(2 * B), reserve=B), 100)
     assert err.value.reason == "PREFIX_CHAIN"
+
+
+def test_fornax_status_shows_a_loaded_stages_kv_in_blocks():
+    from apps.fleet.route_status import RouteReport, kv_summary
+
+    reply = pb.GetHealthResponse(kv_block_tokens=B, kv_blocks_total=64, kv_blocks_free=60, kv_blocks_cached=3,
+                                 prefix_hit_blocks=6, prefix_missed_blocks=2, kv_evicted_blocks=1)
+    text = kv_summary(reply)
+    assert text == f"60/64 blocks free of {B} tokens (3 cached, 1 evicted), prefix hits 6/8 blocks"
+    assert kv_summary(pb.GetHealthResponse()) == ""  # nothing loaded: no KV line
+    report = RouteReport("SERVING", "", {"stage_worker_0": "READY"}, stage_kv={"stage_worker_0": text})
+    assert report.render().splitlines()[-1] == f"kv: stage_worker_0 {text}"
