@@ -29,6 +29,7 @@ class StageSpec:
     first: bool
     last: bool
     kv_limit_bytes: int = 1 << 30
+    kv_dtype: str = "fp32"  # libs.model.kv_store.KV_DTYPES
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class StageExecutor:
         self.spec = spec
         self.kernels = kernels
         self.rope = rope_tables(cfg)
-        layout = KvLayout(spec.layer_end - spec.layer_start, cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+        layout = KvLayout(spec.layer_end - spec.layer_start, cfg.kv_lora_rank, cfg.qk_rope_head_dim, spec.kv_dtype)
         self.kv = KvStore(layout, spec.kv_limit_bytes)
 
     def kv_usage(self) -> KvUsage:

@@ -24,10 +24,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from libs.model.errors import KvEpochError, KvLimitExceededError, ReleasedSequenceError, UnknownSequenceError
+from libs.fnx2.tensor import bf16_to_float32, float32_to_bf16
+from libs.model.errors import (
+    ConfigError,
+    KvEpochError,
+    KvLimitExceededError,
+    ReleasedSequenceError,
+    UnknownSequenceError,
+)
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, BlockPool, PoolStats, blocks_for
 
 KvKey = tuple[str, str]  # (request_id, lease_id)
+
+
+# KV element types a stage may store (part of the stage contract): fp32 is the reference; bf16
+# keeps bf16 bit patterns (round to nearest even) and widens them to float32 when read.
+KV_DTYPES = {"fp32": 4, "bf16": 2}
 
 
 @dataclass(frozen=True)
@@ -35,10 +47,15 @@ class KvLayout:
     layer_count: int
     kv_lora_rank: int
     rope_dim: int
+    dtype: str = "fp32"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in KV_DTYPES:
+            raise ConfigError(f"KV dtype {self.dtype!r} is not one of {', '.join(KV_DTYPES)}", reason="KV_DTYPE")
 
     @property
     def bytes_per_token(self) -> int:
-        return 4 * self.layer_count * (self.kv_lora_rank + self.rope_dim)
+        return KV_DTYPES[self.dtype] * self.layer_count * (self.kv_lora_rank + self.rope_dim)
 
 
 @dataclass(frozen=True)
@@ -106,10 +123,12 @@ class KvStore:
     def __post_init__(self) -> None:
         self.pool = BlockPool(max(1, self.bytes_limit // self.block_bytes))
         lay = self.layout
+        self._bf16 = lay.dtype == "bf16"
+        stored = np.uint16 if self._bf16 else np.float32
         # Storage grows (doubling) as the pool hands out higher block ids: a large limit
         # costs nothing until it is used.
-        self._latent = np.zeros((lay.layer_count, 0, self.block_tokens, lay.kv_lora_rank), np.float32)
-        self._k_rope = np.zeros((lay.layer_count, 0, self.block_tokens, lay.rope_dim), np.float32)
+        self._latent = np.zeros((lay.layer_count, 0, self.block_tokens, lay.kv_lora_rank), stored)
+        self._k_rope = np.zeros((lay.layer_count, 0, self.block_tokens, lay.rope_dim), stored)
 
     @property
     def block_bytes(self) -> int:
@@ -218,9 +237,11 @@ class KvStore:
             empty = np.zeros((0, self.layout.kv_lora_rank), np.float32)
             return empty, np.zeros((0, self.layout.rope_dim), np.float32)
         table = np.asarray(blocks, dtype=np.intp)
-        latent = np.take(self._latent[layer], table, axis=0).reshape(-1, self.layout.kv_lora_rank)
-        k_rope = np.take(self._k_rope[layer], table, axis=0).reshape(-1, self.layout.rope_dim)
-        return latent[:length], k_rope[:length]
+        latent = np.take(self._latent[layer], table, axis=0).reshape(-1, self.layout.kv_lora_rank)[:length]
+        k_rope = np.take(self._k_rope[layer], table, axis=0).reshape(-1, self.layout.rope_dim)[:length]
+        if self._bf16:
+            return bf16_to_float32(latent), bf16_to_float32(k_rope)
+        return latent, k_rope
 
     @_locked
     def commit(self, ident: SliceIdentity, latent: np.ndarray, k_rope: np.ndarray) -> int:
@@ -262,6 +283,8 @@ class KvStore:
         return entry
 
     def _write(self, entry: LeaseKv, latent: np.ndarray, k_rope: np.ndarray) -> None:
+        if self._bf16:
+            latent, k_rope = float32_to_bf16(latent), float32_to_bf16(k_rope)
         rows = latent.shape[1]
         position = entry.length
         done = 0
@@ -287,7 +310,7 @@ class KvStore:
         size = min(self.pool.total_blocks, max(blocks, 2 * have, 4))
         for attr in ("_latent", "_k_rope"):
             old = getattr(self, attr)
-            new = np.zeros((old.shape[0], size, *old.shape[2:]), np.float32)
+            new = np.zeros((old.shape[0], size, *old.shape[2:]), old.dtype)
             new[:, :have] = old
             setattr(self, attr, new)
 

@@ -193,8 +193,11 @@ def _check_boundary_contract(spec: LoadSpec, manifest) -> None:
 class StageRuntime:
     def __init__(self, backend: Backend, device: str, default_kv_limit_bytes: int,
                  artifact_cache_dir: str | None = None, fetch_channel: ChannelConfig = ChannelConfig(),
-                 device_thread: ThreadPoolExecutor | None = None, phase_totals: PhaseTotals | None = None):
+                 device_thread: ThreadPoolExecutor | None = None, phase_totals: PhaseTotals | None = None,
+                 kv_dtype: str = "fp32"):
         self.backend = backend
+        # Element type of this host's KV store (libs.model.kv_store.KV_DTYPES; --kv-dtype).
+        self.kv_dtype = kv_dtype
         # How artifacts are fetched from the builder (this worker's certificate, under mTLS).
         self.fetch_channel = fetch_channel
         self.artifact_cache = ArtifactCache(Path(artifact_cache_dir)) if artifact_cache_dir else None
@@ -307,7 +310,8 @@ class StageRuntime:
         kernels = make_kernels(spec.backend, config, weights, spec.device, self._backend_options(spec))
         limit = spec.kv_limit_bytes or self.default_kv_limit_bytes
         executor = StageExecutor(
-            config, ExecutorSpec(spec.layer_start, spec.layer_end, spec.first, spec.last, limit), kernels
+            config, ExecutorSpec(spec.layer_start, spec.layer_end, spec.first, spec.last, limit, self.kv_dtype),
+            kernels
         )
         weight_bytes = sum(p.stat().st_size for p in Path(source).glob("*.safetensors"))
         decoding = DecodingTable(config.vocab_size, _grammar_vocabulary(source, config)) if spec.last else None

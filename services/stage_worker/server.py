@@ -231,7 +231,7 @@ async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
         return StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes,
                             artifact_cache_dir=str(Path(cfg.state_dir) / "artifact_cache"),
                             fetch_channel=cfg.server.client_channel(), device_thread=device_thread,
-                            phase_totals=phase_totals)
+                            phase_totals=phase_totals, kv_dtype=cfg.kv_dtype)
 
     tls = data_plane_tls(cfg)
     idle = new_runtime()
