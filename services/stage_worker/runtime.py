@@ -380,8 +380,11 @@ class StageRuntime:
             return self._kv_free(stage), stage.admissions[admission.request_id].cached_tokens
         free = self._kv_free(stage)
         if admission.reserve_bytes > free:
+            kv = stage.executor.kv
             raise ResourceExhausted(
-                f"stage {stage.spec.stage_index} has {free} KV bytes free, the request needs {admission.reserve_bytes}",
+                f"stage {stage.spec.stage_index} has {free // kv.block_bytes} of {kv.pool.total_blocks} KV blocks "
+                f"({kv.block_tokens} tokens each) unreserved, the request needs "
+                f"{admission.reserve_bytes // kv.block_bytes}",
                 reason="KV_CAPACITY",
             )
         if stage.decoding is not None:
