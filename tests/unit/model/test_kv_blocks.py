@@ -121,3 +121,77 @@ def test_eviction_under_pressure_never_takes_a_live_leases_blocks():
     store.commit(ident("y", 0, 0, 0, B), *rows(B, 3))
     np.testing.assert_array_equal(store.past(ident("live", 1, B, 1, 1), 0)[0], before)
     assert store.usage().blocks.evicted_blocks == 2
+
+
+def _oracle_rows(tokens, start, end):
+    """Rows a sequence's KV must hold at [start, end): a function of its whole token prefix."""
+    latent = np.zeros((2, end - start, 4), np.float32)
+    k_rope = np.zeros((2, end - start, 2), np.float32)
+    for i, position in enumerate(range(start, end)):
+        seed = hash(tuple(tokens[: position + 1])) % (1 << 32)
+        rng = np.random.default_rng(seed)
+        latent[:, i] = rng.random((2, 4), dtype=np.float32)
+        k_rope[:, i] = rng.random((2, 2), dtype=np.float32)
+    return latent, k_rope
+
+
+def test_random_admit_reuse_commit_release_under_pressure_always_reads_the_right_rows():
+    """Leases over prompts that share prefixes, in a pool small enough to evict: every live
+    lease reads exactly its own prefix's rows, and reference counts match the tables."""
+    import random
+
+    rng = random.Random(5)
+    store = KvStore(LAYOUT, bytes_limit=24 * B * LAYOUT.bytes_per_token)  # 24 blocks
+    stems = [[rng.randrange(50) for _ in range(5 * B)] for _ in range(3)]
+    live: dict[str, dict] = {}
+    served = reused = 0
+    for step in range(400):
+        if live and (rng.random() < 0.35 or len(live) > 5):
+            request = rng.choice(sorted(live))
+            store.release(request, "lease")
+            del live[request]
+        elif rng.random() < 0.6 or not live:
+            request = f"r{step}"
+            stem = rng.choice(stems)
+            prompt = stem[: rng.randrange(1, len(stem))] + [rng.randrange(50) for _ in range(rng.randrange(0, 9))]
+            chain = tuple(prefix_chain(b"salt", prompt))
+            pinned = store.attach_prefix((request, "lease"), chain)
+            start = min(pinned, ((len(prompt) - 1) // B) * B)
+            start -= B * rng.randrange(0, start // B + 1) if rng.random() < 0.2 else 0
+            first = SliceIdentity(request, "lease", 0, start, 0, len(prompt) - start)
+            try:
+                store.check_batch([first])
+            except KvLimitExceededError:
+                store.release(request, "lease")
+                continue
+            store.commit(first, *_oracle_rows(prompt, start, len(prompt)))
+            live[request] = {"tokens": list(prompt), "step": 1}
+            served += 1
+            reused += start > 0
+        else:
+            request = rng.choice(sorted(live))
+            entry = live[request]
+            entry["tokens"].append(rng.randrange(50))
+            n = len(entry["tokens"])
+            ident = SliceIdentity(request, "lease", entry["step"], n - 1, entry["step"], 1)
+            try:
+                store.check_batch([ident])
+            except KvLimitExceededError:
+                entry["tokens"].pop()
+                continue
+            store.commit(ident, *_oracle_rows(entry["tokens"], n - 1, n))
+            entry["step"] += 1
+        for request, entry in live.items():
+            n = len(entry["tokens"])
+            probe = SliceIdentity(request, "lease", entry["step"], n, entry["step"], 1)
+            want_latent, want_rope = _oracle_rows(entry["tokens"], 0, n)
+            got_latent, got_rope = store.past(probe, 1)
+            np.testing.assert_array_equal(got_latent, want_latent[1])
+            np.testing.assert_array_equal(got_rope, want_rope[1])
+        held: dict[int, int] = {}
+        for entry in list(store._entries.values()) + list(store._pinned.values()):
+            for block in entry.blocks:
+                held[block] = held.get(block, 0) + 1
+        assert all(store.pool.refcount(b) == c for b, c in held.items())
+        assert store.pool.referenced() == len(held)
+    assert served > 50 and reused > 10 and store.usage().blocks.evicted_blocks > 0
