@@ -7,6 +7,7 @@ from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from libs.common.kinds import DType
 from libs.common.proto import backend_from_pb, dtype_from_pb
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, blocks_for, prefix_chain
+from libs.model.kv_store import KV_DTYPES
 from libs.model.sampling import SamplingParams
 from libs.service.errors import InvalidArgument
 from libs.structured.spec import GrammarSpec
@@ -73,7 +74,15 @@ def load_spec_from_pb(request: pb.LoadStageRequest) -> LoadSpec:
         return_logits=spec.output_mode == pb.OUTPUT_MODE_LOGITS,
         previous_hop_identity=spec.previous_hop_identity or None,
         next_hop_identity=spec.next_hop_identity or None,
+        kv_dtype=_kv_dtype(spec.kv_dtype),
     )
+
+
+def _kv_dtype(value: str) -> str | None:
+    if value and value not in KV_DTYPES:
+        raise InvalidArgument(f"KV dtype {value!r} is not one of {', '.join(KV_DTYPES)}", reason="KV_DTYPE",
+                              field="spec.kv_dtype")
+    return value or None
 
 
 def admission_from_pb(request: pb.AdmitSequenceRequest, block_bytes: int) -> SequenceAdmission:

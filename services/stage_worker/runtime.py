@@ -69,6 +69,8 @@ class LoadSpec:
     # Fleet identities (spiffe URIs) of the peers on the data plane; None without TLS.
     previous_hop_identity: str | None = None
     next_hop_identity: str | None = None
+    # KV element type (libs.model.kv_store.KV_DTYPES); None = the worker's --kv-dtype.
+    kv_dtype: str | None = None
 
     @property
     def input_dtype(self) -> DType:
@@ -310,7 +312,8 @@ class StageRuntime:
         kernels = make_kernels(spec.backend, config, weights, spec.device, self._backend_options(spec))
         limit = spec.kv_limit_bytes or self.default_kv_limit_bytes
         executor = StageExecutor(
-            config, ExecutorSpec(spec.layer_start, spec.layer_end, spec.first, spec.last, limit, self.kv_dtype),
+            config, ExecutorSpec(spec.layer_start, spec.layer_end, spec.first, spec.last, limit,
+                                 spec.kv_dtype or self.kv_dtype),
             kernels
         )
         weight_bytes = sum(p.stat().st_size for p in Path(source).glob("*.safetensors"))

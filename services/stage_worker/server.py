@@ -130,6 +130,8 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
             input=first_input if spec.first else hidden_in,
             output=last_output if spec.last else hidden_out,
             weight_bytes=stage.weight_bytes,
+            kv_dtype=stage.executor.kv.layout.dtype,
+            kv_block_tokens=stage.executor.kv.block_tokens,
             load_time=common_pb2.Figure(
                 name="stage_load_time",
                 value=stage.load_seconds,

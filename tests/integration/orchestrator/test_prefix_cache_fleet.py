@@ -21,6 +21,7 @@ from libs.model.kv_blocks import prefix_chain
 from libs.model.layout import even_layer_split
 from libs.service.interceptors import reason_of
 from libs.text.context import TextContext
+from services.orchestrator.direct_load import load_checkpoint_route
 from services.orchestrator.http_api import build_http_app, start_http
 from services.orchestrator.model_card import served_model
 from services.orchestrator.prefix_salt import PrefixPolicy
@@ -176,3 +177,29 @@ def test_forged_admission_chains_are_refused_and_serve_nothing_wrong(fleet, chec
     assert all(h.live_sequences == 0 and h.kv_blocks_total > 0 and h.kv_block_tokens == B for h in health)
     again = asyncio.run(after_fuzz())
     assert again[0] == first[0] and again[2] == second[2]  # the honest prefix still serves right
+
+
+def test_a_bf16_kv_route_halves_block_bytes_and_reuses_prefixes(fleet, checkpoint):
+    workers, wide = fleet
+    layers = load_config(checkpoint).num_hidden_layers
+    wide_health = [workers.stub(i).GetHealth(sw_pb.GetHealthRequest(plan_generation_id=wide.plan_generation_id),
+                                             timeout=30) for i in range(2)]
+    narrow = load_checkpoint_route(workers.addresses, str(checkpoint), layers, timeout_s=600, kv_dtype="bf16")
+
+    async def main():
+        async with serving(narrow, checkpoint, PrefixPolicy.TENANT) as url:
+            return await conversation(url, "tenant-bf16")
+
+    turns = asyncio.run(main())
+    health = [workers.stub(i).GetHealth(sw_pb.GetHealthRequest(plan_generation_id=narrow.plan_generation_id),
+                                        timeout=30) for i in range(2)]
+    for h in health:
+        assert h.kv_block_tokens == B and h.prefix_hit_blocks > 0
+    # The wide route (loaded first, fp32 KV) holds twice the bytes per block of the bf16 one.
+    for wide, thin in zip(wide_health, health, strict=True):
+        assert wide.kv_bytes_limit // wide.kv_blocks_total == 2 * (thin.kv_bytes_limit // thin.kv_blocks_total)
+    cached = [t[2] for t in turns]
+    assert cached[0] == 0 and all(b > a for a, b in zip(cached, cached[1:], strict=False))
+    with pytest.raises(grpc.RpcError) as err:
+        load_checkpoint_route(workers.addresses, str(checkpoint), layers, timeout_s=600, kv_dtype="fp8")
+    assert "KV_DTYPE" in str(err.value) or reason_of(err.value) == "KV_DTYPE"
