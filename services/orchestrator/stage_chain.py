@@ -305,7 +305,8 @@ class Route:
             raise _clean(*failures[0])
         if prefix is None:
             return 0
-        return reusable_tokens([o.cached_tokens for o in outcomes], len(prefix.token_ids))
+        return reusable_tokens([o.cached_tokens for o in outcomes if not isinstance(o, BaseException)],
+                               len(prefix.token_ids))
 
     async def run(self, phase: Phase, inputs: list[SliceInput], traceparent: str | None = None) -> list[SliceOutput]:
         """One ragged batch through every stage; outputs in input order."""

@@ -146,7 +146,7 @@ def _grammar_from_pb(grammar: pb.GrammarConstraint) -> GrammarSpec:
 
 def health_to_pb(snapshot: HealthSnapshot) -> pb.GetHealthResponse:
     plan = snapshot.plan
-    return pb.GetHealthResponse(
+    reply = pb.GetHealthResponse(
         state=STATE_TO_PB[snapshot.state],
         inflight_batches=snapshot.inflight_batches,
         live_sequences=snapshot.live_sequences,
@@ -158,25 +158,22 @@ def health_to_pb(snapshot: HealthSnapshot) -> pb.GetHealthResponse:
         failure_reason=snapshot.failure_reason,
         phase_totals=_totals_to_pb(snapshot.phase_totals),
         service_times=_service_to_pb(snapshot.service_times),
-        **_blocks_to_pb(snapshot),
         plan=common_pb2.PlanBinding(
             plan_id=plan.plan_id, plan_hash=plan.plan_hash, plan_generation_id=plan.plan_generation_id
         )
         if plan
         else None,
     )
-
-
-def _blocks_to_pb(snapshot: HealthSnapshot) -> dict[str, int]:
     blocks = snapshot.kv_blocks
-    if blocks is None:
-        return {}
-    return {
-        "kv_block_tokens": snapshot.kv_block_tokens, "kv_blocks_total": blocks.total_blocks,
-        "kv_blocks_free": blocks.free_blocks, "kv_blocks_cached": blocks.cached_blocks,
-        "prefix_hit_blocks": blocks.hit_blocks, "prefix_missed_blocks": blocks.missed_blocks,
-        "kv_evicted_blocks": blocks.evicted_blocks,
-    }
+    if blocks is not None:
+        reply.kv_block_tokens = snapshot.kv_block_tokens
+        reply.kv_blocks_total = blocks.total_blocks
+        reply.kv_blocks_free = blocks.free_blocks
+        reply.kv_blocks_cached = blocks.cached_blocks
+        reply.prefix_hit_blocks = blocks.hit_blocks
+        reply.prefix_missed_blocks = blocks.missed_blocks
+        reply.kv_evicted_blocks = blocks.evicted_blocks
+    return reply
 
 
 def _totals_to_pb(totals: PhaseTotals | None) -> pb.PhaseTotals | None:
