@@ -245,7 +245,13 @@ class KvStore:
 
     @_locked
     def commit(self, ident: SliceIdentity, latent: np.ndarray, k_rope: np.ndarray) -> int:
-        """Append rows ([layers, rows, dim] each) and advance the epoch; returns the new epoch."""
+        """Append rows ([layers, rows, dim] each) and advance the epoch; returns the new epoch.
+
+        A lease released while its step ran (release comes from the event loop) stays released:
+        nothing is stored and its epoch is returned unchanged.
+        """
+        if ident.key in self._tombstones:
+            return ident.kv_epoch
         entry = self._entries.get(ident.key)
         if entry is None:
             entry = self._open(ident)

@@ -195,3 +195,16 @@ def test_random_admit_reuse_commit_release_under_pressure_always_reads_the_right
         assert all(store.pool.refcount(b) == c for b, c in held.items())
         assert store.pool.referenced() == len(held)
     assert served > 50 and reused > 10 and store.usage().blocks.evicted_blocks > 0
+
+
+def test_a_commit_after_release_resurrects_nothing_and_holds_no_block():
+    store = KvStore(LAYOUT, bytes_limit=1 << 20)
+    chain = tuple(prefix_chain(b"t", list(range(2 * B))))
+    store.commit(ident("a", 0, 0, 0, 2 * B), *rows(2 * B, 0))
+    store.release("a", "lease")
+    store.attach_prefix(("b", "lease"), chain)  # b pins nothing: a published no chain
+    first = ident("b", 0, 0, 0, 2 * B)
+    store.check_batch([first])
+    store.release("b", "lease")  # released while its step ran
+    assert store.commit(first, *rows(2 * B, 1)) == 0
+    assert store.bytes_used() == 0 and store.usage().live_sequences == 0
