@@ -1,4 +1,5 @@
-"""`fornax bench serve [--json]`, `fornax bench grammar` and `fornax bench coldstart [--json]`."""
+"""`fornax bench serve [--json]`, `fornax bench grammar`, `fornax bench prefix [--json]` and
+`fornax bench coldstart [--json]`."""
 
 from __future__ import annotations
 
@@ -87,6 +88,20 @@ def register(commands, benches) -> None:
     front.add_argument("--front-loop", choices=("asyncio", "uvloop"), default="uvloop")
     front.add_argument("--json", action="store_true")
     front.set_defaults(func=cmd_tls_front)
+
+    prefix = benches.add_parser("prefix", help="TTFT with prompt-prefix reuse off and on: a growing chat and an "
+                                               "agent's shared system prompt, 2-stage route")
+    prefix.add_argument("--checkpoint", help=f"checkpoint dir (default: the preset, in {DEFAULT_CHECKPOINT})")
+    prefix.add_argument("--preset", choices=("tiny", "small"), default="small",
+                        help="generated checkpoint preset when --checkpoint is not given")
+    prefix.add_argument("--backend", choices=("numpy", "max"), default="numpy")
+    prefix.add_argument("--turns", type=int, default=10)
+    prefix.add_argument("--turn-tokens", type=int, default=200, help="new user tokens per chat turn")
+    prefix.add_argument("--agent-system-tokens", type=int, default=1500)
+    prefix.add_argument("--agent-calls", type=int, default=32)
+    prefix.add_argument("--max-tokens", type=int, default=8)
+    prefix.add_argument("--json", action="store_true")
+    prefix.set_defaults(func=cmd_prefix)
 
     load = benches.add_parser("load", help="many small streaming requests against a running fleet: lost and p99")
     load.add_argument("--state-dir", default=".fornax", help="the running fleet's state directory")
@@ -282,6 +297,24 @@ def cmd_grammar(args: argparse.Namespace) -> int:
                  "fornax " + " ".join(sys.argv[1:]))
     print(json.dumps(report, indent=2, sort_keys=True))
     return 0
+
+
+def cmd_prefix(args: argparse.Namespace) -> int:
+    from apps.bench.prefix import PrefixBenchOptions, run
+
+    _quiet_logs()
+    options = PrefixBenchOptions(_checkpoint(args.checkpoint, args.preset), args.backend, args.turns,
+                                 args.turn_tokens, args.agent_system_tokens, agent_calls=args.agent_calls,
+                                 max_tokens=args.max_tokens)
+    report = run(options, "fornax " + " ".join(sys.argv[1:]))
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        for key in ("cached_turn10_vs_turn1_ttft", "uncached_vs_cached_turn10_ttft", "uncached_vs_cached_agent_ttft",
+                    "greedy_outputs_identical"):
+            print(f"{key}: {report[key]}")
+        print(f"({report['evidence_class']}: {report['hardware']}; {report['command']})")
+    return 0 if report["greedy_outputs_identical"] else 1
 
 
 def cmd_tls_front(args: argparse.Namespace) -> int:

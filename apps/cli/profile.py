@@ -70,7 +70,7 @@ def _fail(message: str) -> int:
     return 2
 
 
-def workers_of(state: FleetState, stage_hosts: list[str] | None, weights: list[str] | None = None,
+def workers_of(state: FleetState, stage_hosts: list[str] | None, weights: list[str | None] | None = None,
                default_weights: str = DEFAULT_POLICY) -> list[Worker]:
     """The fleet's stage workers in index order, named by their fleet host (or their service name),
     each with the weight policy its host serves (`weights`, one per stage host, None where unset)."""

@@ -82,7 +82,8 @@ def ordered_pairs(hosts: list[str]) -> list[tuple[str, str]]:
 
 
 def profiling_build_request(checkpoint_dir: str, weights: str = "fp32",
-                            backend: int = common_pb2.BACKEND_UNSPECIFIED) -> ab_pb.BuildStageArtifactsRequest:
+                            backend: common_pb2.Backend = common_pb2.BACKEND_UNSPECIFIED,
+                            ) -> ab_pb.BuildStageArtifactsRequest:
     """The build of the profiling cut in `weights` for stages of `backend` (unspecified: as the
     policy chooses, with no conversion for a backend)."""
     ranges = profiling_ranges(load_config(checkpoint_dir))
@@ -94,7 +95,8 @@ def profiling_build_request(checkpoint_dir: str, weights: str = "fp32",
 
 
 async def build_profiling_artifacts(builder: str, checkpoint_dir: str, channel: ChannelConfig, weights: str = "fp32",
-                                    backend: int = common_pb2.BACKEND_UNSPECIFIED) -> list[str]:
+                                    backend: common_pb2.Backend = common_pb2.BACKEND_UNSPECIFIED,
+                                    ) -> list[str]:
     """Manifest hashes of the first and last profiling artifacts (one when the cut is one range)."""
     request = profiling_build_request(checkpoint_dir, weights, backend)
     result = None
@@ -123,7 +125,7 @@ async def profile_fleet(workers: list[Worker], builder: str, registry: str, requ
     snapshot = describe_checkpoint(request.checkpoint_dir).model_snapshot
     caps = {w.host: await _capabilities(w, channel) for w in workers}
     identities = {host: c.identity for host, c in caps.items()}
-    manifests: dict[tuple[str, int], list[str]] = {}
+    manifests: dict[tuple[str, common_pb2.Backend], list[str]] = {}
     for w in workers:
         key = (w.weights, caps[w.host].backend)
         if key not in manifests:

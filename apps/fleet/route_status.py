@@ -29,6 +29,8 @@ class RouteReport:
     # CALIBRATED or UNCALIBRATED, and why (both figures, which is which); empty when untracked.
     calibration: str = ""
     calibration_reason: str = ""
+    # Stage worker name -> its paged KV in blocks and its prefix hits (loaded stages only).
+    stage_kv: dict[str, str] | None = None
 
     @property
     def healthy(self) -> bool:
@@ -43,6 +45,8 @@ class RouteReport:
         line = f"route: {self.state}" + (f" ({self.reason})" if self.reason else "")
         stages = ", ".join(f"{name} {state}" for name, state in self.stage_states.items())
         line += f"\nstages: {stages}" if stages else ""
+        if self.stage_kv:
+            line += "\nkv: " + "; ".join(f"{name} {kv}" for name, kv in self.stage_kv.items())
         return line + (f"\ncalibration: {self.calibration}: {self.calibration_reason}" if self.calibration else "")
 
 
@@ -50,26 +54,38 @@ def route_report(state: FleetState, channel: ChannelConfig = ChannelConfig()) ->
     orchestrator = next((s for s in state.services if s.kind == "orchestrator"), None)
     if orchestrator is None:
         return None
-    stages = {s.name: _stage_state(s.grpc, channel) for s in state.services if s.kind == "stage_worker"}
+    healths = {s.name: _stage_health(s.grpc, channel) for s in state.services if s.kind == "stage_worker"}
+    stages = {name: h[0] for name, h in healths.items()}
+    kv = {name: h[1] for name, h in healths.items() if h[1]}
     try:
         with open_channel(orchestrator.grpc, channel) as opened:
             reply = orch_grpc.OrchestratorServiceStub(opened).GetPlanStatus(
                 orch_pb.GetPlanStatusRequest(), timeout=CALL_TIMEOUT_S)
     except grpc.RpcError as exc:
-        return RouteReport("UNREACHABLE", exc.code().name, stages)
+        return RouteReport("UNREACHABLE", exc.code().name, stages, stage_kv=kv)
     status = reply.current
     calibration = ""
     if status.HasField("calibration"):
         calibration = orch_pb.CalibrationState.Name(status.calibration.state).removeprefix("CALIBRATION_STATE_")
     return RouteReport(orch_pb.RouteState.Name(status.state).removeprefix("ROUTE_STATE_"),
-                       status.reason, stages, calibration, status.calibration.reason)
+                       status.reason, stages, calibration, status.calibration.reason, kv)
 
 
-def _stage_state(address: str, channel: ChannelConfig) -> str:
+def kv_summary(reply: sw_pb.GetHealthResponse) -> str:
+    """A loaded stage's paged KV: free of total blocks, cached ones, and prefix hits."""
+    if not reply.kv_blocks_total:
+        return ""
+    looked = reply.prefix_hit_blocks + reply.prefix_missed_blocks
+    hits = f", prefix hits {reply.prefix_hit_blocks}/{looked} blocks" if looked else ""
+    return (f"{reply.kv_blocks_free}/{reply.kv_blocks_total} blocks free of {reply.kv_block_tokens} tokens "
+            f"({reply.kv_blocks_cached} cached, {reply.kv_evicted_blocks} evicted){hits}")
+
+
+def _stage_health(address: str, channel: ChannelConfig) -> tuple[str, str]:
     try:
         with open_channel(address, channel) as opened:
             reply = sw_grpc.StageWorkerServiceStub(opened).GetHealth(
                 sw_pb.GetHealthRequest(), timeout=CALL_TIMEOUT_S)
     except grpc.RpcError as exc:
-        return "UNRESPONSIVE" if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED else "UNREACHABLE"
-    return sw_pb.StageState.Name(reply.state).removeprefix("STAGE_STATE_")
+        return ("UNRESPONSIVE" if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED else "UNREACHABLE"), ""
+    return sw_pb.StageState.Name(reply.state).removeprefix("STAGE_STATE_"), kv_summary(reply)

@@ -55,6 +55,10 @@ class ReceiverLimits:
     # stale frame gets the exact code; older ones get RELEASED ("lease ended").
     lease_sequence_gaps: int = 4096
     recent_end_reasons: int = 1024
+    # Prefix reuse: a lease may open at a multiple of this many tokens (a prefix of whole KV
+    # blocks the stage pinned at admission; its KV store refuses a prefix it does not hold).
+    # 0: every lease opens at position 0.
+    prefix_block_tokens: int = 0
 
 
 _TOMBSTONE_CODES = {Tombstone.RELEASED: ErrorCode.RELEASED, Tombstone.EXPIRED: ErrorCode.DEADLINE}
@@ -364,8 +368,10 @@ class ReceiverState:
             return _reject(item, ErrorCode.UNKNOWN_LEASE, "no live lease for a continuing request")
         if batch.batch.phase is not Phase.PREFILL:
             return _reject(item, ErrorCode.PHASE, "a lease starts with prefill")
-        if item.token_position_start != 0:
-            return _reject(item, ErrorCode.POSITION, "a lease starts at token position 0")
+        block = self.limits.prefix_block_tokens
+        if item.token_position_start != 0 and not (block and item.token_position_start % block == 0):
+            allowed = f"0 or a multiple of {block} (a reused prefix)" if block else "0"
+            return _reject(item, ErrorCode.POSITION, f"a lease starts at token position {allowed}")
         if item.kv_epoch != 0:
             return _reject(item, ErrorCode.STALE_KV, "a lease starts at KV epoch 0")
         if item.lease_sequence is None and (len(self._leases) + len(self._tombstones)
@@ -380,7 +386,8 @@ class ReceiverState:
         if item.lease_sequence is not None:
             self._watermark.consume(item.lease_sequence, now_ns)
         self._leases[item.request_id] = _Lease(item.request_id, item.execution_lease_id, deadline,
-                                               now_ns, sequence=item.lease_sequence)
+                                               now_ns, next_position=item.token_position_start,
+                                               sequence=item.lease_sequence)
         return kv
 
     # -- completion ----------------------------------------------------------------------

@@ -36,6 +36,9 @@ def register(commands, benches) -> None:
                         help="weight policy of the stages; the reference runs the same weights dequantized")
     parity.add_argument("--against-source", action="store_true",
                         help="also report top-1 agreement and mean KL against the unquantized checkpoint")
+    parity.add_argument("--kv-dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="KV element type of the stages; other than fp32, also reports the logit error "
+                             "against float32 KV and gates on top-1 agreement with it")
     parity.add_argument("--json", action="store_true")
     parity.set_defaults(func=_parity)
 
@@ -81,7 +84,7 @@ def _parity(args: argparse.Namespace) -> int:
     request = ParityRequest(
         checkpoint_dir=args.checkpoint, stages=args.stages, backend=args.backend, device=args.device,
         decode_steps=args.decode_steps, tolerance=args.tolerance, weights=args.weights,
-        against_source=args.against_source,
+        against_source=args.against_source, kv_dtype=args.kv_dtype,
     )
     from libs.service.errors import FornaxError
 

@@ -29,6 +29,7 @@ class StageSpec:
     first: bool
     last: bool
     kv_limit_bytes: int = 1 << 30
+    kv_dtype: str = "fp32"  # libs.model.kv_store.KV_DTYPES
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class StageExecutor:
         self.spec = spec
         self.kernels = kernels
         self.rope = rope_tables(cfg)
-        layout = KvLayout(spec.layer_end - spec.layer_start, cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+        layout = KvLayout(spec.layer_end - spec.layer_start, cfg.kv_lora_rank, cfg.qk_rope_head_dim, spec.kv_dtype)
         self.kv = KvStore(layout, spec.kv_limit_bytes)
 
     def kv_usage(self) -> KvUsage:
@@ -172,7 +173,7 @@ class StageExecutor:
 
     def _layer_inputs(self, layer, slices, hidden, cos, sin, layout) -> LayerInputs:
         local = layer - self.spec.layer_start
-        pasts = [self.kv.past(s.key, local) for s in slices]
+        pasts = [self.kv.past(s, local) for s in slices]
         return LayerInputs(
             hidden=hidden, rope_cos=cos, rope_sin=sin,
             past_latent=np.ascontiguousarray(np.concatenate([p[0] for p in pasts], axis=0)),

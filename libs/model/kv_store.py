@@ -1,9 +1,14 @@
-"""Per-(request, lease) MLA KV cache with FNX2 epoch semantics and a byte limit.
+"""Per-(request, lease) MLA KV cache in fixed-size token blocks, with FNX2 epoch semantics.
 
-A lease starts with a slice at sequence 0, position 0, epoch 0. Each later slice must carry
-the next sequence number, the next position and the current epoch. A successful step
-advances the epoch by exactly one; a failed step changes nothing, because new KV rows are
-only committed after every layer of the stage has succeeded. Released leases are
+Rows live in blocks of KV_BLOCK_TOKENS tokens (`libs.model.kv_blocks`); each lease holds a
+block table. A lease starts at sequence 0, epoch 0 and position 0, or at the end of a
+reused prefix: `attach_prefix` pins the resident blocks of a prompt's prefix chain at
+admission, and the lease's first slice may then start at any whole block of that prefix.
+Each later slice must carry the next sequence number, the next position and the current
+epoch. A successful step advances the epoch by exactly one; a failed step changes nothing,
+because new KV rows are only committed after every layer of the stage has succeeded.
+Committed full blocks of the prompt are published under their prefix hash; reused blocks
+are shared read-only (a lease only ever writes blocks it allocated). Released leases are
 tombstoned (bounded table) so that a late slice cannot resurrect them.
 
 One store is shared by the event loop (release on control messages and lease expiry) and
@@ -19,9 +24,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from libs.model.errors import KvEpochError, KvLimitExceededError, ReleasedSequenceError, UnknownSequenceError
+from libs.fnx2.tensor import bf16_to_float32, float32_to_bf16
+from libs.model.errors import (
+    ConfigError,
+    KvEpochError,
+    KvLimitExceededError,
+    ReleasedSequenceError,
+    UnknownSequenceError,
+)
+from libs.model.kv_blocks import KV_BLOCK_TOKENS, BlockPool, PoolStats, blocks_for
 
 KvKey = tuple[str, str]  # (request_id, lease_id)
+
+
+# KV element types a stage may store (part of the stage contract): fp32 is the reference; bf16
+# keeps bf16 bit patterns (round to nearest even) and widens them to float32 when read.
+KV_DTYPES = {"fp32": 4, "bf16": 2}
 
 
 @dataclass(frozen=True)
@@ -29,10 +47,15 @@ class KvLayout:
     layer_count: int
     kv_lora_rank: int
     rope_dim: int
+    dtype: str = "fp32"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in KV_DTYPES:
+            raise ConfigError(f"KV dtype {self.dtype!r} is not one of {', '.join(KV_DTYPES)}", reason="KV_DTYPE")
 
     @property
     def bytes_per_token(self) -> int:
-        return 4 * self.layer_count * (self.kv_lora_rank + self.rope_dim)
+        return KV_DTYPES[self.dtype] * self.layer_count * (self.kv_lora_rank + self.rope_dim)
 
 
 @dataclass(frozen=True)
@@ -50,12 +73,21 @@ class SliceIdentity:
 
 
 @dataclass
-class SequenceKv:
-    latent: np.ndarray   # float32 [layers, capacity, kv_lora_rank]
-    k_rope: np.ndarray   # float32 [layers, capacity, rope_dim]
+class LeaseKv:
+    blocks: list[int]        # block table: block i holds positions [i*B, (i+1)*B)
     length: int = 0
     epoch: int = 0
     next_sequence_no: int = 0
+    chain: tuple[bytes, ...] = ()  # prefix hashes of the prompt's full blocks (to publish)
+    published: int = 0       # leading blocks already published or shared
+
+
+@dataclass
+class PinnedPrefix:
+    """Blocks of a resident prefix held for a lease between admission and its first slice."""
+
+    blocks: list[int]
+    chain: tuple[bytes, ...]
 
 
 @dataclass(frozen=True)
@@ -64,6 +96,8 @@ class KvUsage:
     bytes_limit: int
     bytes_high_water: int
     live_sequences: int
+    blocks: PoolStats | None = None
+    block_tokens: int = KV_BLOCK_TOKENS
 
 
 def _locked(method):
@@ -79,19 +113,37 @@ class KvStore:
     layout: KvLayout
     bytes_limit: int
     tombstone_capacity: int = 65536
-    _entries: dict[KvKey, SequenceKv] = field(default_factory=dict)
+    block_tokens: int = KV_BLOCK_TOKENS
+    _entries: dict[KvKey, LeaseKv] = field(default_factory=dict)
+    _pinned: dict[KvKey, PinnedPrefix] = field(default_factory=dict)
     _tombstones: OrderedDict = field(default_factory=OrderedDict)
     _high_water: int = 0
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        self.pool = BlockPool(max(1, self.bytes_limit // self.block_bytes))
+        lay = self.layout
+        self._bf16 = lay.dtype == "bf16"
+        stored = np.uint16 if self._bf16 else np.float32
+        # Storage grows (doubling) as the pool hands out higher block ids: a large limit
+        # costs nothing until it is used.
+        self._latent = np.zeros((lay.layer_count, 0, self.block_tokens, lay.kv_lora_rank), stored)
+        self._k_rope = np.zeros((lay.layer_count, 0, self.block_tokens, lay.rope_dim), stored)
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_tokens * self.layout.bytes_per_token
+
     @_locked
     def usage(self) -> KvUsage:
         used = self.bytes_used()
-        return KvUsage(used, self.bytes_limit, self._high_water, len(self._entries))
+        return KvUsage(used, self.bytes_limit, self._high_water, len(self._entries), self.pool.stats(),
+                       self.block_tokens)
 
     @_locked
     def bytes_used(self) -> int:
-        return sum(e.length for e in self._entries.values()) * self.layout.bytes_per_token
+        """Bytes of the blocks live leases hold (cached, unreferenced blocks are reclaimable)."""
+        return self.pool.referenced() * self.block_bytes
 
     @_locked
     def epoch(self, key: KvKey) -> int:
@@ -106,6 +158,22 @@ class KvStore:
         return 0 if entry is None else entry.length
 
     @_locked
+    def attach_prefix(self, key: KvKey, chain: tuple[bytes, ...]) -> int:
+        """Pin the longest resident prefix of `chain` for a lease that has no KV yet.
+
+        Returns the tokens pinned; the lease's first slice may start at any whole block of
+        them. Called again (a repeated admission), it keeps what it pinned first.
+        """
+        if key in self._tombstones:
+            raise ReleasedSequenceError(f"request {key[0]!r} lease {key[1]!r} was released")
+        if key in self._entries:
+            raise KvEpochError(f"request {key[0]!r}: the lease already holds KV", reason="PREFIX_LATE")
+        pinned = self._pinned.get(key)
+        if pinned is None:
+            pinned = self._pinned[key] = PinnedPrefix(self.pool.match(chain), tuple(chain))
+        return len(pinned.blocks) * self.block_tokens
+
+    @_locked
     def check(self, ident: SliceIdentity) -> None:
         """Raise if this slice may not run against the current state (nothing changes)."""
         if ident.key in self._tombstones:
@@ -113,6 +181,10 @@ class KvStore:
         if ident.row_count < 1:
             raise KvEpochError(f"request {ident.request_id!r}: a slice needs at least one row")
         entry = self._entries.get(ident.key)
+        if (entry is None and ident.key in self._pinned and ident.position_start != 0
+                and (ident.sequence_no, ident.kv_epoch) == (0, 0)):
+            self._check_prefix_start(ident)
+            return
         expected = (0, 0, 0) if entry is None else (entry.next_sequence_no, entry.length, entry.epoch)
         got = (ident.sequence_no, ident.position_start, ident.kv_epoch)
         # FNX2 reason codes: the first field that disagrees names the failure.
@@ -123,6 +195,15 @@ class KvStore:
                     reason=reason,
                 )
 
+    def _check_prefix_start(self, ident: SliceIdentity) -> None:
+        held = len(self._pinned[ident.key].blocks) * self.block_tokens
+        if ident.position_start % self.block_tokens or ident.position_start > held:
+            raise KvEpochError(
+                f"request {ident.request_id!r}: a first slice at position {ident.position_start} needs a "
+                f"whole-block prefix this stage holds ({held} tokens in blocks of {self.block_tokens})",
+                reason="PREFIX_POSITION",
+            )
+
     @_locked
     def check_batch(self, idents: list[SliceIdentity]) -> None:
         keys = [i.key for i in idents]
@@ -130,67 +211,132 @@ class KvStore:
             raise KvEpochError("a batch holds two slices of the same (request, lease)")
         for ident in idents:
             self.check(ident)
-        added = sum(i.row_count for i in idents) * self.layout.bytes_per_token
-        used = self.bytes_used()
-        if used + added > self.bytes_limit:
+        needed = sum(self._new_blocks(i) for i in idents)
+        if needed > self.pool.available():
             raise KvLimitExceededError(
-                f"KV would grow to {used + added} bytes, over the stage limit of {self.bytes_limit} bytes"
+                f"KV needs {needed} more blocks of {self.block_tokens} tokens, {self.pool.available()} of "
+                f"{self.pool.total_blocks} are free (stage limit {self.bytes_limit} bytes)"
             )
 
+    def _new_blocks(self, ident: SliceIdentity) -> int:
+        entry = self._entries.get(ident.key)
+        held = blocks_for(ident.position_start, self.block_tokens) if entry is None else len(entry.blocks)
+        return max(0, blocks_for(ident.position_start + ident.row_count, self.block_tokens) - held)
+
     @_locked
-    def past(self, key: KvKey, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        entry = self._entries.get(key)
-        if entry is None:
+    def past(self, ident: SliceIdentity, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows before this slice's position for one layer (copies, [rows, dim])."""
+        entry = self._entries.get(ident.key)
+        if entry is not None:
+            blocks, length = entry.blocks, entry.length
+        else:
+            pinned = self._pinned.get(ident.key)
+            length = ident.position_start if pinned is not None else 0
+            blocks = pinned.blocks[: length // self.block_tokens] if pinned is not None else []
+        if not blocks:
             empty = np.zeros((0, self.layout.kv_lora_rank), np.float32)
             return empty, np.zeros((0, self.layout.rope_dim), np.float32)
-        return entry.latent[layer, : entry.length], entry.k_rope[layer, : entry.length]
+        table = np.asarray(blocks, dtype=np.intp)
+        latent = np.take(self._latent[layer], table, axis=0).reshape(-1, self.layout.kv_lora_rank)[:length]
+        k_rope = np.take(self._k_rope[layer], table, axis=0).reshape(-1, self.layout.rope_dim)[:length]
+        if self._bf16:
+            return bf16_to_float32(latent), bf16_to_float32(k_rope)
+        return latent, k_rope
 
     @_locked
     def commit(self, ident: SliceIdentity, latent: np.ndarray, k_rope: np.ndarray) -> int:
-        """Append rows ([layers, rows, dim] each) and advance the epoch; returns the new epoch."""
+        """Append rows ([layers, rows, dim] each) and advance the epoch; returns the new epoch.
+
+        A lease released while its step ran (release comes from the event loop) stays released:
+        nothing is stored and its epoch is returned unchanged.
+        """
+        if ident.key in self._tombstones:
+            return ident.kv_epoch
         entry = self._entries.get(ident.key)
         if entry is None:
-            entry = self._entries[ident.key] = self._new_entry(ident.row_count)
+            entry = self._open(ident)
         end = entry.length + ident.row_count
-        if end > entry.latent.shape[1]:
-            self._grow(entry, max(end, 2 * entry.latent.shape[1]))
-        entry.latent[:, entry.length : end] = latent
-        entry.k_rope[:, entry.length : end] = k_rope
+        added: list[int] = []
+        try:
+            while len(entry.blocks) * self.block_tokens < end:
+                block = self.pool.allocate()
+                added.append(block)
+                entry.blocks.append(block)
+        except KvLimitExceededError:
+            for block in added:
+                entry.blocks.pop()
+                self.pool.release(block)
+            raise
+        self._ensure_storage(self.pool.high_block)
+        self._write(entry, latent, k_rope)
         entry.length = end
         entry.epoch += 1
         entry.next_sequence_no += 1
+        self._publish(entry)
         self._high_water = max(self._high_water, self.bytes_used())
         return entry.epoch
 
+    def _open(self, ident: SliceIdentity) -> LeaseKv:
+        pinned = self._pinned.pop(ident.key, None)
+        if pinned is None:
+            entry = LeaseKv([])
+        else:
+            keep = ident.position_start // self.block_tokens
+            for block in pinned.blocks[keep:]:
+                self.pool.release(block)
+            entry = LeaseKv(pinned.blocks[:keep], ident.position_start, chain=pinned.chain, published=keep)
+        self._entries[ident.key] = entry
+        return entry
+
+    def _write(self, entry: LeaseKv, latent: np.ndarray, k_rope: np.ndarray) -> None:
+        if self._bf16:
+            latent, k_rope = float32_to_bf16(latent), float32_to_bf16(k_rope)
+        rows = latent.shape[1]
+        position = entry.length
+        done = 0
+        while done < rows:
+            block = entry.blocks[position // self.block_tokens]
+            offset = position % self.block_tokens
+            take = min(self.block_tokens - offset, rows - done)
+            self._latent[:, block, offset : offset + take] = latent[:, done : done + take]
+            self._k_rope[:, block, offset : offset + take] = k_rope[:, done : done + take]
+            position += take
+            done += take
+
+    def _publish(self, entry: LeaseKv) -> None:
+        full = min(entry.length // self.block_tokens, len(entry.chain))
+        for index in range(entry.published, full):
+            self.pool.publish(entry.blocks[index], entry.chain[index])
+        entry.published = max(entry.published, full)
+
+    def _ensure_storage(self, blocks: int) -> None:
+        have = self._latent.shape[1]
+        if blocks <= have:
+            return
+        size = min(self.pool.total_blocks, max(blocks, 2 * have, 4))
+        for attr in ("_latent", "_k_rope"):
+            old = getattr(self, attr)
+            new = np.zeros((old.shape[0], size, *old.shape[2:]), old.dtype)
+            new[:, :have] = old
+            setattr(self, attr, new)
+
     @_locked
     def release(self, request_id: str, lease_id: str) -> bool:
-        """Free a lease's KV and tombstone it; returns whether it held KV."""
+        """Drop a lease's block references and tombstone it; returns whether it held KV."""
         key = (request_id, lease_id)
-        existed = self._entries.pop(key, None) is not None
+        entry = self._entries.pop(key, None)
+        pinned = self._pinned.pop(key, None)
+        for block in (entry.blocks if entry else []) + (pinned.blocks if pinned else []):
+            self.pool.release(block)
         self._tombstones[key] = True
         while len(self._tombstones) > self.tombstone_capacity:
             self._tombstones.popitem(last=False)
-        return existed
+        return entry is not None
 
     @_locked
     def release_request(self, request_id: str) -> int:
-        keys = [k for k in self._entries if k[0] == request_id]
+        keys = {k for k in self._entries if k[0] == request_id} | {k for k in self._pinned if k[0] == request_id}
+        held = sum(1 for k in keys if k in self._entries)
         for key in keys:
             self.release(*key)
-        return len(keys)
-
-    def _new_entry(self, rows: int) -> SequenceKv:
-        cap = max(16, rows)
-        lay = self.layout
-        return SequenceKv(
-            np.zeros((lay.layer_count, cap, lay.kv_lora_rank), np.float32),
-            np.zeros((lay.layer_count, cap, lay.rope_dim), np.float32),
-        )
-
-    @staticmethod
-    def _grow(entry: SequenceKv, capacity: int) -> None:
-        for attr in ("latent", "k_rope"):
-            old = getattr(entry, attr)
-            new = np.zeros((old.shape[0], capacity, old.shape[2]), np.float32)
-            new[:, : entry.length] = old[:, : entry.length]
-            setattr(entry, attr, new)
+        return held

@@ -10,7 +10,7 @@ attention makes its per-position outputs the reference for our cached, increment
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,8 @@ LATE_PREFILL_STEP = 3
 # agreement under teacher forcing instead (measured 1.000 on tiny-lora-yarn q4_k_m, max relative
 # logit error 4.5e-2; the target for `small` is 0.95).
 MAX_BLOCK_TOP1_MIN = 0.95
+# A narrower KV dtype is gated on top-1 agreement with the same stages holding float32 KV.
+KV_DTYPE_TOP1_MIN = 0.95
 
 
 class ParityUnsupportedError(ConfigError):
@@ -51,6 +53,9 @@ class ParityRequest:
     weights: str = "fp32"
     # Also score the policy's final logits against the unquantized checkpoint's.
     against_source: bool = False
+    # The stages' KV element type (libs.model.kv_store.KV_DTYPES); other than fp32, the run is
+    # also compared with the same stages holding float32 KV.
+    kv_dtype: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -96,8 +101,10 @@ class ParityReport:
     # top-1 agreement of the final logits with the reference, over every teacher-forced row
     top1_vs_reference: float = 1.0
     # "max_abs": every boundary within `tolerance` and no routed expert differs; "top1": a MAX
-    # stage running block formats, gated on top1_vs_reference >= MAX_BLOCK_TOP1_MIN
+    # stage running block formats, gated on top1_vs_reference >= MAX_BLOCK_TOP1_MIN; "kv_top1":
+    # a narrower KV dtype, gated on its top-1 agreement with float32 KV >= KV_DTYPE_TOP1_MIN
     gate: str = "max_abs"
+    kv: KvDtypeReport | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,18 @@ class QualityReport:
     top1_agreement: float
     mean_kl: float
     source_reference: str
+
+
+@dataclass(frozen=True)
+class KvDtypeReport:
+    """The final logits with `kv_dtype` KV against the same stages with float32 KV, teacher
+    forced: a reference figure of the KV format, not of any hardware."""
+
+    kv_dtype: str
+    positions: int
+    top1_vs_fp32_kv: float
+    max_abs_logit_error: float
+    max_abs_logit: float
 
 
 @dataclass
@@ -171,7 +190,7 @@ def build_executor(request: ParityRequest, cfg: DeepseekV2Config, ranges, index:
     weights = load_stage_weights(request.checkpoint_dir, cfg, start, end, first, last, policy=request.weights,
                                  backend=backend)
     kernels = make_kernels(backend, cfg, weights, request.device)
-    return StageExecutor(cfg, StageSpec(start, end, first, last), kernels)
+    return StageExecutor(cfg, StageSpec(start, end, first, last, kv_dtype=request.kv_dtype), kernels)
 
 
 def run_ours(request: ParityRequest, cfg: DeepseekV2Config, ranges, plans: list[SequencePlan]) -> tuple[Captured, str]:
@@ -306,7 +325,14 @@ def run_parity(request: ParityRequest) -> ParityReport:
     boundaries, experts = compare(ours, ref, ranges, request.tolerance)
     top1 = top1_agreement(ours.logits, ref.logits)
     gate = "top1" if runs_max_blocks(request) else "max_abs"
-    if gate == "top1":
+    kv = None
+    if request.kv_dtype != "fp32":
+        wide, _ = run_ours(replace(request, kv_dtype="fp32"), cfg, ranges, plans)
+        kv = kv_dtype_report(request.kv_dtype, ours.logits, wide.logits)
+        gate = "kv_top1"
+    if gate == "kv_top1":
+        passed = kv is not None and kv.top1_vs_fp32_kv >= KV_DTYPE_TOP1_MIN
+    elif gate == "top1":
         passed = top1 >= MAX_BLOCK_TOP1_MIN
     else:
         passed = all(b.passed for b in boundaries) and all(e.mismatched_rows == 0 for e in experts)
@@ -320,8 +346,16 @@ def run_parity(request: ParityRequest) -> ParityReport:
         stage_ranges=tuple(ranges), sequences=len(plans), decode_steps=request.decode_steps,
         rows=sum(p.tokens.size for p in plans), tolerance=request.tolerance,
         boundaries=tuple(boundaries), experts=tuple(experts), passed=passed,
-        weights=request.weights, quality=quality, top1_vs_reference=top1, gate=gate,
+        weights=request.weights, quality=quality, top1_vs_reference=top1, gate=gate, kv=kv,
     )
+
+
+def kv_dtype_report(kv_dtype: str, narrow: dict[str, list[np.ndarray]],
+                    wide: dict[str, list[np.ndarray]]) -> KvDtypeReport:
+    a = np.concatenate([np.concatenate(narrow[r]) for r in sorted(narrow)])
+    b = np.concatenate([np.concatenate(wide[r]) for r in sorted(narrow)])
+    return KvDtypeReport(kv_dtype, int(a.shape[0]), float(np.mean(a.argmax(-1) == b.argmax(-1))),
+                         float(np.abs(a - b).max()), float(np.abs(b).max()))
 
 
 def runs_max_blocks(request: ParityRequest) -> bool:
@@ -373,7 +407,13 @@ def format_report(report: ParityReport, as_json: bool = False) -> str:
                      f"positions; reference figures of the weights): top-1 agreement {q.top1_agreement:.3f}, "
                      f"mean KL {q.mean_kl:.3e}")
     lines.append(f"top-1 agreement with the reference: {report.top1_vs_reference:.3f}")
-    rule = (f"top-1 >= {MAX_BLOCK_TOP1_MIN} (MAX block formats quantize activations)" if report.gate == "top1"
-            else f"tolerance {report.tolerance:g}")
+    if report.kv is not None:
+        k = report.kv
+        lines.append(f"{k.kv_dtype} KV against float32 KV ({k.positions} teacher-forced positions; reference "
+                     f"figures of the KV format): top-1 agreement {k.top1_vs_fp32_kv:.3f}, max abs logit error "
+                     f"{k.max_abs_logit_error:.3e} (max |logit| {k.max_abs_logit:.3e})")
+    rule = {"top1": f"top-1 >= {MAX_BLOCK_TOP1_MIN} (MAX block formats quantize activations)",
+            "kv_top1": f"top-1 against float32 KV >= {KV_DTYPE_TOP1_MIN}"}.get(
+                report.gate, f"tolerance {report.tolerance:g}")
     lines.append(f"{'PASS' if report.passed else 'FAIL'} ({rule}; {report.figure_class})")
     return "\n".join(lines)

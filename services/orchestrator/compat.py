@@ -51,6 +51,7 @@ _SHARED = {
     "stop_token_ids": FieldPolicy(_A, "ids that end the output like eos", extension=True),
     "ignore_eos": FieldPolicy(_A, "eos does not end the output; not with an output grammar",
                               extension=True),
+    "cache_salt": FieldPolicy(_A, "added to the tenant's prefix-cache salt", extension=True),
 }
 
 CHAT_POLICY: dict[str, FieldPolicy] = {
@@ -66,7 +67,7 @@ CHAT_POLICY: dict[str, FieldPolicy] = {
     "metadata": FieldPolicy(_I, "stored nowhere"),
     "store": FieldPolicy(_N, "nothing is stored", neutral=(False, None)),
     "service_tier": FieldPolicy(_I, "one tier"),
-    "prompt_cache_key": FieldPolicy(_I, "no cross-request prompt cache"),
+    "prompt_cache_key": FieldPolicy(_I, "prefix reuse is keyed by the prompt's tokens and tenant"),
     "safety_identifier": FieldPolicy(_I, "opaque end-user id"),
     "modalities": FieldPolicy(_N, "text only", neutral=(["text"], None)),
     "audio": FieldPolicy(_R, "no audio output"),

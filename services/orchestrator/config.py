@@ -15,6 +15,7 @@ from libs.service.config import ServerConfig, parse, pick, server_config
 from libs.weights.policy import POLICIES
 from services.orchestrator.backend_choice import DEFAULT_ROWS, SwitchPolicy, parse_rows, parse_switch_policy
 from services.orchestrator.http_tls import HttpTlsFiles
+from services.orchestrator.prefix_salt import PrefixPolicy
 
 BACKENDS = tuple(backend.value for backend in Backend)
 BOUNDARY_DTYPES = tuple(dtype.value for dtype in FLOAT_DTYPES)
@@ -111,6 +112,8 @@ class OrchestratorConfig:
     http_max_body_bytes: int = 4 << 20
     max_tokens_cap: int = 0
     max_prompt_tokens: int = 0
+    # Who shares prompt-prefix KV blocks: off, tenant (per credential) or global.
+    prefix_cache: str = "tenant"
     # Operator-supplied HTTP certificate; otherwise the fleet certificate beyond loopback.
     http_tls: HttpTlsFiles | None = None
     # Plain HTTP beyond loopback, said explicitly (TLS terminated in front of the pod, say).
@@ -214,6 +217,11 @@ class OrchestratorConfig:
             type=int,
             help="longest prompt accepted, 0 = context only (env FORNAX_MAX_PROMPT_TOKENS)",
         )
+        parser.add_argument(
+            "--prefix-cache", choices=("off", "tenant", "global"),
+            help="prompt-prefix KV reuse across requests: off, tenant (default: only requests with the "
+                 "same credential share) or global (env FORNAX_PREFIX_CACHE)",
+        )
         parser.add_argument("--drift-relative-bound", type=float,
                             help="relative error that counts as outside the plan's prediction "
                                  "(env FORNAX_DRIFT_RELATIVE_BOUND)")
@@ -238,6 +246,8 @@ class OrchestratorConfig:
             http_max_body_bytes=pick(args.http_max_body_bytes, env, "FORNAX_HTTP_MAX_BODY_BYTES", 4 << 20, int),
             max_tokens_cap=pick(args.max_tokens_cap, env, "FORNAX_MAX_TOKENS_CAP", 0, int),
             max_prompt_tokens=pick(args.max_prompt_tokens, env, "FORNAX_MAX_PROMPT_TOKENS", 0, int),
+            prefix_cache=PrefixPolicy.parse(pick(args.prefix_cache, env, "FORNAX_PREFIX_CACHE",
+                                                 cls.prefix_cache)).value,
             http_tls=HttpTlsFiles(Path(cert), Path(key)) if cert else None,
             http_insecure=(env.get("FORNAX_HTTP_INSECURE") or "").lower() in ("1", "true", "yes"),
             server=server_config(args, env, "orchestrator"),

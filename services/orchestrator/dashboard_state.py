@@ -82,9 +82,17 @@ def _phase_means(before: StageStats | None, now: StageStats) -> dict[str, float 
             / batches / 1e6 for p in _PHASES}
 
 
+def _hit_rate(stats: StageStats) -> float | None:
+    """Share of looked-up prefix blocks found resident since the stage loaded; None before any."""
+    looked = stats.prefix_hit_blocks + stats.prefix_missed_blocks
+    return stats.prefix_hit_blocks / looked if looked else None
+
+
 def _stage(stats: StageStats, means: dict[str, float | None]) -> dict:
     return {"index": stats.index, "host": stats.host, "kv_bytes_used": stats.kv_bytes_used,
             "kv_bytes_limit": stats.kv_bytes_limit, "live_sequences": stats.live_sequences,
+            "kv_blocks_free": stats.kv_blocks_free, "kv_blocks_total": stats.kv_blocks_total,
+            "prefix_hit_rate": _hit_rate(stats),
             "batches": stats.batches, "phase_ms": {p: means.get(p) for p in _PHASES},
             "phase_total_ms": {p: getattr(stats, f"{p}_ns") / 1e6 for p in _PHASES}}
 

@@ -94,6 +94,8 @@ class GenerationRequest:
     deadline_budget_ns: int | None = None  # None: no deadline
     # W3C traceparent of the request's span; its microbatches' hops join that trace.
     traceparent: str | None = None
+    # Prefix-cache salt (services.orchestrator.prefix_salt); None: no prefix reuse.
+    prefix_salt: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,8 @@ class RequestSlice:
     # KV the request may grow to (prompt + max_tokens): what a stage reserves at prefill.
     kv_reserve_tokens: int
     traceparent: str | None = None
+    # On the slice that opens the lease: the prefix-cache salt (None: no reuse).
+    prefix_salt: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,8 @@ class RequestSliceResult:
     # The route failed (a stage died, stopped or lost its next hop), not the sequence: its
     # status is FAILED, and it may be replayed on a reloaded route.
     route_lost: bool = False
+    # Leading tokens of the slice whose KV every stage already held (prefix reuse).
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,7 @@ class RequestOutput:
     completion_tokens: int = 0
     error: str = ""
     logprobs: tuple[TokenLogprobs, ...] = ()  # one per token id, when asked for
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -210,3 +217,8 @@ class StageStats:
     pack_ns: int = 0
     transfer_ns: int = 0
     unpack_ns: int = 0
+    # Paged KV: blocks free (including cached ones) of the total, and prefix lookups.
+    kv_blocks_free: int = 0
+    kv_blocks_total: int = 0
+    prefix_hit_blocks: int = 0
+    prefix_missed_blocks: int = 0

@@ -13,7 +13,7 @@ import socket
 import ssl
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import structlog
@@ -32,6 +32,7 @@ from services.orchestrator.openai_request import (
     parse_json_object,
 )
 from services.orchestrator.openai_stream import ApiKind, ResponseForm, collect, stream_sse
+from services.orchestrator.prefix_salt import cache_salt_of, prefix_salt, tenant_of
 from services.orchestrator.prompting import (
     chat_options,
     chat_prompt_ids,
@@ -191,9 +192,9 @@ async def _models(request: web.Request) -> web.Response:
             entry["fornax_backend"] = snapshot
             execution = (entry.get("fornax") or {}).get("execution")
             if execution is not None:  # which backend runs and why, in one line each
-                choice = snapshot.get("choice") or {}
-                execution["backend_choice"] = {k: choice[k] for k in ("backend", "policy", "reason")} if choice \
-                    else None
+                choice = snapshot.get("choice")
+                execution["backend_choice"] = ({k: choice[k] for k in ("backend", "policy", "reason")}
+                                               if isinstance(choice, dict) and choice else None)
     return web.json_response(listing)
 
 
@@ -206,13 +207,15 @@ async def _model(request: web.Request) -> web.Response:
 async def _chat_completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
     raw = await request.read()
-    body = parse_chat_completion(parse_json_object(raw))
+    fields = parse_json_object(raw)
+    body = parse_chat_completion(fields)
     check_model(body.model, engine.served)
     options = chat_options(body, engine.text, engine.served)
     ids = await _tokenize(len(raw), chat_prompt_ids, body, engine.text)
     gen = generation_request(str(uuid.uuid4()), ids,
                              options, engine.served, engine.config.token_limits,
                              "messages")
+    gen = replace(gen, prefix_salt=_prefix_salt(request, engine, fields))
     form = ResponseForm(ApiKind.CHAT, body.tools if body.tools.active else None,
                         options.sampling.top_logprobs is not None)
     return await _respond(request, engine, gen, body.model, options, form)
@@ -221,14 +224,23 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
 async def _completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
     raw = await request.read()
-    body = parse_completion(parse_json_object(raw))
+    fields = parse_json_object(raw)
+    body = parse_completion(fields)
     check_model(body.model, engine.served)
     ids = await _tokenize(len(raw), completion_prompt_ids, body, engine.text, engine.served)
     gen = generation_request(str(uuid.uuid4()), ids,
                              body.options, engine.served, engine.config.token_limits,
                              "prompt")
+    gen = replace(gen, prefix_salt=_prefix_salt(request, engine, fields))
     form = ResponseForm(ApiKind.COMPLETION, None, body.options.sampling.top_logprobs is not None)
     return await _respond(request, engine, gen, body.model, body.options, form)
+
+
+def _prefix_salt(request: web.Request, engine: ServingEngine, fields: dict) -> bytes | None:
+    """The request's prefix-cache salt: model, tokenizer, caller's credential, own cache_salt."""
+    return prefix_salt(engine.config.prefix_cache, engine.served.card.model_snapshot,
+                       engine.text.identity.tokenizer_sha256,
+                       tenant_of(request.headers.get("Authorization")), cache_salt_of(fields))
 
 
 async def _tokenize(body_bytes: int, encode: Callable[..., tuple[int, ...]],

@@ -43,9 +43,10 @@ def finish_reason_text(reason: FinishReason | None) -> str | None:
     return None
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def model_list(served: ServedModel | None, text: TextIdentity | None = None) -> dict:
@@ -98,15 +99,15 @@ def completion_choice(index: int, text: str, finish: FinishReason | None,
 
 
 def chat_completion(rid: str, created: int, model: str, choices: list[dict],
-                    prompt_tokens: int, completion_tokens: int) -> dict:
+                    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+            "choices": choices, "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def completion(rid: str, created: int, model: str, choices: list[dict],
-               prompt_tokens: int, completion_tokens: int) -> dict:
+               prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+            "choices": choices, "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict,
@@ -133,6 +134,6 @@ def completion_chunk(rid: str, created: int, model: str, text: str,
 
 
 def usage_chunk(rid: str, created: int, model: str, obj: str, prompt_tokens: int,
-                completion_tokens: int) -> dict:
+                completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}

@@ -98,8 +98,10 @@ async def collect(streams: list[RequestStream], model: str, form: ResponseForm,
         choices.append(build(index, text, final.finish_reason, calls, choice.logprobs(entries)))
         completion_tokens += final.completion_tokens
     full = fmt.chat_completion if form.kind is ApiKind.CHAT else fmt.completion
+    # The choices share one prompt; the first choice's admission says how much of it was cached.
     return web.json_response(full(public_id(form, streams[0]), created, model, choices,
-                                  streams[0].prompt_tokens, completion_tokens))
+                                  streams[0].prompt_tokens, completion_tokens,
+                                  drained[0][1].cached_tokens))
 
 
 async def stream_sse(request: web.Request, streams: list[RequestStream], model: str,
@@ -121,7 +123,7 @@ async def stream_sse(request: web.Request, streams: list[RequestStream], model: 
     choices = [_Choice(i, form, LogprobsFormatter(token_bytes),
                        CallStreamSplitter(form.tools) if form.tools is not None else None)
                for i in range(len(streams))]
-    completion_tokens, open_choices = 0, len(streams)
+    completion_tokens, open_choices, cached_tokens = 0, len(streams), 0
     try:
         while open_choices:
             index, output = await queue.get()
@@ -131,12 +133,14 @@ async def stream_sse(request: web.Request, streams: list[RequestStream], model: 
             if output.finished:
                 open_choices -= 1
                 completion_tokens += output.completion_tokens
+                if index == 0:
+                    cached_tokens = output.cached_tokens
     finally:
         for task in tasks:
             task.cancel()
     if options.include_usage:
         await writer.send(fmt.usage_chunk(writer.rid, writer.created, model, form.object_name,
-                                          streams[0].prompt_tokens, completion_tokens))
+                                          streams[0].prompt_tokens, completion_tokens, cached_tokens))
     await writer.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response

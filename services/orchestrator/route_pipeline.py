@@ -30,7 +30,7 @@ from services.orchestrator.domain import (
     StageStats,
 )
 from services.orchestrator.route_health import ROUTE_UNAVAILABLE
-from services.orchestrator.stage_chain import Route, SliceInput, SliceOutput, lease_id_for
+from services.orchestrator.stage_chain import PrefixQuery, Route, SliceInput, SliceOutput, lease_id_for
 from services.orchestrator.tracing import microbatch_span
 
 # FNX2 carries a deadline as a remaining budget and 0 means expired, so a request without a
@@ -64,9 +64,10 @@ class RoutePipeline:
 
     async def submit(self, batch: Microbatch) -> MicrobatchResult:
         rejected: dict[str, RequestSliceResult] = {}
+        cached: dict[str, int] = {}
         if batch.phase is Phase.PREFILL:  # the first chunk of a prompt opens the lease
-            rejected = await self._admit(tuple(s for s in batch.slices
-                                               if s.request_sequence_no == 0))
+            rejected, cached = await self._admit(tuple(s for s in batch.slices
+                                                       if s.request_sequence_no == 0))
         runnable = [s for s in batch.slices if s.request_id not in rejected]
         outputs: dict[str, SliceOutput] = {}
         if runnable:
@@ -76,28 +77,38 @@ class RoutePipeline:
                 span.set_attribute("fornax.phase", batch.phase.value)
                 span.set_attribute("fornax.sequences", len(runnable))
                 span.set_attribute("fornax.rows", batch.row_count)
-                results = await self._route.run(batch.phase, [self._input(s) for s in runnable],
-                                                current_traceparent())
+                results = await self._route.run(
+                    batch.phase, [self._input(s, cached.get(s.request_id, 0)) for s in runnable],
+                    current_traceparent())
             outputs = {o.request_id: o for o in results}
         return MicrobatchResult(batch.batch_id, tuple(
-            rejected.get(s.request_id) or _result(s, outputs[s.request_id])
+            rejected.get(s.request_id) or _result(s, outputs[s.request_id], cached.get(s.request_id, 0))
             for s in batch.slices))
 
-    async def _admit(self, slices: tuple[RequestSlice, ...]) -> dict[str, RequestSliceResult]:
+    async def _admit(self, slices: tuple[RequestSlice, ...]
+                     ) -> tuple[dict[str, RequestSliceResult], dict[str, int]]:
+        """Admit each lease; returns the refusals and, per admitted request, the leading tokens
+        of its first slice that every stage already holds (prefill starts after them)."""
         outcomes = await asyncio.gather(*(self._route.admit(
-            s.request_id, s.kv_reserve_tokens, s.sampling)
+            s.request_id, s.kv_reserve_tokens, s.sampling,
+            prefix=None if s.prefix_salt is None else PrefixQuery(s.prefix_salt, s.token_ids))
             for s in slices), return_exceptions=True)
-        return {s.request_id: _refused(s, o) for s, o in zip(slices, outcomes, strict=True)
-                if isinstance(o, Exception)}
+        refused = {s.request_id: _refused(s, o) for s, o in zip(slices, outcomes, strict=True)
+                   if isinstance(o, Exception)}
+        cached = {s.request_id: o for s, o in zip(slices, outcomes, strict=True)
+                  if isinstance(o, int) and o > 0}
+        return refused, cached
 
-    def _input(self, piece: RequestSlice) -> SliceInput:
+    def _input(self, piece: RequestSlice, skip: int = 0) -> SliceInput:
+        """The FNX2 slice; `skip` leading tokens are already in every stage's KV."""
         budget = (NO_DEADLINE_BUDGET_NS if piece.deadline_budget_ns is None
                   else piece.deadline_budget_ns)
         lease_id = self._lease_ids.get(piece.request_id)
         if lease_id is None:
             lease_id = self._lease_ids[piece.request_id] = lease_id_for(self._route.plan, piece.request_id)
-        return SliceInput(piece.request_id, lease_id, piece.request_sequence_no, piece.token_position_start,
-                          piece.kv_epoch, np.asarray(piece.token_ids, dtype=np.int32), budget)
+        return SliceInput(piece.request_id, lease_id, piece.request_sequence_no,
+                          piece.token_position_start + skip, piece.kv_epoch,
+                          np.asarray(piece.token_ids[skip:], dtype=np.int32), budget)
 
     async def cancel(self, request_id: str) -> None:
         await self._route.cancel(request_id)
@@ -133,18 +144,19 @@ def _stage_stats(index: int, host: str, health) -> StageStats:
     t = health.phase_totals
     return StageStats(index, host, health.kv_bytes_used, health.kv_bytes_limit,
                       health.live_sequences, t.batches, t.queue_ns, t.compute_ns, t.pack_ns,
-                      t.transfer_ns, t.unpack_ns)
+                      t.transfer_ns, t.unpack_ns, health.kv_blocks_free, health.kv_blocks_total,
+                      health.prefix_hit_blocks, health.prefix_missed_blocks)
 
 
-def _result(piece: RequestSlice, output: SliceOutput) -> RequestSliceResult:
+def _result(piece: RequestSlice, output: SliceOutput, cached: int = 0) -> RequestSliceResult:
     if output.ok and output.rows is not None and is_record_row(output.rows):
         record = decode_record(output.rows[0], piece.sampling.top_logprobs or 0)
         wanted = record if piece.sampling.top_logprobs is not None else None
         return RequestSliceResult(piece.request_id, SequenceStatus.OK, record.token_id,
-                              output.kv_epoch_after, logprobs=wanted)
+                                  output.kv_epoch_after, logprobs=wanted, cached_tokens=cached)
     if output.ok and output.rows is not None and output.rows.size == 1:
         return RequestSliceResult(piece.request_id, SequenceStatus.OK, int(output.rows.reshape(-1)[0]),
-                              output.kv_epoch_after)
+                                  output.kv_epoch_after, cached_tokens=cached)
     if output.error_code == STAGE_RUNTIME_FAILURE:
         # A stage could not run the batch or reach its next hop: the route failed, not the
         # sequence. Its own words (which may name peers) go to the log, not to the client.

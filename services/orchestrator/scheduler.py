@@ -63,6 +63,7 @@ class _Request:
     # Tokens prefilled after the prompt on a replay: exactly the ones already emitted.
     replayed: tuple[int, ...] = ()
     replays: int = 0
+    cached_tokens: int = 0  # prompt tokens the route reused at the latest admission
     inflight: bool = False
     stalled: bool = False
     reached_stage: bool = False
@@ -247,7 +248,8 @@ class Scheduler:
             token_ids=tuple(tokens), token_position_start=r.position, kv_epoch=r.kv_epoch,
             deadline_budget_ns=budget, sampling=_sampling(r), sample_index=len(r.generated),
             kv_reserve_tokens=len(r.req.prompt_token_ids) + r.req.max_tokens,
-            traceparent=r.req.traceparent)
+            traceparent=r.req.traceparent,
+            prefix_salt=r.req.prefix_salt if r.sequence_no == 0 else None)
 
     def _expire(self, now_ns: int) -> None:
         """A request past its deadline ends now, in flight or not: its reader gets the final
@@ -303,6 +305,8 @@ class Scheduler:
                 f"inconsistent result: kv epoch {seq.kv_epoch_after}, expected {expected}, "
                 f"token {seq.sampled_token_id}"))
             return
+        if r.sequence_no == 0:
+            r.cached_tokens = seq.cached_tokens
         r.kv_epoch = expected
         r.sequence_no += 1
         r.position += len(piece.token_ids)
@@ -428,7 +432,7 @@ class Scheduler:
         self._outputs.append(RequestOutput(
             request_id=r.req.request_id, text=text, token_ids=token_ids, finish_reason=reason,
             prompt_tokens=len(r.req.prompt_token_ids), completion_tokens=len(r.generated),
-            error=error, logprobs=logprobs))
+            error=error, logprobs=logprobs, cached_tokens=r.cached_tokens))
 
     # ----- hand-off to the shell -----
 

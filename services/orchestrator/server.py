@@ -38,6 +38,7 @@ from services.orchestrator.lifecycle import (
     Preparer,
     RouteManager,
 )
+from services.orchestrator.prefix_salt import PrefixPolicy
 from services.orchestrator.serving import RouteSlot, ServingConfig, ServingEngine, terminal_error
 
 _log = structlog.get_logger()
@@ -101,7 +102,8 @@ def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
                          release_budget_s=cfg.release_budget_s,
                          recovery_timeout_s=cfg.recovery_timeout_s,
                          stall_timeout_s=cfg.idle_write_timeout_s or None,
-                         max_tokens_cap=cfg.max_tokens_cap, max_prompt_tokens=cfg.max_prompt_tokens)
+                         max_tokens_cap=cfg.max_tokens_cap, max_prompt_tokens=cfg.max_prompt_tokens,
+                         prefix_cache=PrefixPolicy.parse(cfg.prefix_cache))
 
 
 def inprocess_installer(cfg: OrchestratorConfig) -> Installer:

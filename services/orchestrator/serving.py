@@ -35,6 +35,7 @@ from services.orchestrator.domain import (
 )
 from services.orchestrator.drift import RouteCalibration
 from services.orchestrator.pipeline import Pipeline
+from services.orchestrator.prefix_salt import PrefixPolicy
 from services.orchestrator.prompting import TokenLimits
 
 # Re-exported: the front ends take a request's stream and its ending from here.
@@ -73,6 +74,8 @@ class ServingConfig:
     # 0 = only the context window bounds them.
     max_tokens_cap: int = 0
     max_prompt_tokens: int = 0
+    # Who shares prompt-prefix KV blocks (services.orchestrator.prefix_salt).
+    prefix_cache: PrefixPolicy = PrefixPolicy.TENANT
 
     @property
     def token_limits(self) -> TokenLimits:

@@ -24,6 +24,7 @@ from libs.fnx2.errors import ChannelClosedError, Fnx2Error
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind
+from libs.model.kv_blocks import KV_BLOCK_TOKENS, prefix_chain
 from libs.model.sampling import SamplingParams
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
@@ -86,6 +87,22 @@ def sampling_to_pb(sampling: SamplingParams) -> pb.SamplingSpec:
         spec.grammar.CopyFrom(pb.GrammarConstraint(lark_grammar=sampling.grammar.lark,
                                                    end_token_ids=sampling.grammar.end_token_ids))
     return spec
+
+
+@dataclass(frozen=True)
+class PrefixQuery:
+    """What admission sends for prefix reuse: the tenant's salt and the prompt's first chunk."""
+
+    salt: bytes
+    token_ids: tuple[int, ...]
+
+
+def reusable_tokens(stage_cached: Sequence[int], prompt_tokens: int) -> int:
+    """Tokens the route reuses: whole blocks every stage holds, leaving at least one prompt
+    token to prefill (its row gives the first sample)."""
+    held = min(stage_cached, default=0)
+    last_block_start = (max(prompt_tokens - 1, 0) // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
+    return max(0, min(held - held % KV_BLOCK_TOKENS, last_block_start))
 
 
 @dataclass(frozen=True)
@@ -257,8 +274,12 @@ class Route:
             await channel.close()
 
     async def admit(self, request_id: str, reserve_tokens: int, sampling: SamplingParams,
-                    logits: bool = False) -> None:
-        """Reserve KV on every stage; on any refusal, undo the reservations that succeeded."""
+                    logits: bool = False, prefix: PrefixQuery | None = None) -> int:
+        """Reserve KV on every stage; on any refusal, undo the reservations that succeeded.
+
+        With a prefix query, returns the prompt tokens every stage holds (the minimum over the
+        stages, whole blocks): the request's first slice may start there. Otherwise 0.
+        """
         mode = pb.OUTPUT_MODE_LOGITS if logits else pb.OUTPUT_MODE_SAMPLED_TOKENS
         message = pb.AdmitSequenceRequest(
             request_id=str(uuid.uuid4()),
@@ -269,6 +290,10 @@ class Route:
             output_mode=mode,
             plan_generation_id=self.plan.plan_generation_id,
         )
+        if prefix is not None:
+            message.prefix_salt = prefix.salt
+            message.prefix_token_ids.extend(prefix.token_ids)
+            message.prefix_block_hashes.extend(prefix_chain(prefix.salt, prefix.token_ids))
         outcomes = await asyncio.gather(*(stub.AdmitSequence(message, timeout=self.timeouts.admit_s)
                                            for stub in self._stubs), return_exceptions=True)
         failures = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
@@ -278,6 +303,10 @@ class Route:
             except Exception:  # the lease expires on the stages that did admit it
                 pass
             raise _clean(*failures[0])
+        if prefix is None:
+            return 0
+        return reusable_tokens([o.cached_tokens for o in outcomes if not isinstance(o, BaseException)],
+                               len(prefix.token_ids))
 
     async def run(self, phase: Phase, inputs: list[SliceInput], traceparent: str | None = None) -> list[SliceOutput]:
         """One ragged batch through every stage; outputs in input order."""

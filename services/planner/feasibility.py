@@ -65,12 +65,12 @@ def node_rejection(node: Node, model: ModelDescription, target: Target, smallest
             f"smallest stage needs {needed / GIB:.3f} GiB (reserve {node.reserve_bytes / GIB:.3f} GiB included); "
             f"node has {node.memory_bytes / GIB:.3f} GiB",
             required=needed, available=node.memory_bytes)
-    needed = model.formats_for(str(node.backend))
-    unsupported = sorted(set(needed) - set(node.weight_formats))
-    if needed and unsupported and (node.weight_formats or target.mode == "deployment"):
+    formats = model.formats_for(str(node.backend))
+    unsupported = sorted(set(formats) - set(node.weight_formats))
+    if formats and unsupported and (node.weight_formats or target.mode == "deployment"):
         offered = list(node.weight_formats) or "none reported"
         return d.Rejection(node.name, d.MISSING_WEIGHT_FORMAT,
-                           f"the {model.weights_policy} weights of a {node.backend} stage are in {list(needed)}; "
+                           f"the {model.weights_policy} weights of a {node.backend} stage are in {list(formats)}; "
                            f"node runs {offered} (lacks {unsupported})")
     if target.mode == "deployment" and not any(r.record_type == "capability" for r in node.evidence):
         return d.Rejection(node.name, d.MISSING_EVIDENCE, "deployment mode: the node references no capability record")

@@ -24,6 +24,7 @@ from typing import Any
 from libs.common.kinds import DType
 from libs.model.config import DeepseekV2Config, parse_config
 from libs.model.errors import ConfigError
+from libs.model.kv_store import KV_DTYPES
 from libs.model.layout import EMBED, FINAL_NORM, LM_HEAD, layer_tensors
 from libs.weights.policy import policy_formats, require_policy
 from services.planner.policy_bytes import LayerBytes, layer_bytes, matrix_bytes
@@ -129,13 +130,21 @@ def _describe_gguf(path: Path, policy: str | None) -> ModelDescription:
     return describe_config(raw, snapshot, policy or planning_policy(str(path))[0])
 
 
-def describe_config(raw: dict[str, Any], snapshot: str, policy: str | None = None) -> ModelDescription:
+def describe_config(raw: dict[str, Any], snapshot: str, policy: str | None = None,
+                    kv_dtype: str | None = None) -> ModelDescription:
+    """`kv_dtype` (libs.model.kv_store.KV_DTYPES) is the stages' KV element type; None keeps the
+    default memory term (float32 KV under a weight policy, else the weights' dtype)."""
     cfg = parse_config(raw)
     dtype = weight_dtype_of(raw)
     if policy is not None:
         require_policy(policy)
         dtype = DType.BF16 if policy == "bf16" else DType.FP32
     sizes = _Sizes(cfg, policy, DTYPE_BYTES[dtype])
+    if kv_dtype is not None:
+        if kv_dtype not in KV_DTYPES:
+            raise ConfigError(f"KV dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}",
+                              reason="KV_DTYPE", field="kv_dtype")
+        sizes.kv_bytes = KV_DTYPES[kv_dtype]
     n = cfg.num_hidden_layers
     layers = tuple(_layer_cost(cfg, i, sizes) for i in range(n))
     embed = sizes.matrix(EMBED, cfg.vocab_size, cfg.hidden_size)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.common.kinds import Backend
+from libs.model.kv_store import KV_DTYPES
 from libs.security.paths import parse_roots
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
@@ -32,6 +33,8 @@ class StageWorkerConfig:
     # MAX compile cache; None = the backend's default (~/.cache/fornax/max).
     compile_cache_dir: str | None = None
     kv_limit_bytes: int = 1 << 30
+    # Element type of the KV store: fp32 (reference) or bf16 (half the bytes per token).
+    kv_dtype: str = "fp32"
     # Host other stages and the orchestrator use to reach this worker's FNX2 listener when the
     # bind host is a wildcard (e.g. a pod's stable DNS name); empty = the bind host.
     advertise_host: str = ""
@@ -59,6 +62,8 @@ class StageWorkerConfig:
         parser.add_argument("--device", choices=DEVICES, help="env FORNAX_DEVICE")
         parser.add_argument("--compile-cache-dir", help="MAX compile cache (env FORNAX_COMPILE_CACHE_DIR)")
         parser.add_argument("--kv-limit-bytes", type=int, help="env FORNAX_KV_LIMIT_BYTES")
+        parser.add_argument("--kv-dtype", choices=tuple(KV_DTYPES),
+                            help="KV store element type, fp32 or bf16 (env FORNAX_KV_DTYPE)")
         parser.add_argument("--advertise-host", help="host peers dial for FNX2 (env FORNAX_ADVERTISE_HOST)")
         parser.add_argument("--state-dir", help="private state: fetched artifacts (env FORNAX_STATE_DIR)")
         parser.add_argument(
@@ -87,9 +92,16 @@ class StageWorkerConfig:
             device=device,
             compile_cache_dir=pick(args.compile_cache_dir, env, "FORNAX_COMPILE_CACHE_DIR", cls.compile_cache_dir),
             kv_limit_bytes=pick(args.kv_limit_bytes, env, "FORNAX_KV_LIMIT_BYTES", cls.kv_limit_bytes, int),
+            kv_dtype=_kv_dtype(pick(args.kv_dtype, env, "FORNAX_KV_DTYPE", cls.kv_dtype)),
             advertise_host=pick(args.advertise_host, env, "FORNAX_ADVERTISE_HOST", ""),
             state_dir=pick(args.state_dir, env, "FORNAX_STATE_DIR", f".fornax/stage_worker_{stage_index}"),
             cpu_affinity=pick(args.cpu_affinity, env, "FORNAX_CPU_AFFINITY", (), parse_cpu_set),
             cpu_shared_with=env.get("FORNAX_CPU_SHARED_WITH", ""),
             read_roots=parse_roots(pick(args.read_roots, env, "FORNAX_READ_ROOTS", "")),
         )
+
+
+def _kv_dtype(value: str) -> str:
+    if value not in KV_DTYPES:
+        raise SystemExit(f"unsupported KV dtype {value!r}; expected one of {', '.join(KV_DTYPES)}")
+    return value

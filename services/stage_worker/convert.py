@@ -6,6 +6,8 @@ from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from libs.common.kinds import DType
 from libs.common.proto import backend_from_pb, dtype_from_pb
+from libs.model.kv_blocks import KV_BLOCK_TOKENS, blocks_for, prefix_chain
+from libs.model.kv_store import KV_DTYPES
 from libs.model.sampling import SamplingParams
 from libs.service.errors import InvalidArgument
 from libs.structured.spec import GrammarSpec
@@ -72,14 +74,24 @@ def load_spec_from_pb(request: pb.LoadStageRequest) -> LoadSpec:
         return_logits=spec.output_mode == pb.OUTPUT_MODE_LOGITS,
         previous_hop_identity=spec.previous_hop_identity or None,
         next_hop_identity=spec.next_hop_identity or None,
+        kv_dtype=_kv_dtype(spec.kv_dtype),
     )
 
 
-def admission_from_pb(request: pb.AdmitSequenceRequest, bytes_per_token: int) -> SequenceAdmission:
+def _kv_dtype(value: str) -> str | None:
+    if value and value not in KV_DTYPES:
+        raise InvalidArgument(f"KV dtype {value!r} is not one of {', '.join(KV_DTYPES)}", reason="KV_DTYPE",
+                              field="spec.kv_dtype")
+    return value or None
+
+
+def admission_from_pb(request: pb.AdmitSequenceRequest, block_bytes: int) -> SequenceAdmission:
+    """The admission, its KV reservation rounded up to whole blocks of `block_bytes`."""
     request_id = _required(request.target_request_id, "target_request_id")
     lease_id = _required(request.execution_lease_id, "execution_lease_id")
     if request.reserve_tokens == 0:
         raise InvalidArgument("reserve_tokens must be positive", field="reserve_tokens")
+    chain = _prefix_chain_from_pb(request)
     s = request.sampling
     sampling = SamplingParams(
         temperature=s.temperature,
@@ -95,7 +107,34 @@ def admission_from_pb(request: pb.AdmitSequenceRequest, bytes_per_token: int) ->
         generated_token_ids=tuple(s.generated_token_ids),
         top_logprobs=s.top_logprobs if s.logprobs else None,
     )
-    return SequenceAdmission(request_id, lease_id, request.reserve_tokens * bytes_per_token, sampling)
+    reserve = blocks_for(request.reserve_tokens) * block_bytes
+    return SequenceAdmission(request_id, lease_id, reserve, sampling, prefix_chain=chain)
+
+
+def _prefix_chain_from_pb(request: pb.AdmitSequenceRequest) -> tuple[bytes, ...]:
+    """The prompt's block hashes as this stage computes them from the tokens it was sent.
+
+    The orchestrator's chain must equal them: a stage keys blocks only by hashes it computed
+    itself, so a forged chain is refused and can never reach another prompt's blocks.
+    """
+    if not request.prefix_salt:
+        if request.prefix_block_hashes or request.prefix_token_ids:
+            raise InvalidArgument("prefix hashes and tokens need a prefix_salt", reason="PREFIX_CHAIN",
+                                  field="prefix_salt")
+        return ()
+    if len(request.prefix_token_ids) > request.reserve_tokens:
+        raise InvalidArgument(
+            f"{len(request.prefix_token_ids)} prefix tokens exceed the {request.reserve_tokens} reserved",
+            reason="PREFIX_CHAIN", field="prefix_token_ids",
+        )
+    chain = tuple(prefix_chain(request.prefix_salt, request.prefix_token_ids))
+    if tuple(request.prefix_block_hashes) != chain:
+        raise InvalidArgument(
+            f"the prefix chain ({len(request.prefix_block_hashes)} hashes) does not match the "
+            f"{len(chain)} blocks of {KV_BLOCK_TOKENS} tokens it was sent",
+            reason="PREFIX_CHAIN", field="prefix_block_hashes",
+        )
+    return chain
 
 
 def _grammar_from_pb(grammar: pb.GrammarConstraint) -> GrammarSpec:
@@ -107,7 +146,7 @@ def _grammar_from_pb(grammar: pb.GrammarConstraint) -> GrammarSpec:
 
 def health_to_pb(snapshot: HealthSnapshot) -> pb.GetHealthResponse:
     plan = snapshot.plan
-    return pb.GetHealthResponse(
+    reply = pb.GetHealthResponse(
         state=STATE_TO_PB[snapshot.state],
         inflight_batches=snapshot.inflight_batches,
         live_sequences=snapshot.live_sequences,
@@ -125,6 +164,16 @@ def health_to_pb(snapshot: HealthSnapshot) -> pb.GetHealthResponse:
         if plan
         else None,
     )
+    blocks = snapshot.kv_blocks
+    if blocks is not None:
+        reply.kv_block_tokens = snapshot.kv_block_tokens
+        reply.kv_blocks_total = blocks.total_blocks
+        reply.kv_blocks_free = blocks.free_blocks
+        reply.kv_blocks_cached = blocks.cached_blocks
+        reply.prefix_hit_blocks = blocks.hit_blocks
+        reply.prefix_missed_blocks = blocks.missed_blocks
+        reply.kv_evicted_blocks = blocks.evicted_blocks
+    return reply
 
 
 def _totals_to_pb(totals: PhaseTotals | None) -> pb.PhaseTotals | None:

@@ -119,6 +119,7 @@ class DataPlane:
             frames=INFLIGHT_FRAMES,
             kv_bytes=stage.executor.spec.kv_limit_bytes,
             kv_bytes_per_row=stage.executor.kv.layout.bytes_per_token,
+            prefix_block_tokens=stage.executor.kv.block_tokens,
         )
         self._receiver = Fnx2Receiver(
             ReceiverConfig(

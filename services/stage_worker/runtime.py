@@ -24,6 +24,7 @@ from libs.model.errors import ModelError
 from libs.model.executor import PendingKv, StageBatch, StageExecutor, StageResult
 from libs.model.executor import StageSpec as ExecutorSpec
 from libs.model.kernels import make_kernels
+from libs.model.kv_blocks import KV_BLOCK_TOKENS, PoolStats
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.channels import ChannelConfig
@@ -68,6 +69,8 @@ class LoadSpec:
     # Fleet identities (spiffe URIs) of the peers on the data plane; None without TLS.
     previous_hop_identity: str | None = None
     next_hop_identity: str | None = None
+    # KV element type (libs.model.kv_store.KV_DTYPES); None = the worker's --kv-dtype.
+    kv_dtype: str | None = None
 
     @property
     def input_dtype(self) -> DType:
@@ -94,6 +97,10 @@ class SequenceAdmission:
     lease_id: str
     reserve_bytes: int
     sampling: SamplingParams
+    # Prefix reuse: the prompt's block hashes as this stage computed them (empty: no reuse).
+    prefix_chain: tuple[bytes, ...] = ()
+    # Tokens of the prompt this stage holds for the lease, set when admitted.
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,8 @@ class HealthSnapshot:
     plan: PlanBinding | None
     phase_totals: PhaseTotals | None = None
     service_times: ServiceTimes | None = None
+    kv_blocks: PoolStats | None = None
+    kv_block_tokens: int = KV_BLOCK_TOKENS
 
 
 @dataclass
@@ -186,8 +195,11 @@ def _check_boundary_contract(spec: LoadSpec, manifest) -> None:
 class StageRuntime:
     def __init__(self, backend: Backend, device: str, default_kv_limit_bytes: int,
                  artifact_cache_dir: str | None = None, fetch_channel: ChannelConfig = ChannelConfig(),
-                 device_thread: ThreadPoolExecutor | None = None, phase_totals: PhaseTotals | None = None):
+                 device_thread: ThreadPoolExecutor | None = None, phase_totals: PhaseTotals | None = None,
+                 kv_dtype: str = "fp32"):
         self.backend = backend
+        # Element type of this host's KV store (libs.model.kv_store.KV_DTYPES; --kv-dtype).
+        self.kv_dtype = kv_dtype
         # How artifacts are fetched from the builder (this worker's certificate, under mTLS).
         self.fetch_channel = fetch_channel
         self.artifact_cache = ArtifactCache(Path(artifact_cache_dir)) if artifact_cache_dir else None
@@ -300,7 +312,9 @@ class StageRuntime:
         kernels = make_kernels(spec.backend, config, weights, spec.device, self._backend_options(spec))
         limit = spec.kv_limit_bytes or self.default_kv_limit_bytes
         executor = StageExecutor(
-            config, ExecutorSpec(spec.layer_start, spec.layer_end, spec.first, spec.last, limit), kernels
+            config, ExecutorSpec(spec.layer_start, spec.layer_end, spec.first, spec.last, limit,
+                                 spec.kv_dtype or self.kv_dtype),
+            kernels
         )
         weight_bytes = sum(p.stat().st_size for p in Path(source).glob("*.safetensors"))
         decoding = DecodingTable(config.vocab_size, _grammar_vocabulary(source, config)) if spec.last else None
@@ -353,8 +367,11 @@ class StageRuntime:
             )
         return self.stage
 
-    def admit(self, admission: SequenceAdmission) -> int:
-        """Reserve KV for a request; returns the bytes still free after the reservation."""
+    def admit(self, admission: SequenceAdmission) -> tuple[int, int]:
+        """Reserve KV for a request and pin its resident prompt prefix.
+
+        Returns (bytes still free after the reservation, prompt tokens this stage holds).
+        """
         stage = self.loaded()
         if self.lifecycle.state == StageState.DRAINING:
             raise FailedPrecondition("the stage is draining and admits nothing new", reason="DRAINING")
@@ -363,11 +380,14 @@ class StageRuntime:
         except ModelError as exc:
             raise InvalidArgument(exc.message, reason="SAMPLING", field="sampling") from exc
         if admission.request_id in stage.admissions:
-            return self._kv_free(stage)
+            return self._kv_free(stage), stage.admissions[admission.request_id].cached_tokens
         free = self._kv_free(stage)
         if admission.reserve_bytes > free:
+            kv = stage.executor.kv
             raise ResourceExhausted(
-                f"stage {stage.spec.stage_index} has {free} KV bytes free, the request needs {admission.reserve_bytes}",
+                f"stage {stage.spec.stage_index} has {free // kv.block_bytes} of {kv.pool.total_blocks} KV blocks "
+                f"({kv.block_tokens} tokens each) unreserved, the request needs "
+                f"{admission.reserve_bytes // kv.block_bytes}",
                 reason="KV_CAPACITY",
             )
         if stage.decoding is not None:
@@ -375,13 +395,22 @@ class StageRuntime:
                 stage.decoding.open(admission.request_id, admission.sampling)
             except FornaxError as exc:
                 raise InvalidArgument(exc.message, reason=exc.reason, field="sampling") from exc
-        stage.admissions[admission.request_id] = admission
+        cached = 0
+        if admission.prefix_chain:
+            cached = stage.executor.kv.attach_prefix((admission.request_id, admission.lease_id),
+                                                     admission.prefix_chain)
+        stage.admissions[admission.request_id] = replace(admission, cached_tokens=cached)
         stage.cancelled.discard(admission.request_id)
-        return free - admission.reserve_bytes
+        return free - admission.reserve_bytes, cached
 
     def _kv_free(self, stage: LoadedStage) -> int:
+        """Bytes of whole blocks not reserved by an admitted request (reservations are in blocks)."""
         reserved = sum(a.reserve_bytes for a in stage.admissions.values())
-        return stage.executor.spec.kv_limit_bytes - reserved
+        kv = stage.executor.kv
+        return kv.pool.total_blocks * kv.block_bytes - reserved
+
+    def kv_block_bytes(self) -> int:
+        return self.loaded().executor.kv.block_bytes
 
     def kv_bytes_per_token(self) -> int:
         return self.loaded().executor.kv.layout.bytes_per_token
@@ -481,4 +510,5 @@ class StageRuntime:
             plan=stage.spec.plan if stage else None,
             phase_totals=self.phase_totals,
             service_times=self.service_times,
+            kv_blocks=usage.blocks if usage else None,
         )

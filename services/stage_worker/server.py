@@ -15,6 +15,7 @@ from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 from libs.common.kinds import FLOAT_DTYPES
 from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
+from libs.model.kv_blocks import KV_BLOCK_TOKENS
 from libs.security.audit import AuditEvent, open_audit_log
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.security.identity import Identity, IdentityError
@@ -133,6 +134,8 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
             input=first_input if spec.first else hidden_in,
             output=last_output if spec.last else hidden_out,
             weight_bytes=stage.weight_bytes,
+            kv_dtype=stage.executor.kv.layout.dtype,
+            kv_block_tokens=stage.executor.kv.block_tokens,
             load_time=common_pb2.Figure(
                 name="stage_load_time",
                 value=stage.load_seconds,
@@ -158,9 +161,10 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
     async def AdmitSequence(self, request, context) -> pb.AdmitSequenceResponse:
         runtime = self._generations.for_lease(request.execution_lease_id, request.target_request_id,
                                               request.plan_generation_id).runtime
-        admission = convert.admission_from_pb(request, runtime.kv_bytes_per_token())
-        free = runtime.admit(admission)
-        return pb.AdmitSequenceResponse(kv_bytes_reserved=admission.reserve_bytes, kv_bytes_free=free)
+        admission = convert.admission_from_pb(request, runtime.kv_block_bytes())
+        free, cached = runtime.admit(admission)
+        return pb.AdmitSequenceResponse(kv_bytes_reserved=admission.reserve_bytes, kv_bytes_free=free,
+                                        cached_tokens=cached, kv_block_tokens=KV_BLOCK_TOKENS)
 
     async def CancelRequest(self, request, context) -> pb.CancelRequestResponse:
         target = convert._required(request.target_request_id, "target_request_id")
@@ -236,7 +240,7 @@ async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
         return StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes,
                             artifact_cache_dir=str(Path(cfg.state_dir) / "artifact_cache"),
                             fetch_channel=cfg.server.client_channel(), device_thread=device_thread,
-                            phase_totals=phase_totals)
+                            phase_totals=phase_totals, kv_dtype=cfg.kv_dtype)
 
     tls = data_plane_tls(cfg)
     idle = new_runtime()

@@ -94,3 +94,13 @@ def test_parity_of_a_policy_fails_against_the_unquantized_reference(tiny_checkpo
     monkeypatch.setattr(parity, "run_reference",
                         lambda path, cfg, plans, policy="fp32", backend="numpy": original(path, cfg, plans))
     assert not run_parity(ParityRequest(tiny_checkpoint, 1, "numpy", weights="q4_k_m")).passed
+
+
+def test_parity_kv_dtype_reports_the_logit_error_against_fp32_kv(tiny_checkpoint):
+    report = run_parity(ParityRequest(tiny_checkpoint, 2, "numpy", decode_steps=16, kv_dtype="bf16"))
+    text = format_report(report)
+    assert report.gate == "kv_top1" and report.passed, text
+    kv = report.kv
+    assert kv.kv_dtype == "bf16" and kv.positions == report.rows and kv.top1_vs_fp32_kv >= 0.95
+    assert 0 < kv.max_abs_logit_error < 0.05 * kv.max_abs_logit  # narrower, yet close
+    assert "bf16 KV against float32 KV" in text

@@ -137,6 +137,8 @@ def test_admission_beyond_kv_capacity_is_refused_and_reserves_nothing(checkpoint
     error = asyncio.run(scenario())
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert reason_of(error) == "KV_CAPACITY"
+    # The refusal names the blocks: free of total, and how many the request needs.
+    assert "KV blocks" in error.details() and f"needs {-(-10**9 // 16)}" in error.details()
 
 
 def test_load_refuses_a_backend_this_worker_does_not_run(checkpoint, two_workers):

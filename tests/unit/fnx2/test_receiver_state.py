@@ -191,3 +191,16 @@ def test_large_inputs_replay_and_conflict_by_crc():
     assert again.execute == () and replayed[REQ_A] == first[REQ_A]
     _, conflict = run(state, batch(seed=4, **big))
     assert codes(conflict) == {REQ_A: "SEQUENCE_CONFLICT"}
+
+
+def test_a_lease_opens_at_a_whole_block_prefix_only_when_the_stage_pages_kv():
+    plain = ReceiverState(BINDING)
+    _, r = run(plain, batch(rows=(2, 2), position=16))
+    assert set(codes(r).values()) == {"POSITION"}  # no prefix reuse: position 0 only
+    paged = ReceiverState(BINDING, ReceiverLimits(prefix_block_tokens=16))
+    _, r = run(paged, batch(rows=(2, 2), position=5))
+    assert set(codes(r).values()) == {"POSITION"}  # not a whole block
+    _, r = run(paged, batch(rows=(2, 2), position=32))
+    assert all(x.status is SequenceStatus.OK for x in r.values())
+    _, r = run(paged, batch(Phase.DECODE, rows=(1, 1), sequence_no=1, position=34, epoch=1))
+    assert all(x.status is SequenceStatus.OK for x in r.values())  # continues after the prefix

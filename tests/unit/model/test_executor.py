@@ -97,11 +97,12 @@ def test_failed_execution_leaves_kv_and_epoch_unchanged(tiny_checkpoint):
 def test_release_frees_bytes_and_tombstones_the_lease(tiny_checkpoint):
     ex = make_executor(tiny_checkpoint)
     ex.execute(StageBatch((ident("a", 0, 0, 7), ident("b", 0, 0, 3)), np.concatenate([TOKENS["a"], TOKENS["b"]])))
-    per_token = ex.kv.layout.bytes_per_token
-    assert ex.kv_usage().bytes_used == 10 * per_token and ex.kv_usage().live_sequences == 2
+    block = ex.kv.block_bytes  # each sequence holds one block (7 and 3 rows of 16)
+    assert ex.kv_usage().bytes_used == 2 * block and ex.kv_usage().live_sequences == 2
     assert ex.release("a", "lease-1") is True
     usage = ex.kv_usage()
-    assert usage.bytes_used == 3 * per_token and usage.bytes_high_water == 10 * per_token
+    assert usage.bytes_used == block and usage.bytes_high_water == 2 * block
+    assert usage.blocks.free_blocks == usage.blocks.total_blocks - 1
     with pytest.raises(ReleasedSequenceError) as err:
         ex.execute(StageBatch((ident("a", 0, 0, 1),), TOKENS["a"][:1]))
     assert err.value.reason == "RELEASED"
@@ -109,15 +110,15 @@ def test_release_frees_bytes_and_tombstones_the_lease(tiny_checkpoint):
     assert ex.release_request("b") == 1 and ex.kv_usage().bytes_used == 0 and ex.kv_usage().live_sequences == 0
 
 
-def test_kv_byte_limit_is_enforced_before_any_change(tiny_checkpoint):
+def test_kv_block_limit_is_enforced_before_any_change(tiny_checkpoint):
     probe = make_executor(tiny_checkpoint)
-    per_token = probe.kv.layout.bytes_per_token
-    ex = make_executor(tiny_checkpoint, kv_limit_bytes=8 * per_token)
+    block = probe.kv.block_bytes
+    ex = make_executor(tiny_checkpoint, kv_limit_bytes=block)  # one block of 16 tokens
     ex.execute(StageBatch((ident("a", 0, 0, 7),), TOKENS["a"]))
     with pytest.raises(KvLimitExceededError) as err:
         ex.execute(StageBatch((ident("a", 1, 7, 1), ident("b", 0, 0, 3)), np.array([1, 40, 41, 42], np.int32)))
     assert err.value.reason == "KV_LIMIT"
-    assert ex.kv_usage().bytes_used == 7 * per_token and ex.kv.epoch(("a", "lease-1")) == 1
+    assert ex.kv_usage().bytes_used == block and ex.kv.epoch(("a", "lease-1")) == 1
     assert ex.execute(StageBatch((ident("a", 1, 7, 1),), np.array([1], np.int32))).kv_epochs_after == (2,)
 
 

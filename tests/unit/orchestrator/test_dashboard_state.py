@@ -52,3 +52,13 @@ def test_history_is_bounded_and_errors_expire():
     assert len(snap["tokens_per_s"]) == HISTORY_SAMPLES
     # deadline counts rose at t = 100, 200, 300 and 400; the one at 100 is older than the window.
     assert snap["errors"] == {"capacity": 1, "deadline": 3}
+
+
+def test_a_stage_reports_its_kv_blocks_and_prefix_hit_rate():
+    state = DashboardState()
+    stage = StageStats(0, "h:1", 0, 1 << 20, 0, 1, kv_blocks_free=60, kv_blocks_total=64,
+                       prefix_hit_blocks=3, prefix_missed_blocks=1)
+    state.record(_sample(1.0, 0, 0, {}, stage, _stage(1, 1, 10)))
+    first, second = state.snapshot(SERVED, 1.0)["stages"]
+    assert (first["kv_blocks_free"], first["kv_blocks_total"], first["prefix_hit_rate"]) == (60, 64, 0.75)
+    assert second["prefix_hit_rate"] is None  # no lookup yet: no rate

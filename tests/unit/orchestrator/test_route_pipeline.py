@@ -34,11 +34,15 @@ class ScriptedRoute:
     runs: list[tuple[Phase, list]] = field(default_factory=list)
     outputs: dict[str, SliceOutput] = field(default_factory=dict)
     traceparents: list = field(default_factory=list)
+    cached: int = 0  # the tokens every stage holds, answered to a prefix query
+    prefixes: list = field(default_factory=list)
 
-    async def admit(self, request_id, reserve_tokens, sampling, logits=False):
+    async def admit(self, request_id, reserve_tokens, sampling, logits=False, prefix=None):
         if request_id in self.refuse:
             raise ResourceExhausted("stage 1 KV full")
         self.admitted.append((request_id, reserve_tokens, sampling.temperature))
+        self.prefixes.append(prefix)
+        return self.cached if prefix is not None else 0
 
     async def run(self, phase, inputs, traceparent=None):
         self.runs.append((phase, inputs))
@@ -76,6 +80,19 @@ def test_prefill_admits_then_runs_and_maps_results():
     assert inputs[0].deadline_budget_ns == 500
     assert inputs[1].deadline_budget_ns == NO_DEADLINE_BUDGET_NS
     assert inputs[0].token_ids.dtype == np.int32
+
+
+def test_a_reused_prefix_is_skipped_in_the_first_slice_and_reported():
+    route = ScriptedRoute(cached=32)
+    pipeline = RoutePipeline(route, SERVED)
+    salted = RequestSlice("a", 0, tuple(range(40)), 0, 0, None, SamplingParams(), 0, 50,
+                          prefix_salt=b"salt")
+    result = asyncio.run(pipeline.submit(Microbatch(0, 0, Phase.PREFILL, (salted, piece("b")))))
+    assert [p and (p.salt, p.token_ids) for p in route.prefixes] == [(b"salt", tuple(range(40))), None]
+    ((_, inputs),) = route.runs
+    assert (inputs[0].position_start, inputs[0].token_ids.tolist()) == (32, list(range(32, 40)))
+    assert (inputs[1].position_start, len(inputs[1].token_ids)) == (0, 3)
+    assert [s.cached_tokens for s in result.sequences] == [32, 0]
 
 
 def test_decode_does_not_admit_and_release_reports_every_stage():

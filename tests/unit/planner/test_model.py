@@ -75,3 +75,12 @@ def test_checkpoint_snapshot_hashes_config(tmp_path):
     assert second.model_snapshot != first.model_snapshot and second.num_layers == 3
     with pytest.raises(ConfigError):
         describe_checkpoint(tmp_path / "missing")
+
+
+def test_the_kv_dtype_sets_the_memory_term():
+    raw = synthetic_config(2, experts=4, top_k=2, hidden=2048)  # kv_lora 512, rope 64
+    assert describe_config(raw, "sha256:x", kv_dtype="fp32").layers[0].kv_bytes_per_token == (512 + 64) * 4
+    assert describe_config(raw, "sha256:x", kv_dtype="bf16").layers[0].kv_bytes_per_token == (512 + 64) * 2
+    with pytest.raises(ConfigError) as err:
+        describe_config(raw, "sha256:x", kv_dtype="fp4")
+    assert err.value.reason == "KV_DTYPE"

@@ -88,7 +88,7 @@ class GetCapabilitiesResponse(_message.Message):
     def __init__(self, backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., backend_build: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., supported_dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., supported_operations: _Optional[_Iterable[str]] = ..., fnx2_versions: _Optional[_Iterable[str]] = ..., data_plane_address: _Optional[str] = ..., stage_index: _Optional[int] = ..., worker_build: _Optional[str] = ..., data_plane_host: _Optional[str] = ..., identity: _Optional[str] = ..., weight_formats: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StageSpec(_message.Message):
-    __slots__ = ("stage_index", "stage_count", "layer_range", "plan", "checkpoint_dir", "artifact_dir", "manifest_hash", "backend", "boundary_dtype", "next_hop_address", "kv_limit_bytes", "output_mode", "device", "next_hop_manifest_hash", "artifact_source_address", "input_boundary_dtype", "previous_hop_identity", "next_hop_identity")
+    __slots__ = ("stage_index", "stage_count", "layer_range", "plan", "checkpoint_dir", "artifact_dir", "manifest_hash", "backend", "boundary_dtype", "next_hop_address", "kv_limit_bytes", "output_mode", "device", "next_hop_manifest_hash", "artifact_source_address", "input_boundary_dtype", "previous_hop_identity", "next_hop_identity", "kv_dtype")
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     STAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
     LAYER_RANGE_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +107,7 @@ class StageSpec(_message.Message):
     INPUT_BOUNDARY_DTYPE_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_HOP_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     NEXT_HOP_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
     stage_index: int
     stage_count: int
     layer_range: _common_pb2.LayerRange
@@ -125,7 +126,8 @@ class StageSpec(_message.Message):
     input_boundary_dtype: _common_pb2.ElementType
     previous_hop_identity: str
     next_hop_identity: str
-    def __init__(self, stage_index: _Optional[int] = ..., stage_count: _Optional[int] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., artifact_dir: _Optional[str] = ..., manifest_hash: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., next_hop_address: _Optional[str] = ..., kv_limit_bytes: _Optional[int] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., device: _Optional[str] = ..., next_hop_manifest_hash: _Optional[str] = ..., artifact_source_address: _Optional[str] = ..., input_boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., previous_hop_identity: _Optional[str] = ..., next_hop_identity: _Optional[str] = ...) -> None: ...
+    kv_dtype: str
+    def __init__(self, stage_index: _Optional[int] = ..., stage_count: _Optional[int] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., artifact_dir: _Optional[str] = ..., manifest_hash: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., next_hop_address: _Optional[str] = ..., kv_limit_bytes: _Optional[int] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., device: _Optional[str] = ..., next_hop_manifest_hash: _Optional[str] = ..., artifact_source_address: _Optional[str] = ..., input_boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., previous_hop_identity: _Optional[str] = ..., next_hop_identity: _Optional[str] = ..., kv_dtype: _Optional[str] = ...) -> None: ...
 
 class LoadStageRequest(_message.Message):
     __slots__ = ("request_id", "spec")
@@ -136,7 +138,7 @@ class LoadStageRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., spec: _Optional[_Union[StageSpec, _Mapping]] = ...) -> None: ...
 
 class LoadStageResponse(_message.Message):
-    __slots__ = ("state", "manifest_hash", "data_plane_address", "input", "output", "weight_bytes", "load_time")
+    __slots__ = ("state", "manifest_hash", "data_plane_address", "input", "output", "weight_bytes", "load_time", "kv_dtype", "kv_block_tokens")
     STATE_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +146,8 @@ class LoadStageResponse(_message.Message):
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
     LOAD_TIME_FIELD_NUMBER: _ClassVar[int]
+    KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     state: StageState
     manifest_hash: str
     data_plane_address: str
@@ -151,7 +155,9 @@ class LoadStageResponse(_message.Message):
     output: _common_pb2.BoundaryContract
     weight_bytes: int
     load_time: _common_pb2.Figure
-    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., manifest_hash: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., input: _Optional[_Union[_common_pb2.BoundaryContract, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.BoundaryContract, _Mapping]] = ..., weight_bytes: _Optional[int] = ..., load_time: _Optional[_Union[_common_pb2.Figure, _Mapping]] = ...) -> None: ...
+    kv_dtype: str
+    kv_block_tokens: int
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., manifest_hash: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., input: _Optional[_Union[_common_pb2.BoundaryContract, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.BoundaryContract, _Mapping]] = ..., weight_bytes: _Optional[int] = ..., load_time: _Optional[_Union[_common_pb2.Figure, _Mapping]] = ..., kv_dtype: _Optional[str] = ..., kv_block_tokens: _Optional[int] = ...) -> None: ...
 
 class GetHealthRequest(_message.Message):
     __slots__ = ("plan_generation_id",)
@@ -160,7 +166,7 @@ class GetHealthRequest(_message.Message):
     def __init__(self, plan_generation_id: _Optional[str] = ...) -> None: ...
 
 class GetHealthResponse(_message.Message):
-    __slots__ = ("state", "inflight_batches", "live_sequences", "kv_bytes_used", "kv_bytes_limit", "kv_bytes_high_water", "inflight_batches_high_water", "batches_executed", "failure_reason", "plan", "phase_totals", "service_times", "loaded_plan_generation_ids")
+    __slots__ = ("state", "inflight_batches", "live_sequences", "kv_bytes_used", "kv_bytes_limit", "kv_bytes_high_water", "inflight_batches_high_water", "batches_executed", "failure_reason", "plan", "phase_totals", "service_times", "loaded_plan_generation_ids", "kv_block_tokens", "kv_blocks_total", "kv_blocks_free", "kv_blocks_cached", "prefix_hit_blocks", "prefix_missed_blocks", "kv_evicted_blocks")
     STATE_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     LIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +180,13 @@ class GetHealthResponse(_message.Message):
     PHASE_TOTALS_FIELD_NUMBER: _ClassVar[int]
     SERVICE_TIMES_FIELD_NUMBER: _ClassVar[int]
     LOADED_PLAN_GENERATION_IDS_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_FREE_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_CACHED_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_MISSED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_EVICTED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     state: StageState
     inflight_batches: int
     live_sequences: int
@@ -187,7 +200,14 @@ class GetHealthResponse(_message.Message):
     phase_totals: PhaseTotals
     service_times: ServiceTimes
     loaded_plan_generation_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ..., live_sequences: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., kv_bytes_limit: _Optional[int] = ..., kv_bytes_high_water: _Optional[int] = ..., inflight_batches_high_water: _Optional[int] = ..., batches_executed: _Optional[int] = ..., failure_reason: _Optional[str] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., phase_totals: _Optional[_Union[PhaseTotals, _Mapping]] = ..., service_times: _Optional[_Union[ServiceTimes, _Mapping]] = ..., loaded_plan_generation_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    kv_block_tokens: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    kv_blocks_cached: int
+    prefix_hit_blocks: int
+    prefix_missed_blocks: int
+    kv_evicted_blocks: int
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ..., live_sequences: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., kv_bytes_limit: _Optional[int] = ..., kv_bytes_high_water: _Optional[int] = ..., inflight_batches_high_water: _Optional[int] = ..., batches_executed: _Optional[int] = ..., failure_reason: _Optional[str] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., phase_totals: _Optional[_Union[PhaseTotals, _Mapping]] = ..., service_times: _Optional[_Union[ServiceTimes, _Mapping]] = ..., loaded_plan_generation_ids: _Optional[_Iterable[str]] = ..., kv_block_tokens: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., kv_blocks_cached: _Optional[int] = ..., prefix_hit_blocks: _Optional[int] = ..., prefix_missed_blocks: _Optional[int] = ..., kv_evicted_blocks: _Optional[int] = ...) -> None: ...
 
 class ServiceTimes(_message.Message):
     __slots__ = ("decode_service_ns", "decode_microbatches", "decode_rows", "prefill_service_ns", "prefill_tokens", "prefill_batches", "recent_decode_service_ns", "recent_decode_microbatches", "recent_decode_rows", "decode_past_tokens")
@@ -357,7 +377,7 @@ class GrammarConstraint(_message.Message):
     def __init__(self, lark_grammar: _Optional[str] = ..., end_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AdmitSequenceRequest(_message.Message):
-    __slots__ = ("request_id", "target_request_id", "execution_lease_id", "reserve_tokens", "sampling", "output_mode", "plan_generation_id")
+    __slots__ = ("request_id", "target_request_id", "execution_lease_id", "reserve_tokens", "sampling", "output_mode", "plan_generation_id", "prefix_salt", "prefix_block_hashes", "prefix_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -365,6 +385,9 @@ class AdmitSequenceRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_MODE_FIELD_NUMBER: _ClassVar[int]
     PLAN_GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_SALT_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     target_request_id: str
     execution_lease_id: str
@@ -372,15 +395,22 @@ class AdmitSequenceRequest(_message.Message):
     sampling: SamplingSpec
     output_mode: OutputMode
     plan_generation_id: str
-    def __init__(self, request_id: _Optional[str] = ..., target_request_id: _Optional[str] = ..., execution_lease_id: _Optional[str] = ..., reserve_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., plan_generation_id: _Optional[str] = ...) -> None: ...
+    prefix_salt: bytes
+    prefix_block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    prefix_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., target_request_id: _Optional[str] = ..., execution_lease_id: _Optional[str] = ..., reserve_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., plan_generation_id: _Optional[str] = ..., prefix_salt: _Optional[bytes] = ..., prefix_block_hashes: _Optional[_Iterable[bytes]] = ..., prefix_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AdmitSequenceResponse(_message.Message):
-    __slots__ = ("kv_bytes_reserved", "kv_bytes_free")
+    __slots__ = ("kv_bytes_reserved", "kv_bytes_free", "cached_tokens", "kv_block_tokens")
     KV_BYTES_RESERVED_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_FREE_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     kv_bytes_reserved: int
     kv_bytes_free: int
-    def __init__(self, kv_bytes_reserved: _Optional[int] = ..., kv_bytes_free: _Optional[int] = ...) -> None: ...
+    cached_tokens: int
+    kv_block_tokens: int
+    def __init__(self, kv_bytes_reserved: _Optional[int] = ..., kv_bytes_free: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ...) -> None: ...
 
 class ProfileStageRequest(_message.Message):
     __slots__ = ("request_id", "checkpoint_dir", "layer_ranges", "artifact_source_address", "manifest_hashes", "host", "model_snapshot", "prefill_lengths", "decode_batches", "context_tokens", "concurrency", "runs", "valid_for_s", "command", "min_run_ms", "decode_contexts")
