@@ -29,7 +29,7 @@ class StageSpec:
     first: bool
     last: bool
     kv_limit_bytes: int = 1 << 30
-    kv_dtype: str = "fp32"  # libs.model.kv_store.KV_DTYPES
+    kv_dtype: str = "fp32"  # libs.model.kv_blocks.KV_DTYPES
 
 
 @dataclass(frozen=True)

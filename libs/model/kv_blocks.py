@@ -30,6 +30,9 @@ from dataclasses import dataclass
 
 from libs.model.errors import KvLimitExceededError
 
+# Bytes per stored KV element of each KV dtype a stage may hold (fp32 is the reference).
+KV_DTYPES = {"fp32": 4, "bf16": 2}
+
 KV_BLOCK_TOKENS = 16
 PREFIX_HASH_BYTES = 32
 _CHAIN_DOMAIN = b"fornax.kv.prefix.v1"

@@ -32,14 +32,13 @@ from libs.model.errors import (
     ReleasedSequenceError,
     UnknownSequenceError,
 )
-from libs.model.kv_blocks import KV_BLOCK_TOKENS, BlockPool, PoolStats, blocks_for
+from libs.model.kv_blocks import KV_BLOCK_TOKENS, KV_DTYPES, BlockPool, PoolStats, blocks_for
 
 KvKey = tuple[str, str]  # (request_id, lease_id)
 
 
 # KV element types a stage may store (part of the stage contract): fp32 is the reference; bf16
 # keeps bf16 bit patterns (round to nearest even) and widens them to float32 when read.
-KV_DTYPES = {"fp32": 4, "bf16": 2}
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ class ParityRequest:
     weights: str = "fp32"
     # Also score the policy's final logits against the unquantized checkpoint's.
     against_source: bool = False
-    # The stages' KV element type (libs.model.kv_store.KV_DTYPES); other than fp32, the run is
+    # The stages' KV element type (libs.model.kv_blocks.KV_DTYPES); other than fp32, the run is
     # also compared with the same stages holding float32 KV.
     kv_dtype: str = "fp32"
 

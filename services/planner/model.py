@@ -24,7 +24,7 @@ from typing import Any
 from libs.common.kinds import DType
 from libs.model.config import DeepseekV2Config, parse_config
 from libs.model.errors import ConfigError
-from libs.model.kv_store import KV_DTYPES
+from libs.model.kv_blocks import KV_DTYPES
 from libs.model.layout import EMBED, FINAL_NORM, LM_HEAD, layer_tensors
 from libs.weights.policy import policy_formats, require_policy
 from services.planner.policy_bytes import LayerBytes, layer_bytes, matrix_bytes
@@ -132,7 +132,7 @@ def _describe_gguf(path: Path, policy: str | None) -> ModelDescription:
 
 def describe_config(raw: dict[str, Any], snapshot: str, policy: str | None = None,
                     kv_dtype: str | None = None) -> ModelDescription:
-    """`kv_dtype` (libs.model.kv_store.KV_DTYPES) is the stages' KV element type; None keeps the
+    """`kv_dtype` (libs.model.kv_blocks.KV_DTYPES) is the stages' KV element type; None keeps the
     default memory term (float32 KV under a weight policy, else the weights' dtype)."""
     cfg = parse_config(raw)
     dtype = weight_dtype_of(raw)
