@@ -58,8 +58,8 @@ def register(commands, benches) -> None:
     p.add_argument("--weights", choices=POLICIES, default=None,
                    help="weight policy the profiles time: fp32 (default), bf16, q8_0 or q4_k_m; with --fleet, every "
                         "host whose `weights:` the file does not set (as `fornax up` serves them)")
-    p.add_argument("--one-at-a-time", action="store_true",
-                   help="time each stage host alone (default: all at once, as a route keeps them busy)")
+    p.add_argument("--all-at-once", action="store_true",
+                   help="time every stage host at once, as a route keeps them busy (default: one host at a time)")
     p.add_argument("--json", action="store_true", help="print the stored profiles as JSON")
     p.add_argument("--startup-timeout-s", type=float, default=180.0)
     p.set_defaults(func=cmd_profile)
@@ -148,7 +148,7 @@ def _profile(args: argparse.Namespace, state: FleetState, stage_hosts: list[str]
     grid = Grid(args.prefill_lengths, args.decode_batches, args.decode_contexts, args.runs, args.min_run_ms / 1000)
     command = "fornax " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["profile"] else "fornax profile"
     request = ProfileRequest(checkpoint, grid, command, link_runs=args.runs, valid_for_s=args.valid_for_s,
-                             concurrent=not args.one_at_a_time)
+                             concurrent=args.all_at_once)
     try:
         result = asyncio.run(profile_fleet(workers, builder, registry, request, ChannelConfig(credentials=credentials),
                                            lambda line: print(line, file=sys.stderr)))

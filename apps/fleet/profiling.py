@@ -7,10 +7,9 @@ and the head (libs/profiles/measure.profiling_ranges); each worker fetches those
 They are built in the weight policy the worker's host serves (its fleet-file `weights:` or
 `--weights`) and for the worker's backend, so a profile times the formats a route would run
 and records the policy (a plan in another policy refuses it: PROFILE_MISMATCH).
-All workers are profiled at once, as a route runs them: a route keeps every stage host busy,
-and hosts on one machine slow each other even on disjoint CPUs (shared caches and memory
-bandwidth, SMT siblings and steal under a hypervisor), which a host timed alone never shows.
-`--one-at-a-time` times each host alone instead. Links are profiled after, one pair at a time.
+Workers are profiled one at a time; `--all-at-once` profiles them together, as a route keeps
+them busy (hosts on one machine slow each other even on disjoint CPUs: shared caches and memory
+bandwidth, SMT siblings and steal under a hypervisor). Links are profiled after, one pair at a time.
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ class ProfileRequest:
     link_runs: int = 3
     rtt_iters: int = 20
     valid_for_s: int = 0
-    concurrent: bool = True  # every stage host at once, as a route runs them
+    concurrent: bool = False  # every stage host at once, as a route runs them
 
 
 @dataclass(frozen=True)
