@@ -75,7 +75,7 @@ class BlockPool:
         if total_blocks < 1:
             raise KvLimitExceededError("a KV pool needs at least one block")
         self.total_blocks = total_blocks
-        self._refcount = [0] * total_blocks
+        self._refcount: list[int] = []          # per block id handed out so far (grows with _fresh)
         self._recycled: list[int] = []          # freed block ids, reused before fresh ones
         self._fresh = 0                          # ids [fresh, total) were never handed out
         self._hash_of: dict[int, bytes] = {}
@@ -98,7 +98,7 @@ class BlockPool:
         return self.total_blocks - self.available()
 
     def refcount(self, block: int) -> int:
-        return self._refcount[block]
+        return self._refcount[block] if 0 <= block < len(self._refcount) else 0
 
     def stats(self) -> PoolStats:
         return PoolStats(self.total_blocks, self.available(), self.referenced(), len(self._lru),
@@ -111,6 +111,7 @@ class BlockPool:
         elif self._fresh < self.total_blocks:
             block = self._fresh
             self._fresh += 1
+            self._refcount.append(0)
         elif self._lru:
             block, _ = self._lru.popitem(last=False)
             del self._block_of[self._hash_of.pop(block)]
@@ -124,14 +125,14 @@ class BlockPool:
 
     def acquire(self, block: int) -> None:
         """One more reference to a block that is referenced or cached."""
-        if self._refcount[block] == 0:
+        if self.refcount(block) == 0:
             if block not in self._lru:
                 raise ValueError(f"block {block} is free and cannot be shared")
             del self._lru[block]
         self._refcount[block] += 1
 
     def release(self, block: int) -> None:
-        count = self._refcount[block]
+        count = self.refcount(block)
         if count < 1:
             raise ValueError(f"block {block} is not referenced")
         self._refcount[block] = count - 1
@@ -144,7 +145,7 @@ class BlockPool:
     def publish(self, block: int, prefix_hash: bytes) -> bool:
         """Index a full, referenced block under its prefix hash; False if the hash is taken
         (the block then stays private and is freed when released)."""
-        if self._refcount[block] < 1:
+        if self.refcount(block) < 1:
             raise ValueError(f"block {block} is not referenced")
         if prefix_hash in self._block_of or block in self._hash_of:
             return False

@@ -208,3 +208,20 @@ def test_a_commit_after_release_resurrects_nothing_and_holds_no_block():
     store.release("b", "lease")  # released while its step ran
     assert store.commit(first, *rows(2 * B, 1)) == 0
     assert store.bytes_used() == 0 and store.usage().live_sequences == 0
+
+
+def test_a_pool_costs_memory_for_the_blocks_it_handed_out_not_for_its_limit():
+    """A store's limit may be far beyond what it uses (a profile's private store is 1 TiB):
+    the pool's bookkeeping grows with the blocks handed out."""
+    import tracemalloc
+
+    tracemalloc.start()
+    pool = BlockPool(1 << 36)
+    blocks = [pool.allocate() for _ in range(100)]
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 1 << 20
+    assert pool.available() == (1 << 36) - 100 and pool.refcount(blocks[-1]) == 1
+    assert pool.refcount(1 << 35) == 0  # never handed out
+    with pytest.raises(ValueError):
+        pool.release(1 << 35)
