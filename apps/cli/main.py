@@ -17,13 +17,13 @@ COMMAND_MODULES: tuple[str, ...] = (
     "apps.cli.security",
     "apps.bench.cli",
     "apps.qualify.cli",
-    "libs.fnx2.cli",
-    "libs.model.cli",
-    "libs.model.max_cli",
-    "services.artifact_builder.cli",
-    "services.evidence_registry.cli",
-    "services.orchestrator.cli",
-    "services.planner.cli",
+    "apps.fnx2.cli",
+    "apps.cli.model",
+    "apps.cli.max_backend",
+    "apps.cli.artifact_builder",
+    "apps.cli.evidence_registry",
+    "apps.cli.orchestrator",
+    "apps.cli.planner",
 )
 
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from libs.fnx2.cli import _fuzz
-from libs.fnx2.fuzz_harness import FuzzConfig, run_fuzz
+from apps.fnx2.cli import _fuzz
+from apps.fnx2.fuzz_harness import FuzzConfig, run_fuzz
 
 # 100,000 frames take about 35 s on an idle 2-core host (about 3,000 frames/s) but over
 # 3 minutes when it is heavily shared (about 500 frames/s); the default is what fits in

@@ -93,7 +93,7 @@ def test_build_memory_stays_bounded_on_the_small_preset(tmp_path, policy):
 
 def _import_baseline() -> int:
     """Peak RSS of a process that imports everything the build imports but copies nothing."""
-    script = ("import services.artifact_builder.build, services.artifact_builder.cli, "
+    script = ("import services.artifact_builder.build, apps.cli.artifact_builder, "
               "services.artifact_builder.convert, apps.cli.main")
     done = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "-c", script],
                           capture_output=True, text=True, timeout=120, check=True)

@@ -4,8 +4,8 @@ prove `fornax fuzz fnx2` reports such a defect as crashes. Test use only."""
 import asyncio
 import sys
 
+from apps.fnx2.fuzz_receiver import main
 from libs.fnx2 import codec
-from libs.fnx2.fuzz_receiver import main
 
 
 def _unguarded_member(enum_type, value):

@@ -6,10 +6,10 @@ import struct
 
 import pytest
 
+from apps.fnx2.fuzz import frame
 from libs.fnx2 import codec, compact
 from libs.fnx2.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
 from libs.fnx2.control import EXT_COMPACT_META, Ack, AckHello, Control, Credit, ErrorMessage
-from libs.fnx2.fuzz import frame
 from libs.fnx2.messages import Phase, Result, SequenceStatus
 from libs.fnx2.receiver import Fnx2Receiver, ReceiverConfig, start_server
 from libs.fnx2.sender import SenderConfig

@@ -9,8 +9,8 @@ import uuid
 import numpy as np
 import pytest
 
-from libs.fnx2.bench import DECODE_SEQUENCES, HIDDEN, _batch, _Peer, chunked_prefill
-from libs.fnx2.bench_peer import BENCH_BINDING
+from apps.fnx2.bench import DECODE_SEQUENCES, HIDDEN, _batch, _Peer, chunked_prefill
+from apps.fnx2.bench_peer import BENCH_BINDING
 from libs.fnx2.messages import Phase
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.stream import _keeps_unsent_views

@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
+from apps.fnx2.fuzz import frame
 from libs.fnx2.codec import decode_frame, encode_frame
 from libs.fnx2.control import Control, Credit, ErrorMessage
 from libs.fnx2.errors import ChannelClosedError, ErrorCode, RemoteError
 from libs.fnx2.fields import canonical_json
-from libs.fnx2.fuzz import frame
 from libs.fnx2.listener import ListenerLimits
 from libs.fnx2.messages import Kind, Phase, Result
 from libs.fnx2.receiver import ReceiverConfig

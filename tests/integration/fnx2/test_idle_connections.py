@@ -70,7 +70,7 @@ async def idle_round(port: int) -> None:
 
 async def test_idle_connections_cost_little_memory_and_are_closed_at_their_timeouts():
     process = subprocess.Popen(
-        [sys.executable, "-m", "libs.fnx2.fuzz_receiver", "--handshake-timeout-s", "4",
+        [sys.executable, "-m", "apps.fnx2.fuzz_receiver", "--handshake-timeout-s", "4",
          "--idle-timeout-s", "5"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         port = int(process.stdout.readline())

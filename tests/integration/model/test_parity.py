@@ -41,7 +41,7 @@ def test_parity_detects_a_wrong_yarn_attention_factor(variant_checkpoint, monkey
 
 
 def test_parity_cli_json_and_exit_codes(tiny_checkpoint, capsys):
-    from libs.model import cli
+    from apps.cli import model as cli
 
     parser = argparse.ArgumentParser()
     commands = parser.add_subparsers(dest="command")
@@ -61,7 +61,8 @@ def test_unsupported_requests_fail_closed(tiny_checkpoint):
 
 
 def test_parity_cli_reports_unavailable_backend_without_traceback(tiny_checkpoint, capsys, monkeypatch):
-    from libs.model import cli, kernels
+    from apps.cli import model as cli
+    from libs.model import kernels
 
     monkeypatch.setitem(kernels.BACKENDS, "max", "libs.model.no_such_module:make")
     parser = argparse.ArgumentParser()

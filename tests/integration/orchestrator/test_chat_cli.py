@@ -6,7 +6,7 @@ import io
 import openai
 import pytest
 
-from services.orchestrator.cli import ApiError, ChatTarget, first_model, sse_events, stream_chat
+from apps.cli.orchestrator import ApiError, ChatTarget, first_model, sse_events, stream_chat
 from services.orchestrator.http_api import HttpConfig
 from tests.integration.orchestrator.harness import MODEL_ID, serve
 

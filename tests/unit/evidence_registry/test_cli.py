@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from apps.cli.evidence_registry import UsageError, build_content, parse_instant_ns, parse_labels, parse_layers
 from apps.cli.main import build_parser
 from libs.common.kinds import DType
-from services.evidence_registry.cli import UsageError, build_content, parse_instant_ns, parse_labels, parse_layers
 from services.evidence_registry.domain import EvidenceClass, LayerRange, RecordType
 
 

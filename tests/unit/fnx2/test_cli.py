@@ -2,7 +2,7 @@ import argparse
 import json
 from pathlib import Path
 
-from libs.fnx2.cli import _golden, register
+from apps.fnx2.cli import _golden, register
 
 GOLDEN = Path(__file__).with_name("fnx2_golden_v2.json")
 

@@ -6,6 +6,7 @@ import struct
 import numpy as np
 import pytest
 
+from apps.fnx2.fuzz import frame as fuzz_frame
 from libs.fnx2 import compact
 from libs.fnx2.codec import PRELUDE, PRELUDE_BYTES, decode_frame, encode_frame
 from libs.fnx2.control import (
@@ -16,7 +17,6 @@ from libs.fnx2.control import (
     Credit,
 )
 from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.fuzz import frame as fuzz_frame
 from libs.fnx2.messages import Phase, Result, SequenceResult, SequenceStatus, Timings
 from libs.fnx2.tensor import Tensor
 from tests.unit.fnx2.factories import MANIFEST_HASH, REQ_A, REQ_B, batch, lease

@@ -78,7 +78,7 @@ def test_committed_tokenizer_is_reproducible_from_corpus():
 def test_cli_writes_checkpoint(tmp_path, capsys):
     import argparse
 
-    from libs.model import cli
+    from apps.cli import model as cli
 
     parser = argparse.ArgumentParser()
     commands = parser.add_subparsers(dest="command")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from libs.fnx2.bench_peer import ACK, BENCH_BINDING, GRPC_METHOD
+from apps.fnx2.bench_peer import ACK, BENCH_BINDING, GRPC_METHOD
 from libs.fnx2.codec import decode_frame, encode_frame
 from libs.fnx2.leases import derive_execution_lease_id
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice
@@ -120,7 +120,7 @@ def bench_codec(cfg: BenchConfig) -> dict[str, float]:
 
 class _Peer:
     def __init__(self, mode: str, loop: EventLoopKind = EventLoopKind.ASYNCIO) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "libs.fnx2.bench_peer", mode,
+        self.proc = subprocess.Popen([sys.executable, "-m", "apps.fnx2.bench_peer", mode,
                                       loop.value],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None and self.proc.stdin is not None  # both are pipes

@@ -33,7 +33,7 @@ def _fuzz(args: argparse.Namespace) -> int:
     """Exit 0 only when every frame was answered with no crash and no hang."""
     import asyncio
 
-    from libs.fnx2.fuzz_harness import FuzzConfig, run_fuzz
+    from apps.fnx2.fuzz_harness import FuzzConfig, run_fuzz
 
     if args.frames < 1 or args.timeout_s <= 0:
         print("fuzz: --frames must be >= 1 and --timeout-s > 0")
@@ -71,7 +71,7 @@ def _golden(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from libs.fnx2.bench import BenchConfig, run_all
+    from apps.fnx2.bench import BenchConfig, run_all
     from libs.service.event_loop import EventLoopKind
 
     loop = EventLoopKind(args.loop)

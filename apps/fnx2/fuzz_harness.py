@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from apps.fnx2.fuzz import Mutator, Seed
+from apps.fnx2.fuzz_receiver import BINDING, WIDTH
 from libs.fnx2.codec import PRELUDE_BYTES, Message, decode_frame, encode_frame, parse_prelude
 from libs.fnx2.control import (
     EXT_COMPACT_META,
@@ -41,8 +43,6 @@ from libs.fnx2.control import (
     Release,
 )
 from libs.fnx2.errors import TERMINAL_CODES, ErrorCode
-from libs.fnx2.fuzz import Mutator, Seed
-from libs.fnx2.fuzz_receiver import BINDING, WIDTH
 from libs.fnx2.leases import derive_execution_lease_id
 from libs.fnx2.messages import (
     Batch,
@@ -65,7 +65,7 @@ class FuzzConfig:
     seed: int = 20261201
     response_timeout_s: float = 5.0
     peers: int = 1  # concurrent fuzzing connections
-    receiver_module: str = "libs.fnx2.fuzz_receiver"  # run as `python -m` in its own process
+    receiver_module: str = "apps.fnx2.fuzz_receiver"  # run as `python -m` in its own process
 
 
 @dataclass

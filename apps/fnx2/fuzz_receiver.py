@@ -1,6 +1,6 @@
 """The live receiver of `fornax fuzz fnx2`, in its own process.
 
-Run as `python -m libs.fnx2.fuzz_receiver [--handshake-timeout-s S] [--idle-timeout-s S]
+Run as `python -m apps.fnx2.fuzz_receiver [--handshake-timeout-s S] [--idle-timeout-s S]
 [--max-connections N]`: it prints its TCP port, serves until its
 stdin closes, then prints one JSON line of what it saw (unexpected exceptions, the
 largest body buffer it took) and exits. A separate process, so the fuzzing peer and
@@ -56,7 +56,7 @@ def build_receiver(listener: ListenerLimits | None = None) -> Fnx2Receiver:
 
 
 def _listener(argv: list[str]) -> ListenerLimits:
-    parser = argparse.ArgumentParser(prog="python -m libs.fnx2.fuzz_receiver")
+    parser = argparse.ArgumentParser(prog="python -m apps.fnx2.fuzz_receiver")
     defaults = ListenerLimits()
     parser.add_argument("--handshake-timeout-s", type=float, default=defaults.handshake_timeout_s)
     parser.add_argument("--idle-timeout-s", type=float, default=defaults.idle_timeout_s)

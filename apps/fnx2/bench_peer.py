@@ -1,6 +1,6 @@
 """The receiving process of `fornax bench fnx2`: an FNX2, raw-socket or gRPC sink on loopback.
 
-Run as `python -m libs.fnx2.bench_peer MODE [LOOP]` (LOOP: asyncio or uvloop; gRPC keeps
+Run as `python -m apps.fnx2.bench_peer MODE [LOOP]` (LOOP: asyncio or uvloop; gRPC keeps
 its own asyncio loop); it prints its port, then serves until its stdin closes. A separate
 process, so sender and receiver each get their own core.
 """

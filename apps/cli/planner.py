@@ -83,10 +83,10 @@ def _plan_inventory_file(args, model):
 
 def _plan_running_fleet(args, model):
     """(result, installed stages or None) for the running fleet of --state-dir."""
+    from apps.cli.planner_fleet_view import installed_stages, read_view
     from libs.common.kinds import DType
     from libs.security.cli_credentials import cli_channel
     from services.evidence_registry.client import ClientOptions
-    from services.planner.fleet_view import installed_stages, read_view
     from services.planner.inventory import Target
     from services.planner.planner import plan_with_records, predict_placement, resolved_book
     from services.planner.registry import RegistryResolver
