@@ -2,9 +2,16 @@
 
 `fornax profile` puts every signed stage and link profile into the registry of the fleet under
 `--state-dir` (`<state>/hosts/<control host>/evidence_registry`); that registry validated each
-record and its blob when it accepted them. The placement benchmark runs its own short-lived
-fleet, so it reads those records straight from the store (the registry's own SQLite and blob
-classes), the newest active record per subject, exactly as the planner's fetch selects them.
+record and its blob when it accepted them.
+
+Why not the registry's client: when the placement benchmark runs, no registry service holds
+those records. The fleet `fornax profile` ran is gone, and the benchmark starts its own
+short-lived fleet in a scratch state directory, whose registry is empty. So it opens the stored
+registry in this process, read only, through the registry's own API (`EvidenceRegistry.list` and
+`.get`, the code behind ListRecords and GetRecord: a blob comes back only if it still hashes to
+its record's digest), and picks the newest active record per subject exactly as the planner's
+fetch over the channel does (`newest_per_subject`). It never opens the store for serving, which
+would sweep its blobs.
 """
 
 from __future__ import annotations
@@ -12,18 +19,31 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.evidence_registry.blobs import DiskBlobStore
-from services.evidence_registry.domain import ListQuery, Record, RecordType
+from services.evidence_registry.domain import ListQuery, Record, RecordStatus, RecordType
+from services.evidence_registry.errors import BlobDamaged
+from services.evidence_registry.registry import EvidenceRegistry
 from services.evidence_registry.sqlite_store import SqliteRecordStore
 from services.planner.profile_source import newest_per_subject
 from services.planner.profiles import ProfileRecordInput
 
 
 class NoStoredProfiles(RuntimeError):
-    """No registry store, or no profile records in it."""
+    """No registry store, or no profile records in it, or a record whose blob is damaged."""
 
 
 def registry_dir(state_dir: Path, control_host: str) -> Path:
     return Path(state_dir) / "hosts" / control_host / "evidence_registry"
+
+
+def _active_records(registry: EvidenceRegistry, kind: RecordType) -> list[Record]:
+    listed: list[Record] = []
+    after = 0
+    while True:
+        page = registry.list(ListQuery(type=kind, status=RecordStatus.ACTIVE, after_seq=after))
+        listed += page.records
+        if not page.next_after_seq:
+            return listed
+        after = page.next_after_seq
 
 
 def stored_profile_records(state_dir: Path, control_host: str) -> list[ProfileRecordInput]:
@@ -32,23 +52,20 @@ def stored_profile_records(state_dir: Path, control_host: str) -> list[ProfileRe
     if not db.is_file():
         raise NoStoredProfiles(f"no registry store at {db}: run `fornax profile --fleet FILE --checkpoint DIR "
                                f"--state-dir {state_dir}` first")
-    store, blobs = SqliteRecordStore(db), DiskBlobStore(root / "blobs")
-    listed: list[Record] = []
-    for kind in (RecordType.MEASUREMENT, RecordType.CALIBRATION):
-        after = 0
-        while True:
-            page = store.list(ListQuery(type=kind, after_seq=after))
-            listed += page.records
-            if not page.next_after_seq:
-                break
-            after = page.next_after_seq
-    out = []
-    for record in newest_per_subject(listed):
-        blob = blobs.read(record.blob.sha256_hex)
-        if blob is None:
-            raise NoStoredProfiles(f"record {record.record_id}'s blob is missing from {root / 'blobs'}")
-        out.append(ProfileRecordInput(record.record_id, record.content.type.value, blob, record.content.labels,
-                                      record.content.evidence_class.value))
+    registry = EvidenceRegistry(SqliteRecordStore(db), DiskBlobStore(root / "blobs"))
+    try:
+        listed = [r for kind in (RecordType.MEASUREMENT, RecordType.CALIBRATION)
+                  for r in _active_records(registry, kind)]
+        out = []
+        for record in newest_per_subject(listed):
+            try:
+                _, blob = registry.get(record.record_id, include_blob=True)
+            except BlobDamaged as exc:
+                raise NoStoredProfiles(f"{exc} (store {root})") from exc
+            out.append(ProfileRecordInput(record.record_id, record.content.type.value, blob or b"",
+                                          record.content.labels, record.content.evidence_class.value))
+    finally:
+        registry.records.close()
     if not any(dict(r.labels).get("profile") == "stage" for r in out):
         raise NoStoredProfiles(f"no stage profile records in {db}: run `fornax profile` on this fleet first")
     return out
