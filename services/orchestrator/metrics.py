@@ -23,6 +23,8 @@ MICROBATCH_ROWS = Histogram("fornax_orchestrator_microbatch_rows", "Rows per mic
 LIVE_REQUESTS = Gauge("fornax_orchestrator_live_requests", "Admitted requests not yet retired")
 INFLIGHT_MICROBATCHES = Gauge("fornax_orchestrator_inflight_microbatches",
                               "Microbatches submitted to the pipeline and not yet answered")
+KV_QUEUED_REQUESTS = Gauge("fornax_orchestrator_kv_queued_requests",
+                           "Requests waiting in the queue for KV blocks on every stage (--kv-full queue)")
 STALLED_REQUESTS = Gauge("fornax_orchestrator_stalled_requests",
                          "Requests whose reader is behind (decode paused)")
 ROUTE_DEGRADED = Gauge("fornax_orchestrator_route_degraded",
