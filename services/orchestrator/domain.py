@@ -227,3 +227,4 @@ class StageStats:
     kv_blocks_total: int = 0
     prefix_hit_blocks: int = 0
     prefix_missed_blocks: int = 0
+    kv_evicted_blocks: int = 0
