@@ -220,6 +220,27 @@ def _batches_of_ids(stages: FakeStages) -> set[str]:
     return {s.request_id for b in stages.executed_batches for s in b.slices}
 
 
+@settings(max_examples=30, deadline=None)
+@given(max_tokens=st.lists(st.integers(1, 61), min_size=1, max_size=12), slots=st.integers(0, 3))
+def test_under_block_pressure_every_request_fits_eventually_and_reservations_never_exceed_a_stage(
+        text_context, max_tokens, slots):
+    sched, stages = make_scheduler(text_context, slots=slots, budget=4 * BLOCK_BYTES), FakeStages(2)
+    for i, n in enumerate(max_tokens):
+        sched.admit(req(f"r{i}", max_tokens=n), now_ns=0)  # at most 4 blocks each: all fit alone
+    finals = {}
+    for _ in range(5000):
+        batches = sched.schedule(0)
+        assert all(used <= 4 for used in sched._admission.snapshot().stage_kv_reserved_blocks)
+        for batch in batches:
+            sched.update_from_output(stages.execute(batch))
+        for rid in sched.take_releases():
+            sched.on_released(stages.release(rid))
+        finals.update((o.request_id, o.finish_reason) for o in sched.take_outputs() if o.finished)
+        if not batches and sched.live_requests == 0:
+            break
+    assert finals == {f"r{i}": FinishReason.LENGTH for i in range(len(max_tokens))}
+
+
 def test_reject_policy_refuses_with_the_blocks_needed_and_free(text_context):
     sched, stages = make_scheduler(text_context, budget=4 * BLOCK_BYTES, kv_full=KvFullPolicy.REJECT), \
         FakeStages(2)
