@@ -72,11 +72,13 @@ def route_report(state: FleetState, channel: ChannelConfig = ChannelConfig()) ->
 
 
 def kv_summary(reply: sw_pb.GetHealthResponse) -> str:
-    """A loaded stage's paged KV: free of total blocks, cached ones, and prefix hits."""
+    """A loaded stage's paged KV: free of total blocks, cached ones, evictions, and the prefix
+    hit rate over the blocks looked up since the stage loaded."""
     if not reply.kv_blocks_total:
         return ""
     looked = reply.prefix_hit_blocks + reply.prefix_missed_blocks
-    hits = f", prefix hits {reply.prefix_hit_blocks}/{looked} blocks" if looked else ""
+    hits = (f", prefix hit rate {100 * reply.prefix_hit_blocks / looked:.1f}% "
+            f"({reply.prefix_hit_blocks}/{looked} blocks)") if looked else ""
     return (f"{reply.kv_blocks_free}/{reply.kv_blocks_total} blocks free of {reply.kv_block_tokens} tokens "
             f"({reply.kv_blocks_cached} cached, {reply.kv_evicted_blocks} evicted){hits}")
 

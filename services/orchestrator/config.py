@@ -13,6 +13,7 @@ from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 from libs.weights.policy import POLICIES
+from services.orchestrator.admission import KvFullPolicy
 from services.orchestrator.backend_choice import DEFAULT_ROWS, SwitchPolicy, parse_rows, parse_switch_policy
 from services.orchestrator.http_tls import HttpTlsFiles
 from services.orchestrator.prefix_salt import PrefixPolicy
@@ -114,6 +115,8 @@ class OrchestratorConfig:
     max_prompt_tokens: int = 0
     # Who shares prompt-prefix KV blocks: off, tenant (per credential) or global.
     prefix_cache: str = "tenant"
+    # A request whose KV blocks are not free now: queue (wait within its deadline) or reject (429).
+    kv_full: str = "queue"
     # Operator-supplied HTTP certificate; otherwise the fleet certificate beyond loopback.
     http_tls: HttpTlsFiles | None = None
     # Plain HTTP beyond loopback, said explicitly (TLS terminated in front of the pod, say).
@@ -222,6 +225,11 @@ class OrchestratorConfig:
             help="prompt-prefix KV reuse across requests: off, tenant (default: only requests with the "
                  "same credential share) or global (env FORNAX_PREFIX_CACHE)",
         )
+        parser.add_argument(
+            "--kv-full", choices=("queue", "reject"),
+            help="a request whose KV blocks are not free now: queue (default: wait for them within its "
+                 "deadline) or reject (HTTP 429 KV_BLOCKS_FULL) (env FORNAX_KV_FULL)",
+        )
         parser.add_argument("--drift-relative-bound", type=float,
                             help="relative error that counts as outside the plan's prediction "
                                  "(env FORNAX_DRIFT_RELATIVE_BOUND)")
@@ -248,6 +256,7 @@ class OrchestratorConfig:
             max_prompt_tokens=pick(args.max_prompt_tokens, env, "FORNAX_MAX_PROMPT_TOKENS", 0, int),
             prefix_cache=PrefixPolicy.parse(pick(args.prefix_cache, env, "FORNAX_PREFIX_CACHE",
                                                  cls.prefix_cache)).value,
+            kv_full=KvFullPolicy.parse(pick(args.kv_full, env, "FORNAX_KV_FULL", cls.kv_full)).value,
             http_tls=HttpTlsFiles(Path(cert), Path(key)) if cert else None,
             http_insecure=(env.get("FORNAX_HTTP_INSECURE") or "").lower() in ("1", "true", "yes"),
             server=server_config(args, env, "orchestrator"),

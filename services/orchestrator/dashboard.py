@@ -87,6 +87,7 @@ async def take_sample(route: RouteSlot) -> Sample | None:
     if engine is None:
         return None
     stats = await engine.pipeline.stage_stats()
+    metrics.publish_stage_blocks(stats)
     return Sample(time.monotonic(), _counter_total(metrics.OUTPUT_TOKENS), engine.live_requests,
                   _finished_errors(), tuple(stats))
 

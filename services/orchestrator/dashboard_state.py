@@ -92,7 +92,7 @@ def _stage(stats: StageStats, means: dict[str, float | None]) -> dict:
     return {"index": stats.index, "host": stats.host, "kv_bytes_used": stats.kv_bytes_used,
             "kv_bytes_limit": stats.kv_bytes_limit, "live_sequences": stats.live_sequences,
             "kv_blocks_free": stats.kv_blocks_free, "kv_blocks_total": stats.kv_blocks_total,
-            "prefix_hit_rate": _hit_rate(stats),
+            "prefix_hit_rate": _hit_rate(stats), "kv_evicted_blocks": stats.kv_evicted_blocks,
             "batches": stats.batches, "phase_ms": {p: means.get(p) for p in _PHASES},
             "phase_total_ms": {p: getattr(stats, f"{p}_ns") / 1e6 for p in _PHASES}}
 

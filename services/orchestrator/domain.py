@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from libs.fnx2.messages import Phase, SequenceStatus
+from libs.model.kv_blocks import KV_BLOCK_TOKENS
 from libs.model.logprobs import TokenLogprobs
 from libs.model.sampling import SamplingParams
 
@@ -29,6 +30,10 @@ class StageLayout:
     kv_bytes_per_token: int
     # KV bytes the stage holds for this route; None leaves the limit to the stage alone.
     kv_budget_bytes: int | None = None
+    # Paged KV: tokens per block, and the blocks the stage holds when it reported them (its
+    # KV dtype may differ from the fp32 bytes above); None derives them from the budget.
+    kv_block_tokens: int = KV_BLOCK_TOKENS
+    kv_blocks_total: int | None = None
 
 
 class EvidenceClass(enum.Enum):
@@ -222,3 +227,4 @@ class StageStats:
     kv_blocks_total: int = 0
     prefix_hit_blocks: int = 0
     prefix_missed_blocks: int = 0
+    kv_evicted_blocks: int = 0

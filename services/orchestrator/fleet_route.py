@@ -87,10 +87,14 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
             text = TextContext.from_checkpoint(installed.model_dir, installed.text_pins)
             # Admission counts against each stage's own KV limit, so an overflow is refused
             # here at once rather than by a stage at prefill.
-            limits = tuple(h.kv_bytes_limit for h in await route.health())
+            # In blocks, as the stages count them (their KV dtype sets the block's bytes).
+            healths = await route.health()
+            limits = tuple(h.kv_bytes_limit for h in healths)
+            blocks = tuple((h.kv_block_tokens, h.kv_blocks_total) for h in healths)
             served = served_model(load_config(installed.model_dir),
                                   list(installed.layer_ranges), model_id,
-                                  stage_kv_budgets=limits if all(limits) else None)
+                                  stage_kv_budgets=limits if all(limits) else None,
+                                  stage_kv_blocks=blocks if all(t and n for t, n in blocks) else None)
             card = route_card(installed.plan.model_snapshot, request.backend, request.boundary_dtype,
                               installed.plan.plan_id, installed.plan.mode)
             served = replace(served, card=replace(card, stage_weights=tuple(m.weights_policy for m in manifests),

@@ -164,9 +164,15 @@ class InProcessPipeline:
         out = []
         for index, executor in enumerate(self._executors):
             usage = executor.kv_usage()
+            blocks = usage.blocks
             out.append(StageStats(index, "in-process", usage.bytes_used, usage.bytes_limit,
                                   usage.live_sequences, self._batches[index],
-                                  compute_ns=self._compute_ns[index]))
+                                  compute_ns=self._compute_ns[index],
+                                  kv_blocks_free=blocks.free_blocks if blocks else 0,
+                                  kv_blocks_total=blocks.total_blocks if blocks else 0,
+                                  prefix_hit_blocks=blocks.hit_blocks if blocks else 0,
+                                  prefix_missed_blocks=blocks.missed_blocks if blocks else 0,
+                                  kv_evicted_blocks=blocks.evicted_blocks if blocks else 0))
         return out
 
     def live_kv_sequences(self) -> list[int]:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge, Histogram
+
+from libs.service.counter_mirror import CounterMirror
+from services.orchestrator.domain import StageStats
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -23,6 +28,8 @@ MICROBATCH_ROWS = Histogram("fornax_orchestrator_microbatch_rows", "Rows per mic
 LIVE_REQUESTS = Gauge("fornax_orchestrator_live_requests", "Admitted requests not yet retired")
 INFLIGHT_MICROBATCHES = Gauge("fornax_orchestrator_inflight_microbatches",
                               "Microbatches submitted to the pipeline and not yet answered")
+KV_QUEUED_REQUESTS = Gauge("fornax_orchestrator_kv_queued_requests",
+                           "Requests waiting in the queue for KV blocks on every stage (--kv-full queue)")
 STALLED_REQUESTS = Gauge("fornax_orchestrator_stalled_requests",
                          "Requests whose reader is behind (decode paused)")
 ROUTE_DEGRADED = Gauge("fornax_orchestrator_route_degraded",
@@ -46,3 +53,21 @@ STAGE_DECODE_SERVICE = Gauge("fornax_orchestrator_stage_decode_service_seconds",
                              "Decode service seconds per microbatch: the plan's prediction (figure=predicted) "
                              "and the stage's rolling measurement (figure=measured, physical)",
                              ["stage", "figure"])
+# Each stage's own running totals (GetHealth), re-exported per stage index.
+STAGE_PREFIX_HIT_BLOCKS = Counter("fornax_orchestrator_stage_prefix_hit_blocks_total",
+                                  "Prompt-prefix blocks the stage found resident at admission", ["stage"])
+STAGE_PREFIX_MISSED_BLOCKS = Counter("fornax_orchestrator_stage_prefix_missed_blocks_total",
+                                     "Prompt-prefix blocks the stage looked up and did not hold", ["stage"])
+STAGE_KV_EVICTED_BLOCKS = Counter("fornax_orchestrator_stage_kv_evicted_blocks_total",
+                                  "Cached prefix blocks the stage evicted to make room", ["stage"])
+_STAGE_BLOCK_COUNTERS = ((CounterMirror(STAGE_PREFIX_HIT_BLOCKS), "prefix_hit_blocks"),
+                         (CounterMirror(STAGE_PREFIX_MISSED_BLOCKS), "prefix_missed_blocks"),
+                         (CounterMirror(STAGE_KV_EVICTED_BLOCKS), "kv_evicted_blocks"))
+
+
+def publish_stage_blocks(stats: Iterable[StageStats]) -> None:
+    """Brings the per-stage prefix and eviction counters up to what each stage reported (a
+    stage that restarted counts from zero again, as a Prometheus counter reset)."""
+    for stage in stats:
+        for mirror, field in _STAGE_BLOCK_COUNTERS:
+            mirror.observe((str(stage.index),), getattr(stage, field), stage.host)

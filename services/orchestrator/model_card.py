@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from libs.common.kinds import Backend
 from libs.model.config import DeepseekV2Config
+from libs.model.kv_blocks import KV_BLOCK_TOKENS
 from services.orchestrator.domain import (
     EvidenceClass,
     RouteCard,
@@ -30,14 +31,19 @@ def checkpoint_snapshot(checkpoint_dir: str) -> str:
 
 def served_model(cfg: DeepseekV2Config, ranges: list[tuple[int, int]], model_id: str,
                  kv_budget_bytes: int | None = None,
-                 stage_kv_budgets: tuple[int, ...] | None = None) -> ServedModel:
-    """`kv_budget_bytes` is every stage's KV limit; `stage_kv_budgets` gives one per stage."""
+                 stage_kv_budgets: tuple[int, ...] | None = None,
+                 stage_kv_blocks: tuple[tuple[int, int | None], ...] | None = None) -> ServedModel:
+    """`kv_budget_bytes` is every stage's KV limit; `stage_kv_budgets` gives one per stage;
+    `stage_kv_blocks` gives each stage's own (block tokens, total blocks) when it reported them."""
     budgets = stage_kv_budgets or (kv_budget_bytes,) * len(ranges)
     if len(budgets) != len(ranges):
         raise ValueError(f"{len(budgets)} KV budgets for {len(ranges)} stages")
+    blocks = stage_kv_blocks or ((KV_BLOCK_TOKENS, None),) * len(ranges)
+    if len(blocks) != len(ranges):
+        raise ValueError(f"{len(blocks)} KV block counts for {len(ranges)} stages")
     layouts = tuple(StageLayout(a, b, mla_kv_bytes_per_token(cfg.kv_lora_rank,
                                                               cfg.qk_rope_head_dim, b - a),
-                                budget)
-                    for (a, b), budget in zip(ranges, budgets, strict=True))
+                                budget, block_tokens, total)
+                    for (a, b), budget, (block_tokens, total) in zip(ranges, budgets, blocks, strict=True))
     return ServedModel(model_id=model_id, context_length=cfg.max_position_embeddings,
                        vocab_size=cfg.vocab_size, stages=layouts)

@@ -7,6 +7,7 @@ import grpc
 from libs.service.errors import FornaxError
 from libs.text.chat_template import ToolCall
 from libs.text.context import TextIdentity
+from services.orchestrator.admission import KvShortfall
 from services.orchestrator.domain import FinishReason, ServedModel
 
 # gRPC status -> (HTTP status, OpenAI error type)
@@ -31,7 +32,11 @@ def error_envelope(message: str, error_type: str, code: str, param: str | None) 
 
 def error_from_exception(exc: FornaxError) -> tuple[int, dict]:
     status, error_type = _HTTP_BY_CODE.get(exc.code, (500, "server_error"))
-    return status, error_envelope(exc.message, error_type, exc.reason.lower(), exc.field)
+    body = error_envelope(exc.message, error_type, exc.reason.lower(), exc.field)
+    shortfall = getattr(exc, "kv_shortfall", None)
+    if isinstance(shortfall, KvShortfall):  # KV_BLOCKS_FULL, KV_NEVER_FITS: the blocks in numbers
+        body["error"]["kv_blocks"] = shortfall.as_body()
+    return status, body
 
 
 def finish_reason_text(reason: FinishReason | None) -> str | None:

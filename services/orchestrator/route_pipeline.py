@@ -145,7 +145,7 @@ def _stage_stats(index: int, host: str, health) -> StageStats:
     return StageStats(index, host, health.kv_bytes_used, health.kv_bytes_limit,
                       health.live_sequences, t.batches, t.queue_ns, t.compute_ns, t.pack_ns,
                       t.transfer_ns, t.unpack_ns, health.kv_blocks_free, health.kv_blocks_total,
-                      health.prefix_hit_blocks, health.prefix_missed_blocks)
+                      health.prefix_hit_blocks, health.prefix_missed_blocks, health.kv_evicted_blocks)
 
 
 def _result(piece: RequestSlice, output: SliceOutput, cached: int = 0) -> RequestSliceResult:

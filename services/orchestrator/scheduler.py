@@ -11,7 +11,9 @@ Invariants:
   each decode is the next sequence at the next position with the epoch every stage reported
   after the previous success;
 - every request that reached a stage is released on every stage before it retires, and its
-  admission reservation is returned only then.
+  admission reservation is returned only then;
+- a request reaches a stage only once its KV blocks are reserved on every stage; one queued
+  for blocks waits (deadline running) and is admitted, oldest first, when releases free them.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from services.orchestrator.step_budget import SlotView, StepBudget, plan_step
 
 
 class _State(enum.Enum):
+    QUEUED = "queued"  # accepted, waiting for its KV blocks on every stage (policy queue)
     WAITING = "waiting"  # admitted, prompt not yet (fully) prefilled
     RUNNING = "running"  # has KV on every stage, decodes
     RELEASING = "releasing"  # finished or cancelled; waiting for every stage's release
@@ -131,14 +134,16 @@ class Scheduler:
     # ----- intake -----
 
     def admit(self, req: GenerationRequest, now_ns: int) -> None:
-        """Reserves queue and KV space for the request or raises a capacity error."""
+        """Reserves queue and KV space for the request, queues it for KV blocks, or raises a
+        capacity error."""
         if req.max_tokens < 1:
             raise InvalidArgument("max_tokens must be at least 1", reason="INVALID_MAX_TOKENS",
                                   field="max_tokens")
-        self._admission.reserve(req.request_id, len(req.prompt_token_ids) + req.max_tokens)
+        reserved = self._admission.reserve(req.request_id, len(req.prompt_token_ids) + req.max_tokens)
         deadline = None if req.deadline_budget_ns is None else now_ns + req.deadline_budget_ns
         self._requests[req.request_id] = _Request(
             req=req, text=self._text.stream(req.stop), deadline_at_ns=deadline,
+            state=_State.WAITING if reserved is not None else _State.QUEUED,
             ready_seq=self._next_ready_seq())
 
     def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> bool:
@@ -168,12 +173,13 @@ class Scheduler:
         self._expire(now_ns)
         if self.paused:
             return []
+        self._admit_queued()
         free = [s for s in range(self.slots) if s not in self._busy_slots]
         batches: list[Microbatch] = []
         # A slot takes no more than its fair share of the active requests, so that slots
         # coming back one at a time converge to a balanced partition.
         fair = math.ceil(sum(1 for r in self._requests.values()
-                             if r.state is not _State.RELEASING) / self.slots)
+                             if r.state not in (_State.RELEASING, _State.QUEUED)) / self.slots)
         if self._step_budget is not None:
             return self._schedule_budgeted(self._step_budget, free, now_ns)
         for index, slot in enumerate(free):
@@ -198,6 +204,12 @@ class Scheduler:
         plan = plan_step(budget, waiting, remaining, decodable, slots, fair)
         return [self._issue(slot, step.phase, list(step.picked), now_ns)
                 for slot, step in zip(free, plan, strict=False)]  # plan may fill fewer slots
+
+    def _admit_queued(self) -> None:
+        """Requests queued for KV blocks that now fit start prefilling."""
+        for reservation in self._admission.admit_waiting():
+            r = self._requests[reservation.request_id]
+            r.state, r.ready_seq = _State.WAITING, self._next_ready_seq()
 
     def _ready(self) -> tuple[list[_Request], list[_Request]]:
         waiting, decodable = [], []
@@ -451,6 +463,11 @@ class Scheduler:
     @property
     def inflight_microbatches(self) -> int:
         return len(self._inflight)
+
+    @property
+    def queued_requests(self) -> int:
+        """Requests waiting for KV blocks (not yet on any stage)."""
+        return sum(1 for r in self._requests.values() if r.state is _State.QUEUED)
 
     @property
     def stalled_requests(self) -> int:

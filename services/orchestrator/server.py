@@ -18,6 +18,7 @@ from libs.security.tls import own_identity_uri
 from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument, Unavailable
 from libs.service.server import ServiceSpec
 from services.orchestrator import convert
+from services.orchestrator.admission import KvFullPolicy
 from services.orchestrator.coldstart import BackendBoard, serve_then_upgrade
 from services.orchestrator.coldstart_setup import chooser, compiler_factory, unload_reference
 from services.orchestrator.config import OrchestratorConfig
@@ -103,7 +104,8 @@ def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
                          recovery_timeout_s=cfg.recovery_timeout_s,
                          stall_timeout_s=cfg.idle_write_timeout_s or None,
                          max_tokens_cap=cfg.max_tokens_cap, max_prompt_tokens=cfg.max_prompt_tokens,
-                         prefix_cache=PrefixPolicy.parse(cfg.prefix_cache))
+                         prefix_cache=PrefixPolicy.parse(cfg.prefix_cache),
+                         kv_full=KvFullPolicy.parse(cfg.kv_full))
 
 
 def inprocess_installer(cfg: OrchestratorConfig) -> Installer:

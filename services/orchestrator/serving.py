@@ -22,7 +22,7 @@ from libs.service.errors import FornaxError, Unavailable
 from libs.service.log_limit import LogLimiter
 from libs.text.context import TextContext
 from services.orchestrator import metrics
-from services.orchestrator.admission import AdmissionConfig, AdmissionControl
+from services.orchestrator.admission import AdmissionConfig, AdmissionControl, KvFullPolicy
 from services.orchestrator.domain import (
     GenerationRequest,
     Microbatch,
@@ -76,6 +76,8 @@ class ServingConfig:
     max_prompt_tokens: int = 0
     # Who shares prompt-prefix KV blocks (services.orchestrator.prefix_salt).
     prefix_cache: PrefixPolicy = PrefixPolicy.TENANT
+    # A request whose KV blocks are not free now: queue (wait within its deadline) or reject (429).
+    kv_full: KvFullPolicy = KvFullPolicy.QUEUE
 
     @property
     def token_limits(self) -> TokenLimits:
@@ -88,7 +90,8 @@ class ServingEngine:
         budgets = config.stage_kv_budget_bytes or tuple(
             NO_KV_LIMIT_BYTES if s.kv_budget_bytes is None else s.kv_budget_bytes
             for s in served.stages)
-        admission = AdmissionControl(AdmissionConfig(config.max_live_requests, budgets), served.stages)
+        admission = AdmissionControl(AdmissionConfig(config.max_live_requests, budgets, config.kv_full),
+                                     served.stages)
         self.pipeline = pipeline
         self.served = served
         self.text = text
@@ -122,7 +125,8 @@ class ServingEngine:
     # ----- public -----
 
     def submit(self, request: GenerationRequest) -> RequestStream:
-        """Admits the request or raises at once (capacity, draining); never waits."""
+        """Admits the request or raises at once (capacity, draining); never waits. A request
+        queued for KV blocks (policy queue) gets its stream now; its first token waits."""
         if self._closed:
             raise Unavailable("the serving engine is closed", reason="NOT_ADMITTING")
         if self.degraded_reason is not None:
@@ -285,6 +289,7 @@ class ServingEngine:
         metrics.LIVE_REQUESTS.set(self.scheduler.live_requests)
         metrics.INFLIGHT_MICROBATCHES.set(self.scheduler.inflight_microbatches)
         metrics.STALLED_REQUESTS.set(self.scheduler.stalled_requests)
+        metrics.KV_QUEUED_REQUESTS.set(self.scheduler.queued_requests)
 
     def _dispatch(self) -> None:
         for output in self.scheduler.take_outputs():

@@ -197,6 +197,7 @@ class DataPlane:
             usage = stage.executor.kv_usage()
             metrics.KV_BYTES.labels(label).set(usage.bytes_used)
             metrics.KV_SEQUENCES.labels(label).set(usage.live_sequences)
+            metrics.record_kv_blocks(label, str(id(stage.executor.kv.pool)), usage.blocks)
             receiver = self._receiver
             if receiver is not None:
                 metrics.LEASE_TOMBSTONES.labels(label).set(receiver.state.tombstones)

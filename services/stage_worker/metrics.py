@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from libs.model.kv_blocks import PoolStats
+from libs.service.counter_mirror import CounterMirror
+
 _TIME_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 COMPUTE = Histogram(
@@ -35,6 +38,30 @@ KV_EPOCH_CHANGES = Counter(
 SEQUENCE_FAILURES = Counter(
     "fornax_stage_sequence_failures_total", "Sequences that failed on this stage", ["stage", "code"]
 )
+PREFIX_HIT_BLOCKS = Counter(
+    "fornax_stage_prefix_hit_blocks_total", "Prompt-prefix blocks found resident at admission", ["stage"]
+)
+PREFIX_MISSED_BLOCKS = Counter(
+    "fornax_stage_prefix_missed_blocks_total", "Prompt-prefix blocks looked up at admission and not resident",
+    ["stage"],
+)
+KV_EVICTED_BLOCKS = Counter(
+    "fornax_stage_kv_evicted_blocks_total", "Cached (unreferenced) prefix blocks evicted to make room", ["stage"]
+)
+_POOL_COUNTERS = ((CounterMirror(PREFIX_HIT_BLOCKS), "hit_blocks"),
+                  (CounterMirror(PREFIX_MISSED_BLOCKS), "missed_blocks"),
+                  (CounterMirror(KV_EVICTED_BLOCKS), "evicted_blocks"))
+
+
+def record_kv_blocks(label: str, source: str, blocks: PoolStats | None) -> None:
+    """Brings the prefix and eviction counters up to a block pool's own totals (`source` names
+    the pool, so a reloaded stage's fresh pool counts from zero)."""
+    if blocks is None:
+        return
+    for mirror, field in _POOL_COUNTERS:
+        mirror.observe((label,), getattr(blocks, field), source)
+
+
 LEASE_TOMBSTONES = Gauge(
     "fornax_stage_lease_tombstones", "Per-lease tombstones held (leases from peers without lease_sequence)", ["stage"]
 )

@@ -26,10 +26,10 @@ from libs.service.errors import InvalidArgument
 from libs.service.host import backend_build, host_facts
 from libs.service.server import ServiceSpec
 from libs.weights.policy import runnable_formats
-from services.stage_worker import convert
+from services.stage_worker import convert, metrics
 from services.stage_worker.backend_compare import DecodeStepComparer
 from services.stage_worker.config import StageWorkerConfig
-from services.stage_worker.dataplane import DataPlane
+from services.stage_worker.dataplane import DataPlane, stage_id
 from services.stage_worker.generations import Generations
 from services.stage_worker.lifecycle import StageState
 from services.stage_worker.overlap import MemoryFacts
@@ -154,7 +154,13 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
             # Not (or no longer) loaded here: an answer, not an error, so a probe reads "not loaded".
             reply = pb.GetHealthResponse(state=convert.STATE_TO_PB[StageState.UNLOADED])
         else:
-            reply = convert.health_to_pb(self._generations.health_runtime(generation).health())
+            runtime = self._generations.health_runtime(generation)
+            snapshot = runtime.health()
+            stage = runtime.stage
+            if stage is not None:  # admissions count prefix hits between batches too
+                metrics.record_kv_blocks(stage_id(stage.spec.stage_index), str(id(stage.executor.kv.pool)),
+                                         snapshot.kv_blocks)
+            reply = convert.health_to_pb(snapshot)
         reply.loaded_plan_generation_ids.extend(self._generations.loaded)
         return reply
 

@@ -18,6 +18,8 @@ METRICS = {
     "fornax_admission_rejections_total": {"reason"}, "fornax_generated_tokens_total": set(),
     "fornax_ttft_seconds": set(), "fornax_itl_seconds": set(), "fornax_cancellations_total": set(),
     "fornax_planner_decisions_total": {"reason"}, "fornax_grpc_errors_total": {"service", "code", "reason"},
+    "fornax_stage_prefix_hit_blocks_total": {"stage"}, "fornax_stage_prefix_missed_blocks_total": {"stage"},
+    "fornax_stage_kv_evicted_blocks_total": {"stage"},
 }
 HISTOGRAMS = {"fornax_stage_compute_seconds", "fornax_stage_queue_seconds", "fornax_fnx2_pack_seconds",
               "fornax_fnx2_transfer_seconds", "fornax_fnx2_unpack_seconds", "fornax_ttft_seconds",
@@ -89,6 +91,7 @@ def test_sections_hold_their_metrics():
     assert "fornax_generated_tokens_total" in grouped["Throughput and latency"]
     assert "fornax_fnx2_credit_exhausted_total" in grouped["KV and credit pressure"]
     assert "fornax_stage_kv_bytes" in grouped["KV and credit pressure"]
+    assert "fornax_stage_prefix_hit_blocks_total" in grouped["KV and credit pressure"]
     assert "fornax_grpc_errors_total" in grouped["Errors"]
 
 

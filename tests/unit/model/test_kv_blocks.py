@@ -225,3 +225,52 @@ def test_a_pool_costs_memory_for_the_blocks_it_handed_out_not_for_its_limit():
     assert pool.refcount(1 << 35) == 0  # never handed out
     with pytest.raises(ValueError):
         pool.release(1 << 35)
+
+
+def test_pool_counts_hits_misses_and_evictions_exactly_over_a_scripted_run():
+    store = KvStore(LAYOUT, bytes_limit=4 * B * LAYOUT.bytes_per_token)  # four blocks
+    prompt_a, prompt_c, prompt_d = list(range(2 * B + 3)), list(range(100, 100 + 2 * B)), list(range(200, 200 + 3 * B))
+    chain_a, chain_c, chain_d = (tuple(prefix_chain(b"t", p)) for p in (prompt_a, prompt_c, prompt_d))
+
+    def counts():
+        s = store.usage().blocks
+        return s.hit_blocks, s.missed_blocks, s.evicted_blocks
+
+    assert store.attach_prefix(("a", "l"), chain_a) == 0
+    assert counts() == (0, 2, 0)  # two full blocks looked up, none resident
+    store.commit(SliceIdentity("a", "l", 0, 0, 0, len(prompt_a)), *rows(len(prompt_a), 0))  # 3 blocks, 2 published
+    store.release("a", "l")  # two cached, one free
+    assert store.attach_prefix(("b", "l"), chain_a) == 2 * B
+    assert counts() == (2, 2, 0)
+    assert store.attach_prefix(("c", "l"), chain_c) == 0
+    assert counts() == (2, 4, 0)
+    store.commit(SliceIdentity("c", "l", 0, 0, 0, 2 * B), *rows(2 * B, 1))  # the two free blocks: no eviction
+    assert counts() == (2, 4, 0)
+    store.release("b", "l")
+    store.release("c", "l")  # four cached blocks, none free
+    assert store.attach_prefix(("d", "l"), chain_d) == 0
+    assert counts() == (2, 7, 0)
+    store.commit(SliceIdentity("d", "l", 0, 0, 0, 3 * B), *rows(3 * B, 2))  # evicts the three oldest
+    assert counts() == (2, 7, 3)
+    assert store.attach_prefix(("e", "l"), chain_a) == 0  # a's blocks were evicted first
+    assert store.attach_prefix(("f", "l"), chain_c) == 0  # c's first block too: the chain stops there
+    assert counts() == (2, 11, 3)
+    assert store.usage().blocks.referenced_blocks == 3  # d's live blocks survived every eviction
+
+
+def test_a_block_table_that_disagrees_with_the_epoch_or_position_is_refused_and_changes_nothing():
+    store = KvStore(LAYOUT, bytes_limit=1 << 20)
+    prompt = list(range(2 * B + 5))
+    store.attach_prefix(("a", "lease"), tuple(prefix_chain(b"t", prompt)))
+    store.commit(ident("a", 0, 0, 0, len(prompt)), *rows(len(prompt), 0))  # a three-block table, epoch 1
+    before = (store.epoch(("a", "lease")), store.length(("a", "lease")), store.usage().blocks)
+    for bad, reason in ((ident("a", 1, len(prompt), 0, 1), "STALE_KV"),   # an old epoch
+                        (ident("a", 1, len(prompt), 2, 1), "STALE_KV"),   # a future epoch
+                        (ident("a", 1, 2 * B, 1, 1), "POSITION"),        # inside the table
+                        (ident("a", 1, len(prompt) + 1, 1, 1), "POSITION"),  # past its end
+                        (ident("a", 2, len(prompt), 1, 1), "SEQUENCE")):
+        with pytest.raises(KvEpochError) as err:
+            store.check_batch([bad])
+        assert err.value.reason == reason
+    assert (store.epoch(("a", "lease")), store.length(("a", "lease")), store.usage().blocks) == before
+    store.check_batch([ident("a", 1, len(prompt), 1, 1)])  # the right identity passes

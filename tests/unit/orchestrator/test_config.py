@@ -93,3 +93,16 @@ def test_bad_switch_rows_fail_closed(raw):
     with pytest.raises(InvalidArgument) as err:
         OrchestratorConfig.from_env([], {"FORNAX_MAX_SWITCH_ROWS": raw})
     assert err.value.reason == "INVALID_MAX_SWITCH_ROWS" and err.value.field == "FORNAX_MAX_SWITCH_ROWS"
+
+
+def test_the_kv_full_policy_queues_by_default_and_a_bad_value_is_refused():
+    from libs.service.errors import InvalidArgument
+    from services.orchestrator.admission import KvFullPolicy
+
+    assert serving_config(OrchestratorConfig.from_env([], {})).kv_full is KvFullPolicy.QUEUE
+    assert serving_config(OrchestratorConfig.from_env([], {"FORNAX_KV_FULL": "reject"})).kv_full is KvFullPolicy.REJECT
+    flag = OrchestratorConfig.from_env(["--kv-full", "queue"], {"FORNAX_KV_FULL": "reject"})
+    assert serving_config(flag).kv_full is KvFullPolicy.QUEUE
+    with pytest.raises(InvalidArgument) as info:
+        OrchestratorConfig.from_env([], {"FORNAX_KV_FULL": "drop"})
+    assert info.value.reason == "INVALID_KV_FULL"

@@ -6,7 +6,14 @@ from hypothesis import strategies as st
 
 from libs.service.errors import ResourceExhausted
 from libs.text.context import TextContext
-from services.orchestrator.admission import AdmissionConfig, AdmissionControl
+from services.orchestrator.admission import (
+    AdmissionConfig,
+    AdmissionControl,
+    KvBlocksFull,
+    KvFullPolicy,
+    KvNeverFits,
+    KvShortfall,
+)
 from services.orchestrator.domain import (
     FinishReason,
     GenerationRequest,
@@ -18,11 +25,12 @@ from services.orchestrator.scheduler import Scheduler
 from tests.unit.orchestrator.fakes import FakeStages
 
 STAGES = (StageLayout(0, 2, 100), StageLayout(2, 4, 100))
+BLOCK_BYTES = 16 * 100  # a 16-token block of a stage at 100 bytes per token
 
 
 def make_scheduler(text: TextContext, *, slots: int = 0, max_live: int = 64,
-                   budget: int = 10**9, stages=STAGES) -> Scheduler:
-    admission = AdmissionControl(AdmissionConfig(max_live, (budget,) * len(stages)), stages)
+                   budget: int = 10**9, stages=STAGES, kv_full: KvFullPolicy = KvFullPolicy.QUEUE) -> Scheduler:
+    admission = AdmissionControl(AdmissionConfig(max_live, (budget,) * len(stages), kv_full), stages)
     return Scheduler(SchedulerConfig(inflight_microbatches=slots), len(stages), text, admission)
 
 
@@ -162,13 +170,99 @@ def test_stalled_request_is_not_decoded(text_context):
     assert len(sched.schedule(0)) == 1
 
 
-def test_admission_rejects_at_once_and_returns_space_on_retire(text_context):
-    sched, stages = make_scheduler(text_context, budget=100 * 10), FakeStages(2)
-    sched.admit(req("a", prompt=(1, 2, 3), max_tokens=7), now_ns=0)  # 10 tokens, 1000 bytes
-    with pytest.raises(ResourceExhausted, match="KV space on stage 0"):
-        sched.admit(req("b", prompt=(1,), max_tokens=1), now_ns=0)
+BLOCK_BYTES = 16 * 100  # a 16-token block of a stage at 100 bytes per token
+
+
+def _batches_of(stages: FakeStages, rid: str) -> list[int]:
+    return [i for i, b in enumerate(stages.executed_batches) if any(s.request_id == rid for s in b.slices)]
+
+
+def test_a_request_waits_for_kv_blocks_then_runs_once_an_earlier_one_retires(text_context):
+    sched, stages = make_scheduler(text_context, budget=4 * BLOCK_BYTES), FakeStages(2)
+    sched.admit(req("a", max_tokens=45), now_ns=0)  # 48 tokens: 3 of the 4 blocks, runs long
+    sched.admit(req("b", max_tokens=13), now_ns=0)  # 16 tokens: the last block, ends first
+    sched.admit(req("c", max_tokens=13), now_ns=0)  # 1 block, none free: queued, not refused
+    assert sched.queued_requests == 1 and sched.live_requests == 3
+    outs = by_request(run_to_idle(sched, stages))
+    assert {rid: o[-1].finish_reason for rid, o in outs.items()} == dict.fromkeys("abc", FinishReason.LENGTH)
+    assert sum(len(o.token_ids) for o in outs["c"]) == 13
+    # c starts once b's release frees its block, while a still runs.
+    assert max(_batches_of(stages, "b")) < min(_batches_of(stages, "c")) < max(_batches_of(stages, "a"))
+    assert sched.queued_requests == 0 and stages.live_kv() == [0, 0]
+
+
+def test_requests_waiting_for_blocks_are_admitted_in_arrival_order(text_context):
+    sched, stages = make_scheduler(text_context, budget=4 * BLOCK_BYTES), FakeStages(2)
+    sched.admit(req("a", max_tokens=45), now_ns=0)  # 3 blocks
+    sched.admit(req("big", max_tokens=20), now_ns=0)  # 2 blocks, 1 free: queued
+    sched.admit(req("small", max_tokens=1), now_ns=0)  # 1 block would fit, but big came first
+    assert sched.queued_requests == 2
     run_to_idle(sched, stages)
-    sched.admit(req("b", prompt=(1,), max_tokens=1), now_ns=0)
+    assert max(_batches_of(stages, "a")) < min(_batches_of(stages, "big")) <= min(_batches_of(stages, "small"))
+
+
+def test_a_request_queued_for_blocks_ends_at_its_deadline_without_reaching_a_stage(text_context):
+    sched, stages = make_scheduler(text_context, budget=BLOCK_BYTES), FakeStages(2)
+    sched.admit(req("a", max_tokens=13), now_ns=0)
+    sched.admit(req("late", max_tokens=1, deadline=1_000), now_ns=0)
+    (prefill,) = sched.schedule(0)
+    sched.update_from_output(stages.execute(prefill))
+    for batch in sched.schedule(2_000):  # past late's deadline, a still holds the only block
+        sched.update_from_output(stages.execute(batch))
+    (out,) = [o for o in sched.take_outputs() if o.request_id == "late"]
+    assert out.finish_reason is FinishReason.DEADLINE
+    assert sched.queued_requests == 0 and "late" not in _batches_of_ids(stages)
+    run_to_idle(sched, stages, now_ns=2_000)
+    assert stages.live_kv() == [0, 0]
+
+
+def _batches_of_ids(stages: FakeStages) -> set[str]:
+    return {s.request_id for b in stages.executed_batches for s in b.slices}
+
+
+@settings(max_examples=30, deadline=None)
+@given(max_tokens=st.lists(st.integers(1, 61), min_size=1, max_size=12), slots=st.integers(0, 3))
+def test_under_block_pressure_every_request_fits_eventually_and_reservations_never_exceed_a_stage(
+        text_context, max_tokens, slots):
+    sched, stages = make_scheduler(text_context, slots=slots, budget=4 * BLOCK_BYTES), FakeStages(2)
+    for i, n in enumerate(max_tokens):
+        sched.admit(req(f"r{i}", max_tokens=n), now_ns=0)  # at most 4 blocks each: all fit alone
+    finals = {}
+    for _ in range(5000):
+        batches = sched.schedule(0)
+        assert all(used <= 4 for used in sched._admission.snapshot().stage_kv_reserved_blocks)
+        for batch in batches:
+            sched.update_from_output(stages.execute(batch))
+        for rid in sched.take_releases():
+            sched.on_released(stages.release(rid))
+        finals.update((o.request_id, o.finish_reason) for o in sched.take_outputs() if o.finished)
+        if not batches and sched.live_requests == 0:
+            break
+    assert finals == {f"r{i}": FinishReason.LENGTH for i in range(len(max_tokens))}
+
+
+def test_reject_policy_refuses_with_the_blocks_needed_and_free(text_context):
+    sched, stages = make_scheduler(text_context, budget=4 * BLOCK_BYTES, kv_full=KvFullPolicy.REJECT), \
+        FakeStages(2)
+    sched.admit(req("a", max_tokens=45), now_ns=0)  # 3 of 4 blocks
+    with pytest.raises(KvBlocksFull, match="KV space on stage 0") as info:
+        sched.admit(req("b", max_tokens=20), now_ns=0)  # 2 blocks
+    assert info.value.reason == "KV_BLOCKS_FULL"
+    assert info.value.kv_shortfall == KvShortfall(stage=0, needed_blocks=2, free_blocks=1, total_blocks=4,
+                                                  block_tokens=16)
+    assert sched.live_requests == 1 and sched.queued_requests == 0
+    run_to_idle(sched, stages)
+    sched.admit(req("b", max_tokens=20), now_ns=0)  # a retired: its blocks are free again
+
+
+@pytest.mark.parametrize("policy", list(KvFullPolicy))
+def test_a_request_larger_than_a_stage_is_refused_at_once_under_either_policy(text_context, policy):
+    sched = make_scheduler(text_context, budget=4 * BLOCK_BYTES, kv_full=policy)
+    with pytest.raises(KvNeverFits) as info:
+        sched.admit(req("huge", max_tokens=62), now_ns=0)  # 65 tokens: 5 blocks, the stage holds 4
+    assert info.value.reason == "KV_NEVER_FITS" and info.value.field == "max_tokens"
+    assert (info.value.kv_shortfall.needed_blocks, info.value.kv_shortfall.total_blocks) == (5, 4)
+    assert sched.live_requests == 0 and sched.queued_requests == 0
 
 
 def test_queue_space_is_reserved(text_context):

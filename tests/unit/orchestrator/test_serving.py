@@ -139,15 +139,15 @@ def test_failed_microbatch_fails_its_requests_and_releases(text_context):
 def test_stage_budgets_come_from_the_served_model(text_context):
     import pytest
 
-    from libs.service.errors import ResourceExhausted
+    from services.orchestrator.admission import KvNeverFits
 
     served = ServedModel("tiny", 256, 420, (StageLayout(0, 2, 10, 10_000),
                                             StageLayout(2, 4, 10, 500)))
 
     async def main():
         eng = ServingEngine(FakePipeline(2), served, text_context)
-        with pytest.raises(ResourceExhausted, match="stage 1"):
-            eng.submit(req("big", max_tokens=100))  # 103 tokens * 10 bytes > 500 on stage 1
+        with pytest.raises(KvNeverFits, match="stage 1"):
+            eng.submit(req("big", max_tokens=100))  # 103 tokens: 7 blocks; 500 bytes hold 3 on stage 1
         return await collect(eng.submit(req("small", max_tokens=40)))
 
     assert asyncio.run(main())[-1].completion_tokens == 40

@@ -66,7 +66,7 @@ def test_fornax_status_shows_a_loaded_stages_kv_in_blocks():
     reply = pb.GetHealthResponse(kv_block_tokens=B, kv_blocks_total=64, kv_blocks_free=60, kv_blocks_cached=3,
                                  prefix_hit_blocks=6, prefix_missed_blocks=2, kv_evicted_blocks=1)
     text = kv_summary(reply)
-    assert text == f"60/64 blocks free of {B} tokens (3 cached, 1 evicted), prefix hits 6/8 blocks"
+    assert text == f"60/64 blocks free of {B} tokens (3 cached, 1 evicted), prefix hit rate 75.0% (6/8 blocks)"
     assert kv_summary(pb.GetHealthResponse()) == ""  # nothing loaded: no KV line
     report = RouteReport("SERVING", "", {"stage_worker_0": "READY"}, stage_kv={"stage_worker_0": text})
     assert report.render().splitlines()[-1] == f"kv: stage_worker_0 {text}"
