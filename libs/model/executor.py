@@ -15,6 +15,7 @@ import numpy as np
 from libs.model.config import DeepseekV2Config
 from libs.model.errors import BatchError
 from libs.model.kernels import MASK_NEG, LayerInputs, StageKernels
+from libs.model.kv_blocks import require_kv_backend
 from libs.model.kv_store import KvLayout, KvStore, KvUsage, SliceIdentity
 from libs.model.rope import rope_tables
 from libs.model.sampling import SamplingParams, TokenFilter, sample_token
@@ -95,6 +96,7 @@ class StageExecutor:
         self.spec = spec
         self.kernels = kernels
         self.rope = rope_tables(cfg)
+        require_kv_backend(spec.kv_dtype, kernels.name, field="kv_dtype")  # KV_DTYPE / KV_DTYPE_BACKEND
         layout = KvLayout(spec.layer_end - spec.layer_start, cfg.kv_lora_rank, cfg.qk_rope_head_dim, spec.kv_dtype)
         self.kv = KvStore(layout, spec.kv_limit_bytes)
 
