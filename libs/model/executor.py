@@ -90,13 +90,13 @@ def build_ragged_layout(past_lengths: list[int], row_counts: list[int]) -> Ragge
 
 class StageExecutor:
     def __init__(self, cfg: DeepseekV2Config, spec: StageSpec, kernels: StageKernels) -> None:
+        require_kv_backend(spec.kv_dtype, kernels.name, field="kv_dtype")  # KV_DTYPE / KV_DTYPE_BACKEND
         if not 0 <= spec.layer_start < spec.layer_end <= cfg.num_hidden_layers:
             raise BatchError(f"layer range [{spec.layer_start}, {spec.layer_end}) is outside the model")
         self.cfg = cfg
         self.spec = spec
         self.kernels = kernels
         self.rope = rope_tables(cfg)
-        require_kv_backend(spec.kv_dtype, kernels.name, field="kv_dtype")  # KV_DTYPE / KV_DTYPE_BACKEND
         layout = KvLayout(spec.layer_end - spec.layer_start, cfg.kv_lora_rank, cfg.qk_rope_head_dim, spec.kv_dtype)
         self.kv = KvStore(layout, spec.kv_limit_bytes)
 
