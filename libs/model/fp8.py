@@ -33,38 +33,38 @@ def _decode_table() -> np.ndarray:
 
 
 DECODE_TABLE = _decode_table()
-# The 127 finite non-negative values, ascending (code i holds POSITIVE_VALUES[i]).
-POSITIVE_VALUES = DECODE_TABLE[:0x7F].astype(np.float64)
-
-
 def decode_e4m3(codes: np.ndarray) -> np.ndarray:
     """uint8 codes -> float32 values (NaN for 0x7F and 0xFF)."""
     return DECODE_TABLE[np.asarray(codes, dtype=np.uint8)]
 
 
-def round_e4m3(values: np.ndarray) -> np.ndarray:
-    """The e4m3 value nearest each input (ties to even, saturating at +-448), as float64."""
-    x = np.asarray(values, dtype=np.float64)
-    magnitude = np.abs(x)
-    finite = np.isfinite(magnitude)
-    safe = np.where(finite, magnitude, 0.0)
-    # frexp: safe = f * 2^e with f in [0.5, 1), so the binade is 2^(e-1); below the normal
-    # range the quantum stays that of the subnormals (2^-9).
-    _, exponent = np.frexp(safe)
-    quantum = np.ldexp(1.0, np.maximum(exponent - 1, -6) - E4M3_MANTISSA_BITS)
-    rounded = np.rint(safe / quantum) * quantum  # np.rint: half to even; both steps exact
-    rounded = np.where(finite, np.minimum(rounded, E4M3_MAX), E4M3_MAX)
-    return np.where(np.isnan(x), np.nan, np.copysign(rounded, x))
-
-
 def encode_e4m3(values: np.ndarray) -> np.ndarray:
-    """float values -> uint8 e4m3fn codes (round to nearest even, saturate, NaN -> 0x7F)."""
-    x = np.asarray(values, dtype=np.float64)
-    rounded = round_e4m3(x)
-    nan = np.isnan(rounded)
-    index = np.searchsorted(POSITIVE_VALUES, np.where(nan, 0.0, np.abs(rounded)))
-    codes = index.astype(np.uint8) | np.where(np.signbit(x) & ~nan, 0x80, 0).astype(np.uint8)
-    return np.where(nan, np.uint8(E4M3_NAN), codes).astype(np.uint8)
+    """float32 values -> uint8 e4m3fn codes (round to nearest even, saturate, NaN -> 0x7F).
+
+    Wider inputs are first rounded to float32. Works on the float32 bit pattern: the normal
+    range rounds the 23-bit mantissa to 3 bits (ties to even) and rebiases the exponent
+    (127 -> 7); below 2^-6 the code is the value in subnormal steps, |x| * 2^9, rounded half
+    to even (np.rint)."""
+    x = np.asarray(values, dtype=np.float32)
+    bits = x.view(np.uint32)
+    magnitude_bits = bits & np.uint32(0x7FFFFFFF)
+    magnitude = magnitude_bits.view(np.float32)
+    halfway = np.uint32(0x7FFFF) + ((magnitude_bits >> np.uint32(20)) & np.uint32(1))
+    rounded = (magnitude_bits + halfway) >> np.uint32(20)  # exponent and 3 mantissa bits
+    normal = rounded.astype(np.int32) - ((127 - 7) << 3)
+    small = np.fmin(magnitude, np.float32(E4M3_MIN_NORMAL))  # fmin: NaN and inf leave this branch
+    subnormal = np.rint(small * np.float32(512.0)).astype(np.int32)
+    codes = np.where(magnitude < np.float32(E4M3_MIN_NORMAL), subnormal, normal)
+    codes = np.minimum(codes, 0x7E)  # saturate at 448 (infinity included)
+    nan = magnitude_bits > np.uint32(0x7F800000)
+    codes = np.where(nan, E4M3_NAN, codes)
+    sign = np.where((bits >> np.uint32(31)).astype(bool) & ~nan, 0x80, 0)
+    return (codes | sign).astype(np.uint8)
+
+
+def round_e4m3(values: np.ndarray) -> np.ndarray:
+    """The e4m3 value nearest each input (ties to even, saturating at +-448), as float32."""
+    return decode_e4m3(encode_e4m3(values))
 
 
 def power_of_two_scale(amax: np.ndarray) -> np.ndarray:
@@ -90,5 +90,5 @@ def requantize(codes: np.ndarray, old_scale: np.ndarray, new_scale: np.ndarray) 
     """Codes stored at `old_scale` re-encoded at `new_scale` (>= old, both powers of two,
     broadcast against `codes`). Exact for values that stay normal; a value that falls into the
     subnormals is rounded once more, by at most half a subnormal step of the new scale."""
-    ratio = np.asarray(old_scale, dtype=np.float64) / np.asarray(new_scale, dtype=np.float64)
-    return encode_e4m3(decode_e4m3(codes).astype(np.float64) * ratio)
+    ratio = np.asarray(old_scale, dtype=np.float32) / np.asarray(new_scale, dtype=np.float32)
+    return encode_e4m3(decode_e4m3(codes) * ratio)
