@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -167,7 +168,7 @@ def ratios(capacities: dict[str, Capacity]) -> dict[str, float]:
             for name, c in capacities.items() if name != "fp32"}
 
 
-def run(options: KvCapacityOptions, command: str) -> dict[str, object]:
+def run(options: KvCapacityOptions, command: str) -> dict[str, Any]:
     import platform
     from importlib import metadata
 
@@ -179,7 +180,7 @@ def run(options: KvCapacityOptions, command: str) -> dict[str, object]:
                   for d in options.kv_dtypes}
     per_dtype = {dtype: measure_dtype(options, dtype) for dtype in options.kv_dtypes}
     hardware = f"{cpu_name() or platform.machine()}, {len(usable_cpus())} usable CPUs"
-    report: dict[str, object] = {**ratios(capacities), "kv_dtypes": per_dtype}
+    report: dict[str, Any] = {**ratios(capacities), "kv_dtypes": per_dtype}
     report["setup"] = {"kv_limit_bytes": options.kv_limit_bytes, "sequence_tokens": options.sequence_tokens,
                        "decode_sequences": options.decode_sequences, "decode_steps": options.decode_steps,
                        "repeats": options.repeats, "backend": options.backend, "checkpoint": options.checkpoint,

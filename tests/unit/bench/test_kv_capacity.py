@@ -11,7 +11,6 @@ from apps.bench.kv_capacity import KvCapacityOptions, capacity_for, check_option
 from libs.model.config import load_config
 from libs.model.errors import ConfigError
 from libs.model.kv_store import KvLayout
-from tests.unit.model.conftest import tiny_checkpoint  # noqa: F401  (shared fixture)
 
 TOKENS = 64  # 4 blocks a sequence
 
