@@ -46,9 +46,9 @@ def register(commands, benches) -> None:
                             "one stage admits at --kv-limit-bytes and its decode tokens/s; sequences_vs_fp32_<dtype>")
     serve.add_argument("--kv-limit-bytes", type=int, default=128 << 20, help="--kv-dtype: the stage's KV limit")
     serve.add_argument("--sequence-tokens", type=int, default=1024, help="--kv-dtype: tokens per sequence")
-    serve.add_argument("--decode-sequences", type=int, default=8,
+    serve.add_argument("--decode-sequences", type=int, default=4,
                        help="--kv-dtype: admitted sequences that decode for the tokens/s figure")
-    serve.add_argument("--decode-steps", type=int, default=8, help="--kv-dtype: decode steps per repeat")
+    serve.add_argument("--decode-steps", type=int, default=4, help="--kv-dtype: decode steps per repeat")
     serve.set_defaults(func=cmd_serve)
     gguf = benches.add_parser("gguf", help="convert a checkpoint to GGUF with llama.cpp's converter "
                                            "(for serve --peer llama.cpp)")

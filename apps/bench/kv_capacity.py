@@ -38,8 +38,8 @@ class KvCapacityOptions:
     backend: str = "numpy"
     kv_limit_bytes: int = 128 << 20
     sequence_tokens: int = 1024
-    decode_sequences: int = 8
-    decode_steps: int = 8
+    decode_sequences: int = 4
+    decode_steps: int = 4
     repeats: int = 2
     verify: bool = True  # actually admit the computed sequences (and refuse one more)
 
