@@ -168,3 +168,19 @@ def test_parity_refuses_fp8_on_max_before_loading_anything(tmp_path):
     with pytest.raises(ConfigError) as err:
         run_parity(ParityRequest(str(tmp_path / "no-such-checkpoint"), 1, "max", kv_dtype="fp8"))
     assert err.value.reason == "KV_DTYPE_BACKEND"
+
+
+def test_a_max_worker_refuses_a_load_asking_for_fp8_kv_before_loading_weights(tmp_path):
+    from libs.common.kinds import Backend, DType
+    from services.stage_worker.runtime import LoadSpec, PlanBinding, StageRuntime
+
+    runtime = StageRuntime(Backend.MAX, "cpu", 1 << 20)
+    spec = LoadSpec(0, 1, 0, 1, PlanBinding("p", "sha256:" + "0" * 64, "g"), Backend.MAX, DType.FP32,
+                    checkpoint_dir=str(tmp_path / "never-read"), return_logits=True, kv_dtype="fp8")
+    with pytest.raises(ConfigError) as err:
+        runtime._check_spec(spec)
+    assert err.value.reason == "KV_DTYPE_BACKEND" and err.value.field == "spec.kv_dtype"
+    runtime._check_spec(LoadSpec(**{**spec.__dict__, "kv_dtype": "bf16"}))  # other dtypes pass
+    fp8_worker = StageRuntime(Backend.MAX, "cpu", 1 << 20, kv_dtype="fp8")
+    with pytest.raises(ConfigError):
+        fp8_worker._check_spec(LoadSpec(**{**spec.__dict__, "kv_dtype": None}))  # the worker's own default
