@@ -184,3 +184,13 @@ def test_a_max_worker_refuses_a_load_asking_for_fp8_kv_before_loading_weights(tm
     fp8_worker = StageRuntime(Backend.MAX, "cpu", 1 << 20, kv_dtype="fp8")
     with pytest.raises(ConfigError):
         fp8_worker._check_spec(LoadSpec(**{**spec.__dict__, "kv_dtype": None}))  # the worker's own default
+
+
+def test_the_route_admission_term_follows_the_kv_dtype():
+    from services.orchestrator.domain import mla_kv_bytes_per_token
+
+    assert mla_kv_bytes_per_token(512, 64, 4) == (512 + 64) * 4 * 4
+    assert mla_kv_bytes_per_token(512, 64, 4, "bf16") == (512 + 64) * 2 * 4
+    # fp8: 4 layers x (512 + 2 * 64 + 4 / 16) = 2561 bytes a token, exactly
+    assert mla_kv_bytes_per_token(512, 64, 4, "fp8") == 2561 == KvLayout(4, 512, 64, "fp8").bytes_per_token_exact
+    assert mla_kv_bytes_per_token(512, 64, 3, "fp8") == 1921  # 1920.75 rounded up: never under the stage
