@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 DEFAULT_CHECKPOINT = Path(".cache/bench/small")
@@ -40,6 +41,14 @@ def register(commands, benches) -> None:
     serve.add_argument("--gguf", help="--peer llama.cpp: the checkpoint converted to GGUF")
     serve.add_argument("--tokens-per-step", type=int, default=48,
                        help="--mixed: the chunked setting's token budget per step")
+    serve.add_argument("--kv-dtype",
+                       help="comma-separated KV dtypes (fp32,bf16,fp8): per dtype, the most concurrent sequences "
+                            "one stage admits at --kv-limit-bytes and its decode tokens/s; sequences_vs_fp32_<dtype>")
+    serve.add_argument("--kv-limit-bytes", type=int, default=128 << 20, help="--kv-dtype: the stage's KV limit")
+    serve.add_argument("--sequence-tokens", type=int, default=1024, help="--kv-dtype: tokens per sequence")
+    serve.add_argument("--decode-sequences", type=int, default=4,
+                       help="--kv-dtype: admitted sequences that decode for the tokens/s figure")
+    serve.add_argument("--decode-steps", type=int, default=4, help="--kv-dtype: decode steps per repeat")
     serve.set_defaults(func=cmd_serve)
     gguf = benches.add_parser("gguf", help="convert a checkpoint to GGUF with llama.cpp's converter "
                                            "(for serve --peer llama.cpp)")
@@ -147,6 +156,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _quiet_logs()
     if args.mixed:
         return _mixed(args)
+    if args.kv_dtype:
+        return _kv_capacity(args)
 
     levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
     if args.fleet:
@@ -263,6 +274,35 @@ def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
     agreement = report["agreement"]
     print(f"top-1 agreement with transformers fp32 at hops {agreement['hop_boundary_dtypes']}: "
           f"{agreement['top1_agreement']:.4f} over {agreement['positions']} positions")
+    return 0
+
+
+def _kv_capacity(args: argparse.Namespace) -> int:
+    from apps.bench.kv_capacity import KvCapacityOptions, check_options, run
+    from libs.service.errors import FornaxError
+
+    options = KvCapacityOptions(
+        "", tuple(x.strip() for x in args.kv_dtype.split(",") if x.strip()), args.backend, args.kv_limit_bytes,
+        args.sequence_tokens, args.decode_sequences, args.decode_steps, args.repeats)
+    try:
+        check_options(options)  # before a checkpoint is generated or loaded
+        options = replace(options, checkpoint=_checkpoint(args.checkpoint, args.preset))
+        report = run(options, "fornax " + " ".join(sys.argv[1:]))
+    except (FornaxError, ValueError) as exc:
+        print(f"fornax bench serve: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    print(f"# KV limit {options.kv_limit_bytes} bytes, {options.sequence_tokens}-token sequences, one stage")
+    print(f"{'kv dtype':<9}{'block B':>9}{'blocks':>8}{'seqs':>6}{'admitted':>10}{'decode tok/s':>14}")
+    for name, row in report["kv_dtypes"].items():
+        print(f"{name:<9}{row['block_bytes']:>9}{row['blocks_at_limit']:>8}{row['sequences']:>6}"
+              f"{row.get('sequences_admitted', '-'):>10}{row.get('decode_tokens_per_s', float('nan')):>14.1f}")
+    for key in sorted(k for k in report if k.startswith("sequences_vs_fp32_")):
+        print(f"{key} = {report[key]:.3f} (contract)")
+    for key, label in report["figures"].items():
+        print(f"# {key}: {label}")
     return 0
 
 

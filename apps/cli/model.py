@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from libs.model.kv_blocks import KV_DTYPES
 from libs.model.presets import PRESETS
 
 
@@ -36,9 +37,9 @@ def register(commands, benches) -> None:
                         help="weight policy of the stages; the reference runs the same weights dequantized")
     parity.add_argument("--against-source", action="store_true",
                         help="also report top-1 agreement and mean KL against the unquantized checkpoint")
-    parity.add_argument("--kv-dtype", choices=("fp32", "bf16"), default="fp32",
-                        help="KV element type of the stages; other than fp32, also reports the logit error "
-                             "against float32 KV and gates on top-1 agreement with it")
+    parity.add_argument("--kv-dtype", choices=tuple(KV_DTYPES), default="fp32",
+                        help="KV element type of the stages (fp8: numpy backend only); other than fp32, also "
+                             "reports the logit error against float32 KV and gates on top-1 agreement with it")
     parity.add_argument("--json", action="store_true")
     parity.set_defaults(func=_parity)
 

@@ -15,6 +15,7 @@ import numpy as np
 from libs.model.config import DeepseekV2Config
 from libs.model.errors import BatchError
 from libs.model.kernels import MASK_NEG, LayerInputs, StageKernels
+from libs.model.kv_blocks import require_kv_backend
 from libs.model.kv_store import KvLayout, KvStore, KvUsage, SliceIdentity
 from libs.model.rope import rope_tables
 from libs.model.sampling import SamplingParams, TokenFilter, sample_token
@@ -89,6 +90,7 @@ def build_ragged_layout(past_lengths: list[int], row_counts: list[int]) -> Ragge
 
 class StageExecutor:
     def __init__(self, cfg: DeepseekV2Config, spec: StageSpec, kernels: StageKernels) -> None:
+        require_kv_backend(spec.kv_dtype, kernels.name, field="kv_dtype")  # KV_DTYPE / KV_DTYPE_BACKEND
         if not 0 <= spec.layer_start < spec.layer_end <= cfg.num_hidden_layers:
             raise BatchError(f"layer range [{spec.layer_start}, {spec.layer_end}) is outside the model")
         self.cfg = cfg

@@ -28,12 +28,57 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from libs.model.errors import KvLimitExceededError
-
-# Bytes per stored KV element of each KV dtype a stage may hold (fp32 is the reference).
-KV_DTYPES = {"fp32": 4, "bf16": 2}
+from libs.model.errors import ConfigError, KvLimitExceededError
 
 KV_BLOCK_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class KvFormat:
+    """How one KV dtype stores a layer's rows: bytes per latent element, per rope-key element,
+    and per block for the latent's scale (0 = unscaled)."""
+
+    latent_bytes: int
+    rope_bytes: int
+    scale_bytes_per_block: int = 0
+    backends: tuple[str, ...] | None = None  # stage backends that may hold this format; None: all
+
+    def row_bytes(self, kv_lora_rank: int, rope_dim: int) -> int:
+        """One token's latent and rope key in one layer (the scale is per block, not per row)."""
+        return self.latent_bytes * kv_lora_rank + self.rope_bytes * rope_dim
+
+    def block_bytes(self, kv_lora_rank: int, rope_dim: int, layers: int = 1,
+                    block_tokens: int = KV_BLOCK_TOKENS) -> int:
+        """Exact bytes of one block across `layers` layers: rows plus each layer's scale."""
+        return layers * (block_tokens * self.row_bytes(kv_lora_rank, rope_dim) + self.scale_bytes_per_block)
+
+
+# The KV dtypes a stage may hold (part of the stage contract). fp32 is the reference; bf16 keeps
+# bf16 bit patterns (round to nearest even); fp8 keeps the MLA latent as float8 e4m3 with one
+# float32 power-of-two scale per (16-token block, layer) and the rope key as bf16.
+KV_DTYPES: dict[str, KvFormat] = {
+    "fp32": KvFormat(4, 4),
+    "bf16": KvFormat(2, 2),
+    "fp8": KvFormat(1, 2, scale_bytes_per_block=4, backends=("numpy",)),
+}
+
+
+def kv_format(kv_dtype: str, field: str | None = None) -> KvFormat:
+    """The format of a KV dtype, or ConfigError KV_DTYPE."""
+    fmt = KV_DTYPES.get(kv_dtype)
+    if fmt is None:
+        raise ConfigError(f"KV dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}", reason="KV_DTYPE",
+                          field=field)
+    return fmt
+
+
+def require_kv_backend(kv_dtype: str, backend: str, field: str | None = None) -> None:
+    """ConfigError KV_DTYPE_BACKEND when a stage backend cannot hold a KV dtype (never a fallback)."""
+    fmt = kv_format(kv_dtype, field)
+    if fmt.backends is not None and backend not in fmt.backends:
+        raise ConfigError(f"KV dtype {kv_dtype!r} is not supported on the {backend!r} backend "
+                          f"(supported on: {', '.join(fmt.backends)})", reason="KV_DTYPE_BACKEND", field=field)
+
 PREFIX_HASH_BYTES = 32
 _CHAIN_DOMAIN = b"fornax.kv.prefix.v1"
 

@@ -18,27 +18,40 @@ the device thread (check and commit during execution), so every method holds one
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 
 from libs.fnx2.tensor import bf16_to_float32, float32_to_bf16
 from libs.model.errors import (
-    ConfigError,
     KvEpochError,
     KvLimitExceededError,
     ReleasedSequenceError,
     UnknownSequenceError,
 )
-from libs.model.kv_blocks import KV_BLOCK_TOKENS, KV_DTYPES, BlockPool, PoolStats, blocks_for
+from libs.model.fp8 import decode_e4m3, encode_e4m3, finite_amax, power_of_two_scale, requantize
+from libs.model.kv_blocks import KV_BLOCK_TOKENS, KV_DTYPES, BlockPool, KvFormat, PoolStats, blocks_for, kv_format
 
 KvKey = tuple[str, str]  # (request_id, lease_id)
 
 
-# KV element types a stage may store (part of the stage contract): fp32 is the reference; bf16
-# keeps bf16 bit patterns (round to nearest even) and widens them to float32 when read.
+# KV element types a stage may store (part of the stage contract, `KV_DTYPES`): fp32 is the
+# reference; bf16 keeps bf16 bit patterns (round to nearest even) and widens them to float32 when
+# read; fp8 keeps the latent as e4m3 codes with one power-of-two float32 scale per (block, layer)
+# and the rope key as bf16.
+#
+# fp8 scale rule: a block's scale is the smallest power of two s with amax / s <= 448 over the
+# latent rows written to the block so far (one scale per layer). The first write to a block
+# sets it; a later row whose magnitude needs a larger scale raises it and requantizes the
+# block's earlier rows to the new scale. A power-of-two ratio makes that requantization exact
+# for every value that stays in e4m3's normal range; one that drops into the subnormals is
+# rounded again by at most half a subnormal step of the new scale. Since each raise at least
+# doubles the scale, a stored value x never errs by more than 2^-4 |x| (its first rounding) plus
+# 2^-9 * S, S the block's final scale (the sum of the half steps of every later scale).
 
 
 @dataclass(frozen=True)
@@ -49,12 +62,25 @@ class KvLayout:
     dtype: str = "fp32"
 
     def __post_init__(self) -> None:
-        if self.dtype not in KV_DTYPES:
-            raise ConfigError(f"KV dtype {self.dtype!r} is not one of {', '.join(KV_DTYPES)}", reason="KV_DTYPE")
+        kv_format(self.dtype)
+
+    @property
+    def format(self) -> KvFormat:
+        return KV_DTYPES[self.dtype]
+
+    def block_bytes(self, block_tokens: int = KV_BLOCK_TOKENS) -> int:
+        """Exact bytes of one block of every layer: rows plus the per-block scales."""
+        return self.format.block_bytes(self.kv_lora_rank, self.rope_dim, self.layer_count, block_tokens)
+
+    @property
+    def bytes_per_token_exact(self) -> Fraction:
+        """Bytes a token costs in full blocks: block bytes / block tokens (fp8: not whole)."""
+        return Fraction(self.block_bytes(), KV_BLOCK_TOKENS)
 
     @property
     def bytes_per_token(self) -> int:
-        return KV_DTYPES[self.dtype] * self.layer_count * (self.kv_lora_rank + self.rope_dim)
+        """`bytes_per_token_exact` rounded up: a per-row bound where whole bytes are needed."""
+        return math.ceil(self.bytes_per_token_exact)
 
 
 @dataclass(frozen=True)
@@ -122,16 +148,19 @@ class KvStore:
     def __post_init__(self) -> None:
         self.pool = BlockPool(max(1, self.bytes_limit // self.block_bytes))
         lay = self.layout
-        self._bf16 = lay.dtype == "bf16"
-        stored = np.uint16 if self._bf16 else np.float32
+        self._dtype = lay.dtype
+        latent_dtype = {"fp32": np.float32, "bf16": np.uint16, "fp8": np.uint8}[lay.dtype]
+        rope_dtype = np.float32 if lay.dtype == "fp32" else np.uint16
         # Storage grows (doubling) as the pool hands out higher block ids: a large limit
         # costs nothing until it is used.
-        self._latent = np.zeros((lay.layer_count, 0, self.block_tokens, lay.kv_lora_rank), stored)
-        self._k_rope = np.zeros((lay.layer_count, 0, self.block_tokens, lay.rope_dim), stored)
+        self._latent = np.zeros((lay.layer_count, 0, self.block_tokens, lay.kv_lora_rank), latent_dtype)
+        self._k_rope = np.zeros((lay.layer_count, 0, self.block_tokens, lay.rope_dim), rope_dtype)
+        # fp8: one latent scale per (layer, block); empty for the unscaled dtypes.
+        self._scale = np.ones((lay.layer_count, 0), np.float32)
 
     @property
     def block_bytes(self) -> int:
-        return self.block_tokens * self.layout.bytes_per_token
+        return self.layout.block_bytes(self.block_tokens)
 
     @_locked
     def usage(self) -> KvUsage:
@@ -238,8 +267,11 @@ class KvStore:
         table = np.asarray(blocks, dtype=np.intp)
         latent = np.take(self._latent[layer], table, axis=0).reshape(-1, self.layout.kv_lora_rank)[:length]
         k_rope = np.take(self._k_rope[layer], table, axis=0).reshape(-1, self.layout.rope_dim)[:length]
-        if self._bf16:
+        if self._dtype == "bf16":
             return bf16_to_float32(latent), bf16_to_float32(k_rope)
+        if self._dtype == "fp8":
+            scale = np.repeat(self._scale[layer, table], self.block_tokens)[:length, None]
+            return decode_e4m3(latent) * scale, bf16_to_float32(k_rope)
         return latent, k_rope
 
     @_locked
@@ -288,8 +320,10 @@ class KvStore:
         return entry
 
     def _write(self, entry: LeaseKv, latent: np.ndarray, k_rope: np.ndarray) -> None:
-        if self._bf16:
-            latent, k_rope = float32_to_bf16(latent), float32_to_bf16(k_rope)
+        if self._dtype == "bf16":
+            latent = float32_to_bf16(latent)
+        if self._dtype != "fp32":
+            k_rope = float32_to_bf16(k_rope)
         rows = latent.shape[1]
         position = entry.length
         done = 0
@@ -297,10 +331,29 @@ class KvStore:
             block = entry.blocks[position // self.block_tokens]
             offset = position % self.block_tokens
             take = min(self.block_tokens - offset, rows - done)
-            self._latent[:, block, offset : offset + take] = latent[:, done : done + take]
+            if self._dtype == "fp8":
+                self._write_fp8(block, offset, latent[:, done : done + take])
+            else:
+                self._latent[:, block, offset : offset + take] = latent[:, done : done + take]
             self._k_rope[:, block, offset : offset + take] = k_rope[:, done : done + take]
             position += take
             done += take
+
+    def _write_fp8(self, block: int, offset: int, rows: np.ndarray) -> None:
+        """Encode new latent rows ([layers, take, rank]) into `block` at `offset` (the scale rule
+        in the module comment); earlier rows of the block are requantized if the scale grows."""
+        needed = power_of_two_scale(finite_amax(rows, axis=(1, 2)))  # [layers]
+        if offset == 0:
+            scale = needed
+        else:
+            old = self._scale[:, block]
+            scale = np.maximum(old, needed)
+            grown = np.flatnonzero(scale > old)
+            for layer in grown:
+                self._latent[layer, block, :offset] = requantize(self._latent[layer, block, :offset],
+                                                                 old[layer], scale[layer])
+        self._scale[:, block] = scale
+        self._latent[:, block, offset : offset + rows.shape[1]] = encode_e4m3(rows / scale[:, None, None])
 
     def _publish(self, entry: LeaseKv) -> None:
         full = min(entry.length // self.block_tokens, len(entry.chain))
@@ -313,7 +366,7 @@ class KvStore:
         if blocks <= have:
             return
         size = min(self.pool.total_blocks, max(blocks, 2 * have, 4))
-        for attr in ("_latent", "_k_rope"):
+        for attr in ("_latent", "_k_rope", "_scale"):
             old = getattr(self, attr)
             new = np.zeros((old.shape[0], size, *old.shape[2:]), old.dtype)
             new[:, :have] = old

@@ -19,6 +19,7 @@ from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import ConfigError
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
+from libs.model.kv_blocks import require_kv_backend
 from libs.model.kv_store import SliceIdentity
 from libs.model.layout import even_layer_split
 from libs.model.weights import load_stage_weights
@@ -316,6 +317,9 @@ def compare(ours: Captured, ref: Captured, ranges, tolerance: float) -> tuple[li
 
 
 def run_parity(request: ParityRequest) -> ParityReport:
+    # Before any weights load: every stage's backend must hold the KV dtype (KV_DTYPE_BACKEND).
+    for backend in request.stage_backends or (request.backend,):
+        require_kv_backend(request.kv_dtype, backend, field="kv_dtype")
     cfg = load_config(request.checkpoint_dir)
     check_reference_supports(cfg)
     ranges = split_layers(cfg.num_hidden_layers, request.stages)

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from libs.fnx2.messages import Phase, SequenceStatus
-from libs.model.kv_blocks import KV_BLOCK_TOKENS
+from libs.model.kv_blocks import KV_BLOCK_TOKENS, kv_format
 from libs.model.logprobs import TokenLogprobs
 from libs.model.sampling import SamplingParams
 
@@ -23,7 +23,8 @@ class FinishReason(enum.Enum):
 
 @dataclass(frozen=True)
 class StageLayout:
-    """KV cost of one stage: MLA caches (kv_lora_rank + qk_rope_head_dim) fp32 per layer."""
+    """KV cost of one stage: MLA caches (kv_lora_rank + qk_rope_head_dim) per layer, in the
+    stages' KV dtype (fp32 unless the route names another; `mla_kv_bytes_per_token`)."""
 
     layer_start: int
     layer_end_exclusive: int
@@ -80,8 +81,13 @@ class ServedModel:
         return len(self.stages)
 
 
-def mla_kv_bytes_per_token(kv_lora_rank: int, qk_rope_head_dim: int, num_layers: int) -> int:
-    return (kv_lora_rank + qk_rope_head_dim) * 4 * num_layers
+def mla_kv_bytes_per_token(kv_lora_rank: int, qk_rope_head_dim: int, num_layers: int,
+                           kv_dtype: str = "fp32") -> int:
+    """KV bytes a token costs on a stage of `num_layers` layers holding `kv_dtype`
+    (libs.model.kv_blocks.KV_DTYPES): its block bytes over its block tokens, rounded up to a
+    whole byte for fp8 (whose per-block scales make it a quarter byte per layer)."""
+    block = kv_format(kv_dtype).block_bytes(kv_lora_rank, qk_rope_head_dim, num_layers)
+    return -(-block // KV_BLOCK_TOKENS)
 
 
 @dataclass(frozen=True)

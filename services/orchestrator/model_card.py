@@ -32,9 +32,11 @@ def checkpoint_snapshot(checkpoint_dir: str) -> str:
 def served_model(cfg: DeepseekV2Config, ranges: list[tuple[int, int]], model_id: str,
                  kv_budget_bytes: int | None = None,
                  stage_kv_budgets: tuple[int, ...] | None = None,
-                 stage_kv_blocks: tuple[tuple[int, int | None], ...] | None = None) -> ServedModel:
+                 stage_kv_blocks: tuple[tuple[int, int | None], ...] | None = None,
+                 kv_dtype: str = "fp32") -> ServedModel:
     """`kv_budget_bytes` is every stage's KV limit; `stage_kv_budgets` gives one per stage;
-    `stage_kv_blocks` gives each stage's own (block tokens, total blocks) when it reported them."""
+    `stage_kv_blocks` gives each stage's own (block tokens, total blocks) when it reported them;
+    `kv_dtype` is the stages' KV element type (the admission's bytes per token)."""
     budgets = stage_kv_budgets or (kv_budget_bytes,) * len(ranges)
     if len(budgets) != len(ranges):
         raise ValueError(f"{len(budgets)} KV budgets for {len(ranges)} stages")
@@ -42,7 +44,7 @@ def served_model(cfg: DeepseekV2Config, ranges: list[tuple[int, int]], model_id:
     if len(blocks) != len(ranges):
         raise ValueError(f"{len(blocks)} KV block counts for {len(ranges)} stages")
     layouts = tuple(StageLayout(a, b, mla_kv_bytes_per_token(cfg.kv_lora_rank,
-                                                              cfg.qk_rope_head_dim, b - a),
+                                                              cfg.qk_rope_head_dim, b - a, kv_dtype),
                                 budget, block_tokens, total)
                     for (a, b), budget, (block_tokens, total) in zip(ranges, budgets, blocks, strict=True))
     return ServedModel(model_id=model_id, context_length=cfg.max_position_embeddings,

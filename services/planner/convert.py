@@ -75,6 +75,7 @@ def model_from_proto(m: pb.ModelDescription) -> ModelDescription:
             attention_flops_per_context_token=x.attention_flops_per_context_token,
             kv_bytes_per_token=x.kv_bytes_per_token,
             scratch_bytes_per_row=x.scratch_bytes_per_row,
+            kv_scale_bytes_per_block=x.kv_scale_bytes_per_block,
         )
         for x in m.layers
     )
@@ -100,7 +101,8 @@ def model_to_proto(m: ModelDescription) -> pb.ModelDescription:
             flops_per_token=x.flops_per_token, kv_bytes_per_token=x.kv_bytes_per_token,
             dense_weight_bytes=x.dense_weight_bytes,
             attention_flops_per_context_token=x.attention_flops_per_context_token,
-            scratch_bytes_per_row=x.scratch_bytes_per_row) for x in m.layers],
+            scratch_bytes_per_row=x.scratch_bytes_per_row,
+            kv_scale_bytes_per_block=x.kv_scale_bytes_per_block) for x in m.layers],
         embedding_bytes=m.embedding_bytes, head_bytes=m.head_bytes, routed_experts=m.routed_experts,
         experts_per_token=m.experts_per_token, shared_experts=m.shared_experts, expert_bytes=m.expert_bytes,
         weight_dtype=DTYPE_TO_PB[m.weight_dtype], required_operations=list(m.required_operations),

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from libs.model.kv_blocks import blocks_for
 from services.planner.inventory import Inventory, Node, Target
 from services.planner.model import DTYPE_BYTES, ModelDescription
 
@@ -101,6 +102,8 @@ def build_workload(model: ModelDescription, target: Target) -> Workload:
     flops = np.array([x.flops_per_token for x in layers], dtype=np.float64)
     attn = np.array([x.attention_flops_per_context_token for x in layers], dtype=np.float64)
     kv = np.array([x.kv_bytes_per_token for x in layers], dtype=np.int64)
+    # fp8 KV: each layer's latent scale per block of the context (stages allocate whole blocks).
+    kv_scales = np.array([x.kv_scale_bytes_per_block for x in layers], dtype=np.int64) * blocks_for(ctx)
 
     def expert_reads(n_rows: int) -> np.ndarray:
         distinct = expected_distinct_experts(model.routed_experts, model.experts_per_token, n_rows)
@@ -115,9 +118,9 @@ def build_workload(model: ModelDescription, target: Target) -> Workload:
         concurrency=target.concurrency,
         boundary_row_bytes=model.hidden_size * DTYPE_BYTES[target.boundary_dtype],
         layer_weight_bytes=np.array([x.weight_bytes for x in layers], dtype=np.int64),
-        layer_kv_bytes=kv * ctx * target.concurrency,
+        layer_kv_bytes=(kv * ctx + kv_scales) * target.concurrency,
         decode_flops=rows * (flops + attn * ctx),
-        decode_bytes=dense + expert_reads(rows) + kv * ctx * rows,
+        decode_bytes=dense + expert_reads(rows) + (kv * ctx + kv_scales) * rows,
         prefill_flops=prefill * flops + attn * prefill * (prefill + 1) / 2,
         prefill_bytes=dense + expert_reads(prefill) + kv * prefill,
         activation_bytes=buffer_rows * (ACTIVATION_BUFFERS * 4 * model.hidden_size + scratch),

@@ -9,7 +9,9 @@ actually touches: dense parts, the router, the shared experts and only the top-k
 experts. Attention score work grows with context and is kept as a separate per-context-token
 term. KV bytes per token are MLA's compressed latent plus the rope key:
 `(kv_lora_rank + qk_rope_head_dim) * dtype bytes` per layer: float32 (what stages hold) under a
-policy, the checkpoint's dtype without one.
+policy, the checkpoint's dtype without one. A named KV dtype (`libs.model.kv_blocks.KV_DTYPES`)
+counts its own format exactly: fp8 is `kv_lora_rank * 1 + qk_rope_head_dim * 2` bytes a token
+plus `kv_scale_bytes_per_block` (4) per 16-token block, per layer.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 from libs.common.kinds import DType
 from libs.model.config import DeepseekV2Config, parse_config
 from libs.model.errors import ConfigError
-from libs.model.kv_blocks import KV_DTYPES
+from libs.model.kv_blocks import KvFormat, kv_format
 from libs.model.layout import EMBED, FINAL_NORM, LM_HEAD, layer_tensors
 from libs.weights.policy import policy_formats, require_policy
 from services.planner.policy_bytes import LayerBytes, layer_bytes, matrix_bytes
@@ -49,8 +51,10 @@ class LayerCost:
     dense_weight_bytes: int  # everything except the routed experts
     flops_per_token: int  # weight matmuls a token touches (top-k experts only)
     attention_flops_per_context_token: int  # score + value work per cached token
-    kv_bytes_per_token: int
+    kv_bytes_per_token: int  # latent + rope key of one token (scales excluded)
     scratch_bytes_per_row: int  # widest fp32 intermediate of the layer, per row
+    # Per 16-token KV block (libs.model.kv_blocks.KV_BLOCK_TOKENS): the fp8 latent's scale; 0 unscaled.
+    kv_scale_bytes_per_block: int = 0
 
     def active_weight_bytes_per_token(self, expert_bytes: int, experts_per_token: int) -> int:
         if not self.is_moe:
@@ -141,10 +145,7 @@ def describe_config(raw: dict[str, Any], snapshot: str, policy: str | None = Non
         dtype = DType.BF16 if policy == "bf16" else DType.FP32
     sizes = _Sizes(cfg, policy, DTYPE_BYTES[dtype])
     if kv_dtype is not None:
-        if kv_dtype not in KV_DTYPES:
-            raise ConfigError(f"KV dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}",
-                              reason="KV_DTYPE", field="kv_dtype")
-        sizes.kv_bytes = KV_DTYPES[kv_dtype]
+        sizes.kv_format = kv_format(kv_dtype, field="kv_dtype")
     n = cfg.num_hidden_layers
     layers = tuple(_layer_cost(cfg, i, sizes) for i in range(n))
     embed = sizes.matrix(EMBED, cfg.vocab_size, cfg.hidden_size)
@@ -191,7 +192,8 @@ class _Sizes:
     def __init__(self, cfg: DeepseekV2Config, policy: str | None, dtype_bytes: int) -> None:
         self.cfg, self.policy, self.dtype_bytes = cfg, policy, dtype_bytes
         self.norm_bytes = 4 if policy is not None else dtype_bytes
-        self.kv_bytes = KV_DTYPE_BYTES if policy is not None else dtype_bytes
+        kv_bytes = KV_DTYPE_BYTES if policy is not None else dtype_bytes
+        self.kv_format = KvFormat(kv_bytes, kv_bytes)
 
     def matrix(self, name: str, rows: int, cols: int) -> int:
         if self.policy is None:
@@ -252,6 +254,7 @@ def _layer_cost(cfg: DeepseekV2Config, index: int, sizes: _Sizes) -> LayerCost:
         dense_weight_bytes=stored.total - stored.routed,
         flops_per_token=2 * active,
         attention_flops_per_context_token=2 * heads * (cfg.qk_head_dim + cfg.v_head_dim),
-        kv_bytes_per_token=(cfg.kv_lora_rank + cfg.qk_rope_head_dim) * sizes.kv_bytes,
+        kv_bytes_per_token=sizes.kv_format.row_bytes(cfg.kv_lora_rank, cfg.qk_rope_head_dim),
         scratch_bytes_per_row=4 * widest,
+        kv_scale_bytes_per_block=sizes.kv_format.scale_bytes_per_block,
     )

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.common.kinds import Backend
-from libs.model.kv_store import KV_DTYPES
+from libs.model.errors import ConfigError
+from libs.model.kv_blocks import KV_DTYPES, require_kv_backend
 from libs.security.paths import parse_roots
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
@@ -33,7 +34,8 @@ class StageWorkerConfig:
     # MAX compile cache; None = the backend's default (~/.cache/fornax/max).
     compile_cache_dir: str | None = None
     kv_limit_bytes: int = 1 << 30
-    # Element type of the KV store: fp32 (reference) or bf16 (half the bytes per token).
+    # Element type of the KV store: fp32 (reference), bf16 (half the bytes per token) or fp8
+    # (e4m3 latent with per-block scales, rope key bf16; numpy backend only).
     kv_dtype: str = "fp32"
     # Host other stages and the orchestrator use to reach this worker's FNX2 listener when the
     # bind host is a wildcard (e.g. a pod's stable DNS name); empty = the bind host.
@@ -63,7 +65,8 @@ class StageWorkerConfig:
         parser.add_argument("--compile-cache-dir", help="MAX compile cache (env FORNAX_COMPILE_CACHE_DIR)")
         parser.add_argument("--kv-limit-bytes", type=int, help="env FORNAX_KV_LIMIT_BYTES")
         parser.add_argument("--kv-dtype", choices=tuple(KV_DTYPES),
-                            help="KV store element type, fp32 or bf16 (env FORNAX_KV_DTYPE)")
+                            help="KV store element type, fp32, bf16 or fp8 (numpy backend only) "
+                                 "(env FORNAX_KV_DTYPE)")
         parser.add_argument("--advertise-host", help="host peers dial for FNX2 (env FORNAX_ADVERTISE_HOST)")
         parser.add_argument("--state-dir", help="private state: fetched artifacts (env FORNAX_STATE_DIR)")
         parser.add_argument(
@@ -92,7 +95,7 @@ class StageWorkerConfig:
             device=device,
             compile_cache_dir=pick(args.compile_cache_dir, env, "FORNAX_COMPILE_CACHE_DIR", cls.compile_cache_dir),
             kv_limit_bytes=pick(args.kv_limit_bytes, env, "FORNAX_KV_LIMIT_BYTES", cls.kv_limit_bytes, int),
-            kv_dtype=_kv_dtype(pick(args.kv_dtype, env, "FORNAX_KV_DTYPE", cls.kv_dtype)),
+            kv_dtype=_kv_dtype(pick(args.kv_dtype, env, "FORNAX_KV_DTYPE", cls.kv_dtype), backend),
             advertise_host=pick(args.advertise_host, env, "FORNAX_ADVERTISE_HOST", ""),
             state_dir=pick(args.state_dir, env, "FORNAX_STATE_DIR", f".fornax/stage_worker_{stage_index}"),
             cpu_affinity=pick(args.cpu_affinity, env, "FORNAX_CPU_AFFINITY", (), parse_cpu_set),
@@ -101,7 +104,11 @@ class StageWorkerConfig:
         )
 
 
-def _kv_dtype(value: str) -> str:
+def _kv_dtype(value: str, backend: str) -> str:
     if value not in KV_DTYPES:
         raise SystemExit(f"unsupported KV dtype {value!r}; expected one of {', '.join(KV_DTYPES)}")
+    try:
+        require_kv_backend(value, backend, field="FORNAX_KV_DTYPE")
+    except ConfigError as exc:
+        raise SystemExit(str(exc)) from exc
     return value

@@ -24,7 +24,7 @@ from libs.model.errors import ModelError
 from libs.model.executor import PendingKv, StageBatch, StageExecutor, StageResult
 from libs.model.executor import StageSpec as ExecutorSpec
 from libs.model.kernels import make_kernels
-from libs.model.kv_blocks import KV_BLOCK_TOKENS, PoolStats
+from libs.model.kv_blocks import KV_BLOCK_TOKENS, PoolStats, require_kv_backend
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.channels import ChannelConfig
@@ -275,6 +275,9 @@ class StageRuntime:
                 reason="BACKEND_MISMATCH",
                 field="spec.backend",
             )
+        # Before any weights load or graphs compile: a backend that cannot hold the KV dtype
+        # refuses it (KV_DTYPE_BACKEND), never falls back to another dtype.
+        require_kv_backend(spec.kv_dtype or self.kv_dtype, str(spec.backend), field="spec.kv_dtype")
         if spec.device != self.device:
             raise FailedPrecondition(
                 f"this worker runs on {self.device!r}; the stage asks for {spec.device!r}",

@@ -105,3 +105,23 @@ def test_parity_kv_dtype_reports_the_logit_error_against_fp32_kv(tiny_checkpoint
     assert kv.kv_dtype == "bf16" and kv.positions == report.rows and kv.top1_vs_fp32_kv >= 0.95
     assert 0 < kv.max_abs_logit_error < 0.05 * kv.max_abs_logit  # narrower, yet close
     assert "bf16 KV against float32 KV" in text
+
+
+def test_parity_cli_accepts_fp8_kv_on_numpy_and_reports_agreement(tiny_checkpoint, capsys):
+    from apps.cli.main import main
+
+    rc = main(["parity", "--checkpoint", str(tiny_checkpoint), "--stages", "2", "--backend", "numpy",
+               "--kv-dtype", "fp8", "--decode-steps", "8", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["gate"] == "kv_top1" and report["passed"]
+    kv = report["kv"]
+    assert kv["kv_dtype"] == "fp8" and kv["top1_vs_fp32_kv"] >= 0.95
+    assert 0 < kv["max_abs_logit_error"] < 0.1 * kv["max_abs_logit"]  # really narrower, still close
+
+
+def test_parity_cli_refuses_fp8_kv_on_max_with_its_reason(tiny_checkpoint, capsys):
+    from apps.cli.main import main
+
+    rc = main(["parity", "--checkpoint", str(tiny_checkpoint), "--stages", "1", "--backend", "max",
+               "--kv-dtype", "fp8"])
+    assert rc == 2 and "KV_DTYPE_BACKEND" in capsys.readouterr().err

@@ -201,5 +201,5 @@ def test_a_bf16_kv_route_halves_block_bytes_and_reuses_prefixes(fleet, checkpoin
     cached = [t[2] for t in turns]
     assert cached[0] == 0 and all(b > a for a, b in zip(cached, cached[1:], strict=False))
     with pytest.raises(grpc.RpcError) as err:
-        load_checkpoint_route(workers.addresses, str(checkpoint), layers, timeout_s=600, kv_dtype="fp8")
+        load_checkpoint_route(workers.addresses, str(checkpoint), layers, timeout_s=600, kv_dtype="fp4")
     assert "KV_DTYPE" in str(err.value) or reason_of(err.value) == "KV_DTYPE"

@@ -29,7 +29,7 @@ def test_bf16_halves_the_bytes_and_rounds_within_bf16_precision():
     np.testing.assert_allclose(got_rope, k_rope[1], rtol=2.0**-8)
     assert not np.array_equal(got_latent, latent[1])  # really stored narrower
     with pytest.raises(ConfigError) as err:
-        KvLayout(1, 1, 1, "fp8")
+        KvLayout(1, 1, 1, "fp4")
     assert err.value.reason == "KV_DTYPE"
 
 

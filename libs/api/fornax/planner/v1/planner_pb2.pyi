@@ -28,7 +28,7 @@ PLAN_MODE_EXPLORATORY: PlanMode
 PLAN_MODE_DEPLOYMENT: PlanMode
 
 class LayerDescription(_message.Message):
-    __slots__ = ("index", "is_moe", "weight_bytes", "active_weight_bytes_per_token", "flops_per_token", "kv_bytes_per_token", "dense_weight_bytes", "attention_flops_per_context_token", "scratch_bytes_per_row")
+    __slots__ = ("index", "is_moe", "weight_bytes", "active_weight_bytes_per_token", "flops_per_token", "kv_bytes_per_token", "dense_weight_bytes", "attention_flops_per_context_token", "scratch_bytes_per_row", "kv_scale_bytes_per_block")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     IS_MOE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class LayerDescription(_message.Message):
     DENSE_WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_FLOPS_PER_CONTEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SCRATCH_BYTES_PER_ROW_FIELD_NUMBER: _ClassVar[int]
+    KV_SCALE_BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     index: int
     is_moe: bool
     weight_bytes: int
@@ -47,7 +48,8 @@ class LayerDescription(_message.Message):
     dense_weight_bytes: int
     attention_flops_per_context_token: int
     scratch_bytes_per_row: int
-    def __init__(self, index: _Optional[int] = ..., is_moe: _Optional[bool] = ..., weight_bytes: _Optional[int] = ..., active_weight_bytes_per_token: _Optional[int] = ..., flops_per_token: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., dense_weight_bytes: _Optional[int] = ..., attention_flops_per_context_token: _Optional[int] = ..., scratch_bytes_per_row: _Optional[int] = ...) -> None: ...
+    kv_scale_bytes_per_block: int
+    def __init__(self, index: _Optional[int] = ..., is_moe: _Optional[bool] = ..., weight_bytes: _Optional[int] = ..., active_weight_bytes_per_token: _Optional[int] = ..., flops_per_token: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., dense_weight_bytes: _Optional[int] = ..., attention_flops_per_context_token: _Optional[int] = ..., scratch_bytes_per_row: _Optional[int] = ..., kv_scale_bytes_per_block: _Optional[int] = ...) -> None: ...
 
 class ModelDescription(_message.Message):
     __slots__ = ("model_snapshot", "hidden_size", "vocab_size", "layers", "embedding_bytes", "head_bytes", "routed_experts", "experts_per_token", "shared_experts", "expert_bytes", "weight_dtype", "required_operations", "tied_embeddings", "weights_policy", "weight_formats")

@@ -1,0 +1,1 @@
+from tests.unit.model.conftest import tiny_checkpoint  # noqa: F401  (shared fixture)
