@@ -26,12 +26,13 @@ def registry_dir(state_dir: Path, control_host: str) -> Path:
     return Path(state_dir) / "hosts" / control_host / "evidence_registry"
 
 
-def stored_profile_records(state_dir: Path, control_host: str) -> list[ProfileRecordInput]:
+def stored_records(state_dir: Path, control_host: str) -> list[ProfileRecordInput] | None:
+    """The newest active profile and calibration record per subject; None when the fleet has no
+    registry store. A record whose blob is missing is an error, never skipped."""
     root = registry_dir(state_dir, control_host)
     db = root / "registry.db"
     if not db.is_file():
-        raise NoStoredProfiles(f"no registry store at {db}: run `fornax profile --fleet FILE --checkpoint DIR "
-                               f"--state-dir {state_dir}` first")
+        return None
     store, blobs = SqliteRecordStore(db), DiskBlobStore(root / "blobs")
     listed: list[Record] = []
     for kind in (RecordType.MEASUREMENT, RecordType.CALIBRATION):
@@ -49,6 +50,15 @@ def stored_profile_records(state_dir: Path, control_host: str) -> list[ProfileRe
             raise NoStoredProfiles(f"record {record.record_id}'s blob is missing from {root / 'blobs'}")
         out.append(ProfileRecordInput(record.record_id, record.content.type.value, blob, record.content.labels,
                                       record.content.evidence_class.value))
+    return out
+
+
+def stored_profile_records(state_dir: Path, control_host: str) -> list[ProfileRecordInput]:
+    out = stored_records(state_dir, control_host)
+    db = registry_dir(state_dir, control_host) / "registry.db"
+    if out is None:
+        raise NoStoredProfiles(f"no registry store at {db}: run `fornax profile --fleet FILE --checkpoint DIR "
+                               f"--state-dir {state_dir}` first")
     if not any(dict(r.labels).get("profile") == "stage" for r in out):
         raise NoStoredProfiles(f"no stage profile records in {db}: run `fornax profile` on this fleet first")
     return out

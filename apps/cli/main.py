@@ -13,6 +13,7 @@ import sys
 
 COMMAND_MODULES: tuple[str, ...] = (
     "apps.cli.fleet",
+    "apps.cli.plan",
     "apps.cli.profile",
     "apps.cli.security",
     "apps.bench.cli",
@@ -23,7 +24,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.artifact_builder.cli",
     "services.evidence_registry.cli",
     "services.orchestrator.cli",
-    "services.planner.cli",
 )
 
 
