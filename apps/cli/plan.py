@@ -184,7 +184,8 @@ def _plan_running_fleet(args, model):
     installed = installed_stages(view, channel) if args.replan else None
     stages = args.stages or (len(installed) if installed else len(view.workers))
     target = Target(context_tokens=args.context_tokens, concurrency=args.concurrency, min_stages=stages,
-                    max_stages=stages, boundary_dtype=DType(args.boundary_dtype or "bf16"), mode=args.mode or "exploratory")
+                    max_stages=stages, boundary_dtype=DType(args.boundary_dtype or "bf16"),
+                    mode=args.mode or "exploratory")
     resolver = RegistryResolver(view.registry, ClientOptions(channel=channel))
     result = plan_with_records(model, view.inventory, target, resolver, view.records)
     if installed is None:

@@ -185,7 +185,8 @@ def figure_lines(figures: tuple[Figure, ...], measured: dict[str, str]) -> list[
             line += f"; measured profile {record} (physical) stands in where it matches"
         lines.append(line)
     if measured:
-        lines.append("stored profiles (measured, physical): " + ", ".join(f"{s} {r}" for s, r in sorted(measured.items())))
+        found = ", ".join(f"{subject} {record}" for subject, record in sorted(measured.items()))
+        lines.append(f"stored profiles (measured, physical): {found}")
     else:
         lines.append("stored profiles: none under the state directory; every time figure is a declared estimate")
     return lines
