@@ -3,17 +3,25 @@ checkpoint that is only DeepSeek-V2-Lite's config.json (the planner reads no wei
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from apps.cli.main import main
 from libs.model.presets import preset_config
+from libs.profiles.schema import to_json
+from services.evidence_registry.blobs import DiskBlobStore
+from services.evidence_registry.domain import EvidenceClass, Record, RecordContent, RecordStatus, RecordType
+from services.evidence_registry.sqlite_store import SqliteRecordStore
+from services.planner.model import describe_checkpoint
+from tests.unit.planner.profile_factories import stage_profile, stage_record
 
 ROOT = Path(__file__).resolve().parents[3]
 LITE_FLEET = ROOT / "fleets" / "lite-three-hosts.yaml"
@@ -70,3 +78,35 @@ def test_a_broken_fleet_file_is_an_error_with_its_reason(lite_checkpoint, tmp_pa
     broken.write_text("version: 1\ncontrol_host: nobody\nhosts: []\n")
     assert main(["plan", "--fleet", str(broken), "--checkpoint", str(lite_checkpoint)]) == 2
     assert "error FLEET_FILE_INVALID: fleet file" in capsys.readouterr().err
+
+
+def _store_stage_profile(state: Path, checkpoint: Path, host: str) -> str:
+    """A physical stage profile of `host` (MAX, q4_k_m, this checkpoint) in the fleet's registry
+    store, where `fornax profile` leaves it (written to the store as the registry writes an
+    accepted record); returns its record id."""
+    snapshot = describe_checkpoint(checkpoint, "q4_k_m").model_snapshot
+    profile = dataclasses.replace(stage_profile(host, snapshot, measured=time.time_ns() - 3600 * 10**9),
+                                  weights_policy="q4_k_m")
+    record = stage_record(profile)
+    root = state / "hosts" / "alpha" / "evidence_registry"
+    store = SqliteRecordStore(root / "registry.db")
+    try:
+        content = RecordContent(RecordType.MEASUREMENT, EvidenceClass.PHYSICAL, labels=record.labels)
+        blob = DiskBlobStore(root / "blobs").put(to_json(profile))
+        store.put(Record(record.record_id, content, blob, RecordStatus.ACTIVE, time.time_ns()), "test")
+    finally:
+        store.close()
+    return record.record_id
+
+
+def test_stored_profiles_under_the_state_dir_are_planned_from(lite_checkpoint, tmp_path, capsys):
+    state = tmp_path / "state"
+    record_id = _store_stage_profile(state, lite_checkpoint, "beta")
+    rc = main(["plan", "--fleet", str(LITE_FLEET), "--checkpoint", str(lite_checkpoint), "--weights", "q4_k_m",
+               "--state-dir", str(state), "--explain"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"stored profiles (measured, physical): beta {record_id}" in out
+    assert re.search(rf"beta +compute .*measured profile {record_id} \(physical\) stands in", out)
+    assert "terms from physical profiles" in out  # the plan rests on the record, declared figures fill gaps
+    assert f"measurement records {record_id}" in out and "declared, exploratory" in out
