@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from apps.fleet.plan_inventory import FleetInventory, FleetWeights
 
 EXIT_INFEASIBLE = 3
 EXIT_ERROR = 2
@@ -78,8 +81,8 @@ class FleetPlanning:
 
     path: str
     file_sha256: str
-    built: Any  # apps.fleet.plan_inventory.FleetInventory
-    weights: Any  # apps.fleet.plan_inventory.FleetWeights
+    built: FleetInventory
+    weights: FleetWeights
     measured: dict[str, str]
 
     def lines(self) -> list[str]:

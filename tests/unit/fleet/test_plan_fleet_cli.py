@@ -73,6 +73,18 @@ def test_fleet_and_inventory_are_exclusive(lite_checkpoint, capsys):
     assert caught.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("extra", [["--replan"], ["--profiles"]])
+def test_options_that_need_a_running_fleet_or_an_inventory_are_refused(lite_checkpoint, capsys, extra):
+    assert main(["plan", "--fleet", str(LITE_FLEET), "--checkpoint", str(lite_checkpoint), *extra]) == 2
+    assert "error BAD_OPTIONS" in capsys.readouterr().err
+
+
+def test_deployment_mode_without_a_registry_fails_closed(lite_checkpoint, tmp_path, capsys):
+    rc = main(["plan", "--fleet", str(LITE_FLEET), "--checkpoint", str(lite_checkpoint), "--weights", "q4_k_m",
+               "--mode", "deployment", "--state-dir", str(tmp_path / "state")])
+    assert rc == 2 and "error NO_EVIDENCE_REGISTRY" in capsys.readouterr().err
+
+
 def test_a_broken_fleet_file_is_an_error_with_its_reason(lite_checkpoint, tmp_path, capsys):
     broken = tmp_path / "broken.yaml"
     broken.write_text("version: 1\ncontrol_host: nobody\nhosts: []\n")
