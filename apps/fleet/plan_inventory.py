@@ -50,7 +50,7 @@ class FleetPlanError(InvalidArgument):
 
 
 @dataclass(frozen=True)
-class Figure:
+class InventoryFigure:
     """One number the inventory rests on, and what kind of number it is."""
 
     subject: str  # a host name, or "a->b" for a hop
@@ -68,7 +68,7 @@ class Figure:
 @dataclass(frozen=True)
 class FleetInventory:
     inventory: Inventory
-    figures: tuple[Figure, ...]
+    figures: tuple[InventoryFigure, ...]
 
 
 @dataclass(frozen=True)
@@ -93,29 +93,32 @@ def _node(host: HostSpec) -> Node:
     )
 
 
-def _host_figures(host: HostSpec, node: Node) -> list[Figure]:
+def _host_figures(host: HostSpec, node: Node) -> list[InventoryFigure]:
     quota = f"{host.cpu_cores:g} core(s) of quota"
+    name = host.name
     return [
-        Figure(host.name, "memory", node.memory_bytes, "bytes", CONTRACT, "the fleet file's memory_limit (cgroup)"),
-        Figure(host.name, "reserve", node.reserve_bytes, "bytes", DECLARED,
-               f"the {host.backend} runtime's own resident memory"),
-        Figure(host.name, "compute", node.compute_flops, "FLOP/s", DECLARED,
-               f"{CPU_FLOPS_PER_CORE:.3g} FLOP/s per core x {quota}"),
-        Figure(host.name, "memory_bandwidth", node.memory_bandwidth_bytes_per_s, "bytes/s", DECLARED,
-               f"{CPU_BANDWIDTH_BYTES_PER_S:.3g} bytes/s per core x {quota}"),
+        InventoryFigure(name, "memory", node.memory_bytes, "bytes", CONTRACT, "the fleet file's memory_limit (cgroup)"),
+        InventoryFigure(name, "reserve", node.reserve_bytes, "bytes", DECLARED,
+                        f"the {host.backend} runtime's own resident memory"),
+        InventoryFigure(name, "compute", node.compute_flops, "FLOP/s", DECLARED,
+                        f"{CPU_FLOPS_PER_CORE:.3g} FLOP/s per core x {quota}"),
+        InventoryFigure(name, "memory_bandwidth", node.memory_bandwidth_bytes_per_s, "bytes/s", DECLARED,
+                        f"{CPU_BANDWIDTH_BYTES_PER_S:.3g} bytes/s per core x {quota}"),
     ]
 
 
-def _link(a: HostSpec, b: HostSpec) -> tuple[Link, list[Figure]]:
+def _link(a: HostSpec, b: HostSpec) -> tuple[Link, list[InventoryFigure]]:
     """a -> b leaves through a's shaped link and enters through b's (and b's delaying relay)."""
     rate = min(a.link.rate_bits_per_s, b.link.rate_bits_per_s) / 8
     latency = DECLARED_LINK_LATENCY_NS + b.link.delay_ns
     hop = f"{a.name}->{b.name}"
-    figures = [Figure(hop, "link_rate", rate, "bytes/s", CONTRACT, "the slower of the two hosts' link.rate (tc tbf)"),
-               Figure(hop, "link_latency", DECLARED_LINK_LATENCY_NS, "ns", DECLARED, "a hop on one box")]
+    figures = [
+        InventoryFigure(hop, "link_rate", rate, "bytes/s", CONTRACT, "the slower of the two hosts' link.rate (tc tbf)"),
+        InventoryFigure(hop, "link_latency", DECLARED_LINK_LATENCY_NS, "ns", DECLARED, "a hop on one box"),
+    ]
     if b.link.delay_ns:
-        figures.append(Figure(hop, "link_latency", b.link.delay_ns, "ns", CONTRACT,
-                              f"{b.name}'s link.delay (its relay holds every inbound byte)"))
+        figures.append(InventoryFigure(hop, "link_latency", b.link.delay_ns, "ns", CONTRACT,
+                                       f"{b.name}'s link.delay (its relay holds every inbound byte)"))
     return Link(a.name, b.name, rate, latency), figures
 
 
@@ -171,7 +174,7 @@ def _shown(value: float, unit: str) -> str:
     return f"{value / divisor:.3f} {shown}"
 
 
-def figure_lines(figures: tuple[Figure, ...], measured: dict[str, str]) -> list[str]:
+def figure_lines(figures: tuple[InventoryFigure, ...], measured: dict[str, str]) -> list[str]:
     """One line per figure with its evidence class; `measured` maps a host or "a->b" hop to the
     stored profile record that measured it (the planner uses it where it matches the model,
     backend and weight policy, and says so in each stage's terms)."""
