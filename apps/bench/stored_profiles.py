@@ -46,12 +46,13 @@ def _active_records(registry: EvidenceRegistry, kind: RecordType) -> list[Record
         after = page.next_after_seq
 
 
-def stored_profile_records(state_dir: Path, control_host: str) -> list[ProfileRecordInput]:
+def stored_records(state_dir: Path, control_host: str) -> list[ProfileRecordInput] | None:
+    """The newest active profile and calibration record per subject; None when the fleet has no
+    registry store. A record whose blob is missing or damaged is an error, never skipped."""
     root = registry_dir(state_dir, control_host)
     db = root / "registry.db"
     if not db.is_file():
-        raise NoStoredProfiles(f"no registry store at {db}: run `fornax profile --fleet FILE --checkpoint DIR "
-                               f"--state-dir {state_dir}` first")
+        return None
     registry = EvidenceRegistry(SqliteRecordStore(db), DiskBlobStore(root / "blobs"))
     try:
         listed = [r for kind in (RecordType.MEASUREMENT, RecordType.CALIBRATION)
@@ -66,6 +67,15 @@ def stored_profile_records(state_dir: Path, control_host: str) -> list[ProfileRe
                                           record.content.labels, record.content.evidence_class.value))
     finally:
         registry.records.close()
+    return out
+
+
+def stored_profile_records(state_dir: Path, control_host: str) -> list[ProfileRecordInput]:
+    out = stored_records(state_dir, control_host)
+    db = registry_dir(state_dir, control_host) / "registry.db"
+    if out is None:
+        raise NoStoredProfiles(f"no registry store at {db}: run `fornax profile --fleet FILE --checkpoint DIR "
+                               f"--state-dir {state_dir}` first")
     if not any(dict(r.labels).get("profile") == "stage" for r in out):
         raise NoStoredProfiles(f"no stage profile records in {db}: run `fornax profile` on this fleet first")
     return out

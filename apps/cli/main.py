@@ -13,6 +13,7 @@ import sys
 
 COMMAND_MODULES: tuple[str, ...] = (
     "apps.cli.fleet",
+    "apps.cli.plan",
     "apps.cli.profile",
     "apps.cli.security",
     "apps.bench.cli",
@@ -23,7 +24,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "apps.cli.artifact_builder",
     "apps.cli.evidence_registry",
     "apps.cli.orchestrator",
-    "apps.cli.planner",
 )
 
 

@@ -32,6 +32,7 @@ from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.dataplane import DataPlane, stage_id
 from services.stage_worker.generations import Generations
 from services.stage_worker.lifecycle import StageState
+from services.stage_worker.operations import SUPPORTED_OPERATIONS
 from services.stage_worker.overlap import MemoryFacts
 from services.stage_worker.phase_totals import PhaseTotals
 from services.stage_worker.profiling import BUSY, Profiler
@@ -40,20 +41,6 @@ from services.stage_worker.runtime import StageRuntime
 log = structlog.get_logger()
 # What the audit log calls an FNX2 channel opening (it is no gRPC method).
 DATA_PLANE_HELLO = "fnx2:/hello"
-# Operation names as the planner's model description requires them (services/planner/model.py).
-SUPPORTED_OPERATIONS = (
-    "embedding",
-    "rmsnorm",
-    "mla_attention",
-    "rope",
-    "rope_yarn",
-    "swiglu",
-    "lm_head",
-    "moe_router_softmax_topk",
-    "moe_group_limited_greedy",
-    "shared_experts",
-    "sampling",
-)
 
 
 def require_peer_identities(spec) -> None:

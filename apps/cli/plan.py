@@ -1,15 +1,20 @@
 """`fornax plan` and `fornax bench planner`.
 
-`fornax plan` exits 0 with a feasible plan, 3 when the answer is infeasible (a normal answer,
-printed with its reasons) and 2 on an error.
+`fornax plan` plans an inventory file (`--inventory`), a fleet file's hosts before they run
+(`--fleet`, with the profiles stored under `--state-dir` when there are any), or the running
+fleet of `--state-dir`. It exits 0 with a feasible plan, 3 when the answer is infeasible (a
+normal answer, printed with its reasons) and 2 on an error.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, replace
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from apps.fleet.plan_inventory import FleetInventory, FleetWeights
 
 EXIT_INFEASIBLE = 3
 EXIT_ERROR = 2
@@ -19,8 +24,12 @@ GIB = float(2**30)
 def register(commands, benches) -> None:
     p = commands.add_parser("plan", help="place a checkpoint's layers on an inventory of nodes")
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (config.json), or a deepseek2 .gguf file")
-    p.add_argument("--inventory", help="inventory YAML (see services/planner/examples); without it the running "
-                                       "fleet of --state-dir is planned from its workers and its registry's profiles")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--inventory", help="inventory YAML (see services/planner/examples); without it or --fleet "
+                                            "the running fleet of --state-dir is planned from its workers and its "
+                                            "registry's profiles")
+    source.add_argument("--fleet", help="fleet file (see fleets/): plan its stage hosts from their declared limits, "
+                                        "with the profiles stored under --state-dir when there are any")
     p.add_argument("--mode", choices=("exploratory", "deployment"), help="overrides the file's target.mode")
     p.add_argument("--registry", help="evidence registry address for deployment mode (default: the local fleet's)")
     p.add_argument("--profiles", action="store_true",
@@ -30,16 +39,22 @@ def register(commands, benches) -> None:
     p.add_argument("--replan", action="store_true",
                    help="running fleet: propose a placement from the freshest profiles and print how it differs "
                         "from the installed one")
-    p.add_argument("--state-dir", default=".fornax", help="the running fleet (fleet.json, operator certificate)")
-    p.add_argument("--stages", type=int, help="running fleet: stages (default: the installed route's, else every "
-                                              "worker)")
-    p.add_argument("--context-tokens", type=int, default=2048, help="running fleet: target context per sequence")
-    p.add_argument("--concurrency", type=int, default=32, help="running fleet: target concurrent sequences")
-    p.add_argument("--boundary-dtype", default="bf16", choices=("bf16", "fp16", "fp32"),
-                   help="running fleet: boundary tensor dtype")
+    p.add_argument("--state-dir", default=".fornax",
+                   help="the running fleet (fleet.json, operator certificate); with --fleet, where its stored "
+                        "profiles are (hosts/<control host>/evidence_registry)")
+    p.add_argument("--stages", type=int, help="running fleet or --fleet: stages (default: the installed route's, "
+                                              "else every worker or stage host)")
+    p.add_argument("--context-tokens", type=int, default=2048,
+                   help="running fleet or --fleet: target context per sequence")
+    p.add_argument("--concurrency", type=int, default=32,
+                   help="running fleet or --fleet: target concurrent sequences")
+    p.add_argument("--boundary-dtype", default=None, choices=("bf16", "fp16", "fp32"),
+                   help="running fleet: boundary tensor dtype (default bf16); --fleet: every hop the file does not "
+                        "set")
     p.add_argument("--weights", choices=("fp32", "bf16", "q8_0", "q4_k_m"),
                    help="weight policy the stages hold: weight bytes per layer are the policy's formats (default: "
-                        "the checkpoint's dtype, as stored)")
+                        "the checkpoint's dtype, as stored; with --fleet, each host's `weights:`, else fp32). With "
+                        "--fleet it overrides the file's `weights:` on every host")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run_plan)
     b = benches.add_parser("planner", help="planner speed and brute-force agreement")
@@ -48,15 +63,91 @@ def register(commands, benches) -> None:
     b.set_defaults(func=run_bench)
 
 
-def _resolver(args, mode: str):
+def _resolver(args, mode: str, state_dir: str = ".fornax"):
     if mode != "deployment":
         return None
     from libs.security.cli_credentials import cli_channel
     from services.evidence_registry.client import ClientOptions, address_from_fleet
     from services.planner.registry import RegistryResolver
 
-    address = args.registry or address_from_fleet()
-    return RegistryResolver(address, ClientOptions(channel=cli_channel())) if address else None
+    address = args.registry or address_from_fleet(state_dir)
+    return RegistryResolver(address, ClientOptions(channel=cli_channel(state_dir))) if address else None
+
+
+@dataclass(frozen=True)
+class FleetPlanning:
+    """What `--fleet` planned from, for the output: the file, its inventory's figures, the weight
+    policy and the stored profile records found (host or "a->b" hop -> record id)."""
+
+    path: str
+    file_sha256: str
+    built: FleetInventory
+    weights: FleetWeights
+    measured: dict[str, str]
+
+    def lines(self) -> list[str]:
+        from apps.fleet.plan_inventory import figure_lines
+
+        return [f"fleet {self.path} (sha256 {self.file_sha256[:16]}): weights {self.weights.policy} from "
+                f"{self.weights.source}", *figure_lines(self.built.figures, self.measured)]
+
+    def as_json(self) -> dict[str, Any]:
+        figures = [{**asdict(f), "prediction": f.is_prediction} for f in self.built.figures]
+        return {"file": self.path, "file_sha256": self.file_sha256, "weights": asdict(self.weights),
+                "figures": figures, "stored_profiles": self.measured}
+
+
+def measured_subjects(records) -> dict[str, str]:
+    """Host or "a->b" hop -> the stored stage or link profile record that measured it."""
+    from libs.profiles import schema
+
+    out: dict[str, str] = {}
+    for r in records:
+        kind = r.label(schema.LABEL_PROFILE)
+        if r.record_type == "measurement" and kind == "stage" and r.label(schema.LABEL_HOST):
+            out[r.label(schema.LABEL_HOST)] = r.record_id
+        elif r.record_type == "measurement" and kind == "link" and r.label(schema.LABEL_FROM_HOST):
+            out[f"{r.label(schema.LABEL_FROM_HOST)}->{r.label(schema.LABEL_TO_HOST)}"] = r.record_id
+    return out
+
+
+def _plan_fleet_file(args):
+    """(model, result, FleetPlanning) for the stage hosts of a fleet file, from their declared
+    limits, and from the profiles stored under --state-dir when it holds any stage profile."""
+    from pathlib import Path
+
+    from apps.bench.stored_profiles import NoStoredProfiles, stored_records
+    from apps.fleet.plan_inventory import fleet_target, fleet_weights, inventory_from_fleet
+    from apps.fleet.spec import FleetFileError, load_fleet_spec
+    from libs.common.kinds import DType
+    from libs.service.errors import FailedPrecondition, InvalidArgument
+    from services.planner.model import describe_checkpoint
+    from services.planner.planner import plan, plan_with_records
+
+    try:
+        spec = load_fleet_spec(args.fleet, DType(args.boundary_dtype) if args.boundary_dtype else None)
+    except FleetFileError as exc:
+        raise InvalidArgument(f"fleet file {args.fleet}: {exc}", reason="FLEET_FILE_INVALID", field="fleet") from exc
+    built = inventory_from_fleet(spec)
+    weights = fleet_weights(spec, args.weights)
+    model = describe_checkpoint(args.checkpoint, weights.policy)
+    if weights.mixed:  # each host's stage holds its own formats: no one policy's formats to require
+        model = replace(model, weights_policy="")
+    mode = args.mode or "exploratory"
+    target = fleet_target(spec, context_tokens=args.context_tokens, concurrency=args.concurrency,
+                          stages=args.stages, mode=mode)
+    try:
+        records = stored_records(Path(args.state_dir), spec.control_host) or []
+    except NoStoredProfiles as exc:
+        raise FailedPrecondition(str(exc), reason="PROFILE_STORE_DAMAGED") from exc
+    measured = measured_subjects(records)
+    resolver = _resolver(args, mode, args.state_dir)
+    hosts = {h.name for h in spec.stage_hosts}
+    if any(subject in hosts for subject in measured):
+        result = plan_with_records(model, built.inventory, target, resolver, records)
+    else:
+        result = plan(model, built.inventory, target, resolver)
+    return model, result, FleetPlanning(args.fleet, spec.file_sha256, built, weights, measured)
 
 
 def _plan_inventory_file(args, model):
@@ -96,7 +187,8 @@ def _plan_running_fleet(args, model):
     installed = installed_stages(view, channel) if args.replan else None
     stages = args.stages or (len(installed) if installed else len(view.workers))
     target = Target(context_tokens=args.context_tokens, concurrency=args.concurrency, min_stages=stages,
-                    max_stages=stages, boundary_dtype=DType(args.boundary_dtype), mode=args.mode or "exploratory")
+                    max_stages=stages, boundary_dtype=DType(args.boundary_dtype or "bf16"),
+                    mode=args.mode or "exploratory")
     resolver = RegistryResolver(view.registry, ClientOptions(channel=channel))
     result = plan_with_records(model, view.inventory, target, resolver, view.records)
     if installed is None:
@@ -112,17 +204,21 @@ def run_plan(args) -> int:
 
     from libs.model.errors import ModelError
     from libs.service.errors import FornaxError
-    from services.planner.explain import diff_lines, explain_lines
     from services.planner.model import describe_checkpoint
 
-    if args.replan and args.inventory:
-        print("error BAD_OPTIONS: --replan compares with the running fleet's installed route; drop --inventory",
-              file=sys.stderr)
+    problem = _option_problem(args)
+    if problem:
+        print(f"error BAD_OPTIONS: {problem}", file=sys.stderr)
         return EXIT_ERROR
+    fleet: FleetPlanning | None = None
     try:
-        model = describe_checkpoint(args.checkpoint, args.weights)
-        planned = _plan_inventory_file(args, model) if args.inventory else _plan_running_fleet(args, model)
-        result, installed = planned
+        if args.fleet:
+            model, result, fleet = _plan_fleet_file(args)
+            installed = None
+        else:
+            model = describe_checkpoint(args.checkpoint, args.weights)
+            planned = _plan_inventory_file(args, model) if args.inventory else _plan_running_fleet(args, model)
+            result, installed = planned
     except (FornaxError, ModelError) as exc:
         print(f"error {exc.reason}: {exc.message}" + (f" (field {exc.field})" if getattr(exc, "field", None) else ""),
               file=sys.stderr)
@@ -130,35 +226,58 @@ def run_plan(args) -> int:
     except grpc.RpcError as exc:
         print(f"error FLEET_UNREACHABLE: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return EXIT_ERROR
-    summary = model_summary(model)
     if args.json:
-        body = asdict(result)
-        body["model"] = summary
-        if result.plan is not None:
-            body["plan"]["label"] = result.plan.label
-        print(json.dumps(body, indent=2, sort_keys=True))
+        _print_json(model, result, fleet)
     else:
-        print(f"model {summary['model_snapshot']}: {summary['layers']} layers, "
-              f"{summary['weight_bytes'] / GIB:.2f} GiB {summary['weights']}, {summary['routed_experts']} routed "
-              f"experts top-{summary['experts_per_token']} + {summary['shared_experts']} shared; a decode token reads "
-              f"{summary['active_weight_bytes_per_token'] / GIB:.3f} GiB of layer weights")
-        if (args.explain or args.replan) and result.plan is not None:
-            print("\n".join(explain_lines(result.plan)))
-            if args.weights:
-                print("\n".join(_format_lines(args, result.plan)))
-            print("\n".join(format_result(result, stages=False)))
-        else:
-            print("\n".join(format_result(result)))
-        if installed is not None and result.plan is not None:
-            print("\n".join(diff_lines(installed[0], result.plan, installed[1])))
+        _print_text(args, model, result, installed, fleet)
     return 0 if result.feasible else EXIT_INFEASIBLE
 
 
-def _format_lines(args, plan) -> list[str]:
+def _print_json(model, result, fleet: FleetPlanning | None) -> None:
+    body = asdict(result)
+    body["model"] = model_summary(model)
+    if fleet is not None:
+        body["fleet"] = fleet.as_json()
+    if result.plan is not None:
+        body["plan"]["label"] = result.plan.label
+    print(json.dumps(body, indent=2, sort_keys=True))
+
+
+def _print_text(args, model, result, installed, fleet: FleetPlanning | None) -> None:
+    from services.planner.explain import diff_lines, explain_lines
+
+    summary = model_summary(model)
+    print(f"model {summary['model_snapshot']}: {summary['layers']} layers, "
+          f"{summary['weight_bytes'] / GIB:.2f} GiB {summary['weights']}, {summary['routed_experts']} routed "
+          f"experts top-{summary['experts_per_token']} + {summary['shared_experts']} shared; a decode token reads "
+          f"{summary['active_weight_bytes_per_token'] / GIB:.3f} GiB of layer weights")
+    if fleet is not None:
+        print("\n".join(fleet.lines()))
+    if (args.explain or args.replan) and result.plan is not None:
+        print("\n".join(explain_lines(result.plan)))
+        policy = (None if fleet.weights.mixed else fleet.weights.policy) if fleet else args.weights
+        if policy:
+            print("\n".join(_format_lines(args.checkpoint, policy, result.plan)))
+        print("\n".join(format_result(result, stages=False)))
+    else:
+        print("\n".join(format_result(result)))
+    if installed is not None and result.plan is not None:
+        print("\n".join(diff_lines(installed[0], result.plan, installed[1])))
+
+
+def _option_problem(args) -> str | None:
+    if args.replan and (args.inventory or args.fleet):
+        return "--replan compares with the running fleet's installed route; drop --inventory and --fleet"
+    if args.profiles and args.fleet:
+        return "--fleet reads the profiles stored under --state-dir itself; drop --profiles"
+    return None
+
+
+def _format_lines(checkpoint: str, policy: str, plan) -> list[str]:
     from libs.model.config import load_config
     from services.planner.policy_bytes import format_lines
 
-    return format_lines(load_config(args.checkpoint), args.weights,
+    return format_lines(load_config(checkpoint), policy,
                         [(s.stage_index, s.node, s.layer_start, s.layer_end, str(s.backend)) for s in plan.stages])
 
 
