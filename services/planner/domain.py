@@ -19,6 +19,10 @@ STAGE_BOUNDS = "STAGE_BOUNDS"
 NO_FEASIBLE_PLACEMENT = "NO_FEASIBLE_PLACEMENT"
 EVIDENCE_UNRESOLVED = "EVIDENCE_UNRESOLVED"
 MISSING_EVIDENCE = "MISSING_EVIDENCE"
+# Stable reason codes of replica-route layouts (`services.planner.replicas`).
+TOO_MANY_HOSTS_FOR_ROUTES = "TOO_MANY_HOSTS_FOR_ROUTES"  # more hosts than the exhaustive layout search covers
+BAD_ROUTE_COUNT = "BAD_ROUTE_COUNT"  # N routes asked of fewer than N hosts, or N < 1
+CONCURRENCY_BELOW_ROUTES = "CONCURRENCY_BELOW_ROUTES"  # fewer target sequences than routes
 
 # Stable reason codes of a deployment refused for want of measured evidence (FAILED_PRECONDITION).
 MISSING_PROFILE = "MISSING_PROFILE"  # a host, a layer kind on a host, or a link has no profile
@@ -177,14 +181,53 @@ class EvidenceFailure:
 
 
 @dataclass(frozen=True)
+class RouteShare:
+    """One route (replica pipeline) of a layout: its plan, predicted at its share of the target
+    concurrency (the plan's own target concurrency)."""
+
+    plan: Plan
+    concurrency: int
+
+
+@dataclass(frozen=True)
+class LayoutCandidate:
+    """One way to partition the hosts into routes, with its predicted fleet throughput (a
+    prediction of the cost model at each route's share of the concurrency, summed)."""
+
+    layout: str  # e.g. "2 routes: a>b | c>d"
+    routes: int
+    hosts: tuple[tuple[str, ...], ...]  # the host group each route was planned on
+    feasible: bool
+    tokens_per_s: float = 0.0  # predicted aggregate decode tokens/s at the target concurrency
+    band_tokens_per_s: tuple[float, float] = (0.0, 0.0)  # (slowest, fastest) over the measured spread
+    shares: tuple[int, ...] = ()  # sequences per route
+    reason: str = ""  # stable reason code when infeasible
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RouteChoice:
+    """Why this layout (`services.planner.replicas`); every figure in it is a prediction."""
+
+    rule: str
+    chosen: int  # index into candidates
+    candidates: tuple[LayoutCandidate, ...]
+    explanation: str
+
+
+@dataclass(frozen=True)
 class PlanResult:
     feasible: bool
-    plan: Plan | None
+    plan: Plan | None  # the first (or only) route's plan
     rejections: tuple[Rejection, ...] = ()
     infeasibility: str = ""
     infeasibility_reason: str = ""
     shortfall_bytes: float = 0.0
     evidence_failures: tuple[EvidenceFailure, ...] = field(default_factory=tuple)
+    # Multi-route planning (`replicas.plan_routes`): every route of the chosen layout (routes[0].plan
+    # is `plan`) and the layout choice with every candidate; empty / None for a single-route plan.
+    routes: tuple[RouteShare, ...] = ()
+    route_choice: RouteChoice | None = None
 
 
 def canonical_json(value: object) -> bytes:

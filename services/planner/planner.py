@@ -26,7 +26,7 @@ import numpy as np
 from libs.profiles.schema import route_key as make_route_key
 from libs.service.errors import FailedPrecondition
 from services.planner import domain as d
-from services.planner import evidence, measured, stability
+from services.planner import evidence, measured, replicas, stability
 from services.planner.costs import CostTables, build_tables, decode_service_matrix, stage_memory, stage_time
 from services.planner.feasibility import (
     explain_infeasible,
@@ -72,6 +72,32 @@ def plan(model: ModelDescription, inventory: Inventory, target: Target,
     if resolver is not None and target.mode == "deployment":
         result = evidence.gate(result, inventory, resolver)
     return result
+
+
+def plan_routes(model: ModelDescription, inventory: Inventory, target: Target, routes: int | None,
+                resolver: evidence.Resolver | None = None, profiles: ProfileBook | None = None,
+                now_unix_ns: int | None = None) -> d.PlanResult:
+    """Replica routes (`replicas`): `routes` pipelines (None: the count predicted fastest, fewer
+    when within the measured spread), each planned by `plan` on its own hosts at its share of the
+    target concurrency. With `profiles`, each layout's spread comes from the same placements
+    predicted on the profiles' fastest and slowest runs (`stability.bounded_book`)."""
+    validate_target(target)
+    now = time.time_ns() if now_unix_ns is None else now_unix_ns
+
+    def plan_route(group: Inventory, route_target: Target) -> d.PlanResult:
+        return plan(model, group, route_target, resolver, profiles, now)
+
+    band = None
+    if profiles is not None:
+        books = [stability.bounded_book(profiles, side) for side in (stability.HIGH, stability.LOW)]
+
+        def band(group: Inventory, route_target: Target, route: d.Plan) -> tuple[float, float]:
+            stages = [(s.node, s.layer_start, s.layer_end) for s in route.stages]
+            slow, fast = (predict_placement(model, group, replace(route_target, mode="exploratory"), book, stages,
+                                            now).prediction("decode_tokens_per_s") for book in books)
+            return slow, fast
+
+    return replicas.plan_routes(inventory, target, routes, plan_route, band)
 
 
 def _plan(model: ModelDescription, inventory: Inventory, target: Target) -> d.PlanResult:
