@@ -55,6 +55,10 @@ def register(commands, benches) -> None:
                    help="weight policy the stages hold: weight bytes per layer are the policy's formats (default: "
                         "the checkpoint's dtype, as stored; with --fleet, each host's `weights:`, else fp32). With "
                         "--fleet it overrides the file's `weights:` on every host")
+    p.add_argument("--routes", default="1",
+                   help="with --inventory or --fleet: replica routes the hosts form: N (the best layout of exactly N "
+                        "routes) or auto (the count predicted fastest at the target concurrency; fewer routes when "
+                        "within the measured spread); default 1, a single route")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run_plan)
     b = benches.add_parser("planner", help="planner speed and brute-force agreement")
@@ -143,7 +147,14 @@ def _plan_fleet_file(args):
     measured = measured_subjects(records)
     resolver = _resolver(args, mode, args.state_dir)
     hosts = {h.name for h in spec.stage_hosts}
-    if any(subject in hosts for subject in measured):
+    from_profiles = any(subject in hosts for subject in measured)
+    routes = route_count(args.routes)
+    if routes != 1:
+        from services.planner.planner import plan_routes, resolved_book
+
+        book = resolved_book(resolver, records) if from_profiles else None
+        result = plan_routes(model, built.inventory, target, routes, resolver, book)
+    elif from_profiles:
         result = plan_with_records(model, built.inventory, target, resolver, records)
     else:
         result = plan(model, built.inventory, target, resolver)
@@ -155,6 +166,12 @@ def _plan_inventory_file(args, model):
     from services.planner.planner import plan, plan_with_records
 
     loaded = load_inventory_file(args.inventory, mode=args.mode)
+    routes = route_count(args.routes)
+    if not args.profiles and routes != 1:
+        from services.planner.planner import plan_routes
+
+        resolver = _resolver(args, loaded.target.mode)
+        return plan_routes(model, loaded.inventory, loaded.target, routes, resolver), None
     if not args.profiles:
         return plan(model, loaded.inventory, loaded.target, _resolver(args, loaded.target.mode)), None
     from libs.security.cli_credentials import cli_channel
@@ -169,7 +186,13 @@ def _plan_inventory_file(args, model):
                                  reason="NO_EVIDENCE_REGISTRY")
     options = ClientOptions(channel=cli_channel(args.state_dir))
     records = fetch_profile_records(address, options)
-    return plan_with_records(model, loaded.inventory, loaded.target, RegistryResolver(address, options), records), None
+    resolver = RegistryResolver(address, options)
+    if routes != 1:
+        from services.planner.planner import plan_routes, resolved_book
+
+        book = resolved_book(resolver, records)
+        return plan_routes(model, loaded.inventory, loaded.target, routes, resolver, book), None
+    return plan_with_records(model, loaded.inventory, loaded.target, resolver, records), None
 
 
 def _plan_running_fleet(args, model):
@@ -244,7 +267,7 @@ def _print_json(model, result, fleet: FleetPlanning | None) -> None:
 
 
 def _print_text(args, model, result, installed, fleet: FleetPlanning | None) -> None:
-    from services.planner.explain import diff_lines, explain_lines
+    from services.planner.explain import diff_lines, explain_lines, route_lines
 
     summary = model_summary(model)
     print(f"model {summary['model_snapshot']}: {summary['layers']} layers, "
@@ -253,8 +276,15 @@ def _print_text(args, model, result, installed, fleet: FleetPlanning | None) -> 
           f"{summary['active_weight_bytes_per_token'] / GIB:.3f} GiB of layer weights")
     if fleet is not None:
         print("\n".join(fleet.lines()))
+    if result.route_choice is not None:
+        print("\n".join(route_lines(result)))
     if (args.explain or args.replan) and result.plan is not None:
-        print("\n".join(explain_lines(result.plan)))
+        routes = result.routes if len(result.routes) > 1 else ()
+        for i, route in enumerate(routes):
+            print(f"route {i} of {len(routes)} ({route.concurrency} sequences):")
+            print("\n".join(explain_lines(route.plan)))
+        if not routes:
+            print("\n".join(explain_lines(result.plan)))
         policy = (None if fleet.weights.mixed else fleet.weights.policy) if fleet else args.weights
         if policy:
             print("\n".join(_format_lines(args.checkpoint, policy, result.plan)))
@@ -265,7 +295,16 @@ def _print_text(args, model, result, installed, fleet: FleetPlanning | None) -> 
         print("\n".join(diff_lines(installed[0], result.plan, installed[1])))
 
 
+def route_count(text: str) -> int | None:
+    """`--routes`: None for auto, else the count (validated by `_option_problem`)."""
+    return None if text == "auto" else int(text)
+
+
 def _option_problem(args) -> str | None:
+    if args.routes != "auto" and not (args.routes.isdigit() and int(args.routes) >= 1):
+        return f"--routes takes auto or a count >= 1, got {args.routes!r}"
+    if args.routes != "1" and not (args.inventory or args.fleet):
+        return "--routes plans replica routes on --inventory or --fleet hosts; the running fleet has one route"
     if args.replan and (args.inventory or args.fleet):
         return "--replan compares with the running fleet's installed route; drop --inventory and --fleet"
     if args.profiles and args.fleet:

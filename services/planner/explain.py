@@ -53,6 +53,36 @@ def explain_lines(plan: d.Plan) -> list[str]:
     return lines
 
 
+def route_lines(result: d.PlanResult, shown: int = 20) -> list[str]:
+    """The replica-route layout choice: every candidate (up to `shown`, the chosen always) with its
+    predicted fleet tokens/s at the target concurrency, and why the chosen one won."""
+    choice = result.route_choice
+    if choice is None:
+        return []
+    lines = ["route layouts (fleet decode tokens/s at the target concurrency: predictions of the cost model, "
+             "summed over each route at its share of the sequences; not measurements):"]
+    order = sorted(range(len(choice.candidates)),
+                   key=lambda i: (not choice.candidates[i].feasible, -choice.candidates[i].tokens_per_s, i))
+    keep = set(order[:shown]) | ({choice.chosen} if choice.chosen >= 0 else set())
+    for i in order:
+        if i not in keep:
+            continue
+        c = choice.candidates[i]
+        mark = "*" if i == choice.chosen else " "
+        if c.feasible:
+            low, high = c.band_tokens_per_s
+            band = f", spread {low:.4g}..{high:.4g}" if high > low else ""
+            shares = "+".join(str(x) for x in c.shares)
+            lines.append(f" {mark} {c.layout:<40} {c.tokens_per_s:>10.4g} tokens/s (prediction{band}; "
+                         f"sequences {shares})")
+        else:
+            lines.append(f" {mark} {c.layout:<40} {'infeasible':>10} [{c.reason}] {c.detail}")
+    if len(keep) < len(choice.candidates):
+        lines.append(f"   ... and {len(choice.candidates) - len(keep)} more layout(s) (see --json)")
+    lines.append(f"route choice: {choice.explanation}")
+    return lines
+
+
 @dataclass(frozen=True)
 class InstalledStage:
     stage_index: int
