@@ -259,8 +259,9 @@ def _infeasible(layouts: Sequence[_Layout]) -> d.PlanResult:
     candidate's reason in the choice."""
     candidates = tuple(x.candidate for x in layouts)
     first = min(range(len(layouts)), key=lambda i: candidates[i].routes)
-    if layouts[first].error is not None:
-        raise layouts[first].error
+    error = layouts[first].error
+    if error is not None:
+        raise error
     reasons = sorted({c.reason for c in candidates})
     choice = d.RouteChoice("infeasible", -1, candidates,
                            f"no layout of {len(candidates)} is feasible ({', '.join(reasons)})")

@@ -133,3 +133,27 @@ def test_proportional_shares_follow_the_weights():
     assert replicas.proportional_shares(64, [3.0, 1.0]) == (48, 16)
     assert sum(replicas.proportional_shares(7, [1.0, 1.0, 5.0])) == 7
     assert min(replicas.proportional_shares(3, [100.0, 1.0, 1.0])) == 1
+
+
+@pytest.mark.parametrize(("spread", "routes", "rule"), [
+    (0.0, 2, replicas.FASTEST),  # runs that agree exactly: the faster layout counts
+    (0.05, 2, replicas.FASTEST),  # faster beyond the spread still wins
+    (0.3, 1, replicas.FEWER_WITHIN_SPREAD),  # within the measured spread: fewer routes
+])
+def test_profiles_spread_decides_between_one_and_two_routes(spread, routes, rule):
+    from dataclasses import replace as with_
+
+    from services.planner.profiles import book_from_records
+    from tests.unit.planner.test_plan_stability import MODEL as PROFILED
+    from tests.unit.planner.test_plan_stability import NOW, TWO, _records
+
+    inventory = full_mesh(node("a"), with_(node("b"), backend="numpy"))
+    book = book_from_records(_records(1.0, 1.0, spread))
+    result = plan_routes(PROFILED, inventory, with_(TWO, concurrency=16), None, profiles=book, now_unix_ns=NOW)
+    choice = result.route_choice
+    one, two = by_layout(result)["1 route: a>b"], by_layout(result)["2 routes: a | b"]
+    assert two.tokens_per_s > one.tokens_per_s  # the medians' ordering, whatever the spread
+    assert one.band_tokens_per_s[0] <= one.tokens_per_s <= one.band_tokens_per_s[1]
+    assert (one.band_tokens_per_s[1] - one.band_tokens_per_s[0] > 0) == (spread > 0)
+    assert choice.candidates[choice.chosen].routes == routes and choice.rule == rule
+    assert len(result.routes) == routes and result.plan.from_profiles
