@@ -234,3 +234,12 @@ class StageStats:
     prefix_hit_blocks: int = 0
     prefix_missed_blocks: int = 0
     kv_evicted_blocks: int = 0
+
+
+@dataclass(frozen=True)
+class TokenLimits:
+    """Per-request token limits besides the context window; 0 means only the window bounds it."""
+
+    default_max_tokens: int = 256
+    max_tokens_cap: int = 0
+    max_prompt_tokens: int = 0

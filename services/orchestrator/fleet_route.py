@@ -42,7 +42,7 @@ from services.orchestrator.remote_files import check_text_pins, fetch_manifest
 from services.orchestrator.route_health import HealthPolicy
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.route_supervisor import RouteSupervisor
-from services.orchestrator.serving import ServingConfig, ServingEngine
+from services.orchestrator.serving import ServingConfig, build_engine
 from services.orchestrator.stage_chain import Route, unload_generation
 
 _log = structlog.get_logger()
@@ -105,7 +105,7 @@ def fleet_installer(fleet: Fleet, state_dir: str, model_id: str, kv_limit_bytes:
         plan = route.plan
         stages = tuple(StageInfo(s.index, s.control_address, a, b, s.manifest_hash)
                        for s, (a, b) in zip(plan.stages, installed.layer_ranges, strict=True))
-        engine = ServingEngine(RoutePipeline(route, served), served, text, serving)
+        engine = build_engine(serving, RoutePipeline(route, served), text)
 
         async def reload() -> Route:  # the exact stored plan, as a new generation in place of this one
             return (await install(spec, fleet, progress, installed.stored,

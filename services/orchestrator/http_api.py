@@ -41,9 +41,9 @@ from services.orchestrator.prompting import (
     completion_prompt_ids,
     generation_request,
 )
-from services.orchestrator.route_health import route_unavailable
 from services.orchestrator.serving import RequestStream, RouteSlot, ServingEngine
 from services.orchestrator.tracing import TRACER
+from services.orchestrator.unavailable import route_unavailable
 
 _log = structlog.get_logger()
 

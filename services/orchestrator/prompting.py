@@ -3,25 +3,16 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from libs.service.errors import InvalidArgument, NotFound
 from libs.text.context import TextContext
-from services.orchestrator.domain import GenerationRequest, ServedModel
+from services.orchestrator.domain import GenerationRequest, ServedModel, TokenLimits
 from services.orchestrator.openai_request import ChatCompletionBody, CommonOptions, CompletionBody
 from services.orchestrator.openai_tools import output_lark
 from services.orchestrator.structured import grammar_checker, response_format_lark
-
-
-@dataclass(frozen=True)
-class TokenLimits:
-    """Per-request token limits besides the context window; 0 means only the window bounds it."""
-
-    default_max_tokens: int = 256
-    max_tokens_cap: int = 0
-    max_prompt_tokens: int = 0
 
 
 def _check_caps(prompt_tokens: int, max_tokens: int | None, limits: TokenLimits, prompt_param: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from libs.service.errors import (
     Cancelled,
@@ -20,16 +20,21 @@ from libs.service.errors import (
     Unavailable,
 )
 from services.orchestrator.domain import FinishReason, RequestOutput
-from services.orchestrator.route_health import ROUTE_UNAVAILABLE
+from services.orchestrator.unavailable import ROUTE_UNAVAILABLE
 
-if TYPE_CHECKING:
-    from services.orchestrator.serving import ServingEngine
+
+class StreamOwner(Protocol):
+    """What a stream needs from the engine that fills it: backpressure and cancellation."""
+
+    def set_stalled(self, request_id: str, stalled: bool) -> None: ...
+
+    def cancel(self, request_id: str) -> bool: ...
 
 
 class RequestStream:
     """One request's events, bounded: a full stream stalls the request's decode."""
 
-    def __init__(self, engine: ServingEngine, request_id: str, prompt_tokens: int,
+    def __init__(self, engine: StreamOwner, request_id: str, prompt_tokens: int,
                  capacity: int) -> None:
         self._engine = engine
         self.request_id = request_id
@@ -45,7 +50,7 @@ class RequestStream:
         self._ready.set()
         if len(self._events) >= self._capacity and not output.finished:
             self._stalled = True
-            self._engine._stall(self.request_id, True)
+            self._engine.set_stalled(self.request_id, True)
 
     async def next(self) -> RequestOutput:
         while not self._events:
@@ -54,7 +59,7 @@ class RequestStream:
         output = self._events.popleft()
         if self._stalled and len(self._events) < self._capacity:
             self._stalled = False
-            self._engine._stall(self.request_id, False)
+            self._engine.set_stalled(self.request_id, False)
         if output.finished:
             self.finished = True
         return output

@@ -25,11 +25,10 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
-from libs.service.errors import Unavailable
 from services.orchestrator.drift import MeasuredService
+from services.orchestrator.unavailable import detail_of
 
 _log = structlog.get_logger()
-ROUTE_UNAVAILABLE = "ROUTE_UNAVAILABLE"
 
 
 class StageCondition(enum.Enum):
@@ -47,18 +46,6 @@ def condition_of_rpc_error(code: grpc.StatusCode) -> StageCondition:
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return StageCondition.UNREACHABLE
     return StageCondition.READY  # the stage answered, with its own refusal
-
-
-_PREFIX = "the route is unavailable: "
-
-
-def route_unavailable(detail: str) -> Unavailable:
-    return Unavailable(_PREFIX + detail_of(detail), reason=ROUTE_UNAVAILABLE)
-
-
-def detail_of(message: str) -> str:
-    """The reason without the "route is unavailable" preamble, so it is never doubled."""
-    return message.removeprefix(_PREFIX)
 
 
 @dataclass(frozen=True)

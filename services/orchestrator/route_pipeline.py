@@ -29,9 +29,9 @@ from services.orchestrator.domain import (
     ServedModel,
     StageStats,
 )
-from services.orchestrator.route_health import ROUTE_UNAVAILABLE
 from services.orchestrator.stage_chain import PrefixQuery, Route, SliceInput, SliceOutput, lease_id_for
 from services.orchestrator.tracing import microbatch_span
+from services.orchestrator.unavailable import ROUTE_UNAVAILABLE
 
 # FNX2 carries a deadline as a remaining budget and 0 means expired, so a request without a
 # deadline travels with a day-long budget.

@@ -18,11 +18,9 @@ from libs.security.tls import own_identity_uri
 from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument, Unavailable
 from libs.service.server import ServiceSpec
 from services.orchestrator import convert
-from services.orchestrator.admission import KvFullPolicy
 from services.orchestrator.coldstart import BackendBoard, serve_then_upgrade
 from services.orchestrator.coldstart_setup import chooser, compiler_factory, unload_reference
-from services.orchestrator.config import OrchestratorConfig
-from services.orchestrator.domain import SchedulerConfig
+from services.orchestrator.config import OrchestratorConfig, serving_config
 from services.orchestrator.drift import DriftPolicy
 from services.orchestrator.http_api import (
     BOARD_KEY,
@@ -39,8 +37,7 @@ from services.orchestrator.lifecycle import (
     Preparer,
     RouteManager,
 )
-from services.orchestrator.prefix_salt import PrefixPolicy
-from services.orchestrator.serving import RouteSlot, ServingConfig, ServingEngine, terminal_error
+from services.orchestrator.serving import RouteSlot, ServingEngine, build_engine, terminal_error
 
 _log = structlog.get_logger()
 
@@ -92,22 +89,6 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         return pb.GetPlanStatusResponse(current=convert.status_to_pb(self._manager.status()))
 
 
-def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
-    return ServingConfig(scheduler=SchedulerConfig(output_queue_capacity=cfg.output_queue_capacity,
-                                                   pipeline_spare_microbatches=cfg.pipeline_spare_microbatches,
-                                                   max_tokens_per_step=cfg.max_tokens_per_step,
-                                                   min_prefill_chunk_tokens=cfg.min_prefill_chunk_tokens),
-                         max_live_requests=cfg.max_live_requests,
-                         default_max_tokens=cfg.default_max_tokens,
-                         default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None,
-                         release_budget_s=cfg.release_budget_s,
-                         recovery_timeout_s=cfg.recovery_timeout_s,
-                         stall_timeout_s=cfg.idle_write_timeout_s or None,
-                         max_tokens_cap=cfg.max_tokens_cap, max_prompt_tokens=cfg.max_prompt_tokens,
-                         prefix_cache=PrefixPolicy.parse(cfg.prefix_cache),
-                         kv_full=KvFullPolicy.parse(cfg.kv_full))
-
-
 def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
     """Stages as threads of this process: development and tests, never a fallback."""
 
@@ -126,9 +107,8 @@ def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
                                   field="backend")
         pipeline = InProcessPipeline.from_checkpoint(InProcessRouteConfig(
             Path(request.checkpoint_dir), request.stages, request.backend, model_id=cfg.model_id))
-        engine = ServingEngine(pipeline, pipeline.served,
-                               TextContext.from_checkpoint(request.checkpoint_dir),
-                               serving_config(cfg))
+        engine = build_engine(serving_config(cfg), pipeline,
+                              TextContext.from_checkpoint(request.checkpoint_dir))
         return InstalledRoute(request, PlanIdentity("in-process", "", pipeline.generation), (),
                               engine)
 

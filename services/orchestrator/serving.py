@@ -32,11 +32,11 @@ from services.orchestrator.domain import (
     SchedulerConfig,
     SequenceStatus,
     ServedModel,
+    TokenLimits,
 )
 from services.orchestrator.drift import RouteCalibration
 from services.orchestrator.pipeline import Pipeline
 from services.orchestrator.prefix_salt import PrefixPolicy
-from services.orchestrator.prompting import TokenLimits
 
 # Re-exported: the front ends take a request's stream and its ending from here.
 from services.orchestrator.request_stream import (  # noqa: F401
@@ -44,9 +44,9 @@ from services.orchestrator.request_stream import (  # noqa: F401
     RequestStream,
     terminal_error,
 )
-from services.orchestrator.route_health import ROUTE_UNAVAILABLE, route_unavailable
 from services.orchestrator.scheduler import RetiredRequest, Scheduler
 from services.orchestrator.tracing import RequestSpans
+from services.orchestrator.unavailable import ROUTE_UNAVAILABLE, route_unavailable
 
 _log = structlog.get_logger()
 RELEASE_RETRY_S = 0.05
@@ -249,15 +249,16 @@ class ServingEngine:
     def live_requests(self) -> int:
         return self.scheduler.live_requests
 
-    # ----- loop -----
-
-    def _stall(self, request_id: str, stalled: bool) -> None:
+    def set_stalled(self, request_id: str, stalled: bool) -> None:
+        """A request's reader fell behind (its stream is full) or caught up: pause or resume its decode."""
         self.scheduler.set_stalled(request_id, stalled)
         if stalled:
             self._stalled_since_ns[request_id] = time.monotonic_ns()
         else:
             self._stalled_since_ns.pop(request_id, None)
             self._pump()
+
+    # ----- loop -----
 
     def _cancel_idle_readers(self, now_ns: int) -> None:
         if self.config.stall_timeout_s is None:
@@ -406,6 +407,15 @@ class ServingEngine:
         else:
             self.scheduler.on_released(report)
         self._pump_soon()  # releases finish in bursts (a batch's requests end together)
+
+
+def build_engine(config: ServingConfig, pipeline: Pipeline, text: TextContext) -> ServingEngine:
+    """The one place a serving engine is assembled: over `pipeline`, serving its `served` model.
+
+    The service passes `services.orchestrator.config.serving_config` of its settings; benches
+    pass `serving_defaults()` from there (or a replacement of it) to run what the service runs.
+    """
+    return ServingEngine(pipeline, pipeline.served, text, config)
 
 
 def _brief(exc: BaseException) -> str:

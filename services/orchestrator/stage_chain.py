@@ -37,8 +37,8 @@ from services.orchestrator.route_health import (
     StageCondition,
     StageProbe,
     condition_of_rpc_error,
-    route_unavailable,
 )
+from services.orchestrator.unavailable import route_unavailable
 
 GATEWAY = "gateway"
 UNLOAD_TIMEOUT_S = 60.0

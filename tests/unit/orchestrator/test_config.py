@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.orchestrator.config import OrchestratorConfig
-from services.orchestrator.server import serving_config
+from services.orchestrator.config import OrchestratorConfig, serving_config
 
 
 def test_environment_and_flags_reach_the_serving_config():

@@ -23,9 +23,9 @@ from services.orchestrator.route_health import (
     StageCondition,
     StageProbe,
     counts_as_down,
-    route_unavailable,
 )
 from services.orchestrator.serving import ServingConfig, ServingEngine, terminal_error
+from services.orchestrator.unavailable import route_unavailable
 from tests.unit.orchestrator.fakes import FakePipeline
 from tests.unit.orchestrator.test_serving import SERVED
 

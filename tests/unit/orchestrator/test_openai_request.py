@@ -3,14 +3,13 @@ from __future__ import annotations
 import pytest
 
 from libs.service.errors import FornaxError, InvalidArgument, NotFound
-from services.orchestrator.domain import SamplingParams, ServedModel, StageLayout
+from services.orchestrator.domain import SamplingParams, ServedModel, StageLayout, TokenLimits
 from services.orchestrator.openai_request import (
     parse_chat_completion,
     parse_completion,
     parse_json_object,
 )
 from services.orchestrator.prompting import (
-    TokenLimits,
     chat_prompt_ids,
     check_model,
     completion_prompt_ids,

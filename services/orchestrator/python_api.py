@@ -23,7 +23,7 @@ from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProces
 from services.orchestrator.openai_request import CommonOptions
 from services.orchestrator.pipeline import Pipeline
 from services.orchestrator.prompting import generation_request
-from services.orchestrator.serving import ServingConfig, ServingEngine
+from services.orchestrator.serving import ServingConfig, ServingEngine, build_engine
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Engine:
 
         async def build() -> ServingEngine:
             pipeline = make_pipeline()
-            return ServingEngine(pipeline, pipeline.served, text, config)
+            return build_engine(config, pipeline, text)
 
         self._serving = self._call(build())
 
