@@ -22,9 +22,9 @@ import numpy as np
 from libs.common.kinds import Backend
 from libs.text.context import TextContext
 from services.orchestrator.config import serving_defaults
-from services.orchestrator.domain import GenerationRequest, SamplingParams, SchedulerConfig
+from services.orchestrator.engine.domain import GenerationRequest, SamplingParams, SchedulerConfig
+from services.orchestrator.engine.serving import ServingEngine, build_engine
 from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
-from services.orchestrator.serving import ServingEngine, build_engine
 
 
 @dataclass(frozen=True)

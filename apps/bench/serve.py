@@ -32,10 +32,10 @@ from libs.service.host_quota import quota_label
 from libs.text.context import TextContext
 from services.orchestrator.config import serving_defaults
 from services.orchestrator.direct_load import load_checkpoint_route
-from services.orchestrator.domain import GenerationRequest, SamplingParams
-from services.orchestrator.model_card import served_model
+from services.orchestrator.engine.domain import GenerationRequest, SamplingParams
+from services.orchestrator.engine.model_card import served_model
+from services.orchestrator.engine.serving import ServingEngine, build_engine
 from services.orchestrator.route_pipeline import RoutePipeline
-from services.orchestrator.serving import ServingEngine, build_engine
 from services.orchestrator.stage_chain import Route
 
 if TYPE_CHECKING:

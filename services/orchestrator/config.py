@@ -13,12 +13,12 @@ from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 from libs.weights.policy import POLICIES
-from services.orchestrator.admission import KvFullPolicy
 from services.orchestrator.backend_choice import DEFAULT_ROWS, SwitchPolicy, parse_rows, parse_switch_policy
-from services.orchestrator.domain import SchedulerConfig
+from services.orchestrator.engine.admission import KvFullPolicy
+from services.orchestrator.engine.domain import SchedulerConfig
+from services.orchestrator.engine.prefix_salt import PrefixPolicy
+from services.orchestrator.engine.serving import ServingConfig
 from services.orchestrator.http_tls import HttpTlsFiles
-from services.orchestrator.prefix_salt import PrefixPolicy
-from services.orchestrator.serving import ServingConfig
 
 BACKENDS = tuple(backend.value for backend in Backend)
 BOUNDARY_DTYPES = tuple(dtype.value for dtype in FLOAT_DTYPES)

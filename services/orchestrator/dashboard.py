@@ -19,10 +19,10 @@ import structlog
 from aiohttp import web
 
 from libs.service.log_limit import LogLimiter
-from services.orchestrator import metrics
 from services.orchestrator.dashboard_state import DashboardState, Sample
-from services.orchestrator.domain import FinishReason
-from services.orchestrator.serving import RouteSlot
+from services.orchestrator.engine import metrics
+from services.orchestrator.engine.domain import FinishReason
+from services.orchestrator.engine.serving import RouteSlot
 
 PAGE = Path(__file__).with_name("dashboard.html")
 SAMPLE_INTERVAL_S = 1.0

@@ -11,8 +11,8 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from services.orchestrator.domain import ServedModel, StageStats
-from services.orchestrator.drift import RouteCalibration
+from services.orchestrator.engine.domain import ServedModel, StageStats
+from services.orchestrator.engine.drift import RouteCalibration
 
 HISTORY_SAMPLES = 300  # five minutes at one sample a second
 ERROR_WINDOW_S = 300.0

@@ -18,7 +18,9 @@ from libs.artifacts.conversions import conversion_summary
 from libs.common.kinds import DType
 from libs.model.config import load_config
 from libs.text.context import TextContext
-from services.orchestrator.drift import DriftPolicy, DriftTracker, prediction_basis
+from services.orchestrator.engine.drift import DriftPolicy, DriftTracker, prediction_basis
+from services.orchestrator.engine.model_card import route_card, served_model
+from services.orchestrator.engine.serving import ServingConfig, build_engine
 from services.orchestrator.install import (
     UNIFORM_FP32,
     Fleet,
@@ -37,12 +39,10 @@ from services.orchestrator.lifecycle import (
     Preparer,
     StageInfo,
 )
-from services.orchestrator.model_card import route_card, served_model
 from services.orchestrator.remote_files import check_text_pins, fetch_manifest
 from services.orchestrator.route_health import HealthPolicy
 from services.orchestrator.route_pipeline import RoutePipeline
 from services.orchestrator.route_supervisor import RouteSupervisor
-from services.orchestrator.serving import ServingConfig, build_engine
 from services.orchestrator.stage_chain import Route, unload_generation
 
 _log = structlog.get_logger()

@@ -24,7 +24,11 @@ from libs.service.errors import FornaxError, Unauthenticated, Unavailable
 from libs.service.trace_context import context_from
 from services.orchestrator import openai_response as fmt
 from services.orchestrator.dashboard import STATE_PATH, add_dashboard, record_error
-from services.orchestrator.domain import GenerationRequest
+from services.orchestrator.engine.domain import GenerationRequest
+from services.orchestrator.engine.prefix_salt import cache_salt_of, prefix_salt, tenant_of
+from services.orchestrator.engine.serving import RequestStream, RouteSlot, ServingEngine
+from services.orchestrator.engine.tracing import TRACER
+from services.orchestrator.engine.unavailable import route_unavailable
 from services.orchestrator.openai_request import (
     CommonOptions,
     parse_chat_completion,
@@ -32,7 +36,6 @@ from services.orchestrator.openai_request import (
     parse_json_object,
 )
 from services.orchestrator.openai_stream import ApiKind, ResponseForm, collect, stream_sse
-from services.orchestrator.prefix_salt import cache_salt_of, prefix_salt, tenant_of
 from services.orchestrator.prompting import (
     chat_options,
     chat_prompt_ids,
@@ -41,9 +44,6 @@ from services.orchestrator.prompting import (
     completion_prompt_ids,
     generation_request,
 )
-from services.orchestrator.serving import RequestStream, RouteSlot, ServingEngine
-from services.orchestrator.tracing import TRACER
-from services.orchestrator.unavailable import route_unavailable
 
 _log = structlog.get_logger()
 

@@ -28,7 +28,7 @@ from libs.model.weights import load_stage_weights
 from libs.service.errors import FornaxError
 from libs.structured.decoding import DecodingTable
 from libs.structured.grammar import GrammarVocabulary
-from services.orchestrator.domain import (
+from services.orchestrator.engine.domain import (
     Microbatch,
     MicrobatchResult,
     ReleaseReport,
@@ -37,7 +37,7 @@ from services.orchestrator.domain import (
     ServedModel,
     StageStats,
 )
-from services.orchestrator.model_card import checkpoint_snapshot, route_card, served_model
+from services.orchestrator.engine.model_card import checkpoint_snapshot, route_card, served_model
 
 
 @dataclass(frozen=True)

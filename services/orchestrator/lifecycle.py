@@ -25,8 +25,8 @@ import structlog
 
 from libs.common.kinds import Backend, DType
 from libs.service.errors import Aborted, FailedPrecondition, FornaxError
-from services.orchestrator.drift import RouteCalibration
-from services.orchestrator.serving import RouteSlot, ServingEngine
+from services.orchestrator.engine.drift import RouteCalibration
+from services.orchestrator.engine.serving import RouteSlot, ServingEngine
 
 _log = structlog.get_logger()
 # A stage worker's refusal to hold two plan generations (services/stage_worker/overlap.py).

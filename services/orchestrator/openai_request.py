@@ -13,7 +13,7 @@ from typing import Any
 from libs.service.errors import InvalidArgument
 from libs.text.chat_template import CHAT_ROLES, ChatMessage, ToolCall
 from services.orchestrator.compat import CHAT_POLICY, COMPLETION_POLICY, FieldPolicy, unsupported
-from services.orchestrator.domain import SamplingParams
+from services.orchestrator.engine.domain import SamplingParams
 from services.orchestrator.openai_tools import ToolRequest, parse_tools
 from services.orchestrator.structured import TEXT_FORMAT, ResponseFormat, parse_response_format
 

@@ -7,8 +7,8 @@ import grpc
 from libs.service.errors import FornaxError
 from libs.text.chat_template import ToolCall
 from libs.text.context import TextIdentity
-from services.orchestrator.admission import KvShortfall
-from services.orchestrator.domain import FinishReason, ServedModel
+from services.orchestrator.engine.admission import KvShortfall
+from services.orchestrator.engine.domain import FinishReason, ServedModel
 
 # gRPC status -> (HTTP status, OpenAI error type)
 _HTTP_BY_CODE: dict[grpc.StatusCode, tuple[int, str]] = {

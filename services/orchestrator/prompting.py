@@ -9,7 +9,7 @@ import numpy as np
 
 from libs.service.errors import InvalidArgument, NotFound
 from libs.text.context import TextContext
-from services.orchestrator.domain import GenerationRequest, ServedModel, TokenLimits
+from services.orchestrator.engine.domain import GenerationRequest, ServedModel, TokenLimits
 from services.orchestrator.openai_request import ChatCompletionBody, CommonOptions, CompletionBody
 from services.orchestrator.openai_tools import output_lark
 from services.orchestrator.structured import grammar_checker, response_format_lark

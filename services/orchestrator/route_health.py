@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
-from services.orchestrator.drift import MeasuredService
-from services.orchestrator.unavailable import detail_of
+from services.orchestrator.engine.drift import MeasuredService
+from services.orchestrator.engine.unavailable import detail_of
 
 _log = structlog.get_logger()
 

@@ -18,7 +18,7 @@ from libs.model.logprobs import decode_record, is_record_row
 from libs.service.errors import FornaxError
 from libs.service.log_limit import LogLimiter
 from libs.service.trace_context import current_traceparent
-from services.orchestrator.domain import (
+from services.orchestrator.engine.domain import (
     Microbatch,
     MicrobatchResult,
     Phase,
@@ -29,9 +29,9 @@ from services.orchestrator.domain import (
     ServedModel,
     StageStats,
 )
+from services.orchestrator.engine.tracing import microbatch_span
+from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE
 from services.orchestrator.stage_chain import PrefixQuery, Route, SliceInput, SliceOutput, lease_id_for
-from services.orchestrator.tracing import microbatch_span
-from services.orchestrator.unavailable import ROUTE_UNAVAILABLE
 
 # FNX2 carries a deadline as a remaining budget and 0 means expired, so a request without a
 # deadline travels with a day-long budget.

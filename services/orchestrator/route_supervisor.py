@@ -17,9 +17,10 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from services.orchestrator import metrics
-from services.orchestrator.drift import Calibration, DriftTracker, RouteCalibration
-from services.orchestrator.pipeline import Pipeline
+from services.orchestrator.engine import metrics
+from services.orchestrator.engine.drift import Calibration, DriftTracker, RouteCalibration
+from services.orchestrator.engine.pipeline import Pipeline
+from services.orchestrator.engine.serving import ServingEngine
 from services.orchestrator.route_health import (
     HealthPolicy,
     RouteHealthMonitor,
@@ -27,7 +28,6 @@ from services.orchestrator.route_health import (
     StageCondition,
     StageProbe,
 )
-from services.orchestrator.serving import ServingEngine
 from services.orchestrator.stage_chain import Route
 
 _log = structlog.get_logger()

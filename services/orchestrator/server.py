@@ -21,7 +21,8 @@ from services.orchestrator import convert
 from services.orchestrator.coldstart import BackendBoard, serve_then_upgrade
 from services.orchestrator.coldstart_setup import chooser, compiler_factory, unload_reference
 from services.orchestrator.config import OrchestratorConfig, serving_config
-from services.orchestrator.drift import DriftPolicy
+from services.orchestrator.engine.drift import DriftPolicy
+from services.orchestrator.engine.serving import RouteSlot, ServingEngine, build_engine, terminal_error
 from services.orchestrator.http_api import (
     BOARD_KEY,
     TOKENIZE_INLINE_MAX_BYTES,
@@ -37,7 +38,6 @@ from services.orchestrator.lifecycle import (
     Preparer,
     RouteManager,
 )
-from services.orchestrator.serving import RouteSlot, ServingEngine, build_engine, terminal_error
 
 _log = structlog.get_logger()
 

@@ -31,14 +31,14 @@ from libs.service.channels import ChannelConfig, open_aio_channel
 from libs.service.errors import FailedPrecondition
 from libs.service.interceptors import reason_of
 from services.orchestrator import lease_numbers
-from services.orchestrator.drift import MeasuredService
+from services.orchestrator.engine.drift import MeasuredService
+from services.orchestrator.engine.unavailable import route_unavailable
 from services.orchestrator.route_health import (
     DataPlaneMeter,
     StageCondition,
     StageProbe,
     condition_of_rpc_error,
 )
-from services.orchestrator.unavailable import route_unavailable
 
 GATEWAY = "gateway"
 UNLOAD_TIMEOUT_S = 60.0

@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from libs.service.errors import InvalidArgument
-from services.orchestrator.domain import FinishReason
+from services.orchestrator.engine.domain import FinishReason
 from services.orchestrator.python_api import Engine
 
 

@@ -96,7 +96,7 @@ def test_bad_switch_rows_fail_closed(raw):
 
 def test_the_kv_full_policy_queues_by_default_and_a_bad_value_is_refused():
     from libs.service.errors import InvalidArgument
-    from services.orchestrator.admission import KvFullPolicy
+    from services.orchestrator.engine.admission import KvFullPolicy
 
     assert serving_config(OrchestratorConfig.from_env([], {})).kv_full is KvFullPolicy.QUEUE
     assert serving_config(OrchestratorConfig.from_env([], {"FORNAX_KV_FULL": "reject"})).kv_full is KvFullPolicy.REJECT

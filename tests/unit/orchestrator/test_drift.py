@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.orchestrator.drift import (
+from services.orchestrator.engine.drift import (
     Calibration,
     DriftPolicy,
     DriftTracker,

@@ -10,11 +10,13 @@ import pytest
 
 from libs.service.errors import Unavailable
 from libs.service.log_limit import LogLimiter
-from services.orchestrator.domain import (
+from services.orchestrator.engine.domain import (
     FinishReason,
     GenerationRequest,
     SchedulerConfig,
 )
+from services.orchestrator.engine.serving import ServingConfig, ServingEngine, terminal_error
+from services.orchestrator.engine.unavailable import route_unavailable
 from services.orchestrator.route_health import (
     DataPlaneMeter,
     DataPlaneProgress,
@@ -24,8 +26,6 @@ from services.orchestrator.route_health import (
     StageProbe,
     counts_as_down,
 )
-from services.orchestrator.serving import ServingConfig, ServingEngine, terminal_error
-from services.orchestrator.unavailable import route_unavailable
 from tests.unit.orchestrator.fakes import FakePipeline
 from tests.unit.orchestrator.test_serving import SERVED
 

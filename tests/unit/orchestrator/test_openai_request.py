@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from libs.service.errors import FornaxError, InvalidArgument, NotFound
-from services.orchestrator.domain import SamplingParams, ServedModel, StageLayout, TokenLimits
+from services.orchestrator.engine.domain import SamplingParams, ServedModel, StageLayout, TokenLimits
 from services.orchestrator.openai_request import (
     parse_chat_completion,
     parse_completion,

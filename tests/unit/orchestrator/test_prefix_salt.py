@@ -4,7 +4,7 @@ import pytest
 
 from libs.model.kv_blocks import KV_BLOCK_TOKENS as B
 from libs.service.errors import InvalidArgument
-from services.orchestrator.prefix_salt import PrefixPolicy, cache_salt_of, prefix_salt, tenant_of
+from services.orchestrator.engine.prefix_salt import PrefixPolicy, cache_salt_of, prefix_salt, tenant_of
 from services.orchestrator.stage_chain import reusable_tokens
 
 

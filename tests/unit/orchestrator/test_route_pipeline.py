@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from libs.service.errors import ResourceExhausted
-from services.orchestrator.domain import (
+from services.orchestrator.engine.domain import (
     Microbatch,
     Phase,
     RequestSlice,
@@ -112,7 +112,7 @@ def test_each_microbatch_is_a_span_in_its_request_trace_whose_traceparent_travel
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from services.orchestrator import tracing
+    from services.orchestrator.engine import tracing
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

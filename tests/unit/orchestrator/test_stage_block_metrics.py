@@ -10,8 +10,8 @@ from prometheus_client import REGISTRY, generate_latest
 
 from services.orchestrator.dashboard import take_sample
 from services.orchestrator.dashboard_state import DashboardState
-from services.orchestrator.domain import ServedModel, StageLayout, StageStats
-from services.orchestrator.serving import RouteSlot
+from services.orchestrator.engine.domain import ServedModel, StageLayout, StageStats
+from services.orchestrator.engine.serving import RouteSlot
 
 NAMES = ("fornax_orchestrator_stage_prefix_hit_blocks_total", "fornax_orchestrator_stage_prefix_missed_blocks_total",
          "fornax_orchestrator_stage_kv_evicted_blocks_total")

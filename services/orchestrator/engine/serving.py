@@ -21,9 +21,9 @@ import structlog
 from libs.service.errors import FornaxError, Unavailable
 from libs.service.log_limit import LogLimiter
 from libs.text.context import TextContext
-from services.orchestrator import metrics
-from services.orchestrator.admission import AdmissionConfig, AdmissionControl, KvFullPolicy
-from services.orchestrator.domain import (
+from services.orchestrator.engine import metrics
+from services.orchestrator.engine.admission import AdmissionConfig, AdmissionControl, KvFullPolicy
+from services.orchestrator.engine.domain import (
     GenerationRequest,
     Microbatch,
     MicrobatchResult,
@@ -34,19 +34,19 @@ from services.orchestrator.domain import (
     ServedModel,
     TokenLimits,
 )
-from services.orchestrator.drift import RouteCalibration
-from services.orchestrator.pipeline import Pipeline
-from services.orchestrator.prefix_salt import PrefixPolicy
+from services.orchestrator.engine.drift import RouteCalibration
+from services.orchestrator.engine.pipeline import Pipeline
+from services.orchestrator.engine.prefix_salt import PrefixPolicy
 
 # Re-exported: the front ends take a request's stream and its ending from here.
-from services.orchestrator.request_stream import (  # noqa: F401
+from services.orchestrator.engine.request_stream import (  # noqa: F401
     Completion,
     RequestStream,
     terminal_error,
 )
-from services.orchestrator.scheduler import RetiredRequest, Scheduler
-from services.orchestrator.tracing import RequestSpans
-from services.orchestrator.unavailable import ROUTE_UNAVAILABLE, route_unavailable
+from services.orchestrator.engine.scheduler import RetiredRequest, Scheduler
+from services.orchestrator.engine.tracing import RequestSpans
+from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE, route_unavailable
 
 _log = structlog.get_logger()
 RELEASE_RETRY_S = 0.05
@@ -74,7 +74,7 @@ class ServingConfig:
     # 0 = only the context window bounds them.
     max_tokens_cap: int = 0
     max_prompt_tokens: int = 0
-    # Who shares prompt-prefix KV blocks (services.orchestrator.prefix_salt).
+    # Who shares prompt-prefix KV blocks (services.orchestrator.engine.prefix_salt).
     prefix_cache: PrefixPolicy = PrefixPolicy.TENANT
     # A request whose KV blocks are not free now: queue (wait within its deadline) or reject (429).
     kv_full: KvFullPolicy = KvFullPolicy.QUEUE

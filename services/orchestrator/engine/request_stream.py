@@ -19,8 +19,8 @@ from libs.service.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from services.orchestrator.domain import FinishReason, RequestOutput
-from services.orchestrator.unavailable import ROUTE_UNAVAILABLE
+from services.orchestrator.engine.domain import FinishReason, RequestOutput
+from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE
 
 
 class StreamOwner(Protocol):

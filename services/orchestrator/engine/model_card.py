@@ -5,7 +5,7 @@ from __future__ import annotations
 from libs.common.kinds import Backend
 from libs.model.config import DeepseekV2Config
 from libs.model.kv_blocks import KV_BLOCK_TOKENS
-from services.orchestrator.domain import (
+from services.orchestrator.engine.domain import (
     EvidenceClass,
     RouteCard,
     ServedModel,

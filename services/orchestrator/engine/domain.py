@@ -105,7 +105,7 @@ class GenerationRequest:
     deadline_budget_ns: int | None = None  # None: no deadline
     # W3C traceparent of the request's span; its microbatches' hops join that trace.
     traceparent: str | None = None
-    # Prefix-cache salt (services.orchestrator.prefix_salt); None: no prefix reuse.
+    # Prefix-cache salt (services.orchestrator.engine.prefix_salt); None: no prefix reuse.
     prefix_salt: bytes | None = None
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from prometheus_client import Counter, Gauge, Histogram
 
 from libs.service.counter_mirror import CounterMirror
-from services.orchestrator.domain import StageStats
+from services.orchestrator.engine.domain import StageStats
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from services.orchestrator.domain import Phase
+from services.orchestrator.engine.domain import Phase
 
 R = TypeVar("R")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from services.orchestrator.domain import Microbatch, MicrobatchResult, ReleaseReport, ServedModel, StageStats
+from services.orchestrator.engine.domain import Microbatch, MicrobatchResult, ReleaseReport, ServedModel, StageStats
 
 
 class Pipeline(Protocol):

@@ -27,8 +27,8 @@ from libs.model.sampling import SamplingParams
 from libs.service.errors import Internal, InvalidArgument
 from libs.text.context import TextContext
 from libs.text.detokenizer import TextStream
-from services.orchestrator.admission import AdmissionControl
-from services.orchestrator.domain import (
+from services.orchestrator.engine.admission import AdmissionControl
+from services.orchestrator.engine.domain import (
     FinishReason,
     GenerationRequest,
     Microbatch,
@@ -41,7 +41,7 @@ from services.orchestrator.domain import (
     SchedulerConfig,
     SequenceStatus,
 )
-from services.orchestrator.step_budget import SlotView, StepBudget, plan_step
+from services.orchestrator.engine.step_budget import SlotView, StepBudget, plan_step
 
 
 class _State(enum.Enum):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from libs.model.kv_blocks import blocks_for
 from libs.service.errors import InvalidArgument, ResourceExhausted, Unavailable
-from services.orchestrator.domain import StageLayout
+from services.orchestrator.engine.domain import StageLayout
 
 
 class KvFullPolicy(enum.Enum):
