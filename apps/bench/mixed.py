@@ -24,7 +24,7 @@ from libs.text.context import TextContext
 from services.orchestrator.config import serving_defaults
 from services.orchestrator.engine.domain import GenerationRequest, SamplingParams, SchedulerConfig
 from services.orchestrator.engine.serving import ServingEngine, build_engine
-from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
+from services.orchestrator.route.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
 
 
 @dataclass(frozen=True)

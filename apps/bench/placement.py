@@ -52,11 +52,11 @@ from libs.service.channels import open_aio_channel
 from libs.service.errors import FornaxError
 from libs.text.context import TextContext
 from services.orchestrator.config import serving_defaults
-from services.orchestrator.direct_load import checkpoint_stage_loads
 from services.orchestrator.engine.model_card import served_model
 from services.orchestrator.engine.serving import build_engine
-from services.orchestrator.route_pipeline import RoutePipeline
-from services.orchestrator.stage_chain import Route, load_route
+from services.orchestrator.route.direct_load import checkpoint_stage_loads
+from services.orchestrator.route.route_pipeline import RoutePipeline
+from services.orchestrator.route.stage_chain import Route, load_route
 from services.planner import domain as d
 from services.planner.inventory import Target
 from services.planner.inventory_facts import inventory_from, node_name

@@ -31,12 +31,12 @@ from libs.service.host import cpu_name
 from libs.service.host_quota import quota_label
 from libs.text.context import TextContext
 from services.orchestrator.config import serving_defaults
-from services.orchestrator.direct_load import load_checkpoint_route
 from services.orchestrator.engine.domain import GenerationRequest, SamplingParams
 from services.orchestrator.engine.model_card import served_model
 from services.orchestrator.engine.serving import ServingEngine, build_engine
-from services.orchestrator.route_pipeline import RoutePipeline
-from services.orchestrator.stage_chain import Route
+from services.orchestrator.route.direct_load import load_checkpoint_route
+from services.orchestrator.route.route_pipeline import RoutePipeline
+from services.orchestrator.route.stage_chain import Route
 
 if TYPE_CHECKING:
     from apps.bench.llama_peer import LlamaPeerOptions

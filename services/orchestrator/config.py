@@ -13,12 +13,12 @@ from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 from libs.weights.policy import POLICIES
-from services.orchestrator.backend_choice import DEFAULT_ROWS, SwitchPolicy, parse_rows, parse_switch_policy
+from services.orchestrator.api.http_tls import HttpTlsFiles
 from services.orchestrator.engine.admission import KvFullPolicy
 from services.orchestrator.engine.domain import SchedulerConfig
 from services.orchestrator.engine.prefix_salt import PrefixPolicy
 from services.orchestrator.engine.serving import ServingConfig
-from services.orchestrator.http_tls import HttpTlsFiles
+from services.orchestrator.route.backend_choice import DEFAULT_ROWS, SwitchPolicy, parse_rows, parse_switch_policy
 
 BACKENDS = tuple(backend.value for backend in Backend)
 BOUNDARY_DTYPES = tuple(dtype.value for dtype in FLOAT_DTYPES)
@@ -50,7 +50,7 @@ class OrchestratorConfig:
     artifact_builder_addr: str | None = None
     # The evidence registry whose profiles and calibrations installs plan from.
     registry_addr: str | None = None
-    # exploratory (default) or deployment: see services.orchestrator.install.Fleet.plan_mode.
+    # exploratory (default) or deployment: see services.orchestrator.route.install.Fleet.plan_mode.
     plan_mode: str = "exploratory"
     # gRPC addresses of the stage workers, in stage order.
     stage_workers: tuple[str, ...] = ()

@@ -18,12 +18,12 @@ from pathlib import Path
 from libs.common.kinds import Backend
 from libs.text.chat_template import ChatMessage
 from libs.text.context import TextContext
+from services.orchestrator.api.openai_request import CommonOptions
+from services.orchestrator.api.prompting import generation_request
 from services.orchestrator.engine.domain import FinishReason, SamplingParams
 from services.orchestrator.engine.pipeline import Pipeline
 from services.orchestrator.engine.serving import ServingConfig, ServingEngine, build_engine
-from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
-from services.orchestrator.openai_request import CommonOptions
-from services.orchestrator.prompting import generation_request
+from services.orchestrator.route.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
 
 
 @dataclass(frozen=True)

@@ -18,20 +18,20 @@ from libs.security.tls import own_identity_uri
 from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument, Unavailable
 from libs.service.server import ServiceSpec
 from services.orchestrator import convert
-from services.orchestrator.coldstart import BackendBoard, serve_then_upgrade
-from services.orchestrator.coldstart_setup import chooser, compiler_factory, unload_reference
-from services.orchestrator.config import OrchestratorConfig, serving_config
-from services.orchestrator.engine.drift import DriftPolicy
-from services.orchestrator.engine.serving import RouteSlot, ServingEngine, build_engine, terminal_error
-from services.orchestrator.http_api import (
+from services.orchestrator.api.http_api import (
     BOARD_KEY,
     TOKENIZE_INLINE_MAX_BYTES,
     HttpConfig,
     build_http_app,
     start_http,
 )
-from services.orchestrator.http_tls import choose_http_tls, is_loopback, server_ssl_context
-from services.orchestrator.lifecycle import (
+from services.orchestrator.api.http_tls import choose_http_tls, is_loopback, server_ssl_context
+from services.orchestrator.coldstart_setup import chooser, compiler_factory, unload_reference
+from services.orchestrator.config import OrchestratorConfig, serving_config
+from services.orchestrator.engine.drift import DriftPolicy
+from services.orchestrator.engine.serving import RouteSlot, ServingEngine, build_engine, terminal_error
+from services.orchestrator.route.coldstart import BackendBoard, serve_then_upgrade
+from services.orchestrator.route.lifecycle import (
     InstalledRoute,
     Installer,
     InstallRequest,
@@ -96,11 +96,11 @@ def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
         from pathlib import Path
 
         from libs.text.context import TextContext
-        from services.orchestrator.inprocess_pipeline import (
+        from services.orchestrator.route.inprocess_pipeline import (
             InProcessPipeline,
             InProcessRouteConfig,
         )
-        from services.orchestrator.lifecycle import PlanIdentity
+        from services.orchestrator.route.lifecycle import PlanIdentity
 
         if request.backend is None:
             raise InvalidArgument("in-process stages need a backend; there are no workers to choose theirs",
@@ -120,8 +120,8 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
         return inprocess_installer(cfg)
     planner, builder = cfg.planner_addr, cfg.artifact_builder_addr
     if cfg.stage_workers and planner and builder:
-        from services.orchestrator.fleet_route import fleet_installer
-        from services.orchestrator.install import Fleet
+        from services.orchestrator.route.fleet_route import fleet_installer
+        from services.orchestrator.route.install import Fleet
 
         def on(workers: tuple[str, ...]) -> Installer:
             fleet = Fleet(planner, builder, workers, cfg.server.client_channel(),
@@ -147,7 +147,7 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
 
 
 def weights_choice(cfg: OrchestratorConfig):
-    from services.orchestrator.install import WeightsChoice
+    from services.orchestrator.route.install import WeightsChoice
 
     return WeightsChoice(cfg.weights_policy, cfg.worker_weights)
 
@@ -166,8 +166,8 @@ def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
     planner, builder = cfg.planner_addr, cfg.artifact_builder_addr
     if cfg.inprocess_checkpoint or not (cfg.stage_workers and planner and builder):
         return None
-    from services.orchestrator.fleet_route import fleet_preparer
-    from services.orchestrator.install import Fleet
+    from services.orchestrator.route.fleet_route import fleet_preparer
+    from services.orchestrator.route.install import Fleet
 
     def on(workers: tuple[str, ...]) -> Preparer:
         fleet = Fleet(planner, builder, workers, cfg.server.client_channel(),

@@ -8,7 +8,7 @@ import asyncio
 from libs.text.context import TextContext
 from services.orchestrator.engine.domain import GenerationRequest, Phase, SchedulerConfig
 from services.orchestrator.engine.serving import ServingConfig, ServingEngine
-from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
+from services.orchestrator.route.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
 
 NEW_TOKENS = 10
 EARLY = ("Mixture of experts", "Stages")

@@ -6,9 +6,9 @@ import aiohttp
 import openai
 import pytest
 
+from services.orchestrator.api.http_api import HttpConfig
 from services.orchestrator.engine.domain import FinishReason
 from services.orchestrator.engine.serving import ServingConfig
-from services.orchestrator.http_api import HttpConfig
 from tests.integration.orchestrator.harness import MODEL_ID, serve
 
 pytestmark = pytest.mark.integration

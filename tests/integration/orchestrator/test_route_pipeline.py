@@ -19,8 +19,8 @@ from services.orchestrator.engine.domain import (
 )
 from services.orchestrator.engine.model_card import served_model
 from services.orchestrator.engine.serving import ServingConfig, ServingEngine
-from services.orchestrator.route_pipeline import RoutePipeline
-from services.orchestrator.stage_chain import Route
+from services.orchestrator.route.route_pipeline import RoutePipeline
+from services.orchestrator.route.stage_chain import Route
 from tests.integration.orchestrator.test_greedy_parity import NEW_TOKENS, served_greedy
 from tests.support.stages import load_pipeline, start_workers
 

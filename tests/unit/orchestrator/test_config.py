@@ -68,7 +68,7 @@ def test_an_impossible_step_budget_stops_startup_naming_the_variable():
 
 def test_the_max_switch_policy_is_measured_unless_forced_and_fails_closed():
     from libs.service.errors import InvalidArgument
-    from services.orchestrator.backend_choice import SwitchPolicy
+    from services.orchestrator.route.backend_choice import SwitchPolicy
 
     assert OrchestratorConfig.from_env([], {}).max_switch is SwitchPolicy.MEASURED
     assert OrchestratorConfig.from_env([], {"FORNAX_MAX_SWITCH": "always"}).max_switch is SwitchPolicy.ALWAYS

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.orchestrator.dashboard_state import HISTORY_SAMPLES, DashboardState, Sample
+from services.orchestrator.api.dashboard_state import HISTORY_SAMPLES, DashboardState, Sample
 from services.orchestrator.engine.domain import ServedModel, StageLayout, StageStats
 
 

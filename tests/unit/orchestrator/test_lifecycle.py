@@ -7,7 +7,7 @@ import pytest
 from libs.service.errors import Aborted, FailedPrecondition, Unavailable
 from services.orchestrator.engine.domain import GenerationRequest, ServedModel, StageLayout
 from services.orchestrator.engine.serving import RouteSlot, ServingEngine
-from services.orchestrator.lifecycle import (
+from services.orchestrator.route.lifecycle import (
     InstalledRoute,
     InstallRequest,
     PlanIdentity,

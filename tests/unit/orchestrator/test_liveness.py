@@ -17,7 +17,7 @@ from services.orchestrator.engine.domain import (
 )
 from services.orchestrator.engine.serving import ServingConfig, ServingEngine, terminal_error
 from services.orchestrator.engine.unavailable import route_unavailable
-from services.orchestrator.route_health import (
+from services.orchestrator.route.route_health import (
     DataPlaneMeter,
     DataPlaneProgress,
     HealthPolicy,
@@ -205,7 +205,7 @@ def test_progress_between_misses_resets_the_count_but_a_later_stall_still_degrad
 
 
 def test_the_monitor_reads_the_data_plane_after_each_probe_round():
-    from services.orchestrator.route_health import RouteHealthMonitor
+    from services.orchestrator.route.route_health import RouteHealthMonitor
 
     async def main():
         rounds, progress, changes = [], [PROGRESSING], []

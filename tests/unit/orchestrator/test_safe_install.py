@@ -11,7 +11,7 @@ import pytest
 from libs.service.errors import FailedPrecondition
 from services.orchestrator.engine.domain import GenerationRequest
 from services.orchestrator.engine.serving import RouteSlot, ServingEngine
-from services.orchestrator.lifecycle import (
+from services.orchestrator.route.lifecycle import (
     InstalledRoute,
     InstallRequest,
     PlanIdentity,

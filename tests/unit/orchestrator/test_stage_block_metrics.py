@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 from prometheus_client import REGISTRY, generate_latest
 
-from services.orchestrator.dashboard import take_sample
-from services.orchestrator.dashboard_state import DashboardState
+from services.orchestrator.api.dashboard import take_sample
+from services.orchestrator.api.dashboard_state import DashboardState
 from services.orchestrator.engine.domain import ServedModel, StageLayout, StageStats
 from services.orchestrator.engine.serving import RouteSlot
 

@@ -19,7 +19,7 @@ import structlog
 from aiohttp import web
 
 from libs.service.log_limit import LogLimiter
-from services.orchestrator.dashboard_state import DashboardState, Sample
+from services.orchestrator.api.dashboard_state import DashboardState, Sample
 from services.orchestrator.engine import metrics
 from services.orchestrator.engine.domain import FinishReason
 from services.orchestrator.engine.serving import RouteSlot

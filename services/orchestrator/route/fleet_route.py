@@ -21,7 +21,7 @@ from libs.text.context import TextContext
 from services.orchestrator.engine.drift import DriftPolicy, DriftTracker, prediction_basis
 from services.orchestrator.engine.model_card import route_card, served_model
 from services.orchestrator.engine.serving import ServingConfig, build_engine
-from services.orchestrator.install import (
+from services.orchestrator.route.install import (
     UNIFORM_FP32,
     Fleet,
     InstallSpec,
@@ -31,7 +31,7 @@ from services.orchestrator.install import (
     install,
     prepare,
 )
-from services.orchestrator.lifecycle import (
+from services.orchestrator.route.lifecycle import (
     InstalledRoute,
     Installer,
     InstallRequest,
@@ -39,11 +39,11 @@ from services.orchestrator.lifecycle import (
     Preparer,
     StageInfo,
 )
-from services.orchestrator.remote_files import check_text_pins, fetch_manifest
-from services.orchestrator.route_health import HealthPolicy
-from services.orchestrator.route_pipeline import RoutePipeline
-from services.orchestrator.route_supervisor import RouteSupervisor
-from services.orchestrator.stage_chain import Route, unload_generation
+from services.orchestrator.route.remote_files import check_text_pins, fetch_manifest
+from services.orchestrator.route.route_health import HealthPolicy
+from services.orchestrator.route.route_pipeline import RoutePipeline
+from services.orchestrator.route.route_supervisor import RouteSupervisor
+from services.orchestrator.route.stage_chain import Route, unload_generation
 
 _log = structlog.get_logger()
 

@@ -21,14 +21,14 @@ from services.orchestrator.engine import metrics
 from services.orchestrator.engine.drift import Calibration, DriftTracker, RouteCalibration
 from services.orchestrator.engine.pipeline import Pipeline
 from services.orchestrator.engine.serving import ServingEngine
-from services.orchestrator.route_health import (
+from services.orchestrator.route.route_health import (
     HealthPolicy,
     RouteHealthMonitor,
     RouteVerdict,
     StageCondition,
     StageProbe,
 )
-from services.orchestrator.stage_chain import Route
+from services.orchestrator.route.stage_chain import Route
 
 _log = structlog.get_logger()
 # Reloads the stored plan on every stage as a new generation; returns the warmed route.

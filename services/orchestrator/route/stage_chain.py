@@ -30,10 +30,10 @@ from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
 from libs.service.errors import FailedPrecondition
 from libs.service.interceptors import reason_of
-from services.orchestrator import lease_numbers
 from services.orchestrator.engine.drift import MeasuredService
 from services.orchestrator.engine.unavailable import route_unavailable
-from services.orchestrator.route_health import (
+from services.orchestrator.route import lease_numbers
+from services.orchestrator.route.route_health import (
     DataPlaneMeter,
     StageCondition,
     StageProbe,

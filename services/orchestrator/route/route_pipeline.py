@@ -1,6 +1,6 @@
 """A Pipeline over stage workers: FNX2 batches to stage 0, sampled tokens back from the last.
 
-It adapts the scheduler's microbatches to `services.orchestrator.stage_chain.Route`: a request is admitted
+It adapts the scheduler's microbatches to `services.orchestrator.route.stage_chain.Route`: a request is admitted
 on every stage (KV reserved, sampling recorded on the final stage) right before its prefill,
 each microbatch travels as one ragged FNX2 BATCH, and release fans out to every stage.
 """
@@ -31,7 +31,7 @@ from services.orchestrator.engine.domain import (
 )
 from services.orchestrator.engine.tracing import microbatch_span
 from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE
-from services.orchestrator.stage_chain import PrefixQuery, Route, SliceInput, SliceOutput, lease_id_for
+from services.orchestrator.route.stage_chain import PrefixQuery, Route, SliceInput, SliceOutput, lease_id_for
 
 # FNX2 carries a deadline as a remaining budget and 0 means expired, so a request without a
 # deadline travels with a day-long budget.

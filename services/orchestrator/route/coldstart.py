@@ -22,9 +22,9 @@ import structlog
 
 from libs.common.kinds import Backend
 from libs.service.errors import FailedPrecondition, FornaxError
-from services.orchestrator.backend_choice import BackendChoice
-from services.orchestrator.background_compile import BackgroundCompiler
-from services.orchestrator.lifecycle import InstallRequest, RouteManager, RouteStatus
+from services.orchestrator.route.backend_choice import BackendChoice
+from services.orchestrator.route.background_compile import BackgroundCompiler
+from services.orchestrator.route.lifecycle import InstallRequest, RouteManager, RouteStatus
 
 _log = structlog.get_logger()
 REFERENCE_BACKEND = Backend.NUMPY

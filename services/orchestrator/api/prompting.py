@@ -9,10 +9,10 @@ import numpy as np
 
 from libs.service.errors import InvalidArgument, NotFound
 from libs.text.context import TextContext
+from services.orchestrator.api.openai_request import ChatCompletionBody, CommonOptions, CompletionBody
+from services.orchestrator.api.openai_tools import output_lark
+from services.orchestrator.api.structured import grammar_checker, response_format_lark
 from services.orchestrator.engine.domain import GenerationRequest, ServedModel, TokenLimits
-from services.orchestrator.openai_request import ChatCompletionBody, CommonOptions, CompletionBody
-from services.orchestrator.openai_tools import output_lark
-from services.orchestrator.structured import grammar_checker, response_format_lark
 
 
 def _check_caps(prompt_tokens: int, max_tokens: int | None, limits: TokenLimits, prompt_param: str) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from libs.service.errors import InvalidArgument
 from libs.structured.grammar import json_lark, lark_string
 from libs.text.chat_template import ToolCall
-from services.orchestrator.structured import check_schema
+from services.orchestrator.api.structured import check_schema
 
 CALL_OPEN = "<tool_call>\n"
 CALL_CLOSE = "\n</tool_call>"

@@ -22,21 +22,16 @@ from opentelemetry.trace import SpanKind
 
 from libs.service.errors import FornaxError, Unauthenticated, Unavailable
 from libs.service.trace_context import context_from
-from services.orchestrator import openai_response as fmt
-from services.orchestrator.dashboard import STATE_PATH, add_dashboard, record_error
-from services.orchestrator.engine.domain import GenerationRequest
-from services.orchestrator.engine.prefix_salt import cache_salt_of, prefix_salt, tenant_of
-from services.orchestrator.engine.serving import RequestStream, RouteSlot, ServingEngine
-from services.orchestrator.engine.tracing import TRACER
-from services.orchestrator.engine.unavailable import route_unavailable
-from services.orchestrator.openai_request import (
+from services.orchestrator.api import openai_response as fmt
+from services.orchestrator.api.dashboard import STATE_PATH, add_dashboard, record_error
+from services.orchestrator.api.openai_request import (
     CommonOptions,
     parse_chat_completion,
     parse_completion,
     parse_json_object,
 )
-from services.orchestrator.openai_stream import ApiKind, ResponseForm, collect, stream_sse
-from services.orchestrator.prompting import (
+from services.orchestrator.api.openai_stream import ApiKind, ResponseForm, collect, stream_sse
+from services.orchestrator.api.prompting import (
     chat_options,
     chat_prompt_ids,
     check_model,
@@ -44,6 +39,11 @@ from services.orchestrator.prompting import (
     completion_prompt_ids,
     generation_request,
 )
+from services.orchestrator.engine.domain import GenerationRequest
+from services.orchestrator.engine.prefix_salt import cache_salt_of, prefix_salt, tenant_of
+from services.orchestrator.engine.serving import RequestStream, RouteSlot, ServingEngine
+from services.orchestrator.engine.tracing import TRACER
+from services.orchestrator.engine.unavailable import route_unavailable
 
 _log = structlog.get_logger()
 
@@ -67,9 +67,9 @@ class HttpConfig:
 
 ROUTE_KEY = web.AppKey("route", RouteSlot)
 CONFIG_KEY = web.AppKey("http_config", HttpConfig)
-# What each stage runs now and what is compiling (services.orchestrator.coldstart); optional.
+# What each stage runs now and what is compiling (services.orchestrator.route.coldstart); optional.
 class BackendReport(Protocol):
-    """The backend board `/v1/models` reports (services.orchestrator.coldstart.BackendBoard)."""
+    """The backend board `/v1/models` reports (services.orchestrator.route.coldstart.BackendBoard)."""
 
     def snapshot(self) -> dict[str, object]: ...
 

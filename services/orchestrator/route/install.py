@@ -31,8 +31,8 @@ from libs.service.errors import FailedPrecondition, Unavailable
 from libs.text.context import TextPins
 from libs.weights.policy import DEFAULT_POLICY
 from services.evidence_registry.client import ClientOptions
-from services.orchestrator.remote_files import fetch_model_files
-from services.orchestrator.stage_chain import (
+from services.orchestrator.route.remote_files import fetch_model_files
+from services.orchestrator.route.stage_chain import (
     Route,
     RoutePlan,
     SliceInput,

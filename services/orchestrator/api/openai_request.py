@@ -12,10 +12,10 @@ from typing import Any
 
 from libs.service.errors import InvalidArgument
 from libs.text.chat_template import CHAT_ROLES, ChatMessage, ToolCall
-from services.orchestrator.compat import CHAT_POLICY, COMPLETION_POLICY, FieldPolicy, unsupported
+from services.orchestrator.api.compat import CHAT_POLICY, COMPLETION_POLICY, FieldPolicy, unsupported
+from services.orchestrator.api.openai_tools import ToolRequest, parse_tools
+from services.orchestrator.api.structured import TEXT_FORMAT, ResponseFormat, parse_response_format
 from services.orchestrator.engine.domain import SamplingParams
-from services.orchestrator.openai_tools import ToolRequest, parse_tools
-from services.orchestrator.structured import TEXT_FORMAT, ResponseFormat, parse_response_format
 
 MAX_STOP_STRINGS = 4
 _U64 = 2**64

@@ -14,7 +14,7 @@ from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from libs.common.kinds import Backend, DType
 from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
 from libs.model.layout import even_layer_split
-from services.orchestrator.stage_chain import RoutePlan, StageLoad, load_route
+from services.orchestrator.route.stage_chain import RoutePlan, StageLoad, load_route
 
 DIRECT_PLAN_HASH_PREFIX = "sha256:"
 

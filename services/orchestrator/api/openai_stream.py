@@ -14,14 +14,14 @@ from aiohttp import web
 
 from libs.service.errors import FornaxError, Internal
 from libs.text.chat_template import ToolCall
-from services.orchestrator import openai_response as fmt
-from services.orchestrator.dashboard import record_error
+from services.orchestrator.api import openai_response as fmt
+from services.orchestrator.api.dashboard import record_error
+from services.orchestrator.api.openai_logprobs import LogprobsFormatter
+from services.orchestrator.api.openai_request import CommonOptions
+from services.orchestrator.api.openai_tools import CallStreamSplitter, ToolRequest, extract_calls
 from services.orchestrator.engine import metrics
 from services.orchestrator.engine.domain import RequestOutput
 from services.orchestrator.engine.serving import RequestStream, terminal_error
-from services.orchestrator.openai_logprobs import LogprobsFormatter
-from services.orchestrator.openai_request import CommonOptions
-from services.orchestrator.openai_tools import CallStreamSplitter, ToolRequest, extract_calls
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
