@@ -21,6 +21,7 @@ from aiohttp import web
 from libs.service.log_limit import LogLimiter
 from services.orchestrator.api.dashboard_state import DashboardState, Sample
 from services.orchestrator.engine import metrics
+from services.orchestrator.engine.client import EngineClient
 from services.orchestrator.engine.domain import FinishReason
 from services.orchestrator.engine.serving import RouteSlot
 
@@ -38,8 +39,8 @@ def add_dashboard(app: web.Application, route: RouteSlot) -> None:
     app[DASHBOARD_KEY] = DashboardState()
 
     async def state(request: web.Request) -> web.Response:
-        engine = route.engine
-        calibration = engine.calibration() if engine is not None and engine.calibration else None
+        engine: EngineClient | None = route.engine
+        calibration = None if engine is None else engine.route_calibration()
         snapshot = request.app[DASHBOARD_KEY].snapshot(
             None if engine is None else engine.served, time.monotonic(), calibration)
         return web.json_response(snapshot, headers={"Cache-Control": "no-store"})
@@ -83,12 +84,12 @@ def _finished_errors() -> dict[str, int]:
 
 
 async def take_sample(route: RouteSlot) -> Sample | None:
-    engine = route.engine
+    engine: EngineClient | None = route.engine
     if engine is None:
         return None
-    stats = await engine.pipeline.stage_stats()
+    stats = await engine.stage_stats()
     metrics.publish_stage_blocks(stats)
-    return Sample(time.monotonic(), _counter_total(metrics.OUTPUT_TOKENS), engine.live_requests,
+    return Sample(time.monotonic(), _counter_total(metrics.OUTPUT_TOKENS), engine.snapshot().live_requests,
                   _finished_errors(), tuple(stats))
 
 

@@ -39,9 +39,10 @@ from services.orchestrator.api.prompting import (
     completion_prompt_ids,
     generation_request,
 )
+from services.orchestrator.engine.client import EngineClient
 from services.orchestrator.engine.domain import GenerationRequest
 from services.orchestrator.engine.prefix_salt import cache_salt_of, prefix_salt, tenant_of
-from services.orchestrator.engine.serving import RequestStream, RouteSlot, ServingEngine
+from services.orchestrator.engine.serving import RequestStream, RouteSlot
 from services.orchestrator.engine.tracing import TRACER
 from services.orchestrator.engine.unavailable import route_unavailable
 
@@ -161,7 +162,7 @@ async def _auth(request: web.Request, handler) -> web.StreamResponse:
     return await handler(request)
 
 
-def _engine(request: web.Request) -> ServingEngine:
+def _engine(request: web.Request) -> EngineClient:
     engine = request.app[ROUTE_KEY].engine
     if engine is None:
         raise Unavailable("no route is installed yet", reason="ROUTE_NOT_READY")
@@ -170,14 +171,15 @@ def _engine(request: web.Request) -> ServingEngine:
 
 async def _health(request: web.Request) -> web.Response:
     engine = _engine(request)
-    if engine.degraded_reason is not None:
-        raise route_unavailable(engine.degraded_reason)
-    if engine.admission.closed_reason is not None:
-        raise Unavailable(f"route is not admitting: {engine.admission.closed_reason}",
+    now = engine.snapshot()
+    if now.degraded_reason is not None:
+        raise route_unavailable(now.degraded_reason)
+    if now.not_admitting_reason is not None:
+        raise Unavailable(f"route is not admitting: {now.not_admitting_reason}",
                           reason="NOT_ADMITTING")
     return web.json_response({"status": "ready", "model": engine.served.model_id,
                               "stages": engine.served.num_stages,
-                              "live_requests": engine.live_requests})
+                              "live_requests": now.live_requests})
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -236,7 +238,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     return await _respond(request, engine, gen, body.model, body.options, form)
 
 
-def _prefix_salt(request: web.Request, engine: ServingEngine, fields: dict) -> bytes | None:
+def _prefix_salt(request: web.Request, engine: EngineClient, fields: dict) -> bytes | None:
     """The request's prefix-cache salt: model, tokenizer, caller's credential, own cache_salt."""
     return prefix_salt(engine.config.prefix_cache, engine.served.card.model_snapshot,
                        engine.text.identity.tokenizer_sha256,
@@ -250,7 +252,7 @@ async def _tokenize(body_bytes: int, encode: Callable[..., tuple[int, ...]],
     return await asyncio.to_thread(encode, *args)
 
 
-async def _respond(request: web.Request, engine: ServingEngine, gen: GenerationRequest,
+async def _respond(request: web.Request, engine: EngineClient, gen: GenerationRequest,
                    model: str, options: CommonOptions, form: ResponseForm) -> web.StreamResponse:
     streams: list[RequestStream] = []
     try:

@@ -243,3 +243,14 @@ class TokenLimits:
     default_max_tokens: int = 256
     max_tokens_cap: int = 0
     max_prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The serving engine's state at one instant, as the front ends read it."""
+
+    live_requests: int
+    # Why the route cannot serve (a stage is down); None while it can.
+    degraded_reason: str | None
+    # Why admission is closed (the route drains); None while it admits.
+    not_admitting_reason: str | None

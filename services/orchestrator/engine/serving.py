@@ -24,6 +24,7 @@ from libs.text.context import TextContext
 from services.orchestrator.engine import metrics
 from services.orchestrator.engine.admission import AdmissionConfig, AdmissionControl, KvFullPolicy
 from services.orchestrator.engine.domain import (
+    EngineSnapshot,
     GenerationRequest,
     Microbatch,
     MicrobatchResult,
@@ -32,6 +33,7 @@ from services.orchestrator.engine.domain import (
     SchedulerConfig,
     SequenceStatus,
     ServedModel,
+    StageStats,
     TokenLimits,
 )
 from services.orchestrator.engine.drift import RouteCalibration
@@ -248,6 +250,15 @@ class ServingEngine:
     @property
     def live_requests(self) -> int:
         return self.scheduler.live_requests
+
+    def snapshot(self) -> EngineSnapshot:
+        return EngineSnapshot(self.scheduler.live_requests, self.degraded_reason, self.admission.closed_reason)
+
+    def route_calibration(self) -> RouteCalibration | None:
+        return self.calibration() if self.calibration else None
+
+    async def stage_stats(self) -> list[StageStats]:
+        return await self.pipeline.stage_stats()
 
     def set_stalled(self, request_id: str, stalled: bool) -> None:
         """A request's reader fell behind (its stream is full) or caught up: pause or resume its decode."""
