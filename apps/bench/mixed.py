@@ -14,16 +14,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from libs.common.kinds import Backend
 from libs.text.context import TextContext
-from services.orchestrator.domain import GenerationRequest, SamplingParams, SchedulerConfig
-from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
-from services.orchestrator.serving import ServingConfig, ServingEngine
+from services.orchestrator.config import serving_defaults
+from services.orchestrator.engine.domain import GenerationRequest, SamplingParams, SchedulerConfig
+from services.orchestrator.engine.serving import ServingEngine, build_engine
+from services.orchestrator.route.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,8 @@ async def _one_run(options: MixedOptions, scheduler: SchedulerConfig, mixed: boo
     route = InProcessRouteConfig(Path(options.checkpoint), 1, Backend(options.backend))
     pipeline = InProcessPipeline.from_checkpoint(route)
     text = TextContext.from_checkpoint(options.checkpoint)
-    engine = ServingEngine(pipeline, pipeline.served, text,
-                           ServingConfig(scheduler, max_live_requests=options.streams * 4))
+    engine = build_engine(replace(serving_defaults(), scheduler=scheduler, max_live_requests=options.streams * 4),
+                          pipeline, text)
     rng = np.random.default_rng(0)
     vocab = pipeline.served.vocab_size
     decoding, stop, counter = asyncio.Event(), asyncio.Event(), [0]

@@ -23,7 +23,7 @@ import asyncio
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from apps.bench.placement_core import (
@@ -51,11 +51,12 @@ from libs.model.config import load_config
 from libs.service.channels import open_aio_channel
 from libs.service.errors import FornaxError
 from libs.text.context import TextContext
-from services.orchestrator.direct_load import checkpoint_stage_loads
-from services.orchestrator.model_card import served_model
-from services.orchestrator.route_pipeline import RoutePipeline
-from services.orchestrator.serving import ServingConfig, ServingEngine
-from services.orchestrator.stage_chain import Route, load_route
+from services.orchestrator.config import serving_defaults
+from services.orchestrator.engine.model_card import served_model
+from services.orchestrator.engine.serving import build_engine
+from services.orchestrator.route.direct_load import checkpoint_stage_loads
+from services.orchestrator.route.route_pipeline import RoutePipeline
+from services.orchestrator.route.stage_chain import Route, load_route
 from services.planner import domain as d
 from services.planner.inventory import Target
 from services.planner.inventory_facts import inventory_from, node_name
@@ -128,8 +129,8 @@ class _Bench:
         route = Route(plan)
         await route.open()
         served = served_model(self.config, ranges, "bench")
-        engine = ServingEngine(RoutePipeline(route, served), served, self.text,
-                               ServingConfig(max_live_requests=self.options.concurrency * 2))
+        engine = build_engine(replace(serving_defaults(), max_live_requests=self.options.concurrency * 2),
+                              RoutePipeline(route, served), self.text)
         try:
             await _drive(engine, self.batch[:1], 2)  # warm
             before = await _service_times(workers)

@@ -19,7 +19,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,13 +30,14 @@ from libs.model.layout import even_layer_split
 from libs.service.affinity import usable_cpus, worker_cpu_sets
 from libs.service.host import cpu_name
 from libs.text.context import TextContext
-from services.orchestrator.direct_load import load_checkpoint_route
-from services.orchestrator.domain import GenerationRequest, SamplingParams
-from services.orchestrator.model_card import served_model
-from services.orchestrator.prefix_salt import PrefixPolicy, prefix_salt
-from services.orchestrator.route_pipeline import RoutePipeline
-from services.orchestrator.serving import ServingConfig, ServingEngine
-from services.orchestrator.stage_chain import Route
+from services.orchestrator.config import serving_defaults
+from services.orchestrator.engine.domain import GenerationRequest, SamplingParams
+from services.orchestrator.engine.model_card import served_model
+from services.orchestrator.engine.prefix_salt import PrefixPolicy, prefix_salt
+from services.orchestrator.engine.serving import ServingEngine, build_engine
+from services.orchestrator.route.direct_load import load_checkpoint_route
+from services.orchestrator.route.route_pipeline import RoutePipeline
+from services.orchestrator.route.stage_chain import Route
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,8 @@ async def _engine(options: PrefixBenchOptions, workers: list[str], policy: Prefi
     route = Route(plan)
     await route.open()
     served = served_model(cfg, even_layer_split(cfg.num_hidden_layers, len(workers)), "bench")
-    return ServingEngine(RoutePipeline(route, served), served, TextContext.from_checkpoint(options.checkpoint),
-                         ServingConfig(prefix_cache=policy))
+    return build_engine(replace(serving_defaults(), prefix_cache=policy),
+                        RoutePipeline(route, served), TextContext.from_checkpoint(options.checkpoint))
 
 
 async def _measure(options: PrefixBenchOptions, workers: list[str]) -> dict[str, dict[str, list[Turn]]]:

@@ -15,7 +15,7 @@ import platform
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,12 +30,13 @@ from libs.service.event_loop import run as run_on_loop
 from libs.service.host import cpu_name
 from libs.service.host_quota import quota_label
 from libs.text.context import TextContext
-from services.orchestrator.direct_load import load_checkpoint_route
-from services.orchestrator.domain import GenerationRequest, SamplingParams
-from services.orchestrator.model_card import served_model
-from services.orchestrator.route_pipeline import RoutePipeline
-from services.orchestrator.serving import ServingConfig, ServingEngine
-from services.orchestrator.stage_chain import Route
+from services.orchestrator.config import serving_defaults
+from services.orchestrator.engine.domain import GenerationRequest, SamplingParams
+from services.orchestrator.engine.model_card import served_model
+from services.orchestrator.engine.serving import ServingEngine, build_engine
+from services.orchestrator.route.direct_load import load_checkpoint_route
+from services.orchestrator.route.route_pipeline import RoutePipeline
+from services.orchestrator.route.stage_chain import Route
 
 if TYPE_CHECKING:
     from apps.bench.llama_peer import LlamaPeerOptions
@@ -129,8 +130,8 @@ async def _engine(options: BenchOptions, workers: list[str], source: str | None 
     route = Route(plan)
     await route.open()
     served = served_model(cfg, even_layer_split(cfg.num_hidden_layers, len(workers)), "bench")
-    return ServingEngine(RoutePipeline(route, served), served, TextContext.from_checkpoint(options.checkpoint),
-                         ServingConfig(max_live_requests=max(options.concurrency) * 2))
+    return build_engine(replace(serving_defaults(), max_live_requests=max(options.concurrency) * 2),
+                        RoutePipeline(route, served), TextContext.from_checkpoint(options.checkpoint))
 
 
 class _Transformers:

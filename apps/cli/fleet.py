@@ -97,7 +97,7 @@ def _validate_up(args: argparse.Namespace) -> str | None:
     if args.checkpoint and not Path(args.checkpoint, "config.json").is_file():
         return f"--checkpoint {args.checkpoint!r} has no config.json"
     from libs.service.errors import InvalidArgument
-    from services.orchestrator.backend_choice import parse_rows
+    from services.orchestrator.route.backend_choice import parse_rows
 
     try:
         parse_rows(args.max_switch_rows, "--max-switch-rows")

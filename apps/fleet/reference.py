@@ -3,7 +3,7 @@
 With `--backend max`, each stage gets a second worker on the same CPU share running the
 float32 numpy backend. The orchestrator serves on them at once when the compile cache lacks a
 graph, compiles in the background, then moves the route to the MAX workers (see
-`services.orchestrator.coldstart`). Idle workers cost memory, not CPU.
+`services.orchestrator.route.coldstart`). Idle workers cost memory, not CPU.
 """
 
 from __future__ import annotations

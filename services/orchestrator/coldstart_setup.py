@@ -10,11 +10,11 @@ from typing import TypeVar
 
 from libs.model.layout import even_layer_split
 from libs.service.errors import FailedPrecondition
-from services.orchestrator.backend_choice import BackendChoice, StageStepTimes
-from services.orchestrator.background_compile import BackgroundCompiler, CompileSettings
-from services.orchestrator.coldstart import REFERENCE_BACKEND, AfterSwitch, Chooser, CompilerFactory
 from services.orchestrator.config import OrchestratorConfig
-from services.orchestrator.lifecycle import InstallRequest, RouteStatus, StageInfo
+from services.orchestrator.route.backend_choice import BackendChoice, StageStepTimes
+from services.orchestrator.route.background_compile import BackgroundCompiler, CompileSettings
+from services.orchestrator.route.coldstart import REFERENCE_BACKEND, AfterSwitch, Chooser, CompilerFactory
+from services.orchestrator.route.lifecycle import InstallRequest, RouteStatus, StageInfo
 
 Step = TypeVar("Step")
 
@@ -39,7 +39,7 @@ def unload_reference(cfg: OrchestratorConfig) -> AfterSwitch | None:
         from fornax.stage_worker.v1 import stage_worker_pb2 as pb
         from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
         from libs.service.channels import open_aio_channel
-        from services.orchestrator.stage_chain import UNLOAD_TIMEOUT_S
+        from services.orchestrator.route.stage_chain import UNLOAD_TIMEOUT_S
 
         for address in cfg.reference_stage_workers:
             async with open_aio_channel(address, cfg.server.client_channel()) as channel:
@@ -82,7 +82,7 @@ def chooser(cfg: OrchestratorConfig) -> Chooser:
     """The switch decision for a route on the main workers: forced, or measured by each stage's
     main worker on its own host (CompareDecodeStep), one stage at a time so stages that share
     CPUs do not time each other."""
-    from services.orchestrator.backend_choice import SwitchPolicy, decide, forced
+    from services.orchestrator.route.backend_choice import SwitchPolicy, decide, forced
 
     async def choose_forced(request: InstallRequest, serving: RouteStatus) -> BackendChoice:
         return forced(str(request.backend))

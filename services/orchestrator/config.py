@@ -13,10 +13,12 @@ from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
 from libs.weights.policy import POLICIES
-from services.orchestrator.admission import KvFullPolicy
-from services.orchestrator.backend_choice import DEFAULT_ROWS, SwitchPolicy, parse_rows, parse_switch_policy
-from services.orchestrator.http_tls import HttpTlsFiles
-from services.orchestrator.prefix_salt import PrefixPolicy
+from services.orchestrator.api.http_tls import HttpTlsFiles
+from services.orchestrator.engine.admission import KvFullPolicy
+from services.orchestrator.engine.domain import SchedulerConfig
+from services.orchestrator.engine.prefix_salt import PrefixPolicy
+from services.orchestrator.engine.serving import ServingConfig
+from services.orchestrator.route.backend_choice import DEFAULT_ROWS, SwitchPolicy, parse_rows, parse_switch_policy
 
 BACKENDS = tuple(backend.value for backend in Backend)
 BOUNDARY_DTYPES = tuple(dtype.value for dtype in FLOAT_DTYPES)
@@ -48,7 +50,7 @@ class OrchestratorConfig:
     artifact_builder_addr: str | None = None
     # The evidence registry whose profiles and calibrations installs plan from.
     registry_addr: str | None = None
-    # exploratory (default) or deployment: see services.orchestrator.install.Fleet.plan_mode.
+    # exploratory (default) or deployment: see services.orchestrator.route.install.Fleet.plan_mode.
     plan_mode: str = "exploratory"
     # gRPC addresses of the stage workers, in stage order.
     stage_workers: tuple[str, ...] = ()
@@ -338,3 +340,28 @@ def _policy(value: str, variable: str) -> str:
 
 def _install_backend(value: str) -> Backend | None:
     return None if value == BACKEND_OF_WORKER else _choice(value, Backend, "FORNAX_BACKEND")
+
+
+def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
+    return ServingConfig(scheduler=SchedulerConfig(output_queue_capacity=cfg.output_queue_capacity,
+                                                   pipeline_spare_microbatches=cfg.pipeline_spare_microbatches,
+                                                   max_tokens_per_step=cfg.max_tokens_per_step,
+                                                   min_prefill_chunk_tokens=cfg.min_prefill_chunk_tokens),
+                         max_live_requests=cfg.max_live_requests,
+                         default_max_tokens=cfg.default_max_tokens,
+                         default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None,
+                         release_budget_s=cfg.release_budget_s,
+                         recovery_timeout_s=cfg.recovery_timeout_s,
+                         stall_timeout_s=cfg.idle_write_timeout_s or None,
+                         max_tokens_cap=cfg.max_tokens_cap, max_prompt_tokens=cfg.max_prompt_tokens,
+                         prefix_cache=PrefixPolicy.parse(cfg.prefix_cache),
+                         kv_full=KvFullPolicy.parse(cfg.kv_full))
+
+
+def serving_defaults() -> ServingConfig:
+    """The serving settings the service runs with when no flag or environment variable sets one.
+
+    Benches start from these (replay recovery, stall timeout, deadline), not from ServingConfig's
+    own field defaults, so a bench measures the engine the service runs.
+    """
+    return serving_config(OrchestratorConfig.from_env([], {}))

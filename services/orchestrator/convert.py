@@ -9,12 +9,12 @@ from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from libs.common.proto import backend_from_pb, dtype_from_pb
 from libs.service.errors import InvalidArgument
 from libs.text.chat_template import ChatMessage
-from services.orchestrator.domain import FinishReason, GenerationRequest, RequestOutput
-from services.orchestrator.drift import Calibration, RouteCalibration
-from services.orchestrator.lifecycle import InstallRequest, RouteState, RouteStatus
-from services.orchestrator.openai_request import parse_options
-from services.orchestrator.prompting import check_model, check_token_ids, generation_request
-from services.orchestrator.serving import ServingEngine
+from services.orchestrator.api.openai_request import parse_options
+from services.orchestrator.api.prompting import check_model, check_token_ids, generation_request
+from services.orchestrator.engine.domain import FinishReason, GenerationRequest, RequestOutput
+from services.orchestrator.engine.drift import Calibration, RouteCalibration
+from services.orchestrator.engine.serving import ServingEngine
+from services.orchestrator.route.lifecycle import InstallRequest, RouteState, RouteStatus
 
 _FINISH = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
            FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,

@@ -18,29 +18,26 @@ from libs.security.tls import own_identity_uri
 from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument, Unavailable
 from libs.service.server import ServiceSpec
 from services.orchestrator import convert
-from services.orchestrator.admission import KvFullPolicy
-from services.orchestrator.coldstart import BackendBoard, serve_then_upgrade
-from services.orchestrator.coldstart_setup import chooser, compiler_factory, unload_reference
-from services.orchestrator.config import OrchestratorConfig
-from services.orchestrator.domain import SchedulerConfig
-from services.orchestrator.drift import DriftPolicy
-from services.orchestrator.http_api import (
+from services.orchestrator.api.http_api import (
     BOARD_KEY,
     TOKENIZE_INLINE_MAX_BYTES,
     HttpConfig,
     build_http_app,
     start_http,
 )
-from services.orchestrator.http_tls import choose_http_tls, is_loopback, server_ssl_context
-from services.orchestrator.lifecycle import (
+from services.orchestrator.api.http_tls import choose_http_tls, is_loopback, server_ssl_context
+from services.orchestrator.coldstart_setup import chooser, compiler_factory, unload_reference
+from services.orchestrator.config import OrchestratorConfig, serving_config
+from services.orchestrator.engine.drift import DriftPolicy
+from services.orchestrator.engine.serving import RouteSlot, ServingEngine, build_engine, terminal_error
+from services.orchestrator.route.coldstart import BackendBoard, serve_then_upgrade
+from services.orchestrator.route.lifecycle import (
     InstalledRoute,
     Installer,
     InstallRequest,
     Preparer,
     RouteManager,
 )
-from services.orchestrator.prefix_salt import PrefixPolicy
-from services.orchestrator.serving import RouteSlot, ServingConfig, ServingEngine, terminal_error
 
 _log = structlog.get_logger()
 
@@ -92,22 +89,6 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         return pb.GetPlanStatusResponse(current=convert.status_to_pb(self._manager.status()))
 
 
-def serving_config(cfg: OrchestratorConfig) -> ServingConfig:
-    return ServingConfig(scheduler=SchedulerConfig(output_queue_capacity=cfg.output_queue_capacity,
-                                                   pipeline_spare_microbatches=cfg.pipeline_spare_microbatches,
-                                                   max_tokens_per_step=cfg.max_tokens_per_step,
-                                                   min_prefill_chunk_tokens=cfg.min_prefill_chunk_tokens),
-                         max_live_requests=cfg.max_live_requests,
-                         default_max_tokens=cfg.default_max_tokens,
-                         default_deadline_budget_ns=int(cfg.default_deadline_s * 1e9) or None,
-                         release_budget_s=cfg.release_budget_s,
-                         recovery_timeout_s=cfg.recovery_timeout_s,
-                         stall_timeout_s=cfg.idle_write_timeout_s or None,
-                         max_tokens_cap=cfg.max_tokens_cap, max_prompt_tokens=cfg.max_prompt_tokens,
-                         prefix_cache=PrefixPolicy.parse(cfg.prefix_cache),
-                         kv_full=KvFullPolicy.parse(cfg.kv_full))
-
-
 def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
     """Stages as threads of this process: development and tests, never a fallback."""
 
@@ -115,20 +96,19 @@ def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
         from pathlib import Path
 
         from libs.text.context import TextContext
-        from services.orchestrator.inprocess_pipeline import (
+        from services.orchestrator.route.inprocess_pipeline import (
             InProcessPipeline,
             InProcessRouteConfig,
         )
-        from services.orchestrator.lifecycle import PlanIdentity
+        from services.orchestrator.route.lifecycle import PlanIdentity
 
         if request.backend is None:
             raise InvalidArgument("in-process stages need a backend; there are no workers to choose theirs",
                                   field="backend")
         pipeline = InProcessPipeline.from_checkpoint(InProcessRouteConfig(
             Path(request.checkpoint_dir), request.stages, request.backend, model_id=cfg.model_id))
-        engine = ServingEngine(pipeline, pipeline.served,
-                               TextContext.from_checkpoint(request.checkpoint_dir),
-                               serving_config(cfg))
+        engine = build_engine(serving_config(cfg), pipeline,
+                              TextContext.from_checkpoint(request.checkpoint_dir))
         return InstalledRoute(request, PlanIdentity("in-process", "", pipeline.generation), (),
                               engine)
 
@@ -140,8 +120,8 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
         return inprocess_installer(cfg)
     planner, builder = cfg.planner_addr, cfg.artifact_builder_addr
     if cfg.stage_workers and planner and builder:
-        from services.orchestrator.fleet_route import fleet_installer
-        from services.orchestrator.install import Fleet
+        from services.orchestrator.route.fleet_route import fleet_installer
+        from services.orchestrator.route.install import Fleet
 
         def on(workers: tuple[str, ...]) -> Installer:
             fleet = Fleet(planner, builder, workers, cfg.server.client_channel(),
@@ -167,7 +147,7 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
 
 
 def weights_choice(cfg: OrchestratorConfig):
-    from services.orchestrator.install import WeightsChoice
+    from services.orchestrator.route.install import WeightsChoice
 
     return WeightsChoice(cfg.weights_policy, cfg.worker_weights)
 
@@ -186,8 +166,8 @@ def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
     planner, builder = cfg.planner_addr, cfg.artifact_builder_addr
     if cfg.inprocess_checkpoint or not (cfg.stage_workers and planner and builder):
         return None
-    from services.orchestrator.fleet_route import fleet_preparer
-    from services.orchestrator.install import Fleet
+    from services.orchestrator.route.fleet_route import fleet_preparer
+    from services.orchestrator.route.install import Fleet
 
     def on(workers: tuple[str, ...]) -> Preparer:
         fleet = Fleet(planner, builder, workers, cfg.server.client_channel(),

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 from libs.service.channels import open_channel
-from services.orchestrator.direct_load import load_checkpoint_route
-from services.orchestrator.stage_chain import RoutePlan
+from services.orchestrator.route.direct_load import load_checkpoint_route
+from services.orchestrator.route.stage_chain import RoutePlan
 from tests.support.procs import ServiceProc
 
 

@@ -27,13 +27,13 @@ from libs.model.layout import even_layer_split  # noqa: E402
 from libs.model.max_kernels import configure_max_process, default_cache_dir, max_build  # noqa: E402
 from libs.service.errors import FornaxError  # noqa: E402
 from libs.text.context import TextContext  # noqa: E402
-from services.orchestrator.backend_choice import forced  # noqa: E402
-from services.orchestrator.background_compile import BackgroundCompiler, CompileSettings, GraphState  # noqa: E402
-from services.orchestrator.coldstart import BackendBoard, Chooser, UpgradePhase, serve_then_upgrade  # noqa: E402
-from services.orchestrator.domain import FinishReason, GenerationRequest  # noqa: E402
-from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig  # noqa: E402
-from services.orchestrator.lifecycle import InstalledRoute, InstallRequest, PlanIdentity, RouteManager  # noqa: E402
-from services.orchestrator.serving import RouteSlot, ServingEngine  # noqa: E402
+from services.orchestrator.engine.domain import FinishReason, GenerationRequest  # noqa: E402
+from services.orchestrator.engine.serving import RouteSlot, ServingEngine  # noqa: E402
+from services.orchestrator.route.backend_choice import forced  # noqa: E402
+from services.orchestrator.route.background_compile import BackgroundCompiler, CompileSettings, GraphState  # noqa: E402
+from services.orchestrator.route.coldstart import BackendBoard, Chooser, UpgradePhase, serve_then_upgrade  # noqa: E402
+from services.orchestrator.route.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig  # noqa: E402
+from services.orchestrator.route.lifecycle import InstalledRoute, InstallRequest, PlanIdentity, RouteManager  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 STAGES = 2

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from apps.cli.orchestrator import ApiError, ChatTarget, first_model, sse_events, stream_chat
-from services.orchestrator.http_api import HttpConfig
+from services.orchestrator.api.http_api import HttpConfig
 from tests.integration.orchestrator.harness import MODEL_ID, serve
 
 pytestmark = pytest.mark.integration

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from libs.text.context import TextContext
-from services.orchestrator.domain import GenerationRequest, Phase, SchedulerConfig
-from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
-from services.orchestrator.serving import ServingConfig, ServingEngine
+from services.orchestrator.engine.domain import GenerationRequest, Phase, SchedulerConfig
+from services.orchestrator.engine.serving import ServingConfig, ServingEngine
+from services.orchestrator.route.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
 
 NEW_TOKENS = 10
 EARLY = ("Mixture of experts", "Stages")

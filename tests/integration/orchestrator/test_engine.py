@@ -5,8 +5,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from libs.service.errors import InvalidArgument
-from services.orchestrator.domain import FinishReason
-from services.orchestrator.engine import Engine
+from services.orchestrator.engine.domain import FinishReason
+from services.orchestrator.python_api import Engine
 
 
 def test_generate_is_str_to_str_and_stage_count_does_not_change_greedy_output(checkpoint):

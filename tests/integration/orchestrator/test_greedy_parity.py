@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from libs.text.context import TextContext
-from services.orchestrator.domain import GenerationRequest, SchedulerConfig
-from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
-from services.orchestrator.serving import ServingConfig, ServingEngine
+from services.orchestrator.engine.domain import GenerationRequest, SchedulerConfig
+from services.orchestrator.engine.serving import ServingConfig, ServingEngine
+from services.orchestrator.route.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
 
 PROMPTS = ("Mixture of experts", "The quick brown fox jumps", "Stages")
 NEW_TOKENS = 12

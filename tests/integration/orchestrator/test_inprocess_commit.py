@@ -11,9 +11,9 @@ from libs.model.kernels import make_kernels
 from libs.model.layout import even_layer_split
 from libs.model.sampling import GREEDY
 from libs.model.weights import load_stage_weights
-from services.orchestrator.domain import Microbatch, Phase, RequestSlice, SequenceStatus
-from services.orchestrator.inprocess_pipeline import InProcessPipeline
-from services.orchestrator.model_card import served_model
+from services.orchestrator.engine.domain import Microbatch, Phase, RequestSlice, SequenceStatus
+from services.orchestrator.engine.model_card import served_model
+from services.orchestrator.route.inprocess_pipeline import InProcessPipeline
 from tests.integration.orchestrator.harness import tiny_checkpoint
 
 KV_LIMIT_BYTES = 64 << 20

@@ -10,10 +10,10 @@ import openai
 import pytest
 
 from libs.text.context import TextContext
-from services.orchestrator.admission import KvFullPolicy
-from services.orchestrator.domain import FinishReason, GenerationRequest
-from services.orchestrator.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
-from services.orchestrator.serving import ServingConfig, ServingEngine
+from services.orchestrator.engine.admission import KvFullPolicy
+from services.orchestrator.engine.domain import FinishReason, GenerationRequest
+from services.orchestrator.engine.serving import ServingConfig, ServingEngine
+from services.orchestrator.route.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
 from tests.integration.orchestrator.harness import MODEL_ID, serve
 
 pytestmark = pytest.mark.integration

@@ -6,9 +6,9 @@ import aiohttp
 import openai
 import pytest
 
-from services.orchestrator.domain import FinishReason
-from services.orchestrator.http_api import HttpConfig
-from services.orchestrator.serving import ServingConfig
+from services.orchestrator.api.http_api import HttpConfig
+from services.orchestrator.engine.domain import FinishReason
+from services.orchestrator.engine.serving import ServingConfig
 from tests.integration.orchestrator.harness import MODEL_ID, serve
 
 pytestmark = pytest.mark.integration
@@ -211,7 +211,7 @@ def test_client_disconnect_cancels_and_frees_kv_on_every_stage(checkpoint):
 
 def test_a_stream_that_fails_before_its_first_token_gets_a_status(checkpoint):
     """A stage refusing the KV reservation at prefill: 429 before any SSE byte is sent."""
-    from services.orchestrator.domain import MicrobatchResult, RequestSliceResult, SequenceStatus
+    from services.orchestrator.engine.domain import MicrobatchResult, RequestSliceResult, SequenceStatus
 
     async def main():
         async with serve(checkpoint, stages=1) as served:

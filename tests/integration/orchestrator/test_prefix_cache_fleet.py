@@ -21,13 +21,13 @@ from libs.model.kv_blocks import prefix_chain
 from libs.model.layout import even_layer_split
 from libs.service.interceptors import reason_of
 from libs.text.context import TextContext
-from services.orchestrator.direct_load import load_checkpoint_route
-from services.orchestrator.http_api import build_http_app, start_http
-from services.orchestrator.model_card import served_model
-from services.orchestrator.prefix_salt import PrefixPolicy
-from services.orchestrator.route_pipeline import RoutePipeline
-from services.orchestrator.serving import RouteSlot, ServingConfig, ServingEngine
-from services.orchestrator.stage_chain import Route, lease_id_for
+from services.orchestrator.api.http_api import build_http_app, start_http
+from services.orchestrator.engine.model_card import served_model
+from services.orchestrator.engine.prefix_salt import PrefixPolicy
+from services.orchestrator.engine.serving import RouteSlot, ServingConfig, ServingEngine
+from services.orchestrator.route.direct_load import load_checkpoint_route
+from services.orchestrator.route.route_pipeline import RoutePipeline
+from services.orchestrator.route.stage_chain import Route, lease_id_for
 from tests.support.stages import load_pipeline, start_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -11,16 +11,16 @@ from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from libs.model.config import load_config
 from libs.model.layout import even_layer_split
 from libs.text.context import TextContext
-from services.orchestrator.domain import (
+from services.orchestrator.engine.domain import (
     FinishReason,
     GenerationRequest,
     SamplingParams,
     SchedulerConfig,
 )
-from services.orchestrator.model_card import served_model
-from services.orchestrator.route_pipeline import RoutePipeline
-from services.orchestrator.serving import ServingConfig, ServingEngine
-from services.orchestrator.stage_chain import Route
+from services.orchestrator.engine.model_card import served_model
+from services.orchestrator.engine.serving import ServingConfig, ServingEngine
+from services.orchestrator.route.route_pipeline import RoutePipeline
+from services.orchestrator.route.stage_chain import Route
 from tests.integration.orchestrator.test_greedy_parity import NEW_TOKENS, served_greedy
 from tests.support.stages import load_pipeline, start_workers
 

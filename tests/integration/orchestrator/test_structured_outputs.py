@@ -11,8 +11,8 @@ import jsonschema
 import openai
 import pytest
 
-from services.orchestrator.domain import SchedulerConfig
-from services.orchestrator.serving import ServingConfig
+from services.orchestrator.engine.domain import SchedulerConfig
+from services.orchestrator.engine.serving import ServingConfig
 from tests.integration.orchestrator.harness import MODEL_ID, serve
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ import threading
 
 import aiohttp
 
-from services.orchestrator import http_api
+from services.orchestrator.api import http_api
 from tests.integration.orchestrator.harness import MODEL_ID, serve
 
 

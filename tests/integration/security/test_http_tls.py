@@ -10,14 +10,14 @@ import aiohttp
 import pytest
 
 from libs.security.identity import Identity, Role
-from services.orchestrator.http_api import HttpConfig, build_http_app, start_http
-from services.orchestrator.http_tls import (
+from services.orchestrator.api.http_api import HttpConfig, build_http_app, start_http
+from services.orchestrator.api.http_tls import (
     HttpTlsFiles,
     HttpTlsRequired,
     choose_http_tls,
     server_ssl_context,
 )
-from services.orchestrator.serving import RouteSlot
+from services.orchestrator.engine.serving import RouteSlot
 from tests.integration.security.pki import FleetPki
 
 ORCHESTRATOR = Identity(Role.SERVICE, "orchestrator")

@@ -14,8 +14,8 @@ import pytest
 from libs.fnx2.messages import Phase
 from libs.model.config import load_config
 from libs.model.sampling import SamplingParams
-from services.orchestrator.lease_numbers import LeaseNumbers
-from services.orchestrator.stage_chain import Route, SliceInput, SliceOutput, lease_id_for
+from services.orchestrator.route.lease_numbers import LeaseNumbers
+from services.orchestrator.route.stage_chain import Route, SliceInput, SliceOutput, lease_id_for
 from tests.integration.stage_worker.test_stage_pipeline import BUDGET_NS, local_greedy
 from tests.support.stages import load_pipeline
 

@@ -16,7 +16,7 @@ from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.model.config import load_config
 from libs.model.logprobs import RECORD_WIDTH, decode_record
 from libs.model.sampling import SamplingParams
-from services.orchestrator.stage_chain import Route, SliceInput, lease_id_for
+from services.orchestrator.route.stage_chain import Route, SliceInput, lease_id_for
 from tests.integration.stage_worker.test_stage_pipeline import BUDGET_NS, local_greedy
 from tests.support.stages import load_pipeline
 

@@ -20,7 +20,7 @@ from libs.model.kv_store import SliceIdentity
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.interceptors import reason_of
-from services.orchestrator.stage_chain import Route, SliceInput, lease_id_for
+from services.orchestrator.route.stage_chain import Route, SliceInput, lease_id_for
 from tests.support.stages import load_pipeline, start_workers
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
 from libs.model.sampling import SamplingParams
 from libs.service.trace_context import current_traceparent
-from services.orchestrator.stage_chain import Route, SliceInput, lease_id_for
+from services.orchestrator.route.stage_chain import Route, SliceInput, lease_id_for
 from tests.support.otlp import OtlpReceiver
 from tests.support.procs import ServiceProc
 from tests.support.stages import StageFleet, load_pipeline

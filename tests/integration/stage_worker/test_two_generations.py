@@ -13,8 +13,8 @@ import pytest
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from libs.model.config import load_config
 from libs.service.interceptors import reason_of
-from services.orchestrator.direct_load import checkpoint_stage_loads
-from services.orchestrator.stage_chain import Route, load_route, unload_generation
+from services.orchestrator.route.direct_load import checkpoint_stage_loads
+from services.orchestrator.route.stage_chain import Route, load_route, unload_generation
 from tests.integration.stage_worker.test_stage_pipeline import PROMPTS, generate, local_greedy
 
 pytestmark = pytest.mark.integration

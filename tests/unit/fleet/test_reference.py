@@ -60,7 +60,7 @@ def test_status_shows_each_stages_build_time_conversions():
 
 
 def test_status_says_which_backend_runs_and_why_with_both_figures():
-    from services.orchestrator.backend_choice import DEFAULT_ROWS, decide
+    from services.orchestrator.route.backend_choice import DEFAULT_ROWS, decide
     from tests.unit.orchestrator.test_backend_choice import TINY_MAX, TINY_NUMPY, stage
 
     choice = decide("max", (stage(0, TINY_NUMPY, TINY_MAX),), DEFAULT_ROWS)

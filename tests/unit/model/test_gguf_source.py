@@ -116,7 +116,7 @@ def test_another_pre_tokenizer_is_refused_by_name():
 
 def test_a_gguf_is_planned_as_the_policy_nearest_its_stored_bits(tmp_path):
     from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
-    from services.orchestrator.install import gguf_planning_policy
+    from services.orchestrator.route.install import gguf_planning_policy
     from tests.support.gguf_files import f32_types, llama_like_types, write_gguf
 
     write_checkpoint(CheckpointRequest("tiny", tmp_path / "ck"))

@@ -187,7 +187,7 @@ def test_a_max_worker_refuses_a_load_asking_for_fp8_kv_before_loading_weights(tm
 
 
 def test_the_route_admission_term_follows_the_kv_dtype():
-    from services.orchestrator.domain import mla_kv_bytes_per_token
+    from services.orchestrator.engine.domain import mla_kv_bytes_per_token
 
     assert mla_kv_bytes_per_token(512, 64, 4) == (512 + 64) * 4 * 4
     assert mla_kv_bytes_per_token(512, 64, 4, "bf16") == (512 + 64) * 2 * 4

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.orchestrator.domain import (
+from services.orchestrator.engine.domain import (
     Microbatch,
     MicrobatchResult,
     Phase,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from libs.service.errors import FailedPrecondition, InvalidArgument
-from services.orchestrator.backend_choice import (
+from services.orchestrator.route.backend_choice import (
     DEFAULT_ROWS,
     StageStepTimes,
     SwitchPolicy,

@@ -13,11 +13,11 @@ from libs.model.compile_cache import GraphName, GraphTarget, config_sha256, reco
 from libs.model.config import parse_config
 from libs.model.presets import preset_config
 from libs.service.errors import FailedPrecondition
-from services.orchestrator.backend_choice import DEFAULT_ROWS, decide, forced
-from services.orchestrator.background_compile import BackgroundCompiler, CompileSettings, GraphState
-from services.orchestrator.coldstart import BackendBoard, Chooser, UpgradePhase, serve_then_upgrade
-from services.orchestrator.lifecycle import InstallRequest, RouteManager, RouteState
-from services.orchestrator.serving import RouteSlot
+from services.orchestrator.engine.serving import RouteSlot
+from services.orchestrator.route.backend_choice import DEFAULT_ROWS, decide, forced
+from services.orchestrator.route.background_compile import BackgroundCompiler, CompileSettings, GraphState
+from services.orchestrator.route.coldstart import BackendBoard, Chooser, UpgradePhase, serve_then_upgrade
+from services.orchestrator.route.lifecycle import InstallRequest, RouteManager, RouteState
 from tests.unit.orchestrator.test_backend_choice import TINY_MAX, TINY_NUMPY, scaled, stage
 from tests.unit.orchestrator.test_lifecycle import FakeInstaller, req
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from libs.service.errors import InvalidArgument
-from services.orchestrator.compat import (
+from services.orchestrator.api.compat import (
     CHAT_POLICY,
     COMPLETION_POLICY,
     Policy,
     policy_table,
 )
-from services.orchestrator.openai_request import parse_chat_completion, parse_completion
+from services.orchestrator.api.openai_request import parse_chat_completion, parse_completion
 
 README = Path(__file__).parents[3] / "services" / "orchestrator" / "README.md"
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}

@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.orchestrator.config import OrchestratorConfig
-from services.orchestrator.server import serving_config
+from services.orchestrator.config import OrchestratorConfig, serving_config
 
 
 def test_environment_and_flags_reach_the_serving_config():
@@ -69,7 +68,7 @@ def test_an_impossible_step_budget_stops_startup_naming_the_variable():
 
 def test_the_max_switch_policy_is_measured_unless_forced_and_fails_closed():
     from libs.service.errors import InvalidArgument
-    from services.orchestrator.backend_choice import SwitchPolicy
+    from services.orchestrator.route.backend_choice import SwitchPolicy
 
     assert OrchestratorConfig.from_env([], {}).max_switch is SwitchPolicy.MEASURED
     assert OrchestratorConfig.from_env([], {"FORNAX_MAX_SWITCH": "always"}).max_switch is SwitchPolicy.ALWAYS
@@ -97,7 +96,7 @@ def test_bad_switch_rows_fail_closed(raw):
 
 def test_the_kv_full_policy_queues_by_default_and_a_bad_value_is_refused():
     from libs.service.errors import InvalidArgument
-    from services.orchestrator.admission import KvFullPolicy
+    from services.orchestrator.engine.admission import KvFullPolicy
 
     assert serving_config(OrchestratorConfig.from_env([], {})).kv_full is KvFullPolicy.QUEUE
     assert serving_config(OrchestratorConfig.from_env([], {"FORNAX_KV_FULL": "reject"})).kv_full is KvFullPolicy.REJECT

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.orchestrator.dashboard_state import HISTORY_SAMPLES, DashboardState, Sample
-from services.orchestrator.domain import ServedModel, StageLayout, StageStats
+from services.orchestrator.api.dashboard_state import HISTORY_SAMPLES, DashboardState, Sample
+from services.orchestrator.engine.domain import ServedModel, StageLayout, StageStats
 
 
 def _stage(index: int, batches: int, compute_ns: int, wire_ns: int = 0) -> StageStats:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.orchestrator.drift import (
+from services.orchestrator.engine.drift import (
     Calibration,
     DriftPolicy,
     DriftTracker,
@@ -141,8 +141,8 @@ def test_each_verdict_rests_on_three_rounds_in_a_row(values, predicted):
 
 def test_calibration_reaches_plan_status_and_the_dashboard_with_each_figure_labelled():
     from fornax.orchestrator.v1 import orchestrator_pb2 as pb
+    from services.orchestrator.api.dashboard_state import calibration_view
     from services.orchestrator.convert import calibration_to_pb
-    from services.orchestrator.dashboard_state import calibration_view
 
     tracker, feed = DriftTracker((0.010, None), prediction_basis("deployment", True, 0), POLICY), Feed(2)
     for _ in range(3):

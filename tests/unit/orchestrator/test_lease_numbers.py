@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
-from services.orchestrator import lease_numbers
-from services.orchestrator.lease_numbers import LeaseNumbers
+from services.orchestrator.route import lease_numbers
+from services.orchestrator.route.lease_numbers import LeaseNumbers
 
 
 def test_routes_of_one_generation_share_a_counter_and_other_generations_do_not():

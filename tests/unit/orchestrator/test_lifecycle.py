@@ -5,15 +5,15 @@ import asyncio
 import pytest
 
 from libs.service.errors import Aborted, FailedPrecondition, Unavailable
-from services.orchestrator.domain import GenerationRequest, ServedModel, StageLayout
-from services.orchestrator.lifecycle import (
+from services.orchestrator.engine.domain import GenerationRequest, ServedModel, StageLayout
+from services.orchestrator.engine.serving import RouteSlot, ServingEngine
+from services.orchestrator.route.lifecycle import (
     InstalledRoute,
     InstallRequest,
     PlanIdentity,
     RouteManager,
     RouteState,
 )
-from services.orchestrator.serving import RouteSlot, ServingEngine
 from tests.unit.orchestrator.fakes import FakePipeline
 
 SERVED = ServedModel("tiny", 256, 420, (StageLayout(0, 2, 10), StageLayout(2, 4, 10)))

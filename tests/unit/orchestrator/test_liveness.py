@@ -10,12 +10,14 @@ import pytest
 
 from libs.service.errors import Unavailable
 from libs.service.log_limit import LogLimiter
-from services.orchestrator.domain import (
+from services.orchestrator.engine.domain import (
     FinishReason,
     GenerationRequest,
     SchedulerConfig,
 )
-from services.orchestrator.route_health import (
+from services.orchestrator.engine.serving import ServingConfig, ServingEngine, terminal_error
+from services.orchestrator.engine.unavailable import route_unavailable
+from services.orchestrator.route.route_health import (
     DataPlaneMeter,
     DataPlaneProgress,
     HealthPolicy,
@@ -23,9 +25,7 @@ from services.orchestrator.route_health import (
     StageCondition,
     StageProbe,
     counts_as_down,
-    route_unavailable,
 )
-from services.orchestrator.serving import ServingConfig, ServingEngine, terminal_error
 from tests.unit.orchestrator.fakes import FakePipeline
 from tests.unit.orchestrator.test_serving import SERVED
 
@@ -205,7 +205,7 @@ def test_progress_between_misses_resets_the_count_but_a_later_stall_still_degrad
 
 
 def test_the_monitor_reads_the_data_plane_after_each_probe_round():
-    from services.orchestrator.route_health import RouteHealthMonitor
+    from services.orchestrator.route.route_health import RouteHealthMonitor
 
     async def main():
         rounds, progress, changes = [], [PROGRESSING], []

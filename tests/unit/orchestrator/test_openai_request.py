@@ -3,19 +3,18 @@ from __future__ import annotations
 import pytest
 
 from libs.service.errors import FornaxError, InvalidArgument, NotFound
-from services.orchestrator.domain import SamplingParams, ServedModel, StageLayout
-from services.orchestrator.openai_request import (
+from services.orchestrator.api.openai_request import (
     parse_chat_completion,
     parse_completion,
     parse_json_object,
 )
-from services.orchestrator.prompting import (
-    TokenLimits,
+from services.orchestrator.api.prompting import (
     chat_prompt_ids,
     check_model,
     completion_prompt_ids,
     generation_request,
 )
+from services.orchestrator.engine.domain import SamplingParams, ServedModel, StageLayout, TokenLimits
 
 SERVED = ServedModel("tiny", context_length=64, vocab_size=420,
                      stages=(StageLayout(0, 2, 8),))

@@ -14,7 +14,7 @@ from libs.model.tokenizer_build import ASSETS, TOKENIZER_JSON
 from libs.service.errors import InvalidArgument
 from libs.structured.grammar import GrammarVocabulary
 from libs.structured.spec import GrammarSpec
-from services.orchestrator.openai_tools import (
+from services.orchestrator.api.openai_tools import (
     CallStreamSplitter,
     ToolChoiceMode,
     extract_calls,
@@ -22,7 +22,7 @@ from services.orchestrator.openai_tools import (
     output_lark,
     parse_tools,
 )
-from services.orchestrator.structured import json_lark
+from services.orchestrator.api.structured import json_lark
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

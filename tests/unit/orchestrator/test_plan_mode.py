@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from libs.service.errors import FailedPrecondition
-from services.orchestrator.install import Fleet, profile_records
+from services.orchestrator.route.install import Fleet, profile_records
 
 
 def test_deployment_without_a_registry_is_refused_and_exploratory_plans_from_declared_figures():

@@ -4,8 +4,8 @@ import pytest
 
 from libs.model.kv_blocks import KV_BLOCK_TOKENS as B
 from libs.service.errors import InvalidArgument
-from services.orchestrator.prefix_salt import PrefixPolicy, cache_salt_of, prefix_salt, tenant_of
-from services.orchestrator.stage_chain import reusable_tokens
+from services.orchestrator.engine.prefix_salt import PrefixPolicy, cache_salt_of, prefix_salt, tenant_of
+from services.orchestrator.route.stage_chain import reusable_tokens
 
 
 def salt(policy, tenant="t1", cache=None, model="sha256:m", tokenizer="tok"):

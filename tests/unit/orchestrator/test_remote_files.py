@@ -10,7 +10,7 @@ from fornax.artifact_builder.v1 import artifact_builder_pb2 as ab_pb
 from libs.artifacts.manifest import SourceLineage, StageManifest
 from libs.service.errors import FailedPrecondition
 from libs.text.context import TextPins
-from services.orchestrator.remote_files import ModelFileHashMismatch, check_text_pins, write_model_files
+from services.orchestrator.route.remote_files import ModelFileHashMismatch, check_text_pins, write_model_files
 
 
 def _file(path: str, content: bytes, sha: str | None = None) -> ab_pb.ModelFile:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.orchestrator.domain import (
+from services.orchestrator.engine.domain import (
     FinishReason,
     MicrobatchResult,
     Phase,
@@ -84,7 +84,7 @@ def _fresh(text_context):
 
 
 def test_a_request_that_keeps_failing_its_route_stops_being_replayed(text_context):
-    from services.orchestrator.scheduler import MAX_REPLAYS
+    from services.orchestrator.engine.scheduler import MAX_REPLAYS
 
     sched, stages = _fresh(text_context), FakeStages(2, _script)
     sched.replay = True

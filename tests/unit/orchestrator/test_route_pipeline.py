@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from libs.service.errors import ResourceExhausted
-from services.orchestrator.domain import (
+from services.orchestrator.engine.domain import (
     Microbatch,
     Phase,
     RequestSlice,
@@ -17,8 +17,8 @@ from services.orchestrator.domain import (
     ServedModel,
     StageLayout,
 )
-from services.orchestrator.route_pipeline import NO_DEADLINE_BUDGET_NS, RoutePipeline
-from services.orchestrator.stage_chain import RoutePlan, RouteStage, SliceOutput
+from services.orchestrator.route.route_pipeline import NO_DEADLINE_BUDGET_NS, RoutePipeline
+from services.orchestrator.route.stage_chain import RoutePlan, RouteStage, SliceOutput
 
 PLAN = RoutePlan("4b0b6a4e-5d2c-4c1e-9a43-0f8e6d1c2b3a", "hash",
                  "9e2f3c1d-7a6b-4e5f-8d9c-1a2b3c4d5e6f",
@@ -112,7 +112,7 @@ def test_each_microbatch_is_a_span_in_its_request_trace_whose_traceparent_travel
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from services.orchestrator import tracing
+    from services.orchestrator.engine import tracing
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -136,8 +136,8 @@ def test_each_microbatch_is_a_span_in_its_request_trace_whose_traceparent_travel
 
 
 def test_a_request_keeps_its_lease_id_derived_once_until_release(monkeypatch):
-    from services.orchestrator import route_pipeline
-    from services.orchestrator.stage_chain import lease_id_for
+    from services.orchestrator.route import route_pipeline
+    from services.orchestrator.route.stage_chain import lease_id_for
 
     derived: list[str] = []
 

@@ -9,15 +9,15 @@ from dataclasses import replace
 import pytest
 
 from libs.service.errors import FailedPrecondition
-from services.orchestrator.domain import GenerationRequest
-from services.orchestrator.lifecycle import (
+from services.orchestrator.engine.domain import GenerationRequest
+from services.orchestrator.engine.serving import RouteSlot, ServingEngine
+from services.orchestrator.route.lifecycle import (
     InstalledRoute,
     InstallRequest,
     PlanIdentity,
     RouteManager,
     RouteState,
 )
-from services.orchestrator.serving import RouteSlot, ServingEngine
 from tests.unit.orchestrator.fakes import FakePipeline
 from tests.unit.orchestrator.test_lifecycle import SERVED
 

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from libs.service.errors import ResourceExhausted
 from libs.text.context import TextContext
-from services.orchestrator.admission import (
+from services.orchestrator.engine.admission import (
     AdmissionConfig,
     AdmissionControl,
     KvBlocksFull,
@@ -14,14 +14,14 @@ from services.orchestrator.admission import (
     KvNeverFits,
     KvShortfall,
 )
-from services.orchestrator.domain import (
+from services.orchestrator.engine.domain import (
     FinishReason,
     GenerationRequest,
     Phase,
     SchedulerConfig,
     StageLayout,
 )
-from services.orchestrator.scheduler import Scheduler
+from services.orchestrator.engine.scheduler import Scheduler
 from tests.unit.orchestrator.fakes import FakeStages
 
 STAGES = (StageLayout(0, 2, 100), StageLayout(2, 4, 100))
@@ -308,7 +308,7 @@ def test_random_interleavings_keep_invariants(text_context, n, max_tokens, order
 
 
 def test_a_result_with_the_wrong_kv_epoch_fails_the_request(text_context):
-    from services.orchestrator.domain import MicrobatchResult, RequestSliceResult, SequenceStatus
+    from services.orchestrator.engine.domain import MicrobatchResult, RequestSliceResult, SequenceStatus
 
     sched = make_scheduler(text_context)
     sched.admit(req("a"), now_ns=0)

@@ -2,14 +2,14 @@ from __future__ import annotations
 
 import asyncio
 
-from services.orchestrator.domain import (
+from services.orchestrator.engine.domain import (
     FinishReason,
     GenerationRequest,
     SchedulerConfig,
     ServedModel,
     StageLayout,
 )
-from services.orchestrator.serving import ServingConfig, ServingEngine
+from services.orchestrator.engine.serving import ServingConfig, ServingEngine
 from tests.unit.orchestrator.fakes import FakePipeline
 
 SERVED = ServedModel("tiny", 256, 420, (StageLayout(0, 2, 10), StageLayout(2, 4, 10)))
@@ -139,7 +139,7 @@ def test_failed_microbatch_fails_its_requests_and_releases(text_context):
 def test_stage_budgets_come_from_the_served_model(text_context):
     import pytest
 
-    from services.orchestrator.admission import KvNeverFits
+    from services.orchestrator.engine.admission import KvNeverFits
 
     served = ServedModel("tiny", 256, 420, (StageLayout(0, 2, 10, 10_000),
                                             StageLayout(2, 4, 10, 500)))
@@ -203,8 +203,8 @@ def test_close_gives_up_on_releases_that_cannot_complete(text_context):
 
 
 def test_a_stage_refusal_is_a_capacity_error(text_context):
-    from services.orchestrator.domain import MicrobatchResult, RequestSliceResult, SequenceStatus
-    from services.orchestrator.serving import terminal_error
+    from services.orchestrator.engine.domain import MicrobatchResult, RequestSliceResult, SequenceStatus
+    from services.orchestrator.engine.serving import terminal_error
 
     class Refusing(FakePipeline):
         async def submit(self, batch):

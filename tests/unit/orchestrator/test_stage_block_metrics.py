@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 from prometheus_client import REGISTRY, generate_latest
 
-from services.orchestrator.dashboard import take_sample
-from services.orchestrator.dashboard_state import DashboardState
-from services.orchestrator.domain import ServedModel, StageLayout, StageStats
-from services.orchestrator.serving import RouteSlot
+from services.orchestrator.api.dashboard import take_sample
+from services.orchestrator.api.dashboard_state import DashboardState
+from services.orchestrator.engine.domain import EngineSnapshot, ServedModel, StageLayout, StageStats
+from services.orchestrator.engine.serving import RouteSlot
 
 NAMES = ("fornax_orchestrator_stage_prefix_hit_blocks_total", "fornax_orchestrator_stage_prefix_missed_blocks_total",
          "fornax_orchestrator_stage_kv_evicted_blocks_total")
@@ -39,9 +39,14 @@ def _exported(stage: int) -> tuple[float, ...]:
     return tuple(values)
 
 
+def _engine(stages: _Stages) -> SimpleNamespace:
+    """What the dashboard reads of an engine (its EngineClient surface), over `stages`."""
+    return SimpleNamespace(stage_stats=stages.stage_stats, snapshot=lambda: EngineSnapshot(0, None, None))
+
+
 def test_stage_hits_misses_and_evictions_are_exported_as_counters_per_stage():
     stages = _Stages()
-    route = RouteSlot(SimpleNamespace(pipeline=stages, live_requests=0))  # type: ignore[arg-type]
+    route = RouteSlot(_engine(stages))  # type: ignore[arg-type]
     before = {i: _exported(i) for i in (8, 9)}
 
     def grew(stage: int) -> tuple[float, ...]:
@@ -64,7 +69,7 @@ def test_stage_hits_misses_and_evictions_are_exported_as_counters_per_stage():
 def test_the_dashboard_shows_each_stages_hit_rate_and_evictions():
     stages = _Stages()
     stages.totals = {8: (6, 2, 1), 9: (0, 0, 0)}
-    sample = asyncio.run(take_sample(RouteSlot(SimpleNamespace(pipeline=stages, live_requests=0))))  # type: ignore[arg-type]
+    sample = asyncio.run(take_sample(RouteSlot(_engine(stages))))  # type: ignore[arg-type]
     assert sample is not None
     state = DashboardState()
     state.record(sample)

@@ -8,7 +8,7 @@ import pytest
 
 from libs.common.kinds import DType
 from libs.service.errors import FailedPrecondition
-from services.orchestrator.install import InstallSpec, stage_dtypes
+from services.orchestrator.route.install import InstallSpec, stage_dtypes
 
 
 def _spec(hops: tuple[DType, ...], default: DType = DType.FP32) -> InstallSpec:

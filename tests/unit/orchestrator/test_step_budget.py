@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libs.service.errors import InvalidArgument
-from services.orchestrator.admission import AdmissionConfig, AdmissionControl
-from services.orchestrator.domain import Phase, SchedulerConfig
-from services.orchestrator.scheduler import Scheduler
-from services.orchestrator.step_budget import SlotView, StepBudget, plan_step, prefill_budget
+from services.orchestrator.engine.admission import AdmissionConfig, AdmissionControl
+from services.orchestrator.engine.domain import Phase, SchedulerConfig
+from services.orchestrator.engine.scheduler import Scheduler
+from services.orchestrator.engine.step_budget import SlotView, StepBudget, plan_step, prefill_budget
 from tests.unit.orchestrator.fakes import FakeStages
 from tests.unit.orchestrator.test_scheduler import STAGES, by_request, req, run_to_idle
 

@@ -1,0 +1,319 @@
+"""OpenAI-compatible request bodies: parsing and validation into typed values.
+
+Every violation raises a FornaxError whose reason (lower-cased) becomes the OpenAI error
+`code` and whose field becomes `param`, so a client learns which parameter is wrong and why.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from libs.service.errors import InvalidArgument
+from libs.text.chat_template import CHAT_ROLES, ChatMessage, ToolCall
+from services.orchestrator.api.compat import CHAT_POLICY, COMPLETION_POLICY, FieldPolicy, unsupported
+from services.orchestrator.api.openai_tools import ToolRequest, parse_tools
+from services.orchestrator.api.structured import TEXT_FORMAT, ResponseFormat, parse_response_format
+from services.orchestrator.engine.domain import SamplingParams
+
+MAX_STOP_STRINGS = 4
+_U64 = 2**64
+
+MAX_LOGIT_BIAS_ENTRIES = 300
+MAX_TOP_LOGPROBS = 20
+MAX_N = 16
+
+
+@dataclass(frozen=True)
+class CommonOptions:
+    max_tokens: int | None
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    n: int = 1
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # generate to max_tokens (or a stop) past end-of-sequence
+
+
+@dataclass(frozen=True)
+class ChatCompletionBody:
+    model: str
+    messages: tuple[ChatMessage, ...]
+    options: CommonOptions
+    response_format: ResponseFormat = TEXT_FORMAT
+    tools: ToolRequest = ToolRequest()
+
+
+@dataclass(frozen=True)
+class CompletionBody:
+    model: str
+    prompt: str | tuple[int, ...]
+    options: CommonOptions
+
+
+def bad(param: str, reason: str, message: str) -> InvalidArgument:
+    return InvalidArgument(message, reason=reason, field=param)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidArgument(f"request body is not valid JSON: {exc}",
+                              reason="INVALID_JSON") from exc
+    if not isinstance(body, dict):
+        raise InvalidArgument("request body must be a JSON object", reason="INVALID_JSON")
+    return body
+
+
+def parse_chat_completion(body: dict[str, Any]) -> ChatCompletionBody:
+    _check_keys(body, CHAT_POLICY)
+    if "max_completion_tokens" in body and "max_tokens" in body:
+        raise bad("max_completion_tokens", "INVALID_MAX_TOKENS",
+                  "give max_tokens or max_completion_tokens, not both")
+    if body.get("max_completion_tokens") is not None:
+        body = {**body, "max_tokens": body["max_completion_tokens"]}
+    options = parse_options(body)
+    logprobs = _opt_bool(body, "logprobs", False)
+    top = body.get("top_logprobs")
+    if top is not None and (not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS or not logprobs):
+        raise bad("top_logprobs", "INVALID_LOGPROBS",
+                  f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] with logprobs true")
+    if logprobs:
+        options = replace(options, sampling=replace(options.sampling, top_logprobs=top or 0))
+    return ChatCompletionBody(model=_model(body), messages=_messages(body.get("messages")),
+                              options=options,
+                              response_format=parse_response_format(body.get("response_format")),
+                              tools=parse_tools(body))
+
+
+def parse_completion(body: dict[str, Any]) -> CompletionBody:
+    _check_keys(body, COMPLETION_POLICY)
+    options = parse_options(body)
+    top = body.get("logprobs")
+    if top is not None:
+        if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise bad("logprobs", "INVALID_LOGPROBS",
+                      f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]")
+        options = replace(options, sampling=replace(options.sampling, top_logprobs=top))
+    return CompletionBody(model=_model(body), prompt=_prompt(body.get("prompt")),
+                          options=options)
+
+
+_STRING_FIELDS = ("user", "safety_identifier", "prompt_cache_key", "service_tier")
+
+
+def _check_keys(body: dict[str, Any], table: dict[str, FieldPolicy]) -> None:
+    refused = unsupported(body, table)
+    if refused is not None:
+        raise bad(refused[0], "UNSUPPORTED_PARAMETER", refused[1])
+    for key in _STRING_FIELDS:
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise bad(key, "INVALID_TYPE", f"{key} must be a string")
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise bad("metadata", "INVALID_TYPE", "metadata must be an object")
+
+
+def _model(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model", "INVALID_MODEL", "model is required and must be a non-empty string")
+    return model
+
+
+def parse_options(body: dict[str, Any]) -> CommonOptions:
+    """Sampling, stop, limits and streaming options, by their OpenAI names."""
+    stream = _opt_bool(body, "stream", False)
+    stream_options = body.get("stream_options")
+    include_usage = False
+    if stream_options is not None:
+        if not stream:
+            raise bad("stream_options", "INVALID_STREAM_OPTIONS",
+                      "stream_options is only allowed when stream is true")
+        if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage"}:
+            raise bad("stream_options", "INVALID_STREAM_OPTIONS",
+                      "stream_options accepts only include_usage")
+        include_usage = _opt_bool(stream_options, "include_usage", False,
+                                  "stream_options.include_usage")
+    n = body.get("n", 1) if body.get("n") is not None else 1
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise bad("n", "INVALID_N", f"n must be an integer in [1, {MAX_N}], got {n!r}")
+    stop_ids = body.get("stop_token_ids") or []
+    if not isinstance(stop_ids, list) or not all(_is_int(t) and t >= 0 for t in stop_ids):
+        raise bad("stop_token_ids", "INVALID_STOP", "stop_token_ids must be a list of token ids")
+    return CommonOptions(max_tokens=_max_tokens(body.get("max_tokens")),
+                         sampling=_sampling(body), stop=_stop(body.get("stop")),
+                         stream=stream, include_usage=include_usage, n=n,
+                         stop_token_ids=tuple(stop_ids),
+                         ignore_eos=_opt_bool(body, "ignore_eos", False))
+
+
+def _sampling(body: dict[str, Any]) -> SamplingParams:
+    temperature = _opt_number(body, "temperature", 1.0)
+    if not 0.0 <= temperature <= 2.0:
+        raise bad("temperature", "INVALID_TEMPERATURE",
+                  f"temperature must be between 0 and 2, got {temperature}")
+    top_p = _opt_number(body, "top_p", 1.0)
+    if not 0.0 < top_p <= 1.0:
+        raise bad("top_p", "INVALID_TOP_P", f"top_p must be in (0, 1], got {top_p}")
+    top_k = body.get("top_k")
+    if top_k is not None and (not _is_int(top_k) or top_k < -1):
+        raise bad("top_k", "INVALID_TOP_K",
+                  f"top_k must be an integer >= 0 (0 or -1 disable it), got {top_k!r}")
+    seed = body.get("seed")
+    if seed is not None and (not _is_int(seed) or not -(2**63) <= seed < _U64):
+        raise bad("seed", "INVALID_SEED", f"seed must be a 64-bit integer, got {seed!r}")
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k or 0, 0),
+                          seed=None if seed is None else seed % _U64,
+                          presence_penalty=_penalty(body, "presence_penalty"),
+                          frequency_penalty=_penalty(body, "frequency_penalty"),
+                          logit_bias=_logit_bias(body.get("logit_bias")))
+
+
+def _penalty(body: dict[str, Any], key: str) -> float:
+    value = _opt_number(body, key, 0.0)
+    if not -2.0 <= value <= 2.0:
+        raise bad(key, "INVALID_PENALTY", f"{key} must be between -2 and 2, got {value}")
+    return value
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI spells the map with token ids as string keys; bounds checked against the vocab later."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise bad("logit_bias", "INVALID_LOGIT_BIAS",
+                  f"logit_bias must be an object of at most {MAX_LOGIT_BIAS_ENTRIES} entries")
+    pairs = []
+    for key, bias in value.items():
+        if not isinstance(key, str) or not key.isdigit():
+            raise bad("logit_bias", "INVALID_LOGIT_BIAS", f"logit_bias key {key!r} is not a token id")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise bad("logit_bias", "INVALID_LOGIT_BIAS",
+                      f"logit_bias[{key}] must be a number in [-100, 100], got {bias!r}")
+        pairs.append((int(key), float(bias)))
+    return tuple(sorted(pairs))
+
+
+def _max_tokens(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise bad("max_tokens", "INVALID_MAX_TOKENS",
+                  f"max_tokens must be an integer, got {value!r}")
+    if value < 1:
+        raise bad("max_tokens", "INVALID_MAX_TOKENS",
+                  f"max_tokens must be at least 1, got {value}")
+    return value
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if (not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS
+            or not all(isinstance(s, str) and s for s in stops)):
+        raise bad("stop", "INVALID_STOP",
+                  f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} "
+                  "non-empty strings")
+    return tuple(stops)
+
+
+def _messages(value: Any) -> tuple[ChatMessage, ...]:
+    if not isinstance(value, list) or not value:
+        raise bad("messages", "INVALID_MESSAGES", "messages must be a non-empty list")
+    return tuple(_message(m, f"messages[{i}]") for i, m in enumerate(value))
+
+
+_MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
+
+
+def _message(value: Any, where: str) -> ChatMessage:
+    if not isinstance(value, dict) or set(value) - _MESSAGE_KEYS:
+        raise bad(where, "INVALID_MESSAGES",
+                  f"{where} must be an object with role and content (and optionally name, "
+                  "tool_calls on an assistant message, tool_call_id on a tool message)")
+    role = value.get("role")
+    if role not in CHAT_ROLES:
+        raise bad(f"{where}.role", "INVALID_MESSAGES",
+                  f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
+    calls = _tool_calls(value.get("tool_calls"), role, f"{where}.tool_calls")
+    call_id = value.get("tool_call_id")
+    if (role == "tool") != isinstance(call_id, str):
+        raise bad(f"{where}.tool_call_id", "INVALID_MESSAGES",
+                  "a tool message needs a string tool_call_id, and only a tool message has one")
+    content = value.get("content")
+    text = "" if content is None and calls else _content(content, f"{where}.content")
+    return ChatMessage(role=role, content=text, tool_calls=calls, tool_call_id=call_id)
+
+
+def _tool_calls(value: Any, role: str, where: str) -> tuple[ToolCall, ...]:
+    if value is None:
+        return ()
+    if role != "assistant" or not isinstance(value, list) or not value:
+        raise bad(where, "INVALID_MESSAGES", "tool_calls is a non-empty list on assistant messages")
+    calls = []
+    for i, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(function, dict) or call.get("type", "function") != "function"
+                or not isinstance(call.get("id"), str) or not isinstance(function.get("name"), str)
+                or not isinstance(function.get("arguments"), str)):
+            raise bad(f"{where}[{i}]", "INVALID_MESSAGES",
+                      "a tool call needs id, type function, and function.name and "
+                      "function.arguments strings")
+        try:
+            json.loads(function["arguments"])
+        except json.JSONDecodeError:
+            raise bad(f"{where}[{i}].function.arguments", "INVALID_MESSAGES",
+                      "function.arguments must be JSON text") from None
+        calls.append(ToolCall(call["id"], function["name"], function["arguments"]))
+    return tuple(calls)
+
+
+def _content(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            and set(p) == {"type", "text"} for p in value):
+        return "".join(p["text"] for p in value)
+    raise bad(where, "INVALID_MESSAGES",
+              f"{where} must be a string or a list of text parts")
+
+
+def _prompt(value: Any) -> str | tuple[int, ...]:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]  # a batch of one prompt
+    if isinstance(value, str):
+        if not value:
+            raise bad("prompt", "INVALID_PROMPT", "prompt must not be empty")
+        return value
+    if isinstance(value, list) and value and all(_is_int(t) and t >= 0 for t in value):
+        return tuple(value)
+    raise bad("prompt", "INVALID_PROMPT",
+              "prompt must be a non-empty string or a non-empty list of token ids "
+              "(batches of several prompts are not supported)")
+
+
+def _opt_bool(body: dict[str, Any], key: str, default: bool, param: str | None = None) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad(param or key, "INVALID_TYPE", f"{param or key} must be a boolean")
+    return value
+
+
+def _opt_number(body: dict[str, Any], key: str, default: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad(key, "INVALID_TYPE", f"{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

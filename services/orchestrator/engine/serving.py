@@ -1,0 +1,443 @@
+"""The async shell around the scheduler: drives a Pipeline and feeds per-request streams.
+
+Everything here runs on one event loop, so the scheduler is never touched concurrently.
+`_pump` is the only place that schedules: it runs after every state change (a new request,
+a microbatch result, a release, a reader making room, a cancel) and on a timer when a
+deadline is due. New requests and releases ask for it at the end of the loop turn, so a
+burst of either costs one scheduling pass and a burst of prompts shares one prefill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+import structlog
+
+from libs.service.errors import FornaxError, Unavailable
+from libs.service.log_limit import LogLimiter
+from libs.text.context import TextContext
+from services.orchestrator.engine import metrics
+from services.orchestrator.engine.admission import AdmissionConfig, AdmissionControl, KvFullPolicy
+from services.orchestrator.engine.domain import (
+    EngineSnapshot,
+    GenerationRequest,
+    Microbatch,
+    MicrobatchResult,
+    RequestOutput,
+    RequestSliceResult,
+    SchedulerConfig,
+    SequenceStatus,
+    ServedModel,
+    StageStats,
+    TokenLimits,
+)
+from services.orchestrator.engine.drift import RouteCalibration
+from services.orchestrator.engine.pipeline import Pipeline
+from services.orchestrator.engine.prefix_salt import PrefixPolicy
+
+# Re-exported: the front ends take a request's stream and its ending from here.
+from services.orchestrator.engine.request_stream import (  # noqa: F401
+    Completion,
+    RequestStream,
+    terminal_error,
+)
+from services.orchestrator.engine.scheduler import RetiredRequest, Scheduler
+from services.orchestrator.engine.tracing import RequestSpans
+from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE, route_unavailable
+
+_log = structlog.get_logger()
+RELEASE_RETRY_S = 0.05
+NO_KV_LIMIT_BYTES = 1 << 62
+_LOGS = LogLimiter()
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    scheduler: SchedulerConfig = SchedulerConfig()
+    max_live_requests: int = 256
+    # Per stage; None takes each stage's budget from the served model.
+    stage_kv_budget_bytes: tuple[int, ...] | None = None
+    default_max_tokens: int = 256
+    default_deadline_budget_ns: int | None = None
+    # Release retries stop after this long and return the admission slot anyway; stages
+    # free the lease's KV when it expires.
+    release_budget_s: float = 10.0
+    # A request whose reader has taken nothing for this long (its stream full) is cancelled,
+    # so a client that stops reading frees its slot. None: wait forever.
+    stall_timeout_s: float | None = 60.0
+    # When the route loses a stage, greedy requests wait this long for the route to be
+    # reloaded and are then replayed; 0 ends them at once with ROUTE_UNAVAILABLE.
+    recovery_timeout_s: float = 0.0
+    # 0 = only the context window bounds them.
+    max_tokens_cap: int = 0
+    max_prompt_tokens: int = 0
+    # Who shares prompt-prefix KV blocks (services.orchestrator.engine.prefix_salt).
+    prefix_cache: PrefixPolicy = PrefixPolicy.TENANT
+    # A request whose KV blocks are not free now: queue (wait within its deadline) or reject (429).
+    kv_full: KvFullPolicy = KvFullPolicy.QUEUE
+
+    @property
+    def token_limits(self) -> TokenLimits:
+        return TokenLimits(self.default_max_tokens, self.max_tokens_cap, self.max_prompt_tokens)
+
+
+class ServingEngine:
+    def __init__(self, pipeline: Pipeline, served: ServedModel, text: TextContext,
+                 config: ServingConfig = ServingConfig()) -> None:
+        budgets = config.stage_kv_budget_bytes or tuple(
+            NO_KV_LIMIT_BYTES if s.kv_budget_bytes is None else s.kv_budget_bytes
+            for s in served.stages)
+        admission = AdmissionControl(AdmissionConfig(config.max_live_requests, budgets, config.kv_full),
+                                     served.stages)
+        self.pipeline = pipeline
+        self.served = served
+        self.text = text
+        self.config = config
+        self.admission = admission
+        self.scheduler = Scheduler(config.scheduler, served.num_stages, text, admission)
+        self.scheduler.replay = config.recovery_timeout_s > 0
+        self._recovery_timer: asyncio.TimerHandle | None = None
+        self._degraded_at: float | None = None
+        self._streams: dict[str, RequestStream] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadlines: dict[str, int] = {}
+        self._last_token_ns: dict[str, int] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.retired: collections.deque[RetiredRequest] = collections.deque(maxlen=1024)
+        self._spans = RequestSpans()
+        self._closed = False
+        self._stalled_since_ns: dict[str, int] = {}
+        self._pump_pending = False
+        # Why the route cannot serve (a stage is down); None while it can.
+        self.degraded_reason: str | None = None
+        # Called with a reason when a batch fails because the route, not a sequence, failed.
+        self.on_route_failure: Callable[[str], Awaitable[None]] | None = None
+        # Stops what watches the route (its health monitor) before the pipeline closes.
+        self.on_close: Callable[[], Awaitable[None]] | None = None
+        # The route's calibration against its plan's predictions; None when nothing watches it.
+        self.calibration: Callable[[], RouteCalibration] | None = None
+
+    # ----- public -----
+
+    def submit(self, request: GenerationRequest) -> RequestStream:
+        """Admits the request or raises at once (capacity, draining); never waits. A request
+        queued for KV blocks (policy queue) gets its stream now; its first token waits."""
+        if self._closed:
+            raise Unavailable("the serving engine is closed", reason="NOT_ADMITTING")
+        if self.degraded_reason is not None:
+            metrics.REJECTED.labels(ROUTE_UNAVAILABLE).inc()
+            raise route_unavailable(self.degraded_reason)
+        if request.sampling.seed is None:
+            # Each unseeded request gets its own random stream; a seeded one is reproducible.
+            request = replace(request, sampling=replace(request.sampling,
+                                                        seed=secrets.randbits(63)))
+        if request.deadline_budget_ns is None and self.config.default_deadline_budget_ns:
+            request = replace(request, deadline_budget_ns=self.config.default_deadline_budget_ns)
+        now = time.monotonic_ns()
+        _, traceparent = self._spans.begin(request.request_id)
+        request = replace(request, traceparent=traceparent)
+        try:
+            with self._spans.admission(request.request_id):
+                self.scheduler.admit(request, now)
+        except FornaxError as exc:
+            metrics.REJECTED.labels(exc.reason).inc()
+            self._spans.rejected(request.request_id, exc.reason)
+            raise
+        metrics.ADMITTED.inc()
+        self._spans.queued(request.request_id)
+        self._last_token_ns[request.request_id] = -now  # negative: no token yet
+        stream = RequestStream(self, request.request_id, len(request.prompt_token_ids),
+                               self.config.scheduler.output_queue_capacity)
+        self._streams[request.request_id] = stream
+        if request.deadline_budget_ns is not None:
+            self._deadlines[request.request_id] = now + request.deadline_budget_ns
+        self._idle.clear()
+        # Requests that arrive in the same loop turn (a burst) are scheduled together, so a
+        # burst's prompts share one prefill instead of the first one running alone.
+        self._pump_soon()
+        return stream
+
+    def cancel(self, request_id: str) -> bool:
+        found = self.scheduler.cancel(request_id)
+        if found:
+            metrics.CANCELLED.inc()
+        if found and self.scheduler.is_inflight(request_id):
+            self._spawn(self._cancel_inflight(request_id))
+        self._pump()
+        return found
+
+    def stop_admitting(self, reason: str) -> None:
+        self.admission.close(reason)
+
+    def degrade(self, reason: str) -> None:
+        """The route lost a stage: refuse new requests (503) and schedule nothing until it
+        recovers; requests hit by the failure are suspended for replay or ended."""
+        if self.degraded_reason is None:
+            _log.warning("route_degraded", reason=reason)
+            metrics.DEGRADATIONS.inc()
+            self._degraded_at = time.monotonic()
+            if self.scheduler.replay:
+                self._recovery_timer = asyncio.get_running_loop().call_later(
+                    self.config.recovery_timeout_s, self._give_up_recovery)
+        self.degraded_reason = reason
+        metrics.ROUTE_DEGRADED.set(1)
+        if self.scheduler.replay:  # without replay, what is queued fails fast instead
+            self.scheduler.paused = True
+            self.scheduler.suspend_live(route_unavailable(reason).message)
+            self._pump()
+
+    def recover(self, pipeline: Pipeline | None = None) -> None:
+        """The route serves again; with a new `pipeline` (the stages were reloaded under a
+        new generation), every suspended request is replayed on it."""
+        if self._recovery_timer is not None:
+            self._recovery_timer.cancel()
+            self._recovery_timer = None
+        replayed = 0
+        if pipeline is not None:
+            self.pipeline = pipeline
+            replayed = self.scheduler.replay_suspended()
+        if self.degraded_reason is not None:
+            took = time.monotonic() - (self._degraded_at or time.monotonic())
+            metrics.RECOVERY_SECONDS.observe(took)
+            _log.info("route_recovered", reason=self.degraded_reason, replayed=replayed,
+                      recovery_s=round(took, 3))
+        self.degraded_reason, self._degraded_at = None, None
+        self.scheduler.paused = False
+        metrics.ROUTE_DEGRADED.set(0)
+        self._pump()
+
+    def _give_up_recovery(self) -> None:
+        self._recovery_timer = None
+        ended = self.scheduler.end_suspended(route_unavailable(
+            self.degraded_reason or "the route did not recover in time").message)
+        _log.warning("recovery_timed_out", ended=ended)
+        self._pump()
+
+    async def wait_idle(self) -> None:
+        """Returns once every admitted request has retired (drain)."""
+        await self._idle.wait()
+
+    async def close(self, release_timeout_s: float | None = None) -> None:
+        """Cancels what is live, waits for every release, then closes the pipeline.
+
+        With a timeout, releases that cannot complete (a stage that is gone) are abandoned
+        after it: the next plan generation fences those leases anyway.
+        """
+        self._closed = True
+        self.stop_admitting("closing")
+        for request_id in list(self._streams):
+            self.scheduler.cancel(request_id)
+        self._pump()
+        try:
+            await asyncio.wait_for(self.wait_idle(), release_timeout_s)
+        except TimeoutError:
+            _log.warning("release_incomplete", live_requests=self.scheduler.live_requests)
+            for task in list(self._tasks):
+                task.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.on_close is not None:
+            await self.on_close()
+        await self.pipeline.close()
+
+    @property
+    def live_requests(self) -> int:
+        return self.scheduler.live_requests
+
+    def snapshot(self) -> EngineSnapshot:
+        return EngineSnapshot(self.scheduler.live_requests, self.degraded_reason, self.admission.closed_reason)
+
+    def route_calibration(self) -> RouteCalibration | None:
+        return self.calibration() if self.calibration else None
+
+    async def stage_stats(self) -> list[StageStats]:
+        return await self.pipeline.stage_stats()
+
+    def set_stalled(self, request_id: str, stalled: bool) -> None:
+        """A request's reader fell behind (its stream is full) or caught up: pause or resume its decode."""
+        self.scheduler.set_stalled(request_id, stalled)
+        if stalled:
+            self._stalled_since_ns[request_id] = time.monotonic_ns()
+        else:
+            self._stalled_since_ns.pop(request_id, None)
+            self._pump()
+
+    # ----- loop -----
+
+    def _cancel_idle_readers(self, now_ns: int) -> None:
+        if self.config.stall_timeout_s is None:
+            return
+        limit_ns = int(self.config.stall_timeout_s * 1e9)
+        for request_id, since in list(self._stalled_since_ns.items()):
+            if now_ns - since >= limit_ns:
+                del self._stalled_since_ns[request_id]
+                _log.info("reader_idle_cancelled", request_id=request_id)
+                metrics.IDLE_READER_CANCELLATIONS.inc()
+                self.cancel(request_id)
+
+    def _pump_soon(self) -> None:
+        """One `_pump` at the end of this loop turn, however many state changes ask for it."""
+        if not self._pump_pending:
+            self._pump_pending = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _pump(self) -> None:
+        self._pump_pending = False
+        self._cancel_idle_readers(time.monotonic_ns())
+        self._dispatch()  # first, so a reader's stall is known before scheduling
+        for batch in self.scheduler.schedule(time.monotonic_ns()):
+            metrics.MICROBATCH_ROWS.labels(batch.phase.value).observe(batch.row_count)
+            for piece in batch.slices:
+                self._spans.scheduled(piece.request_id)
+            self._spawn(self._run_batch(batch))
+        self._dispatch()
+        metrics.LIVE_REQUESTS.set(self.scheduler.live_requests)
+        metrics.INFLIGHT_MICROBATCHES.set(self.scheduler.inflight_microbatches)
+        metrics.STALLED_REQUESTS.set(self.scheduler.stalled_requests)
+        metrics.KV_QUEUED_REQUESTS.set(self.scheduler.queued_requests)
+
+    def _dispatch(self) -> None:
+        for output in self.scheduler.take_outputs():
+            self._observe(output)
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream._push(output)
+                if output.finished:
+                    del self._streams[output.request_id]
+        for request_id in self.scheduler.take_releases():
+            self._spawn(self._release(request_id))
+        for retired in self.scheduler.take_retired():
+            self.retired.append(retired)
+            self._deadlines.pop(retired.request_id, None)
+            self._last_token_ns.pop(retired.request_id, None)
+            self._stalled_since_ns.pop(retired.request_id, None)
+            metrics.FINISHED.labels(retired.finish_reason.value).inc()
+            self._spans.finish(retired.request_id, retired.finish_reason.value)
+            _log.info("request_retired", request_id=retired.request_id,
+                      finish_reason=retired.finish_reason.value,
+                      released_stage_epochs=list(retired.released_stage_epochs))
+        if self.scheduler.live_requests == 0:
+            self._idle.set()
+        self._arm_deadline_timer()
+
+    def _observe(self, output: RequestOutput) -> None:
+        """Token latency: TTFT from admission, then the gap between a request's tokens."""
+        if not output.token_ids or output.request_id not in self._last_token_ns:
+            return
+        now, last = time.monotonic_ns(), self._last_token_ns[output.request_id]
+        (metrics.TTFT if last < 0 else metrics.INTER_TOKEN).observe((now - abs(last)) / 1e9)
+        self._last_token_ns[output.request_id] = now
+        metrics.OUTPUT_TOKENS.inc(len(output.token_ids))
+
+    def _arm_deadline_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        # Only future deadlines: one already past is acted on at the next schedule, which
+        # the request's in-flight result or release triggers anyway.
+        now = time.monotonic_ns()
+        upcoming = [d for d in self._deadlines.values() if d > now]
+        if self.config.stall_timeout_s is not None:
+            upcoming += [since + int(self.config.stall_timeout_s * 1e9)
+                         for since in self._stalled_since_ns.values()]
+        if upcoming:
+            delay_s = (min(upcoming) - now) / 1e9
+            self._timer = asyncio.get_running_loop().call_later(delay_s + 1e-4, self._pump)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_batch(self, batch: Microbatch) -> None:
+        try:
+            result = await self.pipeline.submit(batch)
+        except Exception as exc:  # a failed microbatch fails its sequences, not the loop
+            result = await self._failed_batch(batch, exc)
+        else:
+            lost = next((s for s in result.sequences if s.route_lost), None)
+            if lost is not None and self.on_route_failure is not None:
+                await self.on_route_failure(lost.error)
+        self.scheduler.update_from_output(result)
+        self._pump()
+
+    async def _failed_batch(self, batch: Microbatch, exc: Exception) -> MicrobatchResult:
+        """Every sequence of the batch fails with a clean message (no peer addresses)."""
+        route_lost = isinstance(exc, FornaxError) and exc.reason == ROUTE_UNAVAILABLE
+        if isinstance(exc, FornaxError) and route_lost:
+            error = exc.message
+            if _LOGS.allow("microbatch_route_unavailable") is not None:
+                _log.warning("microbatch_failed", batch_id=batch.batch_id, error=exc.message)
+            if self.on_route_failure is not None:
+                await self.on_route_failure(exc.message)
+        else:
+            error = f"the pipeline failed ({type(exc).__name__})"
+            if _LOGS.allow("microbatch_failed") is not None:
+                _log.error("microbatch_failed", batch_id=batch.batch_id, exc_info=exc)
+        return MicrobatchResult(batch.batch_id, tuple(
+            RequestSliceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, error,
+                               route_lost=route_lost)
+            for s in batch.slices))
+
+    async def _cancel_inflight(self, request_id: str) -> None:
+        """Best effort: stages drop the rows early; the release that follows is what counts."""
+        try:
+            await self.pipeline.cancel(request_id)
+        except Exception as exc:
+            if _LOGS.allow("cancel_failed") is not None:
+                _log.warning("cancel_failed", request_id=request_id, error=_brief(exc))
+
+    async def _release(self, request_id: str) -> None:
+        """Retries within `release_budget_s`, then gives up and frees the slot regardless."""
+        give_up_at = time.monotonic() + self.config.release_budget_s
+        attempt, report = 0, None
+        while report is None:
+            try:
+                report = await self.pipeline.release(request_id)
+            except Exception as exc:
+                attempt += 1
+                if time.monotonic() >= give_up_at or self._closed:
+                    break
+                suppressed = _LOGS.allow("release_failed")
+                if suppressed is not None:
+                    _log.warning("release_failed", request_id=request_id, attempt=attempt,
+                                 error=_brief(exc), suppressed=suppressed)
+                await asyncio.sleep(RELEASE_RETRY_S * min(attempt, 20))
+        if report is None:
+            metrics.RELEASES_ABANDONED.inc()
+            if _LOGS.allow("release_abandoned") is not None:
+                _log.warning("release_abandoned", request_id=request_id, attempts=attempt)
+            self.scheduler.abandon_release(request_id)
+        else:
+            self.scheduler.on_released(report)
+        self._pump_soon()  # releases finish in bursts (a batch's requests end together)
+
+
+def build_engine(config: ServingConfig, pipeline: Pipeline, text: TextContext) -> ServingEngine:
+    """The one place a serving engine is assembled: over `pipeline`, serving its `served` model.
+
+    The service passes `services.orchestrator.config.serving_config` of its settings; benches
+    pass `serving_defaults()` from there (or a replacement of it) to run what the service runs.
+    """
+    return ServingEngine(pipeline, pipeline.served, text, config)
+
+
+def _brief(exc: BaseException) -> str:
+    """One line about a failure, without a peer's address or a traceback."""
+    if isinstance(exc, FornaxError):
+        return f"{exc.reason}: {exc.message}"
+    return type(exc).__name__
+
+
+class RouteSlot:
+    """The engine of the currently installed route, or None before one is installed."""
+
+    def __init__(self, engine: ServingEngine | None = None) -> None:
+        self.engine = engine
