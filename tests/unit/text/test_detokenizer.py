@@ -28,9 +28,14 @@ def test_deltas_concatenate_to_full_decode_and_are_valid_utf8(any_text_context, 
 @settings(max_examples=100, deadline=None)
 @given(text=st.text(max_size=30))
 def test_encoded_text_streams_back_without_replacement_chars(any_text_context, text):
-    ids = any_text_context.tokenizer.encode(text)
+    tokenizer = any_text_context.tokenizer
+    ids = tokenizer.encode(text)
     deltas = _deltas(any_text_context, ids)
-    assert "".join(deltas) == text
+    if tokenizer.special_ids.isdisjoint(ids):
+        assert "".join(deltas) == text
+    else:  # the text spells a special token (Hypothesis draws string literals of the code): it
+        # encodes to that token, which streams back as the full decode shows it, as nothing
+        assert "".join(deltas) == tokenizer.decode(ids)
     assert all("\ufffd" not in d for d in deltas) or "\ufffd" in text
 
 
