@@ -153,7 +153,7 @@ def _print_build(result, snapshot, record_id: str, out: Path, as_json: bool, fig
             "plan_hash": result.plan_hash,
             "snapshot_id": snapshot.snapshot_id,
             "model_record_id": record_id,
-            "stages": [{**dataclasses.asdict(s), "artifact_dir": str(s.artifact_dir)} for s in result.stages],
+            "stages": [_stage_document(s) for s in result.stages],
         }
         print(json.dumps(document, indent=2))
         return
@@ -162,10 +162,16 @@ def _print_build(result, snapshot, record_id: str, out: Path, as_json: bool, fig
     if record_id:
         print(f"model record {record_id} (contract evidence)")
     for s in result.stages:
-        print(f"  {out / f'stage-{s.stage_index}'}  layers [{s.layer_start}, {s.layer_end_exclusive})  "
+        print(f"  {out / f'stage-{s.stage_index}'}  layers [{s.layer_start}, {s.layer_end})  "
               f"{s.weight_bytes:,} B {figures.weights_policy}  {s.manifest_hash}")
     print(f"build    {figures.seconds:.1f} s, peak RSS {figures.peak_rss_bytes / 2**20:.0f} MiB "
           f"(physical: this process on {platform.node()})")
+
+
+def _stage_document(stage) -> dict:
+    """A built stage in `--json`: the manifest's names (`layer_end_exclusive`), as printed before."""
+    document = {**dataclasses.asdict(stage), "artifact_dir": str(stage.artifact_dir)}
+    return {("layer_end_exclusive" if key == "layer_end" else key): value for key, value in document.items()}
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -222,7 +228,7 @@ def _describe_artifacts(dirs: list[Path], as_json: bool) -> int:
             b_in, b_out = manifest.boundary_input, manifest.boundary_output
             print(
                 f"{d}: stage {manifest.stage_index}/{manifest.stage_count} layers "
-                f"[{manifest.layers.layer_start}, {manifest.layers.layer_end_exclusive}) "
+                f"[{manifest.layers.layer_start}, {manifest.layers.layer_end}) "
                 f"{len(manifest.tensors)} tensors {manifest.weight_bytes:,} B"
                 f"{' tied-head-copy' if manifest.tied_copies else ''}\n"
                 f"  in {b_in.kind}/{b_in.dtype}/{b_in.width}  out {b_out.kind}/{b_out.dtype}/{b_out.width}\n"

@@ -157,7 +157,7 @@ def record_summary(record) -> dict:
         "provenance": {
             "hardware": provenance.hardware, "backend_build": provenance.backend_build,
             "model_snapshot": provenance.model_snapshot, "command": provenance.command,
-            "layer_range": None if layers is None else [layers.layer_start, layers.layer_end_exclusive],
+            "layer_range": None if layers is None else [layers.layer_start, layers.layer_end],
             "dtype": None if provenance.dtype is None else provenance.dtype.value, "shapes": provenance.shapes,
             "measured_by": provenance.measured_by, "signed": bool(provenance.signature),
         },

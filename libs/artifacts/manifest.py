@@ -54,7 +54,7 @@ class SourceLineage:
 @dataclass(frozen=True)
 class LayerSpan:
     layer_start: int
-    layer_end_exclusive: int
+    layer_end: int
     convention: str = LAYER_RANGE_CONVENTION
 
 
@@ -139,8 +139,31 @@ def canonical_hash(value: Any) -> str:
     return HASH_PREFIX + hashlib.sha256(canonical_json(value)).hexdigest()
 
 
+# The stored manifest (and so its hash) names the end of its layer range
+# `layer_end_exclusive`; in Python it is `LayerSpan.layer_end`. These two functions are the
+# only places the names meet.
+STORED_LAYER_END = "layer_end_exclusive"
+
+
 def manifest_to_dict(manifest: StageManifest) -> dict[str, Any]:
-    return dataclasses.asdict(manifest)
+    document = dataclasses.asdict(manifest)
+    layers = document["layers"]
+    layers[STORED_LAYER_END] = layers.pop("layer_end")
+    return document
+
+
+def _from_stored_names(document: Any) -> Any:
+    """The stored document with the Python field names, for `_decode`; a document that uses
+    the Python name `layer_end` itself is not a stored manifest."""
+    layers = document.get("layers") if isinstance(document, dict) else None
+    if not isinstance(layers, dict):
+        return document  # _decode says what is wrong with it
+    if "layer_end" in layers:
+        raise ManifestInvalidError("manifest.layers: unknown fields ['layer_end']")
+    if STORED_LAYER_END not in layers:
+        raise ManifestInvalidError(f"manifest.layers: missing fields [{STORED_LAYER_END!r}]")
+    renamed = {("layer_end" if k == STORED_LAYER_END else k): v for k, v in layers.items()}
+    return {**document, "layers": renamed}
 
 
 def manifest_hash(manifest: StageManifest) -> str:
@@ -158,7 +181,7 @@ def decode_manifest(raw: bytes) -> StageManifest:
         document = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ManifestInvalidError(f"manifest is not JSON: {exc}") from exc
-    manifest = _decode(StageManifest, document, "manifest")
+    manifest = _decode(StageManifest, _from_stored_names(document), "manifest")
     if manifest.schema != MANIFEST_SCHEMA:
         raise ManifestInvalidError(f"manifest schema {manifest.schema!r}, expected {MANIFEST_SCHEMA!r}")
     return manifest

@@ -79,7 +79,7 @@ class BuiltStage:
     artifact_dir: Path  # the content-addressed directory
     manifest_hash: str
     layer_start: int
-    layer_end_exclusive: int
+    layer_end: int
     weight_bytes: int
 
 
@@ -286,7 +286,7 @@ def _manifest(
         schema=MANIFEST_SCHEMA,
         stage_index=stage.stage.stage_index,
         stage_count=stage.stage_count,
-        layers=LayerSpan(stage.stage.layer_start, stage.stage.layer_end_exclusive),
+        layers=LayerSpan(stage.stage.layer_start, stage.stage.layer_end),
         owns_embeddings=stage.owns_embeddings,
         owns_head=stage.owns_head,
         tied_embeddings=config.tie_word_embeddings,
@@ -368,7 +368,7 @@ def _commit(store: Path, tmp: Path, manifest: StageManifest, stage: StageContent
         artifact_dir=final,
         manifest_hash=digest,
         layer_start=stage.stage.layer_start,
-        layer_end_exclusive=stage.stage.layer_end_exclusive,
+        layer_end=stage.stage.layer_end,
         weight_bytes=manifest.weight_bytes,
     )
 

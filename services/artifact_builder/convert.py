@@ -146,7 +146,7 @@ def event_to_pb(event: BuildProgress | BuildResult) -> pb.BuildStageArtifactsRes
             stage_index=s.stage_index,
             artifact_dir=str(s.artifact_dir),
             manifest_hash=s.manifest_hash,
-            layer_range=common_pb2.LayerRange(layer_start=s.layer_start, layer_end_exclusive=s.layer_end_exclusive),
+            layer_range=common_pb2.LayerRange(layer_start=s.layer_start, layer_end_exclusive=s.layer_end),
             weight_bytes=s.weight_bytes,
         )
         for s in event.stages

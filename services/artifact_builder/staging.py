@@ -22,11 +22,11 @@ EXPLICIT_PLAN_ID = "explicit-layer-ranges"
 
 @dataclass(frozen=True)
 class StageRange:
-    """Layers [layer_start, layer_end_exclusive) of one stage."""
+    """Layers [layer_start, layer_end) of one stage."""
 
     stage_index: int
     layer_start: int
-    layer_end_exclusive: int
+    layer_end: int
 
 
 @dataclass(frozen=True)
@@ -89,13 +89,13 @@ def validate_plan(plan: StagePlan, num_layers: int) -> None:
     for index, stage in enumerate(plan.stages):
         if stage.stage_index != index:
             raise PlanInvalidError(f"stage {index} has stage_index {stage.stage_index}", field="layer_ranges")
-        if stage.layer_start != cursor or stage.layer_end_exclusive <= stage.layer_start:
+        if stage.layer_start != cursor or stage.layer_end <= stage.layer_start:
             raise PlanInvalidError(
-                f"stage {index} covers [{stage.layer_start}, {stage.layer_end_exclusive}); "
+                f"stage {index} covers [{stage.layer_start}, {stage.layer_end}); "
                 f"expected a non-empty range starting at {cursor}",
                 field="layer_ranges",
             )
-        cursor = stage.layer_end_exclusive
+        cursor = stage.layer_end
     if cursor != num_layers:
         raise PlanInvalidError(
             f"the plan covers layers [0, {cursor}), the model has {num_layers}", field="layer_ranges"
@@ -116,7 +116,7 @@ def _stage_contents(
     config: DeepseekV2Config, stage: StageRange, count: int, tensors: dict[str, SourceTensor]
 ) -> StageContents:
     first, last = stage.stage_index == 0, stage.stage_index == count - 1
-    names = tensors_for_layers(config, stage.layer_start, stage.layer_end_exclusive, first, last)
+    names = tensors_for_layers(config, stage.layer_start, stage.layer_end, first, last)
     tied = config.tie_word_embeddings and last
     # tensors_for_layers names the embedding matrix as a tied last stage's head; this artifact
     # carries it as an explicit lm_head.weight copy instead, and the embeddings only when first.

@@ -122,7 +122,7 @@ def provenance_to_proto(provenance: Provenance) -> pb.Provenance:
     )
     if provenance.layer_range is not None:
         message.layer_range.layer_start = provenance.layer_range.layer_start
-        message.layer_range.layer_end_exclusive = provenance.layer_range.layer_end_exclusive
+        message.layer_range.layer_end_exclusive = provenance.layer_range.layer_end
     if provenance.dtype is not None:
         message.dtype = DTYPE_TO_PB[provenance.dtype]
     return message

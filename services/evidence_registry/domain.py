@@ -50,10 +50,10 @@ class ResolutionReason(enum.Enum):
 
 @dataclass(frozen=True)
 class LayerRange:
-    """Half-open decoder layer range [layer_start, layer_end_exclusive)."""
+    """Half-open decoder layer range [layer_start, layer_end)."""
 
     layer_start: int
-    layer_end_exclusive: int
+    layer_end: int
 
 
 @dataclass(frozen=True)

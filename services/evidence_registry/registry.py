@@ -39,6 +39,9 @@ _SIGNATURE_FIELDS = ("measured_by", "signer_certificate_pem", "signature")
 def canonical_content(content: RecordContent, *, with_signature: bool = True) -> bytes:
     """Stable JSON of content; unsigned content hashes as it did before records were signed."""
     body = dataclasses.asdict(content)
+    layers = body["provenance"]["layer_range"]
+    if layers is not None:  # the stored name, which record ids and signatures cover
+        layers["layer_end_exclusive"] = layers.pop("layer_end")
     for name in _SIGNATURE_FIELDS:
         if not with_signature or not body["provenance"][name]:
             body["provenance"].pop(name)

@@ -89,7 +89,7 @@ def _to_row(record: Record) -> tuple:
         record.created_unix_ns, record.revocation_reason, content.subject,
         prov.hardware, prov.backend_build, prov.model_snapshot, prov.command,
         None if layers is None else layers.layer_start,
-        None if layers is None else layers.layer_end_exclusive,
+        None if layers is None else layers.layer_end,
         None if prov.dtype is None else prov.dtype.value, prov.shapes,
         json.dumps([list(pair) for pair in content.labels]),
         prov.measured_by, prov.signer_certificate_pem, prov.signature,

@@ -90,10 +90,10 @@ def _check_provenance(content: RecordContent, prefix: str) -> None:
     for name in (*PHYSICAL_REQUIRED, "shapes"):
         _check_text(f"{prefix}.provenance.{name}", getattr(provenance, name))
     layers = provenance.layer_range
-    if layers is not None and not 0 <= layers.layer_start < layers.layer_end_exclusive:
+    if layers is not None and not 0 <= layers.layer_start < layers.layer_end:
         raise InvalidField(
             f"{prefix}.provenance.layer_range", "INVALID_LAYER_RANGE",
-            f"[{layers.layer_start}, {layers.layer_end_exclusive}) is empty or negative",
+            f"[{layers.layer_start}, {layers.layer_end}) is empty or negative",
         )
     if content.evidence_class is not EvidenceClass.PHYSICAL:
         return

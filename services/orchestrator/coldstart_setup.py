@@ -117,7 +117,7 @@ async def _compare_on(cfg: OrchestratorConfig, address: str, stage: StageInfo, c
     from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
     from libs.service.channels import open_aio_channel
 
-    start, end = stage.layer_start, stage.layer_end_exclusive
+    start, end = stage.layer_start, stage.layer_end
     if stage.manifest_hash and cfg.artifact_builder_addr:
         compare = pb.CompareDecodeStepRequest(artifact_source_address=cfg.artifact_builder_addr,
                                               manifest_hash=stage.manifest_hash)

@@ -103,7 +103,7 @@ def status_to_pb(status: RouteStatus) -> pb.PlanStatus:
         message.stages.append(pb.StageStatus(
             stage_index=stage.index, worker_address=stage.worker_address,
             layer_range=common_pb2.LayerRange(layer_start=stage.layer_start,
-                                              layer_end_exclusive=stage.layer_end_exclusive),
+                                              layer_end_exclusive=stage.layer_end),
             manifest_hash=stage.manifest_hash, healthy=route_ok and not condition,
             condition=condition))
     if status.calibration is not None:

@@ -195,4 +195,4 @@ class DecodeStepComparer:
             raise FailedPrecondition(f"artifact {request.manifest_hash} holds {manifest.weights_policy} weights; "
                                      "only fp32 stages are compared", reason="SWITCH_NOT_MEASURABLE",
                                      field="manifest_hash")
-        return str(local), manifest.layers.layer_start, manifest.layers.layer_end_exclusive
+        return str(local), manifest.layers.layer_start, manifest.layers.layer_end

@@ -299,7 +299,7 @@ class Profiler:
             local = await fetch_artifact(request.artifact_source_address, manifest_hash, cache,
                                          config=self._runtime.fetch_channel)
             manifest = (await asyncio.to_thread(verify_artifact, local, expected_manifest_hash=manifest_hash)).manifest
-            sources.append(ProfileSource(str(local), manifest.layers.layer_start, manifest.layers.layer_end_exclusive,
+            sources.append(ProfileSource(str(local), manifest.layers.layer_start, manifest.layers.layer_end,
                                          manifest.owns_embeddings, manifest.owns_head,
                                          f"artifact {manifest_hash} (snapshot {manifest.source.snapshot_id})"))
         return sources

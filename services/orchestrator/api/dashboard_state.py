@@ -106,7 +106,7 @@ def _route(served: ServedModel, latest: Sample | None) -> dict:
             "backend": card.backend, "boundary_dtype": card.boundary_dtype,
             "model_snapshot": card.model_snapshot,
             "stages": [{"index": i, "host": hosts.get(i, ""), "backend": card.backend,
-                        "layer_start": s.layer_start, "layer_end_exclusive": s.layer_end_exclusive}
+                        "layer_start": s.layer_start, "layer_end_exclusive": s.layer_end}
                        for i, s in enumerate(served.stages)]}
 
 

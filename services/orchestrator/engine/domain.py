@@ -27,7 +27,7 @@ class StageLayout:
     stages' KV dtype (fp32 unless the route names another; `mla_kv_bytes_per_token`)."""
 
     layer_start: int
-    layer_end_exclusive: int
+    layer_end: int
     kv_bytes_per_token: int
     # KV bytes the stage holds for this route; None leaves the limit to the stage alone.
     kv_budget_bytes: int | None = None

@@ -51,6 +51,10 @@ from services.orchestrator.engine.tracing import RequestSpans
 from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE, route_unavailable
 
 _log = structlog.get_logger()
+# The engine's one source of time: monotonic nanoseconds. Every deadline, stall, release
+# budget and latency the engine reads goes through it; asyncio's own sleeps and timers
+# still run on the event loop's real clock.
+Clock = Callable[[], int]
 RELEASE_RETRY_S = 0.05
 NO_KV_LIMIT_BYTES = 1 << 62
 _LOGS = LogLimiter()
@@ -88,7 +92,7 @@ class ServingConfig:
 
 class ServingEngine:
     def __init__(self, pipeline: Pipeline, served: ServedModel, text: TextContext,
-                 config: ServingConfig = ServingConfig()) -> None:
+                 config: ServingConfig = ServingConfig(), clock: Clock = time.monotonic_ns) -> None:
         budgets = config.stage_kv_budget_bytes or tuple(
             NO_KV_LIMIT_BYTES if s.kv_budget_bytes is None else s.kv_budget_bytes
             for s in served.stages)
@@ -98,11 +102,12 @@ class ServingEngine:
         self.served = served
         self.text = text
         self.config = config
+        self.clock = clock
         self.admission = admission
         self.scheduler = Scheduler(config.scheduler, served.num_stages, text, admission)
         self.scheduler.replay = config.recovery_timeout_s > 0
         self._recovery_timer: asyncio.TimerHandle | None = None
-        self._degraded_at: float | None = None
+        self._degraded_at_ns: int | None = None
         self._streams: dict[str, RequestStream] = {}
         self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
@@ -140,7 +145,7 @@ class ServingEngine:
                                                         seed=secrets.randbits(63)))
         if request.deadline_budget_ns is None and self.config.default_deadline_budget_ns:
             request = replace(request, deadline_budget_ns=self.config.default_deadline_budget_ns)
-        now = time.monotonic_ns()
+        now = self.clock()
         _, traceparent = self._spans.begin(request.request_id)
         request = replace(request, traceparent=traceparent)
         try:
@@ -182,7 +187,7 @@ class ServingEngine:
         if self.degraded_reason is None:
             _log.warning("route_degraded", reason=reason)
             metrics.DEGRADATIONS.inc()
-            self._degraded_at = time.monotonic()
+            self._degraded_at_ns = self.clock()
             if self.scheduler.replay:
                 self._recovery_timer = asyncio.get_running_loop().call_later(
                     self.config.recovery_timeout_s, self._give_up_recovery)
@@ -204,11 +209,12 @@ class ServingEngine:
             self.pipeline = pipeline
             replayed = self.scheduler.replay_suspended()
         if self.degraded_reason is not None:
-            took = time.monotonic() - (self._degraded_at or time.monotonic())
+            now = self.clock()
+            took = (now - (now if self._degraded_at_ns is None else self._degraded_at_ns)) / 1e9
             metrics.RECOVERY_SECONDS.observe(took)
             _log.info("route_recovered", reason=self.degraded_reason, replayed=replayed,
                       recovery_s=round(took, 3))
-        self.degraded_reason, self._degraded_at = None, None
+        self.degraded_reason, self._degraded_at_ns = None, None
         self.scheduler.paused = False
         metrics.ROUTE_DEGRADED.set(0)
         self._pump()
@@ -264,7 +270,7 @@ class ServingEngine:
         """A request's reader fell behind (its stream is full) or caught up: pause or resume its decode."""
         self.scheduler.set_stalled(request_id, stalled)
         if stalled:
-            self._stalled_since_ns[request_id] = time.monotonic_ns()
+            self._stalled_since_ns[request_id] = self.clock()
         else:
             self._stalled_since_ns.pop(request_id, None)
             self._pump()
@@ -290,9 +296,9 @@ class ServingEngine:
 
     def _pump(self) -> None:
         self._pump_pending = False
-        self._cancel_idle_readers(time.monotonic_ns())
+        self._cancel_idle_readers(self.clock())
         self._dispatch()  # first, so a reader's stall is known before scheduling
-        for batch in self.scheduler.schedule(time.monotonic_ns()):
+        for batch in self.scheduler.schedule(self.clock()):
             metrics.MICROBATCH_ROWS.labels(batch.phase.value).observe(batch.row_count)
             for piece in batch.slices:
                 self._spans.scheduled(piece.request_id)
@@ -331,7 +337,7 @@ class ServingEngine:
         """Token latency: TTFT from admission, then the gap between a request's tokens."""
         if not output.token_ids or output.request_id not in self._last_token_ns:
             return
-        now, last = time.monotonic_ns(), self._last_token_ns[output.request_id]
+        now, last = self.clock(), self._last_token_ns[output.request_id]
         (metrics.TTFT if last < 0 else metrics.INTER_TOKEN).observe((now - abs(last)) / 1e9)
         self._last_token_ns[output.request_id] = now
         metrics.OUTPUT_TOKENS.inc(len(output.token_ids))
@@ -342,7 +348,7 @@ class ServingEngine:
             self._timer = None
         # Only future deadlines: one already past is acted on at the next schedule, which
         # the request's in-flight result or release triggers anyway.
-        now = time.monotonic_ns()
+        now = self.clock()
         upcoming = [d for d in self._deadlines.values() if d > now]
         if self.config.stall_timeout_s is not None:
             upcoming += [since + int(self.config.stall_timeout_s * 1e9)
@@ -396,14 +402,14 @@ class ServingEngine:
 
     async def _release(self, request_id: str) -> None:
         """Retries within `release_budget_s`, then gives up and frees the slot regardless."""
-        give_up_at = time.monotonic() + self.config.release_budget_s
+        give_up_at_ns = self.clock() + int(self.config.release_budget_s * 1e9)
         attempt, report = 0, None
         while report is None:
             try:
                 report = await self.pipeline.release(request_id)
             except Exception as exc:
                 attempt += 1
-                if time.monotonic() >= give_up_at or self._closed:
+                if self.clock() >= give_up_at_ns or self._closed:
                     break
                 suppressed = _LOGS.allow("release_failed")
                 if suppressed is not None:
@@ -420,13 +426,15 @@ class ServingEngine:
         self._pump_soon()  # releases finish in bursts (a batch's requests end together)
 
 
-def build_engine(config: ServingConfig, pipeline: Pipeline, text: TextContext) -> ServingEngine:
+def build_engine(config: ServingConfig, pipeline: Pipeline, text: TextContext,
+                 clock: Clock = time.monotonic_ns) -> ServingEngine:
     """The one place a serving engine is assembled: over `pipeline`, serving its `served` model.
 
     The service passes `services.orchestrator.config.serving_config` of its settings; benches
     pass `serving_defaults()` from there (or a replacement of it) to run what the service runs.
+    `clock` (monotonic nanoseconds) is the engine's only time source; tests pass a fake one.
     """
-    return ServingEngine(pipeline, pipeline.served, text, config)
+    return ServingEngine(pipeline, pipeline.served, text, config, clock)
 
 
 def _brief(exc: BaseException) -> str:

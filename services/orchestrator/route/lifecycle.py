@@ -65,7 +65,7 @@ class StageInfo:
     index: int
     worker_address: str
     layer_start: int
-    layer_end_exclusive: int
+    layer_end: int
     manifest_hash: str
 
 

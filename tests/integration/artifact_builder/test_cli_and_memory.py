@@ -41,6 +41,10 @@ def test_cli_build_verify_inspect_and_tamper(tmp_path):
     assert built.returncode == 0, built.stderr
     result = json.loads(built.stdout)
     assert [s["stage_index"] for s in result["stages"]] == [0, 1]
+    # The manifest's name for a range's end, as the JSON has always said it.
+    first, second = result["stages"]
+    assert first["layer_start"] == 0 and first["layer_end_exclusive"] == second["layer_start"] > 0
+    assert "layer_end" not in first
     assert "100.0%" in built.stderr  # plain progress lines: stderr is not a terminal here
     assert sorted(p.name for p in (out / "stage-0").iterdir()) == [
         "config.json", "manifest.json", "model.safetensors"]

@@ -24,13 +24,12 @@ from services.planner.profiles import book_from_records
 from tests.integration.orchestrator.harness import tiny_checkpoint
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[3]
 SMALL = ["--runs", "2", "--prefill-lengths", "4,8", "--decode-batches", "1,2", "--decode-contexts", "8",
          "--min-run-ms", "5"]
 
 
 def _fornax(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "apps.cli.main", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "apps.cli.main", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -40,7 +40,7 @@ def test_a_route_mixing_q4_k_m_and_bf16_stages_serves_its_own_reference(tmp_path
             "sha256-*/manifest.json")
         manifest = decode_manifest(path.read_bytes())
         formats = {t.weight_format.format for t in manifest.tensors}
-        stages.append((manifest.stage_index, manifest.layers.layer_start, manifest.layers.layer_end_exclusive,
+        stages.append((manifest.stage_index, manifest.layers.layer_start, manifest.layers.layer_end,
                        manifest.weights_policy, formats))
     stages.sort()
     assert [s[3] for s in stages] == ["q4_k_m", "bf16"]

@@ -38,7 +38,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0 or not (V2 or (CGROUP_ROOT / "cpu" / "cgroup.procs").exists()),
                        reason="slowing a stage takes a cgroup CPU quota (root)"),
 ]
-REPO = Path(__file__).resolve().parents[3]
 # The exploratory plan predicts about 1 ms per tiny decode microbatch; this host measures a few
 # ms unslowed and tens to hundreds under the quota cut. A bound of 20x holds the first, not the second.
 BOUND = 20.0
@@ -123,7 +122,7 @@ def _gauges(metrics_address: str) -> dict[str, float]:
 
 def _fornax_status(state_dir: Path) -> str:
     done = subprocess.run([sys.executable, "-m", "apps.cli.main", "status", "--state-dir", str(state_dir)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120)
     return done.stdout
 
 

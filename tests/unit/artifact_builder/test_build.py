@@ -75,7 +75,7 @@ def test_manifest_records_lineage_layers_boundaries_and_files(tmp_path):
     assert [f.path for f in last.files] == ["config.json", "model.safetensors", "tokenizer.json"]
     tokenizer = next(f for f in last.files if f.path == "tokenizer.json")
     assert tokenizer.sha256 == snapshot.tokenizer_sha256
-    assert (first.layers.layer_start, first.layers.layer_end_exclusive) == (0, 2)
+    assert (first.layers.layer_start, first.layers.layer_end) == (0, 2)
     assert (first.boundary_input.kind, first.boundary_input.dtype, first.boundary_input.width) == (
         "TENSOR_KIND_TOKEN_IDS", "ELEMENT_TYPE_INT32", 1)
     assert (first.boundary_output.kind, first.boundary_output.dtype, first.boundary_output.width) == (
@@ -194,7 +194,7 @@ def test_untied_artifacts_load_like_the_checkpoint_through_the_model_loader(tmp_
     config = load_config(root)
     for stage in result.stages:
         first, last = stage.stage_index == 0, stage.stage_index == 1
-        args = (config, stage.layer_start, stage.layer_end_exclusive, first, last)
+        args = (config, stage.layer_start, stage.layer_end, first, last)
         from_artifact = load_stage_weights(stage.artifact_dir, *args)
         from_checkpoint = load_stage_weights(root, *args)
         assert sorted(from_artifact.layers) == sorted(from_checkpoint.layers)

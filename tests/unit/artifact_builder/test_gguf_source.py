@@ -60,7 +60,7 @@ def _two_stage_logits(verified, cfg):
     hidden = None
     for index, stage in enumerate(verified):
         m = stage.manifest
-        start, end = m.layers.layer_start, m.layers.layer_end_exclusive
+        start, end = m.layers.layer_start, m.layers.layer_end
         weights = load_stage_weights(stage.artifact_dir, cfg, start, end, index == 0, index == len(verified) - 1)
         ex = StageExecutor(cfg, StageSpec(start, end, index == 0, index == len(verified) - 1),
                            make_kernels("numpy", cfg, weights))

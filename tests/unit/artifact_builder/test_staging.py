@@ -71,7 +71,7 @@ def test_untied_ownership():
     assert {NORM, HEAD} <= names[2] and not {NORM, HEAD} & (names[0] | names[1])
     for stage, owned in zip(plan.stages, names, strict=True):
         layers = {_layer_of(n) for n in owned} - {None}
-        assert layers == set(range(stage.layer_start, stage.layer_end_exclusive))
+        assert layers == set(range(stage.layer_start, stage.layer_end))
     # router, shared and routed experts of MoE layer 2 travel with it
     assert "model.layers.2.mlp.gate.weight" in names[1]
     assert "model.layers.2.mlp.shared_experts.down_proj.weight" in names[1]
@@ -143,7 +143,7 @@ def test_any_contiguous_plan_places_every_tensor_exactly_once(num_layers, tied, 
         layer = _layer_of(name)
         if layer is not None:
             stage = stages[index].stage
-            assert stage.layer_start <= layer < stage.layer_end_exclusive
+            assert stage.layer_start <= layer < stage.layer_end
         elif name == EMBED:
             assert index == 0
         else:

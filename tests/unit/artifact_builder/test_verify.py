@@ -131,3 +131,26 @@ def test_symlinked_stage_dir_is_checked_against_its_target_name(artifact, tmp_pa
     document["stage_index"] = 0
     (path / "manifest.json").write_text(json.dumps(document))
     assert _reason(link) == "ARTIFACT_MANIFEST_HASH_MISMATCH"
+
+
+def test_the_stored_manifest_names_the_layer_end_layer_end_exclusive(artifact):
+    """Manifests on disk, and the hashes over them, keep the name they were written with."""
+    path, digest, _ = artifact
+    raw = (path / "manifest.json").read_bytes()
+    stored = json.loads(raw)["layers"]
+    assert "layer_end_exclusive" in stored and "layer_end" not in stored
+    manifest = decode_manifest(raw)
+    assert manifest.layers.layer_end == stored["layer_end_exclusive"]
+    assert encode_manifest(manifest) == raw and manifest_hash(manifest) == digest
+
+
+def test_a_manifest_using_the_python_field_name_is_refused(artifact):
+    path, _, _ = artifact
+    document = json.loads((path / "manifest.json").read_bytes())
+    layers = document["layers"]
+    layers["layer_end"] = layers.pop("layer_end_exclusive")
+    with pytest.raises(errors.ManifestInvalidError, match="unknown fields \\['layer_end'\\]"):
+        decode_manifest(json.dumps(document).encode())
+    del layers["layer_end"]
+    with pytest.raises(errors.ManifestInvalidError, match="missing fields \\['layer_end_exclusive'\\]"):
+        decode_manifest(json.dumps(document).encode())

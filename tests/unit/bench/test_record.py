@@ -25,7 +25,7 @@ def test_a_report_becomes_a_physical_measurement_naming_host_quota_build_snapsho
     assert "h1" in p.hardware and "load 3.0" in p.hardware
     assert (p.backend_build, p.model_snapshot, p.command) == (FACTS.backend_build, FACTS.model_snapshot,
                                                               FACTS.command)
-    assert (p.layer_range.layer_start, p.layer_range.layer_end_exclusive, p.dtype) == (0, 4, DType.FP32)
+    assert (p.layer_range.layer_start, p.layer_range.layer_end, p.dtype) == (0, 4, DType.FP32)
     assert json.loads(blob)["figures"] == {"one_stage_vs_transformers_c32": 1.5}
 
 

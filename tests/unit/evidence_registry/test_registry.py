@@ -17,7 +17,12 @@ from services.evidence_registry.domain import (
     RevokeCommand,
 )
 from services.evidence_registry.errors import BlobDamaged, InvalidField, RecordConflict, RecordNotFound
-from services.evidence_registry.registry import EvidenceRegistry, RegistryLimits
+from services.evidence_registry.registry import (
+    EvidenceRegistry,
+    RegistryLimits,
+    canonical_content,
+    derive_record_id,
+)
 from services.evidence_registry.sqlite_store import SqliteRecordStore
 from services.evidence_registry.store import MemoryRecordStore
 from tests.unit.evidence_registry.factories import T0, physical, put, window
@@ -224,3 +229,10 @@ def test_resolve_needs_expectations(registry):
     with pytest.raises(InvalidField) as err:
         registry.resolve((Expectation("", RecordType.MODEL),), T0)
     assert err.value.field == "expectations[0].record_id"
+
+
+def test_record_ids_cover_the_stored_name_of_the_layer_range_end():
+    """Record ids and signatures hash `layer_end_exclusive`, the name records were stored under."""
+    record = physical()
+    assert b'"layer_range":{"layer_end_exclusive":4,"layer_start":0}' in canonical_content(record)
+    assert derive_record_id(record, "ab" * 32) == "measurement-0abcc3bd2a294994dfd858bb90e55561"

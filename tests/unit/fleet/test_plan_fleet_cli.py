@@ -37,7 +37,7 @@ def lite_checkpoint(tmp_path) -> Path:
 
 def _plan(*args: str, state_dir: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "apps.cli.main", "plan", "--fleet", str(LITE_FLEET),
-                           "--state-dir", str(state_dir), *args], cwd=ROOT, capture_output=True, text=True,
+                           "--state-dir", str(state_dir), *args], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'libs' / 'api'}"})
 
 

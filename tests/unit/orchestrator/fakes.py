@@ -122,3 +122,16 @@ class FakePipeline:
 
     async def close(self) -> None:
         return None
+
+
+class FakeClock:
+    """The engine's clock (monotonic ns), standing still until a test moves it."""
+
+    def __init__(self, start_ns: int = 1_000_000_000) -> None:
+        self.now_ns = start_ns
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+    def advance(self, seconds: float) -> None:
+        self.now_ns += int(seconds * 1e9)

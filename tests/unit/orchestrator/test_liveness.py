@@ -4,7 +4,6 @@ reading loses its request, release gives up in bounded time, a degraded route re
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -26,67 +25,97 @@ from services.orchestrator.route.route_health import (
     StageProbe,
     counts_as_down,
 )
-from tests.unit.orchestrator.fakes import FakePipeline
+from tests.unit.orchestrator.fakes import FakeClock, FakePipeline
 from tests.unit.orchestrator.test_serving import SERVED
 
 
-def _engine(text_context, pipeline, **changes) -> ServingEngine:
+def _engine(text_context, pipeline, clock=None, **changes) -> ServingEngine:
     config = ServingConfig(scheduler=SchedulerConfig(output_queue_capacity=2), **changes)
-    return ServingEngine(pipeline, SERVED, text_context, config)
+    return ServingEngine(pipeline, SERVED, text_context, config, clock or FakeClock())
+
+
+async def _real_turns(seconds: float) -> None:
+    """Lets the engine's real-time timers fire while its own clock stands still."""
+    await asyncio.sleep(seconds)
 
 
 def test_an_inflight_request_ends_at_its_deadline_even_if_its_batch_never_returns(text_context):
     async def main():
-        pipeline = FakePipeline(2)
-        eng = _engine(text_context, pipeline)
+        clock, pipeline = FakeClock(), FakePipeline(2)
+        eng = _engine(text_context, pipeline, clock)
         stream = eng.submit(GenerationRequest("a", (5, 6, 7), 50))
         await stream.next()
         pipeline.gate.clear()  # the next batch hangs, as on a stopped stage
         stream2 = eng.submit(GenerationRequest("b", (5, 6, 7), 50, deadline_budget_ns=50_000_000))
-        started = time.monotonic()
-        final = [o async for o in stream2][-1]
-        waited = time.monotonic() - started
+        collected = asyncio.get_running_loop().create_task(_collect(stream2))
+        clock.advance(0.049)
+        await _real_turns(0.15)  # the deadline timer fires, but 1 ms of the budget is left
+        before_deadline = collected.done()
+        clock.advance(0.001)
+        final = (await asyncio.wait_for(collected, 5))[-1]  # wait_for: a hang guard only
         admitted_while_hung = eng.admission.holds("b")
         pipeline.gate.set()
         stream.cancel()
         await eng.wait_idle()
-        return final, waited, admitted_while_hung, eng.admission.holds("b")
+        return before_deadline, final, admitted_while_hung, eng.admission.holds("b")
 
-    final, waited, held_while_hung, held_after = asyncio.run(main())
+    before_deadline, final, held_while_hung, held_after = asyncio.run(main())
+    assert not before_deadline
     assert final.finish_reason is FinishReason.DEADLINE
-    assert waited < 1.0
     assert held_while_hung and not held_after  # the slot returns once the batch comes back
+
+
+async def _collect(stream):
+    return [o async for o in stream]
 
 
 def test_a_reader_that_stops_reading_loses_its_request(text_context):
     async def main():
-        pipeline = FakePipeline(2)
-        eng = _engine(text_context, pipeline, stall_timeout_s=0.1)
+        clock, pipeline = FakeClock(), FakePipeline(2)
+        eng = _engine(text_context, pipeline, clock, stall_timeout_s=0.1)
         stream = eng.submit(GenerationRequest("quiet", (5, 6, 7), 500))
         await stream.next()  # then never again
-        await asyncio.wait_for(eng.wait_idle(), 5)
-        return list(eng.retired), pipeline.stages.live_kv()
+        while eng.scheduler.stalled_requests == 0:  # its stream fills up
+            await asyncio.sleep(0.001)
+        clock.advance(0.099)
+        await _real_turns(0.3)  # the stall timer fires more than once; the clock says not yet
+        retired_early = list(eng.retired)
+        clock.advance(0.001)
+        await asyncio.wait_for(eng.wait_idle(), 5)  # a hang guard only
+        return retired_early, list(eng.retired), pipeline.stages.live_kv()
 
-    retired, live_kv = asyncio.run(main())
+    retired_early, retired, live_kv = asyncio.run(main())
+    assert retired_early == []
     assert [(r.request_id, r.finish_reason) for r in retired] == [("quiet", FinishReason.CANCELLED)]
     assert live_kv == [0, 0]
 
 
 def test_release_gives_up_after_its_budget_and_frees_the_slot(text_context):
     class Unreleasable(FakePipeline):
+        attempts = 0
+
         async def release(self, request_id):
+            self.attempts += 1
             raise route_unavailable("stage 1 is unreachable")
 
     async def main():
-        eng = _engine(text_context, Unreleasable(2), release_budget_s=0.2)
-        started = time.monotonic()
+        clock, pipeline = FakeClock(), Unreleasable(2)
+        eng = _engine(text_context, pipeline, clock, release_budget_s=0.2)
         events = [o async for o in eng.submit(GenerationRequest("r", (5, 6, 7), 3))]
-        await asyncio.wait_for(eng.wait_idle(), 5)
-        return events, time.monotonic() - started, eng.admission.snapshot().live_requests
+        while pipeline.attempts < 3:  # retries go on while the clock is within the budget
+            await asyncio.sleep(0.01)
+        clock.advance(0.199)
+        attempts = pipeline.attempts
+        while pipeline.attempts == attempts:
+            await asyncio.sleep(0.01)
+        live_within_budget = eng.admission.snapshot().live_requests
+        clock.advance(0.001)
+        await asyncio.wait_for(eng.wait_idle(), 5)  # a hang guard only
+        return events, live_within_budget, eng.admission.snapshot().live_requests
 
-    events, took, live = asyncio.run(main())
+    events, live_within_budget, live = asyncio.run(main())
     assert events[-1].finish_reason is FinishReason.LENGTH
-    assert 0.2 <= took < 2.0 and live == 0
+    assert live_within_budget == 1 and live == 0
 
 
 def test_a_degraded_route_refuses_with_route_unavailable_and_recovers(text_context):
