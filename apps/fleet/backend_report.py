@@ -9,6 +9,8 @@ import urllib.request
 
 from libs.service.fleet_state import FleetState
 
+SERVING_REQUESTED = "serving_requested_backend"  # services.orchestrator.coldstart.UpgradePhase, by value
+
 
 def fetch_board(state: FleetState) -> dict | None:
     if not state.api:
@@ -37,7 +39,10 @@ def render_board(board: dict | None) -> list[str]:
     lines = []
     if board.get("phase"):
         running, wanted = board.get("running_backend") or "none", board.get("requested_backend")
-        lines.append(f"backend: running {running}, requested {wanted} ({board.get('phase')})")
+        if wanted is None and board.get("phase") == SERVING_REQUESTED:  # a fleet file: one backend per host
+            lines.append(f"backend: each stage runs its own host's backend ({board.get('phase')})")
+        else:
+            lines.append(f"backend: running {running}, requested {wanted} ({board.get('phase')})")
     else:
         wanted = None
     if board.get("failure"):

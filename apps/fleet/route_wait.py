@@ -49,8 +49,14 @@ def _progress_of(line: str) -> tuple[str | None, str | None]:
     if event.get("event") in ("install_progress", "compile_progress"):
         return str(event.get("message", "")), None
     if event.get("event") == "route_install_failed":
-        return None, f"{event.get('reason', 'INSTALL_FAILED')}: {event.get('error', '')}"
+        return None, f"{event.get('reason', 'INSTALL_FAILED')}: {event.get('error') or _last_line(event)}"
     return None, None
+
+
+def _last_line(event: dict) -> str:
+    """The exception's last line, for a failure logged with a traceback and no error text."""
+    lines = [line for line in str(event.get("exception", "")).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
 
 
 def health_url(state: FleetState) -> str:

@@ -8,6 +8,7 @@ Writing streams tensor by tensor, so a shard never has to be held in memory whol
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -72,7 +73,13 @@ def read_header_and_metadata(path: Path) -> tuple[dict[str, HeaderEntry], int, d
 
 
 def map_tensor(path: Path, name: str, entries: dict[str, HeaderEntry], data_start: int) -> np.ndarray:
-    """A read-only map of one tensor's stored array (no copy; the page cache is shared)."""
+    """A private (copy-on-write) map of one tensor's stored array: no copy, the page cache is shared.
+
+    The file is never written through it. It is mapped copy-on-write rather than read-only
+    because a runtime that must not see its weights change under it copies a read-only array
+    whole (MAX's `Buffer.from_numpy` does: a read-only map cost a stage its weights again in
+    anonymous memory), while a writable one it aliases. Nothing writes weights, so the pages stay
+    the page cache's: file-backed, shared and reclaimable."""
     entry = entries.get(name)
     if entry is None:
         raise CheckpointError(f"{path.name} lacks tensor {name}")
@@ -82,7 +89,35 @@ def map_tensor(path: Path, name: str, entries: dict[str, HeaderEntry], data_star
     count = int(np.prod(entry.shape, dtype=np.int64))
     if entry.end - entry.begin != count * _ITEM_BYTES[entry.dtype]:
         raise CheckpointError(f"tensor {name}: dtype {entry.dtype} / byte size {entry.end - entry.begin} inconsistent")
-    return np.memmap(path, dtype=dtype, mode="r", offset=data_start + entry.begin, shape=entry.shape)
+    return np.memmap(path, dtype=dtype, mode="c", offset=data_start + entry.begin, shape=entry.shape)
+
+
+def file_offset(mapped: np.memmap) -> int:
+    """Where the first byte of a map (or of a slice of one) lies in its file."""
+    granularity_start = mapped.offset - mapped.offset % mmap.ALLOCATIONGRANULARITY
+    mapping_base = np.frombuffer(mapped._mmap, dtype=np.uint8).ctypes.data  # type: ignore[attr-defined]
+    return granularity_start + mapped.ctypes.data - mapping_base
+
+
+def joined_rows(first: np.ndarray, second: np.ndarray) -> np.ndarray | None:
+    """`first`'s rows then `second`'s as one copy-on-write map, without copying, when both are
+    maps of one file that lie back to back in it (a stage artifact stores an expert's gate rows
+    right before its up rows); None otherwise."""
+    if not (isinstance(first, np.memmap) and isinstance(second, np.memmap)):
+        return None
+    if getattr(first, "_mmap", None) is None or getattr(second, "_mmap", None) is None:
+        return None
+    if first.filename is None or first.filename != second.filename or first.dtype != second.dtype:
+        return None
+    if first.ndim != 2 or first.shape[1:] != second.shape[1:]:
+        return None
+    if not (first.flags.c_contiguous and second.flags.c_contiguous):
+        return None
+    start = file_offset(first)
+    if start + first.nbytes != file_offset(second):
+        return None
+    return np.memmap(first.filename, dtype=first.dtype, mode="c", offset=start,
+                     shape=(first.shape[0] + second.shape[0], *first.shape[1:]))
 
 
 def read_tensors_float32(path: Path, names: Iterable[str]) -> dict[str, np.ndarray]:

@@ -4,7 +4,7 @@ Only the tensors the stage owns are read: a sharded checkpoint's index maps each
 its shard, and shards holding none of the stage's tensors are never opened.
 
 A stage artifact built with a weight policy carries each tensor's format in its file metadata
-(`libs.weights.metadata`): such tensors load as `PackedWeight`s, read-only maps of the file in
+(`libs.weights.metadata`): such tensors load as `PackedWeight`s, copy-on-write maps of the file (never written) in
 their stored format (bf16 stays bf16, a q4_k block stays a block), after a check of their block
 scales. Plain tensors (a Hugging Face checkpoint) load as float32, or, with `policy`, are encoded
 in memory exactly as the artifact builder would encode them.

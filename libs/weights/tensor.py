@@ -14,7 +14,7 @@ from libs.weights.formats import WeightFormat
 class PackedWeight:
     fmt: WeightFormat
     shape: tuple[int, ...]   # the logical (Hugging Face) shape
-    data: np.ndarray         # the stored array, often a read-only map of the artifact file
+    data: np.ndarray         # the stored array, often a copy-on-write map of the artifact file (never written)
 
     def __post_init__(self) -> None:
         if tuple(self.data.shape) != stored_shape(self.fmt, self.shape):

@@ -194,8 +194,8 @@ async def _install_at_startup(manager: RouteManager, request: InstallRequest, bo
                   stages=request.stages, backend=board.running_backend, phase=board.phase.value)
     except FornaxError as exc:
         _log.error("route_install_failed", reason=exc.reason, error=exc.message)
-    except Exception:
-        _log.exception("route_install_failed")
+    except Exception as exc:
+        _log.exception("route_install_failed", error=f"{type(exc).__name__}: {exc}")
 
 
 async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:

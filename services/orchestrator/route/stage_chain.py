@@ -28,7 +28,7 @@ from libs.model.kv_blocks import KV_BLOCK_TOKENS, prefix_chain
 from libs.model.sampling import SamplingParams
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
-from libs.service.errors import FailedPrecondition
+from libs.service.errors import FailedPrecondition, Unavailable
 from libs.service.interceptors import reason_of
 from services.orchestrator.engine.drift import MeasuredService
 from services.orchestrator.engine.unavailable import route_unavailable
@@ -174,7 +174,7 @@ async def load_route(loads: Sequence[StageLoad], load_timeout_s: float = 3600.0,
                     reply = await stub.LoadStage(pb.LoadStageRequest(request_id=str(uuid.uuid4()), spec=spec),
                                                  timeout=load_timeout_s)
                 except grpc.aio.AioRpcError as exc:
-                    raise _load_refusal(spec.stage_index, exc) from exc
+                    raise _load_refusal(spec.stage_index, load.address, exc) from exc
             next_address, next_manifest = reply.data_plane_address, reply.manifest_hash
             loaded.append(RouteStage(spec.stage_index, load.address, reply.data_plane_address, reply.manifest_hash,
                                      load.identity))
@@ -185,12 +185,17 @@ async def load_route(loads: Sequence[StageLoad], load_timeout_s: float = 3600.0,
     return RoutePlan(binding.plan_id, binding.plan_hash, binding.plan_generation_id, tuple(reversed(loaded)))
 
 
-def _load_refusal(stage_index: int, error: grpc.aio.AioRpcError) -> BaseException:
+def _load_refusal(stage_index: int, address: str, error: grpc.aio.AioRpcError) -> BaseException:
     """A worker's precondition refusal (memory for an overlap, a backend mismatch...) as the
-    same reason, naming the stage; any other failure passes through unchanged."""
+    same reason, naming the stage; a worker lost in the middle of the load (its process ended,
+    e.g. killed by its host's memory limit) as STAGE_WORKER_LOST, naming the stage and worker;
+    any other failure passes through unchanged."""
     reason = reason_of(error)
     if error.code() is grpc.StatusCode.FAILED_PRECONDITION and reason:
         return FailedPrecondition(f"stage {stage_index} refused the load: {error.details()}", reason=reason)
+    if error.code() is grpc.StatusCode.UNAVAILABLE and not reason:
+        return Unavailable(f"stage {stage_index}: the worker at {address} was lost while loading "
+                           f"({error.details()}); see its log and its host's OOM kills", reason="STAGE_WORKER_LOST")
     return error
 
 

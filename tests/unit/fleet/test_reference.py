@@ -79,3 +79,13 @@ def test_the_switch_policy_and_rows_reach_the_orchestrator():
 
     env = orchestrator_options_env(_options(backend="max", max_switch="always", max_switch_rows="1,4"))
     assert (env["FORNAX_MAX_SWITCH"], env["FORNAX_MAX_SWITCH_ROWS"]) == ("always", "1,4")
+
+
+def test_a_fleet_file_route_says_each_stage_runs_its_hosts_backend_not_none():
+    from services.orchestrator.coldstart import UpgradePhase
+
+    board = {"requested_backend": None, "running_backend": None, "phase": UpgradePhase.SERVING_REQUESTED_BACKEND.value,
+             "failure": "", "stages": [], "graphs": []}
+    assert render_board(board)[0] == "backend: each stage runs its own host's backend (serving_requested_backend)"
+    installing = {**board, "phase": UpgradePhase.INSTALLING.value}
+    assert render_board(installing)[0] == "backend: running none, requested None (installing)"
