@@ -9,7 +9,7 @@ import urllib.request
 
 from libs.service.fleet_state import FleetState
 
-SERVING_REQUESTED = "serving_requested_backend"  # services.orchestrator.coldstart.UpgradePhase, by value
+SERVING_REQUESTED = "serving_requested_backend"  # services.orchestrator.route.coldstart.UpgradePhase, by value
 
 
 def fetch_board(state: FleetState) -> dict | None:

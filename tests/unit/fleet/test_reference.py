@@ -82,7 +82,7 @@ def test_the_switch_policy_and_rows_reach_the_orchestrator():
 
 
 def test_a_fleet_file_route_says_each_stage_runs_its_hosts_backend_not_none():
-    from services.orchestrator.coldstart import UpgradePhase
+    from services.orchestrator.route.coldstart import UpgradePhase
 
     board = {"requested_backend": None, "running_backend": None, "phase": UpgradePhase.SERVING_REQUESTED_BACKEND.value,
              "failure": "", "stages": [], "graphs": []}

@@ -8,7 +8,7 @@ from grpc.aio import AioRpcError, Metadata
 
 from libs.service.errors import FailedPrecondition, Unavailable
 from libs.service.interceptors import REASON_METADATA_KEY
-from services.orchestrator.stage_chain import _load_refusal
+from services.orchestrator.route.stage_chain import _load_refusal
 
 
 def _error(code: grpc.StatusCode, details: str, reason: str | None = None) -> AioRpcError:
