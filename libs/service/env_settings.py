@@ -63,6 +63,14 @@ def read_env(cls: type[S], env: Mapping[str, str]) -> S:
     return cls(**values)
 
 
+def parse_setting(cls: type, name: str, raw: str) -> Any:
+    """The value that `raw`, as the text of setting `name`'s variable, means (an error names it)."""
+    f = next((f for f in dataclasses.fields(cls) if f.name == name and ENV_KEY in f.metadata), None)
+    if f is None:
+        raise KeyError(f"{cls.__name__} has no setting {name}")
+    return f.metadata[CODEC_KEY].parse(raw, f.metadata[ENV_KEY])
+
+
 def write_env(section: Any, fields: Iterable[str] = ()) -> dict[str, str]:
     """The variables that reproduce `section` (every setting, or only `fields`).
 
