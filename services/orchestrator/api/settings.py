@@ -17,7 +17,7 @@ class HttpSettings:
     port: int = setting("FORNAX_HTTP_PORT", 0, integer(0))
     # Never from a flag, so it stays out of process listings.
     api_key: str | None = setting("FORNAX_API_KEY", None, text())
-    max_body_bytes: int = setting("FORNAX_HTTP_MAX_BODY_BYTES", 4 << 20, integer(1))
+    max_body_bytes: int = setting("FORNAX_HTTP_MAX_BODY_BYTES", HttpConfig.max_body_bytes, integer(1))
     # Kernel send buffer per HTTP client connection; 0 leaves the kernel's autotuning.
     send_buffer_bytes: int = setting("FORNAX_HTTP_SEND_BUFFER_BYTES", 0, integer(0))
     # Operator-supplied HTTP certificate and key (both or neither); otherwise the fleet

@@ -15,34 +15,40 @@ from services.orchestrator.engine.serving import ServingConfig
 
 @dataclass(frozen=True)
 class ServingSettings:
-    """Admission, scheduling, deadlines, request limits and KV sharing of the serving core."""
+    """Admission, scheduling, deadlines, request limits and KV sharing of the serving core.
 
-    max_live_requests: int = setting("FORNAX_MAX_LIVE_REQUESTS", 256, integer(1))
-    default_max_tokens: int = setting("FORNAX_DEFAULT_MAX_TOKENS", 256, integer(1))
+    Each default is the engine's own (ServingConfig, SchedulerConfig): the service, the Python API
+    and the benches run the same engine unless a setting says otherwise."""
+
+    max_live_requests: int = setting("FORNAX_MAX_LIVE_REQUESTS", ServingConfig.max_live_requests, integer(1))
+    default_max_tokens: int = setting("FORNAX_DEFAULT_MAX_TOKENS", ServingConfig.default_max_tokens, integer(1))
     # Microbatches in flight beyond the stage count on a multi-stage route (see SchedulerConfig).
-    pipeline_spare_microbatches: int = setting("FORNAX_PIPELINE_SPARE_MICROBATCHES", 1, integer(0))
+    pipeline_spare_microbatches: int = setting("FORNAX_PIPELINE_SPARE_MICROBATCHES",
+                                                   SchedulerConfig.pipeline_spare_microbatches, integer(0))
     # Chunked prefill beside decode (see step_budget.py): each step carries every running
     # request's decode row, and prompt chunks fill the rest of this many tokens, never less
     # than min_prefill_chunk_tokens; 0 keeps whole-prompt prefill microbatches.
-    max_tokens_per_step: int = setting("FORNAX_MAX_TOKENS_PER_STEP", 0, integer(0))
-    min_prefill_chunk_tokens: int = setting("FORNAX_MIN_PREFILL_CHUNK_TOKENS", 32, integer(1))
+    max_tokens_per_step: int = setting("FORNAX_MAX_TOKENS_PER_STEP", SchedulerConfig.max_tokens_per_step, integer(0))
+    min_prefill_chunk_tokens: int = setting("FORNAX_MIN_PREFILL_CHUNK_TOKENS",
+                                                SchedulerConfig.min_prefill_chunk_tokens, integer(1))
     # Deadline budget of a request that brings none; 0 means no deadline.
-    default_deadline_s: float = setting("FORNAX_DEFAULT_DEADLINE_S", 600.0, number())
+    default_deadline_s: float = setting("FORNAX_DEFAULT_DEADLINE_S",
+                                        (ServingConfig.default_deadline_budget_ns or 0) / 1e9, number())
     # A client that takes no output for this long loses its request (and frees its slot); 0 = never.
-    idle_write_timeout_s: float = setting("FORNAX_IDLE_WRITE_TIMEOUT_S", 30.0, number())
+    idle_write_timeout_s: float = setting("FORNAX_IDLE_WRITE_TIMEOUT_S", ServingConfig.stall_timeout_s or 0.0, number())
     # Release of a finished request gives up after this long; stage leases expire anyway.
-    release_budget_s: float = setting("FORNAX_RELEASE_BUDGET_S", 10.0, number())
+    release_budget_s: float = setting("FORNAX_RELEASE_BUDGET_S", ServingConfig.release_budget_s, number())
     # How long greedy requests wait for a lost stage to come back (then replay on the
     # reloaded route); 0 ends them at once with ROUTE_UNAVAILABLE.
-    recovery_timeout_s: float = setting("FORNAX_RECOVERY_TIMEOUT_S", 30.0, number())
+    recovery_timeout_s: float = setting("FORNAX_RECOVERY_TIMEOUT_S", ServingConfig.recovery_timeout_s, number())
     # Request limits checked before any work; 0 = only the context window bounds tokens.
-    max_tokens_cap: int = setting("FORNAX_MAX_TOKENS_CAP", 0, integer(0))
-    max_prompt_tokens: int = setting("FORNAX_MAX_PROMPT_TOKENS", 0, integer(0))
+    max_tokens_cap: int = setting("FORNAX_MAX_TOKENS_CAP", ServingConfig.max_tokens_cap, integer(0))
+    max_prompt_tokens: int = setting("FORNAX_MAX_PROMPT_TOKENS", ServingConfig.max_prompt_tokens, integer(0))
     # Who shares prompt-prefix KV blocks: off, tenant (per credential) or global.
-    prefix_cache: PrefixPolicy = setting("FORNAX_PREFIX_CACHE", PrefixPolicy.TENANT,
+    prefix_cache: PrefixPolicy = setting("FORNAX_PREFIX_CACHE", ServingConfig.prefix_cache,
                                          choice(PrefixPolicy, "INVALID_PREFIX_CACHE"))
     # A request whose KV blocks are not free now: queue (wait within its deadline) or reject (429).
-    kv_full: KvFullPolicy = setting("FORNAX_KV_FULL", KvFullPolicy.QUEUE, choice(KvFullPolicy, "INVALID_KV_FULL"))
+    kv_full: KvFullPolicy = setting("FORNAX_KV_FULL", ServingConfig.kv_full, choice(KvFullPolicy, "INVALID_KV_FULL"))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServingSettings:

@@ -101,3 +101,13 @@ def test_a_flag_is_read_as_its_variable_and_a_bad_flag_names_that_variable():
 def test_a_tls_certificate_without_its_key_stops_startup():
     with pytest.raises(SystemExit, match="FORNAX_HTTP_TLS_CERT and FORNAX_HTTP_TLS_KEY"):
         HttpSettings.from_env({"FORNAX_HTTP_TLS_CERT": "/c.pem"})
+
+
+def test_the_engine_built_without_settings_is_the_engine_the_service_runs():
+    """One default per setting: a bare ServingConfig (the Python API's, the benches') and the
+    HTTP front's config equal what the service builds when no variable is set."""
+    from services.orchestrator.api.http_api import HttpConfig
+    from services.orchestrator.engine.serving import ServingConfig
+
+    assert ServingSettings().serving_config() == ServingConfig()
+    assert HttpSettings().http_config(ServingSettings().idle_write_timeout_s) == HttpConfig()
