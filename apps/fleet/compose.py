@@ -10,7 +10,10 @@ from apps.fleet.launcher import HOST, FleetOptions, Launcher, LaunchError, Servi
 from apps.fleet.reference import orchestrator_reference_env, reference_workers, wants_reference_workers
 from libs.service.affinity import usable_cpus, worker_cpu_sets
 from libs.service.affinity import worker_env as affinity_env
+from libs.service.env_settings import parse_setting
 from libs.service.fleet_state import FleetState, ServiceEntry
+from services.orchestrator.api.settings import HttpSettings
+from services.orchestrator.route.settings import RouteSettings
 
 
 def _registry_env(options: FleetOptions) -> dict[str, str]:
@@ -22,30 +25,32 @@ def _registry_env(options: FleetOptions) -> dict[str, str]:
 
 
 def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -> dict[str, str]:
-    workers = [entries[f"stage_worker_{i}"].grpc for i in range(options.stages)]
-    env = {
-        "FORNAX_PLANNER_ADDR": entries["planner"].grpc,
-        "FORNAX_REGISTRY_ADDR": entries["evidence_registry"].grpc,
-        "FORNAX_ARTIFACT_BUILDER_ADDR": entries["artifact_builder"].grpc,
-        "FORNAX_STAGE_WORKERS": ",".join(workers),
-        "FORNAX_BOUNDARY_DTYPE": options.boundary_dtype,
-        "FORNAX_BACKEND": options.backend,
-        "FORNAX_STATE_DIR": str(options.state_dir / "orchestrator"),
-    }
-    return env | orchestrator_options_env(options)
+    route = RouteSettings(
+        planner_addr=entries["planner"].grpc,
+        registry_addr=entries["evidence_registry"].grpc,
+        artifact_builder_addr=entries["artifact_builder"].grpc,
+        stage_workers=tuple(entries[f"stage_worker_{i}"].grpc for i in range(options.stages)),
+        boundary_dtype=parse_setting(RouteSettings, "boundary_dtype", options.boundary_dtype),
+        backend=parse_setting(RouteSettings, "backend", options.backend),
+        state_dir=str(options.state_dir / "orchestrator"),
+    )
+    fleet = route.to_env("planner_addr", "registry_addr", "artifact_builder_addr", "stage_workers",
+                         "boundary_dtype", "backend", "state_dir")
+    return fleet | orchestrator_options_env(options)
 
 
 def orchestrator_options_env(options: FleetOptions) -> dict[str, str]:
     """The orchestrator settings that come straight from `fornax up`'s options, on any fleet."""
-    env = {"FORNAX_PLAN_MODE": options.plan_mode, "FORNAX_WEIGHTS": options.weights,
-           "FORNAX_MAX_SWITCH": options.max_switch, "FORNAX_MAX_SWITCH_ROWS": options.max_switch_rows}
-    if options.http_port is not None:
-        env["FORNAX_HTTP_PORT"] = str(options.http_port)
-    if options.api_key:
-        env["FORNAX_API_KEY"] = options.api_key
-    if options.checkpoint:
-        env["FORNAX_CHECKPOINT"] = options.checkpoint
-    return env
+    route = RouteSettings(
+        plan_mode=parse_setting(RouteSettings, "plan_mode", options.plan_mode),
+        weights_policy=parse_setting(RouteSettings, "weights_policy", options.weights),
+        max_switch=parse_setting(RouteSettings, "max_switch", options.max_switch),
+        max_switch_rows=parse_setting(RouteSettings, "max_switch_rows", options.max_switch_rows),
+        checkpoint=options.checkpoint or None,
+    )
+    http = HttpSettings(port=options.http_port or 0, api_key=options.api_key or None)
+    return {**route.to_env("plan_mode", "weights_policy", "max_switch", "max_switch_rows", "checkpoint"),
+            **http.to_env("api_key", *(("port",) if options.http_port is not None else ()))}
 
 
 def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:

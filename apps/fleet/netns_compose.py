@@ -20,8 +20,10 @@ from apps.fleet.spec import FleetSpec
 from libs.common.kinds import DType
 from libs.security.store import CertStore
 from libs.service.affinity import THREAD_VARIABLES
+from libs.service.env_settings import parse_setting
 from libs.service.fleet_state import FleetState, ServiceEntry
-from services.orchestrator.config import BACKEND_OF_WORKER
+from services.orchestrator.api.settings import HttpSettings
+from services.orchestrator.route.settings import RouteSettings
 
 LOOPBACK = "127.0.0.1"
 
@@ -77,24 +79,29 @@ def _worker_process(options: FleetOptions, host: HostPlan, index: int) -> Servic
 
 def _orchestrator_env(options: FleetOptions, spec: FleetSpec, entries: dict[str, ServiceEntry],
                       workers: list[str], control: HostPlan) -> dict[str, str]:
+    route = RouteSettings(
+        planner_addr=entries["planner"].grpc,
+        registry_addr=entries["evidence_registry"].grpc,
+        artifact_builder_addr=entries["artifact_builder"].grpc,
+        stage_workers=tuple(workers),
+        worker_weights=tuple(parse_setting(RouteSettings, "weights_policy", h.weights or options.weights)
+                             for h in spec.stage_hosts),
+        boundary_dtype=(spec.hop_dtypes or (DType.FP32,))[0],
+        hop_boundary_dtypes=tuple(spec.hop_dtypes),
+        backend=None,  # each stage runs its own host's backend
+        state_dir=str(_private_dir(options, control, "orchestrator")),
+    )
     env = {
         **_control_env(options, control),
-        "FORNAX_PLANNER_ADDR": entries["planner"].grpc,
-        "FORNAX_REGISTRY_ADDR": entries["evidence_registry"].grpc,
-        "FORNAX_ARTIFACT_BUILDER_ADDR": entries["artifact_builder"].grpc,
-        "FORNAX_STAGE_WORKERS": ",".join(workers),
-        "FORNAX_WORKER_WEIGHTS": ",".join(h.weights or options.weights for h in spec.stage_hosts),
-        "FORNAX_BOUNDARY_DTYPE": (spec.hop_dtypes or (DType.FP32,))[0].value,
-        "FORNAX_HOP_BOUNDARY_DTYPES": ",".join(d.value for d in spec.hop_dtypes),
-        "FORNAX_BACKEND": BACKEND_OF_WORKER,
-        "FORNAX_STATE_DIR": str(_private_dir(options, control, "orchestrator")),
+        **route.to_env("planner_addr", "registry_addr", "artifact_builder_addr", "stage_workers", "worker_weights",
+                       "boundary_dtype", "hop_boundary_dtypes", "backend", "state_dir"),
     }
     # The API listens on a fabric address (198.18.0.0/15), beyond loopback: https with the
     # orchestrator's fleet certificate, whose SANs name that address; clients verify it with
     # the fleet CA named in fleet.json. Plain HTTP only when chosen (and then the orchestrator
     # logs http_plaintext_beyond_loopback); a --insecure fleet has no certificate to serve.
     if options.http_insecure or options.insecure:
-        env["FORNAX_HTTP_INSECURE"] = "1"
+        env |= HttpSettings(insecure=True).to_env("insecure")
     return env | orchestrator_options_env(options)
 
 

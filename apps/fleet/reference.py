@@ -9,9 +9,9 @@ graph, compiles in the background, then moves the route to the MAX workers (see
 from __future__ import annotations
 
 from apps.fleet.launcher import FleetOptions, ServiceProcess
-from libs.service.affinity import format_cpu_set
 from libs.service.affinity import worker_env as affinity_env
 from libs.service.fleet_state import ServiceEntry
+from services.orchestrator.route.settings import RouteSettings
 
 REFERENCE_BACKEND = "numpy"
 
@@ -37,8 +37,7 @@ def reference_workers(options: FleetOptions, cpu_sets: list[tuple[int, ...]]) ->
 
 def orchestrator_reference_env(options: FleetOptions, entries: dict[str, ServiceEntry],
                                cpu_sets: list[tuple[int, ...]]) -> dict[str, str]:
-    env = {"FORNAX_STAGE_CPU_SETS": ";".join(format_cpu_set(c) for c in cpu_sets)}
-    if wants_reference_workers(options):
-        env["FORNAX_REFERENCE_STAGE_WORKERS"] = ",".join(
-            entries[reference_name(i)].grpc for i in range(options.stages))
-    return env
+    references = tuple(entries[reference_name(i)].grpc for i in range(options.stages)) \
+        if wants_reference_workers(options) else ()
+    route = RouteSettings(stage_cpu_sets=tuple(cpu_sets), reference_stage_workers=references)
+    return route.to_env("stage_cpu_sets", *(("reference_stage_workers",) if references else ()))

@@ -14,10 +14,10 @@ from services.orchestrator.server import make_spec
 
 def main(argv: list[str] | None = None) -> int:
     cfg = OrchestratorConfig.from_env(argv)
-    if cfg.inprocess_checkpoint and cfg.inprocess_backend is Backend.MAX:
+    if cfg.inprocess.checkpoint and cfg.inprocess.backend is Backend.MAX:
         from libs.model.max_kernels import configure_max_process, default_cache_dir
 
-        cache_dir = Path(cfg.compile_cache_dir) if cfg.compile_cache_dir else default_cache_dir()
+        cache_dir = Path(cfg.route.compile_cache_dir) if cfg.route.compile_cache_dir else default_cache_dir()
         configure_max_process(os.environ, cache_dir)
     return run_service(cfg.server, lambda: make_spec(cfg))
 

@@ -32,7 +32,7 @@ def by_backend(requested: Callable[[InstallRequest], Awaitable[Step]],
 
 def unload_reference(cfg: OrchestratorConfig) -> AfterSwitch | None:
     """Once the route runs on the main workers, the reference workers give their stages back."""
-    if not cfg.reference_stage_workers:
+    if not cfg.route.reference_stage_workers:
         return None
 
     async def unload() -> None:
@@ -41,7 +41,7 @@ def unload_reference(cfg: OrchestratorConfig) -> AfterSwitch | None:
         from libs.service.channels import open_aio_channel
         from services.orchestrator.route.stage_chain import UNLOAD_TIMEOUT_S
 
-        for address in cfg.reference_stage_workers:
+        for address in cfg.route.reference_stage_workers:
             async with open_aio_channel(address, cfg.server.client_channel()) as channel:
                 await pb_grpc.StageWorkerServiceStub(channel).UnloadStage(
                     pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=UNLOAD_TIMEOUT_S)
@@ -51,15 +51,15 @@ def unload_reference(cfg: OrchestratorConfig) -> AfterSwitch | None:
 
 def compiler_factory(cfg: OrchestratorConfig) -> CompilerFactory | None:
     """None when there are no reference workers to serve on while compiling."""
-    if not cfg.reference_stage_workers:
+    if not cfg.route.reference_stage_workers:
         return None
-    if len(cfg.reference_stage_workers) != len(cfg.stage_workers):
+    if len(cfg.route.reference_stage_workers) != len(cfg.route.stage_workers):
         raise FailedPrecondition(
-            f"{len(cfg.reference_stage_workers)} reference workers for {len(cfg.stage_workers)} stages",
+            f"{len(cfg.route.reference_stage_workers)} reference workers for {len(cfg.route.stage_workers)} stages",
             reason="REFERENCE_WORKERS_MISMATCH", field="reference_stage_workers")
     from libs.model.max_kernels import default_cache_dir, max_build
 
-    cache_dir = Path(cfg.compile_cache_dir) if cfg.compile_cache_dir else default_cache_dir()
+    cache_dir = Path(cfg.route.compile_cache_dir) if cfg.route.compile_cache_dir else default_cache_dir()
 
     def make(request: InstallRequest) -> BackgroundCompiler:
         from libs.model.config import load_config
@@ -69,7 +69,7 @@ def compiler_factory(cfg: OrchestratorConfig) -> CompilerFactory | None:
         # so compiles start from an even split at once instead of waiting for the plan.
         ranges = tuple(even_layer_split(layers, request.stages))
         settings = CompileSettings(request.checkpoint_dir, cache_dir, max_build(),
-                                   stage_cpus=cfg.stage_cpu_sets, weights_policy=cfg.weights_policy)
+                                   stage_cpus=cfg.route.stage_cpu_sets, weights_policy=cfg.route.weights_policy)
         return BackgroundCompiler(settings, ranges)
 
     return make
@@ -90,20 +90,20 @@ def chooser(cfg: OrchestratorConfig) -> Chooser:
     async def choose_measured(request: InstallRequest, serving: RouteStatus) -> BackendChoice:
         if request.backend is None:
             raise FailedPrecondition("the route names no backend to switch to", reason="SWITCH_NOT_MEASURABLE")
-        if cfg.weights_policy != "fp32" or cfg.worker_weights:
+        if cfg.route.weights_policy != "fp32" or cfg.route.worker_weights:
             raise FailedPrecondition(
-                f"the switch is measured on float32 weights; weight policy {cfg.weights_policy!r} is not "
+                f"the switch is measured on float32 weights; weight policy {cfg.route.weights_policy!r} is not "
                 "measured (max_switch=always switches without measuring)",
                 reason="SWITCH_NOT_MEASURABLE", field="weights_policy")
-        if len(serving.stages) != len(cfg.stage_workers):
+        if len(serving.stages) != len(cfg.route.stage_workers):
             raise FailedPrecondition(f"the serving route has {len(serving.stages)} stages for "
-                                     f"{len(cfg.stage_workers)} workers", reason="SWITCH_NOT_MEASURABLE")
+                                     f"{len(cfg.route.stage_workers)} workers", reason="SWITCH_NOT_MEASURABLE")
         stages = []
-        for stage, address in zip(serving.stages, cfg.stage_workers, strict=True):
-            stages.append(await _compare_on(cfg, address, stage, request.checkpoint_dir, cfg.max_switch_rows))
-        return decide(str(request.backend), tuple(stages), cfg.max_switch_rows)
+        for stage, address in zip(serving.stages, cfg.route.stage_workers, strict=True):
+            stages.append(await _compare_on(cfg, address, stage, request.checkpoint_dir, cfg.route.max_switch_rows))
+        return decide(str(request.backend), tuple(stages), cfg.route.max_switch_rows)
 
-    if cfg.max_switch is SwitchPolicy.ALWAYS:
+    if cfg.route.max_switch is SwitchPolicy.ALWAYS:
         return Chooser(False, choose_forced)
     return Chooser(True, choose_measured)
 
@@ -118,8 +118,8 @@ async def _compare_on(cfg: OrchestratorConfig, address: str, stage: StageInfo, c
     from libs.service.channels import open_aio_channel
 
     start, end = stage.layer_start, stage.layer_end
-    if stage.manifest_hash and cfg.artifact_builder_addr:
-        compare = pb.CompareDecodeStepRequest(artifact_source_address=cfg.artifact_builder_addr,
+    if stage.manifest_hash and cfg.route.artifact_builder_addr:
+        compare = pb.CompareDecodeStepRequest(artifact_source_address=cfg.route.artifact_builder_addr,
                                               manifest_hash=stage.manifest_hash)
     else:
         compare = pb.CompareDecodeStepRequest(

@@ -21,7 +21,6 @@ from services.orchestrator import convert
 from services.orchestrator.api.http_api import (
     BOARD_KEY,
     TOKENIZE_INLINE_MAX_BYTES,
-    HttpConfig,
     build_http_app,
     start_http,
 )
@@ -106,7 +105,7 @@ def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
             raise InvalidArgument("in-process stages need a backend; there are no workers to choose theirs",
                                   field="backend")
         pipeline = InProcessPipeline.from_checkpoint(InProcessRouteConfig(
-            Path(request.checkpoint_dir), request.stages, request.backend, model_id=cfg.model_id))
+            Path(request.checkpoint_dir), request.stages, request.backend, model_id=cfg.route.model_id))
         engine = build_engine(serving_config(cfg), pipeline,
                               TextContext.from_checkpoint(request.checkpoint_dir))
         return InstalledRoute(request, PlanIdentity("in-process", "", pipeline.generation), (),
@@ -116,28 +115,28 @@ def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
 
 
 def choose_installer(cfg: OrchestratorConfig) -> Installer:
-    if cfg.inprocess_checkpoint:
+    if cfg.inprocess.checkpoint:
         return inprocess_installer(cfg)
-    planner, builder = cfg.planner_addr, cfg.artifact_builder_addr
-    if cfg.stage_workers and planner and builder:
+    planner, builder = cfg.route.planner_addr, cfg.route.artifact_builder_addr
+    if cfg.route.stage_workers and planner and builder:
         from services.orchestrator.route.fleet_route import fleet_installer
         from services.orchestrator.route.install import Fleet
 
         def on(workers: tuple[str, ...]) -> Installer:
             fleet = Fleet(planner, builder, workers, cfg.server.client_channel(),
                           own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None,
-                          cfg.registry_addr or "", cfg.plan_mode)
-            return fleet_installer(fleet, cfg.state_dir, cfg.model_id, cfg.stage_kv_limit_bytes,
+                          cfg.route.registry_addr or "", cfg.route.plan_mode)
+            return fleet_installer(fleet, cfg.route.state_dir, cfg.route.model_id, cfg.route.stage_kv_limit_bytes,
                                    serving_config(cfg),
                                    lambda message: _log.info("install_progress", message=message),
-                                   hop_dtypes=cfg.hop_boundary_dtypes, drift=drift_policy(cfg),
+                                   hop_dtypes=cfg.route.hop_boundary_dtypes, drift=drift_policy(cfg),
                                    weights=weights_choice(cfg))
 
-        if cfg.reference_stage_workers:
+        if cfg.route.reference_stage_workers:
             from services.orchestrator.coldstart_setup import by_backend
 
-            return by_backend(on(cfg.stage_workers), on(cfg.reference_stage_workers))
-        return on(cfg.stage_workers)
+            return by_backend(on(cfg.route.stage_workers), on(cfg.route.reference_stage_workers))
+        return on(cfg.route.stage_workers)
 
     async def no_fleet(request: InstallRequest) -> InstalledRoute:
         raise FailedPrecondition("no stage workers, planner or artifact builder configured",
@@ -149,22 +148,17 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
 def weights_choice(cfg: OrchestratorConfig):
     from services.orchestrator.route.install import WeightsChoice
 
-    return WeightsChoice(cfg.weights_policy, cfg.worker_weights)
+    return WeightsChoice(cfg.route.weights_policy, cfg.route.worker_weights)
 
 
 def drift_policy(cfg: OrchestratorConfig) -> DriftPolicy:
-    """The configured bound; a bad value stops startup with the variable named."""
-    try:
-        return DriftPolicy(relative_bound=cfg.drift_relative_bound, sustain_rounds=cfg.drift_sustain_rounds,
-                           recover_rounds=cfg.drift_sustain_rounds)
-    except ValueError:
-        raise SystemExit("FORNAX_DRIFT_RELATIVE_BOUND must be > 0 and FORNAX_DRIFT_SUSTAIN_ROUNDS >= 1") from None
+    return cfg.drift.policy()
 
 
 def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
     """Fleet installs plan and build while the current route still serves."""
-    planner, builder = cfg.planner_addr, cfg.artifact_builder_addr
-    if cfg.inprocess_checkpoint or not (cfg.stage_workers and planner and builder):
+    planner, builder = cfg.route.planner_addr, cfg.route.artifact_builder_addr
+    if cfg.inprocess.checkpoint or not (cfg.route.stage_workers and planner and builder):
         return None
     from services.orchestrator.route.fleet_route import fleet_preparer
     from services.orchestrator.route.install import Fleet
@@ -172,16 +166,16 @@ def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
     def on(workers: tuple[str, ...]) -> Preparer:
         fleet = Fleet(planner, builder, workers, cfg.server.client_channel(),
                       own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None,
-                          cfg.registry_addr or "", cfg.plan_mode)
-        return fleet_preparer(fleet, cfg.state_dir, cfg.stage_kv_limit_bytes,
+                          cfg.route.registry_addr or "", cfg.route.plan_mode)
+        return fleet_preparer(fleet, cfg.route.state_dir, cfg.route.stage_kv_limit_bytes,
                               lambda message: _log.info("install_progress", message=message),
-                              hop_dtypes=cfg.hop_boundary_dtypes, weights=weights_choice(cfg))
+                              hop_dtypes=cfg.route.hop_boundary_dtypes, weights=weights_choice(cfg))
 
-    if cfg.reference_stage_workers:  # each backend plans on the workers that will run it
+    if cfg.route.reference_stage_workers:  # each backend plans on the workers that will run it
         from services.orchestrator.coldstart_setup import by_backend
 
-        return by_backend(on(cfg.stage_workers), on(cfg.reference_stage_workers))
-    return on(cfg.stage_workers)
+        return by_backend(on(cfg.route.stage_workers), on(cfg.route.reference_stage_workers))
+    return on(cfg.route.stage_workers)
 
 
 async def _install_at_startup(manager: RouteManager, request: InstallRequest, board: BackendBoard,
@@ -200,27 +194,25 @@ async def _install_at_startup(manager: RouteManager, request: InstallRequest, bo
 
 async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
     route = RouteSlot()
-    manager = RouteManager(route, choose_installer(cfg), cfg.drain_timeout_s,
+    manager = RouteManager(route, choose_installer(cfg), cfg.route.drain_timeout_s,
                            choose_preparer(cfg))
     startup: asyncio.Task | None = None
-    board = BackendBoard(cfg.inprocess_backend if cfg.inprocess_checkpoint else cfg.backend)
-    if cfg.inprocess_checkpoint:
-        await serve_then_upgrade(manager, InstallRequest(cfg.inprocess_checkpoint, cfg.inprocess_stages,
-                                                         cfg.inprocess_backend, DType.FP32), board, None)
-    elif cfg.checkpoint:
+    board = BackendBoard(cfg.inprocess.backend if cfg.inprocess.checkpoint else cfg.route.backend)
+    if cfg.inprocess.checkpoint:
+        await serve_then_upgrade(manager, InstallRequest(cfg.inprocess.checkpoint, cfg.inprocess.stages,
+                                                         cfg.inprocess.backend, DType.FP32), board, None)
+    elif cfg.route.checkpoint:
         # Planning, building and loading take a while: serve (not ready) meanwhile.
         startup = asyncio.get_running_loop().create_task(_install_at_startup(
-            manager, InstallRequest(cfg.checkpoint, len(cfg.stage_workers), cfg.backend,
-                                    cfg.boundary_dtype), board, cfg))
+            manager, InstallRequest(cfg.route.checkpoint, len(cfg.route.stage_workers), cfg.route.backend,
+                                    cfg.route.boundary_dtype), board, cfg))
     servicer = OrchestratorServicer(cfg, route, manager)
-    http_tls = choose_http_tls(cfg.server.host, cfg.http_tls, cfg.server.tls, cfg.http_insecure)
+    http_tls = choose_http_tls(cfg.server.host, cfg.http.tls, cfg.server.tls, cfg.http.insecure)
     if http_tls is None and not is_loopback(cfg.server.host):
         _log.warning("http_plaintext_beyond_loopback", host=cfg.server.host)
-    app = build_http_app(route, HttpConfig(
-        api_key=cfg.api_key, idle_write_timeout_s=cfg.idle_write_timeout_s or None,
-        send_buffer_bytes=cfg.http_send_buffer_bytes or None, max_body_bytes=cfg.http_max_body_bytes))
+    app = build_http_app(route, cfg.http.http_config(cfg.serving.idle_write_timeout_s))
     app[BOARD_KEY] = board
-    runner, http_port = await start_http(app, cfg.server.host, cfg.http_port,
+    runner, http_port = await start_http(app, cfg.server.host, cfg.http.port,
                                          server_ssl_context(http_tls) if http_tls else None)
     _log.info("http_api_serving", port=http_port, scheme="https" if http_tls else "http")
 
@@ -239,5 +231,5 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
     return ServiceSpec(
         service_names=(pb.DESCRIPTOR.services_by_name["OrchestratorService"].full_name,),
         register=lambda server: pb_grpc.add_OrchestratorServiceServicer_to_server(servicer, server),
-        on_drain=on_drain, on_stop=on_stop, extra_ports={"http": http_port}, api_key=cfg.api_key,
+        on_drain=on_drain, on_stop=on_stop, extra_ports={"http": http_port}, api_key=cfg.http.api_key,
     )

@@ -42,7 +42,7 @@ from services.orchestrator.api.prompting import (
 from services.orchestrator.engine.client import EngineClient
 from services.orchestrator.engine.domain import GenerationRequest
 from services.orchestrator.engine.prefix_salt import cache_salt_of, prefix_salt, tenant_of
-from services.orchestrator.engine.serving import RequestStream, RouteSlot
+from services.orchestrator.engine.serving import RequestStream, RouteSlot, ServingConfig
 from services.orchestrator.engine.tracing import TRACER
 from services.orchestrator.engine.unavailable import route_unavailable
 
@@ -59,7 +59,7 @@ class HttpConfig:
     max_body_bytes: int = 4 << 20
     # A streaming client that accepts no bytes for this long is dropped and its request
     # cancelled; None waits forever.
-    idle_write_timeout_s: float | None = 30.0
+    idle_write_timeout_s: float | None = ServingConfig.stall_timeout_s
     # Kernel send buffer of each client connection; None leaves the kernel's autotuning
     # (up to several MiB per connection). Bounding it bounds what a client that stops
     # reading can pin, and lets the idle-write timeout notice it sooner.

@@ -200,7 +200,7 @@ class SchedulerConfig:
     # On a route of more than one stage, slots beyond the stage count: a microbatch whose result
     # is on its way back (last stage -> first stage -> orchestrator -> first stage) leaves the last
     # stage without input unless another one is in flight to cover that round trip.
-    pipeline_spare_microbatches: int = 0
+    pipeline_spare_microbatches: int = 1
     max_sequences_per_microbatch: int = 64
     # Prefill rows per microbatch; a longer prompt is prefilled in chunks of at most this.
     max_prefill_rows_per_microbatch: int = 2048

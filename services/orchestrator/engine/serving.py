@@ -67,16 +67,17 @@ class ServingConfig:
     # Per stage; None takes each stage's budget from the served model.
     stage_kv_budget_bytes: tuple[int, ...] | None = None
     default_max_tokens: int = 256
-    default_deadline_budget_ns: int | None = None
+    # Deadline budget of a request that brings none; None: no deadline.
+    default_deadline_budget_ns: int | None = 600 * 10**9
     # Release retries stop after this long and return the admission slot anyway; stages
     # free the lease's KV when it expires.
     release_budget_s: float = 10.0
     # A request whose reader has taken nothing for this long (its stream full) is cancelled,
     # so a client that stops reading frees its slot. None: wait forever.
-    stall_timeout_s: float | None = 60.0
+    stall_timeout_s: float | None = 30.0
     # When the route loses a stage, greedy requests wait this long for the route to be
     # reloaded and are then replayed; 0 ends them at once with ROUTE_UNAVAILABLE.
-    recovery_timeout_s: float = 0.0
+    recovery_timeout_s: float = 30.0
     # 0 = only the context window bounds them.
     max_tokens_cap: int = 0
     max_prompt_tokens: int = 0

@@ -12,6 +12,7 @@ from libs.service.config import ServerConfig
 from libs.service.interceptors import reason_of
 from libs.service.server import build_server
 from services.orchestrator.config import OrchestratorConfig
+from services.orchestrator.route.settings import InprocessSettings, RouteSettings
 from services.orchestrator.server import make_spec
 
 pytestmark = pytest.mark.integration
@@ -19,8 +20,8 @@ LONG = "0b7a3c4e-8f51-4d2a-9c6e-1f2a3b4c5d6e"
 
 
 async def _serve(checkpoint):
-    cfg = OrchestratorConfig(server=ServerConfig("orchestrator", insecure=True), model_id="tiny",
-                             inprocess_checkpoint=str(checkpoint), inprocess_stages=2)
+    cfg = OrchestratorConfig(server=ServerConfig("orchestrator", insecure=True), route=RouteSettings(model_id="tiny"),
+                             inprocess=InprocessSettings(checkpoint=str(checkpoint), stages=2))
     spec = await make_spec(cfg)
     running = await build_server(cfg.server, spec)
     return running, spec

@@ -10,8 +10,8 @@ def test_environment_and_flags_reach_the_serving_config():
            "FORNAX_STAGE_WORKERS": "127.0.0.1:1, 127.0.0.1:2", "FORNAX_BOUNDARY_DTYPE": "fp32",
            "FORNAX_MAX_LIVE_REQUESTS": "8", "FORNAX_API_KEY": "k"}
     cfg = OrchestratorConfig.from_env(["--default-max-tokens", "32", "--backend", "max"], env)
-    assert (cfg.checkpoint, cfg.stage_workers) == ("/ckpt", ("127.0.0.1:1", "127.0.0.1:2"))
-    assert (cfg.boundary_dtype, cfg.backend, cfg.api_key) == ("fp32", "max", "k")
+    assert (cfg.route.checkpoint, cfg.route.stage_workers) == ("/ckpt", ("127.0.0.1:1", "127.0.0.1:2"))
+    assert (cfg.route.boundary_dtype, cfg.route.backend, cfg.http.api_key) == ("fp32", "max", "k")
     serving = serving_config(cfg)
     assert serving.default_deadline_budget_ns == 2_500_000_000
     assert (serving.max_live_requests, serving.default_max_tokens) == (8, 32)
@@ -30,11 +30,12 @@ def test_reference_workers_cpu_shares_and_cache_dir():
            "FORNAX_REFERENCE_STAGE_WORKERS": "127.0.0.1:3, 127.0.0.1:4",
            "FORNAX_STAGE_CPU_SETS": "0-1;2,5", "FORNAX_COMPILE_CACHE_DIR": "/cache"}
     cfg = OrchestratorConfig.from_env([], env)
-    assert cfg.reference_stage_workers == ("127.0.0.1:3", "127.0.0.1:4")
-    assert cfg.stage_cpu_sets == ((0, 1), (2, 5))
-    assert cfg.compile_cache_dir == "/cache"
+    assert cfg.route.reference_stage_workers == ("127.0.0.1:3", "127.0.0.1:4")
+    assert cfg.route.stage_cpu_sets == ((0, 1), (2, 5))
+    assert cfg.route.compile_cache_dir == "/cache"
     plain = OrchestratorConfig.from_env([], {})
-    assert (plain.reference_stage_workers, plain.stage_cpu_sets, plain.compile_cache_dir) == ((), (), None)
+    route = plain.route
+    assert (route.reference_stage_workers, route.stage_cpu_sets, route.compile_cache_dir) == ((), (), None)
 
 
 def test_reference_workers_must_match_the_stages():
@@ -57,23 +58,26 @@ def test_chunked_prefill_is_configured_by_environment_or_flag():
                                                              "FORNAX_MIN_PREFILL_CHUNK_TOKENS": "16"})).scheduler
     assert (by_env.max_tokens_per_step, by_env.min_prefill_chunk_tokens) == (256, 16)
     by_flag = OrchestratorConfig.from_env(["--max-tokens-per-step", "64"], {"FORNAX_MAX_TOKENS_PER_STEP": "256"})
-    assert by_flag.max_tokens_per_step == 64
+    assert by_flag.serving.max_tokens_per_step == 64
 
 
 def test_an_impossible_step_budget_stops_startup_naming_the_variable():
-    for env in ({"FORNAX_MAX_TOKENS_PER_STEP": "-1"}, {"FORNAX_MIN_PREFILL_CHUNK_TOKENS": "0"}):
-        with pytest.raises(SystemExit, match="FORNAX_MAX_TOKENS_PER_STEP must be >= 0.*FORNAX_MIN_PREFILL"):
-            OrchestratorConfig.from_env([], env)
+    from libs.service.errors import InvalidArgument
+
+    for variable, raw in (("FORNAX_MAX_TOKENS_PER_STEP", "-1"), ("FORNAX_MIN_PREFILL_CHUNK_TOKENS", "0")):
+        with pytest.raises(InvalidArgument, match=f"{variable}='{raw}' is not an integer >= ") as info:
+            OrchestratorConfig.from_env([], {variable: raw})
+        assert info.value.field == variable
 
 
 def test_the_max_switch_policy_is_measured_unless_forced_and_fails_closed():
     from libs.service.errors import InvalidArgument
     from services.orchestrator.route.backend_choice import SwitchPolicy
 
-    assert OrchestratorConfig.from_env([], {}).max_switch is SwitchPolicy.MEASURED
-    assert OrchestratorConfig.from_env([], {"FORNAX_MAX_SWITCH": "always"}).max_switch is SwitchPolicy.ALWAYS
+    assert OrchestratorConfig.from_env([], {}).route.max_switch is SwitchPolicy.MEASURED
+    assert OrchestratorConfig.from_env([], {"FORNAX_MAX_SWITCH": "always"}).route.max_switch is SwitchPolicy.ALWAYS
     assert OrchestratorConfig.from_env(["--max-switch", "measured"],
-                                       {"FORNAX_MAX_SWITCH": "always"}).max_switch is SwitchPolicy.MEASURED
+                                       {"FORNAX_MAX_SWITCH": "always"}).route.max_switch is SwitchPolicy.MEASURED
     with pytest.raises(InvalidArgument) as err:
         OrchestratorConfig.from_env([], {"FORNAX_MAX_SWITCH": "usually"})
     assert err.value.reason == "INVALID_MAX_SWITCH" and err.value.field == "FORNAX_MAX_SWITCH"
@@ -82,7 +86,7 @@ def test_the_max_switch_policy_is_measured_unless_forced_and_fails_closed():
 @pytest.mark.parametrize(("raw", "rows"), [(None, (1, 8)), ("8, 1,32", (1, 8, 32)), ("4", (4,))])
 def test_the_switch_is_measured_at_the_configured_rows(raw, rows):
     env = {} if raw is None else {"FORNAX_MAX_SWITCH_ROWS": raw}
-    assert OrchestratorConfig.from_env([], env).max_switch_rows == rows
+    assert OrchestratorConfig.from_env([], env).route.max_switch_rows == rows
 
 
 @pytest.mark.parametrize("raw", ["0,8", "1,2000", "one", ",", "1,2,3,4,5,6,7,8,9"])

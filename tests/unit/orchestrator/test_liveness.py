@@ -145,7 +145,7 @@ def test_a_route_failure_mid_request_is_a_clean_503_not_a_500(text_context):
     reported = []
 
     async def main():
-        eng = _engine(text_context, LostRoute(2))
+        eng = _engine(text_context, LostRoute(2), recovery_timeout_s=0.0)  # no wait for a reload
 
         async def on_failure(reason):
             reported.append(reason)

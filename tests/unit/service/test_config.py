@@ -70,4 +70,4 @@ def test_overlap_settings_come_from_the_environment():
     assert (worker.overlap_data_plane_port, worker.memory_limit_bytes) == (7071, 8 << 30)
     assert (StageWorkerConfig.from_env([], {}).overlap_data_plane_port,
             StageWorkerConfig.from_env([], {}).memory_limit_bytes) == (0, 0)
-    assert OrchestratorConfig.from_env([], {"FORNAX_DRAIN_TIMEOUT_S": "7"}).drain_timeout_s == 7.0
+    assert OrchestratorConfig.from_env([], {"FORNAX_DRAIN_TIMEOUT_S": "7"}).route.drain_timeout_s == 7.0
