@@ -12,8 +12,6 @@ from libs.service.affinity import usable_cpus, worker_cpu_sets
 from libs.service.affinity import worker_env as affinity_env
 from libs.service.env_settings import parse_setting
 from libs.service.fleet_state import FleetState, ServiceEntry
-from services.orchestrator.api.settings import HttpSettings
-from services.orchestrator.route.settings import RouteSettings
 
 
 def _registry_env(options: FleetOptions) -> dict[str, str]:
@@ -25,6 +23,7 @@ def _registry_env(options: FleetOptions) -> dict[str, str]:
 
 
 def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -> dict[str, str]:
+    from services.orchestrator.route.settings import RouteSettings
     route = RouteSettings(
         planner_addr=entries["planner"].grpc,
         registry_addr=entries["evidence_registry"].grpc,
@@ -41,6 +40,8 @@ def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -
 
 def orchestrator_options_env(options: FleetOptions) -> dict[str, str]:
     """The orchestrator settings that come straight from `fornax up`'s options, on any fleet."""
+    from services.orchestrator.api.settings import HttpSettings
+    from services.orchestrator.route.settings import RouteSettings
     route = RouteSettings(
         plan_mode=parse_setting(RouteSettings, "plan_mode", options.plan_mode),
         weights_policy=parse_setting(RouteSettings, "weights_policy", options.weights),

@@ -22,8 +22,6 @@ from libs.security.store import CertStore
 from libs.service.affinity import THREAD_VARIABLES
 from libs.service.env_settings import parse_setting
 from libs.service.fleet_state import FleetState, ServiceEntry
-from services.orchestrator.api.settings import HttpSettings
-from services.orchestrator.route.settings import RouteSettings
 
 LOOPBACK = "127.0.0.1"
 
@@ -79,6 +77,8 @@ def _worker_process(options: FleetOptions, host: HostPlan, index: int) -> Servic
 
 def _orchestrator_env(options: FleetOptions, spec: FleetSpec, entries: dict[str, ServiceEntry],
                       workers: list[str], control: HostPlan) -> dict[str, str]:
+    from services.orchestrator.api.settings import HttpSettings
+    from services.orchestrator.route.settings import RouteSettings
     route = RouteSettings(
         planner_addr=entries["planner"].grpc,
         registry_addr=entries["evidence_registry"].grpc,
