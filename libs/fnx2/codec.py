@@ -384,10 +384,10 @@ def _decode_kind(kind: int, meta: dict[str, Any], metadata: bytes, payload: memo
     if kind == Kind.RELEASE:
         return Release.from_meta(meta)
     if kind == Kind.ACK:
-        return Ack.from_meta(meta, allow_extensions)
+        return Ack.from_meta(meta, allow_extensions, negotiated)
     if kind == Kind.ERROR:
         return ErrorMessage.from_meta(meta)
-    return Control.from_meta(meta, allow_extensions)
+    return Control.from_meta(meta, allow_extensions, negotiated)
 
 
 _BATCH_FIELDS = frozenset({"plan_id", "plan_hash", "manifest_hash", "source_stage",

@@ -11,6 +11,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from libs.fnx2.admission import (
+    ACK_ADMIT_FIELDS,
+    EXT_INBAND_ADMISSION,
+    STAGE_KV_EPOCHS_FIELD,
+    AckAdmit,
+    Admission,
+    read_stage_kv_epochs,
+    require,
+)
 from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, ErrorCode
 from libs.fnx2.fields import Fields, is_uuid
 from libs.fnx2.messages import MAX_ID_CHARS, Kind
@@ -38,8 +47,11 @@ LEASE_SEQUENCE_NEXT_FIELD = "lease_sequence_next"
 # BATCH and RESULT metadata may be the fixed-layout binary form of libs.fnx2.compact
 # instead of canonical JSON.
 EXT_COMPACT_META = "compact_meta"
+# CONTROL `admit` opens a lease on every stage down the chain, and ACK cancel/release name
+# every stage's KV epoch (libs.fnx2.admission).
 KNOWN_EXTENSIONS = frozenset({EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, EXT_TIMINGS, EXT_COMPACT_OUTPUT,
-                              EXT_SAMPLE_LOGPROBS, EXT_COMPACT_META, EXT_LEASE_SEQUENCE})
+                              EXT_SAMPLE_LOGPROBS, EXT_COMPACT_META, EXT_LEASE_SEQUENCE,
+                              EXT_INBAND_ADMISSION})
 
 CREDIT_FIELDS = ("frames", "payload_bytes", "rows", "sequences",
                  "live_requests", "kv_bytes", "replay_bytes")
@@ -142,7 +154,8 @@ class Release:
 
 @dataclass(frozen=True, slots=True)
 class Control:
-    """CONTROL hello / shutdown / credit_refresh, and the negotiated `extensions` offer."""
+    """CONTROL hello / shutdown / credit_refresh, the negotiated `extensions` offer and, with
+    `inband_admission`, `admit`."""
 
     KIND: ClassVar[int] = Kind.CONTROL
     control: str
@@ -150,6 +163,7 @@ class Control:
     binding: ChannelBinding
     supported_versions: tuple[tuple[int, int], ...] = ()
     extensions: tuple[str, ...] = ()
+    admission: Admission | None = None
 
     def to_meta(self) -> dict[str, Any]:
         meta = {"control": self.control, "control_id": self.control_id, **self.binding.to_meta()}
@@ -157,23 +171,33 @@ class Control:
             meta["supported_versions"] = [list(v) for v in self.supported_versions]
         elif self.control == "extensions":
             meta["extensions"] = list(self.extensions)
+        elif self.control == "admit":
+            if self.admission is None:
+                raise ValueError("CONTROL admit carries an admission")
+            meta["admission"] = self.admission.to_meta()
         return meta
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any], allow_extensions: bool) -> Control:
+    def from_meta(cls, meta: dict[str, Any], allow_extensions: bool,
+                  negotiated: frozenset[str] = frozenset()) -> Control:
         operation = meta.get("control")
         names = _BINDING_FIELDS | {"control", "control_id"}
         if operation == "hello":
             names = names | {"supported_versions"}
         elif operation == "extensions" and allow_extensions:
             names = names | {"extensions"}
+        elif operation == "admit":
+            require(EXT_INBAND_ADMISSION in negotiated, "CONTROL admit")
+            names = names | {"admission"}
         elif operation not in ("shutdown", "credit_refresh"):
             raise Fields({}, ErrorCode.METADATA, "CONTROL", frozenset()).fail(
                 "control", "is not a supported operation")
         f = Fields(meta, ErrorCode.METADATA, "CONTROL", names)
         versions = _read_supported_versions(f) if operation == "hello" else ()
         extensions = _read_extensions(f) if operation == "extensions" else ()
-        return cls(operation, f.uuid("control_id"), ChannelBinding.read(f), versions, extensions)
+        admission = Admission.from_meta(f.raw("admission")) if operation == "admit" else None
+        return cls(operation, f.uuid("control_id"), ChannelBinding.read(f), versions, extensions,
+                   admission)
 
 
 def _is_version(value: Any) -> bool:
@@ -210,6 +234,7 @@ _ACK_FIELDS: dict[str, frozenset[str]] = {
     "shutdown": frozenset({"stage_id"}),
     "credit_refresh": frozenset({"stage_id"}),
     "extensions": frozenset({"stage_id", "extensions"}),
+    "admit": ACK_ADMIT_FIELDS,
 }
 
 
@@ -227,15 +252,21 @@ class Ack:
                 **self.fields.to_meta()}
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any], allow_extensions: bool) -> Ack:
+    def from_meta(cls, meta: dict[str, Any], allow_extensions: bool,
+                  negotiated: frozenset[str] = frozenset()) -> Ack:
         operation = meta.get("operation")
         if type(operation) is not str or operation not in _ACK_FIELDS or (
                 operation == "extensions" and not allow_extensions):
             raise Fields({}, ErrorCode.METADATA, "ACK", frozenset()).fail(
                 "operation", "is not a supported operation")
+        inband = EXT_INBAND_ADMISSION in negotiated
+        if operation == "admit":
+            require(inband, "ACK admit")
         names = _ACK_FIELDS[operation] | {"operation", "control_id"}
         if operation == "extensions" and _accepts_lease_sequence(meta.get("extensions")):
             names = names | {LEASE_SEQUENCE_NEXT_FIELD}  # part of that extension, only with it
+        if operation in ("cancel", "release") and inband and STAGE_KV_EPOCHS_FIELD in meta:
+            names = names | {STAGE_KV_EPOCHS_FIELD}  # part of inband_admission, only with it
         f = Fields(meta, ErrorCode.METADATA, "ACK", names)
         return cls(operation, f.uuid("control_id"), _ACK_READERS[operation](f))
 
@@ -256,11 +287,16 @@ class AckCancel:
     cancelled: bool
     inflight: bool
     kv_mutated: bool
+    # inband_admission only: each stage's KV epoch, this stage first.
+    stage_kv_epochs: tuple[int, ...] | None = None
 
     def to_meta(self) -> dict[str, Any]:
-        return {"request_id": self.request_id, "execution_lease_id": self.execution_lease_id,
-                "cancelled": self.cancelled, "inflight": self.inflight,
-                "kv_mutated": self.kv_mutated}
+        meta: dict[str, Any] = {
+            "request_id": self.request_id, "execution_lease_id": self.execution_lease_id,
+            "cancelled": self.cancelled, "inflight": self.inflight, "kv_mutated": self.kv_mutated}
+        if self.stage_kv_epochs is not None:
+            meta[STAGE_KV_EPOCHS_FIELD] = list(self.stage_kv_epochs)
+        return meta
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,12 +307,18 @@ class AckRelease:
     kv_epoch: int | None
     completed_results_released: int
     tombstone_present: bool
+    # inband_admission only: each stage's KV epoch, this stage first.
+    stage_kv_epochs: tuple[int, ...] | None = None
 
     def to_meta(self) -> dict[str, Any]:
-        return {"request_id": self.request_id, "execution_lease_id": self.execution_lease_id,
-                "released": self.released, "kv_epoch": self.kv_epoch,
-                "completed_results_released": self.completed_results_released,
-                "tombstone_present": self.tombstone_present}
+        meta: dict[str, Any] = {
+            "request_id": self.request_id, "execution_lease_id": self.execution_lease_id,
+            "released": self.released, "kv_epoch": self.kv_epoch,
+            "completed_results_released": self.completed_results_released,
+            "tombstone_present": self.tombstone_present}
+        if self.stage_kv_epochs is not None:
+            meta[STAGE_KV_EPOCHS_FIELD] = list(self.stage_kv_epochs)
+        return meta
 
 
 def _accepts_lease_sequence(extensions: Any) -> bool:
@@ -303,7 +345,7 @@ class AckStage:
         return meta
 
 
-AckFields = AckHello | AckCancel | AckRelease | AckStage
+AckFields = AckHello | AckCancel | AckRelease | AckStage | AckAdmit
 
 
 def _read_hello(f: Fields) -> AckHello:
@@ -317,15 +359,20 @@ _ACK_READERS: dict[str, Callable[[Fields], AckFields]] = {
     "hello": _read_hello,
     "cancel": lambda f: AckCancel(f.uuid("request_id"), f.uuid("execution_lease_id"),
                                   f.boolean("cancelled"), f.boolean("inflight"),
-                                  f.boolean("kv_mutated")),
+                                  f.boolean("kv_mutated"), _stage_epochs(f)),
     "release": lambda f: AckRelease(f.uuid("request_id"), f.uuid("execution_lease_id"),
                                     f.boolean("released"), f.optional_uint("kv_epoch"),
                                     f.uint("completed_results_released"),
-                                    f.boolean("tombstone_present")),
+                                    f.boolean("tombstone_present"), _stage_epochs(f)),
+    "admit": AckAdmit.read,
     "shutdown": lambda f: AckStage(f.text("stage_id", MAX_ID_CHARS)),
     "credit_refresh": lambda f: AckStage(f.text("stage_id", MAX_ID_CHARS)),
     "extensions": lambda f: _read_extensions_ack(f),
 }
+
+
+def _stage_epochs(f: Fields) -> tuple[int, ...] | None:
+    return read_stage_kv_epochs(f) if f.has(STAGE_KV_EPOCHS_FIELD) else None
 
 
 def _read_extensions_ack(f: Fields) -> AckStage:

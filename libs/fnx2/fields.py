@@ -130,6 +130,9 @@ class Fields:
     def raw(self, name: str) -> Any:
         return self._meta[name]
 
+    def has(self, name: str) -> bool:
+        return name in self._meta
+
     def uuid(self, name: str) -> str:
         value = self._meta[name]
         if not is_uuid(value):

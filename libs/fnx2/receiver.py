@@ -12,10 +12,11 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 
+from libs.fnx2.admission import EXT_INBAND_ADMISSION, AckAdmit
 from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits, ExpectedBinding
 from libs.fnx2.control import (
     ABI_VERSION,
@@ -40,6 +41,7 @@ from libs.fnx2.listener import ListenerLimits, PeerPolicy, server_options
 from libs.fnx2.messages import Batch, Timings
 from libs.fnx2.receiver_state import BatchAdmission, Outcome, ReceiverLimits, ReceiverState
 from libs.fnx2.stage_io import (
+    LeaseHandler,
     SequenceFailure,
     StageHandler,
     StageOutput,
@@ -350,23 +352,64 @@ class _Channel:
             return {s.identity: Outcome(False, None, ErrorCode.FAILED, message) for s in work.sequences}
         return outcomes(work, output, EXT_COMPACT_OUTPUT in self.extensions)
 
+    async def _admit_guarded(self, message: Control) -> None:
+        """Runs the stage's in-band admission; a failure to apply or forward it answers the
+        control with one ERROR (the channel stays up)."""
+        assert message.admission is not None and isinstance(self.r.handler, LeaseHandler)
+        try:
+            ack: AckAdmit = await self.r.handler.admit(message.admission)
+        except Fnx2Error as exc:
+            await self.try_send(ErrorMessage(exc.code.value, exc.message, message.control_id))
+            return
+        except Exception as exc:  # noqa: BLE001 - the next hop lost, a defect: the admit fails
+            await self.try_send(ErrorMessage(ErrorCode.FAILED.value,
+                                             f"admission failed: {type(exc).__name__}",
+                                             message.control_id))
+            return
+        await self.try_send(Ack("admit", message.control_id, ack))
+
+    def _lease_handler(self) -> LeaseHandler | None:
+        handler = self.r.handler
+        if EXT_INBAND_ADMISSION in self.extensions and isinstance(handler, LeaseHandler):
+            return handler
+        return None
+
     async def _on_lease_control(self, message: Cancel | Release) -> None:
         if message.binding != self.r.config.binding:
             await self.stream.send(ErrorMessage(ErrorCode.STALE_PLAN.value,
                                                 "control binding differs", message.control_id))
             return
+        lease_handler = self._lease_handler()
+        request_id, lease_id = message.request_id, message.execution_lease_id
         if isinstance(message, Cancel):
-            cancelled = self.r.state.cancel(message.request_id, message.execution_lease_id)
+            cancelled = self.r.state.cancel(request_id, lease_id)
+            if lease_handler is not None:
+                try:
+                    epochs = await lease_handler.cancel(request_id, lease_id)
+                except Exception as exc:  # noqa: BLE001 - a stage down the chain was not told
+                    await self.stream.send(ErrorMessage(ErrorCode.FAILED.value,
+                                                        f"cancel failed: {type(exc).__name__}",
+                                                        message.control_id))
+                    return
+                cancelled = replace(cancelled, stage_kv_epochs=epochs)
             await self.stream.send(Ack("cancel", message.control_id, cancelled))
             return
         try:
-            fields = self.r.state.release(message.request_id, message.execution_lease_id,
-                                          message.expected_final_epoch, self.r.clock())
+            fields = self.r.state.release(request_id, lease_id, message.expected_final_epoch,
+                                          self.r.clock())
+            if lease_handler is not None:  # the stage frees its KV and tells the next hop
+                epochs = await lease_handler.release(request_id, lease_id)
+                fields = replace(fields, stage_kv_epochs=epochs)
+            elif fields.released:
+                self.r.forget([(request_id, lease_id)])
         except Fnx2Error as exc:
             await self.stream.send(ErrorMessage(exc.code.value, exc.message, message.control_id))
             return
-        if fields.released:
-            self.r.forget([(message.request_id, message.execution_lease_id)])
+        except Exception as exc:  # noqa: BLE001 - a stage down the chain was not told
+            await self.stream.send(ErrorMessage(ErrorCode.FAILED.value,
+                                                f"release failed: {type(exc).__name__}",
+                                                message.control_id))
+            return
         await self.stream.send(Ack("release", message.control_id, fields), self.credit())
 
     async def _on_control(self, message: Control) -> bool:
@@ -376,13 +419,21 @@ class _Channel:
                                                 "control binding differs", message.control_id))
             return True
         if message.control == "extensions":
-            self.extensions = frozenset(message.extensions) & self.r.config.extensions
+            offered = frozenset(message.extensions) & self.r.config.extensions
+            if not isinstance(self.r.handler, LeaseHandler):  # nothing to open leases on
+                offered -= {EXT_INBAND_ADMISSION}
+            self.extensions = offered
             self.stream.negotiated = self.extensions
             accepted = tuple(sorted(self.extensions))
             next_number = (self.r.state.lease_sequence_next
                            if EXT_LEASE_SEQUENCE in self.extensions else None)
             await self.stream.send(Ack("extensions", message.control_id,
                                        AckStage(stage, accepted, next_number)), self.credit())
+        elif message.control == "admit" and EXT_INBAND_ADMISSION in self.extensions:
+            # Its own task: the forward down the chain must not hold up this channel's frames.
+            task = asyncio.get_running_loop().create_task(self._admit_guarded(message))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
         elif message.control == "credit_refresh":
             self.r.sweep()
             await self.stream.send(Ack("credit_refresh", message.control_id, AckStage(stage)),

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from prometheus_client import Counter
 
+from libs.fnx2.admission import EXT_INBAND_ADMISSION, AckAdmit, Admission
 from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits
 from libs.fnx2.control import (
     EXT_COMPACT_OUTPUT,
@@ -232,6 +233,15 @@ class Fnx2Client:
         ack = await self._control(control_id, Release(control_id, self.config.binding, request_id,
                                                       execution_lease_id, expected_final_epoch))
         return _ack_fields(ack, AckRelease)
+
+    async def admit(self, admission: Admission) -> AckAdmit:
+        """Open a lease on the receiving stage and every stage after it (inband_admission)."""
+        if EXT_INBAND_ADMISSION not in self.extensions:
+            raise Fnx2Error(ErrorCode.METADATA, f"the receiver did not accept {EXT_INBAND_ADMISSION}")
+        control_id = str(uuid.uuid4())
+        ack = await self._control(control_id, Control("admit", control_id, self.config.binding,
+                                                      admission=admission))
+        return _ack_fields(ack, AckAdmit)
 
     async def credit_refresh(self) -> None:
         control_id = str(uuid.uuid4())

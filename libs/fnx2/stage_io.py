@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from libs.fnx2.admission import AckAdmit, Admission
 from libs.fnx2.errors import ErrorCode
 from libs.fnx2.messages import Batch, Result, SequenceResult, SequenceSlice, Timings
 from libs.fnx2.receiver_state import BatchAdmission, Entry, Outcome
@@ -56,6 +57,23 @@ class StageHandler(Protocol):
 
     def forget(self, request_id: str, execution_lease_id: str) -> None:
         """Drop this request's KV: it was released or expired."""
+
+
+@runtime_checkable
+class LeaseHandler(Protocol):
+    """A handler that also opens, cancels and releases leases in band (the negotiated
+    `inband_admission` extension): each applies it on its stage and forwards it to the next
+    hop, and answers with every stage's outcome, its own first."""
+
+    async def admit(self, admission: Admission) -> AckAdmit: ...
+
+    async def cancel(self, request_id: str, execution_lease_id: str) -> tuple[int, ...]:
+        """Each stage's KV epoch after the cancel."""
+        ...
+
+    async def release(self, request_id: str, execution_lease_id: str) -> tuple[int, ...]:
+        """Frees the request's KV on each stage; each stage's final KV epoch."""
+        ...
 
 
 def outcomes(work: StageWork, output: StageOutput,
