@@ -6,6 +6,7 @@ from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from libs.common.kinds import DType
 from libs.common.proto import backend_from_pb, dtype_from_pb
+from libs.fnx2.admission import Admission, OutputMode, f32_value
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, blocks_for, prefix_chain
 from libs.model.kv_store import KV_DTYPES
 from libs.model.sampling import SamplingParams
@@ -83,6 +84,30 @@ def _kv_dtype(value: str) -> str | None:
         raise InvalidArgument(f"KV dtype {value!r} is not one of {', '.join(KV_DTYPES)}", reason="KV_DTYPE",
                               field="spec.kv_dtype")
     return value or None
+
+
+def admission_pb_from_inband(admission: Admission) -> pb.AdmitSequenceRequest:
+    """An in-band admission (FNX2 CONTROL admit) as the control plane's message, so both
+    carry the same rules and errors (`admission_from_pb`)."""
+    s = admission.sampling
+    sampling = pb.SamplingSpec(
+        temperature=f32_value(s.temperature_f32), top_k=s.top_k, top_p=f32_value(s.top_p_f32), seed=s.seed,
+        presence_penalty=f32_value(s.presence_penalty_f32), frequency_penalty=f32_value(s.frequency_penalty_f32),
+        logit_bias={token: f32_value(bits) for token, bits in s.logit_bias},
+        first_sample_position=s.first_sample_position, generated_token_ids=s.generated_token_ids,
+        logprobs=s.top_logprobs is not None, top_logprobs=s.top_logprobs or 0,
+    )
+    if s.grammar is not None:
+        sampling.grammar.CopyFrom(pb.GrammarConstraint(lark_grammar=s.grammar.lark,
+                                                       end_token_ids=s.grammar.end_token_ids))
+    return pb.AdmitSequenceRequest(
+        target_request_id=admission.request_id, execution_lease_id=admission.execution_lease_id,
+        reserve_tokens=admission.reserve_tokens, sampling=sampling,
+        output_mode=pb.OUTPUT_MODE_LOGITS if admission.output_mode is OutputMode.LOGITS
+        else pb.OUTPUT_MODE_SAMPLED_TOKENS,
+        prefix_salt=admission.prefix_salt, prefix_token_ids=admission.prefix_token_ids,
+        prefix_block_hashes=admission.prefix_block_hashes,
+    )
 
 
 def admission_from_pb(request: pb.AdmitSequenceRequest, block_bytes: int) -> SequenceAdmission:

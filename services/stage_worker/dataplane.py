@@ -17,6 +17,7 @@ import numpy as np
 import structlog
 from opentelemetry import trace
 
+from libs.fnx2.admission import AckAdmit, Admission
 from libs.fnx2.control import EXT_SAMPLE_LOGPROBS, ChannelBinding
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.listener import ListenerLimits
@@ -37,9 +38,9 @@ from libs.model.executor import StageBatch, StageResult
 from libs.model.kv_store import SliceIdentity
 from libs.model.logprobs import RECORD_WIDTH, sample_records
 from libs.security.fnx2_tls import Fnx2Tls
-from libs.service.errors import FailedPrecondition
+from libs.service.errors import FailedPrecondition, FornaxError
 from libs.service.trace_context import context_from, current_traceparent
-from services.stage_worker import metrics
+from services.stage_worker import convert, metrics
 from services.stage_worker.phase_totals import Phase
 from services.stage_worker.runtime import LoadedStage, StageRuntime
 
@@ -156,6 +157,55 @@ class DataPlane:
     def cancel_lease(self, request_id: str, lease_id: str | None) -> None:
         if self._receiver is not None and lease_id is not None:
             self._receiver.state.cancel(request_id, lease_id)
+
+    # ---- in-band lease control (the inband_admission extension) -----------------------------
+    async def admit(self, admission: Admission) -> AckAdmit:
+        """Admit on this stage, then on every stage after it; a refusal further down undoes
+        this stage's reservation. The refusal names its stage and the same stable reason the
+        control plane's AdmitSequence gives."""
+        stage = self._stage
+        label = stage_id(stage.spec.stage_index) if stage is not None else "stage"
+        runtime = self._runtime
+        try:
+            local = convert.admission_from_pb(convert.admission_pb_from_inband(admission), runtime.kv_block_bytes())
+            _, cached = runtime.admit(local)
+        except FornaxError as exc:
+            return AckAdmit.refusal(admission, exc.reason, exc.message, label)
+        assert stage is not None  # runtime.kv_block_bytes() raised otherwise
+        if stage.spec.last:
+            return AckAdmit(admission.request_id, admission.execution_lease_id, True, (cached,))
+        try:
+            client = await self.next_hop(stage)
+            down = await client.admit(admission)
+        except BaseException:
+            runtime.release(admission.request_id)
+            raise
+        if not down.admitted:
+            runtime.release(admission.request_id)
+            return down
+        return replace(down, cached_tokens=(cached, *down.cached_tokens))
+
+    async def cancel(self, request_id: str, lease_id: str) -> tuple[int, ...]:
+        """Marks the request cancelled here and on every stage after it; each one's KV epoch."""
+        stage = self._stage
+        if stage is None:
+            raise RuntimeError("no stage is bound")
+        _, epoch = self._runtime.cancel(request_id)
+        if stage.spec.last:
+            return (epoch,)
+        ack = await (await self.next_hop(stage)).cancel(request_id, lease_id)
+        return (epoch, *(ack.stage_kv_epochs or ()))
+
+    async def release(self, request_id: str, lease_id: str) -> tuple[int, ...]:
+        """Frees the request's KV here and on every stage after it; each one's final epoch."""
+        stage = self._stage
+        if stage is None:
+            raise RuntimeError("no stage is bound")
+        _, epoch, _ = self._runtime.release(request_id)
+        if stage.spec.last:
+            return (epoch,)
+        ack = await (await self.next_hop(stage)).release(request_id, lease_id)
+        return (epoch, *(ack.stage_kv_epochs or ()))
 
     async def next_hop(self, stage: LoadedStage) -> Fnx2Client:
         async with self._next_hop_lock:
@@ -427,6 +477,15 @@ class _Handler:
 
     async def execute(self, work: StageWork) -> StageOutput:
         return await self._plane.execute(work)
+
+    async def admit(self, admission: Admission) -> AckAdmit:
+        return await self._plane.admit(admission)
+
+    async def cancel(self, request_id: str, execution_lease_id: str) -> tuple[int, ...]:
+        return await self._plane.cancel(request_id, execution_lease_id)
+
+    async def release(self, request_id: str, execution_lease_id: str) -> tuple[int, ...]:
+        return await self._plane.release(request_id, execution_lease_id)
 
     def forget(self, request_id: str, execution_lease_id: str) -> None:
         stage = self._plane._stage

@@ -1,9 +1,11 @@
 """The client side of one installed stage pipeline: admission, FNX2 batches, cancel, release.
 
-The orchestrator drives a `Route`: it admits a request on every stage (KV reserved, sampling
-recorded on the final stage) over gRPC, sends ragged batches of token ids to stage 0 over
-FNX2, receives the final stage's sampled tokens (or logits) back, and fans cancel and
-release out to every stage, collecting each stage's KV epoch.
+The orchestrator drives a `Route`. Everything on the request path goes over the FNX2 channel
+to stage 0, and each stage forwards it to the next: admission (CONTROL admit of the
+`inband_admission` extension: KV reserved, sampling recorded on the final stage), ragged
+batches of token ids, and CANCEL and RELEASE, whose ACKs carry each stage's KV epoch. The
+final stage's sampled tokens (or logits) come back along the chain. gRPC stays for control:
+load, unload, health, drain.
 """
 
 from __future__ import annotations
@@ -11,16 +13,26 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 import numpy as np
 
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
-from libs.fnx2.control import ChannelBinding
-from libs.fnx2.errors import ChannelClosedError, Fnx2Error
+from libs.fnx2.admission import (
+    EXT_INBAND_ADMISSION,
+    AckAdmit,
+    Admission,
+    Grammar,
+    OutputMode,
+    Sampling,
+    f32_bits,
+)
+from libs.fnx2.control import AckCancel, AckRelease, ChannelBinding
+from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
 from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
 from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind
@@ -28,7 +40,14 @@ from libs.model.kv_blocks import KV_BLOCK_TOKENS, prefix_chain
 from libs.model.sampling import SamplingParams
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.channels import ChannelConfig, open_aio_channel
-from libs.service.errors import FailedPrecondition, Unavailable
+from libs.service.errors import (
+    FailedPrecondition,
+    FornaxError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from libs.service.interceptors import reason_of
 from services.orchestrator.engine.drift import MeasuredService
 from services.orchestrator.engine.unavailable import route_unavailable
@@ -41,6 +60,7 @@ from services.orchestrator.route.route_health import (
 )
 
 GATEWAY = "gateway"
+_Ack = TypeVar("_Ack", AckAdmit, AckCancel, AckRelease)
 UNLOAD_TIMEOUT_S = 60.0
 
 
@@ -280,38 +300,39 @@ class Route:
 
     async def admit(self, request_id: str, reserve_tokens: int, sampling: SamplingParams,
                     logits: bool = False, prefix: PrefixQuery | None = None) -> int:
-        """Reserve KV on every stage; on any refusal, undo the reservations that succeeded.
+        """Reserve KV on every stage, in band: one CONTROL admit to stage 0, which each stage
+        applies and forwards down the chain; a refusal anywhere leaves no stage reserved.
 
         With a prefix query, returns the prompt tokens every stage holds (the minimum over the
         stages, whole blocks): the request's first slice may start there. Otherwise 0.
         """
-        mode = pb.OUTPUT_MODE_LOGITS if logits else pb.OUTPUT_MODE_SAMPLED_TOKENS
-        message = pb.AdmitSequenceRequest(
-            request_id=str(uuid.uuid4()),
-            target_request_id=request_id,
-            execution_lease_id=lease_id_for(self.plan, request_id),
-            reserve_tokens=reserve_tokens,
-            sampling=sampling_to_pb(sampling),
-            output_mode=mode,
-            plan_generation_id=self.plan.plan_generation_id,
-        )
-        if prefix is not None:
-            message.prefix_salt = prefix.salt
-            message.prefix_token_ids.extend(prefix.token_ids)
-            message.prefix_block_hashes.extend(prefix_chain(prefix.salt, prefix.token_ids))
-        outcomes = await asyncio.gather(*(stub.AdmitSequence(message, timeout=self.timeouts.admit_s)
-                                           for stub in self._stubs), return_exceptions=True)
-        failures = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
-        if failures:
-            try:
-                await self.release(request_id)
-            except Exception:  # the lease expires on the stages that did admit it
-                pass
-            raise _clean(*failures[0])
+        admission = inband_admission(self.plan, request_id, reserve_tokens, sampling, logits, prefix)
+        ack = await self._lease_control(lambda client: client.admit(admission), self.timeouts.admit_s, "admit")
+        if not ack.admitted:
+            raise stage_refusal(ack)
         if prefix is None:
             return 0
-        return reusable_tokens([o.cached_tokens for o in outcomes if not isinstance(o, BaseException)],
-                               len(prefix.token_ids))
+        return reusable_tokens(ack.cached_tokens, len(prefix.token_ids))
+
+    async def _lease_control(self, send: Callable[[Fnx2Client], Awaitable[_Ack]], timeout_s: float,
+                             what: str) -> _Ack:
+        """One in-band lease control to stage 0 (and on down the chain), with a deadline; a
+        lost or silent data plane makes the route unavailable, never a hang."""
+        client = self._client
+        if client is None:
+            raise route_unavailable("the route's data plane is closed")
+        if EXT_INBAND_ADMISSION not in client.extensions:
+            raise route_unavailable(f"stage 0 did not accept {EXT_INBAND_ADMISSION}: it cannot {what} in band")
+        try:
+            return await asyncio.wait_for(send(client), timeout_s * len(self.plan.stages))
+        except TimeoutError:
+            raise route_unavailable(f"the stages did not answer {what} in time") from None
+        except (ChannelClosedError, ConnectionError, OSError) as exc:
+            raise route_unavailable("the data plane connection to stage 0 was lost") from exc
+        except Fnx2Error as exc:
+            if exc.terminal or exc.code is ErrorCode.FAILED:
+                raise route_unavailable(f"a stage could not {what} ({exc.code.value})") from exc
+            raise FailedPrecondition(f"stage 0 refused {what}: {exc.message}", reason=exc.code.value) from exc
 
     async def run(self, phase: Phase, inputs: list[SliceInput], traceparent: str | None = None) -> list[SliceOutput]:
         """One ragged batch through every stage; outputs in input order."""
@@ -369,26 +390,20 @@ class Route:
         )
 
     async def cancel(self, request_id: str) -> list[int]:
-        message = pb.CancelRequestRequest(request_id=str(uuid.uuid4()), target_request_id=request_id,
-                                          plan_generation_id=self.plan.plan_generation_id)
-        replies = await asyncio.gather(*(stub.CancelRequest(message, timeout=self.timeouts.cancel_s)
-                                         for stub in self._stubs), return_exceptions=True)
-        for index, reply in enumerate(replies):
-            if isinstance(reply, BaseException):
-                raise _clean(index, reply)
-        return [reply.kv_epoch for reply in replies if not isinstance(reply, BaseException)]
+        """Cancel in band (FNX2 CANCEL down the chain); returns each stage's KV epoch."""
+        lease = lease_id_for(self.plan, request_id)
+        ack = await self._lease_control(lambda client: client.cancel(request_id, lease), self.timeouts.cancel_s,
+                                        "cancel")
+        return list(ack.stage_kv_epochs or ())
 
     async def release(self, request_id: str) -> list[int]:
-        """Free the request's KV on every stage; returns each stage's final KV epoch."""
+        """Free the request's KV on every stage in band (FNX2 RELEASE down the chain); returns
+        each stage's final KV epoch."""
         self._lease_sequences.pop(request_id, None)
-        message = pb.ReleaseRequestRequest(request_id=str(uuid.uuid4()), target_request_id=request_id,
-                                           plan_generation_id=self.plan.plan_generation_id)
-        replies = await asyncio.gather(*(stub.ReleaseRequest(message, timeout=self.timeouts.release_s)
-                                         for stub in self._stubs), return_exceptions=True)
-        for index, reply in enumerate(replies):
-            if isinstance(reply, BaseException):
-                raise _clean(index, reply)
-        return [reply.kv_epoch for reply in replies if not isinstance(reply, BaseException)]
+        lease = lease_id_for(self.plan, request_id)
+        ack = await self._lease_control(lambda client: client.release(request_id, lease), self.timeouts.release_s,
+                                        "release")
+        return list(ack.stage_kv_epochs or ())
 
     async def health(self) -> list[pb.GetHealthResponse]:
         return list(await asyncio.gather(*(stub.GetHealth(self._health_request(), timeout=self.timeouts.health_s)
@@ -430,11 +445,46 @@ def _condition_of_state(state: int) -> StageCondition:
     return StageCondition.NOT_LOADED
 
 
-def _clean(index: int, error: BaseException) -> BaseException:
-    """A stage's transport failure as a clean UNAVAILABLE that names the stage, never its
-    address; a stage's own refusal (capacity, a bad lease) passes through unchanged."""
-    if isinstance(error, grpc.aio.AioRpcError):
-        condition = condition_of_rpc_error(error.code())
-        if condition is not StageCondition.READY:
-            return route_unavailable(f"stage {index} is {condition.value}")
-    return error
+def inband_admission(plan: RoutePlan, request_id: str, reserve_tokens: int, sampling: SamplingParams,
+                     logits: bool = False, prefix: PrefixQuery | None = None) -> Admission:
+    """The admission every stage applies, as FNX2 CONTROL admit carries it (the sampling
+    parameters at the control plane's binary32 precision)."""
+    spec = sampling_to_pb(sampling)
+    grammar = (Grammar(spec.grammar.lark_grammar, tuple(spec.grammar.end_token_ids))
+               if spec.HasField("grammar") else None)
+    wire = Sampling(
+        f32_bits(spec.temperature), spec.top_k, f32_bits(spec.top_p), spec.seed, f32_bits(spec.presence_penalty),
+        f32_bits(spec.frequency_penalty), tuple(sorted((t, f32_bits(b)) for t, b in spec.logit_bias.items())),
+        grammar, spec.first_sample_position, tuple(spec.generated_token_ids),
+        spec.top_logprobs if spec.logprobs else None,
+    )
+    salt, tokens, hashes = b"", (), ()
+    if prefix is not None:
+        salt, tokens = prefix.salt, tuple(prefix.token_ids)
+        hashes = tuple(prefix_chain(prefix.salt, prefix.token_ids))
+    return Admission(request_id, lease_id_for(plan, request_id), reserve_tokens,
+                     OutputMode.LOGITS if logits else OutputMode.SAMPLED_TOKENS, wire, salt, tokens, hashes)
+
+
+# A stage's in-band refusal, by its stable reason, as the same error its AdmitSequence gave.
+_REFUSAL_ERRORS: dict[str, type[FornaxError]] = {
+    "KV_CAPACITY": ResourceExhausted, "DRAINING": FailedPrecondition, "STAGE_NOT_LOADED": FailedPrecondition,
+    "UNKNOWN_LEASE": NotFound,
+}
+
+
+class StageRefusal:
+    """Mixin: a refusal reads as the stage's own words, as a gRPC error's details did."""
+
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def stage_refusal(ack: AckAdmit) -> FornaxError:
+    """An ADMISSION refusal: the stage's reason (KV_CAPACITY, PREFIX_CHAIN, SAMPLING...)
+    and its message, as the error class that reason had on the control plane."""
+    base = _REFUSAL_ERRORS.get(ack.reason or "", InvalidArgument)
+    refusal = type(f"Stage{base.__name__}", (StageRefusal, base), {})
+    return refusal(ack.error_message or "", reason=ack.reason)

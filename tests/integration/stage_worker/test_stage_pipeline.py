@@ -19,6 +19,7 @@ from libs.model.kernels import make_kernels
 from libs.model.kv_store import SliceIdentity
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
+from libs.service.errors import ResourceExhausted
 from libs.service.interceptors import reason_of
 from services.orchestrator.route.stage_chain import Route, SliceInput, lease_id_for
 from tests.support.stages import load_pipeline, start_workers
@@ -126,8 +127,9 @@ def test_admission_beyond_kv_capacity_is_refused_and_reserves_nothing(checkpoint
 
     async def scenario():
         route = Route(plan)
+        await route.open()
         try:
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
+            with pytest.raises(ResourceExhausted) as caught:  # refused in band, on stage 0
                 await route.admit(str(uuid.uuid4()), 10**9, SamplingParams())
             await route.admit(str(uuid.uuid4()), 16, SamplingParams())  # room is still there
             return caught.value
@@ -135,10 +137,10 @@ def test_admission_beyond_kv_capacity_is_refused_and_reserves_nothing(checkpoint
             await route.close()
 
     error = asyncio.run(scenario())
-    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert reason_of(error) == "KV_CAPACITY"
+    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.reason == "KV_CAPACITY"
     # The refusal names the blocks: free of total, and how many the request needs.
-    assert "KV blocks" in error.details() and f"needs {-(-10**9 // 16)}" in error.details()
+    assert "KV blocks" in str(error) and f"needs {-(-10**9 // 16)}" in str(error)
 
 
 def test_load_refuses_a_backend_this_worker_does_not_run(checkpoint, two_workers):
