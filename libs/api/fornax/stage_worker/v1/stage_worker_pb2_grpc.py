@@ -127,6 +127,8 @@ class StageWorkerServiceServicer:
     def AdmitSequence(self, request, context):
         """Admit one inference request: reserve its KV bytes and, on the final stage, record how
         to sample it. RESOURCE_EXHAUSTED when the stage has no room; nothing is reserved then.
+        Not on the request path: the orchestrator admits in band, with FNX2 CONTROL admit (the
+        inband_admission extension, libs/fnx2/README.md); kept for operators and compatibility.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -134,6 +136,7 @@ class StageWorkerServiceServicer:
 
     def CancelRequest(self, request, context):
         """Cancel one inference request: its KV epoch stays, its in-flight rows are dropped.
+        Not on the request path (the orchestrator sends FNX2 CANCEL down the chain).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -141,6 +144,7 @@ class StageWorkerServiceServicer:
 
     def ReleaseRequest(self, request, context):
         """Release one inference request: free its KV and tombstone its lease.
+        Not on the request path (the orchestrator sends FNX2 RELEASE down the chain).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
