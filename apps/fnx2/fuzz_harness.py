@@ -30,6 +30,7 @@ import numpy as np
 
 from apps.fnx2.fuzz import Mutator, Seed
 from apps.fnx2.fuzz_receiver import BINDING, WIDTH
+from libs.fnx2.admission import EXT_INBAND_ADMISSION, Admission, OutputMode, Sampling, f32_bits
 from libs.fnx2.codec import PRELUDE_BYTES, Message, decode_frame, encode_frame, parse_prelude
 from libs.fnx2.control import (
     EXT_COMPACT_META,
@@ -114,6 +115,10 @@ def seeds() -> list[Seed]:
                 Release(control, BINDING, request, lease, None),
                 Control("credit_refresh", control, BINDING),
                 Control("extensions", control, BINDING, extensions=("multi_inflight", "timings")),
+                Control("admit", control, BINDING, admission=Admission(
+                    request, lease, 16, OutputMode.SAMPLED_TOKENS,
+                    Sampling(temperature_f32=f32_bits(0.5), logit_bias=((7, f32_bits(-1.0)),)),
+                    b"\x01", (1, 2, 3), ())),
                 Credit(1, 2, 3, 4, 5, 6, 7),
                 ErrorMessage("METADATA", "x", None),
                 Ack("hello", control, AckHello(BINDING))]
@@ -180,7 +185,7 @@ class _Peer:
 
     async def _negotiate_compact(self) -> None:
         offer = Control("extensions", "eeeeeeee-eeee-4eee-8eee-eeeeeeeeeeee", BINDING,
-                        extensions=(EXT_COMPACT_META, EXT_LEASE_SEQUENCE))
+                        extensions=(EXT_COMPACT_META, EXT_LEASE_SEQUENCE, EXT_INBAND_ADMISSION))
         self.send(encode_frame(offer, self.next_out).to_bytes())
         self.next_out += 1
         ack, credit = await self.read(), await self.read()

@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import structlog
 
+from libs.fnx2.admission import AckAdmit, Admission
 from libs.fnx2.control import ChannelBinding
 from libs.fnx2.listener import ListenerLimits
 from libs.fnx2.receiver import (
@@ -44,6 +45,17 @@ class DoublingHandler:
 
     def forget(self, request_id: str, execution_lease_id: str) -> None:
         return None
+
+    # In-band lease control (inband_admission), so fuzzed admit frames reach the parser and
+    # the receiver's admission path; a single stage, nothing forwarded.
+    async def admit(self, admission: Admission) -> AckAdmit:
+        return AckAdmit(admission.request_id, admission.execution_lease_id, True, (0,))
+
+    async def cancel(self, request_id: str, execution_lease_id: str) -> tuple[int, ...]:
+        return (0,)
+
+    async def release(self, request_id: str, execution_lease_id: str) -> tuple[int, ...]:
+        return (0,)
 
 
 def build_receiver(listener: ListenerLimits | None = None) -> Fnx2Receiver:

@@ -270,6 +270,9 @@ class Route:
         self._lease_numbers = (numbers if numbers is not None
                                else lease_numbers.for_generation(plan.plan_generation_id))
         self._lease_sequences: dict[str, int] = {}
+        # Releases the data plane could not carry (it was closed or lost): sent in band as soon
+        # as the channel to stage 0 reopens, so no stage keeps a reservation for them.
+        self._unsent_releases: set[str] = set()
         # Batches out and RESULTs back: the route health's data-plane progress signal.
         self.meter = DataPlaneMeter()
 
@@ -286,6 +289,14 @@ class Route:
             self._client = await Fnx2Client.connect(host, int(port), SenderConfig(binding))
         if self._client.lease_sequence_next is not None:  # never below what stage 0 has seen
             self._lease_numbers.raise_to(self._client.lease_sequence_next)
+        await self._flush_unsent_releases()
+
+    async def _flush_unsent_releases(self) -> None:
+        for request_id in sorted(self._unsent_releases):
+            try:
+                await self.release(request_id)
+            except Exception:  # noqa: BLE001 - still not carried: kept for the next reopen
+                pass
 
     async def abort(self) -> None:
         """Closes the FNX2 channel: every batch still waiting fails at once."""
@@ -401,8 +412,13 @@ class Route:
         each stage's final KV epoch."""
         self._lease_sequences.pop(request_id, None)
         lease = lease_id_for(self.plan, request_id)
-        ack = await self._lease_control(lambda client: client.release(request_id, lease), self.timeouts.release_s,
-                                        "release")
+        try:
+            ack = await self._lease_control(lambda client: client.release(request_id, lease),
+                                            self.timeouts.release_s, "release")
+        except Unavailable:
+            self._unsent_releases.add(request_id)
+            raise
+        self._unsent_releases.discard(request_id)
         return list(ack.stage_kv_epochs or ())
 
     async def health(self) -> list[pb.GetHealthResponse]:
@@ -458,7 +474,9 @@ def inband_admission(plan: RoutePlan, request_id: str, reserve_tokens: int, samp
         grammar, spec.first_sample_position, tuple(spec.generated_token_ids),
         spec.top_logprobs if spec.logprobs else None,
     )
-    salt, tokens, hashes = b"", (), ()
+    salt = b""
+    tokens: tuple[int, ...] = ()
+    hashes: tuple[bytes, ...] = ()
     if prefix is not None:
         salt, tokens = prefix.salt, tuple(prefix.token_ids)
         hashes = tuple(prefix_chain(prefix.salt, prefix.token_ids))
