@@ -270,9 +270,6 @@ class Route:
         self._lease_numbers = (numbers if numbers is not None
                                else lease_numbers.for_generation(plan.plan_generation_id))
         self._lease_sequences: dict[str, int] = {}
-        # Releases the data plane could not carry (it was closed or lost): sent in band as soon
-        # as the channel to stage 0 reopens, so no stage keeps a reservation for them.
-        self._unsent_releases: set[str] = set()
         # Batches out and RESULTs back: the route health's data-plane progress signal.
         self.meter = DataPlaneMeter()
 
@@ -289,14 +286,6 @@ class Route:
             self._client = await Fnx2Client.connect(host, int(port), SenderConfig(binding))
         if self._client.lease_sequence_next is not None:  # never below what stage 0 has seen
             self._lease_numbers.raise_to(self._client.lease_sequence_next)
-        await self._flush_unsent_releases()
-
-    async def _flush_unsent_releases(self) -> None:
-        for request_id in sorted(self._unsent_releases):
-            try:
-                await self.release(request_id)
-            except Exception:  # noqa: BLE001 - still not carried: kept for the next reopen
-                pass
 
     async def abort(self) -> None:
         """Closes the FNX2 channel: every batch still waiting fails at once."""
@@ -318,7 +307,17 @@ class Route:
         stages, whole blocks): the request's first slice may start there. Otherwise 0.
         """
         admission = inband_admission(self.plan, request_id, reserve_tokens, sampling, logits, prefix)
-        ack = await self._lease_control(lambda client: client.admit(admission), self.timeouts.admit_s, "admit")
+        sent = self._client is not None
+        try:
+            ack = await self._lease_control(lambda client: client.admit(admission), self.timeouts.admit_s,
+                                            "admit")
+        except Unavailable:
+            if sent:  # some stages may have admitted before the answer was lost: undo, best effort
+                try:
+                    await self.release(request_id)
+                except Exception:  # noqa: BLE001 - the lease expires on the stages that admitted it
+                    pass
+            raise
         if not ack.admitted:
             raise stage_refusal(ack)
         if prefix is None:
@@ -412,13 +411,8 @@ class Route:
         each stage's final KV epoch."""
         self._lease_sequences.pop(request_id, None)
         lease = lease_id_for(self.plan, request_id)
-        try:
-            ack = await self._lease_control(lambda client: client.release(request_id, lease),
-                                            self.timeouts.release_s, "release")
-        except Unavailable:
-            self._unsent_releases.add(request_id)
-            raise
-        self._unsent_releases.discard(request_id)
+        ack = await self._lease_control(lambda client: client.release(request_id, lease),
+                                        self.timeouts.release_s, "release")
         return list(ack.stage_kv_epochs or ())
 
     async def health(self) -> list[pb.GetHealthResponse]:
