@@ -15,6 +15,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -50,6 +51,9 @@ from services.orchestrator.engine.route_choice import RouteLoad
 from services.orchestrator.engine.scheduler import RetiredRequest, Scheduler, SuspendedRequest
 from services.orchestrator.engine.tracing import RequestSpans
 from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE, route_unavailable
+
+if TYPE_CHECKING:
+    from services.orchestrator.engine.multiroute import MultiRouteEngine
 
 _log = structlog.get_logger()
 # The engine's one source of time: monotonic nanoseconds. Every deadline, stall, release
@@ -494,5 +498,5 @@ def _brief(exc: BaseException) -> str:
 class RouteSlot:
     """The engine of the currently installed route, or None before one is installed."""
 
-    def __init__(self, engine: ServingEngine | None = None) -> None:
+    def __init__(self, engine: ServingEngine | MultiRouteEngine | None = None) -> None:
         self.engine = engine
