@@ -26,12 +26,14 @@ JOIN = ","
 
 
 def check_route_groups(groups: Sequence[tuple[int, ...]], workers: int) -> None:
-    """Every stage worker in exactly one group, at least two groups; else ROUTE_GROUPS_INVALID."""
-    flat = sorted(i for group in groups for i in group)
-    if len(groups) < 2 or any(not g for g in groups) or flat != list(range(workers)):
+    """At least two non-empty groups of stage-worker indices, no worker in two; a worker in none
+    stays idle (the planner may leave a host out of every route). Else ROUTE_GROUPS_INVALID."""
+    flat = [i for group in groups for i in group]
+    if (len(groups) < 2 or any(not g for g in groups) or len(set(flat)) != len(flat)
+            or any(not 0 <= i < workers for i in flat)):
         raise InvalidArgument(
-            f"FORNAX_ROUTE_GROUPS {[list(g) for g in groups]} must split the {workers} stage workers "
-            "(indices 0..{}) into at least two groups, each worker in exactly one".format(workers - 1),
+            f"FORNAX_ROUTE_GROUPS {[list(g) for g in groups]} must be at least two groups of the "
+            f"{workers} stage workers' indices (0..{workers - 1}), no worker in two",
             reason="ROUTE_GROUPS_INVALID", field="FORNAX_ROUTE_GROUPS")
 
 

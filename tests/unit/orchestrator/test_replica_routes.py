@@ -108,9 +108,29 @@ def test_a_new_set_loads_each_route_beside_its_own_predecessor(text_context):
     assert all(m.retired == 1 for m in members.values())
 
 
-@pytest.mark.parametrize("groups", [((0, 1),), ((0, 1), (1, 2, 3)), ((0, 1), (2,)), ((0, 1), ())])
-def test_groups_must_split_every_worker_into_two_or_more_routes(groups):
+@pytest.mark.parametrize("groups", [((0, 1),), ((0, 1), (1, 2, 3)), ((0, 1), (2, 9)), ((0, 1), ())])
+def test_groups_must_be_two_or_more_disjoint_routes_of_known_workers(groups):
     with pytest.raises(InvalidArgument) as refused:
         check_route_groups(groups, 4)
     assert refused.value.reason == "ROUTE_GROUPS_INVALID"
     check_route_groups(((0, 2), (1, 3)), 4)
+    check_route_groups(((0, 2), (1,)), 4)  # worker 3 idle
+
+
+def test_fornax_status_names_every_route_its_state_and_stages(text_context):
+    from apps.fleet.route_status import RouteReport, replica_line
+
+    async def main():
+        members = {g: GroupInstaller(text_context, g, []) for g in GROUPS}
+        slot = RouteSlot()
+        manager = RouteManager(slot, replica_installer(GROUPS, members.__getitem__))
+        await manager.install(REQUEST)
+        slot.engine.engines[1].degrade("stage 0 is unreachable")
+        return status_to_pb(manager.status())
+
+    message = asyncio.run(main())
+    lines = tuple(replica_line(r) for r in message.routes)
+    assert lines[0] == "SERVING: stage 0 w0 layers 0-2 ok, stage 1 w1 layers 2-4 ok"
+    assert lines[1].startswith("DEGRADED (stage 0 is unreachable): stage 0 w2 layers 0-2")
+    rendered = RouteReport("SERVING", "", {}, replicas=lines).render()
+    assert "\nroute 0: SERVING" in rendered and "\nroute 1: DEGRADED" in rendered
