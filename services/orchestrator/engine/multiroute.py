@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -34,6 +34,18 @@ from services.orchestrator.engine.serving import ServingConfig, ServingEngine
 from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE, route_unavailable
 
 _log = structlog.get_logger()
+
+
+@dataclass(frozen=True)
+class ReplicaRouteView:
+    """One replica route as the front ends show it (/v1/models, the dashboard)."""
+
+    index: int
+    state: str  # serving, degraded or not_admitting
+    reason: str  # why it is degraded or not admitting; "" while it serves
+    plan_id: str
+    stage_layers: tuple[tuple[int, int], ...]  # per stage: [layer_start, layer_end)
+    live_requests: int
 
 
 class MultiRouteEngine:
@@ -88,6 +100,13 @@ class MultiRouteEngine:
         """Every serving route's stages, route after route; a route that cannot answer is left out."""
         answers = await asyncio.gather(*(e.stage_stats() for e in self.engines), return_exceptions=True)
         return [s for answer in answers if not isinstance(answer, BaseException) for s in answer]
+
+    def routes(self) -> tuple[ReplicaRouteView, ...]:
+        return tuple(ReplicaRouteView(
+            index, "serving" if e.admitting else "degraded" if e.degraded_reason else "not_admitting",
+            e.degraded_reason or e.admission.closed_reason or "", e.served.card.plan_id,
+            tuple((s.layer_start, s.layer_end) for s in e.served.stages), e.live_requests)
+            for index, e in enumerate(self.engines))
 
     # ----- what the lifecycle asks of an installed route -----
 

@@ -134,3 +134,36 @@ def test_fornax_status_names_every_route_its_state_and_stages(text_context):
     assert lines[1].startswith("DEGRADED (stage 0 is unreachable): stage 0 w2 layers 0-2")
     rendered = RouteReport("SERVING", "", {}, replicas=lines).render()
     assert "\nroute 0: SERVING" in rendered and "\nroute 1: DEGRADED" in rendered
+
+
+def test_models_and_dashboard_show_every_route_and_a_lost_one_keeps_the_api_ready(text_context):
+    import aiohttp
+
+    from services.orchestrator.api.http_api import build_http_app, start_http
+
+    async def main():
+        members = {g: GroupInstaller(text_context, g, []) for g in GROUPS}
+        slot = RouteSlot()
+        await RouteManager(slot, replica_installer(GROUPS, members.__getitem__)).install(REQUEST)
+        slot.engine.engines[0].degrade("stage 1 is unreachable")
+        runner, port = await start_http(build_http_app(slot), "127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession() as session:
+                base = f"http://127.0.0.1:{port}"
+                async with session.get(f"{base}/v1/models") as reply:
+                    models = await reply.json()
+                async with session.get(f"{base}/dashboard/state") as reply:
+                    board = await reply.json()
+                async with session.get(f"{base}/health") as reply:
+                    health = reply.status
+        finally:
+            await runner.cleanup()
+        return models, board, health
+
+    models, board, health = asyncio.run(main())
+    routes = models["data"][0]["fornax"]["routes"]
+    assert [(r["state"], r["reason"]) for r in routes] == [("degraded", "stage 1 is unreachable"), ("serving", "")]
+    assert [[(s["layer_start"], s["layer_end_exclusive"]) for s in r["stages"]] for r in routes] == [
+        [(0, 2), (2, 4)], [(0, 2), (2, 4)]]
+    assert [r["state"] for r in board["routes"]] == ["degraded", "serving"]
+    assert health == 200  # one route still serves
