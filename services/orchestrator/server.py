@@ -31,7 +31,8 @@ from services.orchestrator.coldstart_setup import chooser, compiler_factory, unl
 from services.orchestrator.config import OrchestratorConfig, serving_config
 from services.orchestrator.engine.drift import DriftPolicy
 from services.orchestrator.engine.multiroute import MultiRouteEngine
-from services.orchestrator.engine.serving import RouteSlot, ServingEngine, build_engine, terminal_error
+from services.orchestrator.engine.route_slot import RouteSlot
+from services.orchestrator.engine.serving import ServingEngine, build_engine, terminal_error
 from services.orchestrator.route.coldstart import BackendBoard, serve_then_upgrade
 from services.orchestrator.route.lifecycle import (
     InstalledRoute,

@@ -25,7 +25,7 @@ from services.orchestrator.engine import metrics
 from services.orchestrator.engine.client import EngineClient
 from services.orchestrator.engine.domain import FinishReason
 from services.orchestrator.engine.multiroute import MultiRouteEngine
-from services.orchestrator.engine.serving import RouteSlot
+from services.orchestrator.engine.route_slot import RouteSlot
 
 PAGE = Path(__file__).with_name("dashboard.html")
 SAMPLE_INTERVAL_S = 1.0

@@ -43,7 +43,8 @@ from services.orchestrator.engine.client import EngineClient
 from services.orchestrator.engine.domain import GenerationRequest
 from services.orchestrator.engine.multiroute import MultiRouteEngine
 from services.orchestrator.engine.prefix_salt import cache_salt_of, prefix_salt, tenant_of
-from services.orchestrator.engine.serving import RequestStream, RouteSlot, ServingConfig
+from services.orchestrator.engine.route_slot import RouteSlot
+from services.orchestrator.engine.serving import RequestStream, ServingConfig
 from services.orchestrator.engine.tracing import TRACER
 from services.orchestrator.engine.unavailable import route_unavailable
 

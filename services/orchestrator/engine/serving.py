@@ -15,7 +15,6 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import structlog
 
@@ -51,9 +50,6 @@ from services.orchestrator.engine.route_choice import RouteLoad
 from services.orchestrator.engine.scheduler import RetiredRequest, Scheduler, SuspendedRequest
 from services.orchestrator.engine.tracing import RequestSpans
 from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE, route_unavailable
-
-if TYPE_CHECKING:
-    from services.orchestrator.engine.multiroute import MultiRouteEngine
 
 _log = structlog.get_logger()
 # The engine's one source of time: monotonic nanoseconds. Every deadline, stall, release
@@ -493,10 +489,3 @@ def _brief(exc: BaseException) -> str:
     if isinstance(exc, FornaxError):
         return f"{exc.reason}: {exc.message}"
     return type(exc).__name__
-
-
-class RouteSlot:
-    """The engine of the currently installed route, or None before one is installed."""
-
-    def __init__(self, engine: ServingEngine | MultiRouteEngine | None = None) -> None:
-        self.engine = engine

@@ -27,7 +27,8 @@ from libs.common.kinds import Backend, DType
 from libs.service.errors import Aborted, FailedPrecondition, FornaxError
 from services.orchestrator.engine.drift import RouteCalibration
 from services.orchestrator.engine.multiroute import MultiRouteEngine
-from services.orchestrator.engine.serving import RouteSlot, ServingEngine
+from services.orchestrator.engine.route_slot import RouteSlot
+from services.orchestrator.engine.serving import ServingEngine
 
 _log = structlog.get_logger()
 # A stage worker's refusal to hold two plan generations (services/stage_worker/overlap.py).

@@ -13,7 +13,8 @@ from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from libs.service.errors import FailedPrecondition, InvalidArgument
 from services.orchestrator.convert import status_to_pb
 from services.orchestrator.engine.multiroute import MultiRouteEngine
-from services.orchestrator.engine.serving import RouteSlot, ServingEngine
+from services.orchestrator.engine.route_slot import RouteSlot
+from services.orchestrator.engine.serving import ServingEngine
 from services.orchestrator.route.lifecycle import (
     InstalledRoute,
     InstallRequest,
