@@ -50,6 +50,9 @@ def register(commands, benches) -> None:
                          "every host whose `weights:` the file does not set")
     up.add_argument("--fleet", help="fleet file: each host its own network namespace, cgroup and link (needs root)")
     up.add_argument("--checkpoint", help="checkpoint directory, or a deepseek2 .gguf file, to serve")
+    up.add_argument("--routes", default="1",
+                    help="with --fleet and --checkpoint: replica routes the stage hosts form, N or auto (the layout "
+                         "`fornax plan --fleet FILE --routes ...` chooses); every route serves at once behind one API")
     up.add_argument("--mode", choices=("exploratory", "deployment"), default="exploratory",
                     help="deployment: install only a plan whose every host, layer kind and link has a valid "
                          "physical profile and whose route passed `fornax qualify`; refused otherwise")
@@ -90,6 +93,10 @@ def _fail(message: str) -> int:
 def _validate_up(args: argparse.Namespace) -> str | None:
     if args.fleet and (args.stages is not None or args.backend is not None):
         return "--fleet declares every host's backend and the stages; drop --stages and --backend"
+    if args.routes != "1" and not (args.fleet and args.checkpoint):
+        return "--routes lays replica routes on a fleet file's hosts: it needs --fleet and --checkpoint"
+    if args.routes != "auto" and not (args.routes.isdigit() and int(args.routes) >= 1):
+        return f"BAD_ROUTE_COUNT: --routes takes auto or a count >= 1, got {args.routes!r}"
     if args.stages is not None and not 1 <= args.stages <= 16:
         return f"--stages must be between 1 and 16, got {args.stages}"
     if args.checkpoint and _is_gguf(args.checkpoint):
@@ -154,9 +161,22 @@ def cmd_up(args: argparse.Namespace) -> int:
             return _fail(f"fleet file {args.fleet}: {exc}")
         except IsolationUnavailable as exc:
             return _fail(f"fleet failed to start: {exc}")
+    layout = None
+    if spec is not None and args.routes != "1":  # the planner's layout, before anything starts
+        from apps.fleet.route_layout import plan_layout
+        from libs.service.errors import FornaxError
+
+        try:
+            layout = plan_layout(spec, args.checkpoint, args.routes, args.weights)
+        except FornaxError as exc:
+            return _fail(f"--routes {args.routes}: {exc.reason}: {exc.message}")
     if not args.foreground:  # the same fleet, held by a detached keeper that supervises it
         return start_keeper(args.state_dir, _up_argv(args))
     options = _options(args)
+    if layout is not None:
+        print(f"replica routes: {layout.description}, predicted {layout.predicted_tok_s:.1f} decode tok/s "
+              "(prediction from the file's declared figures)", file=sys.stderr)
+        options = dataclasses.replace(options, route_groups=layout.groups)
     # Until the fleet is held, SIGTERM unwinds like Ctrl-C, so whatever started is stopped again.
     signal.signal(signal.SIGTERM, _interrupt)
     if spec is not None:
@@ -202,7 +222,7 @@ def _up_argv(args: argparse.Namespace) -> list[str]:
             argv += [flag, str(Path(path).resolve())]
     for root in args.read_root:
         argv += ["--read-root", str(Path(root).resolve())]
-    argv += ["--mode", args.mode]
+    argv += ["--mode", args.mode, "--routes", args.routes]
     if args.insecure:
         argv.append("--insecure")
     if args.http_insecure:

@@ -62,6 +62,9 @@ class FleetOptions:
     # How the orchestrator plans installs: exploratory, or deployment (valid profiles and a
     # passing route calibration in the registry, else the install is refused).
     plan_mode: str = "exploratory"
+    # Replica routes (FORNAX_ROUTE_GROUPS of the orchestrator): indices into the stage workers,
+    # one group per route; empty: one route over every stage worker.
+    route_groups: tuple[tuple[int, ...], ...] = ()
 
 
 def builder_read_roots(options: FleetOptions) -> str:

@@ -90,11 +90,12 @@ def _orchestrator_env(options: FleetOptions, spec: FleetSpec, entries: dict[str,
         hop_boundary_dtypes=tuple(spec.hop_dtypes),
         backend=None,  # each stage runs its own host's backend
         state_dir=str(_private_dir(options, control, "orchestrator")),
+        route_groups=options.route_groups,
     )
     env = {
         **_control_env(options, control),
         **route.to_env("planner_addr", "registry_addr", "artifact_builder_addr", "stage_workers", "worker_weights",
-                       "boundary_dtype", "hop_boundary_dtypes", "backend", "state_dir"),
+                       "boundary_dtype", "hop_boundary_dtypes", "backend", "state_dir", "route_groups"),
     }
     # The API listens on a fabric address (198.18.0.0/15), beyond loopback: https with the
     # orchestrator's fleet certificate, whose SANs name that address; clients verify it with

@@ -31,6 +31,8 @@ class RouteReport:
     calibration_reason: str = ""
     # Stage worker name -> its paged KV in blocks and its prefix hits (loaded stages only).
     stage_kv: dict[str, str] | None = None
+    # Replica routes (one line each: state, reason, stages with worker and layers); empty for one route.
+    replicas: tuple[str, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -45,6 +47,8 @@ class RouteReport:
         line = f"route: {self.state}" + (f" ({self.reason})" if self.reason else "")
         stages = ", ".join(f"{name} {state}" for name, state in self.stage_states.items())
         line += f"\nstages: {stages}" if stages else ""
+        for index, replica in enumerate(self.replicas):
+            line += f"\nroute {index}: {replica}"
         if self.stage_kv:
             line += "\nkv: " + "; ".join(f"{name} {kv}" for name, kv in self.stage_kv.items())
         return line + (f"\ncalibration: {self.calibration}: {self.calibration_reason}" if self.calibration else "")
@@ -68,7 +72,17 @@ def route_report(state: FleetState, channel: ChannelConfig = ChannelConfig()) ->
     if status.HasField("calibration"):
         calibration = orch_pb.CalibrationState.Name(status.calibration.state).removeprefix("CALIBRATION_STATE_")
     return RouteReport(orch_pb.RouteState.Name(status.state).removeprefix("ROUTE_STATE_"),
-                       status.reason, stages, calibration, status.calibration.reason, kv)
+                       status.reason, stages, calibration, status.calibration.reason, kv,
+                       tuple(replica_line(route) for route in status.routes))
+
+
+def replica_line(route: orch_pb.PlanStatus) -> str:
+    """One replica route: its state (and why), then each stage's worker, layers and health."""
+    state = orch_pb.RouteState.Name(route.state).removeprefix("ROUTE_STATE_")
+    stages = ", ".join(
+        f"stage {s.stage_index} {s.worker_address} layers {s.layer_range.layer_start}-"
+        f"{s.layer_range.layer_end_exclusive} {'ok' if s.healthy else s.condition or 'down'}" for s in route.stages)
+    return state + (f" ({route.reason})" if route.reason else "") + f": {stages}"
 
 
 def kv_summary(reply: sw_pb.GetHealthResponse) -> str:

@@ -11,9 +11,9 @@ from libs.service.errors import InvalidArgument
 from libs.text.chat_template import ChatMessage
 from services.orchestrator.api.openai_request import parse_options
 from services.orchestrator.api.prompting import check_model, check_token_ids, generation_request
+from services.orchestrator.engine.client import EngineClient
 from services.orchestrator.engine.domain import FinishReason, GenerationRequest, RequestOutput
 from services.orchestrator.engine.drift import Calibration, RouteCalibration
-from services.orchestrator.engine.serving import ServingEngine
 from services.orchestrator.route.lifecycle import InstallRequest, RouteState, RouteStatus
 
 _FINISH = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
@@ -24,7 +24,7 @@ _FINISH = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FIN
            FinishReason.ERROR: pb.FINISH_REASON_ERROR}
 
 
-def generation_from_pb(request: pb.GenerateRequest, engine: ServingEngine) -> GenerationRequest:
+def generation_from_pb(request: pb.GenerateRequest, engine: EngineClient) -> GenerationRequest:
     """Validates like the HTTP API does; proto3 zeros mean "unset" (top_p 0 -> 1)."""
     check_model(request.model, engine.served)
     sampling = request.sampling
@@ -108,6 +108,7 @@ def status_to_pb(status: RouteStatus) -> pb.PlanStatus:
             condition=condition))
     if status.calibration is not None:
         message.calibration.CopyFrom(calibration_to_pb(status.calibration))
+    message.routes.extend(status_to_pb(route) for route in status.routes)
     return message
 
 

@@ -7,6 +7,8 @@ one RouteSlot, which the RouteManager fills once a route is installed and warmed
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -28,7 +30,9 @@ from services.orchestrator.api.http_tls import choose_http_tls, is_loopback, ser
 from services.orchestrator.coldstart_setup import chooser, compiler_factory, unload_reference
 from services.orchestrator.config import OrchestratorConfig, serving_config
 from services.orchestrator.engine.drift import DriftPolicy
-from services.orchestrator.engine.serving import RouteSlot, ServingEngine, build_engine, terminal_error
+from services.orchestrator.engine.multiroute import MultiRouteEngine
+from services.orchestrator.engine.route_slot import RouteSlot
+from services.orchestrator.engine.serving import ServingEngine, build_engine, terminal_error
 from services.orchestrator.route.coldstart import BackendBoard, serve_then_upgrade
 from services.orchestrator.route.lifecycle import (
     InstalledRoute,
@@ -37,6 +41,9 @@ from services.orchestrator.route.lifecycle import (
     Preparer,
     RouteManager,
 )
+
+if TYPE_CHECKING:
+    from services.orchestrator.route.install import WeightsChoice
 
 _log = structlog.get_logger()
 
@@ -47,7 +54,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         self._route = route
         self._manager = manager
 
-    def _engine(self) -> ServingEngine:
+    def _engine(self) -> ServingEngine | MultiRouteEngine:
         if self._route.engine is None:
             raise Unavailable("no route is installed yet", reason="ROUTE_NOT_READY")
         return self._route.engine
@@ -122,16 +129,19 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
         from services.orchestrator.route.fleet_route import fleet_installer
         from services.orchestrator.route.install import Fleet
 
-        def on(workers: tuple[str, ...]) -> Installer:
+        def on(workers: tuple[str, ...], hop_dtypes: tuple[DType, ...] = cfg.route.hop_boundary_dtypes,
+               weights: WeightsChoice | None = None) -> Installer:
             fleet = Fleet(planner, builder, workers, cfg.server.client_channel(),
                           own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None,
                           cfg.route.registry_addr or "", cfg.route.plan_mode)
             return fleet_installer(fleet, cfg.route.state_dir, cfg.route.model_id, cfg.route.stage_kv_limit_bytes,
                                    serving_config(cfg),
                                    lambda message: _log.info("install_progress", message=message),
-                                   hop_dtypes=cfg.route.hop_boundary_dtypes, drift=drift_policy(cfg),
-                                   weights=weights_choice(cfg))
+                                   hop_dtypes=hop_dtypes, drift=drift_policy(cfg),
+                                   weights=weights or weights_choice(cfg))
 
+        if cfg.route.route_groups:
+            return _replica_installer(cfg, on)
         if cfg.route.reference_stage_workers:
             from services.orchestrator.coldstart_setup import by_backend
 
@@ -145,7 +155,30 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
     return no_fleet
 
 
-def weights_choice(cfg: OrchestratorConfig):
+def _replica_installer(cfg: OrchestratorConfig, on: Callable[..., Installer]) -> Installer:
+    """One route per FORNAX_ROUTE_GROUPS group, on that group's stage workers, its hops and weights."""
+    from services.orchestrator.route.install import WeightsChoice
+    from services.orchestrator.route.replica_routes import check_route_groups, replica_installer
+
+    route = cfg.route
+    check_route_groups(route.route_groups, len(route.stage_workers))
+    if route.reference_stage_workers:
+        raise InvalidArgument("replica routes do not serve on reference workers while graphs compile",
+                              reason="ROUTE_GROUPS_WITH_REFERENCE", field="FORNAX_ROUTE_GROUPS")
+    if len(set(route.hop_boundary_dtypes)) > 1:
+        raise InvalidArgument("replica routes need one boundary dtype on every hop",
+                              reason="ROUTE_GROUPS_MIXED_HOPS", field="FORNAX_HOP_BOUNDARY_DTYPES")
+
+    def member(group: tuple[int, ...]) -> Installer:
+        hops = route.hop_boundary_dtypes[:1] * (len(group) - 1)
+        weights = WeightsChoice(route.weights_policy, tuple(route.worker_weights[i] for i in group)
+                                if route.worker_weights else ())
+        return on(tuple(route.stage_workers[i] for i in group), hops, weights)
+
+    return replica_installer(route.route_groups, member)
+
+
+def weights_choice(cfg: OrchestratorConfig) -> WeightsChoice:
     from services.orchestrator.route.install import WeightsChoice
 
     return WeightsChoice(cfg.route.weights_policy, cfg.route.worker_weights)
@@ -159,6 +192,8 @@ def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
     """Fleet installs plan and build while the current route still serves."""
     planner, builder = cfg.route.planner_addr, cfg.route.artifact_builder_addr
     if cfg.inprocess.checkpoint or not (cfg.route.stage_workers and planner and builder):
+        return None
+    if cfg.route.route_groups:  # each replica route plans on its own workers as it installs
         return None
     from services.orchestrator.route.fleet_route import fleet_preparer
     from services.orchestrator.route.install import Fleet

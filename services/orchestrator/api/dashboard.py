@@ -20,10 +20,12 @@ from aiohttp import web
 
 from libs.service.log_limit import LogLimiter
 from services.orchestrator.api.dashboard_state import DashboardState, Sample
+from services.orchestrator.api.openai_response import routes_value
 from services.orchestrator.engine import metrics
 from services.orchestrator.engine.client import EngineClient
 from services.orchestrator.engine.domain import FinishReason
-from services.orchestrator.engine.serving import RouteSlot
+from services.orchestrator.engine.multiroute import MultiRouteEngine
+from services.orchestrator.engine.route_slot import RouteSlot
 
 PAGE = Path(__file__).with_name("dashboard.html")
 SAMPLE_INTERVAL_S = 1.0
@@ -43,6 +45,7 @@ def add_dashboard(app: web.Application, route: RouteSlot) -> None:
         calibration = None if engine is None else engine.route_calibration()
         snapshot = request.app[DASHBOARD_KEY].snapshot(
             None if engine is None else engine.served, time.monotonic(), calibration)
+        snapshot["routes"] = routes_value(engine.routes()) if isinstance(engine, MultiRouteEngine) else []
         return web.json_response(snapshot, headers={"Cache-Control": "no-store"})
 
     app.router.add_get("/dashboard", _page)

@@ -41,8 +41,10 @@ from services.orchestrator.api.prompting import (
 )
 from services.orchestrator.engine.client import EngineClient
 from services.orchestrator.engine.domain import GenerationRequest
+from services.orchestrator.engine.multiroute import MultiRouteEngine
 from services.orchestrator.engine.prefix_salt import cache_salt_of, prefix_salt, tenant_of
-from services.orchestrator.engine.serving import RequestStream, RouteSlot, ServingConfig
+from services.orchestrator.engine.route_slot import RouteSlot
+from services.orchestrator.engine.serving import RequestStream, ServingConfig
 from services.orchestrator.engine.tracing import TRACER
 from services.orchestrator.engine.unavailable import route_unavailable
 
@@ -187,6 +189,9 @@ async def _models(request: web.Request) -> web.Response:
     if engine is None:
         return web.json_response(fmt.model_list(None))
     listing = fmt.model_list(engine.served, engine.text.identity)
+    if isinstance(engine, MultiRouteEngine):  # replica routes: each one's state and stages
+        for entry in listing["data"]:
+            entry["fornax"]["routes"] = fmt.routes_value(engine.routes())
     board = request.app.get(BOARD_KEY)
     if board is not None:
         snapshot = board.snapshot()

@@ -142,3 +142,11 @@ def usage_chunk(rid: str, created: int, model: str, obj: str, prompt_tokens: int
                 completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
             "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
+
+
+def routes_value(routes) -> list[dict]:
+    """Replica routes (`engine.multiroute.ReplicaRouteView`): each one's state, stages and load."""
+    return [{"index": r.index, "state": r.state, "reason": r.reason, "plan_id": r.plan_id,
+             "stages": [{"index": i, "layer_start": a, "layer_end_exclusive": b}
+                        for i, (a, b) in enumerate(r.stage_layers)],
+             "live_requests": r.live_requests} for r in routes]

@@ -200,6 +200,13 @@ class AdmissionControl:
         self._live[request_id] = reservation
         return reservation
 
+    def free_tokens(self) -> int:
+        """Tokens of KV still free to reserve on the fullest stage (none while requests wait)."""
+        if self._waiting:
+            return 0
+        return min(((total - used) * stage.kv_block_tokens for stage, used, total in
+                    zip(self._stages, self._reserved, self._total, strict=True)), default=0)
+
     @property
     def closed_reason(self) -> str | None:
         return self._closed_reason

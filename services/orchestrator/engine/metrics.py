@@ -36,6 +36,8 @@ ROUTE_DEGRADED = Gauge("fornax_orchestrator_route_degraded",
                        "1 while the installed route has a dead, stopped or unloaded stage")
 DEGRADATIONS = Counter("fornax_orchestrator_route_degradations_total",
                        "Times the installed route became degraded")
+ROUTE_HANDOFFS = Counter("fornax_orchestrator_route_handoffs_total",
+                         "Streams a degraded replica route handed to another route for replay")
 RELEASES_ABANDONED = Counter("fornax_orchestrator_releases_abandoned_total",
                              "Releases given up after their time budget (lease expiry frees the KV)")
 IDLE_READER_CANCELLATIONS = Counter("fornax_orchestrator_idle_reader_cancellations_total",

@@ -45,6 +45,10 @@ class RequestStream:
         self._stalled = False
         self.finished = False
 
+    def _rebind(self, engine: StreamOwner) -> None:
+        """Another engine fills the stream from now on (a replica route took the request over)."""
+        self._engine = engine
+
     def _push(self, output: RequestOutput) -> None:
         self._events.append(output)
         self._ready.set()

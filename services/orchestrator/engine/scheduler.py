@@ -83,6 +83,15 @@ class _Request:
 
 
 @dataclass(frozen=True)
+class SuspendedRequest:
+    """A request suspended for replay, as another route's scheduler adopts it."""
+
+    request_id: str
+    needed_tokens: int  # prompt + max output tokens: what a replay reserves
+    state: _Request = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
 class RetiredRequest:
     request_id: str
     finish_reason: FinishReason
@@ -400,13 +409,53 @@ class Scheduler:
         count = 0
         for r in self._requests.values():
             if r.state is _State.SUSPENDED:
-                r.state, r.replayed = _State.WAITING, tuple(r.generated)
-                r.replays += 1
-                r.sequence_no = r.position = r.kv_epoch = r.prefilled = 0
-                r.reached_stage = False  # the old leases are fenced by the new generation
-                r.ready_seq = self._next_ready_seq()
+                self._rewind_for_replay(r)
+                r.state = _State.WAITING
                 count += 1
         return count
+
+    def _rewind_for_replay(self, r: _Request) -> None:
+        r.replayed = tuple(r.generated)
+        r.replays += 1
+        r.sequence_no = r.position = r.kv_epoch = r.prefilled = 0
+        r.reached_stage = False  # the old leases are fenced by the new generation (or another route's)
+        r.ready_seq = self._next_ready_seq()
+
+    # ----- hand-off between replica routes -----
+
+    def suspended(self) -> list[SuspendedRequest]:
+        """The suspended requests, oldest first, with what a replay of each reserves."""
+        waiting = sorted((r for r in self._requests.values() if r.state is _State.SUSPENDED),
+                         key=lambda r: r.ready_seq)
+        return [SuspendedRequest(r.req.request_id, len(r.req.prompt_token_ids) + r.req.max_tokens, r)
+                for r in waiting]
+
+    def adopt(self, moved: SuspendedRequest) -> None:
+        """Takes over a request suspended on another route's scheduler, to replay it here
+        exactly as `replay_suspended` would there: its prompt plus every token it emitted,
+        its detokenizer and stop state carried along. Raises (nothing changed) when this
+        route's admission refuses it; queues it when its KV blocks are not free yet."""
+        r = moved.state
+        if r.state is not _State.SUSPENDED or r.req.request_id in self._requests:
+            raise Internal(f"request {r.req.request_id} cannot be adopted", reason="HANDOFF")
+        reserved = self._admission.reserve(r.req.request_id, moved.needed_tokens)
+        self._rewind_for_replay(r)
+        r.inflight = False
+        r.state = _State.WAITING if reserved is not None else _State.QUEUED
+        self._requests[r.req.request_id] = r
+
+    def forget(self, request_id: str) -> None:
+        """A suspended request another route adopted leaves this one: its admission slot is
+        returned; its leases here belong to a generation that is fenced or gone."""
+        if self._requests.pop(request_id, None) is None:
+            raise Internal(f"request {request_id} is not held here", reason="HANDOFF")
+        self._admission.release(request_id)
+
+    @property
+    def queued_tokens(self) -> int:
+        """Tokens admitted and not yet computed: prompts still to prefill plus outputs still to decode."""
+        return sum(len(r.prefill_ids) - r.prefilled + r.req.max_tokens - len(r.generated)
+                   for r in self._requests.values() if r.state is not _State.RELEASING)
 
     def end_suspended(self, error: str) -> int:
         """Recovery did not come in time: every suspended request ends with `error`."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from libs.service.errors import FornaxError, Unavailable
+from libs.service.errors import FornaxError, Internal, Unavailable
 from libs.service.log_limit import LogLimiter
 from libs.text.context import TextContext
 from services.orchestrator.engine import metrics
@@ -46,7 +46,8 @@ from services.orchestrator.engine.request_stream import (  # noqa: F401
     RequestStream,
     terminal_error,
 )
-from services.orchestrator.engine.scheduler import RetiredRequest, Scheduler
+from services.orchestrator.engine.route_choice import RouteLoad
+from services.orchestrator.engine.scheduler import RetiredRequest, Scheduler, SuspendedRequest
 from services.orchestrator.engine.tracing import RequestSpans
 from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE, route_unavailable
 
@@ -129,6 +130,11 @@ class ServingEngine:
         self.on_close: Callable[[], Awaitable[None]] | None = None
         # The route's calibration against its plan's predictions; None when nothing watches it.
         self.calibration: Callable[[], RouteCalibration] | None = None
+        # Called after a scheduling pass that leaves requests suspended for replay, so another
+        # replica route can take them over (`multiroute.py`); None: they wait for this route.
+        self.on_suspended: Callable[[ServingEngine], None] | None = None
+        # Called when this route serves again, so streams waiting elsewhere can come to it.
+        self.on_recovered: Callable[[], None] | None = None
 
     # ----- public -----
 
@@ -219,6 +225,8 @@ class ServingEngine:
         self.scheduler.paused = False
         metrics.ROUTE_DEGRADED.set(0)
         self._pump()
+        if self.on_recovered is not None:
+            self.on_recovered()
 
     def _give_up_recovery(self) -> None:
         self._recovery_timer = None
@@ -257,6 +265,42 @@ class ServingEngine:
     @property
     def live_requests(self) -> int:
         return self.scheduler.live_requests
+
+    @property
+    def admitting(self) -> bool:
+        """Takes new requests: not degraded, not draining, not closed."""
+        return not self._closed and self.degraded_reason is None and self.admission.closed_reason is None
+
+    def load(self, index: int) -> RouteLoad:
+        """This route's load as `route_choice` weighs it, as replica route `index`."""
+        return RouteLoad(index, self.admitting, self.scheduler.queued_tokens, self.admission.free_tokens())
+
+    def suspended(self) -> list[SuspendedRequest]:
+        return self.scheduler.suspended()
+
+    def hand_off(self, moved: SuspendedRequest, target: ServingEngine) -> None:
+        """Moves a suspended request, with its client's stream, deadline and backpressure, to
+        `target`, which replays it (prompt plus what it emitted). Raises, with nothing
+        moved, when `target` refuses it."""
+        request_id = moved.request_id
+        if moved not in self.scheduler.suspended():
+            raise Internal(f"request {request_id} is not suspended on this route", reason="HANDOFF")
+        target.scheduler.adopt(moved)
+        self.scheduler.forget(request_id)
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream._rebind(target)
+            target._streams[request_id] = stream
+        for mine, theirs in ((self._deadlines, target._deadlines),
+                             (self._last_token_ns, target._last_token_ns),
+                             (self._stalled_since_ns, target._stalled_since_ns)):
+            if request_id in mine:
+                theirs[request_id] = mine.pop(request_id)
+        self._spans.move(request_id, target._spans)
+        target._idle.clear()
+        target._pump_soon()
+        if self.scheduler.live_requests == 0:
+            self._idle.set()
 
     def snapshot(self) -> EngineSnapshot:
         return EngineSnapshot(self.scheduler.live_requests, self.degraded_reason, self.admission.closed_reason)
@@ -305,6 +349,8 @@ class ServingEngine:
                 self._spans.scheduled(piece.request_id)
             self._spawn(self._run_batch(batch))
         self._dispatch()
+        if self.on_suspended is not None and self.scheduler.suspended_requests:
+            self.on_suspended(self)
         metrics.LIVE_REQUESTS.set(self.scheduler.live_requests)
         metrics.INFLIGHT_MICROBATCHES.set(self.scheduler.inflight_microbatches)
         metrics.STALLED_REQUESTS.set(self.scheduler.stalled_requests)
@@ -443,10 +489,3 @@ def _brief(exc: BaseException) -> str:
     if isinstance(exc, FornaxError):
         return f"{exc.reason}: {exc.message}"
     return type(exc).__name__
-
-
-class RouteSlot:
-    """The engine of the currently installed route, or None before one is installed."""
-
-    def __init__(self, engine: ServingEngine | None = None) -> None:
-        self.engine = engine

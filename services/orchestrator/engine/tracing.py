@@ -49,6 +49,12 @@ class RequestSpans:
             span.set_status(Status(StatusCode.ERROR, reason))
             span.end()
 
+    def move(self, request_id: str, to: RequestSpans) -> None:
+        """The request continues under another engine (a replica route took it over)."""
+        for mine, theirs in ((self._request, to._request), (self._queue, to._queue)):
+            if request_id in mine:
+                theirs[request_id] = mine.pop(request_id)
+
     def finish(self, request_id: str, finish_reason: str) -> None:
         self.scheduled(request_id)
         span = self._request.pop(request_id, None)

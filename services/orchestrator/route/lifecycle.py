@@ -26,7 +26,9 @@ import structlog
 from libs.common.kinds import Backend, DType
 from libs.service.errors import Aborted, FailedPrecondition, FornaxError
 from services.orchestrator.engine.drift import RouteCalibration
-from services.orchestrator.engine.serving import RouteSlot, ServingEngine
+from services.orchestrator.engine.multiroute import MultiRouteEngine
+from services.orchestrator.engine.route_slot import RouteSlot
+from services.orchestrator.engine.serving import ServingEngine
 
 _log = structlog.get_logger()
 # A stage worker's refusal to hold two plan generations (services/stage_worker/overlap.py).
@@ -81,13 +83,16 @@ class InstalledRoute:
     request: InstallRequest
     plan: PlanIdentity
     stages: tuple[StageInfo, ...]
-    engine: ServingEngine
+    # One route's engine, or the front of a set of replica routes (`members`).
+    engine: ServingEngine | MultiRouteEngine
     # Per stage: "" when ready, else its condition ("unreachable", "not loaded", ...).
     stage_conditions: Callable[[], tuple[str, ...]] | None = None
     # Unloads this route's plan generation from its workers (leaving any other loaded); None
     # for routes that hold nothing outside this process. A route that has one can be replaced
     # make-before-break: the new plan loads beside it on the same workers.
     retire: Callable[[], Awaitable[None]] | None = None
+    # Replica routes served at once (route/replica_routes.py); empty for a single route.
+    members: tuple[InstalledRoute, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,8 @@ class RouteStatus:
     stage_conditions: tuple[str, ...] = ()
     # Measured service against the plan's predictions; None when nothing tracks it.
     calibration: RouteCalibration | None = None
+    # Each replica route's own status, route order; empty when one route serves.
+    routes: tuple[RouteStatus, ...] = ()
 
 
 Installer = Callable[[InstallRequest], Awaitable[InstalledRoute]]
@@ -132,7 +139,8 @@ class RouteManager:
             stages=current.stages if current else (),
             inflight_requests=current.engine.live_requests if current else 0,
             previous=self._previous, failure=failure, stage_conditions=conditions,
-            calibration=current.engine.calibration() if current and current.engine.calibration else None)
+            calibration=current.engine.calibration() if current and current.engine.calibration else None,
+            routes=tuple(_member_status(m, state) for m in current.members) if current else ())
 
     async def install(self, request: InstallRequest) -> RouteStatus:
         async with self._exclusive("install"):
@@ -264,10 +272,23 @@ class RouteManager:
         await route.engine.close(release_timeout_s=self._drain_timeout_s)
 
     @staticmethod
-    async def _drain(engine: ServingEngine, timeout_s: float) -> bool:
+    async def _drain(engine: ServingEngine | MultiRouteEngine, timeout_s: float) -> bool:
         engine.stop_admitting("the route is draining")
         try:
             await asyncio.wait_for(engine.wait_idle(), timeout_s)
         except TimeoutError:
             return False
         return True
+
+
+def _member_status(route: InstalledRoute, set_state: RouteState) -> RouteStatus:
+    """A replica route of a set: the set's lifecycle state, DEGRADED where this route lost a stage."""
+    engine = route.engine
+    degraded = engine.degraded_reason
+    state = RouteState.DEGRADED if set_state in (RouteState.SERVING, RouteState.DEGRADED) and degraded else (
+        RouteState.SERVING if set_state is RouteState.DEGRADED else set_state)
+    return RouteStatus(
+        state=state, plan=route.plan, stages=route.stages, inflight_requests=engine.live_requests,
+        previous=None, failure=degraded or "",
+        stage_conditions=route.stage_conditions() if route.stage_conditions else (),
+        calibration=engine.calibration() if engine.calibration else None)

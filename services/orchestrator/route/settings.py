@@ -44,6 +44,17 @@ def _install_backend() -> Codec:
     return Codec(parse, lambda value: BACKEND_OF_WORKER if value is None else backend.format(value), writes_none=True)
 
 
+def _route_group(raw: str) -> tuple[int, ...]:
+    group = tuple(int(part) for part in raw.split(","))
+    if not group or min(group) < 0:
+        raise ValueError(raw)
+    return group
+
+
+def _format_group(group: tuple[int, ...]) -> str:
+    return ",".join(map(str, group))
+
+
 def _addresses() -> Codec:
     return listed(text())
 
@@ -88,6 +99,10 @@ class RouteSettings:
     max_switch_rows: tuple[int, ...] = setting("FORNAX_MAX_SWITCH_ROWS", DEFAULT_ROWS,
                                                Codec(lambda raw, variable: parse_rows(raw, variable),
                                                      lambda rows: ",".join(map(str, rows))))
+    # Replica routes served at once: groups of indices into stage_workers, one route per group
+    # (in stage order within it), e.g. "0,1;2,3"; empty = one route over every stage worker.
+    route_groups: tuple[tuple[int, ...], ...] = setting(
+        "FORNAX_ROUTE_GROUPS", (), listed(converted(_route_group, _format_group, "worker indices like 0,1"), ";"))
     # The orchestrator's own state (model files fetched from the artifact builder).
     state_dir: str = setting("FORNAX_STATE_DIR", ".fornax/orchestrator", text())
     # KV bytes each stage keeps for the route; 0 leaves the stage worker's default.

@@ -28,7 +28,8 @@ from libs.model.max_kernels import configure_max_process, default_cache_dir, max
 from libs.service.errors import FornaxError  # noqa: E402
 from libs.text.context import TextContext  # noqa: E402
 from services.orchestrator.engine.domain import FinishReason, GenerationRequest  # noqa: E402
-from services.orchestrator.engine.serving import RouteSlot, ServingEngine  # noqa: E402
+from services.orchestrator.engine.route_slot import RouteSlot
+from services.orchestrator.engine.serving import ServingEngine  # noqa: E402
 from services.orchestrator.route.backend_choice import forced  # noqa: E402
 from services.orchestrator.route.background_compile import BackgroundCompiler, CompileSettings, GraphState  # noqa: E402
 from services.orchestrator.route.coldstart import BackendBoard, Chooser, UpgradePhase, serve_then_upgrade  # noqa: E402

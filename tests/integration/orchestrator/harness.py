@@ -10,7 +10,8 @@ from pathlib import Path
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.text.context import TextContext
 from services.orchestrator.api.http_api import HttpConfig, build_http_app, start_http
-from services.orchestrator.engine.serving import RouteSlot, ServingConfig, ServingEngine
+from services.orchestrator.engine.route_slot import RouteSlot
+from services.orchestrator.engine.serving import ServingConfig, ServingEngine
 from services.orchestrator.route.inprocess_pipeline import InProcessPipeline, InProcessRouteConfig
 
 MODEL_ID = "fornax-tiny"

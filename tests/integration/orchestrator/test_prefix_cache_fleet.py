@@ -24,7 +24,8 @@ from libs.text.context import TextContext
 from services.orchestrator.api.http_api import build_http_app, start_http
 from services.orchestrator.engine.model_card import served_model
 from services.orchestrator.engine.prefix_salt import PrefixPolicy
-from services.orchestrator.engine.serving import RouteSlot, ServingConfig, ServingEngine
+from services.orchestrator.engine.route_slot import RouteSlot
+from services.orchestrator.engine.serving import ServingConfig, ServingEngine
 from services.orchestrator.route.direct_load import load_checkpoint_route
 from services.orchestrator.route.route_pipeline import RoutePipeline
 from services.orchestrator.route.stage_chain import Route, lease_id_for

@@ -17,7 +17,7 @@ from services.orchestrator.api.http_tls import (
     choose_http_tls,
     server_ssl_context,
 )
-from services.orchestrator.engine.serving import RouteSlot
+from services.orchestrator.engine.route_slot import RouteSlot
 from tests.integration.security.pki import FleetPki
 
 ORCHESTRATOR = Identity(Role.SERVICE, "orchestrator")

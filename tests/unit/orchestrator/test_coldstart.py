@@ -13,7 +13,7 @@ from libs.model.compile_cache import GraphName, GraphTarget, config_sha256, reco
 from libs.model.config import parse_config
 from libs.model.presets import preset_config
 from libs.service.errors import FailedPrecondition
-from services.orchestrator.engine.serving import RouteSlot
+from services.orchestrator.engine.route_slot import RouteSlot
 from services.orchestrator.route.backend_choice import DEFAULT_ROWS, decide, forced
 from services.orchestrator.route.background_compile import BackgroundCompiler, CompileSettings, GraphState
 from services.orchestrator.route.coldstart import BackendBoard, Chooser, UpgradePhase, serve_then_upgrade

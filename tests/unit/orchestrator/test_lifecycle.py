@@ -6,7 +6,8 @@ import pytest
 
 from libs.service.errors import Aborted, FailedPrecondition, Unavailable
 from services.orchestrator.engine.domain import GenerationRequest, ServedModel, StageLayout
-from services.orchestrator.engine.serving import RouteSlot, ServingEngine
+from services.orchestrator.engine.route_slot import RouteSlot
+from services.orchestrator.engine.serving import ServingEngine
 from services.orchestrator.route.lifecycle import (
     InstalledRoute,
     InstallRequest,

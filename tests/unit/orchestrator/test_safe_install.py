@@ -10,7 +10,8 @@ import pytest
 
 from libs.service.errors import FailedPrecondition
 from services.orchestrator.engine.domain import GenerationRequest
-from services.orchestrator.engine.serving import RouteSlot, ServingEngine
+from services.orchestrator.engine.route_slot import RouteSlot
+from services.orchestrator.engine.serving import ServingEngine
 from services.orchestrator.route.lifecycle import (
     InstalledRoute,
     InstallRequest,

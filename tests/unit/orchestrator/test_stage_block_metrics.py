@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY, generate_latest
 from services.orchestrator.api.dashboard import take_sample
 from services.orchestrator.api.dashboard_state import DashboardState
 from services.orchestrator.engine.domain import EngineSnapshot, ServedModel, StageLayout, StageStats
-from services.orchestrator.engine.serving import RouteSlot
+from services.orchestrator.engine.route_slot import RouteSlot
 
 NAMES = ("fornax_orchestrator_stage_prefix_hit_blocks_total", "fornax_orchestrator_stage_prefix_missed_blocks_total",
          "fornax_orchestrator_stage_kv_evicted_blocks_total")

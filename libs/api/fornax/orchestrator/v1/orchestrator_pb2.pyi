@@ -160,20 +160,22 @@ class StageStatus(_message.Message):
     def __init__(self, stage_index: _Optional[int] = ..., worker_address: _Optional[str] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., manifest_hash: _Optional[str] = ..., healthy: _Optional[bool] = ..., condition: _Optional[str] = ...) -> None: ...
 
 class PlanStatus(_message.Message):
-    __slots__ = ("plan", "state", "stages", "inflight_requests", "reason", "calibration")
+    __slots__ = ("plan", "state", "stages", "inflight_requests", "reason", "calibration", "routes")
     PLAN_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
     plan: _common_pb2.PlanBinding
     state: RouteState
     stages: _containers.RepeatedCompositeFieldContainer[StageStatus]
     inflight_requests: int
     reason: str
     calibration: RouteCalibration
-    def __init__(self, plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., state: _Optional[_Union[RouteState, str]] = ..., stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., inflight_requests: _Optional[int] = ..., reason: _Optional[str] = ..., calibration: _Optional[_Union[RouteCalibration, _Mapping]] = ...) -> None: ...
+    routes: _containers.RepeatedCompositeFieldContainer[PlanStatus]
+    def __init__(self, plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., state: _Optional[_Union[RouteState, str]] = ..., stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., inflight_requests: _Optional[int] = ..., reason: _Optional[str] = ..., calibration: _Optional[_Union[RouteCalibration, _Mapping]] = ..., routes: _Optional[_Iterable[_Union[PlanStatus, _Mapping]]] = ...) -> None: ...
 
 class StageCalibration(_message.Message):
     __slots__ = ("stage_index", "state", "predicted_decode_service_s", "measured_decode_service_s", "measured_microbatches", "measured_rows_per_microbatch")
