@@ -261,7 +261,10 @@ class Scheduler:
             deadline_budget_ns=budget, sampling=_sampling(r), sample_index=len(r.generated),
             kv_reserve_tokens=len(r.req.prompt_token_ids) + r.req.max_tokens,
             traceparent=r.req.traceparent,
-            prefix_salt=r.req.prefix_salt if r.sequence_no == 0 else None)
+            prefix_salt=r.req.prefix_salt if r.sequence_no == 0 else None,
+            prefix_tail=(tuple(r.prefill_ids[r.prefilled + rows:])
+                         if phase is Phase.PREFILL and r.sequence_no == 0 and r.req.prefix_salt is not None
+                         else ()))
 
     def _expire(self, now_ns: int) -> None:
         """A request past its deadline ends now, in flight or not: its reader gets the final
@@ -317,13 +320,15 @@ class Scheduler:
                 f"inconsistent result: kv epoch {seq.kv_epoch_after}, expected {expected}, "
                 f"token {seq.sampled_token_id}"))
             return
+        consumed = len(piece.token_ids)
         if r.sequence_no == 0:
             r.cached_tokens = seq.cached_tokens
+            consumed = piece.consumed_tokens(seq.cached_tokens)
         r.kv_epoch = expected
         r.sequence_no += 1
-        r.position += len(piece.token_ids)
+        r.position += consumed
         if r.state is _State.WAITING:
-            r.prefilled += len(piece.token_ids)
+            r.prefilled += consumed
             if r.prefilled < len(r.prefill_ids):
                 return  # a middle chunk: its sampled token is not the next token
         r.state = _State.RUNNING

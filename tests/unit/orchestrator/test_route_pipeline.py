@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 
 from libs.service.errors import ResourceExhausted
 from services.orchestrator.engine.domain import (
@@ -93,6 +94,21 @@ def test_a_reused_prefix_is_skipped_in_the_first_slice_and_reported():
     assert (inputs[0].position_start, inputs[0].token_ids.tolist()) == (32, list(range(32, 40)))
     assert (inputs[1].position_start, len(inputs[1].token_ids)) == (0, 3)
     assert [s.cached_tokens for s in result.sequences] == [32, 0]
+
+
+@pytest.mark.parametrize(("cached", "computed"), [(16, range(16, 48)), (48, range(48, 60)), (0, range(0, 32))])
+def test_a_first_chunk_hashes_the_whole_prompt_and_runs_on_past_a_reused_prefix(cached, computed):
+    route = ScriptedRoute(cached=cached)
+    pipeline = RoutePipeline(route, SERVED)
+    chunk = RequestSlice("a", 0, tuple(range(32)), 0, 0, None, SamplingParams(), 0, 70,
+                         prefix_salt=b"salt", prefix_tail=tuple(range(32, 60)))
+    result = asyncio.run(pipeline.submit(Microbatch(0, 0, Phase.PREFILL, (chunk,))))
+    assert [(p.salt, p.token_ids) for p in route.prefixes] == [(b"salt", tuple(range(60)))]
+    ((_, inputs),) = route.runs
+    # At most the chunk's 32 rows are computed, starting after the reused tokens.
+    assert (inputs[0].position_start, inputs[0].token_ids.tolist()) == (cached, list(computed))
+    assert result.sequences[0].cached_tokens == cached
+    assert chunk.consumed_tokens(cached) == computed.stop
 
 
 def test_decode_does_not_admit_and_release_reports_every_stage():
