@@ -457,6 +457,16 @@ class Scheduler:
         out, self._outputs = self._outputs, []
         return out
 
+    def publish_tokens(self, request_id: str) -> tuple[int, ...]:
+        """Every token a releasing request's KV holds (its prompt, then each output fed back)
+        when it ended cleanly (stop or length) with a prefix salt: its stages publish those
+        blocks, so a later turn repeating this output reuses them. Empty otherwise."""
+        r = self._requests.get(request_id)
+        if (r is None or r.req.prefix_salt is None
+                or r.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH)):
+            return ()
+        return (r.req.prompt_token_ids + tuple(r.generated))[: r.position]
+
     def take_releases(self) -> list[str]:
         out, self._releases = self._releases, []
         return out

@@ -115,9 +115,9 @@ class RoutePipeline:
     async def cancel(self, request_id: str) -> None:
         await self._route.cancel(request_id)
 
-    async def release(self, request_id: str) -> ReleaseReport:
+    async def release(self, request_id: str, publish_token_ids: tuple[int, ...] = ()) -> ReleaseReport:
         self._lease_ids.pop(request_id, None)
-        return ReleaseReport(request_id, tuple(await self._route.release(request_id)))
+        return ReleaseReport(request_id, tuple(await self._route.release(request_id, publish_token_ids)))
 
     async def stage_stats(self) -> list[StageStats]:
         healths = await self._route.health()

@@ -378,11 +378,14 @@ class Route:
                 raise _clean(index, reply)
         return [reply.kv_epoch for reply in replies if not isinstance(reply, BaseException)]
 
-    async def release(self, request_id: str) -> list[int]:
-        """Free the request's KV on every stage; returns each stage's final KV epoch."""
+    async def release(self, request_id: str, publish_token_ids: Sequence[int] = ()) -> list[int]:
+        """Free the request's KV on every stage; returns each stage's final KV epoch. With
+        `publish_token_ids` (every token its KV holds) each stage first publishes its full
+        blocks under the salt it admitted the request with."""
         self._lease_sequences.pop(request_id, None)
         message = pb.ReleaseRequestRequest(request_id=str(uuid.uuid4()), target_request_id=request_id,
-                                           plan_generation_id=self.plan.plan_generation_id)
+                                           plan_generation_id=self.plan.plan_generation_id,
+                                           publish_token_ids=publish_token_ids)
         replies = await asyncio.gather(*(stub.ReleaseRequest(message, timeout=self.timeouts.release_s)
                                          for stub in self._stubs), return_exceptions=True)
         for index, reply in enumerate(replies):

@@ -37,6 +37,7 @@ class ScriptedRoute:
     traceparents: list = field(default_factory=list)
     cached: int = 0  # the tokens every stage holds, answered to a prefix query
     prefixes: list = field(default_factory=list)
+    published: list = field(default_factory=list)
 
     async def admit(self, request_id, reserve_tokens, sampling, logits=False, prefix=None):
         if request_id in self.refuse:
@@ -51,7 +52,8 @@ class ScriptedRoute:
         return [self.outputs.get(i.request_id) or SliceOutput(
             i.request_id, True, np.array([7], np.int32), i.kv_epoch + 1) for i in inputs]
 
-    async def release(self, request_id):
+    async def release(self, request_id, publish_token_ids=()):
+        self.published.append((request_id, tuple(publish_token_ids)))
         return [3, 3]
 
     async def close(self):
@@ -119,6 +121,8 @@ def test_decode_does_not_admit_and_release_reports_every_stage():
     assert route.runs[0][0] is Phase.DECODE
     assert result.sequences[0].kv_epoch_after == 5
     assert asyncio.run(pipeline.release("a")).stage_epochs == (3, 3)
+    asyncio.run(pipeline.release("b", (5, 6, 7)))
+    assert route.published == [("a", ()), ("b", (5, 6, 7))]  # the tokens whose blocks stages publish
 
 
 def test_each_microbatch_is_a_span_in_its_request_trace_whose_traceparent_travels_in_the_frame(monkeypatch):

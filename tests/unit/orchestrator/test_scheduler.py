@@ -396,6 +396,30 @@ def test_a_reused_prefix_moves_a_chunked_prompts_first_chunk_into_the_rest(text_
     assert final and final[0].prompt_tokens == 40 and final[0].cached_tokens == cached
 
 
+@pytest.mark.parametrize(("salt", "cancel"), [(b"salt", False), (None, False), (b"salt", True)])
+def test_a_cleanly_finished_salted_request_publishes_every_token_its_kv_holds(text_context, salt, cancel):
+    sched = make_scheduler(text_context)
+    stages = FakeStages(2)
+    sched.admit(GenerationRequest("r", (5, 6, 7), max_tokens=3, prefix_salt=salt), now_ns=0)
+    published, outputs = None, []
+    for _ in range(50):
+        if cancel and sched.live_requests and stages.executed_batches:
+            sched.cancel("r")
+        for batch in sched.schedule(0):
+            sched.update_from_output(stages.execute(batch))
+        outputs += sched.take_outputs()
+        for rid in sched.take_releases():
+            published = sched.publish_tokens(rid)
+            sched.on_released(stages.release(rid))
+        if published is not None:
+            break
+    generated = [t for o in outputs for t in o.token_ids]
+    if salt is None or cancel:
+        assert published == ()
+    else:  # the prompt and the outputs fed back: the last one was sampled, never fed
+        assert len(generated) == 3 and published == (5, 6, 7, *generated[:-1])
+
+
 def test_a_multi_stage_route_keeps_spare_microbatches_in_flight_and_a_single_stage_none(text_context):
     admission = AdmissionControl(AdmissionConfig(64, (10**9,) * 2), STAGES)
     pipeline = Scheduler(SchedulerConfig(pipeline_spare_microbatches=1), 2, text_context, admission)
