@@ -46,7 +46,8 @@ async def _ask(session: aiohttp.ClientSession, api: str, ids: tuple[int, ...], m
                encode) -> Turn:  # noqa: ANN001
     body = {"model": "fornax", "prompt": list(ids), "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "cache_salt": cache_salt, "stream_options": {"include_usage": True}}
-    started, first, text, usage = time.perf_counter(), None, [], {}
+    started, first, text = time.perf_counter(), None, []
+    usage: dict = {}
     async with session.post(f"{api}/completions", json=body) as response:
         response.raise_for_status()
         async for raw in response.content:
