@@ -109,6 +109,8 @@ def register(commands, benches) -> None:
     prefix.add_argument("--agent-system-tokens", type=int, default=1500)
     prefix.add_argument("--agent-calls", type=int, default=32)
     prefix.add_argument("--max-tokens", type=int, default=8)
+    prefix.add_argument("--fleet", help="run through a netns fleet from this fleet file instead, over its HTTPS "
+                                        "front (needs root)")
     prefix.add_argument("--json", action="store_true")
     prefix.set_defaults(func=cmd_prefix)
 
@@ -346,7 +348,19 @@ def cmd_prefix(args: argparse.Namespace) -> int:
     options = PrefixBenchOptions(_checkpoint(args.checkpoint, args.preset), args.backend, args.turns,
                                  args.turn_tokens, args.agent_system_tokens, agent_calls=args.agent_calls,
                                  max_tokens=args.max_tokens)
-    report = run(options, "fornax " + " ".join(sys.argv[1:]))
+    command = "fornax " + " ".join(sys.argv[1:])
+    if args.fleet:
+        from apps.bench.prefix_fleet import PrefixFleetOptions, run_prefix_fleet
+        from apps.fleet.netns import IsolationFailed, IsolationUnavailable
+        from apps.fleet.spec import FleetFileError, load_fleet_spec
+
+        try:
+            report = run_prefix_fleet(PrefixFleetOptions(args.fleet, load_fleet_spec(args.fleet), options), command)
+        except (FleetFileError, IsolationUnavailable, IsolationFailed) as exc:
+            print(f"fornax: {exc}", file=sys.stderr)
+            return 2
+    else:
+        report = run(options, command)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:

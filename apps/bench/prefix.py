@@ -1,8 +1,9 @@
 """`fornax bench prefix`: time to first token with prompt-prefix reuse off and on.
 
 Two stage-worker processes serve the checkpoint as a 2-stage route; the serving core drives it
-in this process. Two workloads, each run with the prefix cache off and then on (the stages'
-cache starts empty for each: the workloads use disjoint token ids from separate seeds):
+in this process (`--fleet FILE`: a netns fleet instead, `apps/bench/prefix_fleet.py`). Two
+workloads, each run with the prefix cache off and then on (the stages' cache starts empty for
+each: the workloads use disjoint token ids from separate seeds):
 - chat: a conversation whose prompt is every earlier turn (prompt + reply) plus a new user
   message, `turns` turns growing to about `turns * turn_tokens` tokens;
 - agent: `agent_calls` calls that each send one long shared system prompt plus a short call.
@@ -19,6 +20,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -80,23 +82,26 @@ def _tokens(rng: np.random.Generator, vocab: int, count: int) -> tuple[int, ...]
     return tuple(int(t) for t in rng.integers(3, vocab, size=count))
 
 
-async def chat(engine: ServingEngine, options: PrefixBenchOptions, vocab: int, salt: bytes | None) -> list[Turn]:
+# One timed request: prompt ids in, its Turn out (the output as the next turn appends it).
+Ask = Callable[[tuple[int, ...]], Awaitable[Turn]]
+
+
+async def chat(ask: Ask, options: PrefixBenchOptions, vocab: int) -> list[Turn]:
     rng = np.random.default_rng(1)
     context: tuple[int, ...] = ()
     turns = []
     for _ in range(options.turns):
         prompt = context + _tokens(rng, vocab, options.turn_tokens)
-        turn = await _one(engine, prompt, options.max_tokens, salt)
+        turn = await ask(prompt)
         turns.append(turn)
         context = prompt + turn.output
     return turns
 
 
-async def agent(engine: ServingEngine, options: PrefixBenchOptions, vocab: int, salt: bytes | None) -> list[Turn]:
+async def agent(ask: Ask, options: PrefixBenchOptions, vocab: int) -> list[Turn]:
     rng = np.random.default_rng(2)
     system = _tokens(rng, vocab, options.agent_system_tokens)
-    return [await _one(engine, system + _tokens(rng, vocab, options.agent_call_tokens), options.max_tokens, salt)
-            for _ in range(options.agent_calls)]
+    return [await ask(system + _tokens(rng, vocab, options.agent_call_tokens)) for _ in range(options.agent_calls)]
 
 
 async def _engine(options: PrefixBenchOptions, workers: list[str], policy: PrefixPolicy) -> ServingEngine:
@@ -118,9 +123,12 @@ async def _measure(options: PrefixBenchOptions, workers: list[str]) -> dict[str,
         # A fresh load per setting: the stages' caches start empty for both.
         engine = await _engine(options, workers, policy)
         salt = prefix_salt(policy, "bench", text.identity.tokenizer_sha256, "bench")
+        def ask(ids: tuple[int, ...], engine: ServingEngine = engine, salt: bytes | None = salt) -> Awaitable[Turn]:
+            return _one(engine, ids, options.max_tokens, salt)
+
         try:
-            runs[policy.value] = {"chat": await chat(engine, options, cfg.vocab_size, salt),
-                                  "agent": await agent(engine, options, cfg.vocab_size, salt)}
+            runs[policy.value] = {"chat": await chat(ask, options, cfg.vocab_size),
+                                  "agent": await agent(ask, options, cfg.vocab_size)}
         finally:
             await engine.close()
     return runs
@@ -135,7 +143,7 @@ def _hit_rate(turns: list[Turn]) -> float:
     return sum(t.cached_tokens for t in turns) / max(1, sum(t.prompt_tokens for t in turns))
 
 
-def report(runs: dict[str, dict[str, list[Turn]]], command: str, backend: str) -> dict:
+def report(runs: dict[str, dict[str, list[Turn]]], command: str, backend: str, route: str = "") -> dict:
     off, on = runs["off"], runs["tenant"]
     same = all(a.output == b.output for kind in ("chat", "agent") for a, b in zip(off[kind], on[kind], strict=True))
     agent_off = statistics.fmean(t.ttft_s for t in off["agent"])
@@ -145,6 +153,7 @@ def report(runs: dict[str, dict[str, list[Turn]]], command: str, backend: str) -
         "label": "measurements on this host, one run; ratios of runs of the same run, not predictions",
         "hardware": f"{cpu_name() or platform.machine()}, {len(usable_cpus())} usable CPUs",
         "backend": backend,
+        "route": route or "2 stage-worker processes on loopback, serving core in the bench's process",
         "command": command,
         "chat": {"off": _turns(off["chat"]), "on": _turns(on["chat"]), "hit_rate_on": _hit_rate(on["chat"])},
         "agent": {"off_mean_ttft_s": agent_off, "on_mean_ttft_s": agent_on, "hit_rate_on": _hit_rate(on["agent"]),

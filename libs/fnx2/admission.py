@@ -98,7 +98,7 @@ class Sampling:
                    f.uint("presence_penalty_f32", UINT32_MAX),
                    f.uint("frequency_penalty_f32", UINT32_MAX), _read_logit_bias(f),
                    _read_grammar(f), f.uint("first_sample_position", UINT32_MAX),
-                   _uints(f, "generated_token_ids", MAX_TOKENS),
+                   read_uints(f, "generated_token_ids", MAX_TOKENS),
                    None if top_logprobs is None else f.uint("top_logprobs", MAX_TOP_LOGPROBS))
 
 
@@ -139,7 +139,7 @@ class Admission:
         return cls(f.uuid("request_id"), f.uuid("execution_lease_id"),
                    f.uint("reserve_tokens", UINT32_MAX, minimum=1), OutputMode(mode),
                    Sampling.from_meta(f.raw("sampling")), _hex(f, "prefix_salt"),
-                   _uints(f, "prefix_token_ids", MAX_TOKENS), tuple(bytes.fromhex(h) for h in hashes))
+                   read_uints(f, "prefix_token_ids", MAX_TOKENS), tuple(bytes.fromhex(h) for h in hashes))
 
 
 _ADMISSION_FIELDS = frozenset({"request_id", "execution_lease_id", "reserve_tokens", "output_mode",
@@ -169,7 +169,7 @@ class AckAdmit:
     @classmethod
     def read(cls, f: Fields) -> AckAdmit:
         admitted = f.boolean("admitted")
-        cached = _uints(f, "cached_tokens", MAX_STAGES)
+        cached = read_uints(f, "cached_tokens", MAX_STAGES)
         refusal = tuple(f.raw(name) for name in ("error_code", "reason", "error_message", "refused_by"))
         if admitted:
             if any(value is not None for value in refusal) or not cached:
@@ -196,10 +196,10 @@ ACK_ADMIT_FIELDS = frozenset({"request_id", "execution_lease_id", "admitted", "c
 
 
 def read_stage_kv_epochs(f: Fields) -> tuple[int, ...]:
-    return _uints(f, STAGE_KV_EPOCHS_FIELD, MAX_STAGES)
+    return read_uints(f, STAGE_KV_EPOCHS_FIELD, MAX_STAGES)
 
 
-def _uints(f: Fields, name: str, limit: int) -> tuple[int, ...]:
+def read_uints(f: Fields, name: str, limit: int) -> tuple[int, ...]:
     raw = f.array(name, limit)
     if any(type(x) is not int or not 0 <= x <= UINT32_MAX for x in raw):
         raise f.fail(name, "must hold integers in [0, 2^32-1]")

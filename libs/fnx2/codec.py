@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from libs.fnx2 import compact
+from libs.fnx2.admission import EXT_INBAND_ADMISSION
 from libs.fnx2.control import (
     EXT_COMPACT_META,
     EXT_LEASE_SEQUENCE,
@@ -382,7 +383,7 @@ def _decode_kind(kind: int, meta: dict[str, Any], metadata: bytes, payload: memo
     if kind == Kind.CANCEL:
         return Cancel.from_meta(meta)
     if kind == Kind.RELEASE:
-        return Release.from_meta(meta)
+        return Release.from_meta(meta, EXT_INBAND_ADMISSION in negotiated)
     if kind == Kind.ACK:
         return Ack.from_meta(meta, allow_extensions, negotiated)
     if kind == Kind.ERROR:

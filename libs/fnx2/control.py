@@ -16,8 +16,10 @@ from libs.fnx2.admission import (
     EXT_INBAND_ADMISSION,
     STAGE_KV_EPOCHS_FIELD,
     AckAdmit,
+    MAX_TOKENS,
     Admission,
     read_stage_kv_epochs,
+    read_uints,
     require,
 )
 from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, ErrorCode
@@ -139,17 +141,29 @@ class Release:
     request_id: str
     execution_lease_id: str
     expected_final_epoch: int | None
+    # inband_admission only: every token the lease holds KV for, sent when the request ended
+    # cleanly; each stage publishes the lease's full blocks under its admission's prefix salt
+    # before releasing them. Empty (and then absent from the metadata): publish nothing more.
+    publish_token_ids: tuple[int, ...] = ()
 
     def to_meta(self) -> dict[str, Any]:
-        return {"control_id": self.control_id, **self.binding.to_meta(),
+        meta = {"control_id": self.control_id, **self.binding.to_meta(),
                 "request_id": self.request_id, "execution_lease_id": self.execution_lease_id,
                 "expected_final_epoch": self.expected_final_epoch}
+        if self.publish_token_ids:
+            meta["publish_token_ids"] = list(self.publish_token_ids)
+        return meta
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any]) -> Release:
-        f = Fields(meta, ErrorCode.METADATA, "RELEASE", _LEASE_FIELDS | {"expected_final_epoch"})
+    def from_meta(cls, meta: dict[str, Any], inband: bool = False) -> Release:
+        publishes = inband and "publish_token_ids" in meta
+        names = _LEASE_FIELDS | {"expected_final_epoch"} | ({"publish_token_ids"} if publishes else set())
+        f = Fields(meta, ErrorCode.METADATA, "RELEASE", names)
+        tokens = read_uints(f, "publish_token_ids", MAX_TOKENS) if publishes else ()
+        if publishes and not tokens:
+            raise f.fail("publish_token_ids", "must be absent rather than empty")
         return cls(f.uuid("control_id"), ChannelBinding.read(f), f.uuid("request_id"),
-                   f.uuid("execution_lease_id"), f.optional_uint("expected_final_epoch"))
+                   f.uuid("execution_lease_id"), f.optional_uint("expected_final_epoch"), tokens)
 
 
 @dataclass(frozen=True, slots=True)

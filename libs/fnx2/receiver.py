@@ -398,7 +398,7 @@ class _Channel:
             fields = self.r.state.release(request_id, lease_id, message.expected_final_epoch,
                                           self.r.clock())
             if lease_handler is not None:  # the stage frees its KV and tells the next hop
-                epochs = await lease_handler.release(request_id, lease_id)
+                epochs = await lease_handler.release(request_id, lease_id, message.publish_token_ids)
                 fields = replace(fields, stage_kv_epochs=epochs)
             elif fields.released:
                 self.r.forget([(request_id, lease_id)])

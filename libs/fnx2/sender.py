@@ -228,10 +228,14 @@ class Fnx2Client:
         return _ack_fields(ack, AckCancel)
 
     async def release(self, request_id: str, execution_lease_id: str,
-                      expected_final_epoch: int | None = None) -> AckRelease:
+                      expected_final_epoch: int | None = None,
+                      publish_token_ids: tuple[int, ...] = ()) -> AckRelease:
+        if publish_token_ids and EXT_INBAND_ADMISSION not in self.extensions:
+            raise Fnx2Error(ErrorCode.METADATA, f"publish_token_ids need the {EXT_INBAND_ADMISSION} extension")
         control_id = str(uuid.uuid4())
         ack = await self._control(control_id, Release(control_id, self.config.binding, request_id,
-                                                      execution_lease_id, expected_final_epoch))
+                                                      execution_lease_id, expected_final_epoch,
+                                                      tuple(publish_token_ids)))
         return _ack_fields(ack, AckRelease)
 
     async def admit(self, admission: Admission) -> AckAdmit:

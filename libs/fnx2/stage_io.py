@@ -71,8 +71,10 @@ class LeaseHandler(Protocol):
         """Each stage's KV epoch after the cancel."""
         ...
 
-    async def release(self, request_id: str, execution_lease_id: str) -> tuple[int, ...]:
-        """Frees the request's KV on each stage; each stage's final KV epoch."""
+    async def release(self, request_id: str, execution_lease_id: str,
+                      publish_token_ids: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """Frees the request's KV on each stage (publishing its full blocks first when
+        `publish_token_ids` are given); each stage's final KV epoch."""
         ...
 
 

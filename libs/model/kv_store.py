@@ -7,7 +7,8 @@ admission, and the lease's first slice may then start at any whole block of that
 Each later slice must carry the next sequence number, the next position and the current
 epoch. A successful step advances the epoch by exactly one; a failed step changes nothing,
 because new KV rows are only committed after every layer of the stage has succeeded.
-Committed full blocks of the prompt are published under their prefix hash; reused blocks
+Committed full blocks of the prompt are published under their prefix hash (and, when a
+lease ends, those of its output too: `publish_chain`); reused blocks
 are shared read-only (a lease only ever writes blocks it allocated). Released leases are
 tombstoned (bounded table) so that a late slice cannot resurrect them.
 
@@ -354,6 +355,26 @@ class KvStore:
                                                                  old[layer], scale[layer])
         self._scale[:, block] = scale
         self._latent[:, block, offset : offset + rows.shape[1]] = encode_e4m3(rows / scale[:, None, None])
+
+    @_locked
+    def publish_chain(self, key: KvKey, chain: tuple[bytes, ...]) -> int:
+        """Publish a lease's committed full blocks under `chain`, the hashes of every token it
+        holds (its prompt, then its fed outputs), hashed with its admission's salt.
+
+        `chain` must extend the prompt chain the lease was admitted with (KvEpochError
+        PREFIX_CHAIN otherwise): the salt, and so who may reuse the blocks, stays the
+        admission's. Returns the blocks published now (0 for a lease without KV).
+        """
+        entry = self._entries.get(key)
+        if entry is None:
+            return 0
+        if tuple(chain[: len(entry.chain)]) != entry.chain or not entry.chain:
+            raise KvEpochError(f"request {key[0]!r}: the chain to publish does not extend the lease's prompt chain",
+                               reason="PREFIX_CHAIN")
+        before = entry.published
+        entry.chain = tuple(chain)
+        self._publish(entry)
+        return entry.published - before
 
     def _publish(self, entry: LeaseKv) -> None:
         full = min(entry.length // self.block_tokens, len(entry.chain))

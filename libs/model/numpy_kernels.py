@@ -114,16 +114,37 @@ def mla_attention(cfg: DeepseekV2Config, x: np.ndarray, w: AttentionWeights, inp
     k_pe = apply_rope(compressed[:, cfg.kv_lora_rank :], inp.rope_cos, inp.rope_sin)
     all_latent = np.concatenate([inp.past_latent, latent], axis=0)   # [T, C]
     all_k_pe = np.concatenate([inp.past_k_rope, k_pe], axis=0)       # [T, rope]
-    # Absorbed form: fold kv_b_proj into the query and the output instead of expanding every
-    # cached latent into per-head keys and values (same math, far less work for decode).
     kv_b = dense(w.kv_b_proj).reshape(heads, nope + v_dim, cfg.kv_lora_rank)
-    q_latent = np.matmul(q_nope.transpose(1, 0, 2), kv_b[:, :nope, :])        # [H, R, C]
-    scores = np.matmul(q_latent, all_latent.T) + np.matmul(q_pe.transpose(1, 0, 2), all_k_pe.T)
-    probs = softmax(scores * np.float32(cfg.softmax_scale()) + inp.mask[None, :, :])  # [H, R, T]
-    context = np.matmul(probs, all_latent)                                      # [H, R, C]
-    attended = np.matmul(context, kv_b[:, nope:, :].transpose(0, 2, 1))         # [H, R, v]
+    q_pe_scores = np.matmul(q_pe.transpose(1, 0, 2), all_k_pe.T)               # [H, R, T]
+    if absorbed_attention_is_cheaper(cfg, rows):
+        # Absorbed form: fold kv_b_proj into the query and the output instead of expanding
+        # every cached latent into per-head keys and values (far less work for decode).
+        q_latent = np.matmul(q_nope.transpose(1, 0, 2), kv_b[:, :nope, :])    # [H, R, C]
+        scores = np.matmul(q_latent, all_latent.T) + q_pe_scores
+        probs = softmax(scores * np.float32(cfg.softmax_scale()) + inp.mask[None, :, :])  # [H, R, T]
+        context = np.matmul(probs, all_latent)                                  # [H, R, C]
+        attended = np.matmul(context, kv_b[:, nope:, :].transpose(0, 2, 1))     # [H, R, v]
+    else:
+        # Expanded form: every key's per-head key and value once (cheaper for many rows).
+        k_nope = np.matmul(all_latent, kv_b[:, :nope, :].transpose(0, 2, 1))  # [H, T, nope]
+        values = np.matmul(all_latent, kv_b[:, nope:, :].transpose(0, 2, 1))  # [H, T, v]
+        scores = np.matmul(q_nope.transpose(1, 0, 2), k_nope.transpose(0, 2, 1)) + q_pe_scores
+        probs = softmax(scores * np.float32(cfg.softmax_scale()) + inp.mask[None, :, :])  # [H, R, T]
+        attended = np.matmul(probs, values)                                     # [H, R, v]
     attended = attended.transpose(1, 0, 2).reshape(rows, heads * v_dim)
     return linear(attended, w.o_proj), latent, k_pe
+
+
+def absorbed_attention_is_cheaper(cfg: DeepseekV2Config, rows: int) -> bool:
+    """Which MLA form takes fewer multiply-adds for `rows` query rows over T keys (the same
+    math either way). Per key and head, absorbed: rows * (2 * C + rope) (latent scores and
+    latent context); expanded: C * (nope + v) to expand the key once, plus rows * (nope + rope
+    + v). Decode (a few rows) stays absorbed; a prefill of more rows than
+    C * (nope + v) / (2 * C - nope - v) (85 on `small`, 170 on V2-Lite's shapes) expands."""
+    rank, nope, rope, v_dim = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    absorbed = rows * (2 * rank + rope)
+    expanded = rank * (nope + v_dim) + rows * (nope + rope + v_dim)
+    return absorbed <= expanded
 
 
 class NumpyKernels:

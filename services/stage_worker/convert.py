@@ -133,7 +133,19 @@ def admission_from_pb(request: pb.AdmitSequenceRequest, block_bytes: int) -> Seq
         top_logprobs=s.top_logprobs if s.logprobs else None,
     )
     reserve = blocks_for(request.reserve_tokens) * block_bytes
-    return SequenceAdmission(request_id, lease_id, reserve, sampling, prefix_chain=chain)
+    return SequenceAdmission(request_id, lease_id, reserve, sampling, prefix_chain=chain,
+                             prefix_salt=request.prefix_salt if chain else b"")
+
+
+def publish_chain_from_pb(request: pb.ReleaseRequestRequest, salt: bytes) -> tuple[bytes, ...]:
+    """The hashes of a released lease's tokens under its admission's salt (empty: publish nothing).
+    Tokens sent for a lease admitted without a salt are refused (PREFIX_CHAIN)."""
+    if not request.publish_token_ids:
+        return ()
+    if not salt:
+        raise InvalidArgument("publish_token_ids need a lease admitted with a prefix_salt", reason="PREFIX_CHAIN",
+                              field="publish_token_ids")
+    return tuple(prefix_chain(salt, request.publish_token_ids))
 
 
 def _prefix_chain_from_pb(request: pb.AdmitSequenceRequest) -> tuple[bytes, ...]:

@@ -35,6 +35,7 @@ from libs.fnx2.sender import Fnx2Client, SenderConfig
 from libs.fnx2.tensor import DType, Tensor, TensorKind, float32_to_bf16
 from libs.model.errors import KvLimitExceededError, ModelError
 from libs.model.executor import StageBatch, StageResult
+from libs.model.kv_blocks import prefix_chain
 from libs.model.kv_store import SliceIdentity
 from libs.model.logprobs import RECORD_WIDTH, sample_records
 from libs.security.fnx2_tls import Fnx2Tls
@@ -196,16 +197,36 @@ class DataPlane:
         ack = await (await self.next_hop(stage)).cancel(request_id, lease_id)
         return (epoch, *(ack.stage_kv_epochs or ()))
 
-    async def release(self, request_id: str, lease_id: str) -> tuple[int, ...]:
-        """Frees the request's KV here and on every stage after it; each one's final epoch."""
+    async def release(self, request_id: str, lease_id: str,
+                      publish_token_ids: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """Frees the request's KV here and on every stage after it; each one's final epoch.
+        With `publish_token_ids` each stage first publishes the lease's full blocks under the
+        salt it admitted the request with. A publish this stage refuses (no salt, or tokens that
+        do not extend the admitted prompt: PREFIX_CHAIN) is logged and counted; the KV is
+        released all the same, and the release goes on down the chain."""
         stage = self._stage
         if stage is None:
             raise RuntimeError("no stage is bound")
-        _, epoch, _ = self._runtime.release(request_id)
+        epoch = self._runtime.epoch(request_id)
+        try:
+            _, epoch, _ = self._runtime.release(request_id, self._publish_chain(request_id, publish_token_ids))
+        except FornaxError as exc:  # the publish was refused; the KV is released all the same
+            log.warning("prefix_publish_refused", request_id=request_id, reason=exc.reason, message=exc.message)
+            metrics.PREFIX_PUBLISH_REFUSED.labels(stage_id(stage.spec.stage_index)).inc()
+            self._runtime.release(request_id)
         if stage.spec.last:
             return (epoch,)
-        ack = await (await self.next_hop(stage)).release(request_id, lease_id)
+        ack = await (await self.next_hop(stage)).release(request_id, lease_id, publish_token_ids=publish_token_ids)
         return (epoch, *(ack.stage_kv_epochs or ()))
+
+    def _publish_chain(self, request_id: str, tokens: tuple[int, ...]) -> tuple[bytes, ...]:
+        if not tokens:
+            return ()
+        salt = self._runtime.admission_salt(request_id)
+        if not salt:
+            raise FailedPrecondition("publish_token_ids need a lease admitted with a prefix_salt",
+                                     reason="PREFIX_CHAIN", field="publish_token_ids")
+        return tuple(prefix_chain(salt, tokens))
 
     async def next_hop(self, stage: LoadedStage) -> Fnx2Client:
         async with self._next_hop_lock:
@@ -484,8 +505,9 @@ class _Handler:
     async def cancel(self, request_id: str, execution_lease_id: str) -> tuple[int, ...]:
         return await self._plane.cancel(request_id, execution_lease_id)
 
-    async def release(self, request_id: str, execution_lease_id: str) -> tuple[int, ...]:
-        return await self._plane.release(request_id, execution_lease_id)
+    async def release(self, request_id: str, execution_lease_id: str,
+                      publish_token_ids: tuple[int, ...] = ()) -> tuple[int, ...]:
+        return await self._plane.release(request_id, execution_lease_id, publish_token_ids)
 
     def forget(self, request_id: str, execution_lease_id: str) -> None:
         stage = self._plane._stage

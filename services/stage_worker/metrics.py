@@ -45,6 +45,11 @@ PREFIX_MISSED_BLOCKS = Counter(
     "fornax_stage_prefix_missed_blocks_total", "Prompt-prefix blocks looked up at admission and not resident",
     ["stage"],
 )
+PREFIX_PUBLISH_REFUSED = Counter(
+    "fornax_stage_prefix_publish_refused_total",
+    "Releases whose output blocks were not published (no prefix salt, or tokens not extending the prompt)",
+    ["stage"],
+)
 KV_EVICTED_BLOCKS = Counter(
     "fornax_stage_kv_evicted_blocks_total", "Cached (unreferenced) prefix blocks evicted to make room", ["stage"]
 )

@@ -20,7 +20,7 @@ from libs.artifacts.transfer import ArtifactCache
 from libs.common.kinds import FLOAT_DTYPES, Backend, DType
 from libs.common.proto import dtype_pb_name
 from libs.model.config import DeepseekV2Config, load_config
-from libs.model.errors import ModelError
+from libs.model.errors import KvEpochError, ModelError
 from libs.model.executor import PendingKv, StageBatch, StageExecutor, StageResult
 from libs.model.executor import StageSpec as ExecutorSpec
 from libs.model.kernels import make_kernels
@@ -99,6 +99,7 @@ class SequenceAdmission:
     sampling: SamplingParams
     # Prefix reuse: the prompt's block hashes as this stage computed them (empty: no reuse).
     prefix_chain: tuple[bytes, ...] = ()
+    prefix_salt: bytes = b""  # the salt that chain was hashed with (publish_chain hashes with it too)
     # Tokens of the prompt this stage holds for the lease, set when admitted.
     cached_tokens: int = 0
 
@@ -428,18 +429,38 @@ class StageRuntime:
         stage.cancelled.add(request_id)
         return found, self._epoch(stage, request_id)
 
-    def release(self, request_id: str) -> tuple[bool, int, int]:
+    def admission_salt(self, request_id: str) -> bytes:
+        """The prefix salt a request was admitted with (empty: none, or not admitted)."""
+        admission = self.loaded().admissions.get(request_id)
+        return b"" if admission is None else admission.prefix_salt
+
+    def release(self, request_id: str, publish_chain: tuple[bytes, ...] = ()) -> tuple[bool, int, int]:
+        """Release a request's KV; with `publish_chain` (its tokens' hashes under its admission's
+        salt) its full blocks are published first. A chain that does not extend the admitted
+        prompt's publishes nothing: the KV is released all the same, then PREFIX_CHAIN."""
         stage = self.loaded()
         epoch = self._epoch(stage, request_id)
         admission = stage.admissions.pop(request_id, None)
         before = stage.executor.kv.bytes_used()
+        refused: KvEpochError | None = None
+        if admission is not None and publish_chain:
+            try:
+                stage.executor.kv.publish_chain((request_id, admission.lease_id), publish_chain)
+            except KvEpochError as exc:
+                refused = exc
         if admission is not None:
             stage.executor.release(request_id, admission.lease_id)
         stage.executor.kv.release_request(request_id)
         stage.cancelled.discard(request_id)
         if stage.decoding is not None:
             stage.decoding.close(request_id)
+        if refused is not None:
+            raise InvalidArgument(refused.message, reason="PREFIX_CHAIN", field="publish_token_ids")
         return admission is not None, epoch, before - stage.executor.kv.bytes_used()
+
+    def epoch(self, request_id: str) -> int:
+        """The request's KV epoch on this stage (0: none held)."""
+        return self._epoch(self.loaded(), request_id)
 
     @staticmethod
     def _epoch(stage: LoadedStage, request_id: str) -> int:

@@ -169,8 +169,9 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
     async def ReleaseRequest(self, request, context) -> pb.ReleaseRequestResponse:
         target = convert._required(request.target_request_id, "target_request_id")
         slot = self._generations.for_request(target, request.plan_generation_id)
+        chain = convert.publish_chain_from_pb(request, slot.runtime.admission_salt(target))
         slot.plane.release_lease(target, slot.runtime.lease_of(target))
-        found, epoch, freed = slot.runtime.release(target)
+        found, epoch, freed = slot.runtime.release(target, chain)
         return pb.ReleaseRequestResponse(found=found, kv_epoch=epoch, kv_bytes_freed=freed)
 
     async def DrainStage(self, request, context) -> pb.DrainStageResponse:

@@ -127,6 +127,24 @@ class RequestSlice:
     traceparent: str | None = None
     # On the slice that opens the lease: the prefix-cache salt (None: no reuse).
     prefix_salt: bytes | None = None
+    # On that slice, when the prompt is prefilled in chunks: the prompt tokens after this chunk.
+    # They are hashed with it, and a reused prefix of n tokens moves the chunk n tokens into
+    # them (the chunk still computes at most len(token_ids) rows; `consumed_tokens`).
+    prefix_tail: tuple[int, ...] = ()
+
+    @property
+    def prefix_token_ids(self) -> tuple[int, ...]:
+        """The prompt tokens the prefix query hashes: this chunk and the rest of the prompt."""
+        return self.token_ids + self.prefix_tail
+
+    def consumed_tokens(self, cached_tokens: int) -> int:
+        """Prompt tokens this slice advances the request by when every stage held
+        `cached_tokens` of them: the reused ones plus the rows it computed."""
+        return min(len(self.token_ids) + len(self.prefix_tail), cached_tokens + len(self.token_ids))
+
+    def computed_token_ids(self, cached_tokens: int) -> tuple[int, ...]:
+        """The tokens this slice feeds the route after skipping `cached_tokens` reused ones."""
+        return self.prefix_token_ids[cached_tokens : self.consumed_tokens(cached_tokens)]
 
 
 @dataclass(frozen=True)

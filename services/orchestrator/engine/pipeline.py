@@ -33,8 +33,10 @@ class Pipeline(Protocol):
         the release still follows."""
         ...
 
-    async def release(self, request_id: str) -> ReleaseReport:
-        """Frees the request's KV on every stage and reports each stage's epoch."""
+    async def release(self, request_id: str, publish_token_ids: tuple[int, ...] = ()) -> ReleaseReport:
+        """Frees the request's KV on every stage and reports each stage's epoch; with
+        `publish_token_ids` (every token its KV holds) the stages first publish its full blocks
+        for prefix reuse under the salt it was admitted with."""
         ...
 
     async def stage_stats(self) -> list[StageStats]:

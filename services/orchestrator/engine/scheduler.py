@@ -270,7 +270,10 @@ class Scheduler:
             deadline_budget_ns=budget, sampling=_sampling(r), sample_index=len(r.generated),
             kv_reserve_tokens=len(r.req.prompt_token_ids) + r.req.max_tokens,
             traceparent=r.req.traceparent,
-            prefix_salt=r.req.prefix_salt if r.sequence_no == 0 else None)
+            prefix_salt=r.req.prefix_salt if r.sequence_no == 0 else None,
+            prefix_tail=(tuple(r.prefill_ids[r.prefilled + rows:])
+                         if phase is Phase.PREFILL and r.sequence_no == 0 and r.req.prefix_salt is not None
+                         else ()))
 
     def _expire(self, now_ns: int) -> None:
         """A request past its deadline ends now, in flight or not: its reader gets the final
@@ -326,13 +329,15 @@ class Scheduler:
                 f"inconsistent result: kv epoch {seq.kv_epoch_after}, expected {expected}, "
                 f"token {seq.sampled_token_id}"))
             return
+        consumed = len(piece.token_ids)
         if r.sequence_no == 0:
             r.cached_tokens = seq.cached_tokens
+            consumed = piece.consumed_tokens(seq.cached_tokens)
         r.kv_epoch = expected
         r.sequence_no += 1
-        r.position += len(piece.token_ids)
+        r.position += consumed
         if r.state is _State.WAITING:
-            r.prefilled += len(piece.token_ids)
+            r.prefilled += consumed
             if r.prefilled < len(r.prefill_ids):
                 return  # a middle chunk: its sampled token is not the next token
         r.state = _State.RUNNING
@@ -500,6 +505,16 @@ class Scheduler:
     def take_outputs(self) -> list[RequestOutput]:
         out, self._outputs = self._outputs, []
         return out
+
+    def publish_tokens(self, request_id: str) -> tuple[int, ...]:
+        """Every token a releasing request's KV holds (its prompt, then each output fed back)
+        when it ended cleanly (stop or length) with a prefix salt: its stages publish those
+        blocks, so a later turn repeating this output reuses them. Empty otherwise."""
+        r = self._requests.get(request_id)
+        if (r is None or r.req.prefix_salt is None
+                or r.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH)):
+            return ()
+        return (r.req.prompt_token_ids + tuple(r.generated))[: r.position]
 
     def take_releases(self) -> list[str]:
         out, self._releases = self._releases, []

@@ -365,7 +365,7 @@ class ServingEngine:
                 if output.finished:
                     del self._streams[output.request_id]
         for request_id in self.scheduler.take_releases():
-            self._spawn(self._release(request_id))
+            self._spawn(self._release(request_id, self.scheduler.publish_tokens(request_id)))
         for retired in self.scheduler.take_retired():
             self.retired.append(retired)
             self._deadlines.pop(retired.request_id, None)
@@ -447,13 +447,13 @@ class ServingEngine:
             if _LOGS.allow("cancel_failed") is not None:
                 _log.warning("cancel_failed", request_id=request_id, error=_brief(exc))
 
-    async def _release(self, request_id: str) -> None:
+    async def _release(self, request_id: str, publish_token_ids: tuple[int, ...] = ()) -> None:
         """Retries within `release_budget_s`, then gives up and frees the slot regardless."""
         give_up_at_ns = self.clock() + int(self.config.release_budget_s * 1e9)
         attempt, report = 0, None
         while report is None:
             try:
-                report = await self.pipeline.release(request_id)
+                report = await self.pipeline.release(request_id, publish_token_ids)
             except Exception as exc:
                 attempt += 1
                 if self.clock() >= give_up_at_ns or self._closed:

@@ -142,7 +142,8 @@ class InProcessPipeline:
     async def cancel(self, request_id: str) -> None:
         """Nothing to drop: an in-process stage runs a microbatch to its end."""
 
-    async def release(self, request_id: str) -> ReleaseReport:
+    async def release(self, request_id: str, publish_token_ids: tuple[int, ...] = ()) -> ReleaseReport:
+        """In-process stages admit no prefixes, so nothing is published."""
         self._decoding.close(request_id)
         loop = asyncio.get_running_loop()
         epochs = await asyncio.gather(*(

@@ -91,7 +91,7 @@ class RoutePipeline:
         of its first slice that every stage already holds (prefill starts after them)."""
         outcomes = await asyncio.gather(*(self._route.admit(
             s.request_id, s.kv_reserve_tokens, s.sampling,
-            prefix=None if s.prefix_salt is None else PrefixQuery(s.prefix_salt, s.token_ids))
+            prefix=None if s.prefix_salt is None else PrefixQuery(s.prefix_salt, s.prefix_token_ids))
             for s in slices), return_exceptions=True)
         refused = {s.request_id: _refused(s, o) for s, o in zip(slices, outcomes, strict=True)
                    if isinstance(o, Exception)}
@@ -100,7 +100,8 @@ class RoutePipeline:
         return refused, cached
 
     def _input(self, piece: RequestSlice, skip: int = 0) -> SliceInput:
-        """The FNX2 slice; `skip` leading tokens are already in every stage's KV."""
+        """The FNX2 slice; `skip` leading prompt tokens are already in every stage's KV (a first
+        chunk then runs on into the rest of the prompt, `RequestSlice.computed_token_ids`)."""
         budget = (NO_DEADLINE_BUDGET_NS if piece.deadline_budget_ns is None
                   else piece.deadline_budget_ns)
         lease_id = self._lease_ids.get(piece.request_id)
@@ -108,14 +109,15 @@ class RoutePipeline:
             lease_id = self._lease_ids[piece.request_id] = lease_id_for(self._route.plan, piece.request_id)
         return SliceInput(piece.request_id, lease_id, piece.request_sequence_no,
                           piece.token_position_start + skip, piece.kv_epoch,
-                          np.asarray(piece.token_ids[skip:], dtype=np.int32), budget)
+                          np.asarray(piece.computed_token_ids(skip) if skip else piece.token_ids,
+                                     dtype=np.int32), budget)
 
     async def cancel(self, request_id: str) -> None:
         await self._route.cancel(request_id)
 
-    async def release(self, request_id: str) -> ReleaseReport:
+    async def release(self, request_id: str, publish_token_ids: tuple[int, ...] = ()) -> ReleaseReport:
         self._lease_ids.pop(request_id, None)
-        return ReleaseReport(request_id, tuple(await self._route.release(request_id)))
+        return ReleaseReport(request_id, tuple(await self._route.release(request_id, publish_token_ids)))
 
     async def stage_stats(self) -> list[StageStats]:
         healths = await self._route.health()

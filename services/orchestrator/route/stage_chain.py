@@ -406,12 +406,14 @@ class Route:
                                         "cancel")
         return list(ack.stage_kv_epochs or ())
 
-    async def release(self, request_id: str) -> list[int]:
+    async def release(self, request_id: str, publish_token_ids: Sequence[int] = ()) -> list[int]:
         """Free the request's KV on every stage in band (FNX2 RELEASE down the chain); returns
-        each stage's final KV epoch."""
+        each stage's final KV epoch. With `publish_token_ids` (every token its KV holds) each
+        stage first publishes its full blocks under the salt it admitted the request with."""
         self._lease_sequences.pop(request_id, None)
         lease = lease_id_for(self.plan, request_id)
-        ack = await self._lease_control(lambda client: client.release(request_id, lease),
+        tokens = tuple(int(t) for t in publish_token_ids)
+        ack = await self._lease_control(lambda client: client.release(request_id, lease, publish_token_ids=tokens),
                                         self.timeouts.release_s, "release")
         return list(ack.stage_kv_epochs or ())
 

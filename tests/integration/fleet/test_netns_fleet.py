@@ -1,5 +1,7 @@
 """`fornax up --fleet`: hosts as network namespaces with cgroup quotas, shaped links and a skewed
-clock. Greedy text through the openai client equals transformers; `fornax down` leaves nothing.
+clock. Greedy text through the openai client equals transformers; a multi-turn chat reuses its
+earlier turns' KV (cached_tokens grows) with the same text as without reuse; `fornax down`
+leaves nothing.
 
 Needs root and namespaces (CI is root); skipped elsewhere. numpy on every host keeps it quick.
 """
@@ -7,9 +9,11 @@ Needs root and namespaces (CI is root); skipped elsewhere. numpy on every host k
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import openai
@@ -156,3 +160,62 @@ def test_three_hosts_with_unequal_quotas_serve(tmp_path, checkpoint, reference):
         down = _fornax("down", cwd=tmp_path, timeout=120)
     assert down.returncode == 0, down.stderr
     assert record is not None and leftovers(record) == []
+
+
+# Each user message is long enough (tiny's byte-level BPE: well over one 16-token block) that
+# every turn adds whole blocks to the conversation's reusable prefix.
+CHAT_TURNS = (
+    "Tell me about the river that runs past the old mill, and the bridge beside it.",
+    "Now describe the road from the mill up to the village on the hill, stone by stone.",
+    "What does the baker in that village sell on market days, and who buys it first?",
+    "Finally, tell me how the evening ends when the lamps are lit along the harbour wall.",
+)
+
+
+def _chat_through_openai(state, *, reuse: bool) -> list[tuple[str, int, int]]:
+    """One greedy conversation, each turn appending the assistant's reply: (text, prompt
+    tokens, cached tokens) per turn. Without reuse every turn sends a fresh cache_salt, so no
+    turn can match a block another request published."""
+    api, conversation_salt = state.api, f"chat-{uuid.uuid4()}"
+
+    async def main():
+        client = openai.AsyncOpenAI(base_url=api, api_key="none", max_retries=0, timeout=300,
+                                    http_client=openai.DefaultAsyncHttpxClient(verify=state.api_ssl_context()))
+        messages: list[dict] = []
+        turns = []
+        for content in CHAT_TURNS:
+            messages.append({"role": "user", "content": content})
+            salt = conversation_salt if reuse else f"fresh-{uuid.uuid4()}"
+            reply = await client.chat.completions.create(
+                model="fornax", messages=messages, max_tokens=8, temperature=0,
+                extra_body={"cache_salt": salt, "ignore_eos": True})
+            text = reply.choices[0].message.content or ""
+            details = reply.usage.prompt_tokens_details
+            turns.append((text, reply.usage.prompt_tokens, details.cached_tokens if details else 0))
+            messages.append({"role": "assistant", "content": text})
+        return turns
+
+    return asyncio.run(main())
+
+
+def test_multi_turn_chat_reuses_earlier_turns_with_the_same_text(tmp_path, checkpoint):
+    fleet_file = _two_hosts(tmp_path / "two.yaml")
+    up = _fornax("up", "--fleet", str(fleet_file), "--checkpoint", str(checkpoint), cwd=tmp_path)
+    record = read_record(tmp_path / ".fornax")
+    try:
+        assert up.returncode == 0, up.stderr
+        state = read_fleet(tmp_path / ".fornax")
+        assert state.api.startswith("https://") and state.api_ca
+        cached_run = _chat_through_openai(state, reuse=True)
+        uncached_run = _chat_through_openai(state, reuse=False)
+    finally:
+        down = _fornax("down", cwd=tmp_path, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert record is not None and leftovers(record) == []
+    assert [t[0] for t in cached_run] == [t[0] for t in uncached_run]
+    assert [t[1] for t in cached_run] == [t[1] for t in uncached_run]
+    assert [t[2] for t in uncached_run] == [0] * len(CHAT_TURNS)
+    cached = [t[2] for t in cached_run]
+    assert cached[0] == 0 and all(a < b for a, b in itertools.pairwise(cached)), cached
+    # Reuse is whole blocks of what the stages hold, and never the whole prompt.
+    assert all(c % 16 == 0 and c < p for _, p, c in cached_run)

@@ -1,7 +1,9 @@
 """Prefix reuse through two real stage-worker processes (gRPC admission, FNX2 data plane) and the
 OpenAI HTTP API, driven by the `openai` client: a multi-turn chat reports growing
-`cached_tokens` with the same greedy text as with the cache off; tenants do not share under
-`tenant` and do under `global`; forged admission chains are refused and change nothing."""
+`cached_tokens` with the same greedy text as with the cache off; a turn reuses the previous
+turn's output blocks and a prompt longer than the prefill row budget reuses past its first
+chunk; tenants do not share under `tenant` and do under `global`; forged admission chains are
+refused and change nothing."""
 
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ from libs.model.layout import even_layer_split
 from libs.service.interceptors import reason_of
 from libs.text.context import TextContext
 from services.orchestrator.api.http_api import build_http_app, start_http
+from services.orchestrator.engine.domain import GenerationRequest, SamplingParams, SchedulerConfig
 from services.orchestrator.engine.model_card import served_model
-from services.orchestrator.engine.prefix_salt import PrefixPolicy
+from services.orchestrator.engine.prefix_salt import PrefixPolicy, prefix_salt
 from services.orchestrator.engine.route_slot import RouteSlot
 from services.orchestrator.engine.serving import ServingConfig, ServingEngine
 from services.orchestrator.route.direct_load import load_checkpoint_route
@@ -104,7 +107,50 @@ def test_multi_turn_chat_reuses_a_growing_prefix_with_the_same_greedy_text(fleet
     assert all(later > earlier for earlier, later in zip(cached, cached[1:], strict=False))  # grows
     for (_, prompt, hit), (_, previous_prompt, _) in zip(on[1:], on, strict=False):
         assert hit % B == 0 and B <= hit < prompt
-        assert hit <= previous_prompt  # only the earlier prompt's committed blocks can be hit
+        # Only committed blocks of the earlier prompt and its reply (6 tokens, 5 fed back) can be hit.
+        assert hit <= previous_prompt + 5
+
+
+async def _token_turns(plan, checkpoint, policy: PrefixPolicy, turns: int) -> list[tuple[int, int, tuple[int, ...]]]:
+    """A token-id conversation on an engine with a 32-row prefill budget: each turn sends every
+    earlier prompt and output plus 42 new tokens (so each turn's fed outputs complete a block);
+    (prompt tokens, cached tokens, output) per turn."""
+    cfg = load_config(checkpoint)
+    served = served_model(cfg, even_layer_split(cfg.num_hidden_layers, 2), "tiny")
+    route = Route(plan)
+    await route.open()
+    config = ServingConfig(prefix_cache=policy, scheduler=SchedulerConfig(max_prefill_rows_per_microbatch=32))
+    engine = ServingEngine(RoutePipeline(route, served), served, TextContext.from_checkpoint(checkpoint), config)
+    salt = prefix_salt(policy, "tiny", "tokenizer", f"tokens-{uuid.uuid4()}")
+    context: tuple[int, ...] = ()
+    out = []
+    try:
+        for turn in range(turns):
+            prompt = context + tuple(range(10 + turn, 52 + turn))
+            request = GenerationRequest(str(uuid.uuid4()), prompt, 7, SamplingParams(temperature=0.0),
+                                        ignore_eos=True, prefix_salt=salt)
+            produced, cached = [], 0
+            async for output in engine.submit(request):
+                produced.extend(output.token_ids)
+                cached = output.cached_tokens
+            await engine.wait_idle()  # every stage has released (and published) the turn
+            out.append((len(prompt), cached, tuple(produced)))
+            context = prompt + tuple(produced)
+    finally:
+        await engine.close()
+    return out
+
+
+def test_a_turn_reuses_the_previous_turns_output_blocks_past_the_first_chunk(fleet, checkpoint):
+    _, plan = fleet
+    off = asyncio.run(_token_turns(plan, checkpoint, PrefixPolicy.OFF, 4))
+    on = asyncio.run(_token_turns(plan, checkpoint, PrefixPolicy.TENANT, 4))
+    assert [t[2] for t in on] == [t[2] for t in off] and all(len(t[2]) == 7 for t in on)
+    assert [t[1] for t in off] == [0] * 4
+    # Turn k+1 holds turn k's prompt and 6 fed outputs: every full block of them is reused,
+    # though the prompts outgrow the 32-row first chunk.
+    assert [c for _, c, _ in on] == [0] + [((p + 6) // B) * B for p, _, _ in on[:-1]]
+    assert on[-1][0] > 4 * 32
 
 
 def test_tenants_do_not_share_under_tenant_and_do_under_global(fleet, checkpoint):

@@ -274,3 +274,29 @@ def test_a_block_table_that_disagrees_with_the_epoch_or_position_is_refused_and_
         assert err.value.reason == reason
     assert (store.epoch(("a", "lease")), store.length(("a", "lease")), store.usage().blocks) == before
     store.check_batch([ident("a", 1, len(prompt), 1, 1)])  # the right identity passes
+
+
+def test_a_finished_lease_publishes_its_output_blocks_for_its_own_salt_only():
+    """A turn's output blocks become reusable by the next turn under the same salt, and by no
+    other tenant; a chain that does not extend the admitted prompt's publishes nothing."""
+    store = KvStore(LAYOUT, bytes_limit=1 << 20)
+    prompt, output = list(range(B + 5)), list(range(500, 500 + 2 * B))
+    store.attach_prefix(("a", "lease"), tuple(prefix_chain(b"t", prompt)))
+    latent, k_rope = rows(len(prompt), 1)
+    store.commit(ident("a", 0, 0, 0, len(prompt)), latent, k_rope)
+    for step, token_position in enumerate(range(len(prompt), len(prompt) + len(output) - 1)):
+        one_latent, one_rope = rows(1, 10 + step)
+        store.commit(ident("a", step + 1, token_position, step + 1, 1), one_latent, one_rope)
+        latent, k_rope = np.concatenate([latent, one_latent], 1), np.concatenate([k_rope, one_rope], 1)
+    held = prompt + output[:-1]  # the last output was sampled, never fed
+    next_turn = prompt + output + list(range(900, 940))
+    assert store.attach_prefix(("before", "lease"), tuple(prefix_chain(b"t", next_turn))) == B
+    with pytest.raises(KvEpochError) as err:
+        store.publish_chain(("a", "lease"), tuple(prefix_chain(b"other-tenant", held)))
+    assert err.value.reason == "PREFIX_CHAIN"
+    assert store.publish_chain(("a", "lease"), tuple(prefix_chain(b"t", held))) == 2  # blocks 1 and 2 are full
+    store.release("a", "lease")
+    assert store.attach_prefix(("b", "lease"), tuple(prefix_chain(b"t", next_turn))) == 3 * B
+    np.testing.assert_array_equal(store.past(ident("b", 0, 3 * B, 0, 1), 1)[0], latent[1, : 3 * B])
+    assert store.attach_prefix(("c", "lease"), tuple(prefix_chain(b"other-tenant", next_turn))) == 0
+    assert store.publish_chain(("gone", "lease"), tuple(prefix_chain(b"t", held))) == 0

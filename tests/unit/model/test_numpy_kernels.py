@@ -1,15 +1,20 @@
-"""Routing and MoE numerics of the numpy reference kernels."""
+"""Routing, MoE and attention numerics of the numpy reference kernels."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
+import pytest
 
+import libs.model.numpy_kernels as numpy_kernels
 from libs.model.config import parse_config
-from libs.model.numpy_kernels import moe, route, silu, top_k_desc
+from libs.model.executor import build_ragged_layout
+from libs.model.kernels import LayerInputs
+from libs.model.numpy_kernels import absorbed_attention_is_cheaper, mla_attention, moe, route, silu, top_k_desc
 from libs.model.presets import preset_config
-from libs.model.weights import MoeWeights, SwiGluWeights
+from libs.model.rope import rope_tables
+from libs.model.weights import AttentionWeights, MoeWeights, SwiGluWeights
 
 RNG = np.random.default_rng(0)
 
@@ -78,3 +83,37 @@ def test_silu_is_stable_for_extreme_inputs():
     with np.errstate(over="ignore"):
         expected = x / (1 + np.exp(-x.astype(np.float64)))
     np.testing.assert_allclose(y, expected, atol=1e-5)
+
+
+def test_decode_attends_absorbed_and_a_long_prefill_expanded():
+    c = parse_config(preset_config("small", 0, 2))
+    # small: C=256, nope=64, rope=32, v=64: expanding wins above 256*128/(512-128) = 85.3 rows.
+    assert [absorbed_attention_is_cheaper(c, rows) for rows in (1, 32, 85, 86, 200)] == [
+        True, True, True, False, False]
+
+
+@pytest.mark.parametrize("rows", [(1, 1), (5, 40)])
+def test_both_attention_forms_give_the_same_output(monkeypatch, rows):
+    """A ragged batch of two sequences with pasts of 7 and 19 rows, through the absorbed and
+    the expanded form: the same attention (float32 rounding apart)."""
+    c = cfg()
+    heads, nope, rope, v = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+    h, rank = c.hidden_size, c.kv_lora_rank
+
+    def w(*shape):
+        return (RNG.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    weights = AttentionWeights(q_proj=w(heads * (nope + rope), h), q_a_proj=None, q_a_norm=None, q_b_proj=None,
+                               kv_a_proj=w(rank + rope, h), kv_a_norm=np.ones(rank, np.float32),
+                               kv_b_proj=w(heads * (nope + v), rank), o_proj=w(h, heads * v))
+    pasts = [7, 19]
+    layout = build_ragged_layout(pasts, list(rows))
+    cos, sin = rope_tables(c).cos_sin(layout.positions)
+    inputs = LayerInputs(hidden=w(sum(rows), h), rope_cos=cos, rope_sin=sin,
+                         past_latent=w(sum(pasts), rank), past_k_rope=w(sum(pasts), rope), mask=layout.mask)
+    outputs = {}
+    for absorbed in (True, False):
+        monkeypatch.setattr(numpy_kernels, "absorbed_attention_is_cheaper", lambda _c, _r, a=absorbed: a)
+        outputs[absorbed] = mla_attention(c, inputs.hidden, weights, inputs)
+    np.testing.assert_allclose(outputs[True][0], outputs[False][0], rtol=1e-4, atol=1e-5)
+    assert np.array_equal(outputs[True][1], outputs[False][1])  # new KV rows do not depend on the form

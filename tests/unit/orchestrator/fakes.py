@@ -116,7 +116,7 @@ class FakePipeline:
     async def cancel(self, request_id: str) -> None:
         self.cancelled.append(request_id)
 
-    async def release(self, request_id: str) -> ReleaseReport:
+    async def release(self, request_id: str, publish_token_ids=()) -> ReleaseReport:
         await asyncio.sleep(0)
         return self.stages.release(request_id)
 

@@ -94,7 +94,7 @@ def test_release_gives_up_after_its_budget_and_frees_the_slot(text_context):
     class Unreleasable(FakePipeline):
         attempts = 0
 
-        async def release(self, request_id):
+        async def release(self, request_id, publish_token_ids=()):
             self.attempts += 1
             raise route_unavailable("stage 1 is unreachable")
 

@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 
 from libs.service.errors import ResourceExhausted
 from services.orchestrator.engine.domain import (
@@ -36,6 +37,7 @@ class ScriptedRoute:
     traceparents: list = field(default_factory=list)
     cached: int = 0  # the tokens every stage holds, answered to a prefix query
     prefixes: list = field(default_factory=list)
+    published: list = field(default_factory=list)
 
     async def admit(self, request_id, reserve_tokens, sampling, logits=False, prefix=None):
         if request_id in self.refuse:
@@ -50,7 +52,8 @@ class ScriptedRoute:
         return [self.outputs.get(i.request_id) or SliceOutput(
             i.request_id, True, np.array([7], np.int32), i.kv_epoch + 1) for i in inputs]
 
-    async def release(self, request_id):
+    async def release(self, request_id, publish_token_ids=()):
+        self.published.append((request_id, tuple(publish_token_ids)))
         return [3, 3]
 
     async def close(self):
@@ -95,6 +98,21 @@ def test_a_reused_prefix_is_skipped_in_the_first_slice_and_reported():
     assert [s.cached_tokens for s in result.sequences] == [32, 0]
 
 
+@pytest.mark.parametrize(("cached", "computed"), [(16, range(16, 48)), (48, range(48, 60)), (0, range(0, 32))])
+def test_a_first_chunk_hashes_the_whole_prompt_and_runs_on_past_a_reused_prefix(cached, computed):
+    route = ScriptedRoute(cached=cached)
+    pipeline = RoutePipeline(route, SERVED)
+    chunk = RequestSlice("a", 0, tuple(range(32)), 0, 0, None, SamplingParams(), 0, 70,
+                         prefix_salt=b"salt", prefix_tail=tuple(range(32, 60)))
+    result = asyncio.run(pipeline.submit(Microbatch(0, 0, Phase.PREFILL, (chunk,))))
+    assert [(p.salt, p.token_ids) for p in route.prefixes] == [(b"salt", tuple(range(60)))]
+    ((_, inputs),) = route.runs
+    # At most the chunk's 32 rows are computed, starting after the reused tokens.
+    assert (inputs[0].position_start, inputs[0].token_ids.tolist()) == (cached, list(computed))
+    assert result.sequences[0].cached_tokens == cached
+    assert chunk.consumed_tokens(cached) == computed.stop
+
+
 def test_decode_does_not_admit_and_release_reports_every_stage():
     route = ScriptedRoute()
     pipeline = RoutePipeline(route, SERVED)
@@ -103,6 +121,8 @@ def test_decode_does_not_admit_and_release_reports_every_stage():
     assert route.runs[0][0] is Phase.DECODE
     assert result.sequences[0].kv_epoch_after == 5
     assert asyncio.run(pipeline.release("a")).stage_epochs == (3, 3)
+    asyncio.run(pipeline.release("b", (5, 6, 7)))
+    assert route.published == [("a", ()), ("b", (5, 6, 7))]  # the tokens whose blocks stages publish
 
 
 def test_each_microbatch_is_a_span_in_its_request_trace_whose_traceparent_travels_in_the_frame(monkeypatch):

@@ -17,8 +17,11 @@ from services.orchestrator.engine.admission import (
 from services.orchestrator.engine.domain import (
     FinishReason,
     GenerationRequest,
+    MicrobatchResult,
     Phase,
+    RequestSliceResult,
     SchedulerConfig,
+    SequenceStatus,
     StageLayout,
 )
 from services.orchestrator.engine.scheduler import Scheduler
@@ -361,6 +364,60 @@ def test_long_prompts_are_prefilled_in_chunks_within_the_row_budget(text_context
                         and b.slices[0].request_id == "long")
     assert first_decode.slices[0].token_position_start == 10
     assert stages.released["long"] == (5, 5)  # three prefill chunks and two decodes
+
+
+@pytest.mark.parametrize(("cached", "slices"), [
+    (0, [(0, 20, 20), (20, 20, 0)]),     # nothing reused: two chunks of the row budget
+    (16, [(0, 20, 20), (36, 4, 0)]),     # 16 reused: the first chunk runs on to token 36
+    (32, [(0, 20, 20)]),                 # 32 reused: the first chunk finishes the prompt
+])
+def test_a_reused_prefix_moves_a_chunked_prompts_first_chunk_into_the_rest(text_context, cached, slices):
+    """The first chunk carries the rest of the prompt (hashed with it); the tokens every stage
+    holds advance the request as well as the rows it computed, so a prompt whose uncached part
+    fits the row budget is prefilled in one pass."""
+    sched = Scheduler(SchedulerConfig(max_prefill_rows_per_microbatch=20), 2, text_context,
+                      AdmissionControl(AdmissionConfig(64, (10**9, 10**9)), STAGES))
+    prompt = tuple(range(100, 140))
+    sched.admit(GenerationRequest("r", prompt, max_tokens=1, prefix_salt=b"salt"), now_ns=0)
+    seen = []
+    for epoch in range(4):
+        batches = sched.schedule(0)
+        if not batches or batches[0].phase is not Phase.PREFILL:
+            break
+        (piece,) = batches[0].slices
+        seen.append((piece.token_position_start, len(piece.token_ids), len(piece.prefix_tail)))
+        if epoch == 0:
+            assert piece.prefix_salt == b"salt" and piece.prefix_token_ids == prompt
+        reused = cached if epoch == 0 else 0
+        sched.update_from_output(MicrobatchResult(batches[0].batch_id, (RequestSliceResult(
+            "r", SequenceStatus.OK, 7, epoch + 1, cached_tokens=reused),)))
+    assert seen == slices
+    final = [o for o in sched.take_outputs() if o.finished]
+    assert final and final[0].prompt_tokens == 40 and final[0].cached_tokens == cached
+
+
+@pytest.mark.parametrize(("salt", "cancel"), [(b"salt", False), (None, False), (b"salt", True)])
+def test_a_cleanly_finished_salted_request_publishes_every_token_its_kv_holds(text_context, salt, cancel):
+    sched = make_scheduler(text_context)
+    stages = FakeStages(2)
+    sched.admit(GenerationRequest("r", (5, 6, 7), max_tokens=3, prefix_salt=salt), now_ns=0)
+    published, outputs = None, []
+    for _ in range(50):
+        if cancel and sched.live_requests and stages.executed_batches:
+            sched.cancel("r")
+        for batch in sched.schedule(0):
+            sched.update_from_output(stages.execute(batch))
+        outputs += sched.take_outputs()
+        for rid in sched.take_releases():
+            published = sched.publish_tokens(rid)
+            sched.on_released(stages.release(rid))
+        if published is not None:
+            break
+    generated = [t for o in outputs for t in o.token_ids]
+    if salt is None or cancel:
+        assert published == ()
+    else:  # the prompt and the outputs fed back: the last one was sampled, never fed
+        assert len(generated) == 3 and published == (5, 6, 7, *generated[:-1])
 
 
 def test_a_multi_stage_route_keeps_spare_microbatches_in_flight_and_a_single_stage_none(text_context):

@@ -185,7 +185,7 @@ def test_metrics_count_admissions_rejections_and_tokens(text_context):
 
 def test_close_gives_up_on_releases_that_cannot_complete(text_context):
     class DeadStage(FakePipeline):
-        async def release(self, request_id):
+        async def release(self, request_id, publish_token_ids=()):
             raise ConnectionError("stage 1 is gone")
 
     async def main():

@@ -9,7 +9,7 @@ from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from libs.model.kv_blocks import KV_BLOCK_TOKENS as B
 from libs.model.kv_blocks import prefix_chain
 from libs.service.errors import InvalidArgument
-from services.stage_worker.convert import admission_from_pb
+from services.stage_worker.convert import admission_from_pb, publish_chain_from_pb
 
 
 def request(salt=b"s", tokens=(), hashes=None, reserve=4096):
@@ -25,6 +25,17 @@ def test_an_honest_chain_is_the_stages_own_and_the_reservation_is_whole_blocks()
     assert admission.prefix_chain == tuple(prefix_chain(b"s", tokens))
     assert admission.reserve_bytes == 4 * 100
     assert admission_from_pb(request(salt=b"", hashes=[]), 100).prefix_chain == ()
+
+
+def test_a_release_hashes_the_tokens_to_publish_with_the_admissions_salt_only():
+    admission = admission_from_pb(request(salt=b"tenant-a", tokens=range(B)), 100)
+    assert admission.prefix_salt == b"tenant-a"
+    release = pb.ReleaseRequestRequest(target_request_id="r", publish_token_ids=range(3 * B))
+    assert publish_chain_from_pb(release, admission.prefix_salt) == tuple(prefix_chain(b"tenant-a", range(3 * B)))
+    assert publish_chain_from_pb(pb.ReleaseRequestRequest(target_request_id="r"), b"tenant-a") == ()
+    with pytest.raises(InvalidArgument) as err:  # a lease admitted without a salt publishes nothing
+        publish_chain_from_pb(release, admission_from_pb(request(salt=b"", hashes=[]), 100).prefix_salt)
+    assert err.value.reason == "PREFIX_CHAIN"
 
 
 def test_forged_chains_are_refused_fuzz():

@@ -274,14 +274,16 @@ class CancelRequestResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ..., kv_epoch: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequestRequest(_message.Message):
-    __slots__ = ("request_id", "target_request_id", "plan_generation_id")
+    __slots__ = ("request_id", "target_request_id", "plan_generation_id", "publish_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PLAN_GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     target_request_id: str
     plan_generation_id: str
-    def __init__(self, request_id: _Optional[str] = ..., target_request_id: _Optional[str] = ..., plan_generation_id: _Optional[str] = ...) -> None: ...
+    publish_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., target_request_id: _Optional[str] = ..., plan_generation_id: _Optional[str] = ..., publish_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseRequestResponse(_message.Message):
     __slots__ = ("found", "kv_epoch", "kv_bytes_freed")
