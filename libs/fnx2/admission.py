@@ -232,7 +232,7 @@ def _read_grammar(f: Fields) -> Grammar | None:
         return None
     g = Fields(raw, ErrorCode.METADATA, "CONTROL.admission.sampling.grammar",
                frozenset({"lark", "end_token_ids"}))
-    return Grammar(g.text("lark", MAX_GRAMMAR_CHARS), _uints(g, "end_token_ids", MAX_TOKENS))
+    return Grammar(g.text("lark", MAX_GRAMMAR_CHARS), read_uints(g, "end_token_ids", MAX_TOKENS))
 
 
 def require(negotiated: bool, what: str) -> None:

@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 from libs.fnx2.admission import (
     ACK_ADMIT_FIELDS,
     EXT_INBAND_ADMISSION,
+    MAX_TOKENS,
     STAGE_KV_EPOCHS_FIELD,
     AckAdmit,
-    MAX_TOKENS,
     Admission,
     read_stage_kv_epochs,
     read_uints,

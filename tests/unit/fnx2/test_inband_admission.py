@@ -16,7 +16,7 @@ from libs.fnx2.admission import (
     f32_value,
 )
 from libs.fnx2.codec import decode_frame, encode_frame
-from libs.fnx2.control import Ack, AckRelease, ChannelBinding, Control
+from libs.fnx2.control import Ack, AckRelease, ChannelBinding, Control, Release
 from libs.fnx2.errors import ErrorCode, Fnx2Error
 from libs.fnx2.fields import canonical_json
 
@@ -109,3 +109,31 @@ def test_malformed_admission_metadata_is_refused_with_metadata(mutate):
         Control.from_meta({k: v for k, v in meta.items() if k != "sequence_no"}, True, INBAND)
     assert caught.value.code is ErrorCode.METADATA
     canonical_json(meta)  # every case is still valid JSON: the refusal is the field rule's
+
+
+def _release(tokens: tuple[int, ...]) -> Release:
+    return Release(str(uuid.uuid4()), BINDING, str(uuid.uuid4()), str(uuid.uuid4()), None, tokens)
+
+
+def test_release_carries_the_tokens_to_publish_only_with_the_extension():
+    release = _release((5, 6, 7))
+    data = _bytes(encode_frame(release, 2))
+    assert decode_frame(data, negotiated=INBAND).message == release
+    with pytest.raises(Fnx2Error) as caught:
+        decode_frame(data, negotiated=frozenset())
+    assert caught.value.code is ErrorCode.METADATA
+
+
+def test_a_plain_release_stays_a_plain_2_0_release():
+    release = _release(())
+    data = _bytes(encode_frame(release, 2))
+    assert b"publish_token_ids" not in data
+    assert decode_frame(data, negotiated=frozenset()).message == release
+
+
+@pytest.mark.parametrize("value", [[], [-1], [2**32], ["7"], [1.0], "1,2"])
+def test_malformed_tokens_to_publish_are_refused(value):
+    meta = _release((1,)).to_meta() | {"publish_token_ids": value}
+    with pytest.raises(Fnx2Error) as caught:
+        Release.from_meta(meta, inband=True)
+    assert caught.value.code is ErrorCode.METADATA
