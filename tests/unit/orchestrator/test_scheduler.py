@@ -265,6 +265,8 @@ def test_a_request_larger_than_a_stage_is_refused_at_once_under_either_policy(te
         sched.admit(req("huge", max_tokens=62), now_ns=0)  # 65 tokens: 5 blocks, the stage holds 4
     assert info.value.reason == "KV_NEVER_FITS" and info.value.field == "max_tokens"
     assert (info.value.kv_shortfall.needed_blocks, info.value.kv_shortfall.total_blocks) == (5, 4)
+    assert "stage 0" in info.value.message  # the stage and the bytes are named
+    assert f"{5 * BLOCK_BYTES} KV bytes needed, {4 * BLOCK_BYTES} held" in info.value.message
     assert sched.live_requests == 0 and sched.queued_requests == 0
 
 
