@@ -252,7 +252,7 @@ def test_reject_policy_refuses_with_the_blocks_needed_and_free(text_context):
         sched.admit(req("b", max_tokens=20), now_ns=0)  # 2 blocks
     assert info.value.reason == "KV_BLOCKS_FULL"
     assert info.value.kv_shortfall == KvShortfall(stage=0, needed_blocks=2, free_blocks=1, total_blocks=4,
-                                                  block_tokens=16)
+                                                  block_tokens=16, block_bytes=BLOCK_BYTES)
     assert sched.live_requests == 1 and sched.queued_requests == 0
     run_to_idle(sched, stages)
     sched.admit(req("b", max_tokens=20), now_ns=0)  # a retired: its blocks are free again
