@@ -14,6 +14,7 @@ from libs.model.kv_blocks import KV_DTYPES, require_kv_backend
 from libs.security.paths import parse_roots
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
+from services.stage_worker.kv_fit import parse_kv_limit
 
 BACKENDS = tuple(backend.value for backend in Backend)
 DEVICES = ("cpu", "gpu")
@@ -34,6 +35,9 @@ class StageWorkerConfig:
     # MAX compile cache; None = the backend's default (~/.cache/fornax/max).
     compile_cache_dir: str | None = None
     kv_limit_bytes: int = 1 << 30
+    # "fit": size the KV pool after load from the memory left (cgroup limit, else MemAvailable,
+    # less resident and headroom); kv_limit_bytes is then a cap (0 = none).
+    kv_limit_fit: bool = False
     # Element type of the KV store: fp32 (reference), bf16 (half the bytes per token) or fp8
     # (e4m3 latent with per-block scales, rope key bf16; numpy backend only).
     kv_dtype: str = "fp32"
@@ -63,7 +67,9 @@ class StageWorkerConfig:
         parser.add_argument("--backend", choices=BACKENDS, help="env FORNAX_BACKEND")
         parser.add_argument("--device", choices=DEVICES, help="env FORNAX_DEVICE")
         parser.add_argument("--compile-cache-dir", help="MAX compile cache (env FORNAX_COMPILE_CACHE_DIR)")
-        parser.add_argument("--kv-limit-bytes", type=int, help="env FORNAX_KV_LIMIT_BYTES")
+        parser.add_argument("--kv-limit-bytes",
+                            help="KV budget in bytes, 'fit' (from the memory left after load) or "
+                                 "'fit:<cap bytes>' (env FORNAX_KV_LIMIT_BYTES)")
         parser.add_argument("--kv-dtype", choices=tuple(KV_DTYPES),
                             help="KV store element type, fp32, bf16 or fp8 (numpy backend only) "
                                  "(env FORNAX_KV_DTYPE)")
@@ -85,6 +91,8 @@ class StageWorkerConfig:
             raise SystemExit(f"unsupported backend {backend!r}; expected one of {', '.join(BACKENDS)}")
         if device not in DEVICES:
             raise SystemExit(f"unsupported device {device!r}; expected one of {', '.join(DEVICES)}")
+        kv_fit, kv_bytes = _kv_limit(pick(args.kv_limit_bytes, env, "FORNAX_KV_LIMIT_BYTES",
+                                          str(cls.kv_limit_bytes)))
         return cls(
             server=server_config(args, env, "stage_worker", instance=f"stage-{stage_index}"),
             stage_index=stage_index,
@@ -94,7 +102,8 @@ class StageWorkerConfig:
             backend=Backend(backend),
             device=device,
             compile_cache_dir=pick(args.compile_cache_dir, env, "FORNAX_COMPILE_CACHE_DIR", cls.compile_cache_dir),
-            kv_limit_bytes=pick(args.kv_limit_bytes, env, "FORNAX_KV_LIMIT_BYTES", cls.kv_limit_bytes, int),
+            kv_limit_fit=kv_fit,
+            kv_limit_bytes=kv_bytes,
             kv_dtype=_kv_dtype(pick(args.kv_dtype, env, "FORNAX_KV_DTYPE", cls.kv_dtype), backend),
             advertise_host=pick(args.advertise_host, env, "FORNAX_ADVERTISE_HOST", ""),
             state_dir=pick(args.state_dir, env, "FORNAX_STATE_DIR", f".fornax/stage_worker_{stage_index}"),
@@ -102,6 +111,13 @@ class StageWorkerConfig:
             cpu_shared_with=env.get("FORNAX_CPU_SHARED_WITH", ""),
             read_roots=parse_roots(pick(args.read_roots, env, "FORNAX_READ_ROOTS", "")),
         )
+
+
+def _kv_limit(value: str) -> tuple[bool, int]:
+    try:
+        return parse_kv_limit(value)
+    except ValueError as exc:
+        raise SystemExit(f"FORNAX_KV_LIMIT_BYTES must be bytes, 'fit' or 'fit:<cap bytes>': {exc}") from exc
 
 
 def _kv_dtype(value: str, backend: str) -> str:

@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,6 +26,7 @@ from libs.model.executor import PendingKv, StageBatch, StageExecutor, StageResul
 from libs.model.executor import StageSpec as ExecutorSpec
 from libs.model.kernels import make_kernels
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, PoolStats, require_kv_backend
+from libs.model.kv_store import KvLayout
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.channels import ChannelConfig
@@ -32,6 +34,7 @@ from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument
 from libs.structured.decoding import DecodingTable
 from libs.structured.grammar import GrammarVocabulary
 from services.stage_worker.fetch import fetch_artifact
+from services.stage_worker.kv_fit import HostMemory, KvFit, fit_kv
 from services.stage_worker.lifecycle import Lifecycle, StageState
 from services.stage_worker.overlap import Footprint
 from services.stage_worker.phase_totals import PhaseTotals
@@ -141,6 +144,8 @@ class LoadedStage:
     cancelled: set[str] = field(default_factory=set)
     # Final stage: per-request grammar and penalty state (empty on other stages).
     decoding: DecodingTable | None = None
+    # KV limit mode "fit": how the KV budget was derived from the host's memory (None: fixed).
+    kv_fit: KvFit | None = None
 
 
 def _compile_progress(message: str) -> None:
@@ -197,8 +202,11 @@ class StageRuntime:
     def __init__(self, backend: Backend, device: str, default_kv_limit_bytes: int,
                  artifact_cache_dir: str | None = None, fetch_channel: ChannelConfig = ChannelConfig(),
                  device_thread: ThreadPoolExecutor | None = None, phase_totals: PhaseTotals | None = None,
-                 kv_dtype: str = "fp32"):
+                 kv_dtype: str = "fp32", kv_fit: Callable[[], HostMemory] | None = None):
         self.backend = backend
+        # KV limit mode "fit": the host's memory facts, read after the weights load; the
+        # budget is what they leave (default_kv_limit_bytes, or the spec's, then caps it; 0 = none).
+        self.kv_fit = kv_fit
         # Element type of this host's KV store (libs.model.kv_store.KV_DTYPES; --kv-dtype).
         self.kv_dtype = kv_dtype
         # How artifacts are fetched from the builder (this worker's certificate, under mTLS).
@@ -314,16 +322,24 @@ class StageRuntime:
         config = load_config(source)
         weights = load_stage_weights(source, config, spec.layer_start, spec.layer_end, spec.first, spec.last)
         kernels = make_kernels(spec.backend, config, weights, spec.device, self._backend_options(spec))
+        kv_dtype = spec.kv_dtype or self.kv_dtype
         limit = spec.kv_limit_bytes or self.default_kv_limit_bytes
+        fitted = None
+        if self.kv_fit is not None:
+            layout = KvLayout(spec.layer_end - spec.layer_start, config.kv_lora_rank, config.qk_rope_head_dim,
+                              kv_dtype)
+            fitted = fit_kv(self.kv_fit(), layout.block_bytes(), cap_bytes=limit)
+            limit = fitted.kv_bytes
+            structlog.get_logger().info("kv_fit", kv_bytes=limit, derivation=fitted.describe())
         executor = StageExecutor(
             config, ExecutorSpec(spec.layer_start, spec.layer_end, spec.first, spec.last, limit,
-                                 spec.kv_dtype or self.kv_dtype),
+                                 kv_dtype),
             kernels
         )
         weight_bytes = sum(p.stat().st_size for p in Path(source).glob("*.safetensors"))
         decoding = DecodingTable(config.vocab_size, _grammar_vocabulary(source, config)) if spec.last else None
         return LoadedStage(spec, config, executor, manifest_hash, weight_bytes, time.perf_counter() - started,
-                           decoding=decoding)
+                           decoding=decoding, kv_fit=fitted)
 
     def _backend_options(self, spec: LoadSpec) -> object | None:
         if spec.backend != Backend.MAX:

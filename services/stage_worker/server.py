@@ -31,6 +31,7 @@ from services.stage_worker.backend_compare import DecodeStepComparer
 from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.dataplane import DataPlane, stage_id
 from services.stage_worker.generations import Generations
+from services.stage_worker.kv_fit import measure_host_memory
 from services.stage_worker.lifecycle import StageState
 from services.stage_worker.operations import SUPPORTED_OPERATIONS
 from services.stage_worker.overlap import MemoryFacts
@@ -234,7 +235,8 @@ async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
         return StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes,
                             artifact_cache_dir=str(Path(cfg.state_dir) / "artifact_cache"),
                             fetch_channel=cfg.server.client_channel(), device_thread=device_thread,
-                            phase_totals=phase_totals, kv_dtype=cfg.kv_dtype)
+                            phase_totals=phase_totals, kv_dtype=cfg.kv_dtype,
+                            kv_fit=measure_host_memory if cfg.kv_limit_fit else None)
 
     tls = data_plane_tls(cfg)
     idle = new_runtime()

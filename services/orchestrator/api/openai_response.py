@@ -61,9 +61,13 @@ def model_list(served: ServedModel | None, text: TextIdentity | None = None) -> 
 def model_object(served: ServedModel, text: TextIdentity | None) -> dict:
     """OpenAI's model object plus what a client needs to trust and size its requests."""
     card = served.card
+    servable, bound = served.servable_context
     return {"id": served.model_id, "object": "model", "created": served.created_unix_s,
-            "owned_by": "fornax", "max_model_len": served.context_length,
+            "owned_by": "fornax", "max_model_len": servable,
             "fornax": {
+                # max_model_len is min(model positions, the smallest stage KV capacity for one
+                # sequence); this names which bound set it.
+                "max_model_len_bound": bound,
                 "model_snapshot": card.model_snapshot,
                 "tokenizer_sha256": text.tokenizer_sha256 if text else None,
                 "chat_template_sha256": text.template_sha256 if text else None,

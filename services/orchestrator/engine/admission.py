@@ -61,6 +61,8 @@ class KvShortfall:
     free_blocks: int
     total_blocks: int
     block_tokens: int
+    # KV bytes one block costs on the stage (0 = not known): the refusal names the bytes too.
+    block_bytes: int = 0
 
     def as_body(self) -> dict[str, int]:
         return {"stage": self.stage, "needed": self.needed_blocks, "free": self.free_blocks,
@@ -81,6 +83,12 @@ class KvBlocksFull(ResourceExhausted):
         self.kv_shortfall = shortfall
 
 
+def _in_bytes(s: KvShortfall) -> str:
+    if not s.block_bytes:
+        return ""
+    return f" ({s.needed_blocks * s.block_bytes} KV bytes needed, {s.total_blocks * s.block_bytes} held)"
+
+
 class KvNeverFits(InvalidArgument):
     """The request needs more blocks than the stage holds in all: no wait can admit it."""
 
@@ -91,7 +99,7 @@ class KvNeverFits(InvalidArgument):
         super().__init__(
             f"KV space on stage {s.stage} can never hold the request: it needs {s.needed_blocks} "
             f"blocks ({tokens} tokens: prompt + max_tokens, in blocks of {s.block_tokens}), the stage "
-            f"holds {s.total_blocks}", field="max_tokens")
+            f"holds {s.total_blocks}{_in_bytes(s)}", field="max_tokens")
         self.kv_shortfall = shortfall
 
 
@@ -191,7 +199,8 @@ class AdmissionControl:
 
     def _shortfall(self, index: int, needed: int) -> KvShortfall:
         return KvShortfall(index, needed, self._total[index] - self._reserved[index], self._total[index],
-                           self._stages[index].kv_block_tokens)
+                           self._stages[index].kv_block_tokens,
+                           self._stages[index].kv_block_tokens * self._stages[index].kv_bytes_per_token)
 
     def _take(self, request_id: str, tokens: int, need: tuple[int, ...]) -> Reservation:
         for index, want in enumerate(need):

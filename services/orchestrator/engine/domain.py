@@ -36,6 +36,16 @@ class StageLayout:
     kv_block_tokens: int = KV_BLOCK_TOKENS
     kv_blocks_total: int | None = None
 
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        """Tokens one sequence could hold if it had the stage's whole pool: its reported
+        blocks, else its budget's whole blocks; None when neither bounds it."""
+        if self.kv_blocks_total is not None:
+            return self.kv_blocks_total * self.kv_block_tokens
+        if self.kv_budget_bytes is None:
+            return None
+        return max(1, self.kv_budget_bytes // (self.kv_block_tokens * self.kv_bytes_per_token)) * self.kv_block_tokens
+
 
 class EvidenceClass(enum.Enum):
     """How far a figure or a route's outputs can be trusted (the seed's classes)."""
@@ -79,6 +89,17 @@ class ServedModel:
     @property
     def num_stages(self) -> int:
         return len(self.stages)
+
+    @property
+    def servable_context(self) -> tuple[int, str]:
+        """The longest sequence the route can serve, and which bound sets it: the model's
+        positions, or the smallest stage KV capacity for one sequence ("stage N KV")."""
+        best, bound = self.context_length, "model positions"
+        for index, stage in enumerate(self.stages):
+            tokens = stage.kv_capacity_tokens
+            if tokens is not None and tokens < best:
+                best, bound = tokens, f"stage {index} KV"
+        return best, bound
 
 
 def mla_kv_bytes_per_token(kv_lora_rank: int, qk_rope_head_dim: int, num_layers: int,

@@ -255,7 +255,7 @@ def test_reject_policy_refuses_with_the_blocks_needed_and_free(text_context):
         sched.admit(req("b", max_tokens=20), now_ns=0)  # 2 blocks
     assert info.value.reason == "KV_BLOCKS_FULL"
     assert info.value.kv_shortfall == KvShortfall(stage=0, needed_blocks=2, free_blocks=1, total_blocks=4,
-                                                  block_tokens=16)
+                                                  block_tokens=16, block_bytes=BLOCK_BYTES)
     assert sched.live_requests == 1 and sched.queued_requests == 0
     run_to_idle(sched, stages)
     sched.admit(req("b", max_tokens=20), now_ns=0)  # a retired: its blocks are free again
@@ -268,6 +268,8 @@ def test_a_request_larger_than_a_stage_is_refused_at_once_under_either_policy(te
         sched.admit(req("huge", max_tokens=62), now_ns=0)  # 65 tokens: 5 blocks, the stage holds 4
     assert info.value.reason == "KV_NEVER_FITS" and info.value.field == "max_tokens"
     assert (info.value.kv_shortfall.needed_blocks, info.value.kv_shortfall.total_blocks) == (5, 4)
+    assert "stage 0" in info.value.message  # the stage and the bytes are named
+    assert f"{5 * BLOCK_BYTES} KV bytes needed, {4 * BLOCK_BYTES} held" in info.value.message
     assert sched.live_requests == 0 and sched.queued_requests == 0
 
 
