@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, ErrorCode, Fnx2Error
-from libs.fnx2.fields import Fields
+from libs.fnx2.fields import Fields, member
 from libs.fnx2.messages import MAX_ID_CHARS
 
 EXT_INBAND_ADMISSION = "inband_admission"
@@ -130,14 +130,14 @@ class Admission:
     @classmethod
     def from_meta(cls, meta: Any) -> Admission:
         f = Fields(meta, ErrorCode.METADATA, "CONTROL.admission", _ADMISSION_FIELDS)
-        mode = f.raw("output_mode")
-        if mode not in OutputMode._value2member_map_:
+        mode = member(OutputMode, f.raw("output_mode"))
+        if mode is None:  # also a JSON list or object, which no enum lookup may hash
             raise f.fail("output_mode", "must be sampled_tokens or logits")
         hashes = f.array("prefix_block_hashes", MAX_BLOCKS)
         if any(type(h) is not str or len(h) != 64 or not _HEX.match(h) for h in hashes):
             raise f.fail("prefix_block_hashes", "must be 32-byte lower-case hex digests")
         return cls(f.uuid("request_id"), f.uuid("execution_lease_id"),
-                   f.uint("reserve_tokens", UINT32_MAX, minimum=1), OutputMode(mode),
+                   f.uint("reserve_tokens", UINT32_MAX, minimum=1), mode,
                    Sampling.from_meta(f.raw("sampling")), _hex(f, "prefix_salt"),
                    read_uints(f, "prefix_token_ids", MAX_TOKENS), tuple(bytes.fromhex(h) for h in hashes))
 

@@ -89,6 +89,8 @@ def _mutated(mutate) -> bytes:
     lambda m: m.update(reserve_tokens=0),
     lambda m: m.update(reserve_tokens=-1),
     lambda m: m.update(output_mode="text"),
+    lambda m: m.update(output_mode=["logits"]),
+    lambda m: m.update(output_mode={"a": 1}),
     lambda m: m.update(request_id="not-a-uuid"),
     lambda m: m.update(prefix_salt="XYZ"),
     lambda m: m.update(prefix_salt="abc"),
@@ -137,3 +139,22 @@ def test_malformed_tokens_to_publish_are_refused(value):
     with pytest.raises(Fnx2Error) as caught:
         Release.from_meta(meta, inband=True)
     assert caught.value.code is ErrorCode.METADATA
+
+
+_ADMISSION_KEYS = sorted(admission().to_meta())
+_SAMPLING_KEYS = sorted(admission().sampling.to_meta())
+
+
+@pytest.mark.parametrize("junk", [[], ["x"], {}, {"a": [1]}, None, 1.5], ids=repr)
+@pytest.mark.parametrize("path", [("admission", k) for k in _ADMISSION_KEYS]
+                         + [("sampling", k) for k in _SAMPLING_KEYS], ids="/".join)
+def test_any_admission_field_of_the_wrong_json_type_is_refused_never_raised(path, junk):
+    """What the frame fuzz found: a JSON list where an enum name belongs raised TypeError
+    (unhashable) inside the receiver instead of a METADATA refusal."""
+    def mutate(m):
+        (m if path[0] == "admission" else m["sampling"])[path[1]] = junk
+    meta = _mutated(mutate)
+    try:
+        Control.from_meta({k: v for k, v in meta.items() if k != "sequence_no"}, True, INBAND)
+    except Fnx2Error as exc:
+        assert exc.code is ErrorCode.METADATA
