@@ -32,9 +32,9 @@ import re
 import struct
 from collections.abc import Callable
 
-from libs.fnx2.control import Credit
-from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, MAX_ERROR_MESSAGE_CHARS, ErrorCode, Fnx2Error
-from libs.fnx2.messages import (
+from libs.fnx2.wire.control import Credit
+from libs.fnx2.wire.errors import MAX_ERROR_CODE_CHARS, MAX_ERROR_MESSAGE_CHARS, ErrorCode, Fnx2Error
+from libs.fnx2.wire.messages import (
     MAX_ID_CHARS,
     MAX_SEQUENCES_PER_BATCH,
     TRACEPARENT_CHARS,
@@ -48,7 +48,7 @@ from libs.fnx2.messages import (
     SequenceStatus,
     Timings,
 )
-from libs.fnx2.tensor import DType, Tensor, TensorDescriptor, TensorKind
+from libs.fnx2.wire.tensor import DType, Tensor, TensorDescriptor, TensorKind
 
 MAGIC = b"FXC1"
 MAX_RESULTS_PER_FRAME = 4096

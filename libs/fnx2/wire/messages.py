@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, NamedTuple
 
-from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, MAX_ERROR_MESSAGE_CHARS, ErrorCode, Fnx2Error
-from libs.fnx2.fields import (
+from libs.fnx2.wire.errors import MAX_ERROR_CODE_CHARS, MAX_ERROR_MESSAGE_CHARS, ErrorCode, Fnx2Error
+from libs.fnx2.wire.fields import (
     UINT32_MAX,
     UINT64_MAX,
     Fields,
@@ -17,7 +17,7 @@ from libs.fnx2.fields import (
     is_uuid,
     member,
 )
-from libs.fnx2.tensor import Tensor
+from libs.fnx2.wire.tensor import Tensor
 
 MAX_SEQUENCES_PER_BATCH = 4096
 MAX_ID_CHARS = 128
@@ -66,7 +66,7 @@ _SLICE_FIELDS = frozenset({
     "trace_id", "span_id",
 })
 # With the negotiated lease_sequence extension a slice also names its lease's place in the
-# plan generation's opening order (libs.fnx2.lease_watermark).
+# plan generation's opening order (services.stage_worker.leases.lease_watermark).
 LEASE_SEQUENCE_FIELD = "lease_sequence"
 _SEQUENCED_SLICE_FIELDS = _SLICE_FIELDS | {LEASE_SEQUENCE_FIELD}
 

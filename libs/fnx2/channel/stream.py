@@ -13,7 +13,8 @@ import asyncio
 import time
 from typing import NamedTuple
 
-from libs.fnx2.codec import (
+from libs.fnx2.channel.transport import ReceivedBody, check_admitted
+from libs.fnx2.wire.codec import (
     DEFAULT_LIMITS,
     PRELUDE_BYTES,
     CodecLimits,
@@ -26,9 +27,8 @@ from libs.fnx2.codec import (
     parse_prelude,
     payload_crc,
 )
-from libs.fnx2.control import EXT_COMPACT_META
-from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
-from libs.fnx2.transport import ReceivedBody, check_admitted
+from libs.fnx2.wire.control import EXT_COMPACT_META
+from libs.fnx2.wire.errors import ChannelClosedError, ErrorCode, Fnx2Error
 
 _SMALL_FRAME = 64 * 1024
 _WRITE_CHUNK = 1024 * 1024

@@ -21,12 +21,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from libs.fnx2 import compact
-from libs.fnx2.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
-from libs.fnx2.crc import crc32c_combine, crc32c_extend
-from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
-from libs.fnx2.messages import Kind
-from libs.fnx2.tensor import STORAGE, DType, _finite_bytes, crc_and_finite
+from libs.fnx2.wire import compact
+from libs.fnx2.wire.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
+from libs.fnx2.wire.crc import crc32c_combine, crc32c_extend
+from libs.fnx2.wire.errors import ChannelClosedError, ErrorCode, Fnx2Error
+from libs.fnx2.wire.messages import Kind
+from libs.fnx2.wire.tensor import STORAGE, DType, _finite_bytes, crc_and_finite
 
 _MAX_QUEUED_FRAMES = 4
 _DATA_KINDS = (Kind.BATCH, Kind.RESULT)
