@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from libs.fnx2.wire import compact
 from libs.fnx2.wire.admission import EXT_INBAND_ADMISSION
+from libs.fnx2.wire.columns import check_results, check_slices
 from libs.fnx2.wire.control import (
     EXT_COMPACT_META,
     EXT_LEASE_SEQUENCE,
@@ -185,12 +186,11 @@ def crc_of(data: bytes | memoryview) -> int:
 def _check_outgoing(message: Message) -> None:
     """An encoder never emits what its own decoder would reject."""
     if isinstance(message, Batch):
-        message.batch.check_coverage()
+        check_slices(message.batch.phase, message.batch.input_row_count, message.batch.sequences)
         if message.tensor.descriptor.rows != message.batch.input_row_count:
             raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "tensor rows differ from input_row_count")
     elif isinstance(message, Result):
-        for item in message.results:
-            item.check()
+        check_results(message.results)
         message.check()
 
 
@@ -416,7 +416,7 @@ def _decode_batch(meta: dict[str, Any], metadata: bytes, payload: memoryview, fi
     if expected is not None:
         _check_input_tensor(expected, tensor.descriptor)
     descriptor = BatchDescriptor.from_meta(meta["batch"], lease_sequence_negotiated)
-    descriptor.check_coverage()
+    check_slices(descriptor.phase, descriptor.input_row_count, descriptor.sequences)
     if _batch_digest(metadata) != meta["batch_digest"]:
         raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "batch_digest differs from the batch")
     if tensor.descriptor.rows != descriptor.input_row_count:
@@ -491,5 +491,6 @@ def _decode_result(meta: dict[str, Any], payload: memoryview, finite: bool) -> R
         raise Fnx2Error(ErrorCode.BATCH_RESULT, "RESULT correlation fields are malformed")
     result = Result(batch_id, seq, manifest_hash,
                     tuple(SequenceResult.from_meta(item) for item in raw), tensor)
+    check_results(result.results)
     result.check()
     return result
