@@ -302,3 +302,31 @@ def test_a_non_finite_value_in_a_middle_piece_fails_even_when_later_pieces_are_f
         decode_body(got.prelude, got.body, body_crc=got.body_crc, finite=got.finite,
                     negotiated=None)
     assert info.value.code is ErrorCode.TENSOR_CONTRACT and not info.value.terminal
+
+
+def test_a_stream_reader_body_is_checked_on_arrival_like_a_protocol_frame():
+    """One read path: a frame read from a StreamReader reaches the decoder as the zero-copy
+    protocol's small frames do, its CRC32C and (compact) finiteness already computed."""
+    from libs.fnx2.channel.stream import StreamSource
+    from libs.fnx2.wire.codec import PRELUDE, crc_of
+    from libs.fnx2.wire.tensor import DType
+
+    good = encode_frame(batch(rows=(2, 3), dtype="bf16"), 0, compact_meta=True).to_bytes()
+    fields = PRELUDE.unpack(good[:PRELUDE_BYTES])
+    body = bytearray(good[PRELUDE_BYTES:])
+    body[fields[5]:fields[5] + 2] = (0x7FC0).to_bytes(2, "little")  # a NaN in row 0
+    bad = PRELUDE.pack(*fields[:8], crc_of(bytes(body)), fields[9]) + bytes(body)
+    plain = encode_frame(batch(rows=(2, 3), dtype="bf16"), 2).to_bytes()
+    frames = [good, bad, plain]
+
+    async def read_all():
+        reader = asyncio.StreamReader()
+        reader.feed_data(b"".join(frames))
+        source = StreamSource(reader, DEFAULT_LIMITS)
+        return [await source.read_frame() for _ in frames]
+
+    from_stream = asyncio.run(read_all())
+    from_protocol = feed(frames, [1 << 20])
+    assert [(r.body_crc, r.finite) for r in from_stream] == [(r.body_crc, r.finite) for r in from_protocol]
+    assert [r.finite for r in from_stream] == [(DType.BF16, True), (DType.BF16, False), None]
+    assert [r.body_crc for r in from_stream] == [crc32c(f[PRELUDE_BYTES:]) for f in frames]
