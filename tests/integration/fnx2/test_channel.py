@@ -400,3 +400,39 @@ async def test_lease_sequences_fence_without_tombstones_only_once_negotiated(off
         assert receiver.state.tombstones == (0 if offer == "all" else 1)
         stale = await client.submit(numbered)  # a late copy of the opening frame
         assert stale.results[0].error_code == ErrorCode.RELEASED
+
+
+async def test_the_receiver_decides_nothing_itself_the_rules_it_is_handed_do():
+    """The channel holds no lease rules of its own: one stage's rules, handed to two
+    receivers, see the leases both open, and a refusal of theirs reaches the sender."""
+    from libs.fnx2.channel.receiver import Fnx2Receiver, start_server
+    from services.stage_worker.leases import ReceiverState
+
+    class Draining(ReceiverState):
+        draining = False
+
+        def admit(self, batch, now_ns):
+            if self.draining:
+                raise Fnx2Error(ErrorCode.CREDIT, "the stage is draining")
+            return super().admit(batch, now_ns)
+
+    rules = Draining(BINDING)
+    servers = [await start_server(Fnx2Receiver(ReceiverConfig(BINDING), DoublingHandler(), rules))
+               for _ in range(2)]
+    clients = [await Fnx2Client.connect("127.0.0.1", s.sockets[0].getsockname()[1], SenderConfig(BINDING))
+               for s in servers]
+    try:
+        for client in clients:
+            ok = await client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 2)]))
+            assert ok.results[0].status is SequenceStatus.OK
+        assert rules.live_requests == 2
+        rules.draining = True
+        with pytest.raises(RemoteError) as info:
+            await clients[0].submit(make_batch(Phase.PREFILL, [Seq(new_request(), 2)]))
+        assert (info.value.code, info.value.message) == (ErrorCode.CREDIT, "the stage is draining")
+    finally:
+        for client in clients:
+            await client.close()
+        for server in servers:
+            server.close()
+            await server.wait_closed()
