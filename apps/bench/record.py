@@ -109,7 +109,7 @@ def checkpoint_of(args: argparse.Namespace) -> Path:
     if getattr(args, "checkpoint", None):
         return Path(args.checkpoint)
     if args.bench == "stage":
-        from libs.model.bench import default_checkpoint
+        from apps.bench.stage_layers import default_checkpoint
 
         return Path(default_checkpoint())
     return DEFAULT_CHECKPOINT.parent / (getattr(args, "preset", None) or "small")

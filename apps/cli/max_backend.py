@@ -25,7 +25,7 @@ def register(commands, benches) -> None:  # noqa: ARG001  (no benches here)
 
 
 def _warmup(args: argparse.Namespace) -> int:
-    from libs.model.bench import host_description
+    from apps.bench.stage_layers import host_description
     from libs.model.config import load_config
     from libs.model.max_kernels import (
         MaxOptions,

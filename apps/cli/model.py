@@ -101,7 +101,7 @@ def _parity(args: argparse.Namespace) -> int:
 def _bench_stage(args: argparse.Namespace) -> int:
     import os
 
-    from libs.model.bench import run_bench_cli
+    from apps.bench.stage_layers import run_bench_cli
     from libs.model.max_kernels import configure_max_process, default_cache_dir
 
     # this command is its process's entry point: MAX graphs compile into, or load from, the

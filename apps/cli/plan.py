@@ -376,8 +376,8 @@ def run_bench(args) -> int:
 
     import numpy
 
+    from apps.bench.planner import run_bench as bench
     from libs.service.host import cpu_name
-    from services.planner.bench import run_bench as bench
 
     figures = bench(instances=args.instances)
     evidence = {

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from apps.fnx2.bench_peer import ACK, BENCH_BINDING, GRPC_METHOD
-from libs.fnx2.codec import decode_frame, encode_frame
-from libs.fnx2.leases import derive_execution_lease_id
-from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice
-from libs.fnx2.sender import Fnx2Client, SenderConfig
-from libs.fnx2.tensor import Tensor
+from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
+from libs.fnx2.wire.codec import decode_frame, encode_frame
+from libs.fnx2.wire.leases import derive_execution_lease_id
+from libs.fnx2.wire.messages import Batch, BatchDescriptor, Phase, SequenceSlice
+from libs.fnx2.wire.tensor import Tensor
 from libs.service.channels import ChannelConfig, open_aio_channel
 from libs.service.event_loop import EventLoopKind, describe, run
 from libs.service.host_quota import quota_label
@@ -312,7 +312,7 @@ def bench_rtt(cfg: BenchConfig) -> dict[str, float]:
 def host_labels(command: str, loop: EventLoopKind = EventLoopKind.ASYNCIO) -> dict[str, str]:
     from importlib.metadata import version
 
-    from libs.fnx2.crc import HARDWARE_CRC32C
+    from libs.fnx2.wire.crc import HARDWARE_CRC32C
 
     cpu = platform.processor() or platform.machine()
     try:

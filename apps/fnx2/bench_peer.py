@@ -13,11 +13,11 @@ import sys
 
 import numpy as np
 
-from libs.fnx2.control import ChannelBinding
-from libs.fnx2.receiver import Fnx2Receiver, ReceiverConfig, StageOutput, StageWork, start_server
-from libs.fnx2.receiver_state import ReceiverLimits
-from libs.fnx2.tensor import DType, Tensor, TensorDescriptor, TensorKind
+from libs.fnx2.channel.receiver import Fnx2Receiver, ReceiverConfig, StageOutput, StageWork, start_server
+from libs.fnx2.wire.control import ChannelBinding
+from libs.fnx2.wire.tensor import DType, Tensor, TensorDescriptor, TensorKind
 from libs.service.channels import MAX_MESSAGE_BYTES
+from services.stage_worker.leases import ReceiverLimits, ReceiverState
 
 BENCH_BINDING = ChannelBinding(
     "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa", "sha256:" + "b" * 64, "sha256:" + "c" * 64,
@@ -96,7 +96,8 @@ async def main(mode: str) -> None:
     else:
         if mode == "fnx2":
             limits = ReceiverLimits(frames=4, live_requests=4096, sequences=4096)
-            receiver = Fnx2Receiver(ReceiverConfig(BENCH_BINDING, limits), BenchHandler())
+            receiver = Fnx2Receiver(ReceiverConfig(BENCH_BINDING), BenchHandler(),
+                                    ReceiverState(BENCH_BINDING, limits))
             server = await start_server(receiver)
         else:
             server = await asyncio.get_running_loop().create_server(RawSink, "127.0.0.1", 0)

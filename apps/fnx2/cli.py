@@ -54,8 +54,8 @@ def _fuzz(args: argparse.Namespace) -> int:
 
 
 def _golden(args: argparse.Namespace) -> int:
-    from libs.fnx2.errors import Fnx2Error
-    from libs.fnx2.golden import check_golden
+    from libs.fnx2.wire.errors import Fnx2Error
+    from libs.fnx2.wire.golden import check_golden
 
     try:
         check = check_golden(args.path)

@@ -8,7 +8,7 @@ field checks are reached rather than the checksum. A few act on the prelude with
 self-consistent lengths, so the receiver answers at once instead of waiting for bytes
 that never come.
 
-Seeds in the negotiated compact binary form (`libs.fnx2.compact`) get binary mutations
+Seeds in the negotiated compact binary form (`libs.fnx2.wire.compact`) get binary mutations
 instead: bytes flipped in the header or the record table, enum and length fields set to
 any value, edge integers in the table, truncation, extension, payload changes; the
 sequence number is kept in step and the CRC32C kept valid, so the compact checks are
@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from libs.fnx2 import compact
-from libs.fnx2.codec import MAGIC, PRELUDE
-from libs.fnx2.fields import canonical_json
-from libs.fnx2.messages import Kind
-from libs.fnx2.tensor import crc32c
+from libs.fnx2.wire import compact
+from libs.fnx2.wire.codec import MAGIC, PRELUDE
+from libs.fnx2.wire.fields import canonical_json
+from libs.fnx2.wire.messages import Kind
+from libs.fnx2.wire.tensor import crc32c
 
 
 class Mutation(IntEnum):

@@ -30,9 +30,9 @@ import numpy as np
 
 from apps.fnx2.fuzz import Mutator, Seed
 from apps.fnx2.fuzz_receiver import BINDING, WIDTH
-from libs.fnx2.admission import EXT_INBAND_ADMISSION, Admission, OutputMode, Sampling, f32_bits
-from libs.fnx2.codec import PRELUDE_BYTES, Message, decode_frame, encode_frame, parse_prelude
-from libs.fnx2.control import (
+from libs.fnx2.wire.admission import EXT_INBAND_ADMISSION, Admission, OutputMode, Sampling, f32_bits
+from libs.fnx2.wire.codec import PRELUDE_BYTES, Message, decode_frame, encode_frame, parse_prelude
+from libs.fnx2.wire.control import (
     EXT_COMPACT_META,
     EXT_LEASE_SEQUENCE,
     Ack,
@@ -43,9 +43,9 @@ from libs.fnx2.control import (
     ErrorMessage,
     Release,
 )
-from libs.fnx2.errors import TERMINAL_CODES, ErrorCode
-from libs.fnx2.leases import derive_execution_lease_id
-from libs.fnx2.messages import (
+from libs.fnx2.wire.errors import TERMINAL_CODES, ErrorCode
+from libs.fnx2.wire.leases import derive_execution_lease_id
+from libs.fnx2.wire.messages import (
     Batch,
     BatchDescriptor,
     Phase,
@@ -55,7 +55,7 @@ from libs.fnx2.messages import (
     SequenceStatus,
     Timings,
 )
-from libs.fnx2.tensor import DType, Tensor, TensorKind
+from libs.fnx2.wire.tensor import DType, Tensor, TensorKind
 
 MINUTE_NS = 60 * 10**9
 

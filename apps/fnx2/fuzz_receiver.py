@@ -17,18 +17,18 @@ import sys
 import numpy as np
 import structlog
 
-from libs.fnx2.admission import AckAdmit, Admission
-from libs.fnx2.control import ChannelBinding
-from libs.fnx2.listener import ListenerLimits
-from libs.fnx2.receiver import (
+from libs.fnx2.channel.listener import ListenerLimits
+from libs.fnx2.channel.receiver import (
     Fnx2Receiver,
     ReceiverConfig,
     StageOutput,
     StageWork,
     start_server,
 )
-from libs.fnx2.receiver_state import ReceiverLimits
-from libs.fnx2.tensor import DType, Tensor, TensorKind
+from libs.fnx2.wire.admission import AckAdmit, Admission
+from libs.fnx2.wire.control import ChannelBinding
+from libs.fnx2.wire.tensor import DType, Tensor, TensorKind
+from services.stage_worker.leases import ReceiverLimits, ReceiverState
 
 BINDING = ChannelBinding("aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa", "sha256:" + "b" * 64,
                          "sha256:" + "c" * 64, "stage-1", "99999999-9999-4999-8999-999999999999")
@@ -61,10 +61,10 @@ class DoublingHandler:
 def build_receiver(listener: ListenerLimits | None = None) -> Fnx2Receiver:
     limits = ReceiverLimits(frames=2, live_requests=64, sequences=64,
                             payload_bytes=PAYLOAD_CREDIT_BYTES)
-    return Fnx2Receiver(ReceiverConfig(BINDING, limits, source_stage="stage-0",
+    return Fnx2Receiver(ReceiverConfig(BINDING, source_stage="stage-0",
                                        input_kind=TensorKind.ACTIVATION, input_dtype=DType.FP32,
                                        input_width=WIDTH, listener=listener or ListenerLimits()),
-                        DoublingHandler())
+                        DoublingHandler(), ReceiverState(BINDING, limits))
 
 
 def _listener(argv: list[str]) -> ListenerLimits:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from apps.qualify.gate import Check
 from apps.qualify.probes import Generator, StageHealth
 from apps.qualify.scenarios import FIRST_TOKEN_TIMEOUT_S, Workload, _until, reference_mismatch
-from libs.fnx2.control import ChannelBinding
-from libs.fnx2.errors import Fnx2Error
-from libs.fnx2.leases import derive_execution_lease_id
-from libs.fnx2.sender import SenderConfig
+from libs.fnx2.channel.sender import SenderConfig
+from libs.fnx2.wire.control import ChannelBinding
+from libs.fnx2.wire.errors import Fnx2Error
+from libs.fnx2.wire.leases import derive_execution_lease_id
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.security.tls import TlsPaths
 

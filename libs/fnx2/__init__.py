@@ -1,12 +1,18 @@
 """FNX2: the binary data plane between stage workers (wire-compatible with FNX2 2.0).
 
+Two layers: `libs.fnx2.wire` is the pure wire format (codec, compact metadata, typed
+messages, tensors, lease-id derivation, the golden check; no asyncio, no sockets), and
+`libs.fnx2.channel` the asyncio channels built on it (receiver, sender, framed stream,
+zero-copy transport, listener limits). The stage's lease and KV epoch rules are not here:
+the stage worker implements `SessionRules` (`services.stage_worker.leases`) and hands it in.
+
 Receiving side (a stage worker):
 
-    receiver = Fnx2Receiver(ReceiverConfig(binding, limits=ReceiverLimits(frames=4),
-                                           source_stage="stage-0",
+    state = ReceiverState(binding, ReceiverLimits(frames=4))   # services.stage_worker.leases
+    receiver = Fnx2Receiver(ReceiverConfig(binding, source_stage="stage-0",
                                            input_kind=TensorKind.ACTIVATION,
                                            input_dtype=DType.BF16, input_width=2048),
-                            handler)
+                            handler, state)
     server = await start_server(receiver, host, port, ssl=ssl_ctx_or_None)
     # same fast path in your own server:
     #     loop.create_server(receiver.protocol, host, port,
@@ -27,7 +33,7 @@ Receiving side (a stage worker):
   The library runs the hello, credits (7 dimensions, receiver-authoritative), KV epochs,
   leases, exact replay / SEQUENCE_CONFLICT, tombstones, deadlines (budget -> local
   monotonic deadline), cancel, release, credit_refresh, shutdown, and real timings.
-  `receiver.state` (ReceiverState) is shared by all channels of the stage.
+  `receiver.state` (the `SessionRules` handed in) is shared by all channels of the stage.
   Before a peer is trusted (`ReceiverConfig.listener`, `ListenerLimits`): handshake and
   idle timeouts, a connection cap, and bodies no larger than a small preamble until the
   hello ACK binds the channel (then no larger than the payload credit granted). With
@@ -59,32 +65,17 @@ handshake; a plain 2.0 peer declines with one recoverable ERROR.
 Fencing ended leases: with `lease_sequence` negotiated, each slice carries
 `SequenceSlice.lease_sequence`, the lease's place in its plan generation's opening order
 (the orchestrator numbers them); the receiver fences every ended lease for the whole
-generation with a watermark (`lease_watermark.py`): memory for skipped numbers and a bounded
+generation with a watermark (the stage worker's `leases/lease_watermark.py`): memory for skipped numbers and a bounded
 window of recent end reasons, never a tombstone per lease, so no run of requests in one
 generation is ever refused. Its ACK of the extension offer carries `lease_sequence_next`
 (`Fnx2Client.lease_sequence_next`): one above every number it has seen in the generation,
 where a new sender's numbering starts so that it is never fenced by an earlier one's.
 Without it (plain 2.0 peers) an ended lease gets a tombstone
-kept for `ReceiverLimits.tombstone_ttl_ns` (`tombstones.py`).
+kept for `ReceiverLimits.tombstone_ttl_ns` (the stage worker's `leases/tombstones.py`).
 """
 
-from libs.fnx2.codec import CodecLimits, ExpectedBinding, Frame, decode_frame, encode_frame
-from libs.fnx2.control import ChannelBinding, Credit
-from libs.fnx2.errors import ErrorCode, Fnx2Error, RemoteError
-from libs.fnx2.golden import check_golden
-from libs.fnx2.leases import budget_from_deadline, derive_execution_lease_id
-from libs.fnx2.listener import ListenerLimits, PeerIdentity, PeerPolicy, server_options
-from libs.fnx2.messages import (
-    Batch,
-    BatchDescriptor,
-    Phase,
-    Result,
-    SequenceResult,
-    SequenceSlice,
-    SequenceStatus,
-    Timings,
-)
-from libs.fnx2.receiver import (
+from libs.fnx2.channel.listener import ListenerLimits, PeerIdentity, PeerPolicy, server_options
+from libs.fnx2.channel.receiver import (
     Fnx2Receiver,
     ReceiverConfig,
     SequenceFailure,
@@ -94,16 +85,31 @@ from libs.fnx2.receiver import (
     serve_channel,
     start_server,
 )
-from libs.fnx2.receiver_state import ReceiverLimits, ReceiverState
-from libs.fnx2.sender import Fnx2Client, SenderConfig
-from libs.fnx2.tensor import DType, Tensor, TensorKind, bf16_to_float32, float32_to_bf16
+from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
+from libs.fnx2.channel.session import SessionRules
+from libs.fnx2.wire.codec import CodecLimits, ExpectedBinding, Frame, decode_frame, encode_frame
+from libs.fnx2.wire.control import ChannelBinding, Credit
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error, RemoteError
+from libs.fnx2.wire.golden import check_golden
+from libs.fnx2.wire.leases import budget_from_deadline, derive_execution_lease_id
+from libs.fnx2.wire.messages import (
+    Batch,
+    BatchDescriptor,
+    Phase,
+    Result,
+    SequenceResult,
+    SequenceSlice,
+    SequenceStatus,
+    Timings,
+)
+from libs.fnx2.wire.tensor import DType, Tensor, TensorKind, bf16_to_float32, float32_to_bf16
 
 __all__ = [
     "Batch", "BatchDescriptor", "ChannelBinding", "CodecLimits", "Credit", "DType", "ErrorCode",
     "ExpectedBinding", "Fnx2Client", "Fnx2Error", "Fnx2Receiver", "Frame", "ListenerLimits",
     "PeerIdentity", "PeerPolicy", "Phase",
-    "ReceiverConfig", "ReceiverLimits", "ReceiverState", "RemoteError", "Result",
-    "SenderConfig", "SequenceFailure", "SequenceResult", "SequenceSlice", "SequenceStatus",
+    "ReceiverConfig", "RemoteError", "Result",
+    "SenderConfig", "SequenceFailure", "SessionRules", "SequenceResult", "SequenceSlice", "SequenceStatus",
     "StageHandler", "StageOutput", "StageWork", "Tensor", "TensorKind", "Timings",
     "bf16_to_float32", "budget_from_deadline", "check_golden", "decode_frame",
     "derive_execution_lease_id", "encode_frame", "float32_to_bf16", "serve_channel",

@@ -27,7 +27,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from libs.fnx2.tensor import bf16_to_float32, float32_to_bf16
+from libs.fnx2.wire.tensor import bf16_to_float32, float32_to_bf16
 from libs.model.errors import (
     KvEpochError,
     KvLimitExceededError,

@@ -22,14 +22,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from libs.fnx2.control import ChannelBinding
-from libs.fnx2.leases import derive_execution_lease_id
-from libs.fnx2.listener import PeerPolicy
-from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice
-from libs.fnx2.receiver import Fnx2Receiver, ReceiverConfig, StageOutput, StageWork, start_server
-from libs.fnx2.receiver_state import ReceiverLimits
-from libs.fnx2.sender import Fnx2Client
-from libs.fnx2.tensor import DType, Tensor, TensorDescriptor, TensorKind
+from libs.fnx2.channel.listener import PeerPolicy
+from libs.fnx2.channel.receiver import Fnx2Receiver, ReceiverConfig, StageOutput, StageWork, start_server
+from libs.fnx2.channel.sender import Fnx2Client
+from libs.fnx2.channel.session import SessionRules
+from libs.fnx2.wire.control import ChannelBinding
+from libs.fnx2.wire.leases import derive_execution_lease_id
+from libs.fnx2.wire.messages import Batch, BatchDescriptor, Phase, SequenceSlice
+from libs.fnx2.wire.tensor import DType, Tensor, TensorDescriptor, TensorKind
 from libs.profiles.schema import LINK_RTT_BYTES, LINK_THROUGHPUT_BYTES, Figure
 
 PROBE_STAGE = "link-probe"
@@ -78,9 +78,12 @@ class Probe:
         await self.server.wait_closed()
 
 
-async def open_probe(probe_id: str, host: str, peer_policy: PeerPolicy | None, ssl=None) -> Probe:
-    limits = ReceiverLimits(frames=4, live_requests=4096, sequences=4096)
-    receiver = Fnx2Receiver(ReceiverConfig(probe_binding(probe_id), limits, peer_policy=peer_policy), EchoHandler())
+async def open_probe(probe_id: str, host: str, peer_policy: PeerPolicy | None, state: SessionRules,
+                     ssl=None) -> Probe:
+    """`state`: the session rules of the probe's own binding (`probe_binding(probe_id)`), from
+    the worker that opens it."""
+    receiver = Fnx2Receiver(ReceiverConfig(probe_binding(probe_id), peer_policy=peer_policy), EchoHandler(),
+                            state)
     server = await start_server(receiver, host, 0, ssl=None if peer_policy is not None else ssl)
     return Probe(probe_id, server.sockets[0].getsockname()[1], receiver, server)
 

@@ -14,10 +14,10 @@ import asyncio.sslproto
 from collections.abc import Callable
 from typing import Any
 
-from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.listener import ListenerLimits, PeerIdentity, PeerPolicy, server_options
-from libs.fnx2.sender import Fnx2Client, SenderConfig
-from libs.fnx2.transport import FrameProtocol
+from libs.fnx2.channel.listener import ListenerLimits, PeerIdentity, PeerPolicy, server_options
+from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
+from libs.fnx2.channel.transport import FrameProtocol
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
 from libs.security.tls import ReloadingSslContext, TlsPaths, peer_uris
 
 # (who the peer said it was, why it was refused)

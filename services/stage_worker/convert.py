@@ -6,7 +6,7 @@ from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from libs.common.kinds import DType
 from libs.common.proto import backend_from_pb, dtype_from_pb
-from libs.fnx2.admission import Admission, OutputMode, f32_value
+from libs.fnx2.wire.admission import Admission, OutputMode, f32_value
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, blocks_for, prefix_chain
 from libs.model.kv_store import KV_DTYPES
 from libs.model.sampling import SamplingParams

@@ -17,22 +17,21 @@ import numpy as np
 import structlog
 from opentelemetry import trace
 
-from libs.fnx2.admission import AckAdmit, Admission
-from libs.fnx2.control import EXT_SAMPLE_LOGPROBS, ChannelBinding
-from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.listener import ListenerLimits
-from libs.fnx2.messages import Batch, BatchDescriptor, SequenceStatus
-from libs.fnx2.messages import Phase as BatchPhase
-from libs.fnx2.receiver import (
+from libs.fnx2.channel.listener import ListenerLimits
+from libs.fnx2.channel.receiver import (
     Fnx2Receiver,
     ReceiverConfig,
     SequenceFailure,
     StageOutput,
     StageWork,
 )
-from libs.fnx2.receiver_state import ReceiverLimits
-from libs.fnx2.sender import Fnx2Client, SenderConfig
-from libs.fnx2.tensor import DType, Tensor, TensorKind, float32_to_bf16
+from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
+from libs.fnx2.wire.admission import AckAdmit, Admission
+from libs.fnx2.wire.control import EXT_SAMPLE_LOGPROBS, ChannelBinding
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
+from libs.fnx2.wire.messages import Batch, BatchDescriptor, SequenceStatus
+from libs.fnx2.wire.messages import Phase as BatchPhase
+from libs.fnx2.wire.tensor import DType, Tensor, TensorKind, float32_to_bf16
 from libs.model.errors import KvLimitExceededError, ModelError
 from libs.model.executor import StageBatch, StageResult
 from libs.model.kv_blocks import prefix_chain
@@ -42,6 +41,7 @@ from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.errors import FailedPrecondition, FornaxError
 from libs.service.trace_context import context_from, current_traceparent
 from services.stage_worker import convert, metrics
+from services.stage_worker.leases import ReceiverLimits, ReceiverState
 from services.stage_worker.phase_totals import Phase
 from services.stage_worker.runtime import LoadedStage, StageRuntime
 
@@ -72,6 +72,7 @@ class DataPlane:
         self._advertise_host = advertise_host or host
         self._server: asyncio.AbstractServer | None = None
         self._receiver: Fnx2Receiver | None = None
+        self._leases: ReceiverState | None = None  # the bound stage's session rules, its receiver's
         self._next_hop: Fnx2Client | None = None
         self._next_hop_lock = asyncio.Lock()
         self._stage: LoadedStage | None = None
@@ -123,10 +124,11 @@ class DataPlane:
             kv_bytes_per_row=stage.executor.kv.layout.bytes_per_token,
             prefix_block_tokens=stage.executor.kv.block_tokens,
         )
+        binding = binding_for(stage, spec.stage_index)
+        self._leases = ReceiverState(binding, limits)
         self._receiver = Fnx2Receiver(
             ReceiverConfig(
-                binding=binding_for(stage, spec.stage_index),
-                limits=limits,
+                binding=binding,
                 source_stage="gateway" if first else stage_id(spec.stage_index - 1),
                 input_kind=TensorKind.TOKEN_IDS if first else TensorKind.ACTIVATION,
                 input_dtype=DType.INT32 if first else DType(spec.input_dtype),
@@ -135,11 +137,13 @@ class DataPlane:
                 peer_policy=self._tls.admit_only(spec.previous_hop_identity or "") if self._tls else None,
             ),
             _Handler(self),
+            self._leases,
         )
 
     async def unbind(self) -> None:
         """Stop serving the bound stage: its channels end, so none outlives it onto another."""
         receiver, self._receiver = self._receiver, None
+        self._leases = None
         self._stage = None
         client, self._next_hop = self._next_hop, None
         if client is not None:
@@ -149,15 +153,15 @@ class DataPlane:
 
     def release_lease(self, request_id: str, lease_id: str | None) -> None:
         """Tombstone a lease released through the control plane, so no late frame revives it."""
-        if self._receiver is not None and lease_id is not None:
+        if self._leases is not None and lease_id is not None:
             try:
-                self._receiver.state.release(request_id, lease_id, None)
+                self._leases.release(request_id, lease_id, None)
             except Fnx2Error as exc:
                 raise FailedPrecondition(exc.message, reason=exc.code.value) from exc
 
     def cancel_lease(self, request_id: str, lease_id: str | None) -> None:
-        if self._receiver is not None and lease_id is not None:
-            self._receiver.state.cancel(request_id, lease_id)
+        if self._leases is not None and lease_id is not None:
+            self._leases.cancel(request_id, lease_id)
 
     # ---- in-band lease control (the inband_admission extension) -----------------------------
     async def admit(self, admission: Admission) -> AckAdmit:
@@ -269,10 +273,10 @@ class DataPlane:
             metrics.KV_BYTES.labels(label).set(usage.bytes_used)
             metrics.KV_SEQUENCES.labels(label).set(usage.live_sequences)
             metrics.record_kv_blocks(label, str(id(stage.executor.kv.pool)), usage.blocks)
-            receiver = self._receiver
-            if receiver is not None:
-                metrics.LEASE_TOMBSTONES.labels(label).set(receiver.state.tombstones)
-                metrics.LEASE_FENCE_ENTRIES.labels(label).set(receiver.state.fence_entries)
+            leases = self._leases
+            if leases is not None:
+                metrics.LEASE_TOMBSTONES.labels(label).set(leases.tombstones)
+                metrics.LEASE_FENCE_ENTRIES.labels(label).set(leases.fence_entries)
             return output
 
     async def _execute(self, stage: LoadedStage, work: StageWork, label: str) -> StageOutput:

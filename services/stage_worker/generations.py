@@ -93,7 +93,7 @@ class Generations:
         """Admission: the generation named, else the one whose binding derives `lease_id`."""
         if generation or not lease_id:
             return self.get(generation)
-        from libs.fnx2.leases import derive_execution_lease_id
+        from libs.fnx2.wire.leases import derive_execution_lease_id
 
         for slot in self._slots.values():
             plan = slot.runtime.loaded().spec.plan

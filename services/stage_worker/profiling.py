@@ -23,8 +23,8 @@ import structlog
 
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from libs.artifacts.verify import verify_artifact
-from libs.fnx2.errors import Fnx2Error
-from libs.fnx2.sender import Fnx2Client, SenderConfig
+from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
+from libs.fnx2.wire.errors import Fnx2Error
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import ModelError
 from libs.model.kernels import make_kernels
@@ -54,6 +54,7 @@ from services.evidence_registry.signatures import sign_content
 from services.stage_worker.config import StageWorkerConfig
 from services.stage_worker.fetch import fetch_artifact
 from services.stage_worker.generations import Generations
+from services.stage_worker.leases import ReceiverLimits, ReceiverState
 from services.stage_worker.lifecycle import StageState
 from services.stage_worker.runtime import StageRuntime, _compile_progress
 from services.stage_worker.step_profile import measure_step_overhead, step_grid_figures
@@ -71,6 +72,8 @@ MAX_BATCH = 1024
 MAX_CONTEXT = 131072
 PROBE_TTL_S = 60
 MAX_PROBE_TTL_S = 600
+# A probe's own session rules: four frames in flight, room for every probe request.
+PROBE_LIMITS = ReceiverLimits(frames=4, live_requests=4096, sequences=4096)
 PROFILE_DTYPE = "fp32"  # both backends hold a stage's weights and KV as float32
 BUSY = (StageState.LOADING, StageState.EXECUTING, StageState.DRAINING)
 
@@ -344,7 +347,8 @@ class Profiler:
                 raise InvalidArgument(str(exc), reason="INVALID_PEER_IDENTITY", field="peer_identity") from exc
             policy = self._tls.admit_only(peer)
         probe_id = str(uuid.uuid4())
-        probe = await link_probe.open_probe(probe_id, self._cfg.server.host, policy)
+        state = ReceiverState(link_probe.probe_binding(probe_id), PROBE_LIMITS)
+        probe = await link_probe.open_probe(probe_id, self._cfg.server.host, policy, state)
         self._probes[probe_id] = probe
         asyncio.get_running_loop().call_later(ttl, lambda: asyncio.ensure_future(self._close_probe(probe_id)))
         log.info("link_probe_opened", probe_id=probe_id, port=probe.port, peer=request.peer_identity, ttl_s=ttl)

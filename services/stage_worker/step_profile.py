@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from libs.fnx2.tensor import DType, Tensor, TensorKind
+from libs.fnx2.wire.tensor import DType, Tensor, TensorKind
 from libs.model.config import DeepseekV2Config
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import StageKernels

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from libs.fnx2.messages import Phase, SequenceStatus
+from libs.fnx2.wire.messages import Phase, SequenceStatus
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, kv_format
 from libs.model.logprobs import TokenLogprobs
 from libs.model.sampling import SamplingParams

@@ -22,7 +22,7 @@ from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 from libs.common.kinds import Backend, DType
 from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
-from libs.fnx2.messages import Phase
+from libs.fnx2.wire.messages import Phase
 from libs.model.config import load_config
 from libs.model.sampling import GREEDY
 from libs.security.fnx2_tls import Fnx2Tls

@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import structlog
 
-from libs.fnx2.errors import ErrorCode
+from libs.fnx2.wire.errors import ErrorCode
 from libs.model.logprobs import decode_record, is_record_row
 from libs.service.errors import FornaxError
 from libs.service.log_limit import LogLimiter

@@ -22,7 +22,8 @@ import numpy as np
 
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
-from libs.fnx2.admission import (
+from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
+from libs.fnx2.wire.admission import (
     EXT_INBAND_ADMISSION,
     AckAdmit,
     Admission,
@@ -31,11 +32,10 @@ from libs.fnx2.admission import (
     Sampling,
     f32_bits,
 )
-from libs.fnx2.control import AckCancel, AckRelease, ChannelBinding
-from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
-from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
-from libs.fnx2.sender import Fnx2Client, SenderConfig
-from libs.fnx2.tensor import DType, Tensor, TensorKind
+from libs.fnx2.wire.control import AckCancel, AckRelease, ChannelBinding
+from libs.fnx2.wire.errors import ChannelClosedError, ErrorCode, Fnx2Error
+from libs.fnx2.wire.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
+from libs.fnx2.wire.tensor import DType, Tensor, TensorKind
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, prefix_chain
 from libs.model.sampling import SamplingParams
 from libs.security.fnx2_tls import Fnx2Tls
@@ -246,7 +246,7 @@ async def unload_generation(addresses: Sequence[str], generation: str,
 
 
 def lease_id_for(plan: RoutePlan, request_id: str) -> str:
-    from libs.fnx2.leases import derive_execution_lease_id
+    from libs.fnx2.wire.leases import derive_execution_lease_id
 
     return derive_execution_lease_id(plan.plan_generation_id, plan.plan_id, plan.plan_hash, request_id)
 

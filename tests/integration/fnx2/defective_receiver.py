@@ -5,7 +5,7 @@ import asyncio
 import sys
 
 from apps.fnx2.fuzz_receiver import main
-from libs.fnx2 import codec
+from libs.fnx2.wire import codec
 
 
 def _unguarded_member(enum_type, value):

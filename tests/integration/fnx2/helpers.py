@@ -9,10 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from libs.fnx2.control import ChannelBinding
-from libs.fnx2.leases import derive_execution_lease_id
-from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice
-from libs.fnx2.receiver import (
+from libs.fnx2.channel.receiver import (
     Fnx2Receiver,
     ReceiverConfig,
     SequenceFailure,
@@ -20,8 +17,12 @@ from libs.fnx2.receiver import (
     StageWork,
     start_server,
 )
-from libs.fnx2.sender import Fnx2Client, SenderConfig
-from libs.fnx2.tensor import Tensor
+from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
+from libs.fnx2.wire.control import ChannelBinding
+from libs.fnx2.wire.leases import derive_execution_lease_id
+from libs.fnx2.wire.messages import Batch, BatchDescriptor, Phase, SequenceSlice
+from libs.fnx2.wire.tensor import Tensor
+from services.stage_worker.leases import ReceiverLimits, ReceiverState
 
 PLAN_ID = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa"
 PLAN_HASH = "sha256:" + "b" * 64
@@ -87,12 +88,19 @@ class DoublingHandler:
         self.forgotten.append(request_id)
 
 
+def stage_state(limits: ReceiverLimits | None = None, binding=BINDING) -> ReceiverState:
+    """The stage's session rules, as a stage worker hands them to its receiver."""
+    return ReceiverState(binding, limits or ReceiverLimits())
+
+
 @contextlib.asynccontextmanager
 async def loopback(handler, *, receiver_config: ReceiverConfig | None = None,
+                   limits: ReceiverLimits | None = None,
                    sender_config: SenderConfig | None = None, clock=None,
                    server_ssl=None, client_ssl=None):
     config = receiver_config or ReceiverConfig(BINDING)
-    receiver = Fnx2Receiver(config, handler, **({"clock": clock} if clock else {}))
+    receiver = Fnx2Receiver(config, handler, stage_state(limits, config.binding),
+                            **({"clock": clock} if clock else {}))
     server = await start_server(receiver, ssl=server_ssl)
     port = server.sockets[0].getsockname()[1]
     client = await Fnx2Client.connect("127.0.0.1", port, sender_config or SenderConfig(BINDING),

@@ -7,12 +7,12 @@ import time
 import numpy as np
 import pytest
 
-from libs.fnx2.control import EXT_MULTI_INFLIGHT, ChannelBinding
-from libs.fnx2.errors import ErrorCode, Fnx2Error, RemoteError
-from libs.fnx2.messages import Phase, SequenceStatus
-from libs.fnx2.receiver import ReceiverConfig
-from libs.fnx2.receiver_state import ReceiverLimits
-from libs.fnx2.sender import Fnx2Client, SenderConfig
+from libs.fnx2.channel.receiver import ReceiverConfig
+from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
+from libs.fnx2.wire.control import EXT_MULTI_INFLIGHT, ChannelBinding
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error, RemoteError
+from libs.fnx2.wire.messages import Phase, SequenceStatus
+from services.stage_worker.leases.receiver_state import ReceiverLimits
 from tests.integration.fnx2.helpers import (
     BINDING,
     GENERATION,
@@ -25,6 +25,7 @@ from tests.integration.fnx2.helpers import (
     loopback,
     make_batch,
     new_request,
+    stage_state,
 )
 from tests.integration.fnx2.tls import self_signed_contexts
 
@@ -113,7 +114,7 @@ async def test_cancel_is_idempotent_and_blocks_later_steps():
 
 async def test_credit_exhaustion_is_enforced_by_the_receiver_and_refreshed():
     limits = ReceiverLimits(live_requests=1)
-    async with loopback(DoublingHandler(), receiver_config=ReceiverConfig(BINDING, limits)) as (
+    async with loopback(DoublingHandler(), limits=limits) as (
             client, _):
         a, b = new_request(), new_request()
         await client.submit(make_batch(Phase.PREFILL, [Seq(a, 1)]))
@@ -130,7 +131,7 @@ async def test_credit_exhaustion_is_enforced_by_the_receiver_and_refreshed():
 async def test_batch_over_transient_credit_is_refused_with_credit_error():
     limits = ReceiverLimits(rows=4)
     config = SenderConfig(BINDING)
-    async with loopback(DoublingHandler(), receiver_config=ReceiverConfig(BINDING, limits),
+    async with loopback(DoublingHandler(), limits=limits,
                         sender_config=config) as (client, _):
         client.credit = None  # bypass the sender's early check: the receiver must refuse
         with pytest.raises(RemoteError) as info:
@@ -144,8 +145,8 @@ async def test_deadline_budgets_survive_a_receiver_clock_hours_away():
     offset = 7 * HOUR_NS
     now = {"ns": time.monotonic_ns() + offset}
     clock = lambda: now["ns"]  # noqa: E731
-    config = ReceiverConfig(BINDING, ReceiverLimits(tombstone_ttl_ns=HOUR_NS))  # outlives the test
-    async with loopback(DoublingHandler(), clock=clock, receiver_config=config) as (client, receiver):
+    limits = ReceiverLimits(tombstone_ttl_ns=HOUR_NS)  # outlives the test
+    async with loopback(DoublingHandler(), clock=clock, limits=limits) as (client, receiver):
         a, b = sorted([new_request(), new_request()])
         result = by_request(await client.submit(
             make_batch(Phase.PREFILL, [Seq(a, 1, budget_ns=60 * 10**9), Seq(b, 1, budget_ns=0)])))
@@ -170,7 +171,7 @@ async def test_terminal_error_closes_and_recoverable_keeps_the_channel():
 async def test_multiple_frames_in_flight_overlap():
     limits = ReceiverLimits(frames=4)
     handler = DoublingHandler(gate=asyncio.Event())
-    async with loopback(handler, receiver_config=ReceiverConfig(BINDING, limits)) as (client, _):
+    async with loopback(handler, limits=limits) as (client, _):
         assert EXT_MULTI_INFLIGHT in client.extensions and client.credit.frames == 4
         batches = [make_batch(Phase.PREFILL, [Seq(new_request(), 1)], seed=i) for i in range(3)]
         tasks = [asyncio.create_task(client.submit(b)) for b in batches]
@@ -221,10 +222,10 @@ async def test_timings_are_real_durations_even_with_an_offset_clock():
 
 async def test_serve_channel_over_plain_asyncio_streams():
     """The stream API a stage worker can embed in its own server."""
-    from libs.fnx2.receiver import Fnx2Receiver, serve_channel
+    from libs.fnx2.channel.receiver import Fnx2Receiver, serve_channel
 
     handler = DoublingHandler()
-    receiver = Fnx2Receiver(ReceiverConfig(BINDING), handler)
+    receiver = Fnx2Receiver(ReceiverConfig(BINDING), handler, stage_state())
     server = await asyncio.start_server(lambda r, w: serve_channel(r, w, receiver), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -252,11 +253,11 @@ async def test_large_frames_round_trip_over_the_chunked_writer():
 
 
 async def test_corrupted_payload_in_transit_is_a_terminal_checksum_error():
-    from libs.fnx2.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
-    from libs.fnx2.control import Ack, AckHello, Credit
-    from libs.fnx2.receiver import Fnx2Receiver, start_server
+    from libs.fnx2.channel.receiver import Fnx2Receiver, start_server
+    from libs.fnx2.wire.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
+    from libs.fnx2.wire.control import Ack, AckHello, Credit
 
-    server = await start_server(Fnx2Receiver(ReceiverConfig(BINDING), DoublingHandler()))
+    server = await start_server(Fnx2Receiver(ReceiverConfig(BINDING), DoublingHandler(), stage_state()))
     port = server.sockets[0].getsockname()[1]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
 
@@ -284,10 +285,10 @@ async def test_corrupted_payload_in_transit_is_a_terminal_checksum_error():
 
 
 async def test_a_frame_other_than_the_hello_ack_ends_the_handshake_with_an_error():
-    from libs.fnx2.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
-    from libs.fnx2.receiver import Fnx2Receiver, start_server
+    from libs.fnx2.channel.receiver import Fnx2Receiver, start_server
+    from libs.fnx2.wire.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
 
-    server = await start_server(Fnx2Receiver(ReceiverConfig(BINDING), DoublingHandler()))
+    server = await start_server(Fnx2Receiver(ReceiverConfig(BINDING), DoublingHandler(), stage_state()))
     reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
     try:
         head = await reader.readexactly(PRELUDE_BYTES)
@@ -336,7 +337,7 @@ async def test_traceparent_travels_when_negotiated_and_is_dropped_for_plain_peer
 async def test_cancel_during_execution_reports_inflight_and_release_waits():
     handler = DoublingHandler(gate=asyncio.Event())
     limits = ReceiverLimits(frames=2)
-    async with loopback(handler, receiver_config=ReceiverConfig(BINDING, limits)) as (client, _):
+    async with loopback(handler, limits=limits) as (client, _):
         a = new_request()
         running = asyncio.create_task(client.submit(make_batch(Phase.PREFILL, [Seq(a, 1)])))
         while not client.unacknowledged():
@@ -371,7 +372,7 @@ async def test_a_sender_waiting_for_frame_credit_is_counted():
 
     gate = asyncio.Event()
     handler = DoublingHandler(gate=gate)
-    async with loopback(handler, receiver_config=ReceiverConfig(BINDING, ReceiverLimits(frames=1))) as (client, _):
+    async with loopback(handler, limits=ReceiverLimits(frames=1)) as (client, _):
         before = waits()
         first = asyncio.create_task(client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 1)])))
         await asyncio.sleep(0)
@@ -399,3 +400,39 @@ async def test_lease_sequences_fence_without_tombstones_only_once_negotiated(off
         assert receiver.state.tombstones == (0 if offer == "all" else 1)
         stale = await client.submit(numbered)  # a late copy of the opening frame
         assert stale.results[0].error_code == ErrorCode.RELEASED
+
+
+async def test_the_receiver_decides_nothing_itself_the_rules_it_is_handed_do():
+    """The channel holds no lease rules of its own: one stage's rules, handed to two
+    receivers, see the leases both open, and a refusal of theirs reaches the sender."""
+    from libs.fnx2.channel.receiver import Fnx2Receiver, start_server
+    from services.stage_worker.leases import ReceiverState
+
+    class Draining(ReceiverState):
+        draining = False
+
+        def admit(self, batch, now_ns):
+            if self.draining:
+                raise Fnx2Error(ErrorCode.CREDIT, "the stage is draining")
+            return super().admit(batch, now_ns)
+
+    rules = Draining(BINDING)
+    servers = [await start_server(Fnx2Receiver(ReceiverConfig(BINDING), DoublingHandler(), rules))
+               for _ in range(2)]
+    clients = [await Fnx2Client.connect("127.0.0.1", s.sockets[0].getsockname()[1], SenderConfig(BINDING))
+               for s in servers]
+    try:
+        for client in clients:
+            ok = await client.submit(make_batch(Phase.PREFILL, [Seq(new_request(), 2)]))
+            assert ok.results[0].status is SequenceStatus.OK
+        assert rules.live_requests == 2
+        rules.draining = True
+        with pytest.raises(RemoteError) as info:
+            await clients[0].submit(make_batch(Phase.PREFILL, [Seq(new_request(), 2)]))
+        assert (info.value.code, info.value.message) == (ErrorCode.CREDIT, "the stage is draining")
+    finally:
+        for client in clients:
+            await client.close()
+        for server in servers:
+            server.close()
+            await server.wait_closed()

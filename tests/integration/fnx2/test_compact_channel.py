@@ -7,13 +7,13 @@ import struct
 import pytest
 
 from apps.fnx2.fuzz import frame
-from libs.fnx2 import codec, compact
-from libs.fnx2.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
-from libs.fnx2.control import EXT_COMPACT_META, Ack, AckHello, Control, Credit, ErrorMessage
-from libs.fnx2.messages import Phase, Result, SequenceStatus
-from libs.fnx2.receiver import Fnx2Receiver, ReceiverConfig, start_server
-from libs.fnx2.sender import SenderConfig
-from tests.integration.fnx2.helpers import BINDING, DoublingHandler, Seq, loopback, make_batch, new_request
+from libs.fnx2.channel.receiver import Fnx2Receiver, ReceiverConfig, start_server
+from libs.fnx2.channel.sender import SenderConfig
+from libs.fnx2.wire import codec, compact
+from libs.fnx2.wire.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
+from libs.fnx2.wire.control import EXT_COMPACT_META, Ack, AckHello, Control, Credit, ErrorMessage
+from libs.fnx2.wire.messages import Phase, Result, SequenceStatus
+from tests.integration.fnx2.helpers import BINDING, DoublingHandler, Seq, loopback, make_batch, new_request, stage_state
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -90,7 +90,7 @@ class RawPeer:
 
 
 async def test_a_malformed_compact_header_gets_one_error_and_the_channel_stays_aligned():
-    receiver = Fnx2Receiver(ReceiverConfig(BINDING), DoublingHandler())
+    receiver = Fnx2Receiver(ReceiverConfig(BINDING), DoublingHandler(), stage_state())
     server = await start_server(receiver)
     reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
     peer = RawPeer(reader, writer)

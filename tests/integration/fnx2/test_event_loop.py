@@ -11,9 +11,9 @@ import pytest
 
 from apps.fnx2.bench import DECODE_SEQUENCES, HIDDEN, _batch, _Peer, chunked_prefill
 from apps.fnx2.bench_peer import BENCH_BINDING
-from libs.fnx2.messages import Phase
-from libs.fnx2.sender import Fnx2Client, SenderConfig
-from libs.fnx2.stream import _keeps_unsent_views
+from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
+from libs.fnx2.channel.stream import _keeps_unsent_views
+from libs.fnx2.wire.messages import Phase
 from libs.service.event_loop import EventLoopKind, run
 
 

@@ -7,16 +7,16 @@ import dataclasses
 import pytest
 
 from apps.fnx2.fuzz import frame
-from libs.fnx2.codec import decode_frame, encode_frame
-from libs.fnx2.control import Control, Credit, ErrorMessage
-from libs.fnx2.errors import ChannelClosedError, ErrorCode, RemoteError
-from libs.fnx2.fields import canonical_json
-from libs.fnx2.listener import ListenerLimits
-from libs.fnx2.messages import Kind, Phase, Result
-from libs.fnx2.receiver import ReceiverConfig
-from libs.fnx2.receiver_state import ReceiverLimits
-from libs.fnx2.sender import Fnx2Client, SenderConfig
-from libs.fnx2.stream import FrameStream
+from libs.fnx2.channel.listener import ListenerLimits
+from libs.fnx2.channel.receiver import ReceiverConfig
+from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
+from libs.fnx2.channel.stream import FrameStream
+from libs.fnx2.wire.codec import decode_frame, encode_frame
+from libs.fnx2.wire.control import Control, Credit, ErrorMessage
+from libs.fnx2.wire.errors import ChannelClosedError, ErrorCode, RemoteError
+from libs.fnx2.wire.fields import canonical_json
+from libs.fnx2.wire.messages import Kind, Phase, Result
+from services.stage_worker.leases.receiver_state import ReceiverLimits
 from tests.integration.fnx2.helpers import (
     BINDING,
     DoublingHandler,
@@ -161,9 +161,9 @@ async def test_a_lease_whose_sender_vanished_mid_batch_expires_at_its_deadline()
             forgotten.set()
 
     clock, handler = Clock(), Handler(gate=gate)
-    config = ReceiverConfig(BINDING, limits=ReceiverLimits(frames=8),
-                            listener=ListenerLimits(sweep_interval_s=0.01))
-    async with loopback(handler, receiver_config=config, clock=clock) as (client, receiver):
+    config = ReceiverConfig(BINDING, listener=ListenerLimits(sweep_interval_s=0.01))
+    async with loopback(handler, receiver_config=config, limits=ReceiverLimits(frames=8),
+                        clock=clock) as (client, receiver):
         request = new_request()
         pending = asyncio.create_task(client.submit(
             make_batch(Phase.PREFILL, [Seq(request, 2, budget_ns=5 * 10**9)])))

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from libs.fnx2.errors import ErrorCode
-from libs.fnx2.messages import Kind
+from libs.fnx2.wire.errors import ErrorCode
+from libs.fnx2.wire.messages import Kind
 from tests.integration.fnx2.test_listener_limits import RawPeer
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from libs.fnx2.messages import Phase
-from libs.fnx2.receiver import Fnx2Receiver, ReceiverConfig, start_server
-from libs.fnx2.sender import Fnx2Client, SenderConfig
-from tests.integration.fnx2.helpers import BINDING, DoublingHandler, Seq, make_batch, new_request
+from libs.fnx2.channel.receiver import Fnx2Receiver, ReceiverConfig, start_server
+from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
+from libs.fnx2.wire.messages import Phase
+from tests.integration.fnx2.helpers import BINDING, DoublingHandler, Seq, make_batch, new_request, stage_state
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,7 +23,7 @@ def _numbered(number: int):
 
 
 async def test_a_second_sender_learns_where_the_generations_numbers_stand():
-    receiver = Fnx2Receiver(ReceiverConfig(BINDING), DoublingHandler())
+    receiver = Fnx2Receiver(ReceiverConfig(BINDING), DoublingHandler(), stage_state())
     server = await start_server(receiver)
     port = server.sockets[0].getsockname()[1]
     clients = []

@@ -7,19 +7,20 @@ import struct
 
 import pytest
 
-from libs.fnx2.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
-from libs.fnx2.control import Ack, AckHello, Control, Credit, ErrorMessage
-from libs.fnx2.errors import ErrorCode, RemoteError
-from libs.fnx2.listener import ListenerLimits, PeerPolicy
-from libs.fnx2.messages import Kind, Phase
-from libs.fnx2.receiver import Fnx2Receiver, ReceiverConfig, start_server
-from libs.fnx2.sender import Fnx2Client, SenderConfig
+from libs.fnx2.channel.listener import ListenerLimits, PeerPolicy
+from libs.fnx2.channel.receiver import Fnx2Receiver, ReceiverConfig, start_server
+from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
+from libs.fnx2.wire.codec import PRELUDE_BYTES, decode_frame, encode_frame, parse_prelude
+from libs.fnx2.wire.control import Ack, AckHello, Control, Credit, ErrorMessage
+from libs.fnx2.wire.errors import ErrorCode, RemoteError
+from libs.fnx2.wire.messages import Kind, Phase
 from tests.integration.fnx2.helpers import (
     BINDING,
     DoublingHandler,
     Seq,
     make_batch,
     new_request,
+    stage_state,
 )
 from tests.integration.fnx2.pki import MiniCa
 
@@ -58,9 +59,9 @@ class RawPeer:
         self.writer.close()
 
 
-async def serve(listener: ListenerLimits, policy: PeerPolicy | None = None, **config):
+async def serve(listener: ListenerLimits, policy: PeerPolicy | None = None, limits=None, **config):
     receiver = Fnx2Receiver(ReceiverConfig(BINDING, listener=listener, peer_policy=policy, **config),
-                            DoublingHandler())
+                            DoublingHandler(), stage_state(limits))
     server = await start_server(receiver)
     return receiver, server, server.sockets[0].getsockname()[1]
 
@@ -78,7 +79,7 @@ async def test_an_unbound_peer_cannot_make_the_receiver_reserve_a_large_body():
 
 
 async def test_a_bound_peer_is_held_to_its_payload_credit():
-    from libs.fnx2.receiver_state import ReceiverLimits
+    from services.stage_worker.leases.receiver_state import ReceiverLimits
 
     receiver, server, port = await serve(ListenerLimits(), limits=ReceiverLimits(payload_bytes=1 << 20))
     peer = await RawPeer.open(port)
@@ -162,12 +163,11 @@ def test_a_peer_policy_needs_required_client_certificates(tmp_path):
 
 
 async def test_the_stream_path_admits_like_the_fast_path():
-    from libs.fnx2.receiver import serve_channel
-    from libs.fnx2.receiver_state import ReceiverLimits
+    from libs.fnx2.channel.receiver import serve_channel
+    from services.stage_worker.leases.receiver_state import ReceiverLimits
 
-    config = ReceiverConfig(BINDING, ReceiverLimits(payload_bytes=1 << 20),
-                            listener=ListenerLimits(max_connections=1))
-    receiver = Fnx2Receiver(config, DoublingHandler())
+    config = ReceiverConfig(BINDING, listener=ListenerLimits(max_connections=1))
+    receiver = Fnx2Receiver(config, DoublingHandler(), stage_state(ReceiverLimits(payload_bytes=1 << 20)))
     server = await asyncio.start_server(lambda r, w: serve_channel(r, w, receiver), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     first = await RawPeer.open(port)

@@ -163,9 +163,9 @@ def _data_plane_attempt(fleet, identity, target: str) -> str:
     """Open an FNX2 channel to target's data plane with identity's certificate: what happened."""
     import datetime as dt
 
-    from libs.fnx2.control import ChannelBinding
-    from libs.fnx2.errors import Fnx2Error
-    from libs.fnx2.sender import SenderConfig
+    from libs.fnx2.channel.sender import SenderConfig
+    from libs.fnx2.wire.control import ChannelBinding
+    from libs.fnx2.wire.errors import Fnx2Error
     from libs.security.fnx2_tls import Fnx2Tls
     from libs.security.store import CertStore
 

@@ -9,12 +9,12 @@ import json
 import time
 from dataclasses import replace
 
+from apps.bench.planner import ALL_OPERATIONS, synthetic_config, synthetic_model
 from apps.cli.main import main
 from fornax.planner.v1 import planner_pb2 as pb
 from services.evidence_registry.client import RegistryClient
 from services.evidence_registry.domain import EvidenceClass, RecordContent, RecordType, ValidityWindow
 from services.planner import convert
-from services.planner.bench import ALL_OPERATIONS, synthetic_config, synthetic_model
 from services.planner.inventory import EvidenceRef, Inventory, Target
 from tests.integration.evidence_registry.harness import running_registry
 from tests.integration.planner.test_planner_service import with_planner

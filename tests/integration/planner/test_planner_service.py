@@ -9,6 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from apps.bench.planner import synthetic_model
 from fornax.common.v1 import common_pb2
 from fornax.planner.v1 import planner_pb2 as pb
 from fornax.planner.v1 import planner_pb2_grpc as pb_grpc
@@ -16,7 +17,6 @@ from libs.service.config import ServerConfig
 from libs.service.interceptors import reason_of
 from libs.service.server import build_server
 from services.planner import convert
-from services.planner.bench import synthetic_model
 from services.planner.client import AsyncPlannerClient, PlannerCallFailed
 from services.planner.config import PlannerConfig
 from services.planner.inventory import load_inventory_file

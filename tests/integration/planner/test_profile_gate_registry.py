@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
+from apps.bench.planner import ALL_OPERATIONS, synthetic_config
 from apps.cli.main import main
 from libs.profiles.schema import LABEL_PASSED, LABEL_ROUTE_KEY, to_json
 from services.evidence_registry.client import RegistryClient
 from services.evidence_registry.domain import RecordType, ValidityWindow
 from services.planner import domain as d
-from services.planner.bench import ALL_OPERATIONS, synthetic_config
 from services.planner.inventory import Target
 from services.planner.model import describe_checkpoint
 from services.planner.planner import DeploymentRefused, plan_with_records

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
-from libs.fnx2.admission import Admission, OutputMode, Sampling
-from libs.fnx2.control import ChannelBinding
-from libs.fnx2.errors import ErrorCode
-from libs.fnx2.messages import Phase
-from libs.fnx2.sender import Fnx2Client, SenderConfig
+from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
+from libs.fnx2.wire.admission import Admission, OutputMode, Sampling
+from libs.fnx2.wire.control import ChannelBinding
+from libs.fnx2.wire.errors import ErrorCode
+from libs.fnx2.wire.messages import Phase
 from libs.model.config import load_config
 from libs.model.sampling import SamplingParams
 from services.orchestrator.route.stage_chain import Route, SliceInput, lease_id_for

@@ -15,8 +15,8 @@ from apps.fleet.health import check_health
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
-from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.sender import SenderConfig
+from libs.fnx2.channel.sender import SenderConfig
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.profiles.link import probe_binding
 from libs.profiles.schema import link_profile_from_json, stage_profile_from_json

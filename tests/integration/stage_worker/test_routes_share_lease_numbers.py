@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 import pytest
 
-from libs.fnx2.messages import Phase
+from libs.fnx2.wire.messages import Phase
 from libs.model.config import load_config
 from libs.model.sampling import SamplingParams
 from services.orchestrator.route.lease_numbers import LeaseNumbers

@@ -10,9 +10,9 @@ import uuid
 import numpy as np
 import pytest
 
-from libs.fnx2.control import EXT_COMPACT_META, EXT_SAMPLE_LOGPROBS, KNOWN_EXTENSIONS, ChannelBinding
-from libs.fnx2.messages import Phase
-from libs.fnx2.sender import Fnx2Client, SenderConfig
+from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
+from libs.fnx2.wire.control import EXT_COMPACT_META, EXT_SAMPLE_LOGPROBS, KNOWN_EXTENSIONS, ChannelBinding
+from libs.fnx2.wire.messages import Phase
 from libs.model.config import load_config
 from libs.model.logprobs import RECORD_WIDTH, decode_record
 from libs.model.sampling import SamplingParams

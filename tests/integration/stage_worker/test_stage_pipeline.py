@@ -12,7 +12,7 @@ import pytest
 
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
-from libs.fnx2.messages import Phase
+from libs.fnx2.wire.messages import Phase
 from libs.model.config import load_config
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels

@@ -11,7 +11,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
-from libs.fnx2.messages import Phase
+from libs.fnx2.wire.messages import Phase
 from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
 from libs.model.sampling import SamplingParams

@@ -8,12 +8,12 @@ import uuid
 
 import numpy as np
 
-from libs.fnx2.codec import PRELUDE, decode_frame, encode_frame
-from libs.fnx2.control import ChannelBinding
-from libs.fnx2.fields import canonical_json
-from libs.fnx2.leases import derive_execution_lease_id
-from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice
-from libs.fnx2.tensor import Tensor, crc32c
+from libs.fnx2.wire.codec import PRELUDE, decode_frame, encode_frame
+from libs.fnx2.wire.control import ChannelBinding
+from libs.fnx2.wire.fields import canonical_json
+from libs.fnx2.wire.leases import derive_execution_lease_id
+from libs.fnx2.wire.messages import Batch, BatchDescriptor, Phase, SequenceSlice
+from libs.fnx2.wire.tensor import Tensor, crc32c
 
 PLAN_ID = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa"
 PLAN_HASH = "sha256:" + "b" * 64

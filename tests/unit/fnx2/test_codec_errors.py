@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from libs.fnx2.codec import CodecLimits, ExpectedBinding, decode_frame, encode_frame
-from libs.fnx2.control import ChannelBinding, Credit
-from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.messages import Phase, Result, SequenceResult, SequenceStatus, Timings
-from libs.fnx2.tensor import Tensor, float32_to_bf16
+from libs.fnx2.wire.codec import CodecLimits, ExpectedBinding, decode_frame, encode_frame
+from libs.fnx2.wire.control import ChannelBinding, Credit
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
+from libs.fnx2.wire.messages import Phase, Result, SequenceResult, SequenceStatus, Timings
+from libs.fnx2.wire.tensor import Tensor, float32_to_bf16
 from tests.unit.fnx2.factories import (
     BINDING,
     GENERATION,
@@ -176,7 +176,7 @@ def test_encoder_refuses_non_finite_values():
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
 def test_non_finite_values_are_caught_at_build_and_at_decode(dtype, bad):
-    from libs.fnx2.tensor import STORAGE, DType, TensorDescriptor, TensorKind
+    from libs.fnx2.wire.tensor import STORAGE, DType, TensorDescriptor, TensorKind
 
     values = np.linspace(-60000, 60000, 40, dtype=np.float32).reshape(10, 4)
     values[7, 2] = bad
@@ -196,9 +196,9 @@ def test_non_finite_values_are_caught_at_build_and_at_decode(dtype, bad):
 
 
 def test_payload_crc_computed_ahead_gives_the_same_frame():
-    from libs.fnx2.codec import payload_crc
-    from libs.fnx2.crc import crc32c_combine
-    from libs.fnx2.tensor import crc32c
+    from libs.fnx2.wire.codec import payload_crc
+    from libs.fnx2.wire.crc import crc32c_combine
+    from libs.fnx2.wire.tensor import crc32c
 
     message = batch(rows=(40, 24), width=300, dtype="fp32")
     ahead = encode_frame(message, 9, known_payload_crc=payload_crc(message)).to_bytes()

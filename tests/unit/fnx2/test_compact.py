@@ -1,4 +1,4 @@
-"""The negotiated compact_meta form of BATCH and RESULT metadata (libs.fnx2.compact)."""
+"""The negotiated compact_meta form of BATCH and RESULT metadata (libs.fnx2.wire.compact)."""
 
 import dataclasses
 import struct
@@ -7,18 +7,18 @@ import numpy as np
 import pytest
 
 from apps.fnx2.fuzz import frame as fuzz_frame
-from libs.fnx2 import compact
-from libs.fnx2.codec import PRELUDE, PRELUDE_BYTES, decode_frame, encode_frame
-from libs.fnx2.control import (
+from libs.fnx2.wire import compact
+from libs.fnx2.wire.codec import PRELUDE, PRELUDE_BYTES, decode_frame, encode_frame
+from libs.fnx2.wire.control import (
     EXT_COMPACT_META,
     EXT_LEASE_SEQUENCE,
     EXT_MULTI_INFLIGHT,
     EXT_TRACEPARENT,
     Credit,
 )
-from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.messages import Phase, Result, SequenceResult, SequenceStatus, Timings
-from libs.fnx2.tensor import Tensor
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
+from libs.fnx2.wire.messages import Phase, Result, SequenceResult, SequenceStatus, Timings
+from libs.fnx2.wire.tensor import Tensor
 from tests.unit.fnx2.factories import MANIFEST_HASH, REQ_A, REQ_B, batch, lease
 
 TRACEPARENT = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"

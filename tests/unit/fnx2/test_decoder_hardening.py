@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from libs.fnx2.codec import decode_frame
-from libs.fnx2.control import Ack, AckHello, Control, Credit
-from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.fields import canonical_json
-from libs.fnx2.messages import Phase
+from libs.fnx2.wire.codec import decode_frame
+from libs.fnx2.wire.control import Ack, AckHello, Control, Credit
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
+from libs.fnx2.wire.fields import canonical_json
+from libs.fnx2.wire.messages import Phase
 from tests.unit.fnx2.factories import BINDING, batch, frame_bytes, reframe, split
 from tests.unit.fnx2.test_codec_errors import _result
 

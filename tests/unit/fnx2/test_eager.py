@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from libs.fnx2.eager import start_eagerly
+from libs.fnx2.channel.eager import start_eagerly
 
 
 async def _test_a_coroutine_that_never_waits_runs_inline_without_a_task():

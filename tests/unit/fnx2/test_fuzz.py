@@ -5,10 +5,10 @@ import resource
 import numpy as np
 import pytest
 
-from libs.fnx2.codec import CodecLimits, decode_frame
-from libs.fnx2.control import Control, Credit
-from libs.fnx2.errors import Fnx2Error
-from libs.fnx2.messages import Phase
+from libs.fnx2.wire.codec import CodecLimits, decode_frame
+from libs.fnx2.wire.control import Control, Credit
+from libs.fnx2.wire.errors import Fnx2Error
+from libs.fnx2.wire.messages import Phase
 from tests.unit.fnx2.factories import BINDING, batch, frame_bytes, reframe
 from tests.unit.fnx2.test_codec_errors import _result
 

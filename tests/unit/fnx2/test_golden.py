@@ -4,10 +4,10 @@ from pathlib import Path
 
 import numpy as np
 
-from libs.fnx2.codec import decode_frame
-from libs.fnx2.golden import check_golden
-from libs.fnx2.leases import derive_execution_lease_id
-from libs.fnx2.messages import Batch, Phase
+from libs.fnx2.wire.codec import decode_frame
+from libs.fnx2.wire.golden import check_golden
+from libs.fnx2.wire.leases import derive_execution_lease_id
+from libs.fnx2.wire.messages import Batch, Phase
 
 # The FNX2 conformance vector, vendored with the tests.
 GOLDEN = Path(__file__).with_name("fnx2_golden_v2.json")

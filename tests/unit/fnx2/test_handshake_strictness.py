@@ -4,9 +4,9 @@ typed re-encoding differs from the bytes it received (METADATA, the recoverable 
 
 import pytest
 
-from libs.fnx2.codec import decode_frame, encode_frame
-from libs.fnx2.control import KNOWN_EXTENSIONS, Ack, AckHello, Control
-from libs.fnx2.errors import ErrorCode, Fnx2Error
+from libs.fnx2.wire.codec import decode_frame, encode_frame
+from libs.fnx2.wire.control import KNOWN_EXTENSIONS, Ack, AckHello, Control
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
 from tests.unit.fnx2.factories import BINDING, reframe, split
 
 CONTROL_ID = "dddddddd-dddd-4ddd-8ddd-dddddddddddd"

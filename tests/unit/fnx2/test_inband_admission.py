@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from libs.fnx2.admission import (
+from libs.fnx2.wire.admission import (
     EXT_INBAND_ADMISSION,
     AckAdmit,
     Admission,
@@ -15,10 +15,10 @@ from libs.fnx2.admission import (
     f32_bits,
     f32_value,
 )
-from libs.fnx2.codec import decode_frame, encode_frame
-from libs.fnx2.control import Ack, AckRelease, ChannelBinding, Control, Release
-from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.fields import canonical_json
+from libs.fnx2.wire.codec import decode_frame, encode_frame
+from libs.fnx2.wire.control import Ack, AckRelease, ChannelBinding, Control, Release
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
+from libs.fnx2.wire.fields import canonical_json
 
 BINDING = ChannelBinding(str(uuid.uuid4()), "sha256:" + "a" * 64, "sha256:" + "b" * 64, "stage-0",
                          str(uuid.uuid4()))

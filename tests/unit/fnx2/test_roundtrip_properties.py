@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libs.fnx2.codec import decode_frame, encode_frame
-from libs.fnx2.control import (
+from libs.fnx2.wire.codec import decode_frame, encode_frame
+from libs.fnx2.wire.control import (
     Ack,
     AckCancel,
     AckHello,
@@ -19,7 +19,7 @@ from libs.fnx2.control import (
     ErrorMessage,
     Release,
 )
-from libs.fnx2.messages import (
+from libs.fnx2.wire.messages import (
     Batch,
     BatchDescriptor,
     Phase,
@@ -29,7 +29,7 @@ from libs.fnx2.messages import (
     SequenceStatus,
     Timings,
 )
-from libs.fnx2.tensor import Tensor, bf16_to_float32, float32_to_bf16
+from libs.fnx2.wire.tensor import Tensor, bf16_to_float32, float32_to_bf16
 from tests.unit.fnx2.factories import BINDING, MANIFEST_HASH, PLAN_HASH, PLAN_ID
 
 UINT64 = st.integers(0, 2**64 - 1)
@@ -170,7 +170,7 @@ json_values = st.recursive(
 def test_canonical_json_is_exactly_the_standard_library_form(value):
     import json
 
-    from libs.fnx2.fields import canonical_json, parse_json
+    from libs.fnx2.wire.fields import canonical_json, parse_json
 
     expected = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     assert canonical_json(value) == expected.encode("ascii")

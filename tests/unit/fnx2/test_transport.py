@@ -5,10 +5,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from libs.fnx2.codec import DEFAULT_LIMITS, PRELUDE_BYTES, decode_body, encode_frame
-from libs.fnx2.messages import Phase
-from libs.fnx2.tensor import crc32c
-from libs.fnx2.transport import FrameProtocol
+from libs.fnx2.channel.transport import FrameProtocol
+from libs.fnx2.wire.codec import DEFAULT_LIMITS, PRELUDE_BYTES, decode_body, encode_frame
+from libs.fnx2.wire.messages import Phase
+from libs.fnx2.wire.tensor import crc32c
 from tests.unit.fnx2.factories import REQ_A, REQ_B, batch
 
 
@@ -70,8 +70,8 @@ def test_slice_crcs_for_other_ranges_are_ignored():
 def test_finiteness_is_checked_on_arrival_across_odd_piece_boundaries():
     import pytest
 
-    from libs.fnx2.errors import ErrorCode, Fnx2Error
-    from libs.fnx2.tensor import DType
+    from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
+    from libs.fnx2.wire.tensor import DType
     from tests.unit.fnx2.factories import reframe, split
 
     big = batch(Phase.PREFILL, rows=(300, 212), requests=(REQ_A, REQ_B), width=1024, dtype="bf16")
@@ -106,7 +106,7 @@ def test_body_crc_when_metadata_ranges_do_not_tile_the_payload():
 
 
 def test_buffer_pool_reuses_only_unreferenced_buffers_and_stays_bounded():
-    from libs.fnx2.transport import BufferPool
+    from libs.fnx2.channel.transport import BufferPool
 
     pool = BufferPool(max_buffers=2, max_bytes=10_000)
     first = pool.take(1000)
@@ -131,7 +131,7 @@ def test_buffer_pool_reuses_only_unreferenced_buffers_and_stays_bounded():
 def test_buffer_pool_forgets_an_idle_buffer_behind_a_busy_one_of_another_size():
     """Making room compares buffers by identity: an element-wise `list.remove` on numpy
     arrays raised "operands could not be broadcast" once the pool was full."""
-    from libs.fnx2.transport import BufferPool
+    from libs.fnx2.channel.transport import BufferPool
 
     pool = BufferPool(max_buffers=3, max_bytes=7000)
     busy = pool.take(1000)  # held by a decoded tensor: stays in the pool, first in line
@@ -231,9 +231,9 @@ def test_the_scratch_buffer_grows_to_frames_that_arrive_and_then_takes_them_whol
 
 
 def test_small_compact_frames_get_crc_and_finiteness_in_one_pass_on_arrival():
-    from libs.fnx2.codec import PRELUDE, crc_of
-    from libs.fnx2.errors import ErrorCode, Fnx2Error
-    from libs.fnx2.tensor import DType
+    from libs.fnx2.wire.codec import PRELUDE, crc_of
+    from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
+    from libs.fnx2.wire.tensor import DType
 
     good = encode_frame(batch(rows=(2, 3), dtype="bf16"), 0, compact_meta=True).to_bytes()
     fields = PRELUDE.unpack(good[:PRELUDE_BYTES])
@@ -252,7 +252,7 @@ def test_small_compact_frames_get_crc_and_finiteness_in_one_pass_on_arrival():
 
 @pytest.mark.parametrize("pieces", [[1 << 30], [65536 + 1], [7, 300_001, 1 << 20], [262_144]])
 def test_checks_on_arrival_do_not_depend_on_how_the_bytes_arrive(pieces):
-    from libs.fnx2.tensor import DType
+    from libs.fnx2.wire.tensor import DType
 
     third = "33333333-3333-4333-8333-333333333333"
     big = batch(Phase.PREFILL, rows=(300, 212, 100), requests=(REQ_A, REQ_B, third), width=1024,
@@ -267,7 +267,7 @@ def test_checks_on_arrival_do_not_depend_on_how_the_bytes_arrive(pieces):
 
 @pytest.mark.parametrize("compact_meta", [False, True])
 def test_a_corrupted_piece_in_the_middle_of_a_large_payload_is_a_checksum_error(compact_meta):
-    from libs.fnx2.errors import ErrorCode, Fnx2Error
+    from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
 
     big = batch(Phase.PREFILL, rows=(300, 212), requests=(REQ_A, REQ_B), width=1024, dtype="bf16")
     good = bytearray(encode_frame(big, 0, compact_meta=compact_meta).to_bytes())
@@ -283,9 +283,9 @@ def test_a_corrupted_piece_in_the_middle_of_a_large_payload_is_a_checksum_error(
 
 @pytest.mark.parametrize("compact_meta", [False, True])
 def test_a_non_finite_value_in_a_middle_piece_fails_even_when_later_pieces_are_finite(compact_meta):
-    from libs.fnx2.codec import PRELUDE, crc_of
-    from libs.fnx2.errors import ErrorCode, Fnx2Error
-    from libs.fnx2.tensor import DType
+    from libs.fnx2.wire.codec import PRELUDE, crc_of
+    from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
+    from libs.fnx2.wire.tensor import DType
 
     big = batch(Phase.PREFILL, rows=(300, 212), requests=(REQ_A, REQ_B), width=1024, dtype="bf16")
     frame = bytearray(encode_frame(big, 0, compact_meta=compact_meta).to_bytes())
@@ -302,3 +302,31 @@ def test_a_non_finite_value_in_a_middle_piece_fails_even_when_later_pieces_are_f
         decode_body(got.prelude, got.body, body_crc=got.body_crc, finite=got.finite,
                     negotiated=None)
     assert info.value.code is ErrorCode.TENSOR_CONTRACT and not info.value.terminal
+
+
+def test_a_stream_reader_body_is_checked_on_arrival_like_a_protocol_frame():
+    """One read path: a frame read from a StreamReader reaches the decoder as the zero-copy
+    protocol's small frames do, its CRC32C and (compact) finiteness already computed."""
+    from libs.fnx2.channel.stream import StreamSource
+    from libs.fnx2.wire.codec import PRELUDE, crc_of
+    from libs.fnx2.wire.tensor import DType
+
+    good = encode_frame(batch(rows=(2, 3), dtype="bf16"), 0, compact_meta=True).to_bytes()
+    fields = PRELUDE.unpack(good[:PRELUDE_BYTES])
+    body = bytearray(good[PRELUDE_BYTES:])
+    body[fields[5]:fields[5] + 2] = (0x7FC0).to_bytes(2, "little")  # a NaN in row 0
+    bad = PRELUDE.pack(*fields[:8], crc_of(bytes(body)), fields[9]) + bytes(body)
+    plain = encode_frame(batch(rows=(2, 3), dtype="bf16"), 2).to_bytes()
+    frames = [good, bad, plain]
+
+    async def read_all():
+        reader = asyncio.StreamReader()
+        reader.feed_data(b"".join(frames))
+        source = StreamSource(reader, DEFAULT_LIMITS)
+        return [await source.read_frame() for _ in frames]
+
+    from_stream = asyncio.run(read_all())
+    from_protocol = feed(frames, [1 << 20])
+    assert [(r.body_crc, r.finite) for r in from_stream] == [(r.body_crc, r.finite) for r in from_protocol]
+    assert [r.finite for r in from_stream] == [(DType.BF16, True), (DType.BF16, False), None]
+    assert [r.body_crc for r in from_stream] == [crc32c(f[PRELUDE_BYTES:]) for f in frames]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from apps.bench.stage_layers import WeightRead, triad_ratios
 from libs.model.bandwidth import decode_read_bytes, expected_distinct_experts, triad
-from libs.model.bench import WeightRead, triad_ratios
 
 
 def test_one_row_touches_top_k_experts_and_many_rows_touch_nearly_all():
@@ -31,7 +31,7 @@ def test_ratios_average_layers_per_backend_and_batch():
 
 
 def test_policy_ratios_compare_a_backend_with_its_own_fp32_run():
-    from libs.model.bench import BenchRow, policy_ratios
+    from apps.bench.stage_layers import BenchRow, policy_ratios
 
     rows = [BenchRow("decode batch=1", "max", 0, "dense", 1.0, 1.0),
             BenchRow("decode batch=1", "max", 1, "moe", 3.0, 3.0),

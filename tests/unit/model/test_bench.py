@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from libs.model.bench import SCENARIOS, format_bench, run_bench
+from apps.bench.stage_layers import SCENARIOS, format_bench, run_bench
 
 
 def test_bench_reports_measured_and_unavailable_backends_explicitly(tiny_checkpoint):
@@ -18,13 +18,13 @@ def test_bench_reports_measured_and_unavailable_backends_explicitly(tiny_checkpo
 
 
 def _row(scenario, backend, layer, kind, ms):
-    from libs.model.bench import BenchRow
+    from apps.bench.stage_layers import BenchRow
 
     return BenchRow(scenario, backend, layer, kind, ms, ms)
 
 
 def test_speedup_ratios_are_other_over_max_and_mean_over_layers_of_a_kind():
-    from libs.model.bench import speedup_ratios
+    from apps.bench.stage_layers import speedup_ratios
 
     rows = [
         _row("prefill S=512", "max", 0, "dense", 50.0), _row("prefill S=512", "transformers", 0, "dense", 100.0),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.planner.bench import ALL_OPERATIONS, synthetic_config, synthetic_model
+from apps.bench.planner import ALL_OPERATIONS, synthetic_config, synthetic_model
 from services.planner.inventory import EvidenceRef, Inventory, Link, Node
 
 GIB = 2**30

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
+from apps.bench.planner import synthetic_config
 from apps.cli.main import main
-from services.planner.bench import synthetic_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "services" / "planner" / "examples"
 
@@ -58,7 +58,7 @@ def test_deployment_mode_without_a_registry_is_an_error(checkpoint, tmp_path, ca
 
 
 def test_bench_reports_the_keys(capsys, monkeypatch):
-    import services.planner.bench as bench
+    import apps.bench.planner as bench
 
     monkeypatch.setattr(bench, "_timed", lambda *a, **k: 0.01)  # keep the unit test light
     rc = main(["bench", "planner", "--json", "--instances", "20"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
-from services.planner.bench import synthetic_model
+from apps.bench.planner import synthetic_model
 from services.planner.inventory import Inventory, Node, Target
 from services.planner.planner import plan
 from services.planner.server import record_decisions

@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from apps.bench.planner import random_fleet, synthetic_model
 from services.planner import domain as d
-from services.planner.bench import random_fleet, synthetic_model
 from services.planner.costs import build_tables, stage_memory
 from services.planner.inventory import Target
 from services.planner.planner import plan

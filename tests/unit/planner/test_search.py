@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
+from apps.bench.planner import agreement, random_small_instance
 from services.planner import search
-from services.planner.bench import agreement, random_small_instance
 from services.planner.costs import build_tables, decode_service_matrix
 from services.planner.search import Problem, evaluate, solve
 

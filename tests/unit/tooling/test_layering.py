@@ -1,6 +1,7 @@
 """The layer rules hold for every way a module can reach another one.
 
-Ruff's banned-API check (`libs/ruff.toml`, `services/planner/ruff.toml`) sees import statements.
+Ruff's banned-API check (`libs/ruff.toml`, `libs/fnx2/{wire,channel}/ruff.toml`,
+`services/planner/ruff.toml`) sees import statements.
 These tests also see module paths named in strings: `importlib.import_module("apps.x")`, a
 `"module:attr"` entry point, `[sys.executable, "-m", "apps.x"]`. Pure: the sources are parsed, never
 imported.
@@ -17,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[3]
 _MODULE_PATH = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?::[\w.]+)?$")
 
 
-def _package_of(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+def _package_of(path: Path, root: Path = ROOT) -> str:
+    return ".".join(path.relative_to(root).with_suffix("").parts[:-1])
 
 
 def referenced_modules(source: str, package: str) -> list[tuple[int, str]]:
@@ -46,13 +47,14 @@ def _is_under(module: str, banned: str) -> bool:
     return module == banned or module.startswith(banned + ".")
 
 
-def violations(folder: str, banned: tuple[str, ...], skip: tuple[str, ...] = ()) -> list[str]:
+def violations(folder: str, banned: tuple[str, ...], skip: tuple[str, ...] = (),
+               root: Path = ROOT) -> list[str]:
     out = []
-    for path in sorted((ROOT / folder).rglob("*.py")):
-        relative = path.relative_to(ROOT).as_posix()
+    for path in sorted((root / folder).rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
         if any(relative.startswith(s) for s in skip):
             continue
-        for line, module in referenced_modules(path.read_text(), _package_of(path)):
+        for line, module in referenced_modules(path.read_text(), _package_of(path, root)):
             out += [f"{relative}:{line}: {module}" for b in banned if _is_under(module, b)]
     return out
 
@@ -63,6 +65,24 @@ def test_the_planner_never_reaches_the_orchestrator():
 
 def test_libraries_never_reach_applications_or_services():
     assert violations("libs", ("apps", "services"), skip=("libs/api/",)) == []
+
+
+def test_the_fnx2_wire_format_never_reaches_channels_event_loops_or_sockets():
+    assert violations("libs/fnx2/wire", ("libs.fnx2.channel", "asyncio", "socket", "ssl")) == []
+
+
+def test_fnx2_channels_never_reach_services_or_applications():
+    # The stage's lease rules come in as a SessionRules object, never by import.
+    assert violations("libs/fnx2/channel", ("services", "apps")) == []
+
+
+def test_the_fnx2_layer_checks_see_a_violation(tmp_path):
+    wire = tmp_path / "libs" / "fnx2" / "wire"
+    wire.mkdir(parents=True)
+    (wire / "codec.py").write_text("import asyncio\nfrom ..channel import stream\n")
+    found = violations("libs/fnx2/wire", ("libs.fnx2.channel", "asyncio"), root=tmp_path)
+    assert found == ["libs/fnx2/wire/codec.py:1: asyncio", "libs/fnx2/wire/codec.py:2: libs.fnx2.channel",
+                     "libs/fnx2/wire/codec.py:2: libs.fnx2.channel.stream"]
 
 
 def test_services_never_reach_applications():

@@ -27,14 +27,14 @@ known, so the channel stays aligned); broken FNX2 rules keep their 2.0 codes.
 from __future__ import annotations
 
 import functools
-import itertools
 import re
 import struct
 from collections.abc import Callable
 
-from libs.fnx2.control import Credit
-from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, MAX_ERROR_MESSAGE_CHARS, ErrorCode, Fnx2Error
-from libs.fnx2.messages import (
+from libs.fnx2.wire.columns import check_result_columns, check_slice_columns
+from libs.fnx2.wire.control import Credit
+from libs.fnx2.wire.errors import MAX_ERROR_CODE_CHARS, MAX_ERROR_MESSAGE_CHARS, ErrorCode, Fnx2Error
+from libs.fnx2.wire.messages import (
     MAX_ID_CHARS,
     MAX_SEQUENCES_PER_BATCH,
     TRACEPARENT_CHARS,
@@ -48,7 +48,7 @@ from libs.fnx2.messages import (
     SequenceStatus,
     Timings,
 )
-from libs.fnx2.tensor import DType, Tensor, TensorDescriptor, TensorKind
+from libs.fnx2.wire.tensor import DType, Tensor, TensorDescriptor, TensorKind
 
 MAGIC = b"FXC1"
 MAX_RESULTS_PER_FRAME = 4096
@@ -84,6 +84,7 @@ STATUSES = (SequenceStatus.OK, SequenceStatus.CANCELLED, SequenceStatus.DEADLINE
 _KIND_CODE = {kind: code for code, kind in enumerate(KINDS)}
 _DTYPE_CODE = {dtype: code for code, dtype in enumerate(DTYPES)}
 _STATUS_CODE = {status: code for code, status in enumerate(STATUSES)}
+_OK_CODE = _STATUS_CODE[SequenceStatus.OK]
 _HASH_PREFIX = "sha256:"
 
 
@@ -275,7 +276,7 @@ def decode_batch(metadata: bytes, sequence_no: int, attach: Attach,
     tensor = attach(*plan, names[:src_len], names[src_len:], descriptor)
     if numbered and not lease_sequence:  # where the JSON form refuses the unknown field
         raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "lease_sequence was not negotiated on this channel")
-    _check_coverage(columns[3], columns[4], request_ids, PHASES[phase], input_rows)
+    check_slice_columns(columns[3], columns[4], request_ids, PHASES[phase], input_rows)
     if descriptor.rows != input_rows:
         raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "tensor rows differ from input_row_count")
     slices = _slices(records, area.decode("ascii"),
@@ -300,23 +301,6 @@ def _slices(records: list[tuple], text: str, lease_numbers: tuple[int, ...] | No
                             None if lease_numbers is None else lease_numbers[i])))
         cut = span_end
     return tuple(slices)
-
-
-def _check_coverage(starts: tuple[int, ...], counts: tuple[int, ...], request_ids: tuple[bytes, ...],
-                    phase: Phase, input_rows: int) -> None:
-    """Every row once, in order; decode slices one row; each request once."""
-    fail = lambda why: Fnx2Error(ErrorCode.BATCH_CONTRACT, why)  # noqa: E731
-    if min(counts) < 1:
-        raise fail("input_row_count must be at least 1")
-    if phase is Phase.DECODE and max(counts) != 1:
-        raise fail("a decode slice is exactly one row")
-    ends = list(itertools.accumulate(counts))
-    if starts[0] != 0 or list(starts[1:]) != ends[:-1]:
-        raise fail("slices must cover input rows in order without gaps or overlap")
-    if ends[-1] != input_rows:
-        raise fail("slices must cover every input row exactly once")
-    if len(set(request_ids)) != len(request_ids):
-        raise fail("batch names a request more than once")
 
 
 # -- RESULT --------------------------------------------------------------------------------
@@ -397,7 +381,8 @@ def decode_result(metadata: bytes, sequence_no: int,
 
 def _check_items(status: tuple[int, ...], has_output: tuple[int, ...], rows: tuple[tuple[int, ...], ...],
                  code_lens: tuple[int, ...], message_lens: tuple[int, ...]) -> None:
-    """Each sequence result's own rules, checked over the table's columns."""
+    """The table's own structure (COMPACT_METADATA), then each sequence result's rules over
+    its columns (`columns.check_result_columns`, shared with the JSON form)."""
     in_rows, out_start, out_rows, before, after = rows
     if max(status) >= len(STATUSES) or max(has_output) > 1:
         raise _fail("unknown status or output flag")
@@ -406,18 +391,8 @@ def _check_items(status: tuple[int, ...], has_output: tuple[int, ...], rows: tup
         raise _fail("an error has a code of 1..64 and a message of 1..256 characters")
     if any(not flag and start for flag, start in zip(has_output, out_start, strict=True)):
         raise _fail("output_row_start must be zero without output rows")
-    fail = lambda why: Fnx2Error(ErrorCode.BATCH_RESULT, why)  # noqa: E731
-    if min(in_rows) < 1:
-        raise fail("input_row_count must be at least 1")
-    if any(map(int.__lt__, after, before)):
-        raise fail("KV epoch cannot move backwards")
-    for st, flag, out, code_len, b, a in zip(status, has_output, out_rows, code_lens, before, after,
-                                            strict=True):
-        if st == 0:
-            if not flag or not out or code_len:
-                raise fail("an ok sequence has output rows and no error")
-        elif flag or out or not code_len or a != b:
-            raise fail("a failed sequence has an error, no output rows and unchanged KV")
+    check_result_columns(tuple(map(_OK_CODE.__eq__, status)), in_rows, has_output, out_rows, code_lens,
+                         before, after)
 
 
 def _one_empty(code_len: int, message_len: int) -> bool:

@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from libs.fnx2.codec import decode_frame, encode_frame
-from libs.fnx2.fields import canonical_sha256
-from libs.fnx2.leases import derive_execution_lease_id
-from libs.fnx2.messages import Batch, BatchDescriptor
-from libs.fnx2.tensor import Tensor
+from libs.fnx2.wire.codec import decode_frame, encode_frame
+from libs.fnx2.wire.fields import canonical_sha256
+from libs.fnx2.wire.leases import derive_execution_lease_id
+from libs.fnx2.wire.messages import Batch, BatchDescriptor
+from libs.fnx2.wire.tensor import Tensor
 
 GOLDEN_SOURCE_STAGE = "gateway"
 

@@ -1,5 +1,8 @@
-"""Receiver-side FNX2 rules as a pure core: credits, leases, KV epochs, replay, tombstones.
+"""A stage's FNX2 session rules as a pure core: credits, leases, KV epochs, replay, tombstones.
 
+The stage worker hands one `ReceiverState` to its `Fnx2Receiver`, which asks it about every
+frame through `libs.fnx2.channel.session.SessionRules`; the records they trade
+(`BatchAdmission`, `Outcome`, `Entry`) are declared there.
 No sockets and no clock reads: callers pass `now_ns` from their own monotonic clock.
 One `ReceiverState` belongs to one stage and is shared by all of its inbound channels.
 Exact replay is keyed on the semantic identity (plan, manifest, request, lease, step,
@@ -18,13 +21,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from libs.fnx2.control import AckCancel, AckRelease, ChannelBinding, Credit
-from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.lease_watermark import LeaseWatermark
-from libs.fnx2.leases import derive_execution_lease_id, local_deadline
-from libs.fnx2.messages import Batch, Phase, SequenceResult, SequenceSlice, SequenceStatus, Timings
-from libs.fnx2.tensor import crc32c
-from libs.fnx2.tombstones import Tombstone, TombstoneTable
+from libs.fnx2.channel.session import BatchAdmission, Entry, Outcome, Rejection, ReplayHit
+from libs.fnx2.wire.control import AckCancel, AckRelease, ChannelBinding, Credit
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
+from libs.fnx2.wire.leases import derive_execution_lease_id, local_deadline
+from libs.fnx2.wire.messages import Batch, Phase, SequenceResult, SequenceSlice, SequenceStatus, Timings
+from libs.fnx2.wire.tensor import crc32c
+from services.stage_worker.leases.lease_watermark import LeaseWatermark
+from services.stage_worker.leases.tombstones import Tombstone, TombstoneTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,49 +152,6 @@ class _Lease:
     sequence: int | None = None  # the lease_sequence extension's number, if it came with one
 
 
-class Rejection(NamedTuple):
-    slice: SequenceSlice
-    status: SequenceStatus
-    code: ErrorCode
-    message: str
-
-
-class ReplayHit(NamedTuple):
-    slice: SequenceSlice
-    result: SequenceResult
-    rows: np.ndarray | None
-    kind: tuple | None
-
-
-@dataclass(frozen=True, slots=True)
-class BatchAdmission:
-    """What to do with each sequence of one batch; `execute` goes to the backend."""
-
-    batch: Batch
-    execute: tuple[SequenceSlice, ...]
-    replayed: tuple[ReplayHit, ...]
-    rejected: tuple[Rejection, ...]
-    kv_reserved: int
-
-
-class Outcome(NamedTuple):
-    """The backend's verdict for one executed sequence."""
-
-    ok: bool
-    rows: np.ndarray | None = None
-    code: str | None = None  # an ErrorCode, or a later stage's code relayed as it was sent
-    message: str | None = None
-    kind: tuple | None = None  # (TensorKind, DType) of the rows
-
-
-class Entry(NamedTuple):
-    """One sequence's result, with its output rows and their (kind, dtype) when ok."""
-
-    result: SequenceResult
-    rows: np.ndarray | None
-    kind: tuple | None
-
-
 _NO_OUTCOME = Outcome(False, None, ErrorCode.FAILED, "no outcome")
 
 
@@ -235,6 +196,10 @@ class ReceiverState:
 
     def _kv_free(self) -> int:
         return max(0, self.limits.kv_bytes - self._kv_used)
+
+    @property
+    def frame_limit(self) -> int:
+        return self.limits.frames
 
     @property
     def live_requests(self) -> int:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, ErrorCode, Fnx2Error
-from libs.fnx2.fields import Fields, member
-from libs.fnx2.messages import MAX_ID_CHARS
+from libs.fnx2.wire.errors import MAX_ERROR_CODE_CHARS, ErrorCode, Fnx2Error
+from libs.fnx2.wire.fields import Fields, member
+from libs.fnx2.wire.messages import MAX_ID_CHARS
 
 EXT_INBAND_ADMISSION = "inband_admission"
 # ACK cancel and ACK release name each stage's KV epoch, this stage first, on a channel that

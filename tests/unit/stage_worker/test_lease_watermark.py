@@ -6,14 +6,14 @@ import uuid
 
 import numpy as np
 
-from libs.fnx2.codec import decode_frame, encode_frame
-from libs.fnx2.control import EXT_LEASE_SEQUENCE, KNOWN_EXTENSIONS
-from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.lease_watermark import LeaseWatermark
-from libs.fnx2.leases import derive_execution_lease_id
-from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, Timings
-from libs.fnx2.receiver_state import Outcome, ReceiverLimits, ReceiverState
-from libs.fnx2.tensor import Tensor
+from libs.fnx2.wire.codec import decode_frame, encode_frame
+from libs.fnx2.wire.control import EXT_LEASE_SEQUENCE, KNOWN_EXTENSIONS
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
+from libs.fnx2.wire.leases import derive_execution_lease_id
+from libs.fnx2.wire.messages import Batch, BatchDescriptor, Phase, SequenceSlice, Timings
+from libs.fnx2.wire.tensor import Tensor
+from services.stage_worker.leases.lease_watermark import LeaseWatermark
+from services.stage_worker.leases.receiver_state import Outcome, ReceiverLimits, ReceiverState
 from tests.unit.fnx2.factories import BINDING, MANIFEST_HASH, PLAN_HASH, PLAN_ID
 
 TENSOR = Tensor.from_array("activation", "bf16", np.zeros((1, 4), np.float32))
@@ -132,7 +132,7 @@ def test_the_field_travels_only_once_negotiated():
 
 
 def test_the_extensions_ack_names_the_next_lease_number_only_with_lease_sequence():
-    from libs.fnx2.control import Ack, AckStage
+    from libs.fnx2.wire.control import Ack, AckStage
 
     control_id = str(uuid.uuid4())
     accepted = Ack("extensions", control_id, AckStage("stage-0", (EXT_LEASE_SEQUENCE, "timings"), 7))

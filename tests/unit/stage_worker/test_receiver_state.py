@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.messages import Phase, SequenceStatus, Timings
-from libs.fnx2.receiver_state import Outcome, ReceiverLimits, ReceiverState
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
+from libs.fnx2.wire.messages import Phase, SequenceStatus, Timings
+from services.stage_worker.leases.receiver_state import Outcome, ReceiverLimits, ReceiverState
 from tests.unit.fnx2.factories import BINDING, MINUTE_NS, REQ_A, REQ_B, batch, lease, roundtrip
 
 HOUR_NS = 3600 * 10**9

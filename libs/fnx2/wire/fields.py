@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from libs.fnx2.errors import ErrorCode, Fnx2Error
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
 
 UINT32_MAX = (1 << 32) - 1
 UINT64_MAX = (1 << 64) - 1

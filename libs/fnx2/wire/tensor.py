@@ -17,9 +17,9 @@ import numpy as np
 
 from libs.common.kinds import FLOAT_DTYPES as _FLOAT_DTYPES
 from libs.common.kinds import DType
-from libs.fnx2.crc import crc32c_extend
-from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.fields import member
+from libs.fnx2.wire.crc import crc32c_extend
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
+from libs.fnx2.wire.fields import member
 
 LAYOUT = "contiguous_row_major"
 UINT32_MAX = (1 << 32) - 1

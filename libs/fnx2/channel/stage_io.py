@@ -8,11 +8,11 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from libs.fnx2.admission import AckAdmit, Admission
-from libs.fnx2.errors import ErrorCode
-from libs.fnx2.messages import Batch, Result, SequenceResult, SequenceSlice, Timings
-from libs.fnx2.receiver_state import BatchAdmission, Entry, Outcome
-from libs.fnx2.tensor import Tensor, TensorDescriptor
+from libs.fnx2.channel.session import BatchAdmission, Entry, Outcome
+from libs.fnx2.wire.admission import AckAdmit, Admission
+from libs.fnx2.wire.errors import ErrorCode
+from libs.fnx2.wire.messages import Batch, Result, SequenceResult, SequenceSlice, Timings
+from libs.fnx2.wire.tensor import Tensor, TensorDescriptor
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from libs.fnx2.admission import (
+from libs.fnx2.wire.admission import (
     ACK_ADMIT_FIELDS,
     EXT_INBAND_ADMISSION,
     MAX_TOKENS,
@@ -22,9 +22,9 @@ from libs.fnx2.admission import (
     read_uints,
     require,
 )
-from libs.fnx2.errors import MAX_ERROR_CODE_CHARS, ErrorCode
-from libs.fnx2.fields import Fields, is_uuid
-from libs.fnx2.messages import MAX_ID_CHARS, Kind
+from libs.fnx2.wire.errors import MAX_ERROR_CODE_CHARS, ErrorCode
+from libs.fnx2.wire.fields import Fields, is_uuid
+from libs.fnx2.wire.messages import MAX_ID_CHARS, Kind
 
 ABI_VERSION = (2, 0)
 MAX_EXTENSIONS = 16
@@ -46,11 +46,11 @@ EXT_SAMPLE_LOGPROBS = "sample_logprobs"
 # generation, so a sender that starts numbering there is never fenced by an earlier sender.
 EXT_LEASE_SEQUENCE = "lease_sequence"
 LEASE_SEQUENCE_NEXT_FIELD = "lease_sequence_next"
-# BATCH and RESULT metadata may be the fixed-layout binary form of libs.fnx2.compact
+# BATCH and RESULT metadata may be the fixed-layout binary form of libs.fnx2.wire.compact
 # instead of canonical JSON.
 EXT_COMPACT_META = "compact_meta"
 # CONTROL `admit` opens a lease on every stage down the chain, and ACK cancel/release name
-# every stage's KV epoch (libs.fnx2.admission).
+# every stage's KV epoch (libs.fnx2.wire.admission).
 KNOWN_EXTENSIONS = frozenset({EXT_MULTI_INFLIGHT, EXT_TRACEPARENT, EXT_TIMINGS, EXT_COMPACT_OUTPUT,
                               EXT_SAMPLE_LOGPROBS, EXT_COMPACT_META, EXT_LEASE_SEQUENCE,
                               EXT_INBAND_ADMISSION})

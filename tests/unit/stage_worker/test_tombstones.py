@@ -6,11 +6,11 @@ import uuid
 
 import numpy as np
 
-from libs.fnx2.leases import derive_execution_lease_id
-from libs.fnx2.messages import Batch, BatchDescriptor, Phase, SequenceSlice, Timings
-from libs.fnx2.receiver_state import Outcome, ReceiverLimits, ReceiverState
-from libs.fnx2.tensor import Tensor
-from libs.fnx2.tombstones import Tombstone, TombstoneTable
+from libs.fnx2.wire.leases import derive_execution_lease_id
+from libs.fnx2.wire.messages import Batch, BatchDescriptor, Phase, SequenceSlice, Timings
+from libs.fnx2.wire.tensor import Tensor
+from services.stage_worker.leases.receiver_state import Outcome, ReceiverLimits, ReceiverState
+from services.stage_worker.leases.tombstones import Tombstone, TombstoneTable
 from tests.unit.fnx2.factories import BINDING, MANIFEST_HASH, PLAN_HASH, PLAN_ID
 
 TENSOR = Tensor.from_array("activation", "bf16", np.zeros((1, 4), np.float32))

@@ -18,9 +18,11 @@ from typing import TypeVar
 
 from prometheus_client import Counter
 
-from libs.fnx2.admission import EXT_INBAND_ADMISSION, AckAdmit, Admission
-from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits
-from libs.fnx2.control import (
+from libs.fnx2.channel.stream import FrameStream
+from libs.fnx2.channel.transport import FrameProtocol
+from libs.fnx2.wire.admission import EXT_INBAND_ADMISSION, AckAdmit, Admission
+from libs.fnx2.wire.codec import DEFAULT_LIMITS, CodecLimits
+from libs.fnx2.wire.control import (
     EXT_COMPACT_OUTPUT,
     EXT_LEASE_SEQUENCE,
     EXT_MULTI_INFLIGHT,
@@ -38,10 +40,8 @@ from libs.fnx2.control import (
     ErrorMessage,
     Release,
 )
-from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error, RemoteError
-from libs.fnx2.messages import Batch, Result
-from libs.fnx2.stream import FrameStream
-from libs.fnx2.transport import FrameProtocol
+from libs.fnx2.wire.errors import ChannelClosedError, ErrorCode, Fnx2Error, RemoteError
+from libs.fnx2.wire.messages import Batch, Result
 
 # A sender that had to wait for the receiver's credit before it could send a batch.
 CREDIT_EXHAUSTED = Counter(

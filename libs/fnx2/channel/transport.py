@@ -21,12 +21,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from libs.fnx2 import compact
-from libs.fnx2.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
-from libs.fnx2.crc import crc32c_combine, crc32c_extend
-from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
-from libs.fnx2.messages import Kind
-from libs.fnx2.tensor import STORAGE, DType, _finite_bytes, crc_and_finite
+from libs.fnx2.wire import compact
+from libs.fnx2.wire.codec import PRELUDE_BYTES, CodecLimits, Prelude, parse_prelude
+from libs.fnx2.wire.crc import crc32c_combine, crc32c_extend
+from libs.fnx2.wire.errors import ChannelClosedError, ErrorCode, Fnx2Error
+from libs.fnx2.wire.messages import Kind
+from libs.fnx2.wire.tensor import STORAGE, DType, _finite_bytes, crc_and_finite
 
 _MAX_QUEUED_FRAMES = 4
 _DATA_KINDS = (Kind.BATCH, Kind.RESULT)
@@ -102,9 +102,10 @@ def _payload_plan(prelude: Prelude, body: memoryview) -> _PayloadPlan:
                         _tiles(ranges, prelude.metadata_bytes, prelude.body_bytes))
 
 
-def _small_body(prelude: Prelude, body: bytes) -> ReceivedBody:
-    """A whole small body: its CRC32C and, for a compact BATCH or RESULT with a float
-    payload, its finiteness, in one call over the payload."""
+def whole_body(prelude: Prelude, body: bytes) -> ReceivedBody:
+    """A body already whole in memory (a small frame here, any frame a StreamReader read):
+    its CRC32C and, for a compact BATCH or RESULT with a float payload, its finiteness, in
+    one call over the payload."""
     if not body:
         return ReceivedBody(prelude, body, 0)
     dtype = None
@@ -291,7 +292,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 break
             body = scratch[start:end].tobytes() if prelude.body_bytes else b""
             self._pool.note(prelude.body_bytes)
-            self._frames.append(_small_body(prelude, body))
+            self._frames.append(whole_body(prelude, body))
             self._scan, delivered = end, True
         if delivered:
             self._queued()

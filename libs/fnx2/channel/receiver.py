@@ -2,8 +2,9 @@
 
 `Fnx2Receiver.serve(reader, writer)` runs one channel: hello, ACK check, credits, then
 BATCH -> handler -> RESULT + CREDIT, with cancel, release, credit_refresh and shutdown.
-All rule checks are in `ReceiverState`; this module moves frames, measures time, applies
-the listener limits (`libs.fnx2.listener`) and expires leases at their deadline.
+Every rule check is the stage's `SessionRules` (`libs.fnx2.channel.session`), handed in by
+the stage; this module moves frames, measures time, applies the listener limits
+(`libs.fnx2.channel.listener`) and expires leases at their deadline.
 """
 
 from __future__ import annotations
@@ -16,9 +17,23 @@ from dataclasses import dataclass, field, replace
 
 import structlog
 
-from libs.fnx2.admission import EXT_INBAND_ADMISSION, AckAdmit
-from libs.fnx2.codec import DEFAULT_LIMITS, CodecLimits, ExpectedBinding
-from libs.fnx2.control import (
+from libs.fnx2.channel.eager import start_eagerly
+from libs.fnx2.channel.listener import ListenerLimits, PeerPolicy, server_options
+from libs.fnx2.channel.session import BatchAdmission, Outcome, SessionRules
+from libs.fnx2.channel.stage_io import (
+    LeaseHandler,
+    SequenceFailure,
+    StageHandler,
+    StageOutput,
+    StageWork,
+    assemble,
+    outcomes,
+)
+from libs.fnx2.channel.stream import FrameStream, Received
+from libs.fnx2.channel.transport import BufferPool, FrameProtocol
+from libs.fnx2.wire.admission import EXT_INBAND_ADMISSION, AckAdmit
+from libs.fnx2.wire.codec import DEFAULT_LIMITS, CodecLimits, ExpectedBinding
+from libs.fnx2.wire.control import (
     ABI_VERSION,
     EXT_COMPACT_OUTPUT,
     EXT_LEASE_SEQUENCE,
@@ -35,23 +50,9 @@ from libs.fnx2.control import (
     ErrorMessage,
     Release,
 )
-from libs.fnx2.eager import start_eagerly
-from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
-from libs.fnx2.listener import ListenerLimits, PeerPolicy, server_options
-from libs.fnx2.messages import Batch, Timings
-from libs.fnx2.receiver_state import BatchAdmission, Outcome, ReceiverLimits, ReceiverState
-from libs.fnx2.stage_io import (
-    LeaseHandler,
-    SequenceFailure,
-    StageHandler,
-    StageOutput,
-    StageWork,
-    assemble,
-    outcomes,
-)
-from libs.fnx2.stream import FrameStream, Received
-from libs.fnx2.tensor import DType, TensorKind
-from libs.fnx2.transport import BufferPool, FrameProtocol
+from libs.fnx2.wire.errors import ChannelClosedError, ErrorCode, Fnx2Error
+from libs.fnx2.wire.messages import Batch, Timings
+from libs.fnx2.wire.tensor import DType, TensorKind
 
 __all__ = ["Fnx2Receiver", "ReceiverConfig", "SequenceFailure", "StageHandler", "StageOutput",
            "StageWork", "serve_channel", "start_server"]
@@ -62,7 +63,6 @@ log = structlog.get_logger()
 @dataclass(frozen=True)
 class ReceiverConfig:
     binding: ChannelBinding
-    limits: ReceiverLimits = field(default_factory=ReceiverLimits)
     codec: CodecLimits = DEFAULT_LIMITS
     source_stage: str | None = None
     input_kind: TensorKind | None = None
@@ -79,10 +79,13 @@ class ReceiverConfig:
 
 
 class Fnx2Receiver:
-    def __init__(self, config: ReceiverConfig, handler: StageHandler,
+    """`state`: the stage's session rules, shared by all channels of the stage (the stage
+    worker's `ReceiverState`)."""
+
+    def __init__(self, config: ReceiverConfig, handler: StageHandler, state: SessionRules,
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.config, self.handler, self.clock = config, handler, clock
-        self.state = ReceiverState(config.binding, config.limits)
+        self.state = state
         self.connections = 0  # admitted channels on the fast path, for the per-listener cap
         self.unexpected_errors = 0  # receiver defects; each also ends its channel (INTERNAL)
         self._channels: set[asyncio.Task] = set()
@@ -209,7 +212,7 @@ class _Channel:
     @property
     def frame_cap(self) -> int:
         if EXT_MULTI_INFLIGHT in self.extensions:
-            return self.r.config.limits.frames
+            return self.r.state.frame_limit
         return self.r.config.plain_frames
 
     def credit(self) -> Credit:

@@ -1,8 +1,11 @@
 """Frame transport over asyncio streams: per-direction sequence numbers, scatter writes.
 
-Reads take the 40-byte prelude, bound-check it, then take exactly the announced body,
-either from a `FrameProtocol` (kernel `recv_into` a buffer allocated for that body) or
-from a StreamReader (`readexactly`); the tensor is a zero-copy view of that body. Large
+One read path: `FrameStream.read` takes a `ReceivedBody` (the prelude bound-checked, then
+exactly the announced body, its CRC32C and finiteness checked on arrival), decodes it and
+checks its place in the sequence. The body comes from a `FrameProtocol` (kernel
+`recv_into` a buffer allocated for that body) or, through `StreamSource`, from a
+StreamReader (`readexactly`), checked on arrival by the same `transport.whole_body` as a
+small frame of the protocol; the tensor is a zero-copy view of that body. Large
 payloads are written as header and payload memoryview separately (on Python 3.11
 `writelines` would join them into a copy); small frames go out as one write.
 """
@@ -13,7 +16,8 @@ import asyncio
 import time
 from typing import NamedTuple
 
-from libs.fnx2.codec import (
+from libs.fnx2.channel.transport import ReceivedBody, check_admitted, whole_body
+from libs.fnx2.wire.codec import (
     DEFAULT_LIMITS,
     PRELUDE_BYTES,
     CodecLimits,
@@ -26,9 +30,8 @@ from libs.fnx2.codec import (
     parse_prelude,
     payload_crc,
 )
-from libs.fnx2.control import EXT_COMPACT_META
-from libs.fnx2.errors import ChannelClosedError, ErrorCode, Fnx2Error
-from libs.fnx2.transport import ReceivedBody, check_admitted
+from libs.fnx2.wire.control import EXT_COMPACT_META
+from libs.fnx2.wire.errors import ChannelClosedError, ErrorCode, Fnx2Error
 
 _SMALL_FRAME = 64 * 1024
 _WRITE_CHUNK = 1024 * 1024
@@ -78,7 +81,7 @@ class StreamSource:
             raise ChannelClosedError("peer closed the stream") from exc
         except (ConnectionError, OSError) as exc:
             raise ChannelClosedError(f"stream failed: {exc}") from exc
-        return ReceivedBody(prelude, body)
+        return whole_body(prelude, body)
 
 
 class FrameStream:

@@ -2,8 +2,8 @@
 
 Frame = 40-byte big-endian prelude `!4sHHHHIQQII` + canonical JSON metadata + payload.
 Decoding follows the FNX2 validation order: length/version/CRC, canonical metadata,
-plan binding, tensor, slice coverage. Epoch, lease, replay and credit rules live in
-`libs.fnx2.receiver_state`.
+plan binding, tensor, slice coverage (`columns.py`). Epoch, lease, replay and credit
+rules are not the codec's: they are the stage's session rules, above the channel.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import struct
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from libs.fnx2 import compact
-from libs.fnx2.admission import EXT_INBAND_ADMISSION
-from libs.fnx2.control import (
+from libs.fnx2.wire import compact
+from libs.fnx2.wire.admission import EXT_INBAND_ADMISSION
+from libs.fnx2.wire.columns import check_results, check_slices
+from libs.fnx2.wire.control import (
     EXT_COMPACT_META,
     EXT_LEASE_SEQUENCE,
     EXT_MULTI_INFLIGHT,
@@ -30,9 +31,9 @@ from libs.fnx2.control import (
     ErrorMessage,
     Release,
 )
-from libs.fnx2.crc import crc32c_combine, crc32c_extend
-from libs.fnx2.errors import ErrorCode, Fnx2Error
-from libs.fnx2.fields import (
+from libs.fnx2.wire.crc import crc32c_combine, crc32c_extend
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
+from libs.fnx2.wire.fields import (
     UINT64_MAX,
     canonical_json,
     is_hash,
@@ -40,7 +41,7 @@ from libs.fnx2.fields import (
     member,
     parse_json_noting_floats,
 )
-from libs.fnx2.messages import (
+from libs.fnx2.wire.messages import (
     MAX_ID_CHARS,
     TRACEPARENT_CHARS,
     Batch,
@@ -49,7 +50,7 @@ from libs.fnx2.messages import (
     Result,
     SequenceResult,
 )
-from libs.fnx2.tensor import (
+from libs.fnx2.wire.tensor import (
     DType,
     Tensor,
     TensorDescriptor,
@@ -141,7 +142,7 @@ def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAU
     (`Tensor.from_array`) and by every decoder; `check_finite` repeats it here.
     `known_payload_crc` (from `payload_crc`) spares the pass over the payload.
     `compact_meta` (negotiated) writes BATCH and RESULT metadata in the binary form of
-    `libs.fnx2.compact` whenever that form can carry the message, JSON otherwise."""
+    `libs.fnx2.wire.compact` whenever that form can carry the message, JSON otherwise."""
     if type(sequence_no) is not int or not 0 <= sequence_no <= UINT64_MAX:
         raise Fnx2Error(ErrorCode.SEQUENCE, "sequence_no must be a uint64")
     binary = None
@@ -185,12 +186,11 @@ def crc_of(data: bytes | memoryview) -> int:
 def _check_outgoing(message: Message) -> None:
     """An encoder never emits what its own decoder would reject."""
     if isinstance(message, Batch):
-        message.batch.check_coverage()
+        check_slices(message.batch.phase, message.batch.input_row_count, message.batch.sequences)
         if message.tensor.descriptor.rows != message.batch.input_row_count:
             raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "tensor rows differ from input_row_count")
     elif isinstance(message, Result):
-        for item in message.results:
-            item.check()
+        check_results(message.results)
         message.check()
 
 
@@ -416,7 +416,7 @@ def _decode_batch(meta: dict[str, Any], metadata: bytes, payload: memoryview, fi
     if expected is not None:
         _check_input_tensor(expected, tensor.descriptor)
     descriptor = BatchDescriptor.from_meta(meta["batch"], lease_sequence_negotiated)
-    descriptor.check_coverage()
+    check_slices(descriptor.phase, descriptor.input_row_count, descriptor.sequences)
     if _batch_digest(metadata) != meta["batch_digest"]:
         raise Fnx2Error(ErrorCode.BATCH_CONTRACT, "batch_digest differs from the batch")
     if tensor.descriptor.rows != descriptor.input_row_count:
@@ -491,5 +491,6 @@ def _decode_result(meta: dict[str, Any], payload: memoryview, finite: bool) -> R
         raise Fnx2Error(ErrorCode.BATCH_RESULT, "RESULT correlation fields are malformed")
     result = Result(batch_id, seq, manifest_hash,
                     tuple(SequenceResult.from_meta(item) for item in raw), tensor)
+    check_results(result.results)
     result.check()
     return result

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from libs.fnx2.errors import ErrorCode, Fnx2Error
+from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
 
 
 @dataclass(frozen=True, slots=True)
