@@ -21,7 +21,6 @@ from libs.model.config import load_config
 from libs.model.errors import ModelError, UnknownSequenceError
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
-from libs.model.kv_store import SliceIdentity
 from libs.model.layout import even_layer_split
 from libs.model.logprobs import TokenLogprobs, decode_record, sample_records
 from libs.model.weights import load_stage_weights
@@ -93,7 +92,7 @@ class InProcessPipeline:
 
     async def submit(self, batch: Microbatch) -> tuple[RequestSliceResult, ...]:
         slices = tuple(s.with_lease(self.lease_id(s.request_id)) for s in batch.slices)
-        idents = tuple(_identity(s) for s in slices)
+        idents = tuple(s.sequence for s in slices)
         token_ids = np.fromiter((t for s in slices for t in s.token_ids), dtype=np.int32)
         sampling = tuple(s.sampling for s in slices)
         for piece, params in zip(slices, sampling, strict=True):
@@ -189,12 +188,6 @@ def _timed(executor: StageExecutor, batch: StageBatch, compute_ns: list[int], in
         return executor.run(batch)
     finally:
         compute_ns[index] += time.perf_counter_ns() - started
-
-
-def _identity(piece: RequestSlice) -> SliceIdentity:
-    s = piece.sequence
-    return SliceIdentity(s.request_id, s.execution_lease_id, s.request_sequence_no, s.token_position_start,
-                         s.kv_epoch, s.input_row_count)
 
 
 def _sequence_result(piece: RequestSlice, token: int, stage_epochs: list[int],

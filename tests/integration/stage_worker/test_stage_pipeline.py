@@ -16,7 +16,7 @@ from libs.fnx2.messages import Phase, SequenceStatus
 from libs.model.config import load_config
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
-from libs.model.kv_store import SliceIdentity
+from libs.model.kv_store import kv_slice
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.errors import ResourceExhausted
@@ -39,7 +39,7 @@ def local_greedy(checkpoint, prompts, steps):
         rid, lease = str(uuid.uuid4()), str(uuid.uuid4())
         tokens, ids, pos = [], prompt, 0
         for step in range(steps + 1):
-            ident = SliceIdentity(rid, lease, step, pos, step, len(ids))
+            ident = kv_slice(rid, lease, step, pos, step, len(ids))
             result = executor.execute(StageBatch((ident,), token_ids=ids))
             token = int(np.argmax(result.logits[-1]))
             tokens.append(token)
@@ -198,7 +198,7 @@ def test_three_stage_logits_match_the_single_process_model(checkpoint, tmp_path)
         fleet.stop()
     _, executor, _ = local_greedy(checkpoint, [], 0)
     reference = executor.execute(
-        StageBatch((SliceIdentity("r", "l", 0, 0, 0, len(PROMPTS[1])),), token_ids=PROMPTS[1], all_logits=True)
+        StageBatch((kv_slice("r", "l", 0, 0, 0, len(PROMPTS[1])),), token_ids=PROMPTS[1], all_logits=True)
     ).logits
     assert ok(output)
     assert output[1].shape == reference.shape
