@@ -55,5 +55,6 @@ def test_a_later_stage_failure_leaves_every_earlier_stage_epoch_unchanged(tmp_pa
 
     prefill, decode = asyncio.run(scenario())
     assert (prefill.status, prefill.kv_epoch_after) == (SequenceStatus.OK, 1)
+    assert prefill.sequence.identity == key  # the FNX2 result of the slice the route's lease ran
     assert decode.status is SequenceStatus.FAILED and "stage 1" in decode.error
     assert executors[0].kv.epoch(key) == 1  # stage 0 ran the decode but did not commit it

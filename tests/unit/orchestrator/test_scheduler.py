@@ -15,6 +15,7 @@ from services.orchestrator.engine.admission import (
     KvShortfall,
 )
 from services.orchestrator.engine.domain import (
+    NO_DEADLINE_BUDGET_NS,
     FinishReason,
     GenerationRequest,
     Phase,
@@ -149,6 +150,18 @@ def test_cancel_before_prefill_needs_no_release(text_context):
     assert sched.take_releases() == []
     assert [o.finish_reason for o in sched.take_outputs()] == [FinishReason.CANCELLED]
     assert not sched.cancel("a")
+
+
+def test_a_microbatch_carries_fnx2_slices_laid_out_row_by_row_with_the_lease_left_to_the_route(text_context):
+    sched = make_scheduler(text_context, stages=(StageLayout(0, 4, 100),))  # one slot: one microbatch
+    sched.admit(req("a", prompt=(5, 6, 7)), now_ns=0)
+    sched.admit(req("b", prompt=(8, 9)), now_ns=0)
+    (batch,) = sched.schedule(0)
+    sequences = [s.sequence for s in batch.slices]
+    assert [(q.request_id, q.input_row_start, q.input_row_count) for q in sequences] == [("a", 0, 3), ("b", 3, 2)]
+    assert [q.input_row_count for q in sequences] == [len(s.token_ids) for s in batch.slices]
+    assert all(q.execution_lease_id == "" and q.trace_id == q.request_id for q in sequences)
+    assert all(q.deadline_budget_ns == NO_DEADLINE_BUDGET_NS for q in sequences)  # no deadline: a day
 
 
 def test_deadline_is_a_budget(text_context):
