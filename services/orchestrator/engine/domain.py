@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from libs.fnx2 import Phase, SequenceResult, SequenceSlice, SequenceStatus, Timings
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, kv_format
@@ -179,7 +179,14 @@ class RequestSlice:
         return self.prefix_token_ids[cached_tokens : self.consumed_tokens(cached_tokens)]
 
     def with_lease(self, execution_lease_id: str) -> RequestSlice:
-        return replace(self, sequence=self.sequence._replace(execution_lease_id=execution_lease_id))
+        # Built directly (not dataclasses.replace, NamedTuple._replace): it runs for every slice of every step.
+        q = self.sequence
+        sequence = SequenceSlice(q.request_id, q.request_sequence_no, q.input_row_start, q.input_row_count,
+                                 q.token_position_start, q.kv_epoch, q.deadline_budget_ns, execution_lease_id,
+                                 q.trace_id, q.span_id, q.lease_sequence)
+        return RequestSlice(sequence, self.token_ids,
+                            self.sampling, self.sample_index, self.kv_reserve_tokens, self.traceparent,
+                            self.prefix_salt, self.prefix_tail)
 
 
 def request_slice(request_id: str, sequence_no: int, token_ids: tuple[int, ...], position_start: int,

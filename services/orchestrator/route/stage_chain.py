@@ -372,8 +372,12 @@ class Route:
         for item in slices:
             if item.request_sequence_no == 0 and item.request_id not in self._lease_sequences:
                 self._lease_sequences[item.request_id] = self._lease_numbers.take()
-            laid.append(item._replace(input_row_start=row,
-                                      lease_sequence=self._lease_sequences.get(item.request_id)))
+            number = self._lease_sequences.get(item.request_id)
+            if (item.input_row_start, item.lease_sequence) != (row, number):
+                item = SequenceSlice(item.request_id, item.request_sequence_no, row, item.input_row_count,
+                                     item.token_position_start, item.kv_epoch, item.deadline_budget_ns,
+                                     item.execution_lease_id, item.trace_id, item.span_id, number)
+            laid.append(item)
             row += item.input_row_count
         ids = np.asarray(token_ids, dtype=np.int32)
         if ids.shape != (row,):

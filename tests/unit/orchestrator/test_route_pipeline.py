@@ -197,3 +197,23 @@ def test_a_request_keeps_its_lease_id_derived_once_until_release(monkeypatch):
     assert derived == ["a", "b", "a"]
     expected = {rid: lease_id_for(PLAN, rid) for rid in ("a", "b")}
     assert all(s.execution_lease_id == expected[s.request_id] for _, slices, _ in route.runs for s in slices)
+
+
+def test_the_route_lays_out_the_slices_rows_and_numbers_each_new_lease_in_the_batch_it_sends():
+    from services.orchestrator.route.lease_numbers import LeaseNumbers
+    from services.orchestrator.route.stage_chain import Route, route_slice
+
+    async def build():
+        route = Route(PLAN, numbers=LeaseNumbers())  # its gRPC channels need a running loop
+        try:
+            slices = [route_slice(PLAN, "a", 0, 0, 0, 3, 10**9), route_slice(PLAN, "b", 0, 0, 0, 2, 10**9)]
+            with pytest.raises(ValueError, match="5 rows"):
+                route._batch(Phase.PREFILL, slices, np.arange(4))
+            return slices, route._batch(Phase.PREFILL, slices, np.arange(5)).batch.sequences
+        finally:
+            await route.close()
+
+    slices, sent = asyncio.run(build())
+    assert [(s.request_id, s.input_row_start, s.input_row_count) for s in sent] == [("a", 0, 3), ("b", 3, 2)]
+    assert [s.lease_sequence for s in sent] == [0, 1]
+    assert sent[0]._replace(lease_sequence=None) == slices[0]  # the caller's slice, otherwise as it was
