@@ -26,7 +26,7 @@ import numpy as np
 
 from libs.model.errors import KvLimitExceededError
 from libs.model.kv_blocks import blocks_for, require_kv_backend
-from libs.model.kv_store import KvLayout, KvStore, SliceIdentity
+from libs.model.kv_store import KvLayout, KvStore, kv_slice
 
 DEFAULT_KV_DTYPES = ("fp32", "bf16", "fp8")
 
@@ -82,7 +82,7 @@ def admit(store: KvStore, count: int, sequence_tokens: int, seed: int = 0) -> in
     k_rope = rng.standard_normal((lay.layer_count, sequence_tokens, lay.rope_dim), dtype=np.float32)
     for index in range(count):
         try:
-            store.commit(SliceIdentity(f"seq-{index}", "bench", 0, 0, 0, sequence_tokens), latent, k_rope)
+            store.commit(kv_slice(f"seq-{index}", "bench", 0, 0, 0, sequence_tokens), latent, k_rope)
         except KvLimitExceededError:
             return index
     return count
@@ -98,7 +98,7 @@ def _decode_tokens_per_s(executor, live: list[str], options: KvCapacityOptions, 
         started = time.perf_counter()
         for _ in range(options.decode_steps):
             step = position - options.sequence_tokens + 1
-            slices = tuple(SliceIdentity(name, "bench", step, position, step, 1) for name in live)
+            slices = tuple(kv_slice(name, "bench", step, position, step, 1) for name in live)
             tokens = rng.integers(3, vocab, size=len(live)).astype(np.int32)
             executor.execute(StageBatch(slices, tokens))
             position += 1
@@ -152,7 +152,7 @@ def admit_one_more(store: KvStore, index: int, sequence_tokens: int) -> bool:
     rows = (np.zeros((lay.layer_count, sequence_tokens, lay.kv_lora_rank), np.float32),
             np.zeros((lay.layer_count, sequence_tokens, lay.rope_dim), np.float32))
     try:
-        store.commit(SliceIdentity(f"seq-{index}", "bench", 0, 0, 0, sequence_tokens), *rows)
+        store.commit(kv_slice(f"seq-{index}", "bench", 0, 0, 0, sequence_tokens), *rows)
     except KvLimitExceededError:
         return True
     store.release(f"seq-{index}", "bench")

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from libs.fnx2 import SequenceSlice
 from libs.model.config import DeepseekV2Config
 from libs.model.errors import BatchError
 from libs.model.kernels import MASK_NEG, LayerInputs, StageKernels
 from libs.model.kv_blocks import require_kv_backend
-from libs.model.kv_store import KvLayout, KvStore, KvUsage, SliceIdentity
+from libs.model.kv_store import KvLayout, KvStore, KvUsage
 from libs.model.rope import rope_tables
 from libs.model.sampling import SamplingParams, TokenFilter, sample_token
 
@@ -35,7 +36,7 @@ class StageSpec:
 
 @dataclass(frozen=True)
 class StageBatch:
-    slices: tuple[SliceIdentity, ...]
+    slices: tuple[SequenceSlice, ...]
     token_ids: np.ndarray | None = None          # int32 [R], first stage
     hidden: np.ndarray | None = None             # float32 [R, hidden], later stages
     sampling: tuple[SamplingParams, ...] = ()    # one per slice, last stage; empty = no sampling
@@ -45,7 +46,7 @@ class StageBatch:
 
     @property
     def row_count(self) -> int:
-        return sum(s.row_count for s in self.slices)
+        return sum(s.input_row_count for s in self.slices)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class StageResult:
 class PendingKv:
     """New KV rows of a run batch, not yet in the store: [layers, rows, dim], slice order."""
 
-    slices: tuple[SliceIdentity, ...]
+    slices: tuple[SequenceSlice, ...]
     latent: np.ndarray
     k_rope: np.ndarray
 
@@ -126,7 +127,7 @@ class StageExecutor:
             raise BatchError("a batch needs at least one slice")
         self.kv.check_batch(slices)
         hidden = self._input_hidden(batch)
-        layout = build_ragged_layout([s.position_start for s in slices], [s.row_count for s in slices])
+        layout = build_ragged_layout([s.token_position_start for s in slices], [s.input_row_count for s in slices])
         cos, sin = self.rope.cos_sin(layout.positions)
         new_latent, new_k_rope, experts = [], [], []
         for layer in range(self.spec.layer_start, self.spec.layer_end):
@@ -151,7 +152,7 @@ class StageExecutor:
         """
         epochs, row = [], 0
         for s in pending.slices:
-            end = row + s.row_count
+            end = row + s.input_row_count
             if request_ids is None or s.request_id in request_ids:
                 epochs.append(self.kv.commit(s, pending.latent[:, row:end], pending.k_rope[:, row:end]))
             else:
@@ -186,7 +187,7 @@ class StageExecutor:
     def _finish(self, batch: StageBatch, hidden: np.ndarray, layout: RaggedLayout):
         if not self.spec.last:
             return None, None
-        last_rows = np.cumsum([s.row_count for s in batch.slices]) - 1
+        last_rows = np.cumsum([s.input_row_count for s in batch.slices]) - 1
         logits = self.kernels.final(hidden if batch.all_logits else np.ascontiguousarray(hidden[last_rows]))
         last_logits = logits[last_rows] if batch.all_logits else logits
         tokens = None

@@ -27,7 +27,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from libs.fnx2.wire.tensor import bf16_to_float32, float32_to_bf16
+from libs.fnx2 import SequenceSlice, bf16_to_float32, float32_to_bf16
 from libs.model.errors import (
     KvEpochError,
     KvLimitExceededError,
@@ -84,18 +84,12 @@ class KvLayout:
         return math.ceil(self.bytes_per_token_exact)
 
 
-@dataclass(frozen=True)
-class SliceIdentity:
-    request_id: str
-    lease_id: str
-    sequence_no: int
-    position_start: int
-    kv_epoch: int
-    row_count: int
-
-    @property
-    def key(self) -> KvKey:
-        return (self.request_id, self.lease_id)
+def kv_slice(request_id: str, lease_id: str, sequence_no: int, position_start: int, kv_epoch: int,
+             row_count: int) -> SequenceSlice:
+    """The FNX2 slice of what the KV store reads (its lease identity, sequence number, position,
+    epoch and rows), for callers that run an executor without a channel: parity, profiling,
+    benches and tests. A stage worker hands the executor the slices of the BATCH it received."""
+    return SequenceSlice(request_id, sequence_no, 0, row_count, position_start, kv_epoch, 0, lease_id, "", "")
 
 
 @dataclass
@@ -203,19 +197,19 @@ class KvStore:
         return len(pinned.blocks) * self.block_tokens
 
     @_locked
-    def check(self, ident: SliceIdentity) -> None:
+    def check(self, ident: SequenceSlice) -> None:
         """Raise if this slice may not run against the current state (nothing changes)."""
-        if ident.key in self._tombstones:
-            raise ReleasedSequenceError(f"request {ident.request_id!r} lease {ident.lease_id!r} was released")
-        if ident.row_count < 1:
+        if ident.identity in self._tombstones:
+            raise ReleasedSequenceError(f"request {ident.request_id!r} lease {ident.execution_lease_id!r} was released")
+        if ident.input_row_count < 1:
             raise KvEpochError(f"request {ident.request_id!r}: a slice needs at least one row")
-        entry = self._entries.get(ident.key)
-        if (entry is None and ident.key in self._pinned and ident.position_start != 0
-                and (ident.sequence_no, ident.kv_epoch) == (0, 0)):
+        entry = self._entries.get(ident.identity)
+        if (entry is None and ident.identity in self._pinned and ident.token_position_start != 0
+                and (ident.request_sequence_no, ident.kv_epoch) == (0, 0)):
             self._check_prefix_start(ident)
             return
         expected = (0, 0, 0) if entry is None else (entry.next_sequence_no, entry.length, entry.epoch)
-        got = (ident.sequence_no, ident.position_start, ident.kv_epoch)
+        got = (ident.request_sequence_no, ident.token_position_start, ident.kv_epoch)
         # FNX2 reason codes: the first field that disagrees names the failure.
         for reason, want, have in zip(("SEQUENCE", "POSITION", "STALE_KV"), expected, got, strict=True):
             if want != have:
@@ -224,18 +218,18 @@ class KvStore:
                     reason=reason,
                 )
 
-    def _check_prefix_start(self, ident: SliceIdentity) -> None:
-        held = len(self._pinned[ident.key].blocks) * self.block_tokens
-        if ident.position_start % self.block_tokens or ident.position_start > held:
+    def _check_prefix_start(self, ident: SequenceSlice) -> None:
+        held = len(self._pinned[ident.identity].blocks) * self.block_tokens
+        if ident.token_position_start % self.block_tokens or ident.token_position_start > held:
             raise KvEpochError(
-                f"request {ident.request_id!r}: a first slice at position {ident.position_start} needs a "
+                f"request {ident.request_id!r}: a first slice at position {ident.token_position_start} needs a "
                 f"whole-block prefix this stage holds ({held} tokens in blocks of {self.block_tokens})",
                 reason="PREFIX_POSITION",
             )
 
     @_locked
-    def check_batch(self, idents: list[SliceIdentity]) -> None:
-        keys = [i.key for i in idents]
+    def check_batch(self, idents: list[SequenceSlice]) -> None:
+        keys = [i.identity for i in idents]
         if len(set(keys)) != len(keys):
             raise KvEpochError("a batch holds two slices of the same (request, lease)")
         for ident in idents:
@@ -247,20 +241,20 @@ class KvStore:
                 f"{self.pool.total_blocks} are free (stage limit {self.bytes_limit} bytes)"
             )
 
-    def _new_blocks(self, ident: SliceIdentity) -> int:
-        entry = self._entries.get(ident.key)
-        held = blocks_for(ident.position_start, self.block_tokens) if entry is None else len(entry.blocks)
-        return max(0, blocks_for(ident.position_start + ident.row_count, self.block_tokens) - held)
+    def _new_blocks(self, ident: SequenceSlice) -> int:
+        entry = self._entries.get(ident.identity)
+        held = blocks_for(ident.token_position_start, self.block_tokens) if entry is None else len(entry.blocks)
+        return max(0, blocks_for(ident.token_position_start + ident.input_row_count, self.block_tokens) - held)
 
     @_locked
-    def past(self, ident: SliceIdentity, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    def past(self, ident: SequenceSlice, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """The rows before this slice's position for one layer (copies, [rows, dim])."""
-        entry = self._entries.get(ident.key)
+        entry = self._entries.get(ident.identity)
         if entry is not None:
             blocks, length = entry.blocks, entry.length
         else:
-            pinned = self._pinned.get(ident.key)
-            length = ident.position_start if pinned is not None else 0
+            pinned = self._pinned.get(ident.identity)
+            length = ident.token_position_start if pinned is not None else 0
             blocks = pinned.blocks[: length // self.block_tokens] if pinned is not None else []
         if not blocks:
             empty = np.zeros((0, self.layout.kv_lora_rank), np.float32)
@@ -276,18 +270,18 @@ class KvStore:
         return latent, k_rope
 
     @_locked
-    def commit(self, ident: SliceIdentity, latent: np.ndarray, k_rope: np.ndarray) -> int:
+    def commit(self, ident: SequenceSlice, latent: np.ndarray, k_rope: np.ndarray) -> int:
         """Append rows ([layers, rows, dim] each) and advance the epoch; returns the new epoch.
 
         A lease released while its step ran (release comes from the event loop) stays released:
         nothing is stored and its epoch is returned unchanged.
         """
-        if ident.key in self._tombstones:
+        if ident.identity in self._tombstones:
             return ident.kv_epoch
-        entry = self._entries.get(ident.key)
+        entry = self._entries.get(ident.identity)
         if entry is None:
             entry = self._open(ident)
-        end = entry.length + ident.row_count
+        end = entry.length + ident.input_row_count
         added: list[int] = []
         try:
             while len(entry.blocks) * self.block_tokens < end:
@@ -308,16 +302,16 @@ class KvStore:
         self._high_water = max(self._high_water, self.bytes_used())
         return entry.epoch
 
-    def _open(self, ident: SliceIdentity) -> LeaseKv:
-        pinned = self._pinned.pop(ident.key, None)
+    def _open(self, ident: SequenceSlice) -> LeaseKv:
+        pinned = self._pinned.pop(ident.identity, None)
         if pinned is None:
             entry = LeaseKv([])
         else:
-            keep = ident.position_start // self.block_tokens
+            keep = ident.token_position_start // self.block_tokens
             for block in pinned.blocks[keep:]:
                 self.pool.release(block)
-            entry = LeaseKv(pinned.blocks[:keep], ident.position_start, chain=pinned.chain, published=keep)
-        self._entries[ident.key] = entry
+            entry = LeaseKv(pinned.blocks[:keep], ident.token_position_start, chain=pinned.chain, published=keep)
+        self._entries[ident.identity] = entry
         return entry
 
     def _write(self, entry: LeaseKv, latent: np.ndarray, k_rope: np.ndarray) -> None:

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
+from libs.fnx2 import SequenceSlice
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import ConfigError
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
 from libs.model.kv_blocks import require_kv_backend
-from libs.model.kv_store import SliceIdentity
+from libs.model.kv_store import kv_slice
 from libs.model.layout import even_layer_split
 from libs.model.weights import load_stage_weights
 
@@ -168,7 +169,7 @@ def plan_sequences(cfg: DeepseekV2Config, decode_steps: int, seed: int) -> list[
     return plans
 
 
-def step_slices(plans: list[SequencePlan], step: int) -> list[tuple[SequencePlan, SliceIdentity, np.ndarray]]:
+def step_slices(plans: list[SequencePlan], step: int) -> list[tuple[SequencePlan, SequenceSlice, np.ndarray]]:
     out = []
     for plan in plans:
         if step < plan.start_step:
@@ -179,7 +180,7 @@ def step_slices(plans: list[SequencePlan], step: int) -> list[tuple[SequencePlan
         else:
             position = plan.prompt_length + n - 1
             tokens = plan.tokens[position : position + 1]
-        ident = SliceIdentity(plan.request_id, "parity-lease", n, position, n, int(tokens.size))
+        ident = kv_slice(plan.request_id, "parity-lease", n, position, n, int(tokens.size))
         out.append((plan, ident, tokens))
     return out
 
@@ -208,7 +209,7 @@ def run_ours(request: ParityRequest, cfg: DeepseekV2Config, ranges, plans: list[
         build = executor.kernels.build
         for step, entries in enumerate(steps):
             slices = tuple(e[1] for e in entries)
-            bounds = np.cumsum([0] + [s.row_count for s in slices])
+            bounds = np.cumsum([0] + [s.input_row_count for s in slices])
             if index == 0:
                 batch = StageBatch(slices, token_ids=carried[step], all_logits=True)
             else:

@@ -35,7 +35,6 @@ from libs.fnx2.wire.tensor import DType, Tensor, TensorKind, float32_to_bf16
 from libs.model.errors import KvLimitExceededError, ModelError
 from libs.model.executor import StageBatch, StageResult
 from libs.model.kv_blocks import prefix_chain
-from libs.model.kv_store import SliceIdentity
 from libs.model.logprobs import RECORD_WIDTH, sample_records
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.service.errors import FailedPrecondition, FornaxError
@@ -328,17 +327,7 @@ class DataPlane:
         return live, failures
 
     def _stage_batch(self, stage: LoadedStage, work: StageWork, live) -> StageBatch:
-        slices = tuple(
-            SliceIdentity(
-                s.request_id,
-                s.execution_lease_id,
-                s.request_sequence_no,
-                s.token_position_start,
-                s.kv_epoch,
-                s.input_row_count,
-            )
-            for s in live
-        )
+        slices = tuple(live)  # the BATCH's own FNX2 slices: the executor reads them as they came
         stacked = _input_rows(work, live)
         sampling = (
             tuple(self._runtime.sampling_for(s.request_id) for s in live)
@@ -453,7 +442,7 @@ def _token_filters(stage: LoadedStage, slices) -> tuple:
     if stage.decoding is None or not len(stage.decoding):
         return ()
     return stage.decoding.filters([s.request_id for s in slices],
-                                  [s.position_start + s.row_count - 1 for s in slices])
+                                  _sample_positions(slices))
 
 
 def _input_rows(work: StageWork, live) -> np.ndarray:

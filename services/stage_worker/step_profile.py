@@ -28,7 +28,7 @@ from libs.fnx2.wire.tensor import DType, Tensor, TensorKind
 from libs.model.config import DeepseekV2Config
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import StageKernels
-from libs.model.kv_store import SliceIdentity
+from libs.model.kv_store import kv_slice
 from libs.model.sampling import SamplingParams
 from libs.profiles.measure import Grid, layer_kind
 from libs.profiles.schema import Figure, LayerKindProfile
@@ -68,11 +68,12 @@ class _ServedSteps:
         layers = spec.layer_end - spec.layer_start
         self.slices = []
         for i in range(batch):
-            seed = SliceIdentity(f"profile-step-{run}-{i}", f"lease-{run}", 0, 0, 0, max(context, 1))
-            latent = (rng.standard_normal((layers, seed.row_count, cfg.kv_lora_rank)) * 0.5).astype(np.float32)
-            k_rope = (rng.standard_normal((layers, seed.row_count, cfg.qk_rope_head_dim)) * 0.5).astype(np.float32)
+            seed = kv_slice(f"profile-step-{run}-{i}", f"lease-{run}", 0, 0, 0, max(context, 1))
+            rows = seed.input_row_count
+            latent = (rng.standard_normal((layers, rows, cfg.kv_lora_rank)) * 0.5).astype(np.float32)
+            k_rope = (rng.standard_normal((layers, rows, cfg.qk_rope_head_dim)) * 0.5).astype(np.float32)
             epoch = self.executor.kv.commit(seed, latent, k_rope)
-            self.slices.append(SliceIdentity(seed.request_id, seed.lease_id, 1, seed.row_count, epoch, 1))
+            self.slices.append(kv_slice(seed.request_id, seed.execution_lease_id, 1, rows, epoch, 1))
         self.token_ids = rng.integers(0, cfg.vocab_size, batch, dtype=np.int32)
         hidden = (rng.standard_normal((batch, cfg.hidden_size)) * 0.5).astype(np.float32)
         self.received = Tensor.from_array(TensorKind.ACTIVATION, DType.FP32, hidden)
@@ -90,7 +91,8 @@ class _ServedSteps:
         if not self.spec.last:  # the data plane's pack of the boundary tensor
             Tensor.from_array(TensorKind.ACTIVATION, DType.FP32, np.ascontiguousarray(result.hidden, np.float32))
         epochs = self.executor.commit(pending)
-        self.slices = [SliceIdentity(s.request_id, s.lease_id, s.sequence_no + 1, s.position_start + 1, e, 1)
+        self.slices = [s._replace(request_sequence_no=s.request_sequence_no + 1,
+                                  token_position_start=s.token_position_start + 1, kv_epoch=e, input_row_count=1)
                        for s, e in zip(slices, epochs, strict=True)]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from libs.fnx2.wire.messages import Phase, SequenceStatus
+from libs.fnx2 import Phase, SequenceResult, SequenceSlice, SequenceStatus, Timings
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, kv_format
 from libs.model.logprobs import TokenLogprobs
 from libs.model.sampling import SamplingParams
@@ -130,16 +130,23 @@ class GenerationRequest:
     prefix_salt: bytes | None = None
 
 
+# FNX2 carries a deadline as a remaining budget and 0 means expired, so a request without a
+# deadline travels with a day-long budget.
+NO_DEADLINE_BUDGET_NS = 24 * 3600 * 10**9
+
+
 @dataclass(frozen=True)
 class RequestSlice:
-    """One request's rows in a microbatch; the stage chain turns it into an FNX2 SequenceSlice."""
+    """One request's rows in a microbatch: the FNX2 `SequenceSlice` that travels to the stages,
+    with what travels beside it (its token ids) and what stays with the orchestrator.
 
-    request_id: str
-    request_sequence_no: int
+    The scheduler fills every field of `sequence` but the execution lease, which belongs to the
+    route that runs it: the pipeline sets it (`with_lease`). Its rows start at
+    `sequence.input_row_start` among the microbatch's rows, in slice order.
+    """
+
+    sequence: SequenceSlice
     token_ids: tuple[int, ...]
-    token_position_start: int
-    kv_epoch: int
-    deadline_budget_ns: int | None
     sampling: SamplingParams
     # How many tokens this request has sampled before.
     sample_index: int
@@ -154,6 +161,10 @@ class RequestSlice:
     prefix_tail: tuple[int, ...] = ()
 
     @property
+    def request_id(self) -> str:
+        return self.sequence.request_id
+
+    @property
     def prefix_token_ids(self) -> tuple[int, ...]:
         """The prompt tokens the prefix query hashes: this chunk and the rest of the prompt."""
         return self.token_ids + self.prefix_tail
@@ -166,6 +177,29 @@ class RequestSlice:
     def computed_token_ids(self, cached_tokens: int) -> tuple[int, ...]:
         """The tokens this slice feeds the route after skipping `cached_tokens` reused ones."""
         return self.prefix_token_ids[cached_tokens : self.consumed_tokens(cached_tokens)]
+
+    def with_lease(self, execution_lease_id: str) -> RequestSlice:
+        # Built directly (not dataclasses.replace, NamedTuple._replace): it runs for every slice of every step.
+        q = self.sequence
+        sequence = SequenceSlice(q.request_id, q.request_sequence_no, q.input_row_start, q.input_row_count,
+                                 q.token_position_start, q.kv_epoch, q.deadline_budget_ns, execution_lease_id,
+                                 q.trace_id, q.span_id, q.lease_sequence)
+        return RequestSlice(sequence, self.token_ids,
+                            self.sampling, self.sample_index, self.kv_reserve_tokens, self.traceparent,
+                            self.prefix_salt, self.prefix_tail)
+
+
+def request_slice(request_id: str, sequence_no: int, token_ids: tuple[int, ...], position_start: int,
+                  kv_epoch: int, deadline_budget_ns: int | None, sampling: SamplingParams, sample_index: int,
+                  kv_reserve_tokens: int, input_row_start: int = 0, traceparent: str | None = None,
+                  prefix_salt: bytes | None = None, prefix_tail: tuple[int, ...] = ()) -> RequestSlice:
+    """A request slice whose FNX2 slice has no lease yet (trace and span ids are the request
+    id); `deadline_budget_ns` None: no deadline."""
+    budget = NO_DEADLINE_BUDGET_NS if deadline_budget_ns is None else deadline_budget_ns
+    sequence = SequenceSlice(request_id, sequence_no, input_row_start, len(token_ids), position_start, kv_epoch,
+                             budget, "", request_id, request_id)
+    return RequestSlice(sequence, tuple(token_ids), sampling, sample_index, kv_reserve_tokens, traceparent,
+                        prefix_salt, prefix_tail)
 
 
 @dataclass(frozen=True)
@@ -182,13 +216,13 @@ class Microbatch:
 
 @dataclass(frozen=True)
 class RequestSliceResult:
-    request_id: str
-    status: SequenceStatus
-    sampled_token_id: int | None
-    # The KV epoch after this step. On OK every stage holds it: a pipeline whose stages
-    # disagree reports the sequence as failed instead.
-    kv_epoch_after: int
-    error: str = ""
+    """One request's outcome of a microbatch: the FNX2 `SequenceResult` the last stage sent back
+    (or one the orchestrator wrote for a slice that never ran), with the token sampled from its
+    rows. Results come back in the microbatch's slice order."""
+
+    sequence: SequenceResult
+    sampled_token_id: int | None = None
+    error: str = ""  # what the request's reader is told when the status is not OK
     logprobs: TokenLogprobs | None = None  # when the request asked for them
     # The route failed (a stage died, stopped or lost its next hop), not the sequence: its
     # status is FAILED, and it may be replayed on a reloaded route.
@@ -196,11 +230,44 @@ class RequestSliceResult:
     # Leading tokens of the slice whose KV every stage already held (prefix reuse).
     cached_tokens: int = 0
 
+    @property
+    def request_id(self) -> str:
+        return self.sequence.request_id
 
-@dataclass(frozen=True)
-class MicrobatchResult:
-    batch_id: int
-    sequences: tuple[RequestSliceResult, ...]
+    @property
+    def status(self) -> SequenceStatus:
+        return self.sequence.status
+
+    @property
+    def kv_epoch_after(self) -> int:
+        """The KV epoch after this step. On OK every stage holds it: a pipeline whose stages
+        disagree reports the sequence as failed instead."""
+        return self.sequence.kv_epoch_after
+
+
+def sequence_ok(piece: RequestSlice, kv_epoch_after: int) -> SequenceResult:
+    """The FNX2 result of a slice that ran, with one output row (its sampled token)."""
+    s = piece.sequence
+    return SequenceResult(s.request_id, s.execution_lease_id, s.request_sequence_no, SequenceStatus.OK,
+                          s.input_row_start, s.input_row_count, 0, 1, s.kv_epoch, kv_epoch_after, None, None,
+                          Timings())
+
+
+def sequence_failed(piece: RequestSlice, status: SequenceStatus, error_code: str, error_message: str,
+                    kv_epoch_after: int | None = None) -> SequenceResult:
+    """The FNX2 result of a slice that did not run (or failed), no output rows; its epoch is
+    unchanged unless `kv_epoch_after` says otherwise."""
+    s = piece.sequence
+    return SequenceResult(s.request_id, s.execution_lease_id, s.request_sequence_no, status, s.input_row_start,
+                          s.input_row_count, None, 0, s.kv_epoch,
+                          s.kv_epoch if kv_epoch_after is None else kv_epoch_after, error_code, error_message,
+                          Timings())
+
+
+def failed_result(piece: RequestSlice, error: str, route_lost: bool = False,
+                  status: SequenceStatus = SequenceStatus.FAILED, error_code: str = "FAILED") -> RequestSliceResult:
+    """A slice the orchestrator fails itself (its batch failed, or a stage refused its lease)."""
+    return RequestSliceResult(sequence_failed(piece, status, error_code, error), None, error, route_lost=route_lost)
 
 
 @dataclass(frozen=True)

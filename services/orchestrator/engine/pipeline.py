@@ -1,7 +1,9 @@
 """The interface the serving loop drives: a route of stages that executes microbatches.
 
 An implementation runs every stage in order for a microbatch and returns, per sequence, the
-token the last stage sampled and the KV epoch every stage holds afterwards. Several
+FNX2 `SequenceResult` (KV epoch every stage holds afterwards, status, error) with the token
+the last stage sampled. The slices going out are FNX2 `SequenceSlice`s too (`RequestSlice`),
+whose execution lease the implementation sets. Several
 microbatches may be in flight at once; an implementation keeps each stage's order.
 Implementations: `InProcessPipeline` (stage executors in this process) and, over the
 network, FNX2 frames to stage 0 with sampled tokens back from the last stage.
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from services.orchestrator.engine.domain import Microbatch, MicrobatchResult, ReleaseReport, ServedModel, StageStats
+from services.orchestrator.engine.domain import Microbatch, ReleaseReport, RequestSliceResult, ServedModel, StageStats
 
 
 class Pipeline(Protocol):
@@ -23,8 +25,9 @@ class Pipeline(Protocol):
         """The model the stages serve: context length, vocabulary and KV layout."""
         ...
 
-    async def submit(self, batch: Microbatch) -> MicrobatchResult:
-        """Runs the microbatch through every stage. Per-sequence failures come back as
+    async def submit(self, batch: Microbatch) -> tuple[RequestSliceResult, ...]:
+        """Runs the microbatch through every stage; one result per slice, in slice order, each
+        the FNX2 `SequenceResult` with its sampled token. Per-sequence failures come back as
         statuses; an exception means the whole microbatch failed."""
         ...
 

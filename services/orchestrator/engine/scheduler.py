@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from libs.model.logprobs import TokenLogprobs
@@ -32,7 +33,6 @@ from services.orchestrator.engine.domain import (
     FinishReason,
     GenerationRequest,
     Microbatch,
-    MicrobatchResult,
     Phase,
     ReleaseReport,
     RequestOutput,
@@ -40,6 +40,8 @@ from services.orchestrator.engine.domain import (
     RequestSliceResult,
     SchedulerConfig,
     SequenceStatus,
+    failed_result,
+    request_slice,
 )
 from services.orchestrator.engine.step_budget import SlotView, StepBudget, plan_step
 
@@ -249,7 +251,11 @@ class Scheduler:
 
     def _issue(self, slot: int, phase: Phase, picked: list[tuple[_Request, int]],
                now_ns: int) -> Microbatch:
-        slices = tuple(self._slice(r, phase, rows, now_ns) for r, rows in picked)
+        starts = [0]
+        for _, rows in picked:
+            starts.append(starts[-1] + rows)
+        slices = tuple(self._slice(r, phase, rows, start, now_ns)
+                       for (r, rows), start in zip(picked, starts, strict=False))
         for r, _ in picked:
             r.inflight = True
             r.reached_stage = True
@@ -260,15 +266,13 @@ class Scheduler:
         self._last_phase = phase
         return batch
 
-    def _slice(self, r: _Request, phase: Phase, rows: int, now_ns: int) -> RequestSlice:
+    def _slice(self, r: _Request, phase: Phase, rows: int, row_start: int, now_ns: int) -> RequestSlice:
         tokens = (r.prefill_ids[r.prefilled:r.prefilled + rows]
                   if phase is Phase.PREFILL else (r.generated[-1],))
         budget = None if r.deadline_at_ns is None else max(r.deadline_at_ns - now_ns, 0)
-        return RequestSlice(
-            request_id=r.req.request_id, request_sequence_no=r.sequence_no,
-            token_ids=tuple(tokens), token_position_start=r.position, kv_epoch=r.kv_epoch,
-            deadline_budget_ns=budget, sampling=_sampling(r), sample_index=len(r.generated),
-            kv_reserve_tokens=len(r.req.prompt_token_ids) + r.req.max_tokens,
+        return request_slice(
+            r.req.request_id, r.sequence_no, tuple(tokens), r.position, r.kv_epoch, budget, _sampling(r),
+            len(r.generated), len(r.req.prompt_token_ids) + r.req.max_tokens, input_row_start=row_start,
             traceparent=r.req.traceparent,
             prefix_salt=r.req.prefix_salt if r.sequence_no == 0 else None,
             prefix_tail=(tuple(r.prefill_ids[r.prefilled + rows:])
@@ -292,20 +296,19 @@ class Scheduler:
 
     # ----- results -----
 
-    def update_from_output(self, result: MicrobatchResult) -> None:
-        batch = self._inflight.pop(result.batch_id, None)
+    def update_from_output(self, batch_id: int, results: Sequence[RequestSliceResult]) -> None:
+        """Applies microbatch `batch_id`'s results (one per slice, any order)."""
+        batch = self._inflight.pop(batch_id, None)
         if batch is None:
-            raise Internal(f"result for unknown microbatch {result.batch_id}",
+            raise Internal(f"result for unknown microbatch {batch_id}",
                            reason="BATCH_RESULT")
         self._busy_slots.discard(batch.slot)
-        by_id = {s.request_id: s for s in result.sequences}
+        by_id = {s.request_id: s for s in results}
         for piece in batch.slices:
             r = self._requests[piece.request_id]
             r.inflight = False
             r.ready_seq = self._next_ready_seq()
-            seq = by_id.get(piece.request_id) or RequestSliceResult(
-                piece.request_id, SequenceStatus.FAILED, None, piece.kv_epoch,
-                "no result for sequence")
+            seq = by_id.get(piece.request_id) or failed_result(piece, "no result for sequence")
             self._apply(r, piece, seq)
 
     def _apply(self, r: _Request, piece: RequestSlice, seq: RequestSliceResult) -> None:

@@ -27,14 +27,13 @@ from services.orchestrator.engine.domain import (
     EngineSnapshot,
     GenerationRequest,
     Microbatch,
-    MicrobatchResult,
     RequestOutput,
     RequestSliceResult,
     SchedulerConfig,
-    SequenceStatus,
     ServedModel,
     StageStats,
     TokenLimits,
+    failed_result,
 )
 from services.orchestrator.engine.drift import RouteCalibration
 from services.orchestrator.engine.pipeline import Pipeline
@@ -411,17 +410,17 @@ class ServingEngine:
 
     async def _run_batch(self, batch: Microbatch) -> None:
         try:
-            result = await self.pipeline.submit(batch)
+            results = await self.pipeline.submit(batch)
         except Exception as exc:  # a failed microbatch fails its sequences, not the loop
-            result = await self._failed_batch(batch, exc)
+            results = await self._failed_batch(batch, exc)
         else:
-            lost = next((s for s in result.sequences if s.route_lost), None)
+            lost = next((s for s in results if s.route_lost), None)
             if lost is not None and self.on_route_failure is not None:
                 await self.on_route_failure(lost.error)
-        self.scheduler.update_from_output(result)
+        self.scheduler.update_from_output(batch.batch_id, results)
         self._pump()
 
-    async def _failed_batch(self, batch: Microbatch, exc: Exception) -> MicrobatchResult:
+    async def _failed_batch(self, batch: Microbatch, exc: Exception) -> tuple[RequestSliceResult, ...]:
         """Every sequence of the batch fails with a clean message (no peer addresses)."""
         route_lost = isinstance(exc, FornaxError) and exc.reason == ROUTE_UNAVAILABLE
         if isinstance(exc, FornaxError) and route_lost:
@@ -434,10 +433,7 @@ class ServingEngine:
             error = f"the pipeline failed ({type(exc).__name__})"
             if _LOGS.allow("microbatch_failed") is not None:
                 _log.error("microbatch_failed", batch_id=batch.batch_id, exc_info=exc)
-        return MicrobatchResult(batch.batch_id, tuple(
-            RequestSliceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, error,
-                               route_lost=route_lost)
-            for s in batch.slices))
+        return tuple(failed_result(s, error, route_lost=route_lost) for s in batch.slices)
 
     async def _cancel_inflight(self, request_id: str) -> None:
         """Best effort: stages drop the rows early; the release that follows is what counts."""

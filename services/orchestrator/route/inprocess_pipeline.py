@@ -21,7 +21,6 @@ from libs.model.config import load_config
 from libs.model.errors import ModelError, UnknownSequenceError
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
-from libs.model.kv_store import SliceIdentity
 from libs.model.layout import even_layer_split
 from libs.model.logprobs import TokenLogprobs, decode_record, sample_records
 from libs.model.weights import load_stage_weights
@@ -30,12 +29,13 @@ from libs.structured.decoding import DecodingTable
 from libs.structured.grammar import GrammarVocabulary
 from services.orchestrator.engine.domain import (
     Microbatch,
-    MicrobatchResult,
     ReleaseReport,
+    RequestSlice,
     RequestSliceResult,
-    SequenceStatus,
     ServedModel,
     StageStats,
+    failed_result,
+    sequence_ok,
 )
 from services.orchestrator.engine.model_card import checkpoint_snapshot, route_card, served_model
 
@@ -90,20 +90,19 @@ class InProcessPipeline:
     def lease_id(self, request_id: str) -> str:
         return str(uuid.uuid5(self._generation, f"fnx2:inprocess:{request_id}"))
 
-    async def submit(self, batch: Microbatch) -> MicrobatchResult:
-        idents = tuple(SliceIdentity(s.request_id, self.lease_id(s.request_id),
-                                     s.request_sequence_no, s.token_position_start, s.kv_epoch,
-                                     len(s.token_ids)) for s in batch.slices)
-        token_ids = np.fromiter((t for s in batch.slices for t in s.token_ids), dtype=np.int32)
-        sampling = tuple(s.sampling for s in batch.slices)
-        for piece, params in zip(batch.slices, sampling, strict=True):
+    async def submit(self, batch: Microbatch) -> tuple[RequestSliceResult, ...]:
+        slices = tuple(s.with_lease(self.lease_id(s.request_id)) for s in batch.slices)
+        idents = tuple(s.sequence for s in slices)
+        token_ids = np.fromiter((t for s in slices for t in s.token_ids), dtype=np.int32)
+        sampling = tuple(s.sampling for s in slices)
+        for piece, params in zip(slices, sampling, strict=True):
             self._decoding.open(piece.request_id, params)
-        ids = [s.request_id for s in batch.slices]
-        positions = [s.token_position_start + len(s.token_ids) - 1 for s in batch.slices]
+        ids = [s.request_id for s in slices]
+        positions = [s.sequence.token_position_start + len(s.token_ids) - 1 for s in slices]
         try:
             filters = self._decoding.filters(ids, positions) if len(self._decoding) else ()
         except FornaxError as exc:
-            return _failed(batch, f"sampling state: {exc.reason}: {exc.message}")
+            return _failed(slices, f"sampling state: {exc.reason}: {exc.message}")
         loop = asyncio.get_running_loop()
         hidden, pending, tokens = None, [], None
         for index, executor in enumerate(self._executors):
@@ -116,7 +115,7 @@ class InProcessPipeline:
                                                             executor, stage_batch,
                                                             self._compute_ns, index)
             except ModelError as exc:
-                return _failed(batch, f"stage {index}: {exc.reason}: {exc.message}")
+                return _failed(slices, f"stage {index}: {exc.reason}: {exc.message}")
             hidden, tokens = result.hidden, result.token_ids
             self._batches[index] += 1
             pending.append(new_kv)
@@ -127,7 +126,7 @@ class InProcessPipeline:
             loop.run_in_executor(thread, executor.commit, new_kv)
             for thread, executor, new_kv in zip(self._threads, self._executors, pending, strict=True)))
         self._decoding.accept(ids, positions, tokens.tolist())
-        wanted = [s.sampling.top_logprobs for s in batch.slices]
+        wanted = [s.sampling.top_logprobs for s in slices]
         records = (sample_records(result.logits, tokens) if any(k is not None for k in wanted)
                    else None)
 
@@ -135,9 +134,8 @@ class InProcessPipeline:
             top = wanted[i]
             return None if top is None or records is None else decode_record(records[i], top)
 
-        return MicrobatchResult(batch.batch_id, tuple(
-            _sequence_result(s, int(tokens[i]), [stage[i] for stage in epochs], logprobs(i))
-            for i, s in enumerate(batch.slices)))
+        return tuple(_sequence_result(s, int(tokens[i]), [stage[i] for stage in epochs], logprobs(i))
+                     for i, s in enumerate(slices))
 
     async def cancel(self, request_id: str) -> None:
         """Nothing to drop: an in-process stage runs a microbatch to its end."""
@@ -192,16 +190,12 @@ def _timed(executor: StageExecutor, batch: StageBatch, compute_ns: list[int], in
         compute_ns[index] += time.perf_counter_ns() - started
 
 
-def _sequence_result(piece, token: int, stage_epochs: list[int],
+def _sequence_result(piece: RequestSlice, token: int, stage_epochs: list[int],
                      logprobs: TokenLogprobs | None) -> RequestSliceResult:
     if len(set(stage_epochs)) != 1:
-        return RequestSliceResult(piece.request_id, SequenceStatus.FAILED, None, piece.kv_epoch,
-                                  f"stages disagree on the KV epoch: {stage_epochs}")
-    return RequestSliceResult(piece.request_id, SequenceStatus.OK, token, stage_epochs[0],
-                              logprobs=logprobs)
+        return failed_result(piece, f"stages disagree on the KV epoch: {stage_epochs}")
+    return RequestSliceResult(sequence_ok(piece, stage_epochs[0]), token, logprobs=logprobs)
 
 
-def _failed(batch: Microbatch, error: str) -> MicrobatchResult:
-    return MicrobatchResult(batch.batch_id, tuple(
-        RequestSliceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, error)
-        for s in batch.slices))
+def _failed(slices: tuple[RequestSlice, ...], error: str) -> tuple[RequestSliceResult, ...]:
+    return tuple(failed_result(s, error) for s in slices)

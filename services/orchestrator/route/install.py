@@ -22,7 +22,7 @@ from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as sw_grpc
 from libs.common.kinds import Backend, DType
 from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
-from libs.fnx2.wire.messages import Phase
+from libs.fnx2 import Phase, SequenceStatus
 from libs.model.config import load_config
 from libs.model.sampling import GREEDY
 from libs.security.fnx2_tls import Fnx2Tls
@@ -35,11 +35,10 @@ from services.orchestrator.route.remote_files import fetch_model_files
 from services.orchestrator.route.stage_chain import (
     Route,
     RoutePlan,
-    SliceInput,
     StageLoad,
     UnloadOutcome,
-    lease_id_for,
     load_route,
+    route_slice,
     unload_generation,
 )
 from services.planner import convert as planner_convert
@@ -276,26 +275,19 @@ def fnx2_plan_id(plan: Plan) -> str:
 async def warm(route: Route, bos_token_id: int) -> None:
     """One prefill and one decode through every stage, then release; raises if any fails."""
     request_id = str(uuid.uuid4())
-    lease = lease_id_for(route.plan, request_id)
     await route.admit(request_id, 4, GREEDY)
     try:
-        first = (
-            await route.run(
-                Phase.PREFILL,
-                [SliceInput(request_id, lease, 0, 0, 0, np.array([bos_token_id], np.int32), WARMUP_BUDGET_NS)],
-            )
-        )[0]
-        if not first.ok or first.rows is None:
+        ((first, rows),) = await route.run(
+            Phase.PREFILL, [route_slice(route.plan, request_id, 0, 0, 0, 1, WARMUP_BUDGET_NS)],
+            np.array([bos_token_id], np.int32))
+        if rows is None:
             raise FailedPrecondition(
                 f"warm-up prefill failed: {first.error_code} {first.error_message}", reason="WARMUP_FAILED"
             )
-        token = np.array([int(first.rows[0])], np.int32)
-        second = (
-            await route.run(
-                Phase.DECODE, [SliceInput(request_id, lease, 1, 1, first.kv_epoch_after, token, WARMUP_BUDGET_NS)]
-            )
-        )[0]
-        if not second.ok:
+        ((second, _),) = await route.run(
+            Phase.DECODE, [route_slice(route.plan, request_id, 1, 1, first.kv_epoch_after, 1, WARMUP_BUDGET_NS)],
+            np.array([int(rows[0])], np.int32))
+        if second.status is not SequenceStatus.OK:
             raise FailedPrecondition(
                 f"warm-up decode failed: {second.error_code} {second.error_message}", reason="WARMUP_FAILED"
             )

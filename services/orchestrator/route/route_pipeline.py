@@ -2,7 +2,8 @@
 
 It adapts the scheduler's microbatches to `services.orchestrator.route.stage_chain.Route`: a request is admitted
 on every stage (KV reserved, sampling recorded on the final stage) right before its prefill,
-each microbatch travels as one ragged FNX2 BATCH, and release fans out to every stage.
+each microbatch travels as one ragged FNX2 BATCH of the slices' own `SequenceSlice`s (with the
+route's execution lease), and each `SequenceResult` comes back with its sampled token.
 """
 
 from __future__ import annotations
@@ -13,14 +14,13 @@ import grpc
 import numpy as np
 import structlog
 
-from libs.fnx2.wire.errors import ErrorCode
+from libs.fnx2 import ErrorCode, SequenceResult, SequenceSlice
 from libs.model.logprobs import decode_record, is_record_row
 from libs.service.errors import FornaxError
 from libs.service.log_limit import LogLimiter
 from libs.service.trace_context import current_traceparent
 from services.orchestrator.engine.domain import (
     Microbatch,
-    MicrobatchResult,
     Phase,
     ReleaseReport,
     RequestSlice,
@@ -28,14 +28,12 @@ from services.orchestrator.engine.domain import (
     SequenceStatus,
     ServedModel,
     StageStats,
+    failed_result,
 )
 from services.orchestrator.engine.tracing import microbatch_span
 from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE
-from services.orchestrator.route.stage_chain import PrefixQuery, Route, SliceInput, SliceOutput, lease_id_for
+from services.orchestrator.route.stage_chain import PrefixQuery, Route, lease_id_for
 
-# FNX2 carries a deadline as a remaining budget and 0 means expired, so a request without a
-# deadline travels with a day-long budget.
-NO_DEADLINE_BUDGET_NS = 24 * 3600 * 10**9
 # The per-sequence code a stage reports when its runtime or its next hop failed.
 STAGE_RUNTIME_FAILURE = ErrorCode.FAILED
 _LOGS = LogLimiter()
@@ -62,14 +60,15 @@ class RoutePipeline:
     def num_stages(self) -> int:
         return self.served.num_stages
 
-    async def submit(self, batch: Microbatch) -> MicrobatchResult:
+    async def submit(self, batch: Microbatch) -> tuple[RequestSliceResult, ...]:
         rejected: dict[str, RequestSliceResult] = {}
         cached: dict[str, int] = {}
+        leased = [s.with_lease(self._lease_id(s.request_id)) for s in batch.slices]
         if batch.phase is Phase.PREFILL:  # the first chunk of a prompt opens the lease
-            rejected, cached = await self._admit(tuple(s for s in batch.slices
-                                                       if s.request_sequence_no == 0))
-        runnable = [s for s in batch.slices if s.request_id not in rejected]
-        outputs: dict[str, SliceOutput] = {}
+            rejected, cached = await self._admit(tuple(s for s in leased
+                                                       if s.sequence.request_sequence_no == 0))
+        runnable = [s for s in leased if s.request_id not in rejected]
+        outputs: dict[str, tuple[SequenceResult, np.ndarray | None]] = {}
         if runnable:
             # One span per microbatch, in its first request's trace; its traceparent rides in
             # the FNX2 frame so every stage's hop joins that trace.
@@ -77,13 +76,13 @@ class RoutePipeline:
                 span.set_attribute("fornax.phase", batch.phase.value)
                 span.set_attribute("fornax.sequences", len(runnable))
                 span.set_attribute("fornax.rows", batch.row_count)
-                results = await self._route.run(
-                    batch.phase, [self._input(s, cached.get(s.request_id, 0)) for s in runnable],
-                    current_traceparent())
-            outputs = {o.request_id: o for o in results}
-        return MicrobatchResult(batch.batch_id, tuple(
-            rejected.get(s.request_id) or _result(s, outputs[s.request_id], cached.get(s.request_id, 0))
-            for s in batch.slices))
+                inputs = [_skipping(s, cached.get(s.request_id, 0)) for s in runnable]
+                answers = await self._route.run(
+                    batch.phase, [sequence for sequence, _ in inputs],
+                    np.fromiter((t for _, ids in inputs for t in ids), dtype=np.int32), current_traceparent())
+            outputs = {result.request_id: (result, rows) for result, rows in answers}
+        return tuple(rejected.get(s.request_id) or _result(s, *outputs[s.request_id], cached.get(s.request_id, 0))
+                     for s in leased)
 
     async def _admit(self, slices: tuple[RequestSlice, ...]
                      ) -> tuple[dict[str, RequestSliceResult], dict[str, int]]:
@@ -99,18 +98,11 @@ class RoutePipeline:
                   if isinstance(o, int) and o > 0}
         return refused, cached
 
-    def _input(self, piece: RequestSlice, skip: int = 0) -> SliceInput:
-        """The FNX2 slice; `skip` leading prompt tokens are already in every stage's KV (a first
-        chunk then runs on into the rest of the prompt, `RequestSlice.computed_token_ids`)."""
-        budget = (NO_DEADLINE_BUDGET_NS if piece.deadline_budget_ns is None
-                  else piece.deadline_budget_ns)
-        lease_id = self._lease_ids.get(piece.request_id)
+    def _lease_id(self, request_id: str) -> str:
+        lease_id = self._lease_ids.get(request_id)
         if lease_id is None:
-            lease_id = self._lease_ids[piece.request_id] = lease_id_for(self._route.plan, piece.request_id)
-        return SliceInput(piece.request_id, lease_id, piece.request_sequence_no,
-                          piece.token_position_start + skip, piece.kv_epoch,
-                          np.asarray(piece.computed_token_ids(skip) if skip else piece.token_ids,
-                                     dtype=np.int32), budget)
+            lease_id = self._lease_ids[request_id] = lease_id_for(self._route.plan, request_id)
+        return lease_id
 
     async def cancel(self, request_id: str) -> None:
         await self._route.cancel(request_id)
@@ -132,14 +124,24 @@ class RoutePipeline:
         return self._route
 
 
+def _skipping(piece: RequestSlice, skip: int) -> tuple[SequenceSlice, tuple[int, ...]]:
+    """The slice's FNX2 slice and token ids once `skip` leading prompt tokens are already in
+    every stage's KV (a first chunk then runs on into the rest of the prompt,
+    `RequestSlice.computed_token_ids`)."""
+    if not skip:
+        return piece.sequence, piece.token_ids
+    ids = piece.computed_token_ids(skip)
+    return piece.sequence._replace(token_position_start=piece.sequence.token_position_start + skip,
+                                   input_row_count=len(ids)), ids
+
+
 def _refused(piece: RequestSlice, error: Exception) -> RequestSliceResult:
     """A stage that is down makes the route unavailable; a stage that answered refused."""
     if isinstance(error, FornaxError) and error.reason == ROUTE_UNAVAILABLE:
-        return RequestSliceResult(piece.request_id, SequenceStatus.FAILED, None,
-                                  piece.kv_epoch, error.message, route_lost=True)
+        return failed_result(piece, error.message, route_lost=True)
     detail = error.details() if isinstance(error, grpc.aio.AioRpcError) else str(error)
-    return RequestSliceResult(piece.request_id, SequenceStatus.REJECTED, None, piece.kv_epoch,
-                              f"stage admission refused: {detail}")
+    return failed_result(piece, f"stage admission refused: {detail}", status=SequenceStatus.REJECTED,
+                         error_code=ErrorCode.ADMISSION)
 
 
 def _stage_stats(index: int, host: str, health) -> StageStats:
@@ -150,26 +152,25 @@ def _stage_stats(index: int, host: str, health) -> StageStats:
                       health.prefix_hit_blocks, health.prefix_missed_blocks, health.kv_evicted_blocks)
 
 
-def _result(piece: RequestSlice, output: SliceOutput, cached: int = 0) -> RequestSliceResult:
-    if output.ok and output.rows is not None and is_record_row(output.rows):
-        record = decode_record(output.rows[0], piece.sampling.top_logprobs or 0)
+def _result(piece: RequestSlice, result: SequenceResult, rows: np.ndarray | None,
+            cached: int = 0) -> RequestSliceResult:
+    ok = result.status is SequenceStatus.OK
+    if ok and rows is not None and is_record_row(rows):
+        record = decode_record(rows[0], piece.sampling.top_logprobs or 0)
         wanted = record if piece.sampling.top_logprobs is not None else None
-        return RequestSliceResult(piece.request_id, SequenceStatus.OK, record.token_id,
-                                  output.kv_epoch_after, logprobs=wanted, cached_tokens=cached)
-    if output.ok and output.rows is not None and output.rows.size == 1:
-        return RequestSliceResult(piece.request_id, SequenceStatus.OK, int(output.rows.reshape(-1)[0]),
-                                  output.kv_epoch_after, cached_tokens=cached)
-    if output.error_code == STAGE_RUNTIME_FAILURE:
+        return RequestSliceResult(result, record.token_id, logprobs=wanted, cached_tokens=cached)
+    if ok and rows is not None and rows.size == 1:
+        return RequestSliceResult(result, int(rows.reshape(-1)[0]), cached_tokens=cached)
+    if result.error_code == STAGE_RUNTIME_FAILURE:
         # A stage could not run the batch or reach its next hop: the route failed, not the
         # sequence. Its own words (which may name peers) go to the log, not to the client.
         if _LOGS.allow("stage_runtime_failure") is not None:
             _log.warning("stage_runtime_failure", request_id=piece.request_id,
-                         error=output.error_message)
-        return RequestSliceResult(piece.request_id, SequenceStatus.FAILED, None,
-                                  output.kv_epoch_after,
-                                  "the route is unavailable: a stage failed while running the batch",
+                         error=result.error_message)
+        return RequestSliceResult(result, None, "the route is unavailable: a stage failed while running the batch",
                                   route_lost=True)
-    status = _STATUS_BY_CODE.get(output.error_code or "", SequenceStatus.FAILED)
-    error = f"{output.error_code}: {output.error_message}" if output.error_code else \
+    # The scheduler acts on the status the stage's code implies: an OK without a token failed.
+    status = _STATUS_BY_CODE.get(result.error_code or "", SequenceStatus.FAILED)
+    error = f"{result.error_code}: {result.error_message}" if result.error_code else \
         "the final stage returned no sampled token"
-    return RequestSliceResult(piece.request_id, status, None, output.kv_epoch_after, error)
+    return RequestSliceResult(result._replace(status=status), None, error)

@@ -22,6 +22,15 @@ import numpy as np
 
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
+from libs.fnx2 import (
+    Batch,
+    BatchDescriptor,
+    Phase,
+    SequenceResult,
+    SequenceSlice,
+    SequenceStatus,
+    derive_execution_lease_id,
+)
 from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
 from libs.fnx2.wire.admission import (
     EXT_INBAND_ADMISSION,
@@ -34,7 +43,6 @@ from libs.fnx2.wire.admission import (
 )
 from libs.fnx2.wire.control import AckCancel, AckRelease, ChannelBinding
 from libs.fnx2.wire.errors import ChannelClosedError, ErrorCode, Fnx2Error
-from libs.fnx2.wire.messages import Batch, BatchDescriptor, Phase, SequenceSlice, SequenceStatus
 from libs.fnx2.wire.tensor import DType, Tensor, TensorKind
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, prefix_chain
 from libs.model.sampling import SamplingParams
@@ -123,31 +131,6 @@ def reusable_tokens(stage_cached: Sequence[int], prompt_tokens: int) -> int:
     held = min(stage_cached, default=0)
     last_block_start = (max(prompt_tokens - 1, 0) // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
     return max(0, min(held - held % KV_BLOCK_TOKENS, last_block_start))
-
-
-@dataclass(frozen=True)
-class SliceInput:
-    request_id: str
-    lease_id: str
-    sequence_no: int
-    position_start: int
-    kv_epoch: int
-    token_ids: np.ndarray  # int32 [rows]
-    deadline_budget_ns: int
-    trace_id: str = ""
-    span_id: str = ""
-
-
-@dataclass(frozen=True)
-class SliceOutput:
-    request_id: str
-    ok: bool
-    rows: np.ndarray | None  # int32 [1] sampled token, or float32 [rows, vocab] logits
-    kv_epoch_after: int
-    error_code: str | None = None
-    error_message: str | None = None
-    execute_ns: int = 0
-    queue_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -246,9 +229,15 @@ async def unload_generation(addresses: Sequence[str], generation: str,
 
 
 def lease_id_for(plan: RoutePlan, request_id: str) -> str:
-    from libs.fnx2.wire.leases import derive_execution_lease_id
-
     return derive_execution_lease_id(plan.plan_generation_id, plan.plan_id, plan.plan_hash, request_id)
+
+
+def route_slice(plan: RoutePlan, request_id: str, sequence_no: int, position_start: int, kv_epoch: int,
+                row_count: int, deadline_budget_ns: int) -> SequenceSlice:
+    """An FNX2 slice of the request's lease on this plan (trace and span ids: the request id),
+    for callers that drive a `Route` directly: warm-up, qualification and tests."""
+    return SequenceSlice(request_id, sequence_no, 0, row_count, position_start, kv_epoch, deadline_budget_ns,
+                         lease_id_for(plan, request_id), request_id, request_id)
 
 
 class Route:
@@ -344,12 +333,16 @@ class Route:
                 raise route_unavailable(f"a stage could not {what} ({exc.code.value})") from exc
             raise FailedPrecondition(f"stage 0 refused {what}: {exc.message}", reason=exc.code.value) from exc
 
-    async def run(self, phase: Phase, inputs: list[SliceInput], traceparent: str | None = None) -> list[SliceOutput]:
-        """One ragged batch through every stage; outputs in input order."""
+    async def run(self, phase: Phase, slices: Sequence[SequenceSlice], token_ids: np.ndarray,
+                  traceparent: str | None = None) -> list[tuple[SequenceResult, np.ndarray | None]]:
+        """One ragged batch through every stage: `token_ids` holds each slice's
+        `input_row_count` rows in slice order (the route lays out their row starts and lease
+        sequence numbers). Returns each slice's FNX2 result with its output rows (an int32
+        sampled token, or float32 logits; None unless OK), in slice order."""
         if self._client is None:
             raise route_unavailable("the route's data plane is closed")
-        batch = self._batch(phase, inputs, traceparent)
-        budget_s = max(i.deadline_budget_ns for i in inputs) / 1e9
+        batch = self._batch(phase, slices, token_ids, traceparent)
+        budget_s = max(s.deadline_budget_ns for s in slices) / 1e9
         served = False
         self.meter.submitted()
         try:
@@ -367,33 +360,29 @@ class Route:
         finally:
             self.meter.answered(served)
         by_id = {r.request_id: r for r in result.results}
-        outputs = []
-        for item in inputs:
+        answers = []
+        for item in slices:
             r = by_id[item.request_id]
-            ok = r.status is SequenceStatus.OK
-            rows = np.array(result.rows_for(r)) if ok else None
-            outputs.append(
-                SliceOutput(item.request_id, ok, rows, r.kv_epoch_after, r.error_code, r.error_message,
-                            r.timings.execute_ns, r.timings.queue_ns)
-            )
-        return outputs
+            answers.append((r, np.array(result.rows_for(r)) if r.status is SequenceStatus.OK else None))
+        return answers
 
-    def _batch(self, phase: Phase, inputs: list[SliceInput], traceparent: str | None = None) -> Batch:
-        slices, row = [], 0
-        for item in inputs:
-            count = int(item.token_ids.shape[0])
-            if item.sequence_no == 0 and item.request_id not in self._lease_sequences:
+    def _batch(self, phase: Phase, slices: Sequence[SequenceSlice], token_ids: np.ndarray,
+               traceparent: str | None = None) -> Batch:
+        laid, row = [], 0
+        for item in slices:
+            if item.request_sequence_no == 0 and item.request_id not in self._lease_sequences:
                 self._lease_sequences[item.request_id] = self._lease_numbers.take()
-            slices.append(
-                SequenceSlice(
-                    item.request_id, item.sequence_no, row, count, item.position_start, item.kv_epoch,
-                    item.deadline_budget_ns, item.lease_id, item.trace_id or item.request_id,
-                    item.span_id or item.request_id, self._lease_sequences.get(item.request_id),
-                )
-            )
-            row += count
-        ids = np.concatenate([np.asarray(i.token_ids, dtype=np.int32) for i in inputs])
-        descriptor = BatchDescriptor(str(uuid.uuid4()), next(self._batch_numbers), phase, row, tuple(slices))
+            number = self._lease_sequences.get(item.request_id)
+            if (item.input_row_start, item.lease_sequence) != (row, number):
+                item = SequenceSlice(item.request_id, item.request_sequence_no, row, item.input_row_count,
+                                     item.token_position_start, item.kv_epoch, item.deadline_budget_ns,
+                                     item.execution_lease_id, item.trace_id, item.span_id, number)
+            laid.append(item)
+            row += item.input_row_count
+        ids = np.asarray(token_ids, dtype=np.int32)
+        if ids.shape != (row,):
+            raise ValueError(f"the slices name {row} rows, the batch holds {ids.shape}")
+        descriptor = BatchDescriptor(str(uuid.uuid4()), next(self._batch_numbers), phase, row, tuple(laid))
         return Batch(
             self.plan.plan_id, self.plan.plan_hash, self.plan.stages[0].manifest_hash, GATEWAY, "stage-0",
             descriptor, Tensor.from_array(TensorKind.TOKEN_IDS, DType.INT32, ids), traceparent,

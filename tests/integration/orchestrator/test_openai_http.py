@@ -211,14 +211,13 @@ def test_client_disconnect_cancels_and_frees_kv_on_every_stage(checkpoint):
 
 def test_a_stream_that_fails_before_its_first_token_gets_a_status(checkpoint):
     """A stage refusing the KV reservation at prefill: 429 before any SSE byte is sent."""
-    from services.orchestrator.engine.domain import MicrobatchResult, RequestSliceResult, SequenceStatus
+    from services.orchestrator.engine.domain import SequenceStatus, failed_result
 
     async def main():
         async with serve(checkpoint, stages=1) as served:
             async def refuse(batch):
-                return MicrobatchResult(batch.batch_id, tuple(
-                    RequestSliceResult(s.request_id, SequenceStatus.REJECTED, None, 0,
-                                   "stage 0: KV full") for s in batch.slices))
+                return tuple(failed_result(s, "stage 0: KV full", status=SequenceStatus.REJECTED,
+                                           error_code="ADMISSION") for s in batch.slices)
 
             served.pipeline.submit = refuse
             with pytest.raises(openai.RateLimitError) as info:

@@ -17,10 +17,10 @@ from libs.fnx2.channel.sender import Fnx2Client, SenderConfig
 from libs.fnx2.wire.admission import Admission, OutputMode, Sampling
 from libs.fnx2.wire.control import ChannelBinding
 from libs.fnx2.wire.errors import ErrorCode
-from libs.fnx2.wire.messages import Phase
+from libs.fnx2.wire.messages import Phase, SequenceStatus
 from libs.model.config import load_config
 from libs.model.sampling import SamplingParams
-from services.orchestrator.route.stage_chain import Route, SliceInput, lease_id_for
+from services.orchestrator.route.stage_chain import Route, route_slice
 from tests.support.stages import load_pipeline, start_workers
 
 BUDGET_NS = 30_000_000_000
@@ -55,10 +55,9 @@ def test_a_request_makes_no_lease_grpc_call_and_its_lease_is_released_in_band(ch
         await route.open()
         try:
             rid = str(uuid.uuid4())
-            lease = lease_id_for(plan, rid)
             await route.admit(rid, 16, SamplingParams())
             prompt = np.array([1, 2, 3], np.int32)
-            first = (await route.run(Phase.PREFILL, [SliceInput(rid, lease, 0, 0, 0, prompt, BUDGET_NS)]))[0]
+            ((first, _),) = await route.run(Phase.PREFILL, [route_slice(plan, rid, 0, 0, 0, 3, BUDGET_NS)], prompt)
             cancelled = await route.cancel(rid)
             released = await route.release(rid)
             return first, cancelled, released, await route.health()
@@ -66,7 +65,7 @@ def test_a_request_makes_no_lease_grpc_call_and_its_lease_is_released_in_band(ch
             await route.close()
 
     first, cancelled, released, after = asyncio.run(scenario())
-    assert first.ok
+    assert first.status is SequenceStatus.OK
     assert cancelled == [1, 1] and released == [1, 1]  # every stage answers, in chain order
     assert all(h.kv_bytes_used == 0 and h.live_sequences == 0 for h in after)
     assert {m: rpc_calls(workers, m) - before[m] for m in LEASE_RPCS} == dict.fromkeys(LEASE_RPCS, 0)

@@ -11,11 +11,11 @@ import uuid
 import numpy as np
 import pytest
 
-from libs.fnx2.wire.messages import Phase
+from libs.fnx2 import Phase, SequenceResult, SequenceStatus
 from libs.model.config import load_config
 from libs.model.sampling import SamplingParams
 from services.orchestrator.route.lease_numbers import LeaseNumbers
-from services.orchestrator.route.stage_chain import Route, SliceInput, SliceOutput, lease_id_for
+from services.orchestrator.route.stage_chain import Route, route_slice
 from tests.integration.stage_worker.test_stage_pipeline import BUDGET_NS, local_greedy
 from tests.support.stages import load_pipeline
 
@@ -23,21 +23,21 @@ pytestmark = pytest.mark.integration
 PROMPT = np.array([5, 17, 42, 9], np.int32)
 
 
-async def _prefill(route: Route) -> SliceOutput:
+async def _prefill(route: Route) -> tuple[SequenceResult, np.ndarray | None]:
     rid = str(uuid.uuid4())
     await route.admit(rid, 16, SamplingParams())
     try:
-        (out,) = await route.run(Phase.PREFILL, [SliceInput(rid, lease_id_for(route.plan, rid), 0, 0, 0,
-                                                              PROMPT, BUDGET_NS)])
+        (out,) = await route.run(Phase.PREFILL, [route_slice(route.plan, rid, 0, 0, 0, len(PROMPT), BUDGET_NS)],
+                                 PROMPT)
     finally:
         await route.release(rid)
     return out
 
 
 async def _first_token(route: Route) -> int:
-    out = await _prefill(route)
-    assert out.ok, (out.error_code, out.error_message)
-    return int(out.rows[0])
+    out, rows = await _prefill(route)
+    assert rows is not None, (out.error_code, out.error_message)
+    return int(rows[0])
 
 
 def test_two_routes_on_one_generation_serve_side_by_side(checkpoint, two_workers):
@@ -66,7 +66,7 @@ def test_two_routes_on_one_generation_serve_side_by_side(checkpoint, two_workers
                 tokens.append(await _first_token(third))
                 # Two counters numbering one generation at once collide: the stage refuses
                 # the reused number (fails closed), it never serves a lease twice.
-                collided = await _prefill(first)
+                collided, _ = await _prefill(first)
             finally:
                 await third.close()
             return tokens, floor, collided
@@ -77,5 +77,5 @@ def test_two_routes_on_one_generation_serve_side_by_side(checkpoint, two_workers
     tokens, floor, collided = asyncio.run(scenario())
     assert tokens == [expected[0]] * 12
     assert floor == 10  # the ten leases the first two routes numbered 0..9
-    assert (collided.ok, collided.error_code) == (False, "RELEASED")
+    assert (collided.status is SequenceStatus.OK, collided.error_code) == (False, "RELEASED")
     assert "lease-sequence watermark" in collided.error_message

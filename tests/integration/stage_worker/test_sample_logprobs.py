@@ -16,7 +16,7 @@ from libs.fnx2.wire.messages import Phase
 from libs.model.config import load_config
 from libs.model.logprobs import RECORD_WIDTH, decode_record
 from libs.model.sampling import SamplingParams
-from services.orchestrator.route.stage_chain import Route, SliceInput, lease_id_for
+from services.orchestrator.route.stage_chain import Route, route_slice
 from tests.integration.stage_worker.test_stage_pipeline import BUDGET_NS, local_greedy
 from tests.support.stages import load_pipeline
 
@@ -35,11 +35,11 @@ async def _prefill(route: Route, plain_peer: bool) -> np.ndarray:
             binding, offer_extensions=KNOWN_EXTENSIONS - {EXT_SAMPLE_LOGPROBS}))
     rid = str(uuid.uuid4())
     await route.admit(rid, 16, SamplingParams(top_logprobs=3))
-    (out,) = await route.run(Phase.PREFILL, [SliceInput(rid, lease_id_for(route.plan, rid), 0, 0, 0,
-                                                          PROMPT, BUDGET_NS)])
+    ((out, rows),) = await route.run(Phase.PREFILL, [route_slice(route.plan, rid, 0, 0, 0, len(PROMPT), BUDGET_NS)],
+                                     PROMPT)
     await route.release(rid)
-    assert out.ok, (out.error_code, out.error_message)
-    return out.rows
+    assert rows is not None, (out.error_code, out.error_message)
+    return rows
 
 
 def test_records_for_a_negotiating_peer_token_ids_for_a_plain_one(checkpoint, two_workers):
@@ -82,11 +82,11 @@ def test_the_gateway_hop_negotiates_compact_metadata_and_a_plain_gateway_gets_th
         negotiated = route._client.extensions
         rid = str(uuid.uuid4())
         await route.admit(rid, 16, SamplingParams())
-        (out,) = await route.run(Phase.PREFILL, [SliceInput(
-            rid, lease_id_for(route.plan, rid), 0, 0, 0, PROMPT, BUDGET_NS)])
+        ((out, rows),) = await route.run(Phase.PREFILL, [route_slice(route.plan, rid, 0, 0, 0, len(PROMPT), BUDGET_NS)],
+                                         PROMPT)
         await route.release(rid)
-        assert out.ok, (out.error_code, out.error_message)
-        return negotiated, out.rows.tolist()
+        assert rows is not None, (out.error_code, out.error_message)
+        return negotiated, rows.tolist()
 
     async def scenario():  # one route per plan generation: its lease numbers only go up
         route = Route(plan)

@@ -12,16 +12,16 @@ import pytest
 
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
-from libs.fnx2.wire.messages import Phase
+from libs.fnx2.wire.messages import Phase, SequenceStatus
 from libs.model.config import load_config
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
-from libs.model.kv_store import SliceIdentity
+from libs.model.kv_store import kv_slice
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.errors import ResourceExhausted
 from libs.service.interceptors import reason_of
-from services.orchestrator.route.stage_chain import Route, SliceInput, lease_id_for
+from services.orchestrator.route.stage_chain import Route, route_slice
 from tests.support.stages import load_pipeline, start_workers
 
 pytestmark = pytest.mark.integration
@@ -39,7 +39,7 @@ def local_greedy(checkpoint, prompts, steps):
         rid, lease = str(uuid.uuid4()), str(uuid.uuid4())
         tokens, ids, pos = [], prompt, 0
         for step in range(steps + 1):
-            ident = SliceIdentity(rid, lease, step, pos, step, len(ids))
+            ident = kv_slice(rid, lease, step, pos, step, len(ids))
             result = executor.execute(StageBatch((ident,), token_ids=ids))
             token = int(np.argmax(result.logits[-1]))
             tokens.append(token)
@@ -49,26 +49,33 @@ def local_greedy(checkpoint, prompts, steps):
     return outputs, executor, cfg
 
 
+async def run(route, phase, items):
+    """`items`: (request_id, sequence_no, position_start, kv_epoch, token ids) per slice; returns
+    each slice's (FNX2 SequenceResult, output rows), in order."""
+    slices = [route_slice(route.plan, rid, no, position, epoch, len(ids), BUDGET_NS)
+              for rid, no, position, epoch, ids in items]
+    return await route.run(phase, slices, np.concatenate([np.asarray(ids, np.int32) for *_, ids in items]))
+
+
+def ok(answer) -> bool:
+    return answer[0].status is SequenceStatus.OK
+
+
 async def generate(route, prompts, steps, sampling=SamplingParams()):
     request_ids = [str(uuid.uuid4()) for _ in prompts]
     for rid, prompt in zip(request_ids, prompts, strict=True):
         await route.admit(rid, len(prompt) + steps + 1, sampling)
-    leases = [lease_id_for(route.plan, rid) for rid in request_ids]
-    inputs = [SliceInput(rid, lease, 0, 0, 0, prompt, BUDGET_NS)
-              for rid, lease, prompt in zip(request_ids, leases, prompts, strict=True)]
-    outputs = await route.run(Phase.PREFILL, inputs)
-    tokens = [[int(o.rows[0])] for o in outputs]
+    outputs = await run(route, Phase.PREFILL, [(rid, 0, 0, 0, prompt)
+                                               for rid, prompt in zip(request_ids, prompts, strict=True)])
+    tokens = [[int(rows[0])] for _, rows in outputs]
     positions = [len(p) for p in prompts]
     for step in range(1, steps + 1):
-        inputs = [
-            SliceInput(rid, lease, step, positions[i], outputs[i].kv_epoch_after, np.array([tokens[i][-1]], np.int32),
-                       BUDGET_NS)
-            for i, (rid, lease) in enumerate(zip(request_ids, leases, strict=True))
-        ]
-        outputs = await route.run(Phase.DECODE, inputs)
-        assert all(o.ok for o in outputs), [(o.error_code, o.error_message) for o in outputs]
-        for i, o in enumerate(outputs):
-            tokens[i].append(int(o.rows[0]))
+        outputs = await run(route, Phase.DECODE, [
+            (rid, step, positions[i], outputs[i][0].kv_epoch_after, [tokens[i][-1]])
+            for i, rid in enumerate(request_ids)])
+        assert all(ok(o) for o in outputs), [(o.error_code, o.error_message) for o, _ in outputs]
+        for i, (_, rows) in enumerate(outputs):
+            tokens[i].append(int(rows[0]))
             positions[i] += 1
     return request_ids, tokens
 
@@ -109,15 +116,14 @@ def test_cancel_stops_a_request_and_keeps_its_epoch(checkpoint, two_workers):
             request_ids, _ = await generate(route, PROMPTS[:1], steps=1)
             rid = request_ids[0]
             epochs = await route.cancel(rid)
-            lease = lease_id_for(plan, rid)
-            late = await route.run(Phase.DECODE, [SliceInput(rid, lease, 2, 4, 2, np.array([1], np.int32), BUDGET_NS)])
-            return epochs, late[0], await route.release(rid)
+            late = await run(route, Phase.DECODE, [(rid, 2, 4, 2, [1])])
+            return epochs, late[0][0], await route.release(rid)
         finally:
             await route.close()
 
     epochs, late, released = asyncio.run(scenario())
     assert epochs == [2, 2]
-    assert not late.ok and late.error_code == "CANCELLED"
+    assert late.status is not SequenceStatus.OK and late.error_code == "CANCELLED"
     assert released == [2, 2]
 
 
@@ -183,8 +189,7 @@ def test_three_stage_logits_match_the_single_process_model(checkpoint, tmp_path)
             try:
                 rid = str(uuid.uuid4())
                 await route.admit(rid, 8, SamplingParams(), logits=True)
-                inputs = [SliceInput(rid, lease_id_for(plan, rid), 0, 0, 0, PROMPTS[1], BUDGET_NS)]
-                return (await route.run(Phase.PREFILL, inputs))[0]
+                return (await run(route, Phase.PREFILL, [(rid, 0, 0, 0, PROMPTS[1])]))[0]
             finally:
                 await route.close()
 
@@ -193,11 +198,11 @@ def test_three_stage_logits_match_the_single_process_model(checkpoint, tmp_path)
         fleet.stop()
     _, executor, _ = local_greedy(checkpoint, [], 0)
     reference = executor.execute(
-        StageBatch((SliceIdentity("r", "l", 0, 0, 0, len(PROMPTS[1])),), token_ids=PROMPTS[1], all_logits=True)
+        StageBatch((kv_slice("r", "l", 0, 0, 0, len(PROMPTS[1])),), token_ids=PROMPTS[1], all_logits=True)
     ).logits
-    assert output.ok
-    assert output.rows.shape == reference.shape
-    np.testing.assert_allclose(output.rows, reference, atol=1e-4, rtol=0)
+    assert ok(output)
+    assert output[1].shape == reference.shape
+    np.testing.assert_allclose(output[1], reference, atol=1e-4, rtol=0)
 
 
 def test_a_cancelled_sequence_between_others_leaves_their_rows_intact(checkpoint, two_workers):
@@ -213,13 +218,10 @@ def test_a_cancelled_sequence_between_others_leaves_their_rows_intact(checkpoint
             ids = [str(uuid.uuid4()) for _ in prompts]
             for rid in ids:
                 await route.admit(rid, 8, SamplingParams())
-            leases = [lease_id_for(plan, rid) for rid in ids]
-            first = await route.run(Phase.PREFILL, [SliceInput(r, lease, 0, 0, 0, p, BUDGET_NS)
-                                                    for r, lease, p in zip(ids, leases, prompts, strict=True)])
+            first = await run(route, Phase.PREFILL, [(r, 0, 0, 0, p) for r, p in zip(ids, prompts, strict=True)])
             await route.cancel(ids[1])
-            step = [SliceInput(r, lease, 1, len(p), o.kv_epoch_after, np.array([int(o.rows[0])], np.int32), BUDGET_NS)
-                    for r, lease, p, o in zip(ids, leases, prompts, first, strict=True)]
-            second = await route.run(Phase.DECODE, step)
+            second = await run(route, Phase.DECODE, [(r, 1, len(p), o.kv_epoch_after, [int(rows[0])])
+                                                     for r, p, (o, rows) in zip(ids, prompts, first, strict=True)])
             for rid in ids:
                 await route.release(rid)
             return first, second
@@ -227,9 +229,9 @@ def test_a_cancelled_sequence_between_others_leaves_their_rows_intact(checkpoint
             await route.close()
 
     first, second = asyncio.run(scenario())
-    assert [int(o.rows[0]) for o in first] == [e[0] for e in expected]
-    assert not second[1].ok and second[1].error_code == "CANCELLED"
-    assert [int(second[i].rows[0]) for i in (0, 2)] == [expected[0][1], expected[2][1]]
+    assert [int(rows[0]) for _, rows in first] == [e[0] for e in expected]
+    assert not ok(second[1]) and second[1][0].error_code == "CANCELLED"
+    assert [int(second[i][1][0]) for i in (0, 2)] == [expected[0][1], expected[2][1]]
 
 
 def test_a_failure_further_on_leaves_the_earlier_stage_kv_untouched(checkpoint, two_workers):
@@ -241,14 +243,12 @@ def test_a_failure_further_on_leaves_the_earlier_stage_kv_untouched(checkpoint, 
         await route.open()
         try:
             rid = str(uuid.uuid4())
-            lease = lease_id_for(plan, rid)
             await route.admit(rid, 8, SamplingParams())
-            first = (await route.run(Phase.PREFILL, [SliceInput(rid, lease, 0, 0, 0, PROMPTS[0], BUDGET_NS)]))[0]
+            ((_, first),) = await run(route, Phase.PREFILL, [(rid, 0, 0, 0, PROMPTS[0])])
             before = (await route.health())[0].kv_bytes_used
             # Only the final stage drops the request: stage 0 runs the step, stage 1 refuses it.
             two_workers.stub(1).CancelRequest(pb.CancelRequestRequest(request_id="c", target_request_id=rid))
-            token = np.array([int(first.rows[0])], np.int32)
-            step = (await route.run(Phase.DECODE, [SliceInput(rid, lease, 1, len(PROMPTS[0]), 1, token, BUDGET_NS)]))[0]
+            ((step, _),) = await run(route, Phase.DECODE, [(rid, 1, len(PROMPTS[0]), 1, [int(first[0])])])
             after = (await route.health())[0].kv_bytes_used
             stage0 = two_workers.stub(0).CancelRequest(pb.CancelRequestRequest(request_id="d", target_request_id=rid))
             await route.release(rid)
@@ -257,7 +257,7 @@ def test_a_failure_further_on_leaves_the_earlier_stage_kv_untouched(checkpoint, 
             await route.close()
 
     step, before, after, stage0_epoch = asyncio.run(scenario())
-    assert not step.ok and step.error_code == "CANCELLED"
+    assert step.status is not SequenceStatus.OK and step.error_code == "CANCELLED"
     assert stage0_epoch == 1 and after == before
 
 

@@ -16,7 +16,7 @@ from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
 from libs.model.sampling import SamplingParams
 from libs.service.trace_context import current_traceparent
-from services.orchestrator.route.stage_chain import Route, SliceInput, lease_id_for
+from services.orchestrator.route.stage_chain import Route, route_slice
 from tests.support.otlp import OtlpReceiver
 from tests.support.procs import ServiceProc
 from tests.support.stages import StageFleet, load_pipeline
@@ -46,9 +46,8 @@ def test_stage_hops_join_the_callers_trace(tmp_path):
                     rid = str(uuid.uuid4())
                     await route.admit(rid, 8, SamplingParams())
                     with tracer.start_as_current_span("gateway") as root:
-                        inputs = [SliceInput(rid, lease_id_for(plan, rid), 0, 0, 0, np.array([3, 4], np.int32),
-                                             10**10)]
-                        await route.run(Phase.PREFILL, inputs, current_traceparent())
+                        await route.run(Phase.PREFILL, [route_slice(plan, rid, 0, 0, 0, 2, 10**10)],
+                                        np.array([3, 4], np.int32), current_traceparent())
                     context = root.get_span_context()
                     return format(context.trace_id, "032x"), format(context.span_id, "016x")
                 finally:

@@ -52,11 +52,11 @@ def _two_stage_logits(verified, cfg):
     """Stage 0's hidden states into stage 1, as a 2-stage route runs them."""
     from libs.model.executor import StageBatch, StageExecutor, StageSpec
     from libs.model.kernels import make_kernels
-    from libs.model.kv_store import SliceIdentity
+    from libs.model.kv_store import kv_slice
     from libs.model.weights import load_stage_weights
 
     tokens = np.array([3, 17, 99, 250, 7], np.int32)
-    ident = (SliceIdentity("r", "l", 0, 0, 0, len(tokens)),)
+    ident = (kv_slice("r", "l", 0, 0, 0, len(tokens)),)
     hidden = None
     for index, stage in enumerate(verified):
         m = stage.manifest

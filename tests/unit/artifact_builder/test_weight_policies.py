@@ -16,7 +16,7 @@ from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
 from libs.model.config import load_config
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
-from libs.model.kv_store import SliceIdentity
+from libs.model.kv_store import kv_slice
 from libs.model.weights import load_stage_weights
 from libs.weights.errors import WeightBlockInvalidError
 from libs.weights.tensor import PackedWeight
@@ -34,7 +34,7 @@ def _logits(source, cfg, policy="fp32"):
     weights = load_stage_weights(source, cfg, 0, cfg.num_hidden_layers, True, True, policy=policy)
     ex = StageExecutor(cfg, StageSpec(0, cfg.num_hidden_layers, True, True), make_kernels("numpy", cfg, weights))
     tokens = np.array([3, 17, 99, 250, 7], np.int32)
-    batch = StageBatch(slices=(SliceIdentity("r", "l", 0, 0, 0, len(tokens)),), token_ids=tokens, all_logits=True)
+    batch = StageBatch(slices=(kv_slice("r", "l", 0, 0, 0, len(tokens)),), token_ids=tokens, all_logits=True)
     return ex.execute(batch).logits, weights
 
 

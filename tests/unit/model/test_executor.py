@@ -15,7 +15,7 @@ from libs.model.errors import (
 )
 from libs.model.executor import StageBatch, StageExecutor, StageSpec, build_ragged_layout
 from libs.model.kernels import MASK_NEG, make_kernels
-from libs.model.kv_store import SliceIdentity
+from libs.model.kv_store import kv_slice
 from libs.model.weights import load_stage_weights
 
 
@@ -29,7 +29,7 @@ def make_executor(checkpoint, start=0, end=None, kv_limit_bytes=1 << 26, kernels
 
 
 def ident(request_id, seq_no, position, rows, epoch=None):
-    return SliceIdentity(request_id, "lease-1", seq_no, position, seq_no if epoch is None else epoch, rows)
+    return kv_slice(request_id, "lease-1", seq_no, position, seq_no if epoch is None else epoch, rows)
 
 
 TOKENS = {"a": np.array([5, 9, 200, 31, 7, 100, 3], np.int32), "b": np.array([40, 41, 42], np.int32)}

@@ -6,7 +6,7 @@ import pytest
 
 from libs.model.errors import KvEpochError, KvLimitExceededError
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, BlockPool, prefix_chain
-from libs.model.kv_store import KvLayout, KvStore, SliceIdentity
+from libs.model.kv_store import KvLayout, KvStore, kv_slice
 
 B = KV_BLOCK_TOKENS
 LAYOUT = KvLayout(layer_count=2, kv_lora_rank=4, rope_dim=2)
@@ -60,7 +60,7 @@ def rows(n, seed):
 
 
 def ident(request, seq, pos, epoch, n):
-    return SliceIdentity(request, "lease", seq, pos, epoch, n)
+    return kv_slice(request, "lease", seq, pos, epoch, n)
 
 
 def test_store_reuses_a_committed_prefix_read_only_and_frees_on_release():
@@ -158,7 +158,7 @@ def test_random_admit_reuse_commit_release_under_pressure_always_reads_the_right
             pinned = store.attach_prefix((request, "lease"), chain)
             start = min(pinned, ((len(prompt) - 1) // B) * B)
             start -= B * rng.randrange(0, start // B + 1) if rng.random() < 0.2 else 0
-            first = SliceIdentity(request, "lease", 0, start, 0, len(prompt) - start)
+            first = kv_slice(request, "lease", 0, start, 0, len(prompt) - start)
             try:
                 store.check_batch([first])
             except KvLimitExceededError:
@@ -173,7 +173,7 @@ def test_random_admit_reuse_commit_release_under_pressure_always_reads_the_right
             entry = live[request]
             entry["tokens"].append(rng.randrange(50))
             n = len(entry["tokens"])
-            ident = SliceIdentity(request, "lease", entry["step"], n - 1, entry["step"], 1)
+            ident = kv_slice(request, "lease", entry["step"], n - 1, entry["step"], 1)
             try:
                 store.check_batch([ident])
             except KvLimitExceededError:
@@ -183,7 +183,7 @@ def test_random_admit_reuse_commit_release_under_pressure_always_reads_the_right
             entry["step"] += 1
         for request, entry in live.items():
             n = len(entry["tokens"])
-            probe = SliceIdentity(request, "lease", entry["step"], n, entry["step"], 1)
+            probe = kv_slice(request, "lease", entry["step"], n, entry["step"], 1)
             want_latent, want_rope = _oracle_rows(entry["tokens"], 0, n)
             got_latent, got_rope = store.past(probe, 1)
             np.testing.assert_array_equal(got_latent, want_latent[1])
@@ -238,19 +238,19 @@ def test_pool_counts_hits_misses_and_evictions_exactly_over_a_scripted_run():
 
     assert store.attach_prefix(("a", "l"), chain_a) == 0
     assert counts() == (0, 2, 0)  # two full blocks looked up, none resident
-    store.commit(SliceIdentity("a", "l", 0, 0, 0, len(prompt_a)), *rows(len(prompt_a), 0))  # 3 blocks, 2 published
+    store.commit(kv_slice("a", "l", 0, 0, 0, len(prompt_a)), *rows(len(prompt_a), 0))  # 3 blocks, 2 published
     store.release("a", "l")  # two cached, one free
     assert store.attach_prefix(("b", "l"), chain_a) == 2 * B
     assert counts() == (2, 2, 0)
     assert store.attach_prefix(("c", "l"), chain_c) == 0
     assert counts() == (2, 4, 0)
-    store.commit(SliceIdentity("c", "l", 0, 0, 0, 2 * B), *rows(2 * B, 1))  # the two free blocks: no eviction
+    store.commit(kv_slice("c", "l", 0, 0, 0, 2 * B), *rows(2 * B, 1))  # the two free blocks: no eviction
     assert counts() == (2, 4, 0)
     store.release("b", "l")
     store.release("c", "l")  # four cached blocks, none free
     assert store.attach_prefix(("d", "l"), chain_d) == 0
     assert counts() == (2, 7, 0)
-    store.commit(SliceIdentity("d", "l", 0, 0, 0, 3 * B), *rows(3 * B, 2))  # evicts the three oldest
+    store.commit(kv_slice("d", "l", 0, 0, 0, 3 * B), *rows(3 * B, 2))  # evicts the three oldest
     assert counts() == (2, 7, 3)
     assert store.attach_prefix(("e", "l"), chain_a) == 0  # a's blocks were evicted first
     assert store.attach_prefix(("f", "l"), chain_c) == 0  # c's first block too: the chain stops there

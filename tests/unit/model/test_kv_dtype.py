@@ -10,7 +10,7 @@ from libs.model.config import load_config
 from libs.model.errors import ConfigError
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
 from libs.model.kernels import make_kernels
-from libs.model.kv_store import KvLayout, KvStore, SliceIdentity
+from libs.model.kv_store import KvLayout, KvStore, kv_slice
 from libs.model.weights import load_stage_weights
 
 
@@ -21,9 +21,9 @@ def test_bf16_halves_the_bytes_and_rounds_within_bf16_precision():
     rng = np.random.default_rng(0)
     latent = rng.standard_normal((2, 20, 8), dtype=np.float32)
     k_rope = rng.standard_normal((2, 20, 4), dtype=np.float32)
-    first = SliceIdentity("r", "l", 0, 0, 0, 20)
+    first = kv_slice("r", "l", 0, 0, 0, 20)
     store.commit(first, latent, k_rope)
-    got_latent, got_rope = store.past(SliceIdentity("r", "l", 1, 20, 1, 1), 1)
+    got_latent, got_rope = store.past(kv_slice("r", "l", 1, 20, 1, 1), 1)
     assert got_latent.dtype == np.float32 and got_latent.shape == (20, 8)
     np.testing.assert_allclose(got_latent, latent[1], rtol=2.0**-8)
     np.testing.assert_allclose(got_rope, k_rope[1], rtol=2.0**-8)
@@ -43,10 +43,10 @@ def _executor(checkpoint, kv_dtype):
 def teacher_forced_argmax(executor, tokens: np.ndarray, prefill: int) -> tuple[np.ndarray, np.ndarray]:
     """Prefill, then one decode step per remaining token (the reference's, not the model's):
     the argmax and logits at every decoded position."""
-    executor.execute(StageBatch((SliceIdentity("r", "l", 0, 0, 0, prefill),), tokens[:prefill]))
+    executor.execute(StageBatch((kv_slice("r", "l", 0, 0, 0, prefill),), tokens[:prefill]))
     logits = []
     for step, position in enumerate(range(prefill, len(tokens)), start=1):
-        out = executor.execute(StageBatch((SliceIdentity("r", "l", step, position, step, 1),),
+        out = executor.execute(StageBatch((kv_slice("r", "l", step, position, step, 1),),
                                           tokens[position : position + 1]))
         logits.append(out.logits[-1])
     stacked = np.stack(logits)

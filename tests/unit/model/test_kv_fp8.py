@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from libs.fnx2 import SequenceSlice
 from libs.model.errors import ConfigError, KvLimitExceededError
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, blocks_for, require_kv_backend
-from libs.model.kv_store import KvLayout, KvStore, SliceIdentity
+from libs.model.kv_store import KvLayout, KvStore, kv_slice
 from services.planner.costs import build_workload
 from services.planner.inventory import Target
 from services.planner.model import describe_config
@@ -20,8 +21,8 @@ from tests.unit.planner.factories import synthetic_config
 B = KV_BLOCK_TOKENS
 
 
-def _slice(position: int, rows: int) -> SliceIdentity:
-    return SliceIdentity("r", "l", position and 1, position, position and 1, rows)
+def _slice(position: int, rows: int) -> SequenceSlice:
+    return kv_slice("r", "l", position and 1, position, position and 1, rows)
 
 
 def test_block_bytes_are_latent_bytes_plus_scale_bytes_plus_bf16_rope_bytes():
@@ -39,10 +40,10 @@ def test_store_usage_counts_whole_fp8_blocks_and_refuses_past_the_limit():
     layout = KvLayout(2, 8, 4, "fp8")
     store = KvStore(layout, bytes_limit=3 * layout.block_bytes())
     rows = np.ones((2, 2 * B + 1, 8), np.float32), np.ones((2, 2 * B + 1, 4), np.float32)
-    store.commit(SliceIdentity("a", "l", 0, 0, 0, 2 * B + 1), *rows)
+    store.commit(kv_slice("a", "l", 0, 0, 0, 2 * B + 1), *rows)
     assert store.bytes_used() == 3 * layout.block_bytes() == store.usage().bytes_used
     with pytest.raises(KvLimitExceededError):
-        store.commit(SliceIdentity("b", "l", 0, 0, 0, 1), rows[0][:, :1], rows[1][:, :1])
+        store.commit(kv_slice("b", "l", 0, 0, 0, 1), rows[0][:, :1], rows[1][:, :1])
 
 
 def test_planner_memory_term_is_the_stage_block_accounting():
@@ -115,12 +116,12 @@ def test_appended_rows_that_do_not_raise_the_scale_leave_earlier_codes_untouched
 def test_a_recycled_block_takes_a_fresh_scale():
     layout = KvLayout(1, 8, 4, "fp8")
     store = KvStore(layout, bytes_limit=layout.block_bytes())
-    store.commit(SliceIdentity("a", "l", 0, 0, 0, 2), np.full((1, 2, 8), 1000.0, np.float32),
+    store.commit(kv_slice("a", "l", 0, 0, 0, 2), np.full((1, 2, 8), 1000.0, np.float32),
                  np.zeros((1, 2, 4), np.float32))
     store.release("a", "l")
     small = np.full((1, 2, 8), 0.01, np.float32)
-    store.commit(SliceIdentity("b", "l", 0, 0, 0, 2), small, np.zeros((1, 2, 4), np.float32))
-    got, _ = store.past(SliceIdentity("b", "l", 1, 2, 1, 1), 0)
+    store.commit(kv_slice("b", "l", 0, 0, 0, 2), small, np.zeros((1, 2, 4), np.float32))
+    got, _ = store.past(kv_slice("b", "l", 1, 2, 1, 1), 0)
     np.testing.assert_allclose(got, small[0], rtol=2.0**-4)
 
 

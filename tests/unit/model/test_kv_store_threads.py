@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 
-from libs.model.kv_store import KvLayout, KvStore, SliceIdentity
+from libs.model.kv_store import KvLayout, KvStore, kv_slice
 
 LAYOUT = KvLayout(layer_count=2, kv_lora_rank=4, rope_dim=2)
 
@@ -23,7 +23,7 @@ def test_commit_release_and_usage_from_three_threads_stay_consistent():
     def device():
         start.wait()
         for request, lease in keys:
-            store.commit(SliceIdentity(request, lease, 0, 0, 0, 1), *rows)
+            store.commit(kv_slice(request, lease, 0, 0, 0, 1), *rows)
 
     def loop_releases():
         start.wait()

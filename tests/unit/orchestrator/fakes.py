@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 
 from services.orchestrator.engine.domain import (
     Microbatch,
-    MicrobatchResult,
     Phase,
     ReleaseReport,
     RequestSliceResult,
-    SequenceStatus,
+    sequence_ok,
 )
 
 
@@ -46,7 +45,11 @@ class FakeStages:
     def __post_init__(self) -> None:
         self.leases = [{} for _ in range(self.num_stages)]
 
-    def execute(self, batch: Microbatch) -> MicrobatchResult:
+    def answer(self, batch: Microbatch) -> tuple[int, tuple[RequestSliceResult, ...]]:
+        """The batch executed, as `Scheduler.update_from_output` takes it."""
+        return batch.batch_id, self.execute(batch)
+
+    def execute(self, batch: Microbatch) -> tuple[RequestSliceResult, ...]:
         self.executed_batches.append(batch)
         results = []
         for piece in batch.slices:
@@ -62,22 +65,22 @@ class FakeStages:
                 epochs.append(lease.epoch)
             token = self.script(piece.request_id, piece.sample_index)
             assert len(set(epochs)) == 1
-            results.append(RequestSliceResult(piece.request_id, SequenceStatus.OK, token, epochs[0]))
-        return MicrobatchResult(batch.batch_id, tuple(results))
+            results.append(RequestSliceResult(sequence_ok(piece, epochs[0]), token))
+        return tuple(results)
 
     @staticmethod
     def _check(stage: dict[str, _Lease], phase: Phase, piece) -> None:
         lease = stage.get(piece.request_id)
         if lease is None:  # a lease opens with a prefill at sequence 0, position 0, epoch 0
-            if phase is not Phase.PREFILL or (piece.request_sequence_no,
-                                              piece.token_position_start, piece.kv_epoch) != (0, 0, 0):
+            s = piece.sequence
+            if phase is not Phase.PREFILL or (s.request_sequence_no, s.token_position_start, s.kv_epoch) != (0, 0, 0):
                 raise KvViolation(f"bad first slice {piece}")
             return
         if phase is Phase.PREFILL and lease.decoded:
             raise KvViolation("prefill after decode")
         if phase is Phase.DECODE and len(piece.token_ids) != 1:
             raise KvViolation(f"decode with {len(piece.token_ids)} rows")
-        got = (piece.request_sequence_no, piece.token_position_start, piece.kv_epoch)
+        got = (piece.sequence.request_sequence_no, piece.sequence.token_position_start, piece.sequence.kv_epoch)
         want = (lease.next_sequence_no, lease.next_position, lease.epoch)
         if got != want:
             raise KvViolation(f"decode {got} != expected {want} for {piece.request_id}")
@@ -103,7 +106,7 @@ class FakePipeline:
         self._inflight = 0
         self.cancelled: list[str] = []
 
-    async def submit(self, batch: Microbatch) -> MicrobatchResult:
+    async def submit(self, batch: Microbatch) -> tuple[RequestSliceResult, ...]:
         self._inflight += 1
         self.max_inflight = max(self.max_inflight, self._inflight)
         try:

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from libs.service.errors import Unavailable
-from services.orchestrator.engine.domain import FinishReason, MicrobatchResult
+from services.orchestrator.engine.domain import FinishReason, RequestSliceResult
 from services.orchestrator.engine.multiroute import MultiRouteEngine
 from services.orchestrator.engine.serving import ServingEngine
 from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE, route_unavailable
@@ -28,7 +28,7 @@ class LosablePipeline(FakePipeline):
     def lose(self) -> None:
         self.lost = True
 
-    async def submit(self, batch) -> MicrobatchResult:
+    async def submit(self, batch) -> tuple[RequestSliceResult, ...]:
         await asyncio.sleep(0)
         if self.lost:
             raise route_unavailable("stage 1 is unreachable")

@@ -8,11 +8,9 @@ from dataclasses import replace
 
 from services.orchestrator.engine.domain import (
     FinishReason,
-    MicrobatchResult,
     Phase,
-    RequestSliceResult,
     SamplingParams,
-    SequenceStatus,
+    failed_result,
 )
 from tests.unit.orchestrator.fakes import FakeStages
 from tests.unit.orchestrator.test_scheduler import by_request, make_scheduler, req, run_to_idle
@@ -31,7 +29,7 @@ def _step_until(sched, stages, emitted: int):
     outputs = []
     while len(_tokens(outputs)) < emitted:
         for batch in sched.schedule(0):
-            sched.update_from_output(stages.execute(batch))
+            sched.update_from_output(*stages.answer(batch))
         outputs += sched.take_outputs()
     return outputs
 
@@ -44,9 +42,8 @@ def test_suspended_greedy_request_replays_to_the_same_tokens(text_context):
     before = _step_until(sched, stages, 3)
     batch = sched.schedule(0)[0]  # this decode is lost with the stage
     sched.paused = True
-    sched.update_from_output(MicrobatchResult(batch.batch_id, tuple(
-        RequestSliceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, "stage 1 died", route_lost=True)
-        for s in batch.slices)))
+    sched.update_from_output(batch.batch_id, tuple(
+        failed_result(s, "stage 1 died", route_lost=True) for s in batch.slices))
     assert sched.suspended_requests == 1 and sched.schedule(0) == []
     new_generation = FakeStages(2, _script)  # no KV anywhere
     assert sched.replay_suspended() == 1
@@ -57,8 +54,8 @@ def test_suspended_greedy_request_replays_to_the_same_tokens(text_context):
     assert first.slices[0].token_ids == (5, 6, 7, *emitted)  # prompt + exactly what was emitted
     # The final stage resumes grammar state and penalties from what was already emitted.
     assert first.slices[0].sampling.generated_token_ids == tuple(emitted)
-    assert (first.slices[0].request_sequence_no, first.slices[0].kv_epoch) == (0, 0)
-    sched.update_from_output(new_generation.execute(first))
+    assert (first.slices[0].sequence.request_sequence_no, first.slices[0].sequence.kv_epoch) == (0, 0)
+    sched.update_from_output(*new_generation.answer(first))
     after = before + sched.take_outputs() + run_to_idle(sched, new_generation)
     assert _tokens(after) == _tokens(reference)  # nothing duplicated, nothing missing
     assert after[-1].finish_reason is FinishReason.LENGTH
@@ -91,9 +88,8 @@ def test_a_request_that_keeps_failing_its_route_stops_being_replayed(text_contex
     _step_until(sched, stages, 1)
     for attempt in range(MAX_REPLAYS + 1):
         batch = sched.schedule(0)[0]
-        sched.update_from_output(MicrobatchResult(batch.batch_id, tuple(
-            RequestSliceResult(s.request_id, SequenceStatus.FAILED, None, s.kv_epoch, "lost", route_lost=True)
-            for s in batch.slices)))
+        sched.update_from_output(batch.batch_id, tuple(
+            failed_result(s, "lost", route_lost=True) for s in batch.slices))
         if attempt < MAX_REPLAYS:
             assert sched.replay_suspended() == 1
     final = sched.take_outputs()[-1]

@@ -15,14 +15,14 @@ from services.orchestrator.engine.admission import (
     KvShortfall,
 )
 from services.orchestrator.engine.domain import (
+    NO_DEADLINE_BUDGET_NS,
     FinishReason,
     GenerationRequest,
-    MicrobatchResult,
     Phase,
     RequestSliceResult,
     SchedulerConfig,
-    SequenceStatus,
     StageLayout,
+    sequence_ok,
 )
 from services.orchestrator.engine.scheduler import Scheduler
 from tests.unit.orchestrator.fakes import FakeStages
@@ -51,7 +51,7 @@ def run_to_idle(sched: Scheduler, stages: FakeStages, now_ns: int = 0, max_steps
     for _ in range(max_steps):
         batches = sched.schedule(now_ns)
         for batch in batches:
-            sched.update_from_output(stages.execute(batch))
+            sched.update_from_output(*stages.answer(batch))
         for rid in sched.take_releases():
             sched.on_released(stages.release(rid))
         outputs += sched.take_outputs()
@@ -73,9 +73,9 @@ def test_prefill_then_decode_with_fnx2_kv_identity(text_context):
     outs = run_to_idle(sched, stages)
     phases = [b.phase for b in stages.executed_batches]
     assert phases == [Phase.PREFILL] + [Phase.DECODE] * 4
-    decode_positions = [b.slices[0].token_position_start for b in stages.executed_batches[1:]]
+    decode_positions = [b.slices[0].sequence.token_position_start for b in stages.executed_batches[1:]]
     assert decode_positions == [3, 4, 5, 6]
-    assert [b.slices[0].kv_epoch for b in stages.executed_batches] == [0, 1, 2, 3, 4]
+    assert [b.slices[0].sequence.kv_epoch for b in stages.executed_batches] == [0, 1, 2, 3, 4]
     tokens = [t for o in outs for t in o.token_ids]
     assert len(tokens) == 5
     assert outs[-1].finish_reason is FinishReason.LENGTH
@@ -98,7 +98,7 @@ def test_requests_are_partitioned_over_at_least_stage_count_slots(text_context):
     assert sorted(ids) == sorted(f"r{i}" for i in range(7))
     assert sorted(len(b.slices) for b in batches) == [2, 2, 3]
     assert sched.schedule(0) == []  # every slot busy, every request in flight
-    sched.update_from_output(stages.execute(batches[0]))
+    sched.update_from_output(*stages.answer(batches[0]))
     again = sched.schedule(0)
     assert len(again) == 1 and again[0].phase is Phase.DECODE
     assert {s.request_id for s in again[0].slices} == {s.request_id for s in batches[0].slices}
@@ -130,7 +130,7 @@ def test_cancel_in_flight_finishes_only_after_every_stage_released(text_context)
     sched.admit(req("a", max_tokens=50), now_ns=0)
     (batch,) = sched.schedule(0)
     assert sched.cancel("a")
-    sched.update_from_output(stages.execute(batch))
+    sched.update_from_output(*stages.answer(batch))
     assert sched.take_outputs() == []
     assert sched.take_releases() == ["a"]
     assert stages.live_kv() == [1, 1]
@@ -152,12 +152,24 @@ def test_cancel_before_prefill_needs_no_release(text_context):
     assert not sched.cancel("a")
 
 
+def test_a_microbatch_carries_fnx2_slices_laid_out_row_by_row_with_the_lease_left_to_the_route(text_context):
+    sched = make_scheduler(text_context, stages=(StageLayout(0, 4, 100),))  # one slot: one microbatch
+    sched.admit(req("a", prompt=(5, 6, 7)), now_ns=0)
+    sched.admit(req("b", prompt=(8, 9)), now_ns=0)
+    (batch,) = sched.schedule(0)
+    sequences = [s.sequence for s in batch.slices]
+    assert [(q.request_id, q.input_row_start, q.input_row_count) for q in sequences] == [("a", 0, 3), ("b", 3, 2)]
+    assert [q.input_row_count for q in sequences] == [len(s.token_ids) for s in batch.slices]
+    assert all(q.execution_lease_id == "" and q.trace_id == q.request_id for q in sequences)
+    assert all(q.deadline_budget_ns == NO_DEADLINE_BUDGET_NS for q in sequences)  # no deadline: a day
+
+
 def test_deadline_is_a_budget(text_context):
     sched, stages = make_scheduler(text_context), FakeStages(2)
     sched.admit(req("a", max_tokens=50, deadline=1000), now_ns=100)
     (batch,) = sched.schedule(now_ns=400)
-    assert batch.slices[0].deadline_budget_ns == 700
-    sched.update_from_output(stages.execute(batch))
+    assert batch.slices[0].sequence.deadline_budget_ns == 700
+    sched.update_from_output(*stages.answer(batch))
     sched.take_outputs()
     assert sched.schedule(now_ns=1100) == []
     (final,) = sched.take_outputs()
@@ -169,7 +181,7 @@ def test_stalled_request_is_not_decoded(text_context):
     sched, stages = make_scheduler(text_context), FakeStages(2)
     sched.admit(req("a", max_tokens=50), now_ns=0)
     (batch,) = sched.schedule(0)
-    sched.update_from_output(stages.execute(batch))
+    sched.update_from_output(*stages.answer(batch))
     sched.set_stalled("a", True)
     assert sched.schedule(0) == []
     sched.set_stalled("a", False)
@@ -212,9 +224,9 @@ def test_a_request_queued_for_blocks_ends_at_its_deadline_without_reaching_a_sta
     sched.admit(req("a", max_tokens=13), now_ns=0)
     sched.admit(req("late", max_tokens=1, deadline=1_000), now_ns=0)
     (prefill,) = sched.schedule(0)
-    sched.update_from_output(stages.execute(prefill))
+    sched.update_from_output(*stages.answer(prefill))
     for batch in sched.schedule(2_000):  # past late's deadline, a still holds the only block
-        sched.update_from_output(stages.execute(batch))
+        sched.update_from_output(*stages.answer(batch))
     (out,) = [o for o in sched.take_outputs() if o.request_id == "late"]
     assert out.finish_reason is FinishReason.DEADLINE
     assert sched.queued_requests == 0 and "late" not in _batches_of_ids(stages)
@@ -238,7 +250,7 @@ def test_under_block_pressure_every_request_fits_eventually_and_reservations_nev
         batches = sched.schedule(0)
         assert all(used <= 4 for used in sched._admission.snapshot().stage_kv_reserved_blocks)
         for batch in batches:
-            sched.update_from_output(stages.execute(batch))
+            sched.update_from_output(*stages.answer(batch))
         for rid in sched.take_releases():
             sched.on_released(stages.release(rid))
         finals.update((o.request_id, o.finish_reason) for o in sched.take_outputs() if o.finished)
@@ -299,7 +311,7 @@ def test_random_interleavings_keep_invariants(text_context, n, max_tokens, order
                 sched.cancel(f"r{i}")
         if inflight:
             batch = inflight.pop(order.randrange(len(inflight)))
-            sched.update_from_output(stages.execute(batch))
+            sched.update_from_output(*stages.answer(batch))
         for rid in sched.take_releases():
             sched.on_released(stages.release(rid))
         for out in sched.take_outputs():
@@ -316,13 +328,12 @@ def test_random_interleavings_keep_invariants(text_context, n, max_tokens, order
 
 
 def test_a_result_with_the_wrong_kv_epoch_fails_the_request(text_context):
-    from services.orchestrator.engine.domain import MicrobatchResult, RequestSliceResult, SequenceStatus
+    from services.orchestrator.engine.domain import RequestSliceResult, sequence_ok
 
     sched = make_scheduler(text_context)
     sched.admit(req("a"), now_ns=0)
     (batch,) = sched.schedule(0)
-    sched.update_from_output(MicrobatchResult(batch.batch_id, (
-        RequestSliceResult("a", SequenceStatus.OK, 42, kv_epoch_after=2),)))
+    sched.update_from_output(batch.batch_id, (RequestSliceResult(sequence_ok(batch.slices[0], 2), 42),))
     (final,) = sched.take_outputs()
     assert final.finish_reason is FinishReason.ERROR
     assert "expected 1" in final.error
@@ -338,7 +349,7 @@ def test_full_microbatches_do_not_starve_anyone(text_context):
     inflight = []
     for _ in range(60):  # retire the oldest microbatch each step, as a pipeline would
         inflight += sched.schedule(0)
-        sched.update_from_output(stages.execute(inflight.pop(0)))
+        sched.update_from_output(*stages.answer(inflight.pop(0)))
         sched.take_outputs()
     steady = stages.executed_batches[-35:]  # after every prefill: 35 batches of 2 decodes
     served = [sum(1 for b in steady for s in b.slices if s.request_id == f"r{i}")
@@ -355,7 +366,7 @@ def test_long_prompts_are_prefilled_in_chunks_within_the_row_budget(text_context
     sched.admit(req("long", prompt=range(20, 30), max_tokens=3), now_ns=0)
     sched.admit(req("short", prompt=(1, 2), max_tokens=3), now_ns=0)
     outs = run_to_idle(sched, stages)
-    prefills = [(s.request_id, s.token_position_start, len(s.token_ids), s.kv_epoch)
+    prefills = [(s.request_id, s.sequence.token_position_start, len(s.token_ids), s.sequence.kv_epoch)
                 for b in stages.executed_batches if b.phase is Phase.PREFILL for s in b.slices]
     assert [p for p in prefills if p[0] == "long"] == [("long", 0, 4, 0), ("long", 4, 4, 1),
                                                         ("long", 8, 2, 2)]
@@ -364,7 +375,7 @@ def test_long_prompts_are_prefilled_in_chunks_within_the_row_budget(text_context
     assert finals["long"].completion_tokens == 3 and finals["long"].prompt_tokens == 10
     first_decode = next(b for b in stages.executed_batches if b.phase is Phase.DECODE
                         and b.slices[0].request_id == "long")
-    assert first_decode.slices[0].token_position_start == 10
+    assert first_decode.slices[0].sequence.token_position_start == 10
     assert stages.released["long"] == (5, 5)  # three prefill chunks and two decodes
 
 
@@ -387,12 +398,12 @@ def test_a_reused_prefix_moves_a_chunked_prompts_first_chunk_into_the_rest(text_
         if not batches or batches[0].phase is not Phase.PREFILL:
             break
         (piece,) = batches[0].slices
-        seen.append((piece.token_position_start, len(piece.token_ids), len(piece.prefix_tail)))
+        seen.append((piece.sequence.token_position_start, len(piece.token_ids), len(piece.prefix_tail)))
         if epoch == 0:
             assert piece.prefix_salt == b"salt" and piece.prefix_token_ids == prompt
         reused = cached if epoch == 0 else 0
-        sched.update_from_output(MicrobatchResult(batches[0].batch_id, (RequestSliceResult(
-            "r", SequenceStatus.OK, 7, epoch + 1, cached_tokens=reused),)))
+        sched.update_from_output(batches[0].batch_id, (RequestSliceResult(
+            sequence_ok(piece, epoch + 1), 7, cached_tokens=reused),))
     assert seen == slices
     final = [o for o in sched.take_outputs() if o.finished]
     assert final and final[0].prompt_tokens == 40 and final[0].cached_tokens == cached
@@ -408,7 +419,7 @@ def test_a_cleanly_finished_salted_request_publishes_every_token_its_kv_holds(te
         if cancel and sched.live_requests and stages.executed_batches:
             sched.cancel("r")
         for batch in sched.schedule(0):
-            sched.update_from_output(stages.execute(batch))
+            sched.update_from_output(*stages.answer(batch))
         outputs += sched.take_outputs()
         for rid in sched.take_releases():
             published = sched.publish_tokens(rid)

@@ -203,14 +203,13 @@ def test_close_gives_up_on_releases_that_cannot_complete(text_context):
 
 
 def test_a_stage_refusal_is_a_capacity_error(text_context):
-    from services.orchestrator.engine.domain import MicrobatchResult, RequestSliceResult, SequenceStatus
+    from services.orchestrator.engine.domain import SequenceStatus, failed_result
     from services.orchestrator.engine.serving import terminal_error
 
     class Refusing(FakePipeline):
         async def submit(self, batch):
-            return MicrobatchResult(batch.batch_id, tuple(
-                RequestSliceResult(s.request_id, SequenceStatus.REJECTED, None, 0, "KV full")
-                for s in batch.slices))
+            return tuple(failed_result(s, "KV full", status=SequenceStatus.REJECTED, error_code="ADMISSION")
+                         for s in batch.slices)
 
     async def main():
         eng = engine(text_context, Refusing(2))

@@ -83,7 +83,7 @@ def test_running_requests_get_a_token_every_step_while_a_long_prompt_prefills(te
         sched.admit(req(f"d{i}", max_tokens=40), now_ns=0)
     for _ in range(2):  # prefill, then the first decode step
         for batch in sched.schedule(0):
-            sched.update_from_output(stages.execute(batch))
+            sched.update_from_output(*stages.answer(batch))
     sched.admit(req("long", prompt=range(20, 120), max_tokens=2), now_ns=0)
     before = len(stages.executed_batches)
     for _ in range(8):
@@ -92,9 +92,9 @@ def test_running_requests_get_a_token_every_step_while_a_long_prompt_prefills(te
                       for s in b.slices) == ["d0", "d1", "d2"]
         assert sum(b.row_count for b in batches if b.phase is Phase.PREFILL) <= 16 - 3
         for batch in batches:
-            sched.update_from_output(stages.execute(batch))
+            sched.update_from_output(*stages.answer(batch))
         sched.take_outputs()
-    chunks = [(s.token_position_start, len(s.token_ids), s.kv_epoch)
+    chunks = [(s.sequence.token_position_start, len(s.token_ids), s.sequence.kv_epoch)
               for b in stages.executed_batches[before:] if b.phase is Phase.PREFILL for s in b.slices]
     assert chunks[:3] == [(0, 13, 0), (13, 13, 1), (26, 13, 2)]
 
