@@ -8,9 +8,12 @@ from dataclasses import replace
 
 from services.orchestrator.engine.domain import (
     FinishReason,
+    GenerationRequest,
     Phase,
+    RequestSliceResult,
     SamplingParams,
     failed_result,
+    sequence_ok,
 )
 from tests.unit.orchestrator.fakes import FakeStages
 from tests.unit.orchestrator.test_scheduler import by_request, make_scheduler, req, run_to_idle
@@ -94,3 +97,35 @@ def test_a_request_that_keeps_failing_its_route_stops_being_replayed(text_contex
             assert sched.replay_suspended() == 1
     final = sched.take_outputs()[-1]
     assert final.finish_reason is FinishReason.UNAVAILABLE and sched.suspended_requests == 0
+
+
+def test_a_replayed_salted_request_reuses_the_prefix_the_new_route_holds(text_context):
+    """Replay after a stage failure reuses surviving prefixes: the replay's first slice asks the
+    route it runs on (a recovered route, or a replica the stream was handed to) for the prompt
+    plus the emitted tokens under the request's own salt, and prefill starts after the whole
+    blocks every stage of that route holds."""
+    prompt = tuple(range(100, 120))
+    sched, stages = make_scheduler(text_context), FakeStages(2, _script)
+    sched.replay = True
+    sched.admit(GenerationRequest("g", prompt, max_tokens=12, prefix_salt=b"tenant"), now_ns=0)
+    emitted = _tokens(_step_until(sched, stages, 3))
+    batch = sched.schedule(0)[0]  # this decode is lost with the stage
+    sched.update_from_output(batch.batch_id, tuple(
+        failed_result(s, "stage 1 died", route_lost=True) for s in batch.slices))
+    assert sched.replay_suspended() == 1
+
+    first = sched.schedule(0)[0]
+    (piece,) = first.slices
+    assert first.phase is Phase.PREFILL and piece.sequence.request_sequence_no == 0
+    assert piece.prefix_salt == b"tenant"
+    assert piece.prefix_token_ids == prompt + tuple(emitted)
+    # The route's stages all hold the first 16 tokens (one block): the slice computes only the
+    # rest, and the request is fully prefilled after this one pass.
+    assert piece.computed_token_ids(16) == (prompt + tuple(emitted))[16:]
+    next_token = _script("g", len(emitted))
+    sched.update_from_output(first.batch_id, (RequestSliceResult(
+        sequence_ok(piece, 1), next_token, cached_tokens=16),))
+    assert _tokens(sched.take_outputs()) == [next_token]
+    (decode,) = sched.schedule(0)[0].slices
+    assert decode.token_ids == (next_token,)
+    assert decode.sequence.token_position_start == len(prompt) + len(emitted)
