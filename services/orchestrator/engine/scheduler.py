@@ -113,7 +113,7 @@ def _step_budget(config: SchedulerConfig) -> StepBudget | None:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, num_stages: int, text: TextContext,
-                 admission: AdmissionControl) -> None:
+                 admission: AdmissionControl, *, replay: bool = False) -> None:
         self._config = config
         self._num_stages = num_stages
         if config.pipeline_spare_microbatches < 0:
@@ -135,8 +135,24 @@ class Scheduler:
         self._retired: list[RetiredRequest] = []
         # While the route is down nothing is scheduled; with `replay`, greedy requests the
         # failure hit are suspended (not ended) and replayed once the route is back.
-        self.paused = False
-        self.replay = False
+        self._paused = False
+        self._replay = replay
+
+    @property
+    def replay(self) -> bool:
+        """Whether greedy requests a route failure hits are suspended for replay (else ended)."""
+        return self._replay
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        """The route is down: nothing is scheduled until `resume`."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
 
     def _next_ready_seq(self) -> int:
         self._ready_counter += 1
@@ -182,7 +198,7 @@ class Scheduler:
 
     def schedule(self, now_ns: int) -> list[Microbatch]:
         self._expire(now_ns)
-        if self.paused:
+        if self._paused:
             return []
         self._admit_queued()
         free = [s for s in range(self.slots) if s not in self._busy_slots]
@@ -316,7 +332,7 @@ class Scheduler:
             self._begin_release(r, r.abort_reason, emit_now=r.abort_reason is not
                                 FinishReason.CANCELLED)
             return
-        if seq.route_lost and self.replay and _replayable(r):
+        if seq.route_lost and self._replay and _replayable(r):
             r.state = _State.SUSPENDED
             return
         if seq.status is not SequenceStatus.OK:

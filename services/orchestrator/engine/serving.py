@@ -105,8 +105,8 @@ class ServingEngine:
         self.config = config
         self.clock = clock
         self.admission = admission
-        self.scheduler = Scheduler(config.scheduler, served.num_stages, text, admission)
-        self.scheduler.replay = config.recovery_timeout_s > 0
+        self.scheduler = Scheduler(config.scheduler, served.num_stages, text, admission,
+                                   replay=config.recovery_timeout_s > 0)
         self._recovery_timer: asyncio.TimerHandle | None = None
         self._degraded_at_ns: int | None = None
         self._streams: dict[str, RequestStream] = {}
@@ -200,7 +200,7 @@ class ServingEngine:
         self.degraded_reason = reason
         metrics.ROUTE_DEGRADED.set(1)
         if self.scheduler.replay:  # without replay, what is queued fails fast instead
-            self.scheduler.paused = True
+            self.scheduler.pause()
             self.scheduler.suspend_live(route_unavailable(reason).message)
             self._pump()
 
@@ -221,7 +221,7 @@ class ServingEngine:
             _log.info("route_recovered", reason=self.degraded_reason, replayed=replayed,
                       recovery_s=round(took, 3))
         self.degraded_reason, self._degraded_at_ns = None, None
-        self.scheduler.paused = False
+        self.scheduler.resume()
         metrics.ROUTE_DEGRADED.set(0)
         self._pump()
         if self.on_recovered is not None:

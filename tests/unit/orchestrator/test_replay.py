@@ -41,16 +41,15 @@ def test_suspended_greedy_request_replays_to_the_same_tokens(text_context):
     reference = by_request(run_to_idle(_fresh(text_context), FakeStages(2, _script)))["g"]
 
     sched, stages = _fresh(text_context), FakeStages(2, _script)
-    sched.replay = True
     before = _step_until(sched, stages, 3)
     batch = sched.schedule(0)[0]  # this decode is lost with the stage
-    sched.paused = True
+    sched.pause()
     sched.update_from_output(batch.batch_id, tuple(
         failed_result(s, "stage 1 died", route_lost=True) for s in batch.slices))
     assert sched.suspended_requests == 1 and sched.schedule(0) == []
     new_generation = FakeStages(2, _script)  # no KV anywhere
     assert sched.replay_suspended() == 1
-    sched.paused = False
+    sched.resume()
     first = sched.schedule(0)[0]
     assert first.phase is Phase.PREFILL
     emitted = _tokens(before)
@@ -65,8 +64,7 @@ def test_suspended_greedy_request_replays_to_the_same_tokens(text_context):
 
 
 def test_a_sampled_request_ends_instead_of_replaying(text_context):
-    sched, stages = make_scheduler(text_context), FakeStages(2)
-    sched.replay = True
+    sched, stages = make_scheduler(text_context, replay=True), FakeStages(2)
     sampled = replace(req("s", max_tokens=10), sampling=SamplingParams(temperature=0.8, seed=3))
     sched.admit(sampled, now_ns=0)
     _step_until(sched, stages, 2)
@@ -78,7 +76,7 @@ def test_a_sampled_request_ends_instead_of_replaying(text_context):
 
 
 def _fresh(text_context):
-    sched = make_scheduler(text_context)
+    sched = make_scheduler(text_context, replay=True)
     sched.admit(req("g", max_tokens=12), now_ns=0)
     return sched
 
@@ -87,7 +85,6 @@ def test_a_request_that_keeps_failing_its_route_stops_being_replayed(text_contex
     from services.orchestrator.engine.scheduler import MAX_REPLAYS
 
     sched, stages = _fresh(text_context), FakeStages(2, _script)
-    sched.replay = True
     _step_until(sched, stages, 1)
     for attempt in range(MAX_REPLAYS + 1):
         batch = sched.schedule(0)[0]
@@ -105,8 +102,7 @@ def test_a_replayed_salted_request_reuses_the_prefix_the_new_route_holds(text_co
     plus the emitted tokens under the request's own salt, and prefill starts after the whole
     blocks every stage of that route holds."""
     prompt = tuple(range(100, 120))
-    sched, stages = make_scheduler(text_context), FakeStages(2, _script)
-    sched.replay = True
+    sched, stages = make_scheduler(text_context, replay=True), FakeStages(2, _script)
     sched.admit(GenerationRequest("g", prompt, max_tokens=12, prefix_salt=b"tenant"), now_ns=0)
     emitted = _tokens(_step_until(sched, stages, 3))
     batch = sched.schedule(0)[0]  # this decode is lost with the stage

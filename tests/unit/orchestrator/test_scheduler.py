@@ -33,11 +33,11 @@ BLOCK_BYTES = 16 * 100  # a 16-token block of a stage at 100 bytes per token
 
 def make_scheduler(text: TextContext, *, slots: int = 0, max_live: int = 64,
                    budget: int = 10**9, stages=STAGES, kv_full: KvFullPolicy = KvFullPolicy.QUEUE,
-                   spare: int = 0) -> Scheduler:
+                   spare: int = 0, replay: bool = False) -> Scheduler:
     """Without spare microbatches unless asked: slot counts below are the stage count's."""
     admission = AdmissionControl(AdmissionConfig(max_live, (budget,) * len(stages), kv_full), stages)
     return Scheduler(SchedulerConfig(inflight_microbatches=slots, pipeline_spare_microbatches=spare), len(stages),
-                     text, admission)
+                     text, admission, replay=replay)
 
 
 def req(rid: str, prompt=(5, 6, 7), max_tokens=4, stop=(), deadline=None) -> GenerationRequest:
