@@ -35,7 +35,7 @@ sys.path[:0] = [str(REPO), str(REPO / "libs" / "api")]
 from libs.model.config import load_config  # noqa: E402
 from libs.model.executor import StageBatch, StageExecutor, StageSpec  # noqa: E402
 from libs.model.kernels import make_kernels  # noqa: E402
-from libs.model.kv_store import SliceIdentity  # noqa: E402
+from libs.model.kv_store import kv_slice  # noqa: E402
 from libs.model.weights import load_stage_weights  # noqa: E402
 from libs.service.host import cpu_name  # noqa: E402
 
@@ -50,11 +50,21 @@ def contiguous_store_module(rev: str) -> types.ModuleType:
 
 
 def contiguous_store(module: types.ModuleType, cfg, limit: int):
-    class ContiguousStore(module.KvStore):
-        """The old store behind today's executor, which passes the slice (not its key) to past."""
+    def old(s):  # noqa: ANN001, ANN202 - today's FNX2 slice as the old store's identity
+        return module.SliceIdentity(s.request_id, s.execution_lease_id, s.request_sequence_no,
+                                    s.token_position_start, s.kv_epoch, s.input_row_count)
 
-        def past(self, ident, layer):  # noqa: ANN001, ANN202
-            return super().past(ident.key, layer)
+    class ContiguousStore(module.KvStore):
+        """The old store behind today's executor, which passes FNX2 slices (not keys)."""
+
+        def check_batch(self, slices):  # noqa: ANN001, ANN202
+            return super().check_batch([old(s) for s in slices])
+
+        def commit(self, s, latent, k_rope):  # noqa: ANN001, ANN202
+            return super().commit(old(s), latent, k_rope)
+
+        def past(self, s, layer):  # noqa: ANN001, ANN202
+            return super().past(old(s).key, layer)
 
     return ContiguousStore(module.KvLayout(cfg.num_hidden_layers, cfg.kv_lora_rank, cfg.qk_rope_head_dim), limit)
 
@@ -66,12 +76,12 @@ def decode_tokens_per_s(executor: StageExecutor, cfg, args: argparse.Namespace) 
     for name in names:
         latent = rng.standard_normal((layers, args.past, cfg.kv_lora_rank), dtype=np.float32)
         k_rope = rng.standard_normal((layers, args.past, cfg.qk_rope_head_dim), dtype=np.float32)
-        executor.kv.commit(SliceIdentity(name, "bench", 0, 0, 0, args.past), latent, k_rope)
+        executor.kv.commit(kv_slice(name, "bench", 0, 0, 0, args.past), latent, k_rope)
     started = cpu_started = 0.0
     for step in range(args.steps + 1):  # the first step is untimed (warm)
         if step == 1:
             started, cpu_started = time.perf_counter(), time.process_time()
-        slices = tuple(SliceIdentity(n, "bench", step + 1, args.past + step, step + 1, 1) for n in names)
+        slices = tuple(kv_slice(n, "bench", step + 1, args.past + step, step + 1, 1) for n in names)
         executor.execute(StageBatch(slices, rng.integers(3, cfg.vocab_size, size=len(names)).astype(np.int32)))
     tokens = args.sequences * args.steps
     return tokens / (time.process_time() - cpu_started), tokens / (time.perf_counter() - started)
