@@ -145,21 +145,7 @@ def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAU
     `libs.fnx2.wire.compact` whenever that form can carry the message, JSON otherwise."""
     if type(sequence_no) is not int or not 0 <= sequence_no <= UINT64_MAX:
         raise Fnx2Error(ErrorCode.SEQUENCE, "sequence_no must be a uint64")
-    binary = None
-    if compact_meta and isinstance(message, Batch):
-        binary = compact.encode_batch(message, sequence_no)
-    elif compact_meta and isinstance(message, Result):
-        binary = compact.encode_result(message, sequence_no)
-    elif compact_meta and isinstance(message, Credit):
-        binary = compact.encode_credit(message, sequence_no)
-    if binary is not None:
-        metadata = binary
-    elif isinstance(message, Batch):
-        metadata = message.encode_metadata(sequence_no)
-    else:
-        meta = message.to_meta()
-        meta["sequence_no"] = sequence_no
-        metadata = canonical_json(meta, may_hold_floats=False)  # typed fields: no floats
+    metadata = _encode_metadata(message, sequence_no, compact_meta)
     if len(metadata) > limits.max_metadata_bytes:
         raise Fnx2Error(ErrorCode.FRAME_SIZE, "metadata exceeds its maximum")
     tensor = getattr(message, "tensor", None)
@@ -177,6 +163,25 @@ def encode_frame(message: Message, sequence_no: int, limits: CodecLimits = DEFAU
     prelude = PRELUDE.pack(MAGIC, 2, 0, message.KIND, 0, len(metadata), len(payload),
                            sequence_no, crc, 0)
     return EncodedFrame(prelude + metadata, payload)
+
+
+def _encode_metadata(message: Message, sequence_no: int, compact_meta: bool) -> bytes:
+    """The compact binary metadata where negotiated and able to carry the message, else
+    canonical JSON."""
+    binary = None
+    if compact_meta and isinstance(message, Batch):
+        binary = compact.encode_batch(message, sequence_no)
+    elif compact_meta and isinstance(message, Result):
+        binary = compact.encode_result(message, sequence_no)
+    elif compact_meta and isinstance(message, Credit):
+        binary = compact.encode_credit(message, sequence_no)
+    if binary is not None:
+        return binary
+    if isinstance(message, Batch):
+        return message.encode_metadata(sequence_no)
+    meta = message.to_meta()
+    meta["sequence_no"] = sequence_no
+    return canonical_json(meta, may_hold_floats=False)  # typed fields: no floats
 
 
 def crc_of(data: bytes | memoryview) -> int:
@@ -255,14 +260,7 @@ def decode_body(prelude: Prelude, body: memoryview | bytes, *, expected: Expecte
         return Frame(prelude.sequence_no, message)
     parsed, floats, meta_error = _parse_json(metadata)
     dtype = _peek_dtype(parsed)
-    if body_crc is None:
-        crc, all_finite = crc_and_finite(crc_of(metadata), payload, dtype)
-    elif finite is not None and finite[0] is dtype:
-        crc, all_finite = body_crc, finite[1]
-    else:
-        crc, all_finite = body_crc, dtype is None or payload_is_finite(payload, dtype)
-    if crc != prelude.crc32c:
-        raise Fnx2Error(ErrorCode.CHECKSUM, "CRC32C mismatch")
+    all_finite = _check_crc(prelude, metadata, payload, dtype, body_crc, finite)
     if meta_error is not None:
         raise meta_error
     meta = _canonical(parsed, floats, metadata, prelude.sequence_no)
@@ -281,6 +279,20 @@ def _decode_compact(prelude: Prelude, metadata: bytes, payload: memoryview,
     """Steps 1b..5 for compact BATCH/RESULT/CREDIT metadata (the `compact_meta` extension)."""
     dtype = compact.payload_dtype(metadata, prelude.kind) if prelude.kind in _DATA_KINDS else None
     dtype = None if dtype is DType.INT32 else dtype
+    all_finite = _check_crc(prelude, metadata, payload, dtype, body_crc, finite)
+    if EXT_COMPACT_META not in negotiated:
+        raise Fnx2Error(ErrorCode.METADATA, "compact metadata was not negotiated on this channel")
+    if prelude.kind == Kind.CREDIT:
+        return compact.decode_credit(metadata, prelude.sequence_no, EXT_MULTI_INFLIGHT in negotiated)
+    if prelude.kind == Kind.RESULT:
+        return _decode_compact_result(prelude, metadata, payload, all_finite)
+    return _decode_compact_batch(prelude, metadata, payload, all_finite, expected, negotiated)
+
+
+def _check_crc(prelude: Prelude, metadata: bytes, payload: memoryview, dtype: DType | None,
+               body_crc: int | None, finite: tuple[DType, bool] | None) -> bool:
+    """Step 1b: the frame's CRC32C (computed here unless the transport did as the bytes
+    arrived); returns whether the payload is finite for `dtype`, from one shared pass."""
     if body_crc is None:
         crc, all_finite = crc_and_finite(crc_of(metadata), payload, dtype)
     elif finite is not None and finite[0] is dtype:
@@ -289,20 +301,23 @@ def _decode_compact(prelude: Prelude, metadata: bytes, payload: memoryview,
         crc, all_finite = body_crc, dtype is None or payload_is_finite(payload, dtype)
     if crc != prelude.crc32c:
         raise Fnx2Error(ErrorCode.CHECKSUM, "CRC32C mismatch")
-    if EXT_COMPACT_META not in negotiated:
-        raise Fnx2Error(ErrorCode.METADATA, "compact metadata was not negotiated on this channel")
-    if prelude.kind == Kind.CREDIT:
-        return compact.decode_credit(metadata, prelude.sequence_no, EXT_MULTI_INFLIGHT in negotiated)
-    if prelude.kind == Kind.RESULT:
-        def result_tensor(descriptor: TensorDescriptor | None) -> Tensor | None:
-            if (descriptor is not None) != bool(len(payload)):
-                raise Fnx2Error(ErrorCode.BATCH_RESULT, "RESULT tensor and payload appear together")
-            return None if descriptor is None else _tensor_from(descriptor, payload, all_finite)
+    return all_finite
 
-        result = compact.decode_result(metadata, prelude.sequence_no, result_tensor)
-        result.check()
-        return result
 
+def _decode_compact_result(prelude: Prelude, metadata: bytes, payload: memoryview,
+                           all_finite: bool) -> Result:
+    def result_tensor(descriptor: TensorDescriptor | None) -> Tensor | None:
+        if (descriptor is not None) != bool(len(payload)):
+            raise Fnx2Error(ErrorCode.BATCH_RESULT, "RESULT tensor and payload appear together")
+        return None if descriptor is None else _tensor_from(descriptor, payload, all_finite)
+
+    result = compact.decode_result(metadata, prelude.sequence_no, result_tensor)
+    result.check()
+    return result
+
+
+def _decode_compact_batch(prelude: Prelude, metadata: bytes, payload: memoryview, all_finite: bool,
+                          expected: ExpectedBinding | None, negotiated: frozenset[str]) -> Batch:
     def attach(plan_id: str, plan_hash: str, manifest_hash: str, source: str, destination: str,
                descriptor: TensorDescriptor) -> Tensor:
         if expected is not None:

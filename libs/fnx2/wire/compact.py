@@ -241,14 +241,7 @@ def decode_batch(metadata: bytes, sequence_no: int, attach: Attach,
         raise _fail("BATCH header is truncated")
     (magic, kind, phase, tkind, dtype, rank, flags, src_len, dst_len, count, input_rows, dim0,
      dim1, seq, batch_seq, batch_id, plan_id, plan_hash, manifest_hash) = BATCH_HEADER.unpack_from(metadata)
-    if magic != MAGIC or kind != Kind.BATCH:
-        raise _fail("not a compact BATCH header")
-    if phase >= len(PHASES) or flags & ~_BATCH_FLAGS:
-        raise _fail("unknown phase or flags")
-    if not (0 < src_len <= MAX_ID_CHARS and 0 < dst_len <= MAX_ID_CHARS):
-        raise _fail("stage ids must be 1..128 characters")
-    if not 0 < count <= MAX_SEQUENCES_PER_BATCH:
-        raise _fail("sequence count out of range")
+    _check_batch_header(magic, kind, phase, flags, src_len, dst_len, count)
     if seq != sequence_no:
         raise Fnx2Error(ErrorCode.SEQUENCE, "metadata sequence_no differs from the prelude")
     descriptor = _descriptor(tkind, dtype, rank, dim0, dim1)
@@ -285,6 +278,19 @@ def decode_batch(metadata: bytes, sequence_no: int, attach: Attach,
     return Batch(*plan, names[:src_len], names[src_len:],
                  BatchDescriptor(_uuid_text(batch_id), batch_seq, PHASES[phase], input_rows, slices),
                  tensor, traceparent)
+
+
+def _check_batch_header(magic: int, kind: int, phase: int, flags: int, src_len: int, dst_len: int,
+                        count: int) -> None:
+    """Step 2 for the fixed header fields: magic, kind, phase, flags and the bounded counts."""
+    if magic != MAGIC or kind != Kind.BATCH:
+        raise _fail("not a compact BATCH header")
+    if phase >= len(PHASES) or flags & ~_BATCH_FLAGS:
+        raise _fail("unknown phase or flags")
+    if not (0 < src_len <= MAX_ID_CHARS and 0 < dst_len <= MAX_ID_CHARS):
+        raise _fail("stage ids must be 1..128 characters")
+    if not 0 < count <= MAX_SEQUENCES_PER_BATCH:
+        raise _fail("sequence count out of range")
 
 
 def _slices(records: list[tuple], text: str, lease_numbers: tuple[int, ...] | None
