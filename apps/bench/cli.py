@@ -8,11 +8,21 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from apps.bench.serve import BenchOptions
 
 DEFAULT_CHECKPOINT = Path(".cache/bench/small")
 
 
 def register(commands, benches) -> None:
+    for add in (_register_serve, _register_gguf, _register_coldstart, _register_grammar, _register_placement,
+                _register_tls_front, _register_prefix, _register_load):
+        add(benches)
+
+
+def _register_serve(benches) -> None:
     serve = benches.add_parser("serve", help="serving throughput, TTFT and ITL: 2-stage vs 1-stage vs transformers")
     serve.add_argument(
         "--checkpoint", help=f"checkpoint dir (default: the small preset, generated into {DEFAULT_CHECKPOINT})"
@@ -50,6 +60,9 @@ def register(commands, benches) -> None:
                        help="--kv-dtype: admitted sequences that decode for the tokens/s figure")
     serve.add_argument("--decode-steps", type=int, default=4, help="--kv-dtype: decode steps per repeat")
     serve.set_defaults(func=cmd_serve)
+
+
+def _register_gguf(benches) -> None:
     gguf = benches.add_parser("gguf", help="convert a checkpoint to GGUF with llama.cpp's converter "
                                            "(for serve --peer llama.cpp)")
     gguf.add_argument("--llama-cpp", required=True,
@@ -61,6 +74,9 @@ def register(commands, benches) -> None:
     gguf.add_argument("--outtype", choices=("f32", "f16", "bf16"), default="f32")
     gguf.add_argument("--outfile", required=True, help="the GGUF to write")
     gguf.set_defaults(func=cmd_gguf)
+
+
+def _register_coldstart(benches) -> None:
     cold = benches.add_parser("coldstart", help="cold `fornax up` with empty caches: first token, MAX switch, losses")
     cold.add_argument("--stages", type=int, default=2)
     cold.add_argument("--trickle-interval-s", type=float, default=0.5, help="one request started per interval")
@@ -68,12 +84,17 @@ def register(commands, benches) -> None:
     cold.add_argument("--keep-dir", action="store_true", help="keep the temporary HOME, caches and logs")
     cold.add_argument("--json", action="store_true")
     cold.set_defaults(func=cmd_coldstart)
+
+
+def _register_grammar(benches) -> None:
     grammar = benches.add_parser("grammar", help="per-token mask cost of the structured-output grammar engines")
     grammar.add_argument("--checkpoint", help=f"checkpoint dir (default: the small preset in {DEFAULT_CHECKPOINT})")
     grammar.add_argument("--walks", type=int, default=20, help="seeded random walks per engine")
     grammar.add_argument("--max-steps", type=int, default=200, help="tokens per walk at most")
     grammar.set_defaults(func=cmd_grammar)
 
+
+def _register_placement(benches) -> None:
     placement = benches.add_parser("placement", help="calibrated placement vs an even layer split on a netns "
                                                     "fleet of two unlike hosts (needs root)")
     placement.add_argument("--fleet", required=True, help="fleet file with two stage hosts")
@@ -90,6 +111,8 @@ def register(commands, benches) -> None:
     placement.add_argument("--json", action="store_true")
     placement.set_defaults(func=cmd_placement)
 
+
+def _register_tls_front(benches) -> None:
     front = benches.add_parser("tls-front", help="latency the TLS front adds: unary and stream, vs gRPC core TLS")
     front.add_argument("--calls", type=int, default=400, help="unary calls per configuration")
     front.add_argument("--streams", type=int, default=40, help="streams per configuration")
@@ -98,6 +121,8 @@ def register(commands, benches) -> None:
     front.add_argument("--json", action="store_true")
     front.set_defaults(func=cmd_tls_front)
 
+
+def _register_prefix(benches) -> None:
     prefix = benches.add_parser("prefix", help="TTFT with prompt-prefix reuse off and on: a growing chat and an "
                                                "agent's shared system prompt, 2-stage route")
     prefix.add_argument("--checkpoint", help=f"checkpoint dir (default: the preset, in {DEFAULT_CHECKPOINT})")
@@ -114,6 +139,8 @@ def register(commands, benches) -> None:
     prefix.add_argument("--json", action="store_true")
     prefix.set_defaults(func=cmd_prefix)
 
+
+def _register_load(benches) -> None:
     load = benches.add_parser("load", help="many small streaming requests against a running fleet: lost and p99")
     load.add_argument("--state-dir", default=".fornax", help="the running fleet's state directory")
     load.add_argument("--api", help="API base URL (default: the fleet file's)")
@@ -190,6 +217,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         return 0
+    _print_serve(report, options)
+    return 0
+
+
+def _print_serve(report: dict, options: BenchOptions) -> None:
+    """The human-readable `bench serve` report: one row per setup and level, then the ratios."""
     prov = report["provenance"]
     print(f"# {prov['label']}: {prov['hardware']}; {prov['backend_build']}; {prov['transformers_build']}")
     print(f"# model {prov['model_snapshot']}; prompt {options.prompt_tokens} tokens, {options.max_tokens} new tokens")
@@ -204,7 +237,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"greedy ids, 1-stage vs llama.cpp, {level}: {agreement['identical_streams']}/{agreement['streams']} "
               f"streams identical, {agreement['agreeing_prefix_tokens']}/{agreement['tokens']} tokens before a "
               f"difference")
-    return 0
 
 
 def cmd_gguf(args: argparse.Namespace) -> int:

@@ -181,13 +181,7 @@ async def _measure(options: BenchOptions, two: list[str], one: list[str],
             await llama_peer.drive(llama_url, warm, 2)
         for c in options.concurrency:
             batch = prompts(vocab, c, options.prompt_tokens, seed=c)
-            best: dict[str, RunFigures] = {}
-            for _ in range(options.repeats):
-                for name, engine in engines.items():
-                    _keep_best(best, name, await _drive(engine, batch, options.max_tokens))
-                _keep_best(best, "transformers", hf.run(batch, options.max_tokens))
-                if llama_url:
-                    _keep_best(best, "llama_cpp", (await llama_peer.drive(llama_url, batch, options.max_tokens))[0])
+            best = await _best_of_repeats(options, engines, hf, batch, llama_url)
             for name, figures in best.items():
                 report[name][f"c{c}"] = figures.summary()
             if llama_url:
@@ -200,6 +194,21 @@ async def _measure(options: BenchOptions, two: list[str], one: list[str],
         for engine in engines.values():
             await engine.close()
     return report
+
+
+async def _best_of_repeats(options: BenchOptions, engines: dict[str, ServingEngine], hf: _Transformers,
+                           batch: list[tuple[int, ...]], llama_url: str | None) -> dict[str, RunFigures]:
+    """One level's setups run back to back, `repeats` times; each setup's best run."""
+    from apps.bench import llama_peer
+
+    best: dict[str, RunFigures] = {}
+    for _ in range(options.repeats):
+        for name, engine in engines.items():
+            _keep_best(best, name, await _drive(engine, batch, options.max_tokens))
+        _keep_best(best, "transformers", hf.run(batch, options.max_tokens))
+        if llama_url:
+            _keep_best(best, "llama_cpp", (await llama_peer.drive(llama_url, batch, options.max_tokens))[0])
+    return best
 
 
 def _keep_best(best: dict[str, RunFigures], name: str, run: RunFigures) -> None:

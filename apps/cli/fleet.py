@@ -9,19 +9,21 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from apps.fleet.backend_report import fetch_board, render_board
 from apps.fleet.compose import start_fleet
 from apps.fleet.health import check_health
 from apps.fleet.isolated import start_isolated_fleet
 from apps.fleet.keeper import KEEPER_FLAG, keeper_pid, mark_ready, start_keeper, stop_keeper
-from apps.fleet.launcher import FleetOptions, LaunchError, stop_processes
+from apps.fleet.launcher import FleetOptions, Launcher, LaunchError, stop_processes
 from apps.fleet.netns import IsolationFailed, IsolationUnavailable, read_record, require_isolation, tear_down
 from apps.fleet.route_status import route_report
 from apps.fleet.route_wait import RouteFailed, wait_for_route
-from apps.fleet.spec import FleetFileError, load_fleet_spec
+from apps.fleet.spec import FleetFileError, FleetSpec, load_fleet_spec
 from apps.fleet.supervisor import FleetSupervisor
 from libs.common.kinds import Backend, DType
 from libs.security.cli_credentials import operator_credentials
@@ -29,6 +31,9 @@ from libs.service.channels import ChannelConfig
 from libs.service.fleet_state import FleetState, fleet_path, read_fleet, write_fleet
 from libs.service.progress import Progress
 from libs.weights.policy import POLICIES
+
+if TYPE_CHECKING:
+    from apps.fleet.route_layout import RouteLayout
 
 BOUNDARY_DTYPES = ("bf16", "fp32")
 
@@ -152,45 +157,16 @@ def cmd_up(args: argparse.Namespace) -> int:
         return _fail(problem)
     if not args.keeper and _running_fleet(args.state_dir):  # the keeper is checked before it starts
         return _fail(f"a fleet is already running from {fleet_path(args.state_dir)}; run `fornax down` first")
-    spec = None
-    if args.fleet:  # a bad fleet file or a host that cannot isolate is refused before anything starts
-        try:
-            spec = load_fleet_spec(args.fleet, DType(args.boundary_dtype) if args.boundary_dtype else None)
-            require_isolation(spec)
-        except FleetFileError as exc:
-            return _fail(f"fleet file {args.fleet}: {exc}")
-        except IsolationUnavailable as exc:
-            return _fail(f"fleet failed to start: {exc}")
-    layout = None
-    if spec is not None and args.routes != "1":  # the planner's layout, before anything starts
-        from apps.fleet.route_layout import plan_layout
-        from libs.service.errors import FornaxError
-
-        try:
-            layout = plan_layout(spec, args.checkpoint, args.routes, args.weights)
-        except FornaxError as exc:
-            return _fail(f"--routes {args.routes}: {exc.reason}: {exc.message}")
+    try:  # a bad fleet file, a host that cannot isolate or an unplannable layout is refused before anything starts
+        spec = _fleet_spec(args)
+        layout = _route_layout(args, spec)
+    except _UpRefused as exc:
+        return _fail(str(exc))
     if not args.foreground:  # the same fleet, held by a detached keeper that supervises it
         return start_keeper(args.state_dir, _up_argv(args))
-    options = _options(args)
-    if layout is not None:
-        print(f"replica routes: {layout.description}, predicted {layout.predicted_tok_s:.1f} decode tok/s "
-              "(prediction from the file's declared figures)", file=sys.stderr)
-        options = dataclasses.replace(options, route_groups=layout.groups)
+    start = _fleet_starter(args, spec, layout)
     # Until the fleet is held, SIGTERM unwinds like Ctrl-C, so whatever started is stopped again.
     signal.signal(signal.SIGTERM, _interrupt)
-    if spec is not None:
-        print(f"starting fleet {args.fleet}: " + ", ".join(
-            f"{h.name} ({h.backend.value}, {h.cpu_cores:g} cores)" for h in spec.hosts), file=sys.stderr)
-        start = partial(start_isolated_fleet, options, spec)
-    else:
-        transport = (
-            "INSECURE plaintext gRPC" if args.insecure else f"mTLS, certificates in {Path(args.state_dir, 'certs')}"
-        )
-        print(
-            f"starting fleet: {options.stages} stage workers, backend {options.backend}, {transport}", file=sys.stderr
-        )
-        start = partial(start_fleet, options)
     try:
         state, launcher = start()
     except (LaunchError, IsolationUnavailable, IsolationFailed) as exc:
@@ -202,6 +178,58 @@ def cmd_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         _stop(args.state_dir, launcher)
         return _fail("interrupted while installing the route; the fleet was stopped")
+
+
+class _UpRefused(Exception):
+    """`fornax up` refuses before anything starts; the message is the whole explanation."""
+
+
+def _fleet_spec(args: argparse.Namespace) -> FleetSpec | None:
+    """The fleet file's spec (None without `--fleet`), its hosts checked able to isolate."""
+    if not args.fleet:
+        return None
+    try:
+        spec = load_fleet_spec(args.fleet, DType(args.boundary_dtype) if args.boundary_dtype else None)
+        require_isolation(spec)
+    except FleetFileError as exc:
+        raise _UpRefused(f"fleet file {args.fleet}: {exc}") from exc
+    except IsolationUnavailable as exc:
+        raise _UpRefused(f"fleet failed to start: {exc}") from exc
+    return spec
+
+
+def _route_layout(args: argparse.Namespace, spec: FleetSpec | None) -> RouteLayout | None:
+    """The planner's replica-route layout for `--routes` other than 1 on a fleet file."""
+    if spec is None or args.routes == "1":
+        return None
+    from apps.fleet.route_layout import plan_layout
+    from libs.service.errors import FornaxError
+
+    try:
+        return plan_layout(spec, args.checkpoint, args.routes, args.weights)
+    except FornaxError as exc:
+        raise _UpRefused(f"--routes {args.routes}: {exc.reason}: {exc.message}") from exc
+
+
+def _fleet_starter(args: argparse.Namespace, spec: FleetSpec | None,
+                   layout: RouteLayout | None) -> Callable[[], tuple[FleetState, Launcher]]:
+    """What starts the fleet (isolated hosts from the file, or local processes), announced on stderr."""
+    options = _options(args)
+    if layout is not None:
+        print(f"replica routes: {layout.description}, predicted {layout.predicted_tok_s:.1f} decode tok/s "
+              "(prediction from the file's declared figures)", file=sys.stderr)
+        options = dataclasses.replace(options, route_groups=layout.groups)
+    if spec is not None:
+        print(f"starting fleet {args.fleet}: " + ", ".join(
+            f"{h.name} ({h.backend.value}, {h.cpu_cores:g} cores)" for h in spec.hosts), file=sys.stderr)
+        return partial(start_isolated_fleet, options, spec)
+    transport = (
+        "INSECURE plaintext gRPC" if args.insecure else f"mTLS, certificates in {Path(args.state_dir, 'certs')}"
+    )
+    print(
+        f"starting fleet: {options.stages} stage workers, backend {options.backend}, {transport}", file=sys.stderr
+    )
+    return partial(start_fleet, options)
 
 
 def _interrupt(signum: int, frame: object) -> None:
