@@ -115,8 +115,15 @@ async def serve_then_upgrade(manager: RouteManager, request: InstallRequest, boa
         compiling.cancel()
         await compiler.stop()
         raise
-    # From here on the reference route serves; whatever goes wrong leaves it serving and the
-    # board saying why, never claiming the requested backend.
+    await _upgrade_from_reference(manager, request, board, compiler, compiling, chooser, after_switch)
+
+
+async def _upgrade_from_reference(manager: RouteManager, request: InstallRequest, board: BackendBoard,
+                                  compiler: BackgroundCompiler, compiling: asyncio.Task[bool], chooser: Chooser,
+                                  after_switch: AfterSwitch | None) -> None:
+    """The reference route serves: wait for the compile, measure, then switch if the
+    requested backend is the faster. Whatever goes wrong leaves the reference route serving
+    and the board saying why, never claiming the requested backend."""
     try:
         compiled = await compiling
     except Exception as exc:  # noqa: BLE001  (a compile that cannot even start)
@@ -135,6 +142,11 @@ async def serve_then_upgrade(manager: RouteManager, request: InstallRequest, boa
         board.phase = UpgradePhase.SERVING_REFERENCE_MEASURED_FASTER
         _log.info("backend_switch_declined", backend=choice.backend, reason=choice.reason)
         return
+    await _switch_to_requested(manager, request, board, after_switch)
+
+
+async def _switch_to_requested(manager: RouteManager, request: InstallRequest, board: BackendBoard,
+                               after_switch: AfterSwitch | None) -> None:
     board.phase = UpgradePhase.SWITCHING
     try:
         await manager.switch(request)
