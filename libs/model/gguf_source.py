@@ -230,17 +230,8 @@ def _float(metadata: Mapping[str, Any], name: str, default: float | None = None)
 def config_from_metadata(metadata: Mapping[str, Any], tensor_names: set[str]) -> dict[str, Any]:
     """A Hugging Face `config.json` dict for the file (see the module docstring)."""
     require_architecture(metadata)
-    rope_dim = _int(metadata, "rope.dimension_count")
-    if f"{ARCHITECTURE}.attention.key_length_mla" in metadata:
-        qk_head, v_dim = _int(metadata, "attention.key_length_mla"), _int(metadata, "attention.value_length_mla")
-    else:
-        qk_head, v_dim = _int(metadata, "attention.key_length"), _int(metadata, "attention.value_length")
-    if qk_head <= rope_dim:
-        raise GgufMetadataError(f"key length {qk_head} does not exceed the rope dimension {rope_dim}")
-    gating = metadata.get(f"{ARCHITECTURE}.expert_gating_func", 1)
-    if gating != 1:  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
-        raise GgufMetadataError(
-            f"{ARCHITECTURE}.expert_gating_func = {gating!r}: only softmax routing (1) is supported")
+    rope_dim, qk_head, v_dim = _head_dims(metadata)
+    _require_softmax_gating(metadata)
     groups, q_lora = _int(metadata, "expert_group_count", 0), _int(metadata, "attention.q_lora_rank", 0)
     tokens = metadata.get("tokenizer.ggml.tokens")
     vocab = _int(metadata, "vocab_size", len(tokens)) if tokens is not None else _int(metadata, "vocab_size")
@@ -280,6 +271,25 @@ def config_from_metadata(metadata: Mapping[str, Any], tensor_names: set[str]) ->
         "eos_token_id": _token_id(metadata, "eos"),
     }
     return raw
+
+
+def _head_dims(metadata: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(rope dim, query/key head dim, value head dim): the MLA lengths where the file has them."""
+    rope_dim = _int(metadata, "rope.dimension_count")
+    if f"{ARCHITECTURE}.attention.key_length_mla" in metadata:
+        qk_head, v_dim = _int(metadata, "attention.key_length_mla"), _int(metadata, "attention.value_length_mla")
+    else:
+        qk_head, v_dim = _int(metadata, "attention.key_length"), _int(metadata, "attention.value_length")
+    if qk_head <= rope_dim:
+        raise GgufMetadataError(f"key length {qk_head} does not exceed the rope dimension {rope_dim}")
+    return rope_dim, qk_head, v_dim
+
+
+def _require_softmax_gating(metadata: Mapping[str, Any]) -> None:
+    gating = metadata.get(f"{ARCHITECTURE}.expert_gating_func", 1)
+    if gating != 1:  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
+        raise GgufMetadataError(
+            f"{ARCHITECTURE}.expert_gating_func = {gating!r}: only softmax routing (1) is supported")
 
 
 def config_json_bytes(raw: Mapping[str, Any]) -> bytes:

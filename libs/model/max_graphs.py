@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from max.dtype import DType
-from max.graph import DeviceRef, Graph, TensorType, TensorValue, Weight, ops
+from max.graph import DeviceRef, Dim, Graph, TensorType, TensorValue, Weight, ops
 from max.graph.quantization import QuantizationEncoding
 
 from libs.model.config import DeepseekV2Config
@@ -283,26 +283,16 @@ def _attention(b, hidden, cos, sin, past_latent, past_k_rope, key_sets):  # noqa
     """MLA attention over keys [past ; new] in the form `key_sets.expanded` picks; returns
     (o_proj output, new latent, new k_rope)."""
     cfg = b.cfg
-    heads, nope, rope, v_dim = (
-        cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim)
-    rank = cfg.kv_lora_rank
+    heads, nope, v_dim = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
     rows = hidden.shape[0]
     x = b.rms_norm(hidden, "input_layernorm", cfg.hidden_size)
     q = ops.reshape(_queries(b, x), [rows, heads, cfg.qk_head_dim])
     q_nope = q[:, :, :nope]
     q_rope = _rope(q[:, :, nope:], cos, sin)
-    compressed = b.linear(x, "kv_a_proj_with_mqa", rank + rope, cfg.hidden_size)
-    latent = b.rms_norm(compressed[:, :rank], "kv_a_layernorm", rank)
-    k_rope = ops.reshape(_rope(ops.reshape(compressed[:, rank:], [rows, 1, rope]), cos, sin), [rows, rope])
+    latent, k_rope = _new_latent(b, x, cos, sin, rows)
     all_latent = ops.concat([past_latent, latent], axis=0)
     all_k_rope = ops.concat([past_k_rope, k_rope], axis=0)
-    # Weights are added to the graph outside the branches, which only read them.
-    w = {
-        "kv_b_k": b.stored_weight("kv_b_k", [heads, nope, rank]),
-        "kv_b_v": b.stored_weight("kv_b_v", [heads, rank, v_dim]),
-        "kv_b_k_expand": b.stored_weight("kv_b_k_expand", [rank, heads * nope]),
-        "kv_b_v_expand": b.stored_weight("kv_b_v_expand", [rank, heads * v_dim]),
-    }
+    w = _kv_b_weights(b)
     # The expanded form's input in the weights' dtype, cast outside the branch: a bf16 cast of
     # the [T, rank] keys inside a branch fails MAX 26.7's shape check on the cast.
     expand_in = b.in_weight_dtype(all_latent)
@@ -338,6 +328,30 @@ def _attention(b, hidden, cos, sin, past_latent, past_k_rope, key_sets):  # noqa
     (context,) = ops.cond(key_sets.expanded, [out_type], expanded, absorbed)
     out = b.linear(context, "o_proj", cfg.hidden_size, heads * v_dim)
     return out, latent, k_rope
+
+
+def _new_latent(b: _Builder, x: TensorValue, cos: TensorValue, sin: TensorValue,
+                rows: Dim) -> tuple[TensorValue, TensorValue]:
+    """The new rows' compressed KV: (normed latent [R, rank], rotated k_rope [R, rope])."""
+    cfg = b.cfg
+    rank, rope = cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    compressed = b.linear(x, "kv_a_proj_with_mqa", rank + rope, cfg.hidden_size)
+    latent = b.rms_norm(compressed[:, :rank], "kv_a_layernorm", rank)
+    k_rope = ops.reshape(_rope(ops.reshape(compressed[:, rank:], [rows, 1, rope]), cos, sin), [rows, rope])
+    return latent, k_rope
+
+
+def _kv_b_weights(b: _Builder) -> dict[str, TensorValue]:
+    """kv_b in both attention forms' layouts. Weights are added to the graph outside the
+    branches, which only read them."""
+    cfg = b.cfg
+    heads, nope, rank, v_dim = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank, cfg.v_head_dim
+    return {
+        "kv_b_k": b.stored_weight("kv_b_k", [heads, nope, rank]),
+        "kv_b_v": b.stored_weight("kv_b_v", [heads, rank, v_dim]),
+        "kv_b_k_expand": b.stored_weight("kv_b_k_expand", [rank, heads * nope]),
+        "kv_b_v_expand": b.stored_weight("kv_b_v_expand", [rank, heads * v_dim]),
+    }
 
 
 def _swiglu(b: _Builder, x: TensorValue, prefix: str, inter: int) -> TensorValue:
