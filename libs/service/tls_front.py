@@ -488,22 +488,11 @@ class TlsFront:
             return
         ssl_object = transport.get_extra_info("ssl_object")
         auth = peer_auth_of(ssl_object.getpeercert(binary_form=True) if ssl_object else None)
-        port = 0
         try:
-            source, port = self._lease(auth)
-            source.setblocking(False)
-            source.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            try:
-                await loop.sock_connect(source, ("127.0.0.1", self._upstream_port))
-                up_transport, _ = await loop.create_connection(lambda: upstream, sock=source)
-            except BaseException:
-                source.close()
-                raise
+            up_transport, port = await self._open_upstream(auth, upstream)
         except OSError as exc:
             log.warning("front_upstream_unreachable", peer=peer, detail=str(exc))
             transport.close()
-            if port in self._leases:
-                self._release(port)
             return
         self._transports.update((transport, up_transport))
         try:
@@ -519,3 +508,24 @@ class TlsFront:
             up_transport.close()
         await upstream_closed  # asyncio wrote what it had buffered and closed its descriptor
         self._retire(port)
+
+    async def _open_upstream(self, auth: PeerAuth, upstream: _Half) -> tuple[asyncio.BaseTransport, int]:
+        """The upstream connection from a source port leased for `auth`, and that port; on
+        an OSError the lease is released."""
+        loop = asyncio.get_running_loop()
+        port = 0
+        try:
+            source, port = self._lease(auth)
+            source.setblocking(False)
+            source.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                await loop.sock_connect(source, ("127.0.0.1", self._upstream_port))
+                up_transport, _ = await loop.create_connection(lambda: upstream, sock=source)
+            except BaseException:
+                source.close()
+                raise
+        except OSError:
+            if port in self._leases:
+                self._release(port)
+            raise
+        return up_transport, port
