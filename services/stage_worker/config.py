@@ -56,32 +56,7 @@ class StageWorkerConfig:
     @classmethod
     def from_env(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> StageWorkerConfig:
         env = os.environ if env is None else env
-        parser = argparse.ArgumentParser(prog="fornax-stage-worker", description="Fornax stage worker")
-        parser.add_argument("--stage-index", type=int, help="env FORNAX_STAGE_INDEX")
-        parser.add_argument("--data-plane-port", type=int, help="FNX2 listener port (env FORNAX_DATA_PLANE_PORT)")
-        parser.add_argument("--overlap-data-plane-port", type=int,
-                            help="FNX2 port of a generation loaded beside the serving one "
-                                 "(env FORNAX_OVERLAP_DATA_PLANE_PORT; 0 = ephemeral)")
-        parser.add_argument("--memory-limit-bytes", type=int,
-                            help="memory this worker may hold (env FORNAX_MEMORY_LIMIT_BYTES; 0 = its cgroup's)")
-        parser.add_argument("--backend", choices=BACKENDS, help="env FORNAX_BACKEND")
-        parser.add_argument("--device", choices=DEVICES, help="env FORNAX_DEVICE")
-        parser.add_argument("--compile-cache-dir", help="MAX compile cache (env FORNAX_COMPILE_CACHE_DIR)")
-        parser.add_argument("--kv-limit-bytes",
-                            help="KV budget in bytes, 'fit' (from the memory left after load) or "
-                                 "'fit:<cap bytes>' (env FORNAX_KV_LIMIT_BYTES)")
-        parser.add_argument("--kv-dtype", choices=tuple(KV_DTYPES),
-                            help="KV store element type, fp32, bf16 or fp8 (numpy backend only) "
-                                 "(env FORNAX_KV_DTYPE)")
-        parser.add_argument("--advertise-host", help="host peers dial for FNX2 (env FORNAX_ADVERTISE_HOST)")
-        parser.add_argument("--state-dir", help="private state: fetched artifacts (env FORNAX_STATE_DIR)")
-        parser.add_argument(
-            "--cpu-affinity", type=parse_cpu_set, help="CPU set to pin to, e.g. 0-3 (env FORNAX_CPU_AFFINITY)"
-        )
-        parser.add_argument(
-            "--read-roots", help=f"directories loads may read, {os.pathsep!r}-separated (env FORNAX_READ_ROOTS)"
-        )
-        args = parse(parser, argv)
+        args = parse(_parser(), argv)
         # A pool's pods count from 0; the pool's offset places them in the route (Helm pools).
         stage_index = (pick(args.stage_index, env, "FORNAX_STAGE_INDEX", 0, int)
                        + pick(None, env, "FORNAX_STAGE_INDEX_OFFSET", 0, int))
@@ -111,6 +86,35 @@ class StageWorkerConfig:
             cpu_shared_with=env.get("FORNAX_CPU_SHARED_WITH", ""),
             read_roots=parse_roots(pick(args.read_roots, env, "FORNAX_READ_ROOTS", "")),
         )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fornax-stage-worker", description="Fornax stage worker")
+    parser.add_argument("--stage-index", type=int, help="env FORNAX_STAGE_INDEX")
+    parser.add_argument("--data-plane-port", type=int, help="FNX2 listener port (env FORNAX_DATA_PLANE_PORT)")
+    parser.add_argument("--overlap-data-plane-port", type=int,
+                        help="FNX2 port of a generation loaded beside the serving one "
+                             "(env FORNAX_OVERLAP_DATA_PLANE_PORT; 0 = ephemeral)")
+    parser.add_argument("--memory-limit-bytes", type=int,
+                        help="memory this worker may hold (env FORNAX_MEMORY_LIMIT_BYTES; 0 = its cgroup's)")
+    parser.add_argument("--backend", choices=BACKENDS, help="env FORNAX_BACKEND")
+    parser.add_argument("--device", choices=DEVICES, help="env FORNAX_DEVICE")
+    parser.add_argument("--compile-cache-dir", help="MAX compile cache (env FORNAX_COMPILE_CACHE_DIR)")
+    parser.add_argument("--kv-limit-bytes",
+                        help="KV budget in bytes, 'fit' (from the memory left after load) or "
+                             "'fit:<cap bytes>' (env FORNAX_KV_LIMIT_BYTES)")
+    parser.add_argument("--kv-dtype", choices=tuple(KV_DTYPES),
+                        help="KV store element type, fp32, bf16 or fp8 (numpy backend only) "
+                             "(env FORNAX_KV_DTYPE)")
+    parser.add_argument("--advertise-host", help="host peers dial for FNX2 (env FORNAX_ADVERTISE_HOST)")
+    parser.add_argument("--state-dir", help="private state: fetched artifacts (env FORNAX_STATE_DIR)")
+    parser.add_argument(
+        "--cpu-affinity", type=parse_cpu_set, help="CPU set to pin to, e.g. 0-3 (env FORNAX_CPU_AFFINITY)"
+    )
+    parser.add_argument(
+        "--read-roots", help=f"directories loads may read, {os.pathsep!r}-separated (env FORNAX_READ_ROOTS)"
+    )
+    return parser
 
 
 def _kv_limit(value: str) -> tuple[bool, int]:
