@@ -6,7 +6,15 @@ together, then the orchestrator, which is told every other address.
 
 from __future__ import annotations
 
-from apps.fleet.launcher import HOST, FleetOptions, Launcher, LaunchError, ServiceProcess, builder_read_roots
+from apps.fleet.launcher import (
+    HOST,
+    FleetOptions,
+    Launcher,
+    LaunchError,
+    ServiceProcess,
+    Started,
+    builder_read_roots,
+)
 from apps.fleet.reference import orchestrator_reference_env, reference_workers, wants_reference_workers
 from libs.service.affinity import usable_cpus, worker_cpu_sets
 from libs.service.affinity import worker_env as affinity_env
@@ -65,40 +73,8 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
         )
         launcher.wait_ready([registry])
         registry_addr = f"{HOST}:{registry.ports['grpc']}"
-        middle = [
-            launcher.spawn(
-                ServiceProcess("planner", "planner", "services.planner", {"FORNAX_REGISTRY_ADDR": registry_addr})
-            ),
-            launcher.spawn(
-                ServiceProcess(
-                    "artifact_builder",
-                    "artifact_builder",
-                    "services.artifact_builder",
-                    {
-                        "FORNAX_REGISTRY_ADDR": registry_addr,
-                        "FORNAX_ARTIFACT_STORE": str(options.state_dir / "artifacts"),
-                        "FORNAX_READ_ROOTS": builder_read_roots(options),
-                    },
-                )
-            ),
-        ]
         cpu_sets = worker_cpu_sets(options.stages, usable_cpus())
-        for index in range(options.stages):
-            worker_env = {
-                **affinity_env(cpu_sets[index]),
-                "FORNAX_STAGE_INDEX": str(index),
-                "FORNAX_BACKEND": options.backend,
-                "FORNAX_STATE_DIR": str(options.state_dir / f"stage_worker_{index}"),
-                # Stages load only the artifacts the builder wrote.
-                "FORNAX_READ_ROOTS": str(options.state_dir / "artifacts"),
-            }
-            middle.append(
-                launcher.spawn(
-                    ServiceProcess(f"stage_worker_{index}", "stage_worker", "services.stage_worker", worker_env)
-                )
-            )
-        if wants_reference_workers(options):
-            middle += [launcher.spawn(spec) for spec in reference_workers(options, cpu_sets)]
+        middle = _spawn_middle(launcher, options, registry_addr, cpu_sets)
         launcher.wait_ready(middle)
         entries = {s.spec.name: s.entry() for s in launcher.started}
         orchestrator_env = {**_orchestrator_env(options, entries),
@@ -115,3 +91,43 @@ def start_fleet(options: FleetOptions) -> tuple[FleetState, Launcher]:
     api = f"http://{HOST}:{http}/v1" if http else None
     state = FleetState(services=entries_in_order, api=api, api_key=options.api_key, tls=not options.insecure)
     return state, launcher
+
+
+def _spawn_middle(launcher: Launcher, options: FleetOptions, registry_addr: str,
+                  cpu_sets: list[tuple[int, ...]]) -> list[Started]:
+    """The services between the registry and the orchestrator: planner, artifact builder,
+    stage workers (and reference workers when the fleet switches backends)."""
+    middle = [
+        launcher.spawn(
+            ServiceProcess("planner", "planner", "services.planner", {"FORNAX_REGISTRY_ADDR": registry_addr})
+        ),
+        launcher.spawn(
+            ServiceProcess(
+                "artifact_builder",
+                "artifact_builder",
+                "services.artifact_builder",
+                {
+                    "FORNAX_REGISTRY_ADDR": registry_addr,
+                    "FORNAX_ARTIFACT_STORE": str(options.state_dir / "artifacts"),
+                    "FORNAX_READ_ROOTS": builder_read_roots(options),
+                },
+            )
+        ),
+    ]
+    for index in range(options.stages):
+        worker_env = {
+            **affinity_env(cpu_sets[index]),
+            "FORNAX_STAGE_INDEX": str(index),
+            "FORNAX_BACKEND": options.backend,
+            "FORNAX_STATE_DIR": str(options.state_dir / f"stage_worker_{index}"),
+            # Stages load only the artifacts the builder wrote.
+            "FORNAX_READ_ROOTS": str(options.state_dir / "artifacts"),
+        }
+        middle.append(
+            launcher.spawn(
+                ServiceProcess(f"stage_worker_{index}", "stage_worker", "services.stage_worker", worker_env)
+            )
+        )
+    if wants_reference_workers(options):
+        middle += [launcher.spawn(spec) for spec in reference_workers(options, cpu_sets)]
+    return middle
