@@ -69,7 +69,7 @@ from libs.service.channels import ChannelConfig
 from libs.service.errors import FornaxError
 from libs.service.fleet_state import FleetState, fleet_path, write_fleet
 from services.evidence_registry.client import ClientOptions, RegistryCallFailed, RegistryClient
-from services.evidence_registry.domain import LayerRange
+from services.evidence_registry.domain import LayerRange, Record, RecordContent
 from services.planner.inventory_facts import hosts_from_profiles, inventory_from
 from services.planner.model import describe_checkpoint
 from services.planner.profile_source import fetch_profile_records
@@ -278,10 +278,7 @@ def _poll_safe(predicate: Callable[[int], bool], value: int) -> bool:
 
 
 def qualify(cfg: QualifyConfig) -> QualifyResult:
-    if cfg.runs < 1:
-        raise QualifyError(f"--runs must be >= 1, got {cfg.runs}")
-    if not Path(cfg.checkpoint, "config.json").is_file():
-        raise QualifyError(f"--checkpoint {cfg.checkpoint} has no config.json")
+    _check_inputs(cfg)
     spec, offsets = prepare_spec(cfg)
     clocks = skew.describe(offsets, spec.control_host)
     state_dir = cfg.state_dir.resolve()
@@ -301,64 +298,19 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
         supervising = bool(supervisor.start())
         route = _inspect(spec, state, launcher, supervisor)
         _log("route " + " > ".join(f"{s.host}:{s.backend}[{s.layer_start}:{s.layer_end}]" for s in route.stages))
-        reference = greedy_reference(cfg.checkpoint, PROMPTS, cfg.decode_tokens)
-        work = Workload(PROMPTS, tuple(tuple(r) for r in reference), cfg.decode_tokens, EXPIRY_PROMPT)
-        boundaries, _, _ = boundary_parity(cfg.checkpoint, [(s.layer_start, s.layer_end) for s in route.stages],
-                                           [s.backend for s in route.stages], cfg.parity_tolerance)
-        runs = []
-        for n in range(1, cfg.runs + 1):
-            outcome = asyncio.run(_one_run(route, cfg, work, n, clocks, boundaries))
-            _log(f"run {n}: " + ", ".join(f"{c.name} {'pass' if c.passed else 'FAIL'}" for c in outcome.checks))
-            for c in outcome.failed:
-                _log(f"run {n}: {c.name} failed: {c.detail}")
-            runs.append(outcome)
+        work, boundaries = _workload(cfg, route)
+        runs = _run_all(route, cfg, work, clocks, boundaries)
         now_ns = time.time_ns()
         predicted, basis = _predictions_at_measured_rows(route, cfg, runs, now_ns)
-        try:
-            verdict = calibrate(runs, predicted, model_snapshot=route.model_snapshot,
-                                plan_hash=route.plan_hash, evidence_ids=route.evidence_ids, tolerance=cfg.tolerance,
-                                command=cfg.command, measured_unix_ns=now_ns, valid_for_s=cfg.valid_for_s,
-                                plan_route_key=route.plan_route_key, rows_basis=basis, hosts=route.facts)
-        except ValueError as exc:
-            raise QualifyError(f"cannot calibrate the installed plan: {exc}") from exc
-        _log("predictions " + (f"evaluated at each stage's {basis}" if basis else "at the plan's target rows")
-             + " (predictions): " + "; ".join(f"stage {p.stage_index} {p.rows:.3g} rows, {_past(p.past)}: " + ", ".join(
-                 f"{k} {v * 1e3:.3g} ms" for k, v in p.seconds.items()) for p in predicted))
-        facts = ReportFacts(
-            fleet_file=f"{cfg.fleet_file} (sha256 {spec.file_sha256[:12]})",
-            hosts=tuple(f"stage {s.index} on {f.describe()}; build {b}"
-                        for s, f, b in zip(route.stages, route.facts, route.builds, strict=True)),
-            model_snapshot=route.model_snapshot, command=cfg.command, started_utc=started_utc, skew=clocks,
-            load_average=f"{load} at start, " + "{:.2f} {:.2f} {:.2f} at end".format(*os.getloadavg()))
-        artifact = {"verdict": {"passed": verdict.passed, "failures": list(verdict.failures),
-                                "bottleneck_prediction_error": verdict.calibration.bottleneck_prediction_error,
-                                "tolerance": cfg.tolerance},
-                    "calibration": json.loads(to_json(verdict.calibration)), "runs": [asdict(r) for r in runs],
-                    "predictions": [asdict(p) for p in predicted],
-                    "predictions_at_target_rows": [asdict(p) for p in route.predicted], "facts": asdict(facts),
-                    "evidence_class": "physical",
-                    "predictions_label": "cost-model predictions of the installed plan"
-                                         + (f", evaluated at each stage's {basis} per microbatch from the plan's own "
-                                            "profile records" if basis else ", at the plan's target rows")}
-        on = MeasuredOn(hardware="; ".join(f.describe() for f in route.facts),
-                        backend_build=" | ".join(f"stage {s.index} {s.host}: {b}"
-                                                 for s, b in zip(route.stages, route.builds, strict=True)),
-                        model_snapshot=route.model_snapshot, command=cfg.command, measured_unix_ns=now_ns,
-                        valid_for_s=cfg.valid_for_s, layer_range=LayerRange(route.stages[0].layer_start,
-                                                                             route.stages[-1].layer_end),
-                        dtype=DType.FP32, shapes=_shapes(runs, work))
-        contents = [run_measurement(r, verdict.calibration.route_key, on) for r in runs]
-        contents += [calibration_record(verdict, on), qualification_record(artifact, verdict, on)]
+        verdict = _verdict(route, cfg, runs, predicted, basis, now_ns)
+        facts = _report_facts(cfg, spec, route, started_utc, load, clocks)
+        artifact = _artifact(cfg, route, verdict, runs, predicted, facts, basis)
+        contents = _records(cfg, route, verdict, runs, work, artifact, now_ns)
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         json_path, html_path = cfg.out_dir / "qualify.json", cfg.out_dir / "qualify.html"
         html_path.write_text(render_report(verdict, runs, predicted, facts), encoding="utf-8")
         json_path.write_text(json.dumps(artifact, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        try:
-            with RegistryClient(state.entry("evidence_registry").grpc,
-                                ClientOptions(channel=route.channel)) as client:
-                records = put_signed(client, contents, SIGNER, state_dir)
-        except RegistryCallFailed as exc:
-            raise QualifyError(f"the registry refused the gate's records: {exc} (report: {html_path})") from exc
+        records = _put_records(state, route, contents, state_dir, html_path)
         artifact["record_ids"] = [r.record_id for r in records]
         json_path.write_text(json.dumps(artifact, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return QualifyResult(verdict, tuple(runs), tuple(predicted), facts,
@@ -371,6 +323,101 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
         fleet_path(state_dir).unlink(missing_ok=True)
         if left:
             _log(f"teardown left: {', '.join(left)}")
+
+
+def _check_inputs(cfg: QualifyConfig) -> None:
+    if cfg.runs < 1:
+        raise QualifyError(f"--runs must be >= 1, got {cfg.runs}")
+    if not Path(cfg.checkpoint, "config.json").is_file():
+        raise QualifyError(f"--checkpoint {cfg.checkpoint} has no config.json")
+
+
+def _workload(cfg: QualifyConfig, route: LiveRoute) -> tuple[Workload, list[BoundaryParity]]:
+    """The prompts with their greedy reference ids, and each stage boundary's parity."""
+    reference = greedy_reference(cfg.checkpoint, PROMPTS, cfg.decode_tokens)
+    work = Workload(PROMPTS, tuple(tuple(r) for r in reference), cfg.decode_tokens, EXPIRY_PROMPT)
+    boundaries, _, _ = boundary_parity(cfg.checkpoint, [(s.layer_start, s.layer_end) for s in route.stages],
+                                       [s.backend for s in route.stages], cfg.parity_tolerance)
+    return work, boundaries
+
+
+def _run_all(route: LiveRoute, cfg: QualifyConfig, work: Workload, clocks: str,
+             boundaries: list[BoundaryParity]) -> list[RunOutcome]:
+    runs = []
+    for n in range(1, cfg.runs + 1):
+        outcome = asyncio.run(_one_run(route, cfg, work, n, clocks, boundaries))
+        _log(f"run {n}: " + ", ".join(f"{c.name} {'pass' if c.passed else 'FAIL'}" for c in outcome.checks))
+        for c in outcome.failed:
+            _log(f"run {n}: {c.name} failed: {c.detail}")
+        runs.append(outcome)
+    return runs
+
+
+def _verdict(route: LiveRoute, cfg: QualifyConfig, runs: list[RunOutcome], predicted: list[PredictedStage],
+             basis: str, now_ns: int) -> Verdict:
+    """The runs calibrated against the plan's predictions, which are logged."""
+    try:
+        verdict = calibrate(runs, predicted, model_snapshot=route.model_snapshot,
+                            plan_hash=route.plan_hash, evidence_ids=route.evidence_ids, tolerance=cfg.tolerance,
+                            command=cfg.command, measured_unix_ns=now_ns, valid_for_s=cfg.valid_for_s,
+                            plan_route_key=route.plan_route_key, rows_basis=basis, hosts=route.facts)
+    except ValueError as exc:
+        raise QualifyError(f"cannot calibrate the installed plan: {exc}") from exc
+    _log("predictions " + (f"evaluated at each stage's {basis}" if basis else "at the plan's target rows")
+         + " (predictions): " + "; ".join(f"stage {p.stage_index} {p.rows:.3g} rows, {_past(p.past)}: " + ", ".join(
+             f"{k} {v * 1e3:.3g} ms" for k, v in p.seconds.items()) for p in predicted))
+    return verdict
+
+
+def _report_facts(cfg: QualifyConfig, spec: FleetSpec, route: LiveRoute, started_utc: str, load: str,
+                  clocks: str) -> ReportFacts:
+    return ReportFacts(
+        fleet_file=f"{cfg.fleet_file} (sha256 {spec.file_sha256[:12]})",
+        hosts=tuple(f"stage {s.index} on {f.describe()}; build {b}"
+                    for s, f, b in zip(route.stages, route.facts, route.builds, strict=True)),
+        model_snapshot=route.model_snapshot, command=cfg.command, started_utc=started_utc, skew=clocks,
+        load_average=f"{load} at start, " + "{:.2f} {:.2f} {:.2f} at end".format(*os.getloadavg()))
+
+
+def _artifact(cfg: QualifyConfig, route: LiveRoute, verdict: Verdict, runs: list[RunOutcome],
+              predicted: list[PredictedStage], facts: ReportFacts, basis: str) -> dict:
+    """qualify.json: the verdict, calibration, runs, predictions and facts."""
+    return {"verdict": {"passed": verdict.passed, "failures": list(verdict.failures),
+                        "bottleneck_prediction_error": verdict.calibration.bottleneck_prediction_error,
+                        "tolerance": cfg.tolerance},
+            "calibration": json.loads(to_json(verdict.calibration)), "runs": [asdict(r) for r in runs],
+            "predictions": [asdict(p) for p in predicted],
+            "predictions_at_target_rows": [asdict(p) for p in route.predicted], "facts": asdict(facts),
+            "evidence_class": "physical",
+            "predictions_label": "cost-model predictions of the installed plan"
+                                 + (f", evaluated at each stage's {basis} per microbatch from the plan's own "
+                                    "profile records" if basis else ", at the plan's target rows")}
+
+
+def _records(cfg: QualifyConfig, route: LiveRoute, verdict: Verdict, runs: list[RunOutcome], work: Workload,
+             artifact: dict, now_ns: int) -> list[tuple[RecordContent, bytes]]:
+    """The registry records the gate leaves: each run's measurement, the calibration, the qualification."""
+    on = MeasuredOn(hardware="; ".join(f.describe() for f in route.facts),
+                    backend_build=" | ".join(f"stage {s.index} {s.host}: {b}"
+                                             for s, b in zip(route.stages, route.builds, strict=True)),
+                    model_snapshot=route.model_snapshot, command=cfg.command, measured_unix_ns=now_ns,
+                    valid_for_s=cfg.valid_for_s, layer_range=LayerRange(route.stages[0].layer_start,
+                                                                         route.stages[-1].layer_end),
+                    dtype=DType.FP32, shapes=_shapes(runs, work))
+    contents = [run_measurement(r, verdict.calibration.route_key, on) for r in runs]
+    contents += [calibration_record(verdict, on), qualification_record(artifact, verdict, on)]
+    return contents
+
+
+def _put_records(state: FleetState, route: LiveRoute, contents: list[tuple[RecordContent, bytes]],
+                 state_dir: Path, html_path: Path) -> list[Record]:
+    try:
+        with RegistryClient(state.entry("evidence_registry").grpc,
+                            ClientOptions(channel=route.channel)) as client:
+            return put_signed(client, contents, SIGNER, state_dir)
+    except RegistryCallFailed as exc:
+        raise QualifyError(f"the registry refused the gate's records: {exc} (report: {html_path})") from exc
+
 
 def _predictions_at_measured_rows(route: LiveRoute, cfg: QualifyConfig, runs: list[RunOutcome],
                                   now_ns: int) -> tuple[list[PredictedStage], str]:

@@ -100,14 +100,7 @@ async def measured_decode(gen: Generator, work: Workload, run: int, stages: Sequ
     after = {s.index: (await asyncio.to_thread(health, s.index)).phases for s in stages}
     window = time.monotonic() - start
     outs = await asyncio.gather(*tasks)
-    checks = []
-    prefill = [o.request_id for i, o in enumerate(outs)
-               if o.code or not o.token_ids or not work.reference[i] or o.token_ids[0] != work.reference[i][0]]
-    ttft = max((o.first_token_at or o.ended) - o.started for o in outs)
-    checks.append(Check("prefill", not prefill,
-                        f"{len(outs)} prompts of {min(map(len, work.prompts))}-{max(map(len, work.prompts))} tokens "
-                        f"prefilled together; first tokens {'match' if not prefill else 'DIFFER from'} the reference; "
-                        f"slowest time to first token {ttft * 1e3:.1f} ms (physical)"))
+    checks = [_prefill_check(work, outs)]
     bad = [m for i, o in enumerate(outs)
            if (m := (f"{o.request_id}: ended {o.code} {o.error}" if o.code else
                      reference_mismatch(o, _expected(work, i, work.decode_tokens), complete=True)))]
@@ -123,6 +116,17 @@ async def measured_decode(gen: Generator, work: Workload, run: int, stages: Sequ
                         f"{len(outs)} streams x {work.decode_tokens} greedy tokens equal the single-process "
                         f"transformers reference; measured window {window * 1e3:.1f} ms, {window_rows[0]} decode rows"))
     return checks, times
+
+
+def _prefill_check(work: Workload, outs: Sequence[Generated]) -> Check:
+    """Every prompt prefilled together: each first token matches the reference."""
+    prefill = [o.request_id for i, o in enumerate(outs)
+               if o.code or not o.token_ids or not work.reference[i] or o.token_ids[0] != work.reference[i][0]]
+    ttft = max((o.first_token_at or o.ended) - o.started for o in outs)
+    return Check("prefill", not prefill,
+                 f"{len(outs)} prompts of {min(map(len, work.prompts))}-{max(map(len, work.prompts))} tokens "
+                 f"prefilled together; first tokens {'match' if not prefill else 'DIFFER from'} the reference; "
+                 f"slowest time to first token {ttft * 1e3:.1f} ms (physical)")
 
 
 async def changing_subset(gen: Generator, work: Workload, run: int) -> list[Check]:
