@@ -72,7 +72,8 @@ proto-check: proto-lint proto-breaking
 	rm -rf .proto-check
 	@echo "proto-check: generated code is current"
 
-# ruff (lint; import order once the tree is sorted) and mypy, both configured in pyproject.toml.
+# ruff (lint, import order, mccabe complexity <= 10) and mypy, both configured in pyproject.toml.
+# Module and function length limits are tests/unit/tooling/test_size_limits.py (unit group).
 lint: setup
 	$(VENV)/bin/ruff check libs services apps tests
 	$(VENV)/bin/mypy
