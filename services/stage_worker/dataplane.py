@@ -41,6 +41,7 @@ from libs.service.errors import FailedPrecondition, FornaxError
 from libs.service.trace_context import context_from, current_traceparent
 from services.stage_worker import convert, metrics
 from services.stage_worker.leases import ReceiverLimits, ReceiverState
+from services.stage_worker.leases.epochs import StageKvEpochs
 from services.stage_worker.phase_totals import Phase
 from services.stage_worker.runtime import LoadedStage, StageRuntime
 
@@ -124,7 +125,7 @@ class DataPlane:
             prefix_block_tokens=stage.executor.kv.block_tokens,
         )
         binding = binding_for(stage, spec.stage_index)
-        self._leases = ReceiverState(binding, limits)
+        self._leases = ReceiverState(binding, limits, epochs=StageKvEpochs(stage.executor.kv))
         self._receiver = Fnx2Receiver(
             ReceiverConfig(
                 binding=binding,

@@ -30,6 +30,7 @@ from services.orchestrator.engine.route_choice import (
     place_stranded,
     unavailable_detail,
 )
+from services.orchestrator.engine.route_events import EngineServing, RequestsSuspended
 from services.orchestrator.engine.serving import ServingConfig, ServingEngine
 from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE, route_unavailable
 
@@ -55,10 +56,8 @@ class MultiRouteEngine:
                                   reason="BAD_ROUTE_COUNT", field="routes")
         self.engines = tuple(engines)
         for engine in self.engines:
-            engine.on_suspended = self._fail_over
-            engine.on_recovered = self._fail_over_all
-        # Per-route calibrations are in each route's own status; the set has none of its own.
-        self.calibration = None
+            engine.events.subscribe(RequestsSuspended, lambda e: self._fail_over(e.engine))
+            engine.events.subscribe(EngineServing, lambda e: self._fail_over_all())
 
     # ----- what the front ends ask (EngineClient) -----
 
@@ -94,6 +93,7 @@ class MultiRouteEngine:
         return EngineSnapshot(live, self._why_down() if degraded else None, closed)
 
     def route_calibration(self) -> RouteCalibration | None:
+        """Per-route calibrations are in each route's own status; the set has none of its own."""
         return None
 
     async def stage_stats(self) -> list[StageStats]:

@@ -13,7 +13,7 @@ import asyncio
 import collections
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import structlog
@@ -46,6 +46,17 @@ from services.orchestrator.engine.request_stream import (  # noqa: F401
     terminal_error,
 )
 from services.orchestrator.engine.route_choice import RouteLoad
+from services.orchestrator.engine.route_events import (
+    BatchLostRoute,
+    CalibrationObserved,
+    EngineClosing,
+    EngineServing,
+    NewPipeline,
+    RequestsSuspended,
+    RouteEvents,
+    RouteLost,
+    RouteRecovered,
+)
 from services.orchestrator.engine.scheduler import RetiredRequest, Scheduler, SuspendedRequest
 from services.orchestrator.engine.tracing import RequestSpans
 from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE, route_unavailable
@@ -93,7 +104,8 @@ class ServingConfig:
 
 class ServingEngine:
     def __init__(self, pipeline: Pipeline, served: ServedModel, text: TextContext,
-                 config: ServingConfig = ServingConfig(), clock: Clock = time.monotonic_ns) -> None:
+                 config: ServingConfig = ServingConfig(), clock: Clock = time.monotonic_ns,
+                 events: RouteEvents | None = None) -> None:
         budgets = config.stage_kv_budget_bytes or tuple(
             NO_KV_LIMIT_BYTES if s.kv_budget_bytes is None else s.kv_budget_bytes
             for s in served.stages)
@@ -123,17 +135,13 @@ class ServingEngine:
         self._pump_pending = False
         # Why the route cannot serve (a stage is down); None while it can.
         self.degraded_reason: str | None = None
-        # Called with a reason when a batch fails because the route, not a sequence, failed.
-        self.on_route_failure: Callable[[str], Awaitable[None]] | None = None
-        # Stops what watches the route (its health monitor) before the pipeline closes.
-        self.on_close: Callable[[], Awaitable[None]] | None = None
-        # The route's calibration against its plan's predictions; None when nothing watches it.
-        self.calibration: Callable[[], RouteCalibration] | None = None
-        # Called after a scheduling pass that leaves requests suspended for replay, so another
-        # replica route can take them over (`multiroute.py`); None: they wait for this route.
-        self.on_suspended: Callable[[ServingEngine], None] | None = None
-        # Called when this route serves again, so streams waiting elsewhere can come to it.
-        self.on_recovered: Callable[[], None] | None = None
+        # What this engine and its route tell each other (`route_events.py`).
+        self.events = events if events is not None else RouteEvents()
+        self._calibration: RouteCalibration | None = None
+        self.events.subscribe(RouteLost, lambda e: self.degrade(e.reason))
+        self.events.subscribe(RouteRecovered, lambda e: self.recover())
+        self.events.subscribe(NewPipeline, lambda e: self.recover(e.pipeline))
+        self.events.subscribe(CalibrationObserved, self._observe_calibration)
 
     # ----- public -----
 
@@ -224,8 +232,7 @@ class ServingEngine:
         self.scheduler.resume()
         metrics.ROUTE_DEGRADED.set(0)
         self._pump()
-        if self.on_recovered is not None:
-            self.on_recovered()
+        self.events.notify(EngineServing(self))
 
     def _give_up_recovery(self) -> None:
         self._recovery_timer = None
@@ -257,8 +264,7 @@ class ServingEngine:
                 task.cancel()
         if self._timer is not None:
             self._timer.cancel()
-        if self.on_close is not None:
-            await self.on_close()
+        await self.events.publish(EngineClosing())
         await self.pipeline.close()
 
     @property
@@ -305,7 +311,11 @@ class ServingEngine:
         return EngineSnapshot(self.scheduler.live_requests, self.degraded_reason, self.admission.closed_reason)
 
     def route_calibration(self) -> RouteCalibration | None:
-        return self.calibration() if self.calibration else None
+        """The route's calibration as its supervisor last observed it; None when nothing watches it."""
+        return self._calibration
+
+    def _observe_calibration(self, event: CalibrationObserved) -> None:
+        self._calibration = event.calibration
 
     async def stage_stats(self) -> list[StageStats]:
         return await self.pipeline.stage_stats()
@@ -348,8 +358,8 @@ class ServingEngine:
                 self._spans.scheduled(piece.request_id)
             self._spawn(self._run_batch(batch))
         self._dispatch()
-        if self.on_suspended is not None and self.scheduler.suspended_requests:
-            self.on_suspended(self)
+        if self.scheduler.suspended_requests:
+            self.events.notify(RequestsSuspended(self))
         metrics.LIVE_REQUESTS.set(self.scheduler.live_requests)
         metrics.INFLIGHT_MICROBATCHES.set(self.scheduler.inflight_microbatches)
         metrics.STALLED_REQUESTS.set(self.scheduler.stalled_requests)
@@ -415,8 +425,8 @@ class ServingEngine:
             results = await self._failed_batch(batch, exc)
         else:
             lost = next((s for s in results if s.route_lost), None)
-            if lost is not None and self.on_route_failure is not None:
-                await self.on_route_failure(lost.error)
+            if lost is not None:
+                await self.events.publish(BatchLostRoute(lost.error))
         self.scheduler.update_from_output(batch.batch_id, results)
         self._pump()
 
@@ -427,8 +437,7 @@ class ServingEngine:
             error = exc.message
             if _LOGS.allow("microbatch_route_unavailable") is not None:
                 _log.warning("microbatch_failed", batch_id=batch.batch_id, error=exc.message)
-            if self.on_route_failure is not None:
-                await self.on_route_failure(exc.message)
+            await self.events.publish(BatchLostRoute(exc.message))
         else:
             error = f"the pipeline failed ({type(exc).__name__})"
             if _LOGS.allow("microbatch_failed") is not None:

@@ -139,7 +139,7 @@ class RouteManager:
             stages=current.stages if current else (),
             inflight_requests=current.engine.live_requests if current else 0,
             previous=self._previous, failure=failure, stage_conditions=conditions,
-            calibration=current.engine.calibration() if current and current.engine.calibration else None,
+            calibration=current.engine.route_calibration() if current else None,
             routes=tuple(_member_status(m, state) for m in current.members) if current else ())
 
     async def install(self, request: InstallRequest) -> RouteStatus:
@@ -291,4 +291,4 @@ def _member_status(route: InstalledRoute, set_state: RouteState) -> RouteStatus:
         state=state, plan=route.plan, stages=route.stages, inflight_requests=engine.live_requests,
         previous=None, failure=degraded or "",
         stage_conditions=route.stage_conditions() if route.stage_conditions else (),
-        calibration=engine.calibration() if engine.calibration else None)
+        calibration=engine.route_calibration())

@@ -20,6 +20,14 @@ import structlog
 from services.orchestrator.engine import metrics
 from services.orchestrator.engine.drift import Calibration, DriftTracker, RouteCalibration
 from services.orchestrator.engine.pipeline import Pipeline
+from services.orchestrator.engine.route_events import (
+    BatchLostRoute,
+    CalibrationObserved,
+    EngineClosing,
+    NewPipeline,
+    RouteLost,
+    RouteRecovered,
+)
 from services.orchestrator.engine.serving import ServingEngine
 from services.orchestrator.route.route_health import (
     HealthPolicy,
@@ -56,22 +64,20 @@ class RouteSupervisor:
                                           progress=lambda: self._route.meter.take())
 
     def start(self) -> None:
-        self._engine.on_route_failure = self.monitor.report_failure
-        self._engine.on_close = self._stop
+        events = self._engine.events
+        events.subscribe(BatchLostRoute, lambda e: self.monitor.report_failure(e.reason))
+        events.subscribe(EngineClosing, lambda e: self._stop())
         if self.drift is not None:
-            self._engine.calibration = self.calibration
+            events.notify(CalibrationObserved(self.drift.calibration))
         self.monitor.start()
-
-    def calibration(self) -> RouteCalibration:
-        if self.drift is None:
-            raise RuntimeError("this route has no drift tracker")
-        return self.drift.calibration
 
     async def _probe(self) -> list[StageProbe]:
         """Each round of health probes also carries each stage's measured service time."""
         probes = await self._route.probe()
         if self.drift is not None:
-            publish_calibration(self.drift.observe([p.service for p in probes]))
+            calibration = self.drift.observe([p.service for p in probes])
+            publish_calibration(calibration)
+            await self._engine.events.publish(CalibrationObserved(calibration))
         return probes
 
     async def _stop(self) -> None:
@@ -85,7 +91,7 @@ class RouteSupervisor:
 
     async def _on_change(self, verdict: RouteVerdict) -> None:
         if verdict.degraded:
-            self._engine.degrade(verdict.reason)
+            await self._engine.events.publish(RouteLost(verdict.reason))
             await self._route.abort()
             await self._on_degraded_round(verdict)
             return
@@ -97,9 +103,9 @@ class RouteSupervisor:
         except Exception as exc:  # still unusable: stay degraded and keep probing
             reason = f"stage 0 data plane did not reopen ({type(exc).__name__})"
             self.monitor.tracker.force(reason)
-            self._engine.degrade(reason)
+            await self._engine.events.publish(RouteLost(reason))
             return
-        self._engine.recover()
+        await self._engine.events.publish(RouteRecovered())
 
     async def _on_degraded_round(self, verdict: RouteVerdict) -> None:
         """A restarted worker is reachable but has no stage: reload the whole route."""
@@ -129,9 +135,10 @@ class RouteSupervisor:
         self.monitor.reset()
         if self._new_drift is not None:
             self.drift = self._new_drift()
+            await self._engine.events.publish(CalibrationObserved(self.drift.calibration))
         if self._on_reloaded is not None:
             self._on_reloaded(route)
-        self._engine.recover(self._make_pipeline(route))
+        await self._engine.events.publish(NewPipeline(self._make_pipeline(route)))
 
 
 def publish_calibration(calibration: RouteCalibration) -> None:

@@ -1,5 +1,8 @@
 """A stage's FNX2 session rules as a pure core: credits, leases, KV epochs, replay, tombstones.
 
+The rules check each slice's KV epoch against `epochs` (`epochs.py`): in a stage worker that is
+the KV store itself, so a stage process keeps one epoch per lease.
+
 The stage worker hands one `ReceiverState` to its `Fnx2Receiver`, which asks it about every
 frame through `libs.fnx2.channel.session.SessionRules`; the records they trade
 (`BatchAdmission`, `Outcome`, `Entry`) are declared there.
@@ -27,6 +30,7 @@ from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
 from libs.fnx2.wire.leases import derive_execution_lease_id, local_deadline
 from libs.fnx2.wire.messages import Batch, Phase, SequenceResult, SequenceSlice, SequenceStatus, Timings
 from libs.fnx2.wire.tensor import crc32c
+from services.stage_worker.leases.epochs import CommittedSteps, LeaseEpochs
 from services.stage_worker.leases.lease_watermark import LeaseWatermark
 from services.stage_worker.leases.tombstones import Tombstone, TombstoneTable
 
@@ -141,7 +145,6 @@ class _Lease:
     lease_id: str
     deadline_ns: int
     last_active_ns: int = 0
-    epoch: int = 0
     next_sequence_no: int = 0
     next_position: int = 0
     decoded: bool = False
@@ -159,6 +162,8 @@ _NO_OUTCOME = Outcome(False, None, ErrorCode.FAILED, "no outcome")
 class ReceiverState:
     binding: ChannelBinding
     limits: ReceiverLimits = field(default_factory=ReceiverLimits)
+    # Each lease's KV epoch: the stage's KV store, or a count of steps where nothing keeps KV.
+    epochs: LeaseEpochs = field(default_factory=CommittedSteps)
     _leases: dict[str, _Lease] = field(default_factory=dict)
     _tombstones: TombstoneTable = field(init=False)
     _watermark: LeaseWatermark = field(init=False)
@@ -222,7 +227,7 @@ class ReceiverState:
 
     def epoch_of(self, request_id: str) -> int | None:
         lease = self._leases.get(request_id)
-        return None if lease is None else lease.epoch
+        return None if lease is None else self.epochs.epoch_of(lease.request_id, lease.lease_id)
 
     # -- admission -----------------------------------------------------------------------
     def admit(self, batch: Batch, now_ns: int) -> BatchAdmission:
@@ -316,8 +321,9 @@ class ReceiverState:
             return _reject(item, ErrorCode.CANCELLED, "request was cancelled", SequenceStatus.CANCELLED)
         if item.request_sequence_no != lease.next_sequence_no:
             return _reject(item, ErrorCode.SEQUENCE, f"expected request_sequence_no {lease.next_sequence_no}")
-        if item.kv_epoch != lease.epoch:
-            return _reject(item, ErrorCode.STALE_KV, f"stage KV epoch is {lease.epoch}")
+        epoch = self.epochs.epoch_of(lease.request_id, lease.lease_id)
+        if item.kv_epoch != epoch:
+            return _reject(item, ErrorCode.STALE_KV, f"stage KV epoch is {epoch}")
         if batch.batch.phase is Phase.PREFILL and lease.decoded:
             return _reject(item, ErrorCode.PHASE, "prefill after decode")
         if item.token_position_start != lease.next_position:
@@ -396,7 +402,7 @@ class ReceiverState:
         kv = item.input_row_count * self.limits.kv_bytes_per_row
         lease.kv_bytes += kv
         self._kv_used += kv
-        lease.epoch += 1
+        self.epochs.step_committed(lease.request_id, lease.lease_id)
         lease.next_sequence_no += 1
         lease.next_position += item.input_row_count
         lease.decoded = lease.decoded or batch.batch.phase is Phase.DECODE
@@ -439,11 +445,12 @@ class ReceiverState:
             return AckRelease(request_id, lease_id, False, None, 0, True)
         if lease.inflight:
             raise Fnx2Error(ErrorCode.REQUEST_INFLIGHT, "request is executing")
-        if expected_final_epoch is not None and expected_final_epoch != lease.epoch:
-            raise Fnx2Error(ErrorCode.STALE_KV, f"stage KV epoch is {lease.epoch}")
+        epoch = self.epochs.epoch_of(request_id, lease_id)
+        if expected_final_epoch is not None and expected_final_epoch != epoch:
+            raise Fnx2Error(ErrorCode.STALE_KV, f"stage KV epoch is {epoch}")
         released_results = 1 if lease.replay is not None else 0
         self._retire(lease, Tombstone.RELEASED)
-        return AckRelease(request_id, lease_id, True, lease.epoch, released_results, True)
+        return AckRelease(request_id, lease_id, True, epoch, released_results, True)
 
     def sweep(self, now_ns: int) -> list[tuple[str, str]]:
         """Expire idle leases past their local deadline and forget tombstones past their
@@ -460,6 +467,7 @@ class ReceiverState:
     def _retire(self, lease: _Lease, reason: Tombstone) -> None:
         """Free KV and replay state; room for the tombstone was reserved at admission."""
         self._leases.pop(lease.request_id, None)
+        self.epochs.forget(lease.request_id, lease.lease_id)
         self._kv_used -= lease.kv_bytes
         if lease.replay is not None:
             self._replay_used -= lease.replay.retained_bytes

@@ -14,6 +14,7 @@ from services.orchestrator.engine.domain import (
     GenerationRequest,
     SchedulerConfig,
 )
+from services.orchestrator.engine.route_events import BatchLostRoute
 from services.orchestrator.engine.serving import ServingConfig, ServingEngine, terminal_error
 from services.orchestrator.engine.unavailable import route_unavailable
 from services.orchestrator.route.route_health import (
@@ -147,9 +148,7 @@ def test_a_route_failure_mid_request_is_a_clean_503_not_a_500(text_context):
     async def main():
         eng = _engine(text_context, LostRoute(2), recovery_timeout_s=0.0)  # no wait for a reload
 
-        async def on_failure(reason):
-            reported.append(reason)
-        eng.on_route_failure = on_failure
+        eng.events.subscribe(BatchLostRoute, lambda event: reported.append(event.reason))
         events = [o async for o in eng.submit(GenerationRequest("z", (5, 6, 7), 5))]
         await eng.wait_idle()
         return events

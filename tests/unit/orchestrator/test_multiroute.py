@@ -11,6 +11,7 @@ import pytest
 from libs.service.errors import Unavailable
 from services.orchestrator.engine.domain import FinishReason, RequestSliceResult
 from services.orchestrator.engine.multiroute import MultiRouteEngine
+from services.orchestrator.engine.route_events import BatchLostRoute, NewPipeline, RouteLost
 from services.orchestrator.engine.serving import ServingEngine
 from services.orchestrator.engine.unavailable import ROUTE_UNAVAILABLE, route_unavailable
 from tests.unit.orchestrator.fakes import FakePipeline
@@ -40,10 +41,10 @@ def _route(text_context) -> tuple[ServingEngine, LosablePipeline]:
     pipeline = LosablePipeline()
     eng = engine(text_context, pipeline)
 
-    async def on_failure(message: str) -> None:  # what the route's supervisor does
-        eng.degrade(message)
+    async def on_failure(event: BatchLostRoute) -> None:  # what the route's supervisor does
+        await eng.events.publish(RouteLost(event.reason))
 
-    eng.on_route_failure = on_failure
+    eng.events.subscribe(BatchLostRoute, on_failure)
     return eng, pipeline
 
 
@@ -118,7 +119,7 @@ def test_with_every_route_down_new_requests_are_refused_and_streams_wait_for_a_r
             multi.submit(req("refused"))
         snapshot = multi.snapshot()
         # Route b comes back under a fresh generation (no KV): every stream resumes there.
-        b.recover(FakePipeline(2))
+        await b.events.publish(NewPipeline(FakePipeline(2)))
         rest = await asyncio.gather(*(collect(s) for s in streams))
         return reference, firsts, rest, refused.value, snapshot, a
 
