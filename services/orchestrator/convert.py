@@ -9,8 +9,7 @@ from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from libs.common.proto import backend_from_pb, dtype_from_pb
 from libs.service.errors import InvalidArgument
 from libs.text.chat_template import ChatMessage
-from services.orchestrator.api.openai_request import parse_options
-from services.orchestrator.api.prompting import check_model, check_token_ids, generation_request
+from services.orchestrator.api.openai_request import check_model, check_token_ids, generation_request, parse_options
 from services.orchestrator.engine.client import EngineClient
 from services.orchestrator.engine.domain import FinishReason, GenerationRequest, RequestOutput
 from services.orchestrator.engine.drift import Calibration, RouteCalibration

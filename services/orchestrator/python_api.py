@@ -18,8 +18,7 @@ from pathlib import Path
 from libs.common.kinds import Backend
 from libs.text.chat_template import ChatMessage
 from libs.text.context import TextContext
-from services.orchestrator.api.openai_request import CommonOptions
-from services.orchestrator.api.prompting import generation_request
+from services.orchestrator.api.openai_request import CommonOptions, generation_request
 from services.orchestrator.engine.domain import FinishReason, SamplingParams
 from services.orchestrator.engine.pipeline import Pipeline
 from services.orchestrator.engine.serving import ServingConfig, ServingEngine, build_engine

@@ -26,19 +26,17 @@ from services.orchestrator.api import openai_response as fmt
 from services.orchestrator.api.dashboard import STATE_PATH, add_dashboard, record_error
 from services.orchestrator.api.openai_request import (
     CommonOptions,
-    parse_chat_completion,
-    parse_completion,
-    parse_json_object,
-)
-from services.orchestrator.api.openai_stream import ApiKind, ResponseForm, collect, stream_sse
-from services.orchestrator.api.prompting import (
     chat_options,
     chat_prompt_ids,
     check_model,
     choice_requests,
     completion_prompt_ids,
     generation_request,
+    parse_chat_completion,
+    parse_completion,
+    parse_json_object,
 )
+from services.orchestrator.api.openai_stream import ApiKind, ResponseForm, collect, stream_sse
 from services.orchestrator.engine.client import EngineClient
 from services.orchestrator.engine.domain import GenerationRequest
 from services.orchestrator.engine.multiroute import MultiRouteEngine

@@ -13,6 +13,7 @@ for its own route's recovery (or its recovery timeout), as it would on a single 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -56,7 +57,7 @@ class MultiRouteEngine:
                                   reason="BAD_ROUTE_COUNT", field="routes")
         self.engines = tuple(engines)
         for engine in self.engines:
-            engine.events.subscribe(RequestsSuspended, lambda e: self._fail_over(e.engine))
+            engine.events.subscribe(RequestsSuspended, functools.partial(self._on_suspended, engine))
             engine.events.subscribe(EngineServing, lambda e: self._fail_over_all())
 
     # ----- what the front ends ask (EngineClient) -----
@@ -133,6 +134,9 @@ class MultiRouteEngine:
 
     def _why_down(self) -> str:
         return unavailable_detail([e.degraded_reason or e.admission.closed_reason for e in self.engines])
+
+    def _on_suspended(self, source: ServingEngine, event: RequestsSuspended) -> None:
+        self._fail_over(source)
 
     def _fail_over_all(self) -> None:
         for engine in self.engines:

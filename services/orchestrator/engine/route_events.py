@@ -19,13 +19,10 @@ import inspect
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from services.orchestrator.engine.drift import RouteCalibration
 from services.orchestrator.engine.pipeline import Pipeline
-
-if TYPE_CHECKING:
-    from services.orchestrator.engine.serving import ServingEngine
 
 
 @dataclass(frozen=True)
@@ -68,16 +65,14 @@ class EngineClosing:
 
 @dataclass(frozen=True)
 class RequestsSuspended:
-    """A scheduling pass left requests suspended for replay on `engine`."""
+    """A scheduling pass left requests suspended for replay on the bus's engine."""
 
-    engine: ServingEngine
+    count: int
 
 
 @dataclass(frozen=True)
 class EngineServing:
-    """`engine` serves again (after a degraded spell)."""
-
-    engine: ServingEngine
+    """The bus's engine serves again (after a degraded spell)."""
 
 
 E = TypeVar("E")

@@ -232,7 +232,7 @@ class ServingEngine:
         self.scheduler.resume()
         metrics.ROUTE_DEGRADED.set(0)
         self._pump()
-        self.events.notify(EngineServing(self))
+        self.events.notify(EngineServing())
 
     def _give_up_recovery(self) -> None:
         self._recovery_timer = None
@@ -359,7 +359,7 @@ class ServingEngine:
             self._spawn(self._run_batch(batch))
         self._dispatch()
         if self.scheduler.suspended_requests:
-            self.events.notify(RequestsSuspended(self))
+            self.events.notify(RequestsSuspended(self.scheduler.suspended_requests))
         metrics.LIVE_REQUESTS.set(self.scheduler.live_requests)
         metrics.INFLIGHT_MICROBATCHES.set(self.scheduler.inflight_microbatches)
         metrics.STALLED_REQUESTS.set(self.scheduler.stalled_requests)

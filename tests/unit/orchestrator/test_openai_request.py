@@ -4,15 +4,13 @@ import pytest
 
 from libs.service.errors import FornaxError, InvalidArgument, NotFound
 from services.orchestrator.api.openai_request import (
-    parse_chat_completion,
-    parse_completion,
-    parse_json_object,
-)
-from services.orchestrator.api.prompting import (
     chat_prompt_ids,
     check_model,
     completion_prompt_ids,
     generation_request,
+    parse_chat_completion,
+    parse_completion,
+    parse_json_object,
 )
 from services.orchestrator.engine.domain import SamplingParams, ServedModel, StageLayout, TokenLimits
 

@@ -59,8 +59,8 @@ def test_notify_refuses_a_coroutine_handler_instead_of_dropping_it():
 def test_the_engine_degrades_and_recovers_on_the_routes_events(text_context):
     async def main():
         eng = engine(text_context, FakePipeline(2))
-        served_again: list[object] = []
-        eng.events.subscribe(EngineServing, lambda e: served_again.append(e.engine))
+        served_again: list[EngineServing] = []
+        eng.events.subscribe(EngineServing, served_again.append)
         await eng.events.publish(RouteLost("stage 1 is unresponsive"))
         with pytest.raises(Unavailable) as refused:
             eng.submit(req("refused"))
@@ -72,7 +72,7 @@ def test_the_engine_degrades_and_recovers_on_the_routes_events(text_context):
     eng, refused, events, served_again = asyncio.run(asyncio.wait_for(main(), 10))
     assert refused.reason == "ROUTE_UNAVAILABLE" and "stage 1 is unresponsive" in refused.message
     assert events[-1].finish_reason is FinishReason.LENGTH
-    assert served_again == [eng]
+    assert served_again == [EngineServing()]
 
 
 def test_a_new_pipeline_replays_suspended_streams_on_it_and_suspension_is_announced(text_context):
@@ -89,7 +89,7 @@ def test_a_new_pipeline_replays_suspended_streams_on_it_and_suspension_is_announ
         first = Losable(2)
         eng = engine(text_context, first)
         suspended: list[int] = []
-        eng.events.subscribe(RequestsSuspended, lambda e: suspended.append(e.engine.scheduler.suspended_requests))
+        eng.events.subscribe(RequestsSuspended, lambda e: suspended.append(e.count))
 
         async def lost(event: BatchLostRoute) -> None:  # what the route's supervisor does
             await eng.events.publish(RouteLost(event.reason))
@@ -102,11 +102,11 @@ def test_a_new_pipeline_replays_suspended_streams_on_it_and_suspension_is_announ
         replacement = FakePipeline(2)
         await eng.events.publish(NewPipeline(replacement))
         rest = await collect(stream)
-        return reference, head + rest, eng.pipeline is replacement
+        return reference, head + rest, eng.pipeline is replacement, suspended
 
-    reference, events, swapped = asyncio.run(asyncio.wait_for(main(), 10))
+    reference, events, swapped, suspended = asyncio.run(asyncio.wait_for(main(), 10))
     tokens = [t for e in events for t in e.token_ids]
-    assert swapped
+    assert swapped and suspended[0] == 1
     assert tokens == [t for e in reference for t in e.token_ids]
 
 
