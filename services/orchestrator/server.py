@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import structlog
@@ -34,6 +35,7 @@ from services.orchestrator.engine.multiroute import MultiRouteEngine
 from services.orchestrator.engine.route_slot import RouteSlot
 from services.orchestrator.engine.serving import ServingEngine, build_engine, terminal_error
 from services.orchestrator.route.coldstart import BackendBoard, serve_then_upgrade
+from services.orchestrator.route.host_drain import RouteSetStore, drain_host
 from services.orchestrator.route.lifecycle import (
     InstalledRoute,
     Installer,
@@ -93,6 +95,32 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
 
     async def GetPlanStatus(self, request, context) -> pb.GetPlanStatusResponse:
         return pb.GetPlanStatusResponse(current=convert.status_to_pb(self._manager.status()))
+
+    async def DrainHost(self, request, context) -> pb.DrainHostResponse:
+        if not request.worker_address:
+            raise InvalidArgument("name the leaving host's stage worker", reason="MISSING_WORKER",
+                                  field="worker_address")
+        timeout_s = request.timeout_ns / 1e9 if request.timeout_ns else self._cfg.route.drain_timeout_s
+        outcome = await self._manager.change_routes("drain a host", partial(
+            drain_host, worker=request.worker_address, timeout_s=timeout_s, store=route_set_store(self._cfg)))
+        return convert.host_drain_to_pb(outcome, self._manager.status())
+
+
+def route_set_store(cfg: OrchestratorConfig) -> RouteSetStore:
+    """Stores the routes a host drain leaves in the orchestrator's state directory."""
+    from services.orchestrator.route.route_set_store import (
+        read_route_set,
+        stored_route_set,
+        write_route_set,
+    )
+
+    def store(remaining: tuple[tuple[str, ...], ...], worker: str) -> str:
+        before = read_route_set(cfg.route.state_dir)
+        drained = (*(before.drained_workers if before else ()), worker)
+        return str(write_route_set(cfg.route.state_dir, stored_route_set(cfg.route.stage_workers, remaining,
+                                                                         drained)))
+
+    return store
 
 
 def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
