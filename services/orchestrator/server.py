@@ -55,6 +55,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         self._cfg = cfg
         self._route = route
         self._manager = manager
+        self._store_route_set = route_set_store(cfg)
 
     def _engine(self) -> ServingEngine | MultiRouteEngine:
         if self._route.engine is None:
@@ -102,21 +103,19 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
                                   field="worker_address")
         timeout_s = request.timeout_ns / 1e9 if request.timeout_ns else self._cfg.route.drain_timeout_s
         outcome = await self._manager.change_routes("drain a host", partial(
-            drain_host, worker=request.worker_address, timeout_s=timeout_s, store=route_set_store(self._cfg)))
+            drain_host, worker=request.worker_address, timeout_s=timeout_s, store=self._store_route_set))
         return convert.host_drain_to_pb(outcome, self._manager.status())
 
 
 def route_set_store(cfg: OrchestratorConfig) -> RouteSetStore:
-    """Stores the routes a host drain leaves in the orchestrator's state directory."""
-    from services.orchestrator.route.route_set_store import (
-        read_route_set,
-        stored_route_set,
-        write_route_set,
-    )
+    """Stores the routes a host drain leaves in the orchestrator's state directory, with every
+    worker this orchestrator drained."""
+    from services.orchestrator.route.route_set_store import stored_route_set, write_route_set
+
+    drained: list[str] = []
 
     def store(remaining: tuple[tuple[str, ...], ...], worker: str) -> str:
-        before = read_route_set(cfg.route.state_dir)
-        drained = (*(before.drained_workers if before else ()), worker)
+        drained.append(worker)
         return str(write_route_set(cfg.route.state_dir, stored_route_set(cfg.route.stage_workers, remaining,
                                                                          drained)))
 

@@ -256,6 +256,16 @@ class ServingEngine:
         self._pump()
         return ended
 
+    def stream_ids(self) -> tuple[str, ...]:
+        """The requests whose clients this route streams to."""
+        return tuple(self._streams)
+
+    def last_token_ns(self, request_id: str) -> int | None:
+        """When the request's latest token reached its stream (engine clock); None before its
+        first token, or once it is not streamed here."""
+        last = self._last_token_ns.get(request_id)
+        return last if last is not None and last >= 0 else None
+
     async def wait_idle(self) -> None:
         """Returns once every admitted request has retired (drain)."""
         await self._idle.wait()

@@ -29,6 +29,9 @@ _log = structlog.get_logger()
 # How long a leaving route's stage releases may take once it is closed; its generation is
 # unloaded right after, which frees whatever a release did not reach.
 RELEASE_TIMEOUT_S = 5.0
+# How long the drain waits for each handed-off stream's first token on its new route, to
+# report the largest pause a client saw; a stream that emits nothing in time is left out.
+GAP_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class HostDrainOutcome:
     handed_off: int  # greedy streams replayed on a route that stays
     ended: int  # streams no route could take (sampled ones, or no room): ended UNAVAILABLE
     stored: str  # where the new route set was stored; "" when nothing was
+    # The largest pause a handed-off stream's client saw: its last token on the leaving route
+    # to its first on the route that took it (0 when none was handed off or none emitted again).
+    largest_gap_s: float = 0.0
 
 
 # Stores the routes left (stage worker addresses, stage order) after `worker` left; returns where.
@@ -65,14 +71,17 @@ async def drain_host(current: InstalledRoute, publish: Callable[[InstalledRoute]
     _log.info("host_drain_started", worker=worker, leaving=[route_name(r) for r in decision.leaving],
               live_requests=held)
     handed_off = ended = 0
+    last_tokens: dict[str, int | None] = {}
     if not await _idle_within(leaving, timeout_s):
+        last_tokens = {rid: _engine(r).last_token_ns(rid) for r in leaving for rid in _engine(r).stream_ids()}
         handed_off, ended = await _hand_over(leaving, reason)
     publish(_serving_set(current, kept))
     stored = store(decision.remaining, worker)
     await asyncio.gather(*(_unload(route) for route in leaving))
-    outcome = HostDrainOutcome(decision, held - handed_off - ended, handed_off, ended, stored)
+    gap_s = await largest_gap_s([_engine(r) for r in kept], last_tokens, GAP_WAIT_S)
+    outcome = HostDrainOutcome(decision, held - handed_off - ended, handed_off, ended, stored, gap_s)
     _log.info("host_drained", worker=worker, finished=outcome.finished, handed_off=handed_off, ended=ended,
-              remaining=[route_name(r) for r in decision.remaining])
+              largest_gap_s=round(gap_s, 3), remaining=[route_name(r) for r in decision.remaining])
     return outcome
 
 
@@ -101,6 +110,27 @@ async def _hand_over(routes: Sequence[InstalledRoute], reason: str) -> tuple[int
         handed_off += suspended - stranded
         ended += ended_now + stranded
     return handed_off, ended
+
+
+async def largest_gap_s(routes: Sequence[ServingEngine], last_tokens: dict[str, int | None],
+                        wait_s: float) -> float:
+    """The largest time from a stream's last token before the hand-over (`last_tokens`) to its
+    first one on the route that took it; waits up to `wait_s` for those tokens."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + wait_s
+    gaps: dict[str, float] = {}
+    while True:
+        pending = False
+        for engine in routes:
+            for rid in set(engine.stream_ids()) & last_tokens.keys() - gaps.keys():
+                before, now = last_tokens[rid], engine.last_token_ns(rid)
+                if now is not None and (before is None or now > before):
+                    gaps[rid] = (now - before) / 1e9 if before is not None else 0.0
+                else:
+                    pending = True
+        if not pending or loop.time() >= give_up:
+            return max(gaps.values(), default=0.0)
+        await asyncio.sleep(0.01)
 
 
 def _serving_set(current: InstalledRoute, kept: Sequence[InstalledRoute]) -> InstalledRoute:

@@ -54,6 +54,7 @@ def write_route_set(state_dir: str | Path, route_set: StoredRouteSet) -> Path:
 
 
 def read_route_set(state_dir: str | Path) -> StoredRouteSet | None:
+    # Read by tests and operators; an orchestrator that restarts does not resume from it yet.
     """The stored set; None when none was stored."""
     try:
         body = json.loads((Path(state_dir) / ROUTE_SET_FILE).read_text(encoding="utf-8"))

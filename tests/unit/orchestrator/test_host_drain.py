@@ -15,7 +15,7 @@ from services.orchestrator.engine.domain import FinishReason, SamplingParams
 from services.orchestrator.engine.multiroute import MultiRouteEngine
 from services.orchestrator.engine.route_slot import RouteSlot
 from services.orchestrator.engine.serving import ServingEngine
-from services.orchestrator.route.host_drain import HostDrainOutcome, drain_host
+from services.orchestrator.route.host_drain import HostDrainOutcome, drain_host, largest_gap_s
 from services.orchestrator.route.lifecycle import InstallRequest, RouteManager
 from services.orchestrator.route.replica_routes import replica_installer
 from tests.unit.orchestrator.fakes import FakePipeline
@@ -89,6 +89,7 @@ def test_greedy_streams_on_a_leaving_route_are_handed_over_with_identical_tokens
 
     reference, firsts, rest, outcome, slot = asyncio.run(asyncio.wait_for(main(), 30))
     assert outcome.handed_off == 2 and outcome.ended == 0 and outcome.finished == 0
+    assert outcome.largest_gap_s > 0  # measured: last token on the leaving route to the first after
     for r, first, events in zip(requests, firsts, rest, strict=True):
         assert events[-1].finish_reason is FinishReason.LENGTH and not events[-1].error
         assert _tokens([first, *events]) == reference[r.request_id]  # nothing lost, nothing doubled
@@ -160,3 +161,20 @@ def test_a_drain_with_no_route_serving_is_refused(text_context):
         return refused.value
 
     assert asyncio.run(main()).reason == "NO_ROUTE"
+
+
+def test_the_largest_gap_is_the_longest_wait_for_a_handed_off_streams_next_token():
+    class Route:
+        def __init__(self, tokens: dict[str, int]) -> None:
+            self.tokens = tokens
+
+        def stream_ids(self):
+            return tuple(self.tokens)
+
+        def last_token_ns(self, rid):
+            return self.tokens.get(rid)
+
+    routes = [Route({"a": 3_000_000_000}), Route({"b": 1_500_000_000, "c": 7})]
+    last = {"a": 1_000_000_000, "b": 1_000_000_000, "gone": 5}
+    assert asyncio.run(largest_gap_s(routes, last, 1.0)) == 2.0  # "gone" finished: left out
+    assert asyncio.run(largest_gap_s([Route({"a": 1})], {"a": 1}, 0.05)) == 0.0  # no new token in time

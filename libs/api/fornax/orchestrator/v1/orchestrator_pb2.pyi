@@ -268,17 +268,19 @@ class DrainedRoute(_message.Message):
     def __init__(self, worker_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DrainHostResponse(_message.Message):
-    __slots__ = ("removed_routes", "finished_requests", "handed_off_requests", "ended_requests", "stored_route_set", "status")
+    __slots__ = ("removed_routes", "finished_requests", "handed_off_requests", "ended_requests", "stored_route_set", "status", "largest_gap_ns")
     REMOVED_ROUTES_FIELD_NUMBER: _ClassVar[int]
     FINISHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     HANDED_OFF_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     ENDED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     STORED_ROUTE_SET_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_GAP_NS_FIELD_NUMBER: _ClassVar[int]
     removed_routes: _containers.RepeatedCompositeFieldContainer[DrainedRoute]
     finished_requests: int
     handed_off_requests: int
     ended_requests: int
     stored_route_set: str
     status: PlanStatus
-    def __init__(self, removed_routes: _Optional[_Iterable[_Union[DrainedRoute, _Mapping]]] = ..., finished_requests: _Optional[int] = ..., handed_off_requests: _Optional[int] = ..., ended_requests: _Optional[int] = ..., stored_route_set: _Optional[str] = ..., status: _Optional[_Union[PlanStatus, _Mapping]] = ...) -> None: ...
+    largest_gap_ns: int
+    def __init__(self, removed_routes: _Optional[_Iterable[_Union[DrainedRoute, _Mapping]]] = ..., finished_requests: _Optional[int] = ..., handed_off_requests: _Optional[int] = ..., ended_requests: _Optional[int] = ..., stored_route_set: _Optional[str] = ..., status: _Optional[_Union[PlanStatus, _Mapping]] = ..., largest_gap_ns: _Optional[int] = ...) -> None: ...
