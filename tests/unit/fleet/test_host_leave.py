@@ -23,6 +23,7 @@ from apps.fleet.host_leave import (
     stop_retired_worker,
 )
 from apps.fleet.launcher import ServiceProcess
+from apps.fleet.route_status import IDLE, RouteReport, idle_outside_routes
 from apps.fleet.supervisor import FleetSupervisor
 from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from libs.service.fleet_state import FleetState, ServiceEntry, read_fleet, write_fleet
@@ -112,3 +113,13 @@ def test_the_drain_report_names_hosts_counts_and_the_gap():
     assert lines[0] == "host beta drained: routes removed: 10.0.0.3:2>beta"
     assert lines[1] == "routes serving: alpha"
     assert "2 handed off" in lines[2] and "1.250 s" in lines[3] and lines[-1].endswith("/s/route_set.json")
+
+
+def test_a_worker_in_no_serving_route_is_idle_not_a_fault():
+    stages = {"stage_worker_0": "READY", "stage_worker_2": "EMPTY"}
+    addresses = {"stage_worker_0": "10.0.0.1:2", "stage_worker_2": "10.0.0.3:2"}
+    shown = idle_outside_routes(stages, addresses, {"10.0.0.1:2"})
+    assert shown == {"stage_worker_0": "READY", "stage_worker_2": IDLE}
+    assert RouteReport("SERVING", "", shown).healthy
+    assert idle_outside_routes(stages, addresses, set()) == stages  # nothing serves yet: as they are
+    assert not RouteReport("SERVING", "", {"stage_worker_0": "EMPTY"}).healthy
