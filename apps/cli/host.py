@@ -1,4 +1,6 @@
 """`fornax host drain NAME`: one host leaves the running fleet while it serves.
+`fornax host add NAME --fleet FILE --checkpoint DIR`: a host of the file joins it (idle), and the
+layout the join proposes is shown as a diff against the serving routes (apps/fleet/host_join.py).
 
 The orchestrator takes the host's routes out (`DrainHost`: they finish or hand their greedy
 streams to the routes that stay, and are unloaded); then the host's stage worker is marked
@@ -39,6 +41,16 @@ def register(commands, benches) -> None:
     drain.add_argument("--grace-period-s", type=float, default=10.0,
                        help="how long the stopped worker may take to exit before SIGKILL")
     drain.set_defaults(func=cmd_host_drain)
+    add = actions.add_parser("add", help="bring a host of the fleet file up beside the running fleet, "
+                                         "and show the layout it proposes")
+    add.add_argument("name", help="the joining host, as the fleet file names it")
+    add.add_argument("--fleet", required=True, help="the fleet file: the running hosts and the joining one")
+    add.add_argument("--checkpoint", required=True, help="the served checkpoint (the proposal is planned for it)")
+    add.add_argument("--routes", default="auto", help="the proposal's route count: auto or N")
+    add.add_argument("--weights", help="weight policy for the proposal (default: the file's)")
+    add.add_argument("--state-dir", default=".fornax", help="fleet state directory")
+    add.add_argument("--startup-timeout-s", type=float, default=120.0)
+    add.set_defaults(func=cmd_host_add)
 
 
 def cmd_host_drain(args: argparse.Namespace) -> int:
@@ -95,3 +107,70 @@ def drain_report(host: str, reply: pb.DrainHostResponse, names: dict[str, str], 
 def _fail(message: str) -> int:
     print(f"fornax host: {message}", file=sys.stderr)
     return 1
+
+
+def cmd_host_add(args: argparse.Namespace) -> int:
+    from apps.fleet.host_join import hosts_lock
+
+    state_dir = Path(args.state_dir).resolve()
+    with hosts_lock(state_dir):  # a second `host add` waits here
+        return _host_add(args, state_dir)
+
+
+def _host_add(args: argparse.Namespace, state_dir: Path) -> int:
+    from apps.fleet.host_join import joining_host, propose, running_hosts
+    from apps.fleet.route_layout import plan_layout
+    from apps.fleet.spec import FleetFileError, load_fleet_spec
+    from libs.service.errors import FornaxError
+
+    state = read_fleet(state_dir)
+    orchestrator = next((s for s in state.services if s.kind == "orchestrator"), None) if state else None
+    if state is None or orchestrator is None:
+        return _fail(f"no running fleet with an orchestrator at {fleet_path(state_dir)}")
+    channel = ChannelConfig(credentials=operator_credentials(state_dir) if state.tls else None)
+    try:
+        spec = load_fleet_spec(args.fleet)
+        _, index = joining_host(spec, args.name, running_hosts(spec, state_dir), [s.name for s in state.services])
+        layout = plan_layout(spec, args.checkpoint, args.routes, args.weights)
+        serving = _serving_routes(orchestrator.grpc, channel, host_names(state, state_dir))
+    except FleetFileError as exc:
+        return _fail(f"fleet file {args.fleet}: {exc}")
+    except FornaxError as exc:
+        return _fail(f"host {args.name} was not added: {exc.reason}: {exc.message}; nothing was started")
+    except grpc.RpcError as exc:
+        return _fail(f"the orchestrator did not answer ({exc.code().name}); nothing was started")
+    diff = propose(serving, layout.routes)
+    entry = _bring_up(args, state_dir, spec, state, index)
+    if entry is None:
+        return 1
+    print(f"host {args.name} joined: {entry.name} at {entry.grpc} SERVING (certificate of the fleet CA); "
+          "it serves no route yet")
+    print(f"proposed layout: {layout.description}, predicted {layout.predicted_tok_s:.1f} decode tok/s "
+          "(prediction from the file's declared figures; no profile was run)")
+    print("\n".join(diff.lines()))
+    return 0
+
+
+def _bring_up(args: argparse.Namespace, state_dir: Path, spec, state, index: int):
+    """Builds the host and starts its worker; None (and why, on stderr) when that failed."""
+    from apps.fleet.host_join import set_up_host, start_worker
+    from apps.fleet.launcher import FleetOptions, LaunchError
+    from apps.fleet.netns import IsolationFailed, IsolationUnavailable
+
+    options = FleetOptions(state_dir=state_dir, insecure=not state.tls, startup_timeout_s=args.startup_timeout_s)
+    try:
+        host = set_up_host(spec, state_dir, args.name)
+        _, entry = start_worker(options, state, host, index)
+    except (IsolationUnavailable, IsolationFailed, LaunchError, OSError) as exc:
+        _fail(f"host {args.name} did not come up: {exc}; the serving routes are unchanged "
+              "(`fornax down` removes what was built)")
+        return None
+    return entry
+
+
+def _serving_routes(orchestrator: str, channel: ChannelConfig, names: dict[str, str]) -> list[tuple[str, ...]]:
+    """The serving routes by host name, stage order."""
+    with open_channel(orchestrator, channel) as opened:
+        status = pb_grpc.OrchestratorServiceStub(opened).GetPlanStatus(pb.GetPlanStatusRequest(), timeout=10).current
+    return [tuple(names.get(s.worker_address, s.worker_address) for s in route.stages)
+            for route in (status.routes or [status]) if route.stages]
