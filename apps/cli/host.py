@@ -49,6 +49,10 @@ def register(commands, benches) -> None:
     add.add_argument("--routes", default="auto", help="the proposal's route count: auto or N")
     add.add_argument("--weights", help="weight policy for the proposal (default: the file's)")
     add.add_argument("--state-dir", default=".fornax", help="fleet state directory")
+    add.add_argument("--keep-serving", action="store_true",
+                     help="propose routes on the joining host alone, the serving routes kept as they are")
+    add.add_argument("--apply", action="store_true",
+                     help="install the proposal's added routes (only a proposal that removes no serving route)")
     add.add_argument("--startup-timeout-s", type=float, default=120.0)
     add.set_defaults(func=cmd_host_add)
 
@@ -118,8 +122,7 @@ def cmd_host_add(args: argparse.Namespace) -> int:
 
 
 def _host_add(args: argparse.Namespace, state_dir: Path) -> int:
-    from apps.fleet.host_join import joining_host, propose, running_hosts
-    from apps.fleet.route_layout import plan_layout
+    from apps.fleet.host_join import applicable, propose
     from apps.fleet.spec import FleetFileError, load_fleet_spec
     from libs.service.errors import FornaxError
 
@@ -130,24 +133,55 @@ def _host_add(args: argparse.Namespace, state_dir: Path) -> int:
     channel = ChannelConfig(credentials=operator_credentials(state_dir) if state.tls else None)
     try:
         spec = load_fleet_spec(args.fleet)
-        _, index = joining_host(spec, args.name, running_hosts(spec, state_dir), [s.name for s in state.services])
-        layout = plan_layout(spec, args.checkpoint, args.routes, args.weights)
-        serving = _serving_routes(orchestrator.grpc, channel, host_names(state, state_dir))
+        index, layout, serving = _join_plan(args, spec, state, state_dir, orchestrator.grpc, channel)
+        diff = propose(serving, layout.routes if not args.keep_serving else (*serving, *layout.routes))
+        added = applicable(diff) if args.apply else ()
     except FleetFileError as exc:
         return _fail(f"fleet file {args.fleet}: {exc}")
     except FornaxError as exc:
         return _fail(f"host {args.name} was not added: {exc.reason}: {exc.message}; nothing was started")
     except grpc.RpcError as exc:
         return _fail(f"the orchestrator did not answer ({exc.code().name}); nothing was started")
-    diff = propose(serving, layout.routes)
     entry = _bring_up(args, state_dir, spec, state, index)
     if entry is None:
         return 1
-    print(f"host {args.name} joined: {entry.name} at {entry.grpc} SERVING (certificate of the fleet CA); "
-          "it serves no route yet")
-    print(f"proposed layout: {layout.description}, predicted {layout.predicted_tok_s:.1f} decode tok/s "
-          "(prediction from the file's declared figures; no profile was run)")
+    print(f"host {args.name} joined: {entry.name} at {entry.grpc} SERVING (certificate of the fleet CA)")
+    print(f"proposed layout: {layout.description}{' beside the serving routes' if args.keep_serving else ''}, "
+          f"predicted {layout.predicted_tok_s:.1f} decode tok/s (prediction from the file's declared figures; "
+          "no profile was run)")
     print("\n".join(diff.lines()))
+    if not args.apply or not added:
+        print("not applied: the new worker serves no route" + ("" if args.apply else
+                                                               " (--apply installs the added routes)"))
+        return 0
+    return _apply(added, orchestrator.grpc, channel, {**host_names(state, state_dir), entry.grpc: args.name})
+
+
+def _join_plan(args: argparse.Namespace, spec, state, state_dir: Path, orchestrator: str, channel: ChannelConfig):
+    """(the worker's index, the proposed layout, the serving routes by host); raises a refusal."""
+    from apps.fleet.host_join import joining_alone, joining_host, running_hosts
+    from apps.fleet.route_layout import plan_layout
+
+    host, index = joining_host(spec, args.name, running_hosts(spec, state_dir), [s.name for s in state.services])
+    layout = plan_layout(joining_alone(spec, host) if args.keep_serving else spec, args.checkpoint, args.routes,
+                         args.weights)
+    return index, layout, _serving_routes(orchestrator, channel, host_names(state, state_dir))
+
+
+def _apply(added, orchestrator: str, channel: ChannelConfig, names: dict[str, str]) -> int:
+    """Installs the added routes (named by hosts) through AddRoutes."""
+    address = {name: worker for worker, name in names.items()}
+    request = pb.AddRoutesRequest(request_id=str(uuid.uuid4()), routes=[
+        pb.RouteWorkers(worker_addresses=[address[h] for h in route]) for route in added])
+    try:
+        with open_channel(orchestrator, channel) as opened:
+            reply = pb_grpc.OrchestratorServiceStub(opened).AddRoutes(request, timeout=RPC_SLACK_S + 480)
+    except grpc.RpcError as exc:
+        return _fail(f"the layout was not applied: {reason_of(exc) or exc.code().name}: {exc.details()}; "
+                     "the serving routes are unchanged, the host stays joined")
+    routes = reply.status.routes or [reply.status]
+    print(f"applied: {len(added)} route(s) added; routes serving: "
+          + ", ".join(">".join(names.get(s.worker_address, s.worker_address) for s in r.stages) for r in routes))
     return 0
 
 

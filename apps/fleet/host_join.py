@@ -90,6 +90,22 @@ def propose(serving: Sequence[Route], proposed: Sequence[Route]) -> LayoutDiff:
     return diff_layouts(serving, proposed)
 
 
+def joining_alone(spec: FleetSpec, host: HostSpec) -> FleetSpec:
+    """The file cut to the joining host: `--keep-serving` plans its routes on it alone."""
+    return dataclasses.replace(spec, hosts=(host,), control_host=host.name, hop_dtypes=spec.hop_dtypes[:0])
+
+
+def applicable(diff: LayoutDiff) -> tuple[Route, ...]:
+    """The routes `--apply` adds: only a diff that removes nothing is applied (re-placing a
+    serving route is not built); else refused with APPLY_WOULD_REMOVE_ROUTES."""
+    if diff.removed:
+        raise FailedPrecondition("the proposal removes serving routes "
+                                 f"({', '.join('>'.join(r) for r in diff.removed)}); --apply only adds routes "
+                                 "(--keep-serving proposes routes on the joining host alone)",
+                                 reason="APPLY_WOULD_REMOVE_ROUTES")
+    return diff.added
+
+
 def host_actions(plan: NetnsPlan, host: HostPlan, actions: Sequence[Action]) -> list[Action]:
     """The actions of `fornax up`'s setup that build `host` alone (not the bridge, not the
     fleet's cgroups, not another host)."""

@@ -136,7 +136,7 @@ def calibration_to_pb(calibration: RouteCalibration) -> pb.RouteCalibration:
 
 def host_drain_to_pb(outcome: HostDrainOutcome, status: RouteStatus) -> pb.DrainHostResponse:
     return pb.DrainHostResponse(
-        removed_routes=[pb.DrainedRoute(worker_addresses=list(route)) for route in outcome.decision.leaving],
+        removed_routes=[pb.RouteWorkers(worker_addresses=list(route)) for route in outcome.decision.leaving],
         finished_requests=outcome.finished, handed_off_requests=outcome.handed_off,
         ended_requests=outcome.ended, stored_route_set=outcome.stored, status=status_to_pb(status),
         largest_gap_ns=round(outcome.largest_gap_s * 1e9))

@@ -11,9 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from apps.fleet.host_join import host_actions, hosts_lock, joining_host, propose, running_hosts
+from apps.cli.main import main
+from apps.fleet.host_join import (
+    applicable,
+    host_actions,
+    hosts_lock,
+    joining_alone,
+    joining_host,
+    propose,
+    running_hosts,
+)
 from apps.fleet.netns import TeardownRecord, fleet_id_for, write_record
 from apps.fleet.netns_plan import CgroupVersion, MakeDir, Run, WriteFile, cgroup_setup, make_plan, network_setup
+from apps.fleet.route_layout import plan_layout
 from apps.fleet.spec import load_fleet_spec
 from libs.service.errors import FailedPrecondition, NotFound
 
@@ -79,3 +89,28 @@ def test_only_the_joining_hosts_setup_runs():
 def test_the_proposal_is_a_diff_against_the_serving_routes():
     diff = propose([("alpha", "beta"), ("gamma", "delta")], [("alpha", "beta"), ("gamma", "delta", "epsilon")])
     assert diff.lines() == ("= alpha>beta", "- gamma>delta", "+ gamma>delta>epsilon")
+
+
+def test_apply_takes_only_a_proposal_that_removes_no_serving_route():
+    serving = [("alpha", "beta"), ("gamma", "delta")]
+    assert applicable(propose(serving, [*serving, ("epsilon",)])) == (("epsilon",),)
+    with pytest.raises(FailedPrecondition) as refused:
+        applicable(propose(serving, [("alpha", "beta", "gamma", "delta"), ("epsilon",)]))
+    assert refused.value.reason == "APPLY_WOULD_REMOVE_ROUTES"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    assert main(["model", "make-test-checkpoint", "--preset", "tiny", "--out", str(out)]) == 0
+    return out
+
+
+def test_keep_serving_plans_routes_on_the_joining_host_alone(tiny):
+    spec = load_fleet_spec(FIVE_HOSTS)
+    alone = joining_alone(spec, spec.host("epsilon"))
+    assert [h.name for h in alone.stage_hosts] == ["epsilon"] and alone.control_host == "epsilon"
+    layout = plan_layout(alone, str(tiny), "auto", None)
+    assert layout.routes == (("epsilon",),) and layout.groups == ()
+    serving = [("alpha", "beta"), ("gamma", "delta")]
+    assert propose(serving, [*serving, *layout.routes]).lines() == ("= alpha>beta", "= gamma>delta", "+ epsilon")

@@ -106,7 +106,7 @@ def test_stopping_a_retired_worker_marks_it_stops_it_and_drops_it_from_the_fleet
 
 def test_the_drain_report_names_hosts_counts_and_the_gap():
     reply = pb.DrainHostResponse(
-        removed_routes=[pb.DrainedRoute(worker_addresses=["10.0.0.3:2", "10.0.0.2:2"])], finished_requests=1,
+        removed_routes=[pb.RouteWorkers(worker_addresses=["10.0.0.3:2", "10.0.0.2:2"])], finished_requests=1,
         handed_off_requests=2, ended_requests=0, largest_gap_ns=1_250_000_000, stored_route_set="/s/route_set.json",
         status=pb.PlanStatus(stages=[pb.StageStatus(worker_address="10.0.0.1:2")]))
     lines = drain_report("beta", reply, {"10.0.0.1:2": "alpha", "10.0.0.2:2": "beta"}, "stage_worker_1", False)

@@ -1,4 +1,4 @@
-"""A host drains out of the serving replica routes: the routes that hold it stop admitting,
+"""A host drains out of the serving replica routes (and routes are added on hosts that joined): the routes that hold it stop admitting,
 finish or hand their greedy streams to a route that stays (same tokens as an uninterrupted
 run, no client error), are unloaded, and the routes left serve and are stored; a refused
 drain keeps the serving set untouched."""
@@ -10,11 +10,12 @@ from dataclasses import replace
 
 import pytest
 
-from libs.service.errors import FailedPrecondition, NotFound
+from libs.service.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.orchestrator.engine.domain import FinishReason, SamplingParams
 from services.orchestrator.engine.multiroute import MultiRouteEngine
 from services.orchestrator.engine.route_slot import RouteSlot
 from services.orchestrator.engine.serving import ServingEngine
+from services.orchestrator.route.added_routes import add_routes
 from services.orchestrator.route.host_drain import HostDrainOutcome, drain_host, largest_gap_s
 from services.orchestrator.route.lifecycle import InstallRequest, RouteManager
 from services.orchestrator.route.replica_routes import replica_installer
@@ -178,3 +179,87 @@ def test_the_largest_gap_is_the_longest_wait_for_a_handed_off_streams_next_token
     last = {"a": 1_000_000_000, "b": 1_000_000_000, "gone": 5}
     assert asyncio.run(largest_gap_s(routes, last, 1.0)) == 2.0  # "gone" finished: left out
     assert asyncio.run(largest_gap_s([Route({"a": 1})], {"a": 1}, 0.05)) == 0.0  # no new token in time
+
+
+# ----- routes added on workers that joined -----
+
+
+async def _add(manager: RouteManager, added, member):
+    return await manager.change_routes("add routes", lambda current, publish: add_routes(
+        current, publish, added=added, member=member))
+
+
+def _member(text_context, log: list, fail: bool = False):
+    def member(route):
+        installer = GroupInstaller(text_context, tuple(int(w[1:]) for w in route), log, fail)
+        log.append(installer)
+        return installer
+
+    return member
+
+
+def test_an_added_route_joins_the_set_after_it_is_installed_and_the_serving_routes_are_untouched(text_context):
+    async def main():
+        manager, slot, members = await _installed(text_context, ((0, 1), (2, 3)))
+        before = slot.engine
+        streams = [slot.engine.submit(req(f"a{i}", max_tokens=12)) for i in range(4)]
+        log: list = []
+        added = await _add(manager, [("w4",)], _member(text_context, log))
+        after = [slot.engine.submit(req(f"b{i}", max_tokens=4)) for i in range(6)]
+        results = await asyncio.gather(*(collect(s) for s in [*streams, *after]))
+        return added, before, slot, members, manager.status(), results
+
+    added, before, slot, members, status, results = asyncio.run(asyncio.wait_for(main(), 30))
+    assert added == (("w4",),)
+    assert isinstance(slot.engine, MultiRouteEngine) and len(slot.engine.engines) == 3
+    assert slot.engine.engines[:2] == before.engines  # the serving routes are the same engines
+    assert [[s.worker_address for s in r.stages] for r in status.routes] == [["w0", "w1"], ["w2", "w3"], ["w4"]]
+    assert all(m.retired == 0 for m in members.values())
+    assert all(events[-1].finish_reason is FinishReason.LENGTH for events in results)  # nothing lost
+    assert slot.engine.engines[2].live_requests == 0
+
+
+def test_a_route_that_fails_to_install_is_unloaded_and_the_set_is_kept(text_context):
+    async def main():
+        manager, slot, _ = await _installed(text_context, ((0, 1), (2, 3)))
+        before = slot.engine
+        log: list = []
+        calls = iter([False, True])
+        with pytest.raises(FailedPrecondition):
+            await _add(manager, [("w4",), ("w5",)], lambda route: _member(text_context, log, next(calls))(route))
+        return before, slot, log
+
+    before, slot, log = asyncio.run(main())
+    assert slot.engine is before
+    installers = [x for x in log if isinstance(x, GroupInstaller)]
+    assert installers[0].retired == 1  # the first added route was loaded, then unloaded
+
+
+@pytest.mark.parametrize(("added", "error", "reason"), [
+    ([("w1",)], FailedPrecondition, "WORKER_SERVES_A_ROUTE"),
+    ([("w4", "w4")], InvalidArgument, "ROUTE_WORKERS_INVALID"),
+    ([], InvalidArgument, "ROUTE_WORKERS_INVALID"),
+])
+def test_added_routes_that_cannot_be_are_refused_before_anything_loads(text_context, added, error, reason):
+    async def main():
+        manager, slot, _ = await _installed(text_context, ((0, 1), (2, 3)))
+        log: list = []
+        with pytest.raises(error) as refused:
+            await _add(manager, added, _member(text_context, log))
+        return refused.value, log
+
+    refused, log = asyncio.run(main())
+    assert refused.reason == reason and log == []
+
+
+def test_a_single_route_with_an_added_one_becomes_a_set(text_context):
+    async def main():
+        slot = RouteSlot()
+        manager = RouteManager(slot, GroupInstaller(text_context, (0, 1), []))
+        await manager.install(REQUEST)
+        await _add(manager, [("w2", "w3")], _member(text_context, []))
+        return slot, manager.status()
+
+    slot, status = asyncio.run(main())
+    assert isinstance(slot.engine, MultiRouteEngine)
+    assert [[s.worker_address for s in r.stages] for r in status.routes] == [["w0", "w1"], ["w2", "w3"]]

@@ -261,7 +261,7 @@ class DrainHostRequest(_message.Message):
     timeout_ns: int
     def __init__(self, request_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., timeout_ns: _Optional[int] = ...) -> None: ...
 
-class DrainedRoute(_message.Message):
+class RouteWorkers(_message.Message):
     __slots__ = ("worker_addresses",)
     WORKER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     worker_addresses: _containers.RepeatedScalarFieldContainer[str]
@@ -276,11 +276,25 @@ class DrainHostResponse(_message.Message):
     STORED_ROUTE_SET_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LARGEST_GAP_NS_FIELD_NUMBER: _ClassVar[int]
-    removed_routes: _containers.RepeatedCompositeFieldContainer[DrainedRoute]
+    removed_routes: _containers.RepeatedCompositeFieldContainer[RouteWorkers]
     finished_requests: int
     handed_off_requests: int
     ended_requests: int
     stored_route_set: str
     status: PlanStatus
     largest_gap_ns: int
-    def __init__(self, removed_routes: _Optional[_Iterable[_Union[DrainedRoute, _Mapping]]] = ..., finished_requests: _Optional[int] = ..., handed_off_requests: _Optional[int] = ..., ended_requests: _Optional[int] = ..., stored_route_set: _Optional[str] = ..., status: _Optional[_Union[PlanStatus, _Mapping]] = ..., largest_gap_ns: _Optional[int] = ...) -> None: ...
+    def __init__(self, removed_routes: _Optional[_Iterable[_Union[RouteWorkers, _Mapping]]] = ..., finished_requests: _Optional[int] = ..., handed_off_requests: _Optional[int] = ..., ended_requests: _Optional[int] = ..., stored_route_set: _Optional[str] = ..., status: _Optional[_Union[PlanStatus, _Mapping]] = ..., largest_gap_ns: _Optional[int] = ...) -> None: ...
+
+class AddRoutesRequest(_message.Message):
+    __slots__ = ("request_id", "routes")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    routes: _containers.RepeatedCompositeFieldContainer[RouteWorkers]
+    def __init__(self, request_id: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[RouteWorkers, _Mapping]]] = ...) -> None: ...
+
+class AddRoutesResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: PlanStatus
+    def __init__(self, status: _Optional[_Union[PlanStatus, _Mapping]] = ...) -> None: ...
