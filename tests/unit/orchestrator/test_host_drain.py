@@ -1,7 +1,8 @@
-"""A host drains out of the serving replica routes (and routes are added on hosts that joined): the routes that hold it stop admitting,
+"""A host drains out of the serving replica routes: the routes that hold it stop admitting,
 finish or hand their greedy streams to a route that stays (same tokens as an uninterrupted
 run, no client error), are unloaded, and the routes left serve and are stored; a refused
-drain keeps the serving set untouched."""
+drain keeps the serving set untouched. Routes added on workers that joined are installed
+before they join the set, the serving routes untouched; a failed add keeps the set."""
 
 from __future__ import annotations
 
