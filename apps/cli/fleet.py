@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from apps.fleet.backend_report import fetch_board, render_board
 from apps.fleet.compose import start_fleet
 from apps.fleet.health import check_health
+from apps.fleet.host_leave import clear_retired, retired_services
 from apps.fleet.isolated import start_isolated_fleet
 from apps.fleet.keeper import KEEPER_FLAG, keeper_pid, mark_ready, start_keeper, stop_keeper
 from apps.fleet.launcher import FleetOptions, Launcher, LaunchError, stop_processes
@@ -165,6 +166,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if not args.foreground:  # the same fleet, held by a detached keeper that supervises it
         return start_keeper(args.state_dir, _up_argv(args))
     start = _fleet_starter(args, spec, layout)
+    clear_retired(Path(args.state_dir))
     # Until the fleet is held, SIGTERM unwinds like Ctrl-C, so whatever started is stopped again.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -333,11 +335,13 @@ def _stay_attached(state_dir: str, launcher) -> int:
     def record_pids() -> None:
         state = read_fleet(state_dir)
         if state is not None:
-            order = [s.name for s in state.services]
-            entries = sorted((s.entry() for s in launcher.started), key=lambda e: order.index(e.name))
+            order = [s.name for s in state.services]  # a drained host's worker has left it
+            entries = sorted((s.entry() for s in launcher.started if s.spec.name in order),
+                             key=lambda e: order.index(e.name))
             write_fleet(state_dir, dataclasses.replace(state, services=tuple(entries)))
 
-    supervisor = FleetSupervisor(launcher, on_restart=record_pids).start()
+    supervisor = FleetSupervisor(launcher, on_restart=record_pids,
+                                 keep_down=partial(retired_services, Path(state_dir))).start()
     exited = None
     while not stop.wait(0.5):
         exited = next((s for s in launcher.started

@@ -13,6 +13,7 @@ import sys
 
 COMMAND_MODULES: tuple[str, ...] = (
     "apps.cli.fleet",
+    "apps.cli.host",
     "apps.cli.plan",
     "apps.cli.profile",
     "apps.cli.security",

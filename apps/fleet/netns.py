@@ -82,14 +82,14 @@ def fleet_id_for(state_dir: Path) -> str:
     return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:6]
 
 
-def _root_cpuset() -> tuple[str, str]:
+def root_cpuset() -> tuple[str, str]:
     base = Path(CGROUP_ROOT, "cpuset")
     if base.exists():
         return (base / "cpuset.cpus").read_text().strip(), (base / "cpuset.mems").read_text().strip()
     return Path(CGROUP_ROOT, "cpuset.cpus.effective").read_text().strip(), "0"
 
 
-def _apply(action: Action) -> None:
+def apply_action(action: Action) -> None:
     if isinstance(action, MakeDir):
         os.makedirs(action.path, exist_ok=False)
     elif isinstance(action, WriteFile):
@@ -120,10 +120,10 @@ def set_up(spec: FleetSpec, state_dir: Path) -> NetnsPlan:
     if problem:
         raise IsolationFailed(problem)
     write_record(state_dir, TeardownRecord.of(plan))
-    root_cpus, root_mems = _root_cpuset()
+    root_cpus, root_mems = root_cpuset()
     try:
         for action in [*cgroup_setup(plan, root_cpus, root_mems), *network_setup(plan)]:
-            _apply(action)
+            apply_action(action)
     except (IsolationFailed, OSError, subprocess.TimeoutExpired):
         tear_down(state_dir)
         raise

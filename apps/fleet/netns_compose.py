@@ -57,7 +57,7 @@ def _control_env(options: FleetOptions, host: HostPlan) -> dict[str, str]:
     return {name: str(host.thread_count) for name in THREAD_VARIABLES}
 
 
-def _worker_process(options: FleetOptions, host: HostPlan, index: int) -> ServiceProcess:
+def worker_process(options: FleetOptions, host: HostPlan, index: int) -> ServiceProcess:
     device = host.spec.device
     env = {
         **_control_env(options, host),
@@ -138,7 +138,7 @@ def start_netns_fleet(options: FleetOptions, spec: FleetSpec, plan: NetnsPlan) -
             })),
         ]
         stage_hosts = [h for h in plan.hosts if h.spec.stage_worker]
-        middle += [launcher.spawn(_worker_process(options, host, i)) for i, host in enumerate(stage_hosts)]
+        middle += [launcher.spawn(worker_process(options, host, i)) for i, host in enumerate(stage_hosts)]
         launcher.wait_ready(middle)
         entries = {s.spec.name: s.entry() for s in launcher.started}
         workers = [entries[f"stage_worker_{i}"].grpc for i in range(len(stage_hosts))]

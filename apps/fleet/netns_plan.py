@@ -108,13 +108,17 @@ def _cgroup_dirs(version: CgroupVersion, relative: str) -> tuple[str, ...]:
     return tuple(f"{CGROUP_ROOT}/{c}/{relative}" for c in V1_CONTROLLERS)
 
 
+def netns_name(fleet_id: str, host: str) -> str:
+    return f"fornax-{fleet_id}-{host}"
+
+
 def make_plan(spec: FleetSpec, fleet_id: str, version: CgroupVersion, cpus: tuple[int, ...]) -> NetnsPlan:
     if len(fleet_id) != 6 or any(c not in "0123456789abcdef" for c in fleet_id):
         raise ValueError(f"fleet id must be 6 lowercase hex digits, got {fleet_id!r}")
     subnet = subnet_for(fleet_id)
     addresses = list(subnet.hosts())
     hosts = tuple(
-        HostPlan(spec=host, index=i, netns=f"fornax-{fleet_id}-{host.name}", veth_root=f"fx{fleet_id}h{i}",
+        HostPlan(spec=host, index=i, netns=netns_name(fleet_id, host.name), veth_root=f"fx{fleet_id}h{i}",
                  address=str(addresses[9 + i]), cpu_share=share,
                  cgroup_dirs=_cgroup_dirs(version, f"fornax-{fleet_id}/{host.name}"))
         for i, (host, share) in enumerate(zip(spec.hosts, _cpu_shares(spec.hosts, cpus), strict=True))

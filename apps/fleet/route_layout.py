@@ -24,6 +24,7 @@ class RouteLayout:
     groups: tuple[tuple[int, ...], ...]  # one per route, stage order; () for a single route
     description: str  # "2 routes: alpha>beta | gamma>delta"
     predicted_tok_s: float  # the layout's predicted decode tokens/s (prediction, declared figures)
+    routes: tuple[tuple[str, ...], ...] = ()  # every route's hosts, stage order (one route too)
 
 
 def parse_routes(text: str) -> int | None:
@@ -62,4 +63,5 @@ def plan_layout(spec: FleetSpec, checkpoint: str, routes: str, weights: str | No
     description = chosen.layout if chosen is not None else describe_layout(
         [[s.node for s in p.stages] for p in plans], plans)
     return RouteLayout(groups if len(groups) > 1 else (), description,
-                       chosen.tokens_per_s if chosen is not None else 0.0)
+                       chosen.tokens_per_s if chosen is not None else 0.0,
+                       tuple(tuple(stage.node for stage in plan.stages) for plan in plans))

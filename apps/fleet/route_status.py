@@ -18,6 +18,7 @@ from libs.service.channels import ChannelConfig, open_channel
 from libs.service.fleet_state import FleetState
 
 CALL_TIMEOUT_S = 2.0
+IDLE = "IDLE (in no serving route)"
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class RouteReport:
         stage loaded; anything else (degraded, drained, failed, unreachable) is a fault."""
         if self.state in ("EMPTY", "INSTALLING"):
             return True
-        return self.state == "SERVING" and all(s in ("READY", "EXECUTING")
+        return self.state == "SERVING" and all(s in ("READY", "EXECUTING", IDLE)
                                                for s in self.stage_states.values())
 
     def render(self) -> str:
@@ -68,12 +69,22 @@ def route_report(state: FleetState, channel: ChannelConfig = ChannelConfig()) ->
     except grpc.RpcError as exc:
         return RouteReport("UNREACHABLE", exc.code().name, stages, stage_kv=kv)
     status = reply.current
+    stages = idle_outside_routes(stages, {s.name: s.grpc for s in state.services},
+                                 {stage.worker_address for stage in status.stages})
     calibration = ""
     if status.HasField("calibration"):
         calibration = orch_pb.CalibrationState.Name(status.calibration.state).removeprefix("CALIBRATION_STATE_")
     return RouteReport(orch_pb.RouteState.Name(status.state).removeprefix("ROUTE_STATE_"),
                        status.reason, stages, calibration, status.calibration.reason, kv,
                        tuple(replica_line(route) for route in status.routes))
+
+
+def idle_outside_routes(stages: dict[str, str], addresses: dict[str, str], serving: set[str]) -> dict[str, str]:
+    """A stage worker in no serving route (a host drain left it, or the planner left it out) is
+    IDLE, not a fault; with no stage serving yet every worker shows its own state."""
+    if not serving:
+        return stages
+    return {name: state if addresses.get(name) in serving else IDLE for name, state in stages.items()}
 
 
 def replica_line(route: orch_pb.PlanStatus) -> str:

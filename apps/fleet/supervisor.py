@@ -24,8 +24,11 @@ PORT_ENV = {"grpc": "FORNAX_GRPC_PORT", "metrics": "FORNAX_METRICS_PORT",
 
 class FleetSupervisor:
     def __init__(self, launcher: Launcher, kinds: frozenset[str] = frozenset({"stage_worker"}),
-                 poll_s: float = 0.2, on_restart: Callable[[], None] | None = None) -> None:
+                 poll_s: float = 0.2, on_restart: Callable[[], None] | None = None,
+                 keep_down: Callable[[], frozenset[str]] = frozenset) -> None:
         self._launcher = launcher
+        # The services taken out on purpose (`fornax host drain`): never restarted.
+        self._keep_down = keep_down
         self._on_restart = on_restart
         self._kinds = kinds
         self._poll_s = poll_s
@@ -44,7 +47,11 @@ class FleetSupervisor:
     def _run(self) -> None:
         while not self._stop.wait(self._poll_s):
             for started in list(self._launcher.started):
-                if started.spec.kind in self._kinds and _crashed(started.process.poll()):
+                if started.spec.kind in self._kinds and started.process.poll() is not None \
+                        and started.spec.name in self._keep_down():
+                    self._launcher.started.remove(started)
+                    _log.info("worker_retired", service=started.spec.name, exit_code=started.process.returncode)
+                elif started.spec.kind in self._kinds and _crashed(started.process.poll()):
                     try:
                         self._restart(started)
                     except OSError as exc:  # could not even spawn: keep supervising the rest

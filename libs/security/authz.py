@@ -64,6 +64,8 @@ POLICY: dict[str, Access] = {
     _ORCH + "InstallPlan": Access.OPERATOR,
     _ORCH + "DrainPlan": Access.OPERATOR,
     _ORCH + "RollbackPlan": Access.OPERATOR,
+    _ORCH + "DrainHost": Access.OPERATOR,
+    _ORCH + "AddRoutes": Access.OPERATOR,
     _ORCH + "GetPlanStatus": Access.FLEET,
     _STAGE + "GetCapabilities": Access.FLEET,
     _STAGE + "GetHealth": Access.FLEET,
@@ -96,7 +98,8 @@ FLEET_PREFIXES = ("/grpc.reflection.v1alpha.ServerReflection/", "/grpc.reflectio
 
 # Actions that change fleet state: audited whatever their outcome.
 MUTATING = frozenset({
-    _ORCH + "InstallPlan", _ORCH + "DrainPlan", _ORCH + "RollbackPlan",
+    _ORCH + "InstallPlan", _ORCH + "DrainPlan", _ORCH + "RollbackPlan", _ORCH + "DrainHost",
+    _ORCH + "AddRoutes",
     _STAGE + "LoadStage", _STAGE + "UnloadStage", _STAGE + "DrainStage",
     _REGISTRY + "PutRecord", _REGISTRY + "RevokeRecord", _BUILDER + "BuildStageArtifacts",
 })

@@ -13,6 +13,7 @@ from services.orchestrator.api.openai_request import check_model, check_token_id
 from services.orchestrator.engine.client import EngineClient
 from services.orchestrator.engine.domain import FinishReason, GenerationRequest, RequestOutput
 from services.orchestrator.engine.drift import Calibration, RouteCalibration
+from services.orchestrator.route.host_drain import HostDrainOutcome
 from services.orchestrator.route.lifecycle import InstallRequest, RouteState, RouteStatus
 
 _FINISH = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
@@ -130,3 +131,11 @@ def calibration_to_pb(calibration: RouteCalibration) -> pb.RouteCalibration:
             measured_microbatches=measured.recent_microbatches if measured else 0,
             measured_rows_per_microbatch=measured.recent_rows if measured else 0.0))
     return message
+
+
+def host_drain_to_pb(outcome: HostDrainOutcome, status: RouteStatus) -> pb.DrainHostResponse:
+    return pb.DrainHostResponse(
+        removed_routes=[pb.RouteWorkers(worker_addresses=list(route)) for route in outcome.decision.leaving],
+        finished_requests=outcome.finished, handed_off_requests=outcome.handed_off,
+        ended_requests=outcome.ended, stored_route_set=outcome.stored, status=status_to_pb(status),
+        largest_gap_ns=round(outcome.largest_gap_s * 1e9))

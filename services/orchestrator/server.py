@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import structlog
@@ -33,7 +34,9 @@ from services.orchestrator.engine.drift import DriftPolicy
 from services.orchestrator.engine.multiroute import MultiRouteEngine
 from services.orchestrator.engine.route_slot import RouteSlot
 from services.orchestrator.engine.serving import ServingEngine, build_engine, terminal_error
+from services.orchestrator.route.added_routes import add_routes
 from services.orchestrator.route.coldstart import BackendBoard, serve_then_upgrade
+from services.orchestrator.route.host_drain import RouteSetStore, drain_host
 from services.orchestrator.route.lifecycle import (
     InstalledRoute,
     Installer,
@@ -53,6 +56,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         self._cfg = cfg
         self._route = route
         self._manager = manager
+        self._store_route_set = route_set_store(cfg)
 
     def _engine(self) -> ServingEngine | MultiRouteEngine:
         if self._route.engine is None:
@@ -94,6 +98,43 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
     async def GetPlanStatus(self, request, context) -> pb.GetPlanStatusResponse:
         return pb.GetPlanStatusResponse(current=convert.status_to_pb(self._manager.status()))
 
+    async def DrainHost(self, request, context) -> pb.DrainHostResponse:
+        if not request.worker_address:
+            raise InvalidArgument("name the leaving host's stage worker", reason="MISSING_WORKER",
+                                  field="worker_address")
+        timeout_s = request.timeout_ns / 1e9 if request.timeout_ns else self._cfg.route.drain_timeout_s
+        outcome = await self._manager.change_routes("drain a host", partial(
+            drain_host, worker=request.worker_address, timeout_s=timeout_s, store=self._store_route_set))
+        return convert.host_drain_to_pb(outcome, self._manager.status())
+
+    async def AddRoutes(self, request, context) -> pb.AddRoutesResponse:
+        if not (self._cfg.route.planner_addr and self._cfg.route.artifact_builder_addr):
+            raise FailedPrecondition("no planner or artifact builder configured", reason="NO_FLEET")
+        added = [tuple(route.worker_addresses) for route in request.routes]
+        await self._manager.change_routes("add routes", partial(
+            add_routes, added=added, member=self._member_installer))
+        return pb.AddRoutesResponse(status=convert.status_to_pb(self._manager.status()))
+
+    def _member_installer(self, workers: tuple[str, ...]) -> Installer:
+        """A replica route on workers that joined: one boundary dtype on every hop, the fleet's weights."""
+        hops = self._cfg.route.hop_boundary_dtypes[:1] * (len(workers) - 1)
+        return fleet_route_installer(self._cfg, workers, hops, weights_choice(self._cfg, ()))
+
+
+def route_set_store(cfg: OrchestratorConfig) -> RouteSetStore:
+    """Stores the routes a host drain leaves in the orchestrator's state directory, with every
+    worker this orchestrator drained."""
+    from services.orchestrator.route.route_set_store import stored_route_set, write_route_set
+
+    drained: list[str] = []
+
+    def store(remaining: tuple[tuple[str, ...], ...], worker: str) -> str:
+        drained.append(worker)
+        return str(write_route_set(cfg.route.state_dir, stored_route_set(cfg.route.stage_workers, remaining,
+                                                                         drained)))
+
+    return store
+
 
 def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
     """Stages as threads of this process: development and tests, never a fallback."""
@@ -126,20 +167,7 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
         return inprocess_installer(cfg)
     planner, builder = cfg.route.planner_addr, cfg.route.artifact_builder_addr
     if cfg.route.stage_workers and planner and builder:
-        from services.orchestrator.route.fleet_route import fleet_installer
-        from services.orchestrator.route.install import Fleet
-
-        def on(workers: tuple[str, ...], hop_dtypes: tuple[DType, ...] = cfg.route.hop_boundary_dtypes,
-               weights: WeightsChoice | None = None) -> Installer:
-            fleet = Fleet(planner, builder, workers, cfg.server.client_channel(),
-                          own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None,
-                          cfg.route.registry_addr or "", cfg.route.plan_mode)
-            return fleet_installer(fleet, cfg.route.state_dir, cfg.route.model_id, cfg.route.stage_kv_limit_bytes,
-                                   serving_config(cfg),
-                                   lambda message: _log.info("install_progress", message=message),
-                                   hop_dtypes=hop_dtypes, drift=drift_policy(cfg),
-                                   weights=weights or weights_choice(cfg))
-
+        on = partial(fleet_route_installer, cfg)
         if cfg.route.route_groups:
             return _replica_installer(cfg, on)
         if cfg.route.reference_stage_workers:
@@ -153,6 +181,23 @@ def choose_installer(cfg: OrchestratorConfig) -> Installer:
                                  reason="NO_FLEET")
 
     return no_fleet
+
+
+def fleet_route_installer(cfg: OrchestratorConfig, workers: tuple[str, ...],
+                          hop_dtypes: tuple[DType, ...] | None = None,
+                          weights: WeightsChoice | None = None) -> Installer:
+    """Installs a route on `workers` (stage order) through the fleet's planner and builder."""
+    from services.orchestrator.route.fleet_route import fleet_installer
+    from services.orchestrator.route.install import Fleet
+
+    route = cfg.route
+    fleet = Fleet(route.planner_addr or "", route.artifact_builder_addr or "", workers, cfg.server.client_channel(),
+                  own_identity_uri(cfg.server.tls), Fnx2Tls(cfg.server.tls) if cfg.server.tls else None,
+                  route.registry_addr or "", route.plan_mode)
+    return fleet_installer(fleet, route.state_dir, route.model_id, route.stage_kv_limit_bytes, serving_config(cfg),
+                           lambda message: _log.info("install_progress", message=message),
+                           hop_dtypes=route.hop_boundary_dtypes if hop_dtypes is None else hop_dtypes,
+                           drift=drift_policy(cfg), weights=weights or weights_choice(cfg))
 
 
 def _replica_installer(cfg: OrchestratorConfig, on: Callable[..., Installer]) -> Installer:
@@ -178,10 +223,12 @@ def _replica_installer(cfg: OrchestratorConfig, on: Callable[..., Installer]) ->
     return replica_installer(route.route_groups, member)
 
 
-def weights_choice(cfg: OrchestratorConfig) -> WeightsChoice:
+def weights_choice(cfg: OrchestratorConfig, worker_weights: tuple[str, ...] | None = None) -> WeightsChoice:
+    """The configured weights; `worker_weights` () for workers the configuration does not list."""
     from services.orchestrator.route.install import WeightsChoice
 
-    return WeightsChoice(cfg.route.weights_policy, cfg.route.worker_weights)
+    return WeightsChoice(cfg.route.weights_policy,
+                         cfg.route.worker_weights if worker_weights is None else worker_weights)
 
 
 def drift_policy(cfg: OrchestratorConfig) -> DriftPolicy:

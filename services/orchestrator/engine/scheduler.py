@@ -414,17 +414,19 @@ class Scheduler:
                            f" of {self._num_stages} stages", reason="RELEASE")
         self._retire(r, report.stage_epochs)
 
-    def suspend_live(self, error: str) -> None:
+    def suspend_live(self, error: str) -> int:
         """The route failed: greedy requests not in flight are suspended for replay (those in
-        flight follow when their batch fails); any other ends now with `error`."""
+        flight follow when their batch fails); any other ends now with `error`. Returns how
+        many ended."""
+        ended = 0
         for r in list(self._requests.values()):
             if r.inflight or r.state not in (_State.WAITING, _State.RUNNING):
                 continue
-            if _replayable(r):
-                r.state = _State.SUSPENDED
-            else:
-                r.state = _State.SUSPENDED  # so its fenced leases are not released
+            r.state = _State.SUSPENDED  # ended or not: its fenced leases are not released
+            if not _replayable(r):
                 self._begin_release(r, FinishReason.UNAVAILABLE, emit_now=True, error=error)
+                ended += 1
+        return ended
 
     def replay_suspended(self) -> int:
         """The route is back under a new generation, with no KV anywhere: each suspended

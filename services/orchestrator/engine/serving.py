@@ -241,6 +241,38 @@ class ServingEngine:
         _log.warning("recovery_timed_out", ended=ended)
         self._pump()
 
+    async def suspend_remaining(self, reason: str, settle_s: float = 10.0) -> tuple[int, int]:
+        """The route leaves (its host drains): nothing more is scheduled, the microbatches in
+        flight come back (within `settle_s`), then every greedy stream is suspended for replay
+        on another route (`on_suspended` hands it over) and any other ends with `reason`.
+        Returns (suspended, ended)."""
+        self.scheduler.pause()
+        loop = asyncio.get_running_loop()
+        settle_by = loop.time() + settle_s
+        while self.scheduler.inflight_microbatches and loop.time() < settle_by:
+            await asyncio.sleep(0.005)
+        before = self.scheduler.suspended_requests
+        ended = self.scheduler.suspend_live(route_unavailable(reason).message)
+        suspended = self.scheduler.suspended_requests - before
+        self._pump()
+        return suspended, ended
+
+    def end_suspended(self, reason: str) -> int:
+        """Streams suspended here that no route took: they end with `reason`."""
+        ended = self.scheduler.end_suspended(route_unavailable(reason).message)
+        self._pump()
+        return ended
+
+    def stream_ids(self) -> tuple[str, ...]:
+        """The requests whose clients this route streams to."""
+        return tuple(self._streams)
+
+    def last_token_ns(self, request_id: str) -> int | None:
+        """When the request's latest token reached its stream (engine clock); None before its
+        first token, or once it is not streamed here."""
+        last = self._last_token_ns.get(request_id)
+        return last if last is not None and last >= 0 else None
+
     async def wait_idle(self) -> None:
         """Returns once every admitted request has retired (drain)."""
         await self._idle.wait()

@@ -20,6 +20,7 @@ import asyncio
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import structlog
 
@@ -111,6 +112,10 @@ class RouteStatus:
 
 
 Installer = Callable[[InstallRequest], Awaitable[InstalledRoute]]
+_Outcome = TypeVar("_Outcome")
+# Changes the serving set of replica routes: gets the serving set and `publish`, which makes a
+# new set the one new requests go to (route/host_drain.py).
+RouteChange = Callable[[InstalledRoute, Callable[[InstalledRoute], None]], Awaitable[_Outcome]]
 # Plans and builds without touching the stage workers; returns the request with `stored` set.
 Preparer = Callable[[InstallRequest], Awaitable[InstallRequest]]
 
@@ -178,6 +183,14 @@ class RouteManager:
             await self._make_before_break(old, request)
             return self.status()
 
+    async def change_routes(self, what: str, change: RouteChange[_Outcome]) -> _Outcome:
+        """Runs `change` on the serving route under the lifecycle lock (no install, drain or
+        rollback meanwhile). Refused with NO_ROUTE unless a route serves."""
+        async with self._exclusive(what):
+            if self._current is None or self._state is not RouteState.SERVING:
+                raise FailedPrecondition(f"cannot {what}: no route serves", reason="NO_ROUTE")
+            return await change(self._current, self._publish)
+
     async def close(self) -> None:
         async with self._lock:
             if self._current is not None:
@@ -186,6 +199,10 @@ class RouteManager:
             self._slot.engine = None
 
     # ----- internals -----
+
+    def _publish(self, route: InstalledRoute) -> None:
+        self._current = route
+        self._slot.engine = route.engine
 
     def _exclusive(self, what: str) -> asyncio.Lock:
         if self._lock.locked():  # never queue lifecycle operations behind a long install

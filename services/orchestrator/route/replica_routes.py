@@ -54,7 +54,7 @@ def replica_installer(groups: Sequence[tuple[int, ...]],
                 routes.append(await install(replace(request, stages=len(group), stored=prior,
                                                     serving_generation=beside)))
         except BaseException:
-            await asyncio.gather(*(_discard(route) for route in routes), return_exceptions=True)
+            await asyncio.gather(*(discard_route(route) for route in routes), return_exceptions=True)
             raise
         return route_set(request, routes)
 
@@ -79,7 +79,7 @@ def route_set(request: InstallRequest, routes: Sequence[InstalledRoute]) -> Inst
                           retire, members=tuple(routes))
 
 
-async def _discard(route: InstalledRoute) -> None:
+async def discard_route(route: InstalledRoute) -> None:
     """A route of a set that failed to install: close its engine and unload its generation."""
     await route.engine.close(release_timeout_s=0)
     if route.retire is not None:

@@ -75,7 +75,7 @@ def test_a_delayed_host_binds_loopback_and_advertises_its_fabric_address():
 
 def test_a_gpu_host_worker_sees_only_its_gpu(tmp_path):
     from apps.fleet.launcher import FleetOptions
-    from apps.fleet.netns_compose import _worker_process
+    from apps.fleet.netns_compose import worker_process
 
     spec = parse_fleet_spec({
         "version": 1, "control_host": "a",
@@ -83,6 +83,6 @@ def test_a_gpu_host_worker_sees_only_its_gpu(tmp_path):
                    "link": {"rate": "10Gbit/s"}}],
     }, "0" * 64)
     (host,) = make_plan(spec, "abcdef", CgroupVersion.V1, (0, 1)).hosts
-    env = _worker_process(FleetOptions(state_dir=tmp_path), host, 0).env
+    env = worker_process(FleetOptions(state_dir=tmp_path), host, 0).env
     assert (env["FORNAX_DEVICE"], env["CUDA_VISIBLE_DEVICES"], env["FORNAX_BACKEND"]) == ("gpu", "1", "max")
     assert env["OMP_NUM_THREADS"] == "2"

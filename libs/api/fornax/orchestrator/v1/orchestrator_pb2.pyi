@@ -250,3 +250,51 @@ class GetPlanStatusResponse(_message.Message):
     current: PlanStatus
     previous: PlanStatus
     def __init__(self, current: _Optional[_Union[PlanStatus, _Mapping]] = ..., previous: _Optional[_Union[PlanStatus, _Mapping]] = ...) -> None: ...
+
+class DrainHostRequest(_message.Message):
+    __slots__ = ("request_id", "worker_address", "timeout_ns")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_NS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    worker_address: str
+    timeout_ns: int
+    def __init__(self, request_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., timeout_ns: _Optional[int] = ...) -> None: ...
+
+class RouteWorkers(_message.Message):
+    __slots__ = ("worker_addresses",)
+    WORKER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    worker_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DrainHostResponse(_message.Message):
+    __slots__ = ("removed_routes", "finished_requests", "handed_off_requests", "ended_requests", "stored_route_set", "status", "largest_gap_ns")
+    REMOVED_ROUTES_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    HANDED_OFF_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    STORED_ROUTE_SET_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_GAP_NS_FIELD_NUMBER: _ClassVar[int]
+    removed_routes: _containers.RepeatedCompositeFieldContainer[RouteWorkers]
+    finished_requests: int
+    handed_off_requests: int
+    ended_requests: int
+    stored_route_set: str
+    status: PlanStatus
+    largest_gap_ns: int
+    def __init__(self, removed_routes: _Optional[_Iterable[_Union[RouteWorkers, _Mapping]]] = ..., finished_requests: _Optional[int] = ..., handed_off_requests: _Optional[int] = ..., ended_requests: _Optional[int] = ..., stored_route_set: _Optional[str] = ..., status: _Optional[_Union[PlanStatus, _Mapping]] = ..., largest_gap_ns: _Optional[int] = ...) -> None: ...
+
+class AddRoutesRequest(_message.Message):
+    __slots__ = ("request_id", "routes")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    routes: _containers.RepeatedCompositeFieldContainer[RouteWorkers]
+    def __init__(self, request_id: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[RouteWorkers, _Mapping]]] = ...) -> None: ...
+
+class AddRoutesResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: PlanStatus
+    def __init__(self, status: _Optional[_Union[PlanStatus, _Mapping]] = ...) -> None: ...

@@ -65,6 +65,16 @@ class OrchestratorServiceStub:
                 request_serializer=fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.GetPlanStatusRequest.SerializeToString,
                 response_deserializer=fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.GetPlanStatusResponse.FromString,
                 _registered_method=True)
+        self.DrainHost = channel.unary_unary(
+                '/fornax.orchestrator.v1.OrchestratorService/DrainHost',
+                request_serializer=fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.DrainHostRequest.SerializeToString,
+                response_deserializer=fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.DrainHostResponse.FromString,
+                _registered_method=True)
+        self.AddRoutes = channel.unary_unary(
+                '/fornax.orchestrator.v1.OrchestratorService/AddRoutes',
+                request_serializer=fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.AddRoutesRequest.SerializeToString,
+                response_deserializer=fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.AddRoutesResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServiceServicer:
@@ -109,6 +119,26 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainHost(self, request, context):
+        """Takes one stage worker's host out of the serving replica routes: the routes that hold it
+        stop taking requests, finish what they admitted within the timeout, hand the greedy
+        streams still running to the routes that stay, and are unloaded; the others serve on.
+        Refused (FAILED_PRECONDITION / NOT_FOUND with a reason) with the serving layout kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddRoutes(self, request, context):
+        """Adds replica routes on stage workers that serve no route (a host that joined): each is
+        planned, built, loaded and warmed before it takes a request, then joins the serving set;
+        the serving routes are untouched. A route that fails to install is unloaded and the set
+        is kept (FAILED_PRECONDITION with a reason).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -141,6 +171,16 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.GetPlanStatus,
                     request_deserializer=fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.GetPlanStatusRequest.FromString,
                     response_serializer=fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.GetPlanStatusResponse.SerializeToString,
+            ),
+            'DrainHost': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainHost,
+                    request_deserializer=fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.DrainHostRequest.FromString,
+                    response_serializer=fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.DrainHostResponse.SerializeToString,
+            ),
+            'AddRoutes': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddRoutes,
+                    request_deserializer=fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.AddRoutesRequest.FromString,
+                    response_serializer=fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.AddRoutesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -306,6 +346,60 @@ class OrchestratorService:
             '/fornax.orchestrator.v1.OrchestratorService/GetPlanStatus',
             fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.GetPlanStatusRequest.SerializeToString,
             fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.GetPlanStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainHost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fornax.orchestrator.v1.OrchestratorService/DrainHost',
+            fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.DrainHostRequest.SerializeToString,
+            fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.DrainHostResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddRoutes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fornax.orchestrator.v1.OrchestratorService/AddRoutes',
+            fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.AddRoutesRequest.SerializeToString,
+            fornax_dot_orchestrator_dot_v1_dot_orchestrator__pb2.AddRoutesResponse.FromString,
             options,
             channel_credentials,
             insecure,

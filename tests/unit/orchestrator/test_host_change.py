@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from apps.fleet.host_change import decide_drain, diff_layouts
 from libs.service.errors import FailedPrecondition, NotFound
+from services.orchestrator.route.host_change import decide_drain, diff_layouts
 
 TWO = (("alpha", "beta"), ("gamma", "delta"))
 
