@@ -40,6 +40,8 @@ class Flag:
     variable: str
     help: str = ""
     choices: tuple[str, ...] | None = None
+    # The value of the flag given alone (`--replan-on-change` means 1); None: it needs a value.
+    bare: str | None = None
 
     @property
     def dest(self) -> str:
@@ -98,6 +100,13 @@ FLAGS = (
          "relative error that counts as outside the plan's prediction"),
     Flag("--drift-sustain-rounds", "FORNAX_DRIFT_SUSTAIN_ROUNDS",
          "health rounds in a row outside (or back inside) the bound before the route's calibration changes"),
+    Flag("--stage-pools", "FORNAX_STAGE_POOLS",
+         "comma-separated headless Services (service:port) of the stage-worker pools, stage order"),
+    Flag("--replan-on-change", "FORNAX_REPLAN_ON_CHANGE",
+         "re-plan onto the pools' workers when the discovered set changes and stays changed", bare="1"),
+    Flag("--discovery-interval-s", "FORNAX_DISCOVERY_INTERVAL_S", "how often the pools are resolved"),
+    Flag("--replan-settle-s", "FORNAX_REPLAN_SETTLE_S", "how long a changed worker set must stay the same"),
+    Flag("--replan-min-interval-s", "FORNAX_REPLAN_MIN_INTERVAL_S", "least time between two re-plans"),
     Flag("--http-tls-cert", "FORNAX_HTTP_TLS_CERT", 'HTTP API certificate'),
     Flag("--http-tls-key", "FORNAX_HTTP_TLS_KEY", 'HTTP API private key'),
 )
@@ -144,7 +153,8 @@ def _parser() -> argparse.ArgumentParser:
         default = defaults[flag.variable]
         shown = getattr(default, "value", default)
         described = f"{flag.help} " if flag.help else ""
-        parser.add_argument(flag.flag, choices=flag.choices,
+        bare: dict[str, Any] = {"nargs": "?", "const": flag.bare} if flag.bare is not None else {}
+        parser.add_argument(flag.flag, choices=flag.choices, **bare,
                             help=f"{described}(env {flag.variable}, default {shown!r})")
     return parser
 

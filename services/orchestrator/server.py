@@ -34,6 +34,7 @@ from services.orchestrator.engine.drift import DriftPolicy
 from services.orchestrator.engine.multiroute import MultiRouteEngine
 from services.orchestrator.engine.route_slot import RouteSlot
 from services.orchestrator.engine.serving import ServingEngine, build_engine, terminal_error
+from services.orchestrator.replan_setup import pool_watcher
 from services.orchestrator.route.added_routes import add_routes
 from services.orchestrator.route.coldstart import BackendBoard, serve_then_upgrade
 from services.orchestrator.route.host_drain import RouteSetStore, drain_host
@@ -44,6 +45,7 @@ from services.orchestrator.route.lifecycle import (
     Preparer,
     RouteManager,
 )
+from services.orchestrator.route.queued_tokens import publish_queued_tokens
 
 if TYPE_CHECKING:
     from services.orchestrator.route.install import WeightsChoice
@@ -274,10 +276,26 @@ async def _install_at_startup(manager: RouteManager, request: InstallRequest, bo
         _log.exception("route_install_failed", error=f"{type(exc).__name__}: {exc}")
 
 
+def _start_scale_out(cfg: OrchestratorConfig, manager: RouteManager) -> Callable[[], None]:
+    """Exports each route's queued tokens and, with --replan-on-change, watches the pools;
+    returns what stops both."""
+    stop_metric = publish_queued_tokens(lambda: manager.current)
+    watcher = pool_watcher(cfg, manager, lambda moved: (choose_installer(moved), choose_preparer(moved)))
+    watching = asyncio.get_running_loop().create_task(watcher.run()) if watcher else None
+
+    def stop() -> None:
+        stop_metric()
+        if watching is not None:
+            watching.cancel()
+
+    return stop
+
+
 async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
     route = RouteSlot()
     manager = RouteManager(route, choose_installer(cfg), cfg.route.drain_timeout_s,
                            choose_preparer(cfg))
+    stop_scale_out = _start_scale_out(cfg, manager)
     startup: asyncio.Task | None = None
     board = BackendBoard(cfg.inprocess.backend if cfg.inprocess.checkpoint else cfg.route.backend)
     if cfg.inprocess.checkpoint:
@@ -305,6 +323,7 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
             _log.info("drain_skipped", reason=exc.reason)
 
     async def on_stop() -> None:
+        stop_scale_out()
         if startup is not None:
             startup.cancel()
         await runner.cleanup()

@@ -72,22 +72,47 @@ app.kubernetes.io/part-of: fornax
 
 {{/* Stage-worker pools in stage order, as a YAML list: each pool is one StatefulSet behind its
 own headless Service. With no `stageWorker.pools`, one unnamed pool of `stageWorker.stages`
-replicas keeps the chart's original names. A pool's own keys win over `stageWorker`'s. */}}
+replicas keeps the chart's original names. A pool's own keys win over `stageWorker`'s. A pool's
+`slots` are the pods it may ever run (autoscaling.maxReplicas when an HPA scales it, else
+replicas): each slot has its stage identity (stage-<offset+i>), so stage indexes of the next
+pool start after them. */}}
 {{- define "fornax.stagePools" -}}
 {{- $v := .Values.stageWorker -}}
-{{- $defaults := dict "backend" $v.backend "device" $v.device "resources" $v.resources "nodeSelector" $v.nodeSelector "tolerations" $v.tolerations "affinity" $v.affinity "podAnnotations" $v.podAnnotations -}}
+{{- $defaults := dict "backend" $v.backend "device" $v.device "resources" $v.resources "nodeSelector" $v.nodeSelector "tolerations" $v.tolerations "affinity" $v.affinity "podAnnotations" $v.podAnnotations "autoscaling" $v.autoscaling -}}
 {{- $given := $v.pools | default (list (dict "name" "" "replicas" $v.stages)) -}}
 {{- $pools := list -}}
 {{- $offset := 0 -}}
 {{- range $given -}}
-{{- $pool := merge (deepCopy .) $defaults -}}
+{{- $pool := merge (deepCopy .) (deepCopy $defaults) -}}
 {{- $component := ternary "stage-worker" (printf "stage-worker-%s" .name) (eq .name "") -}}
+{{- $slots := ternary (int $pool.autoscaling.maxReplicas) (int .replicas) $pool.autoscaling.enabled -}}
+{{- if and $pool.autoscaling.enabled (lt $slots (int .replicas)) -}}
+{{- fail (printf "stage-worker pool %q: autoscaling.maxReplicas (%d) is below its replicas (%d)" .name $slots (int .replicas)) -}}
+{{- end -}}
 {{- $_ := set $pool "component" $component -}}
 {{- $_ := set $pool "offset" $offset -}}
+{{- $_ := set $pool "slots" $slots -}}
 {{- $pools = append $pools $pool -}}
-{{- $offset = add $offset (int .replicas) -}}
+{{- $offset = add $offset $slots -}}
 {{- end -}}
 {{- toYaml $pools -}}
+{{- end -}}
+
+{{/* Comma-separated headless Services of the stage-worker pools (`<service>:<grpc port>`, stage
+order): the orchestrator resolves each to its pool's workers (FORNAX_STAGE_POOLS). */}}
+{{- define "fornax.stagePoolServices" -}}
+{{- $services := list -}}
+{{- range (include "fornax.stagePools" . | fromYamlArray) -}}
+{{- $services = append $services (printf "%s:%d" (include "fornax.componentName" (dict "root" $ "component" .component)) (int $.Values.ports.grpc)) -}}
+{{- end -}}
+{{- join "," $services -}}
+{{- end -}}
+
+{{/* "true" when some stage-worker pool is scaled by a HorizontalPodAutoscaler. */}}
+{{- define "fornax.anyPoolAutoscaled" -}}
+{{- range (include "fornax.stagePools" . | fromYamlArray) -}}
+{{- if .autoscaling.enabled -}}true{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Comma-separated gRPC addresses of the stage workers, in stage order: every pool's pods by

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import structlog
 
@@ -56,9 +57,18 @@ class MultiRouteEngine:
             raise InvalidArgument(f"replica routes need at least 2 engines, got {len(engines)}",
                                   reason="BAD_ROUTE_COUNT", field="routes")
         self.engines = tuple(engines)
+        self._subscriptions: list[tuple[ServingEngine, type, Callable[[Any], None]]] = []
         for engine in self.engines:
-            engine.events.subscribe(RequestsSuspended, functools.partial(self._on_suspended, engine))
-            engine.events.subscribe(EngineServing, lambda e: self._fail_over_all())
+            self._subscriptions += [(engine, RequestsSuspended, functools.partial(self._on_suspended, engine)),
+                                    (engine, EngineServing, self._on_serving)]
+        for engine, kind, handler in self._subscriptions:
+            engine.events.subscribe(kind, handler)
+
+    def detach(self) -> None:
+        """Stops handing streams between these routes: a new set (or a lone route) takes over."""
+        for engine, kind, handler in self._subscriptions:
+            engine.events.unsubscribe(kind, handler)
+        self._subscriptions = []
 
     # ----- what the front ends ask (EngineClient) -----
 
@@ -137,6 +147,9 @@ class MultiRouteEngine:
 
     def _on_suspended(self, source: ServingEngine, event: RequestsSuspended) -> None:
         self._fail_over(source)
+
+    def _on_serving(self, event: EngineServing) -> None:
+        self._fail_over_all()
 
     def _fail_over_all(self) -> None:
         for engine in self.engines:

@@ -86,6 +86,12 @@ class RouteEvents:
     def subscribe(self, kind: type[E], handler: Handler[E]) -> None:
         self._handlers[kind].append(handler)
 
+    def unsubscribe(self, kind: type[E], handler: Handler[E]) -> None:
+        """Stops delivering `kind` to `handler` (a no-op when it was not subscribed)."""
+        handlers = self._handlers.get(kind, [])
+        if handler in handlers:
+            handlers.remove(handler)
+
     def subscribed(self, kind: type) -> bool:
         return bool(self._handlers.get(kind))
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 import structlog
 
 from libs.service.errors import FailedPrecondition, InvalidArgument
+from services.orchestrator.engine.multiroute import MultiRouteEngine
 from services.orchestrator.route.host_change import Route, route_name
 from services.orchestrator.route.host_drain import route_of
 from services.orchestrator.route.lifecycle import InstalledRoute, Installer
@@ -51,6 +52,8 @@ async def add_routes(current: InstalledRoute, publish: Callable[[InstalledRoute]
         await asyncio.gather(*(discard_route(r) for r in installed), return_exceptions=True)
         raise
     every = (*members, *installed)
+    if isinstance(current.engine, MultiRouteEngine):
+        current.engine.detach()  # the set with the added routes hands streams from now on
     publish(route_set(replace(current.request, stages=sum(len(r.stages) for r in every)), every))
     _log.info("routes_added", added=[route_name(r) for r in added], routes=len(every))
     return tuple(added)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from libs.service.errors import FailedPrecondition
+from services.orchestrator.engine.multiroute import MultiRouteEngine
 from services.orchestrator.engine.serving import ServingEngine
 from services.orchestrator.route.host_change import DrainDecision, Route, decide_drain, route_name
 from services.orchestrator.route.lifecycle import InstalledRoute
@@ -135,11 +136,11 @@ async def largest_gap_s(routes: Sequence[ServingEngine], last_tokens: dict[str, 
 
 def _serving_set(current: InstalledRoute, kept: Sequence[InstalledRoute]) -> InstalledRoute:
     """The routes that stay, as the set new requests go to; one route alone serves as itself."""
+    if isinstance(current.engine, MultiRouteEngine):
+        current.engine.detach()  # the leaving set hands no more streams; the set left does
     if len(kept) > 1:
         return route_set(replace(current.request, stages=sum(len(r.stages) for r in kept)), kept)
-    engine = _engine(kept[0])
-    engine.on_suspended = engine.on_recovered = None  # no other route to hand streams to
-    return kept[0]
+    return kept[0]  # one route alone: no other route to hand streams to
 
 
 async def _unload(route: InstalledRoute) -> None:

@@ -133,6 +133,11 @@ class RouteManager:
         self._previous: InstallRequest | None = None
         self._failure = ""
 
+    @property
+    def current(self) -> InstalledRoute | None:
+        """The route (or set of replica routes) serving now, if any."""
+        return self._current
+
     def status(self) -> RouteStatus:
         current = self._current
         state, failure = self._state, self._failure
@@ -190,6 +195,20 @@ class RouteManager:
             if self._current is None or self._state is not RouteState.SERVING:
                 raise FailedPrecondition(f"cannot {what}: no route serves", reason="NO_ROUTE")
             return await change(self._current, self._publish)
+
+    async def replan(self, installer: Installer, prepare: Preparer | None, request: InstallRequest) -> RouteStatus:
+        """Plans `request` afresh onto another set of workers (`installer` and `prepare` reach
+        them), make-before-break over a serving route, and keeps them for later installs. On
+        failure the workers stay the ones before, and so does a route that still serves."""
+        async with self._exclusive("re-plan"):
+            prior = self._installer, self._prepare
+            self._installer, self._prepare = installer, prepare
+            try:
+                await self._install(replace(request, stored=None))
+            except BaseException:
+                self._installer, self._prepare = prior
+                raise
+            return self.status()
 
     async def close(self) -> None:
         async with self._lock:

@@ -18,11 +18,14 @@ from libs.service.env_settings import (
     one_of,
     read_env,
     setting,
+    switch,
     text,
     write_env,
 )
 from libs.weights.policy import POLICIES
 from services.orchestrator.route.backend_choice import DEFAULT_ROWS, SwitchPolicy, parse_rows, parse_switch_policy
+from services.orchestrator.route.pool_discovery import StagePool
+from services.orchestrator.route.replan_policy import ReplanSettings
 
 # FORNAX_BACKEND value for an unlike fleet: each stage runs its own worker's backend.
 BACKEND_OF_WORKER = "worker"
@@ -109,6 +112,18 @@ class RouteSettings:
     stage_kv_limit_bytes: int = setting("FORNAX_STAGE_KV_LIMIT_BYTES", 0, integer(0))
     # How long a draining or retiring route may take to finish what it admitted.
     drain_timeout_s: float = setting("FORNAX_DRAIN_TIMEOUT_S", 60.0, number())
+    # Headless Services of the stage-worker pools (`<service>:<port>`, stage order), whose DNS
+    # records name each pool's workers (route/pool_discovery.py); empty = no discovery.
+    stage_pools: tuple[StagePool, ...] = setting(
+        "FORNAX_STAGE_POOLS", (), listed(converted(StagePool.parse, StagePool.format, "service:port")))
+    # Re-plan onto the pools' workers when the set changes and stays changed (route/replan_policy.py).
+    replan_on_change: bool = setting("FORNAX_REPLAN_ON_CHANGE", False, switch())
+    discovery_interval_s: float = setting("FORNAX_DISCOVERY_INTERVAL_S", 10.0, number(0.0, exclusive=True))
+    replan_settle_s: float = setting("FORNAX_REPLAN_SETTLE_S", ReplanSettings.settle_s, number())
+    replan_min_interval_s: float = setting("FORNAX_REPLAN_MIN_INTERVAL_S", ReplanSettings.min_interval_s, number())
+
+    def replan_settings(self) -> ReplanSettings:
+        return ReplanSettings(self.replan_settle_s, self.replan_min_interval_s)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RouteSettings:

@@ -137,3 +137,17 @@ def test_no_engine_attribute_is_a_callback_slot_for_others_to_assign(text_contex
 
     eng = asyncio.run(main())
     assert [name for name in vars(eng) if name.startswith("on_")] == []
+
+
+def test_a_detached_replica_set_no_longer_hands_streams_between_its_routes(text_context):
+    from services.orchestrator.engine.multiroute import MultiRouteEngine
+
+    async def main():
+        a, b = engine(text_context, FakePipeline(2)), engine(text_context, FakePipeline(2))
+        multi = MultiRouteEngine([a, b])
+        attached = (a.events.subscribed(RequestsSuspended), b.events.subscribed(EngineServing))
+        multi.detach()
+        return attached, (a.events.subscribed(RequestsSuspended), b.events.subscribed(EngineServing))
+
+    attached, detached = asyncio.run(main())
+    assert attached == (True, True) and detached == (False, False)
