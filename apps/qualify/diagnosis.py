@@ -4,8 +4,8 @@ From a calibration's term-by-term figures (predicted: the plan's cost model; mea
 route, physical) it names the stage and term with the largest miss in seconds, the ratio of
 measured to predicted, and what the facts of the hosts suggest. Causes are stated as likely,
 never as proven: a shared CPU (two stage hosts' cpusets overlap), a compute term far above the
-layer profile (the profile times each layer alone on an idle host; the route runs every stage,
-the data plane and, on the control host, the control services at once), or a wire term far
+layer profile (the profile times the layers and the served step with the worker's data plane idle;
+in the route the stage shares its CPU with its data plane and, on MAX, MAX's worker thread), or a wire term far
 above the link profile (the gate's wire is the next hop's round trip less its own work, so a
 next stage waiting for CPU shows here).
 """
@@ -56,9 +56,11 @@ def likely_cause(miss: Miss, shared: dict[str, tuple[str, ...]]) -> str:
         return (f"host {miss.host} shares a CPU with {', '.join(shared[miss.host])} (overlapping cpusets): a "
                 "profile timed while the other host was idle never saw it")
     if miss.term == "compute" and miss.ratio >= RATIO_WORTH_NAMING:
-        return ("the layer profile times each layer alone on an idle host, while the route runs every stage at "
-                "once (and the control services on the control host); this calibration is stored and the next "
-                "plan scales this host's compute by it")
+        return ("the profile times this stage's layers and its served step in the worker with its data plane "
+                "idle; in the route the stage shares its CPU with its own data plane (FNX2 receive and send, TLS, "
+                "relay) and, on a MAX host, MAX's worker thread between graph launches. Profiling the hosts at "
+                "once (`fornax profile --all-at-once`) does not remove this; a failed gate feeds nothing back, so "
+                "the next plan predicts from the same profiles")
     if miss.term == "wire" and miss.ratio >= RATIO_WORTH_NAMING:
         return ("the gate's wire is the next hop's round trip less its own work: a next stage waiting for CPU "
                 "(quota throttling, a shared CPU, hypervisor steal) shows here, not in the link profile")

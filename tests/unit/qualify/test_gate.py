@@ -227,12 +227,14 @@ def test_a_failed_gate_names_the_term_that_missed_most_and_a_shared_cpu_as_likel
     assert "2.1x" in text and "likely cause: host alpha shares a CPU with beta" in text
 
 
-def test_without_a_shared_cpu_a_compute_miss_is_put_down_to_the_profile_timing_layers_alone():
+def test_without_a_shared_cpu_a_compute_miss_is_put_down_to_what_shares_the_stages_cpu_in_the_route():
     from libs.profiles.schema import HostFacts
 
     hosts = (HostFacts("alpha", "AMD EPYC", 1.0, "0", 0), HostFacts("beta", "AMD EPYC", 0.5, "1", 0))
     runs = [RunOutcome(1, tuple(Check(n, True, "ok") for n in CHECKS), (_times(0, 0.0168), _times(1, 0.004)))]
     text = "\n".join(calibrate(runs, _predicted(0.008, 0.004), model_snapshot=SNAPSHOT, plan_hash="h",
                                hosts=hosts).describe())
-    assert "likely cause: the layer profile times each layer alone" in text
-    assert "shares a CPU" not in text
+    assert "likely cause: the profile times this stage's layers and its served step in the worker with its data " \
+        "plane idle" in text
+    assert "a failed gate feeds nothing back" in text  # it does not claim the next plan is corrected
+    assert "shares a CPU with" not in text
