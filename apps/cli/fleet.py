@@ -59,6 +59,9 @@ def register(commands, benches) -> None:
     up.add_argument("--routes", default="1",
                     help="with --fleet and --checkpoint: replica routes the stage hosts form, N or auto (the layout "
                          "`fornax plan --fleet FILE --routes ...` chooses); every route serves at once behind one API")
+    up.add_argument("--rejoin-timeout", dest="rejoin_timeout_s", type=float, default=0.0, metavar="SECONDS",
+                    help="with replica routes: a route whose stage host is gone this long leaves the serving set "
+                         "(its streams replay on the routes left), while another route serves; 0 (default) = never")
     up.add_argument("--mode", choices=("exploratory", "deployment"), default="exploratory",
                     help="deployment: install only a plan whose every host, layer kind and link has a valid "
                          "physical profile and whose route passed `fornax qualify`; refused otherwise")
@@ -103,6 +106,8 @@ def _validate_up(args: argparse.Namespace) -> str | None:
         return "--routes lays replica routes on a fleet file's hosts: it needs --fleet and --checkpoint"
     if args.routes != "auto" and not (args.routes.isdigit() and int(args.routes) >= 1):
         return f"BAD_ROUTE_COUNT: --routes takes auto or a count >= 1, got {args.routes!r}"
+    if not args.rejoin_timeout_s >= 0:  # also refuses nan
+        return f"--rejoin-timeout takes seconds >= 0 (0 = never), got {args.rejoin_timeout_s:g}"
     if args.stages is not None and not 1 <= args.stages <= 16:
         return f"--stages must be between 1 and 16, got {args.stages}"
     if args.checkpoint and _is_gguf(args.checkpoint):
@@ -252,7 +257,7 @@ def _up_argv(args: argparse.Namespace) -> list[str]:
             argv += [flag, str(Path(path).resolve())]
     for root in args.read_root:
         argv += ["--read-root", str(Path(root).resolve())]
-    argv += ["--mode", args.mode, "--routes", args.routes]
+    argv += ["--mode", args.mode, "--routes", args.routes, "--rejoin-timeout", str(args.rejoin_timeout_s)]
     if args.insecure:
         argv.append("--insecure")
     if args.http_insecure:
@@ -281,6 +286,7 @@ def _options(args: argparse.Namespace) -> FleetOptions:
         max_switch=args.max_switch,
         max_switch_rows=args.max_switch_rows,
         plan_mode=args.mode,
+        rejoin_timeout_s=args.rejoin_timeout_s,
     )
 
 
