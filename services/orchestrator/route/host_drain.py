@@ -60,16 +60,11 @@ class RoutesRemoved:
     largest_gap_s: float = 0.0
 
 
-@dataclass(frozen=True)
-class HostDrainOutcome:
-    """The drain's decision, then what its removal did (the fields of `RoutesRemoved`)."""
+@dataclass(frozen=True, kw_only=True)
+class HostDrainOutcome(RoutesRemoved):
+    """What the drain's removal did, and the decision it carried out."""
 
     decision: DrainDecision
-    finished: int
-    handed_off: int
-    ended: int
-    stored: str
-    largest_gap_s: float = 0.0
 
 
 # Stores the routes left (stage worker addresses, stage order) after `removed` left; returns where.
@@ -95,7 +90,7 @@ async def drain_host(current: InstalledRoute, publish: Publish, *, worker: str,
                     for r in decision.leaving)
     done = await remove_routes(current, publish, leaving, removed, why=f"host {worker} is draining",
                                wait_s=timeout_s, store=store)
-    outcome = HostDrainOutcome(decision, done.finished, done.handed_off, done.ended, done.stored, done.largest_gap_s)
+    outcome = HostDrainOutcome(**vars(done), decision=decision)
     _log.info("host_drained", worker=worker, finished=outcome.finished, handed_off=done.handed_off,
               ended=done.ended, largest_gap_s=round(done.largest_gap_s, 3),
               remaining=[route_name(r) for r in decision.remaining])
