@@ -113,8 +113,8 @@ async def remove_routes(current: InstalledRoute, publish: Publish, leaving: Sequ
         last_tokens = {rid: _engine(r).last_token_ns(rid) for r in leaving for rid in _engine(r).stream_ids()}
         handed_off, ended = await _hand_over(leaving, why)
     publish(_serving_set(current, kept), removed)
-    for route in removed:
-        metrics.ROUTES_REMOVED.labels(route.reason.value).inc()
+    for gone in removed:
+        metrics.ROUTES_REMOVED.labels(gone.reason.value).inc()
     stored = store(tuple(route_of(m) for m in kept), removed)
     await asyncio.gather(*(_unload(route) for route in leaving))
     gap_s = await largest_gap_s([_engine(r) for r in kept], last_tokens, GAP_WAIT_S)

@@ -12,70 +12,28 @@ Needs root and namespaces (CI is root); skipped elsewhere. numpy on every host, 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import openai
 import pytest
 
 from apps.fleet.host_leave import retire_service
 from apps.fleet.netns import leftovers, read_record
 from libs.service.fleet_state import read_fleet
+from tests.integration.fleet.test_netns_replica_routes import (  # noqa: F401  (pytestmark: root and netns)
+    REPO,
+    _fornax,
+    _log_events,
+    _streams,
+    pytestmark,
+)
 from tests.integration.orchestrator.harness import tiny_checkpoint
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0 or not Path("/proc/self/ns/net").exists(),
-                       reason="netns fleets need root and namespaces"),
-]
-REPO = Path(__file__).resolve().parents[3]
-PROMPTS = ([5, 17, 42, 9], [7, 8, 9, 10, 11], [12, 30, 4], [21, 22, 23, 24])
-MAX_TOKENS = 40
 REJOIN_TIMEOUT_S = 3
-TIMEOUT_S = 100
 REMOVAL_WAIT_S = 30  # the timeout, the probes that find the worker gone, and the removal
-
-
-def _fornax(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "apps.cli.main", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-async def _streams(state, fault=None) -> list[tuple[str, str | None]]:
-    """(text, error) per prompt, streamed at once; `fault` runs once every stream has a token."""
-    client = openai.AsyncOpenAI(base_url=state.api, api_key="none", max_retries=0, timeout=TIMEOUT_S,
-                                http_client=openai.DefaultAsyncHttpxClient(verify=state.api_ssl_context()))
-    started = [asyncio.Event() for _ in PROMPTS]
-
-    async def one(index: int) -> tuple[str, str | None]:
-        parts: list[str] = []
-        try:
-            stream = await client.completions.create(model="fornax", prompt=list(PROMPTS[index]),
-                                                     max_tokens=MAX_TOKENS, temperature=0, stream=True)
-            async for chunk in stream:
-                parts.append(chunk.choices[0].text if chunk.choices else "")
-                started[index].set()
-        except Exception as exc:  # noqa: BLE001  (any client-visible error fails the test below)
-            return "".join(parts), f"{type(exc).__name__}: {exc}"
-        finally:
-            started[index].set()
-        return "".join(parts), None
-
-    tasks = [asyncio.create_task(one(i)) for i in range(len(PROMPTS))]
-    if fault is not None:
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), TIMEOUT_S)
-        fault()
-    return await asyncio.wait_for(asyncio.gather(*tasks), TIMEOUT_S)
-
-
-def _log_events(state, name: str) -> list[dict]:
-    text = Path(state.entry(name).log).read_text(errors="replace")
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
 def _status_once_removed(cwd: Path) -> subprocess.CompletedProcess:

@@ -7,6 +7,7 @@ back in time keeps its route; a route is never removed when no other route would
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from libs.service.errors import Aborted
@@ -94,24 +95,40 @@ async def _installed(text_context, groups):
     return manager, slot, routes
 
 
+@dataclass
+class Watched:
+    """A set of two fake routes, (0, 1) and (2, 3), under a rejoin watch on a fake clock."""
+
+    manager: RouteManager
+    slot: RouteSlot
+    routes: dict[tuple[int, ...], LosableRoute]
+    clock: Clock
+    store: Stored
+    watcher: RejoinWatcher
+
+
+async def _watched(text_context) -> Watched:
+    manager, slot, routes = await _installed(text_context, ((0, 1), (2, 3)))
+    clock, store = Clock(), Stored()
+    return Watched(manager, slot, routes, clock, store, RejoinWatcher(manager, TIMEOUT_S, store, clock))
+
+
 def _removed_count() -> float:
     return metrics.ROUTES_REMOVED.labels("REJOIN_TIMEOUT")._value.get()
 
 
 def test_a_route_whose_host_stays_gone_past_the_timeout_leaves_and_is_reported(text_context):
     async def main():
-        manager, slot, routes = await _installed(text_context, ((0, 1), (2, 3)))
-        clock, store = Clock(), Stored()
-        watcher = RejoinWatcher(manager, TIMEOUT_S, store, clock)
-        await routes[(0, 1)].lose_host(1)
-        seen = [await watcher.check()]  # first seen lost
-        clock.now += 2.9
-        seen.append(await watcher.check())  # not yet
+        w = await _watched(text_context)
+        await w.routes[(0, 1)].lose_host(1)
+        seen = [await w.watcher.check()]  # first seen lost
+        w.clock.now += 2.9
+        seen.append(await w.watcher.check())  # not yet
         before = _removed_count()
-        clock.now += 0.1
-        seen.append(await watcher.check())
-        late = await collect(slot.engine.submit(req("late", max_tokens=4)))
-        return seen, slot, routes, store, manager.status(), late, _removed_count() - before
+        w.clock.now += 0.1
+        seen.append(await w.watcher.check())
+        late = await collect(w.slot.engine.submit(req("late", max_tokens=4)))
+        return seen, w.slot, w.routes, w.store, w.manager.status(), late, _removed_count() - before
 
     seen, slot, routes, store, status, late, counted = asyncio.run(asyncio.wait_for(main(), 30))
     assert seen[0] == () and seen[1] == ()
@@ -158,18 +175,16 @@ def test_greedy_streams_on_the_lost_route_finish_on_the_route_left_with_identica
 
 def test_a_host_back_before_the_timeout_keeps_its_route(text_context):
     async def main():
-        manager, slot, routes = await _installed(text_context, ((0, 1), (2, 3)))
-        clock, store = Clock(), Stored()
-        watcher = RejoinWatcher(manager, TIMEOUT_S, store, clock)
-        before = slot.engine
-        await routes[(0, 1)].lose_host(1)
-        await watcher.check()
-        clock.now += 2.0
-        routes[(0, 1)].host_back()
-        await watcher.check()  # the timer is cancelled
-        clock.now += 10.0
-        removed = await watcher.check()
-        return removed, before, slot, store, manager.status()
+        w = await _watched(text_context)
+        before = w.slot.engine
+        await w.routes[(0, 1)].lose_host(1)
+        await w.watcher.check()
+        w.clock.now += 2.0
+        w.routes[(0, 1)].host_back()
+        await w.watcher.check()  # the timer is cancelled
+        w.clock.now += 10.0
+        removed = await w.watcher.check()
+        return removed, before, w.slot, w.store, w.manager.status()
 
     removed, before, slot, store, status = asyncio.run(asyncio.wait_for(main(), 30))
     assert removed == () and slot.engine is before and store.calls == [] and status.removed == ()
@@ -178,16 +193,14 @@ def test_a_host_back_before_the_timeout_keeps_its_route(text_context):
 
 def test_a_route_is_not_removed_when_no_other_route_would_serve(text_context):
     async def main():
-        manager, slot, routes = await _installed(text_context, ((0, 1), (2, 3)))
-        clock, store = Clock(), Stored()
-        watcher = RejoinWatcher(manager, TIMEOUT_S, store, clock)
-        before = slot.engine
-        await routes[(0, 1)].lose_host(1)
-        await routes[(2, 3)].lose_host(0)
-        await watcher.check()
-        clock.now += 60.0
-        removed = await watcher.check()
-        return removed, before, slot, store, routes
+        w = await _watched(text_context)
+        before = w.slot.engine
+        await w.routes[(0, 1)].lose_host(1)
+        await w.routes[(2, 3)].lose_host(0)
+        await w.watcher.check()
+        w.clock.now += 60.0
+        removed = await w.watcher.check()
+        return removed, before, w.slot, w.store, w.routes
 
     removed, before, slot, store, routes = asyncio.run(asyncio.wait_for(main(), 30))
     assert removed == () and slot.engine is before and store.calls == []
