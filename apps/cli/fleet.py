@@ -56,12 +56,7 @@ def register(commands, benches) -> None:
                          "every host whose `weights:` the file does not set")
     up.add_argument("--fleet", help="fleet file: each host its own network namespace, cgroup and link (needs root)")
     up.add_argument("--checkpoint", help="checkpoint directory, or a deepseek2 .gguf file, to serve")
-    up.add_argument("--routes", default="1",
-                    help="with --fleet and --checkpoint: replica routes the stage hosts form, N or auto (the layout "
-                         "`fornax plan --fleet FILE --routes ...` chooses); every route serves at once behind one API")
-    up.add_argument("--rejoin-timeout", dest="rejoin_timeout_s", type=float, default=0.0, metavar="SECONDS",
-                    help="with replica routes: a route whose stage host is gone this long leaves the serving set "
-                         "(its streams replay on the routes left), while another route serves; 0 (default) = never")
+    _add_route_options(up)
     up.add_argument("--mode", choices=("exploratory", "deployment"), default="exploratory",
                     help="deployment: install only a plan whose every host, layer kind and link has a valid "
                          "physical profile and whose route passed `fornax qualify`; refused otherwise")
@@ -97,6 +92,16 @@ def register(commands, benches) -> None:
 def _fail(message: str) -> int:
     print(f"fornax: {message}", file=sys.stderr)
     return 2
+
+
+def _add_route_options(up: argparse.ArgumentParser) -> None:
+    """`fornax up`'s replica routes: how many, and how long a lost one waits for its host."""
+    up.add_argument("--routes", default="1",
+                    help="with --fleet and --checkpoint: replica routes the stage hosts form, N or auto (the layout "
+                         "`fornax plan --fleet FILE --routes ...` chooses); every route serves at once behind one API")
+    up.add_argument("--rejoin-timeout", dest="rejoin_timeout_s", type=float, default=0.0, metavar="SECONDS",
+                    help="with replica routes: a route whose stage host is gone this long leaves the serving set "
+                         "(its streams replay on the routes left), while another route serves; 0 (default) = never")
 
 
 def _validate_up(args: argparse.Namespace) -> str | None:
