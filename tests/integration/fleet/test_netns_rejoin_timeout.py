@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,10 @@ def test_a_route_whose_host_stays_gone_is_removed_after_the_rejoin_timeout_with_
         events = _log_events(state, "orchestrator")
         removed = [e for e in events if e.get("event") == "route_removed_rejoin_timeout"]
         assert [e.get("host") for e in removed] == [victim.grpc], removed
+        moved = [e for e in events if e.get("event") == "route_failover"]
+        assert moved or removed[0].get("handed_off"), "no stream was on the lost route"
+        metrics = urllib.request.urlopen(f"http://{state.entry('orchestrator').metrics}/metrics", timeout=10)
+        assert 'fornax_orchestrator_routes_removed_total{reason="REJOIN_TIMEOUT"} 1.0' in metrics.read().decode()
         late = asyncio.run(_streams(state))
         assert [got for got, _ in late] == [expected for expected, _ in reference]
         print(f"route removed {removed_after_s:.1f} s after the kill, rejoin timeout {REJOIN_TIMEOUT_S} s "
