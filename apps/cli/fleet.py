@@ -56,9 +56,7 @@ def register(commands, benches) -> None:
                          "every host whose `weights:` the file does not set")
     up.add_argument("--fleet", help="fleet file: each host its own network namespace, cgroup and link (needs root)")
     up.add_argument("--checkpoint", help="checkpoint directory, or a deepseek2 .gguf file, to serve")
-    up.add_argument("--routes", default="1",
-                    help="with --fleet and --checkpoint: replica routes the stage hosts form, N or auto (the layout "
-                         "`fornax plan --fleet FILE --routes ...` chooses); every route serves at once behind one API")
+    _add_route_options(up)
     up.add_argument("--mode", choices=("exploratory", "deployment"), default="exploratory",
                     help="deployment: install only a plan whose every host, layer kind and link has a valid "
                          "physical profile and whose route passed `fornax qualify`; refused otherwise")
@@ -96,6 +94,16 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _add_route_options(up: argparse.ArgumentParser) -> None:
+    """`fornax up`'s replica routes: how many, and how long a lost one waits for its host."""
+    up.add_argument("--routes", default="1",
+                    help="with --fleet and --checkpoint: replica routes the stage hosts form, N or auto (the layout "
+                         "`fornax plan --fleet FILE --routes ...` chooses); every route serves at once behind one API")
+    up.add_argument("--rejoin-timeout", dest="rejoin_timeout_s", type=float, default=0.0, metavar="SECONDS",
+                    help="with replica routes: a route whose stage host is gone this long leaves the serving set "
+                         "(its streams replay on the routes left), while another route serves; 0 (default) = never")
+
+
 def _validate_up(args: argparse.Namespace) -> str | None:
     if args.fleet and (args.stages is not None or args.backend is not None):
         return "--fleet declares every host's backend and the stages; drop --stages and --backend"
@@ -103,6 +111,8 @@ def _validate_up(args: argparse.Namespace) -> str | None:
         return "--routes lays replica routes on a fleet file's hosts: it needs --fleet and --checkpoint"
     if args.routes != "auto" and not (args.routes.isdigit() and int(args.routes) >= 1):
         return f"BAD_ROUTE_COUNT: --routes takes auto or a count >= 1, got {args.routes!r}"
+    if not args.rejoin_timeout_s >= 0:  # also refuses nan
+        return f"--rejoin-timeout takes seconds >= 0 (0 = never), got {args.rejoin_timeout_s:g}"
     if args.stages is not None and not 1 <= args.stages <= 16:
         return f"--stages must be between 1 and 16, got {args.stages}"
     if args.checkpoint and _is_gguf(args.checkpoint):
@@ -252,7 +262,7 @@ def _up_argv(args: argparse.Namespace) -> list[str]:
             argv += [flag, str(Path(path).resolve())]
     for root in args.read_root:
         argv += ["--read-root", str(Path(root).resolve())]
-    argv += ["--mode", args.mode, "--routes", args.routes]
+    argv += ["--mode", args.mode, "--routes", args.routes, "--rejoin-timeout", str(args.rejoin_timeout_s)]
     if args.insecure:
         argv.append("--insecure")
     if args.http_insecure:
@@ -281,6 +291,7 @@ def _options(args: argparse.Namespace) -> FleetOptions:
         max_switch=args.max_switch,
         max_switch_rows=args.max_switch_rows,
         plan_mode=args.mode,
+        rejoin_timeout_s=args.rejoin_timeout_s,
     )
 
 

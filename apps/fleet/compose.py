@@ -56,9 +56,11 @@ def orchestrator_options_env(options: FleetOptions) -> dict[str, str]:
         max_switch=parse_setting(RouteSettings, "max_switch", options.max_switch),
         max_switch_rows=parse_setting(RouteSettings, "max_switch_rows", options.max_switch_rows),
         checkpoint=options.checkpoint or None,
+        rejoin_timeout_s=options.rejoin_timeout_s,
     )
     http = HttpSettings(port=options.http_port or 0, api_key=options.api_key or None)
-    return {**route.to_env("plan_mode", "weights_policy", "max_switch", "max_switch_rows", "checkpoint"),
+    return {**route.to_env("plan_mode", "weights_policy", "max_switch", "max_switch_rows", "checkpoint",
+                           "rejoin_timeout_s"),
             **http.to_env("api_key", *(("port",) if options.http_port is not None else ()))}
 
 

@@ -65,6 +65,9 @@ class FleetOptions:
     # Replica routes (FORNAX_ROUTE_GROUPS of the orchestrator): indices into the stage workers,
     # one group per route; empty: one route over every stage worker.
     route_groups: tuple[tuple[int, ...], ...] = ()
+    # Seconds a replica route may stay lost (a stage host gone) before the orchestrator removes
+    # it from the serving set (FORNAX_REJOIN_TIMEOUT_S); 0 = never.
+    rejoin_timeout_s: float = 0.0
 
 
 def builder_read_roots(options: FleetOptions) -> str:

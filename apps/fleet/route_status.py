@@ -34,6 +34,8 @@ class RouteReport:
     stage_kv: dict[str, str] | None = None
     # Replica routes (one line each: state, reason, stages with worker and layers); empty for one route.
     replicas: tuple[str, ...] = ()
+    # Replica routes taken out of the serving set (one line each: reason, host, workers), latest last.
+    removed: tuple[str, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -50,6 +52,8 @@ class RouteReport:
         line += f"\nstages: {stages}" if stages else ""
         for index, replica in enumerate(self.replicas):
             line += f"\nroute {index}: {replica}"
+        for removed in self.removed:
+            line += f"\nremoved route: {removed}"
         if self.stage_kv:
             line += "\nkv: " + "; ".join(f"{name} {kv}" for name, kv in self.stage_kv.items())
         return line + (f"\ncalibration: {self.calibration}: {self.calibration_reason}" if self.calibration else "")
@@ -76,7 +80,8 @@ def route_report(state: FleetState, channel: ChannelConfig = ChannelConfig()) ->
         calibration = orch_pb.CalibrationState.Name(status.calibration.state).removeprefix("CALIBRATION_STATE_")
     return RouteReport(orch_pb.RouteState.Name(status.state).removeprefix("ROUTE_STATE_"),
                        status.reason, stages, calibration, status.calibration.reason, kv,
-                       tuple(replica_line(route) for route in status.routes))
+                       tuple(replica_line(route) for route in status.routes),
+                       tuple(removed_line(route) for route in status.removed_routes))
 
 
 def idle_outside_routes(stages: dict[str, str], addresses: dict[str, str], serving: set[str]) -> dict[str, str]:
@@ -94,6 +99,13 @@ def replica_line(route: orch_pb.PlanStatus) -> str:
         f"stage {s.stage_index} {s.worker_address} layers {s.layer_range.layer_start}-"
         f"{s.layer_range.layer_end_exclusive} {'ok' if s.healthy else s.condition or 'down'}" for s in route.stages)
     return state + (f" ({route.reason})" if route.reason else "") + f": {stages}"
+
+
+def removed_line(route: orch_pb.RemovedRoute) -> str:
+    """A route that left the serving set: why (REJOIN_TIMEOUT, HOST_DRAINED), its host, its workers."""
+    reason = orch_pb.RouteRemovalReason.Name(route.reason).removeprefix("ROUTE_REMOVAL_REASON_")
+    return (f"{reason} host {route.host_worker_address}: {' > '.join(route.worker_addresses)}"
+            + (f" ({route.detail})" if route.detail else ""))
 
 
 def kv_summary(reply: sw_pb.GetHealthResponse) -> str:

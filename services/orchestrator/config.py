@@ -86,6 +86,8 @@ FLAGS = (
     Flag("--recovery-timeout-s", "FORNAX_RECOVERY_TIMEOUT_S",
          'wait this long for a lost stage before ending its requests, 0 = end at once'),
     Flag("--drain-timeout-s", "FORNAX_DRAIN_TIMEOUT_S", 'how long a draining or retiring route finishes its requests'),
+    Flag("--rejoin-timeout-s", "FORNAX_REJOIN_TIMEOUT_S",
+         "remove a replica route whose stage worker's host is gone this long (another route serving), 0 = never"),
     Flag("--release-budget-s", "FORNAX_RELEASE_BUDGET_S", "give up releasing a request's KV after this long"),
     Flag("--http-max-body-bytes", "FORNAX_HTTP_MAX_BODY_BYTES", ''),
     Flag("--max-tokens-cap", "FORNAX_MAX_TOKENS_CAP", 'largest max_tokens accepted, 0 = context only'),

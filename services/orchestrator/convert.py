@@ -13,6 +13,7 @@ from services.orchestrator.api.openai_request import check_model, check_token_id
 from services.orchestrator.engine.client import EngineClient
 from services.orchestrator.engine.domain import FinishReason, GenerationRequest, RequestOutput
 from services.orchestrator.engine.drift import Calibration, RouteCalibration
+from services.orchestrator.route.host_change import RemovalReason, RemovedRoute
 from services.orchestrator.route.host_drain import HostDrainOutcome
 from services.orchestrator.route.lifecycle import InstallRequest, RouteState, RouteStatus
 
@@ -109,7 +110,17 @@ def status_to_pb(status: RouteStatus) -> pb.PlanStatus:
     if status.calibration is not None:
         message.calibration.CopyFrom(calibration_to_pb(status.calibration))
     message.routes.extend(status_to_pb(route) for route in status.routes)
+    message.removed_routes.extend(removed_route_to_pb(route) for route in status.removed)
     return message
+
+
+_REMOVAL = {RemovalReason.HOST_DRAINED: pb.ROUTE_REMOVAL_REASON_HOST_DRAINED,
+            RemovalReason.REJOIN_TIMEOUT: pb.ROUTE_REMOVAL_REASON_REJOIN_TIMEOUT}
+
+
+def removed_route_to_pb(route: RemovedRoute) -> pb.RemovedRoute:
+    return pb.RemovedRoute(worker_addresses=list(route.route), reason=_REMOVAL[route.reason],
+                           host_worker_address=route.host, detail=route.detail)
 
 
 _CALIBRATION = {Calibration.NO_PREDICTION: pb.CALIBRATION_STATE_NO_PREDICTION,

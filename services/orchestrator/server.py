@@ -46,6 +46,7 @@ from services.orchestrator.route.lifecycle import (
     RouteManager,
 )
 from services.orchestrator.route.queued_tokens import publish_queued_tokens
+from services.orchestrator.route.rejoin_watch import RejoinWatcher
 
 if TYPE_CHECKING:
     from services.orchestrator.route.install import WeightsChoice
@@ -54,11 +55,12 @@ _log = structlog.get_logger()
 
 
 class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
-    def __init__(self, cfg: OrchestratorConfig, route: RouteSlot, manager: RouteManager):
+    def __init__(self, cfg: OrchestratorConfig, route: RouteSlot, manager: RouteManager,
+                 store: RouteSetStore | None = None):
         self._cfg = cfg
         self._route = route
         self._manager = manager
-        self._store_route_set = route_set_store(cfg)
+        self._store_route_set = store or route_set_store(cfg)
 
     def _engine(self) -> ServingEngine | MultiRouteEngine:
         if self._route.engine is None:
@@ -124,16 +126,20 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
 
 
 def route_set_store(cfg: OrchestratorConfig) -> RouteSetStore:
-    """Stores the routes a host drain leaves in the orchestrator's state directory, with every
-    worker this orchestrator drained."""
+    """Stores the routes a host drain or the rejoin timeout leaves in the orchestrator's state
+    directory, with every worker this orchestrator drained and every one it gave up on."""
+    from services.orchestrator.route.host_change import RemovalReason, RemovedRoute
     from services.orchestrator.route.route_set_store import stored_route_set, write_route_set
 
-    drained: list[str] = []
+    left: dict[RemovalReason, list[str]] = {reason: [] for reason in RemovalReason}
 
-    def store(remaining: tuple[tuple[str, ...], ...], worker: str) -> str:
-        drained.append(worker)
-        return str(write_route_set(cfg.route.state_dir, stored_route_set(cfg.route.stage_workers, remaining,
-                                                                         drained)))
+    def store(remaining: tuple[tuple[str, ...], ...], removed: tuple[RemovedRoute, ...]) -> str:
+        for route in removed:
+            if route.host not in left[route.reason]:
+                left[route.reason].append(route.host)
+        return str(write_route_set(cfg.route.state_dir, stored_route_set(
+            cfg.route.stage_workers, remaining, left[RemovalReason.HOST_DRAINED],
+            left[RemovalReason.REJOIN_TIMEOUT])))
 
     return store
 
@@ -276,17 +282,20 @@ async def _install_at_startup(manager: RouteManager, request: InstallRequest, bo
         _log.exception("route_install_failed", error=f"{type(exc).__name__}: {exc}")
 
 
-def _start_scale_out(cfg: OrchestratorConfig, manager: RouteManager) -> Callable[[], None]:
-    """Exports each route's queued tokens and, with --replan-on-change, watches the pools;
-    returns what stops both."""
+def _start_scale_out(cfg: OrchestratorConfig, manager: RouteManager, store: RouteSetStore) -> Callable[[], None]:
+    """Exports each route's queued tokens, with --replan-on-change watches the pools, and with
+    --rejoin-timeout-s removes a replica route whose host stays gone; returns what stops them."""
     stop_metric = publish_queued_tokens(lambda: manager.current)
+    loop = asyncio.get_running_loop()
     watcher = pool_watcher(cfg, manager, lambda moved: (choose_installer(moved), choose_preparer(moved)))
-    watching = asyncio.get_running_loop().create_task(watcher.run()) if watcher else None
+    watching = [loop.create_task(watcher.run())] if watcher else []
+    if cfg.route.rejoin_timeout_s > 0:
+        watching.append(loop.create_task(RejoinWatcher(manager, cfg.route.rejoin_timeout_s, store).run()))
 
     def stop() -> None:
         stop_metric()
-        if watching is not None:
-            watching.cancel()
+        for task in watching:
+            task.cancel()
 
     return stop
 
@@ -295,7 +304,8 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
     route = RouteSlot()
     manager = RouteManager(route, choose_installer(cfg), cfg.route.drain_timeout_s,
                            choose_preparer(cfg))
-    stop_scale_out = _start_scale_out(cfg, manager)
+    store = route_set_store(cfg)
+    stop_scale_out = _start_scale_out(cfg, manager, store)
     startup: asyncio.Task | None = None
     board = BackendBoard(cfg.inprocess.backend if cfg.inprocess.checkpoint else cfg.route.backend)
     if cfg.inprocess.checkpoint:
@@ -306,7 +316,7 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
         startup = asyncio.get_running_loop().create_task(_install_at_startup(
             manager, InstallRequest(cfg.route.checkpoint, len(cfg.route.stage_workers), cfg.route.backend,
                                     cfg.route.boundary_dtype), board, cfg))
-    servicer = OrchestratorServicer(cfg, route, manager)
+    servicer = OrchestratorServicer(cfg, route, manager, store)
     http_tls = choose_http_tls(cfg.server.host, cfg.http.tls, cfg.server.tls, cfg.http.insecure)
     if http_tls is None and not is_loopback(cfg.server.host):
         _log.warning("http_plaintext_beyond_loopback", host=cfg.server.host)

@@ -38,6 +38,9 @@ DEGRADATIONS = Counter("fornax_orchestrator_route_degradations_total",
                        "Times the installed route became degraded")
 ROUTE_HANDOFFS = Counter("fornax_orchestrator_route_handoffs_total",
                          "Streams a degraded replica route handed to another route for replay")
+ROUTES_REMOVED = Counter("fornax_orchestrator_routes_removed_total",
+                         "Replica routes taken out of the serving set: a host drain (HOST_DRAINED) or a host "
+                         "gone longer than the rejoin timeout (REJOIN_TIMEOUT)", ["reason"])
 RELEASES_ABANDONED = Counter("fornax_orchestrator_releases_abandoned_total",
                              "Releases given up after their time budget (lease expiry frees the KV)")
 IDLE_READER_CANCELLATIONS = Counter("fornax_orchestrator_idle_reader_cancellations_total",

@@ -127,6 +127,11 @@ class MultiRouteEngine:
         return self.snapshot().degraded_reason
 
     @property
+    def admitting(self) -> bool:
+        """Some route takes new requests."""
+        return any(engine.admitting for engine in self.engines)
+
+    @property
     def live_requests(self) -> int:
         return sum(engine.live_requests for engine in self.engines)
 

@@ -1,5 +1,6 @@
 """`fornax host drain` / `fornax host add`, their pure core: whether a host may leave the serving
-replica-route layout, and the layout change a join proposes, as a diff against the serving one.
+replica-route layout, the layout change a join proposes, as a diff against the serving one, and
+the record of a route that left (`RemovedRoute`: drained, or its host did not come back).
 
 Routes are named by their stage hosts in stage order (`alpha>beta`). No sockets, no clocks: the
 caller measures the admitted load and each route's capacity (requests it may hold at once) and
@@ -9,6 +10,7 @@ is kept.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -78,3 +80,18 @@ def diff_layouts(serving: Sequence[Route], proposed: Sequence[Route]) -> LayoutD
     return LayoutDiff(kept=tuple(r for r in serving if r in proposed_set),
                       added=tuple(r for r in proposed if r not in serving_set),
                       removed=tuple(r for r in serving if r not in proposed_set))
+
+
+class RemovalReason(enum.Enum):
+    """Why a replica route left the serving set."""
+
+    HOST_DRAINED = "HOST_DRAINED"  # `fornax host drain` took its host out
+    REJOIN_TIMEOUT = "REJOIN_TIMEOUT"  # its host was gone longer than the rejoin timeout
+
+
+@dataclass(frozen=True)
+class RemovedRoute:
+    route: Route  # its stage workers, stage order
+    reason: RemovalReason
+    host: str  # the stage worker that drained or did not come back
+    detail: str = ""  # in words, for `fornax status`

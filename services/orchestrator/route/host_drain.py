@@ -9,6 +9,10 @@ timeout. A greedy stream still running then is suspended and handed to a route t
 pause); a stream no route can take, or a sampled one, ends UNAVAILABLE. The routes left are
 published as the serving set (one route alone serves as a single route), the new set is
 stored, and the leaving routes' generations are unloaded from their workers.
+
+`remove_routes` is that removal, shared with the rejoin timeout (`rejoin_watch.py`), which takes
+out a route whose host is gone: each removed route is recorded with its reason and host in the
+route status, and counted in `fornax_orchestrator_routes_removed_total{reason}`.
 """
 
 from __future__ import annotations
@@ -20,10 +24,18 @@ from dataclasses import dataclass, replace
 import structlog
 
 from libs.service.errors import FailedPrecondition
+from services.orchestrator.engine import metrics
 from services.orchestrator.engine.multiroute import MultiRouteEngine
 from services.orchestrator.engine.serving import ServingEngine
-from services.orchestrator.route.host_change import DrainDecision, Route, decide_drain, route_name
-from services.orchestrator.route.lifecycle import InstalledRoute
+from services.orchestrator.route.host_change import (
+    DrainDecision,
+    RemovalReason,
+    RemovedRoute,
+    Route,
+    decide_drain,
+    route_name,
+)
+from services.orchestrator.route.lifecycle import InstalledRoute, Publish
 from services.orchestrator.route.replica_routes import route_set
 
 _log = structlog.get_logger()
@@ -36,9 +48,10 @@ GAP_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
-class HostDrainOutcome:
-    decision: DrainDecision
-    finished: int  # requests the leaving routes finished themselves within the timeout
+class RoutesRemoved:
+    """What taking routes out of the serving set did to the requests they held."""
+
+    finished: int  # requests the leaving routes finished themselves within the wait
     handed_off: int  # greedy streams replayed on a route that stays
     ended: int  # streams no route could take (sampled ones, or no room): ended UNAVAILABLE
     stored: str  # where the new route set was stored; "" when nothing was
@@ -47,15 +60,22 @@ class HostDrainOutcome:
     largest_gap_s: float = 0.0
 
 
-# Stores the routes left (stage worker addresses, stage order) after `worker` left; returns where.
-RouteSetStore = Callable[[tuple[Route, ...], str], str]
+@dataclass(frozen=True, kw_only=True)
+class HostDrainOutcome(RoutesRemoved):
+    """What the drain's removal did, and the decision it carried out."""
+
+    decision: DrainDecision
+
+
+# Stores the routes left (stage worker addresses, stage order) after `removed` left; returns where.
+RouteSetStore = Callable[[tuple[Route, ...], tuple[RemovedRoute, ...]], str]
 
 
 def route_of(route: InstalledRoute) -> Route:
     return tuple(stage.worker_address for stage in route.stages)
 
 
-async def drain_host(current: InstalledRoute, publish: Callable[[InstalledRoute], None], *, worker: str,
+async def drain_host(current: InstalledRoute, publish: Publish, *, worker: str,
                      timeout_s: float, store: RouteSetStore) -> HostDrainOutcome:
     if not current.members:
         raise FailedPrecondition("one route serves; a host leaves only a set of replica routes",
@@ -64,26 +84,41 @@ async def drain_host(current: InstalledRoute, publish: Callable[[InstalledRoute]
     decision = decide_drain(routes, [_engine(m).config.max_live_requests for m in current.members], worker,
                             admitted=current.engine.live_requests)
     leaving = [m for m, r in zip(current.members, routes, strict=True) if r in decision.leaving]
+    _log.info("host_drain_started", worker=worker, leaving=[route_name(r) for r in decision.leaving],
+              live_requests=sum(m.engine.live_requests for m in leaving))
+    removed = tuple(RemovedRoute(r, RemovalReason.HOST_DRAINED, worker, f"host {worker} drained")
+                    for r in decision.leaving)
+    done = await remove_routes(current, publish, leaving, removed, why=f"host {worker} is draining",
+                               wait_s=timeout_s, store=store)
+    outcome = HostDrainOutcome(**vars(done), decision=decision)
+    _log.info("host_drained", worker=worker, finished=outcome.finished, handed_off=done.handed_off,
+              ended=done.ended, largest_gap_s=round(done.largest_gap_s, 3),
+              remaining=[route_name(r) for r in decision.remaining])
+    return outcome
+
+
+async def remove_routes(current: InstalledRoute, publish: Publish, leaving: Sequence[InstalledRoute],
+                        removed: tuple[RemovedRoute, ...], *, why: str, wait_s: float,
+                        store: RouteSetStore) -> RoutesRemoved:
+    """Takes `leaving` (members of the serving set `current`, at least one member staying) out:
+    they stop admitting, finish within `wait_s` or hand their greedy streams over, the set left
+    is published (with `removed` recorded) and stored, then their generations are unloaded."""
     kept = [m for m in current.members if m not in leaving]
     held = sum(m.engine.live_requests for m in leaving)
-    reason = f"host {worker} is draining"
     for route in leaving:
-        route.engine.stop_admitting(reason)
-    _log.info("host_drain_started", worker=worker, leaving=[route_name(r) for r in decision.leaving],
-              live_requests=held)
+        route.engine.stop_admitting(why)
     handed_off = ended = 0
     last_tokens: dict[str, int | None] = {}
-    if not await _idle_within(leaving, timeout_s):
+    if not await _idle_within(leaving, wait_s):
         last_tokens = {rid: _engine(r).last_token_ns(rid) for r in leaving for rid in _engine(r).stream_ids()}
-        handed_off, ended = await _hand_over(leaving, reason)
-    publish(_serving_set(current, kept))
-    stored = store(decision.remaining, worker)
+        handed_off, ended = await _hand_over(leaving, why)
+    publish(_serving_set(current, kept), removed)
+    for gone in removed:
+        metrics.ROUTES_REMOVED.labels(gone.reason.value).inc()
+    stored = store(tuple(route_of(m) for m in kept), removed)
     await asyncio.gather(*(_unload(route) for route in leaving))
     gap_s = await largest_gap_s([_engine(r) for r in kept], last_tokens, GAP_WAIT_S)
-    outcome = HostDrainOutcome(decision, held - handed_off - ended, handed_off, ended, stored, gap_s)
-    _log.info("host_drained", worker=worker, finished=outcome.finished, handed_off=handed_off, ended=ended,
-              largest_gap_s=round(gap_s, 3), remaining=[route_name(r) for r in decision.remaining])
-    return outcome
+    return RoutesRemoved(held - handed_off - ended, handed_off, ended, stored, gap_s)
 
 
 def _engine(route: InstalledRoute) -> ServingEngine:

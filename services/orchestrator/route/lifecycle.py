@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -30,10 +30,13 @@ from services.orchestrator.engine.drift import RouteCalibration
 from services.orchestrator.engine.multiroute import MultiRouteEngine
 from services.orchestrator.engine.route_slot import RouteSlot
 from services.orchestrator.engine.serving import ServingEngine
+from services.orchestrator.route.host_change import RemovedRoute
 
 _log = structlog.get_logger()
 # A stage worker's refusal to hold two plan generations (services/stage_worker/overlap.py).
 OVERLAP_REFUSED = "INSUFFICIENT_MEMORY_FOR_OVERLAP"
+# How many removed replica routes the status remembers, latest last.
+REMOVED_ROUTES_KEPT = 16
 
 
 class RouteState(enum.Enum):
@@ -109,13 +112,23 @@ class RouteStatus:
     calibration: RouteCalibration | None = None
     # Each replica route's own status, route order; empty when one route serves.
     routes: tuple[RouteStatus, ...] = ()
+    # Replica routes taken out of the serving set (drained, or lost past the rejoin timeout), latest last.
+    removed: tuple[RemovedRoute, ...] = ()
 
 
 Installer = Callable[[InstallRequest], Awaitable[InstalledRoute]]
 _Outcome = TypeVar("_Outcome")
-# Changes the serving set of replica routes: gets the serving set and `publish`, which makes a
-# new set the one new requests go to (route/host_drain.py).
-RouteChange = Callable[[InstalledRoute, Callable[[InstalledRoute], None]], Awaitable[_Outcome]]
+
+
+class Publish(Protocol):
+    """Makes `route` the set new requests go to, recording the routes it leaves out (`removed`)."""
+
+    def __call__(self, route: InstalledRoute, removed: Sequence[RemovedRoute] = ()) -> None: ...
+
+
+# Changes the serving set of replica routes: gets the serving set and `publish`
+# (route/host_drain.py, route/added_routes.py, route/rejoin_watch.py).
+RouteChange = Callable[[InstalledRoute, Publish], Awaitable[_Outcome]]
 # Plans and builds without touching the stage workers; returns the request with `stored` set.
 Preparer = Callable[[InstallRequest], Awaitable[InstallRequest]]
 
@@ -132,6 +145,7 @@ class RouteManager:
         self._current: InstalledRoute | None = None
         self._previous: InstallRequest | None = None
         self._failure = ""
+        self._removed: tuple[RemovedRoute, ...] = ()
 
     @property
     def current(self) -> InstalledRoute | None:
@@ -150,7 +164,8 @@ class RouteManager:
             inflight_requests=current.engine.live_requests if current else 0,
             previous=self._previous, failure=failure, stage_conditions=conditions,
             calibration=current.engine.route_calibration() if current else None,
-            routes=tuple(_member_status(m, state) for m in current.members) if current else ())
+            routes=tuple(_member_status(m, state) for m in current.members) if current else (),
+            removed=self._removed)
 
     async def install(self, request: InstallRequest) -> RouteStatus:
         async with self._exclusive("install"):
@@ -219,9 +234,10 @@ class RouteManager:
 
     # ----- internals -----
 
-    def _publish(self, route: InstalledRoute) -> None:
+    def _publish(self, route: InstalledRoute, removed: Sequence[RemovedRoute] = ()) -> None:
         self._current = route
         self._slot.engine = route.engine
+        self._removed = (*self._removed, *removed)[-REMOVED_ROUTES_KEPT:]
 
     def _exclusive(self, what: str) -> asyncio.Lock:
         if self._lock.locked():  # never queue lifecycle operations behind a long install

@@ -2,8 +2,10 @@
 
 `<state>/route_set.json` names every route by its stage workers' addresses in stage order and
 as FORNAX_ROUTE_GROUPS groups (indices into the configured stage workers), next to the workers
-a host drain took out. It is written whole or not at all: a temporary file, fsynced, renamed
-over the old one, then the directory fsynced; a crash mid-write leaves the previous set.
+a host drain took out and those whose routes were removed when they did not come back within
+the rejoin timeout (`lost_workers`; absent in a file written before it existed). It is written
+whole or not at all: a temporary file, fsynced, renamed over the old one, then the directory
+fsynced; a crash mid-write leaves the previous set.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ class StoredRouteSet:
     routes: tuple[tuple[str, ...], ...]  # stage worker addresses, stage order
     route_groups: tuple[tuple[int, ...], ...]  # the same, as indices into the configured workers
     drained_workers: tuple[str, ...]  # workers a host drain took out, oldest first
+    lost_workers: tuple[str, ...] = ()  # workers gone past the rejoin timeout, oldest first
 
 
 def stored_route_set(workers: Sequence[str], routes: Sequence[Sequence[str]],
-                     drained: Sequence[str]) -> StoredRouteSet:
+                     drained: Sequence[str], lost: Sequence[str] = ()) -> StoredRouteSet:
     """The set to store; a route worker that is not configured raises ValueError."""
     return StoredRouteSet(tuple(tuple(r) for r in routes),
-                          tuple(tuple(workers.index(w) for w in route) for route in routes), tuple(drained))
+                          tuple(tuple(workers.index(w) for w in route) for route in routes), tuple(drained),
+                          tuple(lost))
 
 
 def write_route_set(state_dir: str | Path, route_set: StoredRouteSet) -> Path:
@@ -38,7 +42,8 @@ def write_route_set(state_dir: str | Path, route_set: StoredRouteSet) -> Path:
     path = directory / ROUTE_SET_FILE
     body = json.dumps({"version": FORMAT_VERSION, "routes": [list(r) for r in route_set.routes],
                        "route_groups": [list(g) for g in route_set.route_groups],
-                       "drained_workers": list(route_set.drained_workers)}, indent=2) + "\n"
+                       "drained_workers": list(route_set.drained_workers),
+                       "lost_workers": list(route_set.lost_workers)}, indent=2) + "\n"
     temporary = directory / f".{ROUTE_SET_FILE}.{os.getpid()}.tmp"
     with open(temporary, "w", encoding="utf-8") as handle:
         handle.write(body)
@@ -63,4 +68,5 @@ def read_route_set(state_dir: str | Path) -> StoredRouteSet | None:
     if body.get("version") != FORMAT_VERSION:
         raise ValueError(f"{ROUTE_SET_FILE}: unsupported version {body.get('version')!r}")
     return StoredRouteSet(tuple(tuple(r) for r in body["routes"]),
-                          tuple(tuple(g) for g in body["route_groups"]), tuple(body["drained_workers"]))
+                          tuple(tuple(g) for g in body["route_groups"]), tuple(body["drained_workers"]),
+                          tuple(body.get("lost_workers", ())))

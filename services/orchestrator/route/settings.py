@@ -112,6 +112,10 @@ class RouteSettings:
     stage_kv_limit_bytes: int = setting("FORNAX_STAGE_KV_LIMIT_BYTES", 0, integer(0))
     # How long a draining or retiring route may take to finish what it admitted.
     drain_timeout_s: float = setting("FORNAX_DRAIN_TIMEOUT_S", 60.0, number())
+    # How long a replica route may stay lost (a stage worker's host gone) before it leaves the
+    # serving set the way a host drain takes it out (route/rejoin_watch.py); 0 = never: it waits
+    # for its host however long, as a single route does.
+    rejoin_timeout_s: float = setting("FORNAX_REJOIN_TIMEOUT_S", 0.0, number())
     # Headless Services of the stage-worker pools (`<service>:<port>`, stage order), whose DNS
     # records name each pool's workers (route/pool_discovery.py); empty = no discovery.
     stage_pools: tuple[StagePool, ...] = setting(

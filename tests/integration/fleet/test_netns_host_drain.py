@@ -120,7 +120,9 @@ def test_a_host_drains_away_under_greedy_streams_and_nothing_is_lost(tmp_path, c
         status = _fornax("status", cwd=tmp_path, timeout=60)
         # The leaving route's other worker stays up, idle: no fault.
         assert status.returncode == 0 and "route: SERVING" in status.stdout, status.stdout
-        assert leaving.grpc not in status.stdout and "IDLE" in status.stdout, status.stdout
+        serving_lines = [line for line in status.stdout.splitlines() if not line.startswith("removed route: ")]
+        assert not [line for line in serving_lines if leaving.grpc in line] and "IDLE" in status.stdout, status.stdout
+        assert f"removed route: HOST_DRAINED host {leaving.grpc}: " in status.stdout, status.stdout
         late = asyncio.run(_streams(after))
         assert [got for got, _, _ in late] == [expected for expected, _, _ in reference]
         print(report + f"client largest gap {max(g for _, _, g in outcomes):.3f} s (physical, this host: "

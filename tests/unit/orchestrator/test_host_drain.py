@@ -28,11 +28,13 @@ REQUEST = InstallRequest("/ckpt", 4, None, "fp32")
 
 
 class Stored:
-    def __init__(self) -> None:
-        self.calls: list[tuple[tuple[tuple[str, ...], ...], str]] = []
+    """Records each stored set as (routes left, the removed routes' hosts and reasons)."""
 
-    def __call__(self, remaining, worker) -> str:
-        self.calls.append((remaining, worker))
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, str], ...]]] = []
+
+    def __call__(self, remaining, removed) -> str:
+        self.calls.append((remaining, tuple((r.host, r.reason.value) for r in removed)))
         return "/state/route_set.json"
 
 
@@ -72,8 +74,9 @@ def test_an_idle_host_leaves_and_the_route_without_it_serves_alone_and_is_stored
     assert (outcome.finished, outcome.handed_off, outcome.ended) == (0, 0, 0)
     assert isinstance(slot.engine, ServingEngine)  # one route left serves as a single route
     assert members[(2, 3)].retired == 1 and members[(0, 1)].retired == 0
-    assert store.calls == [((("w0", "w1"),), "w2")] and outcome.stored == "/state/route_set.json"
+    assert store.calls == [((("w0", "w1"),), (("w2", "HOST_DRAINED"),))] and outcome.stored == "/state/route_set.json"
     assert [s.worker_address for s in status.stages] == ["w0", "w1"] and status.routes == ()
+    assert [(r.route, r.reason.value, r.host) for r in status.removed] == [(("w2", "w3"), "HOST_DRAINED", "w2")]
     assert late[-1].finish_reason is FinishReason.LENGTH
 
 

@@ -30,7 +30,7 @@ NON_DEFAULT = [
                   stage_cpu_sets=((0, 1), (2, 5)), compile_cache_dir="/cache", checkpoint="/ckpt", backend=None,
                   boundary_dtype=DType.FP32, hop_boundary_dtypes=(DType.FP16,), weights_policy="q8_0",
                   worker_weights=("fp32", "q8_0"), max_switch=SwitchPolicy.ALWAYS, max_switch_rows=(1, 4, 32),
-                  state_dir="/state", stage_kv_limit_bytes=1 << 30, drain_timeout_s=7.5),
+                  state_dir="/state", stage_kv_limit_bytes=1 << 30, drain_timeout_s=7.5, rejoin_timeout_s=3.0),
     RouteSettings(backend=Backend.MAX),
     InprocessSettings(checkpoint="/ckpt", stages=2, backend=Backend.MAX),
 ]
@@ -76,6 +76,7 @@ def test_to_env_writes_only_the_named_settings_and_refuses_unknown_names():
     (DriftSettings, "FORNAX_DRIFT_RELATIVE_BOUND", "0", "INVALID_SETTING"),
     (DriftSettings, "FORNAX_DRIFT_SUSTAIN_ROUNDS", "0", "INVALID_SETTING"),
     (RouteSettings, "FORNAX_DRAIN_TIMEOUT_S", "-5", "INVALID_SETTING"),
+    (RouteSettings, "FORNAX_REJOIN_TIMEOUT_S", "-1", "INVALID_SETTING"),
     (RouteSettings, "FORNAX_PLAN_MODE", "careful", "INVALID_PLAN_MODE"),
     (RouteSettings, "FORNAX_BACKEND", "tpu", "INVALID_SETTING"),
     (RouteSettings, "FORNAX_HOP_BOUNDARY_DTYPES", "bf16,fp8", "INVALID_SETTING"),

@@ -25,19 +25,21 @@ _sym_db = _symbol_database.Default()
 from fornax.common.v1 import common_pb2 as fornax_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)fornax/orchestrator/v1/orchestrator.proto\x12\x16\x66ornax.orchestrator.v1\x1a\x1d\x66ornax/common/v1/common.proto\"\x81\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x0c\n\x04stop\x18\x06 \x03(\tB\x07\n\x05_seed\"\xe9\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x35\n\ttoken_ids\x18\x04 \x01(\x0b\x32 .fornax.orchestrator.v1.TokenIdsH\x00\x12\x38\n\x08sampling\x18\x05 \x01(\x0b\x32&.fornax.orchestrator.v1.SamplingParams\x12\x1a\n\x12\x64\x65\x61\x64line_budget_ns\x18\x06 \x01(\x04\x12\x0c\n\x04\x63hat\x18\x07 \x01(\x08\x42\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\xa4\x01\n\x10GenerateResponse\x12\x12\n\ntext_delta\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12;\n\rfinish_reason\x18\x03 \x01(\x0e\x32$.fornax.orchestrator.v1.FinishReason\x12,\n\x05usage\x18\x04 \x01(\x0b\x32\x1d.fornax.orchestrator.v1.Usage\">\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11target_request_id\x18\x02 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\xd4\x01\n\x12InstallPlanRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x02 \x01(\t\x12\x0e\n\x06stages\x18\x03 \x01(\r\x12*\n\x07\x62\x61\x63kend\x18\x04 \x01(\x0e\x32\x19.fornax.common.v1.Backend\x12\x35\n\x0e\x62oundary_dtype\x18\x05 \x01(\x0e\x32\x1d.fornax.common.v1.ElementType\x12\x1f\n\x17\x61llow_break_before_make\x18\x06 \x01(\x08\"\xa8\x01\n\x0bStageStatus\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x16\n\x0eworker_address\x18\x02 \x01(\t\x12\x31\n\x0blayer_range\x18\x03 \x01(\x0b\x32\x1c.fornax.common.v1.LayerRange\x12\x15\n\rmanifest_hash\x18\x04 \x01(\t\x12\x0f\n\x07healthy\x18\x05 \x01(\x08\x12\x11\n\tcondition\x18\x06 \x01(\t\"\xbf\x02\n\nPlanStatus\x12+\n\x04plan\x18\x01 \x01(\x0b\x32\x1d.fornax.common.v1.PlanBinding\x12\x31\n\x05state\x18\x02 \x01(\x0e\x32\".fornax.orchestrator.v1.RouteState\x12\x33\n\x06stages\x18\x03 \x03(\x0b\x32#.fornax.orchestrator.v1.StageStatus\x12\x19\n\x11inflight_requests\x18\x04 \x01(\r\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12=\n\x0b\x63\x61libration\x18\x06 \x01(\x0b\x32(.fornax.orchestrator.v1.RouteCalibration\x12\x32\n\x06routes\x18\x07 \x03(\x0b\x32\".fornax.orchestrator.v1.PlanStatus\"\xec\x01\n\x10StageCalibration\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x37\n\x05state\x18\x02 \x01(\x0e\x32(.fornax.orchestrator.v1.CalibrationState\x12\"\n\x1apredicted_decode_service_s\x18\x03 \x01(\x01\x12!\n\x19measured_decode_service_s\x18\x04 \x01(\x01\x12\x1d\n\x15measured_microbatches\x18\x05 \x01(\x04\x12$\n\x1cmeasured_rows_per_microbatch\x18\x06 \x01(\x01\"\xc7\x01\n\x10RouteCalibration\x12\x37\n\x05state\x18\x01 \x01(\x0e\x32(.fornax.orchestrator.v1.CalibrationState\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x18\n\x10prediction_basis\x18\x03 \x01(\t\x12\x16\n\x0erelative_bound\x18\x04 \x01(\x01\x12\x38\n\x06stages\x18\x05 \x03(\x0b\x32(.fornax.orchestrator.v1.StageCalibration\"I\n\x13InstallPlanResponse\x12\x32\n\x06status\x18\x01 \x01(\x0b\x32\".fornax.orchestrator.v1.PlanStatus\":\n\x10\x44rainPlanRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ntimeout_ns\x18\x02 \x01(\x04\"G\n\x11\x44rainPlanResponse\x12\x32\n\x06status\x18\x01 \x01(\x0b\x32\".fornax.orchestrator.v1.PlanStatus\")\n\x13RollbackPlanRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"J\n\x14RollbackPlanResponse\x12\x32\n\x06status\x18\x01 \x01(\x0b\x32\".fornax.orchestrator.v1.PlanStatus\"\x16\n\x14GetPlanStatusRequest\"\x82\x01\n\x15GetPlanStatusResponse\x12\x33\n\x07\x63urrent\x18\x01 \x01(\x0b\x32\".fornax.orchestrator.v1.PlanStatus\x12\x34\n\x08previous\x18\x02 \x01(\x0b\x32\".fornax.orchestrator.v1.PlanStatus\"R\n\x10\x44rainHostRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0eworker_address\x18\x02 \x01(\t\x12\x12\n\ntimeout_ns\x18\x03 \x01(\x04\"(\n\x0cRouteWorkers\x12\x18\n\x10worker_addresses\x18\x01 \x03(\t\"\x87\x02\n\x11\x44rainHostResponse\x12<\n\x0eremoved_routes\x18\x01 \x03(\x0b\x32$.fornax.orchestrator.v1.RouteWorkers\x12\x19\n\x11\x66inished_requests\x18\x02 \x01(\r\x12\x1b\n\x13handed_off_requests\x18\x03 \x01(\r\x12\x16\n\x0e\x65nded_requests\x18\x04 \x01(\r\x12\x18\n\x10stored_route_set\x18\x05 \x01(\t\x12\x32\n\x06status\x18\x06 \x01(\x0b\x32\".fornax.orchestrator.v1.PlanStatus\x12\x16\n\x0elargest_gap_ns\x18\x07 \x01(\x04\"\\\n\x10\x41\x64\x64RoutesRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x34\n\x06routes\x18\x02 \x03(\x0b\x32$.fornax.orchestrator.v1.RouteWorkers\"G\n\x11\x41\x64\x64RoutesResponse\x12\x32\n\x06status\x18\x01 \x01(\x0b\x32\".fornax.orchestrator.v1.PlanStatus*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*\xda\x01\n\nRouteState\x12\x1b\n\x17ROUTE_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11ROUTE_STATE_EMPTY\x10\x01\x12\x1a\n\x16ROUTE_STATE_INSTALLING\x10\x02\x12\x17\n\x13ROUTE_STATE_SERVING\x10\x03\x12\x18\n\x14ROUTE_STATE_DRAINING\x10\x04\x12\x17\n\x13ROUTE_STATE_DRAINED\x10\x05\x12\x16\n\x12ROUTE_STATE_FAILED\x10\x06\x12\x18\n\x14ROUTE_STATE_DEGRADED\x10\x07*\xc2\x01\n\x10\x43\x61librationState\x12!\n\x1d\x43\x41LIBRATION_STATE_UNSPECIFIED\x10\x00\x12#\n\x1f\x43\x41LIBRATION_STATE_NO_PREDICTION\x10\x01\x12 \n\x1c\x43\x41LIBRATION_STATE_UNMEASURED\x10\x02\x12 \n\x1c\x43\x41LIBRATION_STATE_CALIBRATED\x10\x03\x12\"\n\x1e\x43\x41LIBRATION_STATE_UNCALIBRATED\x10\x04\x32\xb6\x06\n\x13OrchestratorService\x12_\n\x08Generate\x12\'.fornax.orchestrator.v1.GenerateRequest\x1a(.fornax.orchestrator.v1.GenerateResponse0\x01\x12W\n\x06\x43\x61ncel\x12%.fornax.orchestrator.v1.CancelRequest\x1a&.fornax.orchestrator.v1.CancelResponse\x12\x66\n\x0bInstallPlan\x12*.fornax.orchestrator.v1.InstallPlanRequest\x1a+.fornax.orchestrator.v1.InstallPlanResponse\x12`\n\tDrainPlan\x12(.fornax.orchestrator.v1.DrainPlanRequest\x1a).fornax.orchestrator.v1.DrainPlanResponse\x12i\n\x0cRollbackPlan\x12+.fornax.orchestrator.v1.RollbackPlanRequest\x1a,.fornax.orchestrator.v1.RollbackPlanResponse\x12l\n\rGetPlanStatus\x12,.fornax.orchestrator.v1.GetPlanStatusRequest\x1a-.fornax.orchestrator.v1.GetPlanStatusResponse\x12`\n\tDrainHost\x12(.fornax.orchestrator.v1.DrainHostRequest\x1a).fornax.orchestrator.v1.DrainHostResponse\x12`\n\tAddRoutes\x12(.fornax.orchestrator.v1.AddRoutesRequest\x1a).fornax.orchestrator.v1.AddRoutesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)fornax/orchestrator/v1/orchestrator.proto\x12\x16\x66ornax.orchestrator.v1\x1a\x1d\x66ornax/common/v1/common.proto\"\x81\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x0c\n\x04stop\x18\x06 \x03(\tB\x07\n\x05_seed\"\xe9\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x35\n\ttoken_ids\x18\x04 \x01(\x0b\x32 .fornax.orchestrator.v1.TokenIdsH\x00\x12\x38\n\x08sampling\x18\x05 \x01(\x0b\x32&.fornax.orchestrator.v1.SamplingParams\x12\x1a\n\x12\x64\x65\x61\x64line_budget_ns\x18\x06 \x01(\x04\x12\x0c\n\x04\x63hat\x18\x07 \x01(\x08\x42\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\xa4\x01\n\x10GenerateResponse\x12\x12\n\ntext_delta\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12;\n\rfinish_reason\x18\x03 \x01(\x0e\x32$.fornax.orchestrator.v1.FinishReason\x12,\n\x05usage\x18\x04 \x01(\x0b\x32\x1d.fornax.orchestrator.v1.Usage\">\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11target_request_id\x18\x02 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\xd4\x01\n\x12InstallPlanRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x02 \x01(\t\x12\x0e\n\x06stages\x18\x03 \x01(\r\x12*\n\x07\x62\x61\x63kend\x18\x04 \x01(\x0e\x32\x19.fornax.common.v1.Backend\x12\x35\n\x0e\x62oundary_dtype\x18\x05 \x01(\x0e\x32\x1d.fornax.common.v1.ElementType\x12\x1f\n\x17\x61llow_break_before_make\x18\x06 \x01(\x08\"\xa8\x01\n\x0bStageStatus\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x16\n\x0eworker_address\x18\x02 \x01(\t\x12\x31\n\x0blayer_range\x18\x03 \x01(\x0b\x32\x1c.fornax.common.v1.LayerRange\x12\x15\n\rmanifest_hash\x18\x04 \x01(\t\x12\x0f\n\x07healthy\x18\x05 \x01(\x08\x12\x11\n\tcondition\x18\x06 \x01(\t\"\xfd\x02\n\nPlanStatus\x12+\n\x04plan\x18\x01 \x01(\x0b\x32\x1d.fornax.common.v1.PlanBinding\x12\x31\n\x05state\x18\x02 \x01(\x0e\x32\".fornax.orchestrator.v1.RouteState\x12\x33\n\x06stages\x18\x03 \x03(\x0b\x32#.fornax.orchestrator.v1.StageStatus\x12\x19\n\x11inflight_requests\x18\x04 \x01(\r\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12=\n\x0b\x63\x61libration\x18\x06 \x01(\x0b\x32(.fornax.orchestrator.v1.RouteCalibration\x12\x32\n\x06routes\x18\x07 \x03(\x0b\x32\".fornax.orchestrator.v1.PlanStatus\x12<\n\x0eremoved_routes\x18\x08 \x03(\x0b\x32$.fornax.orchestrator.v1.RemovedRoute\"\x91\x01\n\x0cRemovedRoute\x12\x18\n\x10worker_addresses\x18\x01 \x03(\t\x12:\n\x06reason\x18\x02 \x01(\x0e\x32*.fornax.orchestrator.v1.RouteRemovalReason\x12\x1b\n\x13host_worker_address\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\xec\x01\n\x10StageCalibration\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x37\n\x05state\x18\x02 \x01(\x0e\x32(.fornax.orchestrator.v1.CalibrationState\x12\"\n\x1apredicted_decode_service_s\x18\x03 \x01(\x01\x12!\n\x19measured_decode_service_s\x18\x04 \x01(\x01\x12\x1d\n\x15measured_microbatches\x18\x05 \x01(\x04\x12$\n\x1cmeasured_rows_per_microbatch\x18\x06 \x01(\x01\"\xc7\x01\n\x10RouteCalibration\x12\x37\n\x05state\x18\x01 \x01(\x0e\x32(.fornax.orchestrator.v1.CalibrationState\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x18\n\x10prediction_basis\x18\x03 \x01(\t\x12\x16\n\x0erelative_bound\x18\x04 \x01(\x01\x12\x38\n\x06stages\x18\x05 \x03(\x0b\x32(.fornax.orchestrator.v1.StageCalibration\"I\n\x13InstallPlanResponse\x12\x32\n\x06status\x18\x01 \x01(\x0b\x32\".fornax.orchestrator.v1.PlanStatus\":\n\x10\x44rainPlanRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ntimeout_ns\x18\x02 \x01(\x04\"G\n\x11\x44rainPlanResponse\x12\x32\n\x06status\x18\x01 \x01(\x0b\x32\".fornax.orchestrator.v1.PlanStatus\")\n\x13RollbackPlanRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"J\n\x14RollbackPlanResponse\x12\x32\n\x06status\x18\x01 \x01(\x0b\x32\".fornax.orchestrator.v1.PlanStatus\"\x16\n\x14GetPlanStatusRequest\"\x82\x01\n\x15GetPlanStatusResponse\x12\x33\n\x07\x63urrent\x18\x01 \x01(\x0b\x32\".fornax.orchestrator.v1.PlanStatus\x12\x34\n\x08previous\x18\x02 \x01(\x0b\x32\".fornax.orchestrator.v1.PlanStatus\"R\n\x10\x44rainHostRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0eworker_address\x18\x02 \x01(\t\x12\x12\n\ntimeout_ns\x18\x03 \x01(\x04\"(\n\x0cRouteWorkers\x12\x18\n\x10worker_addresses\x18\x01 \x03(\t\"\x87\x02\n\x11\x44rainHostResponse\x12<\n\x0eremoved_routes\x18\x01 \x03(\x0b\x32$.fornax.orchestrator.v1.RouteWorkers\x12\x19\n\x11\x66inished_requests\x18\x02 \x01(\r\x12\x1b\n\x13handed_off_requests\x18\x03 \x01(\r\x12\x16\n\x0e\x65nded_requests\x18\x04 \x01(\r\x12\x18\n\x10stored_route_set\x18\x05 \x01(\t\x12\x32\n\x06status\x18\x06 \x01(\x0b\x32\".fornax.orchestrator.v1.PlanStatus\x12\x16\n\x0elargest_gap_ns\x18\x07 \x01(\x04\"\\\n\x10\x41\x64\x64RoutesRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x34\n\x06routes\x18\x02 \x03(\x0b\x32$.fornax.orchestrator.v1.RouteWorkers\"G\n\x11\x41\x64\x64RoutesResponse\x12\x32\n\x06status\x18\x01 \x01(\x0b\x32\".fornax.orchestrator.v1.PlanStatus*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*\xda\x01\n\nRouteState\x12\x1b\n\x17ROUTE_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11ROUTE_STATE_EMPTY\x10\x01\x12\x1a\n\x16ROUTE_STATE_INSTALLING\x10\x02\x12\x17\n\x13ROUTE_STATE_SERVING\x10\x03\x12\x18\n\x14ROUTE_STATE_DRAINING\x10\x04\x12\x17\n\x13ROUTE_STATE_DRAINED\x10\x05\x12\x16\n\x12ROUTE_STATE_FAILED\x10\x06\x12\x18\n\x14ROUTE_STATE_DEGRADED\x10\x07*\x8a\x01\n\x12RouteRemovalReason\x12$\n ROUTE_REMOVAL_REASON_UNSPECIFIED\x10\x00\x12%\n!ROUTE_REMOVAL_REASON_HOST_DRAINED\x10\x01\x12\'\n#ROUTE_REMOVAL_REASON_REJOIN_TIMEOUT\x10\x02*\xc2\x01\n\x10\x43\x61librationState\x12!\n\x1d\x43\x41LIBRATION_STATE_UNSPECIFIED\x10\x00\x12#\n\x1f\x43\x41LIBRATION_STATE_NO_PREDICTION\x10\x01\x12 \n\x1c\x43\x41LIBRATION_STATE_UNMEASURED\x10\x02\x12 \n\x1c\x43\x41LIBRATION_STATE_CALIBRATED\x10\x03\x12\"\n\x1e\x43\x41LIBRATION_STATE_UNCALIBRATED\x10\x04\x32\xb6\x06\n\x13OrchestratorService\x12_\n\x08Generate\x12\'.fornax.orchestrator.v1.GenerateRequest\x1a(.fornax.orchestrator.v1.GenerateResponse0\x01\x12W\n\x06\x43\x61ncel\x12%.fornax.orchestrator.v1.CancelRequest\x1a&.fornax.orchestrator.v1.CancelResponse\x12\x66\n\x0bInstallPlan\x12*.fornax.orchestrator.v1.InstallPlanRequest\x1a+.fornax.orchestrator.v1.InstallPlanResponse\x12`\n\tDrainPlan\x12(.fornax.orchestrator.v1.DrainPlanRequest\x1a).fornax.orchestrator.v1.DrainPlanResponse\x12i\n\x0cRollbackPlan\x12+.fornax.orchestrator.v1.RollbackPlanRequest\x1a,.fornax.orchestrator.v1.RollbackPlanResponse\x12l\n\rGetPlanStatus\x12,.fornax.orchestrator.v1.GetPlanStatusRequest\x1a-.fornax.orchestrator.v1.GetPlanStatusResponse\x12`\n\tDrainHost\x12(.fornax.orchestrator.v1.DrainHostRequest\x1a).fornax.orchestrator.v1.DrainHostResponse\x12`\n\tAddRoutes\x12(.fornax.orchestrator.v1.AddRoutesRequest\x1a).fornax.orchestrator.v1.AddRoutesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fornax.orchestrator.v1.orchestrator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=3009
-  _globals['_FINISHREASON']._serialized_end=3158
-  _globals['_ROUTESTATE']._serialized_start=3161
-  _globals['_ROUTESTATE']._serialized_end=3379
-  _globals['_CALIBRATIONSTATE']._serialized_start=3382
-  _globals['_CALIBRATIONSTATE']._serialized_end=3576
+  _globals['_FINISHREASON']._serialized_start=3219
+  _globals['_FINISHREASON']._serialized_end=3368
+  _globals['_ROUTESTATE']._serialized_start=3371
+  _globals['_ROUTESTATE']._serialized_end=3589
+  _globals['_ROUTEREMOVALREASON']._serialized_start=3592
+  _globals['_ROUTEREMOVALREASON']._serialized_end=3730
+  _globals['_CALIBRATIONSTATE']._serialized_start=3733
+  _globals['_CALIBRATIONSTATE']._serialized_end=3927
   _globals['_SAMPLINGPARAMS']._serialized_start=101
   _globals['_SAMPLINGPARAMS']._serialized_end=230
   _globals['_GENERATEREQUEST']._serialized_start=233
@@ -57,35 +59,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STAGESTATUS']._serialized_start=1032
   _globals['_STAGESTATUS']._serialized_end=1200
   _globals['_PLANSTATUS']._serialized_start=1203
-  _globals['_PLANSTATUS']._serialized_end=1522
-  _globals['_STAGECALIBRATION']._serialized_start=1525
-  _globals['_STAGECALIBRATION']._serialized_end=1761
-  _globals['_ROUTECALIBRATION']._serialized_start=1764
-  _globals['_ROUTECALIBRATION']._serialized_end=1963
-  _globals['_INSTALLPLANRESPONSE']._serialized_start=1965
-  _globals['_INSTALLPLANRESPONSE']._serialized_end=2038
-  _globals['_DRAINPLANREQUEST']._serialized_start=2040
-  _globals['_DRAINPLANREQUEST']._serialized_end=2098
-  _globals['_DRAINPLANRESPONSE']._serialized_start=2100
-  _globals['_DRAINPLANRESPONSE']._serialized_end=2171
-  _globals['_ROLLBACKPLANREQUEST']._serialized_start=2173
-  _globals['_ROLLBACKPLANREQUEST']._serialized_end=2214
-  _globals['_ROLLBACKPLANRESPONSE']._serialized_start=2216
-  _globals['_ROLLBACKPLANRESPONSE']._serialized_end=2290
-  _globals['_GETPLANSTATUSREQUEST']._serialized_start=2292
-  _globals['_GETPLANSTATUSREQUEST']._serialized_end=2314
-  _globals['_GETPLANSTATUSRESPONSE']._serialized_start=2317
-  _globals['_GETPLANSTATUSRESPONSE']._serialized_end=2447
-  _globals['_DRAINHOSTREQUEST']._serialized_start=2449
-  _globals['_DRAINHOSTREQUEST']._serialized_end=2531
-  _globals['_ROUTEWORKERS']._serialized_start=2533
-  _globals['_ROUTEWORKERS']._serialized_end=2573
-  _globals['_DRAINHOSTRESPONSE']._serialized_start=2576
-  _globals['_DRAINHOSTRESPONSE']._serialized_end=2839
-  _globals['_ADDROUTESREQUEST']._serialized_start=2841
-  _globals['_ADDROUTESREQUEST']._serialized_end=2933
-  _globals['_ADDROUTESRESPONSE']._serialized_start=2935
-  _globals['_ADDROUTESRESPONSE']._serialized_end=3006
-  _globals['_ORCHESTRATORSERVICE']._serialized_start=3579
-  _globals['_ORCHESTRATORSERVICE']._serialized_end=4401
+  _globals['_PLANSTATUS']._serialized_end=1584
+  _globals['_REMOVEDROUTE']._serialized_start=1587
+  _globals['_REMOVEDROUTE']._serialized_end=1732
+  _globals['_STAGECALIBRATION']._serialized_start=1735
+  _globals['_STAGECALIBRATION']._serialized_end=1971
+  _globals['_ROUTECALIBRATION']._serialized_start=1974
+  _globals['_ROUTECALIBRATION']._serialized_end=2173
+  _globals['_INSTALLPLANRESPONSE']._serialized_start=2175
+  _globals['_INSTALLPLANRESPONSE']._serialized_end=2248
+  _globals['_DRAINPLANREQUEST']._serialized_start=2250
+  _globals['_DRAINPLANREQUEST']._serialized_end=2308
+  _globals['_DRAINPLANRESPONSE']._serialized_start=2310
+  _globals['_DRAINPLANRESPONSE']._serialized_end=2381
+  _globals['_ROLLBACKPLANREQUEST']._serialized_start=2383
+  _globals['_ROLLBACKPLANREQUEST']._serialized_end=2424
+  _globals['_ROLLBACKPLANRESPONSE']._serialized_start=2426
+  _globals['_ROLLBACKPLANRESPONSE']._serialized_end=2500
+  _globals['_GETPLANSTATUSREQUEST']._serialized_start=2502
+  _globals['_GETPLANSTATUSREQUEST']._serialized_end=2524
+  _globals['_GETPLANSTATUSRESPONSE']._serialized_start=2527
+  _globals['_GETPLANSTATUSRESPONSE']._serialized_end=2657
+  _globals['_DRAINHOSTREQUEST']._serialized_start=2659
+  _globals['_DRAINHOSTREQUEST']._serialized_end=2741
+  _globals['_ROUTEWORKERS']._serialized_start=2743
+  _globals['_ROUTEWORKERS']._serialized_end=2783
+  _globals['_DRAINHOSTRESPONSE']._serialized_start=2786
+  _globals['_DRAINHOSTRESPONSE']._serialized_end=3049
+  _globals['_ADDROUTESREQUEST']._serialized_start=3051
+  _globals['_ADDROUTESREQUEST']._serialized_end=3143
+  _globals['_ADDROUTESRESPONSE']._serialized_start=3145
+  _globals['_ADDROUTESRESPONSE']._serialized_end=3216
+  _globals['_ORCHESTRATORSERVICE']._serialized_start=3930
+  _globals['_ORCHESTRATORSERVICE']._serialized_end=4752
 # @@protoc_insertion_point(module_scope)

@@ -27,6 +27,12 @@ class RouteState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUTE_STATE_FAILED: _ClassVar[RouteState]
     ROUTE_STATE_DEGRADED: _ClassVar[RouteState]
 
+class RouteRemovalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROUTE_REMOVAL_REASON_UNSPECIFIED: _ClassVar[RouteRemovalReason]
+    ROUTE_REMOVAL_REASON_HOST_DRAINED: _ClassVar[RouteRemovalReason]
+    ROUTE_REMOVAL_REASON_REJOIN_TIMEOUT: _ClassVar[RouteRemovalReason]
+
 class CalibrationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CALIBRATION_STATE_UNSPECIFIED: _ClassVar[CalibrationState]
@@ -47,6 +53,9 @@ ROUTE_STATE_DRAINING: RouteState
 ROUTE_STATE_DRAINED: RouteState
 ROUTE_STATE_FAILED: RouteState
 ROUTE_STATE_DEGRADED: RouteState
+ROUTE_REMOVAL_REASON_UNSPECIFIED: RouteRemovalReason
+ROUTE_REMOVAL_REASON_HOST_DRAINED: RouteRemovalReason
+ROUTE_REMOVAL_REASON_REJOIN_TIMEOUT: RouteRemovalReason
 CALIBRATION_STATE_UNSPECIFIED: CalibrationState
 CALIBRATION_STATE_NO_PREDICTION: CalibrationState
 CALIBRATION_STATE_UNMEASURED: CalibrationState
@@ -160,7 +169,7 @@ class StageStatus(_message.Message):
     def __init__(self, stage_index: _Optional[int] = ..., worker_address: _Optional[str] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., manifest_hash: _Optional[str] = ..., healthy: _Optional[bool] = ..., condition: _Optional[str] = ...) -> None: ...
 
 class PlanStatus(_message.Message):
-    __slots__ = ("plan", "state", "stages", "inflight_requests", "reason", "calibration", "routes")
+    __slots__ = ("plan", "state", "stages", "inflight_requests", "reason", "calibration", "routes", "removed_routes")
     PLAN_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +177,7 @@ class PlanStatus(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_FIELD_NUMBER: _ClassVar[int]
     ROUTES_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_ROUTES_FIELD_NUMBER: _ClassVar[int]
     plan: _common_pb2.PlanBinding
     state: RouteState
     stages: _containers.RepeatedCompositeFieldContainer[StageStatus]
@@ -175,7 +185,20 @@ class PlanStatus(_message.Message):
     reason: str
     calibration: RouteCalibration
     routes: _containers.RepeatedCompositeFieldContainer[PlanStatus]
-    def __init__(self, plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., state: _Optional[_Union[RouteState, str]] = ..., stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., inflight_requests: _Optional[int] = ..., reason: _Optional[str] = ..., calibration: _Optional[_Union[RouteCalibration, _Mapping]] = ..., routes: _Optional[_Iterable[_Union[PlanStatus, _Mapping]]] = ...) -> None: ...
+    removed_routes: _containers.RepeatedCompositeFieldContainer[RemovedRoute]
+    def __init__(self, plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., state: _Optional[_Union[RouteState, str]] = ..., stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., inflight_requests: _Optional[int] = ..., reason: _Optional[str] = ..., calibration: _Optional[_Union[RouteCalibration, _Mapping]] = ..., routes: _Optional[_Iterable[_Union[PlanStatus, _Mapping]]] = ..., removed_routes: _Optional[_Iterable[_Union[RemovedRoute, _Mapping]]] = ...) -> None: ...
+
+class RemovedRoute(_message.Message):
+    __slots__ = ("worker_addresses", "reason", "host_worker_address", "detail")
+    WORKER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    HOST_WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    worker_addresses: _containers.RepeatedScalarFieldContainer[str]
+    reason: RouteRemovalReason
+    host_worker_address: str
+    detail: str
+    def __init__(self, worker_addresses: _Optional[_Iterable[str]] = ..., reason: _Optional[_Union[RouteRemovalReason, str]] = ..., host_worker_address: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class StageCalibration(_message.Message):
     __slots__ = ("stage_index", "state", "predicted_decode_service_s", "measured_decode_service_s", "measured_microbatches", "measured_rows_per_microbatch")
