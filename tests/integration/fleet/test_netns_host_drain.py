@@ -10,36 +10,20 @@ Needs root and namespaces (CI is root); skipped elsewhere. numpy on every host, 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import openai
-import pytest
 
 from apps.fleet.netns import leftovers, read_record
 from libs.service.fleet_state import read_fleet
 from libs.service.host import pid_alive
-from tests.integration.orchestrator.harness import tiny_checkpoint
+from tests.integration.fleet.netns_routes import NETNS_ONLY, PROMPTS, REPO, fornax, log_events
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0 or not Path("/proc/self/ns/net").exists(),
-                       reason="netns fleets need root and namespaces"),
-]
-REPO = Path(__file__).resolve().parents[3]
-PROMPTS = ([5, 17, 42, 9], [7, 8, 9, 10, 11], [12, 30, 4], [21, 22, 23, 24])
+pytestmark = NETNS_ONLY
 MAX_TOKENS = 256
 TIMEOUT_S = 120
-
-
-def _fornax(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "apps.cli.main", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 async def _streams(state, during=None) -> list[tuple[str, str | None, float]]:
@@ -77,18 +61,8 @@ async def _streams(state, during=None) -> list[tuple[str, str | None, float]]:
     return outcomes
 
 
-def _events(path: str) -> list[dict]:
-    text = Path(path).read_text(errors="replace")
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
-
-
 def test_a_host_drains_away_under_greedy_streams_and_nothing_is_lost(tmp_path, checkpoint):
-    up = _fornax("up", "--fleet", str(REPO / "fleets" / "four-hosts.yaml"), "--checkpoint", str(checkpoint),
+    up = fornax("up", "--fleet", str(REPO / "fleets" / "four-hosts.yaml"), "--checkpoint", str(checkpoint),
                  "--routes", "2", cwd=tmp_path)
     record = read_record(tmp_path / ".fornax")
     try:
@@ -102,7 +76,7 @@ def test_a_host_drains_away_under_greedy_streams_and_nothing_is_lost(tmp_path, c
                                    if d.name.startswith("stage_worker_")))
         drained: list[subprocess.CompletedProcess] = []
         outcomes = asyncio.run(_streams(state, lambda: drained.append(
-            _fornax("host", "drain", "delta", "--timeout-s", "0.2", cwd=tmp_path, timeout=TIMEOUT_S))))
+            fornax("host", "drain", "delta", "--timeout-s", "0.2", cwd=tmp_path, timeout=TIMEOUT_S))))
         for (expected, _, _), (got, error, _) in zip(reference, outcomes, strict=True):
             assert error is None, error  # a pause, never an error
             assert got == expected  # nothing lost, nothing doubled
@@ -115,9 +89,9 @@ def test_a_host_drains_away_under_greedy_streams_and_nothing_is_lost(tmp_path, c
         assert leaving.name not in [s.name for s in after.services]
         time.sleep(1.0)  # a supervisor poll or five: the worker stays down
         assert not pid_alive(leaving.pid)
-        keeper = [e for name in ("keeper.out", "keeper.log") for e in _events(str(tmp_path / ".fornax" / name))]
+        keeper = [e for name in ("keeper.out", "keeper.log") for e in log_events(tmp_path / ".fornax" / name)]
         assert not [e for e in keeper if e.get("event") == "worker_restarted"], keeper
-        status = _fornax("status", cwd=tmp_path, timeout=60)
+        status = fornax("status", cwd=tmp_path, timeout=60)
         # The leaving route's other worker stays up, idle: no fault.
         assert status.returncode == 0 and "route: SERVING" in status.stdout, status.stdout
         serving_lines = [line for line in status.stdout.splitlines() if not line.startswith("removed route: ")]
@@ -128,6 +102,6 @@ def test_a_host_drains_away_under_greedy_streams_and_nothing_is_lost(tmp_path, c
         print(report + f"client largest gap {max(g for _, _, g in outcomes):.3f} s (physical, this host: "
               "four half-core netns hosts)")
     finally:
-        down = _fornax("down", cwd=tmp_path, timeout=120)
+        down = fornax("down", cwd=tmp_path, timeout=120)
     assert down.returncode == 0, down.stderr
     assert record is not None and leftovers(record) == []

@@ -11,27 +11,19 @@ Needs root and namespaces (CI is root); skipped elsewhere. numpy on every host, 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from pathlib import Path
-
-import pytest
 
 from apps.fleet.netns import leftovers, read_record
 from libs.service.fleet_state import read_fleet
-from tests.integration.fleet.test_netns_host_drain import _fornax, _streams, checkpoint  # noqa: F401
+from tests.integration.fleet.netns_routes import NETNS_ONLY, REPO, fornax
+from tests.integration.fleet.test_netns_host_drain import _streams
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0 or not Path("/proc/self/ns/net").exists(),
-                       reason="netns fleets need root and namespaces"),
-]
-REPO = Path(__file__).resolve().parents[3]
+pytestmark = NETNS_ONLY
 
 
-def test_a_fifth_host_joins_under_greedy_streams_and_nothing_is_lost(tmp_path, checkpoint):  # noqa: F811
+def test_a_fifth_host_joins_under_greedy_streams_and_nothing_is_lost(tmp_path, checkpoint):
     started_at = time.monotonic()
-    up = _fornax("up", "--fleet", str(REPO / "fleets" / "four-hosts.yaml"), "--checkpoint", str(checkpoint),
+    up = fornax("up", "--fleet", str(REPO / "fleets" / "four-hosts.yaml"), "--checkpoint", str(checkpoint),
                  "--routes", "2", cwd=tmp_path)
     try:
         assert up.returncode == 0, up.stderr
@@ -40,7 +32,7 @@ def test_a_fifth_host_joins_under_greedy_streams_and_nothing_is_lost(tmp_path, c
         reference = asyncio.run(_streams(state))
         assert all(error is None for _, error, _ in reference), reference
         joined: list = []
-        outcomes = asyncio.run(_streams(state, lambda: joined.append(_fornax(
+        outcomes = asyncio.run(_streams(state, lambda: joined.append(fornax(
             "host", "add", "epsilon", "--fleet", str(REPO / "fleets" / "five-hosts.yaml"),
             "--checkpoint", str(checkpoint), "--keep-serving", "--apply", cwd=tmp_path, timeout=120))))
         for (expected, _, _), (got, error, _) in zip(reference, outcomes, strict=True):
@@ -52,10 +44,10 @@ def test_a_fifth_host_joins_under_greedy_streams_and_nothing_is_lost(tmp_path, c
         assert "+ epsilon" in report.splitlines() and "applied: 1 route(s) added" in report, report
         after = read_fleet(tmp_path / ".fornax")
         assert "stage_worker_4" in [s.name for s in after.services]
-        again = _fornax("host", "add", "epsilon", "--fleet", str(REPO / "fleets" / "five-hosts.yaml"),
+        again = fornax("host", "add", "epsilon", "--fleet", str(REPO / "fleets" / "five-hosts.yaml"),
                         "--checkpoint", str(checkpoint), cwd=tmp_path, timeout=120)
         assert again.returncode == 1 and "HOST_ALREADY_IN_FLEET" in again.stderr, again.stderr
-        status = _fornax("status", cwd=tmp_path, timeout=60)
+        status = fornax("status", cwd=tmp_path, timeout=60)
         assert status.returncode == 0 and "route 2: SERVING" in status.stdout, status.stdout
         late = asyncio.run(_streams(after))
         assert [got for got, _, _ in late] == [expected for expected, _, _ in reference]
@@ -63,7 +55,7 @@ def test_a_fifth_host_joins_under_greedy_streams_and_nothing_is_lost(tmp_path, c
               f"{began_at - started_at:.0f} s, the rest {time.monotonic() - began_at:.0f} s (physical, this host)")
     finally:
         record = read_record(tmp_path / ".fornax")
-        down = _fornax("down", cwd=tmp_path, timeout=120)
+        down = fornax("down", cwd=tmp_path, timeout=120)
     assert down.returncode == 0, down.stderr
     assert record is not None and any(ns.endswith("-epsilon") for ns in record.namespaces)
     assert leftovers(record) == []

@@ -19,19 +19,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 from apps.fleet.host_leave import retire_service
 from apps.fleet.netns import leftovers, read_record
 from libs.service.fleet_state import read_fleet
-from tests.integration.fleet.test_netns_replica_routes import (  # noqa: F401  (pytestmark: root and netns)
-    REPO,
-    _fornax,
-    _log_events,
-    _streams,
-    pytestmark,
-)
-from tests.integration.orchestrator.harness import tiny_checkpoint
+from tests.integration.fleet.netns_routes import NETNS_ONLY, REPO, fornax
+from tests.integration.fleet.test_netns_replica_routes import _log_events, _streams
+
+pytestmark = NETNS_ONLY
 
 REJOIN_TIMEOUT_S = 3
 REMOVAL_WAIT_S = 30  # the timeout, the probes that find the worker gone, and the removal
@@ -41,19 +35,14 @@ def _status_once_removed(cwd: Path) -> subprocess.CompletedProcess:
     """`fornax status` once it shows a removed route, or the last one after REMOVAL_WAIT_S."""
     give_up = time.monotonic() + REMOVAL_WAIT_S
     while True:
-        status = _fornax("status", cwd=cwd, timeout=60)
+        status = fornax("status", cwd=cwd, timeout=60)
         if "removed route: " in status.stdout or time.monotonic() >= give_up:
             return status
         time.sleep(0.5)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
-
-
 def test_a_route_whose_host_stays_gone_is_removed_after_the_rejoin_timeout_with_nothing_lost(tmp_path, checkpoint):
-    up = _fornax("up", "--fleet", str(REPO / "fleets" / "four-hosts.yaml"), "--checkpoint", str(checkpoint),
+    up = fornax("up", "--fleet", str(REPO / "fleets" / "four-hosts.yaml"), "--checkpoint", str(checkpoint),
                  "--routes", "2", "--rejoin-timeout", str(REJOIN_TIMEOUT_S), cwd=tmp_path)
     state_dir = tmp_path / ".fornax"
     record = read_record(state_dir)
@@ -90,6 +79,6 @@ def test_a_route_whose_host_stays_gone_is_removed_after_the_rejoin_timeout_with_
         print(f"route removed {removed_after_s:.1f} s after the kill, rejoin timeout {REJOIN_TIMEOUT_S} s "
               "(physical, this host: four half-core netns hosts)")
     finally:
-        down = _fornax("down", cwd=tmp_path, timeout=120)
+        down = fornax("down", cwd=tmp_path, timeout=120)
     assert down.returncode == 0, down.stderr
     assert record is not None and leftovers(record) == []

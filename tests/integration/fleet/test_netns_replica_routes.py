@@ -9,34 +9,18 @@ Needs root and namespaces (CI is root); skipped elsewhere. numpy on every host, 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import openai
-import pytest
 
 from apps.fleet.netns import leftovers, read_record
 from libs.service.fleet_state import read_fleet
-from tests.integration.orchestrator.harness import tiny_checkpoint
+from tests.integration.fleet.netns_routes import NETNS_ONLY, PROMPTS, REPO, fornax, log_events
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0 or not Path("/proc/self/ns/net").exists(),
-                       reason="netns fleets need root and namespaces"),
-]
-REPO = Path(__file__).resolve().parents[3]
-PROMPTS = ([5, 17, 42, 9], [7, 8, 9, 10, 11], [12, 30, 4], [21, 22, 23, 24])
+pytestmark = NETNS_ONLY
 MAX_TOKENS = 40
 TIMEOUT_S = 240
-
-
-def _fornax(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "apps.cli.main", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 async def _streams(state, fault=None) -> list[tuple[str, str | None]]:
@@ -67,24 +51,18 @@ async def _streams(state, fault=None) -> list[tuple[str, str | None]]:
 
 
 def _log_events(state, name: str) -> list[dict]:
-    text = Path(state.entry(name).log).read_text(errors="replace")
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
+    return log_events(state.entry(name).log)
 
 
 def test_two_replica_routes_survive_kill_9_of_a_stage_with_identical_greedy_text(tmp_path, checkpoint):
-    up = _fornax("up", "--fleet", str(REPO / "fleets" / "four-hosts.yaml"), "--checkpoint", str(checkpoint),
+    up = fornax("up", "--fleet", str(REPO / "fleets" / "four-hosts.yaml"), "--checkpoint", str(checkpoint),
                  "--routes", "2", cwd=tmp_path)
     record = read_record(tmp_path / ".fornax")
     try:
         assert up.returncode == 0, up.stderr
         assert "replica routes: 2 routes: " in up.stderr
         state = read_fleet(tmp_path / ".fornax")
-        status = _fornax("status", cwd=tmp_path, timeout=60)
+        status = fornax("status", cwd=tmp_path, timeout=60)
         assert "route 0: SERVING" in status.stdout and "route 1: SERVING" in status.stdout, status.stdout
         reference = asyncio.run(_streams(state))
         assert all(error is None for _, error in reference), reference
@@ -99,6 +77,6 @@ def test_two_replica_routes_survive_kill_9_of_a_stage_with_identical_greedy_text
         assert moved or replayed_in_place, "no stream was on the lost route"
         print(f"failovers={[e.get('moved') for e in moved]} (physical, this host)")
     finally:
-        down = _fornax("down", cwd=tmp_path, timeout=120)
+        down = fornax("down", cwd=tmp_path, timeout=120)
     assert down.returncode == 0, down.stderr
     assert record is not None and leftovers(record) == []
