@@ -1,6 +1,7 @@
 """start_eagerly: inline when a coroutine never waits, a task that carries on when it does."""
 
 import asyncio
+import contextvars
 
 import pytest
 
@@ -80,3 +81,27 @@ def test_a_coroutine_that_waits_continues_as_a_task_with_its_results():
 
 def test_failures_and_cancellation_reach_the_coroutine():
     asyncio.run(_test_failures_and_cancellation_reach_the_coroutine())
+
+
+_CURRENT: contextvars.ContextVar[str] = contextvars.ContextVar("current", default="caller's")
+
+
+async def _test_a_context_variable_set_before_waiting_is_reset_after_it_in_its_own_context():
+    gate, seen = asyncio.Event(), []
+
+    async def work():
+        token = _CURRENT.set("work's")  # e.g. a span made current before the first wait
+        await gate.wait()
+        seen.append(_CURRENT.get())
+        _CURRENT.reset(token)  # ValueError if the task resumed in another context
+        seen.append(_CURRENT.get())
+
+    task = start_eagerly(work())
+    assert _CURRENT.get() == "caller's"  # nothing leaked into the caller's context
+    gate.set()
+    await task
+    assert seen == ["work's", "caller's"]
+
+
+def test_a_context_variable_set_before_waiting_is_reset_after_it_in_its_own_context():
+    asyncio.run(_test_a_context_variable_set_before_waiting_is_reset_after_it_in_its_own_context())
