@@ -18,7 +18,7 @@ from pathlib import Path
 from apps.fleet.profiling import FleetProfiles, ProfileRequest, Worker, profile_fleet
 from apps.fleet.spec import FleetFileError, load_fleet_spec
 from libs.profiles.measure import Grid
-from libs.profiles.schema import Figure, LayerKindProfile
+from libs.profiles.schema import Calibration, Figure, LayerKindProfile
 from libs.security.cli_credentials import operator_credentials
 from libs.service.channels import ChannelConfig
 from libs.service.errors import FornaxError
@@ -61,6 +61,11 @@ def register(commands, benches) -> None:
     p.add_argument("--all-at-once", action="store_true",
                    help="time every stage host at once, as a route keeps them busy (default: one host at a time)")
     p.add_argument("--json", action="store_true", help="print the stored profiles as JSON")
+    p.add_argument("--serving-window", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --fleet: end by serving a short decode on the plan the fresh profiles give, and store "
+                        "what each host spent per microbatch beyond its profiled layers (data plane, control "
+                        "services) for the planner (default on; needs the fleet's hosts to itself)")
+    p.add_argument("--window-runs", type=int, default=3, help="decode windows the serving window measures")
     p.add_argument("--startup-timeout-s", type=float, default=180.0)
     p.set_defaults(func=cmd_profile)
 
@@ -108,10 +113,65 @@ def cmd_profile(args: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001 - reported, and nothing is left running
             return _fail(f"the fleet failed to start: {exc}")
     try:
-        return _profile(args, state, stage_hosts, host_weights, checkpoint)
+        code = _profile(args, state, stage_hosts, host_weights, checkpoint)
     finally:
         if launcher is not None:
             _take_down(args.state_dir, launcher)
+    return _then_serving_window(args, checkpoint, code, brought_up=launcher is not None)
+
+
+def _then_serving_window(args: argparse.Namespace, checkpoint: str, code: int, brought_up: bool) -> int:
+    if code or not args.serving_window or not args.fleet:
+        return code
+    if not brought_up:
+        print("fornax profile: no serving window: it brings the fleet's hosts up itself, and a fleet runs from "
+              f"{args.state_dir}", file=sys.stderr)
+        return code
+    return _serving_window(args, checkpoint)
+
+
+def _serving_window(args: argparse.Namespace, checkpoint: str) -> int:
+    """Serve the plan the fresh profiles give for a few decode windows, and store the calibration
+    as a SERVING_WINDOW record: per host, what a microbatch cost beyond its profiled layers."""
+    from apps.qualify.run import QualifyConfig, QualifyError, qualify
+
+    if args.window_runs < 1:
+        return _fail(f"--window-runs must be at least 1, got {args.window_runs}")
+    state_dir = Path(args.state_dir)
+    command = "fornax " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["profile"] else "fornax profile"
+    cfg = QualifyConfig(fleet_file=Path(args.fleet), checkpoint=Path(checkpoint), runs=args.window_runs,
+                        state_dir=state_dir, out_dir=state_dir / "serving-window", command=command,
+                        serving_window=True)
+    print(f"serving window: {args.window_runs} decode window(s) on the plan the fresh profiles give", file=sys.stderr)
+    try:
+        result = qualify(cfg)
+    except QualifyError as exc:
+        return _fail(f"serving window: {exc}")
+    for line in window_lines(result.verdict.calibration, result.record_ids):
+        print(line)
+    return 0 if not result.verdict.calibration.failures else 1
+
+
+def window_lines(c: Calibration, record_ids: tuple[str, ...]) -> list[str]:
+    """What the serving window measured per stage against the fresh profiles' prediction."""
+    record = next((r for r in record_ids if r.startswith("calibration-")), "")
+    lines = [f"{EVIDENCE} serving window on route {c.route_key} (record {record or 'not stored'}): per decode "
+             f"microbatch, measured over {c.runs} run(s) (physical) against the fresh profiles (prediction)"]
+    for stage in sorted(c.stages, key=lambda s: s.stage_index):
+        terms = []
+        for term in ("compute", "wire"):
+            measured, predicted = stage.measured_terms.get(term), stage.predicted_terms.get(term, 0.0)
+            if measured is None or (term == "wire" and not predicted):
+                continue
+            terms.append(f"{term} {_fig(measured, 1e3, ' ms')} against {predicted * 1e3:.4g} ms predicted: "
+                         f"{(measured.median - predicted) * 1e3:+.3g} ms")
+        lines.append(f"  stage {stage.stage_index} {stage.host} [{stage.layer_start},{stage.layer_end}): "
+                     + "; ".join(terms))
+    lines += [f"  FAILED {f}" for f in c.failures]
+    lines.append("  the planner adds each difference to the host's per-microbatch step (compute) or the link's "
+                 "wire term of every later plan resting on these profiles" if not c.failures else
+                 "  a window with a failed check feeds nothing back")
+    return lines
 
 
 def _bring_up(args: argparse.Namespace, spec, checkpoint: str):

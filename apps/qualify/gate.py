@@ -22,6 +22,8 @@ DEFAULT_TOLERANCE = 0.25
 PHASES = ("compute", "pack", "wire", "unpack", "queue", "exposed_wait")
 # The planner's bottleneck terms: stage service plus pack, wire and unpack.
 SERVICE_PHASES = ("compute", "pack", "wire", "unpack")
+# What a serving window (`fornax profile`) runs: the measured decode only.
+WINDOW_CHECKS = ("prefill", "token_parity")
 CHECKS = ("prefill", "changing_subset_decode", "cancellation", "expiry_skewed_clocks", "reconnect_fencing",
           "cleanup", "token_parity", "boundary_parity", "final_logit_parity")
 
@@ -132,13 +134,13 @@ def _ms(figure: Figure) -> str:
             f"high {figure.high * 1e3:.4g}, spread {figure.spread:.1%})")
 
 
-def failure_lines(runs: Sequence[RunOutcome]) -> tuple[str, ...]:
+def failure_lines(runs: Sequence[RunOutcome], expected: Sequence[str] = CHECKS) -> tuple[str, ...]:
     """"run N: check: detail" for every failed check, in run order, plus checks a run never reported."""
     lines: list[str] = []
     for outcome in runs:
         reported = {c.name for c in outcome.checks}
         lines += [f"run {outcome.run}: {c.name}: {c.detail}" for c in outcome.failed]
-        lines += [f"run {outcome.run}: {name}: not run" for name in CHECKS if name not in reported]
+        lines += [f"run {outcome.run}: {name}: not run" for name in expected if name not in reported]
     return tuple(lines)
 
 
@@ -149,7 +151,8 @@ def route_stages(predicted: Sequence[PredictedStage]) -> tuple[RouteStage, ...]:
 def calibrate(runs: Sequence[RunOutcome], predicted: Sequence[PredictedStage], *, model_snapshot: str,
               plan_hash: str, evidence_ids: Sequence[str] = (), tolerance: float = DEFAULT_TOLERANCE,
               command: str = "", measured_unix_ns: int = 0, valid_for_s: int = 0,
-              plan_route_key: str = "", rows_basis: str = "", hosts: Sequence[HostFacts] = ()) -> Verdict:
+              plan_route_key: str = "", rows_basis: str = "", hosts: Sequence[HostFacts] = (),
+              expected_checks: Sequence[str] = CHECKS) -> Verdict:
     """Term-by-term comparison of the plan's per-stage predictions with every run's measurement.
 
     The gate passes only when every run passed every check and the bottleneck prediction error
@@ -166,7 +169,7 @@ def calibrate(runs: Sequence[RunOutcome], predicted: Sequence[PredictedStage], *
         raise ValueError(f"the plan's route key {plan_route_key!r} is not the placement measured ({key!r})")
     want = sorted(p.stage_index for p in predicted)
     measured = [r for r in runs if sorted(s.stage_index for s in r.stages) == want]
-    failures = failure_lines(runs) + tuple(
+    failures = failure_lines(runs, expected_checks) + tuple(
         f"run {r.run}: measurement: phase times of stages {sorted(s.stage_index for s in r.stages)}, "
         f"the plan has {want}" for r in runs if r not in measured)
     stages = []

@@ -30,7 +30,9 @@ from apps.qualify import skew
 from apps.qualify.diagnosis import shared_cpus
 from apps.qualify.fencing import FirstStage, reconnect_fencing
 from apps.qualify.gate import (
+    CHECKS,
     DEFAULT_TOLERANCE,
+    WINDOW_CHECKS,
     BoundaryParity,
     Check,
     PredictedStage,
@@ -62,7 +64,7 @@ from apps.qualify.report_html import ReportFacts, render_report
 from apps.qualify.scenarios import StageRef, Workload, changing_subset, expiry, measured_decode
 from fornax.orchestrator.v1 import orchestrator_pb2 as orch_pb
 from libs.common.kinds import Backend, DType
-from libs.profiles.schema import HostFacts, to_json
+from libs.profiles.schema import SERVING_WINDOW, HostFacts, to_json
 from libs.security.identity import service_identity
 from libs.security.store import CertStore
 from libs.service.channels import ChannelConfig
@@ -101,6 +103,10 @@ class QualifyConfig:
     valid_for_s: int = 7 * 86400
     numpy_only: bool = False
     command: str = ""
+    # `fornax profile`'s serving window: each run serves only the measured decode (token parity
+    # checked), and the calibration is stored as SERVING_WINDOW, a measurement the planner feeds
+    # back, never a verdict (no qualification record).
+    serving_window: bool = False
 
 
 @dataclass(frozen=True)
@@ -238,6 +244,8 @@ async def _one_run(route: LiveRoute, cfg: QualifyConfig, work: Workload, run: in
             decode_checks = [Check("prefill", False, f"{type(exc).__name__}: {exc}"),
                              Check("token_parity", False, f"{type(exc).__name__}: {exc}")]
         checks = list(decode_checks)
+        if cfg.serving_window:
+            return RunOutcome(run, tuple(checks), tuple(times))
         checks += await _guarded("changing_subset_decode", changing_subset(gen, work, run))
         checks += await _guarded("expiry_skewed_clocks",
                                  expiry(gen, work, run, cfg.expiry_budget_s, cfg.expiry_tolerance_s, clocks))
@@ -336,6 +344,8 @@ def _workload(cfg: QualifyConfig, route: LiveRoute) -> tuple[Workload, list[Boun
     """The prompts with their greedy reference ids, and each stage boundary's parity."""
     reference = greedy_reference(cfg.checkpoint, PROMPTS, cfg.decode_tokens)
     work = Workload(PROMPTS, tuple(tuple(r) for r in reference), cfg.decode_tokens, EXPIRY_PROMPT)
+    if cfg.serving_window:
+        return work, []
     boundaries, _, _ = boundary_parity(cfg.checkpoint, [(s.layer_start, s.layer_end) for s in route.stages],
                                        [s.backend for s in route.stages], cfg.parity_tolerance)
     return work, boundaries
@@ -360,9 +370,12 @@ def _verdict(route: LiveRoute, cfg: QualifyConfig, runs: list[RunOutcome], predi
         verdict = calibrate(runs, predicted, model_snapshot=route.model_snapshot,
                             plan_hash=route.plan_hash, evidence_ids=route.evidence_ids, tolerance=cfg.tolerance,
                             command=cfg.command, measured_unix_ns=now_ns, valid_for_s=cfg.valid_for_s,
-                            plan_route_key=route.plan_route_key, rows_basis=basis, hosts=route.facts)
+                            plan_route_key=route.plan_route_key, rows_basis=basis, hosts=route.facts,
+                            expected_checks=WINDOW_CHECKS if cfg.serving_window else CHECKS)
     except ValueError as exc:
         raise QualifyError(f"cannot calibrate the installed plan: {exc}") from exc
+    if cfg.serving_window:
+        verdict = replace(verdict, calibration=replace(verdict.calibration, purpose=SERVING_WINDOW))
     _log("predictions " + (f"evaluated at each stage's {basis}" if basis else "at the plan's target rows")
          + " (predictions): " + "; ".join(f"stage {p.stage_index} {p.rows:.3g} rows, {_past(p.past)}: " + ", ".join(
              f"{k} {v * 1e3:.3g} ms" for k, v in p.seconds.items()) for p in predicted))
@@ -405,6 +418,8 @@ def _records(cfg: QualifyConfig, route: LiveRoute, verdict: Verdict, runs: list[
                                                                          route.stages[-1].layer_end),
                     dtype=DType.FP32, shapes=_shapes(runs, work))
     contents = [run_measurement(r, verdict.calibration.route_key, on) for r in runs]
+    if cfg.serving_window:
+        return [*contents, calibration_record(verdict, on)]
     contents += [calibration_record(verdict, on), qualification_record(artifact, verdict, on)]
     return contents
 

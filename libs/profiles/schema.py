@@ -24,6 +24,8 @@ from typing import Any
 STAGE_PROFILE_SCHEMA = "fornax.stage-profile/1"
 LINK_PROFILE_SCHEMA = "fornax.link-profile/1"
 CALIBRATION_SCHEMA = "fornax.calibration/1"
+GATE, SERVING_WINDOW = "gate", "serving-window"  # what a calibration record is (`Calibration.purpose`)
+CALIBRATION_PURPOSES = (GATE, SERVING_WINDOW)
 
 # Layer kinds a stage profile measures. `embed` and `head` are the end stages' extra work.
 LAYER_KINDS = ("dense", "moe", "embed", "head")
@@ -221,6 +223,10 @@ class Calibration:
     # Which rows per microbatch the predictions were evaluated at: "measured rows" (each stage's
     # measured mean, from the plan's own profile records) or "" (the plan's target rows).
     rows_basis: str = ""
+    # GATE: `fornax qualify`'s verdict on the route. SERVING_WINDOW: the decode window `fornax
+    # profile` serves on the plan its fresh profiles give, to measure what a microbatch costs a
+    # host beyond its layers while the route runs (data plane, control services); not a verdict.
+    purpose: str = GATE
     schema: str = CALIBRATION_SCHEMA
 
     @property
@@ -337,14 +343,17 @@ def calibration_from_json(blob: bytes) -> Calibration:
                              {str(k): float(v) for k, v in s.get("predicted_terms", {}).items()},
                              {str(k): _figure(v) for k, v in s.get("measured_terms", {}).items()})
             for s in data["stages"])
-        return Calibration(
+        calibration = Calibration(
             route_key=str(data["route_key"]), plan_hash=str(data["plan_hash"]),
             evidence_ids=tuple(str(x) for x in data["evidence_ids"]), stages=stages,
             predicted_bottleneck_s=float(data["predicted_bottleneck_s"]),
             measured_bottleneck_s=_figure(data["measured_bottleneck_s"]), tolerance=float(data["tolerance"]),
             runs=int(data["runs"]), failures=tuple(str(x) for x in data["failures"]), command=str(data["command"]),
             measured_unix_ns=int(data["measured_unix_ns"]), valid_for_s=int(data["valid_for_s"]),
-            rows_basis=str(data.get("rows_basis", "")))
+            rows_basis=str(data.get("rows_basis", "")), purpose=str(data.get("purpose", GATE)))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileFormatError(f"bad calibration: {exc}") from exc
+    if calibration.purpose not in CALIBRATION_PURPOSES:
+        raise ProfileFormatError(f"bad calibration: purpose {calibration.purpose!r} is none of {CALIBRATION_PURPOSES}")
+    return calibration
 

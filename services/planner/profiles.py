@@ -135,7 +135,9 @@ class ProfileBook:
         return None
 
     def calibration_record(self, route_key: str) -> CalibrationRecord | None:
-        found = [r for r in self.calibrations if r.calibration.route_key == route_key]
+        """The route's newest gate (a profile's serving window is a measurement, not a verdict)."""
+        found = [r for r in self.calibrations
+                 if r.calibration.route_key == route_key and r.calibration.purpose == schema.GATE]
         return max(found, key=lambda r: r.calibration.measured_unix_ns, default=None)
 
     def stage_problem(self, host: str, model_snapshot: str, backend: str, now_ns: int,

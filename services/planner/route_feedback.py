@@ -1,21 +1,28 @@
 """Route calibrations fed back into the cost model. Pure.
 
-`fornax qualify` measures the installed route term by term and stores a calibration record
-(physical, signed): per stage, what the plan predicted for compute, pack, wire and unpack and
-what the route measured (median, low, high over the runs). A layer profile times each layer
-kind alone on an idle host; the route runs every stage at once, with the control services,
-the data plane and the other hosts busy. Where the two disagree, the route is the better
-witness of what the host does while serving.
+A calibration record (physical, signed) holds, per stage of a route, what the plan predicted for
+compute, pack, wire and unpack and what the route measured (median, low, high over its runs).
+Two kinds feed back:
+- `fornax qualify`'s passing gates;
+- the serving window `fornax profile` ends with (`SERVING_WINDOW`): a short decode served on
+  the plan its fresh profiles give. A layer profile times each layer kind alone on a host whose
+  data plane is idle; a route runs each microbatch through the data plane (FNX2 frames, TLS,
+  leases, spans) and the control services on the same cores, and on a one-core host every graph
+  launch of a stage waits behind them. So the route is the better witness of what the host does
+  while serving, and a window lets the first plan after a profile start from it.
+A failed gate feeds nothing back: its report names the term that missed and why.
 
-So a host's decode compute predicted from its stage profile is scaled by
-`measured compute / predicted compute` of the newest passing calibration of this model that predicted
-from that same profile record (it names it in its evidence ids); a link's one-way frame time by
-`measured wire / predicted wire` likewise, when the link record is the one the calibration
-rested on. A newer profile than the calibration qualified stands on its own until qualified.
-A failed gate feeds nothing back: its report names the term that missed and why, and re-planning
-on its figures would move the route to a placement no gate has measured. The factor is applied
-across rows and past (the profile keeps the shape, the route the level),
-and a scaled term names the calibration record and the factor (`Correction.describe`).
+A host's decode compute predicted from its stage profile is scaled by `measured compute /
+predicted compute` of the newest usable calibration of this model that predicted from that same
+profile record (it names it in its evidence ids); a link's one-way frame time by `measured wire /
+predicted wire` likewise, when the link record is the one the calibration rested on. A newer
+profile than the calibration stands on its own until measured again. A calibration whose own
+prediction was already scaled by an earlier one (it names that record too) carries that factor
+on, so qualifying a plan that rested on a window keeps the window's level. The factor is applied
+across rows, past and layers (the profile keeps the shape, the route the level; measured on this
+project's one-core MAX hosts the route's excess grew with the stage's layers, 1.5x at two layers
+and 1.9x at three), and a scaled term names the calibration record and the factor
+(`Correction.describe`).
 """
 
 from __future__ import annotations
@@ -39,15 +46,20 @@ class Correction:
     rows: float
     past_tokens: float
 
+    purpose: str = schema.GATE
+    prior: float = 1.0  # the factor the calibration's own prediction already carried (1: none)
+
     @property
     def factor(self) -> float:
-        return self.measured.median / self.predicted_s
+        return self.measured.median / self.predicted_s * self.prior
 
     def describe(self) -> str:
         at = (f" at {self.rows:.3g} rows" if self.rows else "") + (
             f", {self.past_tokens:.3g} tokens of past" if self.past_tokens else "")
-        return (f"route calibration {self.record_id}: {self.term} measured {self.measured.describe()} (physical) "
-                f"against {self.predicted_s:.6g} s predicted{at}; factor {self.factor:.3g} applied")
+        what = "serving window" if self.purpose == schema.SERVING_WINDOW else "route calibration"
+        carried = f" times the {self.prior:.3g} its prediction carried" if self.prior != 1.0 else ""
+        return (f"{what} {self.record_id}: {self.term} measured {self.measured.describe()} (physical) "
+                f"against {self.predicted_s:.6g} s predicted{at}{carried}; factor {self.factor:.3g} applied")
 
 
 def _usable(stage: schema.StageCalibration, term: str) -> bool:
@@ -55,33 +67,51 @@ def _usable(stage: schema.StageCalibration, term: str) -> bool:
         stage.measured_terms[term].median > 0
 
 
-def _newest_first(book: ProfileBook, model_snapshot: str) -> list[CalibrationRecord]:
-    found = [r for r in book.calibrations if r.standing.ok and r.calibration.passed
-             and r.calibration.route_key.startswith(model_snapshot + "|")]
+def _feeds_back(calibration: schema.Calibration) -> bool:
+    return calibration.passed or (calibration.purpose == schema.SERVING_WINDOW and not calibration.failures)
+
+
+def _newest_first(book: ProfileBook, model_snapshot: str, before_ns: int | None = None) -> list[CalibrationRecord]:
+    found = [r for r in book.calibrations if r.standing.ok and _feeds_back(r.calibration)
+             and r.calibration.route_key.startswith(model_snapshot + "|")
+             and (before_ns is None or r.calibration.measured_unix_ns < before_ns)]
     return sorted(found, key=lambda r: r.calibration.measured_unix_ns, reverse=True)
 
 
-def compute_correction(book: ProfileBook, model_snapshot: str, host: str, stage_record_id: str) -> Correction | None:
-    """The newest calibration of a stage on `host` that predicted from `stage_record_id`."""
-    for record in _newest_first(book, model_snapshot):
+def compute_correction(book: ProfileBook, model_snapshot: str, host: str, stage_record_id: str,
+                       before_ns: int | None = None) -> Correction | None:
+    """The newest calibration (measured before `before_ns`) of a stage on `host` that predicted
+    from `stage_record_id`, carrying the factor its own prediction rested on."""
+    for record in _newest_first(book, model_snapshot, before_ns):
         if stage_record_id not in record.calibration.evidence_ids:
             continue
         for stage in record.calibration.stages:
             if stage.host == host and _usable(stage, COMPUTE):
+                prior = compute_correction(book, model_snapshot, host, stage_record_id,
+                                           record.calibration.measured_unix_ns)
                 return Correction(record.record_id, COMPUTE, stage.measured_terms[COMPUTE],
-                                  stage.predicted_terms[COMPUTE], stage.rows, stage.past_tokens)
+                                  stage.predicted_terms[COMPUTE], stage.rows, stage.past_tokens,
+                                  record.calibration.purpose, _carried(prior, record))
     return None
 
 
 def wire_correction(book: ProfileBook, model_snapshot: str, from_host: str, to_host: str,
-                    link_record_id: str) -> Correction | None:
-    """The newest calibration whose stage on `from_host` sent to `to_host` over `link_record_id`."""
-    for record in _newest_first(book, model_snapshot):
+                    link_record_id: str, before_ns: int | None = None) -> Correction | None:
+    """The newest calibration (measured before `before_ns`) whose stage on `from_host` sent to
+    `to_host` over `link_record_id`, carrying the factor its own prediction rested on."""
+    for record in _newest_first(book, model_snapshot, before_ns):
         if link_record_id not in record.calibration.evidence_ids:
             continue
         stages = sorted(record.calibration.stages, key=lambda s: s.stage_index)
         for here, there in zip(stages, stages[1:], strict=False):
             if (here.host, there.host) == (from_host, to_host) and _usable(here, WIRE):
+                prior = wire_correction(book, model_snapshot, from_host, to_host, link_record_id,
+                                        record.calibration.measured_unix_ns)
                 return Correction(record.record_id, WIRE, here.measured_terms[WIRE], here.predicted_terms[WIRE],
-                                  here.rows, here.past_tokens)
+                                  here.rows, here.past_tokens, record.calibration.purpose, _carried(prior, record))
     return None
+
+
+def _carried(prior: Correction | None, record: CalibrationRecord) -> float:
+    """The earlier correction's factor, when `record`'s prediction rested on it (names its record)."""
+    return prior.factor if prior is not None and prior.record_id in record.calibration.evidence_ids else 1.0

@@ -238,3 +238,13 @@ def test_without_a_shared_cpu_a_compute_miss_is_put_down_to_what_shares_the_stag
         "plane idle" in text
     assert "a failed gate feeds nothing back" in text  # it does not claim the next plan is corrected
     assert "shares a CPU with" not in text
+
+
+def test_a_serving_window_expects_only_the_measured_decode_checks():
+    from apps.qualify.gate import WINDOW_CHECKS, failure_lines
+
+    window_run = RunOutcome(1, (Check("prefill", True, ""), Check("token_parity", True, "")), ())
+    assert failure_lines([window_run], WINDOW_CHECKS) == ()
+    assert "run 1: cancellation: not run" in failure_lines([window_run])  # a gate expects every check
+    bad = RunOutcome(1, (Check("prefill", True, ""), Check("token_parity", False, "differs at token 3")), ())
+    assert failure_lines([bad], WINDOW_CHECKS) == ("run 1: token_parity: differs at token 3",)
