@@ -63,8 +63,9 @@ def register(commands, benches) -> None:
     p.add_argument("--json", action="store_true", help="print the stored profiles as JSON")
     p.add_argument("--serving-window", action=argparse.BooleanOptionalAction, default=True,
                    help="with --fleet: end by serving a short decode on the plan the fresh profiles give, and store "
-                        "what each host spent per microbatch beyond its profiled layers (data plane, control "
-                        "services) for the planner (default on; needs the fleet's hosts to itself)")
+                        "how far each host's compute and wire in the route were from the profiles (data plane and "
+                        "control services on its cores) for the planner (default on; needs the fleet's hosts to "
+                        "itself)")
     p.add_argument("--window-runs", type=int, default=3, help="decode windows the serving window measures")
     p.add_argument("--startup-timeout-s", type=float, default=180.0)
     p.set_defaults(func=cmd_profile)
@@ -132,7 +133,7 @@ def _then_serving_window(args: argparse.Namespace, checkpoint: str, code: int, b
 
 def _serving_window(args: argparse.Namespace, checkpoint: str) -> int:
     """Serve the plan the fresh profiles give for a few decode windows, and store the calibration
-    as a SERVING_WINDOW record: per host, what a microbatch cost beyond its profiled layers."""
+    as a SERVING_WINDOW record: per stage, measured against predicted compute and wire."""
     from apps.qualify.run import QualifyConfig, QualifyError, qualify
 
     if args.window_runs < 1:
@@ -148,7 +149,7 @@ def _serving_window(args: argparse.Namespace, checkpoint: str) -> int:
     except QualifyError as exc:
         return _fail(f"serving window: {exc}")
     for line in window_lines(result.verdict.calibration, result.record_ids):
-        print(line)
+        print(line, file=sys.stderr if args.json else sys.stdout)  # --json: stdout holds the profiles alone
     return 0 if not result.verdict.calibration.failures else 1
 
 
@@ -164,12 +165,12 @@ def window_lines(c: Calibration, record_ids: tuple[str, ...]) -> list[str]:
             if measured is None or (term == "wire" and not predicted):
                 continue
             terms.append(f"{term} {_fig(measured, 1e3, ' ms')} against {predicted * 1e3:.4g} ms predicted: "
-                         f"{(measured.median - predicted) * 1e3:+.3g} ms")
+                         f"{measured.median / predicted:.3g}x" if predicted else "no prediction")
         lines.append(f"  stage {stage.stage_index} {stage.host} [{stage.layer_start},{stage.layer_end}): "
                      + "; ".join(terms))
     lines += [f"  FAILED {f}" for f in c.failures]
-    lines.append("  the planner adds each difference to the host's per-microbatch step (compute) or the link's "
-                 "wire term of every later plan resting on these profiles" if not c.failures else
+    lines.append("  every later plan resting on these profiles scales the host's decode compute and the link's wire "
+                 "term by these factors (`fornax plan --explain` names this record)" if not c.failures else
                  "  a window with a failed check feeds nothing back")
     return lines
 

@@ -45,7 +45,8 @@ def test_the_calibrated_split_is_the_planners_plan_from_the_stored_profiles(tmp_
     checkpoint = tiny_checkpoint(tmp_path / "tiny")
     state = tmp_path / "state"
     assert main(["profile", "--fleet", str(fleet_file), "--checkpoint", str(checkpoint), "--state-dir", str(state),
-                 "--runs", "2", "--prefill-lengths", "16", "--decode-batches", "1,4", "--min-run-ms", "50"]) == 0
+                 "--runs", "2", "--prefill-lengths", "16", "--decode-batches", "1,4", "--min-run-ms", "50",
+                 "--no-serving-window"]) == 0
     options = PlacementBenchOptions(str(fleet_file), load_fleet_spec(str(fleet_file)), str(checkpoint),
                                     prompt_tokens=8, max_tokens=8, concurrency=4, repeats=1,
                                     profiles_state_dir=str(state))

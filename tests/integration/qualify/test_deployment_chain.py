@@ -20,7 +20,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from libs.profiles.schema import Calibration, calibration_from_json
+from libs.profiles.schema import GATE, SERVING_WINDOW, Calibration, calibration_from_json
 from libs.service.fleet_state import read_fleet
 from services.evidence_registry.blobs import DiskBlobStore
 from services.evidence_registry.domain import EvidenceClass, ListQuery, RecordType
@@ -68,8 +68,13 @@ def test_deployment_needs_profiles_and_a_passing_calibration_of_the_same_route(t
     checkpoint = tiny_checkpoint(tmp_path / "tiny")
     common = ("--fleet", str(FLEET), "--checkpoint", str(checkpoint))
     profile = _fornax(tmp_path, "profile", *common, "--runs", "2", "--prefill-lengths", "16,128",
-                      "--decode-batches", "1,8", "--min-run-ms", "100")
+                      "--decode-batches", "1,8", "--min-run-ms", "100", "--window-runs", "1")
     assert profile.returncode == 0, profile.stderr[-4000:]
+    # The profile ended with a serving window on its own plan: stored, fed back, never a gate.
+    assert "PHYSICAL serving window on route" in profile.stdout, profile.stdout[-4000:]
+    [window] = _calibrations(tmp_path / ".fornax")
+    assert window.purpose == SERVING_WINDOW and not window.failures and window.stages
+    assert all(s.measured_terms["compute"].median > 0 for s in window.stages)
 
     refused = _fornax(tmp_path, "up", *common, "--mode", "deployment")
     assert refused.returncode != 0
@@ -85,9 +90,12 @@ def test_deployment_needs_profiles_and_a_passing_calibration_of_the_same_route(t
     passing = _fornax(tmp_path, "qualify", *common, "--runs", "1", "--tolerance", "10", "--out", "wide")
     assert passing.returncode == 0, passing.stdout + passing.stderr[-4000:]
     assert "qualification gate PASSED" in passing.stdout and "(tolerance 1000%)" in passing.stdout
-    calibrations = sorted(_calibrations(tmp_path / ".fornax"), key=lambda c: c.measured_unix_ns)
+    calibrations = sorted((c for c in _calibrations(tmp_path / ".fornax") if c.purpose == GATE),
+                          key=lambda c: c.measured_unix_ns)
     assert [(c.passed, c.tolerance) for c in calibrations] == [(False, 0.0), (True, 10.0)]
     assert len({c.route_key for c in calibrations}) == 1 and calibrations[1].evidence_ids
+    # ... and the gate's plan rested on the window: it names the window's record among its evidence.
+    assert any(r.startswith("calibration-") for r in calibrations[1].evidence_ids)
     # The plan came from profiles: its predictions were evaluated at the rows each stage measured.
     assert all(c.rows_basis == "measured rows" and all(s.rows >= 1 for s in c.stages) for c in calibrations)
 

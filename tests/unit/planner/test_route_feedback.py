@@ -40,7 +40,8 @@ def _calibration(*, compute_a: float, wire_a: float, evidence=("stage-a", "stage
     key = route_key(SNAP, [RouteStage("a", "max", 0, 2), RouteStage("b", "max", 2, 4)])
 
     def stage(i, host, a, b, compute, wire):
-        predicted = {"compute": predicted_compute if host == "a" else 0.002, "pack": 0.0, "wire": 0.0001 if wire else 0.0, "unpack": 0.0}
+        predicted = {"compute": predicted_compute if host == "a" else 0.002, "pack": 0.0,
+                     "wire": 0.0001 if wire else 0.0, "unpack": 0.0}
         measured = {k: Figure(v, v * 0.9, v * 1.1, 3, "s") for k, v in
                     {"compute": compute, "pack": 0.0, "wire": wire, "unpack": 0.0}.items()}
         total = Figure(compute + wire, compute, compute, 3, "s")
