@@ -78,7 +78,7 @@ def calibration_record(verdict: Verdict, on: MeasuredOn) -> tuple[RecordContent,
     content = RecordContent(
         type=RecordType.CALIBRATION, evidence_class=EvidenceClass.PHYSICAL, validity=on.validity(),
         provenance=on.provenance(),
-        labels=_labels({schema.LABEL_ROUTE_KEY: c.route_key,
+        labels=_labels({schema.LABEL_ROUTE_KEY: c.route_key, schema.LABEL_PURPOSE: c.purpose,
                         schema.LABEL_PASSED: str(c.passed and c.purpose == schema.GATE).lower()}),
         subject=f"{'calibration' if c.purpose == schema.GATE else c.purpose}:{c.route_key}")
     return content, schema.to_json(c)

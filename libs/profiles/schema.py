@@ -45,6 +45,7 @@ LABEL_FROM_HOST = "from_host"
 LABEL_TO_HOST = "to_host"
 LABEL_ROUTE_KEY = "route_key"
 LABEL_PASSED = "passed"
+LABEL_PURPOSE = "purpose"  # a calibration record's `Calibration.purpose`
 
 
 class ProfileFormatError(ValueError):

@@ -16,10 +16,12 @@ from services.planner.profiles import ProfileRecordInput
 
 
 def subject_of(record: Record) -> str | None:
-    """What a record profiles ("stage:<host>", "link:<a>-><b>", "calibration:<key>"), None if not a profile."""
+    """What a record profiles ("stage:<host>", "link:<a>-><b>", "calibration:<key>", a profile's
+    "serving-window:<key>", which a later gate of the route does not shadow), None if not a profile."""
     labels = dict(record.content.labels)
     if record.content.type is RecordType.CALIBRATION and labels.get(schema.LABEL_ROUTE_KEY):
-        return f"calibration:{labels[schema.LABEL_ROUTE_KEY]}"
+        kind = "calibration" if labels.get(schema.LABEL_PURPOSE, schema.GATE) == schema.GATE else schema.SERVING_WINDOW
+        return f"{kind}:{labels[schema.LABEL_ROUTE_KEY]}"
     if record.content.type is not RecordType.MEASUREMENT:
         return None
     if labels.get(schema.LABEL_PROFILE) == "stage" and labels.get(schema.LABEL_HOST):

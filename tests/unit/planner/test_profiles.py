@@ -114,3 +114,28 @@ def test_every_printed_figure_says_it_is_physical_and_shows_its_spread():
     document = to_document(result)
     assert document["stages"][0]["evidence_class"] == "physical" and document["links"][0]["record_id"] == "l1"
     assert ordered_pairs(["a", "b", "c"]) == [("a", "b"), ("a", "c"), ("b", "a"), ("b", "c"), ("c", "a"), ("c", "b")]
+
+
+def test_a_gate_newer_than_a_profiles_serving_window_of_the_same_route_does_not_shadow_it():
+    from apps.qualify.gate import Verdict
+    from apps.qualify.records import MeasuredOn, calibration_record
+    from libs.common.kinds import DType
+    from libs.profiles.schema import GATE, SERVING_WINDOW, Calibration, StageCalibration
+    from services.evidence_registry.domain import LayerRange
+
+    def calibration(purpose: str, measured_s: int, record_id: str) -> Record:
+        stage_ = StageCalibration(0, "beta", 0, 2, 0.004, Figure.of([0.006, 0.007], "s"))
+        c = Calibration("sha256:s|beta:numpy[0:2]", "sha256:p", ("new",), (stage_,), 0.004,
+                        Figure.of([0.006, 0.007], "s"), 0.25, 2, purpose=purpose, measured_unix_ns=measured_s * NS)
+        on = MeasuredOn("AMD EPYC", "numpy 2.4", SNAP, "fornax profile", measured_s * NS, 3600, LayerRange(0, 2),
+                        DType.FP32, "4 prompts")
+        content, blob = calibration_record(Verdict(c, ()), on)
+        return as_record(content, blob, record_id)
+
+    window, gate = calibration(SERVING_WINDOW, 1000, "window"), calibration(GATE, 2000, "gate")
+    assert dict(window.content.labels)["purpose"] == SERVING_WINDOW
+    assert dict(window.content.labels)["passed"] == "false"  # a window is never a passing gate
+    assert window.content.subject.startswith("serving-window:")
+    assert {r.record_id for r in newest_per_subject([window, gate])} == {"window", "gate"}
+    later_gate = calibration(GATE, 3000, "later-gate")
+    assert {r.record_id for r in newest_per_subject([window, gate, later_gate])} == {"window", "later-gate"}

@@ -174,7 +174,8 @@ def test_records_follow_the_shared_schema_labels():
                     LayerRange(0, 4), DType.FP32, "prompts 2-8 tokens, 4 decode rows per microbatch")
     content, blob = calibration_record(verdict, on)
     assert (content.type, content.evidence_class) == (RecordType.CALIBRATION, EvidenceClass.PHYSICAL)
-    assert dict(content.labels) == {"route_key": verdict.calibration.route_key, "passed": "true"}
+    assert dict(content.labels) == {"route_key": verdict.calibration.route_key, "passed": "true",
+                                   "purpose": "gate"}
     assert content.subject == f"calibration:{verdict.calibration.route_key}"
     assert calibration_from_json(blob) == verdict.calibration
     assert content.provenance.layer_range == LayerRange(0, 4) and content.provenance.dtype is DType.FP32
