@@ -125,6 +125,8 @@ def _fail(message: str) -> int:
 def cmd_host_add(args: argparse.Namespace) -> int:
     from apps.fleet.host_join import hosts_lock
 
+    if args.clock_tolerance_s is not None and not args.clock_tolerance_s >= 0:
+        return _fail(f"--clock-tolerance-s must be 0 or more seconds, got {args.clock_tolerance_s}")
     state_dir = Path(args.state_dir).resolve()
     with hosts_lock(state_dir):  # a second `host add` waits here
         return _host_add(args, state_dir)

@@ -98,3 +98,10 @@ def test_host_add_passes_a_worker_on_time_and_refuses_one_whose_profile_fails(tm
     rc, stopped = _joined(tmp_path, monkeypatch, S, profile=True)
     assert rc == 1 and stopped == ["stage_worker_4"]
     assert "JOIN_PROFILE_FAILED" in capsys.readouterr().err
+
+
+def test_a_negative_clock_tolerance_is_refused_before_anything_starts(tmp_path, capsys):
+    args = argparse.Namespace(name="epsilon", clock_tolerance_s=-1.0, state_dir=str(tmp_path))
+    assert host_cli.cmd_host_add(args) == 1
+    assert "--clock-tolerance-s must be 0 or more" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # not even the hosts lock
