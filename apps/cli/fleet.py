@@ -25,7 +25,7 @@ from apps.fleet.netns import IsolationFailed, IsolationUnavailable, read_record,
 from apps.fleet.route_status import route_report
 from apps.fleet.route_wait import RouteFailed, wait_for_route
 from apps.fleet.spec import FleetFileError, FleetSpec, load_fleet_spec
-from apps.fleet.supervisor import FleetSupervisor
+from apps.fleet.supervisor import KEPT_KINDS, FleetSupervisor, crashed
 from libs.common.kinds import Backend, DType
 from libs.security.cli_credentials import operator_credentials
 from libs.service.channels import ChannelConfig
@@ -341,7 +341,8 @@ def _stay_attached(state_dir: str, launcher) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    print("fleet running in the foreground (stage workers are restarted if they die); Ctrl-C stops it",
+    print("fleet running in the foreground (stage workers and the orchestrator are restarted if they die); "
+          "Ctrl-C stops it",
           file=sys.stderr)
     def record_pids() -> None:
         state = read_fleet(state_dir)
@@ -351,12 +352,11 @@ def _stay_attached(state_dir: str, launcher) -> int:
                              key=lambda e: order.index(e.name))
             write_fleet(state_dir, dataclasses.replace(state, services=tuple(entries)))
 
-    supervisor = FleetSupervisor(launcher, on_restart=record_pids,
+    supervisor = FleetSupervisor(launcher, KEPT_KINDS, on_restart=record_pids,
                                  keep_down=partial(retired_services, Path(state_dir))).start()
     exited = None
     while not stop.wait(0.5):
-        exited = next((s for s in launcher.started
-                       if s.spec.kind != "stage_worker" and s.process.poll() is not None), None)
+        exited = next((s for s in launcher.started if fleet_stops_for(s.spec.kind, s.process.poll())), None)
         if exited:
             print(f"fornax: {exited.spec.name} exited with {exited.process.returncode}; stopping", file=sys.stderr)
             break
@@ -366,6 +366,14 @@ def _stay_attached(state_dir: str, launcher) -> int:
     fleet_path(state_dir).unlink(missing_ok=True)
     print("fleet stopped" + (f"; left behind: {', '.join(left)}" if left else ""), file=sys.stderr)
     return 1 if exited else 0
+
+
+def fleet_stops_for(kind: str, returncode: int | None) -> bool:
+    """A service that exited stops the fleet, unless the supervisor starts it again: a stage
+    worker whatever its exit (a retired one stays down), an orchestrator that crashed."""
+    if returncode is None or kind == "stage_worker":
+        return False
+    return kind not in KEPT_KINDS or not crashed(returncode)
 
 
 def render_table(state: FleetState, health: dict[str, str]) -> str:

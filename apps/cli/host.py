@@ -1,6 +1,8 @@
 """`fornax host drain NAME`: one host leaves the running fleet while it serves.
 `fornax host add NAME --fleet FILE --checkpoint DIR`: a host of the file joins it (idle), and the
-layout the join proposes is shown as a diff against the serving routes (apps/fleet/host_join.py).
+layout the join proposes is shown as a diff against the serving routes (apps/fleet/host_join.py);
+a joined worker whose clock is skewed, or (with --profile) whose profile fails, is refused and
+stopped (apps/fleet/join_checks.py).
 
 The orchestrator takes the host's routes out (`DrainHost`: they finish or hand their greedy
 streams to the routes that stay, and are unloaded); then the host's stage worker is marked
@@ -22,6 +24,7 @@ from fornax.orchestrator.v1 import orchestrator_pb2 as pb
 from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 from libs.security.cli_credentials import operator_credentials
 from libs.service.channels import ChannelConfig, open_channel
+from libs.service.errors import FailedPrecondition
 from libs.service.fleet_state import fleet_path, read_fleet
 from libs.service.interceptors import reason_of
 
@@ -54,6 +57,12 @@ def register(commands, benches) -> None:
     add.add_argument("--apply", action="store_true",
                      help="install the proposal's added routes (only a proposal that removes no serving route)")
     add.add_argument("--startup-timeout-s", type=float, default=120.0)
+    add.add_argument("--clock-tolerance-s", type=float, default=None,
+                     help="refuse the host when its clock is further than this from this machine's "
+                          "(default: the certificates' backdating, 300)")
+    add.add_argument("--profile", action="store_true",
+                     help="profile the joined worker's stage before it may take a route; a failed profile "
+                          "refuses the join (the fleet must serve mTLS: profiles are signed)")
     add.set_defaults(func=cmd_host_add)
 
 
@@ -116,6 +125,8 @@ def _fail(message: str) -> int:
 def cmd_host_add(args: argparse.Namespace) -> int:
     from apps.fleet.host_join import hosts_lock
 
+    if args.clock_tolerance_s is not None and not args.clock_tolerance_s >= 0:
+        return _fail(f"--clock-tolerance-s must be 0 or more seconds, got {args.clock_tolerance_s}")
     state_dir = Path(args.state_dir).resolve()
     with hosts_lock(state_dir):  # a second `host add` waits here
         return _host_add(args, state_dir)
@@ -145,10 +156,13 @@ def _host_add(args: argparse.Namespace, state_dir: Path) -> int:
     entry = _bring_up(args, state_dir, spec, state, index)
     if entry is None:
         return 1
+    refused = _check_joined(args, state_dir, spec, entry, channel)
+    if refused is not None:
+        return refused
     print(f"host {args.name} joined: {entry.name} at {entry.grpc} SERVING (certificate of the fleet CA)")
     print(f"proposed layout: {layout.description}{' beside the serving routes' if args.keep_serving else ''}, "
           f"predicted {layout.predicted_tok_s:.1f} decode tok/s (prediction from the file's declared figures; "
-          "no profile was run)")
+          + ("the profile above was not planned on)" if args.profile else "no profile was run)"))
     print("\n".join(diff.lines()))
     if not args.apply or not added:
         print("not applied: the new worker serves no route" + ("" if args.apply else
@@ -200,6 +214,63 @@ def _bring_up(args: argparse.Namespace, state_dir: Path, spec, state, index: int
               "(`fornax down` removes what was built)")
         return None
     return entry
+
+
+def _check_joined(args: argparse.Namespace, state_dir: Path, spec, entry, channel: ChannelConfig) -> int | None:
+    """The joined worker's clock, then (--profile) its profile; a refusal stops it (1), None passes."""
+    from apps.fleet.join_checks import DEFAULT_CLOCK_TOLERANCE_S, check_clock, profile_refusal, read_clock
+    from libs.service.errors import FornaxError
+
+    tolerance_s = DEFAULT_CLOCK_TOLERANCE_S if args.clock_tolerance_s is None else args.clock_tolerance_s
+    try:
+        try:
+            worker_ns, reading = read_clock(entry.grpc, channel)
+        except grpc.RpcError as exc:
+            return _refuse(args, state_dir, entry, f"its clock could not be read ({exc.code().name})")
+        check_clock(args.name, worker_ns, reading, tolerance_s)
+        print(f"clock of {args.name}: {reading.offset_ns / 1e9:+.3f} s from this machine's "
+              f"(+/- {reading.uncertainty_ns / 1e9:.3f} s; tolerance {tolerance_s:g} s)")
+        if args.profile:
+            try:
+                print(_profile_joined(args, state_dir, spec, entry))
+            except Exception as exc:  # noqa: BLE001 - any failure of the profile refuses the join
+                raise profile_refusal(args.name, exc) from exc
+    except FornaxError as exc:
+        return _refuse(args, state_dir, entry, f"{exc.reason}: {exc.message}")
+    return None
+
+
+def _refuse(args: argparse.Namespace, state_dir: Path, entry, why: str) -> int:
+    from apps.fleet.host_leave import stop_retired_worker
+
+    state = read_fleet(state_dir)
+    if state is not None:
+        stop_retired_worker(state_dir, state, entry, 10.0)
+    return _fail(f"host {args.name} was refused: {why}; its worker {entry.name} was stopped, "
+                 "the serving routes are unchanged")
+
+
+def _profile_joined(args: argparse.Namespace, state_dir: Path, spec, entry) -> str:
+    """Profiles the joined worker's stage and stores it; one line saying what was stored."""
+    import asyncio
+
+    from apps.fleet.profiling import ProfileRequest, Worker, profile_fleet
+    from libs.profiles.measure import Grid
+    from libs.weights.policy import DEFAULT_POLICY
+
+    credentials = operator_credentials(state_dir)
+    state = read_fleet(state_dir)
+    if credentials is None or state is None:
+        raise FailedPrecondition("profiles are physical evidence and must be signed: the fleet must serve mTLS",
+                                 reason="NO_SIGNING_IDENTITY")
+    host = next(h for h in spec.hosts if h.name == args.name)
+    worker = Worker(args.name, entry.grpc, host.weights or args.weights or DEFAULT_POLICY)
+    request = ProfileRequest(str(Path(args.checkpoint).resolve()), Grid(), "fornax host add --profile")
+    result = asyncio.run(profile_fleet([worker], state.entry("artifact_builder").grpc,
+                                       state.entry("evidence_registry").grpc, request,
+                                       ChannelConfig(credentials=credentials),
+                                       lambda line: print(line, file=sys.stderr)))
+    return f"profile of {args.name} stored: record {result.stages[0].record.record_id} (physical, this host)"
 
 
 def _serving_routes(orchestrator: str, channel: ChannelConfig, names: dict[str, str]) -> list[tuple[str, ...]]:

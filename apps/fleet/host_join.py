@@ -3,8 +3,9 @@
 Two adds serialize on an `fcntl` lock of `<state>/hosts.lock`. The host must be a stage host of
 the file that the running fleet does not hold (else refused with a reason, nothing started).
 The layout the join proposes is planned first, from the file's declared figures (a prediction
-of the cost model; no profile is run), and shown as a diff against the serving routes; a layout
-that does not fit refuses the join before anything starts. The host is then built like `fornax
+of the cost model; `--profile` profiles the host once it runs: apps/fleet/join_checks.py), and
+shown as a diff against the serving routes; a layout that does not fit refuses the join before
+anything starts. The host is then built like `fornax
 up` builds one (its namespace on the fleet's bridge, its cgroups, its link shaping; recorded in
 `<state>/netns.json` first, so `fornax down` removes it) and its stage worker started in it with
 a certificate of the fleet CA (node admission as for every worker: a certificate the fleet CA did

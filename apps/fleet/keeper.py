@@ -57,7 +57,7 @@ def start_keeper(state_dir: str | Path, argv: list[str]) -> int:
         if exited is not None:
             return exited or 1  # a keeper only exits once its fleet is gone
         if ready:
-            print(f"fleet kept by pid {process.pid} (stage workers are restarted if they die); "
+            print(f"fleet kept by pid {process.pid} (stage workers and the orchestrator are restarted if they die); "
                   f"`fornax down` stops it; keeper log: {state / _ERR}", file=sys.stderr)
             return 0
         time.sleep(0.1)

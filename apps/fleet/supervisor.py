@@ -1,8 +1,11 @@
-"""Restarts a local fleet's stage workers when they die, on the same ports.
+"""Restarts a local fleet's stage workers (and, kept by `fornax up`, its orchestrator) when
+they die, on the same ports.
 
 The orchestrator notices the restarted worker (reachable, no stage loaded), reloads the
 stored plan on every stage as a new generation and replays the requests the failure hit.
-Same ports, so the orchestrator's configured addresses stay valid.
+Same ports, so the orchestrator's configured addresses stay valid. A restarted orchestrator
+serves the replica routes its state directory committed last (services/orchestrator/resume_setup.py),
+on the same gRPC, metrics and HTTP ports, so `fleet.json` and the API address stay valid.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from apps.fleet.launcher import Launcher, LaunchError, Started
 
 _log = structlog.get_logger()
 PORT_ENV = {"grpc": "FORNAX_GRPC_PORT", "metrics": "FORNAX_METRICS_PORT",
-            "data_plane": "FORNAX_DATA_PLANE_PORT"}
+            "data_plane": "FORNAX_DATA_PLANE_PORT", "http": "FORNAX_HTTP_PORT"}
+# What `fornax up` keeps: a crashed stage worker or orchestrator is started again.
+KEPT_KINDS = frozenset({"stage_worker", "orchestrator"})
 
 
 class FleetSupervisor:
@@ -51,7 +56,7 @@ class FleetSupervisor:
                         and started.spec.name in self._keep_down():
                     self._launcher.started.remove(started)
                     _log.info("worker_retired", service=started.spec.name, exit_code=started.process.returncode)
-                elif started.spec.kind in self._kinds and _crashed(started.process.poll()):
+                elif started.spec.kind in self._kinds and crashed(started.process.poll()):
                     try:
                         self._restart(started)
                     except OSError as exc:  # could not even spawn: keep supervising the rest
@@ -75,7 +80,7 @@ class FleetSupervisor:
             self._on_restart()  # e.g. record the new pid where `fornax down` finds it
 
 
-def _crashed(returncode: int | None) -> bool:
+def crashed(returncode: int | None) -> bool:
     """Died, as opposed to running or stopped on purpose (`fornax down` sends SIGTERM, and a
     worker that drains and exits 0 is not to be brought back)."""
     return returncode is not None and returncode not in (0, -signal.SIGTERM, -signal.SIGINT)

@@ -35,9 +35,10 @@ from services.orchestrator.engine.multiroute import MultiRouteEngine
 from services.orchestrator.engine.route_slot import RouteSlot
 from services.orchestrator.engine.serving import ServingEngine, build_engine, terminal_error
 from services.orchestrator.replan_setup import pool_watcher
+from services.orchestrator.resume_setup import resume_at_startup, resumed_installer
 from services.orchestrator.route.added_routes import add_routes
 from services.orchestrator.route.coldstart import BackendBoard, serve_then_upgrade
-from services.orchestrator.route.host_drain import RouteSetStore, drain_host
+from services.orchestrator.route.host_drain import drain_host
 from services.orchestrator.route.lifecycle import (
     InstalledRoute,
     Installer,
@@ -47,6 +48,7 @@ from services.orchestrator.route.lifecycle import (
 )
 from services.orchestrator.route.queued_tokens import publish_queued_tokens
 from services.orchestrator.route.rejoin_watch import RejoinWatcher
+from services.orchestrator.route.route_set_store import RouteSetJournal, journaled
 
 if TYPE_CHECKING:
     from services.orchestrator.route.install import WeightsChoice
@@ -56,11 +58,12 @@ _log = structlog.get_logger()
 
 class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
     def __init__(self, cfg: OrchestratorConfig, route: RouteSlot, manager: RouteManager,
-                 store: RouteSetStore | None = None):
+                 journal: RouteSetJournal | None = None):
         self._cfg = cfg
         self._route = route
         self._manager = manager
-        self._store_route_set = store or route_set_store(cfg)
+        # Marks each change of the serving set in flight, and commits the set it leaves.
+        self._journal = journal or RouteSetJournal(cfg.route.state_dir, cfg.route.stage_workers)
 
     def _engine(self) -> ServingEngine | MultiRouteEngine:
         if self._route.engine is None:
@@ -107,41 +110,22 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
             raise InvalidArgument("name the leaving host's stage worker", reason="MISSING_WORKER",
                                   field="worker_address")
         timeout_s = request.timeout_ns / 1e9 if request.timeout_ns else self._cfg.route.drain_timeout_s
-        outcome = await self._manager.change_routes("drain a host", partial(
-            drain_host, worker=request.worker_address, timeout_s=timeout_s, store=self._store_route_set))
+        outcome = await self._manager.change_routes("drain a host", journaled(self._journal, "drain a host", partial(
+            drain_host, worker=request.worker_address, timeout_s=timeout_s, store=self._journal)))
         return convert.host_drain_to_pb(outcome, self._manager.status())
 
     async def AddRoutes(self, request, context) -> pb.AddRoutesResponse:
         if not (self._cfg.route.planner_addr and self._cfg.route.artifact_builder_addr):
             raise FailedPrecondition("no planner or artifact builder configured", reason="NO_FLEET")
         added = [tuple(route.worker_addresses) for route in request.routes]
-        await self._manager.change_routes("add routes", partial(
-            add_routes, added=added, member=self._member_installer))
+        await self._manager.change_routes("add routes", journaled(self._journal, "add routes", partial(
+            add_routes, added=added, member=self._member_installer, store=self._journal)))
         return pb.AddRoutesResponse(status=convert.status_to_pb(self._manager.status()))
 
     def _member_installer(self, workers: tuple[str, ...]) -> Installer:
         """A replica route on workers that joined: one boundary dtype on every hop, the fleet's weights."""
         hops = self._cfg.route.hop_boundary_dtypes[:1] * (len(workers) - 1)
         return fleet_route_installer(self._cfg, workers, hops, weights_choice(self._cfg, ()))
-
-
-def route_set_store(cfg: OrchestratorConfig) -> RouteSetStore:
-    """Stores the routes a host drain or the rejoin timeout leaves in the orchestrator's state
-    directory, with every worker this orchestrator drained and every one it gave up on."""
-    from services.orchestrator.route.host_change import RemovalReason, RemovedRoute
-    from services.orchestrator.route.route_set_store import stored_route_set, write_route_set
-
-    left: dict[RemovalReason, list[str]] = {reason: [] for reason in RemovalReason}
-
-    def store(remaining: tuple[tuple[str, ...], ...], removed: tuple[RemovedRoute, ...]) -> str:
-        for route in removed:
-            if route.host not in left[route.reason]:
-                left[route.reason].append(route.host)
-        return str(write_route_set(cfg.route.state_dir, stored_route_set(
-            cfg.route.stage_workers, remaining, left[RemovalReason.HOST_DRAINED],
-            left[RemovalReason.REJOIN_TIMEOUT])))
-
-    return store
 
 
 def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
@@ -170,12 +154,15 @@ def inprocess_installer(cfg: OrchestratorConfig) -> Installer:
     return installer
 
 
-def choose_installer(cfg: OrchestratorConfig) -> Installer:
+def choose_installer(cfg: OrchestratorConfig, resumed: tuple[tuple[str, ...], ...] = ()) -> Installer:
+    """`resumed`: the stored routes an orchestrator that restarted serves (resume_setup.py)."""
     if cfg.inprocess.checkpoint:
         return inprocess_installer(cfg)
     planner, builder = cfg.route.planner_addr, cfg.route.artifact_builder_addr
     if cfg.route.stage_workers and planner and builder:
         on = partial(fleet_route_installer, cfg)
+        if resumed:
+            return resumed_installer(cfg, resumed, on)
         if cfg.route.route_groups:
             return _replica_installer(cfg, on)
         if cfg.route.reference_stage_workers:
@@ -243,12 +230,12 @@ def drift_policy(cfg: OrchestratorConfig) -> DriftPolicy:
     return cfg.drift.policy()
 
 
-def choose_preparer(cfg: OrchestratorConfig) -> Preparer | None:
+def choose_preparer(cfg: OrchestratorConfig, resumed: bool = False) -> Preparer | None:
     """Fleet installs plan and build while the current route still serves."""
     planner, builder = cfg.route.planner_addr, cfg.route.artifact_builder_addr
     if cfg.inprocess.checkpoint or not (cfg.route.stage_workers and planner and builder):
         return None
-    if cfg.route.route_groups:  # each replica route plans on its own workers as it installs
+    if cfg.route.route_groups or resumed:  # each replica route plans on its own workers as it installs
         return None
     from services.orchestrator.route.fleet_route import fleet_preparer
     from services.orchestrator.route.install import Fleet
@@ -282,7 +269,7 @@ async def _install_at_startup(manager: RouteManager, request: InstallRequest, bo
         _log.exception("route_install_failed", error=f"{type(exc).__name__}: {exc}")
 
 
-def _start_scale_out(cfg: OrchestratorConfig, manager: RouteManager, store: RouteSetStore) -> Callable[[], None]:
+def _start_scale_out(cfg: OrchestratorConfig, manager: RouteManager, store: RouteSetJournal) -> Callable[[], None]:
     """Exports each route's queued tokens, with --replan-on-change watches the pools, and with
     --rejoin-timeout-s removes a replica route whose host stays gone; returns what stops them."""
     stop_metric = publish_queued_tokens(lambda: manager.current)
@@ -302,10 +289,10 @@ def _start_scale_out(cfg: OrchestratorConfig, manager: RouteManager, store: Rout
 
 async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
     route = RouteSlot()
-    manager = RouteManager(route, choose_installer(cfg), cfg.route.drain_timeout_s,
-                           choose_preparer(cfg))
-    store = route_set_store(cfg)
-    stop_scale_out = _start_scale_out(cfg, manager, store)
+    resume, journal = resume_at_startup(cfg)  # an orchestrator that restarts serves the set it stored
+    manager = RouteManager(route, choose_installer(cfg, resume.routes), cfg.route.drain_timeout_s,
+                           choose_preparer(cfg, bool(resume.routes)), resume.removed)
+    stop_scale_out = _start_scale_out(cfg, manager, journal)
     startup: asyncio.Task | None = None
     board = BackendBoard(cfg.inprocess.backend if cfg.inprocess.checkpoint else cfg.route.backend)
     if cfg.inprocess.checkpoint:
@@ -314,9 +301,9 @@ async def make_spec(cfg: OrchestratorConfig) -> ServiceSpec:
     elif cfg.route.checkpoint:
         # Planning, building and loading take a while: serve (not ready) meanwhile.
         startup = asyncio.get_running_loop().create_task(_install_at_startup(
-            manager, InstallRequest(cfg.route.checkpoint, len(cfg.route.stage_workers), cfg.route.backend,
-                                    cfg.route.boundary_dtype), board, cfg))
-    servicer = OrchestratorServicer(cfg, route, manager, store)
+            manager, InstallRequest(cfg.route.checkpoint, sum(map(len, resume.routes)) or len(cfg.route.stage_workers),
+                                    cfg.route.backend, cfg.route.boundary_dtype), board, cfg))
+    servicer = OrchestratorServicer(cfg, route, manager, journal)
     http_tls = choose_http_tls(cfg.server.host, cfg.http.tls, cfg.server.tls, cfg.http.insecure)
     if http_tls is None and not is_loopback(cfg.server.host):
         _log.warning("http_plaintext_beyond_loopback", host=cfg.server.host)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -150,6 +151,7 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
                                          snapshot.kv_blocks)
             reply = convert.health_to_pb(snapshot)
         reply.loaded_plan_generation_ids.extend(self._generations.loaded)
+        reply.unix_time_ns = time.time_ns()  # as late as may be: the reader brackets it with its own clock
         return reply
 
     async def AdmitSequence(self, request, context) -> pb.AdmitSequenceResponse:

@@ -4,9 +4,10 @@ that serve no route (a host that joined), make before break.
 Run under the lifecycle lock (`RouteManager.change_routes`). Each added route is installed
 (planned, built, loaded, warmed) while the serving routes keep serving, untouched; only then is
 the set published with the added routes in it, so a request goes to a route that is ready or is
-not placed at all. A route that fails to install unloads every added route already loaded and
-the serving set is kept. Refused before anything loads: no route, a worker named twice
-(ROUTE_WORKERS_INVALID), a worker that serves a route already (WORKER_SERVES_A_ROUTE).
+not placed at all, and stored (`store`: its commit, route/route_set_store.py). A route that
+fails to install unloads every added route already loaded and the serving set is kept. Refused
+before anything loads: no route, a worker named twice (ROUTE_WORKERS_INVALID), a worker that
+serves a route already (WORKER_SERVES_A_ROUTE).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import structlog
 from libs.service.errors import FailedPrecondition, InvalidArgument
 from services.orchestrator.engine.multiroute import MultiRouteEngine
 from services.orchestrator.route.host_change import Route, route_name
-from services.orchestrator.route.host_drain import route_of
+from services.orchestrator.route.host_drain import RouteSetStore, route_of
 from services.orchestrator.route.lifecycle import InstalledRoute, Installer
 from services.orchestrator.route.replica_routes import discard_route, route_set
 
@@ -40,7 +41,8 @@ def check_added(serving: Sequence[Route], added: Sequence[Route]) -> None:
 
 
 async def add_routes(current: InstalledRoute, publish: Callable[[InstalledRoute], None], *,
-                     added: Sequence[Route], member: Callable[[Route], Installer]) -> tuple[Route, ...]:
+                     added: Sequence[Route], member: Callable[[Route], Installer],
+                     store: RouteSetStore | None = None) -> tuple[Route, ...]:
     members = current.members or (current,)
     check_added([route_of(m) for m in members], added)
     installed: list[InstalledRoute] = []
@@ -55,5 +57,6 @@ async def add_routes(current: InstalledRoute, publish: Callable[[InstalledRoute]
     if isinstance(current.engine, MultiRouteEngine):
         current.engine.detach()  # the set with the added routes hands streams from now on
     publish(route_set(replace(current.request, stages=sum(len(r.stages) for r in every)), every))
-    _log.info("routes_added", added=[route_name(r) for r in added], routes=len(every))
+    stored = store(tuple(route_of(m) for m in every), ()) if store is not None else ""
+    _log.info("routes_added", added=[route_name(r) for r in added], routes=len(every), stored=stored)
     return tuple(added)

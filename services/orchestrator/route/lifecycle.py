@@ -135,7 +135,8 @@ Preparer = Callable[[InstallRequest], Awaitable[InstallRequest]]
 
 class RouteManager:
     def __init__(self, slot: RouteSlot, installer: Installer, drain_timeout_s: float = 60.0,
-                 prepare: Preparer | None = None):
+                 prepare: Preparer | None = None, removed: Sequence[RemovedRoute] = ()):
+        """`removed`: routes taken out before this process started (route/resume.py), for the status."""
         self._slot = slot
         self._installer = installer
         self._prepare = prepare
@@ -145,7 +146,7 @@ class RouteManager:
         self._current: InstalledRoute | None = None
         self._previous: InstallRequest | None = None
         self._failure = ""
-        self._removed: tuple[RemovedRoute, ...] = ()
+        self._removed: tuple[RemovedRoute, ...] = tuple(removed)[-REMOVED_ROUTES_KEPT:]
 
     @property
     def current(self) -> InstalledRoute | None:

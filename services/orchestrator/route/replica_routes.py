@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 import structlog
 
@@ -23,6 +24,8 @@ from services.orchestrator.route.lifecycle import InstalledRoute, Installer, Ins
 _log = structlog.get_logger()
 # Plan identities of a set join its routes' identities, route order, with this separator.
 JOIN = ","
+# A route's workers as the caller names them: indices into the configured workers, or addresses.
+_Group = TypeVar("_Group", tuple[int, ...], tuple[str, ...])
 
 
 def check_route_groups(groups: Sequence[tuple[int, ...]], workers: int) -> None:
@@ -37,8 +40,7 @@ def check_route_groups(groups: Sequence[tuple[int, ...]], workers: int) -> None:
             reason="ROUTE_GROUPS_INVALID", field="FORNAX_ROUTE_GROUPS")
 
 
-def replica_installer(groups: Sequence[tuple[int, ...]],
-                      member: Callable[[tuple[int, ...]], Installer]) -> Installer:
+def replica_installer(groups: Sequence[_Group], member: Callable[[_Group], Installer]) -> Installer:
     """Installs one route per group (`member(group)` installs on that group's workers)."""
     installers = [member(group) for group in groups]
 

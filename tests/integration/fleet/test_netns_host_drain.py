@@ -2,7 +2,10 @@
 concurrent greedy streams: the route that holds delta stops taking requests, hands the streams
 still running to the other route (prompt plus emitted tokens), and is unloaded; delta's worker
 is stopped and not restarted. No client sees an error, every stream's text equals an
-uninterrupted run's, and the route left serves new requests.
+uninterrupted run's, and the route left serves new requests. Then the orchestrator is killed
+(SIGKILL): the fleet's keeper starts it again on its ports, and it serves the route set it
+committed (`route_set.json`), not its configured two routes: `fornax status` lists the drained
+route as removed and the same streams come out unchanged.
 
 Needs root and namespaces (CI is root); skipped elsewhere. numpy on every host, tiny checkpoint.
 """
@@ -10,6 +13,8 @@ Needs root and namespaces (CI is root); skipped elsewhere. numpy on every host, 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -61,6 +66,29 @@ async def _streams(state, during=None) -> list[tuple[str, str | None, float]]:
     return outcomes
 
 
+def _orchestrator_restarts_on_the_stored_set(tmp_path, drained_worker: str, expected: list[str]) -> None:
+    state_dir = tmp_path / ".fornax"
+    killed = read_fleet(state_dir).entry("orchestrator")
+    os.kill(killed.pid, signal.SIGKILL)
+    began, status = time.monotonic(), None
+    while time.monotonic() - began < 240:  # the keeper restarts it; it plans, builds and loads again
+        time.sleep(2.0)
+        now = read_fleet(state_dir)
+        if now is not None and now.entry("orchestrator").pid != killed.pid:
+            status = fornax("status", cwd=tmp_path, timeout=60)
+            if "route: SERVING" in status.stdout:
+                break
+    assert status is not None and "route: SERVING" in status.stdout, status.stdout if status else "never restarted"
+    print(f"orchestrator restarted and serving in {time.monotonic() - began:.1f} s (physical, this host)")
+    serving_lines = [line for line in status.stdout.splitlines() if not line.startswith("removed route: ")]
+    assert not [line for line in serving_lines if drained_worker in line], status.stdout
+    assert f"removed route: HOST_DRAINED host {drained_worker}: " in status.stdout, status.stdout
+    restarted = read_fleet(state_dir)
+    events = log_events(restarted.entry("orchestrator").log)
+    assert [e for e in events if e.get("event") == "route_set_resumed"], events[-20:]
+    assert [got for got, _, _ in asyncio.run(_streams(restarted))] == expected
+
+
 def test_a_host_drains_away_under_greedy_streams_and_nothing_is_lost(tmp_path, checkpoint):
     up = fornax("up", "--fleet", str(REPO / "fleets" / "four-hosts.yaml"), "--checkpoint", str(checkpoint),
                  "--routes", "2", cwd=tmp_path)
@@ -99,6 +127,7 @@ def test_a_host_drains_away_under_greedy_streams_and_nothing_is_lost(tmp_path, c
         assert f"removed route: HOST_DRAINED host {leaving.grpc}: " in status.stdout, status.stdout
         late = asyncio.run(_streams(after))
         assert [got for got, _, _ in late] == [expected for expected, _, _ in reference]
+        _orchestrator_restarts_on_the_stored_set(tmp_path, leaving.grpc, [expected for expected, _, _ in reference])
         print(report + f"client largest gap {max(g for _, _, g in outcomes):.3f} s (physical, this host: "
               "four half-core netns hosts)")
     finally:

@@ -3,7 +3,9 @@ four-host netns fleet that serves two replica routes, under concurrent greedy st
 host is built, its worker starts with a fleet-CA certificate, the proposal (`+ epsilon` beside the
 serving routes) is printed as a diff and applied make-before-break (the new route is installed
 and warmed before it takes a request), and no stream is disturbed (identical text, no client
-error); new requests then spread over three routes. `fornax down` removes the fifth host too.
+error); new requests then spread over three routes, and the set of three is committed to the
+orchestrator's `route_set.json` (what it serves if it restarts). The joined host's clock was
+checked (one box: no skew). `fornax down` removes the fifth host too.
 
 Needs root and namespaces (CI is root); skipped elsewhere. numpy on every host, tiny checkpoint.
 """
@@ -15,6 +17,7 @@ import time
 
 from apps.fleet.netns import leftovers, read_record
 from libs.service.fleet_state import read_fleet
+from services.orchestrator.route.route_set_store import read_route_set
 from tests.integration.fleet.netns_routes import NETNS_ONLY, REPO, fornax
 from tests.integration.fleet.test_netns_host_drain import _streams
 
@@ -42,8 +45,12 @@ def test_a_fifth_host_joins_under_greedy_streams_and_nothing_is_lost(tmp_path, c
         report = joined[0].stdout
         assert "host epsilon joined: stage_worker_4" in report and "proposed layout: " in report, report
         assert "+ epsilon" in report.splitlines() and "applied: 1 route(s) added" in report, report
+        assert "clock of epsilon: " in report, report
         after = read_fleet(tmp_path / ".fornax")
         assert "stage_worker_4" in [s.name for s in after.services]
+        committed = read_route_set(next((tmp_path / ".fornax" / "hosts").glob("*/orchestrator")))
+        assert committed is not None and len(committed.routes) == 3, committed
+        assert (after.entry("stage_worker_4").grpc,) in committed.routes and committed.route_groups[2] == ()
         again = fornax("host", "add", "epsilon", "--fleet", str(REPO / "fleets" / "five-hosts.yaml"),
                         "--checkpoint", str(checkpoint), cwd=tmp_path, timeout=120)
         assert again.returncode == 1 and "HOST_ALREADY_IN_FLEET" in again.stderr, again.stderr

@@ -166,7 +166,7 @@ class GetHealthRequest(_message.Message):
     def __init__(self, plan_generation_id: _Optional[str] = ...) -> None: ...
 
 class GetHealthResponse(_message.Message):
-    __slots__ = ("state", "inflight_batches", "live_sequences", "kv_bytes_used", "kv_bytes_limit", "kv_bytes_high_water", "inflight_batches_high_water", "batches_executed", "failure_reason", "plan", "phase_totals", "service_times", "loaded_plan_generation_ids", "kv_block_tokens", "kv_blocks_total", "kv_blocks_free", "kv_blocks_cached", "prefix_hit_blocks", "prefix_missed_blocks", "kv_evicted_blocks")
+    __slots__ = ("state", "inflight_batches", "live_sequences", "kv_bytes_used", "kv_bytes_limit", "kv_bytes_high_water", "inflight_batches_high_water", "batches_executed", "failure_reason", "plan", "phase_totals", "service_times", "loaded_plan_generation_ids", "kv_block_tokens", "kv_blocks_total", "kv_blocks_free", "kv_blocks_cached", "prefix_hit_blocks", "prefix_missed_blocks", "kv_evicted_blocks", "unix_time_ns")
     STATE_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     LIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +187,7 @@ class GetHealthResponse(_message.Message):
     PREFIX_HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_MISSED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KV_EVICTED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    UNIX_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     state: StageState
     inflight_batches: int
     live_sequences: int
@@ -207,7 +208,8 @@ class GetHealthResponse(_message.Message):
     prefix_hit_blocks: int
     prefix_missed_blocks: int
     kv_evicted_blocks: int
-    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ..., live_sequences: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., kv_bytes_limit: _Optional[int] = ..., kv_bytes_high_water: _Optional[int] = ..., inflight_batches_high_water: _Optional[int] = ..., batches_executed: _Optional[int] = ..., failure_reason: _Optional[str] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., phase_totals: _Optional[_Union[PhaseTotals, _Mapping]] = ..., service_times: _Optional[_Union[ServiceTimes, _Mapping]] = ..., loaded_plan_generation_ids: _Optional[_Iterable[str]] = ..., kv_block_tokens: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., kv_blocks_cached: _Optional[int] = ..., prefix_hit_blocks: _Optional[int] = ..., prefix_missed_blocks: _Optional[int] = ..., kv_evicted_blocks: _Optional[int] = ...) -> None: ...
+    unix_time_ns: int
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ..., live_sequences: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., kv_bytes_limit: _Optional[int] = ..., kv_bytes_high_water: _Optional[int] = ..., inflight_batches_high_water: _Optional[int] = ..., batches_executed: _Optional[int] = ..., failure_reason: _Optional[str] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., phase_totals: _Optional[_Union[PhaseTotals, _Mapping]] = ..., service_times: _Optional[_Union[ServiceTimes, _Mapping]] = ..., loaded_plan_generation_ids: _Optional[_Iterable[str]] = ..., kv_block_tokens: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., kv_blocks_cached: _Optional[int] = ..., prefix_hit_blocks: _Optional[int] = ..., prefix_missed_blocks: _Optional[int] = ..., kv_evicted_blocks: _Optional[int] = ..., unix_time_ns: _Optional[int] = ...) -> None: ...
 
 class ServiceTimes(_message.Message):
     __slots__ = ("decode_service_ns", "decode_microbatches", "decode_rows", "prefill_service_ns", "prefill_tokens", "prefill_batches", "recent_decode_service_ns", "recent_decode_microbatches", "recent_decode_rows", "decode_past_tokens")
