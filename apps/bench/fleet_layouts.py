@@ -78,7 +78,7 @@ def plan(options: LayoutBenchOptions) -> tuple[lc.LayoutPick, lc.LayoutPick, dic
 
     def candidates(concurrency: int):
         result = plan_fleet_routes(options.spec, options.checkpoint, None, None, concurrency)
-        if result.route_choice is None:
+        if not result.feasible or result.route_choice is None:
             raise lc.LayoutPickError(f"no layout fits the fleet: {result.infeasibility}",
                                      result.infeasibility_reason or "ROUTES_INFEASIBLE")
         return result.route_choice
@@ -217,7 +217,7 @@ async def _outcome(session: aiohttp.ClientSession, api: str, ids: tuple[int, ...
                 for choice in event.get("choices", ()):
                     stamps.append(time.perf_counter() - started)
                     finished = finished or bool(choice.get("finish_reason"))
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         error = f"{type(exc).__name__}: {exc}"
     return lc.StreamOutcome(status, finished, tuple(stamps), error)
 
