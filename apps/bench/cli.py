@@ -34,10 +34,17 @@ def _register_serve(benches) -> None:
                             "vs_llama_cpp_c<N> compares this route with a GGUF of the same quantization")
     serve.add_argument("--prompt-tokens", type=int, default=32)
     serve.add_argument("--max-tokens", type=int, default=16)
-    serve.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
+    serve.add_argument("--concurrency", help="comma-separated levels (default 1,8,32; 1,8,32,64 with "
+                                              "--compare-routes)")
     serve.add_argument("--repeats", type=int, default=2, help="interleaved repetitions per level (best kept)")
     serve.add_argument("--fleet", help="measure a netns fleet from this fleet file instead (needs root)")
     serve.add_argument("--json", action="store_true")
+    serve.add_argument("--compare-routes", action="store_true",
+                       help="with --fleet: one route over every stage host vs two equal replica routes, both "
+                            "planned and served in this run (chosen_vs_best_c<N>, planner_picked_faster)")
+    serve.add_argument("--kill-at", type=float, metavar="SECONDS",
+                       help="with --compare-routes: SIGKILL a stage of the first replica route this many seconds "
+                            "into a level-32 window (lost requests, 5xx, largest inter-token gap)")
     serve.add_argument("--mixed", action="store_true",
                        help="ITL p99 of 32 decoding streams while 512-token prompts arrive, "
                             "with and without chunked prefill")
@@ -188,7 +195,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.kv_dtype:
         return _kv_capacity(args)
 
-    levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
+    try:
+        levels = _levels(args)
+    except ValueError as exc:
+        print(f"fornax bench serve: {exc}", file=sys.stderr)
+        return 2
+    if args.compare_routes:
+        return _compare_routes(args, levels)
     if args.fleet:
         return _serve_fleet(args, levels)
     try:
@@ -218,6 +231,51 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2, sort_keys=True))
         return 0
     _print_serve(report, options)
+    return 0
+
+
+def _levels(args: argparse.Namespace) -> tuple[int, ...]:
+    """--concurrency, and the flags --compare-routes needs or allows, checked before anything starts."""
+    if args.compare_routes and not args.fleet:
+        raise ValueError("COMPARE_ROUTES_WITHOUT_FLEET: --compare-routes needs --fleet FILE")
+    if args.kill_at is not None and not args.compare_routes:
+        raise ValueError("KILL_AT_WITHOUT_COMPARE_ROUTES: --kill-at needs --compare-routes (it kills a replica "
+                         "route's stage)")
+    text = args.concurrency or ("1,8,32,64" if args.compare_routes else "1,8,32")
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"BAD_CONCURRENCY: --concurrency takes comma-separated integers, got {text!r}") from None
+
+
+def _compare_routes(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
+    from apps.bench.fleet_layouts import LayoutBenchOptions, check_options, print_report, run_layout_bench
+    from apps.bench.layout_compare import LayoutPickError
+    from apps.fleet.netns import IsolationFailed, IsolationUnavailable
+    from apps.fleet.spec import FleetFileError, load_fleet_spec
+
+    try:
+        spec = load_fleet_spec(args.fleet)
+        options = LayoutBenchOptions(args.fleet, spec, "", args.prompt_tokens, args.max_tokens, levels,
+                                     args.kill_at)
+        try:
+            check_options(options)  # before a checkpoint is generated
+        except ValueError as exc:
+            print(f"fornax bench serve: {exc}", file=sys.stderr)
+            return 2
+        options = replace(options, checkpoint=str(Path(_checkpoint(args.checkpoint, args.preset)).resolve()))
+        report = run_layout_bench(options, "fornax " + " ".join(sys.argv[1:]),
+                                  lambda message: print(f"  {message}", file=sys.stderr))
+    except (FleetFileError, IsolationUnavailable, IsolationFailed) as exc:
+        print(f"fornax: {exc}", file=sys.stderr)
+        return 2
+    except LayoutPickError as exc:
+        print(f"fornax bench serve: {exc.reason}: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print_report(report)
     return 0
 
 

@@ -10,9 +10,13 @@ again on its own hosts when the orchestrator installs it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from apps.fleet.spec import FleetSpec
 from libs.service.errors import FailedPrecondition, InvalidArgument
+
+if TYPE_CHECKING:
+    from services.planner.domain import PlanResult
 
 # The load the layout is chosen for: `fornax plan`'s defaults.
 LAYOUT_CONTEXT_TOKENS = 2048
@@ -37,21 +41,28 @@ def parse_routes(text: str) -> int | None:
                           field="routes")
 
 
-def plan_layout(spec: FleetSpec, checkpoint: str, routes: str, weights: str | None) -> RouteLayout:
+def plan_fleet_routes(spec: FleetSpec, checkpoint: str, count: int | None, weights: str | None,
+                      concurrency: int = LAYOUT_CONCURRENCY) -> PlanResult:
+    """The planner's replica-route result for the file's declared figures at `concurrency`
+    (every layout weighed is in its `route_choice`; predictions, never measurements)."""
     from apps.fleet.plan_inventory import fleet_target, fleet_weights, inventory_from_fleet
     from services.planner.model import describe_checkpoint
     from services.planner.planner import plan_routes
-    from services.planner.replicas import describe_layout
 
-    count = parse_routes(routes)
     built = inventory_from_fleet(spec)
     chosen_weights = fleet_weights(spec, weights)
     model = describe_checkpoint(checkpoint, chosen_weights.policy)
     if chosen_weights.mixed:
         model = replace(model, weights_policy="")
-    target = fleet_target(spec, context_tokens=LAYOUT_CONTEXT_TOKENS, concurrency=LAYOUT_CONCURRENCY,
+    target = fleet_target(spec, context_tokens=LAYOUT_CONTEXT_TOKENS, concurrency=concurrency,
                           stages=None, mode="exploratory")
-    result = plan_routes(model, built.inventory, target, count, None)
+    return plan_routes(model, built.inventory, target, count, None)
+
+
+def plan_layout(spec: FleetSpec, checkpoint: str, routes: str, weights: str | None) -> RouteLayout:
+    from services.planner.replicas import describe_layout
+
+    result = plan_fleet_routes(spec, checkpoint, parse_routes(routes), weights)
     if not result.feasible or not result.routes:
         raise FailedPrecondition(f"no replica-route layout fits the fleet: {result.infeasibility}",
                                  reason=result.infeasibility_reason or "ROUTES_INFEASIBLE")
