@@ -114,6 +114,20 @@ def keep_source(fmt: WeightFormat, name: str, shape: tuple[int, ...], backend: s
     return TensorChoice(converted.fmt, fmt.name, "", "; ".join(filter(None, (conversion, converted.conversion))))
 
 
+ROUTER_SUFFIX = ".mlp.gate.weight"
+
+
+def keep_stored(stored: WeightFormat, name: str, shape: tuple[int, ...], backend: str = "numpy",
+                composed: str = "") -> TensorChoice:
+    """A GGUF tensor's format on a stage of `backend`: norms and the MoE router are read as
+    float32 (every policy keeps them so); any other tensor keeps its stored format wherever the
+    backend runs it (`keep_source`). `composed` says how the tensor was assembled from the file."""
+    if stored.name != "fp32" and (len(shape) == 1 or name.endswith(ROUTER_SUFFIX)):
+        return TensorChoice(weight_format("fp32"), stored.name, "",
+                            f"norms and the router are read as float32: {stored.name} decoded to fp32")
+    return keep_source(stored, name, shape, backend, composed)
+
+
 def for_max(choice: TensorChoice, name: str, shape: tuple[int, ...]) -> TensorChoice:
     """`choice` converted to a format the MAX backend runs for this tensor (see the docstring)."""
     fmt, row = choice.fmt, shape[-1]
