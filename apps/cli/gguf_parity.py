@@ -51,8 +51,7 @@ def run(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="fornax-gguf-parity-") as tmp:
             dirs = {backend: _build(inspection, args.stages, backend, Path(tmp, backend))
                     for backend in dict.fromkeys((args.backend, REFERENCE_BACKEND))}
-            evidence = Evidence("physical", cpu_name(), shlex.join(["fornax", *sys.argv[1:]]),
-                                inspection.snapshot.snapshot_id)
+            evidence = Evidence("physical", cpu_name(), _command(args), inspection.snapshot.snapshot_id)
             report = run_stored_parity(StoredParityRequest(
                 checkpoint=args.checkpoint, backend=args.backend, stage_dirs=dirs[args.backend],
                 reference_dirs=dirs[REFERENCE_BACKEND], conversions=_conversions(dirs[args.backend]),
@@ -67,6 +66,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_stored_report(report))
     return 0 if report.passed else 1
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command that reproduces this run (the options that shape it)."""
+    return shlex.join(["fornax", "parity", "--checkpoint", str(args.checkpoint), "--backend", args.backend,
+                       "--stages", str(args.stages), "--device", args.device,
+                       "--decode-steps", str(args.decode_steps)])
 
 
 def _build(inspection, stages: int, backend: str, out: Path) -> tuple[Path, ...]:
