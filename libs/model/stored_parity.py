@@ -95,7 +95,7 @@ def format_stored_report(report: StoredParityReport) -> str:
         f"parity checkpoint={report.checkpoint} backend={report.backend} ({report.backend_build}) "
         f"stages={len(report.stage_ranges)} weights=as stored",
         f"reference: {report.reference}",
-        f"held converted on the {report.backend} stages: {len(report.conversions)} tensors"
+        f"held converted on the {report.backend} stages ({len(report.conversions)} kinds, each counted):"
         + "".join(f"\n  {c}" for c in report.conversions),
         f"top-1 agreement with the reference: {report.top1_vs_reference:.3f} over {report.positions} "
         "teacher-forced positions",
