@@ -134,12 +134,26 @@ def _is_gguf(path: str) -> bool:
 
 
 def _validate_gguf_up(args: argparse.Namespace) -> str | None:
-    """A GGUF serves in the formats it stores, on numpy stages (MAX graph variants are compiled
-    per weight policy, and a GGUF's per-tensor formats are none of them)."""
+    """A GGUF serves in the formats it stores: on numpy stages, on MAX stages (each tensor in its
+    stored format where MAX runs it in-graph, else converted once at build time and listed), and
+    on a fleet file's hosts, each with its backend. A MAX stage compiles its graph variants from
+    those formats when it loads, so `--backend max` waits for the compiles: serving on numpy
+    meanwhile would switch on a measurement taken on float32 weights, which a GGUF has not."""
     if args.weights not in (None, "fp32"):
         return f"--checkpoint {args.checkpoint!r} is a GGUF: its tensors keep their stored formats; drop --weights"
-    if args.fleet or (args.backend or "numpy") != "numpy":
-        return f"--checkpoint {args.checkpoint!r} is a GGUF: it serves on --backend numpy stages (no --fleet) for now"
+    if args.backend == "max" and args.serve_while_compiling:
+        return (f"--checkpoint {args.checkpoint!r} is a GGUF: on --backend max it serves once its MAX stages have "
+                "compiled (the numpy-to-MAX switch is measured on float32 weights, not on a GGUF's stored "
+                "formats); add --no-serve-while-compiling")
+    return None
+
+
+def _gguf_fleet_refusal(args: argparse.Namespace, spec: FleetSpec) -> str | None:
+    """A fleet file's per-host weight policy cannot apply to a GGUF either."""
+    hosts = [h.name for h in spec.hosts if h.weights not in (None, "fp32")]
+    if hosts:
+        return (f"--checkpoint {args.checkpoint!r} is a GGUF: its tensors keep their stored formats; drop "
+                f"`weights:` from host(s) {', '.join(hosts)} in {args.fleet}")
     return None
 
 
@@ -202,6 +216,9 @@ def _fleet_spec(args: argparse.Namespace) -> FleetSpec | None:
         return None
     try:
         spec = load_fleet_spec(args.fleet, DType(args.boundary_dtype) if args.boundary_dtype else None)
+        gguf_problem = _gguf_fleet_refusal(args, spec) if args.checkpoint and _is_gguf(args.checkpoint) else None
+        if gguf_problem:
+            raise _UpRefused(gguf_problem)
         require_isolation(spec)
     except FleetFileError as exc:
         raise _UpRefused(f"fleet file {args.fleet}: {exc}") from exc

@@ -12,7 +12,8 @@ def register(commands, benches) -> None:  # noqa: ARG001  (no benches here)
     group = commands.add_parser("max", help="Modular MAX backend utilities")
     sub = group.add_subparsers(dest="max_command", metavar="ACTION", required=True)
     warm = sub.add_parser("warmup", help="compile every graph kind a checkpoint needs into the cache")
-    warm.add_argument("--checkpoint", required=True, type=Path, help="dir holding config.json")
+    warm.add_argument("--checkpoint", required=True, type=Path,
+                      help="dir holding config.json, or a .gguf file (its stored formats' graph variants)")
     warm.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     warm.add_argument("--weight-dtype", default="float32", choices=("float32", "bfloat16"))
     warm.add_argument("--weights", default="fp32", choices=("fp32", "bf16", "q8_0", "q4_k_m"),
@@ -27,6 +28,7 @@ def register(commands, benches) -> None:  # noqa: ARG001  (no benches here)
 def _warmup(args: argparse.Namespace) -> int:
     from apps.bench.stage_layers import host_description
     from libs.model.config import load_config
+    from libs.model.graph_variants import checkpoint_graph_variants
     from libs.model.max_kernels import (
         MaxOptions,
         configure_max_process,
@@ -48,7 +50,7 @@ def _warmup(args: argparse.Namespace) -> int:
 
     try:
         seconds = warm_compile_cache(cfg, MaxOptions(device=args.device, weight_dtype=args.weight_dtype),
-                                     on_graph, args.weights)
+                                     on_graph, checkpoint_graph_variants(args.checkpoint, cfg, args.weights))
     finally:
         for bar in bars:
             bar.close()

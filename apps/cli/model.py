@@ -26,8 +26,10 @@ def register(commands, benches) -> None:
     tok.add_argument("--out", type=Path, default=None, help="output dir (default: the committed assets)")
     tok.set_defaults(func=_build_tokenizer)
 
-    parity = commands.add_parser("parity", help="check stage execution against Hugging Face transformers")
-    parity.add_argument("--checkpoint", required=True, type=Path)
+    parity = commands.add_parser("parity", help="check stage execution against Hugging Face transformers (a GGUF: "
+                                                "against numpy stages over the file's own weights)")
+    parity.add_argument("--checkpoint", required=True, type=Path, help="a checkpoint directory or a deepseek2 "
+                        ".gguf file (gated on top-1 agreement >= 0.95 with numpy stages over its stored tensors)")
     parity.add_argument("--stages", type=int, default=1)
     parity.add_argument("--backend", required=True, choices=("numpy", "max"))
     parity.add_argument("--device", default="cpu")
@@ -80,6 +82,12 @@ def _build_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _parity(args: argparse.Namespace) -> int:
+    from libs.model.gguf_source import is_gguf_file
+
+    if is_gguf_file(args.checkpoint):
+        from apps.cli.gguf_parity import run as run_gguf_parity
+
+        return run_gguf_parity(args)
     from libs.model.parity import ParityRequest, format_report, run_parity
 
     request = ParityRequest(

@@ -56,14 +56,15 @@ def lower_priority(cpus: tuple[int, ...], priority: Priority) -> str:
 
 def compile_graph(checkpoint: Path, name: GraphName, cache_dir: Path, device: str,
                   weight_dtype: str, weights_policy: str = "fp32") -> tuple[GraphTarget, float]:
-    """Compile the graph kind `name` in every variant a MAX stage holding `weights_policy`
-    needs (one per distinct set of block formats), recording a marker for each."""
+    """Compile the graph kind `name` in every variant a MAX stage holding `weights_policy` (or,
+    for a GGUF file, the formats it stores) needs (one per distinct set of block formats),
+    recording a marker for each."""
     from libs.model.config import load_config
-    from libs.model.graph_variants import graph_variants
+    from libs.model.graph_variants import checkpoint_graph_variants
     from libs.model.max_kernels import configure_max_process, max_build, stderr_progress
 
     cfg = load_config(checkpoint)
-    variants = graph_variants(cfg, weights_policy) if weights_policy != "fp32" else None
+    variants = checkpoint_graph_variants(checkpoint, cfg, weights_policy)
     dtype = variants.weight_dtype if variants else weight_dtype
     quants = variants.quant.get(name, ((),)) if variants else ((),)
     configure_max_process(os.environ, cache_dir)  # this job is its process's entry point
@@ -81,7 +82,7 @@ def compile_graph(checkpoint: Path, name: GraphName, cache_dir: Path, device: st
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m libs.model.compile_job")
-    parser.add_argument("--checkpoint", required=True, type=Path)
+    parser.add_argument("--checkpoint", required=True, type=Path, help="a checkpoint directory or a .gguf file")
     parser.add_argument("--graph", required=True, choices=[n.value for n in GraphName])
     parser.add_argument("--cache-dir", required=True, type=Path)
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))

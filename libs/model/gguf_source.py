@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -113,6 +114,11 @@ _MERGED_EXPERTS = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "u
 _GLOBAL_NAMES = {"token_embd.weight": EMBED, "output_norm.weight": FINAL_NORM, "output.weight": LM_HEAD}
 _SPLIT_KV_B = ("attn_k_b.weight", "attn_v_b.weight")
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def is_gguf_file(path: str | Path) -> bool:
+    """A checkpoint given as a `.gguf` file (a checkpoint directory is not one)."""
+    return Path(path).suffix == ".gguf" and Path(path).is_file()
 
 
 def require_architecture(metadata: Mapping[str, Any]) -> None:

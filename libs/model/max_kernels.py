@@ -27,6 +27,7 @@ from libs.model.kernels import LayerInputs, LayerOutputs
 from libs.model.mla_forms import AttentionForm, choose_form, keys_per_row, row_keys
 
 if TYPE_CHECKING:
+    from libs.model.graph_variants import GraphVariants
     from libs.model.weights import StageWeights
 
 # The one variable that moves the Fornax MAX compile cache (flags may override it).
@@ -203,16 +204,14 @@ class MaxKernels:
 
 def warm_compile_cache(cfg: DeepseekV2Config, options: MaxOptions,
                        on_graph: Callable[[str, int, int], None] | None = None,
-                       weights_policy: str = "fp32") -> dict[str, float]:
+                       variants: GraphVariants | None = None) -> dict[str, float]:
     """Compile (or fetch from the cache) every graph `cfg` needs, without weights, so a later
-    stage load only pays cache hits: each graph kind, in every variant a MAX stage holding
-    `weights_policy` needs (whose float dtype then follows the policy). Returns wall seconds per
-    graph; `on_graph` hears (graph about to compile, graphs done, graphs in all) before each, and
+    stage load only pays cache hits: each graph kind, in every variant the MAX stages need
+    (`libs.model.graph_variants`: a weight policy's, or a GGUF's stored formats'; None: the one
+    unquantized variant), whose float dtype then follows them. Returns wall seconds per graph;
+    `on_graph` hears (graph about to compile, graphs done, graphs in all) before each, and
     ("", all, all) at the end."""
-    if weights_policy != "fp32":
-        from libs.model.graph_variants import graph_variants
-
-        variants = graph_variants(cfg, weights_policy)
+    if variants is not None:
         options = replace(options, weight_dtype=variants.weight_dtype)
     if options.device not in DEVICES:
         raise BackendUnavailableError(f"max device {options.device!r} not in {DEVICES}")
@@ -224,7 +223,7 @@ def warm_compile_cache(cfg: DeepseekV2Config, options: MaxOptions,
     from libs.model.compile_cache import GraphName
 
     graphs = [(kind, quant) for kind in max_runtime.graph_kinds_for(cfg)
-              for quant in (variants.quant.get(GraphName(kind.value), ((),)) if weights_policy != "fp32" else ((),))]
+              for quant in (variants.quant.get(GraphName(kind.value), ((),)) if variants is not None else ((),))]
     report = on_graph or (lambda kind, done, total: None)
     for done, (kind, quant) in enumerate(graphs):
         report(kind.value, done, len(graphs))

@@ -58,6 +58,9 @@ class ParityRequest:
     # The stages' KV element type (libs.model.kv_blocks.KV_DTYPES); other than fp32, the run is
     # also compared with the same stages holding float32 KV.
     kv_dtype: str = "fp32"
+    # Built stage artifacts, one directory per stage, each stage's weights load from (as a stage
+    # worker's do); empty: every stage reads `checkpoint_dir`.
+    stage_dirs: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -189,8 +192,8 @@ def build_executor(request: ParityRequest, cfg: DeepseekV2Config, ranges, index:
     start, end = ranges[index]
     first, last = index == 0, index == len(ranges) - 1
     backend = request.stage_backends[index] if request.stage_backends else request.backend
-    weights = load_stage_weights(request.checkpoint_dir, cfg, start, end, first, last, policy=request.weights,
-                                 backend=backend)
+    source = request.stage_dirs[index] if request.stage_dirs else request.checkpoint_dir
+    weights = load_stage_weights(source, cfg, start, end, first, last, policy=request.weights, backend=backend)
     kernels = make_kernels(backend, cfg, weights, request.device)
     return StageExecutor(cfg, StageSpec(start, end, first, last, kv_dtype=request.kv_dtype), kernels)
 

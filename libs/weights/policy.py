@@ -14,7 +14,9 @@ A stage built for the MAX backend holds only formats MAX runs in-graph (`MAX_FOR
 and bf16 graphs, and `ops.qmatmul`'s Q4_0, Q4_K and Q6_K). Any other format is converted once,
 at build time, to the runnable block format nearest in bits per weight that fits the row (F16 to
 bf16); the embeddings and `kv_b_proj`, which MAX uses in gathers and batched products rather than
-a plain product, are held in bf16. Each conversion is recorded beside the fallback.
+a plain product, are held in bf16. A GGUF's stored tensor is never converted to fewer bits: it is
+held in the nearest runnable format with at least its bits, else bf16 (`for_max_keeping_bits`).
+Each conversion is recorded beside the fallback.
 """
 
 from __future__ import annotations
@@ -108,10 +110,24 @@ def keep_source(fmt: WeightFormat, name: str, shape: tuple[int, ...], backend: s
     choice = TensorChoice(fmt, fmt.name, "", conversion)
     if backend != "max":
         return choice
-    converted = for_max(choice, name, shape)
+    converted = for_max_keeping_bits(choice, name, shape)
     if converted is choice:
         return choice
     return TensorChoice(converted.fmt, fmt.name, "", "; ".join(filter(None, (conversion, converted.conversion))))
+
+
+ROUTER_SUFFIX = ".mlp.gate.weight"
+
+
+def keep_stored(stored: WeightFormat, name: str, shape: tuple[int, ...], backend: str = "numpy",
+                composed: str = "") -> TensorChoice:
+    """A GGUF tensor's format on a stage of `backend`: norms and the MoE router are read as
+    float32 (every policy keeps them so); any other tensor keeps its stored format wherever the
+    backend runs it (`keep_source`). `composed` says how the tensor was assembled from the file."""
+    if stored.name != "fp32" and (len(shape) == 1 or name.endswith(ROUTER_SUFFIX)):
+        return TensorChoice(weight_format("fp32"), stored.name, "",
+                            f"norms and the router are read as float32: {stored.name} decoded to fp32")
+    return keep_source(stored, name, shape, backend, composed)
 
 
 def for_max(choice: TensorChoice, name: str, shape: tuple[int, ...]) -> TensorChoice:
@@ -131,6 +147,24 @@ def for_max(choice: TensorChoice, name: str, shape: tuple[int, ...]) -> TensorCh
         why = f"MAX has no {fmt.name} kernel: nearest runnable {target.name} ({target.bits_per_weight} bits)"
     else:
         return choice
+    return TensorChoice(target, choice.wanted, choice.fallback, why)
+
+
+def for_max_keeping_bits(choice: TensorChoice, name: str, shape: tuple[int, ...]) -> TensorChoice:
+    """`for_max`, except that a block format MAX has no kernel for is held in the runnable block
+    format with the fewest bits per weight that still has at least its bits (Q5_0 and Q5_1 as
+    Q6_K where the row fits a 256-block), else as bf16: a stored tensor is the model the file's
+    author shipped, and re-quantizing it to fewer bits changes that model (`fornax parity` on
+    tiny's llama.cpp Q4_K_M file: top-1 0.676 against its own weights with Q4_0 in their place)."""
+    fmt, row = choice.fmt, shape[-1]
+    if not fmt.is_block or fmt.name in MAX_QUANT_FORMATS or shape[0] % MAX_QMATMUL_OUT_MULTIPLE \
+            or name.endswith(_MAX_FLOAT_ONLY):
+        return for_max(choice, name, shape)
+    wider = [f for f in map(weight_format, sorted(MAX_QUANT_FORMATS)) if f.fits(row)
+             and f.bits_per_weight >= fmt.bits_per_weight]
+    target = min(wider, key=lambda f: f.bits_per_weight) if wider else weight_format("bf16")
+    why = (f"MAX has no {fmt.name} kernel: {target.name}, the nearest runnable format with at least its "
+           f"{fmt.bits_per_weight} bits per weight")
     return TensorChoice(target, choice.wanted, choice.fallback, why)
 
 

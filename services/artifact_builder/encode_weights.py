@@ -20,14 +20,13 @@ from libs.artifacts.manifest import TensorFormat
 from libs.artifacts.safetensors_format import PlannedTensor, copy_range
 from libs.model.gguf_source import KV_B_COMPOSED, compose_kv_b
 from libs.weights.codecs import decode, encode, quantizer_name, stored_dtype, stored_shape
-from libs.weights.formats import BY_GGUF_TYPE, WeightFormat, weight_format
-from libs.weights.policy import SOURCE_POLICY, TensorChoice, choose, keep_source
+from libs.weights.formats import BY_GGUF_TYPE, WeightFormat
+from libs.weights.policy import SOURCE_POLICY, TensorChoice, choose, keep_stored
 from services.artifact_builder.snapshot import SourceTensor
 from services.artifact_builder.staging import OwnedTensor
 
 # safetensors dtype of each format's stored array; block formats are raw bytes.
 _STORED_DTYPE = {"fp32": "F32", "bf16": "BF16", "f16": "F16"}
-ROUTER_SUFFIX = ".mlp.gate.weight"
 CHUNK_ELEMENTS = 1 << 20  # float32 elements decoded at once: 4 MiB (a few such temporaries live at once)
 
 
@@ -76,16 +75,12 @@ def choose_formats(tensors: tuple[OwnedTensor, ...], policy: str, layers: int,
 def _kept(tensor: OwnedTensor, backend: str) -> TensorChoice:
     source = tensor.source
     stored = BY_GGUF_TYPE[source.dtype]
-    if stored.name != "fp32" and (len(source.shape) == 1 or tensor.name.endswith(ROUTER_SUFFIX)):
-        # Stages read norms and the MoE router as float32 (every policy keeps them so).
-        return TensorChoice(weight_format("fp32"), stored.name, "",
-                            f"norms and the router are read as float32: {stored.name} decoded to fp32")
     why = ""
     if source.parts:
         k_b, v_b = source.parts
         why = (f"{KV_B_COMPOSED}: {k_b.name} ({k_b.dtype}) and {v_b.name} ({v_b.dtype}) decoded and "
                f"reassembled exactly, held as {stored.name}")
-    return keep_source(stored, tensor.name, source.shape, backend, why)
+    return keep_stored(stored, tensor.name, source.shape, backend, why)
 
 
 def write_tensor(src: BinaryIO, tensor: EncodedTensor, write: Callable[[bytes], object], chunk_bytes: int) -> None:

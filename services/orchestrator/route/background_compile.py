@@ -27,7 +27,7 @@ from libs.model.compile_cache import (
     stage_graphs,
 )
 from libs.model.config import load_config
-from libs.model.graph_variants import graph_variants
+from libs.model.graph_variants import checkpoint_graph_variants
 from libs.service.affinity import format_cpu_set
 
 _log = structlog.get_logger()
@@ -59,7 +59,8 @@ class CompileSettings:
     weight_dtype: str = "float32"
     # CPU share of each stage, in stage order; empty = the compile inherits this process's.
     stage_cpus: tuple[tuple[int, ...], ...] = ()
-    # The MAX stages' weight policy: its block formats make graph variants of their own.
+    # The MAX stages' weight policy: its block formats make graph variants of their own (a GGUF
+    # checkpoint's stored formats make them, under the default policy).
     weights_policy: str = "fp32"
 
 
@@ -77,7 +78,7 @@ class BackgroundCompiler:
         self.stage_needs = tuple(stage_graphs(cfg, a, b, i == 0, i == count - 1)
                                  for i, (a, b) in enumerate(self.stage_ranges))
         config_hash = config_sha256(cfg)
-        variants = graph_variants(cfg, self.settings.weights_policy) if self.settings.weights_policy != "fp32" else None
+        variants = checkpoint_graph_variants(Path(self.settings.checkpoint_dir), cfg, self.settings.weights_policy)
         dtype = variants.weight_dtype if variants else self.settings.weight_dtype
         for stage, names in enumerate(assign_compiles(list(self.stage_needs))):
             for name in names:

@@ -32,3 +32,72 @@ def test_background_variants_match_what_stages_bind(max_checkpoint, policy):
         assert quants == set(variants.quant[kind]), kind
     if policy == "q4_k_m":  # this preset's rows fit Q4_0's 32-blocks only
         assert {f for q in bound[GraphName.DENSE_LAYER] for _, f in q} == {"q4_0"}
+
+
+def _bound(cfg, weights) -> dict[GraphName, set]:
+    bound: dict[GraphName, set] = {}
+    for i in range(weights.layer_start, weights.layer_end):
+        kind = GraphName.MOE_LAYER if cfg.is_moe_layer(i) else GraphName.DENSE_LAYER
+        bound.setdefault(kind, set()).add(quant_signature(layer_registry(cfg, i, weights.layer(i))))
+        if cfg.is_moe_layer(i):
+            bound.setdefault(GraphName.EXPERT, set()).add(expert_quant(weights.layer(i).routed()))
+    return bound
+
+
+def _gguf_types(name, shape):
+    """Kept as stored on MAX (Q4_0, BF16), converted (Q8_0, Q5_1, F16), and the F32 norms/router."""
+    from tests.support.gguf_files import mixed_types
+
+    if "attn_output." in name or "ffn_down" in name:
+        return "Q4_0" if shape[-1] % 32 == 0 else "F16"
+    return mixed_types(name, shape)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The GGUF writer's preset (tiny-lora-yarn's q_lora tensors have no GGUF names there)."""
+    from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
+
+    return write_checkpoint(CheckpointRequest("tiny", tmp_path_factory.mktemp("tiny"), seed=0)).out_dir
+
+
+def test_a_ggufs_variants_are_the_formats_its_max_stages_bind(tiny, tmp_path):
+    """From the GGUF's stored types alone, the same graph variants (and float dtype) as the MAX
+    stages built from the file bind: nothing compiled twice, nothing missed."""
+    from pathlib import Path
+
+    from libs.model.graph_variants import checkpoint_graph_variants
+    from tests.support.gguf_files import write_gguf
+    from tests.unit.artifact_builder.test_gguf_source import build
+
+    gguf = tmp_path / "mixed.gguf"
+    write_gguf(Path(tiny), gguf, _gguf_types)
+    _, stages = build(gguf, tmp_path / "out", stages=2, backend="max")
+    cfg = load_config(gguf)
+    variants = checkpoint_graph_variants(gguf, cfg, "fp32")
+    assert variants is not None
+    bound: dict[GraphName, set] = {}
+    for index, stage in enumerate(stages):
+        start, end = stage.manifest.layers.layer_start, stage.manifest.layers.layer_end
+        weights = load_stage_weights(stage.artifact_dir, cfg, start, end, index == 0, index == len(stages) - 1)
+        assert variants.weight_dtype == weight_dtype_for(weights)
+        for kind, quants in _bound(cfg, weights).items():
+            bound.setdefault(kind, set()).update(quants)
+    for kind, quants in bound.items():
+        assert quants == set(variants.quant[kind]), kind
+    held = {f for q in bound[GraphName.DENSE_LAYER] | bound[GraphName.MOE_LAYER] for _, f in q}
+    assert held == {"q4_0"}  # Q4_0 kept as stored, Q8_0 and Q5_1 converted to it
+
+
+def test_a_weight_policy_beside_a_gguf_is_refused(tiny, tmp_path):
+    from pathlib import Path
+
+    from libs.model.errors import CheckpointError
+    from libs.model.graph_variants import checkpoint_graph_variants
+    from tests.support.gguf_files import write_gguf
+
+    gguf = tmp_path / "f32.gguf"
+    write_gguf(Path(tiny), gguf)
+    with pytest.raises(CheckpointError, match="keeps the formats it stores") as raised:
+        checkpoint_graph_variants(gguf, load_config(gguf), "q4_k_m")
+    assert raised.value.reason == "GGUF_WEIGHTS_POLICY"

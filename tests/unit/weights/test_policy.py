@@ -67,3 +67,33 @@ def test_a_stage_for_max_holds_only_what_max_runs():
     assert narrow.fmt.name == "bf16" and "multiples of 32" in narrow.conversion
     assert choose("q4_k_m", "model.layers.4.mlp.experts.9.down_proj.weight", (2048, 1408),
                   LITE_LAYERS).conversion == ""  # numpy runs every format
+
+
+@pytest.mark.parametrize("stored, shape, held", [
+    ("q5_0", (2048, 1408), "bf16"),   # a 1408-long row fits no 256-block: no Q6_K
+    ("q5_0", (2048, 2048), "q6_k"),   # 5.5 bits -> 6.56, the fewest runnable bits that are not fewer
+    ("q5_1", (2048, 2048), "q6_k"),
+    ("q8_0", (2048, 2048), "bf16"),   # no runnable block format has 8.5 bits
+    ("q4_0", (2048, 64), "q4_0"),     # MAX runs it: kept as stored
+    ("q6_k", (2048, 2048), "q6_k"),
+    ("f16", (2048, 2048), "bf16"),
+    ("q5_0", (48, 64), "bf16"),       # qmatmul's output multiple of 32
+])
+def test_a_stored_gguf_tensor_on_max_is_never_held_in_fewer_bits(stored, shape, held):
+    from libs.weights.formats import weight_format
+    from libs.weights.policy import keep_stored
+
+    choice = keep_stored(weight_format(stored), "model.layers.3.mlp.up_proj.weight", shape, "max")
+    assert choice.fmt.name == held
+    assert (choice.conversion == "") == (held == stored)
+    assert keep_stored(weight_format(stored), "model.layers.3.mlp.up_proj.weight", shape).fmt.name == stored
+
+
+def test_a_policys_fallback_on_max_still_takes_the_nearest_bits():
+    """A policy build chooses its formats for size; only a GGUF's stored tensors keep their bits."""
+    from libs.weights.formats import weight_format
+    from libs.weights.policy import TensorChoice, for_max
+
+    choice = for_max(TensorChoice(weight_format("q5_0"), "q4_k", "fallback"), "model.layers.3.mlp.up_proj.weight",
+                     (2048, 1408))
+    assert choice.fmt.name == "q4_0"
