@@ -78,7 +78,9 @@ def _register_gguf(benches) -> None:
     gguf.add_argument("--checkpoint", help=f"checkpoint dir (default: the preset, generated into {DEFAULT_CHECKPOINT})")
     gguf.add_argument("--preset", choices=("tiny", "small"), default="small",
                       help="generated checkpoint preset when --checkpoint is not given")
-    gguf.add_argument("--outtype", choices=("f32", "f16", "bf16"), default="f32")
+    gguf.add_argument("--outtype", choices=("f32", "f16", "bf16", "q8_0"), default="f32",
+                      help="the converter's output type (q8_0: half the disk of bf16, e.g. for a model that is then "
+                           "re-quantized with llama-quantize --allow-requantize)")
     gguf.add_argument("--outfile", required=True, help="the GGUF to write")
     gguf.set_defaults(func=cmd_gguf)
 
