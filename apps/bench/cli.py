@@ -344,6 +344,8 @@ def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
 
     try:
         llama = _llama_peer(args, levels)  # before a checkpoint is generated or a fleet starts
+        if llama is not None:  # its GGUF may be gigabytes, read cold once the fleet is down
+            llama = replace(llama, startup_timeout_s=1800.0)
         spec = load_fleet_spec(args.fleet)
         options = FleetBenchOptions(args.fleet, spec, _checkpoint(args.checkpoint), args.prompt_tokens,
                                     args.max_tokens, levels, weights=args.weights, llama=llama)
@@ -360,8 +362,11 @@ def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
         return 2
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
-        return 0
-    _print_fleet(report)
+    else:
+        _print_fleet(report)
+    if report.get("peer_error"):  # the fleet's figures are printed; the peer's are missing
+        print(f"fornax bench serve: llama.cpp peer failed: {report['peer_error']['message']}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -374,7 +379,7 @@ def _print_fleet(report: dict) -> None:
         hops = ", ".join(f"{h['boundary_payload_bytes_per_token']:.0f}" for h in f["hops"].values())
         print(f"{level[1:]:>5}{f['output_tokens_per_s']:>10.1f}{f['ttft_p50_s']:>10.3f}{f['ttft_p99_s']:>10.3f}"
               f"{f['itl_p50_s']:>10.3f}{f['itl_p99_s']:>10.3f}  {hops}")
-    for level, f in report.get("llama_cpp", {}).items():
+    for level, f in (report.get("llama_cpp") or {}).items():
         print(f"{'llama.cpp ' + level[1:]:>15}{f['output_tokens_per_s']:>10.1f}  "
               f"vs_llama_cpp_{level} = {report.get(f'vs_llama_cpp_{level}')}")
     for level, f in report["levels"].items():

@@ -35,6 +35,7 @@ from apps.bench.agreement import served_greedy_ids, top1_agreement
 from apps.bench.host_memory import HostMemoryWatch, memory_cgroup_dirs
 from apps.bench.pipeline_efficiency import StageWindow, pipeline_efficiency
 from apps.bench.serve import RunFigures, prompts
+from apps.fleet.backend_report import fetch_board
 from apps.fleet.isolated import start_isolated_fleet
 from apps.fleet.launcher import FleetOptions
 from apps.fleet.netns import read_record, tear_down
@@ -237,6 +238,7 @@ def run_fleet_bench(options: FleetBenchOptions, command: str) -> dict:
             if record is None:
                 raise RuntimeError(f"the fleet in {state_dir} left no host record")
             host_links = {host.name: link for host, link in zip(options.spec.hosts, record.links[1:], strict=False)}
+            board = fetch_board(state) or {}  # what the route serves: each stage's weight policy
             watch = _memory_watch(options, state, record.cgroup_dirs)
             watch.start()
             levels = asyncio.run(_measure(options, state, host_links, state_dir))
@@ -247,7 +249,8 @@ def run_fleet_bench(options: FleetBenchOptions, command: str) -> dict:
             launcher.stop_all()
             tear_down(state_dir)
     peer = _peer(options, levels, fleet_ids) if options.llama else {}
-    return fleet_report(levels, agreement, memory, peer, _provenance(options, command))
+    provenance = {**_provenance(options, command), "served_stage_weights": board.get("stage_weights")}
+    return fleet_report(levels, agreement, memory, peer, provenance)
 
 
 def fleet_report(levels: dict[str, dict], agreement: dict, memory: dict[str, dict], peer: dict,
@@ -286,6 +289,7 @@ def _fleet_greedy_ids(options: FleetBenchOptions, state: FleetState,
 def _peer(options: FleetBenchOptions, levels: dict[str, dict], fleet_ids: dict[str, list[tuple[int, ...]]]) -> dict:
     """llama.cpp on the whole box, the fleet gone: its figures, the ratios and the greedy agreement."""
     from apps.bench.fleet_peer import PeerRun, peer_report, run_peer
+    from apps.bench.llama_peer import PeerError
     from apps.bench.serve import peer_provenance
     from libs.service.affinity import usable_cpus
 
@@ -294,8 +298,12 @@ def _peer(options: FleetBenchOptions, levels: dict[str, dict], fleet_ids: dict[s
     run = PeerRun(options.llama, load_config(options.checkpoint).vocab_size, options.prompt_tokens,
                   options.max_tokens, options.concurrency)
     print(f"  llama.cpp on the whole box: {len(cpus)} CPUs, {options.llama.threads} threads", file=sys.stderr)
-    peer_levels, peer_ids = run_peer(run, cpus)
     provenance = f"{peer_provenance(options.llama)}; on the whole box: CPUs {list(cpus)}, after the fleet was down"
+    try:
+        peer_levels, peer_ids = run_peer(run, cpus)
+    except PeerError as exc:  # the fleet's figures, measured already, are kept and the failure stated
+        return {"llama_cpp": None, "peer_error": {"reason": exc.reason, "message": str(exc)},
+                "peer_provenance": provenance}
     return peer_report(levels, peer_levels, fleet_ids, peer_ids, provenance)
 
 

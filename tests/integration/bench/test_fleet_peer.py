@@ -71,3 +71,20 @@ def test_the_real_llama_server_serves_the_peer_levels(tmp_path):
     levels, ids = run_peer(run, tuple(sorted(os.sched_getaffinity(0)))[:1])
     assert levels["c2"]["output_tokens"] == 8 and levels["c1"]["output_tokens_per_s"] > 0
     assert [len(stream) for stream in ids["c2"]] == [4, 4]
+
+
+def test_a_peer_that_fails_after_the_fleet_keeps_the_fleets_figures_and_states_the_failure(tmp_path, fake_peer):
+    from apps.bench.fleet_serve import FleetBenchOptions, _peer
+    from apps.fleet.spec import load_fleet_spec
+    from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
+
+    write_checkpoint(CheckpointRequest("tiny", tmp_path / "tiny", seed=0))
+    dying = tmp_path / "dying-server"
+    dying.write_text("#!/bin/sh\necho 'failed to load model' >&2\nexit 3\n")
+    dying.chmod(dying.stat().st_mode | stat.S_IXUSR)
+    spec = load_fleet_spec(Path(__file__).resolve().parents[3] / "fleets" / "two-hosts-core-each.yaml")
+    options = FleetBenchOptions("f.yaml", spec, str(tmp_path / "tiny"), concurrency=(1,),
+                                llama=LlamaPeerOptions(str(dying), fake_peer[1], slots=1, startup_timeout_s=30))
+    part = _peer(options, {"c1": {"output_tokens_per_s": 5.0}}, {"c1": [(1, 2)]})
+    assert part["llama_cpp"] is None and part["peer_error"]["reason"] == "PEER_EXITED"
+    assert "failed to load model" in part["peer_error"]["message"] and "dying-server" in part["peer_provenance"]
