@@ -23,8 +23,10 @@ def reference_sequences(checkpoint: str, prompt_ids: list[list[int]], new_tokens
                 for ids in prompt_ids]
 
 
-async def _served_next_tokens(orchestrator: str, prefixes: list[list[int]], concurrency: int = 8,
-                              channel_config=None) -> list[int]:
+async def _served_tokens(orchestrator: str, prompts: list[list[int]], max_tokens: int, concurrency: int = 8,
+                         channel_config=None) -> list[tuple[int, ...]]:
+    """Each prompt's greedy continuation of up to `max_tokens` ids from the orchestrator's Generate
+    (it ends early where the route samples end-of-sequence)."""
     from fornax.orchestrator.v1 import orchestrator_pb2 as pb
     from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
     from libs.service.channels import ChannelConfig, open_aio_channel
@@ -33,15 +35,27 @@ async def _served_next_tokens(orchestrator: str, prefixes: list[list[int]], conc
     async with open_aio_channel(orchestrator, channel_config or ChannelConfig()) as channel:
         stub = pb_grpc.OrchestratorServiceStub(channel)
 
-        async def one(prefix: list[int]) -> int:
+        async def one(prompt: list[int]) -> tuple[int, ...]:
             request = pb.GenerateRequest(request_id=str(uuid.uuid4()), model="fornax",
-                                         token_ids=pb.TokenIds(ids=prefix),
-                                         sampling=pb.SamplingParams(max_tokens=1, temperature=0.0))
+                                         token_ids=pb.TokenIds(ids=prompt),
+                                         sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0))
             async with gate:
-                ids = [t async for reply in stub.Generate(request, timeout=600) for t in reply.token_ids]
-            return ids[0] if ids else -1
+                return tuple([t async for reply in stub.Generate(request, timeout=600) for t in reply.token_ids])
 
-        return list(await asyncio.gather(*(one(p) for p in prefixes)))
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+async def _served_next_tokens(orchestrator: str, prefixes: list[list[int]], concurrency: int = 8,
+                              channel_config=None) -> list[int]:
+    ids = await _served_tokens(orchestrator, prefixes, 1, concurrency, channel_config)
+    return [i[0] if i else -1 for i in ids]
+
+
+def served_greedy_ids(orchestrator: str, prompts: list[tuple[int, ...]], max_tokens: int,
+                      channel_config=None) -> list[tuple[int, ...]]:
+    """The served route's greedy ids for each prompt (untimed; for comparing with a peer's)."""
+    return asyncio.run(_served_tokens(orchestrator, [list(p) for p in prompts], max_tokens,
+                                      channel_config=channel_config))
 
 
 def top1_agreement(checkpoint: str, orchestrator: str, prompt_ids: list[list[int]], new_tokens: int,

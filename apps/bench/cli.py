@@ -31,13 +31,15 @@ def _register_serve(benches) -> None:
     serve.add_argument("--weights", choices=("fp32", "bf16", "q8_0", "q4_k_m"), default="fp32",
                        help="also a 1-stage route on the checkpoint built in this policy (for --backend), side by "
                             "side with the float32 one: vs_fp32_c<N>, resident_vs_artifact; with --peer, "
-                            "vs_llama_cpp_c<N> compares this route with a GGUF of the same quantization")
+                            "vs_llama_cpp_c<N> compares this route with a GGUF of the same quantization; with "
+                            "--fleet, the policy of every host whose `weights:` the file does not set")
     serve.add_argument("--prompt-tokens", type=int, default=32)
     serve.add_argument("--max-tokens", type=int, default=16)
     serve.add_argument("--concurrency", help="comma-separated levels (default 1,8,32; 1,8,32,64 with "
                                               "--compare-routes)")
     serve.add_argument("--repeats", type=int, default=2, help="interleaved repetitions per level (best kept)")
-    serve.add_argument("--fleet", help="measure a netns fleet from this fleet file instead (needs root)")
+    serve.add_argument("--fleet", help="measure a netns fleet from this fleet file instead (needs root); with "
+                                        "--peer, llama.cpp then runs on the whole box once the fleet is down")
     serve.add_argument("--json", action="store_true")
     serve.add_argument("--compare-routes", action="store_true",
                        help="with --fleet: one route over every stage host vs two equal replica routes, both "
@@ -240,6 +242,9 @@ def _levels(args: argparse.Namespace) -> tuple[int, ...]:
     """--concurrency, and the flags --compare-routes needs or allows, checked before anything starts."""
     if args.compare_routes and not args.fleet:
         raise ValueError("COMPARE_ROUTES_WITHOUT_FLEET: --compare-routes needs --fleet FILE")
+    if args.peer and args.compare_routes:
+        raise ValueError("PEER_WITH_COMPARE_ROUTES: --peer measures the fleet's route (or the local setups), not "
+                         "--compare-routes' layouts")
     if args.kill_at is not None and not args.compare_routes:
         raise ValueError("KILL_AT_WITHOUT_COMPARE_ROUTES: --kill-at needs --compare-routes (it kills a replica "
                          "route's stage)")
@@ -334,21 +339,41 @@ def _llama_peer(args: argparse.Namespace, levels: tuple[int, ...]):
 
 
 def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
-    from apps.bench.fleet_serve import FleetBenchOptions, run_fleet_bench
+    from apps.bench.fleet_serve import FleetBenchOptions, FleetBenchRefused, check_options, run_fleet_bench
+    from apps.bench.llama_peer import PeerError
     from apps.fleet.netns import IsolationFailed, IsolationUnavailable
     from apps.fleet.spec import FleetFileError, load_fleet_spec
 
     try:
+        llama = _llama_peer(args, levels)  # before a checkpoint is generated or a fleet starts
+        if llama is not None:  # its GGUF may be gigabytes, read cold once the fleet is down
+            llama = replace(llama, startup_timeout_s=1800.0)
         spec = load_fleet_spec(args.fleet)
         options = FleetBenchOptions(args.fleet, spec, _checkpoint(args.checkpoint), args.prompt_tokens,
-                                    args.max_tokens, levels)
+                                    args.max_tokens, levels, weights=args.weights, llama=llama)
+        check_options(options)
         report = run_fleet_bench(options, "fornax " + " ".join(sys.argv[1:]))
     except (FleetFileError, IsolationUnavailable, IsolationFailed) as exc:
         print(f"fornax: {exc}", file=sys.stderr)
         return 2
+    except (ValueError, FleetBenchRefused) as exc:
+        print(f"fornax bench serve: {exc}", file=sys.stderr)
+        return 2
+    except PeerError as exc:
+        print(f"fornax bench serve: {exc.reason}: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
-        return 0
+    else:
+        _print_fleet(report)
+    if report.get("peer_error"):  # the fleet's figures are printed; the peer's are missing
+        print(f"fornax bench serve: llama.cpp peer failed: {report['peer_error']['message']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_fleet(report: dict) -> None:
+    """The human-readable `bench serve --fleet` report."""
     prov = report["provenance"]
     print(f"# {prov['label']}; fleet {prov['fleet_file']} sha256:{prov['fleet_file_sha256']}; {prov['hardware']}")
     print(f"{'conc':>5}{'tok/s':>10}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>10}{'ITL p99':>10}  hop bytes/token")
@@ -356,6 +381,9 @@ def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
         hops = ", ".join(f"{h['boundary_payload_bytes_per_token']:.0f}" for h in f["hops"].values())
         print(f"{level[1:]:>5}{f['output_tokens_per_s']:>10.1f}{f['ttft_p50_s']:>10.3f}{f['ttft_p99_s']:>10.3f}"
               f"{f['itl_p50_s']:>10.3f}{f['itl_p99_s']:>10.3f}  {hops}")
+    for level, f in (report.get("llama_cpp") or {}).items():
+        print(f"{'llama.cpp ' + level[1:]:>15}{f['output_tokens_per_s']:>10.1f}  "
+              f"vs_llama_cpp_{level} = {report.get(f'vs_llama_cpp_{level}')}")
     for level, f in report["levels"].items():
         if f.get("pipeline"):
             p = f["pipeline"]
@@ -365,10 +393,14 @@ def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
             if "busy_fraction" in stage:
                 print(f"  {name}: busy {stage['busy_fraction']:.1%}  waiting for input "
                       f"{stage['input_wait_fraction']:.1%}  waiting for credit {stage['credit_wait_fraction']:.1%}")
+    for host, ratios in report["peak_rss_vs_limit"].items():
+        print(f"host {host}: peak vs limit {ratios}; OOM kills {report['hosts_memory'][host].get('oom_kills')}")
     agreement = report["agreement"]
-    print(f"top-1 agreement with transformers fp32 at hops {agreement['hop_boundary_dtypes']}: "
-          f"{agreement['top1_agreement']:.4f} over {agreement['positions']} positions")
-    return 0
+    if agreement["top1_agreement"] is None:
+        print(f"top-1 agreement: not measured: {agreement['reason']}")
+    else:
+        print(f"top-1 agreement with transformers fp32 at hops {agreement['hop_boundary_dtypes']}: "
+              f"{agreement['top1_agreement']:.4f} over {agreement['positions']} positions")
 
 
 def _kv_capacity(args: argparse.Namespace) -> int:

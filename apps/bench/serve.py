@@ -302,7 +302,7 @@ def provenance(options: BenchOptions, command: str) -> dict[str, str]:
         "quota": quota_label(),
         "serving_event_loop": describe(options.loop),
         "command": command,
-        **({"peer_llama_cpp": _peer_provenance(options.llama)} if options.llama else {}),
+        **({"peer_llama_cpp": peer_provenance(options.llama)} if options.llama else {}),
     }
 
 
@@ -314,7 +314,7 @@ def _file_sha256(path: str) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def _peer_provenance(llama: LlamaPeerOptions) -> str:
+def peer_provenance(llama: LlamaPeerOptions) -> str:
     return (f"llama-server {llama.server} ({_file_sha256(llama.server)}), GGUF {llama.gguf} "
             f"({_file_sha256(llama.gguf)}), {llama.threads} threads, {llama.slots} slots, "
             f"same prompt token ids, greedy, ignore_eos")

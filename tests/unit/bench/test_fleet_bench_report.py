@@ -24,6 +24,7 @@ def test_a_level_turns_counter_deltas_into_per_token_figures():
     assert first["worker"] == "stage_worker_1"
     assert (first["compute_s"], first["device_queue_s"], first["exposed_wait_s"]) == (0.5, 0.25, 1.5)
     assert first["exposed_wait_fraction"] == 0.75
+    assert (first["compute_fraction"], second["compute_fraction"]) == (0.25, 1.25)  # compute ÷ the level's wall
     assert second["exposed_wait_s"] == 0.0  # busier than the wall clock never goes negative
     assert report["output_tokens_per_s"] == 5.0
 
