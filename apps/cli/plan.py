@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from apps.fleet.plan_inventory import FleetInventory, FleetWeights
+    from apps.fleet.plan_inventory import FleetInventory, FleetWeights, InventoryFigure
 
 EXIT_INFEASIBLE = 3
 EXIT_ERROR = 2
@@ -80,23 +80,29 @@ def _resolver(args, mode: str, state_dir: str = ".fornax"):
 
 @dataclass(frozen=True)
 class FleetPlanning:
-    """What `--fleet` planned from, for the output: the file, its inventory's figures, the weight
-    policy and the stored profile records found (host or "a->b" hop -> record id)."""
+    """What `--fleet` planned from, for the output: the file, its inventory's figures (each host's
+    measured runtime reserve in place of the declared one where a stored profile gives it), the
+    weight policy and the stored profile records found (host or "a->b" hop -> record id)."""
 
     path: str
     file_sha256: str
     built: FleetInventory
     weights: FleetWeights
     measured: dict[str, str]
+    figures: tuple[InventoryFigure, ...] = ()  # the inventory's figures as planned; () = built.figures
+
+    @property
+    def planned_figures(self) -> tuple[InventoryFigure, ...]:
+        return self.figures or self.built.figures
 
     def lines(self) -> list[str]:
         from apps.fleet.plan_inventory import figure_lines
 
         return [f"fleet {self.path} (sha256 {self.file_sha256[:16]}): weights {self.weights.policy} from "
-                f"{self.weights.source}", *figure_lines(self.built.figures, self.measured)]
+                f"{self.weights.source}", *figure_lines(self.planned_figures, self.measured)]
 
     def as_json(self) -> dict[str, Any]:
-        figures = [{**asdict(f), "prediction": f.is_prediction} for f in self.built.figures]
+        figures = [{**asdict(f), "prediction": f.is_prediction} for f in self.planned_figures]
         return {"file": self.path, "file_sha256": self.file_sha256, "weights": asdict(self.weights),
                 "figures": figures, "stored_profiles": self.measured}
 
@@ -118,15 +124,22 @@ def measured_subjects(records) -> dict[str, str]:
 def _plan_fleet_file(args):
     """(model, result, FleetPlanning) for the stage hosts of a fleet file, from their declared
     limits, and from the profiles stored under --state-dir when it holds any stage profile."""
+    import time
     from pathlib import Path
 
     from apps.bench.stored_profiles import NoStoredProfiles, stored_records
-    from apps.fleet.plan_inventory import fleet_target, fleet_weights, inventory_from_fleet
+    from apps.fleet.plan_inventory import (
+        fleet_reserves,
+        fleet_target,
+        fleet_weights,
+        inventory_from_fleet,
+        with_reserves,
+    )
     from apps.fleet.spec import FleetFileError, load_fleet_spec
     from libs.common.kinds import DType
     from libs.service.errors import FailedPrecondition, InvalidArgument
     from services.planner.model import describe_checkpoint
-    from services.planner.planner import plan, plan_with_records
+    from services.planner.planner import plan, plan_with_book, resolved_book
 
     try:
         spec = load_fleet_spec(args.fleet, DType(args.boundary_dtype) if args.boundary_dtype else None)
@@ -149,16 +162,20 @@ def _plan_fleet_file(args):
     hosts = {h.name for h in spec.stage_hosts}
     from_profiles = any(subject in hosts for subject in measured)
     routes = route_count(args.routes)
+    book = resolved_book(resolver, records) if from_profiles else None
+    figures = built.figures
+    if book is not None:
+        reserves = fleet_reserves(built, book, model.model_snapshot, model.weights_policy, time.time_ns())
+        figures = with_reserves(built.figures, reserves)
     if routes != 1:
-        from services.planner.planner import plan_routes, resolved_book
+        from services.planner.planner import plan_routes
 
-        book = resolved_book(resolver, records) if from_profiles else None
         result = plan_routes(model, built.inventory, target, routes, resolver, book)
-    elif from_profiles:
-        result = plan_with_records(model, built.inventory, target, resolver, records)
+    elif book is not None:
+        result = plan_with_book(model, built.inventory, target, resolver, book)
     else:
         result = plan(model, built.inventory, target, resolver)
-    return model, result, FleetPlanning(args.fleet, spec.file_sha256, built, weights, measured)
+    return model, result, FleetPlanning(args.fleet, spec.file_sha256, built, weights, measured, figures)
 
 
 def _plan_inventory_file(args, model):

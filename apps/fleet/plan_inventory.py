@@ -7,14 +7,19 @@ between every two of them) and the figures it rests on out, each figure with its
   of the host's cgroup; the link rate its `tc tbf` shapes both ways; a declared link delay,
   which its relay adds to every inbound byte);
 - declared estimate (a prediction): what nothing measured yet, i.e. FLOP/s and memory
-  bandwidth per core of quota (the constants the planner's inventory of running workers uses),
-  the runtime's own resident memory held back from each host (interpreter, backend, gRPC), and
-  the base latency of a hop on one box.
+  bandwidth per core of quota, the runtime's own resident memory held back from each host
+  (interpreter, gRPC, backend runtime and libraries: 512 MiB), the constants the planner's
+  inventory of running workers uses too, and the base latency of a hop on one box.
 
 A stage's memory in the plan is its weights, KV for `context_tokens x concurrency`, its
-activation buffers (`services.planner.costs`) and this reserve; all four must fit the host's
+activation buffers (`services.planner.costs`) and the reserve; all four must fit the host's
 memory limit. Stored stage and link profiles replace the declared time and weight figures of
-the hosts and hops they measured (`services.planner.measured`); the reserve stays declared.
+the hosts and hops they measured (`services.planner.measured`), and a usable stage profile's
+measured runtime reserve (physical: the worker's resident memory beyond its weights and KV,
+`libs.profiles.schema.RuntimeResident`) replaces the declared reserve of its host
+(`services.planner.reserve`; `fleet_reserves` says which for the figures table). The KV the plan
+counts is the KV pool each stage is given: the route installs every stage with its plan's
+`kv_bytes` as its KV limit (`services.orchestrator.route.install.stage_kv_limit`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from apps.fleet.spec import FleetSpec, HostSpec
-from libs.common.kinds import FLOAT_DTYPES, Backend, DType
+from libs.common.kinds import FLOAT_DTYPES, DType
 from libs.service.errors import InvalidArgument
 from libs.weights.policy import POLICIES, runnable_formats
 from services.planner.inventory import Inventory, Link, Node, Target
@@ -30,19 +35,19 @@ from services.planner.inventory_facts import (
     CPU_BANDWIDTH_BYTES_PER_S,
     CPU_FLOPS_PER_CORE,
     DECLARED_LINK_LATENCY_NS,
+    RUNTIME_RESERVE_BYTES,
 )
+from services.planner.profiles import ProfileBook
+from services.planner.reserve import ReserveChoice, choose_reserve
 from services.stage_worker.operations import SUPPORTED_OPERATIONS
 
-MIB = 2**20
-# The runtime's own resident memory on a host, beside its stage's weights, KV and buffers
-# (declared estimate, as services/planner/examples/lite_three_hosts.yaml declares it).
-RUNTIME_RESERVE_BYTES = {Backend.MAX: 512 * MIB, Backend.NUMPY: 512 * MIB}
 # Policies from the smallest weights to the largest.
 _POLICY_SIZE_ORDER = ("q4_k_m", "q8_0", "bf16", "fp32")
 _DTYPE_BYTES = {DType.BF16: 2, DType.FP16: 2, DType.FP32: 4}
 
 CONTRACT = "contract"
 DECLARED = "declared estimate"
+PHYSICAL = "physical"
 
 
 class FleetPlanError(InvalidArgument):
@@ -57,7 +62,7 @@ class InventoryFigure:
     quantity: str  # memory, reserve, compute, memory_bandwidth, link_rate, link_latency
     value: float
     unit: str
-    evidence: str  # CONTRACT or DECLARED
+    evidence: str  # CONTRACT, DECLARED or PHYSICAL (a measured reserve)
     source: str
 
     @property
@@ -174,14 +179,36 @@ def _shown(value: float, unit: str) -> str:
     return f"{value / divisor:.3f} {shown}"
 
 
+def fleet_reserves(built: FleetInventory, book: ProfileBook, model_snapshot: str, weights_policy: str,
+                   now_ns: int) -> dict[str, ReserveChoice]:
+    """Per stage host, the reserve the planner holds back: its usable stage profile's measured
+    runtime reserve (physical), else the declared one (and why)."""
+    return {n.name: choose_reserve(n, n.host or n.name, book, model_snapshot, weights_policy, now_ns)
+            for n in built.inventory.nodes}
+
+
+def with_reserves(figures: tuple[InventoryFigure, ...],
+                  reserves: dict[str, ReserveChoice]) -> tuple[InventoryFigure, ...]:
+    """The figures with each measured reserve in place of the declared one (physical, its record)."""
+    out = []
+    for f in figures:
+        choice = reserves.get(f.subject)
+        if f.quantity == "reserve" and choice is not None and choice.measured:
+            f = InventoryFigure(f.subject, "reserve", choice.reserve_bytes, "bytes", PHYSICAL,
+                                f"{choice.detail}; replaces the declared {f.value / 2**20:.0f} MiB")
+        out.append(f)
+    return tuple(out)
+
+
 def figure_lines(figures: tuple[InventoryFigure, ...], measured: dict[str, str]) -> list[str]:
     """One line per figure with its evidence class; `measured` maps a host or "a->b" hop to the
     stored profile record that measured it (the planner uses it where it matches the model,
     backend and weight policy, and says so in each stage's terms)."""
     lines = ["inventory from the fleet file (contract: a limit the fleet file declares and `fornax up --fleet` "
-             "enforces; declared estimate: a prediction, not a measurement):"]
+             "enforces; declared estimate: a prediction, not a measurement; physical: measured by a stored "
+             "profile):"]
     for f in figures:
-        kind = "declared estimate (prediction)" if f.is_prediction else CONTRACT
+        kind = "declared estimate (prediction)" if f.is_prediction else f.evidence
         line = f"  {f.subject:<14} {f.quantity:<17} {_shown(f.value, f.unit):>14}  {kind}: {f.source}"
         record = measured.get(f.subject)
         if record and f.quantity in ("compute", "memory_bandwidth", "link_rate", "link_latency"):

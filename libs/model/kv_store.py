@@ -169,6 +169,11 @@ class KvStore:
         return self.pool.referenced() * self.block_bytes
 
     @_locked
+    def bytes_allocated(self) -> int:
+        """Bytes of the storage arrays as grown so far (what the store may hold resident)."""
+        return int(self._latent.nbytes + self._k_rope.nbytes + self._scale.nbytes)
+
+    @_locked
     def epoch(self, key: KvKey) -> int:
         entry = self._entries.get(key)
         if entry is None:

@@ -113,6 +113,38 @@ class LayerKindProfile:
 
 
 @dataclass(frozen=True)
+class ResidentSample:
+    """The stage worker's resident memory at one point of its profile (`/proc/self/smaps`)."""
+
+    point: str  # e.g. "after load of layers [0, 3)", "after steps of layers [0, 3)"
+    rss_bytes: int  # every resident page of the process (the sum of its mappings' Rss)
+    anon_bytes: int  # of which anonymous (heap, allocator arenas, copy-on-write copies)
+    weight_file_bytes: int  # of which file pages of the weight files it maps (the plan counts them as weights)
+    kv_bytes: int  # bytes its KV stores held (the plan counts them as KV)
+
+    @property
+    def runtime_bytes(self) -> int:
+        """What the process holds beyond its weights and KV: interpreter, gRPC, backend runtime and
+        its libraries, compiled graphs, allocator slack and any copy the backend made."""
+        return max(0, self.rss_bytes - self.weight_file_bytes - self.kv_bytes)
+
+
+@dataclass(frozen=True)
+class RuntimeResident:
+    """The stage worker's own resident memory, as its profile measured it (physical): the largest
+    `runtime_bytes` over samples taken after each profiled range loaded and after its timed steps.
+    The planner holds `reserve_bytes` back on the host in place of a declared reserve."""
+
+    samples: tuple[ResidentSample, ...]
+    method: str = ("VmRSS from /proc/self/smaps, less the file pages of mapped weight files, less the bytes "
+                   "of live KV stores; largest sample after load and after the profiled steps")
+
+    @property
+    def reserve_bytes(self) -> int:
+        return max((s.runtime_bytes for s in self.samples), default=0)
+
+
+@dataclass(frozen=True)
 class StageProfile:
     host: HostFacts
     worker: str  # the stage worker's fleet identity (spiffe://fornax/stage/<name>)
@@ -138,6 +170,8 @@ class StageProfile:
     # The weight policy of the weights timed (libs.weights.policy); "fp32" in profiles that
     # predate it, which timed float32 weights.
     weights_policy: str = "fp32"
+    # The worker's own resident memory beyond weights and KV; None in profiles that predate it.
+    runtime_resident: RuntimeResident | None = None
     schema: str = STAGE_PROFILE_SCHEMA
 
     def kind(self, name: str) -> LayerKindProfile | None:
@@ -299,6 +333,16 @@ def _grid(data: Any) -> dict[int, dict[int, Figure]]:
     return {int(k): _figures(v) for k, v in data.items()}
 
 
+def _runtime_resident(data: Any) -> RuntimeResident | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("samples"), list) or not data["samples"]:
+        raise ProfileFormatError(f"bad runtime_resident {data!r}")
+    samples = tuple(ResidentSample(str(s["point"]), int(s["rss_bytes"]), int(s["anon_bytes"]),
+                                   int(s["weight_file_bytes"]), int(s["kv_bytes"])) for s in data["samples"])
+    return RuntimeResident(samples, str(data["method"]))
+
+
 def stage_profile_from_json(blob: bytes) -> StageProfile:
     """Parses a stage profile; one without the context grid (an older record) reads with empty
     grids, its decode figures standing at its `context_tokens`."""
@@ -317,7 +361,8 @@ def stage_profile_from_json(blob: bytes) -> StageProfile:
             command=str(data["command"]), measured_unix_ns=int(data["measured_unix_ns"]),
             valid_for_s=int(data["valid_for_s"]), step_s_per_microbatch=_figures(data.get("step_s_per_microbatch", {})),
             step_s_by_context=_grid(data.get("step_s_by_context", {})),
-            weights_policy=str(data.get("weights_policy", "fp32")))
+            weights_policy=str(data.get("weights_policy", "fp32")),
+            runtime_resident=_runtime_resident(data.get("runtime_resident")))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileFormatError(f"bad stage profile: {exc}") from exc
 

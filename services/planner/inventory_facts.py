@@ -3,9 +3,11 @@
 Memory and CPU come from what the worker's cgroup enforces (its quota in cores, its memory
 limit); a worker without such limits shares its host's figures with the other workers that
 advertise the same data-plane host. What no worker reports (FLOP/s and bandwidth per core,
-link speeds) is a declared constant: a plan built on it is exploratory and labelled so. When
-the fleet's registry holds stage and link profiles, the planner plans from those instead and
-the declared constants only fill (labelled) gaps.
+link speeds) is a declared constant: a plan built on it is exploratory and labelled so. So is
+the runtime's own resident memory held back on each worker's host (`RUNTIME_RESERVE_BYTES`).
+When the fleet's registry holds stage and link profiles, the planner plans from those instead
+(a profile's measured runtime reserve included, `services.planner.reserve`) and the declared
+constants only fill (labelled) gaps.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
+from libs.common.kinds import Backend
 from libs.common.proto import BACKEND_FROM_PB, DTYPE_FROM_PB
 from libs.profiles import schema
 from libs.security.identity import stage_identity
@@ -26,6 +29,11 @@ CPU_BANDWIDTH_BYTES_PER_S = 10e9
 DECLARED_LINK_BYTES_PER_S = 4e9
 DECLARED_LINK_LATENCY_NS = 50_000
 DECLARED_LABEL = "declared per-core constants (exploratory fallback)"
+MIB = 2**20
+# The runtime's own resident memory on a host beside its stage's weights, KV and buffers
+# (interpreter, gRPC, backend runtime): a declared estimate, used where no stage profile of the
+# host measured it (`services.planner.reserve`).
+RUNTIME_RESERVE_BYTES = {Backend.MAX: 512 * MIB, Backend.NUMPY: 512 * MIB}
 
 
 def node_name(index: int) -> str:
@@ -85,6 +93,7 @@ def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse], hosts: tup
             build=cap.backend_build,
             host=hosts[index] if hosts else "",
             weight_formats=tuple(cap.weight_formats),
+            reserve_bytes=RUNTIME_RESERVE_BYTES.get(BACKEND_FROM_PB[cap.backend], 0),
         )
         for index, cap in enumerate(capabilities)
     )
@@ -101,4 +110,5 @@ def describe_facts(capabilities: list[sw_pb.GetCapabilitiesResponse], profiled: 
         f"({c.backend_build}) quota {c.device.cpu_quota_cores:g} cores cpuset {c.device.cpuset or '?'} "
         f"memory limit {c.device.memory_limit_bytes or 'none'}"
         for i, c in enumerate(capabilities)
-    ) + ("; compute from stage profiles (physical), gaps from " if profiled else "; compute from ") + DECLARED_LABEL
+    ) + ("; compute and runtime reserve from stage profiles (physical), gaps from " if profiled
+         else "; compute and runtime reserve from ") + DECLARED_LABEL

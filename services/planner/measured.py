@@ -17,7 +17,9 @@ never a measurement of the plan itself:
   (executor KV bookkeeping, mask, sampling, the data plane's unpack and pack), interpolated to the
   rows and past like the layers (never below 0): its own `step` term. Prefill predictions do not add it;
 - memory is each kind's resident bytes, plus its KV bytes per token times context times
-  concurrency, plus the activation buffers the checkpoint's config implies;
+  concurrency, plus the activation buffers the checkpoint's config implies, plus the host's
+  reserve: the runtime's own resident memory its profile measured (`reserve.choose_reserve`),
+  else the node's declared reserve (its own `reserve` term says which);
 - a route carries one frame per microbatch: half the measured 32 KiB round trip plus the frame's
   bytes over the measured throughput. The link profile times real FNX2 frames end to end, so
   packing and unpacking are inside that wire term and read 0 on their own.
@@ -38,6 +40,7 @@ from services.planner.costs import CostTables, _edge_terms, build_tables, build_
 from services.planner.inventory import Inventory, Node, Target
 from services.planner.model import ModelDescription
 from services.planner.profiles import Problem, ProfileBook
+from services.planner.reserve import ReserveChoice, choose_reserve
 from services.planner.route_feedback import Correction, compute_correction, wire_correction
 
 DECLARED = ""  # the source of a term filled with a declared figure
@@ -90,6 +93,12 @@ class NodeCosts:
     problem: Problem | None  # why the host's profile was not used (None: it was)
     # The route calibration that scaled this host's decode compute (None: layer profiles alone).
     compute_correction: Correction | None = None
+    # The runtime's own resident memory held back on the host: measured or declared.
+    reserve: ReserveChoice | None = None
+
+    @property
+    def reserve_bytes(self) -> int:
+        return self.reserve.reserve_bytes if self.reserve is not None else 0
 
 
 @dataclass(frozen=True)
@@ -160,8 +169,9 @@ def _node_costs(tables: CostTables, target: Target, i: int, book: ProfileBook, n
     if correction is not None:  # the route's measured level, the profile's shape (`route_feedback`)
         f = correction.factor
         decode, embed_d, head_d, step_d = decode * f, embed_d * f, head_d * f, step_d * f
+    reserve = choose_reserve(node, host_of(node), book, model.model_snapshot, model.weights_policy, now_ns)
     return NodeCosts(decode, prefill, layer_bytes, kv, embed_d, head_d, embed_p, head_p, copy_d, copy_p, step_d,
-                     embed_bytes, head_bytes, sources, problem, correction)
+                     embed_bytes, head_bytes, sources, problem, correction, reserve)
 
 
 def _link_tables(tables: CostTables, book: ProfileBook, now_ns: int):
@@ -195,10 +205,11 @@ def build_measured(model: ModelDescription, inventory: Inventory, nodes: tuple[N
     declared = build_tables(model, inventory, nodes, target)
     work = build_workload(model, target)
     link_decode, link_prefill, link_sources, link_corrections = _link_tables(declared, book, now_ns)
+    costs = tuple(_node_costs(declared, target, i, book, now_ns) for i in range(len(nodes)))
+    usable = np.array([n.memory_bytes - c.reserve_bytes for n, c in zip(nodes, costs, strict=True)], dtype=np.int64)
     return MeasuredTables(
-        model=model, target=target, nodes=nodes,
-        costs=tuple(_node_costs(declared, target, i, book, now_ns) for i in range(len(nodes))),
-        usable_bytes=declared.usable_bytes, activation_bytes=work.activation_bytes, logits_bytes=work.logits_bytes,
+        model=model, target=target, nodes=nodes, costs=costs,
+        usable_bytes=usable, activation_bytes=work.activation_bytes, logits_bytes=work.logits_bytes,
         boundary_row_bytes=work.boundary_row_bytes, link_decode_s=link_decode, link_prefill_s=link_prefill,
         link_sources=link_sources, link_corrections=link_corrections)
 
@@ -316,7 +327,19 @@ def stage_terms(t: MeasuredTables, i: int, a: int, b: int, nxt: int | None, prev
                      f"{t.target.context_tokens} tokens x {t.target.concurrency} sequences, plus activation buffers "
                      "from the checkpoint config",
                      "exact bookkeeping from the checkpoint config"))
+    out.append(reserve_term(c.reserve))
     return tuple(out)
+
+
+def reserve_term(reserve: ReserveChoice | None) -> d.TermEvidence:
+    """The runtime's own resident memory inside the stage's memory: physical where measured."""
+    if reserve is None:
+        return d.TermEvidence("reserve", d.TERM_DECLARED, (), "no reserve", 0.0, "bytes")
+    if reserve.measured:
+        return d.TermEvidence("reserve", d.TERM_PHYSICAL, (reserve.record_id,), reserve.detail,
+                              float(reserve.reserve_bytes), "bytes")
+    return d.TermEvidence("reserve", d.TERM_DECLARED, (), f"{reserve.detail} (declared, exploratory)",
+                          float(reserve.reserve_bytes), "bytes")
 
 
 def route_stages(t: MeasuredTables, placement_nodes: tuple[int, ...], cuts: tuple[int, ...]) -> list[schema.RouteStage]:
@@ -342,6 +365,10 @@ def deployment_problems(t: MeasuredTables, book: ProfileBook, placement_nodes: t
         if c.sources[STEP] == DECLARED:
             out.append(Problem(d.MISSING_PROFILE, f"host {host} step overhead", record.record_id if record else "",
                                f"the stage profile of {host} predates the per-microbatch step overhead "
+                               "(run `fornax profile` again)"))
+        if c.reserve is not None and not c.reserve.measured:
+            out.append(Problem(d.MISSING_PROFILE, f"host {host} runtime reserve", record.record_id if record else "",
+                               f"the stage profile of {host} predates the measured runtime reserve "
                                "(run `fornax profile` again)"))
     for u, v in zip(placement_nodes, placement_nodes[1:], strict=False):
         problem = book.link_problem(host_of(t.nodes[u]), host_of(t.nodes[v]), now_ns)

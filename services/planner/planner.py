@@ -202,7 +202,17 @@ def plan_with_records(model: ModelDescription, inventory: Inventory, target: Tar
     validate_target(target)
     if target.mode == "deployment" and resolver is None:
         raise EvidenceUnavailable("deployment mode needs an evidence registry to resolve records", field="target.mode")
-    return plan(model, inventory, target, profiles=resolved_book(resolver, records), now_unix_ns=now_unix_ns)
+    return plan_with_book(model, inventory, target, resolver, resolved_book(resolver, records), now_unix_ns)
+
+
+def plan_with_book(model: ModelDescription, inventory: Inventory, target: Target,
+                   resolver: evidence.Resolver | None, book: ProfileBook,
+                   now_unix_ns: int | None = None) -> d.PlanResult:
+    """`plan_with_records` on records already resolved into a book (`resolved_book`)."""
+    validate_target(target)
+    if target.mode == "deployment" and resolver is None:
+        raise EvidenceUnavailable("deployment mode needs an evidence registry to resolve records", field="target.mode")
+    return plan(model, inventory, target, profiles=book, now_unix_ns=now_unix_ns)
 
 
 def predict_placement(model: ModelDescription, inventory: Inventory, target: Target, book: ProfileBook,
@@ -285,11 +295,12 @@ def _measured_stage(t: measured.MeasuredTables, placement: Placement, i: int) ->
     prev = placement.nodes[i - 1] if i > 0 else None
     weights, kv, activation = measured.stage_memory(t, v, a, b)
     decode, prefill = measured.stage_costs(t, v, a, b, nxt)
-    memory = weights + kv + activation + node.reserve_bytes
+    reserve = t.costs[v].reserve_bytes
+    memory = weights + kv + activation + reserve
     return d.PlannedStage(
         stage_index=i, node=node.name, backend=node.backend, build=node.build, layer_start=a, layer_end=b,
         owns_embeddings=a == 0, owns_head=b == t.num_layers, weight_bytes=weights, kv_bytes=kv,
-        activation_bytes=activation, reserve_bytes=node.reserve_bytes, node_memory_bytes=node.memory_bytes,
+        activation_bytes=activation, reserve_bytes=reserve, node_memory_bytes=node.memory_bytes,
         decode=decode, prefill=prefill, terms=measured.stage_terms(t, v, a, b, nxt, prev, decode, memory),
         host=measured.host_of(node))
 

@@ -16,6 +16,7 @@ import platform
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from libs.model.kernels import make_kernels
 from libs.model.weights import load_stage_weights
 from libs.profiles import link as link_probe
 from libs.profiles.measure import Grid, kinds_to_measure, measure_embed, measure_head, measure_layer
+from libs.profiles.resident import read_resident_sample
 from libs.profiles.schema import (
     DECODE_CONTEXTS,
     LAYER_KINDS,
@@ -38,6 +40,8 @@ from libs.profiles.schema import (
     HostFacts,
     LayerKindProfile,
     LinkProfile,
+    ResidentSample,
+    RuntimeResident,
     StageProfile,
 )
 from libs.security.fnx2_tls import Fnx2Tls
@@ -163,21 +167,32 @@ class Measured:
     kinds: list[LayerKindProfile]
     layers: list[int]
     step: dict[int, dict[int, Figure]]  # context -> batch -> step overhead
+    resident: RuntimeResident | None = None
+
+
+# (point, directories of the weight files mapped now) -> this process's resident sample.
+Sampler = Callable[[str, tuple[str, ...]], ResidentSample]
 
 
 def measure_sources(backend: str, device: str, sources: list[ProfileSource], grid: Grid,
-                    options: object | None) -> Measured:
+                    options: object | None, sample: Sampler | None = None) -> Measured:
     """Blocking: load each source into private kernels, measure the kinds it adds, then the
-    served step overhead over its whole range."""
+    served step overhead over its whole range. `sample` takes the worker's own resident memory
+    after each source loads (weights mapped, kernels built) and after its timed steps (graphs a
+    backend compiles on first call built by then, the profile's own KV stores dropped)."""
     profiles: dict[str, LayerKindProfile] = {}
     layers: list[int] = []
     steps: list[dict[int, dict[int, list[float]]]] = []
+    samples: list[ResidentSample] = []
     cfg: DeepseekV2Config | None = None
     for source in sources:
         cfg = load_config(source.directory)
         weights = load_stage_weights(source.directory, cfg, source.layer_start, source.layer_end,
                                      source.first, source.last)
         kernels = make_kernels(backend, cfg, weights, device, options)
+        where = f"layers [{source.layer_start}, {source.layer_end})"
+        if sample is not None:
+            samples.append(sample(f"after load of {where}", (source.directory,)))
         for kind, layer in kinds_to_measure(cfg, source.layer_start, source.layer_end, frozenset(profiles)).items():
             profiles[kind] = measure_layer(cfg, kernels, weights, layer, grid)
             layers.append(layer)
@@ -187,10 +202,13 @@ def measure_sources(backend: str, device: str, sources: list[ProfileSource], gri
             profiles["head"] = measure_head(cfg, kernels, weights, grid)
         steps.append(measure_step_overhead(cfg, kernels, source.layer_start, source.layer_end, source.first,
                                            source.last, profiles, grid))
+        if sample is not None:
+            samples.append(sample(f"after the profiled steps of {where}", (source.directory,)))
         del kernels, weights  # one source's weights in memory at a time
     if cfg is None:
         raise InvalidArgument("nothing to profile", reason="MISSING_FIELD", field="layer_ranges")
-    return Measured(cfg, [profiles[k] for k in LAYER_KINDS if k in profiles], layers, step_grid_figures(steps))
+    return Measured(cfg, [profiles[k] for k in LAYER_KINDS if k in profiles], layers, step_grid_figures(steps),
+                    RuntimeResident(tuple(samples)) if samples else None)
 
 
 def model_shapes(cfg: DeepseekV2Config) -> str:
@@ -245,6 +263,13 @@ class Profiler:
             raise FailedPrecondition(f"backend {self._cfg.backend} is not installed", reason="BACKEND_UNAVAILABLE")
         return build
 
+    def _resident_sample(self, point: str, weight_dirs: tuple[str, ...]) -> ResidentSample:
+        """This worker's resident memory now, beside the weights of the profiled range and those
+        of any stage it holds loaded, and less the KV those stages hold."""
+        loaded = [r.stage for r in self._generations.runtimes() if r.stage is not None]
+        dirs = weight_dirs + tuple(d for s in loaded for d in (s.spec.artifact_dir, s.spec.checkpoint_dir) if d)
+        return read_resident_sample(point, dirs, sum(s.executor.kv.bytes_allocated() for s in loaded))
+
     # ---- stage ---------------------------------------------------------------------------
     async def profile_stage(self, request: pb.ProfileStageRequest) -> pb.ProfileStageResponse:
         host = _required(request.host, "host")
@@ -265,7 +290,7 @@ class Profiler:
         try:
             measured_sources = await loop.run_in_executor(
                 self._runtime.device_thread, measure_sources, self._cfg.backend.value, self._cfg.device, sources,
-                grid, options)
+                grid, options, self._resident_sample)
         except ModelError as exc:
             raise FailedPrecondition(f"{exc.reason}: {exc.message}", reason="PROFILE_LOAD_FAILED") from exc
         cfg, kinds, layers = measured_sources.cfg, measured_sources.kinds, measured_sources.layers
@@ -277,7 +302,8 @@ class Profiler:
             command=request.command or "StageWorkerService/ProfileStage", measured_unix_ns=time.time_ns(),
             valid_for_s=request.valid_for_s or DEFAULT_VALID_FOR_S,
             step_s_per_microbatch=measured_sources.step.get(grid.context_tokens, {}),
-            step_s_by_context=measured_sources.step, weights_policy=weights_policy_of(sources))
+            step_s_by_context=measured_sources.step, weights_policy=weights_policy_of(sources),
+            runtime_resident=measured_sources.resident)
         measured = layers or [sources[0].layer_start]
         shapes = model_shapes(cfg) + "; sources " + ", ".join(s.label for s in sources)
         content, blob = stage_profile_record(profile, (min(measured), max(measured) + 1), shapes)

@@ -248,12 +248,21 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
         backend=BACKEND_TO_PB[spec.backend or Backend(stage.backend)],
         boundary_dtype=DTYPE_TO_PB[stage_dtypes(spec, stage.stage_index, count)[1]],
         input_boundary_dtype=DTYPE_TO_PB[stage_dtypes(spec, stage.stage_index, count)[0]],
-        kv_limit_bytes=spec.kv_limit_bytes, output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
+        kv_limit_bytes=stage_kv_limit(spec.kv_limit_bytes, stage.kv_bytes),
+        output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
         previous_hop_identity=_previous_hop(plan, stage.stage_index, identities, fleet.identity),
         next_hop_identity=_next_hop(plan, stage.stage_index, identities),
     ), identities.get(stage.node, "")) for stage, artifact in zip(plan.stages, artifacts, strict=True)]
     return await load_route(loads, progress=progress, channel=fleet.channel, keep_generation=keep_generation,
                             replace_generation=replace_generation)
+
+
+def stage_kv_limit(route_limit_bytes: int, planned_kv_bytes: int) -> int:
+    """The KV pool a stage is given: what its plan counted for it (KV for the target's context x
+    concurrency), so the pool never outgrows the memory the plan verified; a route-wide limit
+    (FORNAX_STAGE_KV_LIMIT_BYTES) only lowers it. 0 (neither known) leaves the worker's default."""
+    limits = [x for x in (route_limit_bytes, planned_kv_bytes) if x > 0]
+    return min(limits) if limits else 0
 
 
 def stage_dtypes(spec: InstallSpec, stage_index: int, stage_count: int) -> tuple[DType, DType]:

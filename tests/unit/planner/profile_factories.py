@@ -14,6 +14,8 @@ from libs.profiles.schema import (
     HostFacts,
     LayerKindProfile,
     LinkProfile,
+    ResidentSample,
+    RuntimeResident,
     StageCalibration,
     StageProfile,
     to_json,
@@ -38,16 +40,27 @@ def kind(name: str, decode_s_at_1: float, *, resident: int = 4 * MIB, kv: int = 
 
 def stage_profile(host: str, snapshot: str, *, backend: str = "max", layer_s: float = 1e-3,
                   kinds=("dense", "moe", "embed", "head"), measured: int = NOW - 3600 * 10**9,
-                  valid_for_s: int = DAY_S, step_s: float | None = None) -> StageProfile:
+                  valid_for_s: int = DAY_S, step_s: float | None = None,
+                  reserve: int | None = 300 * MIB) -> StageProfile:
     """`step_s`: the step overhead at 1 row (doubling at 8, x5 at 32); None: a tenth of `layer_s`;
-    0: a profile that predates the step overhead (no figures)."""
+    0: a profile that predates the step overhead (no figures). `reserve`: the measured runtime
+    reserve; None: a profile that predates it."""
     edge = layer_s / 10
     made = tuple(kind(k, edge if k in ("embed", "head") else layer_s) for k in kinds)
     step_1 = layer_s / 10 if step_s is None else step_s
     step = {1: fig(step_1), 8: fig(step_1 * 2), 32: fig(step_1 * 5)} if step_1 else {}
     return StageProfile(HostFacts(host, "Test CPU", 1.0, "0", 8 << 30), f"spiffe://fornax/stage/{host}", backend,
                         f"{backend} test-build", "cpu", snapshot, "bf16", 4096, 1, made,
-                        "fornax profile --fleet test.yaml", measured, valid_for_s, step)
+                        "fornax profile --fleet test.yaml", measured, valid_for_s, step,
+                        runtime_resident=None if reserve is None else runtime_resident(reserve))
+
+
+def runtime_resident(reserve: int) -> RuntimeResident:
+    """Two samples whose larger runtime figure (resident less weight pages and KV) is `reserve`."""
+    load = ResidentSample("after load of layers [0, 3)", reserve // 2 + 64 * MIB, reserve // 4, 64 * MIB, 0)
+    steps = ResidentSample("after the profiled steps of layers [0, 3)", reserve + 96 * MIB, reserve // 2, 64 * MIB,
+                           32 * MIB)
+    return RuntimeResident((load, steps))
 
 
 def link_profile(a: str, b: str, *, rtt_s: float = 1e-4, bytes_per_s: float = 1e9,

@@ -44,7 +44,7 @@ def test_the_description_names_the_facts_and_labels_the_constants():
     assert "198.18.0.11" in line and "quota 0.5 cores" in line and str(2 * GIB) in line
     assert "exploratory" in line
     profiled = describe_facts([_cap("198.18.0.11", quota=0.5, limit=2 * GIB)], profiled=True)
-    assert "compute from stage profiles (physical), gaps from declared" in profiled
+    assert "compute and runtime reserve from stage profiles (physical), gaps from declared" in profiled
 
 
 def test_each_worker_takes_the_host_of_the_stage_profile_it_measured():

@@ -118,10 +118,11 @@ def test_every_term_carries_its_evidence_ids_and_says_it_is_a_prediction_from_me
     assert p.route_key == f"{SNAP}|a:max[0:6]>b:max[6:12]"
     for stage in p.stages:
         terms = {t.term: t for t in stage.terms}
-        assert set(terms) == {"compute", "step", "pack", "wire", "unpack", "memory"}
+        assert set(terms) == {"compute", "step", "pack", "wire", "unpack", "memory", "reserve"}
         assert terms["compute"].record_ids == (f"stage-{stage.host}",)
         assert terms["step"].record_ids == (f"stage-{stage.host}",)
         assert terms["memory"].record_ids == (f"stage-{stage.host}",)
+        assert terms["reserve"].record_ids == (f"stage-{stage.host}",)
         assert all(t.evidence_class == d.TERM_PHYSICAL for t in stage.terms)
         assert "prediction computed from physical measurements" in terms["compute"].note
     assert "predictions computed from physical measurements" in p.label
