@@ -122,3 +122,9 @@ def test_stored_profiles_under_the_state_dir_are_planned_from(lite_checkpoint, t
     assert re.search(rf"beta +compute .*measured profile {record_id} \(physical\) stands in", out)
     assert "terms from physical profiles" in out  # the plan rests on the record, declared figures fill gaps
     assert f"measurement records {record_id}" in out and "declared, exploratory" in out
+    # beta's runtime reserve is the profile's measurement (300 MiB), alpha's and gamma's stay declared
+    assert re.search(rf"beta +reserve +0\.293 GiB +physical: measured on beta \(Test CPU\) by stage profile "
+                     rf"{record_id}: .*replaces the declared 512 MiB", out)
+    assert re.search(r"alpha +reserve +0\.500 GiB +declared estimate \(prediction\)", out)
+    assert re.search(r"reserve +0\.293 GiB +physical \(prediction from layer profiles; measurement records "
+                     rf"{record_id}\)", out)

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
-from services.planner.inventory_facts import CPU_FLOPS_PER_CORE, describe_facts, inventory_from
+from services.planner.inventory_facts import CPU_FLOPS_PER_CORE, RUNTIME_RESERVE_BYTES, describe_facts, inventory_from
 
 GIB = 1 << 30
 
@@ -60,3 +60,8 @@ def test_each_worker_takes_the_host_of_the_stage_profile_it_measured():
     plaintext = _cap("198.18.0.12")  # no identity: the one of its stage index (spiffe://fornax/stage/stage-0)
     gamma = stage_record(replace(stage_profile("gamma", "sha256:m"), worker="spiffe://fornax/stage/stage-0"))
     assert hosts_from_profiles([plaintext], [gamma]) == ("gamma",)
+
+
+def test_running_workers_hold_back_the_declared_runtime_reserve_of_their_backend():
+    nodes = inventory_from([_cap("198.18.0.11", quota=0.5, limit=2 * GIB)]).nodes
+    assert nodes[0].reserve_bytes == RUNTIME_RESERVE_BYTES[nodes[0].backend] == 512 * 2**20
