@@ -139,7 +139,7 @@ def _plan_fleet_file(args):
     from libs.common.kinds import DType
     from libs.service.errors import FailedPrecondition, InvalidArgument
     from services.planner.model import describe_checkpoint
-    from services.planner.planner import plan, plan_with_book, resolved_book
+    from services.planner.planner import resolved_book
 
     try:
         spec = load_fleet_spec(args.fleet, DType(args.boundary_dtype) if args.boundary_dtype else None)
@@ -161,21 +161,24 @@ def _plan_fleet_file(args):
     resolver = _resolver(args, mode, args.state_dir)
     hosts = {h.name for h in spec.stage_hosts}
     from_profiles = any(subject in hosts for subject in measured)
-    routes = route_count(args.routes)
     book = resolved_book(resolver, records) if from_profiles else None
     figures = built.figures
     if book is not None:
         reserves = fleet_reserves(built, book, model.model_snapshot, model.weights_policy, time.time_ns())
         figures = with_reserves(built.figures, reserves)
-    if routes != 1:
-        from services.planner.planner import plan_routes
-
-        result = plan_routes(model, built.inventory, target, routes, resolver, book)
-    elif book is not None:
-        result = plan_with_book(model, built.inventory, target, resolver, book)
-    else:
-        result = plan(model, built.inventory, target, resolver)
+    result = _plan_inventory(model, built.inventory, target, route_count(args.routes), resolver, book)
     return model, result, FleetPlanning(args.fleet, spec.file_sha256, built, weights, measured, figures)
+
+
+def _plan_inventory(model, inventory, target, routes: int | None, resolver, book):
+    """`routes` replica routes (1: a single route), from the profile book when there is one."""
+    from services.planner.planner import plan, plan_routes, plan_with_book
+
+    if routes != 1:
+        return plan_routes(model, inventory, target, routes, resolver, book)
+    if book is not None:
+        return plan_with_book(model, inventory, target, resolver, book)
+    return plan(model, inventory, target, resolver)
 
 
 def _plan_inventory_file(args, model):
