@@ -14,8 +14,9 @@ per shape is timed warm. Pure apart from the kernels and the clock, both passed 
 
 from __future__ import annotations
 
+import mmap
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -80,20 +81,44 @@ def per_unit(samples: Sequence[float], units: int, unit: str) -> Figure:
     return Figure.of([s / units for s in samples], unit)
 
 
-def layer_resident_bytes(layer: LayerWeights) -> int:
-    """Bytes of one layer's weights as the stage holds them: every array and packed weight,
-    through nested weight records and per-expert sequences."""
-    total = 0
-    stack: list[object] = [layer]
+def _weight_arrays(weights: object) -> Iterator[np.ndarray]:
+    """Every stored array of a weight record (each once), through nested records, packed weights
+    and per-expert sequences."""
+    seen: set[int] = set()
+    stack: list[object] = [weights]
     while stack:
         item = stack.pop()
-        if isinstance(item, np.ndarray | PackedWeight):
-            total += int(item.nbytes)
+        if isinstance(item, PackedWeight):
+            item = item.data
+        if isinstance(item, np.ndarray):
+            if id(item) not in seen:
+                seen.add(id(item))
+                yield item
         elif isinstance(item, list | tuple):
             stack.extend(item)
         elif item is not None and hasattr(item, "__dataclass_fields__"):
             stack.extend(getattr(item, name) for name in item.__dataclass_fields__)
-    return total
+
+
+def layer_resident_bytes(layer: LayerWeights) -> int:
+    """Bytes of one layer's weights as the stage holds them: every array and packed weight,
+    through nested weight records and per-expert sequences."""
+    return sum(int(a.nbytes) for a in _weight_arrays(layer))
+
+
+def _file_mapped(array: np.ndarray) -> bool:
+    base: object = array
+    while base is not None:
+        if isinstance(base, np.memmap | mmap.mmap):
+            return True
+        base = getattr(base, "base", None)
+    return False
+
+
+def weight_copy_bytes(weights: object) -> int:
+    """Bytes of the weights held as copies in the process's own memory (converted or decoded
+    arrays), not as maps of the weight files: anonymous memory the plan counts as weights."""
+    return sum(int(a.nbytes) for a in _weight_arrays(weights) if not _file_mapped(a))
 
 
 def kv_bytes_per_token(cfg: DeepseekV2Config) -> int:

@@ -4,8 +4,10 @@ Pure core: `resident_sample` reads the text of an smaps file and splits the proc
 pages (every mapping's `Rss`) into the file pages of its weight files (mappings of files under
 `weight_dirs`: stage weights are copy-on-write maps of the artifact, which the plan counts as
 weights), and the rest. A weight mapping's `Anonymous` pages are pages copied on write, so they
-count as the runtime's, not as weights. The caller names the bytes its KV stores hold, which the
-plan counts as KV. `read_resident_sample` is the thin shell that reads this process's file.
+count as the runtime's, not as weights. The caller names the weights it holds as arrays of its
+own (converted from the file, `libs.profiles.measure.weight_copy_bytes`) and the bytes its KV
+stores hold, which the plan counts as weights and KV. `read_resident_sample` is the thin shell
+that reads this process's file.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ def _under(path: str, roots: Sequence[str]) -> bool:
     return bool(path) and any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
 
 
-def resident_sample(point: str, smaps_text: str, weight_dirs: Sequence[str], kv_bytes: int) -> ResidentSample:
+def resident_sample(point: str, smaps_text: str, weight_dirs: Sequence[str], weight_copy_bytes: int,
+                    kv_bytes: int) -> ResidentSample:
     """The sample `point` of an smaps text: total Rss, total Anonymous, and the file pages of
     mappings whose path lies under one of `weight_dirs` (absolute, resolved)."""
     rss = anon = weight_file = 0
@@ -56,13 +59,14 @@ def resident_sample(point: str, smaps_text: str, weight_dirs: Sequence[str], kv_
             anon += value
             mapping_anon = value
     close_mapping()
-    return ResidentSample(point, rss, anon, weight_file, kv_bytes)
+    return ResidentSample(point, rss, anon, weight_file, weight_copy_bytes, kv_bytes)
 
 
-def read_resident_sample(point: str, weight_dirs: Sequence[str], kv_bytes: int,
+def read_resident_sample(point: str, weight_dirs: Sequence[str], weight_copy_bytes: int, kv_bytes: int,
                          smaps: Path = Path("/proc/self/smaps")) -> ResidentSample:
     """This process's sample now; collects garbage first, so a sample counts what is held, not
     what merely awaits the collector."""
     gc.collect()
     roots = [str(Path(d).resolve()) for d in weight_dirs]
-    return resident_sample(point, smaps.read_text(encoding="utf-8", errors="replace"), roots, kv_bytes)
+    return resident_sample(point, smaps.read_text(encoding="utf-8", errors="replace"), roots, weight_copy_bytes,
+                           kv_bytes)

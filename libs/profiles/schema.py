@@ -120,13 +120,14 @@ class ResidentSample:
     rss_bytes: int  # every resident page of the process (the sum of its mappings' Rss)
     anon_bytes: int  # of which anonymous (heap, allocator arenas, copy-on-write copies)
     weight_file_bytes: int  # of which file pages of the weight files it maps (the plan counts them as weights)
+    weight_copy_bytes: int  # weights it holds as arrays of its own (converted, not mapped): weights too
     kv_bytes: int  # bytes its KV stores held (the plan counts them as KV)
 
     @property
     def runtime_bytes(self) -> int:
         """What the process holds beyond its weights and KV: interpreter, gRPC, backend runtime and
-        its libraries, compiled graphs, allocator slack and any copy the backend made."""
-        return max(0, self.rss_bytes - self.weight_file_bytes - self.kv_bytes)
+        its libraries, compiled graphs, allocator slack and any copy a backend made of its own."""
+        return max(0, self.rss_bytes - self.weight_file_bytes - self.weight_copy_bytes - self.kv_bytes)
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,9 @@ class RuntimeResident:
     The planner holds `reserve_bytes` back on the host in place of a declared reserve."""
 
     samples: tuple[ResidentSample, ...]
-    method: str = ("VmRSS from /proc/self/smaps, less the file pages of mapped weight files, less the bytes "
-                   "of live KV stores; largest sample after load and after the profiled steps")
+    method: str = ("VmRSS from /proc/self/smaps, less the file pages of mapped weight files and the weights held "
+                   "as converted arrays, less the bytes of live KV stores; largest sample after load and after the "
+                   "profiled steps")
 
     @property
     def reserve_bytes(self) -> int:
@@ -339,7 +341,8 @@ def _runtime_resident(data: Any) -> RuntimeResident | None:
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list) or not data["samples"]:
         raise ProfileFormatError(f"bad runtime_resident {data!r}")
     samples = tuple(ResidentSample(str(s["point"]), int(s["rss_bytes"]), int(s["anon_bytes"]),
-                                   int(s["weight_file_bytes"]), int(s["kv_bytes"])) for s in data["samples"])
+                                   int(s["weight_file_bytes"]), int(s["weight_copy_bytes"]), int(s["kv_bytes"]))
+                    for s in data["samples"])
     return RuntimeResident(samples, str(data["method"]))
 
 

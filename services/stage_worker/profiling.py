@@ -31,7 +31,14 @@ from libs.model.errors import ModelError
 from libs.model.kernels import make_kernels
 from libs.model.weights import load_stage_weights
 from libs.profiles import link as link_probe
-from libs.profiles.measure import Grid, kinds_to_measure, measure_embed, measure_head, measure_layer
+from libs.profiles.measure import (
+    Grid,
+    kinds_to_measure,
+    measure_embed,
+    measure_head,
+    measure_layer,
+    weight_copy_bytes,
+)
 from libs.profiles.resident import read_resident_sample
 from libs.profiles.schema import (
     DECODE_CONTEXTS,
@@ -170,8 +177,9 @@ class Measured:
     resident: RuntimeResident | None = None
 
 
-# (point, directories of the weight files mapped now) -> this process's resident sample.
-Sampler = Callable[[str, tuple[str, ...]], ResidentSample]
+# (point, directories of the weight files mapped now, bytes of weights held as converted copies)
+# -> this process's resident sample.
+Sampler = Callable[[str, tuple[str, ...], int], ResidentSample]
 
 
 def measure_sources(backend: str, device: str, sources: list[ProfileSource], grid: Grid,
@@ -192,7 +200,7 @@ def measure_sources(backend: str, device: str, sources: list[ProfileSource], gri
         kernels = make_kernels(backend, cfg, weights, device, options)
         where = f"layers [{source.layer_start}, {source.layer_end})"
         if sample is not None:
-            samples.append(sample(f"after load of {where}", (source.directory,)))
+            samples.append(sample(f"after load of {where}", (source.directory,), weight_copy_bytes(weights)))
         for kind, layer in kinds_to_measure(cfg, source.layer_start, source.layer_end, frozenset(profiles)).items():
             profiles[kind] = measure_layer(cfg, kernels, weights, layer, grid)
             layers.append(layer)
@@ -203,7 +211,8 @@ def measure_sources(backend: str, device: str, sources: list[ProfileSource], gri
         steps.append(measure_step_overhead(cfg, kernels, source.layer_start, source.layer_end, source.first,
                                            source.last, profiles, grid))
         if sample is not None:
-            samples.append(sample(f"after the profiled steps of {where}", (source.directory,)))
+            samples.append(sample(f"after the profiled steps of {where}", (source.directory,),
+                                  weight_copy_bytes(weights)))
         del kernels, weights  # one source's weights in memory at a time
     if cfg is None:
         raise InvalidArgument("nothing to profile", reason="MISSING_FIELD", field="layer_ranges")
@@ -263,12 +272,13 @@ class Profiler:
             raise FailedPrecondition(f"backend {self._cfg.backend} is not installed", reason="BACKEND_UNAVAILABLE")
         return build
 
-    def _resident_sample(self, point: str, weight_dirs: tuple[str, ...]) -> ResidentSample:
+    def _resident_sample(self, point: str, weight_dirs: tuple[str, ...], copied_bytes: int) -> ResidentSample:
         """This worker's resident memory now, beside the weights of the profiled range and those
         of any stage it holds loaded, and less the KV those stages hold."""
         loaded = [r.stage for r in self._generations.runtimes() if r.stage is not None]
         dirs = weight_dirs + tuple(d for s in loaded for d in (s.spec.artifact_dir, s.spec.checkpoint_dir) if d)
-        return read_resident_sample(point, dirs, sum(s.executor.kv.bytes_allocated() for s in loaded))
+        copied = copied_bytes + sum(weight_copy_bytes(getattr(s.executor.kernels, "weights", None)) for s in loaded)
+        return read_resident_sample(point, dirs, copied, sum(s.executor.kv.bytes_allocated() for s in loaded))
 
     # ---- stage ---------------------------------------------------------------------------
     async def profile_stage(self, request: pb.ProfileStageRequest) -> pb.ProfileStageResponse:

@@ -15,12 +15,15 @@ import pytest
 import yaml
 
 from apps.fleet.netns import read_record
+from libs.common.kinds import Backend
 from libs.security.cli_credentials import operator_credentials
 from libs.service.channels import ChannelConfig
 from libs.service.fleet_state import read_fleet
 from services.evidence_registry.client import ClientOptions
+from services.planner.inventory import Node
 from services.planner.profile_source import fetch_profile_records
 from services.planner.profiles import book_from_records
+from services.planner.reserve import choose_reserve
 from tests.integration.orchestrator.harness import tiny_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -62,6 +65,17 @@ def test_profile_stores_signed_records_a_planner_reads_back(checkpoint, tmp_path
         assert book.stage_problem("stage_worker_0", document["model_snapshot"], "numpy", time.time_ns()) is None
         kinds = [k.kind for k in book.stage_record("stage_worker_1").profile.kinds]
         assert kinds == ["dense", "moe", "embed", "head"]  # from the first and last profiling artifacts
+        # the worker's own resident memory beyond weights and KV, after each artifact loads and after its steps
+        resident = book.stage_record("stage_worker_0").profile.runtime_resident
+        assert resident is not None and len(resident.samples) == 4
+        assert [s.point.split(" of ")[0] for s in resident.samples] == ["after load", "after the profiled steps"] * 2
+        assert all(s.rss_bytes > s.anon_bytes > 0 for s in resident.samples)
+        # every weight read by then: held as mapped file pages or as arrays of the worker's own
+        assert all(s.weight_file_bytes + s.weight_copy_bytes > 0 for s in resident.samples[1::2])
+        assert 16 << 20 < resident.reserve_bytes < 4 << 30
+        node = Node("stage_worker_0", Backend.NUMPY, 4 << 30, 1e9, 1e9, (), (), reserve_bytes=512 << 20)
+        chosen = choose_reserve(node, "stage_worker_0", book, document["model_snapshot"], "fp32", time.time_ns())
+        assert chosen.measured and chosen.reserve_bytes == resident.reserve_bytes
 
         q8 = _fornax("profile", "--state-dir", str(state), "--checkpoint", str(checkpoint), "--json",
                      "--weights", "q8_0", *SMALL)

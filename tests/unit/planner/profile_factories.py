@@ -57,9 +57,9 @@ def stage_profile(host: str, snapshot: str, *, backend: str = "max", layer_s: fl
 
 def runtime_resident(reserve: int) -> RuntimeResident:
     """Two samples whose larger runtime figure (resident less weight pages and KV) is `reserve`."""
-    load = ResidentSample("after load of layers [0, 3)", reserve // 2 + 64 * MIB, reserve // 4, 64 * MIB, 0)
-    steps = ResidentSample("after the profiled steps of layers [0, 3)", reserve + 96 * MIB, reserve // 2, 64 * MIB,
-                           32 * MIB)
+    load = ResidentSample("after load of layers [0, 3)", reserve // 2 + 64 * MIB, reserve // 4, 64 * MIB, 0, 0)
+    steps = ResidentSample("after the profiled steps of layers [0, 3)", reserve + 112 * MIB, reserve // 2, 64 * MIB,
+                           16 * MIB, 32 * MIB)
     return RuntimeResident((load, steps))
 
 
