@@ -82,8 +82,8 @@ def per_unit(samples: Sequence[float], units: int, unit: str) -> Figure:
 
 
 def _weight_arrays(weights: object) -> Iterator[np.ndarray]:
-    """Every stored array of a weight record (each once), through nested records, packed weights
-    and per-expert sequences."""
+    """Every stored array of a weight record (each once), through nested records, packed weights,
+    per-expert sequences and a stage's table of layers."""
     seen: set[int] = set()
     stack: list[object] = [weights]
     while stack:
@@ -96,6 +96,8 @@ def _weight_arrays(weights: object) -> Iterator[np.ndarray]:
                 yield item
         elif isinstance(item, list | tuple):
             stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
         elif item is not None and hasattr(item, "__dataclass_fields__"):
             stack.extend(getattr(item, name) for name in item.__dataclass_fields__)
 
@@ -107,9 +109,11 @@ def layer_resident_bytes(layer: LayerWeights) -> int:
 
 
 def _file_mapped(array: np.ndarray) -> bool:
+    """Whether the array's memory is a map of a file. An array computed from a map keeps the
+    `np.memmap` class without any map behind it, so only an `mmap.mmap` at the root counts."""
     base: object = array
     while base is not None:
-        if isinstance(base, np.memmap | mmap.mmap):
+        if isinstance(base, mmap.mmap):
             return True
         base = getattr(base, "base", None)
     return False

@@ -102,3 +102,5 @@ def test_weights_held_as_arrays_of_their_own_are_told_from_mapped_ones(tmp_path)
               "packed": PackedWeight(FORMATS["q8_0"], (32,), np.zeros(34, np.uint8))}
     assert weight_copy_bytes(list(record.values())) == 1024 * 8 + 34
     assert weight_copy_bytes([mapped, mapped[:512]]) == 0
+    owned = np.zeros(1024, np.float32).view(np.memmap)  # of class np.memmap, with no map behind it
+    assert weight_copy_bytes({3: [owned]}) == 4096
