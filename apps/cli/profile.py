@@ -18,7 +18,7 @@ from pathlib import Path
 from apps.fleet.profiling import FleetProfiles, ProfileRequest, Worker, profile_fleet
 from apps.fleet.spec import FleetFileError, load_fleet_spec
 from libs.profiles.measure import Grid
-from libs.profiles.schema import Calibration, Figure, LayerKindProfile
+from libs.profiles.schema import Calibration, Figure, LayerKindProfile, StageProfile
 from libs.security.cli_credentials import operator_credentials
 from libs.service.channels import ChannelConfig
 from libs.service.errors import FornaxError
@@ -251,6 +251,19 @@ def _kind_rows(kind: LayerKindProfile) -> list[str]:
     return rows
 
 
+def _resident_rows(p: StageProfile) -> list[str]:
+    """The worker's own resident memory beyond weights and KV: the reserve the planner holds back."""
+    resident = p.runtime_resident
+    if resident is None:
+        return []
+    rows = [f"    runtime reserve {resident.reserve_bytes / 2**20:.1f} MiB (largest sample; resident less weights "
+            "and KV, what the planner holds back on this host):"]
+    mib = 2**20
+    return rows + [f"      {s.point}: resident {s.rss_bytes / mib:.1f} MiB (anonymous {s.anon_bytes / mib:.1f}), "
+                   f"weight file pages {s.weight_file_bytes / mib:.1f}, weight copies {s.weight_copy_bytes / mib:.1f}, "
+                   f"KV {s.kv_bytes / mib:.1f} -> {s.runtime_bytes / mib:.1f} MiB" for s in resident.samples]
+
+
 def render(result: FleetProfiles) -> str:
     lines = [f"model snapshot {result.model_snapshot}; every figure below is {EVIDENCE}: measured on the named "
              "host, median [min..max, spread, runs]"]
@@ -268,6 +281,7 @@ def render(result: FleetProfiles) -> str:
             lines.append("    step (served decode microbatch beyond its layers: executor, KV, unpack/pack):")
             lines += [f"      decode batch={b} past={c}: {_fig(f, 1e3, ' ms/microbatch')}"
                       for c, table in sorted(p.step_grid().items()) for b, f in sorted(table.items())]
+        lines += _resident_rows(p)
     for link in result.links:
         lp = link.profile
         lines.append(f"{EVIDENCE} link profile {lp.from_host} -> {lp.to_host} over {lp.transport} "

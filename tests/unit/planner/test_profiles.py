@@ -8,7 +8,16 @@ import pytest
 
 from apps.cli.profile import render, to_document
 from apps.fleet.profiling import FleetProfiles, StoredLink, StoredStage, ordered_pairs
-from libs.profiles.schema import Figure, HostFacts, LayerKindProfile, LinkProfile, StageProfile, to_json
+from libs.profiles.schema import (
+    Figure,
+    HostFacts,
+    LayerKindProfile,
+    LinkProfile,
+    ResidentSample,
+    RuntimeResident,
+    StageProfile,
+    to_json,
+)
 from services.evidence_registry.domain import Record, RecordStatus
 from services.evidence_registry.errors import InvalidField
 from services.evidence_registry.profile_records import link_profile_record, stage_profile_record
@@ -111,6 +120,13 @@ def test_every_printed_figure_says_it_is_physical_and_shows_its_spread():
     assert "PHYSICAL stage profile beta (record s1)" in text and "PHYSICAL link profile alpha -> beta" in text
     assert "0.5 cores" in text and "numpy 2.4" in text and SNAP in text and "fornax profile --runs 3" in text
     assert "spread 67%, n=3" in text  # the dense layer's prefill: (2e-4 - 1e-4) / 1.5e-4
+    resident = RuntimeResident((ResidentSample("after the profiled steps of layers [0, 2)", 300 << 20, 200 << 20,
+                                               40 << 20, 10 << 20, 50 << 20),))
+    with_reserve = dataclasses.replace(stage(), runtime_resident=resident)
+    text = render(FleetProfiles(SNAP, (StoredStage(with_reserve, s_record),), ()))
+    assert "runtime reserve 200.0 MiB (largest sample" in text
+    assert "after the profiled steps of layers [0, 2): resident 300.0 MiB (anonymous 200.0), weight file pages " \
+           "40.0, weight copies 10.0, KV 50.0 -> 200.0 MiB" in text
     document = to_document(result)
     assert document["stages"][0]["evidence_class"] == "physical" and document["links"][0]["record_id"] == "l1"
     assert ordered_pairs(["a", "b", "c"]) == [("a", "b"), ("a", "c"), ("b", "a"), ("b", "c"), ("c", "a"), ("c", "b")]
