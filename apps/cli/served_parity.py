@@ -185,7 +185,8 @@ def route_stages(state, state_dir: str) -> list[RouteStage]:
     try:
         orchestrator = next(s for s in state.services if s.kind == "orchestrator")
         with open_channel(orchestrator.grpc, cli_channel(state_dir)) as channel:
-            status = pb_grpc.OrchestratorServiceStub(channel).GetPlanStatus(pb.GetPlanStatusRequest(), timeout=10).current
+            stub = pb_grpc.OrchestratorServiceStub(channel)
+            status = stub.GetPlanStatus(pb.GetPlanStatusRequest(), timeout=10).current
     except StopIteration:
         raise ServedParityError("the fleet has no orchestrator", reason="FLEET_NOT_RUNNING") from None
     except grpc.RpcError as exc:
