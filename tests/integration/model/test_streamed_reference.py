@@ -21,8 +21,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 LENGTHS = (7, 12, 1)
-# Same modules, same float32 weights, same order of operations: the logits agree to rounding.
-TOLERANCE = 1e-5
+# Same modules and float32 weights; only the routed experts' summation order differs (eager
+# loop here, grouped_mm in from_pretrained's model): float32 rounding, about 1e-5 on |logits| ~ 30.
+TOLERANCE = 1e-4
+# A policy's weights move the logits far more than rounding does.
+QUANTIZED_MIN_DIFF = 1e-2
 
 
 def _sequences(checkpoint: Path, seed: int = 0) -> list[list[int]]:
@@ -96,8 +99,9 @@ def test_streamed_logits_of_built_artifacts_equal_the_whole_model_on_their_decod
     assert streamed.logits is not None
     for ours, ref, unquantized in zip(streamed.logits, expected, source, strict=True):
         np.testing.assert_allclose(ours, ref, rtol=0, atol=TOLERANCE)
+        np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
         # the artifacts' weights are not the checkpoint's: the check can tell them apart
-        assert np.abs(ours - unquantized).max() > 100 * TOLERANCE
+        assert np.abs(ours - unquantized).max() > QUANTIZED_MIN_DIFF
     assert "2 stage artifacts" in streamed.reference
 
 
