@@ -35,7 +35,6 @@ from libs.model.weights import load_stage_weights
 from libs.weights.policy import DEFAULT_POLICY
 from libs.weights.tensor import dense, rows_of
 
-
 EXPERTS_IMPLEMENTATION = "eager"
 
 
