@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from apps.cli import served_parity
 from libs.model.kv_blocks import KV_DTYPES
 from libs.model.presets import PRESETS
 
@@ -27,11 +28,14 @@ def register(commands, benches) -> None:
     tok.set_defaults(func=_build_tokenizer)
 
     parity = commands.add_parser("parity", help="check stage execution against Hugging Face transformers (a GGUF: "
-                                                "against numpy stages over the file's own weights)")
-    parity.add_argument("--checkpoint", required=True, type=Path, help="a checkpoint directory or a deepseek2 "
-                        ".gguf file (gated on top-1 agreement >= 0.95 with numpy stages over its stored tensors)")
+                                                "against numpy stages over the file's own weights; --served: the "
+                                                "running fleet against the layer-streamed reference)")
+    parity.add_argument("--checkpoint", type=Path, help="a checkpoint directory or a deepseek2 .gguf file (gated on "
+                        "top-1 agreement >= 0.95 with numpy stages over its stored tensors); required but with "
+                        "--served, where it replaces the route's artifacts as the reference's weights")
     parity.add_argument("--stages", type=int, default=1)
-    parity.add_argument("--backend", required=True, choices=("numpy", "max"))
+    parity.add_argument("--backend", choices=("numpy", "max"), help="the stages' backend (required but with "
+                        "--served, where it is the backend --checkpoint is encoded for; default: the route's)")
     parity.add_argument("--device", default="cpu")
     parity.add_argument("--decode-steps", type=int, default=8)
     parity.add_argument("--tolerance", type=float, default=1e-4)
@@ -42,7 +46,11 @@ def register(commands, benches) -> None:
     parity.add_argument("--kv-dtype", choices=tuple(KV_DTYPES), default="fp32",
                         help="KV element type of the stages (fp8: numpy backend only); other than fp32, also "
                              "reports the logit error against float32 KV and gates on top-1 agreement with it")
+    parity.add_argument("--reference", choices=("transformers", "streamed"), default="transformers",
+                        help="transformers: the whole model in float32, every boundary; streamed: one decoder layer "
+                             "at a time (any size), gated on the final logits' top-1 >= 0.95")
     parity.add_argument("--json", action="store_true")
+    served_parity.add_arguments(parity)
     parity.set_defaults(func=_parity)
 
     bench = benches.add_parser("stage", help="per-layer prefill/decode latency: numpy, max, transformers")
@@ -84,6 +92,13 @@ def _build_tokenizer(args: argparse.Namespace) -> int:
 def _parity(args: argparse.Namespace) -> int:
     from libs.model.gguf_source import is_gguf_file
 
+    if args.served:
+        return served_parity.run(args)
+    missing = [flag for flag, value in (("--checkpoint", args.checkpoint), ("--backend", args.backend)) if not value]
+    if missing:
+        print(f"parity: {' and '.join(missing)} required (or --served)", file=sys.stderr)
+        return 2
+
     if is_gguf_file(args.checkpoint):
         from apps.cli.gguf_parity import run as run_gguf_parity
 
@@ -93,7 +108,7 @@ def _parity(args: argparse.Namespace) -> int:
     request = ParityRequest(
         checkpoint_dir=args.checkpoint, stages=args.stages, backend=args.backend, device=args.device,
         decode_steps=args.decode_steps, tolerance=args.tolerance, weights=args.weights,
-        against_source=args.against_source, kv_dtype=args.kv_dtype,
+        against_source=args.against_source, kv_dtype=args.kv_dtype, reference=args.reference,
     )
     from libs.service.errors import FornaxError
 

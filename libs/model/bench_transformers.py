@@ -10,59 +10,69 @@ from pathlib import Path
 import numpy as np
 
 from libs.model.config import DeepseekV2Config
-from libs.model.weights import StageWeights
+from libs.model.weights import LayerWeights, StageWeights
 from libs.weights.tensor import Weight, dense
 
 EXPERTS_IMPLEMENTATION = "grouped_mm"
 
 
+def hf_layer_state(lw: LayerWeights) -> dict[str, np.ndarray]:
+    """A `DeepseekV2DecoderLayer`'s state dict for one layer's weights, each decoded to float32
+    (a packed weight runs dequantized: the reference of the same quantized model). The routed
+    experts fill their [experts, ...] tensors one expert at a time, so no second stacked copy
+    of them is ever held."""
+    a = lw.attention
+    state = {
+        "input_layernorm.weight": lw.input_norm,
+        "post_attention_layernorm.weight": lw.post_attention_norm,
+        "self_attn.kv_a_proj_with_mqa.weight": a.kv_a_proj,
+        "self_attn.kv_a_layernorm.weight": a.kv_a_norm,
+        "self_attn.kv_b_proj.weight": a.kv_b_proj,
+        "self_attn.o_proj.weight": a.o_proj,
+    }
+    if a.q_proj is not None:
+        state["self_attn.q_proj.weight"] = a.q_proj
+    else:
+        q_a_proj, q_a_norm, q_b_proj = a.query_lora()
+        state.update({"self_attn.q_a_proj.weight": q_a_proj, "self_attn.q_a_layernorm.weight": q_a_norm,
+                      "self_attn.q_b_proj.weight": q_b_proj})
+    if lw.moe is None:
+        mlp = lw.dense()
+        state.update({"mlp.gate_proj.weight": mlp.gate, "mlp.up_proj.weight": mlp.up,
+                      "mlp.down_proj.weight": mlp.down})
+    else:
+        m = lw.moe
+        state["mlp.gate.weight"] = m.router
+        if m.shared is not None:
+            state.update({"mlp.shared_experts.gate_proj.weight": m.shared.gate,
+                          "mlp.shared_experts.up_proj.weight": m.shared.up,
+                          "mlp.shared_experts.down_proj.weight": m.shared.down})
+    out = {name: np.ascontiguousarray(dense(value), dtype=np.float32) for name, value in state.items()}
+    if lw.moe is not None:
+        out["mlp.experts.gate_up_proj"] = _expert_stack(lw.moe.experts_gate, lw.moe.experts_up)
+        out["mlp.experts.down_proj"] = _expert_stack(lw.moe.experts_down)
+    return out
+
+
+def _expert_stack(*parts: Sequence[Weight]) -> np.ndarray:
+    """[experts, sum of the parts' rows, cols]: each expert's parts decoded into place, in order."""
+    experts = len(parts[0])
+    first = [dense(part[0]) for part in parts]
+    rows = [f.shape[0] for f in first]
+    out = np.empty((experts, sum(rows), first[0].shape[1]), dtype=np.float32)
+    for e in range(experts):
+        offset = 0
+        for part, count in zip(parts, rows, strict=True):
+            out[e, offset:offset + count] = dense(part[e])
+            offset += count
+    return out
+
+
 def _load_layer_weights(layer, cfg: DeepseekV2Config, weights: StageWeights, index: int) -> None:
     import torch
 
-    lw = weights.layer(index)
-    t = torch.from_numpy
-    attn, a = layer.self_attn, lw.attention
-    pairs = [
-        (layer.input_layernorm.weight, lw.input_norm),
-        (layer.post_attention_layernorm.weight, lw.post_attention_norm),
-        (attn.kv_a_proj_with_mqa.weight, a.kv_a_proj),
-        (attn.kv_a_layernorm.weight, a.kv_a_norm),
-        (attn.kv_b_proj.weight, a.kv_b_proj),
-        (attn.o_proj.weight, a.o_proj),
-    ]
-    if a.q_proj is not None:
-        pairs.append((attn.q_proj.weight, a.q_proj))
-    else:
-        q_a_proj, q_a_norm, q_b_proj = a.query_lora()
-        pairs += [
-            (attn.q_a_proj.weight, q_a_proj),
-            (attn.q_a_layernorm.weight, q_a_norm),
-            (attn.q_b_proj.weight, q_b_proj),
-        ]
-    if lw.moe is None:
-        mlp = lw.dense()
-        pairs += [
-            (layer.mlp.gate_proj.weight, mlp.gate),
-            (layer.mlp.up_proj.weight, mlp.up),
-            (layer.mlp.down_proj.weight, mlp.down),
-        ]
-    else:
-        m = lw.moe
-        pairs += [(layer.mlp.gate.weight, m.router),
-                  (layer.mlp.experts.gate_up_proj,
-                   np.concatenate([_dense_stack(m.experts_gate), _dense_stack(m.experts_up)], axis=1)),
-                  (layer.mlp.experts.down_proj, _dense_stack(m.experts_down))]
-        if m.shared is not None:
-            s = layer.mlp.shared_experts
-            pairs += [
-                (s.gate_proj.weight, m.shared.gate),
-                (s.up_proj.weight, m.shared.up),
-                (s.down_proj.weight, m.shared.down),
-            ]
-    with torch.no_grad():
-        for param, value in pairs:
-            # a packed weight runs dequantized: the reference of the same quantized model
-            param.copy_(t(np.ascontiguousarray(dense(value))))
+    state = hf_layer_state(weights.layer(index))
+    layer.load_state_dict({name: torch.from_numpy(value) for name, value in state.items()}, strict=True)
 
 
 def load_policy_weights(model, cfg: DeepseekV2Config, weights: StageWeights) -> None:
@@ -79,10 +89,6 @@ def load_policy_weights(model, cfg: DeepseekV2Config, weights: StageWeights) -> 
         if weights.final_norm is not None and weights.lm_head is not None:
             model.model.norm.weight.copy_(torch.from_numpy(weights.final_norm))
             model.lm_head.weight.copy_(torch.from_numpy(np.ascontiguousarray(dense(weights.lm_head))))
-
-
-def _dense_stack(stack: Sequence[Weight]) -> np.ndarray:
-    return stack if isinstance(stack, np.ndarray) else np.stack([dense(w) for w in stack])
 
 
 def transformers_runner(checkpoint: Path, cfg: DeepseekV2Config, weights: StageWeights):

@@ -34,6 +34,7 @@ LATE_PREFILL_STEP = 3
 MAX_BLOCK_TOP1_MIN = 0.95
 # A narrower KV dtype is gated on top-1 agreement with the same stages holding float32 KV.
 KV_DTYPE_TOP1_MIN = 0.95
+STREAMED_REFERENCE = "streamed"
 
 
 class ParityUnsupportedError(ConfigError):
@@ -61,6 +62,9 @@ class ParityRequest:
     # Built stage artifacts, one directory per stage, each stage's weights load from (as a stage
     # worker's do); empty: every stage reads `checkpoint_dir`.
     stage_dirs: tuple[Path, ...] = ()
+    # "transformers": the whole model in float32, every boundary compared; "streamed": the
+    # layer-streamed reference (`libs.model.streamed_reference`), the final logits' top-1 only.
+    reference: str = "transformers"
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,8 @@ class ParityReport:
     top1_vs_reference: float = 1.0
     # "max_abs": every boundary within `tolerance` and no routed expert differs; "top1": a MAX
     # stage running block formats, gated on top1_vs_reference >= MAX_BLOCK_TOP1_MIN; "kv_top1":
-    # a narrower KV dtype, gated on its top-1 agreement with float32 KV >= KV_DTYPE_TOP1_MIN
+    # a narrower KV dtype, gated on its top-1 agreement with float32 KV >= KV_DTYPE_TOP1_MIN;
+    # "streamed_top1": against the layer-streamed reference, top1_vs_reference >= MAX_BLOCK_TOP1_MIN
     gate: str = "max_abs"
     kv: KvDtypeReport | None = None
 
@@ -328,6 +333,8 @@ def run_parity(request: ParityRequest) -> ParityReport:
     check_reference_supports(cfg)
     ranges = split_layers(cfg.num_hidden_layers, request.stages)
     plans = plan_sequences(cfg, request.decode_steps, request.seed)
+    if request.reference == STREAMED_REFERENCE:
+        return run_streamed_parity(request, cfg, ranges, plans)
     ours, build = run_ours(request, cfg, ranges, plans)
     ref, reference = run_reference(request.checkpoint_dir, cfg, plans, request.weights, request.backend)
     boundaries, experts = compare(ours, ref, ranges, request.tolerance)
@@ -356,6 +363,34 @@ def run_parity(request: ParityRequest) -> ParityReport:
         boundaries=tuple(boundaries), experts=tuple(experts), passed=passed,
         weights=request.weights, quality=quality, top1_vs_reference=top1, gate=gate, kv=kv,
     )
+
+
+def run_streamed_parity(request: ParityRequest, cfg: DeepseekV2Config, ranges,
+                        plans: list[SequencePlan]) -> ParityReport:
+    """The stages, one at a time, against the layer-streamed reference over the same weights:
+    neither side ever holds the whole model. Gated on the final logits' top-1 agreement."""
+    from libs.model.streamed_reference import checkpoint_source, streamed_logits
+
+    if request.against_source or request.kv_dtype != "fp32" or request.stage_dirs:
+        raise ParityUnsupportedError("--reference streamed compares float32-KV stages of the checkpoint only: "
+                                     "drop --against-source and --kv-dtype")
+    ours, build = run_ours(request, cfg, ranges, plans)
+    source = checkpoint_source(request.checkpoint_dir, request.weights, request.backend)
+    streamed = streamed_logits(source, [p.tokens.tolist() for p in plans])
+    agree = total = 0
+    for plan, top1 in zip(plans, streamed.top1, strict=True):
+        mine = np.concatenate(ours.logits[plan.request_id]).argmax(-1)
+        agree += int(np.sum(mine == top1))
+        total += int(top1.size)
+    top1_share = agree / total if total else 1.0
+    return ParityReport(
+        checkpoint=str(request.checkpoint_dir), backend=request.backend, backend_build=build, device=request.device,
+        reference=f"{streamed.reference}; {streamed.seconds:.1f} s, peak RSS {streamed.peak_rss_bytes / 2**20:.0f} MiB",
+        stage_ranges=tuple(ranges), sequences=len(plans), decode_steps=request.decode_steps, rows=total,
+        tolerance=request.tolerance, boundaries=(), experts=(), passed=top1_share >= MAX_BLOCK_TOP1_MIN,
+        weights=request.weights, top1_vs_reference=top1_share, gate="streamed_top1",
+        figure_class="reference check (top-1 of the final logits vs the layer-streamed transformers reference, "
+                     "this host)")
 
 
 def kv_dtype_report(kv_dtype: str, narrow: dict[str, list[np.ndarray]],
@@ -421,6 +456,7 @@ def format_report(report: ParityReport, as_json: bool = False) -> str:
                      f"figures of the KV format): top-1 agreement {k.top1_vs_fp32_kv:.3f}, max abs logit error "
                      f"{k.max_abs_logit_error:.3e} (max |logit| {k.max_abs_logit:.3e})")
     rule = {"top1": f"top-1 >= {MAX_BLOCK_TOP1_MIN} (MAX block formats quantize activations)",
+            "streamed_top1": f"top-1 >= {MAX_BLOCK_TOP1_MIN} against the layer-streamed reference",
             "kv_top1": f"top-1 against float32 KV >= {KV_DTYPE_TOP1_MIN}"}.get(
                 report.gate, f"tolerance {report.tolerance:g}")
     lines.append(f"{'PASS' if report.passed else 'FAIL'} ({rule}; {report.figure_class})")

@@ -52,6 +52,8 @@ _SHARED = {
     "ignore_eos": FieldPolicy(_A, "eos does not end the output; not with an output grammar",
                               extension=True),
     "cache_salt": FieldPolicy(_A, "added to the tenant's prefix-cache salt", extension=True),
+    "return_token_ids": FieldPolicy(_A, "each choice (each streamed chunk) carries its generated token ids as "
+                                        "token_ids", extension=True),
 }
 
 CHAT_POLICY: dict[str, FieldPolicy] = {

@@ -222,7 +222,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
                              "messages")
     gen = replace(gen, prefix_salt=_prefix_salt(request, engine, fields))
     form = ResponseForm(ApiKind.CHAT, body.tools if body.tools.active else None,
-                        options.sampling.top_logprobs is not None)
+                        options.sampling.top_logprobs is not None, token_ids=options.return_token_ids)
     return await _respond(request, engine, gen, body.model, options, form)
 
 
@@ -237,7 +237,8 @@ async def _completions(request: web.Request) -> web.StreamResponse:
                              body.options, engine.served, engine.config.token_limits,
                              "prompt")
     gen = replace(gen, prefix_salt=_prefix_salt(request, engine, fields))
-    form = ResponseForm(ApiKind.COMPLETION, None, body.options.sampling.top_logprobs is not None)
+    form = ResponseForm(ApiKind.COMPLETION, None, body.options.sampling.top_logprobs is not None,
+                        token_ids=body.options.return_token_ids)
     return await _respond(request, engine, gen, body.model, body.options, form)
 
 

@@ -46,6 +46,7 @@ class CommonOptions:
     n: int = 1
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # generate to max_tokens (or a stop) past end-of-sequence
+    return_token_ids: bool = False  # each choice and chunk carries its generated ids (vLLM's extension)
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,8 @@ def parse_options(body: dict[str, Any]) -> CommonOptions:
                          sampling=_sampling(body), stop=_stop(body.get("stop")),
                          stream=stream, include_usage=include_usage, n=n,
                          stop_token_ids=tuple(stop_ids),
-                         ignore_eos=_opt_bool(body, "ignore_eos", False))
+                         ignore_eos=_opt_bool(body, "ignore_eos", False),
+                         return_token_ids=_opt_bool(body, "return_token_ids", False))
 
 
 def _sampling(body: dict[str, Any]) -> SamplingParams:

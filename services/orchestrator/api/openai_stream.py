@@ -37,6 +37,7 @@ class ResponseForm:
     kind: ApiKind
     tools: ToolRequest | None = None  # chat with tools that may be called
     logprobs: bool = False
+    token_ids: bool = False  # completions: each choice and chunk carries its generated ids
 
     @property
     def id_prefix(self) -> str:
@@ -57,6 +58,10 @@ class _Choice:
     text: list[str] = field(default_factory=list)
     entries: list = field(default_factory=list)
 
+    def carries_ids(self, output: RequestOutput) -> bool:
+        """An event whose text is held back (a partial UTF-8 character) still sends its ids."""
+        return self.form.token_ids and bool(output.token_ids)
+
     def logprobs(self, entries) -> dict | None:
         if not self.form.logprobs:
             return None
@@ -70,17 +75,19 @@ def public_id(form: ResponseForm, stream: RequestStream) -> str:
     return f"{form.id_prefix}-{uuid.UUID(stream.request_id).hex}"
 
 
-async def _drain(stream: RequestStream) -> tuple[str, RequestOutput, list]:
+async def _drain(stream: RequestStream) -> tuple[str, RequestOutput, list, list[int]]:
     text: list[str] = []
     entries: list = []
+    ids: list[int] = []
     async for output in stream:
         text.append(output.text)
         entries += output.logprobs
+        ids += output.token_ids
         if output.finished:
             error = terminal_error(output)
             if error is not None:
                 raise error
-            return "".join(text), output, entries
+            return "".join(text), output, entries, ids
     raise Internal("request stream ended without a final event")
 
 
@@ -89,13 +96,15 @@ async def collect(streams: list[RequestStream], model: str, form: ResponseForm,
     created = int(time.time())
     drained = await asyncio.gather(*(_drain(s) for s in streams))
     choices, completion_tokens = [], 0
-    for index, (text, final, entries) in enumerate(drained):
+    for index, (text, final, entries, ids) in enumerate(drained):
         calls: tuple[ToolCall, ...] = ()
         if form.tools is not None:
             text, calls = extract_calls(text, form.tools)
         choice = _Choice(index, form, LogprobsFormatter(token_bytes))
         build = fmt.chat_choice if form.kind is ApiKind.CHAT else fmt.completion_choice
         choices.append(build(index, text, final.finish_reason, calls, choice.logprobs(entries)))
+        if form.token_ids:
+            choices[-1]["token_ids"] = ids
         completion_tokens += final.completion_tokens
     full = fmt.chat_completion if form.kind is ApiKind.CHAT else fmt.completion
     # The choices share one prompt; the first choice's admission says how much of it was cached.
@@ -155,6 +164,12 @@ async def _pump(index: int, head: RequestOutput, stream: RequestStream,
         await queue.put((index, output))
 
 
+def _with_token_ids(chunk: dict, form: ResponseForm, token_ids: tuple[int, ...]) -> dict:
+    if form.token_ids:
+        chunk["choices"][0]["token_ids"] = list(token_ids)
+    return chunk
+
+
 class _SseWriter:
     def __init__(self, response: web.StreamResponse, transport: asyncio.BaseTransport | None,
                  idle_timeout_s: float | None, rid: str, created: int, model: str,
@@ -183,11 +198,13 @@ class _SseWriter:
         error = terminal_error(output) if output.finished else None
         logprobs = choice.logprobs(output.logprobs) if output.logprobs else None
         if choice.form.kind is ApiKind.COMPLETION:
-            if output.text or choice.first or logprobs or (output.finished and error is None):
-                await self.send(fmt.completion_chunk(
+            if output.text or choice.first or logprobs or choice.carries_ids(output) or (
+                    output.finished and error is None):
+                chunk = fmt.completion_chunk(
                     self.rid, self.created, self.model, output.text,
                     None if error else output.finish_reason, self.usage_field, choice.index,
-                    logprobs))
+                    logprobs)
+                await self.send(_with_token_ids(chunk, choice.form, output.token_ids))
                 choice.first = False
         else:
             await self._chat_event(choice, output, error is not None, logprobs)
@@ -204,13 +221,13 @@ class _SseWriter:
         else:
             calls = ()
         ends = output.finished and not failed
-        if text or choice.first or logprobs or (ends and not calls):
+        if text or choice.first or logprobs or choice.carries_ids(output) or (ends and not calls):
             delta = ({"role": "assistant", "content": text} if choice.first
                      else ({"content": text} if text else {}))
             finish = output.finish_reason if ends and not calls and not failed else None
-            await self.send(fmt.chat_chunk(self.rid, self.created, self.model, delta, finish,
-                                           self.usage_field, index=choice.index,
-                                           logprobs=logprobs))
+            chunk = fmt.chat_chunk(self.rid, self.created, self.model, delta, finish, self.usage_field,
+                                   index=choice.index, logprobs=logprobs)
+            await self.send(_with_token_ids(chunk, choice.form, output.token_ids))
             choice.first = False
         for position, call in enumerate(calls):
             await self.send(fmt.chat_chunk(self.rid, self.created, self.model,

@@ -125,3 +125,14 @@ def test_parity_cli_refuses_fp8_kv_on_max_with_its_reason(tiny_checkpoint, capsy
     rc = main(["parity", "--checkpoint", str(tiny_checkpoint), "--stages", "1", "--backend", "max",
                "--kv-dtype", "fp8"])
     assert rc == 2 and "KV_DTYPE_BACKEND" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("policy", ["fp32", "q4_k_m"])
+def test_stages_against_the_layer_streamed_reference(variant_checkpoint, policy):
+    report = run_parity(ParityRequest(variant_checkpoint, 2, "numpy", weights=policy, reference="streamed"))
+    text = format_report(report)
+    assert report.passed and report.gate == "streamed_top1", text
+    assert report.top1_vs_reference >= 0.95 and report.rows == sum(p for p in (7, 4, 5)) + 3 * 8 - 3
+    assert "one layer at a time" in report.reference and "against the layer-streamed reference" in text
+    with pytest.raises(ParityUnsupportedError):
+        run_parity(ParityRequest(variant_checkpoint, 2, "numpy", reference="streamed", against_source=True))

@@ -65,6 +65,28 @@ def test_streaming_completion_from_text_and_from_token_ids(checkpoint):
     assert by_text[-1].choices[0].finish_reason == by_ids.choices[0].finish_reason
 
 
+def test_return_token_ids_gives_each_choice_its_generated_ids(checkpoint):
+    async def main():
+        async with serve(checkpoint, stages=1) as served:
+            api = client(served.base_url)
+            tokenizer = served.engine.text.tokenizer
+            ids = tokenizer.encode("Mixture of experts")
+            extra = {"return_token_ids": True, "ignore_eos": True}
+            whole = await api.completions.create(prompt=ids, max_tokens=6, extra_body=extra, **GREEDY)
+            chunks = [c async for c in await api.completions.create(
+                prompt=ids, max_tokens=6, stream=True, extra_body=extra, **GREEDY)]
+            chat = await api.chat.completions.create(messages=MESSAGES, max_tokens=4, extra_body=extra, **GREEDY)
+            plain = await api.completions.create(prompt=ids, max_tokens=6, **GREEDY)
+            return tokenizer, whole, chunks, chat, plain
+
+    tokenizer, whole, chunks, chat, plain = asyncio.run(main())
+    generated = whole.choices[0].model_extra["token_ids"]
+    assert len(generated) == 6 and tokenizer.decode(generated) == whole.choices[0].text
+    assert [t for c in chunks if c.choices for t in c.choices[0].model_extra["token_ids"]] == generated
+    assert len(chat.choices[0].model_extra["token_ids"]) == 4
+    assert "token_ids" not in (plain.choices[0].model_extra or {})
+
+
 def test_32_concurrent_streams_complete_with_correct_counts(checkpoint):
     async def one(api, ids, max_tokens):
         stream = await api.completions.create(prompt=ids, max_tokens=max_tokens, stream=True,
