@@ -189,11 +189,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         layout = _route_layout(args, spec)
     except _UpRefused as exc:
         return _fail(str(exc))
+    if not args.foreground:  # the same fleet, held by a detached keeper that supervises it
+        return start_keeper(args.state_dir, _up_argv(args))
     references = _reference_decision(args, spec, layout)
     for line in references.lines:  # per host: serving at once, or why it waits and for how long
         print(f"cold start: {line}", file=sys.stderr)
-    if not args.foreground:  # the same fleet, held by a detached keeper that supervises it
-        return start_keeper(args.state_dir, _up_argv(args))
     start = _fleet_starter(args, spec, layout, references.reference_hosts)
     clear_retired(Path(args.state_dir))
     # Until the fleet is held, SIGTERM unwinds like Ctrl-C, so whatever started is stopped again.

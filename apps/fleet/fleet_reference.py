@@ -7,10 +7,11 @@ compiles, then moves the route to the MAX workers (`services.orchestrator.route.
 A numpy host's own worker is its stage's reference: it holds the reference route's generation
 and the MAX route's beside it for the moment of the switch.
 
-Memory is never overcommitted. During the switch a MAX host holds its reference stage and its
-MAX stage, a numpy host two generations of its stage; where the host's memory limit cannot
-hold both, no reference route is started at all (a route needs every stage), and every MAX host
-serves once its graphs compiled, as without `--serve-while-compiling`. Pure: figures in, the
+Memory is never overcommitted. During the switch a MAX host holds its reference worker and its
+MAX worker; where a MAX host's memory limit cannot hold both, no reference route is started at
+all (a route needs every stage), and every MAX host serves once its graphs compiled, as with
+`--no-serve-while-compiling`. A numpy host holds two generations of its stage for the switch,
+and its worker refuses the second where they do not fit its limit. Pure: figures in, the
 decision and its explanation out.
 """
 
@@ -39,12 +40,15 @@ class HostStageMemory:
     reference_bytes: int  # a numpy stage of the same layers (numpy-stored weights, decode scratch, ...)
     uncompiled_graphs: int  # MAX graph kinds of the stage missing from the compile cache
     cpu_cores: float
+    # What else the host holds meanwhile: on the control host, the control services and the
+    # background compiles, which run in the orchestrator's host.
+    other_bytes: int = 0
 
     @property
     def switch_bytes(self) -> int:
         """What the host holds while the route moves: a reference stage beside its own stage (a
         numpy host: two generations of its stage, each as large as a reference stage)."""
-        return self.reference_bytes + self.stage_bytes
+        return self.reference_bytes + self.stage_bytes + self.other_bytes
 
     @property
     def fits(self) -> bool:
@@ -70,22 +74,26 @@ NO_REFERENCE = ReferenceDecision(frozenset(), ())
 
 
 def decide_references(hosts: tuple[HostStageMemory, ...]) -> ReferenceDecision:
-    """Reference workers on every MAX host when every stage host can hold the switch; else none,
-    and each MAX host's line says why it serves only after compiling and the expected wait."""
+    """Reference workers on every MAX host when each of them can hold both workers; else none,
+    and each MAX host's line says why it serves only after compiling and the expected wait.
+
+    A numpy host does not decide: its worker refuses a second generation that does not fit its
+    limit (INSUFFICIENT_MEMORY_FOR_OVERLAP), so the switch fails and the route stays on numpy,
+    saying so, rather than overcommit; its line says when that may happen."""
     max_hosts = [h for h in hosts if h.backend is not Backend.NUMPY]
     if not max_hosts:
         return NO_REFERENCE
-    short = [h for h in hosts if not h.fits]
-    if not short:
-        lines = tuple(f"{h.host}: serves at once on a numpy reference worker inside the host while its "
-                      f"{h.uncompiled_graphs} uncompiled MAX graph(s) compile; then the route moves to MAX "
-                      f"({_fit_figures(h)})" for h in max_hosts)
-        return ReferenceDecision(frozenset(h.host for h in max_hosts), lines)
-    blocker = ", ".join(h.host for h in short)
-    lines = tuple(_wait_line(h, blocker) for h in max_hosts)
-    lines += tuple(f"{h.host}: cannot hold its stage twice for the switch ({_fit_figures(h)})"
-                   for h in short if h.backend is Backend.NUMPY)
-    return ReferenceDecision(frozenset(), lines)
+    short = [h for h in max_hosts if not h.fits]
+    if short:
+        blocker = ", ".join(h.host for h in short)
+        return ReferenceDecision(frozenset(), tuple(_wait_line(h, blocker) for h in max_hosts))
+    lines = tuple(f"{h.host}: serves at once on a numpy reference worker inside the host while its "
+                  f"{h.uncompiled_graphs} uncompiled MAX graph(s) compile; then the route moves to MAX "
+                  f"({_fit_figures(h)})" for h in max_hosts)
+    lines += tuple(f"{h.host}: may not hold its stage twice for the switch ({_fit_figures(h)}, at the widest "
+                   "range it could be given); its worker then refuses the second generation and the route "
+                   "stays on numpy (switch_failed)" for h in hosts if h.backend is Backend.NUMPY and not h.fits)
+    return ReferenceDecision(frozenset(h.host for h in max_hosts), lines)
 
 
 def _wait_line(host: HostStageMemory, blocker: str) -> str:
@@ -102,6 +110,8 @@ def _wait_line(host: HostStageMemory, blocker: str) -> str:
 
 def _fit_figures(host: HostStageMemory) -> str:
     reference = "a second generation" if host.backend is Backend.NUMPY else "numpy reference"
+    other = (f" + control services and background compiles {host.other_bytes / GIB:.2f} GiB"
+             if host.other_bytes else "")
     return (f"{reference} {host.reference_bytes / GIB:.2f} GiB + {host.backend.value} stage "
-            f"{host.stage_bytes / GIB:.2f} GiB = {host.switch_bytes / GIB:.2f} GiB of its "
+            f"{host.stage_bytes / GIB:.2f} GiB{other} = {host.switch_bytes / GIB:.2f} GiB of its "
             f"{host.limit_bytes / GIB:.2f} GiB limit")

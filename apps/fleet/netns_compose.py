@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 
 from apps.fleet.compose import orchestrator_options_env
+from apps.fleet.fleet_reference_inputs import REFERENCE_KV_LIMIT_BYTES
 from apps.fleet.launcher import FleetOptions, Launcher, LaunchError, ServiceProcess, builder_read_roots
 from apps.fleet.netns_plan import HostPlan, NetnsPlan, host_command
 from apps.fleet.reference import REFERENCE_BACKEND, reference_name
@@ -70,6 +71,8 @@ def worker_process(options: FleetOptions, host: HostPlan, index: int, reference:
         # The fleet's own statement of a CPU it could not keep to this host alone: profiles carry it.
         "FORNAX_CPU_SHARED_WITH": ",".join(host.cpu_share.shared_with),
         "FORNAX_BACKEND": REFERENCE_BACKEND if reference else host.spec.backend.value,
+        # A reference worker's KV is capped, as `fleet_reference_inputs` counts it.
+        **({"FORNAX_KV_LIMIT_BYTES": str(REFERENCE_KV_LIMIT_BYTES)} if reference else {}),
         "FORNAX_DEVICE": "cpu" if device == "cpu" else "gpu",
         # gpu:N is that one GPU, and only it, for this host's worker.
         **({"CUDA_VISIBLE_DEVICES": device.split(":", 1)[1]} if device.startswith("gpu:") else {}),

@@ -51,7 +51,7 @@ def test_the_switch_must_fit_the_limit_exactly_or_below():
 def test_a_max_host_too_small_for_both_workers_serves_after_compiling_and_says_how_long():
     decision = decide_references((_host("alpha", Backend.MAX, 4, 2, 2.5, graphs=4, cores=0.5),
                                   _host("gamma", Backend.MAX, 8, 2, 2.5, graphs=0),
-                                  _host("beta", Backend.NUMPY, 3, 1, 1)))
+                                  _host("beta", Backend.NUMPY, 3, 2, 2)))
     assert decision.reference_hosts == frozenset() and not decision.serves_at_once
     alpha, gamma = decision.lines
     assert alpha.startswith("alpha: serves only after compiling, no numpy reference worker: its memory limit "
@@ -64,12 +64,20 @@ def test_a_max_host_too_small_for_both_workers_serves_after_compiling_and_says_h
     assert gamma.endswith("no graph to compile: it serves once its stage loads")
 
 
-def test_a_numpy_host_that_cannot_hold_two_generations_keeps_every_host_waiting():
+def test_a_numpy_host_short_of_two_generations_is_warned_of_not_decisive():
     decision = decide_references((_host("alpha", Backend.MAX, 6, 2, 2), _host("beta", Backend.NUMPY, 3, 1.6, 1.6)))
-    assert decision.reference_hosts == frozenset()
-    assert decision.lines[0].startswith("alpha: serves only after compiling, the route needs every stage and beta")
-    assert decision.lines[1] == ("beta: cannot hold its stage twice for the switch (a second generation 1.60 GiB + "
-                                 "numpy stage 1.60 GiB = 3.20 GiB of its 3.00 GiB limit)")
+    assert decision.reference_hosts == {"alpha"}  # beta's worker refuses an overlap that does not fit
+    assert decision.lines[1] == ("beta: may not hold its stage twice for the switch (a second generation 1.60 GiB + "
+                                 "numpy stage 1.60 GiB = 3.20 GiB of its 3.00 GiB limit, at the widest range it "
+                                 "could be given); its worker then refuses the second generation and the route "
+                                 "stays on numpy (switch_failed)")
+
+
+def test_the_control_hosts_services_and_compiles_count_against_its_limit():
+    host = HostStageMemory("alpha", Backend.MAX, 6 * GIB, 2 * GIB, 2 * GIB, 3, 1.0, other_bytes=2 * GIB + 1)
+    decision = decide_references((host,))
+    assert not host.fits and decision.reference_hosts == frozenset()
+    assert "+ control services and background compiles 2.00 GiB = 6.00 GiB of its 6.00 GiB limit" in decision.lines[0]
 
 
 def test_a_fleet_of_numpy_hosts_needs_no_reference_worker():
@@ -86,6 +94,8 @@ def test_the_shipped_unlike_fleet_on_tiny_starts_a_reference_worker_on_its_max_h
     decision = reference_decision(spec, checkpoint, None, serve_while_compiling=True, replica_routes=False)
     assert decision.reference_hosts == {"alpha"}
     assert decision.lines[0].startswith("alpha: serves at once")
+    # alpha runs the control services and the background compiles too: they count on its limit
+    assert "+ control services and background compiles" in decision.lines[0]
     assert reference_decision(spec, checkpoint, None, serve_while_compiling=False,
                               replica_routes=False) == NO_REFERENCE
     assert reference_decision(spec, None, None, serve_while_compiling=True, replica_routes=False) == NO_REFERENCE
@@ -130,4 +140,5 @@ def test_the_reference_worker_runs_numpy_inside_its_host_with_its_own_state(tmp_
     assert (main.env["FORNAX_BACKEND"], reference.env["FORNAX_BACKEND"]) == ("max", "numpy")
     assert reference.kind == "stage_worker" and reference.host == main.host == alpha.address
     assert reference.env["FORNAX_STATE_DIR"].endswith("hosts/alpha/stage_worker_0_reference")
+    assert reference.env["FORNAX_KV_LIMIT_BYTES"] == str(2**28) and "FORNAX_KV_LIMIT_BYTES" not in main.env
     assert reference.wrap is not None and reference.wrap(["x"]) == main.wrap(["x"])  # same cgroup and netns
