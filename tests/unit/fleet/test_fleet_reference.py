@@ -142,3 +142,11 @@ def test_the_reference_worker_runs_numpy_inside_its_host_with_its_own_state(tmp_
     assert reference.env["FORNAX_STATE_DIR"].endswith("hosts/alpha/stage_worker_0_reference")
     assert reference.env["FORNAX_KV_LIMIT_BYTES"] == str(2**28) and "FORNAX_KV_LIMIT_BYTES" not in main.env
     assert reference.wrap is not None and reference.wrap(["x"]) == main.wrap(["x"])  # same cgroup and netns
+
+
+def test_a_host_is_bounded_by_the_widest_range_it_could_hold_at_either_end():
+    from apps.fleet.fleet_reference_inputs import _widest_ranges
+
+    assert _widest_ranges(6, 2) == [(0, 5), (1, 6)]
+    assert _widest_ranges(27, 3) == [(0, 25), (2, 27)]
+    assert _widest_ranges(2, 4) == [(0, 1), (1, 2)]
