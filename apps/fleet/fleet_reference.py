@@ -24,7 +24,8 @@ from libs.common.kinds import Backend
 GIB = 2**30
 # Prediction (not measured on the host it describes): wall seconds of one cold MAX graph compile
 # per core of quota. About a minute per graph kind on `tiny` at one core of a 2-core AMD EPYC;
-# DeepSeek-V2-Lite's shapes took 35-362 s per graph (README), so larger models wait longer.
+# `small`'s took 31-305 s each on one core of that box under load, DeepSeek-V2-Lite's shapes
+# 35-362 s (README): larger models and busier hosts wait longer than this says.
 COLD_COMPILE_S_PER_GRAPH_CORE = 60.0
 
 

@@ -37,7 +37,7 @@ REFERENCE_KV_LIMIT_BYTES = GIB // 4
 # Declared estimates (predictions) of the control host's own memory while it serves at once:
 # registry, planner, builder and orchestrator (about 0.45 GiB resident together on `small`), and
 # one background compile per MAX stage, each a process of its own (1.19 GB resident compiling
-# small's dense_layer graph; physical, one reading on a 2-core AMD EPYC box).
+# small's dense_layer graph, 1.47 GB its moe_layer; physical readings on a 2-core AMD EPYC box).
 CONTROL_SERVICES_BYTES = GIB // 2
 COMPILE_JOB_BYTES = 3 * GIB // 2
 
