@@ -88,13 +88,19 @@ def decide_references(hosts: tuple[HostStageMemory, ...]) -> ReferenceDecision:
     if short:
         blocker = ", ".join(h.host for h in short)
         return ReferenceDecision(frozenset(), tuple(_wait_line(h, blocker) for h in max_hosts))
-    lines = tuple(f"{h.host}: serves at once on a numpy reference worker inside the host while its "
-                  f"{h.uncompiled_graphs} uncompiled MAX graph(s) compile; then the route moves to MAX "
-                  f"({_fit_figures(h)})" for h in max_hosts)
+    lines = tuple(f"{h.host}: serves at once on a numpy reference worker inside the host while "
+                  f"{_meanwhile(h)}; then the route moves to MAX per --max-switch ({_fit_figures(h)})"
+                  for h in max_hosts)
     lines += tuple(f"{h.host}: may not hold its stage twice for the switch ({_fit_figures(h)}, at the widest "
                    "range it could be given); its worker then refuses the second generation and the route "
                    "stays on numpy (switch_failed)" for h in hosts if h.backend is Backend.NUMPY and not h.fits)
     return ReferenceDecision(frozenset(h.host for h in max_hosts), lines)
+
+
+def _meanwhile(host: HostStageMemory) -> str:
+    if host.uncompiled_graphs:
+        return f"its {host.uncompiled_graphs} uncompiled MAX graph(s) compile"
+    return "its MAX stage loads from the compile cache and is measured"
 
 
 def _wait_line(host: HostStageMemory, blocker: str) -> str:
