@@ -100,7 +100,7 @@ def decide_references(hosts: tuple[HostStageMemory, ...]) -> ReferenceDecision:
 def _meanwhile(host: HostStageMemory) -> str:
     if host.uncompiled_graphs:
         return f"its {host.uncompiled_graphs} uncompiled MAX graph(s) compile"
-    return "its MAX stage loads from the compile cache and is measured"
+    return "its MAX graphs load from the compile cache"
 
 
 def _wait_line(host: HostStageMemory, blocker: str) -> str:

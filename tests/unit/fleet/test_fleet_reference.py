@@ -42,7 +42,7 @@ def test_every_max_host_gets_a_reference_worker_when_every_host_holds_the_switch
     assert line.startswith("alpha: serves at once on a numpy reference worker inside the host while its 4 "
                            "uncompiled MAX graph(s) compile; then the route moves to MAX per --max-switch")
     cached = decide_references((_host("alpha", Backend.MAX, 6, 2, 2.5, graphs=0),))
-    assert "while its MAX stage loads from the compile cache and is measured" in cached.lines[0]
+    assert "while its MAX graphs load from the compile cache; then" in cached.lines[0]
     assert "numpy reference 2.50 GiB + max stage 2.00 GiB = 4.50 GiB of its 6.00 GiB limit" in line
 
 
