@@ -34,6 +34,7 @@ from libs.service.progress import Progress
 from libs.weights.policy import POLICIES
 
 if TYPE_CHECKING:
+    from apps.fleet.fleet_reference import ReferenceDecision
     from apps.fleet.route_layout import RouteLayout
 
 BOUNDARY_DTYPES = ("bf16", "fp32")
@@ -68,7 +69,8 @@ def register(commands, benches) -> None:
     up.add_argument("--http-insecure", action="store_true",
                     help="with --fleet: serve the API as plain HTTP on the fabric address (default: https, fleet CA)")
     up.add_argument("--no-serve-while-compiling", dest="serve_while_compiling", action="store_false",
-                    help="with --backend max: wait for MAX compiles instead of serving on numpy meanwhile")
+                    help="with --backend max, or a fleet file's MAX hosts: wait for MAX compiles instead of "
+                         "serving on numpy reference workers meanwhile")
     up.add_argument("--max-switch", choices=("measured", "always"), default="measured",
                     help="with --backend max: move the serving numpy route to MAX only when each stage's MAX "
                          "decode step measured at least as fast on its host (measured), or unconditionally (always)")
@@ -189,7 +191,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if not args.foreground:  # the same fleet, held by a detached keeper that supervises it
         return start_keeper(args.state_dir, _up_argv(args))
-    start = _fleet_starter(args, spec, layout)
+    references = _reference_decision(args, spec, layout)
+    for line in references.lines:  # per host: serving at once, or why it waits and for how long
+        print(f"cold start: {line}", file=sys.stderr)
+    start = _fleet_starter(args, spec, layout, references.reference_hosts)
     clear_retired(Path(args.state_dir))
     # Until the fleet is held, SIGTERM unwinds like Ctrl-C, so whatever started is stopped again.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -240,8 +245,20 @@ def _route_layout(args: argparse.Namespace, spec: FleetSpec | None) -> RouteLayo
         raise _UpRefused(f"--routes {args.routes}: {exc.reason}: {exc.message}") from exc
 
 
-def _fleet_starter(args: argparse.Namespace, spec: FleetSpec | None,
-                   layout: RouteLayout | None) -> Callable[[], tuple[FleetState, Launcher]]:
+def _reference_decision(args: argparse.Namespace, spec: FleetSpec | None,
+                        layout: RouteLayout | None) -> ReferenceDecision:
+    """Which of a fleet file's MAX hosts run a numpy reference worker while their graphs compile."""
+    from apps.fleet.fleet_reference import NO_REFERENCE
+    from apps.fleet.fleet_reference_inputs import reference_decision
+
+    if spec is None:
+        return NO_REFERENCE
+    return reference_decision(spec, args.checkpoint, args.weights, serve_while_compiling=args.serve_while_compiling,
+                              replica_routes=layout is not None and bool(layout.groups))
+
+
+def _fleet_starter(args: argparse.Namespace, spec: FleetSpec | None, layout: RouteLayout | None,
+                   reference_hosts: frozenset[str] = frozenset()) -> Callable[[], tuple[FleetState, Launcher]]:
     """What starts the fleet (isolated hosts from the file, or local processes), announced on stderr."""
     options = _options(args)
     if layout is not None:
@@ -251,7 +268,7 @@ def _fleet_starter(args: argparse.Namespace, spec: FleetSpec | None,
     if spec is not None:
         print(f"starting fleet {args.fleet}: " + ", ".join(
             f"{h.name} ({h.backend.value}, {h.cpu_cores:g} cores)" for h in spec.hosts), file=sys.stderr)
-        return partial(start_isolated_fleet, options, spec)
+        return partial(start_isolated_fleet, options, spec, reference_hosts)
     transport = (
         "INSECURE plaintext gRPC" if args.insecure else f"mTLS, certificates in {Path(args.state_dir, 'certs')}"
     )

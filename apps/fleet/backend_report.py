@@ -9,6 +9,7 @@ import urllib.request
 
 from libs.service.fleet_state import FleetState
 
+EACH_HOSTS_OWN = "each host's own backend"  # a fleet file's route requests no one backend
 SERVING_REQUESTED = "serving_requested_backend"  # services.orchestrator.route.coldstart.UpgradePhase, by value
 
 
@@ -42,11 +43,11 @@ def render_board(board: dict | None) -> list[str]:
         if wanted is None and board.get("phase") == SERVING_REQUESTED:  # a fleet file: one backend per host
             lines.append(f"backend: each stage runs its own host's backend ({board.get('phase')})")
         else:
-            lines.append(f"backend: running {running}, requested {wanted} ({board.get('phase')})")
+            lines.append(f"backend: running {running}, requested {wanted or EACH_HOSTS_OWN} ({board.get('phase')})")
     else:
         wanted = None
     if board.get("failure"):
-        lines.append(f"  NOT ON {str(wanted).upper()}: {board['failure']}")
+        lines.append(f"  NOT ON {(wanted or EACH_HOSTS_OWN).upper()}: {board['failure']}")
     if board.get("stage_weights"):
         lines.append("weights: " + ", ".join(f"stage {i} {policy}" for i, policy in enumerate(board["stage_weights"]))
                      + " (each stage's verified manifest)")

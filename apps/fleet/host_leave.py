@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from apps.fleet.launcher import stop_processes
+from apps.fleet.reference import is_reference_name
 from libs.service.fleet_state import FleetState, ServiceEntry, write_fleet
 
 RETIRED_FILE = "retired.json"
@@ -26,8 +27,9 @@ class HostLookupError(LookupError):
 
 
 def stage_hosts(state: FleetState, state_dir: Path) -> dict[str, ServiceEntry]:
-    """Host name -> its stage worker, for a netns fleet's hosts that run one."""
-    workers = {s.name: s for s in state.services if s.kind == "stage_worker"}
+    """Host name -> its stage worker, for a netns fleet's hosts that run one (a reference worker
+    serving beside it while MAX graphs compile is not the host's stage worker)."""
+    workers = {s.name: s for s in state.services if s.kind == "stage_worker" and not is_reference_name(s.name)}
     hosts: dict[str, ServiceEntry] = {}
     for host_dir in sorted((state_dir / "hosts").glob("*")):
         names = [d.name for d in sorted(host_dir.glob("stage_worker_*")) if d.name in workers]

@@ -11,12 +11,13 @@ from apps.fleet.spec import FleetSpec
 from libs.service.fleet_state import FleetState
 
 
-def start_isolated_fleet(options: FleetOptions, spec: FleetSpec) -> tuple[FleetState, Launcher]:
+def start_isolated_fleet(options: FleetOptions, spec: FleetSpec,
+                         reference_hosts: frozenset[str] = frozenset()) -> tuple[FleetState, Launcher]:
     plan = set_up(spec, options.state_dir)
     for host in plan.hosts:  # a CPU shared or a quota cut short is stated, never silent
         print(f"cpu {host.cpu_share.describe()}", file=sys.stderr)
     try:
-        return start_netns_fleet(options, spec, plan)
+        return start_netns_fleet(options, spec, plan, reference_hosts)
     except (LaunchError, OSError, KeyboardInterrupt) as exc:
         left = tear_down(options.state_dir)
         if left:

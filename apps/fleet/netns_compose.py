@@ -1,7 +1,8 @@
 """A fleet file's services, each started inside its host: cgroups, network namespace, clock.
 
 The control host runs the evidence registry, planner, artifact builder and orchestrator; every
-stage host runs one stage worker with its own backend. Each service gets a private state
+stage host runs one stage worker with its own backend, and a MAX host chosen by
+`fleet_reference` a numpy reference worker beside it while its graphs compile. Each service gets a private state
 directory under `<state>/hosts/<host>/<service>`; the harness keeps only logs and ready files.
 """
 
@@ -14,8 +15,10 @@ from functools import partial
 from pathlib import Path
 
 from apps.fleet.compose import orchestrator_options_env
+from apps.fleet.fleet_reference_inputs import REFERENCE_KV_LIMIT_BYTES
 from apps.fleet.launcher import FleetOptions, Launcher, LaunchError, ServiceProcess, builder_read_roots
 from apps.fleet.netns_plan import HostPlan, NetnsPlan, host_command
+from apps.fleet.reference import REFERENCE_BACKEND, reference_name
 from apps.fleet.spec import FleetSpec
 from libs.common.kinds import DType
 from libs.security.store import CertStore
@@ -57,22 +60,36 @@ def _control_env(options: FleetOptions, host: HostPlan) -> dict[str, str]:
     return {name: str(host.thread_count) for name in THREAD_VARIABLES}
 
 
-def worker_process(options: FleetOptions, host: HostPlan, index: int) -> ServiceProcess:
+def worker_process(options: FleetOptions, host: HostPlan, index: int, reference: bool = False) -> ServiceProcess:
+    """The host's stage worker; with `reference`, the numpy reference worker of its stage, inside
+    the same host (namespace, cgroup, memory limit) and admitted the same way."""
     device = host.spec.device
+    name = reference_name(index) if reference else f"stage_worker_{index}"
     env = {
         **_control_env(options, host),
         "FORNAX_STAGE_INDEX": str(index),
         # The fleet's own statement of a CPU it could not keep to this host alone: profiles carry it.
         "FORNAX_CPU_SHARED_WITH": ",".join(host.cpu_share.shared_with),
-        "FORNAX_BACKEND": host.spec.backend.value,
+        "FORNAX_BACKEND": REFERENCE_BACKEND if reference else host.spec.backend.value,
+        # A reference worker's KV is capped, as `fleet_reference_inputs` counts it.
+        **({"FORNAX_KV_LIMIT_BYTES": str(REFERENCE_KV_LIMIT_BYTES)} if reference else {}),
         "FORNAX_DEVICE": "cpu" if device == "cpu" else "gpu",
         # gpu:N is that one GPU, and only it, for this host's worker.
         **({"CUDA_VISIBLE_DEVICES": device.split(":", 1)[1]} if device.startswith("gpu:") else {}),
-        "FORNAX_STATE_DIR": str(_private_dir(options, host, f"stage_worker_{index}")),
+        "FORNAX_STATE_DIR": str(_private_dir(options, host, name)),
         **({"FORNAX_READ_ROOTS": os.pathsep.join(str(Path(r).resolve()) for r in options.stage_read_roots)}
            if options.stage_read_roots else {}),
     }
-    return _process(host, f"stage_worker_{index}", "stage_worker", env)
+    return _process(host, name, "stage_worker", env)
+
+
+def reference_addresses(entries: dict[str, ServiceEntry], stages: int) -> tuple[str, ...]:
+    """FORNAX_REFERENCE_STAGE_WORKERS of a fleet, stage order: a MAX host's reference worker, and a
+    numpy host's own worker (which holds both routes' generations during the switch); () when no
+    host runs a reference worker."""
+    if not any(reference_name(i) in entries for i in range(stages)):
+        return ()
+    return tuple(entries.get(reference_name(i), entries[f"stage_worker_{i}"]).grpc for i in range(stages))
 
 
 def _orchestrator_env(options: FleetOptions, spec: FleetSpec, entries: dict[str, ServiceEntry],
@@ -91,11 +108,15 @@ def _orchestrator_env(options: FleetOptions, spec: FleetSpec, entries: dict[str,
         backend=None,  # each stage runs its own host's backend
         state_dir=str(_private_dir(options, control, "orchestrator")),
         route_groups=options.route_groups,
+        # Background compiles run in the orchestrator's own host, on its quota (no cpusets of
+        # other hosts: a process cannot leave its cgroup's cpuset).
+        reference_stage_workers=reference_addresses(entries, len(workers)),
     )
     env = {
         **_control_env(options, control),
         **route.to_env("planner_addr", "registry_addr", "artifact_builder_addr", "stage_workers", "worker_weights",
-                       "boundary_dtype", "hop_boundary_dtypes", "backend", "state_dir", "route_groups"),
+                       "boundary_dtype", "hop_boundary_dtypes", "backend", "state_dir", "route_groups",
+                       *(("reference_stage_workers",) if route.reference_stage_workers else ())),
     }
     # The API listens on a fabric address (198.18.0.0/15), beyond loopback: https with the
     # orchestrator's fleet certificate, whose SANs name that address; clients verify it with
@@ -115,8 +136,11 @@ def api_endpoint(options: FleetOptions, address: str, port: int | None) -> tuple
     return f"https://{address}:{port}/v1", str(CertStore(options.state_dir).ca_cert)
 
 
-def start_netns_fleet(options: FleetOptions, spec: FleetSpec, plan: NetnsPlan) -> tuple[FleetState, Launcher]:
-    """Start every service in its host and wait until each is SERVING; stops them on failure."""
+def start_netns_fleet(options: FleetOptions, spec: FleetSpec, plan: NetnsPlan,
+                      reference_hosts: frozenset[str] = frozenset()) -> tuple[FleetState, Launcher]:
+    """Start every service in its host and wait until each is SERVING; stops them on failure.
+    Each host in `reference_hosts` runs a numpy reference stage worker beside its own
+    (`fleet_reference`)."""
     launcher = Launcher(options)
     control = plan.host(spec.control_host)
     try:
@@ -139,6 +163,8 @@ def start_netns_fleet(options: FleetOptions, spec: FleetSpec, plan: NetnsPlan) -
         ]
         stage_hosts = [h for h in plan.hosts if h.spec.stage_worker]
         middle += [launcher.spawn(worker_process(options, host, i)) for i, host in enumerate(stage_hosts)]
+        middle += [launcher.spawn(worker_process(options, host, i, reference=True))
+                   for i, host in enumerate(stage_hosts) if host.spec.name in reference_hosts]
         launcher.wait_ready(middle)
         entries = {s.spec.name: s.entry() for s in launcher.started}
         workers = [entries[f"stage_worker_{i}"].grpc for i in range(len(stage_hosts))]

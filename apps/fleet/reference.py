@@ -20,8 +20,15 @@ def wants_reference_workers(options: FleetOptions) -> bool:
     return options.backend != REFERENCE_BACKEND and bool(options.checkpoint) and options.serve_while_compiling
 
 
+REFERENCE_SUFFIX = "_reference"
+
+
 def reference_name(index: int) -> str:
-    return f"stage_worker_{index}_reference"
+    return f"stage_worker_{index}{REFERENCE_SUFFIX}"
+
+
+def is_reference_name(name: str) -> bool:
+    return name.endswith(REFERENCE_SUFFIX)
 
 
 def reference_workers(options: FleetOptions, cpu_sets: list[tuple[int, ...]]) -> list[ServiceProcess]:

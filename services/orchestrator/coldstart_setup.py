@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+from libs.common.kinds import Backend
 from libs.model.layout import even_layer_split
 from libs.service.errors import FailedPrecondition
 from services.orchestrator.config import OrchestratorConfig
@@ -30,10 +31,20 @@ def by_backend(requested: Callable[[InstallRequest], Awaitable[Step]],
     return step
 
 
+def switching_stages(cfg: OrchestratorConfig) -> tuple[int, ...]:
+    """The stages whose reference worker is not their main worker: those the switch moves. On a
+    fleet file a numpy host's own worker is its stage's reference, and nothing moves there."""
+    return tuple(i for i, (main, reference) in enumerate(zip(cfg.route.stage_workers,
+                                                              cfg.route.reference_stage_workers, strict=True))
+                 if main != reference)
+
+
 def unload_reference(cfg: OrchestratorConfig) -> AfterSwitch | None:
-    """Once the route runs on the main workers, the reference workers give their stages back."""
+    """Once the route runs on the main workers, the reference workers give their stages back (a
+    worker that is both retired the reference generation with the switch: it keeps serving)."""
     if not cfg.route.reference_stage_workers:
         return None
+    separate = [cfg.route.reference_stage_workers[i] for i in switching_stages(cfg)]
 
     async def unload() -> None:
         from fornax.stage_worker.v1 import stage_worker_pb2 as pb
@@ -41,7 +52,7 @@ def unload_reference(cfg: OrchestratorConfig) -> AfterSwitch | None:
         from libs.service.channels import open_aio_channel
         from services.orchestrator.route.stage_chain import UNLOAD_TIMEOUT_S
 
-        for address in cfg.route.reference_stage_workers:
+        for address in separate:
             async with open_aio_channel(address, cfg.server.client_channel()) as channel:
                 await pb_grpc.StageWorkerServiceStub(channel).UnloadStage(
                     pb.UnloadStageRequest(request_id=str(uuid.uuid4())), timeout=UNLOAD_TIMEOUT_S)
@@ -70,9 +81,15 @@ def compiler_factory(cfg: OrchestratorConfig) -> CompilerFactory | None:
         ranges = tuple(even_layer_split(layers, request.stages))
         settings = CompileSettings(request.checkpoint_dir, cache_dir, max_build(),
                                    stage_cpus=cfg.route.stage_cpu_sets, weights_policy=cfg.route.weights_policy)
-        return BackgroundCompiler(settings, ranges)
+        return BackgroundCompiler(settings, ranges, compiled_stages=switching_stages(cfg))
 
     return make
+
+
+def switch_candidate(request: InstallRequest) -> str:
+    """The backend the route may move to: the requested one, or on a fleet file, where each stage
+    runs its own host's backend (no backend requested), MAX, the one backend besides numpy."""
+    return str(request.backend) if request.backend is not None else Backend.MAX.value
 
 
 COMPARE_TIMEOUT_S = 900.0  # loading a stage's cached MAX graphs, then both backends' runs
@@ -85,23 +102,23 @@ def chooser(cfg: OrchestratorConfig) -> Chooser:
     from services.orchestrator.route.backend_choice import SwitchPolicy, decide, forced
 
     async def choose_forced(request: InstallRequest, serving: RouteStatus) -> BackendChoice:
-        return forced(str(request.backend))
+        return forced(switch_candidate(request))
 
     async def choose_measured(request: InstallRequest, serving: RouteStatus) -> BackendChoice:
-        if request.backend is None:
-            raise FailedPrecondition("the route names no backend to switch to", reason="SWITCH_NOT_MEASURABLE")
-        if cfg.route.weights_policy != "fp32" or cfg.route.worker_weights:
+        policies = (cfg.route.weights_policy, *cfg.route.worker_weights)
+        if any(policy != "fp32" for policy in policies):
             raise FailedPrecondition(
-                f"the switch is measured on float32 weights; weight policy {cfg.route.weights_policy!r} is not "
-                "measured (max_switch=always switches without measuring)",
+                f"the switch is measured on float32 weights; weight policy {', '.join(sorted(set(policies)))} is "
+                "not measured (max_switch=always switches without measuring)",
                 reason="SWITCH_NOT_MEASURABLE", field="weights_policy")
         if len(serving.stages) != len(cfg.route.stage_workers):
             raise FailedPrecondition(f"the serving route has {len(serving.stages)} stages for "
                                      f"{len(cfg.route.stage_workers)} workers", reason="SWITCH_NOT_MEASURABLE")
         stages = []
-        for stage, address in zip(serving.stages, cfg.route.stage_workers, strict=True):
-            stages.append(await _compare_on(cfg, address, stage, request.checkpoint_dir, cfg.route.max_switch_rows))
-        return decide(str(request.backend), tuple(stages), cfg.route.max_switch_rows)
+        for index in switching_stages(cfg):  # a stage that stays on its worker has nothing to compare
+            stages.append(await _compare_on(cfg, cfg.route.stage_workers[index], serving.stages[index],
+                                            request.checkpoint_dir, cfg.route.max_switch_rows))
+        return decide(switch_candidate(request), tuple(stages), cfg.route.max_switch_rows)
 
     if cfg.route.max_switch is SwitchPolicy.ALWAYS:
         return Chooser(False, choose_forced)

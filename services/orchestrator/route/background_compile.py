@@ -68,6 +68,8 @@ class CompileSettings:
 class BackgroundCompiler:
     settings: CompileSettings
     stage_ranges: tuple[tuple[int, int], ...]  # [layer_start, layer_end) per stage
+    # The stages that will run MAX (None: every stage); a fleet file's numpy hosts need no graph.
+    compiled_stages: tuple[int, ...] | None = None
     graphs: dict[GraphName, GraphProgress] = field(default_factory=dict)
     stage_needs: tuple[tuple[GraphName, ...], ...] = ()
     _processes: set[asyncio.subprocess.Process] = field(default_factory=set)
@@ -75,8 +77,10 @@ class BackgroundCompiler:
     def __post_init__(self) -> None:
         cfg = load_config(self.settings.checkpoint_dir)
         count = len(self.stage_ranges)
-        self.stage_needs = tuple(stage_graphs(cfg, a, b, i == 0, i == count - 1)
-                                 for i, (a, b) in enumerate(self.stage_ranges))
+        self.stage_needs = tuple(
+            stage_graphs(cfg, a, b, i == 0, i == count - 1)
+            if self.compiled_stages is None or i in self.compiled_stages else ()
+            for i, (a, b) in enumerate(self.stage_ranges))
         config_hash = config_sha256(cfg)
         variants = checkpoint_graph_variants(Path(self.settings.checkpoint_dir), cfg, self.settings.weights_policy)
         dtype = variants.weight_dtype if variants else self.settings.weight_dtype

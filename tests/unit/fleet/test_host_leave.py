@@ -52,6 +52,15 @@ def test_a_host_is_found_by_its_name_or_its_worker_service(tmp_path):
     assert host_names(STATE, state_dir) == {"10.0.0.1:2": "alpha", "10.0.0.2:2": "beta"}
 
 
+def test_a_reference_worker_beside_a_hosts_stage_worker_is_not_the_hosts_worker(tmp_path):
+    state_dir = _hosts(tmp_path)
+    (state_dir / "hosts" / "alpha" / "stage_worker_0_reference").mkdir()
+    state = FleetState((*STATE.services, _entry("stage_worker_0_reference", "stage_worker", "10.0.0.1:3")))
+    assert stage_worker_of(state, state_dir, "alpha").name == "stage_worker_0"
+    assert host_names(state, state_dir) == {"10.0.0.1:2": "alpha", "10.0.0.2:2": "beta",
+                                            "10.0.0.1:3": "stage_worker_0_reference"}
+
+
 def test_an_unknown_host_is_refused_naming_the_hosts_there_are(tmp_path):
     with pytest.raises(HostLookupError, match="hosts: alpha, beta"):
         stage_worker_of(STATE, _hosts(tmp_path), "epsilon")

@@ -88,4 +88,10 @@ def test_a_fleet_file_route_says_each_stage_runs_its_hosts_backend_not_none():
              "failure": "", "stages": [], "graphs": []}
     assert render_board(board)[0] == "backend: each stage runs its own host's backend (serving_requested_backend)"
     installing = {**board, "phase": UpgradePhase.INSTALLING.value}
-    assert render_board(installing)[0] == "backend: running none, requested None (installing)"
+    assert render_board(installing)[0] == "backend: running none, requested each host's own backend (installing)"
+    compiling = {**board, "running_backend": "numpy",
+                 "phase": UpgradePhase.SERVING_REFERENCE_WHILE_COMPILING.value}
+    assert render_board(compiling)[0] == ("backend: running numpy, requested each host's own backend "
+                                          "(serving_reference_while_compiling)")
+    failed = {**compiling, "phase": UpgradePhase.COMPILE_FAILED.value, "failure": "boom"}
+    assert render_board(failed)[1] == "  NOT ON EACH HOST'S OWN BACKEND: boom"
