@@ -65,6 +65,15 @@ class RouteWeights:
         return MAX_BLOCK_TOP1_MIN if self.max_blocks else 1.0
 
 
+def route_weights(policies: Sequence[str], backends: Sequence[str]) -> RouteWeights:
+    """Each stage's weight policy and backend, as one policy over the route (refused otherwise:
+    the reference encodes the checkpoint one way)."""
+    if len(set(policies)) != 1:
+        raise ValueError(f"the route's stages hold weight policies {list(policies)}; qualify compares one "
+                         "policy over the route with its reference")
+    return RouteWeights(policies[0], tuple(backends))
+
+
 def greedy_reference(checkpoint: Path, prompts: Sequence[Sequence[int]], new_tokens: int) -> list[list[int]]:
     import torch
     import transformers

@@ -64,6 +64,7 @@ from apps.qualify.reference import (
     TokenAgreement,
     boundary_parity,
     greedy_reference,
+    route_weights,
     streamed_boundary_parity,
     token_agreement,
     with_token_agreement,
@@ -366,11 +367,11 @@ def _choose_reference(cfg: QualifyConfig) -> ReferenceChoice:
 
 
 def _route_weights(cfg: QualifyConfig, route: LiveRoute) -> RouteWeights:
-    policies = {route.spec.host(s.host).weights or cfg.weights for s in route.stages}
-    if len(policies) != 1:
-        raise QualifyError(f"the route's stages hold weight policies {sorted(policies)}; qualify compares "
-                           "one policy over the route with its reference")
-    return RouteWeights(policies.pop(), tuple(s.backend for s in route.stages))
+    try:
+        return route_weights([route.spec.host(s.host).weights or cfg.weights for s in route.stages],
+                             [s.backend for s in route.stages])
+    except ValueError as exc:
+        raise QualifyError(str(exc)) from exc
 
 
 def _workload(cfg: QualifyConfig, route: LiveRoute,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from apps.qualify.gate import Check
-from apps.qualify.reference import RouteWeights, TokenAgreement, _figures, with_token_agreement
+from apps.qualify.reference import RouteWeights, TokenAgreement, _figures, route_weights, with_token_agreement
 from libs.model.parity import MAX_BLOCK_TOP1_MIN, Captured
 
 RANGES = [(0, 1), (1, 2)]
@@ -82,3 +82,9 @@ def test_a_failed_stream_check_stays_failed_whatever_the_agreement():
     checks = [Check("token_parity", False, "stream differs")]
     assert not with_token_agreement(checks, _agreement(1.0, 1.0))[0].passed
     assert with_token_agreement(checks, None) == checks
+
+
+def test_one_policy_over_the_route_or_a_refusal_naming_them():
+    assert route_weights(["q4_k_m", "q4_k_m"], ["max", "numpy"]) == RouteWeights("q4_k_m", ("max", "numpy"))
+    with pytest.raises(ValueError, match=r"\['q4_k_m', 'q8_0'\]"):
+        route_weights(["q4_k_m", "q8_0"], ["max", "max"])
