@@ -12,7 +12,9 @@ from apps.fleet.netns import IsolationFailed, IsolationUnavailable
 from apps.fleet.route_wait import RouteFailed
 from apps.fleet.spec import FleetFileError
 from apps.qualify.gate import DEFAULT_TOLERANCE
+from apps.qualify.reference_choice import AUTO, REFERENCES
 from apps.qualify.run import QualifyConfig, QualifyError, qualify
+from libs.weights.policy import DEFAULT_POLICY, POLICIES
 
 
 def register(commands, benches) -> None:
@@ -35,6 +37,13 @@ def register(commands, benches) -> None:
     q.add_argument("--numpy-only", action="store_true",
                    help="run every host on the numpy backend (no MAX compiles); the route key says so")
     q.add_argument("--install-timeout-s", type=float, default=3600.0)
+    q.add_argument("--reference", choices=REFERENCES, default=AUTO,
+                   help="whole: transformers holds the float32 model (greedy ids, every boundary); streamed: one "
+                        "decoded layer at a time (the route's greedy tokens scored teacher forced, every "
+                        "boundary); auto (default): streamed when the float32 model plus a margin exceeds the "
+                        "memory available")
+    q.add_argument("--weights", choices=POLICIES, default=DEFAULT_POLICY,
+                   help="weight policy of every stage a fleet file's host does not set (as fornax up --weights)")
     q.set_defaults(func=cmd_qualify)
 
 
@@ -44,7 +53,8 @@ def cmd_qualify(args: argparse.Namespace) -> int:
         parity_tolerance=args.parity_tolerance, state_dir=Path(args.state_dir), out_dir=Path(args.out),
         skew_s=int(args.skew_hours * 3600), expiry_budget_s=args.expiry_budget_s,
         expiry_tolerance_s=args.expiry_tolerance_s, decode_tokens=args.decode_tokens,
-        install_timeout_s=args.install_timeout_s, numpy_only=args.numpy_only,
+        install_timeout_s=args.install_timeout_s, numpy_only=args.numpy_only, reference=args.reference,
+        weights=args.weights,
         command=shlex.join(["fornax", *sys.argv[1:]]) if sys.argv[1:2] == ["qualify"] else
         shlex.join(["fornax", "qualify", "--fleet", args.fleet, "--checkpoint", args.checkpoint,
                     "--runs", str(args.runs)]))
@@ -64,6 +74,7 @@ def cmd_qualify(args: argparse.Namespace) -> int:
         print(f"  {line}")
     print(f"  model snapshot {result.facts.model_snapshot}; command: {result.facts.command}")
     print(f"  {result.facts.skew}; load average {result.facts.load_average}")
+    print(f"reference: {result.facts.reference}")
     print(f"records: {', '.join(result.record_ids)} (signed by the orchestrator's fleet identity)")
     print(f"report: {result.html_path}  artifact: {result.json_path}")
     return 0 if verdict.passed else 1

@@ -1,26 +1,77 @@
 """The single-process references the gate compares a fleet with.
 
-- Greedy token ids from transformers (float32, CPU), for what the fleet streams.
+Whole (`--reference whole`): transformers holds the float32 model.
+- Greedy token ids from `generate`, which every stream must equal.
 - Activation parity at every boundary and final logits: the plan's layer ranges run as stages
   in this process, each on its stage host's backend, against transformers
   (`libs.model.parity`, which also mixes prefill and decode rows in one ragged batch).
+
+Streamed (`--reference streamed`): the layer-streamed reference (`libs.model.streamed_reference`),
+which holds one decoded layer at a time, for models whose float32 copy does not fit.
+- The fleet's own greedy tokens, scored teacher-forced: the share whose every token is the
+  reference's top-1 after the route's own prefix (`libs.model.served_agreement`).
+- The same staged run as the whole path (stages one at a time), against the streamed
+  reference's hidden states after each stage's last layer, its final logits and routed experts.
+
+Both keep the same rules: float32-exact weights are gated on max |diff| at every boundary and
+no differing expert, and on exact token agreement; block formats on a MAX stage (whose graphs
+quantize activations) on the final logits' top-1 >= MAX_BLOCK_TOP1_MIN, as `fornax parity` does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from apps.qualify.gate import BoundaryParity
-from libs.model.config import load_config
+from apps.qualify.gate import BoundaryParity, Check
+from libs.model.config import DeepseekV2Config, load_config
 from libs.model.parity import (
+    MAX_BLOCK_TOP1_MIN,
+    Captured,
     ParityRequest,
+    SequencePlan,
     check_reference_supports,
     compare,
     plan_sequences,
     run_ours,
     run_reference,
+    top1_agreement,
 )
+
+BLOCK_POLICIES = ("q8_0", "q4_k_m")
+TOP1 = "top-1 disagreement"
+
+
+@dataclass(frozen=True)
+class RouteWeights:
+    """One weight policy over the route's stages, and each stage's backend."""
+
+    policy: str
+    backends: tuple[str, ...]
+
+    @property
+    def max_blocks(self) -> bool:
+        """Block formats on a MAX stage: not exact against float32, gated on top-1."""
+        return "max" in self.backends and self.policy in BLOCK_POLICIES
+
+    @property
+    def reference_backend(self) -> str:
+        """The backend whose encoding of `policy` the reference decodes (a MAX stage's, when any)."""
+        return "max" if "max" in self.backends else "numpy"
+
+    @property
+    def token_agreement_min(self) -> float:
+        return MAX_BLOCK_TOP1_MIN if self.max_blocks else 1.0
+
+
+def route_weights(policies: Sequence[str], backends: Sequence[str]) -> RouteWeights:
+    """Each stage's weight policy and backend, as one policy over the route (refused otherwise:
+    the reference encodes the checkpoint one way)."""
+    if len(set(policies)) != 1:
+        raise ValueError(f"the route's stages hold weight policies {list(policies)}; qualify compares one "
+                         "policy over the route with its reference")
+    return RouteWeights(policies[0], tuple(backends))
 
 
 def greedy_reference(checkpoint: Path, prompts: Sequence[Sequence[int]], new_tokens: int) -> list[list[int]]:
@@ -37,20 +88,113 @@ def greedy_reference(checkpoint: Path, prompts: Sequence[Sequence[int]], new_tok
     return out
 
 
+@dataclass(frozen=True)
+class TokenAgreement:
+    """The fleet's greedy tokens against the streamed reference, teacher forced."""
+
+    agreement: float
+    positions: int
+    minimum: float
+    first_misses: tuple[int | None, ...]  # per prompt, the continuation index of the first disputed token
+    reference: str
+
+    @property
+    def passed(self) -> bool:
+        return self.agreement >= self.minimum
+
+    def describe(self) -> str:
+        misses = [f"prompt {i} at token {m}" for i, m in enumerate(self.first_misses) if m is not None]
+        return (f"served greedy tokens vs the layer-streamed reference (teacher forced): top-1 agreement "
+                f"{self.agreement:.3f} over {self.positions} positions (minimum {self.minimum:g})"
+                + (f"; first disputed: {', '.join(misses)}" if misses else "") + f"; {self.reference}")
+
+
+def token_agreement(checkpoint: Path, weights: RouteWeights, prompts: Sequence[Sequence[int]],
+                    served: Sequence[Sequence[int]]) -> TokenAgreement:
+    from libs.model.served_agreement import overall_agreement, prompt_agreement, teacher_forced_sequence
+    from libs.model.streamed_reference import checkpoint_source, streamed_logits
+
+    source = checkpoint_source(checkpoint, weights.policy, weights.reference_backend)
+    streamed = streamed_logits(source, [teacher_forced_sequence(p, s) for p, s in zip(prompts, served, strict=True)])
+    scored = [prompt_agreement(p, s, top1) for p, s, top1 in zip(prompts, served, streamed.top1, strict=True)]
+    share, positions = overall_agreement(scored)
+    return TokenAgreement(share, positions, weights.token_agreement_min, tuple(p.first_miss for p in scored),
+                          f"{streamed.reference}; {streamed.seconds:.1f} s, "
+                          f"peak RSS {streamed.peak_rss_bytes / 2**20:.0f} MiB")
+
+
+def with_token_agreement(checks: Sequence[Check], agreement: TokenAgreement | None) -> list[Check]:
+    """The token_parity check, also gated on (and stating) the streamed reference's agreement."""
+    if agreement is None:
+        return list(checks)
+    return [Check(c.name, c.passed and agreement.passed, f"{c.detail}; {agreement.describe()}")
+            if c.name == "token_parity" else c for c in checks]
+
+
 def boundary_parity(checkpoint: Path, ranges: Sequence[tuple[int, int]], backends: Sequence[str],
-                    tolerance: float, decode_steps: int = 8) -> tuple[list[BoundaryParity], str, str]:
+                    tolerance: float, decode_steps: int = 8,
+                    policy: str = "fp32") -> tuple[list[BoundaryParity], str, str]:
     """Max |ours - reference| after each stage and on the final logits, the staged build, the
-    reference's description. Expert-routing mismatches count as a failed boundary."""
+    reference's description, against the whole model in transformers. Expert-routing mismatches
+    count as a failed boundary."""
+    weights = RouteWeights(policy, tuple(backends))
+    cfg, plans, ours, build = _staged_run(checkpoint, ranges, weights, tolerance, decode_steps)
+    ref, reference = run_reference(checkpoint, cfg, plans, policy, weights.reference_backend)
+    return _figures(ours, ref, ranges, tolerance, weights), build, reference
+
+
+def streamed_boundary_parity(checkpoint: Path, ranges: Sequence[tuple[int, int]], backends: Sequence[str],
+                             tolerance: float, decode_steps: int = 8,
+                             policy: str = "fp32") -> tuple[list[BoundaryParity], str, str]:
+    """`boundary_parity` against the layer-streamed reference: the stages one at a time, then the
+    reference one layer at a time, keeping the hidden states after each stage's last layer."""
+    from libs.model.streamed_reference import checkpoint_source, streamed_logits
+
+    weights = RouteWeights(policy, tuple(backends))
+    cfg, plans, ours, build = _staged_run(checkpoint, ranges, weights, tolerance, decode_steps)
+    source = checkpoint_source(checkpoint, policy, weights.reference_backend)
+    streamed = streamed_logits(source, [p.tokens.tolist() for p in plans], keep_logits=True,
+                               hidden_after=[end - 1 for _, end in ranges], expert_ids=True)
+    assert streamed.logits is not None  # keep_logits
+    ref = _captured(plans, streamed.logits, streamed.hidden_after, streamed.expert_ids)
+    reference = (f"{streamed.reference}; {streamed.seconds:.1f} s, peak RSS "
+                 f"{streamed.peak_rss_bytes / 2**20:.0f} MiB")
+    return _figures(ours, ref, ranges, tolerance, weights), build, reference
+
+
+def _staged_run(checkpoint: Path, ranges: Sequence[tuple[int, int]], weights: RouteWeights, tolerance: float,
+                decode_steps: int) -> tuple[DeepseekV2Config, list[SequencePlan], Captured, str]:
+    """The plan's ranges as stages in this process, one at a time, over the parity scenario."""
     cfg = load_config(checkpoint)
     check_reference_supports(cfg)
     plans = plan_sequences(cfg, decode_steps, seed=0)
-    request = ParityRequest(checkpoint, len(ranges), backends[0], decode_steps=decode_steps, tolerance=tolerance,
-                            stage_backends=tuple(backends))
+    request = ParityRequest(checkpoint, len(ranges), weights.backends[0], decode_steps=decode_steps,
+                            tolerance=tolerance, stage_backends=weights.backends, weights=weights.policy)
     ours, build = run_ours(request, cfg, list(ranges), plans)
-    ref, reference = run_reference(checkpoint, cfg, plans)
+    return cfg, plans, ours, build
+
+
+def _captured(plans: Sequence[SequencePlan], logits, hidden_after, expert_ids) -> Captured:
+    """The streamed reference's per-sequence rows in the shape the whole reference captures."""
+    def by_plan(rows) -> dict[str, list]:
+        return {p.request_id: [r] for p, r in zip(plans, rows, strict=True)}
+
+    return Captured({layer: by_plan(rows) for layer, rows in hidden_after.items()}, by_plan(logits),
+                    {layer: by_plan(rows) for layer, rows in expert_ids.items()})
+
+
+def _figures(ours: Captured, ref: Captured, ranges: Sequence[tuple[int, int]], tolerance: float,
+             weights: RouteWeights) -> list[BoundaryParity]:
     diffs, experts = compare(ours, ref, list(ranges), tolerance)
+    if weights.max_blocks:
+        # MAX's block-format graphs quantize activations: the boundaries are stated, not gated,
+        # and the final logits are gated on top-1, as `fornax parity` does.
+        inner = [BoundaryParity(d.label, d.max_abs_diff, tolerance, gated=False)
+                 for d in diffs if d.label != "final logits"]
+        top1 = top1_agreement(ours.logits, ref.logits)
+        return [*inner, BoundaryParity("final logits", 1.0 - top1, 1.0 - MAX_BLOCK_TOP1_MIN, TOP1)]
     out = [BoundaryParity(d.label, d.max_abs_diff, tolerance) for d in diffs]
     # Routed experts per MoE layer: the count of rows (of e.rows) whose expert set differs; none may.
     out += [BoundaryParity(f"layer {e.layer} experts: rows differing", float(e.mismatched_rows), 0.0)
             for e in experts]
-    return out, build, reference
+    return out

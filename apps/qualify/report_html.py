@@ -30,6 +30,7 @@ class ReportFacts:
     started_utc: str
     skew: str
     load_average: str
+    reference: str = ""  # which reference the parity checks compared with, and why
 
 
 def _e(text: object) -> str:
@@ -100,7 +101,7 @@ def parity_svg(runs: Sequence[RunOutcome]) -> str:
     for r in runs:
         for b in r.boundaries:
             diff, tol = worst.get(b.label, (0.0, b.tolerance))
-            worst[b.label] = (max(diff, b.max_abs_diff), b.tolerance)
+            worst[b.label] = (max(diff, b.max_abs_diff), b.tolerance if b.gated else math.inf)
     lo_exp, hi_exp = -10, 0
     height = len(worst) * (BAR_H + GAP) + 30
 
@@ -172,7 +173,7 @@ high {_ms(c.measured_bottleneck_s.high)}, spread {c.measured_bottleneck_s.spread
 <ul><li>fleet file {_e(facts.fleet_file)}</li>{hosts}<li>model snapshot {_e(facts.model_snapshot)}</li>
 <li>command <code>{_e(facts.command)}</code></li>
 <li>started {_e(facts.started_utc)}, load average {_e(facts.load_average)}</li>
-<li>clocks: {_e(facts.skew)}</li></ul>
+<li>clocks: {_e(facts.skew)}</li><li>reference: {_e(facts.reference)}</li></ul>
 <h2>Per-stage time of one decode microbatch</h2>{stacked_breakdown_svg(runs, predicted)}
 <h2>Predicted against measured stage service time (compute + pack + wire + unpack)</h2>
 {predicted_vs_measured_svg(verdict)}

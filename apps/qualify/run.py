@@ -59,7 +59,17 @@ from apps.qualify.records import (
     qualification_record,
     run_measurement,
 )
-from apps.qualify.reference import boundary_parity, greedy_reference
+from apps.qualify.reference import (
+    RouteWeights,
+    TokenAgreement,
+    boundary_parity,
+    greedy_reference,
+    route_weights,
+    streamed_boundary_parity,
+    token_agreement,
+    with_token_agreement,
+)
+from apps.qualify.reference_choice import AUTO, STREAMED, ReferenceChoice, choose_reference
 from apps.qualify.report_html import ReportFacts, render_report
 from apps.qualify.scenarios import StageRef, Workload, changing_subset, expiry, measured_decode
 from fornax.orchestrator.v1 import orchestrator_pb2 as orch_pb
@@ -70,6 +80,7 @@ from libs.security.store import CertStore
 from libs.service.channels import ChannelConfig
 from libs.service.errors import FornaxError
 from libs.service.fleet_state import FleetState, fleet_path, write_fleet
+from libs.service.host import host_facts
 from services.evidence_registry.client import ClientOptions, RegistryCallFailed, RegistryClient
 from services.evidence_registry.domain import LayerRange, Record, RecordContent
 from services.planner.inventory_facts import hosts_from_profiles, inventory_from
@@ -107,6 +118,11 @@ class QualifyConfig:
     # checked), and the calibration is stored as SERVING_WINDOW, a measurement the planner feeds
     # back, never a verdict (no qualification record).
     serving_window: bool = False
+    # apps.qualify.reference_choice.REFERENCES: the whole float32 model, the layer-streamed
+    # reference, or whichever fits the memory available once the fleet is up.
+    reference: str = AUTO
+    # The weight policy of every stage a fleet file's host does not set (as `fornax up --weights`).
+    weights: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -226,7 +242,8 @@ def _parity_checks(boundaries: list[BoundaryParity]) -> list[Check]:
     final = [b for b in boundaries if b.label == "final logits"]
 
     def describe(items: list[BoundaryParity]) -> str:
-        return "; ".join(f"{b.label}: max |diff| {b.max_abs_diff:.3g} (tolerance {b.tolerance:.3g})"
+        return "; ".join(f"{b.label}: {b.measure} {b.max_abs_diff:.3g} "
+                         f"({f'tolerance {b.tolerance:.3g}' if b.gated else 'stated, not gated'})"
                          f"{'' if b.passed else ' FAILED'}" for b in items)
 
     return [Check("boundary_parity", bool(inner) and all(b.passed for b in inner), describe(inner) or "no boundary"),
@@ -234,7 +251,7 @@ def _parity_checks(boundaries: list[BoundaryParity]) -> list[Check]:
 
 
 async def _one_run(route: LiveRoute, cfg: QualifyConfig, work: Workload, run: int, clocks: str,
-                   boundaries: list[BoundaryParity]) -> RunOutcome:
+                   boundaries: list[BoundaryParity], agreement: TokenAgreement | None) -> RunOutcome:
     gen = Generator(route.orchestrator, route.channel)
     times: list[StageTimes] = []
     try:
@@ -243,7 +260,7 @@ async def _one_run(route: LiveRoute, cfg: QualifyConfig, work: Workload, run: in
         except Exception as exc:  # reported as failed checks below
             decode_checks = [Check("prefill", False, f"{type(exc).__name__}: {exc}"),
                              Check("token_parity", False, f"{type(exc).__name__}: {exc}")]
-        checks = list(decode_checks)
+        checks = with_token_agreement(decode_checks, agreement)
         if cfg.serving_window:
             return RunOutcome(run, tuple(checks), tuple(times))
         checks += await _guarded("changing_subset_decode", changing_subset(gen, work, run))
@@ -296,7 +313,7 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
     load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     options = FleetOptions(state_dir=state_dir, boundary_dtype="fp32", checkpoint=str(Path(cfg.checkpoint).resolve()),
                            startup_timeout_s=300, grace_period_s=5.0,
-                           env={"FORNAX_RECOVERY_TIMEOUT_S": str(cfg.recovery_timeout_s)})
+                           env={"FORNAX_RECOVERY_TIMEOUT_S": str(cfg.recovery_timeout_s)}, weights=cfg.weights)
     _log(f"starting {cfg.fleet_file} with {clocks}")
     state, launcher = start_isolated_fleet(options, spec)
     write_fleet(state_dir, state)
@@ -306,12 +323,14 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
         supervising = bool(supervisor.start())
         route = _inspect(spec, state, launcher, supervisor)
         _log("route " + " > ".join(f"{s.host}:{s.backend}[{s.layer_start}:{s.layer_end}]" for s in route.stages))
-        work, boundaries = _workload(cfg, route)
-        runs = _run_all(route, cfg, work, clocks, boundaries)
+        choice = _choose_reference(cfg)
+        _log(choice.describe())
+        work, boundaries, agreement = _workload(cfg, route, choice)
+        runs = _run_all(route, cfg, work, clocks, boundaries, agreement)
         now_ns = time.time_ns()
         predicted, basis = _predictions_at_measured_rows(route, cfg, runs, now_ns)
         verdict = _verdict(route, cfg, runs, predicted, basis, now_ns)
-        facts = _report_facts(cfg, spec, route, started_utc, load, clocks)
+        facts = _report_facts(cfg, spec, route, started_utc, load, clocks, choice)
         artifact = _artifact(cfg, route, verdict, runs, predicted, facts, basis)
         contents = _records(cfg, route, verdict, runs, work, artifact, now_ns)
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -340,22 +359,68 @@ def _check_inputs(cfg: QualifyConfig) -> None:
         raise QualifyError(f"--checkpoint {cfg.checkpoint} has no config.json")
 
 
-def _workload(cfg: QualifyConfig, route: LiveRoute) -> tuple[Workload, list[BoundaryParity]]:
-    """The prompts with their greedy reference ids, and each stage boundary's parity."""
-    reference = greedy_reference(cfg.checkpoint, PROMPTS, cfg.decode_tokens)
-    work = Workload(PROMPTS, tuple(tuple(r) for r in reference), cfg.decode_tokens, EXPIRY_PROMPT)
+def _choose_reference(cfg: QualifyConfig) -> ReferenceChoice:
+    """Made once the fleet is up, so the memory available is what the fleet left."""
+    model = describe_checkpoint(cfg.checkpoint, policy="fp32")
+    f32_bytes = model.embedding_bytes + model.head_bytes + sum(layer.weight_bytes for layer in model.layers)
+    return choose_reference(cfg.reference, f32_bytes, host_facts().memory_available_bytes)
+
+
+def _route_weights(cfg: QualifyConfig, route: LiveRoute) -> RouteWeights:
+    try:
+        return route_weights([route.spec.host(s.host).weights or cfg.weights for s in route.stages],
+                             [s.backend for s in route.stages])
+    except ValueError as exc:
+        raise QualifyError(str(exc)) from exc
+
+
+def _workload(cfg: QualifyConfig, route: LiveRoute,
+              choice: ReferenceChoice) -> tuple[Workload, list[BoundaryParity], TokenAgreement | None]:
+    """The prompts with the ids every stream must equal, each stage boundary's parity, and (for
+    the streamed reference) the served tokens' agreement with it.
+
+    Whole: the ids are transformers' greedy generation. Streamed: greedy generation through the
+    whole model is out of reach, so the fleet's own greedy tokens (one prompt at a time, before
+    any run) are scored against the reference teacher forced, and every scenario must then
+    reproduce them."""
+    weights = _route_weights(cfg, route)
+    ranges = [(s.layer_start, s.layer_end) for s in route.stages]
+    agreement = None
+    if choice.kind == STREAMED:
+        served = asyncio.run(_served_greedy(route, PROMPTS, cfg.decode_tokens))
+        agreement = token_agreement(cfg.checkpoint, weights, PROMPTS, served)
+        _log(agreement.describe())
+        work = Workload(PROMPTS, served, cfg.decode_tokens, EXPIRY_PROMPT,
+                        "the route's own greedy tokens, scored against the layer-streamed reference")
+    else:
+        reference = greedy_reference(cfg.checkpoint, PROMPTS, cfg.decode_tokens)
+        work = Workload(PROMPTS, tuple(tuple(r) for r in reference), cfg.decode_tokens, EXPIRY_PROMPT)
     if cfg.serving_window:
-        return work, []
-    boundaries, _, _ = boundary_parity(cfg.checkpoint, [(s.layer_start, s.layer_end) for s in route.stages],
-                                       [s.backend for s in route.stages], cfg.parity_tolerance)
-    return work, boundaries
+        return work, [], agreement
+    parity = streamed_boundary_parity if choice.kind == STREAMED else boundary_parity
+    boundaries, _, _ = parity(cfg.checkpoint, ranges, list(weights.backends), cfg.parity_tolerance,
+                              policy=weights.policy)
+    return work, boundaries, agreement
+
+
+async def _served_greedy(route: LiveRoute, prompts: tuple[tuple[int, ...], ...],
+                         tokens: int) -> tuple[tuple[int, ...], ...]:
+    gen = Generator(route.orchestrator, route.channel)
+    try:
+        outs = [await gen.generate(f"qualify-reference-{i}", p, tokens) for i, p in enumerate(prompts)]
+    finally:
+        await gen.close()
+    failed = [f"{o.request_id}: {o.code} {o.error}" for o in outs if o.code]
+    if failed:
+        raise QualifyError(f"the route's greedy tokens for the streamed reference failed: {'; '.join(failed)}")
+    return tuple(tuple(o.token_ids) for o in outs)
 
 
 def _run_all(route: LiveRoute, cfg: QualifyConfig, work: Workload, clocks: str,
-             boundaries: list[BoundaryParity]) -> list[RunOutcome]:
+             boundaries: list[BoundaryParity], agreement: TokenAgreement | None) -> list[RunOutcome]:
     runs = []
     for n in range(1, cfg.runs + 1):
-        outcome = asyncio.run(_one_run(route, cfg, work, n, clocks, boundaries))
+        outcome = asyncio.run(_one_run(route, cfg, work, n, clocks, boundaries, agreement))
         _log(f"run {n}: " + ", ".join(f"{c.name} {'pass' if c.passed else 'FAIL'}" for c in outcome.checks))
         for c in outcome.failed:
             _log(f"run {n}: {c.name} failed: {c.detail}")
@@ -383,13 +448,14 @@ def _verdict(route: LiveRoute, cfg: QualifyConfig, runs: list[RunOutcome], predi
 
 
 def _report_facts(cfg: QualifyConfig, spec: FleetSpec, route: LiveRoute, started_utc: str, load: str,
-                  clocks: str) -> ReportFacts:
+                  clocks: str, choice: ReferenceChoice) -> ReportFacts:
     return ReportFacts(
         fleet_file=f"{cfg.fleet_file} (sha256 {spec.file_sha256[:12]})",
         hosts=tuple(f"stage {s.index} on {f.describe()}; build {b}"
                     for s, f, b in zip(route.stages, route.facts, route.builds, strict=True)),
         model_snapshot=route.model_snapshot, command=cfg.command, started_utc=started_utc, skew=clocks,
-        load_average=f"{load} at start, " + "{:.2f} {:.2f} {:.2f} at end".format(*os.getloadavg()))
+        load_average=f"{load} at start, " + "{:.2f} {:.2f} {:.2f} at end".format(*os.getloadavg()),
+        reference=choice.describe())
 
 
 def _artifact(cfg: QualifyConfig, route: LiveRoute, verdict: Verdict, runs: list[RunOutcome],

@@ -36,6 +36,8 @@ class Workload:
     # The prompt whose greedy continuation runs longest without an end-of-sequence token: a
     # stream that stops by itself before its budget cannot show the budget expiring.
     expiry_prompt: int = 0
+    # What `reference` is, as the checks state it.
+    reference_name: str = "the single-process transformers reference"
 
 
 def reference_mismatch(got: Generated, expected: Sequence[int], complete: bool) -> str | None:
@@ -113,8 +115,8 @@ async def measured_decode(gen: Generator, work: Workload, run: int, stages: Sequ
     except WindowError as exc:
         bad.append(f"measured window: {exc}")
     checks.append(Check("token_parity", not bad, "; ".join(bad) or
-                        f"{len(outs)} streams x {work.decode_tokens} greedy tokens equal the single-process "
-                        f"transformers reference; measured window {window * 1e3:.1f} ms, {window_rows[0]} decode rows"))
+                        f"{len(outs)} streams x {work.decode_tokens} greedy tokens equal {work.reference_name}; "
+                        f"measured window {window * 1e3:.1f} ms, {window_rows[0]} decode rows"))
     return checks, times
 
 

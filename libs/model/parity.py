@@ -287,10 +287,16 @@ def _capture_hidden(store: dict[int, np.ndarray], index: int):
 
 def _capture_expert_ids(store: dict[int, np.ndarray], index: int):
     def hook(_module, _inputs, output):
-        ints = [t for t in output if hasattr(t, "dtype") and not t.dtype.is_floating_point]
-        store[index] = ints[-1].detach().numpy().reshape(-1, ints[-1].shape[-1]).astype(np.int32)
+        store[index] = router_expert_ids(output)
 
     return hook
+
+
+def router_expert_ids(output) -> np.ndarray:
+    """The routed expert ids [rows, top_k] from a transformers DeepSeek-V2 router's output (its
+    integer tensor)."""
+    ints = [t for t in output if hasattr(t, "dtype") and not t.dtype.is_floating_point]
+    return ints[-1].detach().numpy().reshape(-1, ints[-1].shape[-1]).astype(np.int32)
 
 
 def _max_diff(ours: dict[str, list[np.ndarray]], ref: dict[str, list[np.ndarray]]) -> float:

@@ -6,7 +6,9 @@ Every sequence is embedded; then for each layer in order, that one `DeepseekV2De
 built on the meta device (no random init), given its weights decoded to float32 with
 `load_state_dict(assign=True)`, run over every sequence's full hidden states (causal, positions
 0..L-1, the model's own RoPE / yarn tables and causal mask), and freed before the next is built.
-The final norm and head come last. At most one dequantized layer is held (the embeddings and
+The final norm and head come last. A caller may keep the hidden states after chosen layers (a
+stage boundary: [positions, hidden] per sequence) and every MoE layer's routed expert ids, which
+are small beside a layer's weights. At most one dequantized layer is held (the embeddings and
 the head each alone, before and after the layers), so peak memory is about one layer's float32
 bytes over the process's baseline, not the model's.
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +32,7 @@ import numpy as np
 from libs.model.bench_transformers import hf_layer_state
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import CheckpointError
-from libs.model.parity import check_reference_supports
+from libs.model.parity import check_reference_supports, router_expert_ids
 from libs.model.weights import load_stage_weights
 from libs.weights.policy import DEFAULT_POLICY
 from libs.weights.tensor import dense, rows_of
@@ -108,6 +110,11 @@ class StreamedLogits:
     peak_rss_bytes: int           # the process's lifetime peak, read when the run ended
     baseline_rss_bytes: int       # the process's peak before the first weight was read
     largest_layer_f32_bytes: int  # the largest decoded layer the run held
+    # Layer index -> per sequence, the float32 hidden states [positions, hidden] after that layer
+    # (only the layers asked for).
+    hidden_after: dict[int, tuple[np.ndarray, ...]] = field(default_factory=dict)
+    # MoE layer index -> per sequence, the routed expert ids [positions, top_k] (when asked for).
+    expert_ids: dict[int, tuple[np.ndarray, ...]] = field(default_factory=dict)
 
     @property
     def growth_bytes(self) -> int:
@@ -119,17 +126,23 @@ def peak_rss_bytes() -> int:
 
 
 def streamed_logits(source: WeightSource, sequences: Sequence[Sequence[int]], keep_logits: bool = False,
-                    progress: Callable[[str], None] | None = None) -> StreamedLogits:
-    """Teacher-forced logits of each sequence (every position sees its own prefix only)."""
+                    progress: Callable[[str], None] | None = None, hidden_after: Sequence[int] = (),
+                    expert_ids: bool = False) -> StreamedLogits:
+    """Teacher-forced logits of each sequence (every position sees its own prefix only); with
+    `hidden_after`, the hidden states after those layers; with `expert_ids`, each MoE layer's
+    routed experts per position."""
     import torch
     import transformers
 
     cfg = load_config(source.config_dir)
     check_reference_supports(cfg)
     _check_ids(cfg, sequences)
+    _check_layers(cfg, hidden_after)
     runner = _LayerRunner(cfg, source)
     baseline = peak_rss_bytes()
     started = time.perf_counter()
+    kept: dict[int, tuple[np.ndarray, ...]] = {}
+    routed: dict[int, tuple[np.ndarray, ...]] = {}
     with torch.no_grad():
         hidden = runner.embed(sequences)
         frames = [runner.frame(h) for h in hidden]
@@ -137,8 +150,16 @@ def streamed_logits(source: WeightSource, sequences: Sequence[Sequence[int]], ke
         for index in range(cfg.num_hidden_layers):
             layer, held = runner.layer(index)
             largest = max(largest, held)
+            seen: list[np.ndarray] = []
+            hook = (layer.mlp.gate.register_forward_hook(_expert_ids_hook(seen))
+                    if expert_ids and cfg.is_moe_layer(index) else None)
             hidden = [layer(h, attention_mask=mask, position_embeddings=rope) for h, (mask, rope) in
                       zip(hidden, frames, strict=True)]
+            if hook is not None:
+                hook.remove()
+                routed[index] = tuple(seen)
+            if index in hidden_after:
+                kept[index] = tuple(h[0].numpy().copy() for h in hidden)
             del layer
             if progress:
                 progress(f"layer {index + 1}/{cfg.num_hidden_layers} ({held / 2**20:.0f} MiB float32)")
@@ -147,7 +168,22 @@ def streamed_logits(source: WeightSource, sequences: Sequence[Sequence[int]], ke
                  f"(eager attention, experts {runner.experts_implementation}), float32, torch {torch.__version__} "
                  f"CPU; weights: {source.description}")
     return StreamedLogits(top1, logits, reference, time.perf_counter() - started, peak_rss_bytes(), baseline,
-                          largest)
+                          largest, kept, routed)
+
+
+def _check_layers(cfg: DeepseekV2Config, layers: Sequence[int]) -> None:
+    outside = [i for i in layers if not 0 <= i < cfg.num_hidden_layers]
+    if outside:
+        raise ReferenceSourceError(f"hidden_after names layers {outside} outside [0, {cfg.num_hidden_layers})",
+                                   reason="REFERENCE_LAYER_INVALID")
+
+
+def _expert_ids_hook(store: list[np.ndarray]):
+    """Appends the router's chosen expert ids [positions, top_k] of each sequence it runs on."""
+    def hook(_module, _inputs, output):
+        store.append(router_expert_ids(output))
+
+    return hook
 
 
 def _check_ids(cfg: DeepseekV2Config, sequences: Sequence[Sequence[int]]) -> None:

@@ -128,3 +128,9 @@ def test_an_incomplete_artifact_set_and_bad_ids_are_refused(tiny_checkpoint, tmp
         with pytest.raises(ReferenceSourceError) as invalid:
             streamed_logits(checkpoint_source(tiny_checkpoint), [[1, 2], bad])
         assert invalid.value.reason == "REFERENCE_SEQUENCE_INVALID"
+
+
+def test_hidden_states_after_a_layer_the_model_lacks_are_refused(tiny_checkpoint):
+    layers = load_config(tiny_checkpoint).num_hidden_layers
+    with pytest.raises(ReferenceSourceError, match=f"outside \\[0, {layers}\\)"):
+        streamed_logits(checkpoint_source(tiny_checkpoint), [[1, 2]], hidden_after=[layers])

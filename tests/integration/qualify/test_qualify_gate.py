@@ -58,6 +58,8 @@ def test_qualify_records_its_verdict_and_writes_the_report(tmp_path, checkpoint)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert "qualification gate PASSED after 1 run(s)" in done.stdout
     assert "calibration: bottleneck prediction error" in done.stdout and "(prediction)" in done.stdout
+    # tiny's float32 model fits: auto keeps the whole reference, and says so with the bytes.
+    assert "reference: whole reference (--reference auto)" in done.stdout and "fits in" in done.stdout
     artifact = json.loads((tmp_path / "report" / "qualify.json").read_text())
     (run,) = artifact["runs"]
     assert {c["name"] for c in run["checks"]} >= {"prefill", "changing_subset_decode", "cancellation",
@@ -84,10 +86,16 @@ def test_qualify_records_its_verdict_and_writes_the_report(tmp_path, checkpoint)
 
 
 def test_a_parity_tolerance_of_zero_fails_the_gate_naming_check_and_run(tmp_path, checkpoint):
-    done = _qualify(tmp_path, checkpoint, "--tolerance", "1000", "--parity-tolerance", "0")
+    # Against the layer-streamed reference: the same boundaries fail, the served tokens agree.
+    done = _qualify(tmp_path, checkpoint, "--tolerance", "1000", "--parity-tolerance", "0",
+                    "--reference", "streamed")
     assert done.returncode == 1, done.stdout + done.stderr[-4000:]
     assert "qualification gate FAILED" in done.stdout
     assert "FAILED run 1: boundary_parity:" in done.stdout
+    assert "reference: streamed reference (--reference streamed)" in done.stdout
+    (run,) = json.loads((tmp_path / "report" / "qualify.json").read_text())["runs"]
+    (token_parity,) = [c for c in run["checks"] if c["name"] == "token_parity"]
+    assert token_parity["passed"] and "top-1 agreement 1.000" in token_parity["detail"], token_parity
     html = (tmp_path / "report" / "qualify.html").read_text()
     assert "run 1: boundary_parity:" in html.split('<ul id="failures">')[1].split("</ul>")[0]
     (calibration,) = [r for r in _records(tmp_path / ".fornax") if r.content.type is RecordType.CALIBRATION]
