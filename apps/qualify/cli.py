@@ -75,6 +75,7 @@ def cmd_qualify(args: argparse.Namespace) -> int:
     print(f"  model snapshot {result.facts.model_snapshot}; command: {result.facts.command}")
     print(f"  {result.facts.skew}; load average {result.facts.load_average}")
     print(f"reference: {result.facts.reference}")
+    print(f"parity gates: {result.facts.gates}")
     print(f"records: {', '.join(result.record_ids)} (signed by the orchestrator's fleet identity)")
     print(f"report: {result.html_path}  artifact: {result.json_path}")
     return 0 if verdict.passed else 1

@@ -98,10 +98,11 @@ def predicted_at_rows(installed: Sequence[PredictedStage], rows: Sequence[float]
 
 
 def planner_at(model: ModelDescription, inventory: Inventory, book: ProfileBook,
-               stages: Sequence[tuple[str, int, int]], now_ns: int, past_tokens: float = 0.0) -> PlanAt:
-    """The planner's prediction of this placement (fp32 hops, as qualify runs it) at `rows` rows
+               stages: Sequence[tuple[str, int, int]], now_ns: int, past_tokens: float = 0.0,
+               boundary_dtype: DType = DType.FP32) -> PlanAt:
+    """The planner's prediction of this placement (its hops of `boundary_dtype`) at `rows` rows
     and `past_tokens` tokens of past per row (rounded to a whole token; 0: the target's default)."""
-    target = Target(min_stages=len(stages), max_stages=len(stages), boundary_dtype=DType.FP32,
+    target = Target(min_stages=len(stages), max_stages=len(stages), boundary_dtype=boundary_dtype,
                     decode_context_tokens=max(0, round(past_tokens)))
 
     def at(rows: int) -> d.Plan:

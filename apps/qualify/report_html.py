@@ -31,6 +31,7 @@ class ReportFacts:
     skew: str
     load_average: str
     reference: str = ""  # which reference the parity checks compared with, and why
+    gates: str = ""  # which parity gates applied (exact or top-1), and why
 
 
 def _e(text: object) -> str:
@@ -173,14 +174,16 @@ high {_ms(c.measured_bottleneck_s.high)}, spread {c.measured_bottleneck_s.spread
 <ul><li>fleet file {_e(facts.fleet_file)}</li>{hosts}<li>model snapshot {_e(facts.model_snapshot)}</li>
 <li>command <code>{_e(facts.command)}</code></li>
 <li>started {_e(facts.started_utc)}, load average {_e(facts.load_average)}</li>
-<li>clocks: {_e(facts.skew)}</li><li>reference: {_e(facts.reference)}</li></ul>
+<li>clocks: {_e(facts.skew)}</li><li>reference: {_e(facts.reference)}</li>
+<li>parity gates: {_e(facts.gates)}</li></ul>
 <h2>Per-stage time of one decode microbatch</h2>{stacked_breakdown_svg(runs, predicted)}
 <h2>Predicted against measured stage service time (compute + pack + wire + unpack)</h2>
 {predicted_vs_measured_svg(verdict)}
 <h2>Activation parity per boundary</h2>
 <p>max |staged - reference| after each stage and on the final logits: the plan's layer ranges run as stages in
-qualify's process, each on its stage host's backend, against single-process transformers (fp32); the fleet's own
-streams are checked token by token against the same reference (token_parity).</p>{parity_svg(runs)}
+qualify's process, each on its stage host's backend, each boundary through its hop's dtype as the route passes it,
+against the reference; the fleet's own streams are checked token by token (token_parity). Which of these are
+gated, and on what, is stated under parity gates above.</p>{parity_svg(runs)}
 <h2>Checks</h2>{_checks_table(runs)}
 <h2>Phase times per run (physical)</h2>{_stage_table(runs)}
 </body></html>

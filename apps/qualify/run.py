@@ -60,10 +60,12 @@ from apps.qualify.records import (
     run_measurement,
 )
 from apps.qualify.reference import (
+    RouteRefused,
     RouteWeights,
     TokenAgreement,
     boundary_parity,
     greedy_reference,
+    route_hops,
     route_weights,
     streamed_boundary_parity,
     token_agreement,
@@ -137,7 +139,12 @@ class QualifyResult:
 
 
 class QualifyError(RuntimeError):
-    """The gate could not run at all (bad input, a fleet that did not come up)."""
+    """The gate could not run at all (bad input, a fleet that did not come up); `reason` is a
+    stable UPPER_SNAKE code where the refusal has one."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(f"{message} [{reason}]" if reason else message)
+        self.reason = reason
 
 
 def _log(message: str) -> None:
@@ -146,9 +153,10 @@ def _log(message: str) -> None:
 
 def prepare_spec(cfg: QualifyConfig) -> tuple[FleetSpec, dict[str, int]]:
     spec = load_fleet_spec(cfg.fleet_file)
-    if any(d is not DType.FP32 for d in spec.hop_dtypes):
-        raise QualifyError(f"{cfg.fleet_file}: qualification compares activations, every hop must be fp32 "
-                           f"(got {', '.join(d.value for d in spec.hop_dtypes)})")
+    try:  # refused before any host starts: hops that carry no activations qualify can compare
+        route_hops(spec.hop_dtypes, len(spec.hop_dtypes) + 1)
+    except RouteRefused as exc:
+        raise QualifyError(f"{cfg.fleet_file}: {exc}", exc.reason) from exc
     if cfg.numpy_only:
         spec = dataclasses.replace(spec, hosts=tuple(dataclasses.replace(h, backend=Backend.NUMPY)
                                                      for h in spec.hosts))
@@ -237,7 +245,8 @@ async def _cleanup(route: LiveRoute) -> Check:
         await asyncio.sleep(0.2)
 
 
-def _parity_checks(boundaries: list[BoundaryParity]) -> list[Check]:
+def _parity_checks(boundaries: list[BoundaryParity], gates: str) -> list[Check]:
+    """The boundary and final-logit checks; each detail opens with which gates applied and why."""
     inner = [b for b in boundaries if b.label != "final logits"]
     final = [b for b in boundaries if b.label == "final logits"]
 
@@ -246,12 +255,14 @@ def _parity_checks(boundaries: list[BoundaryParity]) -> list[Check]:
                          f"({f'tolerance {b.tolerance:.3g}' if b.gated else 'stated, not gated'})"
                          f"{'' if b.passed else ' FAILED'}" for b in items)
 
-    return [Check("boundary_parity", bool(inner) and all(b.passed for b in inner), describe(inner) or "no boundary"),
-            Check("final_logit_parity", bool(final) and all(b.passed for b in final), describe(final) or "none")]
+    return [Check("boundary_parity", bool(inner) and all(b.passed for b in inner),
+                  f"{gates}. {describe(inner) or 'no boundary'}"),
+            Check("final_logit_parity", bool(final) and all(b.passed for b in final),
+                  f"{gates}. {describe(final) or 'none'}")]
 
 
 async def _one_run(route: LiveRoute, cfg: QualifyConfig, work: Workload, run: int, clocks: str,
-                   boundaries: list[BoundaryParity], agreement: TokenAgreement | None) -> RunOutcome:
+                   boundaries: list[BoundaryParity], agreement: TokenAgreement | None, gates: str) -> RunOutcome:
     gen = Generator(route.orchestrator, route.channel)
     times: list[StageTimes] = []
     try:
@@ -270,7 +281,7 @@ async def _one_run(route: LiveRoute, cfg: QualifyConfig, work: Workload, run: in
         checks.append(await _cleanup(route))
     finally:
         await gen.close()
-    checks += _parity_checks(boundaries)
+    checks += _parity_checks(boundaries, gates)
     return RunOutcome(run, tuple(checks), tuple(times), tuple(boundaries))
 
 
@@ -311,7 +322,8 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
         raise QualifyError(f"a fleet's hosts exist under {state_dir}; run `fornax down --state-dir {cfg.state_dir}`")
     started_utc = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
-    options = FleetOptions(state_dir=state_dir, boundary_dtype="fp32", checkpoint=str(Path(cfg.checkpoint).resolve()),
+    options = FleetOptions(state_dir=state_dir, boundary_dtype=(spec.hop_dtypes or (DType.FP32,))[0].value,
+                           checkpoint=str(Path(cfg.checkpoint).resolve()),
                            startup_timeout_s=300, grace_period_s=5.0,
                            env={"FORNAX_RECOVERY_TIMEOUT_S": str(cfg.recovery_timeout_s)}, weights=cfg.weights)
     _log(f"starting {cfg.fleet_file} with {clocks}")
@@ -325,14 +337,16 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
         _log("route " + " > ".join(f"{s.host}:{s.backend}[{s.layer_start}:{s.layer_end}]" for s in route.stages))
         choice = _choose_reference(cfg)
         _log(choice.describe())
-        work, boundaries, agreement = _workload(cfg, route, choice)
-        runs = _run_all(route, cfg, work, clocks, boundaries, agreement)
+        weights = _route_weights(cfg, route)
+        _log(weights.describe_gates())
+        work, boundaries, agreement = _workload(cfg, route, choice, weights)
+        runs = _run_all(route, cfg, work, clocks, boundaries, agreement, weights.describe_gates())
         now_ns = time.time_ns()
-        predicted, basis = _predictions_at_measured_rows(route, cfg, runs, now_ns)
+        predicted, basis = _predictions_at_measured_rows(route, cfg, runs, now_ns, weights)
         verdict = _verdict(route, cfg, runs, predicted, basis, now_ns)
-        facts = _report_facts(cfg, spec, route, started_utc, load, clocks, choice)
+        facts = _report_facts(cfg, spec, route, started_utc, load, clocks, choice, weights)
         artifact = _artifact(cfg, route, verdict, runs, predicted, facts, basis)
-        contents = _records(cfg, route, verdict, runs, work, artifact, now_ns)
+        contents = _records(cfg, route, verdict, runs, work, artifact, now_ns, weights)
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         json_path, html_path = cfg.out_dir / "qualify.json", cfg.out_dir / "qualify.html"
         html_path.write_text(render_report(verdict, runs, predicted, facts), encoding="utf-8")
@@ -367,26 +381,27 @@ def _choose_reference(cfg: QualifyConfig) -> ReferenceChoice:
 
 
 def _route_weights(cfg: QualifyConfig, route: LiveRoute) -> RouteWeights:
+    """The route's weight policy, backends and hop dtypes, which decide the parity gates."""
     try:
         return route_weights([route.spec.host(s.host).weights or cfg.weights for s in route.stages],
-                             [s.backend for s in route.stages])
-    except ValueError as exc:
-        raise QualifyError(str(exc)) from exc
+                             [s.backend for s in route.stages], route_hops(route.spec.hop_dtypes, len(route.stages)))
+    except RouteRefused as exc:
+        raise QualifyError(str(exc), exc.reason) from exc
 
 
-def _workload(cfg: QualifyConfig, route: LiveRoute,
-              choice: ReferenceChoice) -> tuple[Workload, list[BoundaryParity], TokenAgreement | None]:
+def _workload(cfg: QualifyConfig, route: LiveRoute, choice: ReferenceChoice,
+              weights: RouteWeights) -> tuple[Workload, list[BoundaryParity], TokenAgreement | None]:
     """The prompts with the ids every stream must equal, each stage boundary's parity, and (for
-    the streamed reference) the served tokens' agreement with it.
+    the streamed reference or a route that cannot be exact) the served tokens' agreement.
 
-    Whole: the ids are transformers' greedy generation. Streamed: greedy generation through the
-    whole model is out of reach, so the fleet's own greedy tokens (one prompt at a time, before
-    any run) are scored against the reference teacher forced, and every scenario must then
-    reproduce them."""
-    weights = _route_weights(cfg, route)
+    Whole, on an exact route: the ids are transformers' greedy generation. Streamed: greedy
+    generation through the whole model is out of reach; a route that cannot be exact (a rounding
+    hop, block formats on MAX) cannot be held to it. Then the fleet's own greedy tokens (one
+    prompt at a time, before any run) are scored teacher forced against the layer-streamed
+    reference (`weights.token_agreement_min`), and every scenario must then reproduce them."""
     ranges = [(s.layer_start, s.layer_end) for s in route.stages]
     agreement = None
-    if choice.kind == STREAMED:
+    if choice.kind == STREAMED or not weights.exact:
         served = asyncio.run(_served_greedy(route, PROMPTS, cfg.decode_tokens))
         agreement = token_agreement(cfg.checkpoint, weights, PROMPTS, served)
         _log(agreement.describe())
@@ -399,7 +414,7 @@ def _workload(cfg: QualifyConfig, route: LiveRoute,
         return work, [], agreement
     parity = streamed_boundary_parity if choice.kind == STREAMED else boundary_parity
     boundaries, _, _ = parity(cfg.checkpoint, ranges, list(weights.backends), cfg.parity_tolerance,
-                              policy=weights.policy)
+                              policy=weights.policy, hops=weights.hops)
     return work, boundaries, agreement
 
 
@@ -417,10 +432,10 @@ async def _served_greedy(route: LiveRoute, prompts: tuple[tuple[int, ...], ...],
 
 
 def _run_all(route: LiveRoute, cfg: QualifyConfig, work: Workload, clocks: str,
-             boundaries: list[BoundaryParity], agreement: TokenAgreement | None) -> list[RunOutcome]:
+             boundaries: list[BoundaryParity], agreement: TokenAgreement | None, gates: str) -> list[RunOutcome]:
     runs = []
     for n in range(1, cfg.runs + 1):
-        outcome = asyncio.run(_one_run(route, cfg, work, n, clocks, boundaries, agreement))
+        outcome = asyncio.run(_one_run(route, cfg, work, n, clocks, boundaries, agreement, gates))
         _log(f"run {n}: " + ", ".join(f"{c.name} {'pass' if c.passed else 'FAIL'}" for c in outcome.checks))
         for c in outcome.failed:
             _log(f"run {n}: {c.name} failed: {c.detail}")
@@ -448,14 +463,14 @@ def _verdict(route: LiveRoute, cfg: QualifyConfig, runs: list[RunOutcome], predi
 
 
 def _report_facts(cfg: QualifyConfig, spec: FleetSpec, route: LiveRoute, started_utc: str, load: str,
-                  clocks: str, choice: ReferenceChoice) -> ReportFacts:
+                  clocks: str, choice: ReferenceChoice, weights: RouteWeights) -> ReportFacts:
     return ReportFacts(
         fleet_file=f"{cfg.fleet_file} (sha256 {spec.file_sha256[:12]})",
         hosts=tuple(f"stage {s.index} on {f.describe()}; build {b}"
                     for s, f, b in zip(route.stages, route.facts, route.builds, strict=True)),
         model_snapshot=route.model_snapshot, command=cfg.command, started_utc=started_utc, skew=clocks,
         load_average=f"{load} at start, " + "{:.2f} {:.2f} {:.2f} at end".format(*os.getloadavg()),
-        reference=choice.describe())
+        reference=choice.describe(), gates=weights.describe_gates())
 
 
 def _artifact(cfg: QualifyConfig, route: LiveRoute, verdict: Verdict, runs: list[RunOutcome],
@@ -474,7 +489,7 @@ def _artifact(cfg: QualifyConfig, route: LiveRoute, verdict: Verdict, runs: list
 
 
 def _records(cfg: QualifyConfig, route: LiveRoute, verdict: Verdict, runs: list[RunOutcome], work: Workload,
-             artifact: dict, now_ns: int) -> list[tuple[RecordContent, bytes]]:
+             artifact: dict, now_ns: int, weights: RouteWeights) -> list[tuple[RecordContent, bytes]]:
     """The registry records the gate leaves: each run's measurement, the calibration, the qualification."""
     on = MeasuredOn(hardware="; ".join(f.describe() for f in route.facts),
                     backend_build=" | ".join(f"stage {s.index} {s.host}: {b}"
@@ -482,7 +497,7 @@ def _records(cfg: QualifyConfig, route: LiveRoute, verdict: Verdict, runs: list[
                     model_snapshot=route.model_snapshot, command=cfg.command, measured_unix_ns=now_ns,
                     valid_for_s=cfg.valid_for_s, layer_range=LayerRange(route.stages[0].layer_start,
                                                                          route.stages[-1].layer_end),
-                    dtype=DType.FP32, shapes=_shapes(runs, work))
+                    dtype=weights.boundary_dtype, shapes=_shapes(runs, work))
     contents = [run_measurement(r, verdict.calibration.route_key, on) for r in runs]
     if cfg.serving_window:
         return [*contents, calibration_record(verdict, on)]
@@ -501,7 +516,7 @@ def _put_records(state: FleetState, route: LiveRoute, contents: list[tuple[Recor
 
 
 def _predictions_at_measured_rows(route: LiveRoute, cfg: QualifyConfig, runs: list[RunOutcome],
-                                  now_ns: int) -> tuple[list[PredictedStage], str]:
+                                  now_ns: int, weights: RouteWeights) -> tuple[list[PredictedStage], str]:
     """A plan made from profiles is re-predicted at each stage's measured rows per microbatch
     (median over runs) and the decode windows' measured mean past per row, on the plan's own
     records, its wire as the round trip the gate measures (`apps.qualify.predict_at`); a plan of
@@ -530,7 +545,8 @@ def _predictions_at_measured_rows(route: LiveRoute, cfg: QualifyConfig, runs: li
         plan = installed_plan(route.state.entry("planner").grpc, route.plan_hash, route.channel)
         placement = [(s.node, s.layer_range.layer_start, s.layer_range.layer_end_exclusive)
                      for s in sorted(plan.stages, key=lambda s: s.stage_index)]
-        at = planner_at(describe_checkpoint(cfg.checkpoint), inventory, book, placement, now_ns, past)
+        at = planner_at(describe_checkpoint(cfg.checkpoint), inventory, book, placement, now_ns, past,
+                        weights.boundary_dtype)
         answers = answer_halves(book, [p.host for p in route.predicted])
         return predicted_at_rows(route.predicted, rows, at, answers, round(past)), ROWS_BASIS
     except (RegistryCallFailed, FornaxError, ValueError) as exc:

@@ -102,7 +102,15 @@ from libs.fnx2.wire.messages import (
     SequenceStatus,
     Timings,
 )
-from libs.fnx2.wire.tensor import DType, Tensor, TensorKind, bf16_to_float32, float32_to_bf16
+from libs.fnx2.wire.tensor import (
+    DType,
+    Tensor,
+    TensorKind,
+    bf16_to_float32,
+    boundary_payload,
+    float32_to_bf16,
+    through_hop,
+)
 
 __all__ = [
     "Batch", "BatchDescriptor", "ChannelBinding", "CodecLimits", "Credit", "DType", "ErrorCode",
@@ -111,7 +119,7 @@ __all__ = [
     "ReceiverConfig", "RemoteError", "Result",
     "SenderConfig", "SequenceFailure", "SessionRules", "SequenceResult", "SequenceSlice", "SequenceStatus",
     "StageHandler", "StageOutput", "StageWork", "Tensor", "TensorKind", "Timings",
-    "bf16_to_float32", "budget_from_deadline", "check_golden", "decode_frame",
+    "bf16_to_float32", "boundary_payload", "budget_from_deadline", "check_golden", "decode_frame",
     "derive_execution_lease_id", "encode_frame", "float32_to_bf16", "serve_channel",
-    "server_options", "start_server",
+    "server_options", "start_server", "through_hop",
 ]

@@ -3,8 +3,9 @@
 Scenario: two sequences of different lengths prefill together in one ragged batch, then
 every live sequence decodes one teacher-forced token per step; a third sequence prefills
 mid-way in the same batch as the others' decodes. The stage split passes float32 hidden
-states between stages. Transformers runs each full sequence in one forward pass; causal
-attention makes its per-position outputs the reference for our cached, incremental rows.
+states between stages, or rounds them to each hop's dtype (`ParityRequest.hop_dtypes`) as a
+fleet's hop does. Transformers runs each full sequence in one forward pass; causal attention
+makes its per-position outputs the reference for our cached, incremental rows.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from libs.fnx2 import SequenceSlice
+from libs.common.kinds import DType
+from libs.fnx2 import SequenceSlice, through_hop
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import ConfigError
 from libs.model.executor import StageBatch, StageExecutor, StageSpec
@@ -65,6 +67,10 @@ class ParityRequest:
     # "transformers": the whole model in float32, every boundary compared; "streamed": the
     # layer-streamed reference (`libs.model.streamed_reference`), the final logits' top-1 only.
     reference: str = "transformers"
+    # The boundary dtype of each hop (hop i carries stage i's output to stage i+1), applied to the
+    # carried hidden states as the stage worker packs and the next one unpacks them
+    # (`libs.fnx2.through_hop`); empty: float32 on every hop.
+    hop_dtypes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -223,7 +229,7 @@ def run_ours(request: ParityRequest, cfg: DeepseekV2Config, ranges, plans: list[
             else:
                 batch = StageBatch(slices, hidden=carried[step], all_logits=True)
             result = executor.execute(batch)
-            carried[step] = result.hidden
+            carried[step] = _over_hop(request, index, result.hidden)
             _record(cap.boundary[index], slices, bounds, result.hidden)
             for layer, ids in result.routed_expert_ids:
                 _record(cap.experts.setdefault(layer, {}), slices, bounds, ids)
@@ -231,6 +237,15 @@ def run_ours(request: ParityRequest, cfg: DeepseekV2Config, ranges, plans: list[
                 _record(cap.logits, slices, bounds, result.logits)
         del executor
     return cap, build
+
+
+def _over_hop(request: ParityRequest, index: int, hidden: np.ndarray) -> np.ndarray:
+    """What stage `index + 1` receives of stage `index`'s hidden rows (the last stage's are kept).
+
+    The boundary figures record the stage's own output; the hop's rounding shows downstream."""
+    if not request.hop_dtypes or index >= len(request.hop_dtypes) or hidden is None:
+        return hidden
+    return through_hop(hidden, DType(request.hop_dtypes[index]))
 
 
 def _record(store: dict[str, list[np.ndarray]], slices, bounds, rows: np.ndarray) -> None:

@@ -31,7 +31,7 @@ from libs.fnx2.wire.control import EXT_SAMPLE_LOGPROBS, ChannelBinding
 from libs.fnx2.wire.errors import ErrorCode, Fnx2Error
 from libs.fnx2.wire.messages import Batch, BatchDescriptor, SequenceStatus
 from libs.fnx2.wire.messages import Phase as BatchPhase
-from libs.fnx2.wire.tensor import DType, Tensor, TensorKind, float32_to_bf16
+from libs.fnx2.wire.tensor import DType, Tensor, TensorKind, boundary_payload
 from libs.model.errors import KvLimitExceededError, ModelError
 from libs.model.executor import StageBatch, StageResult
 from libs.model.kv_blocks import prefix_chain
@@ -370,7 +370,7 @@ class DataPlane:
         dtype = DType(stage.spec.boundary_dtype)
         with _TRACER.start_as_current_span("pack"):
             started = time.perf_counter()
-            payload = _boundary_payload(result.hidden, dtype)
+            payload = boundary_payload(result.hidden, dtype)
             outgoing = _next_batch(work.batch, live, stage, Tensor.from_array(TensorKind.ACTIVATION, dtype, payload))
             pack_s = time.perf_counter() - started
             self._runtime.phase_totals.observe(Phase.PACK, pack_s, label)
@@ -453,12 +453,6 @@ def _input_rows(work: StageWork, live) -> np.ndarray:
     if all(int(start) == s.input_row_start for start, s in zip(starts, live, strict=True)):
         return work.batch.tensor.rows(first, total)
     return np.concatenate([work.rows(s) for s in live])
-
-
-def _boundary_payload(hidden: np.ndarray, dtype: DType) -> np.ndarray:
-    if dtype is DType.BF16:
-        return float32_to_bf16(hidden)
-    return np.ascontiguousarray(hidden, dtype=np.float16 if dtype is DType.FP16 else np.float32)
 
 
 def _record_phase_spans(queue_s: float, compute_s: float) -> None:

@@ -171,6 +171,20 @@ def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
+def boundary_payload(hidden: np.ndarray, dtype: DType) -> np.ndarray:
+    """A stage's float32 hidden rows in a hop's storage dtype, as the stage worker packs them
+    (bf16: bit patterns, rounded to nearest-even; fp16: numpy's rounding; fp32: unchanged)."""
+    if dtype is DType.BF16:
+        return float32_to_bf16(hidden)
+    return np.ascontiguousarray(hidden, dtype=np.float16 if dtype is DType.FP16 else np.float32)
+
+
+def through_hop(hidden: np.ndarray, dtype: DType) -> np.ndarray:
+    """What the next stage receives of `hidden` over a hop of `dtype`, as float32: the sender's
+    `boundary_payload`, then the receiver's `Tensor.to_float32` (fp32 returns the same values)."""
+    return Tensor.from_array(TensorKind.ACTIVATION, dtype, boundary_payload(hidden, dtype)).to_float32()
+
+
 def is_finite(array: np.ndarray, dtype: DType) -> bool:
     if dtype is DType.INT32 or array.size == 0:
         return True
