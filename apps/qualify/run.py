@@ -338,7 +338,6 @@ def qualify(cfg: QualifyConfig) -> QualifyResult:
         choice = _choose_reference(cfg)
         _log(choice.describe())
         weights = _route_weights(cfg, route)
-        _log(weights.describe_gates())
         work, boundaries, agreement = _workload(cfg, route, choice, weights)
         runs = _run_all(route, cfg, work, clocks, boundaries, agreement, weights.describe_gates())
         now_ns = time.time_ns()
@@ -383,10 +382,12 @@ def _choose_reference(cfg: QualifyConfig) -> ReferenceChoice:
 def _route_weights(cfg: QualifyConfig, route: LiveRoute) -> RouteWeights:
     """The route's weight policy, backends and hop dtypes, which decide the parity gates."""
     try:
-        return route_weights([route.spec.host(s.host).weights or cfg.weights for s in route.stages],
-                             [s.backend for s in route.stages], route_hops(route.spec.hop_dtypes, len(route.stages)))
+        weights = route_weights([route.spec.host(s.host).weights or cfg.weights for s in route.stages],
+                                [s.backend for s in route.stages], route_hops(route.spec.hop_dtypes, len(route.stages)))
     except RouteRefused as exc:
         raise QualifyError(str(exc), exc.reason) from exc
+    _log(weights.describe_gates())
+    return weights
 
 
 def _workload(cfg: QualifyConfig, route: LiveRoute, choice: ReferenceChoice,
