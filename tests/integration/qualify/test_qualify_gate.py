@@ -1,7 +1,8 @@
 """`fornax qualify --runs 1` on a netns fleet of two unlike numpy hosts (no MAX compiles): the
 gate runs every scenario, writes its report and JSON artifact, and leaves signed measurement,
-calibration and qualification records in the fleet's registry; with a parity tolerance of 0 it
-fails and names the check and the run.
+calibration and qualification records in the fleet's registry, over an fp32 hop (exact gates)
+and over a bf16 hop (top-1 gates, stated with the hop that made them); with a parity tolerance
+of 0 it fails and names the check and the run.
 
 Needs root and namespaces (CI is root); skipped elsewhere."""
 
@@ -27,6 +28,7 @@ pytestmark = [
                        reason="netns fleets with skewed clocks need root, network and time namespaces"),
 ]
 FLEET = Path(__file__).with_name("two-numpy-hosts.yaml")
+BF16_FLEET = Path(__file__).with_name("two-numpy-hosts-bf16.yaml")
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -35,10 +37,10 @@ def checkpoint(tmp_path_factory) -> Path:
     return tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
 
 
-def _qualify(tmp_path: Path, checkpoint: Path, *extra: str) -> subprocess.CompletedProcess:
+def _qualify(tmp_path: Path, checkpoint: Path, *extra: str, fleet: Path = FLEET) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "libs" / "api")])}
     return subprocess.run(
-        [sys.executable, "-m", "apps.cli.main", "qualify", "--fleet", str(FLEET), "--checkpoint", str(checkpoint),
+        [sys.executable, "-m", "apps.cli.main", "qualify", "--fleet", str(fleet), "--checkpoint", str(checkpoint),
          "--runs", "1", "--state-dir", str(tmp_path / ".fornax"), "--out", str(tmp_path / "report"), *extra],
         cwd=tmp_path, capture_output=True, text=True, timeout=560, env=env)
 
@@ -51,10 +53,11 @@ def _records(state_dir: Path) -> list:
         store.close()
 
 
-def test_qualify_records_its_verdict_and_writes_the_report(tmp_path, checkpoint):
+@pytest.mark.parametrize("fleet", [FLEET, BF16_FLEET], ids=["fp32-hop", "bf16-hop"])
+def test_qualify_records_its_verdict_and_writes_the_report(tmp_path, checkpoint, fleet):
     # The declared tolerance is wide: the exploratory plan's compute terms come from declared
     # per-core constants, so this checks the gate's scenarios and records, not the cost model.
-    done = _qualify(tmp_path, checkpoint, "--tolerance", "1000")
+    done = _qualify(tmp_path, checkpoint, "--tolerance", "1000", fleet=fleet)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert "qualification gate PASSED after 1 run(s)" in done.stdout
     assert "calibration: bottleneck prediction error" in done.stdout and "(prediction)" in done.stdout
@@ -67,6 +70,17 @@ def test_qualify_records_its_verdict_and_writes_the_report(tmp_path, checkpoint)
                                                   "boundary_parity", "final_logit_parity", "token_parity"}
     assert all(c["passed"] for c in run["checks"]), run["checks"]
     assert [s["host"] for s in run["stages"]] == ["alpha", "beta"]
+    checks = {c["name"]: c["detail"] for c in run["checks"]}
+    if fleet == BF16_FLEET:  # exact agreement is impossible over a bf16 hop: top-1 gates, and why
+        assert "parity gates: top-1 gates" in done.stdout and "hop 0>1 carries bf16" in done.stdout
+        assert checks["boundary_parity"].startswith("top-1 gates")
+        assert "stated, not gated" in checks["boundary_parity"] and "top-1 disagreement" in checks["final_logit_parity"]
+        assert "teacher forced): top-1 agreement" in checks["token_parity"]
+        assert "(minimum 0.95)" in checks["token_parity"]
+    else:
+        assert "parity gates: exact gates" in done.stdout and "stated, not gated" not in checks["boundary_parity"]
+        assert "teacher forced" not in checks["token_parity"]
+    assert artifact["facts"]["gates"] in done.stdout
     assert all(s["batches"] > 0 and s["seconds"]["compute"] > 0 for s in run["stages"])
     html = (tmp_path / "report" / "qualify.html").read_text()
     assert 'id="breakdown"' in html and 'id="parity"' in html and "PASSED" in html
