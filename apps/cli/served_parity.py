@@ -26,8 +26,12 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from libs.service.errors import FailedPrecondition, FornaxError, Unavailable
+
+if TYPE_CHECKING:
+    from libs.model.served_agreement import Margins
 
 # Where a fleet's artifacts sit under its state directory: the builder's store and each stage
 # worker's cache, on the control host or a netns host (`hosts/<name>/...`).
@@ -87,6 +91,7 @@ class ServedParityReport:
     largest_layer_f32_bytes: int
     served_seconds: float
     evidence: Evidence
+    margins: Margins | None = None  # the reference's own gaps, and each miss's rank and gap
 
     @property
     def passed(self) -> bool:
@@ -129,7 +134,7 @@ def _check_sizes(args: argparse.Namespace) -> None:
 
 
 def measure(args: argparse.Namespace, top1_min: float) -> ServedParityReport:
-    from libs.model.served_agreement import overall_agreement, prompt_agreement, teacher_forced_sequence
+    from libs.model.served_agreement import margins, overall_agreement, prompt_agreement, teacher_forced_sequence
     from libs.model.streamed_reference import streamed_logits
     from libs.service.fleet_state import read_fleet
     from libs.service.host import cpu_name
@@ -150,7 +155,7 @@ def measure(args: argparse.Namespace, top1_min: float) -> ServedParityReport:
     served_seconds = time.perf_counter() - started
     reference = streamed_logits(source, [teacher_forced_sequence(p, s) for p, s in zip(prompt_set, served,
                                                                                         strict=True)],
-                                progress=lambda line: print(f"  reference {line}", file=sys.stderr))
+                                keep_logits=True, progress=lambda line: print(f"  reference {line}", file=sys.stderr))
     scores = [prompt_agreement(p, s, top1) for p, s, top1 in zip(prompt_set, served, reference.top1, strict=True)]
     agreement, positions = overall_agreement(scores)
     evidence = Evidence("physical", cpu_name(), _command(args), str((model.get("fornax") or {}).get("model_snapshot")),
@@ -162,7 +167,7 @@ def measure(args: argparse.Namespace, top1_min: float) -> ServedParityReport:
         positions=positions, top1_agreement=agreement, top1_min=top1_min, reference_seconds=reference.seconds,
         reference_peak_rss_bytes=reference.peak_rss_bytes, reference_growth_bytes=reference.growth_bytes,
         largest_layer_f32_bytes=reference.largest_layer_f32_bytes, served_seconds=served_seconds,
-        evidence=evidence)
+        evidence=evidence, margins=margins(prompt_set, served, reference.logits or ()))
 
 
 def seeded_prompts(vocab: int, count: int, length: int, seed: int) -> list[list[int]]:
@@ -301,8 +306,19 @@ def format_report(report: ServedParityReport) -> str:
                      f"top-1 agreement {p.agreement:.3f}{miss}")
     lines += [
         f"top-1 agreement with the reference: {report.top1_agreement:.3f} over {report.positions} served tokens",
+        *_margin_lines(report.margins),
         f"evidence: {e.figure_class}; CPU {e.cpu_model}; command `{e.command}`; model snapshot {e.model_snapshot}; "
         f"artifacts {', '.join(e.artifact_digests)}",
         f"{'PASS' if report.passed else 'FAIL'} (top-1 >= {report.top1_min})",
     ]
     return "\n".join(lines)
+
+
+def _margin_lines(m: Margins | None) -> list[str]:
+    if m is None:
+        return []
+    lines = [f"reference's own first-to-second logit gap: p10 {m.first_second_gap_p10:.3f}, median "
+             f"{m.first_second_gap_p50:.3f}, p90 {m.first_second_gap_p90:.3f} (logit std {m.logit_std:.3f})"]
+    lines += [f"  miss: prompt {x.prompt} token {x.position}: served the reference's choice #{x.served_rank + 1}, "
+              f"{x.gap:.4f} logits behind its first" for x in m.misses]
+    return lines

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from libs.model.served_agreement import overall_agreement, prompt_agreement, teacher_forced_sequence
+from libs.model.served_agreement import Miss, margins, overall_agreement, prompt_agreement, teacher_forced_sequence
 
 PROMPT = [7, 8, 9]
 SERVED = [4, 5, 6, 1]
@@ -45,3 +45,27 @@ def test_the_score_reads_the_position_before_each_served_token():
 def test_too_few_reference_positions_are_refused():
     with pytest.raises(ValueError, match="cannot score"):
         prompt_agreement(PROMPT, SERVED, np.zeros(4, dtype=np.int64))
+
+
+def _logits_ranking(prompt: list[int], served: list[int], order: list[list[int]], vocab: int = 10) -> np.ndarray:
+    """Logits over teacher_forced_sequence(prompt, served): at the k-th scored position the ids in
+    order[k] get 3.0, 2.5, 2.0, ... (best first); every other id 0.0."""
+    rows = np.zeros((len(teacher_forced_sequence(prompt, served)), vocab), dtype=np.float32)
+    for k, ids in enumerate(order):
+        for rank, token in enumerate(ids):
+            rows[len(prompt) - 1 + k, token] = 3.0 - 0.5 * rank
+    return rows
+
+
+def test_margins_name_each_miss_by_the_served_tokens_rank_and_logit_gap():
+    served = [4, 5, 6]
+    logits = _logits_ranking(PROMPT, served, [[4, 1], [1, 2, 5], [6, 3]])
+    m = margins([PROMPT], [served], [logits])
+    assert m.misses == (Miss(prompt=0, position=1, served_rank=2, gap=1.0),)
+    assert m.first_second_gap_p50 == pytest.approx(0.5)
+
+
+def test_margins_of_a_route_that_agrees_everywhere_list_no_miss():
+    served = [4, 5]
+    m = margins([PROMPT], [served], [_logits_ranking(PROMPT, served, [[4, 9], [5, 9]])])
+    assert m.misses == ()
