@@ -51,6 +51,10 @@ def test_the_served_route_agrees_with_the_streamed_reference_of_its_own_artifact
     # numpy stages decode the same q4_k_m bytes in float32: at most a near-tie differs
     assert report["passed"] and report["top1_agreement"] >= 17 / 18 and report["positions"] == 18
     assert [p["served_tokens"] for p in report["prompts"]] == [6, 6, 6]
+    misses = report["margins"]["misses"]  # each disputed token named, and no more than the agreement says
+    assert len(misses) == round((1 - report["top1_agreement"]) * 18)
+    assert all(m["served_rank"] >= 1 and m["gap"] >= 0 for m in misses)
+    assert report["margins"]["first_second_gap_p50"] > 0
     assert [(s["layer_start"], s["layer_end"]) for s in report["route"]] == [(0, 2), (2, 4)]
     assert report["stage_weights"] == ["q4_k_m", "q4_k_m"]
     digests = report["evidence"]["artifact_digests"]
