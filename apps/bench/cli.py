@@ -16,6 +16,23 @@ if TYPE_CHECKING:
 DEFAULT_CHECKPOINT = Path(".cache/bench/small")
 
 
+def _refused(exc: Exception, bench: str = "serve") -> int:
+    """Say why a bench could not run, led by the error's stable reason code when it carries one; exit 2."""
+    reason, text = getattr(exc, "reason", ""), str(exc)
+    if reason and not text.startswith(reason):
+        text = f"{reason}: {text}"
+    print(f"fornax bench {bench}: {text}", file=sys.stderr)
+    return 2
+
+
+def _emit(report: dict, as_json: bool, render) -> None:
+    """The report as JSON, or through `render` for people."""
+    if as_json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        render(report)
+
+
 def register(commands, benches) -> None:
     for add in (_register_serve, _register_gguf, _register_coldstart, _register_grammar, _register_placement,
                 _register_tls_front, _register_prefix, _register_load):
@@ -202,8 +219,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         levels = _levels(args)
     except ValueError as exc:
-        print(f"fornax bench serve: {exc}", file=sys.stderr)
-        return 2
+        return _refused(exc)
     if args.compare_routes:
         return _compare_routes(args, levels)
     if args.fleet:
@@ -211,8 +227,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         llama = _llama_peer(args, levels)
     except ValueError as exc:
-        print(f"fornax bench serve: {exc}", file=sys.stderr)
-        return 2
+        return _refused(exc)
     options = BenchOptions(
         _checkpoint(args.checkpoint, args.preset),
         args.prompt_tokens,
@@ -229,8 +244,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         report = run(options, "fornax " + " ".join(sys.argv[1:]))
     except PeerError as exc:
-        print(f"fornax bench serve: {exc.reason}: {exc}", file=sys.stderr)
-        return 2
+        return _refused(exc)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         return 0
@@ -268,21 +282,13 @@ def _compare_routes(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
         try:
             check_options(options)  # before a checkpoint is generated
         except ValueError as exc:
-            print(f"fornax bench serve: {exc}", file=sys.stderr)
-            return 2
+            return _refused(exc)
         options = replace(options, checkpoint=str(Path(_checkpoint(args.checkpoint, args.preset)).resolve()))
         report = run_layout_bench(options, "fornax " + " ".join(sys.argv[1:]),
                                   lambda message: print(f"  {message}", file=sys.stderr))
-    except (FleetFileError, IsolationUnavailable, IsolationFailed) as exc:
-        print(f"fornax: {exc}", file=sys.stderr)
-        return 2
-    except LayoutPickError as exc:
-        print(f"fornax bench serve: {exc.reason}: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        print_report(report)
+    except (FleetFileError, IsolationUnavailable, IsolationFailed, LayoutPickError) as exc:
+        return _refused(exc)
+    _emit(report, args.json, print_report)
     return 0
 
 
@@ -311,8 +317,7 @@ def cmd_gguf(args: argparse.Namespace) -> int:
         out = convert(Path(args.llama_cpp), Path(_checkpoint(args.checkpoint, args.preset)), Path(args.outfile),
                       args.outtype)
     except ConvertError as exc:
-        print(f"fornax bench gguf: {exc.reason}: {exc}", file=sys.stderr)
-        return 2
+        return _refused(exc, "gguf")
     print(out)
     return 0
 
@@ -353,19 +358,9 @@ def _serve_fleet(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
                                     args.max_tokens, levels, weights=args.weights, llama=llama)
         check_options(options)
         report = run_fleet_bench(options, "fornax " + " ".join(sys.argv[1:]))
-    except (FleetFileError, IsolationUnavailable, IsolationFailed) as exc:
-        print(f"fornax: {exc}", file=sys.stderr)
-        return 2
-    except (ValueError, FleetBenchRefused) as exc:
-        print(f"fornax bench serve: {exc}", file=sys.stderr)
-        return 2
-    except PeerError as exc:
-        print(f"fornax bench serve: {exc.reason}: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        _print_fleet(report)
+    except (FleetFileError, IsolationUnavailable, IsolationFailed, ValueError, FleetBenchRefused, PeerError) as exc:
+        return _refused(exc)
+    _emit(report, args.json, _print_fleet)
     if report.get("peer_error"):  # the fleet's figures are printed; the peer's are missing
         print(f"fornax bench serve: llama.cpp peer failed: {report['peer_error']['message']}", file=sys.stderr)
         return 1
@@ -415,8 +410,7 @@ def _kv_capacity(args: argparse.Namespace) -> int:
         options = replace(options, checkpoint=_checkpoint(args.checkpoint, args.preset))
         report = run(options, "fornax " + " ".join(sys.argv[1:]))
     except (FornaxError, ValueError) as exc:
-        print(f"fornax bench serve: {exc}", file=sys.stderr)
-        return 2
+        return _refused(exc)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         return 0
@@ -481,8 +475,7 @@ def cmd_prefix(args: argparse.Namespace) -> int:
         try:
             report = run_prefix_fleet(PrefixFleetOptions(args.fleet, load_fleet_spec(args.fleet), options), command)
         except (FleetFileError, IsolationUnavailable, IsolationFailed) as exc:
-            print(f"fornax: {exc}", file=sys.stderr)
-            return 2
+            return _refused(exc, "prefix")
     else:
         report = run(options, command)
     if args.json:
@@ -568,8 +561,7 @@ def cmd_placement(args: argparse.Namespace) -> int:
         report = run_placement_bench(options, "fornax " + " ".join(sys.argv[1:]),
                                      lambda message: print(f"  {message}", file=sys.stderr))
     except (FleetFileError, IsolationUnavailable, IsolationFailed, PlacementBenchError) as exc:
-        print(f"fornax: {exc}", file=sys.stderr)
-        return 2
+        return _refused(exc, "placement")
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         return 0

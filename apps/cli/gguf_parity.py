@@ -12,8 +12,9 @@ import os
 import shlex
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
+
+from apps.cli.gate_output import finish_gate
 
 REFERENCE_BACKEND = "numpy"
 
@@ -59,13 +60,7 @@ def run(args: argparse.Namespace) -> int:
     except FornaxError as exc:
         print(f"parity: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        import json
-
-        print(json.dumps({**asdict(report), "passed": report.passed}, indent=2, default=str))
-    else:
-        print(format_stored_report(report))
-    return 0 if report.passed else 1
+    return finish_gate(report, args.json, format_stored_report)
 
 
 def _command(args: argparse.Namespace) -> str:

@@ -24,10 +24,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from apps.cli.gate_output import finish_gate
 from libs.service.errors import FailedPrecondition, FornaxError, Unavailable
 
 if TYPE_CHECKING:
@@ -119,11 +120,7 @@ def run(args: argparse.Namespace) -> int:
     except FornaxError as exc:
         print(f"parity: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps({**asdict(report), "passed": report.passed}, indent=2, default=str))
-    else:
-        print(format_report(report))
-    return 0 if report.passed else 1
+    return finish_gate(report, args.json, format_report)
 
 
 def _check_sizes(args: argparse.Namespace) -> None:

@@ -75,14 +75,16 @@ def public_id(form: ResponseForm, stream: RequestStream) -> str:
     return f"{form.id_prefix}-{uuid.UUID(stream.request_id).hex}"
 
 
-async def _drain(stream: RequestStream) -> tuple[str, RequestOutput, list, list[int]]:
+async def _drain(stream: RequestStream, keep_ids: bool) -> tuple[str, RequestOutput, list, list[int]]:
+    """One choice's text, final event and logprob entries, and its token ids when `keep_ids`."""
     text: list[str] = []
     entries: list = []
     ids: list[int] = []
     async for output in stream:
         text.append(output.text)
         entries += output.logprobs
-        ids += output.token_ids
+        if keep_ids:
+            ids += output.token_ids
         if output.finished:
             error = terminal_error(output)
             if error is not None:
@@ -94,7 +96,7 @@ async def _drain(stream: RequestStream) -> tuple[str, RequestOutput, list, list[
 async def collect(streams: list[RequestStream], model: str, form: ResponseForm,
                   token_bytes: tuple[bytes, ...]) -> web.Response:
     created = int(time.time())
-    drained = await asyncio.gather(*(_drain(s) for s in streams))
+    drained = await asyncio.gather(*(_drain(s, form.token_ids) for s in streams))
     choices, completion_tokens = [], 0
     for index, (text, final, entries, ids) in enumerate(drained):
         calls: tuple[ToolCall, ...] = ()
