@@ -24,8 +24,9 @@ from libs.model.config import DeepseekV2Config
 MARKER_DIR = "fornax-graphs"
 # Bumped whenever `max_graphs` builds a graph differently (inputs, ops or weights), so a marker
 # left by an older graph does not claim the new one is compiled. 2: both MLA forms in the layer
-# graphs; all routed experts of a layer in one graph.
-GRAPH_REVISION = 2
+# graphs; all routed experts of a layer in one graph. 3: block-format products on weights repacked at
+# bind time (MAX's packed product kernel, no repack in the graph).
+GRAPH_REVISION = 3
 
 
 class GraphName(Enum):

@@ -21,8 +21,10 @@ pays one launch per layer instead of one per expert. Expert weights are transpos
 load time, so no transposes run per call.
 
 A linear weight held in a GGUF block format (`GraphSpec.quant`: Q4_0, Q4_K or Q6_K) is bound as
-its stored bytes, uint8 [out, row bytes] in GGUF's layout, and its product runs in-graph through
-`ops.qmatmul` (int8 activations per 32-block, VNNI on x86); each distinct set of formats is its
+uint8 [out, row bytes], its stored bytes repacked once at bind time by MAX's own repack kernel
+(`max_repack`), and its product runs in-graph through MAX's packed product kernel, the second
+half of `ops.qmatmul` (int8 activations per 32-block, VNNI on x86): a repack inside a graph would
+run on every call where it sits in an `ops.cond` branch. Each distinct set of formats is its
 own graph (and compile). The routed experts' formats are named `experts_gate_up` and
 `experts_down` for every expert of the layer.
 """
@@ -81,6 +83,8 @@ class GraphSpec:
 
 QMATMUL_ENCODINGS = {"q4_0": QuantizationEncoding.Q4_0, "q4_k": QuantizationEncoding.Q4_K,
                      "q6_k": QuantizationEncoding.Q6_K}
+# MAX's product kernel of each, on weights in its own layout (`max_repack` lays them out at bind).
+PACKED_MATMUL_OPS = {"q4_0": "vroom_q4_0_matmul", "q4_k": "vroom_q4_k_matmul", "q6_k": "vroom_q6_k_matmul"}
 # Bytes per block and elements per block of each, as GGUF lays them out.
 _QBLOCK = {"q4_0": (18, 32), "q4_k": (144, 256), "q6_k": (210, 256)}
 
@@ -128,16 +132,17 @@ class _Builder:
         return self.matmul(x, self.stored_weight(name, [in_dim, out_dim]))
 
     def quant_weight(self, name: str, fmt: str, out_dim: int, in_dim: int) -> TensorValue:
-        """A block-format weight: its GGUF bytes, uint8 [out, row bytes] (not transposed)."""
-        w = Weight(name, DType.uint8, [out_dim, quant_row_bytes(fmt, in_dim)], self.spec.device,
-                   quantization_encoding=QMATMUL_ENCODINGS[fmt])
+        """A block-format weight, uint8 [out, row bytes] (not transposed), bound already in the
+        product kernel's layout (`max_repack`)."""
+        w = Weight(name, DType.uint8, [out_dim, quant_row_bytes(fmt, in_dim)], self.spec.device)
         return Graph.current.add_weight(w, force_initial_weight_on_host=self.spec.device.is_cpu())
 
     def qlinear(self, x: TensorValue, w: TensorValue, fmt: str) -> TensorValue:
-        """float32 `x` @ a block-format weight, in-graph (ops.qmatmul), float32 out."""
+        """float32 `x` [rows, in] @ a repacked block-format weight, in-graph, float32 [rows, out]."""
         if x.dtype != DType.float32:
             x = ops.cast(x, DType.float32)
-        return ops.qmatmul(QMATMUL_ENCODINGS[fmt], None, x, w)
+        out = TensorType(DType.float32, [x.shape[0], w.shape[0]], device=self.spec.device)
+        return ops.custom(PACKED_MATMUL_OPS[fmt], self.spec.device, [x, w], out_types=[out])[0].tensor
 
     def rms_norm(self, x: TensorValue, name: str, dim: int) -> TensorValue:
         return ops.rms_norm(x, self.weight(name, [dim]), self.cfg.rms_norm_eps)

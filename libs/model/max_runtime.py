@@ -25,6 +25,7 @@ from libs.model.max_graphs import (
     expert_weight_names,
     mlp_weight_shapes,
 )
+from libs.model.max_repack import Repacker
 from libs.model.safetensors_io import joined_rows
 from libs.model.weights import LayerWeights, MoeWeights
 from libs.weights.errors import WeightFormatUnsupportedError
@@ -88,6 +89,7 @@ class Runtime:
         self.device_description = f"{device}:{self.device.label if hasattr(self.device, 'label') else device}"
         self.weight_dtype = DType.bfloat16 if weight_dtype == "bfloat16" else DType.float32
         self.session = InferenceSession(devices=[self.device])
+        self.repacker = Repacker(self.session, self.device, self.device_ref)
         self._compiled: dict[tuple[GraphKind, Quant], Any] = {}
         self.compile_seconds: dict[str, float] = {}
 
@@ -113,12 +115,12 @@ class Runtime:
 
     def bind(self, kind: GraphKind, registry: dict[str, Weight]) -> BoundModel:
         """A model bound to `registry`; the caller owns it, and dropping it frees the weights.
-        Block-format weights are bound as their stored GGUF bytes and run by ops.qmatmul."""
+        Block-format weights are bound in MAX's product layout, repacked once here."""
         quant = quant_signature(registry)
         buffers = {}
         for name, w in registry.items():
             if isinstance(w, PackedWeight) and w.fmt.is_block:
-                buffers[name] = self._weight_buffer(w.data)
+                buffers[name] = self.repacker.repack(w.fmt.name, w.data)
             else:
                 array = self.graph_array(w)
                 buffers[name] = self._weight_buffer(array.T if name in LINEAR_WEIGHTS else array)
@@ -149,7 +151,8 @@ class Runtime:
     def bind_experts(self, moe: MoeWeights) -> BoundModel:
         """The routed-experts graph bound to one layer's experts, laid out once at load time:
         float experts as [in, out] arrays in the graph's dtype, block-format experts as their
-        GGUF rows (gate rows, then up rows: rows are independent in every block format)."""
+        GGUF rows (gate rows, then up rows: rows are independent in every block format)
+        repacked into MAX's product layout."""
         gate_up_fmt = _expert_format(moe.experts_gate[0], moe.experts_up[0])
         down_fmt = _expert_format(moe.experts_down[0])
         buffers: dict[str, Any] = {}
@@ -157,12 +160,12 @@ class Runtime:
             gate_up_name, down_name = expert_weight_names(expert)
             gate, up, down = moe.experts_gate[expert], moe.experts_up[expert], moe.experts_down[expert]
             if gate_up_fmt:
-                gate_up = _gate_up_rows(gate, up, gate_up_fmt)
+                buffers[gate_up_name] = self.repacker.repack(gate_up_fmt, _gate_up_rows(gate, up, gate_up_fmt))
             else:  # [2I, H]; bound as [H, 2I]
-                gate_up = np.ascontiguousarray(np.concatenate([self.graph_array(gate), self.graph_array(up)]).T)
-            buffers[gate_up_name] = self._weight_buffer(gate_up)
-            buffers[down_name] = self._weight_buffer(
-                _block_bytes(down, down_fmt) if down_fmt else np.ascontiguousarray(self.graph_array(down).T))
+                buffers[gate_up_name] = self._weight_buffer(
+                    np.concatenate([self.graph_array(gate), self.graph_array(up)]).T)
+            buffers[down_name] = (self.repacker.repack(down_fmt, _block_bytes(down, down_fmt)) if down_fmt
+                                  else self._weight_buffer(self.graph_array(down).T))
         quant = expert_quant(moe)
         return BoundModel(self.session.init(self.compiled(GraphKind.EXPERT, quant), weights_registry=buffers), buffers)
 
@@ -255,8 +258,7 @@ def _expert_format(*weights: Weight) -> str:
 
 def _gate_up_rows(gate: Weight, up: Weight, fmt: str) -> np.ndarray:
     """An expert's gate rows then its up rows: one map of the artifact where they lie back to
-    back in it (no copy: a layer's 64 experts would otherwise hold two thirds of their bytes a
-    second time in anonymous memory), else a concatenated copy."""
+    back in it (the repack reads them in place), else a concatenated copy."""
     gate_bytes, up_bytes = _block_bytes(gate, fmt), _block_bytes(up, fmt)
     if isinstance(gate, PackedWeight) and isinstance(up, PackedWeight):
         joined = joined_rows(gate.data, up.data)

@@ -101,3 +101,18 @@ def test_a_weight_policy_beside_a_gguf_is_refused(tiny, tmp_path):
     with pytest.raises(CheckpointError, match="keeps the formats it stores") as raised:
         checkpoint_graph_variants(gguf, load_config(gguf), "q4_k_m")
     assert raised.value.reason == "GGUF_WEIGHTS_POLICY"
+
+
+def test_no_graph_repacks_a_block_format_weight_per_call(max_checkpoint):
+    """A weight repack inside an `ops.cond` branch (every routed expert runs in one) would run on
+    every call: the graphs run MAX's packed product alone, on weights repacked at bind time."""
+    from max.dtype import DType
+    from max.graph import DeviceRef
+
+    from libs.model.max_graphs import GraphKind, GraphSpec, build_graph
+
+    cfg = load_config(max_checkpoint)
+    quant = (("experts_down", "q4_0"), ("experts_gate_up", "q4_k"))
+    text = str(build_graph(GraphSpec(GraphKind.EXPERT, cfg, DType.float32, DeviceRef.CPU(), quant)))
+    assert "vroom_q4_k_matmul" in text and "vroom_q4_0_matmul" in text
+    assert "repack" not in text
