@@ -119,6 +119,9 @@ def _register_placement(benches) -> None:
     placement.add_argument("--state-dir", default=".fornax",
                            help="where `fornax profile` stored this fleet's profile records (the calibrated plan's "
                                 "evidence)")
+    placement.add_argument("--every-split", action="store_true",
+                           help="also serve every other placement of the layers on the two hosts (both host "
+                                "orders, every cut), interleaved, and report each one's tokens/s")
     placement.add_argument("--json", action="store_true")
     placement.set_defaults(func=cmd_placement)
 
@@ -564,7 +567,8 @@ def cmd_placement(args: argparse.Namespace) -> int:
         checkpoint = str(Path(_checkpoint(args.checkpoint, args.preset)).resolve())
         options = PlacementBenchOptions(args.fleet, spec, checkpoint, prompt_tokens=args.prompt_tokens,
                                         max_tokens=args.max_tokens, concurrency=args.concurrency,
-                                        repeats=args.repeats, profiles_state_dir=args.state_dir)
+                                        repeats=args.repeats, profiles_state_dir=args.state_dir,
+                                        every_split=args.every_split)
         report = run_placement_bench(options, "fornax " + " ".join(sys.argv[1:]),
                                      lambda message: print(f"  {message}", file=sys.stderr))
     except (FleetFileError, IsolationUnavailable, IsolationFailed, PlacementBenchError) as exc:
@@ -591,4 +595,10 @@ def cmd_placement(args: argparse.Namespace) -> int:
     print(f"calibrated_vs_even_tok_s = {report['calibrated_vs_even_tok_s']:.2f} (physical){same}")
     print(f"bottleneck_prediction_error = {report['bottleneck_prediction_error']:.3f} "
           "(physical measurement vs the planner's profile-based prediction)")
+    for row in report.get("every_split", []):
+        mark = ("even " if row["is_even"] else "") + ("calibrated" if row["is_calibrated"] else "")
+        runs = " ".join(f"{x:.0f}" for x in row["runs_tok_s"])
+        print(f"  {row['placement']:<26} physical {row['output_tokens_per_s']:7.1f} tok/s (runs {runs}) "
+              f"{row['vs_even_tok_s']:.2f}x even; bottleneck measured {row['measured_bottleneck_s'] * 1e3:.2f} ms, "
+              f"predicted {row['predicted_bottleneck_s'] * 1e3:.2f} ms (prediction) {mark}")
     return 0
