@@ -557,7 +557,7 @@ def cmd_coldstart(args: argparse.Namespace) -> int:
 
 
 def cmd_placement(args: argparse.Namespace) -> int:
-    from apps.bench.placement import PlacementBenchError, PlacementBenchOptions, run_placement_bench
+    from apps.bench.placement import PlacementBenchError, PlacementBenchOptions, every_split_lines, run_placement_bench
     from apps.fleet.netns import IsolationFailed, IsolationUnavailable
     from apps.fleet.spec import FleetFileError, load_fleet_spec
 
@@ -595,10 +595,5 @@ def cmd_placement(args: argparse.Namespace) -> int:
     print(f"calibrated_vs_even_tok_s = {report['calibrated_vs_even_tok_s']:.2f} (physical){same}")
     print(f"bottleneck_prediction_error = {report['bottleneck_prediction_error']:.3f} "
           "(physical measurement vs the planner's profile-based prediction)")
-    for row in report.get("every_split", []):
-        mark = ("even " if row["is_even"] else "") + ("calibrated" if row["is_calibrated"] else "")
-        runs = " ".join(f"{x:.0f}" for x in row["runs_tok_s"])
-        print(f"  {row['placement']:<26} physical {row['output_tokens_per_s']:7.1f} tok/s (runs {runs}) "
-              f"{row['vs_even_tok_s']:.2f}x even; bottleneck measured {row['measured_bottleneck_s'] * 1e3:.2f} ms, "
-              f"predicted {row['predicted_bottleneck_s'] * 1e3:.2f} ms (prediction) {mark}")
+    print("\n".join(every_split_lines(report)))
     return 0

@@ -241,6 +241,19 @@ def _every_split_view(named: list[tuple[str, Split]], best: dict[str, Served], r
             for name, split in named]
 
 
+def every_split_lines(report: dict) -> list[str]:
+    """One line per placement of `every_split` (none without it)."""
+    lines = []
+    for row in report.get("every_split", []):
+        mark = ("even " if row["is_even"] else "") + ("calibrated" if row["is_calibrated"] else "")
+        runs = " ".join(f"{x:.0f}" for x in row["runs_tok_s"])
+        lines.append(f"  {row['placement']:<26} physical {row['output_tokens_per_s']:7.1f} tok/s (runs {runs}) "
+                     f"{row['vs_even_tok_s']:.2f}x even; bottleneck measured "
+                     f"{row['measured_bottleneck_s'] * 1e3:.2f} ms, predicted "
+                     f"{row['predicted_bottleneck_s'] * 1e3:.2f} ms (prediction) {mark}")
+    return lines
+
+
 def _tok_s(served: Served) -> float:
     return served.figures.output_tokens / served.figures.wall_s
 

@@ -92,3 +92,15 @@ def test_every_split_of_three_hosts_counts_orders_times_cuts():
     splits = every_split(5, ("a", "b", "c"))
     assert len(splits) == 6 * 6  # 3! host orders x C(4, 2) cut pairs
     assert all(s.ranges[0][0] == 0 and s.ranges[-1][1] == 5 and all(b > a for a, b in s.ranges) for s in splits)
+
+
+def test_every_split_lines_name_each_placement_against_the_even_split():
+    from apps.bench.placement import every_split_lines
+
+    row = {"placement": "alpha[0:1] > beta[1:4]", "output_tokens_per_s": 556.1, "runs_tok_s": [556.1, 502.0],
+           "vs_even_tok_s": 1.38, "measured_bottleneck_s": 2.27e-3, "predicted_bottleneck_s": 3.59e-3,
+           "is_even": False, "is_calibrated": True}
+    assert every_split_lines({}) == []
+    (line,) = every_split_lines({"every_split": [row]})
+    assert "alpha[0:1] > beta[1:4]" in line and "556.1 tok/s (runs 556 502)" in line and "1.38x even" in line
+    assert line.endswith("calibrated")
