@@ -136,6 +136,9 @@ def _register_placement(benches) -> None:
     placement.add_argument("--state-dir", default=".fornax",
                            help="where `fornax profile` stored this fleet's profile records (the calibrated plan's "
                                 "evidence)")
+    placement.add_argument("--every-split", action="store_true",
+                           help="also serve every other placement of the layers on the two hosts (both host "
+                                "orders, every cut), interleaved, and report each one's tokens/s")
     placement.add_argument("--json", action="store_true")
     placement.set_defaults(func=cmd_placement)
 
@@ -547,7 +550,7 @@ def cmd_coldstart(args: argparse.Namespace) -> int:
 
 
 def cmd_placement(args: argparse.Namespace) -> int:
-    from apps.bench.placement import PlacementBenchError, PlacementBenchOptions, run_placement_bench
+    from apps.bench.placement import PlacementBenchError, PlacementBenchOptions, every_split_lines, run_placement_bench
     from apps.fleet.netns import IsolationFailed, IsolationUnavailable
     from apps.fleet.spec import FleetFileError, load_fleet_spec
 
@@ -557,7 +560,8 @@ def cmd_placement(args: argparse.Namespace) -> int:
         checkpoint = str(Path(_checkpoint(args.checkpoint, args.preset)).resolve())
         options = PlacementBenchOptions(args.fleet, spec, checkpoint, prompt_tokens=args.prompt_tokens,
                                         max_tokens=args.max_tokens, concurrency=args.concurrency,
-                                        repeats=args.repeats, profiles_state_dir=args.state_dir)
+                                        repeats=args.repeats, profiles_state_dir=args.state_dir,
+                                        every_split=args.every_split)
         report = run_placement_bench(options, "fornax " + " ".join(sys.argv[1:]),
                                      lambda message: print(f"  {message}", file=sys.stderr))
     except (FleetFileError, IsolationUnavailable, IsolationFailed, PlacementBenchError) as exc:
@@ -583,4 +587,5 @@ def cmd_placement(args: argparse.Namespace) -> int:
     print(f"calibrated_vs_even_tok_s = {report['calibrated_vs_even_tok_s']:.2f} (physical){same}")
     print(f"bottleneck_prediction_error = {report['bottleneck_prediction_error']:.3f} "
           "(physical measurement vs the planner's profile-based prediction)")
+    print("\n".join(every_split_lines(report)))
     return 0

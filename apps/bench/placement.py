@@ -13,6 +13,9 @@ One run, on a netns fleet of two unlike hosts (namespaces, cgroup quotas, shaped
    it actually ran (the workers' counters), and the
    report says what explains the ratio: layers per host, whether the load kept every stage busy,
    and where the embeddings and head sit.
+With `every_split` the same load is also served under every other placement of the layers on the
+two hosts (both host orders, every cut), interleaved with the two above, so the report says which
+placement this fleet serves fastest and how far the even split is from it (`every_split`).
 Routes are loaded straight from the checkpoint with explicit layer ranges (the direct load path),
 and served by an in-process serving core in the root namespace.
 """
@@ -32,8 +35,10 @@ from apps.bench.placement_core import (
     bottleneck_prediction_error,
     calibrated_split,
     even_split,
+    every_split,
     layers_per_host,
     saturation,
+    split_label,
     tok_s_ratio,
 )
 from apps.bench.serve import RunFigures, _drive, prompts
@@ -80,6 +85,7 @@ class PlacementBenchOptions:
     repeats: int = 2
     load_timeout_s: float = 3600.0
     profiles_state_dir: str = ".fornax"  # where `fornax profile` stored the fleet's profile records
+    every_split: bool = False  # also serve every other placement of the layers on the two hosts
 
 
 @dataclass(frozen=True)
@@ -199,16 +205,53 @@ async def _run(options: PlacementBenchOptions, records: list[ProfileRecordInput]
     even = even_split(bench.config.num_hidden_layers, hosts)
     log(f"calibrated split (planner, from profiles) {list(zip(calibrated.hosts, calibrated.ranges, strict=True))}; "
         f"even {list(zip(even.hosts, even.ranges, strict=True))}")
+    named = [("even", even), ("calibrated", calibrated)]
+    if options.every_split:
+        named += [(split_label(s), s) for s in every_split(bench.config.num_hidden_layers, hosts)]
     best: dict[str, Served] = {}
+    runs: dict[str, list[float]] = {}
     for _ in range(options.repeats):
-        for name, split in (("even", even), ("calibrated", calibrated)):
+        for name, split in named:
             served = await bench.serve(split)
             log(f"{name}: {_tok_s(served):.1f} tok/s (physical)")
+            runs.setdefault(name, []).append(_tok_s(served))
             kept = best.get(name)
             if kept is None or _tok_s(served) > _tok_s(kept):
                 best[name] = served
     predictions = {name: _predicted(s.split, s, model, inventory, book, now) for name, s in best.items()}
-    return _report(options, plan, best, predictions, caps)
+    report = _report(options, plan, best, predictions, caps)
+    if options.every_split:
+        report["every_split"] = _every_split_view(named[2:], best, runs, predictions, even, calibrated)
+        report["figure_classes"]["every_split"] = (
+            "physical tokens/s of every placement under the same load, interleaved (best and every run); "
+            "predicted_bottleneck_s: the planner's prediction at the rows per microbatch each ran")
+    return report
+
+
+def _every_split_view(named: list[tuple[str, Split]], best: dict[str, Served], runs: dict[str, list[float]],
+                      predictions: dict[str, list[PredictedStage]], even: Split, calibrated: Split) -> list[dict]:
+    even_tok_s = _tok_s(best["even"])
+    return [{"placement": name, "output_tokens_per_s": _tok_s(best[name]), "runs_tok_s": runs[name],
+             "vs_even_tok_s": tok_s_ratio(_tok_s(best[name]), even_tok_s),
+             "measured_bottleneck_s": max(best[name].stage_decode_s),
+             "measured_stage_s": best[name].stage_decode_s,
+             "rows_per_microbatch": best[name].rows_per_microbatch,
+             "predicted_bottleneck_s": max(_service(p) for p in predictions[name]),
+             "is_even": split == even, "is_calibrated": split == calibrated}
+            for name, split in named]
+
+
+def every_split_lines(report: dict) -> list[str]:
+    """One line per placement of `every_split` (none without it)."""
+    lines = []
+    for row in report.get("every_split", []):
+        mark = ("even " if row["is_even"] else "") + ("calibrated" if row["is_calibrated"] else "")
+        runs = " ".join(f"{x:.0f}" for x in row["runs_tok_s"])
+        lines.append(f"  {row['placement']:<26} physical {row['output_tokens_per_s']:7.1f} tok/s (runs {runs}) "
+                     f"{row['vs_even_tok_s']:.2f}x even; bottleneck measured "
+                     f"{row['measured_bottleneck_s'] * 1e3:.2f} ms, predicted "
+                     f"{row['predicted_bottleneck_s'] * 1e3:.2f} ms (prediction) {mark}")
+    return lines
 
 
 def _tok_s(served: Served) -> float:

@@ -8,6 +8,7 @@ prediction computed from those measurements. Only the served figures are measure
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,6 +45,23 @@ def even_split(num_layers: int, hosts: Sequence[str]) -> Split:
     n = len(hosts)
     cuts = [round(i * num_layers / n) for i in range(n + 1)]
     return Split(tuple(range(n)), tuple(hosts), tuple((cuts[i], cuts[i + 1]) for i in range(n)))
+
+
+def every_split(num_layers: int, hosts: Sequence[str]) -> list[Split]:
+    """Every placement of `num_layers` layers on all of `hosts`, each host one stage of at least one
+    layer: every host order times every set of cuts (fleet order first, then earlier cuts first)."""
+    n = len(hosts)
+    out = []
+    for order in itertools.permutations(range(n)):
+        for inner in itertools.combinations(range(1, num_layers), n - 1):
+            cuts = (0, *inner, num_layers)
+            out.append(Split(order, tuple(hosts[w] for w in order),
+                             tuple((cuts[i], cuts[i + 1]) for i in range(n))))
+    return out
+
+
+def split_label(split: Split) -> str:
+    return " > ".join(f"{h}[{a}:{b}]" for h, (a, b) in zip(split.hosts, split.ranges, strict=True))
 
 
 def layers_per_host(split: Split) -> dict[str, int]:

@@ -26,6 +26,11 @@ from libs.service.fleet_state import FleetState, fleet_path
 from libs.weights.policy import DEFAULT_POLICY, POLICIES
 
 EVIDENCE = "PHYSICAL"
+# A serving window's tokens per stream. It measures from every stream's first token until the
+# first stream ends (on the tiny checkpoint one prompt ends after 38 tokens), so asking for more
+# than qualify's 24 gives each window more decode microbatches for the cost of a few hundred ms;
+# the route's own spread between bring-ups is what a window cannot narrow.
+WINDOW_DECODE_TOKENS = 64
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -67,6 +72,10 @@ def register(commands, benches) -> None:
                         "control services on its cores) for the planner (default on; needs the fleet's hosts to "
                         "itself)")
     p.add_argument("--window-runs", type=int, default=3, help="decode windows the serving window measures")
+    p.add_argument("--window-decode-tokens", type=int, default=WINDOW_DECODE_TOKENS,
+                   help="greedy tokens each serving-window stream asks for; a window measures until the first "
+                        f"stream ends (default {WINDOW_DECODE_TOKENS}: more decode microbatches per window than "
+                        "qualify's 24)")
     p.add_argument("--startup-timeout-s", type=float, default=180.0)
     p.set_defaults(func=cmd_profile)
 
@@ -134,15 +143,12 @@ def _then_serving_window(args: argparse.Namespace, checkpoint: str, code: int, b
 def _serving_window(args: argparse.Namespace, checkpoint: str) -> int:
     """Serve the plan the fresh profiles give for a few decode windows, and store the calibration
     as a SERVING_WINDOW record: per stage, measured against predicted compute and wire."""
-    from apps.qualify.run import QualifyConfig, QualifyError, qualify
+    from apps.qualify.run import QualifyError, qualify
 
-    if args.window_runs < 1:
-        return _fail(f"--window-runs must be at least 1, got {args.window_runs}")
-    state_dir = Path(args.state_dir)
-    command = "fornax " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["profile"] else "fornax profile"
-    cfg = QualifyConfig(fleet_file=Path(args.fleet), checkpoint=Path(checkpoint), runs=args.window_runs,
-                        state_dir=state_dir, out_dir=state_dir / "serving-window", command=command,
-                        serving_window=True)
+    try:
+        cfg = window_config(args, checkpoint)
+    except ValueError as exc:
+        return _fail(str(exc))
     print(f"serving window: {args.window_runs} decode window(s) on the plan the fresh profiles give", file=sys.stderr)
     try:
         result = qualify(cfg)
@@ -151,6 +157,21 @@ def _serving_window(args: argparse.Namespace, checkpoint: str) -> int:
     for line in window_lines(result.verdict.calibration, result.record_ids):
         print(line, file=sys.stderr if args.json else sys.stdout)  # --json: stdout holds the profiles alone
     return 0 if not result.verdict.calibration.failures else 1
+
+
+def window_config(args: argparse.Namespace, checkpoint: str):
+    """The serving window's qualify configuration; ValueError names a flag out of range."""
+    from apps.qualify.run import QualifyConfig
+
+    if args.window_runs < 1:
+        raise ValueError(f"--window-runs must be at least 1, got {args.window_runs}")
+    if args.window_decode_tokens < 2:
+        raise ValueError(f"--window-decode-tokens must be at least 2, got {args.window_decode_tokens}")
+    state_dir = Path(args.state_dir)
+    command = "fornax " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["profile"] else "fornax profile"
+    return QualifyConfig(fleet_file=Path(args.fleet), checkpoint=Path(checkpoint), runs=args.window_runs,
+                         state_dir=state_dir, out_dir=state_dir / "serving-window", command=command,
+                         serving_window=True, decode_tokens=args.window_decode_tokens)
 
 
 def window_lines(c: Calibration, record_ids: tuple[str, ...]) -> list[str]:

@@ -242,5 +242,6 @@ def run_service(cfg: ServerConfig, make_spec: Callable[[], Awaitable[ServiceSpec
         structlog.get_logger().error("audit_log_broken", detail=str(exc))
         return 2
     finally:
-        provider.shutdown()
+        if provider is not None:
+            provider.shutdown()
     return 0

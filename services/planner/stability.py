@@ -4,15 +4,20 @@ Every profile figure is a median with its lowest and highest run. The planner pr
 placement's bottleneck from the medians, and also from the lows and from the highs (the same
 cost model over a book whose figures stand at their low or high run: a time at its low, a rate
 at its high, and the other way round), which gives each placement a measured band
-`[B_low, B_high]`. Two placements whose bands overlap are not told apart by the measurements:
-the one that is faster on the medians may be slower on the next profile.
+`[B_low, B_high]`. A placement P is *within the spread* of the fastest F (a tie the
+measurements cannot break) when each one's median lies inside the other's band:
+B(P) <= B_high(F) and B(F) >= B_low(P). Then F, faster on the medians, may be slower on the next
+profile. Mere overlap of the two bands is not enough: one slow run stretches a band's high side
+(recorded on this project's two-unlike-hosts fleet: the fastest's band reached 2.6 times its
+median), so overlap lumped placements twice as slow on every median in with the tie, and whether
+they overlapped flipped from one profile to the next, and with it the simplest of the set.
 
-So among the placements whose band overlaps the fastest one's (B_low(P) <= B_high(best)):
+So among the placements within the spread of the fastest:
 1. the placement chosen before (`previous`), when it is among them, is kept;
-2. else the simplest: fewest stages, then nodes in inventory order, then the most even layer
-   counts, then the earliest cuts. None of these depend on the measurements, so three noisy
-   profiles of the same fleet give the same answer.
-A placement whose median bottleneck is faster than every other's band still wins outright.
+2. else the simplest (`simplicity`): fewest stages, then nodes in inventory order, then the most
+   even layer counts, then the earliest cuts. None of these depend on the measurements, so three
+   noisy profiles of the same fleet give the same answer.
+A placement no other one ties with wins outright.
 
 A deployment plan is different: it installs what a gate measured. When a passing route
 calibration of this model stands on these nodes, its placement is the deployment's, however
@@ -117,7 +122,8 @@ class Choice:
         why = ("kept the placement chosen before" if self.rule == KEPT_PREVIOUS else
                "chose the simplest (fewest stages, inventory order, most even layers)")
         return (f"{why}: {chosen}; the fastest on the medians, {fastest}, lies within the measured spread of it "
-                f"({self.candidates_within_spread} placement(s) within spread; predictions)")
+                f"(each median within the other's band; {self.candidates_within_spread} placement(s) within "
+                "spread; predictions)")
 
 
 def placements(problem: Problem) -> list[tuple[tuple[int, ...], tuple[int, ...]]] | None:
@@ -133,6 +139,13 @@ def placements(problem: Problem) -> list[tuple[tuple[int, ...], tuple[int, ...]]
             for inner in itertools.combinations(range(1, L), k - 1):
                 out.append((nodes, (0, *inner, L)))
     return out
+
+
+def within_spread(value_s: float, band_s: tuple[float, float], fastest_s: float,
+                  fastest_band_s: tuple[float, float]) -> bool:
+    """Whether a placement predicted `value_s` (band `band_s`) ties with the fastest: each one's
+    median bottleneck lies within the other's band of lowest..highest run."""
+    return math.isfinite(value_s) and value_s <= fastest_band_s[1] and fastest_s >= band_s[0]
 
 
 def simplicity(nodes: tuple[int, ...], cuts: tuple[int, ...]) -> tuple:
@@ -162,8 +175,9 @@ def choose(median: Problem, low: Problem, high: Problem, fastest: Placement,
     every = placements(median)
     if every is None:
         return Choice(UNCHECKED, fastest, fastest, fastest_band, fastest_band, 1)
+    fastest_s = evaluate(median, fastest.nodes, fastest.cuts)
     within = [(nodes, cuts) for nodes, cuts in every
-              if math.isfinite(evaluate(median, nodes, cuts)) and evaluate(low, nodes, cuts) <= fastest_band[1]]
+              if within_spread(evaluate(median, nodes, cuts), band(nodes, cuts), fastest_s, fastest_band)]
     rule, pick = FASTEST, (fastest.nodes, fastest.cuts)
     if previous is not None and (previous.nodes, previous.cuts) in within and len(within) > 1:
         rule, pick = KEPT_PREVIOUS, (previous.nodes, previous.cuts)

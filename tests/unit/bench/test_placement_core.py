@@ -10,8 +10,10 @@ from apps.bench.placement_core import (
     bottleneck_prediction_error,
     calibrated_split,
     even_split,
+    every_split,
     layers_per_host,
     saturation,
+    split_label,
     tok_s_ratio,
 )
 from services.planner.inventory import Target
@@ -75,3 +77,30 @@ def test_the_bench_load_plans_at_its_mean_past_per_decode_row():
     # 16 prompt tokens, 24 output tokens: rows at past 16..38 make output tokens 1..23, mean 27.
     assert load_mean_past(16, 24) == 27
     assert load_mean_past(8, 2) == 8  # one decode row, at the prompt's end
+
+
+def test_every_split_places_every_layer_once_on_every_host_in_both_orders():
+    splits = every_split(4, HOSTS)
+    assert [split_label(s) for s in splits] == [
+        "alpha[0:1] > beta[1:4]", "alpha[0:2] > beta[2:4]", "alpha[0:3] > beta[3:4]",
+        "beta[0:1] > alpha[1:4]", "beta[0:2] > alpha[2:4]", "beta[0:3] > alpha[3:4]"]
+    assert all(s.hosts == tuple(HOSTS[w] for w in s.workers) for s in splits)
+    assert even_split(4, HOSTS) in splits
+
+
+def test_every_split_of_three_hosts_counts_orders_times_cuts():
+    splits = every_split(5, ("a", "b", "c"))
+    assert len(splits) == 6 * 6  # 3! host orders x C(4, 2) cut pairs
+    assert all(s.ranges[0][0] == 0 and s.ranges[-1][1] == 5 and all(b > a for a, b in s.ranges) for s in splits)
+
+
+def test_every_split_lines_name_each_placement_against_the_even_split():
+    from apps.bench.placement import every_split_lines
+
+    row = {"placement": "alpha[0:1] > beta[1:4]", "output_tokens_per_s": 556.1, "runs_tok_s": [556.1, 502.0],
+           "vs_even_tok_s": 1.38, "measured_bottleneck_s": 2.27e-3, "predicted_bottleneck_s": 3.59e-3,
+           "is_even": False, "is_calibrated": True}
+    assert every_split_lines({}) == []
+    (line,) = every_split_lines({"every_split": [row]})
+    assert "alpha[0:1] > beta[1:4]" in line and "556.1 tok/s (runs 556 502)" in line and "1.38x even" in line
+    assert line.endswith("calibrated")
