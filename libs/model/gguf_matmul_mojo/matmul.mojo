@@ -1,8 +1,11 @@
 """`y[M, N] = x[M, K] @ W^T` with float32 activations and W in a GGUF block format.
 
 W is uint8 [N, row bytes], each row its GGUF blocks. Work is split over N (output columns)
-across the CPU's threads; each task decodes a tile of weight rows to float32 into its own
-buffer (L1/L2 resident) and runs float32 FMA dot products against every activation row.
+across the CPU's threads. With few activation rows (decode, M <= FUSED_MAX_ROWS) each weight
+block is decoded into registers, 32 values at a time, and multiplied straight into up to
+ROW_GROUP rows' accumulators, so the weights stream through once per row group. With more
+rows each task decodes a tile of weight rows to float32 into its own L1/L2-resident buffer
+once and runs dot products against every activation row.
 Nothing is rounded below float32: the only error is float32 summation order.
 """
 
@@ -13,11 +16,66 @@ from max.gpu.host import DeviceContext
 from std.math import ceildiv
 from std.sys.info import simd_width_of
 
-from .blocks import Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q6_K, block_bytes, decode_row
+from .blocks import Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q6_K, Chunk, block_bytes, block_elems, chunk, decode_row
 
 comptime COLS_PER_TILE = 4  # weight rows decoded together, sharing each activation load
 comptime TASK_COLS = 32  # output columns per parallel task
 comptime DOT_WIDTH = 32  # every block format's row length is a multiple of 32
+comptime FUSED_MAX_ROWS = 8
+comptime ROW_GROUP = 4
+
+
+@always_inline
+def fused_columns[fmt: Int, R: Int](
+    y: Pointer[mut=True, Float32, _], x: Pointer[mut=True, Float32, _], w: Pointer[mut=True, UInt8, _],
+    n: Int, k: Int, row_bytes: Int, r0: Int, c_begin: Int, c_end: Int,
+):
+    """Rows r0..r0+R of y, columns c_begin..c_end, decoding each weight block in registers."""
+    comptime BE = block_elems[fmt]()
+    comptime BB = block_bytes[fmt]()
+    var xr = x.unsafe_offset(r0 * k)
+    for c in range(c_begin, c_end):
+        var a0 = Chunk(0)
+        var a1 = Chunk(0)
+        var a2 = Chunk(0)
+        var a3 = Chunk(0)
+        var wrow = w.unsafe_offset(c * row_bytes)
+        for b in range(k // BE):
+            var blk = wrow.unsafe_offset(b * BB)
+            comptime for j in range(BE // 32):
+                var v = chunk[fmt, j](blk)
+                var at = b * BE + 32 * j
+                a0 = xr.unsafe_load[width=32](at).fma(v, a0)
+                comptime if R > 1:
+                    a1 = xr.unsafe_load[width=32](k + at).fma(v, a1)
+                comptime if R > 2:
+                    a2 = xr.unsafe_load[width=32](2 * k + at).fma(v, a2)
+                comptime if R > 3:
+                    a3 = xr.unsafe_load[width=32](3 * k + at).fma(v, a3)
+        y.unsafe_store(r0 * n + c, a0.reduce_add())
+        comptime if R > 1:
+            y.unsafe_store((r0 + 1) * n + c, a1.reduce_add())
+        comptime if R > 2:
+            y.unsafe_store((r0 + 2) * n + c, a2.reduce_add())
+        comptime if R > 3:
+            y.unsafe_store((r0 + 3) * n + c, a3.reduce_add())
+
+
+@always_inline
+def fused_rows[fmt: Int](
+    y: Pointer[mut=True, Float32, _], x: Pointer[mut=True, Float32, _], w: Pointer[mut=True, UInt8, _],
+    m: Int, n: Int, k: Int, row_bytes: Int, c_begin: Int, c_end: Int,
+):
+    for r0 in range(0, m, ROW_GROUP):
+        var rows = min(ROW_GROUP, m - r0)
+        if rows == 4:
+            fused_columns[fmt, 4](y, x, w, n, k, row_bytes, r0, c_begin, c_end)
+        elif rows == 3:
+            fused_columns[fmt, 3](y, x, w, n, k, row_bytes, r0, c_begin, c_end)
+        elif rows == 2:
+            fused_columns[fmt, 2](y, x, w, n, k, row_bytes, r0, c_begin, c_end)
+        else:
+            fused_columns[fmt, 1](y, x, w, n, k, row_bytes, r0, c_begin, c_end)
 
 
 @always_inline
@@ -58,17 +116,20 @@ def gguf_matmul[fmt: Int](
     var tasks = ceildiv(n, TASK_COLS)
 
     def task(t: Int) {imm}:
+        var end = min(n, (t + 1) * TASK_COLS)
+        if m <= FUSED_MAX_ROWS:
+            fused_rows[fmt](y, x, w, m, n, k, row_bytes, t * TASK_COLS, end)
+            return
         var buf_store = List[Float32](length=COLS_PER_TILE * k, fill=0)
         var sums_store = List[Float32](length=COLS_PER_TILE, fill=0)
         var buf = buf_store.unsafe_ptr()
         var sums = sums_store.unsafe_ptr()
-        var end = min(n, (t + 1) * TASK_COLS)
         for c0 in range(t * TASK_COLS, end, COLS_PER_TILE):
             var cols = min(COLS_PER_TILE, end - c0)
             for c in range(cols):
-                decode_row[fmt](w + (c0 + c) * row_bytes, buf + c * k, k)
+                decode_row[fmt](w.unsafe_offset((c0 + c) * row_bytes), buf.unsafe_offset(c * k), k)
             for r in range(m):
-                dot_tile(x + r * k, buf, k, cols, sums)
+                dot_tile(x.unsafe_offset(r * k), buf, k, cols, sums)
                 for c in range(cols):
                     y.unsafe_store(r * n + c0 + c, sums.unsafe_load(c))
         _ = buf_store^
