@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from libs.model.errors import MojoKernelsError
+from libs.weights.policy import MAX_QMATMUL_FORMATS
 
 SOURCES = Path(__file__).parent / "gguf_matmul_mojo"
 PACKAGE_DIR = "fornax-kernels"
@@ -31,6 +32,12 @@ PACKAGE_STEM = "gguf_matmul"
 # Block formats the package runs, in GGUF's layouts; the op for one is `op_name(fmt)`.
 CUSTOM_OP_FORMATS = ("q8_0", "q4_k", "q6_k", "q4_0", "q5_0", "q5_1")
 BUILD_TIMEOUT_S = 600
+
+
+def needs_custom_op(fmt: str, activations: str) -> bool:
+    """Whether a block format's products run this package's op under a stage's activations
+    ("int8": only formats `ops.qmatmul` lacks; "float32": every block format)."""
+    return activations == "float32" or fmt not in MAX_QMATMUL_FORMATS
 
 
 def op_name(fmt: str) -> str:
