@@ -78,3 +78,62 @@ def test_q4_k_is_closer_to_float32_than_qmatmul(model, weights):
     assert theirs_err > 1e-4 * np.abs(ref).max()  # int8 activations round visibly
     assert ours_err * 100 < theirs_err
 
+
+
+def _linear_graph(spec, fmts_and_dims):
+    """One graph of `_Builder.linear` products, as the stage graphs call it; weights named by format."""
+    from max.dtype import DType
+    from max.graph import Graph, TensorType
+
+    from libs.model.max_graphs import _Builder
+
+    with Graph("linear_products", input_types=[TensorType(DType.float32, ["R", K], spec.device)],
+               custom_extensions=spec.custom_extensions()) as graph:
+        b = _Builder(spec)
+        x = graph.inputs[0].tensor
+        graph.output(*[b.linear(x, name, out_dim, K) for name, out_dim in fmts_and_dims])
+    return graph
+
+
+def _spec(activations, quant, package=""):
+    from max.dtype import DType
+    from max.graph import DeviceRef
+
+    from libs.model.config import parse_config
+    from libs.model.max_graphs import GraphKind, GraphSpec
+    from libs.model.presets import preset_config
+
+    cfg = parse_config(preset_config("tiny-lora-yarn", 0, 1))
+    return GraphSpec(GraphKind.FINAL, cfg, DType.float32, DeviceRef.CPU(), quant, activations, package)
+
+
+def test_the_stage_builder_runs_each_block_format_by_the_stage_activations(weights):
+    """int8: Q4_K through qmatmul, Q8_0 (no qmatmul kernel) through the custom op; float32:
+    Q4_K through the custom op too, so it matches the float32 product."""
+    from max.driver import CPU
+    from max.engine import InferenceSession
+
+    from libs.model.max_graphs import runs_custom_op
+
+    package = str(gguf_matmul_package(default_cache_dir(os.environ), max_build()))
+    quant = (("lm_head", "q8_0"), ("o_proj", "q4_k"))
+    assert runs_custom_op("q8_0", N, "int8") and not runs_custom_op("q4_k", N, "int8")
+    assert runs_custom_op("q4_k", N, "float32") and runs_custom_op("q4_k", 48, "int8")  # qmatmul's out multiple
+    session = InferenceSession(devices=[CPU()])
+    registry = {"lm_head": weights["q8_0"], "o_proj": weights["q4_k"]}
+    x = np.random.default_rng(5).standard_normal((2, K)).astype(np.float32)
+    errors = {}
+    for activations in ("int8", "float32"):
+        graph = _linear_graph(_spec(activations, quant, package), [("lm_head", N), ("o_proj", N)])
+        q8, q4 = session.load(graph, weights_registry=registry).execute(x)
+        ref8, ref4 = _reference(x, weights["q8_0"], "q8_0"), _reference(x, weights["q4_k"], "q4_k")
+        np.testing.assert_allclose(q8.to_numpy(), ref8, rtol=1e-5, atol=1e-5 * np.abs(ref8).max())
+        errors[activations] = np.abs(q4.to_numpy() - ref4).max() / np.abs(ref4).max()
+    assert errors["float32"] < 1e-5 < errors["int8"]
+
+
+def test_a_custom_op_product_without_a_package_is_refused():
+    from libs.model.errors import MojoKernelsError
+
+    with pytest.raises(MojoKernelsError, match="names no kernel package"):
+        _linear_graph(_spec("int8", (("lm_head", "q8_0"),)), [("lm_head", N)])
