@@ -62,6 +62,35 @@ def fused_columns[fmt: Int, R: Int](
 
 
 @always_inline
+def fused_one_row[fmt: Int](
+    y: Pointer[mut=True, Float32, _], x: Pointer[mut=True, Float32, _], w: Pointer[mut=True, UInt8, _],
+    n: Int, k: Int, row_bytes: Int, r0: Int, c_begin: Int, c_end: Int,
+):
+    """`fused_columns[fmt, 1]`, two weight rows at a time: two independent decode and FMA chains."""
+    comptime BE = block_elems[fmt]()
+    comptime BB = block_bytes[fmt]()
+    var xr = x.unsafe_offset(r0 * k)
+    var c = c_begin
+    while c + 2 <= c_end:
+        var a0 = Chunk(0)
+        var a1 = Chunk(0)
+        var w0 = w.unsafe_offset(c * row_bytes)
+        var w1 = w.unsafe_offset((c + 1) * row_bytes)
+        for b in range(k // BE):
+            var blk0 = w0.unsafe_offset(b * BB)
+            var blk1 = w1.unsafe_offset(b * BB)
+            comptime for j in range(BE // 32):
+                var xv = xr.unsafe_load[width=32](b * BE + 32 * j)
+                a0 = xv.fma(chunk[fmt, j](blk0), a0)
+                a1 = xv.fma(chunk[fmt, j](blk1), a1)
+        y.unsafe_store(r0 * n + c, a0.reduce_add())
+        y.unsafe_store(r0 * n + c + 1, a1.reduce_add())
+        c += 2
+    if c < c_end:
+        fused_columns[fmt, 1](y, x, w, n, k, row_bytes, r0, c, c_end)
+
+
+@always_inline
 def fused_rows[fmt: Int](
     y: Pointer[mut=True, Float32, _], x: Pointer[mut=True, Float32, _], w: Pointer[mut=True, UInt8, _],
     m: Int, n: Int, k: Int, row_bytes: Int, c_begin: Int, c_end: Int,
@@ -75,7 +104,7 @@ def fused_rows[fmt: Int](
         elif rows == 2:
             fused_columns[fmt, 2](y, x, w, n, k, row_bytes, r0, c_begin, c_end)
         else:
-            fused_columns[fmt, 1](y, x, w, n, k, row_bytes, r0, c_begin, c_end)
+            fused_one_row[fmt](y, x, w, n, k, row_bytes, r0, c_begin, c_end)
 
 
 @always_inline
