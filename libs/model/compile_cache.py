@@ -20,6 +20,7 @@ from enum import Enum
 from pathlib import Path
 
 from libs.model.config import DeepseekV2Config
+from libs.model.custom_kernels import SOURCES, needs_custom_op, sources_sha256
 
 MARKER_DIR = "fornax-graphs"
 # Bumped whenever `max_graphs` builds a graph differently (inputs, ops or weights), so a marker
@@ -48,8 +49,10 @@ class GraphTarget:
     device: str
     weight_dtype: str
     config_sha256: str
-    # (linear weight name, block format) of a graph run by ops.qmatmul; () for a float graph
+    # (linear weight name, block format) of a graph's block-format weights; () for a float graph
     quant: tuple[tuple[str, str], ...] = ()
+    # the stage's block-format activations (`MaxOptions.block_activations`)
+    activations: str = "int8"
 
     @property
     def key(self) -> str:
@@ -59,6 +62,11 @@ class GraphTarget:
             "graph_revision": GRAPH_REVISION}
         if self.quant:  # float graphs keep the keys they always had
             identity["quant"] = [list(pair) for pair in self.quant]
+        if self.activations != "int8":
+            identity["activations"] = self.activations
+        if any(needs_custom_op(fmt, self.activations) for _, fmt in self.quant):
+            # a graph running the Mojo custom op is also keyed by the kernel sources
+            identity["kernels_sha256"] = sources_sha256(SOURCES, self.build)
         canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -48,3 +48,9 @@ class ReleasedSequenceError(ModelError, FailedPrecondition):
 
 class BatchError(ModelError, InvalidArgument):
     default_reason = "BAD_BATCH"
+
+
+class MojoKernelsError(ModelError, FailedPrecondition):
+    """The Mojo custom-op package cannot be built or is not whole."""
+
+    default_reason = "MOJO_KERNELS"

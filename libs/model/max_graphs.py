@@ -20,12 +20,16 @@ is skipped). On CPU this does the routed work only, instead of every expert on e
 pays one launch per layer instead of one per expert. Expert weights are transposed per layer at
 load time, so no transposes run per call.
 
-A linear weight held in a GGUF block format (`GraphSpec.quant`: Q4_0, Q4_K or Q6_K) is bound as
-uint8 [out, row bytes], its stored bytes repacked once at bind time by MAX's own repack kernel
-(`max_repack`), and its product runs in-graph through MAX's packed product kernel, the second
-half of `ops.qmatmul` (int8 activations per 32-block, VNNI on x86): a repack inside a graph would
-run on every call where it sits in an `ops.cond` branch. Each distinct set of formats is its
-own graph (and compile). The routed experts' formats are named `experts_gate_up` and
+A linear weight held in a GGUF block format (`GraphSpec.quant`) is bound as uint8 [out, row
+bytes] and its product runs in-graph. Q4_0, Q4_K and Q6_K go through MAX's packed product kernel,
+the second half of `ops.qmatmul` (int8 activations per 32-block, VNNI on x86), when the stage's
+`activations` are "int8" and the output dim is a multiple of `MAX_QMATMUL_OUT_MULTIPLE`: their
+stored bytes are repacked once at bind time by MAX's own repack kernel (`max_repack`; a repack
+left in the graph would run on every call where it sits in an `ops.cond` branch). Every other
+block-format product (Q8_0, Q5_0, Q5_1 always; all six with "float32" activations) runs the Mojo
+custom op of `libs.model.custom_kernels` on the stored GGUF bytes, float32 activations against
+each block decoded to float32, from the package `GraphSpec.kernel_package` names. Each distinct
+set of formats is its own graph (and compile). The routed experts' formats are named `experts_gate_up` and
 `experts_down` for every expert of the layer.
 """
 
@@ -33,12 +37,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
 from max.dtype import DType
 from max.graph import DeviceRef, Dim, Graph, TensorType, TensorValue, Weight, ops
 from max.graph.quantization import QuantizationEncoding
 
 from libs.model.config import DeepseekV2Config
+from libs.model.custom_kernels import needs_custom_op, op_name
+from libs.model.errors import MojoKernelsError
+from libs.weights.formats import weight_format
+from libs.weights.policy import MAX_QMATMUL_OUT_MULTIPLE
 
 ROWS = "R"
 PAST = "P"
@@ -74,24 +83,40 @@ class GraphSpec:
     cfg: DeepseekV2Config
     weight_dtype: DType
     device: DeviceRef
-    # (linear weight name, block format) for each weight run by ops.qmatmul, sorted
+    # (linear weight name, block format) for each block-format linear weight, sorted
     quant: tuple[tuple[str, str], ...] = ()
+    # Activations of block-format products: "int8" (ops.qmatmul where it has the format) or
+    # "float32" (the Mojo custom op for every block format)
+    activations: str = "int8"
+    # The built Mojo custom-op package (`custom_kernels.gguf_matmul_package`); "" when no
+    # product of this graph runs a custom op
+    kernel_package: str = ""
 
     def quant_format(self, name: str) -> str | None:
         return dict(self.quant).get(name)
+
+    def runs_custom_op(self, fmt: str, out_dim: int) -> bool:
+        return runs_custom_op(fmt, out_dim, self.activations)
+
+    def custom_extensions(self) -> list[Path]:
+        return [Path(self.kernel_package)] if self.kernel_package else []
 
 
 QMATMUL_ENCODINGS = {"q4_0": QuantizationEncoding.Q4_0, "q4_k": QuantizationEncoding.Q4_K,
                      "q6_k": QuantizationEncoding.Q6_K}
 # MAX's product kernel of each, on weights in its own layout (`max_repack` lays them out at bind).
 PACKED_MATMUL_OPS = {"q4_0": "vroom_q4_0_matmul", "q4_k": "vroom_q4_k_matmul", "q6_k": "vroom_q6_k_matmul"}
-# Bytes per block and elements per block of each, as GGUF lays them out.
-_QBLOCK = {"q4_0": (18, 32), "q4_k": (144, 256), "q6_k": (210, 256)}
+ACTIVATIONS = ("int8", "float32")
+
+
+def runs_custom_op(fmt: str, out_dim: int, activations: str) -> bool:
+    """Whether a block-format product of `out_dim` outputs runs the Mojo custom op (else MAX's
+    packed product on a repacked weight)."""
+    return needs_custom_op(fmt, activations) or out_dim % MAX_QMATMUL_OUT_MULTIPLE != 0
 
 
 def quant_row_bytes(fmt: str, row: int) -> int:
-    size, block = _QBLOCK[fmt]
-    return row // block * size
+    return weight_format(fmt).row_bytes(row)
 
 
 class _Builder:
@@ -132,17 +157,22 @@ class _Builder:
         return self.matmul(x, self.stored_weight(name, [in_dim, out_dim]))
 
     def quant_weight(self, name: str, fmt: str, out_dim: int, in_dim: int) -> TensorValue:
-        """A block-format weight, uint8 [out, row bytes] (not transposed), bound already in the
-        product kernel's layout (`max_repack`)."""
+        """A block-format weight, uint8 [out, row bytes] (not transposed): bound already in MAX's
+        product layout (`max_repack`) where the packed product runs it, else as its GGUF bytes."""
         w = Weight(name, DType.uint8, [out_dim, quant_row_bytes(fmt, in_dim)], self.spec.device)
         return Graph.current.add_weight(w, force_initial_weight_on_host=self.spec.device.is_cpu())
 
     def qlinear(self, x: TensorValue, w: TensorValue, fmt: str) -> TensorValue:
-        """float32 `x` [rows, in] @ a repacked block-format weight, in-graph, float32 [rows, out]."""
+        """float32 `x` [rows, in] @ a block-format weight, in-graph, float32 out [rows, out]."""
         if x.dtype != DType.float32:
             x = ops.cast(x, DType.float32)
-        out = TensorType(DType.float32, [x.shape[0], w.shape[0]], device=self.spec.device)
-        return ops.custom(PACKED_MATMUL_OPS[fmt], self.spec.device, [x, w], out_types=[out])[0].tensor
+        out_dim = int(w.shape[0])
+        out = TensorType(DType.float32, [x.shape[0], out_dim], self.spec.device)
+        if not self.spec.runs_custom_op(fmt, out_dim):
+            return ops.custom(PACKED_MATMUL_OPS[fmt], self.spec.device, [x, w], out_types=[out])[0].tensor
+        if not self.spec.kernel_package:
+            raise MojoKernelsError(f"graph spec runs {fmt} through the Mojo custom op but names no kernel package")
+        return ops.custom(op_name(fmt), self.spec.device, [x, w], [out])[0].tensor
 
     def rms_norm(self, x: TensorValue, name: str, dim: int) -> TensorValue:
         return ops.rms_norm(x, self.weight(name, [dim]), self.cfg.rms_norm_eps)
@@ -204,7 +234,7 @@ def _build_embed(spec: GraphSpec) -> Graph:
 def _build_final(spec: GraphSpec) -> Graph:
     cfg = spec.cfg
     hidden_type = TensorType(DType.float32, [ROWS, cfg.hidden_size], device=spec.device)
-    with Graph("fornax_final", input_types=[hidden_type]) as graph:
+    with Graph("fornax_final", input_types=[hidden_type], custom_extensions=spec.custom_extensions()) as graph:
         b = _Builder(spec)
         x = b.rms_norm(graph.inputs[0].tensor, "norm", cfg.hidden_size)
         graph.output(b.linear(x, "lm_head", cfg.vocab_size, cfg.hidden_size))
@@ -232,7 +262,8 @@ def layer_input_types(cfg: DeepseekV2Config, device: DeviceRef) -> list[TensorTy
 def _build_layer(spec: GraphSpec) -> Graph:
     cfg = spec.cfg
     name = f"fornax_{spec.kind.value}"
-    with Graph(name, input_types=layer_input_types(cfg, spec.device)) as graph:
+    with Graph(name, input_types=layer_input_types(cfg, spec.device),
+               custom_extensions=spec.custom_extensions()) as graph:
         hidden, cos, sin, past_latent, past_k_rope, mask, key_index, key_mask, expanded = (
             v.tensor for v in graph.inputs)
         b = _Builder(spec)
@@ -405,7 +436,8 @@ def _build_expert(spec: GraphSpec) -> Graph:
     [hidden, 2*moe_inter] and `experts_down_{e}` [moe_inter, hidden], laid out at load time."""
     cfg = spec.cfg
     h, inter, experts = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
-    with Graph("fornax_routed_experts", input_types=expert_input_types(spec)) as graph:
+    with Graph("fornax_routed_experts", input_types=expert_input_types(spec),
+               custom_extensions=spec.custom_extensions()) as graph:
         values = [v.tensor for v in graph.inputs]
         hidden, x = values[0], values[1]
         flags = values[2 + 2 * experts:]

@@ -35,9 +35,10 @@ CACHE_DIR_ENV = "FORNAX_COMPILE_CACHE_DIR"
 DEVICES = ("cpu", "gpu")
 WEIGHT_DTYPES = ("float32", "bfloat16")
 # Float weight formats the MAX graphs hold, and the graph weight dtype each needs; block formats
-# MAX runs in-graph through ops.qmatmul (`libs.weights.policy.MAX_QUANT_FORMATS`).
+# MAX runs in-graph through ops.qmatmul or the Mojo custom op (`libs.weights.policy.MAX_QUANT_FORMATS`).
 GRAPH_DTYPE_OF_FORMAT = {"fp32": "float32", "bf16": "bfloat16"}
 ATTENTION_FORMS = ("auto", "absorbed", "expanded")
+BLOCK_ACTIVATIONS = ("int8", "float32")
 
 ProgressFn = Callable[[str], None]
 
@@ -69,6 +70,10 @@ class MaxOptions:
     # MLA form per microbatch: "auto" (the cheaper by `mla_forms.choose_form`), or one form
     # for every microbatch ("absorbed" / "expanded"), for tests and measurements
     attention_form: str = "auto"
+    # Activations of block-format weight products: "int8" runs Q4_0/Q4_K/Q6_K through MAX's
+    # ops.qmatmul (activations quantized per 32-block) and the other block formats through
+    # the float32 Mojo custom op; "float32" runs every block format through the custom op
+    block_activations: str = "int8"
     progress: ProgressFn = field(default=stderr_progress, compare=False)
 
 
@@ -97,6 +102,12 @@ def weight_dtype_for(weights: StageWeights) -> str:
     return "bfloat16" if "bf16" in formats else "float32"
 
 
+def _check_block_activations(options: MaxOptions) -> None:
+    if options.block_activations not in BLOCK_ACTIVATIONS:
+        raise BackendUnavailableError(
+            f"max block activations {options.block_activations!r} not in {BLOCK_ACTIVATIONS}")
+
+
 def make_max_kernels(
     cfg: DeepseekV2Config, weights: StageWeights, device: str = "cpu", options: MaxOptions | None = None
 ) -> MaxKernels:
@@ -121,12 +132,14 @@ class MaxKernels:
             raise BackendUnavailableError(f"max weight dtype {options.weight_dtype!r} not in {WEIGHT_DTYPES}")
         if options.attention_form not in ATTENTION_FORMS:
             raise BackendUnavailableError(f"max attention form {options.attention_form!r} not in {ATTENTION_FORMS}")
+        _check_block_activations(options)
         self.build = max_build()
         self.cfg = cfg
         self.options = options
         from libs.model import max_runtime  # imports max only when a MAX stage is built
 
-        self._rt = max_runtime.shared_runtime(cfg, options.device, options.weight_dtype, options.progress)
+        self._rt = max_runtime.shared_runtime(cfg, options.device, options.weight_dtype, options.progress,
+                                              options.block_activations)
         self.device_description = self._rt.device_description
         self._layers: dict[int, tuple[Any, Any]] = {}  # layer -> (model, routed experts or None)
         self._embed: Any = None  # bound MAX models, present on the first / last stage
@@ -217,9 +230,11 @@ def warm_compile_cache(cfg: DeepseekV2Config, options: MaxOptions,
         raise BackendUnavailableError(f"max device {options.device!r} not in {DEVICES}")
     if options.weight_dtype not in WEIGHT_DTYPES:
         raise BackendUnavailableError(f"max weight dtype {options.weight_dtype!r} not in {WEIGHT_DTYPES}")
+    _check_block_activations(options)
     from libs.model import max_runtime
 
-    rt = max_runtime.shared_runtime(cfg, options.device, options.weight_dtype, options.progress)
+    rt = max_runtime.shared_runtime(cfg, options.device, options.weight_dtype, options.progress,
+                                    options.block_activations)
     from libs.model.compile_cache import GraphName
 
     graphs = [(kind, quant) for kind in max_runtime.graph_kinds_for(cfg)

@@ -3,9 +3,11 @@ so it is imported only after `max_kernels` has set the compile-cache environment
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +16,7 @@ from max.dtype import DType
 from max.engine import InferenceSession
 
 from libs.model.config import DeepseekV2Config
+from libs.model.custom_kernels import CUSTOM_OP_FORMATS, gguf_matmul_package, needs_custom_op
 from libs.model.errors import BackendUnavailableError, CheckpointError
 from libs.model.max_graphs import (
     LINEAR_WEIGHTS,
@@ -24,6 +27,7 @@ from libs.model.max_graphs import (
     build_graph,
     expert_weight_names,
     mlp_weight_shapes,
+    runs_custom_op,
 )
 from libs.model.max_repack import Repacker
 from libs.model.safetensors_io import joined_rows
@@ -57,26 +61,40 @@ def graph_kinds_for(cfg: DeepseekV2Config) -> list[GraphKind]:
     return kinds
 
 
-_RUNTIMES: dict[tuple[DeepseekV2Config, str, str], Runtime] = {}
+_RUNTIMES: dict[tuple[DeepseekV2Config, str, str, str], Runtime] = {}
 
 
-def shared_runtime(cfg: DeepseekV2Config, device: str, weight_dtype: str, progress: Callable[[str], None]) -> Runtime:
+def shared_runtime(cfg: DeepseekV2Config, device: str, weight_dtype: str, progress: Callable[[str], None],
+                   activations: str = "int8") -> Runtime:
     """One session and one compile per graph kind per process, shared by every stage in it."""
-    key = (cfg, device, weight_dtype)
+    key = (cfg, device, weight_dtype, activations)
     runtime = _RUNTIMES.get(key)
     if runtime is None:
-        runtime = _RUNTIMES[key] = Runtime(cfg, device, weight_dtype, progress)
+        runtime = _RUNTIMES[key] = Runtime(cfg, device, weight_dtype, progress, activations)
     return runtime
+
+
+def kernel_package_for(quant: Quant, activations: str) -> str:
+    """The Mojo custom-op package path when a product of `quant` runs a custom op, else "";
+    built on first use into the MAX compile-cache dir this process compiles into."""
+    from libs.model.max_kernels import default_cache_dir, max_build
+
+    if not any(needs_custom_op(fmt, activations) for _, fmt in quant):
+        return ""
+    cache = os.environ.get("MODULAR_MAX_CACHE_DIR")
+    return str(gguf_matmul_package(Path(cache) if cache else default_cache_dir(os.environ), max_build()))
 
 
 class Runtime:
     """Owns the session; compiles each graph kind once, binds it once per weight set."""
 
-    def __init__(self, cfg: DeepseekV2Config, device: str, weight_dtype: str, progress: Callable[[str], None]) -> None:
+    def __init__(self, cfg: DeepseekV2Config, device: str, weight_dtype: str, progress: Callable[[str], None],
+                 activations: str = "int8") -> None:
         from max.graph import DeviceRef
 
         self.cfg = cfg
         self.progress = progress
+        self.activations = activations
         if device == "gpu":
             if accelerator_count() == 0:
                 raise BackendUnavailableError("max device 'gpu' was asked for but no accelerator is present")
@@ -105,7 +123,9 @@ class Runtime:
                 f"{_FIRST_RUN_HINT[kind]} on 2 cores; later runs hit the cache)..."
             )
             start = time.perf_counter()
-            graph = build_graph(GraphSpec(kind, self.cfg, self.weight_dtype, self.device_ref, quant))
+            package = kernel_package_for(quant, self.activations)
+            graph = build_graph(GraphSpec(kind, self.cfg, self.weight_dtype, self.device_ref, quant,
+                                          self.activations, package))
             self._compiled[(kind, quant)] = self.session.compile(graph)
             seconds = time.perf_counter() - start
             key = kind.value if not quant else f"{kind.value}[{','.join(sorted({f for _, f in quant}))}]"
@@ -115,12 +135,13 @@ class Runtime:
 
     def bind(self, kind: GraphKind, registry: dict[str, Weight]) -> BoundModel:
         """A model bound to `registry`; the caller owns it, and dropping it frees the weights.
-        Block-format weights are bound in MAX's product layout, repacked once here."""
-        quant = quant_signature(registry)
+        Block-format weights are bound in MAX's product layout, repacked once here, where its
+        packed product runs them, else as their stored GGUF bytes (see `max_graphs`)."""
+        quant = quant_signature(registry, self.activations)
         buffers = {}
         for name, w in registry.items():
             if isinstance(w, PackedWeight) and w.fmt.is_block:
-                buffers[name] = self.repacker.repack(w.fmt.name, w.data)
+                buffers[name] = self._block_buffer(w.fmt.name, w.shape[0], w.data)
             else:
                 array = self.graph_array(w)
                 buffers[name] = self._weight_buffer(array.T if name in LINEAR_WEIGHTS else array)
@@ -140,6 +161,13 @@ class Runtime:
         array = np.ascontiguousarray(w, dtype=np.float32)
         return _to_bf16_bits(array) if self.weight_dtype == DType.bfloat16 else array
 
+    def _block_buffer(self, fmt: str, out_dim: int, stored: np.ndarray) -> Any:
+        """A block-format weight as the graph binds it: repacked once for MAX's packed product,
+        or its stored GGUF bytes where the Mojo custom op runs it (`max_graphs.runs_custom_op`)."""
+        if runs_custom_op(fmt, out_dim, self.activations):
+            return self._weight_buffer(stored)
+        return self.repacker.repack(fmt, stored)
+
     def _weight_buffer(self, array: np.ndarray) -> Any:
         array = np.ascontiguousarray(array)
         if array.dtype == np.uint16:
@@ -151,8 +179,8 @@ class Runtime:
     def bind_experts(self, moe: MoeWeights) -> BoundModel:
         """The routed-experts graph bound to one layer's experts, laid out once at load time:
         float experts as [in, out] arrays in the graph's dtype, block-format experts as their
-        GGUF rows (gate rows, then up rows: rows are independent in every block format)
-        repacked into MAX's product layout."""
+        GGUF rows (gate rows, then up rows: rows are independent in every block format), as
+        `_block_buffer` binds them."""
         gate_up_fmt = _expert_format(moe.experts_gate[0], moe.experts_up[0])
         down_fmt = _expert_format(moe.experts_down[0])
         buffers: dict[str, Any] = {}
@@ -160,12 +188,13 @@ class Runtime:
             gate_up_name, down_name = expert_weight_names(expert)
             gate, up, down = moe.experts_gate[expert], moe.experts_up[expert], moe.experts_down[expert]
             if gate_up_fmt:
-                buffers[gate_up_name] = self.repacker.repack(gate_up_fmt, _gate_up_rows(gate, up, gate_up_fmt))
+                buffers[gate_up_name] = self._block_buffer(gate_up_fmt, 2 * self.cfg.moe_intermediate_size,
+                                                           _gate_up_rows(gate, up, gate_up_fmt))
             else:  # [2I, H]; bound as [H, 2I]
                 buffers[gate_up_name] = self._weight_buffer(
                     np.concatenate([self.graph_array(gate), self.graph_array(up)]).T)
-            buffers[down_name] = (self.repacker.repack(down_fmt, _block_bytes(down, down_fmt)) if down_fmt
-                                  else self._weight_buffer(self.graph_array(down).T))
+            buffers[down_name] = (self._block_buffer(down_fmt, self.cfg.hidden_size, _block_bytes(down, down_fmt))
+                                  if down_fmt else self._weight_buffer(self.graph_array(down).T))
         quant = expert_quant(moe)
         return BoundModel(self.session.init(self.compiled(GraphKind.EXPERT, quant), weights_registry=buffers), buffers)
 
@@ -222,19 +251,21 @@ def group_by_expert(ids: np.ndarray, weights: np.ndarray, experts: int
 Quant = tuple[tuple[str, str], ...]
 
 
-def quant_signature(registry: dict[str, Weight]) -> Quant:
+def quant_signature(registry: dict[str, Weight], activations: str = "int8") -> Quant:
     """(weight name, block format) of every block-format weight of a registry, sorted; a block
     format MAX has no kernel for is refused here, never widened."""
     found = []
     for name, w in registry.items():
         if isinstance(w, PackedWeight) and w.fmt.is_block:
-            if (w.fmt.name not in QMATMUL_ENCODINGS or name not in LINEAR_WEIGHTS
-                    or w.shape[0] % MAX_QMATMUL_OUT_MULTIPLE):
+            fmt = w.fmt.name
+            runnable = fmt in CUSTOM_OP_FORMATS and name in LINEAR_WEIGHTS
+            if not runnable or (not needs_custom_op(fmt, activations) and w.shape[0] % MAX_QMATMUL_OUT_MULTIPLE):
                 raise WeightFormatUnsupportedError(
-                    f"MAX cannot run weight {name} {list(w.shape)} in {w.fmt.name} (in-graph block formats: "
-                    f"{', '.join(QMATMUL_ENCODINGS)} for linear products with an output dim that is a multiple of "
+                    f"MAX cannot run weight {name} {list(w.shape)} in {fmt} (in-graph block formats: "
+                    f"{', '.join(CUSTOM_OP_FORMATS)} for linear products; with int8 activations "
+                    f"{', '.join(QMATMUL_ENCODINGS)} need an output dim that is a multiple of "
                     f"{MAX_QMATMUL_OUT_MULTIPLE}); build the stage for the max backend")
-            found.append((name, w.fmt.name))
+            found.append((name, fmt))
     return tuple(sorted(found))
 
 
@@ -251,7 +282,7 @@ def _expert_format(*weights: Weight) -> str:
     if len(formats) != 1:
         raise WeightFormatUnsupportedError(f"an expert's gate and up projections differ in format: {sorted(formats)}")
     fmt = formats.pop()
-    if fmt and fmt not in QMATMUL_ENCODINGS:
+    if fmt and fmt not in CUSTOM_OP_FORMATS:
         raise WeightFormatUnsupportedError(f"MAX has no in-graph kernel for {fmt} expert weights")
     return fmt
 

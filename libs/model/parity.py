@@ -71,6 +71,9 @@ class ParityRequest:
     # carried hidden states as the stage worker packs and the next one unpacks them
     # (`libs.fnx2.through_hop`); empty: float32 on every hop.
     hop_dtypes: tuple[str, ...] = ()
+    # Activations of a MAX stage's block-format products (`MaxOptions.block_activations`):
+    # "int8" (MAX's packed product, activations quantized per 32-block) or "float32" (the Mojo op)
+    max_activations: str = "int8"
 
 
 @dataclass(frozen=True)
@@ -199,14 +202,26 @@ def step_slices(plans: list[SequencePlan], step: int) -> list[tuple[SequencePlan
     return out
 
 
+def stage_backend(request: ParityRequest, index: int) -> str:
+    return request.stage_backends[index] if request.stage_backends else request.backend
+
+
 def build_executor(request: ParityRequest, cfg: DeepseekV2Config, ranges, index: int) -> StageExecutor:
     start, end = ranges[index]
     first, last = index == 0, index == len(ranges) - 1
-    backend = request.stage_backends[index] if request.stage_backends else request.backend
+    backend = stage_backend(request, index)
     source = request.stage_dirs[index] if request.stage_dirs else request.checkpoint_dir
     weights = load_stage_weights(source, cfg, start, end, first, last, policy=request.weights, backend=backend)
-    kernels = make_kernels(backend, cfg, weights, request.device)
+    kernels = make_kernels(backend, cfg, weights, request.device, _backend_options(backend, request))
     return StageExecutor(cfg, StageSpec(start, end, first, last, kv_dtype=request.kv_dtype), kernels)
+
+
+def _backend_options(backend: str, request: ParityRequest) -> object | None:
+    if backend != "max":
+        return None
+    from libs.model.max_kernels import MaxOptions
+
+    return MaxOptions(block_activations=request.max_activations)
 
 
 def run_ours(request: ParityRequest, cfg: DeepseekV2Config, ranges, plans: list[SequencePlan]) -> tuple[Captured, str]:
@@ -221,6 +236,8 @@ def run_ours(request: ParityRequest, cfg: DeepseekV2Config, ranges, plans: list[
     for index in range(len(ranges)):
         executor = build_executor(request, cfg, ranges, index)
         build = executor.kernels.build
+        if stage_backend(request, index) == "max":
+            build += f" (block-format products: {request.max_activations} activations)"
         for step, entries in enumerate(steps):
             slices = tuple(e[1] for e in entries)
             bounds = np.cumsum([0] + [s.input_row_count for s in slices])

@@ -67,6 +67,7 @@ class StoredParityRequest:
     device: str = "cpu"
     decode_steps: int = 8
     seed: int = 0
+    max_activations: str = "int8"  # `ParityRequest.max_activations`
 
 
 def run_stored_parity(request: StoredParityRequest) -> StoredParityReport:
@@ -77,7 +78,7 @@ def run_stored_parity(request: StoredParityRequest) -> StoredParityReport:
     plans = plan_sequences(cfg, request.decode_steps, request.seed)
     tested = ParityRequest(checkpoint_dir=request.checkpoint, stages=len(ranges), backend=request.backend,
                            device=request.device, decode_steps=request.decode_steps, seed=request.seed,
-                           stage_dirs=request.stage_dirs)
+                           stage_dirs=request.stage_dirs, max_activations=request.max_activations)
     ours, build = run_ours(tested, cfg, ranges, plans)
     reference = replace(tested, backend=REFERENCE_BACKEND, stage_dirs=request.reference_dirs)
     ref, ref_build = run_ours(reference, cfg, ranges, plans)

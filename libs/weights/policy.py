@@ -11,12 +11,13 @@ quantizer does: Q4_K -> Q5_0, Q6_K -> Q8_0, and any block format -> F16 when no 
 The choice says so, and the manifest records it.
 
 A stage built for the MAX backend holds only formats MAX runs in-graph (`MAX_FORMATS`: float32
-and bf16 graphs, and `ops.qmatmul`'s Q4_0, Q4_K and Q6_K). Any other format is converted once,
-at build time, to the runnable block format nearest in bits per weight that fits the row (F16 to
-bf16); the embeddings and `kv_b_proj`, which MAX uses in gathers and batched products rather than
-a plain product, are held in bf16. A GGUF's stored tensor is never converted to fewer bits: it is
-held in the nearest runnable format with at least its bits, else bf16 (`for_max_keeping_bits`).
-Each conversion is recorded beside the fallback.
+and bf16 graphs, `ops.qmatmul`'s Q4_0, Q4_K and Q6_K, and Q8_0, Q5_0 and Q5_1 through Fornax's
+Mojo custom op), so every GGUF block format Fornax knows is held as stored. F16 becomes bf16; a
+Q4_0/Q4_K/Q6_K tensor whose output dim qmatmul cannot repack (`MAX_QMATMUL_OUT_MULTIPLE`) becomes
+bf16; the embeddings and `kv_b_proj`, which MAX uses in gathers and batched products rather than
+a plain product, are held in bf16. A format MAX had no kernel for would be converted to the
+runnable block format nearest in bits (`for_max`), or, for a GGUF's stored tensor, never to
+fewer bits (`for_max_keeping_bits`). Each conversion is recorded beside the fallback.
 """
 
 from __future__ import annotations
@@ -35,9 +36,13 @@ _FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0", "q4_0": "f16", "q5_0": "f16", "q5_1
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-MAX_QUANT_FORMATS = frozenset({"q4_0", "q4_k", "q6_k"})
+# Block formats MAX's ops.qmatmul runs (int8 activations); every block format MAX holds, these
+# included, also runs through Fornax's float32-activation Mojo custom op
+# (`libs.model.custom_kernels`), which is the only kernel for Q8_0, Q5_0 and Q5_1.
+MAX_QMATMUL_FORMATS = frozenset({"q4_0", "q4_k", "q6_k"})
+MAX_QUANT_FORMATS = MAX_QMATMUL_FORMATS | frozenset({"q8_0", "q5_0", "q5_1"})
 MAX_FORMATS = frozenset({"fp32", "bf16"}) | MAX_QUANT_FORMATS
-MAX_QMATMUL_OUT_MULTIPLE = 32  # MAX 26.7's weight repack refuses other output dims
+MAX_QMATMUL_OUT_MULTIPLE = 32  # MAX 26.7's qmatmul weight repack refuses other output dims
 # Tensors MAX reads outside a plain product (a gather, batched per-head products): float only.
 _MAX_FLOAT_ONLY = ("model.embed_tokens.weight", "kv_b_proj.weight")
 
@@ -133,7 +138,7 @@ def keep_stored(stored: WeightFormat, name: str, shape: tuple[int, ...], backend
 def for_max(choice: TensorChoice, name: str, shape: tuple[int, ...]) -> TensorChoice:
     """`choice` converted to a format the MAX backend runs for this tensor (see the docstring)."""
     fmt, row = choice.fmt, shape[-1]
-    if fmt.is_block and shape[0] % MAX_QMATMUL_OUT_MULTIPLE:
+    if fmt.name in MAX_QMATMUL_FORMATS and shape[0] % MAX_QMATMUL_OUT_MULTIPLE:
         target = weight_format("bf16")
         why = f"MAX's qmatmul needs output dims in multiples of {MAX_QMATMUL_OUT_MULTIPLE}: {shape[0]} held as bf16"
     elif fmt.is_block and name.endswith(_MAX_FLOAT_ONLY):
@@ -157,8 +162,7 @@ def for_max_keeping_bits(choice: TensorChoice, name: str, shape: tuple[int, ...]
     author shipped, and re-quantizing it to fewer bits changes that model (`fornax parity` on
     tiny's llama.cpp Q4_K_M file: top-1 0.676 against its own weights with Q4_0 in their place)."""
     fmt, row = choice.fmt, shape[-1]
-    if not fmt.is_block or fmt.name in MAX_QUANT_FORMATS or shape[0] % MAX_QMATMUL_OUT_MULTIPLE \
-            or name.endswith(_MAX_FLOAT_ONLY):
+    if not fmt.is_block or fmt.name in MAX_QUANT_FORMATS or name.endswith(_MAX_FLOAT_ONLY):
         return for_max(choice, name, shape)
     wider = [f for f in map(weight_format, sorted(MAX_QUANT_FORMATS)) if f.fits(row)
              and f.bits_per_weight >= fmt.bits_per_weight]

@@ -74,3 +74,16 @@ def test_markers_are_keyed_by_build_and_config(tmp_path):
     other_kind = dataclasses.replace(target, name=G.MOE_LAYER)
     assert not any(is_cached(tmp_path, t) for t in (other_build, other_shape, other_kind))
     assert len({t.key for t in (target, other_build, other_shape, other_kind)}) == 4
+
+
+def test_a_custom_op_graph_key_follows_the_activations_and_the_kernel_sources(monkeypatch):
+    from libs.model import compile_cache
+
+    base = GraphTarget(GraphName.FINAL, "max 26.7.0", "cpu", "float32", "c" * 64, (("lm_head", "q4_k"),))
+    f32 = dataclasses.replace(base, activations="float32")
+    q8 = dataclasses.replace(base, quant=(("lm_head", "q8_0"),))
+    before = (base.key, f32.key, q8.key)
+    assert len(set(before)) == 3
+    monkeypatch.setattr(compile_cache, "sources_sha256", lambda sources, build: "other kernels " + build)
+    assert f32.key != before[1] and q8.key != before[2]  # custom-op graphs: new kernel sources, new key
+    assert base.key == before[0]  # a qmatmul-only graph is not keyed by the kernels

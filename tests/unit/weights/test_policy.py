@@ -57,27 +57,27 @@ def test_a_stage_for_max_holds_only_what_max_runs():
     kept = on_max("model.layers.4.mlp.experts.9.gate_proj.weight", (1408, 2048))
     assert (kept.fmt.name, kept.conversion) == ("q4_k", "")
     down = on_max("model.layers.4.mlp.experts.9.down_proj.weight", (2048, 1408))  # q5_0 by fallback
-    assert down.fmt.name == "q4_0" and "no q5_0 kernel" in down.conversion and down.fallback
-    head = on_max("lm_head.weight", (102400, 2048))  # q8_0: no MAX kernel; Q6_K fits 2048
-    assert head.fmt.name == "q6_k" and "no q8_0 kernel" in head.conversion
+    assert (down.fmt.name, down.conversion) == ("q5_0", "") and down.fallback  # the Mojo custom op runs it
+    head = on_max("lm_head.weight", (102400, 2048))
+    assert (head.fmt.name, head.conversion) == ("q8_0", "")
     for name, shape in (("model.embed_tokens.weight", (102400, 2048)),
                         ("model.layers.2.self_attn.kv_b_proj.weight", (4096, 512))):
         assert on_max(name, shape).fmt.name == "bf16"  # gathers and per-head products: float
-    narrow = on_max("model.layers.2.self_attn.q_a_proj.weight", (48, 64), 4)  # 48 rows out: no repack
-    assert narrow.fmt.name == "bf16" and "multiples of 32" in narrow.conversion
+    narrow = on_max("model.layers.2.self_attn.q_a_proj.weight", (48, 64), 4)  # q5_0: no output-dim rule
+    assert (narrow.fmt.name, narrow.conversion) == ("q5_0", "")
     assert choose("q4_k_m", "model.layers.4.mlp.experts.9.down_proj.weight", (2048, 1408),
                   LITE_LAYERS).conversion == ""  # numpy runs every format
 
 
 @pytest.mark.parametrize("stored, shape, held", [
-    ("q5_0", (2048, 1408), "bf16"),   # a 1408-long row fits no 256-block: no Q6_K
-    ("q5_0", (2048, 2048), "q6_k"),   # 5.5 bits -> 6.56, the fewest runnable bits that are not fewer
-    ("q5_1", (2048, 2048), "q6_k"),
-    ("q8_0", (2048, 2048), "bf16"),   # no runnable block format has 8.5 bits
-    ("q4_0", (2048, 64), "q4_0"),     # MAX runs it: kept as stored
+    ("q5_0", (2048, 1408), "q5_0"),   # the Mojo custom op runs Q5_0, Q5_1 and Q8_0 as stored
+    ("q5_1", (2048, 2048), "q5_1"),
+    ("q8_0", (2048, 2048), "q8_0"),
+    ("q4_0", (2048, 64), "q4_0"),     # qmatmul runs it: kept as stored
     ("q6_k", (2048, 2048), "q6_k"),
     ("f16", (2048, 2048), "bf16"),
-    ("q5_0", (48, 64), "bf16"),       # qmatmul's output multiple of 32
+    ("q5_0", (48, 64), "q5_0"),       # the custom op has no output-dim rule
+    ("q4_0", (48, 64), "bf16"),       # qmatmul's output multiple of 32
 ])
 def test_a_stored_gguf_tensor_on_max_is_never_held_in_fewer_bits(stored, shape, held):
     from libs.weights.formats import weight_format
@@ -89,11 +89,12 @@ def test_a_stored_gguf_tensor_on_max_is_never_held_in_fewer_bits(stored, shape, 
     assert keep_stored(weight_format(stored), "model.layers.3.mlp.up_proj.weight", shape).fmt.name == stored
 
 
-def test_a_policys_fallback_on_max_still_takes_the_nearest_bits():
-    """A policy build chooses its formats for size; only a GGUF's stored tensors keep their bits."""
-    from libs.weights.formats import weight_format
-    from libs.weights.policy import TensorChoice, for_max
+def test_every_known_block_format_is_runnable_on_max():
+    """No policy or stored format is converted for want of a kernel any more."""
+    from libs.weights.formats import FORMATS, weight_format
+    from libs.weights.policy import MAX_FORMATS, TensorChoice, for_max
 
+    assert {f for f, fmt in FORMATS.items() if fmt.is_block} <= MAX_FORMATS
     choice = for_max(TensorChoice(weight_format("q5_0"), "q4_k", "fallback"), "model.layers.3.mlp.up_proj.weight",
                      (2048, 1408))
-    assert choice.fmt.name == "q4_0"
+    assert (choice.fmt.name, choice.conversion, choice.fallback) == ("q5_0", "", "fallback")

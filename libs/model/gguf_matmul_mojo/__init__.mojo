@@ -1,0 +1,1 @@
+# Fornax MAX custom ops: float32 activations @ GGUF block-format weights.
