@@ -118,9 +118,9 @@ class Runtime:
         """The compiled graph of `kind` whose linear weights `quant` names run in block formats."""
         if (kind, quant) not in self._compiled:
             label = kind.value + "".join(f" {name}:{fmt}" for name, fmt in quant)
-            self.progress(
-                f"max: compiling {label} graph (first run on this cache dir: "
-                f"{_FIRST_RUN_HINT[kind]} on 2 cores; later runs hit the cache)..."
+            self.progress(  # MAX cannot say beforehand whether its cache holds the graph
+                f"max: {label} graph: loading it from the compile cache, or compiling it (a first "
+                f"compile on an empty cache dir: {_FIRST_RUN_HINT[kind]} on 2 cores)..."
             )
             start = time.perf_counter()
             package = kernel_package_for(quant, self.activations)
