@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
             report = run_stored_parity(StoredParityRequest(
                 checkpoint=args.checkpoint, backend=args.backend, stage_dirs=dirs[args.backend],
                 reference_dirs=dirs[REFERENCE_BACKEND], conversions=_conversions(dirs[args.backend]),
-                evidence=evidence, device=args.device, decode_steps=args.decode_steps))
+                evidence=evidence, device=args.device, decode_steps=args.decode_steps,
+                max_activations=args.max_activations))
     except FornaxError as exc:
         print(f"parity: {exc}", file=sys.stderr)
         return 2
@@ -67,7 +68,7 @@ def _command(args: argparse.Namespace) -> str:
     """The command that reproduces this run (the options that shape it)."""
     return shlex.join(["fornax", "parity", "--checkpoint", str(args.checkpoint), "--backend", args.backend,
                        "--stages", str(args.stages), "--device", args.device,
-                       "--decode-steps", str(args.decode_steps)])
+                       "--decode-steps", str(args.decode_steps), "--max-activations", args.max_activations])
 
 
 def _build(inspection, stages: int, backend: str, out: Path) -> tuple[Path, ...]:

@@ -46,6 +46,9 @@ def register(commands, benches) -> None:
     parity.add_argument("--kv-dtype", choices=tuple(KV_DTYPES), default="fp32",
                         help="KV element type of the stages (fp8: numpy backend only); other than fp32, also "
                              "reports the logit error against float32 KV and gates on top-1 agreement with it")
+    parity.add_argument("--max-activations", choices=("int8", "float32"), default="int8",
+                        help="a MAX stage's block-format products: int8 (MAX's packed product, activations "
+                             "quantized per 32-block) or float32 (the Mojo op: each block decoded, float32 FMA)")
     parity.add_argument("--reference", choices=("transformers", "streamed"), default="transformers",
                         help="transformers: the whole model in float32, every boundary; streamed: one decoder layer "
                              "at a time (any size), gated on the final logits' top-1 >= 0.95")
@@ -109,6 +112,7 @@ def _parity(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint, stages=args.stages, backend=args.backend, device=args.device,
         decode_steps=args.decode_steps, tolerance=args.tolerance, weights=args.weights,
         against_source=args.against_source, kv_dtype=args.kv_dtype, reference=args.reference,
+        max_activations=args.max_activations,
     )
     from libs.service.errors import FornaxError
 

@@ -102,19 +102,10 @@ def weight_dtype_for(weights: StageWeights) -> str:
     return "bfloat16" if "bf16" in formats else "float32"
 
 
-# A stage whose block formats all run the float32 Mojo op disagrees with the reference on a
-# dense layer (`small`'s llama.cpp Q4_K_M file: layer 0's output 0.54 relative, top-1 0.000 over
-# 37 positions; the op alone and MoE layers agree to 1e-7): refused until that is found.
-_REFUSED_BLOCK_ACTIVATIONS = {"float32": "float32 block activations on a whole stage are refused: a dense "
-                                         "layer's output disagrees with the reference (under investigation)"}
-
-
 def _check_block_activations(options: MaxOptions) -> None:
     if options.block_activations not in BLOCK_ACTIVATIONS:
         raise BackendUnavailableError(
             f"max block activations {options.block_activations!r} not in {BLOCK_ACTIVATIONS}")
-    if options.block_activations in _REFUSED_BLOCK_ACTIVATIONS:
-        raise BackendUnavailableError(_REFUSED_BLOCK_ACTIVATIONS[options.block_activations])
 
 
 def make_max_kernels(

@@ -40,13 +40,18 @@ def block_bytes[fmt: Int]() -> Int:
 def half_at(p: Pointer[mut=True, UInt8, _], off: Int) -> Float32:
     """The little-endian f16 at `p + off`, exactly, as float32.
 
-    Moves the exponent and mantissa into float32 position and rescales by 2^112 (the
-    exponent-bias difference), which also normalizes f16 subnormals; the sign is copied.
+    A normal f16 moves its exponent and mantissa into float32 position and rebiases the
+    exponent by 112 (the bias difference) in integer arithmetic; a subnormal one is its
+    mantissa times 2^-24. No float32 subnormal is formed on the way: the runtime may run
+    with denormals-are-zero, which made every subnormal scale 0 (a whole layer of small
+    weights, whose Q4_K scales are mostly f16 subnormals, read as zeros). The sign is copied.
     Inf and NaN are not kept (stores refuse non-finite scales before load). Much faster than
     the compiler's generic f16 conversion in this loop.
     """
     var h = UInt32(p.unsafe_load(off)) | (UInt32(p.unsafe_load(off + 1)) << 8)
-    var magnitude = bitcast[DType.float32, 1]((h & 0x7FFF) << 13) * 5.192296858534828e33
+    var normal = bitcast[DType.float32, 1](((h & 0x7FFF) << 13) + 0x38000000)
+    var subnormal = (h & 0x3FF).cast[DType.float32]() * 5.960464477539063e-08
+    var magnitude = normal if (h & 0x7C00) != 0 else subnormal
     return bitcast[DType.float32, 1](bitcast[DType.uint32, 1](magnitude) | ((h & 0x8000) << 16))
 
 

@@ -13,14 +13,3 @@ def test_a_max_stage_gets_the_requested_block_activations():
 
 def test_a_numpy_stage_takes_no_backend_options():
     assert _backend_options("numpy", ParityRequest(Path("ck"), 2, "numpy", max_activations="float32")) is None
-
-
-def test_a_whole_stage_on_float32_block_activations_is_refused_not_run():
-    import pytest
-
-    from libs.model.errors import BackendUnavailableError
-    from libs.model.max_kernels import MaxOptions, _check_block_activations
-
-    with pytest.raises(BackendUnavailableError, match="float32 block activations"):
-        _check_block_activations(MaxOptions(block_activations="float32"))
-    _check_block_activations(MaxOptions())
