@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import time
 import urllib.error
@@ -191,9 +192,14 @@ def test_a_max_fleet_serves_a_llama_quantize_q4_k_m_file_agreeing_with_its_numpy
     assert agreement >= GGUF_MAX_TOP1_MIN, (agreement, served, wanted)
     execution = model.model_extra["fornax"]["execution"]
     assert execution["stage_weights"] == ["gguf", "gguf"]
-    # what MAX has no kernel for (tiny's Q5_0, Q5_1, Q8_0) was converted at build time to no fewer
-    # bits, and every stage says so
-    assert all(any("Q5_0 wanted q5_0, held bf16" in line for line in c) for c in execution["stage_conversions"])
+    # the file's Q5_0, Q5_1 and Q8_0 products (llama.cpp's fallbacks for rows no 256-block fits)
+    # run as stored, through the Mojo op: no stage converts them (only the embeddings, which MAX
+    # reads by a gather, are held in bf16)
+    _, stored = read_gguf(str(gguf))
+    assert {"Q5_0", "Q8_0"} <= {t.gguf_type for t in stored}
+    lines = [line for c in execution["stage_conversions"] for line in c]
+    converted = [line for line in lines if re.search(r"\d+ tensors? (Q5_0|Q5_1|Q8_0) wanted", line)]
+    assert all(line.startswith("1 tensor ") and "model.embed_tokens.weight" in line for line in converted), lines
     print(f"gguf Q4_K_M on a 2-stage MAX fleet: top-1 {agreement:.3f} over {len(wanted)} positions")
 
 
