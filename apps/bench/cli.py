@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from apps.bench.block_matmul_cli import register_block_matmul
+
 if TYPE_CHECKING:
     from apps.bench.serve import BenchOptions
 
@@ -35,7 +37,7 @@ def _emit(report: dict, as_json: bool, render) -> None:
 
 def register(commands, benches) -> None:
     for add in (_register_serve, _register_gguf, _register_coldstart, _register_grammar, _register_placement,
-                _register_tls_front, _register_prefix, _register_load, _register_block_matmul):
+                _register_tls_front, _register_prefix, _register_load, register_block_matmul):
         add(benches)
 
 
@@ -112,18 +114,6 @@ def _register_coldstart(benches) -> None:
     cold.add_argument("--keep-dir", action="store_true", help="keep the temporary HOME, caches and logs")
     cold.add_argument("--json", action="store_true")
     cold.set_defaults(func=cmd_coldstart)
-
-
-def _register_block_matmul(benches) -> None:
-    bm = benches.add_parser("block-matmul", help="one linear product in one-op MAX graphs: float32 matmul, "
-                                                 "qmatmul (int8 activations) and the float32 Mojo custom op")
-    bm.add_argument("--rows", default="1,8,512", help="activation rows M, comma-separated")
-    bm.add_argument("--in-dim", type=int, default=2048, help="K")
-    bm.add_argument("--out-dim", type=int, default=5632, help="N")
-    bm.add_argument("--formats", default="q8_0,q4_k,q6_k,q4_0,q5_0,q5_1")
-    bm.add_argument("--runs", type=int, default=10, help="timed runs per cell (the minimum is reported)")
-    bm.add_argument("--json", action="store_true")
-    bm.set_defaults(func=cmd_block_matmul)
 
 
 def _register_grammar(benches) -> None:
@@ -462,30 +452,6 @@ def _mixed(args: argparse.Namespace) -> int:
         print(f"{name:<10} ITL p99 plain {report[prefix + 'itl_p99_plain_s']:.4f}s  "
               f"mixed {report[prefix + 'itl_p99_mixed_s']:.4f}s  "
               f"mixed/plain {report[prefix + 'itl_p99_mixed_vs_plain']:.2f}")
-    return 0
-
-
-def cmd_block_matmul(args: argparse.Namespace) -> int:
-    import dataclasses
-    import os
-
-    from libs.model.max_kernels import configure_max_process, default_cache_dir, max_build
-
-    cache = default_cache_dir(os.environ)
-    configure_max_process(os.environ, cache)
-    from apps.bench.block_matmul import render, run_bench
-    from libs.model.custom_kernels import gguf_matmul_package
-
-    rows = tuple(int(r) for r in args.rows.split(","))
-    cells = run_bench(rows, args.in_dim, args.out_dim, tuple(args.formats.split(",")), args.runs,
-                      gguf_matmul_package(cache, max_build()))
-    load = os.getloadavg()
-    if args.json:
-        print(json.dumps({"cells": [dataclasses.asdict(c) for c in cells], "loadavg": load}, indent=2))
-    else:
-        print(f"[M, {args.in_dim}] x [{args.in_dim}, {args.out_dim}], min of {args.runs} runs; "
-              f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-        print(render(cells))
     return 0
 
 

@@ -27,6 +27,11 @@ def register(commands, benches) -> None:
     tok.add_argument("--out", type=Path, default=None, help="output dir (default: the committed assets)")
     tok.set_defaults(func=_build_tokenizer)
 
+    _register_parity(commands)
+    _register_bench_stage(benches)
+
+
+def _register_parity(commands) -> None:
     parity = commands.add_parser("parity", help="check stage execution against Hugging Face transformers (a GGUF: "
                                                 "against numpy stages over the file's own weights; --served: the "
                                                 "running fleet against the layer-streamed reference)")
@@ -56,6 +61,8 @@ def register(commands, benches) -> None:
     served_parity.add_arguments(parity)
     parity.set_defaults(func=_parity)
 
+
+def _register_bench_stage(benches) -> None:
     bench = benches.add_parser("stage", help="per-layer prefill/decode latency: numpy, max, transformers")
     bench.add_argument("--checkpoint", type=Path, default=None, help="default: a generated small-preset dir")
     bench.add_argument("--backends", default="numpy,max,transformers")
