@@ -17,11 +17,13 @@ groups are disjoint. Every figure here is a prediction of the cost model, never 
   single-route model's (bottleneck stage at the route's rows per microbatch, per-hop wire terms,
   pipeline fill when its share is small). Fewer sequences than routes: `CONCURRENCY_BELOW_ROUTES`.
 - Aggregate: the sum of the routes' predicted decode tokens/s.
-- Choice: the highest aggregate, unless a layout with fewer routes lies within the spread of it:
-  its fastest prediction (profiles at their fastest runs, `stability.LOW` times) reaches the best
-  layout's slowest (`stability.HIGH` times). Then the fewest routes win (simpler: fewer copies of
-  the weights, fewer processes); declared figures have no spread, so only an equal prediction
-  (within TIE_TOLERANCE) counts as a tie.
+- Choice: the highest aggregate, unless a layout with fewer routes lies within the spread of it,
+  by the rule single-route placements tie by (`stability.within_spread`): each one's median
+  aggregate lies inside the other's band (profiles at their fastest runs, `stability.LOW` times,
+  to their slowest, `stability.HIGH` times). Then the fewest routes win (simpler: fewer copies of
+  the weights, fewer processes). Mere overlap of the bands is not a tie: one slow run stretches a
+  band far past its median. Declared figures have no spread, so only an equal prediction (within
+  TIE_TOLERANCE) counts as a tie.
 """
 
 from __future__ import annotations
@@ -209,13 +211,20 @@ def choose_layout(candidates: Sequence[d.LayoutCandidate]) -> d.RouteChoice:
     """The rule of the module docstring over labelled predictions; at least one is feasible."""
     feasible = [i for i, c in enumerate(candidates) if c.feasible]
     best = max(feasible, key=lambda i: (candidates[i].tokens_per_s, -candidates[i].routes, -i))
-    floor = candidates[best].band_tokens_per_s[0] * (1 - TIE_TOLERANCE)
-    within = [i for i in feasible if candidates[i].band_tokens_per_s[1] >= floor]
+    within = [i for i in feasible if ties(candidates[i], candidates[best])]
     pick = min(within, key=lambda i: (candidates[i].routes, -candidates[i].tokens_per_s, i))
     rule = FASTEST if candidates[pick].routes == candidates[best].routes else FEWER_WITHIN_SPREAD
     if rule == FASTEST:
         pick = best
     return d.RouteChoice(rule, pick, tuple(candidates), explanation(candidates, pick, best, rule))
+
+
+def ties(candidate: d.LayoutCandidate, best: d.LayoutCandidate) -> bool:
+    """Whether `candidate` lies within the measured spread of `best`: each one's median predicted
+    tokens/s inside the other's (slowest, fastest) band."""
+    slowest, fastest = candidate.band_tokens_per_s
+    return (candidate.tokens_per_s >= best.band_tokens_per_s[0] * (1 - TIE_TOLERANCE)
+            and best.tokens_per_s <= fastest * (1 + TIE_TOLERANCE) and slowest <= fastest)
 
 
 def choose(layouts: Sequence[_Layout]) -> d.PlanResult:

@@ -138,7 +138,8 @@ def test_proportional_shares_follow_the_weights():
 @pytest.mark.parametrize(("spread", "routes", "rule"), [
     (0.0, 2, replicas.FASTEST),  # runs that agree exactly: the faster layout counts
     (0.05, 2, replicas.FASTEST),  # faster beyond the spread still wins
-    (0.3, 1, replicas.FEWER_WITHIN_SPREAD),  # within the measured spread: fewer routes
+    (0.3, 2, replicas.FASTEST),  # the bands overlap, but one route's median is below two's band
+    (0.8, 1, replicas.FEWER_WITHIN_SPREAD),  # each median within the other's band: fewer routes
 ])
 def test_profiles_spread_decides_between_one_and_two_routes(spread, routes, rule):
     from dataclasses import replace as with_
@@ -157,3 +158,15 @@ def test_profiles_spread_decides_between_one_and_two_routes(spread, routes, rule
     assert (one.band_tokens_per_s[1] - one.band_tokens_per_s[0] > 0) == (spread > 0)
     assert choice.candidates[choice.chosen].routes == routes and choice.rule == rule
     assert len(result.routes) == routes and result.plan.from_profiles
+
+
+def test_overlapping_bands_are_not_a_tie_unless_each_median_lies_in_the_other():
+    # one slow run stretched the two-route band down to 40, so the bands overlap; but two routes'
+    # median (105) lies far outside one route's band (45..60): the faster layout stands
+    one, two = _layout(1, 50.0, (45.0, 60.0)), _layout(2, 105.0, (40.0, 112.0))
+    choice = replicas.choose_layout([one, two])
+    assert choice.candidates[choice.chosen].routes == 2 and choice.rule == replicas.FASTEST
+    # the same two-route figures with one route's band reaching its median: a tie
+    wide = _layout(1, 50.0, (45.0, 106.0))
+    choice = replicas.choose_layout([wide, two])
+    assert choice.candidates[choice.chosen].routes == 1 and choice.rule == replicas.FEWER_WITHIN_SPREAD
