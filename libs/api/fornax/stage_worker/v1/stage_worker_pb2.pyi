@@ -88,7 +88,7 @@ class GetCapabilitiesResponse(_message.Message):
     def __init__(self, backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., backend_build: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., supported_dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., supported_operations: _Optional[_Iterable[str]] = ..., fnx2_versions: _Optional[_Iterable[str]] = ..., data_plane_address: _Optional[str] = ..., stage_index: _Optional[int] = ..., worker_build: _Optional[str] = ..., data_plane_host: _Optional[str] = ..., identity: _Optional[str] = ..., weight_formats: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StageSpec(_message.Message):
-    __slots__ = ("stage_index", "stage_count", "layer_range", "plan", "checkpoint_dir", "artifact_dir", "manifest_hash", "backend", "boundary_dtype", "next_hop_address", "kv_limit_bytes", "output_mode", "device", "next_hop_manifest_hash", "artifact_source_address", "input_boundary_dtype", "previous_hop_identity", "next_hop_identity", "kv_dtype")
+    __slots__ = ("stage_index", "stage_count", "layer_range", "plan", "checkpoint_dir", "artifact_dir", "manifest_hash", "backend", "boundary_dtype", "next_hop_address", "kv_limit_bytes", "output_mode", "device", "next_hop_manifest_hash", "artifact_source_address", "input_boundary_dtype", "previous_hop_identity", "next_hop_identity", "kv_dtype", "max_activations")
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     STAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
     LAYER_RANGE_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,7 @@ class StageSpec(_message.Message):
     PREVIOUS_HOP_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     NEXT_HOP_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
     stage_index: int
     stage_count: int
     layer_range: _common_pb2.LayerRange
@@ -127,7 +128,8 @@ class StageSpec(_message.Message):
     previous_hop_identity: str
     next_hop_identity: str
     kv_dtype: str
-    def __init__(self, stage_index: _Optional[int] = ..., stage_count: _Optional[int] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., artifact_dir: _Optional[str] = ..., manifest_hash: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., next_hop_address: _Optional[str] = ..., kv_limit_bytes: _Optional[int] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., device: _Optional[str] = ..., next_hop_manifest_hash: _Optional[str] = ..., artifact_source_address: _Optional[str] = ..., input_boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., previous_hop_identity: _Optional[str] = ..., next_hop_identity: _Optional[str] = ..., kv_dtype: _Optional[str] = ...) -> None: ...
+    max_activations: str
+    def __init__(self, stage_index: _Optional[int] = ..., stage_count: _Optional[int] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., artifact_dir: _Optional[str] = ..., manifest_hash: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., next_hop_address: _Optional[str] = ..., kv_limit_bytes: _Optional[int] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., device: _Optional[str] = ..., next_hop_manifest_hash: _Optional[str] = ..., artifact_source_address: _Optional[str] = ..., input_boundary_dtype: _Optional[_Union[_common_pb2.ElementType, str]] = ..., previous_hop_identity: _Optional[str] = ..., next_hop_identity: _Optional[str] = ..., kv_dtype: _Optional[str] = ..., max_activations: _Optional[str] = ...) -> None: ...
 
 class LoadStageRequest(_message.Message):
     __slots__ = ("request_id", "spec")
@@ -138,7 +140,7 @@ class LoadStageRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., spec: _Optional[_Union[StageSpec, _Mapping]] = ...) -> None: ...
 
 class LoadStageResponse(_message.Message):
-    __slots__ = ("state", "manifest_hash", "data_plane_address", "input", "output", "weight_bytes", "load_time", "kv_dtype", "kv_block_tokens")
+    __slots__ = ("state", "manifest_hash", "data_plane_address", "input", "output", "weight_bytes", "load_time", "kv_dtype", "kv_block_tokens", "max_activations")
     STATE_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +150,7 @@ class LoadStageResponse(_message.Message):
     LOAD_TIME_FIELD_NUMBER: _ClassVar[int]
     KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
     state: StageState
     manifest_hash: str
     data_plane_address: str
@@ -157,7 +160,8 @@ class LoadStageResponse(_message.Message):
     load_time: _common_pb2.Figure
     kv_dtype: str
     kv_block_tokens: int
-    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., manifest_hash: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., input: _Optional[_Union[_common_pb2.BoundaryContract, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.BoundaryContract, _Mapping]] = ..., weight_bytes: _Optional[int] = ..., load_time: _Optional[_Union[_common_pb2.Figure, _Mapping]] = ..., kv_dtype: _Optional[str] = ..., kv_block_tokens: _Optional[int] = ...) -> None: ...
+    max_activations: str
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., manifest_hash: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., input: _Optional[_Union[_common_pb2.BoundaryContract, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.BoundaryContract, _Mapping]] = ..., weight_bytes: _Optional[int] = ..., load_time: _Optional[_Union[_common_pb2.Figure, _Mapping]] = ..., kv_dtype: _Optional[str] = ..., kv_block_tokens: _Optional[int] = ..., max_activations: _Optional[str] = ...) -> None: ...
 
 class GetHealthRequest(_message.Message):
     __slots__ = ("plan_generation_id",)
