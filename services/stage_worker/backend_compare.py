@@ -144,7 +144,8 @@ class DecodeStepComparer:
             from libs.model.max_kernels import MaxOptions
             from services.stage_worker.runtime import _compile_progress
 
-            options = MaxOptions(device=self._cfg.device, progress=_compile_progress)
+            options = MaxOptions(device=self._cfg.device, block_activations=self._cfg.max_activations,
+                                 progress=_compile_progress)
         directory, start, end = await self._source(request)
         runtime = self._runtime()
         loop = asyncio.get_running_loop()

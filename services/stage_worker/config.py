@@ -11,6 +11,7 @@ from pathlib import Path
 from libs.common.kinds import Backend
 from libs.model.errors import ConfigError
 from libs.model.kv_blocks import KV_DTYPES, require_kv_backend
+from libs.model.max_kernels import BLOCK_ACTIVATIONS
 from libs.security.paths import parse_roots
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config
@@ -41,6 +42,10 @@ class StageWorkerConfig:
     # Element type of the KV store: fp32 (reference), bf16 (half the bytes per token) or fp8
     # (e4m3 latent with per-block scales, rope key bf16; numpy backend only).
     kv_dtype: str = "fp32"
+    # Activations of a MAX stage's block-format weight products (`MaxOptions.block_activations`):
+    # int8 (MAX's packed product) or float32 (each block decoded; exact to the dequantized
+    # product, slower). A stage spec may set its own; a numpy worker takes only the default.
+    max_activations: str = "int8"
     # Host other stages and the orchestrator use to reach this worker's FNX2 listener when the
     # bind host is a wildcard (e.g. a pod's stable DNS name); empty = the bind host.
     advertise_host: str = ""
@@ -80,6 +85,8 @@ class StageWorkerConfig:
             kv_limit_fit=kv_fit,
             kv_limit_bytes=kv_bytes,
             kv_dtype=_kv_dtype(pick(args.kv_dtype, env, "FORNAX_KV_DTYPE", cls.kv_dtype), backend),
+            max_activations=_max_activations(
+                pick(args.max_activations, env, "FORNAX_MAX_ACTIVATIONS", cls.max_activations), backend),
             advertise_host=pick(args.advertise_host, env, "FORNAX_ADVERTISE_HOST", ""),
             state_dir=pick(args.state_dir, env, "FORNAX_STATE_DIR", f".fornax/stage_worker_{stage_index}"),
             cpu_affinity=pick(args.cpu_affinity, env, "FORNAX_CPU_AFFINITY", (), parse_cpu_set),
@@ -106,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-dtype", choices=tuple(KV_DTYPES),
                         help="KV store element type, fp32, bf16 or fp8 (numpy backend only) "
                              "(env FORNAX_KV_DTYPE)")
+    parser.add_argument("--max-activations", choices=BLOCK_ACTIVATIONS,
+                        help="activations of a MAX stage's block-format weight products: int8 (default) or "
+                             "float32 (exact to the dequantized product, slower) (env FORNAX_MAX_ACTIVATIONS)")
     parser.add_argument("--advertise-host", help="host peers dial for FNX2 (env FORNAX_ADVERTISE_HOST)")
     parser.add_argument("--state-dir", help="private state: fetched artifacts (env FORNAX_STATE_DIR)")
     parser.add_argument(
@@ -131,4 +141,15 @@ def _kv_dtype(value: str, backend: str) -> str:
         require_kv_backend(value, backend, field="FORNAX_KV_DTYPE")
     except ConfigError as exc:
         raise SystemExit(str(exc)) from exc
+    return value
+
+
+def _max_activations(value: str, backend: str) -> str:
+    """A value the MAX backend knows; a numpy worker has no block-format activations to set."""
+    if value not in BLOCK_ACTIVATIONS:
+        raise SystemExit(f"MAX_ACTIVATIONS_UNSUPPORTED: max activations {value!r}; expected one of "
+                         f"{', '.join(BLOCK_ACTIVATIONS)}")
+    if value != "int8" and backend != Backend.MAX.value:
+        raise SystemExit(f"MAX_ACTIVATIONS_BACKEND: max activations {value!r} need the max backend; this "
+                         f"worker runs {backend!r}")
     return value

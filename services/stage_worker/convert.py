@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
-from libs.common.kinds import DType
+from libs.common.kinds import Backend, DType
 from libs.common.proto import backend_from_pb, dtype_from_pb
 from libs.fnx2.wire.admission import Admission, OutputMode, f32_value
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, blocks_for, prefix_chain
@@ -14,7 +14,13 @@ from libs.service.errors import InvalidArgument
 from libs.structured.spec import GrammarSpec
 from services.stage_worker.lifecycle import StageState
 from services.stage_worker.phase_totals import Phase, PhaseTotals
-from services.stage_worker.runtime import HealthSnapshot, LoadSpec, PlanBinding, SequenceAdmission
+from services.stage_worker.runtime import (
+    HealthSnapshot,
+    LoadSpec,
+    PlanBinding,
+    SequenceAdmission,
+    check_max_activations,
+)
 from services.stage_worker.service_times import ServiceTimes
 
 STATE_TO_PB = {
@@ -76,6 +82,7 @@ def load_spec_from_pb(request: pb.LoadStageRequest) -> LoadSpec:
         previous_hop_identity=spec.previous_hop_identity or None,
         next_hop_identity=spec.next_hop_identity or None,
         kv_dtype=_kv_dtype(spec.kv_dtype),
+        max_activations=_max_activations(spec.max_activations, backend),
     )
 
 
@@ -83,6 +90,11 @@ def _kv_dtype(value: str) -> str | None:
     if value and value not in KV_DTYPES:
         raise InvalidArgument(f"KV dtype {value!r} is not one of {', '.join(KV_DTYPES)}", reason="KV_DTYPE",
                               field="spec.kv_dtype")
+    return value or None
+
+
+def _max_activations(value: str, backend: Backend) -> str | None:
+    check_max_activations(value, backend)  # MAX_ACTIVATIONS_UNSUPPORTED / MAX_ACTIVATIONS_BACKEND
     return value or None
 
 

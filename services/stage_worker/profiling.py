@@ -295,7 +295,8 @@ class Profiler:
         if self._cfg.backend.value == "max":
             from libs.model.max_kernels import MaxOptions
 
-            options = MaxOptions(device=self._cfg.device, progress=_compile_progress)
+            options = MaxOptions(device=self._cfg.device, block_activations=self._cfg.max_activations,
+                                 progress=_compile_progress)
         loop = asyncio.get_running_loop()
         try:
             measured_sources = await loop.run_in_executor(

@@ -27,6 +27,7 @@ from libs.model.executor import StageSpec as ExecutorSpec
 from libs.model.kernels import make_kernels
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, PoolStats, require_kv_backend
 from libs.model.kv_store import KvLayout
+from libs.model.max_kernels import BLOCK_ACTIVATIONS
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.channels import ChannelConfig
@@ -74,6 +75,8 @@ class LoadSpec:
     next_hop_identity: str | None = None
     # KV element type (libs.model.kv_store.KV_DTYPES); None = the worker's --kv-dtype.
     kv_dtype: str | None = None
+    # A MAX stage's block-format activations (BLOCK_ACTIVATIONS); None = the worker's --max-activations.
+    max_activations: str | None = None
 
     @property
     def input_dtype(self) -> DType:
@@ -146,6 +149,8 @@ class LoadedStage:
     decoding: DecodingTable | None = None
     # KV limit mode "fit": how the KV budget was derived from the host's memory (None: fixed).
     kv_fit: KvFit | None = None
+    # The block-format activations the stage's MAX graphs run ("" on other backends).
+    max_activations: str = ""
 
 
 def _compile_progress(message: str) -> None:
@@ -187,6 +192,19 @@ def _grammar_vocabulary(source: str, config: DeepseekV2Config) -> GrammarVocabul
     return GrammarVocabulary(path.read_text(encoding="utf-8"), config.vocab_size)
 
 
+def check_max_activations(value: str | None, backend: Backend) -> None:
+    """A stage's block-format activations: a value MAX knows, and only on a MAX stage (a numpy
+    stage has no such products: the value is refused, never ignored)."""
+    if not value:
+        return
+    if value not in BLOCK_ACTIVATIONS:
+        raise InvalidArgument(f"max activations {value!r} are not one of {', '.join(BLOCK_ACTIVATIONS)}",
+                              reason="MAX_ACTIVATIONS_UNSUPPORTED", field="spec.max_activations")
+    if backend != Backend.MAX:
+        raise InvalidArgument(f"max activations {value!r} apply only to a max stage; this stage runs {backend}",
+                              reason="MAX_ACTIVATIONS_BACKEND", field="spec.max_activations")
+
+
 def _check_boundary_contract(spec: LoadSpec, manifest) -> None:
     """The hops' dtypes are part of the stage contract the artifact was built for."""
     expected = [(manifest.boundary_input, spec.input_dtype, not spec.first),
@@ -202,8 +220,11 @@ class StageRuntime:
     def __init__(self, backend: Backend, device: str, default_kv_limit_bytes: int,
                  artifact_cache_dir: str | None = None, fetch_channel: ChannelConfig = ChannelConfig(),
                  device_thread: ThreadPoolExecutor | None = None, phase_totals: PhaseTotals | None = None,
-                 kv_dtype: str = "fp32", kv_fit: Callable[[], HostMemory] | None = None):
+                 kv_dtype: str = "fp32", kv_fit: Callable[[], HostMemory] | None = None,
+                 max_activations: str = "int8"):
         self.backend = backend
+        # Block-format activations of this worker's MAX stages (--max-activations).
+        self.max_activations = max_activations
         # KV limit mode "fit": the host's memory facts, read after the weights load; the
         # budget is what they leave (default_kv_limit_bytes, or the spec's, then caps it; 0 = none).
         self.kv_fit = kv_fit
@@ -287,6 +308,7 @@ class StageRuntime:
         # Before any weights load or graphs compile: a backend that cannot hold the KV dtype
         # refuses it (KV_DTYPE_BACKEND), never falls back to another dtype.
         require_kv_backend(spec.kv_dtype or self.kv_dtype, str(spec.backend), field="spec.kv_dtype")
+        check_max_activations(spec.max_activations, spec.backend)
         if spec.device != self.device:
             raise FailedPrecondition(
                 f"this worker runs on {self.device!r}; the stage asks for {spec.device!r}",
@@ -339,14 +361,21 @@ class StageRuntime:
         weight_bytes = sum(p.stat().st_size for p in Path(source).glob("*.safetensors"))
         decoding = DecodingTable(config.vocab_size, _grammar_vocabulary(source, config)) if spec.last else None
         return LoadedStage(spec, config, executor, manifest_hash, weight_bytes, time.perf_counter() - started,
-                           decoding=decoding, kv_fit=fitted)
+                           decoding=decoding, kv_fit=fitted, max_activations=self.activations_of(spec))
+
+    def activations_of(self, spec: LoadSpec) -> str:
+        """The block-format activations `spec` runs: its own, else this worker's; "" off MAX."""
+        if spec.backend != Backend.MAX:
+            return ""
+        return spec.max_activations or self.max_activations
 
     def _backend_options(self, spec: LoadSpec) -> object | None:
         if spec.backend != Backend.MAX:
             return None
         from libs.model.max_kernels import MaxOptions
 
-        return MaxOptions(device=spec.device, progress=_compile_progress)
+        return MaxOptions(device=spec.device, block_activations=self.activations_of(spec),
+                          progress=_compile_progress)
 
     def _resolve_source(self, spec: LoadSpec) -> tuple[str, str]:
         if spec.checkpoint_dir:

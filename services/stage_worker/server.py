@@ -125,6 +125,7 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
             weight_bytes=stage.weight_bytes,
             kv_dtype=stage.executor.kv.layout.dtype,
             kv_block_tokens=stage.executor.kv.block_tokens,
+            max_activations=stage.max_activations,
             load_time=common_pb2.Figure(
                 name="stage_load_time",
                 value=stage.load_seconds,
@@ -238,6 +239,7 @@ async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
                             artifact_cache_dir=str(Path(cfg.state_dir) / "artifact_cache"),
                             fetch_channel=cfg.server.client_channel(), device_thread=device_thread,
                             phase_totals=phase_totals, kv_dtype=cfg.kv_dtype,
+                            max_activations=cfg.max_activations,
                             kv_fit=measure_host_memory if cfg.kv_limit_fit else None)
 
     tls = data_plane_tls(cfg)
