@@ -55,6 +55,10 @@ def register(commands, benches) -> None:
     up.add_argument("--weights", choices=POLICIES, default=None,
                     help="weight policy of every stage: fp32 (default), bf16, q8_0 or q4_k_m; with --fleet, "
                          "every host whose `weights:` the file does not set")
+    up.add_argument("--max-activations", choices=("int8", "float32"), default=None,
+                    help="activations of the MAX stages' block-format weight products: int8 (default, MAX's "
+                         "packed product) or float32 (exact to the dequantized product, slower); with --fleet, "
+                         "every MAX host whose `max_activations:` the file does not set")
     up.add_argument("--fleet", help="fleet file: each host its own network namespace, cgroup and link (needs root)")
     up.add_argument("--checkpoint", help="checkpoint directory, or a deepseek2 .gguf file, to serve")
     _add_route_options(up)
@@ -115,6 +119,9 @@ def _validate_up(args: argparse.Namespace) -> str | None:
         return f"BAD_ROUTE_COUNT: --routes takes auto or a count >= 1, got {args.routes!r}"
     if not args.rejoin_timeout_s >= 0:  # also refuses nan
         return f"--rejoin-timeout takes seconds >= 0 (0 = never), got {args.rejoin_timeout_s:g}"
+    if args.max_activations and not args.fleet and args.backend != "max":
+        return ("MAX_ACTIVATIONS_BACKEND: --max-activations sets the block-format activations of MAX stages; "
+                f"--backend {args.backend or 'numpy'} runs none")
     if args.stages is not None and not 1 <= args.stages <= 16:
         return f"--stages must be between 1 and 16, got {args.stages}"
     if args.checkpoint and _is_gguf(args.checkpoint):
@@ -224,6 +231,9 @@ def _fleet_spec(args: argparse.Namespace) -> FleetSpec | None:
         gguf_problem = _gguf_fleet_refusal(args, spec) if args.checkpoint and _is_gguf(args.checkpoint) else None
         if gguf_problem:
             raise _UpRefused(gguf_problem)
+        if args.max_activations and not any(h.backend is Backend.MAX for h in spec.stage_hosts):
+            raise _UpRefused(f"MAX_ACTIVATIONS_BACKEND: --max-activations sets MAX stages; {args.fleet} has "
+                             "no max stage host")
         require_isolation(spec)
     except FleetFileError as exc:
         raise _UpRefused(f"fleet file {args.fleet}: {exc}") from exc
@@ -288,7 +298,7 @@ def _up_argv(args: argparse.Namespace) -> list[str]:
             "--startup-timeout-s", str(args.startup_timeout_s), "--install-timeout-s", str(args.install_timeout_s)]
     for flag, value in (("--stages", args.stages), ("--backend", args.backend),
                         ("--boundary-dtype", args.boundary_dtype), ("--http-port", args.http_port),
-                        ("--weights", args.weights)):
+                        ("--weights", args.weights), ("--max-activations", args.max_activations)):
         if value is not None:
             argv += [flag, str(value)]
     for flag, path in (("--fleet", args.fleet), ("--checkpoint", args.checkpoint)):
@@ -314,6 +324,7 @@ def _options(args: argparse.Namespace) -> FleetOptions:
         backend=args.backend or "numpy",
         boundary_dtype=args.boundary_dtype or "bf16",
         weights=args.weights or "fp32",
+        max_activations=args.max_activations or "",
         checkpoint=args.checkpoint,
         http_port=args.http_port,
         api_key=os.environ.get("FORNAX_API_KEY") or None,

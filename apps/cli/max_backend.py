@@ -19,6 +19,9 @@ def register(commands, benches) -> None:  # noqa: ARG001  (no benches here)
     warm.add_argument("--weights", default="fp32", choices=("fp32", "bf16", "q8_0", "q4_k_m"),
                       help="weight policy of the MAX stages: also compiles each graph variant its block formats "
                            "need (and sets the float dtype it implies)")
+    warm.add_argument("--max-activations", default="int8", choices=("int8", "float32"),
+                      help="the stages' block-format activations (a stage worker's --max-activations): the "
+                           "graphs differ by mode, so warm the mode the route runs")
     warm.add_argument("--cache-dir", type=Path, default=None,
                       help="default: $FORNAX_COMPILE_CACHE_DIR or ~/.cache/fornax/max")
     warm.add_argument("--json", action="store_true")
@@ -49,7 +52,9 @@ def _warmup(args: argparse.Namespace) -> int:
         bars[0].update(done, f"compiling {kind}" if kind else "done")
 
     try:
-        seconds = warm_compile_cache(cfg, MaxOptions(device=args.device, weight_dtype=args.weight_dtype),
+        options = MaxOptions(device=args.device, weight_dtype=args.weight_dtype,
+                             block_activations=args.max_activations)
+        seconds = warm_compile_cache(cfg, options,
                                      on_graph, checkpoint_graph_variants(args.checkpoint, cfg, args.weights))
     finally:
         for bar in bars:
@@ -61,6 +66,7 @@ def _warmup(args: argparse.Namespace) -> int:
         "device": args.device,
         "weight_dtype": args.weight_dtype,
         "weights_policy": args.weights,
+        "max_activations": args.max_activations,
         "cache_dir": str(cache_dir),
         "checkpoint": str(args.checkpoint),
         "seconds_per_graph": seconds,

@@ -31,7 +31,8 @@ def fetch_board(state: FleetState) -> dict | None:
     if board is None and not weights:
         return None
     return {**(board or {}), "stage_weights": weights or [],
-            "stage_conversions": execution.get("stage_conversions") or []}
+            "stage_conversions": execution.get("stage_conversions") or [],
+            "stage_max_activations": execution.get("stage_max_activations") or []}
 
 
 def render_board(board: dict | None) -> list[str]:
@@ -49,8 +50,7 @@ def render_board(board: dict | None) -> list[str]:
     if board.get("failure"):
         lines.append(f"  NOT ON {(wanted or EACH_HOSTS_OWN).upper()}: {board['failure']}")
     if board.get("stage_weights"):
-        lines.append("weights: " + ", ".join(f"stage {i} {policy}" for i, policy in enumerate(board["stage_weights"]))
-                     + " (each stage's verified manifest)")
+        lines.append(weights_line(board["stage_weights"], board.get("stage_max_activations") or []))
     for index, conversions in enumerate(board.get("stage_conversions") or []):
         lines.extend(f"  stage {index} converted at build: {line}" for line in conversions)
     lines += render_choice(board.get("choice"))
@@ -62,6 +62,16 @@ def render_board(board: dict | None) -> list[str]:
             lines.append(f"  compiled {graph['graph']} in {graph['compile_seconds']:.1f} s "
                          f"(physical, this host, low priority)")
     return lines
+
+
+def weights_line(weights: list[str], activations: list[str]) -> str:
+    """Each stage's weight format, and beside it the block-format activations its MAX stage runs."""
+    def stage(index: int, policy: str) -> str:
+        mode = activations[index] if index < len(activations) else ""
+        return f"stage {index} {policy}" + (f" (max activations {mode})" if mode else "")
+
+    return ("weights: " + ", ".join(stage(i, policy) for i, policy in enumerate(weights))
+            + " (each stage's verified manifest)")
 
 
 def render_choice(choice: dict | None) -> list[str]:

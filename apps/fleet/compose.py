@@ -40,9 +40,11 @@ def _orchestrator_env(options: FleetOptions, entries: dict[str, ServiceEntry]) -
         boundary_dtype=parse_setting(RouteSettings, "boundary_dtype", options.boundary_dtype),
         backend=parse_setting(RouteSettings, "backend", options.backend),
         state_dir=str(options.state_dir / "orchestrator"),
+        # The background compile compiles the graphs of the mode the stage workers run.
+        worker_max_activations=(options.max_activations,) * options.stages if options.max_activations else (),
     )
     fleet = route.to_env("planner_addr", "registry_addr", "artifact_builder_addr", "stage_workers",
-                         "boundary_dtype", "backend", "state_dir")
+                         "boundary_dtype", "backend", "state_dir", "worker_max_activations")
     return fleet | orchestrator_options_env(options)
 
 
@@ -124,6 +126,7 @@ def _spawn_middle(launcher: Launcher, options: FleetOptions, registry_addr: str,
             "FORNAX_STATE_DIR": str(options.state_dir / f"stage_worker_{index}"),
             # Stages load only the artifacts the builder wrote.
             "FORNAX_READ_ROOTS": str(options.state_dir / "artifacts"),
+            **({"FORNAX_MAX_ACTIVATIONS": options.max_activations} if options.max_activations else {}),
         }
         middle.append(
             launcher.spawn(

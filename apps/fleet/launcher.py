@@ -36,6 +36,9 @@ class FleetOptions:
     boundary_dtype: str = "bf16"
     # The weight policy of every stage (libs.weights.policy); a fleet file's hosts may override it.
     weights: str = "fp32"
+    # Block-format activations of every MAX stage (a stage worker's --max-activations); a fleet
+    # file's MAX hosts may override it. "" = each worker's default (int8).
+    max_activations: str = ""
     checkpoint: str | None = None
     http_port: int | None = None
     api_key: str | None = None

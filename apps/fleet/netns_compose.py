@@ -19,8 +19,8 @@ from apps.fleet.fleet_reference_inputs import REFERENCE_KV_LIMIT_BYTES
 from apps.fleet.launcher import FleetOptions, Launcher, LaunchError, ServiceProcess, builder_read_roots
 from apps.fleet.netns_plan import HostPlan, NetnsPlan, host_command
 from apps.fleet.reference import REFERENCE_BACKEND, reference_name
-from apps.fleet.spec import FleetSpec
-from libs.common.kinds import DType
+from apps.fleet.spec import FleetSpec, HostSpec
+from libs.common.kinds import Backend, DType
 from libs.security.store import CertStore
 from libs.service.affinity import THREAD_VARIABLES
 from libs.service.env_settings import parse_setting
@@ -65,6 +65,8 @@ def worker_process(options: FleetOptions, host: HostPlan, index: int, reference:
     the same host (namespace, cgroup, memory limit) and admitted the same way."""
     device = host.spec.device
     name = reference_name(index) if reference else f"stage_worker_{index}"
+    # A MAX host's block-format activations (a reference worker runs numpy: none).
+    activations = "" if reference else host_max_activations(options, host.spec)
     env = {
         **_control_env(options, host),
         "FORNAX_STAGE_INDEX": str(index),
@@ -79,8 +81,17 @@ def worker_process(options: FleetOptions, host: HostPlan, index: int, reference:
         "FORNAX_STATE_DIR": str(_private_dir(options, host, name)),
         **({"FORNAX_READ_ROOTS": os.pathsep.join(str(Path(r).resolve()) for r in options.stage_read_roots)}
            if options.stage_read_roots else {}),
+        **({"FORNAX_MAX_ACTIVATIONS": activations} if activations else {}),
     }
     return _process(host, name, "stage_worker", env)
+
+
+def host_max_activations(options: FleetOptions, host: HostSpec) -> str:
+    """The block-format activations a host's MAX stage runs: the file's, else `--max-activations`;
+    "" on a numpy host, or where neither sets one (the worker's default, int8)."""
+    if host.backend is not Backend.MAX:
+        return ""
+    return host.max_activations or options.max_activations
 
 
 def reference_addresses(entries: dict[str, ServiceEntry], stages: int) -> tuple[str, ...]:
@@ -103,6 +114,8 @@ def _orchestrator_env(options: FleetOptions, spec: FleetSpec, entries: dict[str,
         stage_workers=tuple(workers),
         worker_weights=tuple(parse_setting(RouteSettings, "weights_policy", h.weights or options.weights)
                              for h in spec.stage_hosts),
+        # What each host's MAX stage runs, so the background compile compiles those graphs.
+        worker_max_activations=tuple(host_max_activations(options, h) or "int8" for h in spec.stage_hosts),
         boundary_dtype=(spec.hop_dtypes or (DType.FP32,))[0],
         hop_boundary_dtypes=tuple(spec.hop_dtypes),
         backend=None,  # each stage runs its own host's backend
@@ -115,6 +128,7 @@ def _orchestrator_env(options: FleetOptions, spec: FleetSpec, entries: dict[str,
     env = {
         **_control_env(options, control),
         **route.to_env("planner_addr", "registry_addr", "artifact_builder_addr", "stage_workers", "worker_weights",
+                       "worker_max_activations",
                        "boundary_dtype", "hop_boundary_dtypes", "backend", "state_dir", "route_groups",
                        *(("reference_stage_workers",) if route.reference_stage_workers else ())),
     }

@@ -44,6 +44,9 @@ class HostSpec:
     clock_offset_s: int = 0
     # The weight policy this host's stage is built in; None: the fleet's (--weights).
     weights: str | None = None
+    # Block-format activations of this host's MAX stage (int8 or float32); None: the fleet's
+    # (--max-activations), else the worker's default, int8. Only on a max host.
+    max_activations: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,12 +85,15 @@ def _host(raw: dict, index: int) -> HostSpec:
     memory = _quantity(raw["memory_limit"], "bytes", f"{where}.memory_limit")
     if rate_bytes <= 0 or memory < 64 * 2**20:
         raise FleetFileError(f"{where}: link rate must be > 0 and memory_limit at least 64MiB")
+    if raw.get("max_activations") is not None and raw["backend"] != Backend.MAX.value:
+        raise FleetFileError(f"{where}.max_activations: sets a max stage's block-format activations; "
+                             f"this host runs {raw['backend']} (MAX_ACTIVATIONS_BACKEND)")
     return HostSpec(
         name=raw["name"], backend=Backend(raw["backend"]), device=raw.get("device", "cpu"),
         cpu_cores=float(raw["cpu_cores"]), memory_limit_bytes=int(memory),
         link=LinkSpec(rate_bits_per_s=int(rate_bytes * 8), delay_ns=int(delay_ns)),
         stage_worker=bool(raw.get("stage_worker", True)), clock_offset_s=int(raw.get("clock_offset_s", 0)),
-        weights=raw.get("weights"),
+        weights=raw.get("weights"), max_activations=raw.get("max_activations"),
     )
 
 

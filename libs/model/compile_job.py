@@ -1,6 +1,7 @@
 """One background MAX graph compile, as its own low-priority process.
 
-`python -m libs.model.compile_job --checkpoint DIR --graph dense_layer --cache-dir D [--cpus 0-1]`
+`python -m libs.model.compile_job --checkpoint DIR --graph dense_layer --cache-dir D [--cpus 0-1]
+[--activations int8,float32]`
 
 The process first pins itself to the given CPUs (the stage's share) and drops its priority
 (nice 19, or SCHED_IDLE with `--priority idle`), so a stage serving on the same CPUs keeps
@@ -55,10 +56,11 @@ def lower_priority(cpus: tuple[int, ...], priority: Priority) -> str:
 
 
 def compile_graph(checkpoint: Path, name: GraphName, cache_dir: Path, device: str,
-                  weight_dtype: str, weights_policy: str = "fp32") -> tuple[GraphTarget, float]:
+                  weight_dtype: str, weights_policy: str = "fp32",
+                  activations: tuple[str, ...] = ("int8",)) -> tuple[GraphTarget, float]:
     """Compile the graph kind `name` in every variant a MAX stage holding `weights_policy` (or,
-    for a GGUF file, the formats it stores) needs (one per distinct set of block formats),
-    recording a marker for each."""
+    for a GGUF file, the formats it stores) needs (one per distinct set of block formats), under
+    each of `activations` (the MAX stages' block-format activations), recording a marker for each."""
     from libs.model.config import load_config
     from libs.model.graph_variants import checkpoint_graph_variants
     from libs.model.max_kernels import configure_max_process, max_build, stderr_progress
@@ -70,14 +72,26 @@ def compile_graph(checkpoint: Path, name: GraphName, cache_dir: Path, device: st
     configure_max_process(os.environ, cache_dir)  # this job is its process's entry point
     from libs.model import max_runtime  # imports max; only after the environment is set
 
-    runtime = max_runtime.shared_runtime(cfg, device, dtype, stderr_progress)
     started = time.perf_counter()
     target = GraphTarget(name, max_build(), device, dtype, config_sha256(cfg))
-    for quant in quants:
-        runtime.compiled(max_runtime.GraphKind(name.value), quant)
-        target = GraphTarget(name, max_build(), device, dtype, config_sha256(cfg), quant)
-        record_compiled(cache_dir, target, time.perf_counter() - started)
+    for mode in activations:
+        runtime = max_runtime.shared_runtime(cfg, device, dtype, stderr_progress, mode)
+        for quant in quants:
+            runtime.compiled(max_runtime.GraphKind(name.value), quant)
+            target = GraphTarget(name, max_build(), device, dtype, config_sha256(cfg), quant, mode)
+            record_compiled(cache_dir, target, time.perf_counter() - started)
     return target, time.perf_counter() - started
+
+
+def parse_activations(raw: str) -> tuple[str, ...]:
+    """`int8,float32` -> the distinct modes, in order; an unknown one is an argparse error."""
+    from libs.model.max_kernels import BLOCK_ACTIVATIONS
+
+    modes = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
+    unknown = [mode for mode in modes if mode not in BLOCK_ACTIVATIONS]
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(f"activations {raw!r}: each one of {', '.join(BLOCK_ACTIVATIONS)}")
+    return modes
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,6 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--weight-dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--weights", default="fp32", choices=("fp32", "bf16", "q8_0", "q4_k_m"),
                         help="the weight policy of the MAX stages: compiles every graph variant it needs")
+    parser.add_argument("--activations", type=parse_activations, default=("int8",),
+                        help="the MAX stages' block-format activations, comma-separated: compiles each")
     parser.add_argument("--cpus", type=parse_cpu_set, default=())
     parser.add_argument("--priority", choices=[p.value for p in Priority], default=Priority.NICE.value)
     return parser
@@ -102,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, object] = {"graph": name.value, "policy": policy, "cpus": list(args.cpus)}
     try:
         target, seconds = compile_graph(args.checkpoint, name, args.cache_dir, args.device, args.weight_dtype,
-                                        args.weights)
+                                        args.weights, args.activations)
     except Exception as exc:  # noqa: BLE001  (any compile failure is reported, never hidden)
         result.update(state="failed", error=f"{type(exc).__name__}: {exc}")
         print(json.dumps(result), flush=True)

@@ -39,6 +39,17 @@ def switching_stages(cfg: OrchestratorConfig) -> tuple[int, ...]:
                  if main != reference)
 
 
+def compile_activations(cfg: OrchestratorConfig) -> tuple[str, ...]:
+    """The block-format activations the switching stages' MAX workers run, each compiled once."""
+    modes = cfg.route.worker_max_activations
+    if not modes:
+        return ("int8",)
+    if len(modes) != len(cfg.route.stage_workers):
+        raise FailedPrecondition(f"{len(modes)} max activations for {len(cfg.route.stage_workers)} stage workers",
+                                 reason="MAX_ACTIVATIONS_MISMATCH", field="worker_max_activations")
+    return tuple(sorted({modes[i] for i in switching_stages(cfg)})) or ("int8",)
+
+
 def unload_reference(cfg: OrchestratorConfig) -> AfterSwitch | None:
     """Once the route runs on the main workers, the reference workers give their stages back (a
     worker that is both retired the reference generation with the switch: it keeps serving)."""
@@ -80,7 +91,8 @@ def compiler_factory(cfg: OrchestratorConfig) -> CompilerFactory | None:
         # so compiles start from an even split at once instead of waiting for the plan.
         ranges = tuple(even_layer_split(layers, request.stages))
         settings = CompileSettings(request.checkpoint_dir, cache_dir, max_build(),
-                                   stage_cpus=cfg.route.stage_cpu_sets, weights_policy=cfg.route.weights_policy)
+                                   stage_cpus=cfg.route.stage_cpu_sets, weights_policy=cfg.route.weights_policy,
+                                   activations=compile_activations(cfg))
         return BackgroundCompiler(settings, ranges, compiled_stages=switching_stages(cfg))
 
     return make

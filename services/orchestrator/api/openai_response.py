@@ -77,6 +77,7 @@ def model_object(served: ServedModel, text: TextIdentity | None) -> dict:
                          "evidence_class": card.plan_evidence.value},
                 "execution": {"backend": card.backend, "boundary_dtype": card.boundary_dtype,
                               "stages": served.num_stages, "stage_weights": list(card.stage_weights),
+                              "stage_max_activations": list(card.stage_max_activations),
                               "stage_conversions": [list(c) for c in card.stage_conversions],
                               "evidence_class": card.execution_evidence.value}}}
 

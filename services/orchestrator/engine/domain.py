@@ -71,6 +71,8 @@ class RouteCard:
     plan_evidence: EvidenceClass = EvidenceClass.PREDICTION
     # The weight policy of each stage, from its verified manifest (part of the stage contract).
     stage_weights: tuple[str, ...] = ()
+    # Each stage's block-format activations, as its worker reported them at load ("" off MAX).
+    stage_max_activations: tuple[str, ...] = ()
     # Each stage's build-time weight conversions, summarized (`libs.artifacts.conversions`).
     stage_conversions: tuple[tuple[str, ...], ...] = ()
 

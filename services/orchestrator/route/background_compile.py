@@ -62,6 +62,9 @@ class CompileSettings:
     # The MAX stages' weight policy: its block formats make graph variants of their own (a GGUF
     # checkpoint's stored formats make them, under the default policy).
     weights_policy: str = "fp32"
+    # The MAX stages' block-format activations (`MaxOptions.block_activations`), each compiled:
+    # the graphs differ by mode, so a warm cache for another mode would not serve the route.
+    activations: tuple[str, ...] = ("int8",)
 
 
 @dataclass
@@ -88,7 +91,8 @@ class BackgroundCompiler:
             for name in names:
                 quants = variants.quant.get(name, ((),)) if variants else ((),)
                 cached = all(is_cached(self.settings.cache_dir, GraphTarget(
-                    name, self.settings.build, self.settings.device, dtype, config_hash, quant)) for quant in quants)
+                    name, self.settings.build, self.settings.device, dtype, config_hash, quant, mode))
+                    for quant in quants for mode in self.settings.activations)
                 self.graphs[name] = GraphProgress(name, stage, GraphState.CACHED if cached else GraphState.QUEUED)
 
     def all_cached(self) -> bool:
@@ -140,7 +144,8 @@ class BackgroundCompiler:
         s = self.settings
         argv = [sys.executable, "-m", "libs.model.compile_job", "--checkpoint", s.checkpoint_dir,
                 "--graph", name.value, "--cache-dir", str(s.cache_dir), "--device", s.device,
-                "--weight-dtype", s.weight_dtype, "--weights", s.weights_policy]
+                "--weight-dtype", s.weight_dtype, "--weights", s.weights_policy,
+                "--activations", ",".join(s.activations)]
         if cpus:
             argv += ["--cpus", format_cpu_set(cpus)]
         process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,

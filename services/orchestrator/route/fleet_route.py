@@ -141,7 +141,8 @@ async def _served_and_text(fleet: Fleet, route: Route, installed: InstalledPlan,
     card = route_card(installed.plan.model_snapshot, request.backend, request.boundary_dtype,
                       installed.plan.plan_id, installed.plan.mode)
     served = replace(served, card=replace(card, stage_weights=tuple(m.weights_policy for m in manifests),
-                                          stage_conversions=tuple(map(conversion_summary, manifests))))
+                                          stage_conversions=tuple(map(conversion_summary, manifests)),
+                                          stage_max_activations=tuple(s.max_activations for s in route.plan.stages)))
     return served, text
 
 

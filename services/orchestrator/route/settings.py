@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from libs.common.kinds import Backend, DType
+from libs.model.max_kernels import BLOCK_ACTIVATIONS
 from libs.service.affinity import format_cpu_set, parse_cpu_set
 from libs.service.env_settings import (
     Codec,
@@ -93,6 +94,11 @@ class RouteSettings:
     # with stage_workers) for a fleet that mixes formats per host.
     weights_policy: str = setting("FORNAX_WEIGHTS", "fp32", one_of(POLICIES))
     worker_weights: tuple[str, ...] = setting("FORNAX_WORKER_WEIGHTS", (), listed(one_of(POLICIES)))
+    # The block-format activations each stage worker's MAX stages run (its --max-activations,
+    # aligned with stage_workers; a numpy worker's entry is unused): background compiles compile
+    # the graphs of these modes. Empty = every worker's default, int8.
+    worker_max_activations: tuple[str, ...] = setting(
+        "FORNAX_WORKER_MAX_ACTIVATIONS", (), listed(one_of(BLOCK_ACTIVATIONS, "MAX_ACTIVATIONS_UNSUPPORTED")))
     # Whether the live switch from the numpy reference route to MAX happens only where each
     # stage's measured MAX decode step beats numpy's (measured), or unconditionally (always).
     max_switch: SwitchPolicy = setting("FORNAX_MAX_SWITCH", SwitchPolicy.MEASURED,

@@ -93,6 +93,8 @@ class RouteStage:
     manifest_hash: str
     # The identity in that worker's certificate, which the previous hop checks; "" without TLS.
     data_plane_identity: str = ""
+    # The block-format activations the loaded MAX stage runs, as it reported them; "" off MAX.
+    max_activations: str = ""
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,7 @@ async def load_route(loads: Sequence[StageLoad], load_timeout_s: float = 3600.0,
                     raise _load_refusal(spec.stage_index, load.address, exc) from exc
             next_address, next_manifest = reply.data_plane_address, reply.manifest_hash
             loaded.append(RouteStage(spec.stage_index, load.address, reply.data_plane_address, reply.manifest_hash,
-                                     load.identity))
+                                     load.identity, reply.max_activations))
     except BaseException:
         await unload_generation([load.address for load in loads], generation, channel)
         raise
