@@ -52,13 +52,7 @@ def register(commands, benches) -> None:
                     help="stage execution backend (default numpy; a fleet file declares one per host)")
     up.add_argument("--boundary-dtype", choices=BOUNDARY_DTYPES, default=None,
                     help="stage boundary dtype (default bf16; with --fleet, every hop the file does not set)")
-    up.add_argument("--weights", choices=POLICIES, default=None,
-                    help="weight policy of every stage: fp32 (default), bf16, q8_0 or q4_k_m; with --fleet, "
-                         "every host whose `weights:` the file does not set")
-    up.add_argument("--max-activations", choices=("int8", "float32"), default=None,
-                    help="activations of the MAX stages' block-format weight products: int8 (default, MAX's "
-                         "packed product) or float32 (exact to the dequantized product, slower); with --fleet, "
-                         "every MAX host whose `max_activations:` the file does not set")
+    _add_weight_options(up)
     up.add_argument("--fleet", help="fleet file: each host its own network namespace, cgroup and link (needs root)")
     up.add_argument("--checkpoint", help="checkpoint directory, or a deepseek2 .gguf file, to serve")
     _add_route_options(up)
@@ -98,6 +92,17 @@ def register(commands, benches) -> None:
 def _fail(message: str) -> int:
     print(f"fornax: {message}", file=sys.stderr)
     return 2
+
+
+def _add_weight_options(up: argparse.ArgumentParser) -> None:
+    """What the stages hold (weight policy) and how a MAX stage multiplies block formats."""
+    up.add_argument("--weights", choices=POLICIES, default=None,
+                    help="weight policy of every stage: fp32 (default), bf16, q8_0 or q4_k_m; with --fleet, "
+                         "every host whose `weights:` the file does not set")
+    up.add_argument("--max-activations", choices=("int8", "float32"), default=None,
+                    help="activations of the MAX stages' block-format weight products: int8 (default, MAX's "
+                         "packed product) or float32 (exact to the dequantized product, slower); with --fleet, "
+                         "every MAX host whose `max_activations:` the file does not set")
 
 
 def _add_route_options(up: argparse.ArgumentParser) -> None:

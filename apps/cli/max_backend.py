@@ -61,15 +61,9 @@ def _warmup(args: argparse.Namespace) -> int:
             bar.close()
     result = {
         "figure_class": "physical (wall seconds to compile or fetch each graph from the cache, this host)",
-        "build": max_build(),
-        "host": host_description(),
-        "device": args.device,
-        "weight_dtype": args.weight_dtype,
-        "weights_policy": args.weights,
-        "max_activations": args.max_activations,
-        "cache_dir": str(cache_dir),
-        "checkpoint": str(args.checkpoint),
-        "seconds_per_graph": seconds,
+        "build": max_build(), "host": host_description(), "device": args.device,
+        "weight_dtype": args.weight_dtype, "weights_policy": args.weights, "max_activations": args.max_activations,
+        "cache_dir": str(cache_dir), "checkpoint": str(args.checkpoint), "seconds_per_graph": seconds,
     }
     if args.json:
         print(json.dumps(result, indent=2))
