@@ -43,7 +43,7 @@ COMPILE_JOB_BYTES = 3 * GIB // 2
 
 
 def reference_decision(spec: FleetSpec, checkpoint: str | None, weights: str | None, *, serve_while_compiling: bool,
-                       replica_routes: bool) -> ReferenceDecision:
+                       replica_routes: bool, max_activations: str = "") -> ReferenceDecision:
     """Whether `fornax up --fleet` starts reference workers, and on which hosts, with the lines
     it prints; every case that cannot serve at once says why."""
     if not serve_while_compiling or not checkpoint or all(h.backend is Backend.NUMPY for h in spec.stage_hosts):
@@ -55,7 +55,7 @@ def reference_decision(spec: FleetSpec, checkpoint: str | None, weights: str | N
     from libs.service.errors import FornaxError
 
     try:
-        figures = host_figures(spec, checkpoint, weights)
+        figures = host_figures(spec, checkpoint, weights, max_activations)
     except FornaxError as exc:
         figures = f"the file's hosts cannot be planned ({exc.reason}: {exc.message})"
     if isinstance(figures, str):
@@ -67,7 +67,8 @@ def _without(why: str) -> ReferenceDecision:
     return ReferenceDecision(frozenset(), (f"MAX hosts serve only after their graphs compile: {why}",))
 
 
-def host_figures(spec: FleetSpec, checkpoint: str, weights: str | None) -> tuple[HostStageMemory, ...] | str:
+def host_figures(spec: FleetSpec, checkpoint: str, weights: str | None,
+                 max_activations: str = "") -> tuple[HostStageMemory, ...] | str:
     """Each stage host's figures, or why there are none (the file's hosts cannot be planned).
 
     The reference route and the MAX route are planned apart, each on its own workers' figures,
@@ -85,7 +86,9 @@ def host_figures(spec: FleetSpec, checkpoint: str, weights: str | None) -> tuple
     cfg = load_config(checkpoint)
     planned = {stage.node: stage for stage in result.plan.stages}
     ranges = [(s.layer_start, s.layer_end) for s in result.plan.stages]
-    uncompiled = dict(zip(planned, _uncompiled_graphs(checkpoint, ranges, weights), strict=True))
+    modes = tuple(sorted({h.max_activations or max_activations or "int8"
+                          for h in spec.stage_hosts if h.backend is Backend.MAX})) or ("int8",)
+    uncompiled = dict(zip(planned, _uncompiled_graphs(checkpoint, ranges, weights, modes), strict=True))
     widest = _widest_ranges(cfg.num_hidden_layers, len(spec.stage_hosts))
     activations = max(stage.activation_bytes for stage in result.plan.stages)
     compiling = sum(1 for h in spec.stage_hosts if h.backend is Backend.MAX and uncompiled.get(h.name, 1))
@@ -138,9 +141,11 @@ def _decode_scratch_bytes(cfg, policy: str, start: int, end: int) -> int:
     return FLOAT32_BYTES * max(packed, default=0)
 
 
-def _uncompiled_graphs(checkpoint: str, ranges: list[tuple[int, int]], weights: str | None) -> list[int]:
-    """Per stage, the MAX graph kinds it binds that the compile cache lacks (all of them when
-    MAX is not installed here: nothing can say they are cached)."""
+def _uncompiled_graphs(checkpoint: str, ranges: list[tuple[int, int]], weights: str | None,
+                       activations: tuple[str, ...] = ("int8",)) -> list[int]:
+    """Per stage, the MAX graph kinds it binds that the compile cache lacks in any of the MAX
+    stages' block-format `activations` (all of them when MAX is not installed here: nothing can
+    say they are cached)."""
     from libs.model.compile_cache import stage_graphs
     from libs.model.config import load_config
 
@@ -152,7 +157,7 @@ def _uncompiled_graphs(checkpoint: str, ranges: list[tuple[int, int]], weights: 
         from services.orchestrator.route.background_compile import BackgroundCompiler, CompileSettings
 
         settings = CompileSettings(checkpoint, default_cache_dir(os.environ), max_build(),
-                                   weights_policy=weights or "fp32")
+                                   weights_policy=weights or "fp32", activations=activations)
         compiler = BackgroundCompiler(settings, tuple(ranges))
     except ImportError:
         return [len(n) for n in needs]

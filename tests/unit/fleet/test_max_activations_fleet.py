@@ -109,3 +109,21 @@ def test_up_refuses_the_flag_on_a_fleet_file_without_a_max_host(tmp_path, capsys
     path.write_text(yaml.safe_dump(raw))
     code = main(["up", "--fleet", str(path), "--max-activations", "float32", "--state-dir", str(tmp_path / ".f")])
     assert code == 2 and "MAX_ACTIVATIONS_BACKEND" in capsys.readouterr().err
+
+
+def test_the_compile_wait_counts_the_graphs_of_the_mode_the_max_hosts_run(tmp_path, monkeypatch):
+    from apps.fleet.fleet_reference_inputs import _uncompiled_graphs
+    from libs.model.checkpoint_gen import CheckpointRequest, write_checkpoint
+    from libs.model.compile_cache import GraphTarget, config_sha256, record_compiled, stage_graphs
+    from libs.model.config import load_config
+    from libs.model.max_kernels import max_build
+
+    checkpoint = str(write_checkpoint(CheckpointRequest("tiny", tmp_path / "tiny")).out_dir)
+    monkeypatch.setenv("FORNAX_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = load_config(checkpoint)
+    ranges = [(0, 2), (2, cfg.num_hidden_layers)]
+    needs = [stage_graphs(cfg, a, b, i == 0, i == 1) for i, (a, b) in enumerate(ranges)]
+    for name in {n for stage in needs for n in stage}:  # a cache warm for int8 only
+        record_compiled(tmp_path / "cache", GraphTarget(name, max_build(), "cpu", "float32", config_sha256(cfg)), 1.0)
+    assert _uncompiled_graphs(checkpoint, ranges, None, ("int8",)) == [0, 0]
+    assert _uncompiled_graphs(checkpoint, ranges, None, ("float32",)) == [len(n) for n in needs]
