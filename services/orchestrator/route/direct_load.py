@@ -21,10 +21,11 @@ DIRECT_PLAN_HASH_PREFIX = "sha256:"
 
 def checkpoint_stage_loads(workers: list[str], checkpoint: str, layer_ranges: list[tuple[int, int]], *,
                            backends: list[str], boundary: str = "fp32", logits: bool = False,
-                           kv_dtype: str = "") -> list[StageLoad]:
+                           kv_dtype: str = "", max_activations: str = "") -> list[StageLoad]:
     """One stage per worker, in worker order: stage i runs `layer_ranges[i]` (half-open) on
     `backends[i]`, read straight from the checkpoint (the worker's read roots must allow it).
-    `kv_dtype` sets every stage's KV element type; empty leaves each worker's own."""
+    `kv_dtype` sets every stage's KV element type, `max_activations` every MAX stage's
+    block-format activations (a numpy stage refuses one); empty leaves each worker's own."""
     count = len(workers)
     if not count == len(layer_ranges) == len(backends):
         raise ValueError(f"{count} workers need as many layer ranges and backends")
@@ -38,15 +39,15 @@ def checkpoint_stage_loads(workers: list[str], checkpoint: str, layer_ranges: li
         plan=binding, checkpoint_dir=str(checkpoint), backend=BACKEND_TO_PB[Backend(backends[index])],
         boundary_dtype=DTYPE_TO_PB[DType(boundary)],
         output_mode=pb.OUTPUT_MODE_LOGITS if logits else pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
-        kv_dtype=kv_dtype,
+        kv_dtype=kv_dtype, max_activations=max_activations if backends[index] == Backend.MAX.value else "",
     )) for index, (start, end) in enumerate(layer_ranges)]
 
 
 def load_checkpoint_route(workers: list[str], checkpoint: str, layers: int, *, boundary: str = "fp32",
                           backend: str = "numpy", logits: bool = False, timeout_s: float = 3600,
-                          kv_dtype: str = "") -> RoutePlan:
+                          kv_dtype: str = "", max_activations: str = "") -> RoutePlan:
     """Blocking; one stage per worker, in worker order, layers split evenly."""
     loads = checkpoint_stage_loads(workers, checkpoint, even_layer_split(layers, len(workers)),
                                    backends=[backend] * len(workers), boundary=boundary, logits=logits,
-                                   kv_dtype=kv_dtype)
+                                   kv_dtype=kv_dtype, max_activations=max_activations)
     return asyncio.run(load_route(loads, load_timeout_s=timeout_s))

@@ -30,6 +30,7 @@ from services.orchestrator.engine.domain import RouteCard
 from services.orchestrator.engine.model_card import served_model
 from services.orchestrator.route import background_compile
 from services.orchestrator.route.background_compile import BackgroundCompiler, CompileSettings, GraphState
+from services.orchestrator.route.direct_load import checkpoint_stage_loads
 from services.orchestrator.route.settings import RouteSettings
 from services.orchestrator.route.stage_chain import StageLoad, load_route
 
@@ -190,3 +191,11 @@ def test_max_warmup_compiles_the_graphs_of_the_chosen_mode(checkpoint, tmp_path,
     assert json.loads(capsys.readouterr().out)["max_activations"] == "float32"
     assert main(argv) == 0
     assert [o.block_activations for o in used] == ["float32", "int8"]
+
+
+def test_a_direct_load_sets_the_mode_on_its_max_stages_only():
+    loads = checkpoint_stage_loads(["a:1", "b:1"], "/ck", [(0, 2), (2, 4)], backends=["max", "numpy"],
+                                   max_activations="float32")
+    assert [load.spec.max_activations for load in loads] == ["float32", ""]
+    plain = checkpoint_stage_loads(["a:1"], "/ck", [(0, 4)], backends=["max"])
+    assert plain[0].spec.max_activations == ""  # the worker's own
