@@ -26,8 +26,9 @@ MARKER_DIR = "fornax-graphs"
 # Bumped whenever `max_graphs` builds a graph differently (inputs, ops or weights), so a marker
 # left by an older graph does not claim the new one is compiled. 2: both MLA forms in the layer
 # graphs; all routed experts of a layer in one graph. 3: block-format products on weights repacked at
-# bind time (MAX's packed product kernel, no repack in the graph).
-GRAPH_REVISION = 3
+# bind time (MAX's packed product kernel, no repack in the graph). 4: graphs with block-format
+# products compute in float32 around their bf16-stored weights (norms and router bound float32).
+GRAPH_REVISION = 4
 
 
 class GraphName(Enum):

@@ -95,6 +95,13 @@ class GraphSpec:
     def quant_format(self, name: str) -> str | None:
         return dict(self.quant).get(name)
 
+    @property
+    def float32_math(self) -> bool:
+        """Whether the graph computes in float32 around bf16-stored weights: one with block-format
+        products does (see `full_precision`), a graph of bf16 weights alone (the bf16 policy) runs
+        its products in bf16."""
+        return bool(self.quant)
+
     def runs_custom_op(self, fmt: str, out_dim: int) -> bool:
         return runs_custom_op(fmt, out_dim, self.activations)
 
@@ -107,6 +114,12 @@ QMATMUL_ENCODINGS = {"q4_0": QuantizationEncoding.Q4_0, "q4_k": QuantizationEnco
 # MAX's product kernel of each, on weights in its own layout (`max_repack` lays them out at bind).
 PACKED_MATMUL_OPS = {"q4_0": "vroom_q4_0_matmul", "q4_k": "vroom_q4_k_matmul", "q6_k": "vroom_q6_k_matmul"}
 ACTIVATIONS = ("int8", "float32")
+
+
+def full_precision(name: str, rank: int) -> bool:
+    """Whether a graph weight is one `_Builder.weight` reads at full precision (the norms, rank 1,
+    and the router): a `float32_math` graph declares it float32, and it is bound unrounded."""
+    return rank == 1 or name == "router"
 
 
 def runs_custom_op(fmt: str, out_dim: int, activations: str) -> bool:
@@ -127,7 +140,11 @@ class _Builder:
         self.cfg = spec.cfg
 
     def weight(self, name: str, shape: list[int]) -> TensorValue:
-        """The weight in float32 (cast in-graph when stored narrower); for norms and gathers."""
+        """A full-precision weight (a norm, the router) in float32: declared float32 in a
+        `float32_math` graph, else stored in the graph's dtype and cast in-graph."""
+        if self.spec.float32_math:
+            w = Weight(name, DType.float32, shape, self.spec.device)
+            return Graph.current.add_weight(w, force_initial_weight_on_host=self.spec.device.is_cpu())
         value = self.stored_weight(name, shape)
         return value if value.dtype == DType.float32 else ops.cast(value, DType.float32)
 
@@ -137,16 +154,23 @@ class _Builder:
 
     def matmul(self, x: TensorValue, w: TensorValue) -> TensorValue:
         """float32 `x` (or `x` already in the weight's dtype) @ stored weight; with bf16 weights
-        the product runs in bf16 and comes back as float32."""
+        the product runs in bf16 and comes back as float32, or, in a `float32_math` graph, the
+        weight is widened in-graph and the product runs in float32 (activations never rounded)."""
         if w.dtype == DType.float32:
             return ops.matmul(x, w)
+        if self.spec.float32_math:
+            return ops.matmul(x if x.dtype == DType.float32 else ops.cast(x, DType.float32),
+                              ops.cast(w, DType.float32))
         if x.dtype != w.dtype:
             x = ops.cast(x, w.dtype)
         return ops.cast(ops.matmul(x, w), DType.float32)
 
     def in_weight_dtype(self, x: TensorValue) -> TensorValue:
-        """`x` cast to the stored weights' dtype (a no-op for float32 weights)."""
-        return x if self.spec.weight_dtype == x.dtype else ops.cast(x, self.spec.weight_dtype)
+        """`x` cast to the stored weights' dtype (a no-op for float32 weights and in a
+        `float32_math` graph)."""
+        if self.spec.float32_math or self.spec.weight_dtype == x.dtype:
+            return x
+        return ops.cast(x, self.spec.weight_dtype)
 
     def linear(self, x: TensorValue, name: str, out_dim: int, in_dim: int) -> TensorValue:
         # Stored [in, out] (transposed once at load): an in-graph transpose of an [out, in]

@@ -26,6 +26,7 @@ from libs.model.max_graphs import (
     attention_weight_shapes,
     build_graph,
     expert_weight_names,
+    full_precision,
     mlp_weight_shapes,
     runs_custom_op,
 )
@@ -143,23 +144,24 @@ class Runtime:
             if isinstance(w, PackedWeight) and w.fmt.is_block:
                 buffers[name] = self._block_buffer(w.fmt.name, w.shape[0], w.data)
             else:
-                array = self.graph_array(w)
+                array = self.graph_array(w, full=bool(quant) and full_precision(name, len(w.shape)))
                 buffers[name] = self._weight_buffer(array.T if name in LINEAR_WEIGHTS else array)
         return BoundModel(self.session.init(self.compiled(kind, quant), weights_registry=buffers), buffers)
 
-    def graph_array(self, w: Weight) -> np.ndarray:
+    def graph_array(self, w: Weight, full: bool = False) -> np.ndarray:
         """The weight in the graph's stored dtype: float32, or bf16 bit patterns (uint16).
 
         bf16 weights go in as their stored bits, never through a float32 copy; a float32 tensor
-        (a norm, the router) in a bf16 graph is rounded to bf16. Formats the graphs have no
-        kernel for are refused, never widened."""
+        (a norm, the router) in a bf16 graph is rounded to bf16, unless `full`: a graph with
+        block-format products declares those float32 (`GraphSpec.float32_math`). Formats the
+        graphs have no kernel for are refused, never widened."""
         if isinstance(w, PackedWeight):
             if w.fmt.name == "bf16" and self.weight_dtype == DType.bfloat16:
                 return w.data
             raise WeightFormatUnsupportedError(
                 f"the MAX stage runs {self.weight_dtype} graphs; it cannot hold {w.fmt.name} weights here")
         array = np.ascontiguousarray(w, dtype=np.float32)
-        return _to_bf16_bits(array) if self.weight_dtype == DType.bfloat16 else array
+        return _to_bf16_bits(array) if self.weight_dtype == DType.bfloat16 and not full else array
 
     def _block_buffer(self, fmt: str, out_dim: int, stored: np.ndarray) -> Any:
         """A block-format weight as the graph binds it: repacked once for MAX's packed product,

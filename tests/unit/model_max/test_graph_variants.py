@@ -116,3 +116,38 @@ def test_no_graph_repacks_a_block_format_weight_per_call(max_checkpoint):
     text = str(build_graph(GraphSpec(GraphKind.EXPERT, cfg, DType.float32, DeviceRef.CPU(), quant)))
     assert "vroom_q4_k_matmul" in text and "vroom_q4_0_matmul" in text
     assert "repack" not in text
+
+
+def _declared(text: str, name: str) -> str:
+    """The element type a graph declares weight `name` in."""
+    import re
+
+    found = re.search(rf'name = "{name}",[^\n]*!mo\.tensor<\[[^\]]*\], (\w+)>', text)
+    assert found, name
+    return found.group(1)
+
+
+def test_a_graph_with_block_products_keeps_norms_router_and_activations_float32(max_checkpoint):
+    """A q4_k_m stage on MAX holds its embeddings and kv_b in bf16, so its graphs have bf16
+    weights; with block-format products they compute in float32 around them (the reference's
+    math): the router and the norms are declared float32 and no activation is rounded to bf16.
+    A graph of bf16 weights alone (the bf16 policy) still runs bf16 products."""
+    from max.dtype import DType
+    from max.graph import DeviceRef
+
+    from libs.model.max_graphs import GraphKind, GraphSpec, build_graph, full_precision
+
+    cfg = load_config(max_checkpoint)
+    quant = (("q_b_proj", "q4_k"),)  # any block product (its out dim suits MAX's packed kernel)
+    mixed = str(build_graph(GraphSpec(GraphKind.MOE_LAYER, cfg, DType.bfloat16, DeviceRef.CPU(), quant)))
+    assert _declared(mixed, "router") == "f32"
+    assert _declared(mixed, "input_layernorm") == "f32" and _declared(mixed, "kv_a_layernorm") == "f32"
+    assert _declared(mixed, "kv_b_k") == "bf16"  # stored narrow, widened in-graph for its product
+    def casts_to_bf16(text: str) -> list[str]:
+        return [ln for ln in text.splitlines() if "mo.cast" in ln and ln.rstrip().endswith("bf16>")]
+
+    assert casts_to_bf16(mixed) == []
+    plain = str(build_graph(GraphSpec(GraphKind.MOE_LAYER, cfg, DType.bfloat16, DeviceRef.CPU())))
+    assert _declared(plain, "router") == "bf16" and len(casts_to_bf16(plain)) > 0
+    assert full_precision("router", 2) and full_precision("input_layernorm", 1)
+    assert not full_precision("kv_b_k", 3) and not full_precision("q_a_proj", 2)
