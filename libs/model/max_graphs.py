@@ -31,6 +31,12 @@ custom op of `libs.model.custom_kernels` on the stored GGUF bytes, float32 activ
 each block decoded to float32, from the package `GraphSpec.kernel_package` names. Each distinct
 set of formats is its own graph (and compile). The routed experts' formats are named `experts_gate_up` and
 `experts_down` for every expert of the layer.
+
+A graph with block-format products computes in float32 around its float weights
+(`GraphSpec.float32_math`), as the reference does: the norms and the router are declared and
+bound float32, and a weight stored bf16 (a quantized stage holds its embeddings and kv_b in bf16)
+is widened in-graph for its product, so no activation is rounded to bf16. A graph of bf16 weights
+alone (the bf16 policy) rounds its products' inputs to bf16 and runs them in bf16.
 """
 
 from __future__ import annotations
