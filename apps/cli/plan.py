@@ -55,6 +55,10 @@ def register(commands, benches) -> None:
                    help="weight policy the stages hold: weight bytes per layer are the policy's formats (default: "
                         "the checkpoint's dtype, as stored; with --fleet, each host's `weights:`, else fp32). With "
                         "--fleet it overrides the file's `weights:` on every host")
+    p.add_argument("--max-activations", choices=("int8", "float32"), default=None,
+                   help="with --fleet: the block-format activations of every max host whose `max_activations:` "
+                        "the file does not set (default int8, as `fornax up`); a stage profile timed in the other "
+                        "mode stands aside")
     p.add_argument("--routes", default="1",
                    help="with --inventory or --fleet: replica routes the hosts form: N (the best layout of exactly N "
                         "routes) or auto (the count predicted fastest at the target concurrency; fewer routes when "
@@ -98,13 +102,20 @@ class FleetPlanning:
     def lines(self) -> list[str]:
         from apps.fleet.plan_inventory import figure_lines
 
+        modes = ", ".join(f"{host} {mode}" for host, mode in self.activations.items())
+        shown = [f"max activations: {modes} (a stage profile timed in the other mode stands aside)"] if modes else []
         return [f"fleet {self.path} (sha256 {self.file_sha256[:16]}): weights {self.weights.policy} from "
-                f"{self.weights.source}", *figure_lines(self.planned_figures, self.measured)]
+                f"{self.weights.source}", *shown, *figure_lines(self.planned_figures, self.measured)]
+
+    @property
+    def activations(self) -> dict[str, str]:
+        """Max host -> the block-format activations it runs (and its profile must have timed)."""
+        return {n.name: n.max_activations for n in self.built.inventory.nodes if n.max_activations}
 
     def as_json(self) -> dict[str, Any]:
         figures = [{**asdict(f), "prediction": f.is_prediction} for f in self.planned_figures]
         return {"file": self.path, "file_sha256": self.file_sha256, "weights": asdict(self.weights),
-                "figures": figures, "stored_profiles": self.measured}
+                "max_activations": self.activations, "figures": figures, "stored_profiles": self.measured}
 
 
 def measured_subjects(records) -> dict[str, str]:
@@ -145,7 +156,7 @@ def _plan_fleet_file(args):
         spec = load_fleet_spec(args.fleet, DType(args.boundary_dtype) if args.boundary_dtype else None)
     except FleetFileError as exc:
         raise InvalidArgument(f"fleet file {args.fleet}: {exc}", reason="FLEET_FILE_INVALID", field="fleet") from exc
-    built = inventory_from_fleet(spec)
+    built = inventory_from_fleet(spec, getattr(args, "max_activations", None) or "")
     weights = fleet_weights(spec, args.weights)
     model = describe_checkpoint(args.checkpoint, weights.policy)
     if weights.mixed:  # each host's stage holds its own formats: no one policy's formats to require

@@ -292,7 +292,8 @@ def render(result: FleetProfiles) -> str:
         p = stored.profile
         lines.append(f"{EVIDENCE} stage profile {p.host.host} (record {stored.record.record_id})")
         lines.append(f"  host: {p.host.describe()}")
-        lines.append(f"  build: {p.backend_build} on {p.device}; snapshot {p.model_snapshot}; dtype {p.dtype}; "
+        mode = f" timed in {p.activations_label}" if p.max_activations else ""
+        lines.append(f"  build: {p.backend_build}{mode} on {p.device}; snapshot {p.model_snapshot}; dtype {p.dtype}; "
                      f"weights {p.weights_policy}; "
                      f"decode pasts {list(p.decode_contexts)} tokens, concurrency {p.concurrency}")
         lines.append(f"  command: {p.command}; measured by {p.worker}; valid {p.valid_for_s} s")

@@ -27,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from apps.fleet.spec import FleetSpec, HostSpec
-from libs.common.kinds import FLOAT_DTYPES, DType
+from libs.common.kinds import FLOAT_DTYPES, Backend, DType
+from libs.profiles.schema import DEFAULT_MAX_ACTIVATIONS
 from libs.service.errors import InvalidArgument
 from libs.weights.policy import POLICIES, runnable_formats
 from services.planner.inventory import Inventory, Link, Node, Target
@@ -85,7 +86,15 @@ class FleetWeights:
     source: str
 
 
-def _node(host: HostSpec) -> Node:
+def host_activations(host: HostSpec, default: str) -> str:
+    """A max host's block-format activations: its `max_activations:`, else `default` (the fleet's
+    --max-activations), else int8, the worker's default; "" on a numpy host."""
+    if host.backend is not Backend.MAX:
+        return ""
+    return host.max_activations or default or DEFAULT_MAX_ACTIVATIONS
+
+
+def _node(host: HostSpec, max_activations: str) -> Node:
     if host.device != "cpu":
         raise FleetPlanError(f"host {host.name} runs on {host.device}: fornax plan --fleet declares per-core CPU "
                              "figures only", field=f"hosts.{host.name}.device")
@@ -95,6 +104,7 @@ def _node(host: HostSpec) -> Node:
         memory_bandwidth_bytes_per_s=CPU_BANDWIDTH_BYTES_PER_S * host.cpu_cores,
         dtypes=FLOAT_DTYPES, operations=SUPPORTED_OPERATIONS, reserve_bytes=RUNTIME_RESERVE_BYTES[host.backend],
         host=host.name, weight_formats=tuple(sorted(runnable_formats(host.backend.value))),
+        max_activations=host_activations(host, max_activations),
     )
 
 
@@ -127,10 +137,11 @@ def _link(a: HostSpec, b: HostSpec) -> tuple[Link, list[InventoryFigure]]:
     return Link(a.name, b.name, rate, latency), figures
 
 
-def inventory_from_fleet(spec: FleetSpec) -> FleetInventory:
-    """One node per stage host (named as the host) and a link each way between every two."""
+def inventory_from_fleet(spec: FleetSpec, max_activations: str = "") -> FleetInventory:
+    """One node per stage host (named as the host) and a link each way between every two;
+    `max_activations` (--max-activations) is the mode of every max host the file leaves unset."""
     hosts = spec.stage_hosts
-    nodes = tuple(_node(h) for h in hosts)
+    nodes = tuple(_node(h, max_activations) for h in hosts)
     figures = [f for h, n in zip(hosts, nodes, strict=True) for f in _host_figures(h, n)]
     links = []
     for a in hosts:

@@ -6,7 +6,7 @@ runs, so a figure is never printed without its spread.
 
 Registry conventions (the record's labels say what its blob is):
 - a stage profile: type `measurement`, class `physical`, labels `profile=stage`, `host=<name>`,
-  `backend=<backend>`; subject `stage-profile:<host>`;
+  `backend=<backend>` (and `max_activations=<mode>` on a max profile); subject `stage-profile:<host>`;
 - a link profile: type `measurement`, class `physical`, labels `profile=link`, `from_host`,
   `to_host`; subject `link-profile:<from>-><to>`;
 - a route calibration: type `calibration`, class `physical`, labels `route_key=<key>`,
@@ -35,12 +35,18 @@ DECODE_BATCHES = (1, 8, 32)
 # attention reads rows x past, so on a host where attention dominates the cost of a step moves
 # with the context as much as with the rows; predictions interpolate in both.
 DECODE_CONTEXTS = (32, 128, 512)
+# The block-format activations a MAX stage's weight products run in (`libs.model.max_kernels.
+# BLOCK_ACTIVATIONS`, restated so this module stays free of MAX); the first is the default.
+MAX_BACKEND = "max"
+MAX_ACTIVATIONS = ("int8", "float32")
+DEFAULT_MAX_ACTIVATIONS = MAX_ACTIVATIONS[0]
 LINK_RTT_BYTES = 32 * 1024
 LINK_THROUGHPUT_BYTES = 16 * 1024 * 1024
 
 LABEL_PROFILE = "profile"
 LABEL_HOST = "host"
 LABEL_BACKEND = "backend"
+LABEL_MAX_ACTIVATIONS = "max_activations"  # a max stage profile's `StageProfile.max_activations`
 LABEL_FROM_HOST = "from_host"
 LABEL_TO_HOST = "to_host"
 LABEL_ROUTE_KEY = "route_key"
@@ -174,7 +180,25 @@ class StageProfile:
     weights_policy: str = "fp32"
     # The worker's own resident memory beyond weights and KV; None in profiles that predate it.
     runtime_resident: RuntimeResident | None = None
+    # The block-format activations its MAX graphs were timed in (`MaxOptions.block_activations`):
+    # "int8" or "float32" on a max profile ("" reads as "int8": what every MAX profile timed
+    # before the mode was recorded), "" on a numpy profile (it has none).
+    max_activations: str = ""
     schema: str = STAGE_PROFILE_SCHEMA
+
+    def __post_init__(self) -> None:
+        if self.backend == MAX_BACKEND and not self.max_activations:
+            object.__setattr__(self, "max_activations", DEFAULT_MAX_ACTIVATIONS)
+        if self.backend == MAX_BACKEND and self.max_activations not in MAX_ACTIVATIONS:
+            raise ProfileFormatError(f"max_activations {self.max_activations!r} is none of {MAX_ACTIVATIONS}")
+        if self.backend != MAX_BACKEND and self.max_activations:
+            raise ProfileFormatError(f"max_activations {self.max_activations!r} on a {self.backend} profile "
+                                     "(only a max profile times block-format activations)")
+
+    @property
+    def activations_label(self) -> str:
+        """"int8 activations" / "float32 activations" on a max profile; "" on a numpy one."""
+        return f"{self.max_activations} activations" if self.max_activations else ""
 
     def kind(self, name: str) -> LayerKindProfile | None:
         return next((k for k in self.kinds if k.kind == name), None)
@@ -348,7 +372,8 @@ def _runtime_resident(data: Any) -> RuntimeResident | None:
 
 def stage_profile_from_json(blob: bytes) -> StageProfile:
     """Parses a stage profile; one without the context grid (an older record) reads with empty
-    grids, its decode figures standing at its `context_tokens`."""
+    grids, its decode figures standing at its `context_tokens`; a max profile without
+    `max_activations` (it predates the mode) reads as int8, the mode it was timed in."""
     data = _load(blob, STAGE_PROFILE_SCHEMA)
     try:
         kinds = tuple(
@@ -365,7 +390,8 @@ def stage_profile_from_json(blob: bytes) -> StageProfile:
             valid_for_s=int(data["valid_for_s"]), step_s_per_microbatch=_figures(data.get("step_s_per_microbatch", {})),
             step_s_by_context=_grid(data.get("step_s_by_context", {})),
             weights_policy=str(data.get("weights_policy", "fp32")),
-            runtime_resident=_runtime_resident(data.get("runtime_resident")))
+            runtime_resident=_runtime_resident(data.get("runtime_resident")),
+            max_activations=str(data.get("max_activations", "")))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileFormatError(f"bad stage profile: {exc}") from exc
 

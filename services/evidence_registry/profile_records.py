@@ -11,6 +11,7 @@ from libs.profiles.schema import (
     LABEL_BACKEND,
     LABEL_FROM_HOST,
     LABEL_HOST,
+    LABEL_MAX_ACTIVATIONS,
     LABEL_PROFILE,
     LABEL_TO_HOST,
     LinkProfile,
@@ -47,6 +48,12 @@ def stage_shapes(profile: StageProfile, shapes: str) -> str:
             f"concurrency {profile.concurrency}; {shapes}")
 
 
+def profiled_build(profile: StageProfile) -> str:
+    """The backend build a profile timed, with a max profile's block-format activations."""
+    return f"{profile.backend_build} ({profile.activations_label})" if profile.max_activations else \
+        profile.backend_build
+
+
 def stage_profile_record(profile: StageProfile, layer_range: tuple[int, int],
                          shapes: str) -> tuple[RecordContent, bytes]:
     """An unsigned stage-profile record; `layer_range` covers the layers that were timed."""
@@ -55,13 +62,14 @@ def stage_profile_record(profile: StageProfile, layer_range: tuple[int, int],
         evidence_class=EvidenceClass.PHYSICAL,
         validity=_window(profile.measured_unix_ns, profile.valid_for_s),
         provenance=Provenance(
-            hardware=profile.host.describe(), backend_build=profile.backend_build,
+            hardware=profile.host.describe(), backend_build=profiled_build(profile),
             model_snapshot=profile.model_snapshot, command=profile.command,
             layer_range=LayerRange(*layer_range), dtype=DType(profile.dtype),
             shapes=stage_shapes(profile, shapes)),
         labels=tuple(sorted({
             LABEL_PROFILE: "stage", LABEL_HOST: profile.host.host, LABEL_BACKEND: profile.backend,
             LABEL_SNAPSHOT: profile.model_snapshot, LABEL_WORKER: profile.worker,
+            **({LABEL_MAX_ACTIVATIONS: profile.max_activations} if profile.max_activations else {}),
         }.items())),
         subject=f"stage-profile:{profile.host.host}",
     )

@@ -9,7 +9,16 @@ from libs.common.kinds import Backend, DType
 from libs.common.proto import BACKEND_FROM_PB, BACKEND_TO_PB, DTYPE_TO_PB, backend_from_pb, dtype_from_pb
 from libs.service.errors import InvalidArgument
 from services.planner import domain as d
-from services.planner.inventory import DEFAULT_MAX_STAGES, EvidenceRef, Inventory, Link, Node, Target, validate_target
+from services.planner.inventory import (
+    DEFAULT_MAX_STAGES,
+    EvidenceRef,
+    Inventory,
+    Link,
+    Node,
+    Target,
+    check_max_activations,
+    validate_target,
+)
 from services.planner.model import LayerCost, ModelDescription
 from services.planner.profiles import ProfileRecordInput
 
@@ -124,9 +133,10 @@ def _node_from_proto(n: pb.Node, i: int) -> Node:
         if not getattr(n, name) > 0:
             raise InvalidArgument("must be positive", field=f"{at}.{name}")
     _refuse_untyped(n.evidence_record_ids, f"{at}.evidence_record_ids")
+    backend = backend_from_pb(n.backend, f"{at}.backend", reason=BAD_ENUM)
     return Node(
         name=n.name,
-        backend=backend_from_pb(n.backend, f"{at}.backend", reason=BAD_ENUM),
+        backend=backend,
         memory_bytes=n.memory_bytes,
         compute_flops=n.compute_flops,
         memory_bandwidth_bytes_per_s=n.memory_bandwidth_bytes_per_s,
@@ -137,6 +147,7 @@ def _node_from_proto(n: pb.Node, i: int) -> Node:
         evidence=_evidence(n.evidence, f"{at}.evidence"),
         host=n.host,
         weight_formats=tuple(n.weight_formats),
+        max_activations=check_max_activations(n.max_activations, backend, f"{at}.max_activations"),
     )
 
 
@@ -174,7 +185,8 @@ def inventory_to_request(inventory: Inventory, request: pb.CreatePlanRequest) ->
             name=n.name, backend=BACKEND_TO_PB[n.backend], memory_bytes=n.memory_bytes, compute_flops=n.compute_flops,
             memory_bandwidth_bytes_per_s=n.memory_bandwidth_bytes_per_s, dtypes=[DTYPE_TO_PB[x] for x in n.dtypes],
             operations=list(n.operations), build=n.build, reserve_bytes=n.reserve_bytes,
-            evidence=_evidence_to_proto(n.evidence), host=n.host, weight_formats=list(n.weight_formats)))
+            evidence=_evidence_to_proto(n.evidence), host=n.host, weight_formats=list(n.weight_formats),
+            max_activations=n.max_activations))
     for x in inventory.links:
         request.inventory.links.append(pb.Link(
             from_node=x.from_node, to_node=x.to_node, bandwidth_bytes_per_s=x.bandwidth_bytes_per_s,

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from libs.common.kinds import FLOAT_DTYPES, Backend, DType
+from libs.profiles.schema import DEFAULT_MAX_ACTIVATIONS, MAX_ACTIVATIONS
 from libs.service.errors import InvalidArgument
 from libs.weights.formats import FORMATS
 
@@ -51,6 +52,27 @@ class Node:
     evidence: tuple[EvidenceRef, ...] = ()
     host: str = ""  # the fleet host it runs on (its stage profile's host); "" = the node name
     weight_formats: tuple[str, ...] = ()  # formats its backend runs; () = not reported
+    # A MAX node's block-format activations ("int8" or "float32"; "" = not reported, the
+    # worker's default int8); "" on numpy. Its stage profile must be timed in the same mode.
+    max_activations: str = ""
+
+    @property
+    def activations(self) -> str:
+        """The mode its stage profile must have been timed in: a MAX node's activations (int8
+        where unreported), "" on numpy."""
+        return (self.max_activations or DEFAULT_MAX_ACTIVATIONS) if self.backend == Backend.MAX else ""
+
+
+def check_max_activations(value: str, backend: Backend, field: str) -> str:
+    """A node's reported activations: one MAX runs (MAX_ACTIVATIONS_UNSUPPORTED), and only on a
+    MAX node (MAX_ACTIVATIONS_BACKEND); "" = not reported."""
+    if value and value not in MAX_ACTIVATIONS:
+        raise InventoryError(f"max activations {value!r}; expected one of {', '.join(MAX_ACTIVATIONS)}",
+                             reason="MAX_ACTIVATIONS_UNSUPPORTED", field=field)
+    if value and backend != Backend.MAX:
+        raise InventoryError(f"max activations {value!r} set on a {backend} node (only a max stage has "
+                             "block-format activations)", reason="MAX_ACTIVATIONS_BACKEND", field=field)
+    return value
 
 
 @dataclass(frozen=True)
@@ -180,7 +202,7 @@ def _evidence(items: Any, where: str) -> tuple[EvidenceRef, ...]:
 
 FORMAT_NAMES = tuple(FORMATS)
 NODE_KEYS = {"name", "backend", "memory", "compute", "memory_bandwidth", "dtypes", "operations", "build", "reserve",
-             "evidence", "host", "weight_formats"}
+             "evidence", "host", "weight_formats", "max_activations"}
 LINK_KEYS = {"between", "from", "to", "bandwidth", "latency", "evidence"}
 TOP_KEYS = {"nodes", "links", "target", "model_evidence"}
 
@@ -204,9 +226,10 @@ def _node(raw: Any, where: str) -> Node:
         if key not in raw:
             raise InventoryError(f"node {raw['name']!r} lacks {key!r}", field=f"{where}.{key}")
     dtypes = tuple(DType(_choice(d, DTYPES, f"{where}.dtypes")) for d in raw["dtypes"] or ())
+    backend = Backend(_choice(raw["backend"], BACKENDS, f"{where}.backend"))
     return Node(
         name=str(raw["name"]),
-        backend=Backend(_choice(raw["backend"], BACKENDS, f"{where}.backend")),
+        backend=backend,
         memory_bytes=int(_positive(raw["memory"], "bytes", f"{where}.memory")),
         compute_flops=_positive(raw["compute"], "flops", f"{where}.compute"),
         memory_bandwidth_bytes_per_s=_positive(raw["memory_bandwidth"], "rate", f"{where}.memory_bandwidth"),
@@ -218,6 +241,8 @@ def _node(raw: Any, where: str) -> Node:
         host=str(raw.get("host") or ""),
         weight_formats=tuple(_choice(f, FORMAT_NAMES, f"{where}.weight_formats")
                              for f in raw.get("weight_formats") or ()),
+        max_activations=check_max_activations(str(raw.get("max_activations") or ""), backend,
+                                              f"{where}.max_activations"),
     )
 
 

@@ -94,6 +94,7 @@ def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse], hosts: tup
             host=hosts[index] if hosts else "",
             weight_formats=tuple(cap.weight_formats),
             reserve_bytes=RUNTIME_RESERVE_BYTES.get(BACKEND_FROM_PB[cap.backend], 0),
+            max_activations=cap.max_activations,
         )
         for index, cap in enumerate(capabilities)
     )
@@ -102,13 +103,17 @@ def inventory_from(capabilities: list[sw_pb.GetCapabilitiesResponse], hosts: tup
     return Inventory(nodes=nodes, links=links)
 
 
+def _activations(cap: sw_pb.GetCapabilitiesResponse) -> str:
+    return f", {cap.max_activations} activations" if cap.max_activations else ""
+
+
 def describe_facts(capabilities: list[sw_pb.GetCapabilitiesResponse], profiled: bool = False) -> str:
     """One line per worker of the facts the inventory used, for the install log. `profiled`: the
     plan's compute comes from the registry's stage profiles, declared constants only fill gaps."""
     return "; ".join(
         f"{node_name(i)}@{_host_of(c)} {BACKEND_FROM_PB.get(c.backend, 'unknown')} "
-        f"({c.backend_build}) quota {c.device.cpu_quota_cores:g} cores cpuset {c.device.cpuset or '?'} "
-        f"memory limit {c.device.memory_limit_bytes or 'none'}"
+        f"({c.backend_build}{_activations(c)}) quota {c.device.cpu_quota_cores:g} cores "
+        f"cpuset {c.device.cpuset or '?'} memory limit {c.device.memory_limit_bytes or 'none'}"
         for i, c in enumerate(capabilities)
     ) + ("; compute and runtime reserve from stage profiles (physical), gaps from " if profiled
          else "; compute and runtime reserve from ") + DECLARED_LABEL

@@ -137,8 +137,8 @@ def _node_costs(tables: CostTables, target: Target, i: int, book: ProfileBook, n
     sources = dict.fromkeys((*schema.LAYER_KINDS, STEP), DECLARED)
     step_d = 0.0
     problem = book.stage_problem(host_of(node), model.model_snapshot, str(node.backend), now_ns,
-                                 model.weights_policy)
-    record = None if problem is not None else book.stage_record(host_of(node))
+                                 model.weights_policy, node.activations)
+    record = None if problem is not None else book.stage_record(host_of(node), node.activations)
     if record is not None:
         for layer in model.layers:
             kind = record.profile.kind("moe" if layer.is_moe else "dense")
@@ -294,8 +294,9 @@ def stage_terms(t: MeasuredTables, i: int, a: int, b: int, nxt: int | None, prev
     kind_sources = [(f"{host} {k}", c.sources[k]) for k in kinds]
     rows, prompt, past = t.target.microbatch_rows, max(t.target.prefill_tokens, 1), t.target.decode_context
     at = f"{rows} row(s) at {past} tokens of past per row ({_past_basis(t.target)})"
+    mode = f" timed in {t.nodes[i].activations} activations" if t.nodes[i].activations else ""
     compute = _term("compute", decode.compute_s - c.step_decode_s, "s", kind_sources,
-                    f"per-layer decode seconds of kinds {kinds} on {host} interpolated to {at}",
+                    f"per-layer decode seconds of kinds {kinds} on {host}{mode} interpolated to {at}",
                     f"roofline of declared FLOP/s and bandwidth (prefill at {prompt} tokens likewise)")
     step = _term(STEP, c.step_decode_s, "s", [(f"{host} step overhead", c.sources[STEP])],
                  f"measured per-microbatch step overhead of a served decode step on {host} (executor, KV, "
@@ -357,7 +358,7 @@ def deployment_problems(t: MeasuredTables, book: ProfileBook, placement_nodes: t
         if c.problem is not None:
             out.append(c.problem)
             continue
-        record = book.stage_record(host)
+        record = book.stage_record(host, t.nodes[v].activations)
         for kind in _kinds_used(t, cuts[k], cuts[k + 1]):
             if c.sources[kind] == DECLARED:
                 out.append(Problem(d.MISSING_PROFILE, f"host {host} kind {kind}", record.record_id if record else "",

@@ -1,7 +1,8 @@
 """Fetches the newest profile and calibration records from the evidence registry.
 
 Thin I/O around a pure choice: among active records, the newest stage profile per host, link
-profile per (from, to) and calibration per route key. Expired records are kept (the planner
+profile per (from, to) and calibration per route key (a max host's newest per block-format
+activations mode: the planner takes the one its node runs). Expired records are kept (the planner
 names them in a refusal); revoked ones are not listed. Label conventions: `libs.profiles.schema`.
 """
 
@@ -16,8 +17,9 @@ from services.planner.profiles import ProfileRecordInput
 
 
 def subject_of(record: Record) -> str | None:
-    """What a record profiles ("stage:<host>", "link:<a>-><b>", "calibration:<key>", a profile's
-    "serving-window:<key>", which a later gate of the route does not shadow), None if not a profile."""
+    """What a record profiles ("stage:<host>", a max host's "stage:<host>@<activations>",
+    "link:<a>-><b>", "calibration:<key>", a profile's "serving-window:<key>", which a later gate of
+    the route does not shadow), None if not a profile."""
     labels = dict(record.content.labels)
     if record.content.type is RecordType.CALIBRATION and labels.get(schema.LABEL_ROUTE_KEY):
         kind = "calibration" if labels.get(schema.LABEL_PURPOSE, schema.GATE) == schema.GATE else schema.SERVING_WINDOW
@@ -25,10 +27,18 @@ def subject_of(record: Record) -> str | None:
     if record.content.type is not RecordType.MEASUREMENT:
         return None
     if labels.get(schema.LABEL_PROFILE) == "stage" and labels.get(schema.LABEL_HOST):
-        return f"stage:{labels[schema.LABEL_HOST]}"
+        return f"stage:{labels[schema.LABEL_HOST]}" + _activations_subject(labels)
     if labels.get(schema.LABEL_PROFILE) == "link" and labels.get(schema.LABEL_FROM_HOST):
         return f"link:{labels[schema.LABEL_FROM_HOST]}->{labels.get(schema.LABEL_TO_HOST, '')}"
     return None
+
+
+def _activations_subject(labels: dict[str, str]) -> str:
+    """A max stage profile's mode (unlabelled: int8, as every max profile before the label timed):
+    a profile of one mode does not shadow the host's newest of the other."""
+    if labels.get(schema.LABEL_BACKEND) != schema.MAX_BACKEND:
+        return ""
+    return f"@{labels.get(schema.LABEL_MAX_ACTIVATIONS) or schema.DEFAULT_MAX_ACTIVATIONS}"
 
 
 def newest_per_subject(records: Iterable[Record]) -> list[Record]:

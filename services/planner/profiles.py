@@ -122,9 +122,13 @@ class ProfileBook:
         return (tuple(r.record_id for r in self.stages) + tuple(r.record_id for r in self.links)
                 + tuple(r.record_id for r in self.calibrations))
 
-    def stage_record(self, host: str) -> StageRecord | None:
+    def stage_record(self, host: str, max_activations: str | None = None) -> StageRecord | None:
+        """The host's newest stage profile; given the host's `max_activations` (its MAX stage's
+        block-format activations, "" on numpy), the newest timed in that mode where one is: a
+        profile of the other mode stands aside (`stage_problem` names it when no other is)."""
         found = [r for r in self.stages if r.profile.host.host == host]
-        return max(found, key=lambda r: r.profile.measured_unix_ns, default=None)
+        same = [r for r in found if r.profile.max_activations == max_activations]
+        return max(same or found, key=lambda r: r.profile.measured_unix_ns, default=None)
 
     def link_record(self, from_host: str, to_host: str) -> LinkRecord | None:
         """The link measured in this direction; else the reverse direction (links are symmetric)."""
@@ -141,9 +145,10 @@ class ProfileBook:
         return max(found, key=lambda r: r.calibration.measured_unix_ns, default=None)
 
     def stage_problem(self, host: str, model_snapshot: str, backend: str, now_ns: int,
-                      weights_policy: str = "") -> Problem | None:
-        """Why the host's stage profile cannot be used (None: it can)."""
-        record = self.stage_record(host)
+                      weights_policy: str = "", max_activations: str | None = None) -> Problem | None:
+        """Why the host's stage profile cannot be used (None: it can). `max_activations`: the
+        mode the host's stage runs (`node_activations`); None checks no mode."""
+        record = self.stage_record(host, max_activations)
         if record is None:
             return Problem(d.MISSING_PROFILE, f"host {host}", "", "no stage profile record for this host")
         p = record.profile
@@ -160,6 +165,10 @@ class ProfileBook:
         if weights_policy and p.weights_policy != weights_policy:
             return Problem(d.PROFILE_MISMATCH, f"host {host}", record.record_id,
                            f"measured with {p.weights_policy} weights, planning {weights_policy} weights")
+        if max_activations is not None and p.max_activations != max_activations:
+            return Problem(d.PROFILE_MISMATCH, f"host {host}", record.record_id,
+                           f"timed with {p.activations_label or 'no max activations'}, the node runs "
+                           f"{max_activations or 'none'} activations")
         return None
 
     def link_problem(self, from_host: str, to_host: str, now_ns: int) -> Problem | None:

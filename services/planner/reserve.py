@@ -1,7 +1,7 @@
 """The runtime's own resident memory the planner holds back on a host: measured where it can be.
 
 Pure. A host's usable stage profile (`ProfileBook.stage_problem` finds none: same model,
-backend and weight policy, inside its validity) that records `runtime_resident` gives the
+backend, weight policy and MAX activations, inside its validity) that records `runtime_resident` gives the
 reserve as a physical measurement: the worker's resident memory beyond its weights and KV
 (`libs.profiles.schema.RuntimeResident`). Anywhere else the node's own reserve stands, a
 declared estimate (a fleet file's hosts and running workers: `inventory_facts.RUNTIME_RESERVE_BYTES`;
@@ -35,11 +35,11 @@ def choose_reserve(node: Node, host: str, book: ProfileBook, model_snapshot: str
                    now_ns: int) -> ReserveChoice:
     """The measured reserve of `host`'s usable stage profile, else `node.reserve_bytes` (declared)."""
     declared = f"declared {node.reserve_bytes / 2**20:.0f} MiB for the {node.backend} runtime"
-    problem = book.stage_problem(host, model_snapshot, str(node.backend), now_ns, weights_policy)
+    problem = book.stage_problem(host, model_snapshot, str(node.backend), now_ns, weights_policy, node.activations)
     if problem is not None:
         return ReserveChoice(node.reserve_bytes, DECLARED, "", f"{declared} (no measurement applies: "
                              f"{problem.describe()})")
-    record = book.stage_record(host)
+    record = book.stage_record(host, node.activations)
     assert record is not None  # stage_problem found it usable
     resident = record.profile.runtime_resident
     if resident is None:

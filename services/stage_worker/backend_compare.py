@@ -114,6 +114,13 @@ def timings_to_pb(samples: dict[str, dict[int, list[float]]], builds: dict[str, 
             for name, by_rows in samples.items() for rows, values in sorted(by_rows.items())]
 
 
+def timed_builds(builds: dict[str, str | None], backend: str, max_activations: str) -> dict[str, str]:
+    """Each backend's build as timed: a max build names the block-format activations its graphs
+    ran in (an int8 and a float32 step of one host are different measurements)."""
+    return {name: f"{build} ({max_activations} activations)" if name == backend == "max" else str(build)
+            for name, build in builds.items()}
+
+
 class DecodeStepComparer:
     """The servicer's CompareDecodeStep half: one per worker."""
 
@@ -157,7 +164,8 @@ class DecodeStepComparer:
         limits = cgroup_facts()
         log.info("decode_step_compared", layers=[start, end], rows=list(grid.rows), runs=grid.runs)
         return pb.CompareDecodeStepResponse(
-            timings=timings_to_pb(samples, {k: str(v) for k, v in builds.items()}), host=socket.gethostname(),
+            timings=timings_to_pb(samples, timed_builds(builds, backend, self._cfg.max_activations)),
+            host=socket.gethostname(),
             cpu_model=host_facts().cpu_name, cpu_quota_cores=limits.cpu_quota_cores, cpuset=limits.cpuset,
             context_tokens=grid.context, command=COMMAND)
 

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -69,6 +70,9 @@ from services.stage_worker.leases import ReceiverLimits, ReceiverState
 from services.stage_worker.lifecycle import StageState
 from services.stage_worker.runtime import StageRuntime, _compile_progress
 from services.stage_worker.step_profile import measure_step_overhead, step_grid_figures
+
+if TYPE_CHECKING:
+    from libs.model.max_kernels import MaxOptions
 
 log = structlog.get_logger()
 SNAPSHOT = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -227,6 +231,16 @@ def model_shapes(cfg: DeepseekV2Config) -> str:
             f"vocab {cfg.vocab_size}, layers {cfg.num_hidden_layers}")
 
 
+def profile_options(cfg: StageWorkerConfig) -> MaxOptions | None:
+    """What a MAX worker's profile builds its graphs with: its device and its own block-format
+    activations, the mode the profile then records (`StageProfile.max_activations`); None on numpy."""
+    if cfg.backend.value != "max":
+        return None
+    from libs.model.max_kernels import MaxOptions
+
+    return MaxOptions(device=cfg.device, block_activations=cfg.max_activations, progress=_compile_progress)
+
+
 class Profiler:
     """The servicer's profiling half: one per worker."""
 
@@ -291,12 +305,7 @@ class Profiler:
             raise FailedPrecondition(f"the worker is {busy[0].value}; profile it idle", reason="STAGE_BUSY")
         build = self._backend_build()
         sources = await self._sources(request, snapshot)
-        options = None
-        if self._cfg.backend.value == "max":
-            from libs.model.max_kernels import MaxOptions
-
-            options = MaxOptions(device=self._cfg.device, block_activations=self._cfg.max_activations,
-                                 progress=_compile_progress)
+        options = profile_options(self._cfg)
         loop = asyncio.get_running_loop()
         try:
             measured_sources = await loop.run_in_executor(
@@ -314,7 +323,8 @@ class Profiler:
             valid_for_s=request.valid_for_s or DEFAULT_VALID_FOR_S,
             step_s_per_microbatch=measured_sources.step.get(grid.context_tokens, {}),
             step_s_by_context=measured_sources.step, weights_policy=weights_policy_of(sources),
-            runtime_resident=measured_sources.resident)
+            runtime_resident=measured_sources.resident,
+            max_activations=options.block_activations if options is not None else "")
         measured = layers or [sources[0].layer_start]
         shapes = model_shapes(cfg) + "; sources " + ", ".join(s.label for s in sources)
         content, blob = stage_profile_record(profile, (min(measured), max(measured) + 1), shapes)

@@ -14,7 +14,7 @@ import structlog
 from fornax.common.v1 import common_pb2
 from fornax.stage_worker.v1 import stage_worker_pb2 as pb
 from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
-from libs.common.kinds import FLOAT_DTYPES
+from libs.common.kinds import FLOAT_DTYPES, Backend
 from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
 from libs.model.kv_blocks import KV_BLOCK_TOKENS
 from libs.security.audit import AuditEvent, open_audit_log
@@ -94,6 +94,8 @@ class StageWorkerServicer(pb_grpc.StageWorkerServiceServicer):
             data_plane_host=self._dataplane.advertised_host,
             identity=own_identity_uri(self._cfg.server.tls),
             weight_formats=sorted(runnable_formats(self._cfg.backend.value)) if build else [],
+            # The mode its MAX graphs run (and its profiles time) in: the planner matches profiles by it.
+            max_activations=self._cfg.max_activations if self._cfg.backend is Backend.MAX else "",
         )
 
     async def LoadStage(self, request, context) -> pb.LoadStageResponse:

@@ -78,7 +78,7 @@ replicas): each slot has its stage identity (stage-<offset+i>), so stage indexes
 pool start after them. */}}
 {{- define "fornax.stagePools" -}}
 {{- $v := .Values.stageWorker -}}
-{{- $defaults := dict "backend" $v.backend "device" $v.device "resources" $v.resources "nodeSelector" $v.nodeSelector "tolerations" $v.tolerations "affinity" $v.affinity "podAnnotations" $v.podAnnotations "autoscaling" $v.autoscaling -}}
+{{- $defaults := dict "backend" $v.backend "device" $v.device "maxActivations" $v.maxActivations "resources" $v.resources "nodeSelector" $v.nodeSelector "tolerations" $v.tolerations "affinity" $v.affinity "podAnnotations" $v.podAnnotations "autoscaling" $v.autoscaling -}}
 {{- $given := $v.pools | default (list (dict "name" "" "replicas" $v.stages)) -}}
 {{- $pools := list -}}
 {{- $offset := 0 -}}
@@ -88,6 +88,9 @@ pool start after them. */}}
 {{- $slots := ternary (int $pool.autoscaling.maxReplicas) (int .replicas) $pool.autoscaling.enabled -}}
 {{- if and $pool.autoscaling.enabled (lt $slots (int .replicas)) -}}
 {{- fail (printf "stage-worker pool %q: autoscaling.maxReplicas (%d) is below its replicas (%d)" .name $slots (int .replicas)) -}}
+{{- end -}}
+{{- if and (ne $pool.backend "max") (ne $pool.maxActivations "int8") (or (hasKey . "maxActivations") (not $v.pools)) -}}
+{{- fail (printf "MAX_ACTIVATIONS_BACKEND: stage-worker pool %q: maxActivations %s sets a max stage's block-format activations; this pool runs %s" .name $pool.maxActivations $pool.backend) -}}
 {{- end -}}
 {{- $_ := set $pool "component" $component -}}
 {{- $_ := set $pool "offset" $offset -}}

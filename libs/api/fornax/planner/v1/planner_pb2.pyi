@@ -104,7 +104,7 @@ class EvidenceRef(_message.Message):
     def __init__(self, record_id: _Optional[str] = ..., type: _Optional[_Union[_evidence_registry_pb2.RecordType, str]] = ..., expected_blob_sha256: _Optional[str] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "backend", "memory_bytes", "compute_flops", "memory_bandwidth_bytes_per_s", "dtypes", "operations", "build", "evidence_record_ids", "reserve_bytes", "evidence", "host", "weight_formats")
+    __slots__ = ("name", "backend", "memory_bytes", "compute_flops", "memory_bandwidth_bytes_per_s", "dtypes", "operations", "build", "evidence_record_ids", "reserve_bytes", "evidence", "host", "weight_formats", "max_activations")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +118,7 @@ class Node(_message.Message):
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FORMATS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     backend: _common_pb2.Backend
     memory_bytes: int
@@ -131,7 +132,8 @@ class Node(_message.Message):
     evidence: _containers.RepeatedCompositeFieldContainer[EvidenceRef]
     host: str
     weight_formats: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., memory_bytes: _Optional[int] = ..., compute_flops: _Optional[float] = ..., memory_bandwidth_bytes_per_s: _Optional[float] = ..., dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., operations: _Optional[_Iterable[str]] = ..., build: _Optional[str] = ..., evidence_record_ids: _Optional[_Iterable[str]] = ..., reserve_bytes: _Optional[int] = ..., evidence: _Optional[_Iterable[_Union[EvidenceRef, _Mapping]]] = ..., host: _Optional[str] = ..., weight_formats: _Optional[_Iterable[str]] = ...) -> None: ...
+    max_activations: str
+    def __init__(self, name: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., memory_bytes: _Optional[int] = ..., compute_flops: _Optional[float] = ..., memory_bandwidth_bytes_per_s: _Optional[float] = ..., dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., operations: _Optional[_Iterable[str]] = ..., build: _Optional[str] = ..., evidence_record_ids: _Optional[_Iterable[str]] = ..., reserve_bytes: _Optional[int] = ..., evidence: _Optional[_Iterable[_Union[EvidenceRef, _Mapping]]] = ..., host: _Optional[str] = ..., weight_formats: _Optional[_Iterable[str]] = ..., max_activations: _Optional[str] = ...) -> None: ...
 
 class Link(_message.Message):
     __slots__ = ("from_node", "to_node", "bandwidth_bytes_per_s", "latency_ns", "evidence_record_ids", "evidence")

@@ -60,7 +60,7 @@ class DeviceInfo(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., cpu_count: _Optional[int] = ..., cpu_quota_cores: _Optional[float] = ..., cpuset: _Optional[str] = ..., memory_limit_bytes: _Optional[int] = ...) -> None: ...
 
 class GetCapabilitiesResponse(_message.Message):
-    __slots__ = ("backend", "backend_build", "device", "supported_dtypes", "supported_operations", "fnx2_versions", "data_plane_address", "stage_index", "worker_build", "data_plane_host", "identity", "weight_formats")
+    __slots__ = ("backend", "backend_build", "device", "supported_dtypes", "supported_operations", "fnx2_versions", "data_plane_address", "stage_index", "worker_build", "data_plane_host", "identity", "weight_formats", "max_activations")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     BACKEND_BUILD_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class GetCapabilitiesResponse(_message.Message):
     DATA_PLANE_HOST_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FORMATS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
     backend: _common_pb2.Backend
     backend_build: str
     device: DeviceInfo
@@ -85,7 +86,8 @@ class GetCapabilitiesResponse(_message.Message):
     data_plane_host: str
     identity: str
     weight_formats: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., backend_build: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., supported_dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., supported_operations: _Optional[_Iterable[str]] = ..., fnx2_versions: _Optional[_Iterable[str]] = ..., data_plane_address: _Optional[str] = ..., stage_index: _Optional[int] = ..., worker_build: _Optional[str] = ..., data_plane_host: _Optional[str] = ..., identity: _Optional[str] = ..., weight_formats: _Optional[_Iterable[str]] = ...) -> None: ...
+    max_activations: str
+    def __init__(self, backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., backend_build: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., supported_dtypes: _Optional[_Iterable[_Union[_common_pb2.ElementType, str]]] = ..., supported_operations: _Optional[_Iterable[str]] = ..., fnx2_versions: _Optional[_Iterable[str]] = ..., data_plane_address: _Optional[str] = ..., stage_index: _Optional[int] = ..., worker_build: _Optional[str] = ..., data_plane_host: _Optional[str] = ..., identity: _Optional[str] = ..., weight_formats: _Optional[_Iterable[str]] = ..., max_activations: _Optional[str] = ...) -> None: ...
 
 class StageSpec(_message.Message):
     __slots__ = ("stage_index", "stage_count", "layer_range", "plan", "checkpoint_dir", "artifact_dir", "manifest_hash", "backend", "boundary_dtype", "next_hop_address", "kv_limit_bytes", "output_mode", "device", "next_hop_manifest_hash", "artifact_source_address", "input_boundary_dtype", "previous_hop_identity", "next_hop_identity", "kv_dtype", "max_activations")
