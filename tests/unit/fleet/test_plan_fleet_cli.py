@@ -93,12 +93,12 @@ def test_a_broken_fleet_file_is_an_error_with_its_reason(lite_checkpoint, tmp_pa
 
 
 def _store_stage_profile(state: Path, checkpoint: Path, host: str) -> str:
-    """A physical stage profile of `host` (MAX, q4_k_m, this checkpoint) in the fleet's registry
-    store, where `fornax profile` leaves it (written to the store as the registry writes an
-    accepted record); returns its record id."""
+    """A physical stage profile of `host` (MAX, q4_k_m, float32 activations as the lite fleet file's
+    hosts run, this checkpoint) in the fleet's registry store, where `fornax profile` leaves it
+    (written to the store as the registry writes an accepted record); returns its record id."""
     snapshot = describe_checkpoint(checkpoint, "q4_k_m").model_snapshot
     profile = dataclasses.replace(stage_profile(host, snapshot, measured=time.time_ns() - 3600 * 10**9),
-                                  weights_policy="q4_k_m")
+                                  weights_policy="q4_k_m", max_activations="float32")
     record = stage_record(profile)
     root = state / "hosts" / "alpha" / "evidence_registry"
     store = SqliteRecordStore(root / "registry.db")
