@@ -24,7 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,6 +93,8 @@ class ServedParityReport:
     served_seconds: float
     evidence: Evidence
     margins: Margins | None = None  # the reference's own gaps, and each miss's rank and gap
+    # Each stage's block-format activations as the route reports them ("" on a numpy stage)
+    stage_max_activations: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -164,7 +166,8 @@ def measure(args: argparse.Namespace, top1_min: float) -> ServedParityReport:
         positions=positions, top1_agreement=agreement, top1_min=top1_min, reference_seconds=reference.seconds,
         reference_peak_rss_bytes=reference.peak_rss_bytes, reference_growth_bytes=reference.growth_bytes,
         largest_layer_f32_bytes=reference.largest_layer_f32_bytes, served_seconds=served_seconds,
-        evidence=evidence, margins=margins(prompt_set, served, reference.logits or ()))
+        evidence=evidence, margins=margins(prompt_set, served, reference.logits or ()),
+        stage_max_activations=[str(m) for m in execution.get("stage_max_activations") or []])
 
 
 def seeded_prompts(vocab: int, count: int, length: int, seed: int) -> list[list[int]]:
@@ -290,7 +293,9 @@ def _command(args: argparse.Namespace) -> str:
 def format_report(report: ServedParityReport) -> str:
     e = report.evidence
     lines = [
-        f"parity --served api={report.api} backend={report.backend} stage weights={','.join(report.stage_weights)}",
+        f"parity --served api={report.api} backend={report.backend} stage weights={','.join(report.stage_weights)}"
+        + (f" max activations={','.join(m or '-' for m in report.stage_max_activations)}"
+           if any(report.stage_max_activations) else ""),
         "route: " + ", ".join(f"[{s.layer_start},{s.layer_end}) {s.manifest_hash}" for s in report.route),
         f"reference: {report.reference}",
         f"reference cost: {report.reference_seconds:.1f} s, peak RSS {report.reference_peak_rss_bytes / 2**20:.0f} MiB "
