@@ -143,6 +143,7 @@ def test_models_report_snapshot_hashes_context_and_evidence(fleet, checkpoint):
     assert card["plan"]["evidence_class"] == "prediction"  # cost-model figures, not measured
     assert card["execution"] == {"backend": "numpy", "boundary_dtype": "fp32", "stages": 2,
                                  "stage_weights": ["fp32", "fp32"], "stage_conversions": [[], []],
+                                 "stage_max_activations": ["", ""],  # numpy stages: no block products
                                  "backend_choice": None,  # no live switch on a numpy fleet
                                  "evidence_class": "reference"}
 
