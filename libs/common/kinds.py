@@ -23,3 +23,7 @@ class DType(StrEnum):
 
 # What weights and stage-boundary activations may be stored as.
 FLOAT_DTYPES = (DType.BF16, DType.FP16, DType.FP32)
+
+# The activations a MAX stage's block-format weight products run in: "int8" (MAX's packed product,
+# activations quantized per 32-block) or "float32" (Fornax's Mojo op, exact); the first is the default.
+BLOCK_ACTIVATIONS = ("int8", "float32")

@@ -85,7 +85,7 @@ def compile_graph(checkpoint: Path, name: GraphName, cache_dir: Path, device: st
 
 def parse_activations(raw: str) -> tuple[str, ...]:
     """`int8,float32` -> the distinct modes, in order; an unknown one is an argparse error."""
-    from libs.model.max_kernels import BLOCK_ACTIVATIONS
+    from libs.common.kinds import BLOCK_ACTIVATIONS
 
     modes = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
     unknown = [mode for mode in modes if mode not in BLOCK_ACTIVATIONS]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from libs.common.kinds import BLOCK_ACTIVATIONS
 from libs.model.config import DeepseekV2Config
 from libs.model.errors import BackendUnavailableError, BatchError, CheckpointError
 from libs.model.kernels import LayerInputs, LayerOutputs
@@ -38,7 +39,6 @@ WEIGHT_DTYPES = ("float32", "bfloat16")
 # MAX runs in-graph through ops.qmatmul or the Mojo custom op (`libs.weights.policy.MAX_QUANT_FORMATS`).
 GRAPH_DTYPE_OF_FORMAT = {"fp32": "float32", "bf16": "bfloat16"}
 ATTENTION_FORMS = ("auto", "absorbed", "expanded")
-BLOCK_ACTIVATIONS = ("int8", "float32")
 
 ProgressFn = Callable[[str], None]
 

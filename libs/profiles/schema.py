@@ -21,6 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from libs.common.kinds import BLOCK_ACTIVATIONS
+
 STAGE_PROFILE_SCHEMA = "fornax.stage-profile/1"
 LINK_PROFILE_SCHEMA = "fornax.link-profile/1"
 CALIBRATION_SCHEMA = "fornax.calibration/1"
@@ -35,10 +37,9 @@ DECODE_BATCHES = (1, 8, 32)
 # attention reads rows x past, so on a host where attention dominates the cost of a step moves
 # with the context as much as with the rows; predictions interpolate in both.
 DECODE_CONTEXTS = (32, 128, 512)
-# The block-format activations a MAX stage's weight products run in (`libs.model.max_kernels.
-# BLOCK_ACTIVATIONS`, restated so this module stays free of MAX); the first is the default.
+# The block-format activations a MAX stage's weight products run in; the first is the default.
 MAX_BACKEND = "max"
-MAX_ACTIVATIONS = ("int8", "float32")
+MAX_ACTIVATIONS = BLOCK_ACTIVATIONS
 DEFAULT_MAX_ACTIVATIONS = MAX_ACTIVATIONS[0]
 LINK_RTT_BYTES = 32 * 1024
 LINK_THROUGHPUT_BYTES = 16 * 1024 * 1024

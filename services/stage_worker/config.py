@@ -8,10 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.common.kinds import Backend
+from libs.common.kinds import BLOCK_ACTIVATIONS, Backend
 from libs.model.errors import ConfigError
 from libs.model.kv_blocks import KV_DTYPES, require_kv_backend
-from libs.model.max_kernels import BLOCK_ACTIVATIONS
 from libs.security.paths import parse_roots
 from libs.service.affinity import parse_cpu_set
 from libs.service.config import ServerConfig, parse, pick, server_config

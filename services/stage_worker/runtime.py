@@ -18,7 +18,7 @@ from pathlib import Path
 import structlog
 
 from libs.artifacts.transfer import ArtifactCache
-from libs.common.kinds import FLOAT_DTYPES, Backend, DType
+from libs.common.kinds import BLOCK_ACTIVATIONS, FLOAT_DTYPES, Backend, DType
 from libs.common.proto import dtype_pb_name
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import KvEpochError, ModelError
@@ -27,7 +27,6 @@ from libs.model.executor import StageSpec as ExecutorSpec
 from libs.model.kernels import make_kernels
 from libs.model.kv_blocks import KV_BLOCK_TOKENS, PoolStats, require_kv_backend
 from libs.model.kv_store import KvLayout
-from libs.model.max_kernels import BLOCK_ACTIVATIONS
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
 from libs.service.channels import ChannelConfig

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from libs.common.kinds import Backend, DType
-from libs.model.max_kernels import BLOCK_ACTIVATIONS
+from libs.common.kinds import BLOCK_ACTIVATIONS, Backend, DType
 from libs.service.affinity import format_cpu_set, parse_cpu_set
 from libs.service.env_settings import (
     Codec,
