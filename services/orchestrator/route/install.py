@@ -234,7 +234,10 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
                       generation: str, progress: Callable[[str], None], keep_generation: str = "",
                       replace_generation: str = "") -> RoutePlan:
     """One stage per planned stage, on the worker the plan names, as plan generation `generation`,
-    beside generation `keep_generation` (the serving route) when one is named."""
+    beside generation `keep_generation` (the serving route) when one is named. A MAX stage is
+    loaded in the block-format activations the plan names for it (the mode its profile was timed
+    in), not in whatever its worker defaults to; a worker that cannot run that mode refuses the
+    load (MAX_ACTIVATIONS_BACKEND / MAX_ACTIVATIONS_UNSUPPORTED), which fails the install."""
     binding = common_pb2.PlanBinding(
         plan_id=fnx2_plan_id(plan), plan_hash=plan.plan_hash, plan_generation_id=generation
     )
@@ -252,6 +255,7 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
         output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
         previous_hop_identity=_previous_hop(plan, stage.stage_index, identities, fleet.identity),
         next_hop_identity=_next_hop(plan, stage.stage_index, identities),
+        max_activations=stage.max_activations,
     ), identities.get(stage.node, "")) for stage, artifact in zip(plan.stages, artifacts, strict=True)]
     return await load_route(loads, progress=progress, channel=fleet.channel, keep_generation=keep_generation,
                             replace_generation=replace_generation)
