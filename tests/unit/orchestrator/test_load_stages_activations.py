@@ -13,6 +13,7 @@ import pytest
 from fornax.artifact_builder.v1 import artifact_builder_pb2 as ab_pb
 from fornax.stage_worker.v1 import stage_worker_pb2 as sw_pb
 from libs.common.kinds import Backend, DType
+from libs.common.proto import BACKEND_TO_PB
 from libs.service.errors import InvalidArgument
 from services.orchestrator.route import install
 from services.orchestrator.route.install import Fleet, InstallSpec, load_stages
@@ -76,10 +77,17 @@ def test_a_worker_started_in_the_other_mode_loads_the_plans(monkeypatch, tmp_pat
     assert worker.activations_of(load) == "float32"
 
 
-def test_a_mode_on_a_stage_that_cannot_run_it_is_refused(monkeypatch):
-    # An install that forces numpy over a plan of MAX stages: the mode is refused, not dropped.
+def test_a_stage_the_install_runs_on_numpy_gets_no_mode(monkeypatch):
+    # The serve-at-once reference route installs a MAX plan on numpy: no mode goes to numpy,
+    # which would refuse one (MAX_ACTIVATIONS_BACKEND).
     (sent,) = _specs(_plan(_stage(0, "max", "int8", 1)), monkeypatch, backend=Backend.NUMPY)
-    assert sent.max_activations == "int8"
+    assert sent.backend == BACKEND_TO_PB[Backend.NUMPY] and sent.max_activations == ""
+    assert load_spec_from_pb(sw_pb.LoadStageRequest(spec=sent)).max_activations is None
+
+
+def test_a_mode_on_a_numpy_stage_is_refused(monkeypatch):
+    (spec,) = _specs(_plan(_stage(0, "max", "int8", 1)), monkeypatch, backend=Backend.NUMPY)
+    spec.max_activations = "int8"  # a numpy stage given a mode: refused, never ignored
     with pytest.raises(InvalidArgument) as refused:
-        load_spec_from_pb(sw_pb.LoadStageRequest(spec=sent))
+        load_spec_from_pb(sw_pb.LoadStageRequest(spec=spec))
     assert (refused.value.reason, refused.value.field) == ("MAX_ACTIVATIONS_BACKEND", "spec.max_activations")
