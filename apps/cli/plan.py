@@ -373,7 +373,14 @@ def _stage_rows(result) -> list[str]:
             f"{s.memory_bytes / GIB:>8.2f} {s.node_memory_bytes / GIB:>8.2f} {c.compute_s * 1e3:>10.3f} "
             f"{c.pack_s * 1e6:>8.2f} {c.wire_s * 1e6:>8.2f} {c.unpack_s * 1e6:>9.2f} {c.queue_s * 1e3:>8.3f} "
             f"{c.exposed_wait_s * 1e3:>8.3f}")
-    return rows
+    return rows + [_stage_runs(result.plan.stages)]
+
+
+def _stage_runs(stages) -> str:
+    """What each stage runs: its backend and build, and a MAX stage's block-format activations."""
+    return "runs: " + "; ".join(
+        f"stage {s.stage_index} {s.backend}" + (f" {s.build}" if s.build else "")
+        + (f" ({s.max_activations} activations)" if s.max_activations else "") for s in stages)
 
 
 def format_result(result, stages: bool = True) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from libs.common.kinds import Backend, DType
+from libs.common.kinds import Backend, DType, block_activations_refusal
 from services.planner.inventory import InventoryError, parse_quantity
 
 SCHEMA_PATH = Path(__file__).with_name("fleet.schema.json")
@@ -85,9 +85,9 @@ def _host(raw: dict, index: int) -> HostSpec:
     memory = _quantity(raw["memory_limit"], "bytes", f"{where}.memory_limit")
     if rate_bytes <= 0 or memory < 64 * 2**20:
         raise FleetFileError(f"{where}: link rate must be > 0 and memory_limit at least 64MiB")
-    if raw.get("max_activations") is not None and raw["backend"] != Backend.MAX.value:
-        raise FleetFileError(f"{where}.max_activations: sets a max stage's block-format activations; "
-                             f"this host runs {raw['backend']} (MAX_ACTIVATIONS_BACKEND)")
+    refusal = block_activations_refusal(str(raw.get("max_activations") or ""), raw["backend"])
+    if refusal is not None:
+        raise FleetFileError(f"{where}.max_activations: {refusal[1]} ({refusal[0]})")
     return HostSpec(
         name=raw["name"], backend=Backend(raw["backend"]), device=raw.get("device", "cpu"),
         cpu_cores=float(raw["cpu_cores"]), memory_limit_bytes=int(memory),

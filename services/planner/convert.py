@@ -269,7 +269,7 @@ def plan_to_proto(p: d.Plan) -> pb.Plan:
             reserve_bytes=s.reserve_bytes, decode_cost=_cost(s.decode), prefill_cost=_cost(s.prefill),
             terms=[pb.TermEvidence(term=t.term, evidence_class=t.evidence_class, record_ids=list(t.record_ids),
                                    note=t.note, value=t.value, unit=t.unit) for t in s.terms],
-            host=s.host,
+            host=s.host, max_activations=s.max_activations,
         ) for s in p.stages],
         evidence_record_ids=list(p.evidence_ids), route_key=p.route_key, calibration_record_id=p.calibration_id,
         predictions=[common.Figure(name=x.name, value=x.value, unit=x.unit, prediction=True,
@@ -293,7 +293,7 @@ def plan_from_proto(p: pb.Plan) -> d.Plan:
             node_memory_bytes=0, decode=_cost_back(s.decode_cost), prefill=_cost_back(s.prefill_cost),
             terms=tuple(d.TermEvidence(t.term, t.evidence_class, tuple(t.record_ids), t.note, t.value, t.unit)
                         for t in s.terms),
-            host=s.host,
+            host=s.host, max_activations=s.max_activations,
         ) for s in p.stages),
         predictions=tuple(d.Prediction(x.name, x.value, x.unit) for x in p.predictions),
         evidence_ids=tuple(p.evidence_record_ids), route_key=p.route_key, calibration_id=p.calibration_record_id,

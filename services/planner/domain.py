@@ -113,6 +113,9 @@ class PlannedStage:
     prefill: StageCost
     terms: tuple[TermEvidence, ...] = ()
     host: str = ""
+    # A MAX stage's block-format activations (its node's `Node.activations`: the mode the stage is
+    # loaded in and its profile was timed in); "" on a stage of another backend.
+    max_activations: str = ""
 
     @property
     def memory_bytes(self) -> int:

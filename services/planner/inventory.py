@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from libs.common.kinds import FLOAT_DTYPES, Backend, DType
-from libs.profiles.schema import DEFAULT_MAX_ACTIVATIONS, MAX_ACTIVATIONS
+from libs.common.kinds import FLOAT_DTYPES, Backend, DType, block_activations_refusal
+from libs.profiles.schema import DEFAULT_MAX_ACTIVATIONS
 from libs.service.errors import InvalidArgument
 from libs.weights.formats import FORMATS
 
@@ -65,13 +65,11 @@ class Node:
 
 def check_max_activations(value: str, backend: Backend, field: str) -> str:
     """A node's reported activations: one MAX runs (MAX_ACTIVATIONS_UNSUPPORTED), and only on a
-    MAX node (MAX_ACTIVATIONS_BACKEND); "" = not reported."""
-    if value and value not in MAX_ACTIVATIONS:
-        raise InventoryError(f"max activations {value!r}; expected one of {', '.join(MAX_ACTIVATIONS)}",
-                             reason="MAX_ACTIVATIONS_UNSUPPORTED", field=field)
-    if value and backend != Backend.MAX:
-        raise InventoryError(f"max activations {value!r} set on a {backend} node (only a max stage has "
-                             "block-format activations)", reason="MAX_ACTIVATIONS_BACKEND", field=field)
+    MAX node (MAX_ACTIVATIONS_BACKEND); "" = not reported (`libs.common.kinds.block_activations_refusal`)."""
+    refusal = block_activations_refusal(value, backend)
+    if refusal is not None:
+        reason, message = refusal
+        raise InventoryError(message, reason=reason, field=field)
     return value
 
 

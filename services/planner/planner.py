@@ -141,6 +141,7 @@ def _stage(tables: CostTables, placement: Placement, i: int) -> d.PlannedStage:
         reserve_bytes=node.reserve_bytes, node_memory_bytes=node.memory_bytes,
         decode=d.StageCost(decode.compute_s, decode.pack_s, decode.wire_s, decode.unpack_s),
         prefill=d.StageCost(prefill.compute_s, prefill.pack_s, prefill.wire_s, prefill.unpack_s),
+        max_activations=node.activations,
     )
 
 
@@ -302,7 +303,19 @@ def _measured_stage(t: measured.MeasuredTables, placement: Placement, i: int) ->
         owns_embeddings=a == 0, owns_head=b == t.num_layers, weight_bytes=weights, kv_bytes=kv,
         activation_bytes=activation, reserve_bytes=reserve, node_memory_bytes=node.memory_bytes,
         decode=decode, prefill=prefill, terms=measured.stage_terms(t, v, a, b, nxt, prev, decode, memory),
-        host=measured.host_of(node))
+        host=measured.host_of(node), max_activations=node.activations)
+
+
+def _stage_content(s: d.PlannedStage) -> dict[str, object]:
+    """A stage's part of the plan hash: its placement and what it runs. A MAX stage's activations
+    count (another mode is another compiled graph); they are left out when empty, so a plan without
+    MAX stages keeps the hash it had before the field existed."""
+    content: dict[str, object] = {
+        "node": s.node, "backend": s.backend, "build": s.build, "layer_start": s.layer_start,
+        "layer_end_exclusive": s.layer_end, "owns_embeddings": s.owns_embeddings, "owns_head": s.owns_head}
+    if s.max_activations:
+        content["max_activations"] = s.max_activations
+    return content
 
 
 def _assemble(model: ModelDescription, target: Target, stages: list[d.PlannedStage], method: str,
@@ -313,11 +326,7 @@ def _assemble(model: ModelDescription, target: Target, stages: list[d.PlannedSta
         "model_snapshot": model.model_snapshot,
         "mode": target.mode,
         "target": asdict(target),
-        "stages": [
-            {"node": s.node, "backend": s.backend, "build": s.build, "layer_start": s.layer_start,
-             "layer_end_exclusive": s.layer_end, "owns_embeddings": s.owns_embeddings, "owns_head": s.owns_head}
-            for s in stages
-        ],
+        "stages": [_stage_content(s) for s in stages],
     }
     if route_key:
         content["route_key"] = route_key

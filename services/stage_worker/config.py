@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.common.kinds import BLOCK_ACTIVATIONS, Backend
+from libs.common.kinds import BLOCK_ACTIVATIONS, DEFAULT_BLOCK_ACTIVATIONS, Backend, block_activations_refusal
 from libs.model.errors import ConfigError
 from libs.model.kv_blocks import KV_DTYPES, require_kv_backend
 from libs.security.paths import parse_roots
@@ -144,11 +144,12 @@ def _kv_dtype(value: str, backend: str) -> str:
 
 
 def _max_activations(value: str, backend: str) -> str:
-    """A value the MAX backend knows; a numpy worker has no block-format activations to set."""
-    if value not in BLOCK_ACTIVATIONS:
-        raise SystemExit(f"MAX_ACTIVATIONS_UNSUPPORTED: max activations {value!r}; expected one of "
-                         f"{', '.join(BLOCK_ACTIVATIONS)}")
-    if value != "int8" and backend != Backend.MAX.value:
-        raise SystemExit(f"MAX_ACTIVATIONS_BACKEND: max activations {value!r} need the max backend; this "
-                         f"worker runs {backend!r}")
+    """A value the MAX backend knows; a numpy worker has no block-format activations to set (it
+    keeps the default, which it never uses). Refusals: `libs.common.kinds.block_activations_refusal`."""
+    refusal = block_activations_refusal(value, None if value == DEFAULT_BLOCK_ACTIVATIONS else backend)
+    if refusal is None and not value:  # `pick` never yields "", but an empty mode is no mode
+        refusal = ("MAX_ACTIVATIONS_UNSUPPORTED", f"max activations are empty; expected one of {BLOCK_ACTIVATIONS}")
+    if refusal is not None:
+        reason, message = refusal
+        raise SystemExit(f"{reason}: {message}")
     return value

@@ -18,7 +18,7 @@ from pathlib import Path
 import structlog
 
 from libs.artifacts.transfer import ArtifactCache
-from libs.common.kinds import BLOCK_ACTIVATIONS, FLOAT_DTYPES, Backend, DType
+from libs.common.kinds import FLOAT_DTYPES, Backend, DType, block_activations_refusal
 from libs.common.proto import dtype_pb_name
 from libs.model.config import DeepseekV2Config, load_config
 from libs.model.errors import KvEpochError, ModelError
@@ -193,15 +193,12 @@ def _grammar_vocabulary(source: str, config: DeepseekV2Config) -> GrammarVocabul
 
 def check_max_activations(value: str | None, backend: Backend) -> None:
     """A stage's block-format activations: a value MAX knows, and only on a MAX stage (a numpy
-    stage has no such products: the value is refused, never ignored)."""
-    if not value:
-        return
-    if value not in BLOCK_ACTIVATIONS:
-        raise InvalidArgument(f"max activations {value!r} are not one of {', '.join(BLOCK_ACTIVATIONS)}",
-                              reason="MAX_ACTIVATIONS_UNSUPPORTED", field="spec.max_activations")
-    if backend != Backend.MAX:
-        raise InvalidArgument(f"max activations {value!r} apply only to a max stage; this stage runs {backend}",
-                              reason="MAX_ACTIVATIONS_BACKEND", field="spec.max_activations")
+    stage has no such products: the value is refused, never ignored): MAX_ACTIVATIONS_UNSUPPORTED /
+    MAX_ACTIVATIONS_BACKEND (`libs.common.kinds.block_activations_refusal`)."""
+    refusal = block_activations_refusal(value or "", backend)
+    if refusal is not None:
+        reason, message = refusal
+        raise InvalidArgument(message, reason=reason, field="spec.max_activations")
 
 
 def _check_boundary_contract(spec: LoadSpec, manifest) -> None:

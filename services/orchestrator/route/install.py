@@ -234,24 +234,30 @@ async def load_stages(spec: InstallSpec, fleet: Fleet, plan: Plan, artifacts: li
                       generation: str, progress: Callable[[str], None], keep_generation: str = "",
                       replace_generation: str = "") -> RoutePlan:
     """One stage per planned stage, on the worker the plan names, as plan generation `generation`,
-    beside generation `keep_generation` (the serving route) when one is named."""
+    beside generation `keep_generation` (the serving route) when one is named. A MAX stage is
+    loaded in the block-format activations the plan names for it (the mode its profile was timed
+    in), not in whatever its worker defaults to; a worker that cannot run that mode refuses the
+    load (MAX_ACTIVATIONS_UNSUPPORTED), which fails the install. A stage the install runs on
+    another backend (the serve-at-once reference route: numpy over a MAX plan) gets no mode."""
     binding = common_pb2.PlanBinding(
         plan_id=fnx2_plan_id(plan), plan_hash=plan.plan_hash, plan_generation_id=generation
     )
     workers = {node_name(i): address for i, address in enumerate(fleet.workers)}
     identities = await _worker_identities(fleet)
     count = len(plan.stages)
+    backends = [spec.backend or Backend(stage.backend) for stage in plan.stages]
     loads = [StageLoad(workers[stage.node], sw_pb.StageSpec(
         stage_index=stage.stage_index, stage_count=count,
         layer_range=common_pb2.LayerRange(layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end),
         plan=binding, artifact_source_address=fleet.artifact_builder, manifest_hash=artifact.manifest_hash,
-        backend=BACKEND_TO_PB[spec.backend or Backend(stage.backend)],
+        backend=BACKEND_TO_PB[backends[stage.stage_index]],
         boundary_dtype=DTYPE_TO_PB[stage_dtypes(spec, stage.stage_index, count)[1]],
         input_boundary_dtype=DTYPE_TO_PB[stage_dtypes(spec, stage.stage_index, count)[0]],
         kv_limit_bytes=stage_kv_limit(spec.kv_limit_bytes, stage.kv_bytes),
         output_mode=sw_pb.OUTPUT_MODE_SAMPLED_TOKENS, device="cpu",
         previous_hop_identity=_previous_hop(plan, stage.stage_index, identities, fleet.identity),
         next_hop_identity=_next_hop(plan, stage.stage_index, identities),
+        max_activations=stage.max_activations if backends[stage.stage_index] == Backend.MAX else "",
     ), identities.get(stage.node, "")) for stage, artifact in zip(plan.stages, artifacts, strict=True)]
     return await load_route(loads, progress=progress, channel=fleet.channel, keep_generation=keep_generation,
                             replace_generation=replace_generation)

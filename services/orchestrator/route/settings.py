@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from libs.common.kinds import BLOCK_ACTIVATIONS, Backend, DType
+from libs.common.kinds import Backend, DType, block_activations_refusal
 from libs.service.affinity import format_cpu_set, parse_cpu_set
 from libs.service.env_settings import (
     Codec,
@@ -30,6 +30,19 @@ from services.orchestrator.route.replan_policy import ReplanSettings
 # FORNAX_BACKEND value for an unlike fleet: each stage runs its own worker's backend.
 BACKEND_OF_WORKER = "worker"
 PLAN_MODES = ("exploratory", "deployment")
+
+
+def _block_activations() -> Codec:
+    """A worker's block-format activations (`libs.common.kinds.block_activations_refusal`); its
+    backend is not known here, so only an unknown mode is refused (MAX_ACTIVATIONS_UNSUPPORTED)."""
+    def parse(raw: str, variable: str) -> str:
+        refusal = block_activations_refusal(raw)
+        if refusal is not None:
+            reason, message = refusal
+            raise invalid(variable, raw, f"a mode MAX runs ({message})", reason)
+        return raw
+
+    return Codec(parse, str)
 
 
 def _install_backend() -> Codec:
@@ -97,7 +110,7 @@ class RouteSettings:
     # aligned with stage_workers; a numpy worker's entry is unused): background compiles compile
     # the graphs of these modes. Empty = every worker's default, int8.
     worker_max_activations: tuple[str, ...] = setting(
-        "FORNAX_WORKER_MAX_ACTIVATIONS", (), listed(one_of(BLOCK_ACTIVATIONS, "MAX_ACTIVATIONS_UNSUPPORTED")))
+        "FORNAX_WORKER_MAX_ACTIVATIONS", (), listed(_block_activations()))
     # Whether the live switch from the numpy reference route to MAX happens only where each
     # stage's measured MAX decode step beats numpy's (measured), or unconditionally (always).
     max_switch: SwitchPolicy = setting("FORNAX_MAX_SWITCH", SwitchPolicy.MEASURED,

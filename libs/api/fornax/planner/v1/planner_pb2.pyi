@@ -214,7 +214,7 @@ class TermEvidence(_message.Message):
     def __init__(self, term: _Optional[str] = ..., evidence_class: _Optional[str] = ..., record_ids: _Optional[_Iterable[str]] = ..., note: _Optional[str] = ..., value: _Optional[float] = ..., unit: _Optional[str] = ...) -> None: ...
 
 class PlannedStage(_message.Message):
-    __slots__ = ("stage_index", "node", "layer_range", "owns_embeddings", "owns_head", "weight_bytes", "kv_bytes", "activation_bytes", "memory_bytes", "decode_cost", "prefill_cost", "reserve_bytes", "backend", "build", "terms", "host")
+    __slots__ = ("stage_index", "node", "layer_range", "owns_embeddings", "owns_head", "weight_bytes", "kv_bytes", "activation_bytes", "memory_bytes", "decode_cost", "prefill_cost", "reserve_bytes", "backend", "build", "terms", "host", "max_activations")
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     LAYER_RANGE_FIELD_NUMBER: _ClassVar[int]
@@ -231,6 +231,7 @@ class PlannedStage(_message.Message):
     BUILD_FIELD_NUMBER: _ClassVar[int]
     TERMS_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
     stage_index: int
     node: str
     layer_range: _common_pb2.LayerRange
@@ -247,7 +248,8 @@ class PlannedStage(_message.Message):
     build: str
     terms: _containers.RepeatedCompositeFieldContainer[TermEvidence]
     host: str
-    def __init__(self, stage_index: _Optional[int] = ..., node: _Optional[str] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., owns_embeddings: _Optional[bool] = ..., owns_head: _Optional[bool] = ..., weight_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., activation_bytes: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., decode_cost: _Optional[_Union[StageCost, _Mapping]] = ..., prefill_cost: _Optional[_Union[StageCost, _Mapping]] = ..., reserve_bytes: _Optional[int] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., build: _Optional[str] = ..., terms: _Optional[_Iterable[_Union[TermEvidence, _Mapping]]] = ..., host: _Optional[str] = ...) -> None: ...
+    max_activations: str
+    def __init__(self, stage_index: _Optional[int] = ..., node: _Optional[str] = ..., layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., owns_embeddings: _Optional[bool] = ..., owns_head: _Optional[bool] = ..., weight_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., activation_bytes: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., decode_cost: _Optional[_Union[StageCost, _Mapping]] = ..., prefill_cost: _Optional[_Union[StageCost, _Mapping]] = ..., reserve_bytes: _Optional[int] = ..., backend: _Optional[_Union[_common_pb2.Backend, str]] = ..., build: _Optional[str] = ..., terms: _Optional[_Iterable[_Union[TermEvidence, _Mapping]]] = ..., host: _Optional[str] = ..., max_activations: _Optional[str] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ("subject", "reason", "detail", "required", "available")
