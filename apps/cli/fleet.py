@@ -270,7 +270,7 @@ def _reference_decision(args: argparse.Namespace, spec: FleetSpec | None,
         return NO_REFERENCE
     return reference_decision(spec, args.checkpoint, args.weights, serve_while_compiling=args.serve_while_compiling,
                               replica_routes=layout is not None and bool(layout.groups),
-                              max_activations=args.max_activations or "")
+                              max_activations=args.max_activations or "", deployment=args.mode == "deployment")
 
 
 def _fleet_starter(args: argparse.Namespace, spec: FleetSpec | None, layout: RouteLayout | None,

@@ -42,12 +42,20 @@ CONTROL_SERVICES_BYTES = GIB // 2
 COMPILE_JOB_BYTES = 3 * GIB // 2
 
 
+# A deployment installs only a plan whose route `fornax qualify` passed (on its MAX hosts); the
+# numpy reference route of the same hosts never was, so the planner would refuse it.
+DEPLOYMENT_SERVES_ONLY_QUALIFIED = "deployment mode installs only a route `fornax qualify` passed, and the numpy " \
+    "reference route is not one"
+
+
 def reference_decision(spec: FleetSpec, checkpoint: str | None, weights: str | None, *, serve_while_compiling: bool,
-                       replica_routes: bool, max_activations: str = "") -> ReferenceDecision:
+                       replica_routes: bool, max_activations: str = "", deployment: bool = False) -> ReferenceDecision:
     """Whether `fornax up --fleet` starts reference workers, and on which hosts, with the lines
     it prints; every case that cannot serve at once says why."""
     if not serve_while_compiling or not checkpoint or all(h.backend is Backend.NUMPY for h in spec.stage_hosts):
         return NO_REFERENCE
+    if deployment:
+        return _without(DEPLOYMENT_SERVES_ONLY_QUALIFIED)
     if Path(checkpoint).suffix == ".gguf":
         return _without("a GGUF keeps its stored formats, and the switch is measured on float32 weights")
     if replica_routes:

@@ -17,7 +17,9 @@ REFERENCE_BACKEND = "numpy"
 
 
 def wants_reference_workers(options: FleetOptions) -> bool:
-    return options.backend != REFERENCE_BACKEND and bool(options.checkpoint) and options.serve_while_compiling
+    """A deployment serves only a qualified route, never the numpy reference one meanwhile."""
+    return (options.backend != REFERENCE_BACKEND and bool(options.checkpoint) and options.serve_while_compiling
+            and options.plan_mode != "deployment")
 
 
 REFERENCE_SUFFIX = "_reference"

@@ -108,6 +108,17 @@ def test_the_shipped_unlike_fleet_on_tiny_starts_a_reference_worker_on_its_max_h
                             "reference workers",)
 
 
+def test_a_deployment_serves_no_reference_route_since_no_gate_passed_it(tmp_path):
+    # The planner refuses the numpy reference route in deployment mode (no calibration of it):
+    # the fleet waits for the MAX graphs instead, and says why.
+    spec = load_fleet_spec(FLEETS / "two-unlike-hosts.yaml")
+    decision = reference_decision(spec, str(_tiny(tmp_path)), None, serve_while_compiling=True,
+                                  replica_routes=False, deployment=True)
+    assert decision.reference_hosts == frozenset()
+    assert decision.lines == ("MAX hosts serve only after their graphs compile: deployment mode installs only a "
+                              "route `fornax qualify` passed, and the numpy reference route is not one",)
+
+
 def test_a_packed_reference_stage_counts_its_stored_bytes_and_one_decoded_weight(tmp_path):
     from apps.fleet.fleet_reference_inputs import _decode_scratch_bytes, _numpy_weight_bytes
     from libs.model.config import load_config

@@ -19,6 +19,7 @@ def test_only_a_max_fleet_with_a_checkpoint_gets_reference_workers():
     assert wants_reference_workers(_options(backend="max"))
     assert not wants_reference_workers(_options(backend="numpy"))
     assert not wants_reference_workers(_options(backend="max", serve_while_compiling=False))
+    assert not wants_reference_workers(_options(backend="max", plan_mode="deployment"))  # never qualified
     assert not wants_reference_workers(FleetOptions(state_dir=Path("/tmp/x"), backend="max"))
 
 
