@@ -27,9 +27,9 @@ from libs.weights.policy import DEFAULT_POLICY, POLICIES
 
 EVIDENCE = "PHYSICAL"
 # A serving window's tokens per stream. It measures from every stream's first token until the
-# first stream ends (on the tiny checkpoint one prompt ends after 38 tokens); a gate asks for as
-# many (apps.qualify.run.GATE_DECODE_TOKENS), so the two windows run the same decode. The
-# route's own spread between bring-ups is what a window cannot narrow.
+# first stream ends (on the tiny checkpoint one prompt ends after 38 tokens), so asking for more
+# than qualify's 24 gives each window more decode microbatches for the cost of a few hundred ms;
+# the route's own spread between bring-ups is what a window cannot narrow.
 WINDOW_DECODE_TOKENS = 64
 
 
@@ -74,7 +74,8 @@ def register(commands, benches) -> None:
     p.add_argument("--window-runs", type=int, default=3, help="decode windows the serving window measures")
     p.add_argument("--window-decode-tokens", type=int, default=WINDOW_DECODE_TOKENS,
                    help="greedy tokens each serving-window stream asks for; a window measures until the first "
-                        f"stream ends (default {WINDOW_DECODE_TOKENS}, as many as `fornax qualify` asks for)")
+                        f"stream ends (default {WINDOW_DECODE_TOKENS}: more decode microbatches per window than "
+                        "qualify's 24)")
     p.add_argument("--startup-timeout-s", type=float, default=180.0)
     p.set_defaults(func=cmd_profile)
 

@@ -13,7 +13,7 @@ from apps.fleet.route_wait import RouteFailed
 from apps.fleet.spec import FleetFileError
 from apps.qualify.gate import DEFAULT_TOLERANCE
 from apps.qualify.reference_choice import AUTO, REFERENCES
-from apps.qualify.run import GATE_DECODE_TOKENS, QualifyConfig, QualifyError, qualify
+from apps.qualify.run import QualifyConfig, QualifyError, qualify
 from libs.weights.policy import DEFAULT_POLICY, POLICIES
 
 
@@ -33,9 +33,7 @@ def register(commands, benches) -> None:
     q.add_argument("--expiry-budget-s", type=float, default=1.0,
                    help="deadline budget of the expiry check's stream (it must not end by itself sooner)")
     q.add_argument("--expiry-tolerance-s", type=float, default=0.5)
-    q.add_argument("--decode-tokens", type=int, default=GATE_DECODE_TOKENS,
-                   help=f"greedy tokens per stream (default {GATE_DECODE_TOKENS}, as many as `fornax profile`'s "
-                        "serving window asks for)")
+    q.add_argument("--decode-tokens", type=int, default=24, help="greedy tokens per stream")
     q.add_argument("--numpy-only", action="store_true",
                    help="run every host on the numpy backend (no MAX compiles); the route key says so")
     q.add_argument("--install-timeout-s", type=float, default=3600.0)

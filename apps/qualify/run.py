@@ -98,16 +98,6 @@ CLEANUP_TIMEOUT_S = 20.0
 SIGNER = service_identity("orchestrator")
 
 
-# Greedy tokens per decode stream of a gate. The gate measures its calibration window from every
-# stream's first token until the first stream ends, as `fornax profile`'s serving window does,
-# and it asks for as many tokens: the window whose figures the prediction was scaled by and the
-# window that checks it then run the same decode (on the tiny checkpoint both end at its first
-# stream's end, 38 tokens). With 24 a gate window was about 50 microbatches (0.3 s on this
-# project's one-core MAX host, three CFS periods): its runs spread 37-47 % and it measured the
-# route 20-24 % slower than the 38-token window predicted in both passing gates of three (AMD EPYC).
-GATE_DECODE_TOKENS = 64
-
-
 @dataclass(frozen=True)
 class QualifyConfig:
     fleet_file: Path
@@ -120,7 +110,7 @@ class QualifyConfig:
     skew_s: int = skew.DEFAULT_SKEW_S
     expiry_budget_s: float = 1.0
     expiry_tolerance_s: float = 0.5
-    decode_tokens: int = GATE_DECODE_TOKENS
+    decode_tokens: int = 24
     install_timeout_s: float = 3600.0
     recovery_timeout_s: float = 90.0
     valid_for_s: int = 7 * 86400
