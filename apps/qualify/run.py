@@ -27,6 +27,7 @@ from apps.fleet.route_wait import wait_for_route
 from apps.fleet.spec import FleetSpec, load_fleet_spec
 from apps.fleet.supervisor import FleetSupervisor
 from apps.qualify import skew
+from apps.qualify.child_call import ChildCallFailed, call_in_child
 from apps.qualify.diagnosis import shared_cpus
 from apps.qualify.fencing import FirstStage, reconnect_fencing
 from apps.qualify.gate import (
@@ -414,8 +415,11 @@ def _workload(cfg: QualifyConfig, route: LiveRoute, choice: ReferenceChoice,
     if cfg.serving_window:
         return work, [], agreement
     parity = streamed_boundary_parity if choice.kind == STREAMED else boundary_parity
-    boundaries, _, _ = parity(cfg.checkpoint, ranges, list(weights.backends), cfg.parity_tolerance,
-                              policy=weights.policy, hops=weights.hops)
+    try:  # in a child process: no MAX runtime stays in this one while it measures (child_call)
+        boundaries, _, _ = call_in_child(parity, cfg.checkpoint, ranges, list(weights.backends),
+                                         cfg.parity_tolerance, policy=weights.policy, hops=weights.hops)
+    except ChildCallFailed as exc:
+        raise QualifyError(f"boundary parity: {exc}", exc.reason) from exc
     return work, boundaries, agreement
 
 
