@@ -49,7 +49,6 @@ from max.dtype import DType
 from max.graph import DeviceRef, Dim, Graph, TensorType, TensorValue, Weight, ops
 from max.graph.quantization import QuantizationEncoding
 
-from libs.common.kinds import BLOCK_ACTIVATIONS
 from libs.model.config import DeepseekV2Config
 from libs.model.custom_kernels import needs_custom_op, op_name
 from libs.model.errors import MojoKernelsError
@@ -120,7 +119,6 @@ QMATMUL_ENCODINGS = {"q4_0": QuantizationEncoding.Q4_0, "q4_k": QuantizationEnco
                      "q6_k": QuantizationEncoding.Q6_K}
 # MAX's product kernel of each, on weights in its own layout (`max_repack` lays them out at bind).
 PACKED_MATMUL_OPS = {"q4_0": "vroom_q4_0_matmul", "q4_k": "vroom_q4_k_matmul", "q6_k": "vroom_q6_k_matmul"}
-ACTIVATIONS = BLOCK_ACTIVATIONS
 
 
 def full_precision(name: str, rank: int) -> bool:
