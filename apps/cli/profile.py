@@ -295,7 +295,7 @@ def render(result: FleetProfiles) -> str:
         mode = f" timed in {p.activations_label}" if p.max_activations else ""
         lines.append(f"  build: {p.backend_build}{mode} on {p.device}; snapshot {p.model_snapshot}; dtype {p.dtype}; "
                      f"weights {p.weights_policy}; "
-                     f"decode pasts {list(p.decode_contexts)} tokens, concurrency {p.concurrency}")
+                     f"decode pasts {list(p.decode_contexts)} tokens, concurrency {p.concurrency}; {p.timing_label}")
         lines.append(f"  command: {p.command}; measured by {p.worker}; valid {p.valid_for_s} s")
         for kind in p.kinds:
             lines += _kind_rows(kind)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from libs.common.kinds import BLOCK_ACTIVATIONS
+from libs.profiles.sustained_clock import SUSTAINED, WALL, describe_timing
 
 STAGE_PROFILE_SCHEMA = "fornax.stage-profile/1"
 LINK_PROFILE_SCHEMA = "fornax.link-profile/1"
@@ -185,6 +186,9 @@ class StageProfile:
     # "int8" or "float32" on a max profile ("" reads as "int8": what every MAX profile timed
     # before the mode was recorded), "" on a numpy profile (it has none).
     max_activations: str = ""
+    # How its figures were timed (`libs.profiles.sustained_clock`): "sustained" on a host with a CPU
+    # quota, "wall" without one and in profiles that predate it.
+    timing: str = WALL
     schema: str = STAGE_PROFILE_SCHEMA
 
     def __post_init__(self) -> None:
@@ -192,9 +196,15 @@ class StageProfile:
             object.__setattr__(self, "max_activations", DEFAULT_MAX_ACTIVATIONS)
         if self.backend == MAX_BACKEND and self.max_activations not in MAX_ACTIVATIONS:
             raise ProfileFormatError(f"max_activations {self.max_activations!r} is none of {MAX_ACTIVATIONS}")
+        if self.timing not in (WALL, SUSTAINED):
+            raise ProfileFormatError(f"timing {self.timing!r} is neither {WALL!r} nor {SUSTAINED!r}")
         if self.backend != MAX_BACKEND and self.max_activations:
             raise ProfileFormatError(f"max_activations {self.max_activations!r} on a {self.backend} profile "
                                      "(only a max profile times block-format activations)")
+
+    @property
+    def timing_label(self) -> str:
+        return describe_timing(self.timing, self.host.cpu_quota_cores)
 
     @property
     def activations_label(self) -> str:
@@ -392,7 +402,7 @@ def stage_profile_from_json(blob: bytes) -> StageProfile:
             step_s_by_context=_grid(data.get("step_s_by_context", {})),
             weights_policy=str(data.get("weights_policy", "fp32")),
             runtime_resident=_runtime_resident(data.get("runtime_resident")),
-            max_activations=str(data.get("max_activations", "")))
+            max_activations=str(data.get("max_activations", "")), timing=str(data.get("timing", WALL)))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileFormatError(f"bad stage profile: {exc}") from exc
 

@@ -23,7 +23,15 @@ A deployment plan is different: it installs what a gate measured. When a passing
 calibration of this model stands on these nodes, its placement is the deployment's, however
 the corrected cost model now ranks it; a placement predicted faster is named in the choice,
 to be qualified before it can be deployed.
-The choice and its figures (all predictions) are stated in the plan (`Plan.choice`).
+The choice and its figures (all predictions) are stated in the plan (`Plan.choice`); a placement
+that wins outright names the next fastest and which side of the spread keeps it out.
+
+A band always holds its own median. The lows and highs run through the same cost model as the
+medians, which reads figures at other rows and pasts off the measured grid by interpolation and
+extrapolation, and a line through two lows can rise above the line through two medians.
+Recorded on this project's two-unlike-hosts fleet: a fastest placement predicted 19.40 ms on the
+medians and 19.88 ms on the lows, so it did not tie with itself, the tie rule never ran, and a
+placement that tied with it (21.05 ms, band 17.80..32.63) lost to it on noise.
 """
 
 from __future__ import annotations
@@ -95,6 +103,9 @@ class Choice:
     chosen_band_s: tuple[float, float]  # (B_low, B_high) of the chosen placement
     fastest_band_s: tuple[float, float]
     candidates_within_spread: int
+    # The next fastest on the medians when the chosen one wins outright, and its band.
+    runner_up: Placement | None = None
+    runner_up_band_s: tuple[float, float] = (0.0, 0.0)
 
     def describe(self, names: Sequence[str]) -> str:
         def show(p: Placement) -> str:
@@ -109,9 +120,10 @@ class Choice:
         if self.rule == FASTEST and self.candidates_within_spread > 1:
             return (f"fastest on the medians: {chosen}, and the simplest of the {self.candidates_within_spread} "
                     "placements within the measured spread of it (predictions)")
+        if self.rule == FASTEST and self.runner_up is not None:
+            return f"fastest on the medians: {chosen}; {self._outright(show, band)} (predictions)"
         if self.rule == FASTEST:
-            return (f"fastest on the medians: {chosen}; no other placement's band of lowest..highest run "
-                    "overlaps it (predictions)")
+            return f"fastest on the medians: {chosen}; the only placement (predictions)"
         if self.rule == QUALIFIED and self.chosen == self.fastest:
             return f"the qualified placement, also the fastest on the medians: {chosen} (predictions)"
         if self.rule == QUALIFIED:
@@ -119,11 +131,26 @@ class Choice:
                     "which `fornax qualify` must measure before a deployment installs it (predictions)")
         if self.rule == UNCHECKED:
             return f"fastest on the medians: {chosen}; too many placements to check the spread (predictions)"
+        same = (self.chosen.nodes, self.chosen.cuts) == (self.fastest.nodes, self.fastest.cuts)
+        if self.rule == KEPT_PREVIOUS and same:
+            return (f"kept the placement chosen before, also the fastest on the medians: {chosen}; "
+                    f"{self.candidates_within_spread} placement(s) within the measured spread of it (predictions)")
         why = ("kept the placement chosen before" if self.rule == KEPT_PREVIOUS else
                "chose the simplest (fewest stages, inventory order, most even layers)")
         return (f"{why}: {chosen}; the fastest on the medians, {fastest}, lies within the measured spread of it "
                 f"(each median within the other's band; {self.candidates_within_spread} placement(s) within "
                 "spread; predictions)")
+
+
+    def _outright(self, show, band) -> str:
+        """Why the next fastest does not tie: which side of the spread keeps it out."""
+        assert self.runner_up is not None
+        nxt = self.runner_up
+        why = ("even its lowest-run prediction lies above this one's median"
+               if self.runner_up_band_s[0] > self.chosen.value else
+               "its median lies above this one's highest-run prediction")
+        return (f"the next fastest, {show(nxt)} (bottleneck {nxt.value * 1e3:.4g} ms, "
+                f"band {band(self.runner_up_band_s)}), is slower by more than the measured spread: {why}")
 
 
 def placements(problem: Problem) -> list[tuple[tuple[int, ...], tuple[int, ...]]] | None:
@@ -163,7 +190,8 @@ def choose(median: Problem, low: Problem, high: Problem, fastest: Placement,
     """The placement to plan: see the module docstring. `fastest` is the median problem's optimum;
     `qualified`, for a deployment, the placement of the newest passing calibration."""
     def band(nodes: tuple[int, ...], cuts: tuple[int, ...]) -> tuple[float, float]:
-        return evaluate(low, nodes, cuts), evaluate(high, nodes, cuts)
+        value = evaluate(median, nodes, cuts)
+        return min(evaluate(low, nodes, cuts), value), max(evaluate(high, nodes, cuts), value)
 
     fastest_band = band(fastest.nodes, fastest.cuts)
     if qualified is not None and _whole(median, qualified) and \
@@ -185,7 +213,17 @@ def choose(median: Problem, low: Problem, high: Problem, fastest: Placement,
         pick = min(within, key=lambda p: simplicity(*p))
         rule = FASTEST if pick == (fastest.nodes, fastest.cuts) else SIMPLEST
     chosen = Placement(pick[0], pick[1], evaluate(median, *pick))
-    return Choice(rule, chosen, fastest, band(*pick), fastest_band, max(len(within), 1))
+    runner = _runner_up(median, every, pick) if len(within) <= 1 else None
+    return Choice(rule, chosen, fastest, band(*pick), fastest_band, max(len(within), 1), runner,
+                  band(runner.nodes, runner.cuts) if runner else (0.0, 0.0))
+
+
+def _runner_up(median: Problem, every: list[tuple[tuple[int, ...], tuple[int, ...]]],
+               chosen: tuple[tuple[int, ...], tuple[int, ...]]) -> Placement | None:
+    """The fastest on the medians after `chosen`; None when no other placement is feasible."""
+    others = [Placement(n, c, evaluate(median, n, c)) for n, c in every if (n, c) != chosen]
+    others = [p for p in others if math.isfinite(p.value)]
+    return min(others, key=lambda p: (p.value, simplicity(p.nodes, p.cuts))) if others else None
 
 
 def previous_placement(book: ProfileBook, model_snapshot: str, hosts: Sequence[str],

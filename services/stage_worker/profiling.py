@@ -33,6 +33,7 @@ from libs.model.kernels import make_kernels
 from libs.model.weights import load_stage_weights
 from libs.profiles import link as link_probe
 from libs.profiles.measure import (
+    Clock,
     Grid,
     kinds_to_measure,
     measure_embed,
@@ -52,6 +53,7 @@ from libs.profiles.schema import (
     RuntimeResident,
     StageProfile,
 )
+from libs.profiles.sustained_clock import profile_clock
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.security.identity import Identity, IdentityError
 from libs.security.paths import confine
@@ -187,11 +189,13 @@ Sampler = Callable[[str, tuple[str, ...], int], ResidentSample]
 
 
 def measure_sources(backend: str, device: str, sources: list[ProfileSource], grid: Grid,
-                    options: object | None, sample: Sampler | None = None) -> Measured:
+                    options: object | None, sample: Sampler | None = None,
+                    clock: Clock = time.perf_counter) -> Measured:
     """Blocking: load each source into private kernels, measure the kinds it adds, then the
-    served step overhead over its whole range. `sample` takes the worker's own resident memory
-    after each source loads (weights mapped, kernels built) and after its timed steps (graphs a
-    backend compiles on first call built by then, the profile's own KV stores dropped)."""
+    served step overhead over its whole range, every figure on `clock` (`sustained_clock`).
+    `sample` takes the worker's own resident memory after each source loads (weights mapped,
+    kernels built) and after its timed steps (graphs a backend compiles on first call built by
+    then, the profile's own KV stores dropped)."""
     profiles: dict[str, LayerKindProfile] = {}
     layers: list[int] = []
     steps: list[dict[int, dict[int, list[float]]]] = []
@@ -206,14 +210,14 @@ def measure_sources(backend: str, device: str, sources: list[ProfileSource], gri
         if sample is not None:
             samples.append(sample(f"after load of {where}", (source.directory,), weight_copy_bytes(weights)))
         for kind, layer in kinds_to_measure(cfg, source.layer_start, source.layer_end, frozenset(profiles)).items():
-            profiles[kind] = measure_layer(cfg, kernels, weights, layer, grid)
+            profiles[kind] = measure_layer(cfg, kernels, weights, layer, grid, clock)
             layers.append(layer)
         if source.first and "embed" not in profiles:
-            profiles["embed"] = measure_embed(cfg, kernels, weights, grid)
+            profiles["embed"] = measure_embed(cfg, kernels, weights, grid, clock)
         if source.last and "head" not in profiles:
-            profiles["head"] = measure_head(cfg, kernels, weights, grid)
+            profiles["head"] = measure_head(cfg, kernels, weights, grid, clock)
         steps.append(measure_step_overhead(cfg, kernels, source.layer_start, source.layer_end, source.first,
-                                           source.last, profiles, grid))
+                                           source.last, profiles, grid, clock))
         if sample is not None:
             samples.append(sample(f"after the profiled steps of {where}", (source.directory,),
                                   weight_copy_bytes(weights)))
@@ -306,16 +310,18 @@ class Profiler:
         build = self._backend_build()
         sources = await self._sources(request, snapshot)
         options = profile_options(self._cfg)
+        facts = self._host_facts(host)
+        clock, timing = profile_clock(facts.cpu_quota_cores)
         loop = asyncio.get_running_loop()
         try:
             measured_sources = await loop.run_in_executor(
                 self._runtime.device_thread, measure_sources, self._cfg.backend.value, self._cfg.device, sources,
-                grid, options, self._resident_sample)
+                grid, options, self._resident_sample, clock)
         except ModelError as exc:
             raise FailedPrecondition(f"{exc.reason}: {exc.message}", reason="PROFILE_LOAD_FAILED") from exc
         cfg, kinds, layers = measured_sources.cfg, measured_sources.kinds, measured_sources.layers
         profile = StageProfile(
-            host=self._host_facts(host), worker=own_identity_uri(self._cfg.server.tls),
+            host=facts, worker=own_identity_uri(self._cfg.server.tls),
             backend=self._cfg.backend.value, backend_build=build, device=self._cfg.device, model_snapshot=snapshot,
             dtype=PROFILE_DTYPE, context_tokens=grid.context_tokens,
             concurrency=request.concurrency or max(grid.decode_batches), kinds=tuple(kinds),
@@ -324,7 +330,7 @@ class Profiler:
             step_s_per_microbatch=measured_sources.step.get(grid.context_tokens, {}),
             step_s_by_context=measured_sources.step, weights_policy=weights_policy_of(sources),
             runtime_resident=measured_sources.resident,
-            max_activations=options.block_activations if options is not None else "")
+            max_activations=options.block_activations if options is not None else "", timing=timing)
         measured = layers or [sources[0].layer_start]
         shapes = model_shapes(cfg) + "; sources " + ", ".join(s.label for s in sources)
         content, blob = stage_profile_record(profile, (min(measured), max(measured) + 1), shapes)
