@@ -272,6 +272,7 @@ def plan_to_proto(p: d.Plan) -> pb.Plan:
             host=s.host, max_activations=s.max_activations,
         ) for s in p.stages],
         evidence_record_ids=list(p.evidence_ids), route_key=p.route_key, calibration_record_id=p.calibration_id,
+        placement_choice=p.choice,
         predictions=[common.Figure(name=x.name, value=x.value, unit=x.unit, prediction=True,
                                    evidence_class=common.EVIDENCE_CLASS_PHYSICAL
                                    if p.from_profiles and not p.declared_terms else common.EVIDENCE_CLASS_REFERENCE,
@@ -297,6 +298,7 @@ def plan_from_proto(p: pb.Plan) -> d.Plan:
         ) for s in p.stages),
         predictions=tuple(d.Prediction(x.name, x.value, x.unit) for x in p.predictions),
         evidence_ids=tuple(p.evidence_record_ids), route_key=p.route_key, calibration_id=p.calibration_record_id,
+        choice=p.placement_choice,
     )
 
 

@@ -348,6 +348,8 @@ async def prepare(spec: InstallSpec, fleet: Fleet, progress: Callable[[str], Non
         f"plan {plan.plan_id} ({plan.label}): "
         + ", ".join(f"{s.node}@{s.host or s.node} layers [{s.layer_start},{s.layer_end})" for s in plan.stages)
     )
+    if plan.choice:
+        progress(f"placement: {plan.choice}")
     artifacts = tuple(await build_artifacts(spec, fleet, plan, progress))
     return StoredPlan(plan, artifacts, model_dir, pins)
 

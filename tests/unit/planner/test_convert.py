@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from fornax.planner.v1 import planner_pb2 as pb
@@ -44,6 +46,15 @@ def test_result_round_trips_through_the_response():
     assert [(s.node, s.layer_start, s.layer_end, s.decode, s.memory_bytes) for s in back.plan.stages] == [
         (s.node, s.layer_start, s.layer_end, s.decode, s.memory_bytes) for s in result.plan.stages]
     assert back.plan.predictions == result.plan.predictions
+
+
+def test_the_placement_choice_travels_with_the_plan_and_stays_out_of_its_hash():
+    result = plan(tiny_model(), full_mesh(node("a"), node("b")), Target(concurrency=4))
+    chosen = replace(result.plan, choice="fastest on the medians: a[0:4] (bottleneck 1 ms, band 1..2 ms) (predictions)")
+    message = convert.plan_to_proto(chosen)
+    assert message.placement_choice == chosen.choice
+    back = convert.plan_from_proto(message)
+    assert back.choice == chosen.choice and back.plan_hash == result.plan.plan_hash
 
 
 @pytest.mark.parametrize("mutate,field", [

@@ -266,7 +266,7 @@ class Rejection(_message.Message):
     def __init__(self, subject: _Optional[str] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., required: _Optional[float] = ..., available: _Optional[float] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("plan_id", "plan_hash", "mode", "stages", "predictions", "method", "objective", "model_snapshot", "label", "evidence_record_ids", "route_key", "calibration_record_id")
+    __slots__ = ("plan_id", "plan_hash", "mode", "stages", "predictions", "method", "objective", "model_snapshot", "label", "evidence_record_ids", "route_key", "calibration_record_id", "placement_choice")
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     PLAN_HASH_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -279,6 +279,7 @@ class Plan(_message.Message):
     EVIDENCE_RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
     ROUTE_KEY_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_RECORD_ID_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_CHOICE_FIELD_NUMBER: _ClassVar[int]
     plan_id: str
     plan_hash: str
     mode: PlanMode
@@ -291,7 +292,8 @@ class Plan(_message.Message):
     evidence_record_ids: _containers.RepeatedScalarFieldContainer[str]
     route_key: str
     calibration_record_id: str
-    def __init__(self, plan_id: _Optional[str] = ..., plan_hash: _Optional[str] = ..., mode: _Optional[_Union[PlanMode, str]] = ..., stages: _Optional[_Iterable[_Union[PlannedStage, _Mapping]]] = ..., predictions: _Optional[_Iterable[_Union[_common_pb2.Figure, _Mapping]]] = ..., method: _Optional[str] = ..., objective: _Optional[_Union[Objective, str]] = ..., model_snapshot: _Optional[str] = ..., label: _Optional[str] = ..., evidence_record_ids: _Optional[_Iterable[str]] = ..., route_key: _Optional[str] = ..., calibration_record_id: _Optional[str] = ...) -> None: ...
+    placement_choice: str
+    def __init__(self, plan_id: _Optional[str] = ..., plan_hash: _Optional[str] = ..., mode: _Optional[_Union[PlanMode, str]] = ..., stages: _Optional[_Iterable[_Union[PlannedStage, _Mapping]]] = ..., predictions: _Optional[_Iterable[_Union[_common_pb2.Figure, _Mapping]]] = ..., method: _Optional[str] = ..., objective: _Optional[_Union[Objective, str]] = ..., model_snapshot: _Optional[str] = ..., label: _Optional[str] = ..., evidence_record_ids: _Optional[_Iterable[str]] = ..., route_key: _Optional[str] = ..., calibration_record_id: _Optional[str] = ..., placement_choice: _Optional[str] = ...) -> None: ...
 
 class ProfileRecord(_message.Message):
     __slots__ = ("record_id", "type", "blob", "labels", "evidence_class")
