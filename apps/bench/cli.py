@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from apps.bench.block_matmul_cli import register_block_matmul
+from apps.bench.placement_core import PLACEMENT_REPEATS
 
 if TYPE_CHECKING:
     from apps.bench.serve import BenchOptions
@@ -134,7 +135,8 @@ def _register_placement(benches) -> None:
     placement.add_argument("--prompt-tokens", type=int, default=16)
     placement.add_argument("--max-tokens", type=int, default=24)
     placement.add_argument("--concurrency", type=int, default=8)
-    placement.add_argument("--repeats", type=int, default=2, help="interleaved repetitions per split (best kept)")
+    placement.add_argument("--repeats", type=int, default=PLACEMENT_REPEATS,
+                           help=f"interleaved repetitions per split, best kept (default {PLACEMENT_REPEATS})")
     placement.add_argument("--state-dir", default=".fornax",
                            help="where `fornax profile` stored this fleet's profile records (the calibrated plan's "
                                 "evidence)")

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from apps.bench.placement_core import (
+    PLACEMENT_REPEATS,
     NotPhysical,
     Split,
     bottleneck_prediction_error,
@@ -82,7 +83,7 @@ class PlacementBenchOptions:
     prompt_tokens: int = 16
     max_tokens: int = 24
     concurrency: int = 8
-    repeats: int = 2
+    repeats: int = PLACEMENT_REPEATS
     load_timeout_s: float = 3600.0
     profiles_state_dir: str = ".fornax"  # where `fornax profile` stored the fleet's profile records
     every_split: bool = False  # also serve every other placement of the layers on the two hosts

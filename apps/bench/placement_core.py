@@ -14,6 +14,14 @@ from dataclasses import dataclass
 
 from services.planner import domain as d
 
+# Runs per split. One run serves 8 x 24 tokens (about 0.2-0.3 s) and its tokens/s moves by a
+# fifth to a third from run to run: recorded on the two-unlike-hosts fleet (AMD EPYC, tiny), the
+# even split 479-800 tok/s and the calibrated one 586-1072 over six fleets at 2 runs each, the
+# very first run of a bench the slowest every time. Best of 4 keeps that first run out of
+# either side's figure and gives each split three warm chances.
+PLACEMENT_REPEATS = 4
+
+
 
 @dataclass(frozen=True)
 class Split:

@@ -9,16 +9,19 @@ Each layer kind is timed alone, on the inputs the stage executor would give it:
 
 A run is the mean over enough calls to last `min_run_s` (at least one); `runs` runs make one
 `Figure` (median, spread). Every shape is called once untimed first, so a backend that compiles
-per shape is timed warm. Pure apart from the kernels and the clock, both passed in.
+per shape is timed warm. The runs of every figure of a profiled range (each layer kind, the
+embeddings, the head) are taken round-robin (`interleaved_runs`). Pure apart from the kernels
+and the clock, both passed in.
 """
 
 from __future__ import annotations
 
 import mmap
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import numpy as np
 
@@ -30,6 +33,7 @@ from libs.profiles.schema import DECODE_BATCHES, DECODE_CONTEXTS, PREFILL_LENGTH
 from libs.weights.tensor import PackedWeight
 
 Clock = Callable[[], float]
+K = TypeVar("K", bound=Hashable)
 KV_BYTES_PER_ELEMENT = 4  # the KV store holds float32 latents and rope keys
 
 
@@ -64,17 +68,7 @@ class Grid:
 def timed_runs(call: Callable[[], object], runs: int, min_run_s: float,
                clock: Clock = time.perf_counter) -> list[float]:
     """Seconds per call, one sample per run. The first (warm-up) call also sizes the runs."""
-    start = clock()
-    call()
-    first = max(clock() - start, 1e-9)
-    calls = max(1, min(1000, int(min_run_s / first)))
-    samples = []
-    for _ in range(runs):
-        start = clock()
-        for _ in range(calls):
-            call()
-        samples.append((clock() - start) / calls)
-    return samples
+    return interleaved_runs({0: call}, runs, min_run_s, clock)[0]
 
 
 def per_unit(samples: Sequence[float], units: int, unit: str) -> Figure:
@@ -170,60 +164,154 @@ class InputMaker:
         return self.rng.integers(0, self.cfg.vocab_size, rows, dtype=np.int32)
 
 
-def _figures(grid: Grid, clock: Clock, sizes: tuple[int, ...], call: Callable[[np.ndarray], object],
-             make_input: Callable[[int], np.ndarray], per: Callable[[int], int], unit: str) -> dict[int, Figure]:
-    """One figure per size: `call(make_input(size))` timed, divided by `per(size)`."""
-    figures = {}
-    for size in sizes:
-        value = make_input(size)
-        figures[size] = per_unit(timed_runs(partial(call, value), grid.runs, grid.min_run_s, clock), per(size), unit)
-    return figures
+@dataclass(frozen=True)
+class Timed:
+    """One figure's call: its seconds per call over `units` give the figure, in `unit`."""
+
+    call: Callable[[], object]
+    units: int
+    unit: str
+
+
+def interleaved_runs(calls: Mapping[K, Callable[[], object]], runs: int, min_run_s: float,
+                     clock: Clock = time.perf_counter) -> dict[K, list[float]]:
+    """Seconds per call of every call, `runs` samples each, taken round-robin: run r of every call
+    before run r + 1 of any, each run sized by its call's warm-up to last `min_run_s`. A slow
+    spell of the host then lands in one run of many figures rather than in every run of one, and
+    the figures a plan weighs against each other (one layer kind against another, one past
+    against the next) are measured side by side in time rather than a minute apart."""
+    sizes = {}
+    for key, call in calls.items():  # every shape warm (a backend compiling per shape) and sized
+        start = clock()
+        call()
+        sizes[key] = max(1, min(1000, int(min_run_s / max(clock() - start, 1e-9))))
+    samples: dict[K, list[float]] = {key: [] for key in calls}
+    for _ in range(runs):
+        for key, call in calls.items():
+            start = clock()
+            for _ in range(sizes[key]):
+                call()
+            samples[key].append((clock() - start) / sizes[key])
+    return samples
+
+
+def measure_calls(timed: Mapping[K, Timed], grid: Grid, clock: Clock = time.perf_counter) -> dict[K, Figure]:
+    samples = interleaved_runs({k: t.call for k, t in timed.items()}, grid.runs, grid.min_run_s, clock)
+    return {k: per_unit(samples[k], t.units, t.unit) for k, t in timed.items()}
+
+
+def layer_calls(cfg: DeepseekV2Config, kernels: StageKernels, layer_index: int, grid: Grid) -> dict[tuple, Timed]:
+    """One decoder layer's figures: ("prefill", S) per token, ("decode", past, batch) per microbatch."""
+    make = InputMaker(cfg, seed=layer_index)
+    calls: dict[tuple, Timed] = {("prefill", n): Timed(partial(kernels.decoder_layer, layer_index, make.prefill(n)),
+                                                       n, "s/token") for n in grid.prefill_lengths}
+    for context in sorted(set(grid.decode_contexts)):
+        for batch in grid.decode_batches:
+            inputs = make.decode(batch, context)
+            calls[("decode", context, batch)] = Timed(partial(kernels.decoder_layer, layer_index, inputs), 1,
+                                                      "s/microbatch")
+    return calls
+
+
+def layer_profile(cfg: DeepseekV2Config, weights: StageWeights, layer_index: int, grid: Grid,
+                  figures: Mapping[tuple, Figure]) -> LayerKindProfile:
+    by_context = {c: {b: figures[("decode", c, b)] for b in grid.decode_batches}
+                  for c in sorted(set(grid.decode_contexts))}
+    return LayerKindProfile(layer_kind(cfg, layer_index), {n: figures[("prefill", n)] for n in grid.prefill_lengths},
+                            by_context[grid.context_tokens], layer_resident_bytes(weights.layer(layer_index)),
+                            kv_bytes_per_token(cfg), by_context)
 
 
 def measure_layer(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWeights, layer_index: int,
                   grid: Grid, clock: Clock = time.perf_counter) -> LayerKindProfile:
     """One decoder layer, timed alone through the stage's kernels."""
-    make = InputMaker(cfg, seed=layer_index)
-    prefill: dict[int, Figure] = {}
-    by_context: dict[int, dict[int, Figure]] = {}
-    for length in grid.prefill_lengths:
-        inputs = make.prefill(length)
-        samples = timed_runs(partial(kernels.decoder_layer, layer_index, inputs), grid.runs, grid.min_run_s, clock)
-        prefill[length] = per_unit(samples, length, "s/token")
-    for context in sorted(set(grid.decode_contexts)):
-        decode: dict[int, Figure] = {}
-        for batch in grid.decode_batches:
-            inputs = make.decode(batch, context)
-            samples = timed_runs(partial(kernels.decoder_layer, layer_index, inputs), grid.runs, grid.min_run_s,
-                                 clock)
-            decode[batch] = per_unit(samples, 1, "s/microbatch")
-        by_context[context] = decode
-    return LayerKindProfile(layer_kind(cfg, layer_index), prefill, by_context[grid.context_tokens],
-                            layer_resident_bytes(weights.layer(layer_index)), kv_bytes_per_token(cfg), by_context)
+    return layer_profile(cfg, weights, layer_index, grid, measure_calls(layer_calls(cfg, kernels, layer_index, grid),
+                                                                        grid, clock))
+
+
+def embed_calls(cfg: DeepseekV2Config, kernels: StageKernels, grid: Grid) -> dict[tuple, Timed]:
+    make = InputMaker(cfg, seed=1000)
+    calls = {("prefill", n): Timed(partial(kernels.embed, make.token_ids(n)), n, "s/token")
+             for n in grid.prefill_lengths}
+    calls.update({("decode", b): Timed(partial(kernels.embed, make.token_ids(b)), 1, "s/microbatch")
+                  for b in grid.decode_batches})
+    return calls
+
+
+def _holds_embed(weights: StageWeights) -> None:
+    if weights.embed is None:
+        raise ValueError("this stage holds no embeddings")
+
+
+def _holds_head(weights: StageWeights) -> None:
+    if weights.lm_head is None or weights.final_norm is None:
+        raise ValueError("this stage holds no head")
+
+
+def embed_profile(weights: StageWeights, grid: Grid, figures: Mapping[tuple, Figure]) -> LayerKindProfile:
+    _holds_embed(weights)
+    assert weights.embed is not None
+    return LayerKindProfile("embed", {n: figures[("prefill", n)] for n in grid.prefill_lengths},
+                            {b: figures[("decode", b)] for b in grid.decode_batches}, int(weights.embed.nbytes), 0)
 
 
 def measure_embed(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWeights, grid: Grid,
                   clock: Clock = time.perf_counter) -> LayerKindProfile:
-    if weights.embed is None:
-        raise ValueError("this stage holds no embeddings")
-    make = InputMaker(cfg, seed=1000)
-    prefill = _figures(grid, clock, grid.prefill_lengths, kernels.embed, make.token_ids, lambda n: n, "s/token")
-    decode = _figures(grid, clock, grid.decode_batches, kernels.embed, make.token_ids, lambda _: 1, "s/microbatch")
-    return LayerKindProfile("embed", prefill, decode, int(weights.embed.nbytes), 0)
+    _holds_embed(weights)
+    return embed_profile(weights, grid, measure_calls(embed_calls(cfg, kernels, grid), grid, clock))
+
+
+def head_calls(cfg: DeepseekV2Config, kernels: StageKernels, grid: Grid) -> dict[tuple, Timed]:
+    """Final norm and lm_head. A prefill computes logits for its last row only (as the executor
+    does): one row timed, its cost spread over S per prefill length."""
+    make = InputMaker(cfg, seed=2000)
+    calls: dict[tuple, Timed] = {("row",): Timed(partial(kernels.final, make.hidden(1)), 1, "s/token")}
+    calls.update({("decode", b): Timed(partial(kernels.final, make.hidden(b)), 1, "s/microbatch")
+                  for b in grid.decode_batches})
+    return calls
+
+
+def head_profile(weights: StageWeights, grid: Grid, figures: Mapping[tuple, Figure]) -> LayerKindProfile:
+    _holds_head(weights)
+    assert weights.lm_head is not None and weights.final_norm is not None
+    row = figures[("row",)]
+    prefill = {n: Figure(row.median / n, row.low / n, row.high / n, row.runs, "s/token") for n in grid.prefill_lengths}
+    return LayerKindProfile("head", prefill, {b: figures[("decode", b)] for b in grid.decode_batches},
+                            int(weights.lm_head.nbytes + weights.final_norm.nbytes), 0)
 
 
 def measure_head(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWeights, grid: Grid,
                  clock: Clock = time.perf_counter) -> LayerKindProfile:
-    """Final norm and lm_head. A prefill computes logits for its last row only (as the executor
-    does), so its cost per token is one row's cost over S."""
-    if weights.lm_head is None or weights.final_norm is None:
-        raise ValueError("this stage holds no head")
-    make = InputMaker(cfg, seed=2000)
-    row = make.hidden(1)
-    one_row = timed_runs(lambda: kernels.final(row), grid.runs, grid.min_run_s, clock)
-    prefill = {n: per_unit(one_row, n, "s/token") for n in grid.prefill_lengths}
-    decode = _figures(grid, clock, grid.decode_batches, kernels.final, make.hidden, lambda _: 1, "s/microbatch")
-    return LayerKindProfile("head", prefill, decode, int(weights.lm_head.nbytes + weights.final_norm.nbytes), 0)
+    _holds_head(weights)
+    return head_profile(weights, grid, measure_calls(head_calls(cfg, kernels, grid), grid, clock))
+
+
+def measure_kinds(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWeights, layers: Mapping[str, int],
+                  embed: bool, head: bool, grid: Grid, clock: Clock = time.perf_counter) -> dict[str, LayerKindProfile]:
+    """The layer kinds `layers` (kind -> its first layer), the embeddings and the head, every
+    figure of all of them interleaved in one pass (`interleaved_runs`)."""
+    if embed:
+        _holds_embed(weights)
+    if head:
+        _holds_head(weights)
+    timed: dict[tuple, Timed] = {}
+    for kind, layer in layers.items():
+        timed.update({(kind, *k): t for k, t in layer_calls(cfg, kernels, layer, grid).items()})
+    if embed:
+        timed.update({("embed", *k): t for k, t in embed_calls(cfg, kernels, grid).items()})
+    if head:
+        timed.update({("head", *k): t for k, t in head_calls(cfg, kernels, grid).items()})
+    figures = measure_calls(timed, grid, clock)
+
+    def of(kind: str) -> dict[tuple, Figure]:
+        return {k[1:]: f for k, f in figures.items() if k[0] == kind}
+
+    profiles = {kind: layer_profile(cfg, weights, layer, grid, of(kind)) for kind, layer in layers.items()}
+    if embed:
+        profiles["embed"] = embed_profile(weights, grid, of("embed"))
+    if head:
+        profiles["head"] = head_profile(weights, grid, of("head"))
+    return profiles
 
 
 def kinds_to_measure(cfg: DeepseekV2Config, layer_start: int, layer_end: int,

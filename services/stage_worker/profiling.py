@@ -36,9 +36,7 @@ from libs.profiles.measure import (
     Clock,
     Grid,
     kinds_to_measure,
-    measure_embed,
-    measure_head,
-    measure_layer,
+    measure_kinds,
     weight_copy_bytes,
 )
 from libs.profiles.resident import read_resident_sample
@@ -209,13 +207,10 @@ def measure_sources(backend: str, device: str, sources: list[ProfileSource], gri
         where = f"layers [{source.layer_start}, {source.layer_end})"
         if sample is not None:
             samples.append(sample(f"after load of {where}", (source.directory,), weight_copy_bytes(weights)))
-        for kind, layer in kinds_to_measure(cfg, source.layer_start, source.layer_end, frozenset(profiles)).items():
-            profiles[kind] = measure_layer(cfg, kernels, weights, layer, grid, clock)
-            layers.append(layer)
-        if source.first and "embed" not in profiles:
-            profiles["embed"] = measure_embed(cfg, kernels, weights, grid, clock)
-        if source.last and "head" not in profiles:
-            profiles["head"] = measure_head(cfg, kernels, weights, grid, clock)
+        wanted = kinds_to_measure(cfg, source.layer_start, source.layer_end, frozenset(profiles))
+        profiles.update(measure_kinds(cfg, kernels, weights, wanted, source.first and "embed" not in profiles,
+                                      source.last and "head" not in profiles, grid, clock))
+        layers.extend(wanted.values())
         steps.append(measure_step_overhead(cfg, kernels, source.layer_start, source.layer_end, source.first,
                                            source.last, profiles, grid, clock))
         if sample is not None:

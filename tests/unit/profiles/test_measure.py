@@ -15,10 +15,12 @@ from libs.profiles.link import probe_binding, rows_for
 from libs.profiles.measure import (
     Grid,
     InputMaker,
+    interleaved_runs,
     kinds_to_measure,
     kv_bytes_per_token,
     layer_resident_bytes,
     measure_head,
+    measure_kinds,
     measure_layer,
     profiling_ranges,
     timed_runs,
@@ -65,6 +67,31 @@ def test_timed_runs_calls_a_slow_operation_once_per_run():
     clock = iter([0, 1.0, 10, 12, 20, 23, 30, 34]).__next__
     samples = timed_runs(lambda: calls.append(1), runs=3, min_run_s=0.01, clock=clock)
     assert len(calls) == 4 and samples == pytest.approx([2.0, 3.0, 4.0])
+
+
+def test_interleaved_runs_take_run_r_of_every_figure_before_run_r_plus_one_of_any():
+    order = []
+    calls = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    samples = interleaved_runs(calls, runs=3, min_run_s=0.0, clock=StepClock([0.0] * 100))
+    assert order == ["a", "b"] + ["a", "b"] * 3
+    assert {k: len(v) for k, v in samples.items()} == {"a": 3, "b": 3}
+
+
+def test_a_slow_spell_lands_in_one_run_of_each_figure_and_the_medians_stay_clear_of_it():
+    """Calls of 1 s and 2 s; the box runs three times slower for two calls in a row. Round-robin,
+    the spell is the second run of both figures; one after the other, it would have been two
+    runs of one figure, its median slowed threefold."""
+    box = {"now": 0.0, "calls": 0}
+
+    def call(cost: float):
+        def run():
+            slow = box["calls"] in (4, 5)  # after two warm-ups and one round
+            box["now"] += cost * (3 if slow else 1)
+            box["calls"] += 1
+        return run
+
+    samples = interleaved_runs({"a": call(1.0), "b": call(2.0)}, runs=3, min_run_s=0.0, clock=lambda: box["now"])
+    assert samples == {"a": pytest.approx([1.0, 3.0, 1.0]), "b": pytest.approx([2.0, 6.0, 2.0])}
 
 
 def test_prefill_inputs_are_causal_and_decode_inputs_see_only_their_own_past():
@@ -142,8 +169,9 @@ def test_decode_is_timed_at_every_past_of_the_context_grid_and_states_the_larges
     kernels = FakeKernels(cfg.hidden_size)
     weights = FakeWeights(Outer(np.zeros(10, np.float32), Inner(np.zeros(5, np.float64), None)))
     grid = Grid((4,), (1, 2), decode_contexts=(7, 3), runs=1, min_run_s=0.0)
-    # four clock readings a figure: prefill S=4; past 3: batch 1, 2; past 7: batch 1, 2
-    steps = [0.5] * 4 + [0.1] * 4 + [0.3] * 4 + [0.5] * 4 + [0.9] * 4
+    # every figure's warm-up first (a reading and the next step each), then one run each, in
+    # order: prefill S=4; past 3: batch 1, 2; past 7: batch 1, 2
+    steps = [0.5, 0.0] * 5 + [0.5, 0.0, 0.1, 0.0, 0.3, 0.0, 0.5, 0.0, 0.9, 0.0]
     profile = measure_layer(cfg, kernels, weights, 0, grid, StepClock(steps))
     assert sorted(profile.decode_s_by_context) == [3, 7]
     assert profile.decode_s_by_context[3][1].median == pytest.approx(0.1)
@@ -204,3 +232,29 @@ def test_the_probe_binding_is_derived_from_the_probe_id_alone():
     with pytest.raises(ValueError):
         probe_binding("probe-1")
     assert rows_for(32 * 1024) == 8 and rows_for(16 * 1024 * 1024) == 4096
+
+
+def test_a_ranges_kinds_and_head_are_measured_in_one_interleaved_pass():
+    """Two layer kinds and the head of one profiled range: every figure warm first, then the
+    first run of each before the second run of any, so dense and MoE are timed side by side."""
+    cfg = tiny()
+    kernels = FakeKernels(cfg.hidden_size)
+    weights = FakeWeights(Outer(np.zeros(10, np.float32), Inner(np.zeros(5, np.float64), None)))
+    grid = Grid((4,), (2,), decode_contexts=(3,), runs=2, min_run_s=0.0)
+    profiles = measure_kinds(cfg, kernels, weights, {"dense": 0, "moe": 1}, False, True, grid,
+                             StepClock([0.2, 0.0] * 100))
+    assert sorted(profiles) == ["dense", "head", "moe"]
+    assert profiles["moe"].kind == "moe" and profiles["dense"].decode_s_by_context[3][2].runs == 2
+    assert profiles["head"].prefill_s_per_token[4].median == pytest.approx(0.05)
+    one_pass = [(0, 4, 0), (0, 2, 6), (1, 4, 0), (1, 2, 6), ("final", 1), ("final", 2)]
+    assert kernels.calls == one_pass * 3  # warm-ups, then run 1, then run 2
+
+
+def test_a_range_without_the_head_is_refused_before_anything_is_timed():
+    cfg = tiny()
+    kernels = FakeKernels(cfg.hidden_size)
+    weights = FakeWeights(None)
+    weights.lm_head = None
+    with pytest.raises(ValueError, match="no head"):
+        measure_kinds(cfg, kernels, weights, {"dense": 0}, False, True, Grid((4,), (2,), runs=1, min_run_s=0.0))
+    assert kernels.calls == []
