@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from apps.bench.block_matmul_cli import register_block_matmul
-from apps.bench.placement_core import PLACEMENT_REPEATS
+from apps.bench.placement_core import PLACEMENT_REPEATS, PLACEMENT_WAVES
 
 if TYPE_CHECKING:
     from apps.bench.serve import BenchOptions
@@ -137,6 +137,9 @@ def _register_placement(benches) -> None:
     placement.add_argument("--concurrency", type=int, default=8)
     placement.add_argument("--repeats", type=int, default=PLACEMENT_REPEATS,
                            help=f"interleaved repetitions per split, best kept (default {PLACEMENT_REPEATS})")
+    placement.add_argument("--waves", type=int, default=PLACEMENT_WAVES,
+                           help="timed passes of the load per run, after one untimed pass on the freshly loaded "
+                                f"route (default {PLACEMENT_WAVES})")
     placement.add_argument("--state-dir", default=".fornax",
                            help="where `fornax profile` stored this fleet's profile records (the calibrated plan's "
                                 "evidence)")
@@ -564,7 +567,7 @@ def cmd_placement(args: argparse.Namespace) -> int:
         checkpoint = str(Path(_checkpoint(args.checkpoint, args.preset)).resolve())
         options = PlacementBenchOptions(args.fleet, spec, checkpoint, prompt_tokens=args.prompt_tokens,
                                         max_tokens=args.max_tokens, concurrency=args.concurrency,
-                                        repeats=args.repeats, profiles_state_dir=args.state_dir,
+                                        repeats=args.repeats, waves=args.waves, profiles_state_dir=args.state_dir,
                                         every_split=args.every_split)
         report = run_placement_bench(options, "fornax " + " ".join(sys.argv[1:]),
                                      lambda message: print(f"  {message}", file=sys.stderr))

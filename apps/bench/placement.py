@@ -7,7 +7,8 @@ One run, on a netns fleet of two unlike hosts (namespaces, cgroup quotas, shaped
    mean past per decode row (`load_mean_past`: prompt tokens plus half the output tokens), the
    context this load's decode steps run at;
 2. the same load (same prompts, concurrency and length) is served under the even split and under
-   the calibrated split, interleaved `repeats` times, best tokens/s of each kept;
+   the calibrated split, interleaved `repeats` times, best tokens/s of each kept; each run is
+   one untimed pass of the load on the freshly loaded route, then `waves` timed passes;
 3. each served split's stage times (GetHealth decode service per microbatch) are compared with
    the planner's prediction for that split at the rows per microbatch and the mean past per row
    it actually ran (the workers' counters), and the
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from apps.bench.placement_core import (
     PLACEMENT_REPEATS,
+    PLACEMENT_WAVES,
     NotPhysical,
     Split,
     bottleneck_prediction_error,
@@ -84,9 +86,17 @@ class PlacementBenchOptions:
     max_tokens: int = 24
     concurrency: int = 8
     repeats: int = PLACEMENT_REPEATS
+    waves: int = PLACEMENT_WAVES  # timed passes of the whole load per run, after one untimed pass
     load_timeout_s: float = 3600.0
     profiles_state_dir: str = ".fornax"  # where `fornax profile` stored the fleet's profile records
     every_split: bool = False  # also serve every other placement of the layers on the two hosts
+
+
+def merged_runs(runs: list[RunFigures]) -> RunFigures:
+    """Passes of one load served back to back, as one run: their tokens over their summed wall time."""
+    return RunFigures(sum(r.output_tokens for r in runs), sum(r.wall_s for r in runs),
+                      [t for r in runs for t in r.ttft_s], [g for r in runs for g in r.itl_s],
+                      tuple(s for r in runs for s in r.streams))
 
 
 @dataclass(frozen=True)
@@ -139,9 +149,10 @@ class _Bench:
         engine = build_engine(replace(serving_defaults(), max_live_requests=self.options.concurrency * 2),
                               RoutePipeline(route, served), self.text)
         try:
-            await _drive(engine, self.batch[:1], 2)  # warm
+            await _drive(engine, self.batch, self.options.max_tokens)  # warm: the whole load once, untimed
             before = await _service_times(workers)
-            figures = await _drive(engine, self.batch, self.options.max_tokens)
+            figures = merged_runs([await _drive(engine, self.batch, self.options.max_tokens)
+                                   for _ in range(self.options.waves)])
             after = await _service_times(workers)
         finally:
             await engine.close()
@@ -324,9 +335,10 @@ def _report(options: PlacementBenchOptions, plan: d.Plan, best: dict[str, Served
             "measured_*, serving, output_tokens_per_s": "physical measurements on this host",
         },
         "setup": {"prompt_tokens": options.prompt_tokens, "max_tokens": options.max_tokens,
-                  "concurrency": options.concurrency, "repeats": options.repeats,
+                  "concurrency": options.concurrency, "repeats": options.repeats, "waves": options.waves,
                   "profiles_state_dir": str(options.profiles_state_dir),
-                  "figure": "best tokens/s of the repeats, splits interleaved; stage times are each stage's "
+                  "figure": "best tokens/s of the repeats, splits interleaved; a run is `waves` timed passes of "
+                            "the load after one untimed pass on the freshly loaded route; stage times are each stage's "
                             "GetHealth decode service (unpack + compute + pack) per microbatch over the run"},
         "provenance": _provenance(options, hosts, caps),
     }
@@ -354,6 +366,9 @@ def _provenance(options: PlacementBenchOptions, hosts: list[str], caps: list) ->
 
 
 def run_placement_bench(options: PlacementBenchOptions, command: str, log=lambda message: None) -> dict:
+    for name in ("repeats", "waves"):
+        if getattr(options, name) < 1:
+            raise PlacementBenchError(f"{name} must be at least 1, got {getattr(options, name)}")
     stage_hosts = [h for h in options.spec.hosts if h.stage_worker]
     if len(stage_hosts) != 2:
         raise PlacementBenchError(f"bench placement compares splits over two stage hosts; "
