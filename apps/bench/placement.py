@@ -135,7 +135,11 @@ class _Bench:
         self.backends = [h.backend.value for h in options.spec.hosts if h.stage_worker]
         self.config = load_config(options.checkpoint)
         self.text = TextContext.from_checkpoint(options.checkpoint)
-        self.batch = prompts(self.config.vocab_size, options.concurrency, options.prompt_tokens, seed=5)
+        # Every pass its own prompts (the same ones for every split): a repeated prompt would be
+        # served from the prefix cache, and a run would time decode without its prefill.
+        self.warm_batch = prompts(self.config.vocab_size, options.concurrency, options.prompt_tokens, seed=4)
+        self.batches = [prompts(self.config.vocab_size, options.concurrency, options.prompt_tokens, seed=5 + k)
+                        for k in range(options.waves)]
 
     async def serve(self, split: Split) -> Served:
         workers = [self.workers[w] for w in split.workers]
@@ -149,10 +153,9 @@ class _Bench:
         engine = build_engine(replace(serving_defaults(), max_live_requests=self.options.concurrency * 2),
                               RoutePipeline(route, served), self.text)
         try:
-            await _drive(engine, self.batch, self.options.max_tokens)  # warm: the whole load once, untimed
+            await _drive(engine, self.warm_batch, self.options.max_tokens)  # warm: a load like it, untimed
             before = await _service_times(workers)
-            figures = merged_runs([await _drive(engine, self.batch, self.options.max_tokens)
-                                   for _ in range(self.options.waves)])
+            figures = merged_runs([await _drive(engine, batch, self.options.max_tokens) for batch in self.batches])
             after = await _service_times(workers)
         finally:
             await engine.close()
