@@ -5,48 +5,25 @@ fleets/two-unlike-hosts.yaml with the tiny checkpoint, each from an empty state 
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-from apps.fleet.plan_inventory import fleet_target, inventory_from_fleet
-from apps.fleet.spec import load_fleet_spec
+from apps.fleet.plan_inventory import fleet_target
 from services.planner import measured, stability
-from services.planner.model import describe_config
 from services.planner.planner import _measured_problem, plan_with_book
-from services.planner.profiles import ProfileRecordInput, book_from_records
 from services.planner.search import evaluate
+from tests.unit.planner.recorded import INVENTORY, SPEC, UP, book_of, planned_at, recorded, route_of
 
-ROOT = Path(__file__).resolve().parents[3]
-RECORDED = json.loads((Path(__file__).parent / "data" / "two_unlike_hosts_profiles.json").read_text())
-SPEC = load_fleet_spec(str(ROOT / "fleets" / "two-unlike-hosts.yaml"))
-INVENTORY = inventory_from_fleet(SPEC).inventory
-MODEL = describe_config(RECORDED["checkpoint_config"], snapshot=RECORDED["model_snapshot"])
-# `fornax up`'s planning target (InstallSpec defaults), and `fornax bench placement`'s defaults
-# (concurrency 8, 16 prompt tokens, 24 output tokens: mean past 27 per decode row).
-UP = fleet_target(SPEC, context_tokens=2048, concurrency=32, stages=None, mode="exploratory")
+RECORDED, MODEL = recorded("two_unlike_hosts_profiles.json")
+# `fornax bench placement`'s defaults (concurrency 8, 16 prompt tokens, 24 output tokens: mean
+# past 27 per decode row).
 BENCH = replace(fleet_target(SPEC, context_tokens=2048, concurrency=8, stages=None, mode="exploratory"),
                 prefill_tokens=16, decode_context_tokens=27)
 
 
-def _book(profile: list[dict]):
-    return book_from_records(ProfileRecordInput(r["record_id"], r["record_type"], r["blob"].encode(),
-                                                tuple(tuple(kv) for kv in r["labels"]), r["evidence_class"])
-                             for r in profile)
-
-
-def _now(profile: list[dict]) -> int:
-    return max(json.loads(r["blob"])["measured_unix_ns"] for r in profile) + 60 * 10**9
-
-
 def _plan(profile: list[dict], target):
-    return plan_with_book(MODEL, INVENTORY, target, None, _book(profile), _now(profile)).plan
-
-
-def _route(plan) -> str:
-    return plan.route_key.split("|", 1)[1]
+    return plan_with_book(MODEL, INVENTORY, target, None, book_of(profile), planned_at(profile)).plan
 
 
 @pytest.mark.parametrize(("target", "route"), [
@@ -55,7 +32,7 @@ def _route(plan) -> str:
 ])
 def test_four_fresh_profiles_of_the_fleet_give_one_placement(target, route):
     plans = [_plan(profile, target) for profile in RECORDED["profiles"]]
-    assert [_route(p) for p in plans] == [route] * 4
+    assert [route_of(p) for p in plans] == [route] * 4
 
 
 def test_the_explanation_names_both_predictions_and_the_spread_when_the_simpler_one_is_kept():
@@ -69,8 +46,8 @@ def test_the_explanation_names_both_predictions_and_the_spread_when_the_simpler_
 
 
 def _band(profile: list[dict], target, nodes, cuts) -> tuple[float, float, float]:
-    book = _book(profile)
-    now = _now(profile)
+    book = book_of(profile)
+    now = planned_at(profile)
     low, median, high = (evaluate(_measured_problem(measured.build_measured(
         MODEL, INVENTORY, INVENTORY.nodes, target, b, now), target), nodes, cuts)
         for b in (stability.bounded_book(book, stability.LOW), book, stability.bounded_book(book, stability.HIGH)))
