@@ -225,8 +225,8 @@ def layer_profile(cfg: DeepseekV2Config, weights: StageWeights, layer_index: int
 def measure_layer(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWeights, layer_index: int,
                   grid: Grid, clock: Clock = time.perf_counter) -> LayerKindProfile:
     """One decoder layer, timed alone through the stage's kernels."""
-    return layer_profile(cfg, weights, layer_index, grid, measure_calls(layer_calls(cfg, kernels, layer_index, grid),
-                                                                        grid, clock))
+    kind = layer_kind(cfg, layer_index)
+    return measure_kinds(cfg, kernels, weights, {kind: layer_index}, False, False, grid, clock)[kind]
 
 
 def embed_calls(cfg: DeepseekV2Config, kernels: StageKernels, grid: Grid) -> dict[tuple, Timed]:
@@ -249,16 +249,14 @@ def _holds_head(weights: StageWeights) -> None:
 
 
 def embed_profile(weights: StageWeights, grid: Grid, figures: Mapping[tuple, Figure]) -> LayerKindProfile:
-    _holds_embed(weights)
-    assert weights.embed is not None
+    assert weights.embed is not None  # measure_kinds checked it before timing
     return LayerKindProfile("embed", {n: figures[("prefill", n)] for n in grid.prefill_lengths},
                             {b: figures[("decode", b)] for b in grid.decode_batches}, int(weights.embed.nbytes), 0)
 
 
 def measure_embed(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWeights, grid: Grid,
                   clock: Clock = time.perf_counter) -> LayerKindProfile:
-    _holds_embed(weights)
-    return embed_profile(weights, grid, measure_calls(embed_calls(cfg, kernels, grid), grid, clock))
+    return measure_kinds(cfg, kernels, weights, {}, True, False, grid, clock)["embed"]
 
 
 def head_calls(cfg: DeepseekV2Config, kernels: StageKernels, grid: Grid) -> dict[tuple, Timed]:
@@ -272,8 +270,7 @@ def head_calls(cfg: DeepseekV2Config, kernels: StageKernels, grid: Grid) -> dict
 
 
 def head_profile(weights: StageWeights, grid: Grid, figures: Mapping[tuple, Figure]) -> LayerKindProfile:
-    _holds_head(weights)
-    assert weights.lm_head is not None and weights.final_norm is not None
+    assert weights.lm_head is not None and weights.final_norm is not None  # checked before timing
     row = figures[("row",)]
     prefill = {n: Figure(row.median / n, row.low / n, row.high / n, row.runs, "s/token") for n in grid.prefill_lengths}
     return LayerKindProfile("head", prefill, {b: figures[("decode", b)] for b in grid.decode_batches},
@@ -282,8 +279,7 @@ def head_profile(weights: StageWeights, grid: Grid, figures: Mapping[tuple, Figu
 
 def measure_head(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWeights, grid: Grid,
                  clock: Clock = time.perf_counter) -> LayerKindProfile:
-    _holds_head(weights)
-    return head_profile(weights, grid, measure_calls(head_calls(cfg, kernels, grid), grid, clock))
+    return measure_kinds(cfg, kernels, weights, {}, False, True, grid, clock)["head"]
 
 
 def measure_kinds(cfg: DeepseekV2Config, kernels: StageKernels, weights: StageWeights, layers: Mapping[str, int],
