@@ -108,6 +108,7 @@ class Served:
     stage_decode_s: list[float]  # mean decode service per microbatch, per stage
     rows_per_microbatch: list[float]
     past_per_row: list[float]  # mean tokens of past per decode row, per stage
+    timing: list[str]  # the clock each stage timed its service on ("wall", or "sustained" under a quota)
 
 
 async def _service_times(workers: list[str]) -> list[sw_pb.ServiceTimes]:
@@ -167,7 +168,7 @@ class _Bench:
         rows = [(a.decode_rows - b.decode_rows) / n for a, b, n in zip(after, before, batches, strict=True)]
         past = [(a.decode_past_tokens - b.decode_past_tokens) / max(a.decode_rows - b.decode_rows, 1)
                 for a, b in zip(after, before, strict=True)]
-        return Served(split, figures, stage_s, rows, past)
+        return Served(split, figures, stage_s, rows, past, [a.timing or "wall" for a in after])
 
 
 def load_mean_past(prompt_tokens: int, max_tokens: int) -> int:
@@ -289,13 +290,14 @@ def _split_view(served: Served, predicted: list[PredictedStage], concurrency: in
         "output_tokens_per_s": _tok_s(served),
         "serving": served.figures.summary(),
         "stages": [{"host": host, "layer_start": a, "layer_end_exclusive": b,
-                    "measured_decode_service_s": measured, "predicted_decode_service_s": _service(p),
+                    "measured_decode_service_s": measured, "measured_timing": timing,
+                    "predicted_decode_service_s": _service(p),
                     "predicted_terms_s": p.seconds, "predicted_at_rows": p.rows,
                     "predicted_at_past_tokens": p.past,
                     "measured_rows_per_microbatch": rows, "measured_past_per_row": past}
-                   for host, (a, b), measured, p, rows, past in zip(
+                   for host, (a, b), measured, p, rows, past, timing in zip(
                        split.hosts, split.ranges, served.stage_decode_s, predicted, served.rows_per_microbatch,
-                       served.past_per_row, strict=True)],
+                       served.past_per_row, served.timing, strict=True)],
         "measured_bottleneck_s": max(served.stage_decode_s),
         "predicted_bottleneck_s": max(_service(p) for p in predicted),
         "bottleneck_prediction_error": bottleneck_prediction_error([_service(p) for p in predicted],
@@ -342,7 +344,8 @@ def _report(options: PlacementBenchOptions, plan: d.Plan, best: dict[str, Served
                   "profiles_state_dir": str(options.profiles_state_dir),
                   "figure": "best tokens/s of the repeats, splits interleaved; a run is `waves` timed passes of "
                             "the load after one untimed pass on the freshly loaded route; stage times are each stage's "
-                            "GetHealth decode service (unpack + compute + pack) per microbatch over the run"},
+                            "GetHealth decode service (unpack + compute + pack) per microbatch over the run, on the "
+                            "clock its profiles use (measured_timing)"},
         "provenance": _provenance(options, hosts, caps),
     }
 

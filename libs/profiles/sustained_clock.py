@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 WALL, SUSTAINED = "wall", "sustained"
 Reading = Callable[[], float]
@@ -48,6 +49,38 @@ def profile_clock(quota_cores: float) -> tuple[Reading, str]:
     if quota_cores > 0:
         return SustainedClock(quota_cores), SUSTAINED
     return time.perf_counter, WALL
+
+
+@dataclass(frozen=True)
+class Mark:
+    wall: float
+    cpu: float
+
+
+class IntervalClock:
+    """The same rule for separate intervals, as a stage worker times the batches it serves: an
+    interval from `mark()` to `since(mark)` counts max(wall, process CPU / quota cores), or the wall
+    time on a host without a quota. Nothing is shared between intervals, so threads may time their
+    own at once. A route measured this way and a profile timed on `SustainedClock` agree on a host
+    the route keeps only partly busy: there the wall time of a call is its CPU time, not the quota's
+    share of a busy host, and a plan built on it would load the host as if it ran at full speed."""
+
+    def __init__(self, quota_cores: float = 0.0, wall: Reading = time.perf_counter,
+                 cpu: Reading = time.process_time):
+        if quota_cores < 0:
+            raise ValueError(f"a CPU quota cannot be negative, got {quota_cores}")
+        self.quota_cores = quota_cores
+        self.timing = SUSTAINED if quota_cores > 0 else WALL
+        self._wall, self._cpu = wall, cpu
+
+    def mark(self) -> Mark:
+        return Mark(self._wall(), self._cpu() if self.quota_cores > 0 else 0.0)
+
+    def since(self, mark: Mark) -> float:
+        wall = self._wall() - mark.wall
+        if self.quota_cores <= 0:
+            return wall
+        return max(wall, (self._cpu() - mark.cpu) / self.quota_cores)
 
 
 def describe_timing(timing: str, quota_cores: float) -> str:

@@ -246,4 +246,4 @@ def _service_to_pb(times: ServiceTimes | None) -> pb.ServiceTimes | None:
         prefill_service_ns=times.prefill_service_ns,
         prefill_tokens=times.prefill_tokens, prefill_batches=times.prefill_batches,
         recent_decode_service_ns=recent.mean_service_ns, recent_decode_microbatches=recent.microbatches,
-        recent_decode_rows=recent.mean_rows)
+        recent_decode_rows=recent.mean_rows, timing=times.timing)

@@ -285,9 +285,9 @@ class DataPlane:
             return StageOutput(None, tuple(failures))
         phase = work.batch.batch.phase.value
         with _TRACER.start_as_current_span("unpack"):
-            started = time.perf_counter()
+            mark = self._runtime.service_clock.mark()
             batch = self._stage_batch(stage, work, live)
-            unpack_s = time.perf_counter() - started
+            unpack_s = self._runtime.service_clock.since(mark)
             self._runtime.phase_totals.observe(Phase.UNPACK, unpack_s, label)
         try:
             result, pending, queue_s, compute_s = await self._runtime.execute(batch)
@@ -369,10 +369,10 @@ class DataPlane:
         label = stage_id(stage.spec.stage_index)
         dtype = DType(stage.spec.boundary_dtype)
         with _TRACER.start_as_current_span("pack"):
-            started = time.perf_counter()
+            mark = self._runtime.service_clock.mark()
             payload = boundary_payload(result.hidden, dtype)
             outgoing = _next_batch(work.batch, live, stage, Tensor.from_array(TensorKind.ACTIVATION, dtype, payload))
-            pack_s = time.perf_counter() - started
+            pack_s = self._runtime.service_clock.since(mark)
             self._runtime.phase_totals.observe(Phase.PACK, pack_s, label)
         metrics.BOUNDARY_BYTES.labels(label).inc(payload.nbytes)
         client = await self.next_hop(stage)

@@ -29,6 +29,7 @@ from libs.model.kv_blocks import KV_BLOCK_TOKENS, PoolStats, require_kv_backend
 from libs.model.kv_store import KvLayout
 from libs.model.sampling import SamplingParams
 from libs.model.weights import load_stage_weights
+from libs.profiles.sustained_clock import IntervalClock
 from libs.service.channels import ChannelConfig
 from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument, NotFound, ResourceExhausted
 from libs.structured.decoding import DecodingTable
@@ -156,10 +157,13 @@ def _compile_progress(message: str) -> None:
     structlog.get_logger().info("compile_progress", message=message)
 
 
-def _timed(executor: StageExecutor, batch: StageBatch, submitted: float) -> tuple[StageResult, PendingKv, float, float]:
-    started = time.perf_counter()
+def _timed(executor: StageExecutor, batch: StageBatch, submitted: float,
+           clock: IntervalClock) -> tuple[StageResult, PendingKv, float, float]:
+    """Queue seconds on the wall clock (waiting costs no CPU); compute on the service clock."""
+    queue_s = time.perf_counter() - submitted
+    mark = clock.mark()
     result, pending = executor.run(batch)
-    return result, pending, started - submitted, time.perf_counter() - started
+    return result, pending, queue_s, clock.since(mark)
 
 
 def checkpoint_stage_hash(spec: LoadSpec) -> str:
@@ -217,8 +221,12 @@ class StageRuntime:
                  artifact_cache_dir: str | None = None, fetch_channel: ChannelConfig = ChannelConfig(),
                  device_thread: ThreadPoolExecutor | None = None, phase_totals: PhaseTotals | None = None,
                  kv_dtype: str = "fp32", kv_fit: Callable[[], HostMemory] | None = None,
-                 max_activations: str = "int8"):
+                 max_activations: str = "int8", service_clock: IntervalClock | None = None):
         self.backend = backend
+        # What a batch's unpack, compute and pack are timed on: the clock this host's profiles are
+        # timed on (sustained cost under a CPU quota), so the route's service times and the plan's
+        # predictions count the same thing.
+        self.service_clock = service_clock or IntervalClock()
         # Block-format activations of this worker's MAX stages (--max-activations).
         self.max_activations = max_activations
         # KV limit mode "fit": the host's memory facts, read after the weights load; the
@@ -236,7 +244,7 @@ class StageRuntime:
         self._counters = _Counters()
         # The worker's data-plane time since it started, across every plan generation it held.
         self.phase_totals = phase_totals or PhaseTotals()
-        self.service_times = ServiceTimes()
+        self.service_times = ServiceTimes(self.service_clock.timing)
         # Shared by every plan generation the worker holds: one device, one thread.
         self._device_thread = device_thread or ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{device}")
         self._idle = asyncio.Event()
@@ -253,7 +261,7 @@ class StageRuntime:
         if self.lifecycle.state in (StageState.READY, StageState.EXECUTING):
             raise FailedPrecondition("a stage is already loaded; unload it first", reason="STAGE_LOADED")
         self.lifecycle.move(StageState.LOADING)
-        self.service_times = ServiceTimes()  # a new stage: its own measurements only
+        self.service_times = ServiceTimes(self.service_clock.timing)  # a new stage: its own measurements only
         loop = asyncio.get_running_loop()
         try:
             spec = await self._fetched(spec)
@@ -532,7 +540,8 @@ class StageRuntime:
         submitted = time.perf_counter()
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._device_thread, _timed, stage.executor, batch, submitted)
+            return await loop.run_in_executor(self._device_thread, _timed, stage.executor, batch, submitted,
+                                              self.service_clock)
         finally:
             self._leave()
 

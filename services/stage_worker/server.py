@@ -17,6 +17,7 @@ from fornax.stage_worker.v1 import stage_worker_pb2_grpc as pb_grpc
 from libs.common.kinds import FLOAT_DTYPES, Backend
 from libs.common.proto import BACKEND_TO_PB, DTYPE_TO_PB
 from libs.model.kv_blocks import KV_BLOCK_TOKENS
+from libs.profiles.sustained_clock import IntervalClock
 from libs.security.audit import AuditEvent, open_audit_log
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.security.identity import Identity, IdentityError
@@ -235,13 +236,14 @@ def memory_facts(cfg: StageWorkerConfig) -> MemoryFacts:
 async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
     device_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{cfg.device}")
     phase_totals = PhaseTotals()
+    service_clock = IntervalClock(cgroup_facts().cpu_quota_cores)  # the clock its profiles are timed on
 
     def new_runtime() -> StageRuntime:
         return StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes,
                             artifact_cache_dir=str(Path(cfg.state_dir) / "artifact_cache"),
                             fetch_channel=cfg.server.client_channel(), device_thread=device_thread,
                             phase_totals=phase_totals, kv_dtype=cfg.kv_dtype,
-                            max_activations=cfg.max_activations,
+                            max_activations=cfg.max_activations, service_clock=service_clock,
                             kv_fit=measure_host_memory if cfg.kv_limit_fit else None)
 
     tls = data_plane_tls(cfg)

@@ -1,9 +1,10 @@
 """Measured service time of this stage per batch: what a plan predicts as the stage's service.
 
 A batch's service is its unpack, compute and pack time (queueing and the next hop excluded),
-the same terms as the planner's `StageCost.service_s`. Decode and prefill are kept apart:
-decode per microbatch (cumulative, and the rolling mean of the most recent microbatches, which
-the orchestrator compares with the installed plan's prediction), prefill per token.
+the same terms as the planner's `StageCost.service_s`, timed on the clock this host's profiles
+use (`timing`: sustained cost under a CPU quota, else wall; `libs.profiles.sustained_clock`).
+Decode and prefill are kept apart: decode per microbatch (cumulative, and the rolling mean of
+the most recent microbatches, which the orchestrator compares with the installed plan's prediction), prefill per token.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class RecentDecode:
 
 @dataclass
 class ServiceTimes:
+    timing: str = "wall"
     decode_service_ns: int = 0
     decode_microbatches: int = 0
     decode_rows: int = 0

@@ -218,7 +218,7 @@ class GetHealthResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[StageState, str]] = ..., inflight_batches: _Optional[int] = ..., live_sequences: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., kv_bytes_limit: _Optional[int] = ..., kv_bytes_high_water: _Optional[int] = ..., inflight_batches_high_water: _Optional[int] = ..., batches_executed: _Optional[int] = ..., failure_reason: _Optional[str] = ..., plan: _Optional[_Union[_common_pb2.PlanBinding, _Mapping]] = ..., phase_totals: _Optional[_Union[PhaseTotals, _Mapping]] = ..., service_times: _Optional[_Union[ServiceTimes, _Mapping]] = ..., loaded_plan_generation_ids: _Optional[_Iterable[str]] = ..., kv_block_tokens: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., kv_blocks_cached: _Optional[int] = ..., prefix_hit_blocks: _Optional[int] = ..., prefix_missed_blocks: _Optional[int] = ..., kv_evicted_blocks: _Optional[int] = ..., unix_time_ns: _Optional[int] = ...) -> None: ...
 
 class ServiceTimes(_message.Message):
-    __slots__ = ("decode_service_ns", "decode_microbatches", "decode_rows", "prefill_service_ns", "prefill_tokens", "prefill_batches", "recent_decode_service_ns", "recent_decode_microbatches", "recent_decode_rows", "decode_past_tokens")
+    __slots__ = ("decode_service_ns", "decode_microbatches", "decode_rows", "prefill_service_ns", "prefill_tokens", "prefill_batches", "recent_decode_service_ns", "recent_decode_microbatches", "recent_decode_rows", "decode_past_tokens", "timing")
     DECODE_SERVICE_NS_FIELD_NUMBER: _ClassVar[int]
     DECODE_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     DECODE_ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +229,7 @@ class ServiceTimes(_message.Message):
     RECENT_DECODE_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     RECENT_DECODE_ROWS_FIELD_NUMBER: _ClassVar[int]
     DECODE_PAST_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
     decode_service_ns: int
     decode_microbatches: int
     decode_rows: int
@@ -239,7 +240,8 @@ class ServiceTimes(_message.Message):
     recent_decode_microbatches: int
     recent_decode_rows: float
     decode_past_tokens: int
-    def __init__(self, decode_service_ns: _Optional[int] = ..., decode_microbatches: _Optional[int] = ..., decode_rows: _Optional[int] = ..., prefill_service_ns: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., prefill_batches: _Optional[int] = ..., recent_decode_service_ns: _Optional[int] = ..., recent_decode_microbatches: _Optional[int] = ..., recent_decode_rows: _Optional[float] = ..., decode_past_tokens: _Optional[int] = ...) -> None: ...
+    timing: str
+    def __init__(self, decode_service_ns: _Optional[int] = ..., decode_microbatches: _Optional[int] = ..., decode_rows: _Optional[int] = ..., prefill_service_ns: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., prefill_batches: _Optional[int] = ..., recent_decode_service_ns: _Optional[int] = ..., recent_decode_microbatches: _Optional[int] = ..., recent_decode_rows: _Optional[float] = ..., decode_past_tokens: _Optional[int] = ..., timing: _Optional[str] = ...) -> None: ...
 
 class PhaseTotals(_message.Message):
     __slots__ = ("queue_ns", "compute_ns", "pack_ns", "transfer_ns", "unpack_ns", "batches", "busy_ns", "credit_wait_ns", "input_wait_ns")
