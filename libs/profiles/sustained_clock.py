@@ -55,32 +55,43 @@ def profile_clock(quota_cores: float) -> tuple[Reading, str]:
 class Mark:
     wall: float
     cpu: float
+    throttled: float
+
+
+def _never_throttled() -> float:
+    return 0.0
 
 
 class IntervalClock:
-    """The same rule for separate intervals, as a stage worker times the batches it serves: an
-    interval from `mark()` to `since(mark)` counts max(wall, process CPU / quota cores), or the wall
-    time on a host without a quota. Nothing is shared between intervals, so threads may time their
-    own at once. A route measured this way and a profile timed on `SustainedClock` agree on a host
-    the route keeps only partly busy: there the wall time of a call is its CPU time, not the quota's
-    share of a busy host, and a plan built on it would load the host as if it ran at full speed."""
+    """The same rule for the separate intervals a stage worker times the batches it serves in,
+    with one change: an interval shorter than a CFS period that was throttled would count its CPU
+    time plus the whole wait for the next period, while the other batches of that period already
+    count their CPU time over the quota, which is their share of that wait. So an interval counts
+    the larger of its wall time less the time the cgroup spent throttled in it (`throttled`, read
+    from the cgroup's `cpu.stat`), and its process CPU time over the quota's cores; on a host without
+    a quota, the wall time. A route measured this way and a profile timed on `SustainedClock` agree
+    whether the route keeps the host partly or wholly busy. Nothing is shared between intervals,
+    so threads may time their own at once."""
 
     def __init__(self, quota_cores: float = 0.0, wall: Reading = time.perf_counter,
-                 cpu: Reading = time.process_time):
+                 cpu: Reading = time.process_time, throttled: Reading = _never_throttled):
         if quota_cores < 0:
             raise ValueError(f"a CPU quota cannot be negative, got {quota_cores}")
         self.quota_cores = quota_cores
         self.timing = SUSTAINED if quota_cores > 0 else WALL
-        self._wall, self._cpu = wall, cpu
+        self._wall, self._cpu, self._throttled = wall, cpu, throttled
 
     def mark(self) -> Mark:
-        return Mark(self._wall(), self._cpu() if self.quota_cores > 0 else 0.0)
+        if self.quota_cores <= 0:
+            return Mark(self._wall(), 0.0, 0.0)
+        return Mark(self._wall(), self._cpu(), self._throttled())
 
     def since(self, mark: Mark) -> float:
         wall = self._wall() - mark.wall
         if self.quota_cores <= 0:
             return wall
-        return max(wall, (self._cpu() - mark.cpu) / self.quota_cores)
+        running = wall - (self._throttled() - mark.throttled)
+        return max(running, (self._cpu() - mark.cpu) / self.quota_cores)
 
 
 def describe_timing(timing: str, quota_cores: float) -> str:

@@ -8,6 +8,7 @@ any ancestor binds too, so each figure is the tightest along the path. Unlimited
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -76,6 +77,52 @@ def memory_limit(base: Path, path: str, file: str) -> int:
 def _affinity() -> str:
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     return ",".join(map(str, cpus))
+
+
+def _binding_quota_dir(base: Path, path: str, file: str) -> Path | None:
+    """The cgroup along `path` whose CPU quota binds (the tightest), or None without one."""
+    best: tuple[float, Path] | None = None
+    for node in _ancestors(path):
+        here = base / node.relative_to("/")
+        raw = _read(here / file)
+        if not raw:
+            continue
+        if file == "cpu.max":
+            if raw.startswith("max"):
+                continue
+            quota, period = raw.split()
+        else:
+            quota, period = raw, _read(here / "cpu.cfs_period_us") or "0"
+            if int(quota) <= 0 or int(period) <= 0:
+                continue
+        cores = int(quota) / int(period)
+        if best is None or cores < best[0]:
+            best = (cores, here)
+    return best[1] if best else None
+
+
+def throttled_seconds_reader(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> Callable[[], float]:
+    """A reading of the seconds the cgroup whose CPU quota binds this process has spent throttled
+    (`cpu.stat`: v1 `throttled_time` ns, v2 `throttled_usec`); always 0.0 without a quota or file."""
+    text = proc_cgroup if proc_cgroup is not None else (_read(Path("/proc/self/cgroup")) or "")
+    paths = parse_proc_cgroup(text)
+    if (root / "cgroup.controllers").exists():
+        where, key, scale = _binding_quota_dir(root, paths.get("", "/"), "cpu.max"), "throttled_usec", 1e-6
+    else:
+        where, key, scale = _binding_quota_dir(root / "cpu", paths.get("cpu", "/"), "cpu.cfs_quota_us"), \
+            "throttled_time", 1e-9
+    if where is None:
+        return lambda: 0.0
+    stat = where / "cpu.stat"
+
+    def read() -> float:
+        for line in (_read(stat) or "").splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value) * scale
+        return 0.0
+
+    return read
 
 
 def cgroup_facts(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> CgroupFacts:

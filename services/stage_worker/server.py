@@ -23,7 +23,7 @@ from libs.security.fnx2_tls import Fnx2Tls
 from libs.security.identity import Identity, IdentityError
 from libs.security.paths import confine
 from libs.security.tls import own_identity_uri
-from libs.service.cgroup_facts import cgroup_facts
+from libs.service.cgroup_facts import cgroup_facts, throttled_seconds_reader
 from libs.service.errors import InvalidArgument
 from libs.service.host import backend_build, host_facts
 from libs.service.server import ServiceSpec
@@ -236,7 +236,8 @@ def memory_facts(cfg: StageWorkerConfig) -> MemoryFacts:
 async def make_spec(cfg: StageWorkerConfig) -> ServiceSpec:
     device_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{cfg.device}")
     phase_totals = PhaseTotals()
-    service_clock = IntervalClock(cgroup_facts().cpu_quota_cores)  # the clock its profiles are timed on
+    # The clock its profiles are timed on: sustained cost under a CPU quota.
+    service_clock = IntervalClock(cgroup_facts().cpu_quota_cores, throttled=throttled_seconds_reader())
 
     def new_runtime() -> StageRuntime:
         return StageRuntime(cfg.backend, cfg.device, cfg.kv_limit_bytes,

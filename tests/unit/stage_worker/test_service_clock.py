@@ -17,16 +17,17 @@ from services.stage_worker.service_times import ServiceTimes
 
 class Scripted:
     def __init__(self) -> None:
-        self.wall, self.cpu = 50.0, 3.0
+        self.wall, self.cpu, self.throttled = 50.0, 3.0, 7.0
 
-    def advance(self, wall: float, cpu: float) -> None:
+    def advance(self, wall: float, cpu: float, throttled: float = 0.0) -> None:
         self.wall += wall
         self.cpu += cpu
+        self.throttled += throttled
 
 
 def _clock(quota: float) -> tuple[IntervalClock, Scripted]:
     s = Scripted()
-    return IntervalClock(quota, wall=lambda: s.wall, cpu=lambda: s.cpu), s
+    return IntervalClock(quota, wall=lambda: s.wall, cpu=lambda: s.cpu, throttled=lambda: s.throttled), s
 
 
 def test_an_unthrottled_batch_on_a_half_core_host_costs_twice_its_cpu_time():
@@ -37,10 +38,24 @@ def test_an_unthrottled_batch_on_a_half_core_host_costs_twice_its_cpu_time():
     assert clock.timing == SUSTAINED
 
 
-def test_a_batch_that_waited_out_the_period_costs_its_wall_time():
+def test_a_batch_the_quota_stopped_costs_its_cpu_time_over_the_quota_not_the_wait():
+    """A period of five 10-ms batches under a half-core quota: four run at full speed, the fifth is
+    stopped for 50 ms. The host serves five batches per 100 ms, 20 ms each; the fifth's wall time
+    (60 ms) would count the wait the other four already count as their share."""
+    clock, s = _clock(0.5)
+    served = []
+    for throttled in (0.0, 0.0, 0.0, 0.0, 0.050):
+        mark = clock.mark()
+        s.advance(wall=0.010 + throttled, cpu=0.010, throttled=throttled)
+        served.append(clock.since(mark))
+    assert served == pytest.approx([0.020] * 5)
+    assert sum(served) == pytest.approx(0.100)
+
+
+def test_a_batch_slowed_by_something_else_on_its_cpu_costs_its_wall_time():
     clock, s = _clock(0.5)
     mark = clock.mark()
-    s.advance(wall=0.060, cpu=0.008)
+    s.advance(wall=0.060, cpu=0.008)  # not throttled: another task held the CPU
     assert clock.since(mark) == pytest.approx(0.060)
 
 
@@ -57,10 +72,10 @@ def test_intervals_are_independent_so_overlapping_ones_each_see_their_own_span()
 def test_a_host_without_a_quota_times_by_the_wall_clock_and_never_reads_cpu():
     s = Scripted()
 
-    def cpu() -> float:
-        raise AssertionError("the wall clock does not read CPU time")
+    def never() -> float:
+        raise AssertionError("the wall clock reads neither CPU nor throttled time")
 
-    clock = IntervalClock(0.0, wall=lambda: s.wall, cpu=cpu)
+    clock = IntervalClock(0.0, wall=lambda: s.wall, cpu=never, throttled=never)
     mark = clock.mark()
     s.advance(wall=0.005, cpu=0.040)
     assert clock.since(mark) == pytest.approx(0.005)
