@@ -16,16 +16,19 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
+def _v1_quota(root: Path, group: str, quota_us: int) -> None:
+    _write(root / "cpu" / group / "cpu.cfs_quota_us", str(quota_us))
+    _write(root / "cpu" / group / "cpu.cfs_period_us", "100000")
+
+
 def test_parse_proc_cgroup_keys_controllers_and_the_unified_entry():
     paths = parse_proc_cgroup("4:cpu,cpuacct:/a\n0::/b\n")
     assert paths == {"cpu": "/a", "cpuacct": "/a", "": "/b"}
 
 
 def test_v1_quota_cpuset_and_memory_take_the_tightest_ancestor(tmp_path):
-    _write(tmp_path / "cpu/fleet/cpu.cfs_quota_us", "100000")
-    _write(tmp_path / "cpu/fleet/cpu.cfs_period_us", "100000")
-    _write(tmp_path / "cpu/fleet/beta/cpu.cfs_quota_us", "50000")
-    _write(tmp_path / "cpu/fleet/beta/cpu.cfs_period_us", "100000")
+    _v1_quota(tmp_path, "fleet", 100000)
+    _v1_quota(tmp_path, "fleet/beta", 50000)
     _write(tmp_path / "cpuset/fleet/beta/cpuset.effective_cpus", "1")
     _write(tmp_path / "memory/fleet/memory.limit_in_bytes", str(1 << 30))
     _write(tmp_path / "memory/fleet/beta/memory.limit_in_bytes", "9223372036854771712")  # unlimited
@@ -52,11 +55,9 @@ def test_v2_reads_cpu_max_and_memory_max(tmp_path):
 
 
 def test_v1_throttled_seconds_come_from_the_cgroup_whose_quota_binds(tmp_path):
-    _write(tmp_path / "cpu/fleet/cpu.cfs_quota_us", "150000")
-    _write(tmp_path / "cpu/fleet/cpu.cfs_period_us", "100000")
+    _v1_quota(tmp_path, "fleet", 150000)
     _write(tmp_path / "cpu/fleet/cpu.stat", "nr_periods 9\nnr_throttled 9\nthrottled_time 999000000\n")
-    _write(tmp_path / "cpu/fleet/beta/cpu.cfs_quota_us", "50000")
-    _write(tmp_path / "cpu/fleet/beta/cpu.cfs_period_us", "100000")
+    _v1_quota(tmp_path, "fleet/beta", 50000)
     stat = tmp_path / "cpu/fleet/beta/cpu.stat"
     _write(stat, "nr_periods 4\nnr_throttled 2\nthrottled_time 75000000\n")
     read = throttled_seconds_reader(tmp_path, V1_PROC)
@@ -73,7 +74,6 @@ def test_v2_throttled_seconds_read_throttled_usec(tmp_path):
 
 
 def test_without_a_quota_nothing_is_ever_throttled(tmp_path):
-    _write(tmp_path / "cpu/fleet/beta/cpu.cfs_quota_us", "-1")
-    _write(tmp_path / "cpu/fleet/beta/cpu.cfs_period_us", "100000")
+    _v1_quota(tmp_path, "fleet/beta", -1)
     _write(tmp_path / "cpu/fleet/beta/cpu.stat", "throttled_time 5\n")
     assert throttled_seconds_reader(tmp_path, V1_PROC)() == 0.0
