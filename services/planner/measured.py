@@ -9,7 +9,8 @@ never a measurement of the plan itself:
   (`Target.decode_context`: the configured context unless a decode context is given). Attention
   reads rows x past, so on a host where it dominates a short past costs far less than the
   longest. A profile measured at one past only (an older record) stands at that past for every
-  context. MoE layers use the `moe` kind, whose measurement already routes sparsely;
+  context. MoE layers use the `moe` kind, whose measurement already routes sparsely, and between
+  its measured batches follow the distinct experts their rows reach (`expert_rows`), not a line;
 - a layer's prefill time is its kind's measured seconds per token at the target prompt length
   (interpolated over S = 16, 128, 512) times the prompt length;
 - the first stage adds the `embed` kind, the last the `head` kind (one row of logits for a prefill);
@@ -30,18 +31,21 @@ Gaps (a host, kind or link without a usable profile) are filled with the declare
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
 from libs.profiles import schema
 from services.planner import domain as d
 from services.planner.costs import CostTables, _edge_terms, build_tables, build_workload
+from services.planner.expert_rows import expected_distinct, expert_shaped
 from services.planner.inventory import Inventory, Node, Target
 from services.planner.model import ModelDescription
 from services.planner.profiles import Problem, ProfileBook
 from services.planner.reserve import ReserveChoice, choose_reserve
-from services.planner.route_feedback import Correction, compute_correction, wire_correction
+from services.planner.route_feedback import Correction, borrowed, compute_correction, wire_correction
 
 DECLARED = ""  # the source of a term filled with a declared figure
 STEP = "step"  # the sources key of a node's per-microbatch step overhead
@@ -62,13 +66,17 @@ def interpolate(table: dict[int, schema.Figure], x: float) -> float:
     return max(ys[-1] + slope * (x - xs[-1]), min(ys))
 
 
-def interpolate_grid(grid: dict[int, dict[int, schema.Figure]], rows: float, context: float) -> float:
-    """Median at (`rows`, `context`): each measured past's table interpolated to `rows`, then
-    those values interpolated to `context`, both as `interpolate` does (linear inside, the end
+RowCurve = Callable[[dict[int, schema.Figure], float], float]
+
+
+def interpolate_grid(grid: dict[int, dict[int, schema.Figure]], rows: float, context: float,
+                     row_curve: RowCurve = interpolate) -> float:
+    """Median at (`rows`, `context`): each measured past's table taken to `rows` by `row_curve`,
+    then those values interpolated to `context` as `interpolate` does (linear inside, the end
     segment's slope beyond, never below the smallest value; a single past stands for every one)."""
     if not grid:
         raise ValueError("no measured points")
-    at_rows = {c: schema.Figure(interpolate(table, rows), 0.0, 0.0, 1, "") for c, table in grid.items()}
+    at_rows = {c: schema.Figure(row_curve(table, rows), 0.0, 0.0, 1, "") for c, table in grid.items()}
     return interpolate(at_rows, context)
 
 
@@ -91,8 +99,9 @@ class NodeCosts:
     head_bytes: int
     sources: dict[str, str]  # kind -> record id, DECLARED when filled
     problem: Problem | None  # why the host's profile was not used (None: it was)
-    # The route calibration that scaled this host's decode compute (None: layer profiles alone).
-    compute_correction: Correction | None = None
+    # Kind (embed, dense, moe, head, step) -> the route calibration that scaled its decode compute
+    # on this host (absent: layer profiles alone).
+    compute_corrections: dict[str, Correction] = field(default_factory=dict)
     # The runtime's own resident memory held back on the host: measured or declared.
     reserve: ReserveChoice | None = None
 
@@ -125,6 +134,51 @@ def host_of(node: Node) -> str:
     return node.host or node.name
 
 
+def stage_kinds(model: ModelDescription, a: int, b: int) -> frozenset[str]:
+    """The kinds of decode compute a stage of layers [a, b) runs, its step overhead included."""
+    kinds = {"moe" if x.is_moe else "dense" for x in model.layers[a:b]} | {STEP}
+    return frozenset(kinds | ({"embed"} if a == 0 else set()) | ({"head"} if b == model.num_layers else set()))
+
+
+def moe_row_curve(model: ModelDescription) -> RowCurve:
+    """How a MoE layer's decode time runs between its measured batches (`expert_rows`)."""
+    if model.routed_experts <= 0:
+        return interpolate
+    distinct = expected_distinct(model.routed_experts, model.experts_per_token)
+    return partial(expert_shaped, distinct=distinct, straight=interpolate)
+
+
+def route_corrections(book: ProfileBook, model: ModelDescription, host: str, record_id: str) -> dict[str, Correction]:
+    """Per kind, the newest route calibration of `host` predicted from `record_id` whose stage ran
+    that kind; for a kind none ran, the newest of the host where it raises the kind (`borrowed`)."""
+    def ran_kind(kind: str) -> Callable[[schema.StageCalibration], bool]:
+        return lambda stage: kind in stage_kinds(model, stage.layer_start, stage.layer_end)
+
+    found: dict[str, Correction] = {}
+    for kind in (*schema.LAYER_KINDS, STEP):
+        correction = compute_correction(book, model.model_snapshot, host, record_id, ran_kind(kind))
+        if correction is not None:
+            found[kind] = correction
+    if len(found) < len(schema.LAYER_KINDS) + 1:
+        newest = compute_correction(book, model.model_snapshot, host, record_id)
+        ran = tuple(sorted(k for k, c in found.items() if newest is not None and c.record_id == newest.record_id))
+        stand_in = borrowed(newest, ran)
+        if stand_in is not None:
+            found = {k: found.get(k, stand_in) for k in (*schema.LAYER_KINDS, STEP)}
+    return found
+
+
+def _scaled(costs: NodeCosts, model: ModelDescription, corrections: dict[str, Correction]) -> NodeCosts:
+    """`costs` with each kind's decode compute at its route calibration's level (`route_feedback`)."""
+    def factor(kind: str) -> float:
+        return corrections[kind].factor if kind in corrections else 1.0
+
+    per_layer = np.array([factor("moe" if x.is_moe else "dense") for x in model.layers])
+    return replace(costs, decode_layer_s=costs.decode_layer_s * per_layer, embed_decode_s=costs.embed_decode_s *
+                   factor("embed"), head_decode_s=costs.head_decode_s * factor("head"),
+                   step_decode_s=costs.step_decode_s * factor(STEP), compute_corrections=corrections)
+
+
 def _node_costs(tables: CostTables, target: Target, i: int, book: ProfileBook, now_ns: int) -> NodeCosts:
     model, work, node = tables.model, tables.workload, tables.nodes[i]
     rows, prompt, past = work.decode_rows, work.prefill_tokens, target.decode_context
@@ -144,7 +198,8 @@ def _node_costs(tables: CostTables, target: Target, i: int, book: ProfileBook, n
             kind = record.profile.kind("moe" if layer.is_moe else "dense")
             if kind is None:
                 continue
-            decode[layer.index] = interpolate_grid(record.profile.decode_grid(kind), rows, past)
+            curve = moe_row_curve(model) if layer.is_moe else interpolate
+            decode[layer.index] = interpolate_grid(record.profile.decode_grid(kind), rows, past, curve)
             prefill[layer.index] = interpolate(kind.prefill_s_per_token, prompt) * prompt
             layer_bytes[layer.index] = kind.resident_bytes
             kv[layer.index] = kind.kv_bytes_per_token * per_seq_kv
@@ -164,14 +219,12 @@ def _node_costs(tables: CostTables, target: Target, i: int, book: ProfileBook, n
             # inside the host's noise: the prediction takes 0, the record keeps what was measured.
             step_d = max(0.0, interpolate_grid(record.profile.step_grid(), rows, past))
             sources[STEP] = record.record_id
-    correction = None if record is None else compute_correction(book, model.model_snapshot, host_of(node),
-                                                                record.record_id)
-    if correction is not None:  # the route's measured level, the profile's shape (`route_feedback`)
-        f = correction.factor
-        decode, embed_d, head_d, step_d = decode * f, embed_d * f, head_d * f, step_d * f
     reserve = choose_reserve(node, host_of(node), book, model.model_snapshot, model.weights_policy, now_ns)
-    return NodeCosts(decode, prefill, layer_bytes, kv, embed_d, head_d, embed_p, head_p, copy_d, copy_p, step_d,
-                     embed_bytes, head_bytes, sources, problem, correction, reserve)
+    costs = NodeCosts(decode, prefill, layer_bytes, kv, embed_d, head_d, embed_p, head_p, copy_d, copy_p, step_d,
+                      embed_bytes, head_bytes, sources, problem, reserve=reserve)
+    if record is None:
+        return costs
+    return _scaled(costs, model, route_corrections(book, model, host_of(node), record.record_id))
 
 
 def _link_tables(tables: CostTables, book: ProfileBook, now_ns: int):
@@ -272,12 +325,18 @@ def _term(name: str, value: float, unit: str, sources: list[tuple[str, str]], ph
                           f"{physical_note}", value, unit)
 
 
-def _calibrated(term: d.TermEvidence, correction: Correction | None) -> d.TermEvidence:
-    """A term scaled by a route calibration names it (record id, measured, predicted, factor)."""
-    if correction is None:
+def _calibrated(term: d.TermEvidence, scaled: dict[str, Correction]) -> d.TermEvidence:
+    """A term scaled by route calibrations (kind -> calibration) names each (record id, measured,
+    predicted, factor) and the kinds it scaled."""
+    if not scaled:
         return term
-    return replace(term, record_ids=(*term.record_ids, correction.record_id), calibration_id=correction.record_id,
-                   note=f"{term.note}; scaled by {correction.describe()}")
+    kinds_by_record: dict[str, list[str]] = {}
+    for kind, correction in scaled.items():
+        kinds_by_record.setdefault(correction.record_id, []).append(kind)
+    by_record = {c.record_id: c for c in scaled.values()}
+    notes = [f"{by_record[rid].describe()} to {', '.join(kinds)}" for rid, kinds in kinds_by_record.items()]
+    return replace(term, record_ids=tuple(dict.fromkeys((*term.record_ids, *by_record))),
+                   calibration_id=", ".join(by_record), note=f"{term.note}; scaled by {'; '.join(notes)}")
 
 
 def _past_basis(target: Target) -> str:
@@ -302,7 +361,9 @@ def stage_terms(t: MeasuredTables, i: int, a: int, b: int, nxt: int | None, prev
                  f"measured per-microbatch step overhead of a served decode step on {host} (executor, KV, "
                  f"unpack/pack) interpolated to {at}; the plan's decode compute includes it",
                  "no measured step overhead: 0 s")
-    out = [_calibrated(compute, c.compute_correction), _calibrated(step, c.compute_correction)]
+    scaled = c.compute_corrections
+    out = [_calibrated(compute, {k: scaled[k] for k in kinds if k in scaled}),
+           _calibrated(step, {STEP: scaled[STEP]} if STEP in scaled else {})]
     for name, value, other in (("pack", decode.pack_s, nxt), ("unpack", decode.unpack_s, prev)):
         if other is None:
             out.append(d.TermEvidence(name, d.TERM_PHYSICAL if c.sources["dense"] != DECLARED else d.TERM_DECLARED,
@@ -322,7 +383,8 @@ def stage_terms(t: MeasuredTables, i: int, a: int, b: int, nxt: int | None, prev
                      f"half the measured 32 KiB round trip plus {t.boundary_row_bytes * rows} bytes over the "
                      f"measured throughput, {host}->{other_host}",
                      "declared link bandwidth and latency")
-        out.append(_calibrated(wire, t.link_corrections.get((i, nxt))))
+        link = t.link_corrections.get((i, nxt))
+        out.append(_calibrated(wire, {"wire": link} if link is not None else {}))
     out.append(_term("memory", float(memory_bytes), "bytes", kind_sources,
                      f"resident bytes and KV bytes per token of kinds {kinds} on {host} at "
                      f"{t.target.context_tokens} tokens x {t.target.concurrency} sequences, plus activation buffers "

@@ -12,27 +12,34 @@ Two kinds feed back:
   while serving, and a window lets the first plan after a profile start from it.
 A failed gate feeds nothing back: its report names the term that missed and why.
 
-A host's decode compute predicted from its stage profile is scaled by `measured compute /
-predicted compute` of the newest usable calibration of this model that predicted from that same
-profile record (it names it in its evidence ids); a link's one-way frame time by `measured wire /
-predicted wire` likewise, when the link record is the one the calibration rested on. A newer
+Each kind of a host's decode compute predicted from its stage profile (embed, dense, moe, head
+and the per-microbatch step) is scaled by `measured compute / predicted compute` of the newest
+usable calibration of this model that predicted from that same profile record (it names it in
+its evidence ids) and whose stage on the host ran that kind: a window that measured a host's
+dense layer says nothing of its MoE layers (measured on this project's half-core numpy host: a
+dense layer and the embeddings served at 0.85x their profile while its MoE layers served at about
+1.9x, so one factor for the host mispriced every split that moved MoE layers onto it). A link's
+one-way frame time is scaled by `measured wire / predicted wire` likewise, when the link record
+is the one the calibration rested on. A newer
 profile than the calibration stands on its own until measured again. A calibration whose own
 prediction was already scaled by an earlier one (it names that record too) carries that factor
-on, so qualifying a plan that rested on a window keeps the window's level. The factor is applied
-across rows, past and layers (the profile keeps the shape, the route the level; measured on this
-project's one-core MAX hosts the route's excess grew with the stage's layers, 1.5x at two layers
-and 1.9x at three), and a scaled term names the calibration record and the factor
-(`Correction.describe`).
+on (that of the same kind), so qualifying a plan that rested on a window keeps the window's level.
+The factor is applied across rows, past and every layer of its kind (the profile keeps the shape,
+the route the level; measured on this project's one-core MAX hosts the route's excess grew with
+the stage's layers, 1.5x at two layers and 1.9x at three), and a scaled term names the
+calibration record and the factor (`Correction.describe`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from libs.profiles import schema
 from services.planner.profiles import CalibrationRecord, ProfileBook
 
 COMPUTE, WIRE = "compute", "wire"
+StageFilter = Callable[[schema.StageCalibration], bool]  # whether a calibrated stage ran a given kind
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,9 @@ class Correction:
 
     purpose: str = schema.GATE
     prior: float = 1.0  # the factor the calibration's own prediction already carried (1: none)
+    # Empty: the calibrated stage ran the kind it scales. Else the kinds it ran, when it stands in
+    # for a kind no calibration of the host ran (`borrowed`).
+    ran_instead: tuple[str, ...] = ()
 
     @property
     def factor(self) -> float:
@@ -58,8 +68,20 @@ class Correction:
             f", {self.past_tokens:.3g} tokens of past" if self.past_tokens else "")
         what = "serving window" if self.purpose == schema.SERVING_WINDOW else "route calibration"
         carried = f" times the {self.prior:.3g} its prediction carried" if self.prior != 1.0 else ""
+        borrowed = (f", a stage of {', '.join(self.ran_instead)} only (the route's overhead it measured "
+                    "stands for a kind no route ran here)") if self.ran_instead else ""
         return (f"{what} {self.record_id}: {self.term} measured {self.measured.describe()} (physical) "
-                f"against {self.predicted_s:.6g} s predicted{at}{carried}; factor {self.factor:.3g} applied")
+                f"against {self.predicted_s:.6g} s predicted{at}{carried}{borrowed}; factor {self.factor:.3g} applied")
+
+
+def borrowed(correction: Correction | None, ran: tuple[str, ...]) -> Correction | None:
+    """A host's calibration of other kinds (`ran`), standing in for a kind no route ran on the
+    host, where it raises it: a route adds its data plane, control services and neighbours to every
+    kind a host runs, so its excess over the profile carries over; a kind that ran faster than its
+    profile says that kind's profile read high, not another's, so a factor below 1 is not borrowed."""
+    if correction is None or correction.factor <= 1.0:
+        return None
+    return replace(correction, ran_instead=ran)
 
 
 def _usable(stage: schema.StageCalibration, term: str) -> bool:
@@ -79,15 +101,16 @@ def _newest_first(book: ProfileBook, model_snapshot: str, before_ns: int | None 
 
 
 def compute_correction(book: ProfileBook, model_snapshot: str, host: str, stage_record_id: str,
-                       before_ns: int | None = None) -> Correction | None:
+                       ran: StageFilter = lambda stage: True, before_ns: int | None = None) -> Correction | None:
     """The newest calibration (measured before `before_ns`) of a stage on `host` that predicted
-    from `stage_record_id`, carrying the factor its own prediction rested on."""
+    from `stage_record_id` and `ran` the kind in question, carrying the factor its own
+    prediction rested on."""
     for record in _newest_first(book, model_snapshot, before_ns):
         if stage_record_id not in record.calibration.evidence_ids:
             continue
         for stage in record.calibration.stages:
-            if stage.host == host and _usable(stage, COMPUTE):
-                prior = compute_correction(book, model_snapshot, host, stage_record_id,
+            if stage.host == host and _usable(stage, COMPUTE) and ran(stage):
+                prior = compute_correction(book, model_snapshot, host, stage_record_id, ran,
                                            record.calibration.measured_unix_ns)
                 return Correction(record.record_id, COMPUTE, stage.measured_terms[COMPUTE],
                                   stage.predicted_terms[COMPUTE], stage.rows, stage.past_tokens,

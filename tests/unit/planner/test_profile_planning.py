@@ -56,9 +56,12 @@ def test_equal_hosts_split_evenly_and_a_three_times_slower_host_gets_fewer_layer
     assert busiest < max(s.decode.service_s for s in even.plan.stages) * 3 * 0.75
 
 
-def test_decode_interpolates_between_measured_batches():
-    # rows 4 lies between the measured batches 1 (1 ms) and 8 (2 ms): 1 ms + 3/7 ms per layer.
-    result = run(records(), target=replace(TWO, decode_microbatch_rows=4))
+def test_dense_decode_interpolates_linearly_between_measured_batches():
+    # rows 4 lies between the measured batches 1 (1 ms) and 8 (2 ms): 1 ms + 3/7 ms per dense layer
+    # (MoE layers follow their routed experts instead: `test_expert_rows`).
+    dense = tiny_model(layers=12, dense_layers=12)
+    result = plan(dense, inventory("a", "b"), replace(TWO, decode_microbatch_rows=4),
+                  profiles=book_from_records(records()), now_unix_ns=NOW)
     first = result.plan.stages[0]
     per_layer = 1e-3 + (4 - 1) / (8 - 1) * 1e-3
     embed = 1e-4 + 3 / 7 * 1e-4
