@@ -7,6 +7,7 @@ grpcurl and rich-status clients read) and as `fornax-reason` trailing metadata.
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -17,7 +18,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from prometheus_client import Counter, Histogram
 
-from libs.service.errors import ERROR_DOMAIN, REASON_METADATA_KEY, FornaxError, Internal
+from libs.service.errors import ERROR_DOMAIN, REASON_METADATA_KEY, FornaxError, Internal, ResourceExhausted
 
 RPC_SECONDS = Histogram(
     "fornax_grpc_server_handling_seconds", "gRPC handling time", ["service", "method", "code"]
@@ -27,6 +28,8 @@ RPC_ERRORS = Counter(
 )
 
 log = structlog.get_logger()
+# A write the volume could not take: the caller can act on it (free space), unlike an internal fault.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def status_for(error: FornaxError) -> grpc.Status:
@@ -116,6 +119,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             log.info("rpc_failed", method=method, code=exc.code.name, reason=exc.reason, message=exc.message)
             return exc
         log.error("rpc_internal_error", method=method, exc_info=exc)
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return ResourceExhausted(f"{method}: the service's disk is full ({exc.strerror}); free space on the "
+                                     "volume that holds its state directory and retry", reason="DISK_FULL")
         return Internal(f"unexpected {type(exc).__name__} in {method}")
 
     async def _abort(self, error: FornaxError, context) -> None:

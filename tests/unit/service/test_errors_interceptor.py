@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 
 import grpc
 import pytest
@@ -66,6 +67,15 @@ def test_unexpected_exception_becomes_internal_without_leaking_details():
     assert error.code() == grpc.StatusCode.INTERNAL
     assert reason_of(error) == "INTERNAL"
     assert "secret-internal-key" not in error.details()
+
+
+def test_a_full_disk_is_resource_exhausted_with_its_own_reason():
+    error = asyncio.run(_call(OSError(errno.ENOSPC, "No space left on device")))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert reason_of(error) == "DISK_FULL"
+    assert "disk is full (No space left on device)" in error.details() and "Do:" in error.details()
+    other = asyncio.run(_call(OSError(errno.EACCES, "Permission denied")))
+    assert other.code() == grpc.StatusCode.INTERNAL and reason_of(other) == "INTERNAL"
 
 
 def test_reason_codes_must_be_upper_snake():
