@@ -96,5 +96,17 @@ class Internal(FornaxError):
     default_reason = "INTERNAL"
 
 
+def describe_failure(exc: BaseException) -> str:
+    """One line for a failure: a FornaxError's reason and message; a gRPC call's status code and
+    details (a Fornax service's details begin with its reason); anything else its type and text."""
+    if isinstance(exc, FornaxError):
+        return f"{exc.reason}: {exc.message}"
+    if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
+        code = exc.code()
+        details = exc.details() if callable(getattr(exc, "details", None)) else ""
+        return f"{code.name if code is not None else 'UNKNOWN'}: {details}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 ERROR_DOMAIN = "fornax"
 REASON_METADATA_KEY = "fornax-reason"

@@ -18,7 +18,7 @@ from fornax.orchestrator.v1 import orchestrator_pb2_grpc as pb_grpc
 from libs.common.kinds import DType
 from libs.security.fnx2_tls import Fnx2Tls
 from libs.security.tls import own_identity_uri
-from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument, Unavailable
+from libs.service.errors import FailedPrecondition, FornaxError, InvalidArgument, Unavailable, describe_failure
 from libs.service.server import ServiceSpec
 from services.orchestrator import convert
 from services.orchestrator.api.http_api import (
@@ -266,7 +266,7 @@ async def _install_at_startup(manager: RouteManager, request: InstallRequest, bo
     except FornaxError as exc:
         _log.error("route_install_failed", reason=exc.reason, error=exc.message)
     except Exception as exc:
-        _log.exception("route_install_failed", error=f"{type(exc).__name__}: {exc}")
+        _log.exception("route_install_failed", error=describe_failure(exc))
 
 
 def _start_scale_out(cfg: OrchestratorConfig, manager: RouteManager, store: RouteSetJournal) -> Callable[[], None]:

@@ -21,7 +21,7 @@ from enum import Enum
 import structlog
 
 from libs.common.kinds import Backend
-from libs.service.errors import FailedPrecondition, FornaxError
+from libs.service.errors import FailedPrecondition, describe_failure
 from services.orchestrator.route.backend_choice import BackendChoice
 from services.orchestrator.route.background_compile import BackgroundCompiler
 from services.orchestrator.route.lifecycle import InstallRequest, RouteManager, RouteStatus
@@ -127,7 +127,7 @@ async def _upgrade_from_reference(manager: RouteManager, request: InstallRequest
     try:
         compiled = await compiling
     except Exception as exc:  # noqa: BLE001  (a compile that cannot even start)
-        _settle_short(board, UpgradePhase.COMPILE_FAILED, _describe(exc))
+        _settle_short(board, UpgradePhase.COMPILE_FAILED, describe_failure(exc))
         return
     if not compiled:
         _settle_short(board, UpgradePhase.COMPILE_FAILED, compiler.failure())
@@ -136,7 +136,7 @@ async def _upgrade_from_reference(manager: RouteManager, request: InstallRequest
     try:
         choice = board.choice = await chooser.choose(request, manager.status())
     except Exception as exc:  # noqa: BLE001  (a worker may fail in ways no FornaxError names)
-        _settle_short(board, UpgradePhase.MEASURE_FAILED, _describe(exc))
+        _settle_short(board, UpgradePhase.MEASURE_FAILED, describe_failure(exc))
         return
     if not choice.switch:
         board.phase = UpgradePhase.SERVING_REFERENCE_MEASURED_FASTER
@@ -151,7 +151,7 @@ async def _switch_to_requested(manager: RouteManager, request: InstallRequest, b
     try:
         await manager.switch(request)
     except Exception as exc:  # noqa: BLE001  (a stage may fail in ways no FornaxError names)
-        _settle_short(board, UpgradePhase.SWITCH_FAILED, _describe(exc))
+        _settle_short(board, UpgradePhase.SWITCH_FAILED, describe_failure(exc))
         return
     board.running_backend, board.phase = request.backend, UpgradePhase.SERVING_REQUESTED_BACKEND
     _log.info("backend_switched", backend=request.backend, plan_generation=_generation(manager))
@@ -159,7 +159,7 @@ async def _switch_to_requested(manager: RouteManager, request: InstallRequest, b
         try:
             await after_switch()
         except Exception as exc:  # noqa: BLE001  (the route is fine; only memory stays held)
-            _log.warning("reference_release_failed", error=_describe(exc))
+            _log.warning("reference_release_failed", error=describe_failure(exc))
 
 
 async def _install(manager: RouteManager, request: InstallRequest, board: BackendBoard,
@@ -178,10 +178,6 @@ def _settle_short(board: BackendBoard, phase: UpgradePhase, why: str) -> None:
                requested_backend=board.requested_backend, error=why)
 
 
-def _describe(exc: Exception) -> str:
-    if isinstance(exc, FornaxError):
-        return f"{exc.reason}: {exc.message}"
-    return f"{type(exc).__name__}: {exc}"
 
 
 def _generation(manager: RouteManager) -> str:

@@ -10,7 +10,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from libs.service.errors import FornaxError, InvalidArgument, ResourceExhausted
+from libs.service.errors import FornaxError, InvalidArgument, ResourceExhausted, describe_failure
 from libs.service.interceptors import ErrorInterceptor, reason_of
 
 METHOD = "/test.v1.TestService/Do"
@@ -81,3 +81,12 @@ def test_a_full_disk_is_resource_exhausted_with_its_own_reason():
 def test_reason_codes_must_be_upper_snake():
     with pytest.raises(ValueError):
         FornaxError("x", reason="not upper")
+
+
+def test_a_failure_reads_as_one_line_whatever_raised_it():
+    assert describe_failure(InvalidArgument("bad top_k", reason="BAD_TOP_K")) == "BAD_TOP_K: bad top_k"
+    remote = asyncio.run(_call(OSError(errno.ENOSPC, "No space left on device")))
+    line = describe_failure(remote)
+    assert line.startswith("RESOURCE_EXHAUSTED: DISK_FULL: Do: the service's disk is full")
+    assert "AioRpcError" not in line and "\n" not in line
+    assert describe_failure(KeyError("k")) == "KeyError: 'k'"
