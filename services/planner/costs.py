@@ -88,7 +88,8 @@ class StageTime:
         return self.compute_s + self.pack_s + self.unpack_s
 
 
-def expected_distinct_experts(experts: int, top_k: int, rows: int) -> float:
+def expected_distinct_experts(experts: int, top_k: int, rows: float) -> float:
+    """Distinct experts that `rows` rows each routing to `top_k` of `experts` uniformly reach, expected."""
     if experts == 0 or rows == 0:
         return 0.0
     return experts * (1.0 - (1.0 - top_k / experts) ** rows)

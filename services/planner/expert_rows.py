@@ -4,8 +4,9 @@ A routed MoE layer reads the weights of every distinct expert its rows route to,
 rows that read is most of its time. The number of distinct experts grows fast and then saturates
 (16 experts, top 4: 4 at one row, 8.6 at 2.67 rows, 14.4 at 8, 16 at 32), so the time between
 the profile's batches (1, 8, 32) is concave in the rows, and a straight line between 1 and 8
-reads the microbatches a route serves (a few rows each) low: measured on this project's half-core
-numpy host, 9.1 ms per layer predicted against about 17 served at 2.67 rows.
+reads the microbatches a route serves (a few rows each) low: on this project's half-core numpy
+host, 9.1 ms per layer predicted at 2.67 rows against about 13.5 served (`fornax bench placement
+--every-split`, per MoE layer added to the host's stage).
 
 The shape here is `t(r) = a + b*r + c*D(r)`: a fixed cost, a per-row cost (attention, shared
 experts, router) and a per-distinct-expert cost, with `D(r)` the expected distinct experts of
@@ -20,18 +21,20 @@ table the shape cannot describe (fewer than three points, or a fit flat between 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from itertools import combinations
 
 import numpy as np
 
 from libs.profiles import schema
+from services.planner.costs import expected_distinct_experts
 
 
 def expected_distinct(experts: int, top_k: int) -> Callable[[float], float]:
     """D(r): expected distinct experts that `r` rows each routing to `top_k` of `experts` reach."""
     if experts <= 0 or not 0 < top_k <= experts:
         raise ValueError(f"a routed layer needs 0 < top_k <= experts, got top_k={top_k}, experts={experts}")
-    return lambda rows: experts * (1.0 - (1.0 - top_k / experts) ** rows)
+    return partial(expected_distinct_experts, experts, top_k)
 
 
 def nonnegative_fit(design: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -194,11 +194,12 @@ def _node_costs(tables: CostTables, target: Target, i: int, book: ProfileBook, n
                                  model.weights_policy, node.activations)
     record = None if problem is not None else book.stage_record(host_of(node), node.activations)
     if record is not None:
+        moe_curve = moe_row_curve(model)
         for layer in model.layers:
             kind = record.profile.kind("moe" if layer.is_moe else "dense")
             if kind is None:
                 continue
-            curve = moe_row_curve(model) if layer.is_moe else interpolate
+            curve = moe_curve if layer.is_moe else interpolate
             decode[layer.index] = interpolate_grid(record.profile.decode_grid(kind), rows, past, curve)
             prefill[layer.index] = interpolate(kind.prefill_s_per_token, prompt) * prompt
             layer_bytes[layer.index] = kind.resident_bytes
@@ -309,8 +310,9 @@ def stage_costs(t: MeasuredTables, i: int, a: int, b: int, nxt: int | None) -> t
 
 
 def _kinds_used(t: MeasuredTables, a: int, b: int) -> list[str]:
-    kinds = sorted({"moe" if x.is_moe else "dense" for x in t.model.layers[a:b]})
-    return (["embed"] if a == 0 else []) + kinds + (["head"] if b == t.num_layers else [])
+    """The layer kinds a stage of layers [a, b) runs, in stage order (`stage_kinds` less the step)."""
+    ran = stage_kinds(t.model, a, b)
+    return [k for k in ("embed", "dense", "moe", "head") if k in ran]
 
 
 def _term(name: str, value: float, unit: str, sources: list[tuple[str, str]], physical_note: str,
